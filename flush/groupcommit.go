@@ -1,0 +1,206 @@
+package flush
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// GroupCommitOptions configure GroupCommit.
+type GroupCommitOptions struct {
+	// Timeout bounds each Wait; past it Wait returns ErrTimeout. Default 5 s.
+	Timeout time.Duration
+	// OnError is called once, from the flush goroutine, when a sync fails.
+	OnError func(error)
+}
+
+// GroupCommit acknowledges a write only after a sync that covers it has
+// returned (RocketMQ GroupCommitService + FlushDiskWatcher). Waiters are
+// queued; the goroutine swaps the queue for an empty one, syncs once and
+// answers every waiter whose offset the sync covered, across file
+// boundaries, so one sync answers many puts.
+type GroupCommit struct {
+	s       Syncer
+	timeout time.Duration
+	onError func(error)
+
+	durable atomic.Int64 // highest durable offset seen
+
+	mu      sync.Mutex
+	pending []*waiter // guarded by mu
+	spare   []*waiter // guarded by mu
+	err     error     // sticky; guarded by mu
+	closed  bool      // guarded by mu
+
+	kick chan struct{}
+	done chan struct{}
+	wg   sync.WaitGroup
+}
+
+type waiter struct {
+	offset int64
+	ch     chan error // cap 1: the loop never blocks on a waiter that left
+}
+
+var waiterPool = sync.Pool{New: func() any { return &waiter{ch: make(chan error, 1)} }}
+
+// NewGroupCommit starts the group-commit goroutine. Close stops it.
+func NewGroupCommit(s Syncer, opts GroupCommitOptions) *GroupCommit {
+	if opts.Timeout <= 0 {
+		opts.Timeout = 5 * time.Second
+	}
+	g := &GroupCommit{s: s, timeout: opts.Timeout, onError: opts.OnError,
+		kick: make(chan struct{}, 1), done: make(chan struct{})}
+	g.wg.Add(1)
+	go g.loop()
+	return g
+}
+
+// Wait blocks until a sync has covered every byte below offset, then
+// returns nil. It returns ErrTimeout after the timeout, ctx.Err() when ctx
+// ends first, the sticky sync error (wrapping ErrSyncFailed) when a sync
+// failed, and ErrClosed when the group commit closed without covering
+// offset. Only nil means durable.
+func (g *GroupCommit) Wait(ctx context.Context, offset int64) error {
+	if g.durable.Load() >= offset {
+		return nil
+	}
+	w := waiterPool.Get().(*waiter)
+	w.offset = offset
+	g.mu.Lock()
+	switch {
+	case g.err != nil:
+		err := g.err
+		g.mu.Unlock()
+		waiterPool.Put(w)
+		return err
+	case g.closed:
+		g.mu.Unlock()
+		waiterPool.Put(w)
+		return ErrClosed
+	}
+	g.pending = append(g.pending, w)
+	g.mu.Unlock()
+	g.Wake()
+
+	t := time.NewTimer(g.timeout)
+	defer t.Stop()
+	select {
+	case err := <-w.ch:
+		waiterPool.Put(w) // answered: the loop holds no reference any more
+		return err
+	case <-t.C:
+		return ErrTimeout // w stays referenced by the loop; not pooled
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// Wake asks for a sync now without waiting for it (RocketMQ: a put with
+// WAIT=false). It never blocks.
+func (g *GroupCommit) Wake() {
+	select {
+	case g.kick <- struct{}{}:
+	default:
+	}
+}
+
+// Durable returns the highest offset known durable.
+func (g *GroupCommit) Durable() int64 { return g.durable.Load() }
+
+// Err returns the sticky sync error, or nil.
+func (g *GroupCommit) Err() error {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.err
+}
+
+func (g *GroupCommit) loop() {
+	defer g.wg.Done()
+	for {
+		select {
+		case <-g.kick:
+		case <-g.done:
+			return
+		}
+		g.commit()
+	}
+}
+
+// commit runs one round: swap the queue, sync once, answer what is covered.
+func (g *GroupCommit) commit() {
+	g.mu.Lock()
+	if g.err != nil {
+		g.mu.Unlock()
+		return
+	}
+	batch := g.pending
+	g.pending = g.spare[:0]
+	g.mu.Unlock()
+
+	durable, err := g.s.Sync(0)
+	if err != nil {
+		err = fmt.Errorf("%w: %w", ErrSyncFailed, err)
+		g.mu.Lock()
+		g.err = err
+		rest := g.pending
+		g.pending = nil
+		g.mu.Unlock()
+		for _, w := range batch {
+			w.ch <- err
+		}
+		for _, w := range rest {
+			w.ch <- err
+		}
+		if g.onError != nil {
+			g.onError(err)
+		}
+		return
+	}
+	if durable > g.durable.Load() {
+		g.durable.Store(durable)
+	}
+	// A waiter enqueues after its append, so Sync(0) always covers it; keep
+	// any that it did not (a Syncer that syncs less) for the next round.
+	var left []*waiter
+	for _, w := range batch {
+		if w.offset <= durable {
+			w.ch <- nil
+		} else {
+			left = append(left, w)
+		}
+	}
+	g.mu.Lock()
+	g.pending = append(g.pending, left...)
+	g.spare = batch[:0]
+	clear(batch[:cap(batch)])
+	g.mu.Unlock()
+	if len(left) > 0 {
+		g.Wake()
+	}
+}
+
+// Close stops the goroutine, runs a last sync and answers every waiter:
+// nil if the last sync covered it, the sticky error or ErrClosed otherwise.
+func (g *GroupCommit) Close() error {
+	g.mu.Lock()
+	if g.closed {
+		err := g.err
+		g.mu.Unlock()
+		return err
+	}
+	g.closed = true
+	g.mu.Unlock()
+	close(g.done)
+	g.wg.Wait()
+	g.commit()
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	for _, w := range g.pending {
+		w.ch <- ErrClosed
+	}
+	g.pending = nil
+	return g.err
+}

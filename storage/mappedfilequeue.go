@@ -1,0 +1,317 @@
+package storage
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// mappedFileQueue is the commitlog: an ordered run of same-size mapped files
+// whose names are their start offsets, with no gaps. The last file takes the
+// appends; a new one comes from the allocator when it is full.
+type mappedFileQueue struct {
+	dir      string
+	fileSize int64
+	alloc    *allocator
+
+	mu    sync.RWMutex // guards files; appends read the last file under the put lock
+	files []*mappedFile
+
+	syncMu sync.Mutex // one Sync at a time
+	// flushedWhere is the commitlog offset below which every byte is durable.
+	flushedWhere atomic.Int64
+	syncLatency  *histogram
+}
+
+func newMappedFileQueue(dir string, fileSize int64, syncLatency *histogram) *mappedFileQueue {
+	return &mappedFileQueue{
+		dir:         dir,
+		fileSize:    fileSize,
+		alloc:       newAllocator(dir, fileSize),
+		syncLatency: syncLatency,
+	}
+}
+
+// load maps every commitlog file in dir, sorted by offset. It refuses a
+// file of the wrong size or a gap between files, and deletes a zero-length
+// last file (a crash during creation).
+func (q *mappedFileQueue) load() error {
+	entries, err := os.ReadDir(q.dir)
+	if err != nil {
+		return fmt.Errorf("storage: read commitlog dir: %w", err)
+	}
+	type named struct {
+		from int64
+		name string
+	}
+	var names []named
+	for _, e := range entries {
+		if from, ok := parseFileName(e.Name()); ok && e.Type().IsRegular() {
+			names = append(names, named{from, e.Name()})
+		}
+	}
+	sort.Slice(names, func(i, j int) bool { return names[i].from < names[j].from })
+	for i, n := range names {
+		path := q.dir + "/" + n.name
+		if i == len(names)-1 {
+			if st, err := os.Stat(path); err == nil && st.Size() == 0 {
+				if err := os.Remove(path); err != nil {
+					return fmt.Errorf("storage: remove empty file %s: %w", n.name, err)
+				}
+				break
+			}
+		}
+		if n.from%q.fileSize != 0 {
+			return fmt.Errorf("storage: commitlog file %s does not start at a multiple of the file size %d", n.name, q.fileSize)
+		}
+		if i > 0 && n.from != names[i-1].from+q.fileSize {
+			return fmt.Errorf("storage: gap in commitlog between %s and %s", names[i-1].name, n.name)
+		}
+		m, err := openMappedFile(path, n.from, q.fileSize)
+		if err != nil {
+			return err
+		}
+		q.files = append(q.files, m)
+	}
+	return nil
+}
+
+// last returns the last file or nil.
+func (q *mappedFileQueue) last() *mappedFile {
+	q.mu.RLock()
+	defer q.mu.RUnlock()
+	if len(q.files) == 0 {
+		return nil
+	}
+	return q.files[len(q.files)-1]
+}
+
+// first returns the first file or nil.
+func (q *mappedFileQueue) first() *mappedFile {
+	q.mu.RLock()
+	defer q.mu.RUnlock()
+	if len(q.files) == 0 {
+		return nil
+	}
+	return q.files[0]
+}
+
+// snapshot returns the current files. The slice must not be modified.
+func (q *mappedFileQueue) snapshot() []*mappedFile {
+	q.mu.RLock()
+	defer q.mu.RUnlock()
+	return q.files[:len(q.files):len(q.files)]
+}
+
+// findByOffset returns the file holding commitlog offset off, or nil.
+func (q *mappedFileQueue) findByOffset(off int64) *mappedFile {
+	q.mu.RLock()
+	defer q.mu.RUnlock()
+	if len(q.files) == 0 || off < q.files[0].from {
+		return nil
+	}
+	i := int((off - q.files[0].from) / q.fileSize)
+	if i >= len(q.files) {
+		return nil
+	}
+	return q.files[i]
+}
+
+// roll appends a new last file: the first at offset 0 when there is none,
+// otherwise right after the last one. REQUIRES: the put lock.
+func (q *mappedFileQueue) roll() (*mappedFile, error) {
+	from := int64(0)
+	if l := q.last(); l != nil {
+		from = l.from + q.fileSize
+	}
+	m, err := q.alloc.take(from)
+	if err != nil {
+		return nil, err
+	}
+	q.mu.Lock()
+	q.files = append(q.files, m)
+	q.mu.Unlock()
+	return m, nil
+}
+
+// maxOffset is the commitlog offset the next append goes to.
+func (q *mappedFileQueue) maxOffset() int64 {
+	l := q.last()
+	if l == nil {
+		return 0
+	}
+	return l.from + l.wrote.Load()
+}
+
+// minOffset is the first commitlog offset still on disk.
+func (q *mappedFileQueue) minOffset() int64 {
+	f := q.first()
+	if f == nil {
+		return 0
+	}
+	return f.from
+}
+
+// Sync implements flush.Syncer. It msyncs every file from the one holding
+// flushedWhere to the last, in one call, so a waiter whose record crossed a
+// file boundary is answered by a single Sync. With minPages > 0 a file is
+// synced only when that many pages are dirty (or it is full). It returns
+// the durable offset: every byte below it has been synced.
+func (q *mappedFileQueue) Sync(minPages int) (int64, error) {
+	q.syncMu.Lock()
+	defer q.syncMu.Unlock()
+	start := time.Now()
+	durable := q.flushedWhere.Load()
+	synced := false
+	for _, m := range q.snapshot() {
+		if m.from+m.size <= durable {
+			continue
+		}
+		before := m.flushed.Load()
+		pos, err := m.flush(minPages)
+		if err != nil {
+			return durable, err
+		}
+		synced = synced || pos != before
+		durable = m.from + pos
+		if pos < m.size {
+			break
+		}
+	}
+	q.flushedWhere.Store(durable)
+	if synced && q.syncLatency != nil {
+		q.syncLatency.observe(time.Since(start))
+	}
+	return durable, nil
+}
+
+// close unmaps every file and stops the allocator. It does not sync.
+func (q *mappedFileQueue) close() error {
+	errs := []error{q.alloc.close()}
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	for _, m := range q.files {
+		errs = append(errs, m.close())
+	}
+	q.files = nil
+	return errors.Join(errs...)
+}
+
+// allocator prepares the next commitlog file in the background so that a
+// roll does not create, preallocate and map a file under the put lock
+// (RocketMQ AllocateMappedFileService; etcd filePipeline).
+type allocator struct {
+	dir  string
+	size int64
+
+	mu       sync.Mutex
+	cond     *sync.Cond
+	ready    *mappedFile // prepared, not yet handed out
+	inflight int64       // offset being prepared, or -1
+	closed   bool
+
+	reqc chan int64
+	done chan struct{}
+	wg   sync.WaitGroup
+}
+
+func newAllocator(dir string, size int64) *allocator {
+	a := &allocator{dir: dir, size: size, inflight: -1, reqc: make(chan int64, 1), done: make(chan struct{})}
+	a.cond = sync.NewCond(&a.mu)
+	a.wg.Add(1)
+	go a.loop()
+	return a
+}
+
+func (a *allocator) loop() {
+	defer a.wg.Done()
+	for {
+		select {
+		case from := <-a.reqc:
+			// Errors are dropped here on purpose: take() then creates the
+			// file itself and reports the real error to the put.
+			m, err := createMappedFile(a.dir, from, a.size, true)
+			a.mu.Lock()
+			a.inflight = -1
+			if err == nil {
+				if a.closed || a.ready != nil {
+					m.remove()
+				} else {
+					a.ready = m
+				}
+			}
+			a.cond.Broadcast()
+			a.mu.Unlock()
+		case <-a.done:
+			return
+		}
+	}
+}
+
+// take returns the file starting at from: the prepared one if it matches,
+// otherwise one created now. It then asks for the following file.
+func (a *allocator) take(from int64) (*mappedFile, error) {
+	a.mu.Lock()
+	for a.inflight == from {
+		a.cond.Wait()
+	}
+	if a.closed {
+		a.mu.Unlock()
+		return nil, ErrClosed
+	}
+	m := a.ready
+	a.ready = nil
+	a.mu.Unlock()
+	if m != nil && m.from != from {
+		m.remove()
+		m = nil
+	}
+	if m == nil {
+		var err error
+		if m, err = createMappedFile(a.dir, from, a.size, false); err != nil {
+			return nil, err
+		}
+	}
+	a.prepare(from + a.size)
+	return m, nil
+}
+
+func (a *allocator) prepare(from int64) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.closed || a.inflight >= 0 {
+		return
+	}
+	select {
+	case a.reqc <- from:
+		a.inflight = from
+	default:
+	}
+}
+
+// close stops the goroutine and deletes a prepared, unused file.
+func (a *allocator) close() error {
+	a.mu.Lock()
+	if a.closed {
+		a.mu.Unlock()
+		return nil
+	}
+	a.closed = true
+	a.mu.Unlock()
+	close(a.done)
+	a.wg.Wait()
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.inflight = -1
+	a.cond.Broadcast()
+	if a.ready != nil {
+		err := a.ready.remove()
+		a.ready = nil
+		return err
+	}
+	return nil
+}

@@ -1,0 +1,192 @@
+package storage
+
+import (
+	"net/netip"
+	"strconv"
+)
+
+// Property names the store reads or writes (RocketMQ MessageConst).
+const (
+	PropertyKeys        = "KEYS"
+	PropertyTags        = "TAGS"
+	PropertyWaitStoreOK = "WAIT"
+	PropertyDelayLevel  = "DELAY"
+	PropertyRealTopic   = "REAL_TOPIC"
+	PropertyRealQueueID = "REAL_QID"
+	PropertyUniqKey     = "UNIQ_KEY"
+	PropertyTranMsg     = "TRAN_MSG"
+	PropertyInnerNum    = "INNER_NUM"
+	// PropertyCRC32 is the whole-record CRC property the store appends
+	// (RocketMQ enabledAppendPropCRC); a client may not set it.
+	PropertyCRC32 = "__CRC32#"
+)
+
+// ScheduleTopic is the topic delay-level messages are diverted to; queue id
+// = level - 1.
+const ScheduleTopic = "SCHEDULE_TOPIC_XXXX"
+
+// Transaction types carried in sysflag bits 2-3.
+const (
+	TransactionNotType      int32 = 0x0
+	TransactionPreparedType int32 = 0x4
+	TransactionCommitType   int32 = 0x8
+	TransactionRollbackType int32 = 0xC
+	transactionMask         int32 = 0xC
+)
+
+// Sysflag bits (common/sysflag/MessageSysFlag.java).
+const (
+	FlagCompressed     int32 = 0x1
+	FlagMultiTags      int32 = 0x2
+	FlagBornHostV6     int32 = 0x10
+	FlagStoreHostV6    int32 = 0x20
+	FlagNeedUnwrap     int32 = 0x40
+	FlagInnerBatch     int32 = 0x80
+	storeOwnedSysFlags       = FlagBornHostV6 | FlagStoreHostV6
+)
+
+// Property is one key/value pair of a message's properties. Order is kept
+// as given; keys should be unique.
+type Property struct {
+	Key, Value string
+}
+
+// Message is one message to store. The store never modifies it or keeps a
+// reference to it after the put returns.
+type Message struct {
+	Topic   string
+	QueueID int32
+	// Flag is the user flag, stored as is.
+	Flag int32
+	// Body is stored as is; it must not be nil.
+	Body []byte
+	// Properties include the system properties TAGS, KEYS, DELAY, WAIT,
+	// UNIQ_KEY as ordinary entries. Keys and values must be non-empty and
+	// free of the separators 0x01 and 0x02.
+	Properties []Property
+	// SysFlag carries the transaction type and compression bits; the host
+	// IPv6 bits are set by the store.
+	SysFlag int32
+	// BornTimestamp is the producer's time in Unix milliseconds.
+	BornTimestamp int64
+	// BornHost is the producer's address; the zero value is stored as
+	// 0.0.0.0:0.
+	BornHost         netip.AddrPort
+	ReconsumeTimes   int32
+	PreparedTxOffset int64
+}
+
+// Property returns the value of the property key and whether it is set.
+func (m *Message) Property(key string) (string, bool) {
+	return lookup(m.Properties, key)
+}
+
+// DelayLevel returns the DELAY property as a number (0 when absent or not
+// a number).
+func (m *Message) DelayLevel() int {
+	return delayLevel(m.Properties)
+}
+
+// WaitStoreOK reports whether the put waits for the sync flush: true unless
+// the WAIT property is "false".
+func (m *Message) WaitStoreOK() bool {
+	return waitStoreOK(m.Properties)
+}
+
+// Batch is several messages for one topic and queue, stored in one file with
+// consecutive queue offsets, all or nothing (RocketMQ MessageExtBatch).
+type Batch struct {
+	Topic    string
+	QueueID  int32
+	SysFlag  int32
+	BornHost netip.AddrPort
+	// Properties are batch-level: WAIT and DELAY are read (a DELAY > 0 is
+	// illegal); they are never copied into the messages (RocketMQ #9416).
+	Properties []Property
+	Messages   []BatchMessage
+}
+
+// BatchMessage is one message of a Batch.
+type BatchMessage struct {
+	Flag          int32
+	Body          []byte
+	Properties    []Property
+	BornTimestamp int64
+}
+
+// WaitStoreOK reports whether the batch put waits for the sync flush.
+func (b *Batch) WaitStoreOK() bool { return waitStoreOK(b.Properties) }
+
+func lookup(props []Property, key string) (string, bool) {
+	for i := range props {
+		if props[i].Key == key {
+			return props[i].Value, true
+		}
+	}
+	return "", false
+}
+
+func delayLevel(props []Property) int {
+	v, ok := lookup(props, PropertyDelayLevel)
+	if !ok {
+		return 0
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil {
+		return 0
+	}
+	return n
+}
+
+func waitStoreOK(props []Property) bool {
+	v, ok := lookup(props, PropertyWaitStoreOK)
+	return !ok || v != "false"
+}
+
+// validTopic reports whether t is 1..MaxTopicLength bytes of
+// [%|a-zA-Z0-9_-]: topics become directory names, so "/", "..", NUL and
+// anything non-ASCII are refused.
+func validTopic(t string) bool {
+	if len(t) == 0 || len(t) > MaxTopicLength {
+		return false
+	}
+	for i := 0; i < len(t); i++ {
+		c := t[i]
+		switch {
+		case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9':
+		case c == '%', c == '|', c == '_', c == '-':
+		default:
+			return false
+		}
+	}
+	return true
+}
+
+// propertiesLen returns the encoded length of props (key 0x01 value 0x02
+// each) or a ValidationError naming the first bad entry.
+func propertiesLen(props []Property) (int, *ValidationError) {
+	n := 0
+	for i := range props {
+		k, v := props[i].Key, props[i].Value
+		if k == "" || v == "" {
+			return 0, illegal("properties", "empty property key or value (RocketMQ decoders drop them)")
+		}
+		if k == PropertyCRC32 {
+			return 0, illegal("properties", "property "+PropertyCRC32+" is reserved for the store")
+		}
+		if hasSeparator(k) || hasSeparator(v) {
+			return 0, illegal("properties", "property key or value contains separator byte 0x01 or 0x02")
+		}
+		n += len(k) + len(v) + 2
+	}
+	return n, nil
+}
+
+func hasSeparator(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if s[i] == nameValueSeparator || s[i] == propertySeparator {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,298 @@
+package storage
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/rs/zerolog"
+)
+
+// FlushMode selects when a put is acknowledged relative to the disk.
+type FlushMode uint8
+
+const (
+	// FlushAsync acknowledges once the record is in the mapped file (the page
+	// cache); a background flush makes it durable within FlushInterval under
+	// load, FlushThoroughInterval for a trickle. RocketMQ ASYNC_FLUSH.
+	FlushAsync FlushMode = iota
+	// FlushSync acknowledges only after an msync covering the record has
+	// returned (group commit). RocketMQ SYNC_FLUSH.
+	FlushSync
+)
+
+// String returns "async" or "sync".
+func (m FlushMode) String() string {
+	if m == FlushSync {
+		return "sync"
+	}
+	return "async"
+}
+
+// ParseFlushMode parses "async" or "sync" (case-insensitive).
+func ParseFlushMode(s string) (FlushMode, error) {
+	switch strings.ToLower(s) {
+	case "async", "async_flush":
+		return FlushAsync, nil
+	case "sync", "sync_flush":
+		return FlushSync, nil
+	}
+	return 0, fmt.Errorf("storage: unknown flush mode %q (want async or sync)", s)
+}
+
+// Role is the broker role of the store.
+type Role uint8
+
+const (
+	// RoleMaster takes writes.
+	RoleMaster Role = iota
+	// RoleSlave refuses writes with SERVICE_NOT_AVAILABLE.
+	RoleSlave
+)
+
+// String returns "master" or "slave".
+func (r Role) String() string {
+	if r == RoleSlave {
+		return "slave"
+	}
+	return "master"
+}
+
+// ParseRole parses "master" or "slave" (case-insensitive).
+func ParseRole(s string) (Role, error) {
+	switch strings.ToLower(s) {
+	case "master", "async_master", "sync_master":
+		return RoleMaster, nil
+	case "slave":
+		return RoleSlave, nil
+	}
+	return 0, fmt.Errorf("storage: unknown role %q (want master or slave)", s)
+}
+
+// Clock gives the store its time. Tests inject a fake one; the store never
+// calls time.Now directly.
+type Clock interface {
+	Now() time.Time
+}
+
+type systemClock struct{}
+
+func (systemClock) Now() time.Time { return time.Now() }
+
+// SystemClock is the wall clock.
+var SystemClock Clock = systemClock{}
+
+// Fixed limits of the stored layout (spec §6).
+const (
+	// MaxTopicLength is the longest topic, in UTF-8 bytes, that the store
+	// takes; longer topics would need the V2 record layout, which RocketMQ's
+	// Go client cannot read.
+	MaxTopicLength = 127
+	// MaxPropertiesLength is the longest encoded properties string, including
+	// the whole-record CRC property the store adds (int16 on disk).
+	MaxPropertiesLength = 32767
+	// DefaultDelayLevels is RocketMQ's messageDelayLevel.
+	DefaultDelayLevels = "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h"
+)
+
+// Options configure a Store. The zero value of every field except Dir means
+// "use the default" named in its comment. Open never modifies the caller's
+// Options.
+type Options struct {
+	// Dir is the data directory. Required. The commitlog lives in
+	// Dir/commitlog; Dir/lock holds the process lock.
+	Dir string
+
+	// FileSize is the size of every commitlog file in bytes. Default 1 GiB.
+	// At least 4 KiB. Changing it on existing data makes Open fail.
+	FileSize int64
+
+	// MaxMessageSize is the largest body (and the largest batch, summed) in
+	// bytes. Default 4 MiB.
+	MaxMessageSize int
+
+	// FlushMode is FlushAsync (default) or FlushSync.
+	FlushMode FlushMode
+
+	// FlushInterval is how often the async flusher runs. Default 500 ms.
+	FlushInterval time.Duration
+
+	// FlushLeastPages is how many dirty 4 KiB pages the async flusher waits
+	// for before it flushes. Default 4. Negative means 0 (flush any change).
+	FlushLeastPages int
+
+	// FlushThoroughInterval bounds the time a trickle of dirty data (fewer
+	// than FlushLeastPages) stays unflushed. Default 10 s.
+	FlushThoroughInterval time.Duration
+
+	// WakeFlushOnPut wakes the async flusher after each put instead of
+	// waiting for the interval. Default false (RocketMQ
+	// wakeFlushWhenPutMessage).
+	WakeFlushOnPut bool
+
+	// SyncFlushTimeout is how long a sync-mode put waits for its flush before
+	// it answers FLUSH_DISK_TIMEOUT (the message is stored). Default 5 s.
+	SyncFlushTimeout time.Duration
+
+	// PageCacheBusyTimeout: a put that finds the put lock held longer than
+	// this is refused with OS_PAGE_CACHE_BUSY. Default 1 s.
+	PageCacheBusyTimeout time.Duration
+
+	// Role is RoleMaster (default) or RoleSlave (refuses writes).
+	Role Role
+
+	// DelayLevels is the delay level table, space separated, units s, m, h,
+	// d. Default DefaultDelayLevels (18 levels, 1s … 2h).
+	DelayLevels string
+
+	// StoreHost is the address written into every record and into msgIds.
+	// Default 127.0.0.1:10911.
+	StoreHost netip.AddrPort
+
+	// DisablePropCRC turns off the whole-record "__CRC32#" property. Default
+	// false: every record carries it, so corruption anywhere in a record is
+	// detected, not only in the body.
+	DisablePropCRC bool
+
+	// Clock is the store's time source. Default SystemClock.
+	Clock Clock
+
+	// Logger receives the store's rare events (slow syncs, rolls, recovery).
+	// Default: a disabled logger.
+	Logger *zerolog.Logger
+}
+
+// Defaults of Options.
+const (
+	DefaultFileSize              = 1 << 30
+	DefaultMaxMessageSize        = 4 << 20
+	DefaultFlushInterval         = 500 * time.Millisecond
+	DefaultFlushLeastPages       = 4
+	DefaultFlushThoroughInterval = 10 * time.Second
+	DefaultSyncFlushTimeout      = 5 * time.Second
+	DefaultPageCacheBusyTimeout  = time.Second
+	minFileSize                  = 4 << 10
+	maxFileSize                  = 1 << 40
+)
+
+// DefaultStoreHost is the store host used when Options.StoreHost is unset.
+var DefaultStoreHost = netip.MustParseAddrPort("127.0.0.1:10911")
+
+// withDefaults returns a copy of o with every unset field defaulted.
+func (o Options) withDefaults() Options {
+	if o.FileSize == 0 {
+		o.FileSize = DefaultFileSize
+	}
+	if o.MaxMessageSize == 0 {
+		o.MaxMessageSize = DefaultMaxMessageSize
+	}
+	if o.FlushInterval == 0 {
+		o.FlushInterval = DefaultFlushInterval
+	}
+	if o.FlushLeastPages == 0 {
+		o.FlushLeastPages = DefaultFlushLeastPages
+	} else if o.FlushLeastPages < 0 {
+		o.FlushLeastPages = 0
+	}
+	if o.FlushThoroughInterval == 0 {
+		o.FlushThoroughInterval = DefaultFlushThoroughInterval
+	}
+	if o.SyncFlushTimeout == 0 {
+		o.SyncFlushTimeout = DefaultSyncFlushTimeout
+	}
+	if o.PageCacheBusyTimeout == 0 {
+		o.PageCacheBusyTimeout = DefaultPageCacheBusyTimeout
+	}
+	if o.DelayLevels == "" {
+		o.DelayLevels = DefaultDelayLevels
+	}
+	if !o.StoreHost.IsValid() {
+		o.StoreHost = DefaultStoreHost
+	}
+	if o.Clock == nil {
+		o.Clock = SystemClock
+	}
+	if o.Logger == nil {
+		nop := zerolog.Nop()
+		o.Logger = &nop
+	}
+	return o
+}
+
+// Validate reports the first problem with o (after defaults are applied), or
+// nil. Open calls it; callers may call it early to fail fast on flags.
+func (o Options) Validate() error {
+	o = o.withDefaults()
+	var errs []error
+	if o.Dir == "" {
+		errs = append(errs, errors.New("Dir is required"))
+	}
+	if o.FileSize < minFileSize || o.FileSize > maxFileSize {
+		errs = append(errs, fmt.Errorf("FileSize %d out of range [%d, %d]", o.FileSize, minFileSize, int64(maxFileSize)))
+	}
+	if o.MaxMessageSize < 1 {
+		errs = append(errs, fmt.Errorf("MaxMessageSize %d must be positive", o.MaxMessageSize))
+	}
+	if int64(o.MaxMessageSize) > o.FileSize {
+		// Not an error in RocketMQ, but a body that can never fit is a
+		// configuration mistake worth naming; the put path still refuses
+		// records larger than a file (MESSAGE_ILLEGAL) either way.
+		errs = append(errs, fmt.Errorf("MaxMessageSize %d exceeds FileSize %d", o.MaxMessageSize, o.FileSize))
+	}
+	if o.FlushInterval < 0 || o.FlushThoroughInterval < 0 || o.SyncFlushTimeout < 0 || o.PageCacheBusyTimeout < 0 {
+		errs = append(errs, errors.New("durations must not be negative"))
+	}
+	if o.FlushMode != FlushAsync && o.FlushMode != FlushSync {
+		errs = append(errs, fmt.Errorf("unknown FlushMode %d", o.FlushMode))
+	}
+	if o.Role != RoleMaster && o.Role != RoleSlave {
+		errs = append(errs, fmt.Errorf("unknown Role %d", o.Role))
+	}
+	if _, err := ParseDelayLevels(o.DelayLevels); err != nil {
+		errs = append(errs, err)
+	}
+	if o.StoreHost.Port() == 0 {
+		errs = append(errs, fmt.Errorf("StoreHost %s needs a port", o.StoreHost))
+	}
+	if len(errs) > 0 {
+		return fmt.Errorf("storage: invalid options: %w", errors.Join(errs...))
+	}
+	return nil
+}
+
+// ParseDelayLevels parses a delay level table such as
+// "1s 5s 10s 30s 1m 2m … 2h". Level i (from 1) is element i-1.
+func ParseDelayLevels(s string) ([]time.Duration, error) {
+	fields := strings.Fields(s)
+	if len(fields) == 0 {
+		return nil, errors.New("delay levels: empty table")
+	}
+	out := make([]time.Duration, 0, len(fields))
+	for _, f := range fields {
+		if len(f) < 2 {
+			return nil, fmt.Errorf("delay levels: bad entry %q", f)
+		}
+		var unit time.Duration
+		switch f[len(f)-1] {
+		case 's':
+			unit = time.Second
+		case 'm':
+			unit = time.Minute
+		case 'h':
+			unit = time.Hour
+		case 'd':
+			unit = 24 * time.Hour
+		default:
+			return nil, fmt.Errorf("delay levels: bad unit in %q (want s, m, h or d)", f)
+		}
+		n, err := strconv.ParseInt(f[:len(f)-1], 10, 32)
+		if err != nil || n <= 0 {
+			return nil, fmt.Errorf("delay levels: bad number in %q", f)
+		}
+		out = append(out, time.Duration(n)*unit)
+	}
+	return out, nil
+}

@@ -1,0 +1,520 @@
+package storage
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/storaged/storaged/flush"
+)
+
+// flusher is what the store needs from a flush policy; *flush.Async and
+// *flush.GroupCommit satisfy it.
+type flusher interface {
+	// Wait blocks until offset is durable (sync) or returns at once (async).
+	Wait(ctx context.Context, offset int64) error
+	// Wake asks for a flush soon, without blocking.
+	Wake()
+	// Close stops the policy after a final flush.
+	Close() error
+}
+
+var (
+	_ flusher      = (*flush.Async)(nil)
+	_ flusher      = (*flush.GroupCommit)(nil)
+	_ flush.Syncer = (*mappedFileQueue)(nil)
+)
+
+type queueKey struct {
+	topic string
+	queue int32
+}
+
+// Store is the message store: the commitlog write path over a queue of
+// memory-mapped files, with an async or group-commit flush policy.
+// All methods are safe for concurrent use.
+type Store struct {
+	opts        Options
+	delayLevels []time.Duration
+	clock       Clock
+	dir         string // Dir/commitlog
+	lockFile    *os.File
+	queue       *mappedFileQueue
+	flusher     flusher
+
+	// put serialises appends: choosing or rolling the file, assigning queue
+	// offsets, stamping the store time and copying the bytes (RocketMQ
+	// putMessageLock; the topic-queue table lives under it as in 4.9.4).
+	put struct {
+		sync.Mutex
+		lastStoreTS int64              // guarded by put; store times never go backwards
+		topicQueue  map[queueKey]int64 // next queue offset; guarded by put
+	}
+	// beginTimeInLock is the clock time (Unix ns) the current holder took the
+	// put lock, 0 when free: the OS_PAGE_CACHE_BUSY watchdog.
+	beginTimeInLock atomic.Int64
+
+	closed   atomic.Bool
+	writeErr atomic.Pointer[error] // sticky: set once, never cleared
+	stats    stats
+}
+
+// Open opens (creating if needed) the store in opts.Dir, recovers the
+// commitlog and starts the flush policy. Close releases everything.
+func Open(opts Options) (*Store, error) {
+	if err := opts.Validate(); err != nil {
+		return nil, err
+	}
+	opts = opts.withDefaults()
+	levels, _ := ParseDelayLevels(opts.DelayLevels)
+	s := &Store{opts: opts, delayLevels: levels, clock: opts.Clock, dir: filepath.Join(opts.Dir, "commitlog")}
+	s.put.topicQueue = make(map[queueKey]int64)
+	if err := os.MkdirAll(s.dir, 0o755); err != nil {
+		return nil, fmt.Errorf("storage: create data dir: %w", err)
+	}
+	lf, err := lockDir(opts.Dir)
+	if err != nil {
+		return nil, err
+	}
+	s.lockFile = lf
+	s.queue = newMappedFileQueue(s.dir, opts.FileSize, &s.stats.syncLatency)
+	if err := s.queue.load(); err != nil {
+		s.cleanup()
+		return nil, err
+	}
+	if err := s.recover(); err != nil {
+		s.cleanup()
+		return nil, err
+	}
+	switch opts.FlushMode {
+	case FlushSync:
+		s.flusher = flush.NewGroupCommit(s.queue, flush.GroupCommitOptions{Timeout: opts.SyncFlushTimeout, OnError: s.fail})
+	default:
+		s.flusher = flush.NewAsync(s.queue, flush.AsyncOptions{Interval: opts.FlushInterval,
+			LeastPages: opts.FlushLeastPages, ThoroughInterval: opts.FlushThoroughInterval, OnError: s.fail})
+	}
+	return s, nil
+}
+
+// cleanup releases what a partial Open acquired.
+func (s *Store) cleanup() {
+	if s.queue != nil {
+		s.queue.close()
+	}
+	if s.lockFile != nil {
+		s.lockFile.Close()
+	}
+}
+
+// fail records a write or sync failure. The store is read-only from then
+// on: every put gets SERVICE_NOT_AVAILABLE wrapping ErrWriteFailed.
+func (s *Store) fail(cause error) {
+	err := fmt.Errorf("%w: %w", ErrWriteFailed, cause)
+	if s.writeErr.CompareAndSwap(nil, &err) {
+		s.opts.Logger.Error().Err(cause).Msg("storage: write or sync failed; store is read-only until restarted")
+	}
+}
+
+// WriteErr returns the sticky write error, or nil.
+func (s *Store) WriteErr() error {
+	if p := s.writeErr.Load(); p != nil {
+		return *p
+	}
+	return nil
+}
+
+// Writable reports whether puts are currently accepted (open, master, no
+// sticky write error).
+func (s *Store) Writable() bool {
+	return !s.closed.Load() && s.opts.Role == RoleMaster && s.writeErr.Load() == nil
+}
+
+// FlushMode returns the configured flush mode.
+func (s *Store) FlushMode() FlushMode { return s.opts.FlushMode }
+
+// checkBeforePut is RocketMQ's checkBeforePutMessage minus the message
+// checks: closed, slave, not writable.
+func (s *Store) checkBeforePut() error {
+	if s.closed.Load() {
+		return ErrClosed
+	}
+	if s.opts.Role == RoleSlave {
+		return ErrSlave
+	}
+	if err := s.WriteErr(); err != nil {
+		return err
+	}
+	return nil
+}
+
+// busy reports whether some put has held the put lock longer than the
+// threshold (RocketMQ isOSPageCacheBusy).
+func (s *Store) busy(now time.Time) bool {
+	begin := s.beginTimeInLock.Load()
+	return begin != 0 && now.UnixNano()-begin > int64(s.opts.PageCacheBusyTimeout)
+}
+
+// reject records and returns a refusal: nothing was appended.
+func (s *Store) reject(st PutStatus, err error) (PutResult, error) {
+	s.stats.record(st, 0, 0)
+	return PutResult{Status: st}, err
+}
+
+func (s *Store) rejectErr(err error) (PutResult, error) {
+	var verr *ValidationError
+	switch {
+	case errors.As(err, &verr):
+		return s.reject(verr.Status, err)
+	case errors.Is(err, ErrBusy):
+		return s.reject(OSPageCacheBusy, err)
+	case errors.Is(err, ErrCreateFile):
+		return s.reject(CreateMappedFileFailed, err)
+	case errors.Is(err, ErrClosed), errors.Is(err, ErrSlave), errors.Is(err, ErrWriteFailed), errors.Is(err, ErrNotWritable):
+		return s.reject(ServiceNotAvailable, err)
+	}
+	return s.reject(UnknownError, err)
+}
+
+// PutMessage stores one message.
+//
+// On success err is nil and the result's Status is PutOK, or
+// FlushDiskTimeout when sync mode did not see the record durable within
+// SyncFlushTimeout (the message is stored; RocketMQ counts it as sent).
+// When nothing was appended, err is non-nil and Status names the RocketMQ
+// status: ServiceNotAvailable (ErrClosed, ErrSlave, ErrWriteFailed),
+// MessageIllegal / PropertiesSizeExceeded (*ValidationError),
+// OSPageCacheBusy (ErrBusy), CreateMappedFileFailed (ErrCreateFile).
+// When the message was appended but its durability is unknown (ctx ended
+// while waiting for the sync, or the sync failed), err is non-nil, Status is
+// UnknownError and Appended() is true: the message may or may not survive
+// a crash.
+func (s *Store) PutMessage(ctx context.Context, m *Message) (PutResult, error) {
+	start := time.Now()
+	if err := s.checkBeforePut(); err != nil {
+		return s.rejectErr(err)
+	}
+	if err := ctx.Err(); err != nil {
+		return s.reject(UnknownError, err)
+	}
+	r, verr := s.prepare(m)
+	if verr != nil {
+		return s.rejectErr(verr)
+	}
+	if int64(r.total)+BlankLen > s.opts.FileSize {
+		return s.rejectErr(illegal("body", fmt.Sprintf("record of %d bytes cannot fit a commitlog file of %d bytes", r.total, s.opts.FileSize)))
+	}
+	now := s.clock.Now()
+	if s.busy(now) {
+		return s.rejectErr(ErrBusy)
+	}
+	one := [1]recordSpec{r}
+	res, err := s.appendRecords(now, r.topic, r.queueID, r.sysFlag, one[:], false)
+	if err != nil {
+		return s.rejectErr(err)
+	}
+	return s.afterAppend(ctx, start, res, m.WaitStoreOK())
+}
+
+// prepare validates m and builds its record spec (outside the put lock).
+func (s *Store) prepare(m *Message) (recordSpec, *ValidationError) {
+	switch {
+	case !validTopic(m.Topic):
+		return recordSpec{}, illegal("topic", fmt.Sprintf("topic must be 1-%d characters of [%%|a-zA-Z0-9_-]", MaxTopicLength))
+	case m.Body == nil:
+		return recordSpec{}, illegal("body", "body is nil")
+	case len(m.Body) > s.opts.MaxMessageSize:
+		return recordSpec{}, illegal("body", fmt.Sprintf("body of %d bytes exceeds the limit of %d", len(m.Body), s.opts.MaxMessageSize))
+	case m.QueueID < 0:
+		return recordSpec{}, illegal("queue_id", "queue id must not be negative")
+	}
+	if _, ok := lookup(m.Properties, PropertyInnerNum); ok && m.SysFlag&FlagInnerBatch == 0 {
+		return recordSpec{}, illegal("properties", "INNER_NUM without the inner-batch flag")
+	}
+	if m.SysFlag&FlagInnerBatch != 0 {
+		return recordSpec{}, illegal("sys_flag", "inner batches need a batch consume queue, which this store does not have")
+	}
+	r := recordSpec{
+		topic: m.Topic, queueID: m.QueueID, flag: m.Flag, body: m.Body, props: m.Properties,
+		sysFlag: m.SysFlag, bornTS: m.BornTimestamp, bornHost: m.BornHost, storeHost: s.opts.StoreHost,
+		reconsume: m.ReconsumeTimes, preparedTx: m.PreparedTxOffset, propCRC: !s.opts.DisablePropCRC,
+	}
+	if tx := m.SysFlag & transactionMask; tx == TransactionNotType || tx == TransactionCommitType {
+		if level := delayLevel(m.Properties); level > 0 {
+			divert(&r, level, len(s.delayLevels))
+		}
+	}
+	if verr := r.size(); verr != nil {
+		return recordSpec{}, verr
+	}
+	r.bodyCRC = BodyCRC(m.Body)
+	return r, nil
+}
+
+// PutMessages stores a batch: one topic and queue, consecutive queue
+// offsets, all in one commitlog file or not at all. Results and errors are
+// as for PutMessage; Append.Offsets has each message's commitlog offset.
+func (s *Store) PutMessages(ctx context.Context, b *Batch) (PutResult, error) {
+	start := time.Now()
+	if err := s.checkBeforePut(); err != nil {
+		return s.rejectErr(err)
+	}
+	if err := ctx.Err(); err != nil {
+		return s.reject(UnknownError, err)
+	}
+	specs, verr := s.prepareBatch(b)
+	if verr != nil {
+		return s.rejectErr(verr)
+	}
+	now := s.clock.Now()
+	if s.busy(now) {
+		return s.rejectErr(ErrBusy)
+	}
+	res, err := s.appendRecords(now, b.Topic, b.QueueID, b.SysFlag, specs, true)
+	if err != nil {
+		return s.rejectErr(err)
+	}
+	return s.afterAppend(ctx, start, res, b.WaitStoreOK())
+}
+
+func (s *Store) prepareBatch(b *Batch) ([]recordSpec, *ValidationError) {
+	switch {
+	case !validTopic(b.Topic):
+		return nil, illegal("topic", fmt.Sprintf("topic must be 1-%d characters of [%%|a-zA-Z0-9_-]", MaxTopicLength))
+	case b.QueueID < 0:
+		return nil, illegal("queue_id", "queue id must not be negative")
+	case len(b.Messages) == 0:
+		return nil, illegal("messages", "batch is empty")
+	case b.SysFlag&transactionMask != TransactionNotType:
+		return nil, illegal("batch", "a batch must not be transactional")
+	case b.SysFlag&FlagInnerBatch != 0:
+		return nil, illegal("sys_flag", "inner batches are not supported")
+	case delayLevel(b.Properties) > 0:
+		return nil, illegal("batch", "a batch must not have a delay level")
+	}
+	specs := make([]recordSpec, len(b.Messages))
+	bodies, total := 0, 0
+	for i := range b.Messages {
+		bm := &b.Messages[i]
+		if bm.Body == nil {
+			return nil, illegal("messages", fmt.Sprintf("message %d: body is nil", i))
+		}
+		if delayLevel(bm.Properties) > 0 {
+			return nil, illegal("batch", fmt.Sprintf("message %d: a batch must not have a delay level", i))
+		}
+		bodies += len(bm.Body)
+		specs[i] = recordSpec{
+			topic: b.Topic, queueID: b.QueueID, flag: bm.Flag, body: bm.Body, props: bm.Properties,
+			sysFlag: b.SysFlag, bornTS: bm.BornTimestamp, bornHost: b.BornHost, storeHost: s.opts.StoreHost,
+			propCRC: !s.opts.DisablePropCRC,
+		}
+		if verr := specs[i].size(); verr != nil {
+			verr.Reason = fmt.Sprintf("message %d: %s", i, verr.Reason)
+			return nil, verr
+		}
+		total += specs[i].total
+	}
+	if bodies > s.opts.MaxMessageSize {
+		return nil, illegal("messages", fmt.Sprintf("batch bodies total %d bytes, limit %d", bodies, s.opts.MaxMessageSize))
+	}
+	if int64(total)+BlankLen > s.opts.FileSize {
+		return nil, illegal("messages", fmt.Sprintf("batch of %d bytes cannot fit a commitlog file of %d bytes", total, s.opts.FileSize))
+	}
+	for i := range specs {
+		specs[i].bodyCRC = BodyCRC(specs[i].body)
+	}
+	return specs, nil
+}
+
+// appendRecords appends records for one topic-queue under the put lock,
+// rolling to a new file (after an END_OF_FILE blank) when they do not fit.
+// All records land in one file. It returns the append result, or an error
+// when nothing was appended.
+func (s *Store) appendRecords(now time.Time, topic string, queueID, sysFlag int32, specs []recordSpec, batch bool) (AppendResult, error) {
+	total := 0
+	for i := range specs {
+		total += specs[i].total
+	}
+	if !batch {
+		topic, queueID = specs[0].topic, specs[0].queueID // after a delay diversion
+	}
+	key := queueKey{topic, queueID}
+	tx := sysFlag & transactionMask
+	assignsOffset := tx == TransactionNotType || tx == TransactionCommitType
+
+	s.put.Lock()
+	s.beginTimeInLock.Store(now.UnixNano())
+	lockStart := time.Now()
+	defer func() {
+		s.beginTimeInLock.Store(0)
+		held := time.Since(lockStart)
+		s.put.Unlock()
+		s.stats.appendLatency.observe(held)
+		for {
+			old := s.stats.maxLockHold.Load()
+			if int64(held) <= old || s.stats.maxLockHold.CompareAndSwap(old, int64(held)) {
+				break
+			}
+		}
+	}()
+	if s.closed.Load() {
+		return AppendResult{}, ErrClosed
+	}
+	// Re-stamp inside the lock so store times never go backwards along the
+	// log; recovery relies on it.
+	storeTS := s.clock.Now().UnixMilli()
+	if storeTS < s.put.lastStoreTS {
+		storeTS = s.put.lastStoreTS
+	}
+
+	f := s.queue.last()
+	if f == nil || f.full() {
+		var err error
+		if f, err = s.rollLocked(); err != nil {
+			return AppendResult{}, err
+		}
+	}
+	pos := f.wrote.Load()
+	if int64(total)+BlankLen > f.size-pos {
+		// Not enough room: fill the rest with the blank record, mark the
+		// file full, and append into a new one (the same queue offset is
+		// reused there; nothing was assigned here).
+		putBlank(f.data[pos:], int(f.size-pos))
+		f.wrote.Store(f.size)
+		var err error
+		if f, err = s.rollLocked(); err != nil {
+			return AppendResult{}, err
+		}
+		pos = f.wrote.Load()
+		if int64(total)+BlankLen > f.size-pos { // cannot happen: checked against FileSize
+			return AppendResult{}, fmt.Errorf("storage: %d bytes do not fit an empty file", total)
+		}
+	}
+
+	queueOffset := int64(0)
+	if assignsOffset {
+		queueOffset = s.put.topicQueue[key]
+	}
+	copyStart := time.Now()
+	res := AppendResult{
+		Status: AppendOK, WroteOffset: f.from + pos, WroteBytes: int32(total), StoreTimestamp: storeTS,
+		Topic: topic, QueueID: queueID, QueueOffset: queueOffset, MsgNum: int32(len(specs)), StoreHost: s.opts.StoreHost,
+	}
+	if batch {
+		res.Offsets = make([]int64, len(specs))
+	}
+	p := pos
+	for i := range specs {
+		qo := queueOffset
+		if assignsOffset {
+			qo += int64(i)
+		}
+		specs[i].encode(f.data[p:], qo, f.from+p, storeTS)
+		if batch {
+			res.Offsets[i] = f.from + p
+		}
+		p += int64(specs[i].total)
+	}
+	f.wrote.Store(p) // publish only after every byte is copied
+	res.PageCacheRT = time.Since(copyStart)
+	s.put.lastStoreTS = storeTS
+	if assignsOffset {
+		s.put.topicQueue[key] = queueOffset + int64(len(specs))
+	}
+	return res, nil
+}
+
+// rollLocked takes the next file. REQUIRES: s.put held.
+func (s *Store) rollLocked() (*mappedFile, error) {
+	f, err := s.queue.roll()
+	if err != nil {
+		s.opts.Logger.Error().Err(err).Msg("storage: cannot create the next commitlog file")
+		return nil, err
+	}
+	s.stats.rolls.Add(1)
+	return f, nil
+}
+
+// afterAppend applies the flush policy and records the outcome.
+func (s *Store) afterAppend(ctx context.Context, start time.Time, res AppendResult, wait bool) (PutResult, error) {
+	out := PutResult{Status: PutOK, Append: res}
+	var err error
+	if s.opts.FlushMode == FlushSync {
+		if wait {
+			err = s.flusher.Wait(ctx, res.NextOffset())
+		} else {
+			s.flusher.Wake()
+		}
+	} else if s.opts.WakeFlushOnPut {
+		s.flusher.Wake()
+	}
+	switch {
+	case err == nil:
+	case errors.Is(err, flush.ErrTimeout):
+		out.Status, err = FlushDiskTimeout, nil
+	case errors.Is(err, flush.ErrSyncFailed):
+		out.Status, err = UnknownError, fmt.Errorf("%w: %w", ErrWriteFailed, err)
+	case errors.Is(err, flush.ErrClosed):
+		out.Status, err = UnknownError, fmt.Errorf("%w: store closed before the sync covered the message", ErrClosed)
+	default: // ctx
+		out.Status = UnknownError
+	}
+	s.stats.record(out.Status, int(res.MsgNum), int(res.WroteBytes))
+	s.stats.putLatency.observe(time.Since(start))
+	return out, err
+}
+
+// Stats returns a snapshot of the store's counters.
+func (s *Store) Stats() Stats {
+	st := Stats{
+		Puts: map[string]uint64{}, Messages: map[string]uint64{}, Bytes: map[string]uint64{},
+		AppendLatency: s.stats.appendLatency.snapshot(),
+		PutLatency:    s.stats.putLatency.snapshot(),
+		SyncLatency:   s.stats.syncLatency.snapshot(),
+		MaxLockHold:   time.Duration(s.stats.maxLockHold.Load()),
+		Rolls:         s.stats.rolls.Load(),
+		Files:         len(s.queue.snapshot()),
+		MinOffset:     s.queue.minOffset(),
+		MaxOffset:     s.queue.maxOffset(),
+		FlushedOffset: s.queue.flushedWhere.Load(),
+	}
+	for i := 1; i < numStatuses; i++ {
+		name := PutStatus(i).String()
+		if n := s.stats.puts[i].Load(); n > 0 {
+			st.Puts[name] = n
+			st.Messages[name] = s.stats.msgs[i].Load()
+			st.Bytes[name] = s.stats.bytes[i].Load()
+		}
+	}
+	if err := s.WriteErr(); err != nil {
+		st.WriteError = err.Error()
+	}
+	return st
+}
+
+// Close stops taking puts, waits for appends in progress, flushes
+// everything (answering sync waiters), unmaps the files, stops every
+// goroutine and releases the data dir lock. It returns the sticky write
+// error if a sync ever failed. Calling Close twice is safe.
+func (s *Store) Close() error {
+	if !s.closed.CompareAndSwap(false, true) {
+		return nil
+	}
+	s.put.Lock() // no append in progress after this; new ones see closed
+	s.put.Unlock()
+	var errs []error
+	if err := s.flusher.Close(); err != nil {
+		errs = append(errs, err)
+	}
+	if err := s.queue.close(); err != nil {
+		errs = append(errs, err)
+	}
+	if err := s.lockFile.Close(); err != nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
