@@ -51,7 +51,7 @@ var crcTable = crc32.IEEETable
 func BodyCRC(b []byte) uint32 { return crc32.Checksum(b, crcTable) & 0x7fffffff }
 
 func hostLen(a netip.AddrPort) int {
-	if a.Addr().Is4() || a.Addr().Is4In6() || !a.Addr().IsValid() {
+	if a.Addr().Is4() || !a.Addr().IsValid() {
 		return 8
 	}
 	return 20
@@ -64,8 +64,8 @@ func putHost(dst []byte, a netip.AddrPort) int {
 		clear(dst[:4])
 		binary.BigEndian.PutUint32(dst[4:], 0)
 		return 8
-	case ip.Is4() || ip.Is4In6():
-		b := ip.Unmap().As4()
+	case ip.Is4():
+		b := ip.As4()
 		copy(dst, b[:])
 		binary.BigEndian.PutUint32(dst[4:], uint32(a.Port()))
 		return 8
@@ -282,7 +282,17 @@ func IsBlank(b []byte) bool {
 // length. Any failure wraps ErrCorrupt. DecodeRecord never panics and never
 // allocates more than len(b).
 func DecodeRecord(b []byte) (*Record, int, error) {
-	n, err := checkRecord(b)
+	return decodeRecord(b, false)
+}
+
+// DecodeRecordStrict is DecodeRecord for stores that write the
+// whole-record CRC: a record without the __CRC32# property is corrupt.
+func DecodeRecordStrict(b []byte) (*Record, int, error) {
+	return decodeRecord(b, true)
+}
+
+func decodeRecord(b []byte, requireCRC bool) (*Record, int, error) {
+	n, err := checkRecord(b, requireCRC)
 	if err != nil {
 		return nil, 0, err
 	}
@@ -344,7 +354,8 @@ func getHost(b []byte, p int, v6 bool) (netip.AddrPort, int) {
 
 // checkRecord validates the record at the start of b without allocating and
 // returns its length. It is what recovery and reads run on every record.
-func checkRecord(b []byte) (int, error) {
+// With requireCRC a record without the whole-record CRC property is corrupt.
+func checkRecord(b []byte, requireCRC bool) (int, error) {
 	be := binary.BigEndian
 	if len(b) < 8 {
 		return 0, corrupt("%d bytes is too short for a record header", len(b))
@@ -412,20 +423,29 @@ func checkRecord(b []byte) (int, error) {
 		return 0, corrupt("body CRC %d, stored %d", got, want)
 	}
 	// The whole-record CRC, when present, is the record's last 20 bytes.
-	if propLen >= crcPropLen {
+	// When the store writes it (requireCRC), a record without it is
+	// corrupt: otherwise a flipped bit in the property name would turn the
+	// check off.
+	hasCRC := propLen >= crcPropLen && hasCRCProperty(b[total-crcPropLen:])
+	if requireCRC && !hasCRC {
+		return 0, corrupt("missing %s property", PropertyCRC32)
+	}
+	if hasCRC {
 		tail := b[total-crcPropLen:]
-		if string(tail[:len(PropertyCRC32)]) == PropertyCRC32 && tail[len(PropertyCRC32)] == nameValueSeparator &&
-			tail[crcPropLen-1] == propertySeparator && (propLen == crcPropLen || b[total-crcPropLen-1] == propertySeparator) {
-			stored, ok := parseCRCDigits(tail[len(PropertyCRC32)+1 : len(PropertyCRC32)+11])
-			if !ok {
-				return 0, corrupt("malformed %s property", PropertyCRC32)
-			}
-			if got := crc32.Checksum(b[:total-crcPropLen], crcTable) & 0x7fffffff; got != stored {
-				return 0, corrupt("record CRC %d, stored %d", got, stored)
-			}
+		stored, ok := parseCRCDigits(tail[len(PropertyCRC32)+1 : len(PropertyCRC32)+11])
+		if !ok {
+			return 0, corrupt("malformed %s property", PropertyCRC32)
+		}
+		if got := crc32.Checksum(b[:total-crcPropLen], crcTable) & 0x7fffffff; got != stored {
+			return 0, corrupt("record CRC %d, stored %d", got, stored)
 		}
 	}
 	return total, nil
+}
+
+func hasCRCProperty(tail []byte) bool {
+	return string(tail[:len(PropertyCRC32)]) == PropertyCRC32 && tail[len(PropertyCRC32)] == nameValueSeparator &&
+		tail[crcPropLen-1] == propertySeparator
 }
 
 // parseProperties splits "k\x01v\x02…" the way RocketMQ's
@@ -474,4 +494,3 @@ func ParseMsgID(id string) (netip.AddrPort, int64, error) {
 	host, p := getHost(b, 0, len(b) == 28)
 	return host, int64(binary.BigEndian.Uint64(b[p:])), nil
 }
-

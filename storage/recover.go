@@ -31,7 +31,7 @@ scan:
 				end = f.from + pos
 				continue
 			}
-			n, err := checkRecord(b)
+			n, err := checkRecord(b, !s.opts.DisablePropCRC)
 			if err != nil || int64(binary.BigEndian.Uint64(b[posPhysOffset:])) != f.from+pos {
 				keep = i + 1
 				break scan
@@ -152,4 +152,3 @@ func zeroTail(f *mappedFile, pos int64) error {
 	}
 	return nil
 }
-
