@@ -34,6 +34,11 @@ type GroupCommit struct {
 	err     error     // sticky; guarded by mu
 	closed  bool      // guarded by mu
 
+	// waiters recycles answered waiters, so a sync put costs no allocation
+	// for them. Per instance: a channel belongs to the goroutine group
+	// (synctest bubble) that made it.
+	waiters sync.Pool
+
 	kick chan struct{}
 	done chan struct{}
 	wg   sync.WaitGroup
@@ -44,8 +49,6 @@ type waiter struct {
 	ch     chan error // cap 1: the loop never blocks on a waiter that left
 }
 
-var waiterPool = sync.Pool{New: func() any { return &waiter{ch: make(chan error, 1)} }}
-
 // NewGroupCommit starts the group-commit goroutine. Close stops it.
 func NewGroupCommit(s Syncer, opts GroupCommitOptions) *GroupCommit {
 	if opts.Timeout <= 0 {
@@ -53,6 +56,7 @@ func NewGroupCommit(s Syncer, opts GroupCommitOptions) *GroupCommit {
 	}
 	g := &GroupCommit{s: s, timeout: opts.Timeout, onError: opts.OnError,
 		kick: make(chan struct{}, 1), done: make(chan struct{})}
+	g.waiters.New = func() any { return &waiter{ch: make(chan error, 1)} }
 	g.wg.Add(1)
 	go g.loop()
 	return g
@@ -67,18 +71,18 @@ func (g *GroupCommit) Wait(ctx context.Context, offset int64) error {
 	if g.durable.Load() >= offset {
 		return nil
 	}
-	w := waiterPool.Get().(*waiter)
+	w := g.waiters.Get().(*waiter)
 	w.offset = offset
 	g.mu.Lock()
 	switch {
 	case g.err != nil:
 		err := g.err
 		g.mu.Unlock()
-		waiterPool.Put(w)
+		g.waiters.Put(w)
 		return err
 	case g.closed:
 		g.mu.Unlock()
-		waiterPool.Put(w)
+		g.waiters.Put(w)
 		return ErrClosed
 	}
 	g.pending = append(g.pending, w)
@@ -89,7 +93,7 @@ func (g *GroupCommit) Wait(ctx context.Context, offset int64) error {
 	defer t.Stop()
 	select {
 	case err := <-w.ch:
-		waiterPool.Put(w) // answered: the loop holds no reference any more
+		g.waiters.Put(w) // answered: the loop holds no reference any more
 		return err
 	case <-t.C:
 		return ErrTimeout // w stays referenced by the loop; not pooled

@@ -305,7 +305,9 @@ func manySmall(n, size int) []BatchMessage {
 	return out
 }
 
-func be32(b []byte) uint32 { return uint32(b[0])<<24 | uint32(b[1])<<16 | uint32(b[2])<<8 | uint32(b[3]) }
+func be32(b []byte) uint32 {
+	return uint32(b[0])<<24 | uint32(b[1])<<16 | uint32(b[2])<<8 | uint32(b[3])
+}
 
 func TestMessageTooLargeForAnyFile(t *testing.T) {
 	s, _ := openTest(t, func(o *Options) { o.FileSize = 4096; o.MaxMessageSize = 4096 })
