@@ -111,7 +111,8 @@ type Options struct {
 	FileSize int64
 
 	// MaxMessageSize is the largest body (and the largest batch, summed) in
-	// bytes. Default 4 MiB.
+	// bytes. Default 4 MiB. A record that cannot fit an empty commitlog file
+	// is refused (MESSAGE_ILLEGAL) whatever this says.
 	MaxMessageSize int
 
 	// FlushMode is FlushAsync (default) or FlushSync.
@@ -235,12 +236,6 @@ func (o Options) Validate() error {
 	}
 	if o.MaxMessageSize < 1 {
 		errs = append(errs, fmt.Errorf("MaxMessageSize %d must be positive", o.MaxMessageSize))
-	}
-	if int64(o.MaxMessageSize) > o.FileSize {
-		// Not an error in RocketMQ, but a body that can never fit is a
-		// configuration mistake worth naming; the put path still refuses
-		// records larger than a file (MESSAGE_ILLEGAL) either way.
-		errs = append(errs, fmt.Errorf("MaxMessageSize %d exceeds FileSize %d", o.MaxMessageSize, o.FileSize))
 	}
 	if o.FlushInterval < 0 || o.FlushThoroughInterval < 0 || o.SyncFlushTimeout < 0 || o.PageCacheBusyTimeout < 0 {
 		errs = append(errs, errors.New("durations must not be negative"))

@@ -75,7 +75,6 @@ func TestOptionsValidate(t *testing.T) {
 	}{
 		{"no dir", Options{}, "Dir is required"},
 		{"tiny file", Options{Dir: "x", FileSize: 100}, "FileSize"},
-		{"body larger than file", Options{Dir: "x", FileSize: 4096, MaxMessageSize: 8192}, "exceeds FileSize"},
 		{"bad delay table", Options{Dir: "x", DelayLevels: "1s 5x"}, "bad unit"},
 		{"negative duration", Options{Dir: "x", SyncFlushTimeout: -1}, "negative"},
 		{"bad mode", Options{Dir: "x", FlushMode: 7}, "FlushMode"},
