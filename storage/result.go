@@ -1,9 +1,6 @@
 package storage
 
-import (
-	"net/netip"
-	"time"
-)
+import "net/netip"
 
 // AppendResult is what an append into the commitlog did (RocketMQ
 // AppendMessageResult).
@@ -24,8 +21,6 @@ type AppendResult struct {
 	QueueOffset int64
 	// MsgNum is 1, or the number of messages in a batch.
 	MsgNum int32
-	// PageCacheRT is the time spent copying into the mapped file.
-	PageCacheRT time.Duration
 	// StoreHost is the host in the msgId.
 	StoreHost netip.AddrPort
 	// Offsets are the commitlog offsets of each message of a batch (nil for
