@@ -1,0 +1,101 @@
+// Package storage is storaged's message store: RocketMQ's CommitLog write
+// path, byte-compatible with RocketMQ's stored message layout, on
+// memory-mapped files.
+//
+// # Files and offsets
+//
+// The commitlog lives in Options.Dir/commitlog as a queue of files of
+// Options.FileSize bytes (default 1 GiB), each named by the commitlog offset
+// of its first byte, zero-padded to 20 digits:
+//
+//	00000000000000000000  00000000001073741824  00000000002147483648 …
+//
+// A commitlog offset ("physical offset") is a position in the endless log:
+// the file holding offset o is the one named o - o%FileSize, at position
+// o%FileSize. Files are contiguous, preallocated with fallocate (so a full
+// disk fails file creation instead of raising SIGBUS on a page fault), and
+// prepared one ahead by a background allocator so a roll never creates or
+// faults in a file under the put lock.
+//
+// A queue offset is different: the index of a message within its
+// topic-queue (0, 1, 2, …), assigned under the put lock and advanced only
+// when the append succeeded.
+//
+// # Record layout
+//
+// Every message is one record, big-endian, exactly as RocketMQ stores it
+// (MessageExtEncoder; readable by MessageDecoder and the Go client's
+// primitive.DecodeMessage). Offsets below are for IPv4 hosts; an IPv6 host
+// takes 20 bytes instead of 8 and shifts what follows.
+//
+//	+0   TOTALSIZE       int32   whole record, this field included
+//	+4   MAGICCODE       int32   0xDAA320A7 (V1); 0xDAA320AB (V2: int16 topic length)
+//	+8   BODYCRC         int32   CRC-32/IEEE(body) & 0x7FFFFFFF
+//	+12  QUEUEID         int32
+//	+16  FLAG            int32
+//	+20  QUEUEOFFSET     int64   index in the topic-queue
+//	+28  PHYSICALOFFSET  int64   this record's commitlog offset
+//	+36  SYSFLAG         int32   0x1 compressed, 0xC tx type, 0x10/0x20 IPv6 hosts
+//	+40  BORNTIMESTAMP   int64   producer ms
+//	+48  BORNHOST        8|20    IP, int32 port
+//	+56  STORETIMESTAMP  int64   ms, stamped inside the put lock
+//	+64  STOREHOST       8|20    IP, int32 port
+//	+72  RECONSUMETIMES  int32
+//	+76  PREPARED TX OFF int64
+//	+84  BODYLEN int32, BODY
+//	     TOPICLEN int8 (V1) | int16 (V2), TOPIC
+//	     PROPLEN int16, PROPERTIES  "key\x01value\x02…" then
+//	                                "__CRC32#\x01dddddddddd\x02"
+//
+// The last property is the whole-record CRC (RocketMQ enabledAppendPropCRC,
+// on by default here): CRC-32/IEEE & 0x7FFFFFFF of every byte of the record
+// before those 20 bytes, written as ten decimal digits, least significant
+// first. With it, a flipped bit anywhere in a record is detected, not only
+// in the body. A full file ends with an 8-byte blank record: int32 bytes
+// left in the file, int32 0xCBD43194. A record is appended only if its
+// length + 8 fits the space left; otherwise the blank is written and the
+// record goes to the next file, so no record crosses a file and every full
+// file ends with a blank.
+//
+// The offset msgId is hex(store IP ‖ int32 port ‖ int64 commitlog offset),
+// 32 characters for IPv4.
+//
+// # Put path
+//
+// PutMessage and PutMessages follow RocketMQ's order: refuse when closed,
+// slave or read-only (SERVICE_NOT_AVAILABLE); validate topic, body and
+// properties (MESSAGE_ILLEGAL, PROPERTIES_SIZE_EXCEEDED); refuse when the
+// put lock has been held longer than PageCacheBusyTimeout
+// (OS_PAGE_CACHE_BUSY); divert delay-level messages to SCHEDULE_TOPIC_XXXX
+// (queue = level-1, REAL_TOPIC/REAL_QID kept); then, under the put lock,
+// re-stamp the store time (never going backwards), take or roll the last
+// file, assign the queue offset, encode straight into the mapping and
+// publish the new write position with an atomic store.
+//
+// # Durability contract
+//
+// FlushAsync (default): a put is acknowledged once its bytes are in the
+// mapping (the page cache). A process crash loses nothing acknowledged;
+// an OS crash or power cut loses what was written since the last flush:
+// about FlushInterval (500 ms) under load, up to FlushThoroughInterval
+// (10 s) for a trickle of fewer than FlushLeastPages dirty pages.
+//
+// FlushSync: a put is acknowledged (PUT_OK) only after an msync(MS_SYNC)
+// covering its last byte has returned. Concurrent puts share syncs (group
+// commit). If no sync covers it within SyncFlushTimeout the answer is
+// FLUSH_DISK_TIMEOUT: stored, not known durable. A put with WAIT=false does
+// not wait.
+//
+// In both modes a failed msync is sticky: the store turns read-only, every
+// waiting and later put fails (SERVICE_NOT_AVAILABLE wrapping
+// ErrWriteFailed), and nothing is acknowledged after it; only a restart,
+// which recovers from what is on disk, clears it.
+//
+// # Recovery
+//
+// Open scans the commitlog, checks every record (magic, lengths, body CRC,
+// whole-record CRC, PHYSICALOFFSET equal to where it lies), stops at the
+// first bad one, zeroes everything after it so stale bytes can never look
+// valid again, deletes files past it, rebuilds the topic-queue table and
+// syncs what survived.
+package storage
