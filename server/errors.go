@@ -1,0 +1,193 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/rs/zerolog"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/protoadapt"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/storaged/storaged/storage"
+)
+
+// ErrorDomain is the google.rpc.ErrorInfo domain of every error this service
+// returns. The ErrorInfo reason is the RocketMQ PutMessageStatus name.
+const ErrorDomain = "storaged"
+
+// ErrStarting is returned by a DeferredStore before its store is set: the
+// store is still opening (recovering its commitlog).
+var ErrStarting = errors.New("server: store is starting")
+
+// Retry delays suggested in RetryInfo when nothing was appended and the
+// same server may take the put soon.
+const (
+	retryDelayBusy        = 200 * time.Millisecond // OS_PAGE_CACHE_BUSY
+	retryDelayUnavailable = time.Second            // starting, closing, slave, not writable
+)
+
+// method names the RPC an error belongs to; request field paths depend on it.
+type method string
+
+const (
+	methodPutMessage  method = "PutMessage"
+	methodPutMessages method = "PutMessages"
+)
+
+// putError is the one mapping from a failed put (storage.PutResult + error,
+// see storage.Store.PutMessage) to a gRPC status. Every status carries an
+// ErrorInfo{Reason: res.Status.String(), Domain: ErrorDomain}.
+//
+// Appended (res.Appended()), durability unknown:
+//
+//	ctx cancelled / deadline passed while waiting for the flush → CANCELLED / DEADLINE_EXCEEDED
+//	anything else (sync failed, store closed meanwhile)        → INTERNAL
+//
+// The message says the message may have been stored; ErrorInfo metadata
+// holds msg_id, wrote_offset and queue_offset.
+//
+// Nothing appended:
+//
+//	*fieldError, *storage.ValidationError → INVALID_ARGUMENT + BadRequest
+//	ErrStarting, ErrClosed, ErrSlave, ErrNotWritable → UNAVAILABLE + RetryInfo
+//	storage.ErrBusy (OS_PAGE_CACHE_BUSY)  → UNAVAILABLE + RetryInfo
+//	storage.ErrWriteFailed (read-only)    → UNAVAILABLE, no RetryInfo: retry on another replica
+//	storage.ErrDiskFull                   → RESOURCE_EXHAUSTED
+//	ctx ended before the append           → CANCELLED / DEADLINE_EXCEEDED
+//	storage.ErrCreateFile, anything else  → INTERNAL (logged; the client message has no paths)
+func (s *Service) putError(ctx context.Context, m method, res storage.PutResult, err error) error {
+	reason := res.Status
+	if reason == 0 {
+		reason = storage.UnknownError
+	}
+	info := &errdetails.ErrorInfo{Reason: reason.String(), Domain: ErrorDomain}
+	log := s.log.With().Str("grpc.method", string(m)).Str("put_status", reason.String()).Logger()
+
+	if res.Appended() {
+		return s.appendedError(ctx, log, res, err, info)
+	}
+
+	var fe *fieldError
+	var verr *storage.ValidationError
+	switch {
+	case errors.As(err, &fe):
+		return invalidArgument(info, fe.Field, fe.Reason)
+	case errors.As(err, &verr):
+		return invalidArgument(info, requestField(m, verr.Field), verr.Reason)
+	case errors.Is(err, ErrStarting):
+		return unavailable(info, retryDelayUnavailable, "the store is starting (recovering its commitlog); nothing was stored; retry shortly")
+	case errors.Is(err, context.Canceled):
+		return newStatus(codes.Canceled, "the call was cancelled before the append; nothing was stored", info)
+	case errors.Is(err, context.DeadlineExceeded):
+		return newStatus(codes.DeadlineExceeded, "the deadline passed before the append; nothing was stored", info)
+	case errors.Is(err, storage.ErrDiskFull):
+		log.Error().Err(err).Msg("put refused: disk full")
+		info.Metadata = map[string]string{"cause": "DISK_FULL"}
+		return newStatus(codes.ResourceExhausted, "no space left on the store's disk; nothing was stored", info)
+	case errors.Is(err, storage.ErrBusy):
+		return unavailable(info, retryDelayBusy, "the store is busy (OS page cache busy); nothing was stored; retry later")
+	case errors.Is(err, storage.ErrWriteFailed):
+		info.Metadata = map[string]string{"cause": "READ_ONLY"}
+		return newStatus(codes.Unavailable, "the store is read-only after a failed disk write or sync and takes no writes until it is restarted; "+
+			"nothing was stored; retry on another replica", info)
+	case errors.Is(err, storage.ErrClosed):
+		return unavailable(info, retryDelayUnavailable, "the store is shutting down; nothing was stored")
+	case errors.Is(err, storage.ErrSlave):
+		return unavailable(info, retryDelayUnavailable, "this store is a slave and takes no writes; nothing was stored; send writes to the master")
+	case errors.Is(err, storage.ErrNotWritable):
+		return unavailable(info, retryDelayUnavailable, "the store is not accepting writes right now; nothing was stored")
+	case errors.Is(err, storage.ErrCreateFile):
+		log.Error().Err(err).Msg("put refused: cannot create the next commitlog file")
+		return newStatus(codes.Internal, "internal error: the store could not create its next commitlog file; nothing was stored", info)
+	}
+	log.Error().Err(err).Msg("put failed with an unexpected error")
+	return newStatus(codes.Internal, "internal error; nothing was stored", info)
+}
+
+// appendedError reports a put that is in the commitlog but whose durability
+// is unknown. It must never claim the message was lost, nor that it is safe.
+func (s *Service) appendedError(ctx context.Context, log zerolog.Logger, res storage.PutResult, err error, info *errdetails.ErrorInfo) error {
+	a := &res.Append
+	info.Metadata = map[string]string{
+		"stored":        "unknown",
+		"msg_id":        a.MsgID(),
+		"wrote_offset":  strconv.FormatInt(a.WroteOffset, 10),
+		"wrote_bytes":   strconv.FormatInt(int64(a.WroteBytes), 10),
+		"queue_id":      strconv.FormatInt(int64(a.QueueID), 10),
+		"queue_offset":  strconv.FormatInt(a.QueueOffset, 10),
+		"message_count": strconv.FormatInt(int64(a.MsgNum), 10),
+	}
+	code, why := codes.Internal, "an unexpected error occurred while waiting for the disk flush"
+	switch {
+	case errors.Is(err, context.Canceled):
+		code, why = codes.Canceled, "the call was cancelled while waiting for the disk flush"
+	case errors.Is(err, context.DeadlineExceeded):
+		code, why = codes.DeadlineExceeded, "the deadline passed while waiting for the disk flush"
+	case errors.Is(err, storage.ErrWriteFailed):
+		why = "the disk flush failed and the store is now read-only"
+	case errors.Is(err, storage.ErrClosed):
+		why = "the store closed before a flush covered the message"
+	}
+	ev := log.Warn()
+	if code == codes.Internal {
+		ev = log.Error()
+	}
+	ev.Err(err).Str("msg_id", a.MsgID()).Int64("wrote_offset", a.WroteOffset).Msg("put appended, durability unknown")
+	msg := fmt.Sprintf("the message was appended at commitlog offset %d (msgId %s) but its durability is unknown: %s; "+
+		"it may have been stored, so a retry may store it twice", a.WroteOffset, a.MsgID(), why)
+	return newStatus(code, msg, info)
+}
+
+// requestField turns a storage.ValidationError field into the path of the
+// request field it came from.
+func requestField(m method, field string) string {
+	if m == methodPutMessage {
+		if field == "" {
+			return "message"
+		}
+		return "message." + field
+	}
+	switch field {
+	case "topic", "queue_id", "messages":
+		return field
+	}
+	return "messages" // per-entry problems: the reason names the entry
+}
+
+func invalidArgument(info *errdetails.ErrorInfo, field, reason string) error {
+	br := &errdetails.BadRequest{FieldViolations: []*errdetails.BadRequest_FieldViolation{{
+		Field:       field,
+		Description: reason,
+		Reason:      info.Reason,
+	}}}
+	return newStatus(codes.InvalidArgument, "invalid request: "+field+": "+reason, info, br)
+}
+
+func unavailable(info *errdetails.ErrorInfo, delay time.Duration, msg string) error {
+	return newStatus(codes.Unavailable, msg, info, &errdetails.RetryInfo{RetryDelay: durationpb.New(delay)})
+}
+
+// newStatus builds the status error with its details. Details are plain
+// generated messages, so adding them cannot fail in practice; if it ever
+// did, the bare status is still the right code and message.
+func newStatus(code codes.Code, msg string, details ...protoadapt.MessageV1) error {
+	st := status.New(code, msg)
+	if withDetails, err := st.WithDetails(details...); err == nil {
+		st = withDetails
+	}
+	return st.Err()
+}
+
+// panicError is what a recovered handler panic becomes: INTERNAL, with the
+// usual ErrorInfo. The panic may have happened after the append.
+func panicError() error {
+	return newStatus(codes.Internal, "internal error; whether the message was stored is unknown",
+		&errdetails.ErrorInfo{Reason: storage.UnknownError.String(), Domain: ErrorDomain,
+			Metadata: map[string]string{"stored": "unknown"}})
+}

@@ -1,0 +1,295 @@
+package server
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"runtime/debug"
+	"time"
+
+	grpcprom "github.com/grpc-ecosystem/go-grpc-middleware/providers/prometheus"
+	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors"
+	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/logging"
+	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/recovery"
+	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/selector"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/rs/zerolog"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/health"
+	healthgrpc "google.golang.org/grpc/health/grpc_health_v1"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/keepalive"
+	"google.golang.org/grpc/reflection"
+
+	"github.com/storaged/storaged/storage"
+)
+
+// ServiceName is the full name of the MessageStoreService, also its name in
+// the health service (storagedv1.MessageStoreService_ServiceDesc.ServiceName).
+const ServiceName = "storaged.v1.MessageStoreService"
+
+// Defaults of GRPCConfig.
+const (
+	// RequestOverhead is what a request may carry beyond the store's message
+	// size limit: topic, properties (up to 32 KiB per message), timestamps
+	// and protobuf framing. MaxRecvMsgSize is MaxMessageSize + RequestOverhead;
+	// larger requests fail with RESOURCE_EXHAUSTED before reaching the service.
+	RequestOverhead              = 1 << 20
+	DefaultMaxConcurrentStreams  = 1024
+	DefaultMaxConnectionAge      = 10 * time.Minute
+	DefaultMaxConnectionAgeGrace = 30 * time.Second
+	// KeepaliveMinTime is the shortest client ping interval the server
+	// tolerates; clients that ping more often get GOAWAY "too_many_pings".
+	KeepaliveMinTime = 10 * time.Second
+)
+
+// GRPCConfig configures NewGRPCServer. The zero value is a plaintext server
+// with the defaults above.
+type GRPCConfig struct {
+	// Logger receives the call log (health checks excluded; successful calls
+	// at debug level) and recovered panics.
+	Logger zerolog.Logger
+	// MaxMessageSize is the store's limit on a body and on a batch's summed
+	// bodies (storage.Options.MaxMessageSize). Default
+	// storage.DefaultMaxMessageSize.
+	MaxMessageSize int
+	// MaxConcurrentStreams bounds the concurrent calls per connection.
+	// Default DefaultMaxConcurrentStreams.
+	MaxConcurrentStreams uint32
+	// MaxConnectionAge makes clients reconnect now and then, so that
+	// connection-level load balancers spread them (gRFC A9). Default
+	// DefaultMaxConnectionAge; MaxConnectionAgeGrace is the time in-flight
+	// calls get afterwards, default DefaultMaxConnectionAgeGrace.
+	MaxConnectionAge, MaxConnectionAgeGrace time.Duration
+	// TLS, when set, serves TLS only (see LoadTLSConfig). Nil serves
+	// plaintext HTTP/2 (h2c), the right choice behind a mesh sidecar.
+	TLS *tls.Config
+	// Reflection registers the server reflection service (grpcurl, ghz).
+	Reflection bool
+	// Registerer, when set, receives the gRPC server metrics
+	// (grpc_server_handled_total, grpc_server_handling_seconds, …).
+	Registerer prometheus.Registerer
+}
+
+// GRPCServer is the assembled gRPC server: the MessageStoreService, health
+// and optional reflection, behind logging, metrics and recovery interceptors.
+type GRPCServer struct {
+	srv    *grpc.Server
+	health *health.Server
+	log    zerolog.Logger
+}
+
+// NewGRPCServer builds the server for svc. The health service starts with
+// the overall status ("") SERVING and ServiceName NOT_SERVING: call
+// SetServing(true) once the store is open.
+func NewGRPCServer(svc *Service, cfg GRPCConfig) (*GRPCServer, error) {
+	if cfg.MaxMessageSize <= 0 {
+		cfg.MaxMessageSize = storage.DefaultMaxMessageSize
+	}
+	if cfg.MaxConcurrentStreams == 0 {
+		cfg.MaxConcurrentStreams = DefaultMaxConcurrentStreams
+	}
+	if cfg.MaxConnectionAge <= 0 {
+		cfg.MaxConnectionAge = DefaultMaxConnectionAge
+	}
+	if cfg.MaxConnectionAgeGrace <= 0 {
+		cfg.MaxConnectionAgeGrace = DefaultMaxConnectionAgeGrace
+	}
+	log := cfg.Logger
+
+	srvMetrics := grpcprom.NewServerMetrics(grpcprom.WithServerHandlingTimeHistogram())
+	if cfg.Registerer != nil {
+		if err := cfg.Registerer.Register(srvMetrics); err != nil {
+			return nil, fmt.Errorf("server: register grpc metrics: %w", err)
+		}
+	}
+	notHealth := selector.MatchFunc(func(_ context.Context, c interceptors.CallMeta) bool {
+		return c.Service != healthpb.Health_ServiceDesc.ServiceName
+	})
+	logOpts := []logging.Option{
+		logging.WithLogOnEvents(logging.FinishCall),
+		logging.WithLevels(codeToLevel),
+	}
+	zl := interceptorLogger(log)
+	recoveryOpt := recovery.WithRecoveryHandlerContext(func(ctx context.Context, p any) error {
+		log.Error().Interface("panic", p).Bytes("stack", debug.Stack()).Msg("recovered a panic in a gRPC handler")
+		return panicError()
+	})
+
+	opts := []grpc.ServerOption{
+		grpc.MaxRecvMsgSize(cfg.MaxMessageSize + RequestOverhead),
+		grpc.MaxConcurrentStreams(cfg.MaxConcurrentStreams),
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: KeepaliveMinTime, PermitWithoutStream: true}),
+		grpc.KeepaliveParams(keepalive.ServerParameters{
+			MaxConnectionAge:      cfg.MaxConnectionAge,
+			MaxConnectionAgeGrace: cfg.MaxConnectionAgeGrace,
+			Time:                  time.Minute,      // ping an idle client after a minute …
+			Timeout:               20 * time.Second, // … and drop it when the ack does not come
+		}),
+		// Outermost first: metrics see every call, logging sees the final
+		// status, recovery turns a panic into that status.
+		grpc.ChainUnaryInterceptor(
+			srvMetrics.UnaryServerInterceptor(),
+			selector.UnaryServerInterceptor(logging.UnaryServerInterceptor(zl, logOpts...), notHealth),
+			recovery.UnaryServerInterceptor(recoveryOpt),
+		),
+		grpc.ChainStreamInterceptor(
+			srvMetrics.StreamServerInterceptor(),
+			selector.StreamServerInterceptor(logging.StreamServerInterceptor(zl, logOpts...), notHealth),
+			recovery.StreamServerInterceptor(recoveryOpt),
+		),
+	}
+	if cfg.TLS != nil {
+		opts = append(opts, grpc.Creds(credentials.NewTLS(cfg.TLS)))
+	}
+	srv := grpc.NewServer(opts...)
+
+	svc.Register(srv)
+	hs := health.NewServer()
+	hs.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
+	hs.SetServingStatus(ServiceName, healthpb.HealthCheckResponse_NOT_SERVING)
+	healthgrpc.RegisterHealthServer(srv, hs)
+	if cfg.Reflection {
+		reflection.Register(srv)
+	}
+	srvMetrics.InitializeMetrics(srv)
+	return &GRPCServer{srv: srv, health: hs, log: log}, nil
+}
+
+// Serve accepts connections on lis until Shutdown. It returns nil after
+// Shutdown, or the listener's error.
+func (g *GRPCServer) Serve(lis net.Listener) error {
+	if err := g.srv.Serve(lis); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
+		return err
+	}
+	return nil
+}
+
+// SetServing sets the health status of ServiceName: SERVING when the store
+// takes writes, NOT_SERVING otherwise. It has no effect after Shutdown.
+func (g *GRPCServer) SetServing(serving bool) {
+	st := healthpb.HealthCheckResponse_NOT_SERVING
+	if serving {
+		st = healthpb.HealthCheckResponse_SERVING
+	}
+	g.health.SetServingStatus(ServiceName, st)
+}
+
+// WriteErrer reports a store's sticky write error; *storage.Store
+// implements it.
+type WriteErrer interface {
+	WriteErr() error
+}
+
+// WatchStore checks s every interval until ctx ends. When the store turns
+// read-only (a write or sync failed) it sets ServiceName NOT_SERVING, so
+// that load balancers and readiness probes stop sending writes, and returns:
+// the condition is sticky until the process restarts.
+func (g *GRPCServer) WatchStore(ctx context.Context, s WriteErrer, interval time.Duration) {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			if err := s.WriteErr(); err != nil {
+				g.SetServing(false)
+				g.log.Error().Err(err).Str("service", ServiceName).
+					Msg("store is read-only after a failed write or sync; health set to NOT_SERVING until restart")
+				return
+			}
+		}
+	}
+}
+
+// Shutdown drains the server: every health status becomes NOT_SERVING, then
+// GracefulStop lets in-flight calls finish. If they have not finished after
+// timeout (open Health/Watch streams never do on their own), Stop closes the
+// remaining connections. It reports whether the drain was graceful.
+func (g *GRPCServer) Shutdown(timeout time.Duration) bool {
+	g.health.Shutdown()
+	done := make(chan struct{})
+	go func() {
+		g.srv.GracefulStop()
+		close(done)
+	}()
+	t := time.NewTimer(timeout)
+	defer t.Stop()
+	select {
+	case <-done:
+		return true
+	case <-t.C:
+		g.log.Warn().Dur("timeout", timeout).Msg("graceful stop timed out; closing the remaining connections")
+		g.srv.Stop()
+		<-done
+		return false
+	}
+}
+
+// codeToLevel logs successful calls at debug level (puts are the hot path)
+// and everything else as go-grpc-middleware does by default.
+func codeToLevel(c codes.Code) logging.Level {
+	if c == codes.OK {
+		return logging.LevelDebug
+	}
+	return logging.DefaultServerCodeToLevel(c)
+}
+
+// interceptorLogger adapts zerolog to go-grpc-middleware's logging.Logger
+// (from its zerolog example, meant to be copied).
+func interceptorLogger(l zerolog.Logger) logging.Logger {
+	return logging.LoggerFunc(func(_ context.Context, lvl logging.Level, msg string, fields ...any) {
+		l := l.With().Fields(fields).Logger()
+		switch lvl {
+		case logging.LevelDebug:
+			l.Debug().Msg(msg)
+		case logging.LevelInfo:
+			l.Info().Msg(msg)
+		case logging.LevelWarn:
+			l.Warn().Msg(msg)
+		default:
+			l.Error().Msg(msg)
+		}
+	})
+}
+
+// LoadTLSConfig loads a server certificate and key (PEM). With clientCAFile
+// it also requires and verifies client certificates signed by that CA
+// (mTLS). TLS 1.3 is the minimum. All three empty means no TLS (nil, nil).
+func LoadTLSConfig(certFile, keyFile, clientCAFile string) (*tls.Config, error) {
+	if certFile == "" && keyFile == "" && clientCAFile == "" {
+		return nil, nil
+	}
+	if certFile == "" || keyFile == "" {
+		return nil, errors.New("server: TLS needs both a certificate and a key")
+	}
+	cert, err := tls.LoadX509KeyPair(certFile, keyFile)
+	if err != nil {
+		return nil, fmt.Errorf("server: load TLS key pair: %w", err)
+	}
+	cfg := &tls.Config{
+		MinVersion:   tls.VersionTLS13,
+		Certificates: []tls.Certificate{cert},
+		NextProtos:   []string{"h2"},
+	}
+	if clientCAFile != "" {
+		pem, err := os.ReadFile(clientCAFile)
+		if err != nil {
+			return nil, fmt.Errorf("server: read client CA: %w", err)
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("server: client CA file %s holds no PEM certificate", clientCAFile)
+		}
+		cfg.ClientCAs = pool
+		cfg.ClientAuth = tls.RequireAndVerifyClientCert
+	}
+	return cfg, nil
+}

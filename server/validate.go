@@ -1,0 +1,265 @@
+package server
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	storagedv1 "github.com/storaged/storaged/gen/storaged/v1"
+	"github.com/storaged/storaged/storage"
+)
+
+// fieldError is a request field refused by this package's validation,
+// before the store is called. Field is the path of the field in the request
+// (for example `message.properties["KEYS"]` or `messages[2].body`), as
+// google.rpc.BadRequest expects.
+type fieldError struct {
+	Status storage.PutStatus
+	Field  string
+	Reason string
+}
+
+func (e *fieldError) Error() string { return "invalid " + e.Field + ": " + e.Reason }
+
+func illegal(field, format string, args ...any) *fieldError {
+	return &fieldError{Status: storage.MessageIllegal, Field: field, Reason: fmt.Sprintf(format, args...)}
+}
+
+// reservedProperties are the property names RocketMQ and the store set
+// themselves (RocketMQ MessageConst, plus the store's own). A client sets the
+// ones that mean something to the store (TAGS, KEYS, DELAY, WAIT) through
+// their dedicated fields; the others must not be forged.
+var reservedProperties = map[string]bool{
+	storage.PropertyKeys:             true,
+	storage.PropertyTags:             true,
+	storage.PropertyWaitStoreOK:      true,
+	storage.PropertyDelayLevel:       true,
+	storage.PropertyRealTopic:        true,
+	storage.PropertyRealQueueID:      true,
+	storage.PropertyUniqKey:          true,
+	storage.PropertyTranMsg:          true,
+	storage.PropertyInnerNum:         true,
+	storage.PropertyCRC32:            true,
+	"INNER_BASE":                     true,
+	"RETRY_TOPIC":                    true,
+	"PGROUP":                         true,
+	"MIN_OFFSET":                     true,
+	"MAX_OFFSET":                     true,
+	"BUYER_ID":                       true,
+	"ORIGIN_MESSAGE_ID":              true,
+	"TRANSFER_FLAG":                  true,
+	"CORRECTION_FLAG":                true,
+	"MQ2_FLAG":                       true,
+	"RECONSUME_TIME":                 true,
+	"MSG_REGION":                     true,
+	"TRACE_ON":                       true,
+	"EXTEND_UNIQ_INFO":               true,
+	"MAX_RECONSUME_TIMES":            true,
+	"CONSUME_START_TIME":             true,
+	"DUP_INFO":                       true,
+	"CHECK_IMMUNITY_TIME_IN_SECONDS": true,
+	"TRAN_PREPARED_QUEUE_OFFSET":     true,
+	"TRANSACTION_CHECK_TIMES":        true,
+	"INSTANCE_ID":                    true,
+	"CORRELATION_ID":                 true,
+	"REPLY_TO_CLIENT":                true,
+	"TTL":                            true,
+	"ARRIVE_TIME":                    true,
+	"PUSH_REPLY_TIME":                true,
+	"CLUSTER":                        true,
+	"MSG_TYPE":                       true,
+	"POP_CK":                         true,
+	"POP_CK_OFFSET":                  true,
+	"1ST_POP_TIME":                   true,
+	"PROPERTY_FORWARD_QUEUE_ID":      true,
+	"REDIRECT":                       true,
+	"INNER_MULTI_DISPATCH":           true,
+	"INNER_MULTI_QUEUE_OFFSET":       true,
+	"TRACE_CONTEXT":                  true,
+	"BORN_TIMESTAMP":                 true,
+	"bname":                          true,
+}
+
+// reservedPrefixes are name prefixes RocketMQ keeps for itself: the timer
+// properties (TIMER_DELIVER_MS, TIMER_DELAY_SEC, …) and the "__" internals
+// (__CRC32#, __transactionId__, __SHARDINGKEY, __BORNHOST,
+// __RMQ.TRANSIENT.*).
+var reservedPrefixes = []string{"TIMER_", "__"}
+
+// reservedProperty reports whether key is a name clients may not set.
+func reservedProperty(key string) bool {
+	if reservedProperties[key] {
+		return true
+	}
+	for _, p := range reservedPrefixes {
+		if strings.HasPrefix(key, p) {
+			return true
+		}
+	}
+	return false
+}
+
+// validateMessage checks what the store cannot know or would report less
+// precisely: presence, signs, separators, reserved names, topic encoding.
+// The store still checks sizes (body, properties) against its limits.
+func validateMessage(m *storagedv1.Message) *fieldError {
+	const p = "message"
+	if m == nil {
+		return illegal(p, "message is required")
+	}
+	if fe := validateTopic(p+".topic", m.GetTopic()); fe != nil {
+		return fe
+	}
+	if m.GetQueueId() < 0 {
+		return illegal(p+".queue_id", "queue id must not be negative, got %d", m.GetQueueId())
+	}
+	if len(m.GetBody()) == 0 {
+		return illegal(p+".body", "body is required")
+	}
+	if m.GetDelayLevel() < 0 {
+		return illegal(p+".delay_level", "delay level must not be negative, got %d", m.GetDelayLevel())
+	}
+	return validateEntry(p, m.GetTags(), m.GetKeys(), m.GetBornTimestamp(), m.GetProperties())
+}
+
+// validateBatch checks a PutMessages request. Batch-wide size limits are
+// maxMessages entries here and the summed body size in the store.
+func validateBatch(req *storagedv1.PutMessagesRequest, maxMessages int) *fieldError {
+	if fe := validateTopic("topic", req.GetTopic()); fe != nil {
+		return fe
+	}
+	if req.GetQueueId() < 0 {
+		return illegal("queue_id", "queue id must not be negative, got %d", req.GetQueueId())
+	}
+	n := len(req.GetMessages())
+	switch {
+	case n == 0:
+		return illegal("messages", "a batch needs at least one message")
+	case n > maxMessages:
+		return illegal("messages", "a batch holds at most %d messages, got %d", maxMessages, n)
+	}
+	for i, e := range req.GetMessages() {
+		p := "messages[" + strconv.Itoa(i) + "]"
+		if e == nil {
+			return illegal(p, "message is required")
+		}
+		if len(e.GetBody()) == 0 {
+			return illegal(p+".body", "body is required")
+		}
+		if fe := validateEntry(p, e.GetTags(), e.GetKeys(), e.GetBornTimestamp(), e.GetProperties()); fe != nil {
+			return fe
+		}
+	}
+	return nil
+}
+
+// validateEntry checks the parts a message and a batch entry share.
+func validateEntry(p, tags, keys string, ts *timestamppb.Timestamp, props map[string]string) *fieldError {
+	if hasSeparator(tags) {
+		return illegal(p+".tags", "tags must not contain the separator bytes 0x01 or 0x02")
+	}
+	if hasSeparator(keys) {
+		return illegal(p+".keys", "keys must not contain the separator bytes 0x01 or 0x02")
+	}
+	if ts != nil {
+		if err := ts.CheckValid(); err != nil {
+			return illegal(p+".born_timestamp", "invalid timestamp: %v", err)
+		}
+		if ts.GetSeconds() < 0 {
+			return illegal(p+".born_timestamp", "born timestamp must not be before 1970-01-01")
+		}
+	}
+	for k, v := range props {
+		f := p + ".properties[" + strconv.Quote(k) + "]"
+		switch {
+		case k == "":
+			return illegal(p+".properties", "property keys must not be empty")
+		case v == "":
+			return illegal(f, "property values must not be empty (RocketMQ decoders drop them)")
+		case hasSeparator(k) || hasSeparator(v):
+			return illegal(f, "property keys and values must not contain the separator bytes 0x01 or 0x02")
+		case reservedProperty(k):
+			return illegal(f, "%q is a reserved system property; use the dedicated field (tags, keys, delay_level, wait_store_ok) or another name", k)
+		}
+	}
+	return nil
+}
+
+func hasSeparator(s string) bool { return strings.ContainsAny(s, "\x01\x02") }
+
+// validateTopic applies the store's topic rule (1-127 bytes of
+// [%|a-zA-Z0-9_-]) with a precise reason, and refuses percent-encoded bytes
+// outside that set: "%2e%2e" or "%2F" would turn into "..", "/" in any tool
+// that URL-decodes topic names (dashboards, exporters, HTTP gateways).
+func validateTopic(field, t string) *fieldError {
+	switch {
+	case t == "":
+		return illegal(field, "topic is required")
+	case len(t) > storage.MaxTopicLength:
+		return illegal(field, "topic is %d bytes long, limit %d", len(t), storage.MaxTopicLength)
+	}
+	for i := 0; i < len(t); i++ {
+		if !topicByte(t[i]) {
+			return illegal(field, "topic must contain only the characters [%%|a-zA-Z0-9_-]; byte %d is %q", i, t[i])
+		}
+	}
+	// Decode repeatedly so that double encoding (%252e) is caught too.
+	for s := t; ; {
+		d, changed := percentDecode(s)
+		if !changed {
+			break
+		}
+		for i := 0; i < len(d); i++ {
+			if !topicByte(d[i]) {
+				return illegal(field, "topic must not percent-encode characters outside [%%|a-zA-Z0-9_-] (decodes to %q)", d)
+			}
+		}
+		s = d
+	}
+	return nil
+}
+
+func topicByte(c byte) bool {
+	switch {
+	case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9':
+		return true
+	case c == '%', c == '|', c == '_', c == '-':
+		return true
+	}
+	return false
+}
+
+// percentDecode decodes every %XX escape of s once.
+func percentDecode(s string) (string, bool) {
+	if !strings.Contains(s, "%") {
+		return s, false
+	}
+	var b strings.Builder
+	changed := false
+	for i := 0; i < len(s); i++ {
+		if s[i] == '%' && i+2 < len(s) && isHex(s[i+1]) && isHex(s[i+2]) {
+			b.WriteByte(unhex(s[i+1])<<4 | unhex(s[i+2]))
+			i += 2
+			changed = true
+			continue
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String(), changed
+}
+
+func isHex(c byte) bool {
+	return c >= '0' && c <= '9' || c >= 'a' && c <= 'f' || c >= 'A' && c <= 'F'
+}
+
+func unhex(c byte) byte {
+	switch {
+	case c >= '0' && c <= '9':
+		return c - '0'
+	case c >= 'a' && c <= 'f':
+		return c - 'a' + 10
+	}
+	return c - 'A' + 10
+}
