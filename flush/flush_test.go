@@ -25,6 +25,7 @@ type fakeSyncer struct {
 	times   []time.Duration
 	start   time.Time
 	block   chan struct{} // if non-nil, Sync waits for it
+	delay   time.Duration // each Sync takes this long (fake time in a bubble)
 	failOn  int           // 1-based call number that fails; 0 = never
 }
 
@@ -47,6 +48,9 @@ func (f *fakeSyncer) Sync(minPages int) (int64, error) {
 	f.mu.Unlock()
 	if block != nil {
 		<-block
+	}
+	if f.delay > 0 {
+		time.Sleep(f.delay)
 	}
 	if f.failOn != 0 && n >= f.failOn {
 		return f.durable.Load(), errEIO
@@ -89,6 +93,41 @@ func TestGroupCommitAckNeverPrecedesSync(t *testing.T) {
 			t.Fatalf("%d syncs for %d waits: no grouping", n, waiters*10)
 		}
 		t.Logf("%d waits answered by %d syncs", waiters*10, fs.numCalls())
+	})
+}
+
+// TestGroupCommitGathersReturningWaiters: with a sync that takes time, the
+// waiters a sync releases and those that queued meanwhile share the next
+// sync, instead of splitting into two cohorts that each pay one.
+func TestGroupCommitGathersReturningWaiters(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		fs := &fakeSyncer{start: time.Now(), delay: time.Millisecond}
+		g := NewGroupCommit(fs, GroupCommitOptions{Timeout: time.Second})
+		defer g.Close()
+		const writers, rounds = 32, 20
+		var wg sync.WaitGroup
+		for i := 0; i < writers; i++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for j := 0; j < rounds; j++ {
+					end := fs.append(1)
+					if err := g.Wait(context.Background(), end); err != nil {
+						t.Errorf("wait: %v", err)
+						return
+					}
+					if fs.durable.Load() < end {
+						t.Errorf("acked before durable")
+					}
+				}
+			}()
+		}
+		wg.Wait()
+		// Perfect grouping needs `rounds` syncs; two alternating cohorts
+		// would need about twice that.
+		if n := fs.numCalls(); n > rounds+rounds/4 {
+			t.Fatalf("%d syncs for %d writers x %d rounds: waiters are not gathered", n, writers, rounds)
+		}
 	})
 }
 

@@ -123,22 +123,65 @@ func (g *GroupCommit) Err() error {
 
 func (g *GroupCommit) loop() {
 	defer g.wg.Done()
+	var expect int             // waiters expected in the next round
+	var lastSync time.Duration // how long the last sync took
 	for {
 		select {
 		case <-g.kick:
 		case <-g.done:
 			return
 		}
-		g.commit()
+		g.gather(expect, lastSync)
+		start := time.Now()
+		released, early := g.commit()
+		lastSync = time.Since(start)
+		// The waiters just released usually put again at once; those that
+		// queued during the sync are already here. Wait for both, briefly,
+		// so they share the next sync instead of splitting into two
+		// alternating cohorts that each pay a whole sync.
+		expect = released + early
 	}
 }
 
+// gather lets the pending queue fill up to expect waiters before a sync,
+// for at most half the previous sync's duration (capped at maxGather): a
+// sync costs about the same for 1 or 64 records, so a short wait for
+// waiters known to be coming buys throughput at little latency cost. With
+// one writer, or none coming, it does not wait at all.
+func (g *GroupCommit) gather(expect int, lastSync time.Duration) {
+	wait := min(lastSync/2, maxGather)
+	if expect <= 1 || wait <= 0 {
+		return
+	}
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	for {
+		g.mu.Lock()
+		n := len(g.pending)
+		g.mu.Unlock()
+		if n >= expect {
+			return
+		}
+		select {
+		case <-g.kick:
+		case <-t.C:
+			return
+		case <-g.done:
+			return
+		}
+	}
+}
+
+// maxGather bounds how long gather waits for more waiters.
+const maxGather = 2 * time.Millisecond
+
 // commit runs one round: swap the queue, sync once, answer what is covered.
-func (g *GroupCommit) commit() {
+// It returns how many waiters it released and how many queued meanwhile.
+func (g *GroupCommit) commit() (released, early int) {
 	g.mu.Lock()
 	if g.err != nil {
 		g.mu.Unlock()
-		return
+		return 0, 0
 	}
 	batch := g.pending
 	g.pending = g.spare[:0]
@@ -161,7 +204,7 @@ func (g *GroupCommit) commit() {
 		if g.onError != nil {
 			g.onError(err)
 		}
-		return
+		return 0, 0
 	}
 	if durable > g.durable.Load() {
 		g.durable.Store(durable)
@@ -172,18 +215,21 @@ func (g *GroupCommit) commit() {
 	for _, w := range batch {
 		if w.offset <= durable {
 			w.ch <- nil
+			released++
 		} else {
 			left = append(left, w)
 		}
 	}
 	g.mu.Lock()
+	early = len(g.pending)
 	g.pending = append(g.pending, left...)
 	g.spare = batch[:0]
 	clear(batch[:cap(batch)])
 	g.mu.Unlock()
-	if len(left) > 0 {
+	if len(left) > 0 || early > 0 {
 		g.Wake()
 	}
+	return released, early
 }
 
 // Close stops the goroutine, runs a last sync and answers every waiter:

@@ -93,6 +93,7 @@ func benchPut(b *testing.B, mode FlushMode, writers int) {
 	if mode == FlushSync {
 		if n := st.SyncLatency.Count(); n > 0 {
 			b.ReportMetric(float64(b.N)/float64(n), "msgs/sync")
+			b.ReportMetric(float64(st.SyncLatency.Sum.Microseconds())/float64(n), "us/sync")
 		}
 	}
 }
