@@ -81,7 +81,7 @@ type stats struct {
 	msgs          [numStatuses]atomic.Uint64
 	bytes         [numStatuses]atomic.Uint64
 	appendLatency histogram // time in the put lock per put
-	putLatency    histogram // whole put, including the flush wait
+	putLatency    histogram // sync mode: the wait for the flush
 	syncLatency   histogram // each msync round
 	maxLockHold   atomic.Int64
 	rolls         atomic.Uint64
@@ -100,7 +100,7 @@ type Stats struct {
 	Puts, Messages, Bytes map[string]uint64
 	// AppendLatency is the time spent inside the put lock per put.
 	AppendLatency HistogramSnapshot
-	// PutLatency is the whole put, including any flush wait.
+	// PutLatency is the time sync-mode puts waited for their flush.
 	PutLatency HistogramSnapshot
 	// SyncLatency is the duration of each msync round.
 	SyncLatency HistogramSnapshot
