@@ -201,7 +201,7 @@ func (g *GRPCServer) WatchStore(ctx context.Context, s WriteErrer, interval time
 		case <-t.C:
 			if err := s.WriteErr(); err != nil {
 				g.SetServing(false)
-				g.log.Error().Err(err).Str("service", ServiceName).
+				g.log.Error().Err(err).Str("health_service", ServiceName).
 					Msg("store is read-only after a failed write or sync; health set to NOT_SERVING until restart")
 				return
 			}
@@ -226,7 +226,7 @@ func (g *GRPCServer) Shutdown(timeout time.Duration) bool {
 	case <-done:
 		return true
 	case <-t.C:
-		g.log.Warn().Dur("timeout", timeout).Msg("graceful stop timed out; closing the remaining connections")
+		g.log.Warn().Stringer("timeout", timeout).Msg("graceful stop timed out; closing the remaining connections")
 		g.srv.Stop()
 		<-done
 		return false
