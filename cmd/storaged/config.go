@@ -1,0 +1,347 @@
+package main
+
+import (
+	"cmp"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"math"
+	"net"
+	"net/netip"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/storaged/storaged/storage"
+)
+
+// envPrefix is the prefix of every flag's environment twin: --data-dir is
+// STORAGED_DATA_DIR.
+const envPrefix = "STORAGED_"
+
+// config is the effective configuration of the binary.
+//
+// Precedence, highest first: a flag on the command line, its STORAGED_*
+// environment variable, the default below.
+type config struct {
+	Listen           string
+	MetricsListen    string // "" disables the metrics server
+	DataDir          string
+	FlushMode        storage.FlushMode
+	FileSize         int64
+	FlushInterval    time.Duration
+	SyncFlushTimeout time.Duration
+	Role             storage.Role
+	MaxMessageSize   int64
+	LogLevel         zerolog.Level
+	LogFormat        string // json or console
+	TLSCert          string
+	TLSKey           string
+	TLSClientCA      string
+	ShutdownTimeout  time.Duration
+	Reflection       bool
+	Pprof            bool
+	StoreHost        string // "" derives it from the bound gRPC address
+	Version          bool
+}
+
+// Defaults. deploy/kubernetes and the Dockerfile rely on the ports and the
+// shutdown timeout; README.md lists all of them.
+const (
+	defaultListen          = ":9090"
+	defaultMetricsListen   = ":9091"
+	defaultDataDir         = "./data"
+	defaultShutdownTimeout = 30 * time.Second
+)
+
+// usageError is a configuration mistake: main exits with status 2.
+type usageError struct{ err error }
+
+func (e usageError) Error() string { return e.err.Error() }
+func (e usageError) Unwrap() error { return e.err }
+
+// parseConfig reads args and the environment (through lookupEnv) into a
+// config. Problems are written to stderr and returned as a usageError;
+// -h/--help returns flag.ErrHelp after printing the usage.
+func parseConfig(args []string, lookupEnv func(string) (string, bool), stderr io.Writer) (config, error) {
+	cfg := config{
+		Listen:           defaultListen,
+		MetricsListen:    defaultMetricsListen,
+		DataDir:          defaultDataDir,
+		FlushMode:        storage.FlushAsync,
+		FileSize:         storage.DefaultFileSize,
+		FlushInterval:    storage.DefaultFlushInterval,
+		SyncFlushTimeout: storage.DefaultSyncFlushTimeout,
+		Role:             storage.RoleMaster,
+		MaxMessageSize:   storage.DefaultMaxMessageSize,
+		LogLevel:         zerolog.InfoLevel,
+		LogFormat:        "json",
+		ShutdownTimeout:  defaultShutdownTimeout,
+		Reflection:       true,
+	}
+	fs := flag.NewFlagSet("storaged", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.StringVar(&cfg.Listen, "listen", cfg.Listen, "gRPC listen `address` (host:port; port 0 picks a free port)")
+	fs.StringVar(&cfg.MetricsListen, "metrics-listen", cfg.MetricsListen, "Prometheus /metrics (and pprof) listen `address`; empty disables it")
+	fs.StringVar(&cfg.DataDir, "data-dir", cfg.DataDir, "data `directory`; one process per directory")
+	fs.Var((*flushModeValue)(&cfg.FlushMode), "flush-mode", "flush `mode`: async (ack from page cache; the default) or sync (ack after msync, group commit)")
+	fs.Var((*sizeValue)(&cfg.FileSize), "file-size", "commitlog file `size` in bytes (suffixes KiB, MiB, GiB, K, M, G; KB, MB, GB are decimal)")
+	fs.DurationVar(&cfg.FlushInterval, "flush-interval", cfg.FlushInterval, "async flush `period`")
+	fs.DurationVar(&cfg.SyncFlushTimeout, "sync-flush-timeout", cfg.SyncFlushTimeout, "sync mode: answer FLUSH_DISK_TIMEOUT after this `duration`")
+	fs.Var((*roleValue)(&cfg.Role), "role", "broker `role`: master (the default) or slave (refuses writes)")
+	fs.Var((*sizeValue)(&cfg.MaxMessageSize), "max-message-size", "largest message body, and largest batch (sum of bodies), as a `size`")
+	fs.Var((*levelValue)(&cfg.LogLevel), "log-level", "log `level`: debug, info, warn, error")
+	fs.Var((*formatValue)(&cfg.LogFormat), "log-format", "log `format`: json or console")
+	fs.StringVar(&cfg.TLSCert, "tls-cert", "", "TLS certificate `file` (PEM); enables TLS with --tls-key")
+	fs.StringVar(&cfg.TLSKey, "tls-key", "", "TLS private key `file` (PEM)")
+	fs.StringVar(&cfg.TLSClientCA, "tls-client-ca", "", "CA `file` (PEM) for client certificates; enables mTLS")
+	fs.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", cfg.ShutdownTimeout, "bound on the graceful drain before remaining calls are cut")
+	fs.BoolVar(&cfg.Reflection, "reflection", cfg.Reflection, "register gRPC server reflection")
+	fs.BoolVar(&cfg.Pprof, "pprof", false, "serve /debug/pprof on the metrics address")
+	fs.StringVar(&cfg.StoreHost, "store-host", "", "`ip:port` written into records and msgIds (default: the gRPC address, 127.0.0.1 when it listens on all interfaces)")
+	fs.BoolVar(&cfg.Version, "version", false, "print the version and exit")
+	fs.Usage = func() {
+		fmt.Fprintf(fs.Output(), "Usage: storaged [flags]\n\n"+
+			"Every flag has an environment twin: --data-dir is %sDATA_DIR.\n"+
+			"A flag on the command line wins over the environment, which wins over the default.\n\n", envPrefix)
+		fs.PrintDefaults()
+	}
+
+	fail := func(err error) (config, error) {
+		fmt.Fprintf(stderr, "storaged: %v\n", err)
+		return config{}, usageError{err}
+	}
+	// The environment first, so that the command line overrides it.
+	var envErr error
+	fs.VisitAll(func(f *flag.Flag) {
+		name := envName(f.Name)
+		v, ok := lookupEnv(name)
+		if !ok || envErr != nil {
+			return
+		}
+		if err := fs.Set(f.Name, v); err != nil {
+			envErr = fmt.Errorf("%s=%q: %w", name, v, err)
+		}
+	})
+	if envErr != nil {
+		return fail(envErr)
+	}
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return config{}, err
+		}
+		return config{}, usageError{err} // flag already printed it with the usage
+	}
+	if fs.NArg() > 0 {
+		return fail(fmt.Errorf("unexpected arguments %q (storaged takes flags only)", fs.Args()))
+	}
+	if err := cfg.validate(); err != nil {
+		return fail(err)
+	}
+	return cfg, nil
+}
+
+func envName(flagName string) string {
+	return envPrefix + strings.ToUpper(strings.ReplaceAll(flagName, "-", "_"))
+}
+
+// validate checks what storage.Options.Validate does not.
+func (c *config) validate() error {
+	var errs []error
+	if c.Listen == "" {
+		errs = append(errs, errors.New("--listen must not be empty"))
+	}
+	if c.DataDir == "" {
+		errs = append(errs, errors.New("--data-dir must not be empty"))
+	}
+	if c.FlushInterval <= 0 || c.SyncFlushTimeout <= 0 || c.ShutdownTimeout <= 0 {
+		errs = append(errs, errors.New("--flush-interval, --sync-flush-timeout and --shutdown-timeout must be positive"))
+	}
+	if c.MaxMessageSize <= 0 || c.MaxMessageSize > math.MaxInt32-(1<<20) {
+		errs = append(errs, fmt.Errorf("--max-message-size %d out of range", c.MaxMessageSize))
+	}
+	if (c.TLSCert == "") != (c.TLSKey == "") {
+		errs = append(errs, errors.New("--tls-cert and --tls-key go together"))
+	}
+	if c.TLSClientCA != "" && c.TLSCert == "" {
+		errs = append(errs, errors.New("--tls-client-ca needs --tls-cert and --tls-key"))
+	}
+	if c.StoreHost != "" {
+		if _, err := netip.ParseAddrPort(c.StoreHost); err != nil {
+			errs = append(errs, fmt.Errorf("--store-host must be ip:port: %w", err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// storeHost is the address written into records and msgIds: --store-host,
+// or the bound gRPC address with 127.0.0.1 for an unspecified host
+// (":9090", "0.0.0.0:9090", "[::]:9090").
+func (c *config) storeHost(bound net.Addr) (netip.AddrPort, error) {
+	if c.StoreHost != "" {
+		return netip.ParseAddrPort(c.StoreHost)
+	}
+	tcp, ok := bound.(*net.TCPAddr)
+	if !ok {
+		return netip.AddrPort{}, fmt.Errorf("gRPC listener address %v is not TCP", bound)
+	}
+	ap := tcp.AddrPort()
+	ip := ap.Addr().Unmap()
+	if ip.IsUnspecified() || !ip.IsValid() {
+		ip = netip.AddrFrom4([4]byte{127, 0, 0, 1})
+	}
+	return netip.AddrPortFrom(ip, ap.Port()), nil
+}
+
+// storageOptions turns the configuration into storage.Options.
+func (c *config) storageOptions(host netip.AddrPort, logger *zerolog.Logger) storage.Options {
+	return storage.Options{
+		Dir:              c.DataDir,
+		FileSize:         c.FileSize,
+		MaxMessageSize:   int(c.MaxMessageSize),
+		FlushMode:        c.FlushMode,
+		FlushInterval:    c.FlushInterval,
+		SyncFlushTimeout: c.SyncFlushTimeout,
+		Role:             c.Role,
+		StoreHost:        host,
+		Logger:           logger,
+	}
+}
+
+// log writes the effective configuration as one log line.
+func (c *config) log(l zerolog.Logger) {
+	l.Info().
+		Str("listen", c.Listen).
+		Str("metrics_listen", c.MetricsListen).
+		Str("data_dir", c.DataDir).
+		Str("flush_mode", c.FlushMode.String()).
+		Str("file_size", formatSize(c.FileSize)).
+		Stringer("flush_interval", c.FlushInterval).
+		Stringer("sync_flush_timeout", c.SyncFlushTimeout).
+		Str("role", c.Role.String()).
+		Str("max_message_size", formatSize(c.MaxMessageSize)).
+		Str("log_level", c.LogLevel.String()).
+		Str("log_format", c.LogFormat).
+		Bool("tls", c.TLSCert != "").
+		Bool("mtls", c.TLSClientCA != "").
+		Stringer("shutdown_timeout", c.ShutdownTimeout).
+		Bool("reflection", c.Reflection).
+		Bool("pprof", c.Pprof).
+		Str("store_host", cmp.Or(c.StoreHost, "auto")).
+		Msg("effective configuration")
+}
+
+// sizeValue is a byte count flag: "1073741824", "1GiB", "64MiB", "64M"
+// (binary), "100MB" (decimal).
+type sizeValue int64
+
+func (v *sizeValue) String() string { return formatSize(int64(*v)) }
+
+func (v *sizeValue) Set(s string) error {
+	n, err := parseSize(s)
+	if err != nil {
+		return err
+	}
+	*v = sizeValue(n)
+	return nil
+}
+
+var sizeUnits = map[string]int64{
+	"": 1, "b": 1,
+	"k": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mib": 1 << 20, "g": 1 << 30, "gib": 1 << 30, "t": 1 << 40, "tib": 1 << 40,
+	"kb": 1e3, "mb": 1e6, "gb": 1e9, "tb": 1e12,
+}
+
+func parseSize(s string) (int64, error) {
+	t := strings.TrimSpace(s)
+	i := 0
+	for i < len(t) && t[i] >= '0' && t[i] <= '9' {
+		i++
+	}
+	if i == 0 {
+		return 0, fmt.Errorf("size %q: want a number with an optional unit (KiB, MiB, GiB, TiB; KB, MB, GB, TB)", s)
+	}
+	n, err := strconv.ParseInt(t[:i], 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("size %q: %w", s, err)
+	}
+	unit, ok := sizeUnits[strings.ToLower(strings.TrimSpace(t[i:]))]
+	if !ok {
+		return 0, fmt.Errorf("size %q: unknown unit %q (want KiB, MiB, GiB, TiB; KB, MB, GB, TB)", s, t[i:])
+	}
+	if n > math.MaxInt64/unit {
+		return 0, fmt.Errorf("size %q overflows", s)
+	}
+	return n * unit, nil
+}
+
+// formatSize prints n with the largest binary unit that divides it.
+func formatSize(n int64) string {
+	for _, u := range []struct {
+		name string
+		size int64
+	}{{"TiB", 1 << 40}, {"GiB", 1 << 30}, {"MiB", 1 << 20}, {"KiB", 1 << 10}} {
+		if n != 0 && n%u.size == 0 {
+			return strconv.FormatInt(n/u.size, 10) + u.name
+		}
+	}
+	return strconv.FormatInt(n, 10)
+}
+
+type flushModeValue storage.FlushMode
+
+func (v *flushModeValue) String() string { return storage.FlushMode(*v).String() }
+
+func (v *flushModeValue) Set(s string) error {
+	m, err := storage.ParseFlushMode(s)
+	if err != nil {
+		return err
+	}
+	*v = flushModeValue(m)
+	return nil
+}
+
+type roleValue storage.Role
+
+func (v *roleValue) String() string { return storage.Role(*v).String() }
+
+func (v *roleValue) Set(s string) error {
+	r, err := storage.ParseRole(s)
+	if err != nil {
+		return err
+	}
+	*v = roleValue(r)
+	return nil
+}
+
+type levelValue zerolog.Level
+
+func (v *levelValue) String() string { return zerolog.Level(*v).String() }
+
+func (v *levelValue) Set(s string) error {
+	switch l, err := zerolog.ParseLevel(strings.ToLower(s)); {
+	case err != nil:
+		return err
+	case s == "" || l == zerolog.NoLevel:
+		return fmt.Errorf("log level %q: want debug, info, warn or error", s)
+	default:
+		*v = levelValue(l)
+		return nil
+	}
+}
+
+type formatValue string
+
+func (v *formatValue) String() string { return string(*v) }
+
+func (v *formatValue) Set(s string) error {
+	switch s {
+	case "json", "console":
+		*v = formatValue(s)
+		return nil
+	}
+	return fmt.Errorf("log format %q: want json or console", s)
+}

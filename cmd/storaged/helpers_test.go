@@ -1,0 +1,257 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+
+	"github.com/storaged/storaged/server"
+	"github.com/storaged/storaged/storage"
+)
+
+// binary is the storaged binary built by TestMain for the process tests.
+var binary string
+
+func TestMain(m *testing.M) {
+	os.Exit(buildAndRun(m))
+}
+
+func buildAndRun(m *testing.M) int {
+	dir, err := os.MkdirTemp("", "storaged-bin-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	defer os.RemoveAll(dir)
+	binary = filepath.Join(dir, "storaged")
+	args := []string{"build", "-o", binary}
+	if raceEnabled {
+		args = append(args, "-race")
+	}
+	build := exec.Command("go", append(args, ".")...)
+	build.Stdout, build.Stderr = os.Stderr, os.Stderr
+	if err := build.Run(); err != nil {
+		fmt.Fprintln(os.Stderr, "building storaged:", err)
+		return 1
+	}
+	return m.Run()
+}
+
+// Deadlines around external processes. Nothing sleeps: these bound waits on
+// channels fed by the process's output and exit.
+const (
+	startTimeout = 60 * time.Second
+	exitTimeout  = 90 * time.Second
+)
+
+// logLine is one JSON log line of the process.
+type logLine map[string]any
+
+func (l logLine) str(k string) string {
+	s, _ := l[k].(string)
+	return s
+}
+
+// logSink collects stderr lines: all of them as text, and the JSON ones on
+// a channel for waitFor.
+type logSink struct {
+	mu    sync.Mutex
+	text  bytes.Buffer
+	lines chan logLine
+}
+
+func newLogSink() *logSink { return &logSink{lines: make(chan logLine, 4096)} }
+
+func (s *logSink) consume(r io.Reader) {
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		s.mu.Lock()
+		s.text.Write(sc.Bytes())
+		s.text.WriteByte('\n')
+		s.mu.Unlock()
+		var l logLine
+		if json.Unmarshal(sc.Bytes(), &l) == nil {
+			select {
+			case s.lines <- l:
+			default: // nobody is waiting for that many lines; the text keeps it
+			}
+		}
+	}
+	close(s.lines)
+}
+
+func (s *logSink) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.text.String()
+}
+
+// waitFor returns the first line (from now on) whose message is msg.
+func (s *logSink) waitFor(t *testing.T, msg string) logLine {
+	t.Helper()
+	timeout := time.NewTimer(startTimeout)
+	defer timeout.Stop()
+	for {
+		select {
+		case l, ok := <-s.lines:
+			if !ok {
+				t.Fatalf("output ended before %q:\n%s", msg, s.String())
+			}
+			if l.str("message") == msg {
+				return l
+			}
+		case <-timeout.C:
+			t.Fatalf("no %q line after %v:\n%s", msg, startTimeout, s.String())
+		}
+	}
+}
+
+// proc is a storaged process started by a test.
+type proc struct {
+	cmd  *exec.Cmd
+	logs *logSink
+	done chan struct{} // closed once stderr is drained and the process reaped
+	err  error         // cmd.Wait's result, valid after done
+}
+
+// startProc starts the binary with args. It is killed (by its pid) if it
+// is still running when the test ends.
+func startProc(t *testing.T, args ...string) *proc {
+	t.Helper()
+	cmd := exec.Command(binary, args...)
+	cmd.Env = append(os.Environ(), "GORACE=halt_on_error=1")
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	p := &proc{cmd: cmd, logs: newLogSink(), done: make(chan struct{})}
+	go func() {
+		p.logs.consume(stderr)
+		p.err = cmd.Wait()
+		close(p.done)
+	}()
+	t.Cleanup(func() {
+		select {
+		case <-p.done:
+		default:
+			cmd.Process.Kill()
+			<-p.done
+			t.Logf("killed storaged pid %d; its output:\n%s", cmd.Process.Pid, p.logs.String())
+		}
+	})
+	return p
+}
+
+func (p *proc) signal(t *testing.T, sig syscall.Signal) {
+	t.Helper()
+	if err := p.cmd.Process.Signal(sig); err != nil {
+		t.Fatalf("signal %v: %v", sig, err)
+	}
+}
+
+// exitCode waits for the process to end and returns its exit status.
+func (p *proc) exitCode(t *testing.T) int {
+	t.Helper()
+	select {
+	case <-p.done:
+	case <-time.After(exitTimeout):
+		t.Fatalf("storaged did not exit within %v:\n%s", exitTimeout, p.logs.String())
+	}
+	var ee *exec.ExitError
+	switch {
+	case p.err == nil:
+		return 0
+	case errors.As(p.err, &ee):
+		return ee.ExitCode()
+	}
+	t.Fatalf("wait: %v", p.err)
+	return -1
+}
+
+// dial connects to a storaged gRPC address; closed when the test ends.
+func dial(t *testing.T, addr string) *grpc.ClientConn {
+	t.Helper()
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return conn
+}
+
+// waitServing blocks on a health Watch until the MessageStoreService is
+// SERVING (the store is open).
+func waitServing(t *testing.T, conn *grpc.ClientConn) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), startTimeout)
+	defer cancel()
+	w, err := healthpb.NewHealthClient(conn).Watch(ctx, &healthpb.HealthCheckRequest{Service: server.ServiceName})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for {
+		resp, err := w.Recv()
+		if err != nil {
+			t.Fatalf("health watch: %v", err)
+		}
+		if resp.GetStatus() == healthpb.HealthCheckResponse_SERVING {
+			return
+		}
+	}
+}
+
+// readCommitlog decodes every record of the commitlog files in dir/commitlog
+// from offset 0, file by file, up to the first blank or invalid bytes of
+// each file. It returns the records by commitlog offset.
+func readCommitlog(t *testing.T, dir string) map[int64]*storage.Record {
+	t.Helper()
+	entries, err := os.ReadDir(filepath.Join(dir, "commitlog"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	names := make([]string, 0, len(entries))
+	for _, e := range entries {
+		names = append(names, e.Name())
+	}
+	slices.Sort(names) // 20-digit zero-padded start offsets sort numerically
+	recs := map[int64]*storage.Record{}
+	for _, name := range names {
+		var from int64
+		if _, err := fmt.Sscanf(name, "%020d", &from); err != nil || len(name) != 20 {
+			continue
+		}
+		data, err := os.ReadFile(filepath.Join(dir, "commitlog", name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for pos := 0; pos+storage.BlankLen <= len(data) && !storage.IsBlank(data[pos:]); {
+			rec, n, err := storage.DecodeRecord(data[pos:])
+			if err != nil {
+				break // the end of the log in this file (zeroed tail)
+			}
+			recs[from+int64(pos)] = rec
+			pos += n
+		}
+	}
+	return recs
+}

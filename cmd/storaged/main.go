@@ -1,0 +1,221 @@
+// Command storaged serves the storaged message store over gRPC.
+//
+// Start order: the gRPC and metrics listeners come up first, with the health
+// of storaged.v1.MessageStoreService NOT_SERVING (overall health SERVING, so
+// liveness passes during a long recovery); then the store opens and recovers
+// its commitlog; then the service turns SERVING. Puts that arrive before are
+// refused with UNAVAILABLE. If the store turns read-only after a failed write
+// or sync, the service goes NOT_SERVING until restart.
+//
+// SIGTERM or SIGINT drains: every health status NOT_SERVING, GracefulStop
+// bounded by --shutdown-timeout (then Stop), the store's final flush and
+// close, exit 0. A second signal during the drain kills the process.
+//
+// Configuration: see config.go, or run storaged -h. Exit status: 0 after a
+// clean shutdown, 1 on a runtime error (including a data dir held by another
+// process), 2 on a configuration error.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/rs/zerolog"
+
+	"github.com/storaged/storaged/server"
+	"github.com/storaged/storaged/storage"
+)
+
+// version is set at build time: -ldflags "-X main.version=...".
+var version = "dev"
+
+// watchInterval is how often the store's sticky write error is polled for
+// the health status.
+const watchInterval = time.Second
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	go func() {
+		<-ctx.Done()
+		stop() // a second signal gets the default action: the process dies
+	}()
+	err := run(ctx, os.Args[1:], os.LookupEnv, os.Stderr)
+	stop()
+	var uerr usageError
+	switch {
+	case err == nil, errors.Is(err, flag.ErrHelp):
+		os.Exit(0)
+	case errors.As(err, &uerr):
+		os.Exit(2)
+	default:
+		os.Exit(1)
+	}
+}
+
+// run is the whole program: it parses the configuration, serves until ctx
+// ends and shuts down. Errors are logged (or printed, before the logger
+// exists) and returned; run never exits the process.
+func run(ctx context.Context, args []string, lookupEnv func(string) (string, bool), stderr io.Writer) error {
+	cfg, err := parseConfig(args, lookupEnv, stderr)
+	if err != nil {
+		return err
+	}
+	if cfg.Version {
+		fmt.Fprintln(stderr, "storaged", version)
+		return nil
+	}
+	logger := newLogger(cfg, stderr)
+	cfg.log(logger)
+	if err := serve(ctx, cfg, logger); err != nil {
+		logger.Error().Err(err).Msg("storaged stopped with an error")
+		return err
+	}
+	logger.Info().Msg("storaged stopped")
+	return nil
+}
+
+func newLogger(cfg config, w io.Writer) zerolog.Logger {
+	if cfg.LogFormat == "console" {
+		w = zerolog.ConsoleWriter{Out: w, NoColor: true, TimeFormat: time.RFC3339}
+	}
+	return zerolog.New(w).Level(cfg.LogLevel).With().Timestamp().
+		Str("service", "storaged").Str("version", version).Logger()
+}
+
+// serve runs the servers and the store until ctx ends, then shuts down in
+// order: gRPC drain, metrics server, store close.
+func serve(ctx context.Context, cfg config, logger zerolog.Logger) (err error) {
+	tlsCfg, err := server.LoadTLSConfig(cfg.TLSCert, cfg.TLSKey, cfg.TLSClientCA)
+	if err != nil {
+		return err
+	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+		collectors.NewBuildInfoCollector())
+
+	var store server.DeferredStore
+	svc := server.New(&store, logger)
+	gs, err := server.NewGRPCServer(svc, server.GRPCConfig{
+		Logger:         logger,
+		MaxMessageSize: int(cfg.MaxMessageSize),
+		TLS:            tlsCfg,
+		Reflection:     cfg.Reflection,
+		Registerer:     reg,
+	})
+	if err != nil {
+		return err
+	}
+
+	lis, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		return fmt.Errorf("gRPC listener: %w", err)
+	}
+	host, err := cfg.storeHost(lis.Addr())
+	if err != nil {
+		lis.Close()
+		return err
+	}
+	var metricsLis net.Listener
+	if cfg.MetricsListen != "" {
+		if metricsLis, err = net.Listen("tcp", cfg.MetricsListen); err != nil {
+			lis.Close()
+			return fmt.Errorf("metrics listener: %w", err)
+		}
+	}
+
+	grpcDone := make(chan error, 1)
+	go func() { grpcDone <- gs.Serve(lis) }()
+	metricsSrv := &http.Server{Handler: server.MetricsHandler(reg, cfg.Pprof), ReadHeaderTimeout: 10 * time.Second}
+	var metricsErr chan error // nil (never ready) without a metrics server
+	metricsStopped := make(chan struct{})
+	ev := logger.Info().Str("grpc", lis.Addr().String()).Str("store_host", host.String()).Bool("tls", tlsCfg != nil)
+	if metricsLis != nil {
+		metricsErr = make(chan error, 1)
+		go func() {
+			defer close(metricsStopped)
+			if err := metricsSrv.Serve(metricsLis); !errors.Is(err, http.ErrServerClosed) {
+				metricsErr <- err
+			}
+		}()
+		ev = ev.Str("metrics", metricsLis.Addr().String())
+	} else {
+		close(metricsStopped)
+	}
+	ev.Msg("listening")
+
+	// From here on every exit path drains the servers.
+	var st *storage.Store
+	stopWatch := func() {}
+	defer func() {
+		logger.Info().Stringer("shutdown_timeout", cfg.ShutdownTimeout).Msg("shutting down: health NOT_SERVING, draining gRPC calls")
+		graceful := gs.Shutdown(cfg.ShutdownTimeout)
+		stopWatch()
+		if serr := <-grpcDone; serr != nil {
+			err = errors.Join(err, fmt.Errorf("gRPC server: %w", serr))
+		}
+		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		metricsSrv.Shutdown(sctx) // a no-op without a metrics listener
+		cancel()
+		<-metricsStopped
+		if st != nil {
+			if cerr := st.Close(); cerr != nil {
+				err = errors.Join(err, fmt.Errorf("close store (final flush): %w", cerr))
+			} else {
+				logger.Info().Msg("store closed after its final flush")
+			}
+		}
+		logger.Info().Bool("graceful", graceful).Msg("shutdown complete")
+	}()
+
+	storeLog := logger.With().Str("component", "storage").Logger()
+	start := time.Now()
+	st, err = storage.Open(cfg.storageOptions(host, &storeLog))
+	if err != nil {
+		if errors.Is(err, storage.ErrLocked) {
+			return fmt.Errorf("data dir %s is in use by another storaged process (%w)", cfg.DataDir, err)
+		}
+		return fmt.Errorf("open store in %s: %w", cfg.DataDir, err)
+	}
+	store.Set(st)
+	reg.MustRegister(server.NewStoreCollector(st, cfg.DataDir))
+	stats := st.Stats()
+	logger.Info().Stringer("recovery", time.Since(start)).Int64("max_offset", stats.MaxOffset).Int("files", stats.Files).
+		Str("flush_mode", st.FlushMode().String()).Msg("store open")
+
+	if werr := st.WriteErr(); werr == nil {
+		gs.SetServing(true)
+		watchCtx, cancel := context.WithCancel(context.Background())
+		watchDone := make(chan struct{})
+		go func() {
+			defer close(watchDone)
+			gs.WatchStore(watchCtx, st, watchInterval)
+		}()
+		stopWatch = func() { cancel(); <-watchDone }
+		logger.Info().Str("health_service", server.ServiceName).Msg("serving")
+	}
+
+	select {
+	case <-ctx.Done():
+		logger.Info().Msg("signal received")
+		return nil
+	case serr := <-grpcDone:
+		grpcDone <- nil // for the deferred drain
+		if serr == nil {
+			serr = errors.New("stopped")
+		}
+		return fmt.Errorf("gRPC server stopped unexpectedly: %w", serr)
+	case merr := <-metricsErr:
+		return fmt.Errorf("metrics server stopped unexpectedly: %w", merr)
+	}
+}
