@@ -19,6 +19,9 @@ type AsyncOptions struct {
 	ThoroughInterval time.Duration
 	// OnError is called once, from the flush goroutine, when a sync fails.
 	OnError func(error)
+	// OnSync, if set, is called from the flush goroutine after each
+	// successful sync with the durable offset. It must not block.
+	OnSync func(durable int64)
 }
 
 // Async flushes on a ticker (RocketMQ FlushRealTimeService). Puts do not
@@ -84,7 +87,8 @@ func (a *Async) sync(pages int) error {
 		return a.err
 	}
 	a.mu.Unlock()
-	if _, err := a.s.Sync(pages); err != nil {
+	durable, err := a.s.Sync(pages)
+	if err != nil {
 		err = fmt.Errorf("%w: %w", ErrSyncFailed, err)
 		a.mu.Lock()
 		a.err = err
@@ -93,6 +97,9 @@ func (a *Async) sync(pages int) error {
 			a.opts.OnError(err)
 		}
 		return err
+	}
+	if a.opts.OnSync != nil {
+		a.opts.OnSync(durable)
 	}
 	return nil
 }

@@ -67,7 +67,7 @@ func (f *fakeSyncer) numCalls() int {
 
 func TestGroupCommitAckNeverPrecedesSync(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		fs := &fakeSyncer{start: time.Now()}
+		fs := &fakeSyncer{start: time.Now(), delay: 100 * time.Microsecond}
 		g := NewGroupCommit(fs, GroupCommitOptions{Timeout: time.Second})
 		defer g.Close()
 		const waiters = 64

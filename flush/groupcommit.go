@@ -14,6 +14,10 @@ type GroupCommitOptions struct {
 	Timeout time.Duration
 	// OnError is called once, from the flush goroutine, when a sync fails.
 	OnError func(error)
+	// OnSync, if set, is called from the flush goroutine after each
+	// successful sync with the durable offset, before waiters are answered.
+	// It must not block.
+	OnSync func(durable int64)
 }
 
 // GroupCommit acknowledges a write only after a sync that covers it has
@@ -25,6 +29,7 @@ type GroupCommit struct {
 	s       Syncer
 	timeout time.Duration
 	onError func(error)
+	onSync  func(int64)
 
 	durable atomic.Int64 // highest durable offset seen
 
@@ -54,7 +59,7 @@ func NewGroupCommit(s Syncer, opts GroupCommitOptions) *GroupCommit {
 	if opts.Timeout <= 0 {
 		opts.Timeout = 5 * time.Second
 	}
-	g := &GroupCommit{s: s, timeout: opts.Timeout, onError: opts.OnError,
+	g := &GroupCommit{s: s, timeout: opts.Timeout, onError: opts.OnError, onSync: opts.OnSync,
 		kick: make(chan struct{}, 1), done: make(chan struct{})}
 	g.waiters.New = func() any { return &waiter{ch: make(chan error, 1)} }
 	g.wg.Add(1)
@@ -208,6 +213,9 @@ func (g *GroupCommit) commit() (released, early int) {
 	}
 	if durable > g.durable.Load() {
 		g.durable.Store(durable)
+	}
+	if g.onSync != nil {
+		g.onSync(durable)
 	}
 	// A waiter enqueues after its append, so Sync(0) always covers it; keep
 	// any that it did not (a Syncer that syncs less) for the next round.
