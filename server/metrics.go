@@ -26,12 +26,12 @@ type StoreCollector struct {
 	src     StatsSource
 	dataDir string
 
-	puts, messages, bytes                  *prometheus.Desc
-	appendLatency, putLatency, syncLatency *prometheus.Desc
-	maxLockHold                            *prometheus.Desc
-	flushLag, files, rolls                 *prometheus.Desc
-	minOffset, maxOffset, flushedOffset    *prometheus.Desc
-	diskFree, diskTotal, writable          *prometheus.Desc
+	puts, messages, bytes                 *prometheus.Desc
+	appendLatency, flushWait, syncLatency *prometheus.Desc
+	maxLockHold                           *prometheus.Desc
+	flushLag, files, rolls                *prometheus.Desc
+	minOffset, maxOffset, flushedOffset   *prometheus.Desc
+	diskFree, diskTotal, writable         *prometheus.Desc
 }
 
 var _ prometheus.Collector = (*StoreCollector)(nil)
@@ -51,7 +51,7 @@ func NewStoreCollector(src StatsSource, dataDir string) *StoreCollector {
 		bytes:    d("storaged_store_bytes_total", "Commitlog record bytes appended, by RocketMQ put status.", "status"),
 
 		appendLatency: d("storaged_store_append_duration_seconds", "Time a put holds the commitlog append lock."),
-		putLatency:    d("storaged_store_put_duration_seconds", "Whole put, including any wait for the sync flush."),
+		flushWait:     d("storaged_store_flush_wait_seconds", "Time sync-mode puts waited for the flush covering them (group commit)."),
 		syncLatency:   d("storaged_store_sync_duration_seconds", "Duration of each msync round of the flusher."),
 		maxLockHold:   d("storaged_store_max_lock_hold_seconds", "Longest time any put has held the append lock."),
 
@@ -71,7 +71,7 @@ func NewStoreCollector(src StatsSource, dataDir string) *StoreCollector {
 // Describe implements prometheus.Collector.
 func (c *StoreCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{
-		c.puts, c.messages, c.bytes, c.appendLatency, c.putLatency, c.syncLatency, c.maxLockHold,
+		c.puts, c.messages, c.bytes, c.appendLatency, c.flushWait, c.syncLatency, c.maxLockHold,
 		c.flushLag, c.files, c.rolls, c.minOffset, c.maxOffset, c.flushedOffset, c.diskFree, c.diskTotal, c.writable,
 	} {
 		ch <- d
@@ -90,7 +90,7 @@ func (c *StoreCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(c.bytes, prometheus.CounterValue, float64(st.Bytes[name]), name)
 	}
 	ch <- constHistogram(c.appendLatency, st.AppendLatency)
-	ch <- constHistogram(c.putLatency, st.PutLatency)
+	ch <- constHistogram(c.flushWait, st.PutLatency)
 	ch <- constHistogram(c.syncLatency, st.SyncLatency)
 	ch <- prometheus.MustNewConstMetric(c.maxLockHold, prometheus.GaugeValue, st.MaxLockHold.Seconds())
 

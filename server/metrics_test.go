@@ -117,7 +117,7 @@ func TestMetricsEndpoint(t *testing.T) {
 	}{
 		{"storaged_store_puts_total", []string{"status", "PUT_OK"}, 0},
 		{"storaged_store_puts_total", []string{"status", "WHEEL_TIMER_NOT_ENABLE"}, 0},
-		{"storaged_store_put_duration_seconds", nil, 0},
+		{"storaged_store_flush_wait_seconds", nil, 0},
 		{"storaged_commitlog_flush_lag_bytes", nil, 0},
 		{"storaged_store_writable", nil, 1},
 	} {
@@ -158,7 +158,7 @@ func TestMetricsEndpoint(t *testing.T) {
 		{"storaged_store_bytes_total", []string{"status", "PUT_OK"}, float64(s.MaxOffset)},
 		{"storaged_store_puts_total", []string{"status", "MESSAGE_ILLEGAL"}, 1},
 		{"storaged_store_puts_total", []string{"status", "FLUSH_DISK_TIMEOUT"}, 0},
-		{"storaged_store_put_duration_seconds", nil, 4},
+		{"storaged_store_flush_wait_seconds", nil, 4},
 		{"storaged_store_append_duration_seconds", nil, 4},
 		{"storaged_commitlog_max_offset_bytes", nil, float64(s.MaxOffset)},
 		{"storaged_commitlog_flushed_offset_bytes", nil, float64(s.MaxOffset)}, // sync mode: acked means flushed

@@ -174,6 +174,14 @@ func (c *config) validate() error {
 			errs = append(errs, fmt.Errorf("--store-host must be ip:port: %w", err))
 		}
 	}
+	if len(errs) == 0 {
+		// Fail fast on what the store would refuse at Open (file size range,
+		// message size above the file size, …). The store host is only known
+		// once the listener is bound; the default stands in for it.
+		if err := c.storageOptions(storage.DefaultStoreHost, nil).Validate(); err != nil {
+			errs = append(errs, err)
+		}
+	}
 	return errors.Join(errs...)
 }
 

@@ -97,6 +97,7 @@ func TestConfigErrors(t *testing.T) {
 		{"client CA without cert", []string{"--tls-client-ca", "ca.pem"}, nil, "needs --tls-cert"},
 		{"bad store host", []string{"--store-host", "example.com:1"}, nil, "ip:port"},
 		{"empty data dir", []string{"--data-dir", ""}, nil, "--data-dir"},
+		{"file size too small", []string{"--file-size", "1KiB", "--max-message-size", "512"}, nil, "FileSize"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

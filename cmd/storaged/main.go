@@ -193,6 +193,10 @@ func serve(ctx context.Context, cfg config, logger zerolog.Logger) (err error) {
 	logger.Info().Stringer("recovery", time.Since(start)).Int64("max_offset", stats.MaxOffset).Int("files", stats.Files).
 		Str("flush_mode", st.FlushMode().String()).Msg("store open")
 
+	if ctx.Err() != nil {
+		logger.Info().Msg("signal received while the store was opening")
+		return nil
+	}
 	if werr := st.WriteErr(); werr == nil {
 		gs.SetServing(true)
 		watchCtx, cancel := context.WithCancel(context.Background())
