@@ -2,6 +2,7 @@ package server
 
 import (
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -171,7 +172,13 @@ func validateEntry(p, tags, keys string, ts *timestamppb.Timestamp, props map[st
 			return illegal(p+".born_timestamp", "born timestamp must not be before 1970-01-01")
 		}
 	}
-	for k, v := range props {
+	names := make([]string, 0, len(props))
+	for k := range props {
+		names = append(names, k)
+	}
+	slices.Sort(names) // report the first bad key in a stable order, not Go's map order
+	for _, k := range names {
+		v := props[k]
 		f := p + ".properties[" + strconv.Quote(k) + "]"
 		switch {
 		case k == "":

@@ -59,3 +59,15 @@ func FuzzValidateTopic(f *testing.F) {
 		}
 	})
 }
+
+// TestValidatePropertiesStableOrder: with several bad properties the first
+// in key order is reported, whatever Go's map order is.
+func TestValidatePropertiesStableOrder(t *testing.T) {
+	props := map[string]string{"d": "", "c": "x\x01", "b": "", "KEYS": "k", "e": "ok"}
+	for range 20 {
+		fe := validateEntry("message", "", "", nil, props)
+		if fe == nil || fe.Field != `message.properties["KEYS"]` {
+			t.Fatalf("got %v, want the KEYS violation first", fe)
+		}
+	}
+}
