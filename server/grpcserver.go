@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"runtime/debug"
+	"sync"
 	"time"
 
 	grpcprom "github.com/grpc-ecosystem/go-grpc-middleware/providers/prometheus"
@@ -83,6 +84,10 @@ type GRPCServer struct {
 	srv    *grpc.Server
 	health *health.Server
 	log    zerolog.Logger
+
+	stopWatch chan struct{} // closed by Shutdown: WatchStore goroutines end
+	stopOnce  sync.Once
+	watchers  sync.WaitGroup
 }
 
 // NewGRPCServer builds the server for svc. The health service starts with
@@ -159,7 +164,7 @@ func NewGRPCServer(svc *Service, cfg GRPCConfig) (*GRPCServer, error) {
 		reflection.Register(srv)
 	}
 	srvMetrics.InitializeMetrics(srv)
-	return &GRPCServer{srv: srv, health: hs, log: log}, nil
+	return &GRPCServer{srv: srv, health: hs, log: log, stopWatch: make(chan struct{})}, nil
 }
 
 // Serve accepts connections on lis until Shutdown. It returns nil after
@@ -187,33 +192,39 @@ type WriteErrer interface {
 	WriteErr() error
 }
 
-// WatchStore checks s every interval until ctx ends. When the store turns
-// read-only (a write or sync failed) it sets ServiceName NOT_SERVING, so
-// that load balancers and readiness probes stop sending writes, and returns:
-// the condition is sticky until the process restarts.
-func (g *GRPCServer) WatchStore(ctx context.Context, s WriteErrer, interval time.Duration) {
-	t := time.NewTicker(interval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-			if err := s.WriteErr(); err != nil {
-				g.SetServing(false)
-				g.log.Error().Err(err).Str("health_service", ServiceName).
-					Msg("store is read-only after a failed write or sync; health set to NOT_SERVING until restart")
+// WatchStore starts a goroutine that checks s every interval. When the
+// store turns read-only (a write or sync failed) it sets ServiceName
+// NOT_SERVING, so that load balancers and readiness probes stop sending
+// writes, and ends: the condition is sticky until the process restarts.
+// Shutdown stops the goroutine and waits for it. Call it before Shutdown.
+func (g *GRPCServer) WatchStore(s WriteErrer, interval time.Duration) {
+	g.watchers.Go(func() {
+		t := time.NewTicker(interval)
+		defer t.Stop()
+		for {
+			select {
+			case <-g.stopWatch:
 				return
+			case <-t.C:
+				if err := s.WriteErr(); err != nil {
+					g.SetServing(false)
+					g.log.Error().Err(err).Str("health_service", ServiceName).
+						Msg("store is read-only after a failed write or sync; health set to NOT_SERVING until restart")
+					return
+				}
 			}
 		}
-	}
+	})
 }
 
-// Shutdown drains the server: every health status becomes NOT_SERVING, then
-// GracefulStop lets in-flight calls finish. If they have not finished after
-// timeout (open Health/Watch streams never do on their own), Stop closes the
-// remaining connections. It reports whether the drain was graceful.
+// Shutdown drains the server: the store watchers stop, every health status
+// becomes NOT_SERVING, then GracefulStop lets in-flight calls finish. If they
+// have not finished after timeout (open Health/Watch streams never do on
+// their own), Stop closes the remaining connections. It reports whether the
+// drain was graceful. Calling it again is harmless.
 func (g *GRPCServer) Shutdown(timeout time.Duration) bool {
+	g.stopOnce.Do(func() { close(g.stopWatch) })
+	g.watchers.Wait()
 	g.health.Shutdown()
 	done := make(chan struct{})
 	go func() {

@@ -69,16 +69,11 @@ func TestHealthTransitions(t *testing.T) {
 	srv.SetServing(true)
 	recvStatus(t, svcWatch, healthpb.HealthCheckResponse_SERVING)
 
-	// The store turns read-only: the watcher flips the service and returns.
+	// The store turns read-only: the watcher flips the service.
 	var ro writeErrStore
-	watchDone := make(chan struct{})
-	go func() {
-		defer close(watchDone)
-		srv.WatchStore(ctx, &ro, time.Millisecond)
-	}()
+	srv.WatchStore(&ro, time.Millisecond)
 	ro.err.Store(&errTest)
 	recvStatus(t, svcWatch, healthpb.HealthCheckResponse_NOT_SERVING)
-	<-watchDone
 	checkStatus(t, hc, "", healthpb.HealthCheckResponse_SERVING) // the process is alive
 
 	// Shutdown: everything NOT_SERVING first. The open Watch streams never
@@ -99,18 +94,16 @@ func TestHealthTransitions(t *testing.T) {
 	}
 }
 
-// TestWatchStoreStopsOnCancel: the watcher goroutine ends with its context
-// (goleak checks nothing is left behind).
-func TestWatchStoreStopsOnCancel(t *testing.T) {
+// TestWatchStoreStopsOnShutdown: Shutdown ends the watcher goroutine of a
+// healthy store (goleak checks nothing is left behind) and a later watcher
+// ends at once.
+func TestWatchStoreStopsOnShutdown(t *testing.T) {
 	srv := startServer(t, New(&fakeStore{}, zerologNop()), GRPCConfig{})
-	ctx, cancel := contextWithCancel(t)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		srv.WatchStore(ctx, &writeErrStore{}, time.Millisecond)
-	}()
-	cancel()
-	<-done
+	srv.WatchStore(&writeErrStore{}, time.Millisecond)
+	srv.WatchStore(&writeErrStore{}, time.Hour)
+	if !srv.Shutdown(5 * time.Second) {
+		t.Error("Shutdown was not graceful")
+	}
 }
 
 // TestShutdownGraceful: without open streams the drain is graceful, and

@@ -156,11 +156,9 @@ func serve(ctx context.Context, cfg config, logger zerolog.Logger) (err error) {
 
 	// From here on every exit path drains the servers.
 	var st *storage.Store
-	stopWatch := func() {}
 	defer func() {
 		logger.Info().Stringer("shutdown_timeout", cfg.ShutdownTimeout).Msg("shutting down: health NOT_SERVING, draining gRPC calls")
 		graceful := gs.Shutdown(cfg.ShutdownTimeout)
-		stopWatch()
 		if serr := <-grpcDone; serr != nil {
 			err = errors.Join(err, fmt.Errorf("gRPC server: %w", serr))
 		}
@@ -197,15 +195,9 @@ func serve(ctx context.Context, cfg config, logger zerolog.Logger) (err error) {
 		logger.Info().Msg("signal received while the store was opening")
 		return nil
 	}
-	if werr := st.WriteErr(); werr == nil {
+	if st.WriteErr() == nil {
 		gs.SetServing(true)
-		watchCtx, cancel := context.WithCancel(context.Background())
-		watchDone := make(chan struct{})
-		go func() {
-			defer close(watchDone)
-			gs.WatchStore(watchCtx, st, watchInterval)
-		}()
-		stopWatch = func() { cancel(); <-watchDone }
+		gs.WatchStore(st, watchInterval)
 		logger.Info().Str("health_service", server.ServiceName).Msg("serving")
 	}
 
