@@ -59,6 +59,7 @@ const (
 //	storage.ErrBusy (OS_PAGE_CACHE_BUSY)  → UNAVAILABLE + RetryInfo
 //	storage.ErrWriteFailed (read-only)    → UNAVAILABLE, no RetryInfo: retry on another replica
 //	storage.ErrDiskFull                   → RESOURCE_EXHAUSTED
+//	storage.ErrCorrupt                    → DATA_LOSS (logged)
 //	ctx ended before the append           → CANCELLED / DEADLINE_EXCEEDED
 //	storage.ErrCreateFile, anything else  → INTERNAL (logged; the client message has no paths)
 func (s *Service) putError(ctx context.Context, m method, res storage.PutResult, err error) error {
@@ -102,6 +103,9 @@ func (s *Service) putError(ctx context.Context, m method, res storage.PutResult,
 		return unavailable(info, retryDelayUnavailable, "this store is a slave and takes no writes; nothing was stored; send writes to the master")
 	case errors.Is(err, storage.ErrNotWritable):
 		return unavailable(info, retryDelayUnavailable, "the store is not accepting writes right now; nothing was stored")
+	case errors.Is(err, storage.ErrCorrupt):
+		log.Error().Err(err).Msg("put refused: corrupt data in the store")
+		return newStatus(codes.DataLoss, "the store found corrupt data; nothing was stored", info)
 	case errors.Is(err, storage.ErrCreateFile):
 		log.Error().Err(err).Msg("put refused: cannot create the next commitlog file")
 		return newStatus(codes.Internal, "internal error: the store could not create its next commitlog file; nothing was stored", info)

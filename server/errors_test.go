@@ -63,6 +63,8 @@ func TestPutErrorMapping(t *testing.T) {
 		{name: "create mapped file failed", res: rejected(storage.CreateMappedFileFailed),
 			err:  fmt.Errorf("%w: mmap %s: cannot allocate memory", storage.ErrCreateFile, secretPath),
 			code: codes.Internal, reason: "CREATE_MAPPED_FILE_FAILED", msg: "nothing was stored"},
+		{name: "corrupt", res: rejected(storage.UnknownError), err: fmt.Errorf("%w: bad CRC in %s", storage.ErrCorrupt, secretPath),
+			code: codes.DataLoss, reason: "UNKNOWN_ERROR", msg: "nothing was stored"},
 		{name: "unknown error", res: rejected(storage.UnknownError), err: fmt.Errorf("open %s: %w", secretPath, errTest),
 			code: codes.Internal, reason: "UNKNOWN_ERROR", msg: "nothing was stored"},
 		{name: "no status", res: storage.PutResult{}, err: errTest,
