@@ -196,3 +196,8 @@ func lockDir(dir string) (*os.File, error) {
 	}
 	return f, nil
 }
+
+// msyncRange msyncs data[lo:hi], widened to page boundaries.
+func msyncRange(data []byte, lo, hi int64) error {
+	return unix.Msync(data[lo&^(pageSize-1):hi], unix.MS_SYNC)
+}

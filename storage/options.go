@@ -158,6 +158,16 @@ type Options struct {
 	// detected, not only in the body.
 	DisablePropCRC bool
 
+	// ConsumeQueueEntries is the number of 20-byte entries per consume-queue
+	// file. Default 300,000 (RocketMQ). Changing it on existing data is not
+	// supported.
+	ConsumeQueueEntries int
+
+	// CheckpointInterval is how often the consume queues are flushed and the
+	// checkpoint rewritten; each checkpoint also syncs the commitlog, so it
+	// bounds the async-mode loss window too. Default 1 s.
+	CheckpointInterval time.Duration
+
 	// Clock is the store's time source. Default SystemClock.
 	Clock Clock
 
@@ -175,6 +185,7 @@ const (
 	DefaultFlushThoroughInterval = 10 * time.Second
 	DefaultSyncFlushTimeout      = 5 * time.Second
 	DefaultPageCacheBusyTimeout  = time.Second
+	DefaultCheckpointInterval    = time.Second
 	minFileSize                  = 4 << 10
 	maxFileSize                  = 1 << 40
 )
@@ -207,6 +218,12 @@ func (o Options) withDefaults() Options {
 	if o.PageCacheBusyTimeout == 0 {
 		o.PageCacheBusyTimeout = DefaultPageCacheBusyTimeout
 	}
+	if o.ConsumeQueueEntries == 0 {
+		o.ConsumeQueueEntries = DefaultConsumeQueueEntries
+	}
+	if o.CheckpointInterval == 0 {
+		o.CheckpointInterval = DefaultCheckpointInterval
+	}
 	if o.DelayLevels == "" {
 		o.DelayLevels = DefaultDelayLevels
 	}
@@ -237,7 +254,10 @@ func (o Options) Validate() error {
 	if o.MaxMessageSize < 1 {
 		errs = append(errs, fmt.Errorf("MaxMessageSize %d must be positive", o.MaxMessageSize))
 	}
-	if o.FlushInterval < 0 || o.FlushThoroughInterval < 0 || o.SyncFlushTimeout < 0 || o.PageCacheBusyTimeout < 0 {
+	if o.ConsumeQueueEntries < 1 {
+		errs = append(errs, fmt.Errorf("ConsumeQueueEntries %d must be positive", o.ConsumeQueueEntries))
+	}
+	if o.FlushInterval < 0 || o.CheckpointInterval < 0 || o.FlushThoroughInterval < 0 || o.SyncFlushTimeout < 0 || o.PageCacheBusyTimeout < 0 {
 		errs = append(errs, errors.New("durations must not be negative"))
 	}
 	if o.FlushMode != FlushAsync && o.FlushMode != FlushSync {

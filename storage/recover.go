@@ -3,152 +3,233 @@ package storage
 import (
 	"encoding/binary"
 	"fmt"
+	"os"
+	"path/filepath"
 
 	"golang.org/x/sys/unix"
 )
 
-// recover finds the end of the valid log and rebuilds the in-memory state
-// from it: write and flush positions, the topic-queue table and the last
-// store time. Each record is checked (magic, sizes, body CRC, whole-record
-// CRC, and that its PHYSICALOFFSET is where it lies, so stale bytes from an
-// earlier truncation can never pass: RocketMQ #10017). Bytes after the end
-// are zeroed so they can never look valid again, files that start after it
-// are deleted, and the recovered data is synced so it counts as durable.
-func (s *Store) recover() error {
-	files := s.queue.snapshot()
-	if len(files) == 0 {
-		return nil
-	}
-	end := files[0].from
-	keep := len(files) // files[keep:] start after the end and are deleted
-scan:
-	for i, f := range files {
-		pos := int64(0)
+// CorruptionError reports damage to data that was acknowledged as durable:
+// a record below the checkpoint's flushed offset fails its checks. Open
+// refuses to start rather than silently dropping the rest of the log
+// (RocketMQ truncateDirtyFiles, #10017); `storaged check` and `storaged
+// repair --truncate-at` are the explicit, offline ways forward.
+type CorruptionError struct {
+	File    string // relative to the data dir, e.g. commitlog/00000000000000000000
+	Offset  int64  // commitlog offset of the bad record
+	Flushed int64  // the checkpoint's flushed offset
+	Reason  string
+}
+
+func (e *CorruptionError) Error() string {
+	return fmt.Sprintf("storage: corrupt record at commitlog offset %d in %s (below the flushed checkpoint %d): %s",
+		e.Offset, e.File, e.Flushed, e.Reason)
+}
+
+// Unwrap implements errors.Unwrap.
+func (e *CorruptionError) Unwrap() error { return ErrCorrupt }
+
+// scanResult is what a commitlog scan found.
+type scanResult struct {
+	end       int64  // offset just past the last valid record (or blank)
+	bad       bool   // the scan stopped at bytes that are not a record
+	badReason string // why
+	records   int64
+	lastTS    int64
+}
+
+// scanFrom walks records from offset from (a record boundary) across the
+// given files, checking each one completely, and stops at the first bytes
+// that are not a valid record or blank.
+func scanFrom(files []*mappedFile, from int64, requireCRC bool) scanResult {
+	r := scanResult{end: from}
+	for _, f := range files {
+		if f.from+f.size <= from {
+			continue
+		}
+		pos := max(from-f.from, 0)
+		if f.from > r.end { // a file after a gap: nothing valid reaches it
+			return r
+		}
 		for pos < f.size {
 			b := f.data[pos:]
 			if IsBlank(b) && int64(binary.BigEndian.Uint32(b)) == f.size-pos {
 				pos = f.size
-				end = f.from + pos
-				continue
+				r.end = f.from + pos
+				break
 			}
-			n, err := checkRecord(b, !s.opts.DisablePropCRC)
-			if err != nil || int64(binary.BigEndian.Uint64(b[posPhysOffset:])) != f.from+pos {
-				keep = i + 1
-				break scan
+			n, err := checkRecord(b, requireCRC)
+			if err == nil && int64(binary.BigEndian.Uint64(b[posPhysOffset:])) != f.from+pos {
+				err = corrupt("PHYSICALOFFSET %d, record lies at %d (stale bytes)", binary.BigEndian.Uint64(b[posPhysOffset:]), f.from+pos)
 			}
-			s.applyRecovered(b[:n])
+			if err != nil {
+				r.bad, r.badReason = true, err.Error()
+				return r
+			}
+			r.records++
+			r.lastTS = max(r.lastTS, storeTimestampOf(b))
 			pos += int64(n)
-			end = f.from + pos
-		}
-		keep = i + 1
-	}
-	// A file that starts exactly at the end (the previous one is full) is
-	// kept as the empty last file; later ones go.
-	for keep < len(files) && files[keep].from <= end && end < files[keep].from+files[keep].size {
-		keep++
-	}
-	for _, f := range files[keep:] {
-		if err := f.remove(); err != nil {
-			return fmt.Errorf("storage: remove commitlog file past the end: %w", err)
+			r.end = f.from + pos
 		}
 	}
-	if keep < len(files) {
+	return r
+}
+
+func storeTimestampOf(b []byte) int64 {
+	sys := int32(binary.BigEndian.Uint32(b[posSysFlag:]))
+	p := posBornHost + 8
+	if sys&FlagBornHostV6 != 0 {
+		p += 12
+	}
+	return int64(binary.BigEndian.Uint64(b[p:]))
+}
+
+// allZero reports whether b holds only zero bytes.
+func allZero(b []byte) bool {
+	for len(b) >= 8 {
+		if binary.LittleEndian.Uint64(b) != 0 {
+			return false
+		}
+		b = b[8:]
+	}
+	for _, c := range b {
+		if c != 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// recover finds the end of the valid log, from the checkpoint on.
+//
+// The scan starts at the checkpoint's dispatched offset or the start of the
+// file holding its flushed offset, whichever is lower, and checks every
+// record in full (magic, sizes, body CRC, whole-record CRC, PHYSICALOFFSET
+// equal to where it lies, so stale bytes from an earlier truncation never
+// pass). Where it stops:
+//
+//   - below the flushed offset, the damaged bytes were acknowledged durable:
+//     Open fails with a *CorruptionError naming file and offset;
+//   - at or past it, it is a torn tail: the bytes from there to the last
+//     non-zero byte of the file are kept in commitlog/<offset>.broken, the
+//     rest of the file is zeroed (stale bytes must never look valid
+//     again), and files after it are deleted.
+//
+// What survived is synced, so it counts as durable from now on.
+func (s *Store) recover(cp checkpoint) error {
+	files := s.queue.snapshot()
+	if len(files) == 0 {
+		if cp.Flushed > 0 {
+			return &CorruptionError{File: "commitlog", Offset: 0, Flushed: cp.Flushed, Reason: "commitlog files are missing"}
+		}
+		return nil
+	}
+	first := files[0].from
+	start := cp.Flushed - cp.Flushed%s.opts.FileSize
+	start = min(start, cp.Dispatched)
+	if start < first {
+		start = first
+	}
+	// The start must be a record boundary: the dispatched offset is one;
+	// a file start is one.
+	r := scanFrom(files, start, !s.opts.DisablePropCRC)
+	end := r.end
+	if r.bad || end < cp.Flushed {
+		if end < cp.Flushed {
+			reason := r.badReason
+			if reason == "" {
+				reason = "the log ends before the flushed offset"
+			}
+			f := s.queue.findByOffset(end)
+			name := "commitlog"
+			if f != nil {
+				name = "commitlog/" + fileName(f.from)
+			}
+			return &CorruptionError{File: name, Offset: end, Flushed: cp.Flushed, Reason: reason}
+		}
+	}
+	s.put.lastStoreTS = max(r.lastTS, cp.StoreTime)
+
+	// Cut everything after end.
+	var keep []*mappedFile
+	for _, f := range files {
+		switch {
+		case f.from+f.size <= end:
+			keep = append(keep, f) // full
+		case f.from <= end || len(keep) == 0:
+			pos := end - f.from
+			if err := s.cutTail(f, pos); err != nil {
+				return err
+			}
+			f.wrote.Store(pos)
+			f.flushed.Store(pos)
+			keep = append(keep, f)
+		default:
+			if !allZero(f.data) {
+				if err := s.saveBroken(f, 0); err != nil {
+					return err
+				}
+			}
+			if err := f.remove(); err != nil {
+				return fmt.Errorf("storage: remove commitlog file past the end: %w", err)
+			}
+		}
+	}
+	if len(keep) < len(files) {
 		if err := syncDir(s.dir); err != nil {
 			return fmt.Errorf("storage: %w", err)
 		}
 	}
 	s.queue.mu.Lock()
-	s.queue.files = files[:keep:keep]
+	s.queue.files = keep
 	s.queue.mu.Unlock()
 
-	for _, f := range files[:keep] {
-		pos := end - f.from
-		if pos >= f.size {
-			continue // full
+	// A process crash leaves unsynced bytes in the page cache; make what
+	// survived durable before anything builds on it.
+	for _, f := range keep {
+		if f.from+f.size <= cp.Flushed {
+			continue // durable already
 		}
-		if pos < 0 {
-			pos = 0
-		}
-		if err := zeroTail(f, pos); err != nil {
-			return err
-		}
-		f.wrote.Store(pos)
-		f.flushed.Store(pos)
-	}
-	// Whatever survived may still sit only in the page cache (a process
-	// crash keeps it there); make it durable before anything builds on it.
-	for _, f := range files[:keep] {
 		if err := unix.Msync(f.data, unix.MS_SYNC); err != nil {
 			return fmt.Errorf("storage: sync recovered file %s: %w", fileName(f.from), err)
 		}
 	}
 	s.queue.flushedWhere.Store(end)
-	s.opts.Logger.Info().Int64("end", end).Int("files", keep).Msg("storage: commitlog recovered")
+	s.opts.Logger.Info().Int64("from", start).Int64("end", end).Int64("records_checked", r.records).
+		Int("files", len(keep)).Msg("storage: commitlog recovered")
 	return nil
 }
 
-// applyRecovered folds one valid record into the topic-queue table and the
-// last store time.
-func (s *Store) applyRecovered(b []byte) {
-	be := binary.BigEndian
-	sys := int32(be.Uint32(b[posSysFlag:]))
-	p := posBornHost + 8
-	if sys&FlagBornHostV6 != 0 {
-		p += 12
-	}
-	storeTS := int64(be.Uint64(b[p:]))
-	if storeTS > s.put.lastStoreTS {
-		s.put.lastStoreTS = storeTS
-	}
-	tx := sys & transactionMask
-	if tx != TransactionNotType && tx != TransactionCommitType {
-		return
-	}
-	p += 8 + 8 + 4 + 8
-	if sys&FlagStoreHostV6 != 0 {
-		p += 12
-	}
-	p += int(be.Uint32(b[p:])) + 4 // body
-	var topicLen int
-	if be.Uint32(b[posMagic:]) == MagicV2 {
-		topicLen = int(be.Uint16(b[p:]))
-		p += 2
-	} else {
-		topicLen = int(b[p])
-		p++
-	}
-	key := queueKey{string(b[p : p+topicLen]), int32(be.Uint32(b[posQueueID:]))}
-	next := int64(be.Uint64(b[posQueueOffset:])) + 1
-	if next > s.put.topicQueue[key] {
-		s.put.topicQueue[key] = next
-	}
-}
-
-// zeroTail zeroes f from pos to its end, touching only pages that are not
-// already zero, so a long-preallocated file costs a read, not a write.
-func zeroTail(f *mappedFile, pos int64) error {
-	dirty := false
-	for p := pos; p < f.size; {
-		next := (p/pageSize + 1) * pageSize
-		if next > f.size {
-			next = f.size
-		}
-		page := f.data[p:next]
-		for _, c := range page {
-			if c != 0 {
-				clear(page)
-				dirty = true
-				break
-			}
-		}
-		p = next
-	}
-	if !dirty {
+// cutTail handles the bytes of f from pos on: a torn tail if any is
+// non-zero (saved, counted, zeroed) or nothing to do.
+func (s *Store) cutTail(f *mappedFile, pos int64) error {
+	if pos >= f.size || allZero(f.data[pos:]) {
 		return nil
 	}
-	start := pos &^ (pageSize - 1)
-	if err := unix.Msync(f.data[start:], unix.MS_SYNC); err != nil {
+	if err := s.saveBroken(f, pos); err != nil {
+		return err
+	}
+	clear(f.data[pos:])
+	if err := msyncRange(f.data, pos, f.size); err != nil {
 		return fmt.Errorf("storage: sync zeroed tail of %s: %w", fileName(f.from), err)
 	}
+	return nil
+}
+
+// saveBroken copies f's bytes from pos to its last non-zero byte into
+// commitlog/<offset>.broken for post-mortem, and counts the torn tail.
+func (s *Store) saveBroken(f *mappedFile, pos int64) error {
+	last := f.size
+	for last > pos && f.data[last-1] == 0 {
+		last--
+	}
+	name := fileName(f.from+pos) + ".broken"
+	if err := os.WriteFile(filepath.Join(s.dir, name), f.data[pos:last], 0o644); err != nil {
+		return fmt.Errorf("storage: save torn tail: %w", err)
+	}
+	s.stats.tornTails.Add(1)
+	s.stats.tornBytes.Add(uint64(last - pos))
+	s.opts.Logger.Warn().Int64("offset", f.from+pos).Int64("bytes", last-pos).Str("saved_as", "commitlog/"+name).
+		Msg("storage: torn tail past the flushed checkpoint cut and zeroed")
 	return nil
 }

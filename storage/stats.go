@@ -85,6 +85,8 @@ type stats struct {
 	syncLatency   histogram // each msync round
 	maxLockHold   atomic.Int64
 	rolls         atomic.Uint64
+	tornTails     atomic.Uint64
+	tornBytes     atomic.Uint64
 }
 
 func (s *stats) record(st PutStatus, msgs int, n int) {
@@ -108,6 +110,14 @@ type Stats struct {
 	MaxLockHold time.Duration
 	// Rolls counts new commitlog files taken.
 	Rolls uint64
+	// TornTails and TornBytes count torn tails cut by recovery.
+	TornTails, TornBytes uint64
+	// DispatchedOffset is the commitlog offset up to which consume queues
+	// are written (what consumers can read); DispatchLag is MaxOffset minus
+	// it.
+	DispatchedOffset, DispatchLag int64
+	// Queues is the number of consume queues.
+	Queues int
 	// Files is the number of commitlog files.
 	Files int
 	// MinOffset, MaxOffset and FlushedOffset are commitlog offsets: the

@@ -46,6 +46,7 @@ type Store struct {
 	lockFile    *os.File
 	queue       *mappedFileQueue
 	flusher     flusher
+	dispatch    *dispatcher
 
 	// put serialises appends: choosing or rolling the file, assigning queue
 	// offsets, stamping the store time and copying the bytes (RocketMQ
@@ -90,7 +91,24 @@ func Open(opts Options) (*Store, error) {
 		s.cleanup()
 		return nil, err
 	}
-	if err := s.recover(); err != nil {
+	cp, _, err := readCheckpoint(opts.Dir)
+	if err != nil {
+		s.cleanup()
+		return nil, err
+	}
+	if abortExists(opts.Dir) {
+		opts.Logger.Warn().Msg("storage: the last run did not close cleanly; recovering from the checkpoint")
+	}
+	if err := s.recover(cp); err != nil {
+		s.cleanup()
+		return nil, err
+	}
+	s.dispatch = newDispatcher(s)
+	if err := s.rebuildQueues(cp); err != nil {
+		s.cleanup()
+		return nil, err
+	}
+	if err := createAbort(opts.Dir); err != nil {
 		s.cleanup()
 		return nil, err
 	}
@@ -101,18 +119,24 @@ func Open(opts Options) (*Store, error) {
 	} else {
 		s.queue.alloc.prepare(l.from + l.size)
 	}
+	onSync := func(int64) { s.dispatch.wake() }
 	switch opts.FlushMode {
 	case FlushSync:
-		s.flusher = flush.NewGroupCommit(s.queue, flush.GroupCommitOptions{Timeout: opts.SyncFlushTimeout, OnError: s.fail})
+		s.flusher = flush.NewGroupCommit(s.queue, flush.GroupCommitOptions{Timeout: opts.SyncFlushTimeout,
+			OnError: s.fail, OnSync: onSync})
 	default:
 		s.flusher = flush.NewAsync(s.queue, flush.AsyncOptions{Interval: opts.FlushInterval,
-			LeastPages: opts.FlushLeastPages, ThoroughInterval: opts.FlushThoroughInterval, OnError: s.fail})
+			LeastPages: opts.FlushLeastPages, ThoroughInterval: opts.FlushThoroughInterval, OnError: s.fail, OnSync: onSync})
 	}
+	s.dispatch.start()
 	return s, nil
 }
 
 // cleanup releases what a partial Open acquired.
 func (s *Store) cleanup() {
+	if s.dispatch != nil {
+		s.dispatch.close()
+	}
 	if s.queue != nil {
 		s.queue.close()
 	}
@@ -469,8 +493,11 @@ func (s *Store) afterAppend(ctx context.Context, res AppendResult, wait bool) (P
 		} else {
 			s.flusher.Wake()
 		}
-	} else if s.opts.WakeFlushOnPut {
-		s.flusher.Wake()
+	} else {
+		if s.opts.WakeFlushOnPut {
+			s.flusher.Wake()
+		}
+		s.dispatch.wake() // async: written is visible; index it now
 	}
 	switch {
 	case err == nil:
@@ -500,7 +527,14 @@ func (s *Store) Stats() Stats {
 		MinOffset:     s.queue.minOffset(),
 		MaxOffset:     s.queue.maxOffset(),
 		FlushedOffset: s.queue.flushedWhere.Load(),
+		TornTails:     s.stats.tornTails.Load(),
+		TornBytes:     s.stats.tornBytes.Load(),
 	}
+	st.DispatchedOffset = s.dispatch.dispatched.Load()
+	st.DispatchLag = st.MaxOffset - st.DispatchedOffset
+	s.dispatch.mu.RLock()
+	st.Queues = len(s.dispatch.queues)
+	s.dispatch.mu.RUnlock()
 	for i := 1; i < numStatuses; i++ {
 		name := PutStatus(i).String()
 		if n := s.stats.puts[i].Load(); n > 0 {
@@ -529,11 +563,95 @@ func (s *Store) Close() error {
 	if err := s.flusher.Close(); err != nil {
 		errs = append(errs, err)
 	}
+	s.dispatch.stop()
+	clean := len(errs) == 0 && s.WriteErr() == nil
+	if clean {
+		// Everything is flushed: index it all and checkpoint, so the next
+		// Open has nothing to scan.
+		s.dispatch.run(s.queue.maxOffset())
+		if err := s.dispatch.checkpoint(); err != nil {
+			errs = append(errs, err)
+			clean = false
+		}
+	}
+	if clean {
+		// Only a clean close removes the abort marker; otherwise the next
+		// Open knows to distrust what it finds.
+		if err := removeAbort(s.opts.Dir); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if err := s.dispatch.close(); err != nil {
+		errs = append(errs, err)
+	}
 	if err := s.queue.close(); err != nil {
 		errs = append(errs, err)
 	}
 	if err := s.lockFile.Close(); err != nil {
 		errs = append(errs, err)
 	}
+	if err := s.WriteErr(); err != nil {
+		errs = append(errs, err)
+	}
 	return errors.Join(errs...)
+}
+
+// visibleEnd is the commitlog offset readers may see up to: the durable
+// offset in sync mode (visibility never runs ahead of durability), the
+// written offset in async mode.
+func (s *Store) visibleEnd() int64 {
+	if s.opts.FlushMode == FlushSync {
+		return s.queue.flushedWhere.Load()
+	}
+	return s.queue.maxOffset()
+}
+
+// delayOf returns the delay of level (1-based), 1 s for an unknown level
+// (RocketMQ computeDeliverTimestamp).
+func (s *Store) delayOf(level int) time.Duration {
+	if level >= 1 && level <= len(s.delayLevels) {
+		return s.delayLevels[level-1]
+	}
+	return time.Second
+}
+
+// lastStoreTime is the newest store time stamped.
+func (s *Store) lastStoreTime() int64 {
+	s.put.Lock()
+	defer s.put.Unlock()
+	return s.put.lastStoreTS
+}
+
+// rebuildQueues loads the consume queues, re-dispatches everything from
+// the checkpoint's dispatched offset (or from the start of the log when a
+// queue has fewer entries than the checkpoint recorded: deleted or
+// truncated), and rebuilds the topic-queue table from them.
+func (s *Store) rebuildQueues(cp checkpoint) error {
+	end := s.queue.maxOffset()
+	if err := s.dispatch.loadQueues(end); err != nil {
+		return err
+	}
+	from := min(cp.Dispatched, end)
+	for name, want := range cp.Queues {
+		topic, qid, ok := splitQueueName(name)
+		if !ok {
+			continue
+		}
+		if q := s.dispatch.queue(topic, qid); q == nil || q.count.Load() < want {
+			s.opts.Logger.Warn().Str("queue", name).Msg("storage: consume queue missing or short; rebuilding from the commitlog")
+			from = s.queue.minOffset()
+			break
+		}
+	}
+	from = max(from, s.queue.minOffset())
+	s.dispatch.next = from
+	if err := s.dispatch.dispatchTo(end); err != nil {
+		return fmt.Errorf("storage: rebuild consume queues: %w", err)
+	}
+	s.dispatch.dispatched.Store(s.dispatch.next)
+	s.dispatch.lastCP = cp
+	for k, q := range s.dispatch.queues {
+		s.put.topicQueue[k] = q.count.Load()
+	}
+	return nil
 }

@@ -463,23 +463,53 @@ func TestReopenRecoversState(t *testing.T) {
 	}
 }
 
-func TestRecoveryCutsGarbageTail(t *testing.T) {
-	dir := t.TempDir()
-	o := Options{Dir: dir, FileSize: 8192, MaxMessageSize: 4096}
+// putN opens a store in dir, puts n messages and closes it cleanly.
+func putN(t *testing.T, o Options, n int) []AppendResult {
+	t.Helper()
 	s, err := Open(o)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var offs []AppendResult
-	for i := 0; i < 5; i++ {
-		r, _ := s.PutMessage(context.Background(), msg("G", "m"+strconv.Itoa(i)))
-		offs = append(offs, r.Append)
+	var out []AppendResult
+	for i := 0; i < n; i++ {
+		r, err := s.PutMessage(context.Background(), msg("G", "m"+strconv.Itoa(i)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, r.Append)
 	}
-	s.Close()
-	// Damage the last record (a torn write) and put garbage after it.
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// setFlushed rewrites the checkpoint as if only [0, flushed) had been synced
+// when it was last written, and leaves the abort marker as a crash would.
+func setFlushed(t *testing.T, dir string, flushed int64) {
+	t.Helper()
+	cp, _, err := readCheckpoint(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cp.Flushed, cp.Dispatched = flushed, min(cp.Dispatched, flushed)
+	if err := writeCheckpoint(dir, cp); err != nil {
+		t.Fatal(err)
+	}
+	if err := createAbort(dir); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestRecoveryCutsTornTail(t *testing.T) {
+	dir := t.TempDir()
+	o := Options{Dir: dir, FileSize: 8192, MaxMessageSize: 4096}
+	offs := putN(t, o, 5)
+	last := offs[4]
+	setFlushed(t, dir, last.WroteOffset) // the last record was not yet synced
+	// Tear the last record and leave garbage after it.
 	path := filepath.Join(dir, "commitlog", fileName(0))
 	b, _ := os.ReadFile(path)
-	last := offs[4]
 	b[last.WroteOffset+int64(last.WroteBytes)-5] ^= 0xff
 	copy(b[last.NextOffset()+100:], "garbage that is not a record")
 	os.WriteFile(path, b, 0o644)
@@ -496,9 +526,98 @@ func TestRecoveryCutsGarbageTail(t *testing.T) {
 	if !bytes.Equal(after[last.WroteOffset:], make([]byte, 8192-last.WroteOffset)) {
 		t.Fatal("bytes after the recovered end were not zeroed")
 	}
+	broken, err := os.ReadFile(filepath.Join(dir, "commitlog", fileName(last.WroteOffset)+".broken"))
+	if err != nil || !bytes.Contains(broken, []byte("garbage that is not a record")) {
+		t.Fatalf("torn bytes not kept in a .broken file: %v", err)
+	}
+	if st := s2.Stats(); st.TornTails != 1 || st.TornBytes == 0 {
+		t.Fatalf("torn tail not counted: %+v", st)
+	}
 	r, _ := s2.PutMessage(context.Background(), msg("G", "again"))
 	if r.Append.QueueOffset != 4 || r.Append.WroteOffset != last.WroteOffset {
 		t.Fatalf("next put %+v", r.Append)
+	}
+}
+
+func TestRecoveryRefusesCorruptionBelowCheckpoint(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		at   func(AppendResult) int64
+	}{
+		{"header bit", func(a AppendResult) int64 { return a.WroteOffset + 13 }},
+		{"body bit", func(a AppendResult) int64 { return a.WroteOffset + 86 }},
+		{"properties bit", func(a AppendResult) int64 { return a.NextOffset() - 3 }},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			dir := t.TempDir()
+			o := Options{Dir: dir, FileSize: 8192, MaxMessageSize: 4096}
+			offs := putN(t, o, 5)
+			victim := offs[2]
+			path := filepath.Join(dir, "commitlog", fileName(0))
+			b, _ := os.ReadFile(path)
+			orig := bytes.Clone(b)
+			b[c.at(victim)] ^= 0x10
+			os.WriteFile(path, b, 0o644)
+			_, err := Open(o)
+			var cerr *CorruptionError
+			if !errors.As(err, &cerr) || !errors.Is(err, ErrCorrupt) || cerr.Offset != victim.WroteOffset ||
+				cerr.File != "commitlog/"+fileName(0) {
+				t.Fatalf("open: %v, want a CorruptionError at %d", err, victim.WroteOffset)
+			}
+			after, _ := os.ReadFile(path)
+			after[c.at(victim)] ^= 0x10
+			if !bytes.Equal(after, orig) {
+				t.Fatal("a refused open changed the commitlog")
+			}
+		})
+	}
+}
+
+func TestRecoveryRebuildsConsumeQueues(t *testing.T) {
+	for _, damage := range []string{"deleted", "truncated", "entries past the commitlog end"} {
+		t.Run(damage, func(t *testing.T) {
+			dir := t.TempDir()
+			o := Options{Dir: dir, FileSize: 8192, MaxMessageSize: 4096, ConsumeQueueEntries: 4}
+			offs := putN(t, o, 11)
+			q := filepath.Join(dir, "consumequeue", "G", "0")
+			switch damage {
+			case "deleted":
+				os.RemoveAll(filepath.Join(dir, "consumequeue", "G"))
+			case "truncated": // drop the last file and zero part of another
+				os.Remove(filepath.Join(q, fileName(2*4*cqEntrySize)))
+				b, _ := os.ReadFile(filepath.Join(q, fileName(4*cqEntrySize)))
+				clear(b[cqEntrySize:])
+				os.WriteFile(filepath.Join(q, fileName(4*cqEntrySize)), b, 0o644)
+			case "entries past the commitlog end": // a bogus entry 11 pointing beyond the log
+				p := filepath.Join(q, fileName(2*4*cqEntrySize))
+				b, _ := os.ReadFile(p)
+				e := b[3*cqEntrySize:]
+				be := offs[10].NextOffset() + 1000
+				for i := 0; i < 8; i++ {
+					e[i] = byte(be >> (56 - 8*i))
+				}
+				e[11] = 100
+				os.WriteFile(p, b, 0o644)
+			}
+			s, err := Open(o)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer s.Close()
+			res, err := s.PullMessages(context.Background(), PullRequest{Topic: "G", QueueID: 0, Offset: 0, MaxMessages: 100})
+			if err != nil || len(res.Messages) != 11 || res.MaxOffset != 11 {
+				t.Fatalf("pulled %d (max %d): %v", len(res.Messages), res.MaxOffset, err)
+			}
+			for i, m := range res.Messages {
+				if m.PhysicalOffset != offs[i].WroteOffset || string(m.Body) != "m"+strconv.Itoa(i) {
+					t.Fatalf("message %d wrong", i)
+				}
+			}
+			r, _ := s.PutMessage(context.Background(), msg("G", "next"))
+			if r.Append.QueueOffset != 11 {
+				t.Fatalf("next queue offset %d, want 11", r.Append.QueueOffset)
+			}
+		})
 	}
 }
 

@@ -1,0 +1,225 @@
+package storage
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Read errors.
+var (
+	// ErrQueueNotFound: no message was ever dispatched to that topic-queue.
+	ErrQueueNotFound = errors.New("storage: queue not found")
+	// ErrOutOfRange wraps a *RangeError.
+	ErrOutOfRange = errors.New("storage: offset out of range")
+)
+
+// RangeError says an offset is outside what can be read, and what can.
+type RangeError struct {
+	What     string // "queue offset" or "commitlog offset"
+	Offset   int64
+	Min, Max int64 // readable: [Min, Max)
+}
+
+func (e *RangeError) Error() string {
+	return fmt.Sprintf("storage: %s %d out of range [%d, %d)", e.What, e.Offset, e.Min, e.Max)
+}
+
+// Unwrap implements errors.Unwrap.
+func (e *RangeError) Unwrap() error { return ErrOutOfRange }
+
+// GetMessage reads the record that starts at commitlog offset off. It must
+// be visible (durable in sync mode) and pass every check; damaged bytes give
+// an error wrapping ErrCorrupt, never a wrong record.
+func (s *Store) GetMessage(off int64) (*Record, error) {
+	if s.closed.Load() {
+		return nil, ErrClosed
+	}
+	lo, hi := s.queue.minOffset(), s.dispatch.dispatched.Load()
+	if off < lo || off >= hi {
+		return nil, &RangeError{What: "commitlog offset", Offset: off, Min: lo, Max: hi}
+	}
+	f := s.queue.findByOffset(off)
+	if f == nil {
+		return nil, &RangeError{What: "commitlog offset", Offset: off, Min: lo, Max: hi}
+	}
+	rec, _, err := decodeRecord(f.data[off-f.from:], !s.opts.DisablePropCRC)
+	if err != nil {
+		return nil, fmt.Errorf("commitlog offset %d: %w", off, err)
+	}
+	if rec.PhysicalOffset != off {
+		return nil, fmt.Errorf("commitlog offset %d: %w", off, &DecodeError{Offset: off,
+			Reason: fmt.Sprintf("no record starts here (PHYSICALOFFSET %d)", rec.PhysicalOffset)})
+	}
+	return rec, nil
+}
+
+// GetMessageByID reads the record named by an offset msgId.
+func (s *Store) GetMessageByID(msgID string) (*Record, error) {
+	_, off, err := ParseMsgID(msgID)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrIllegal, err)
+	}
+	return s.GetMessage(off)
+}
+
+// PullRequest selects messages of one queue.
+type PullRequest struct {
+	Topic   string
+	QueueID int32
+	// Offset is the first queue offset wanted.
+	Offset int64
+	// MaxMessages and MaxBytes bound the answer (at least one message is
+	// returned when one is available). Zero means 32 messages, 4 MiB.
+	MaxMessages int
+	MaxBytes    int
+	// Tags, if not empty, keeps only messages whose TAGS is one of them.
+	Tags []string
+	// Wait is how long to wait for a message when none is available at
+	// Offset (long polling). Zero answers at once.
+	Wait time.Duration
+}
+
+// PullResult is the answer to a pull.
+type PullResult struct {
+	Messages []*Record
+	// NextOffset is the queue offset to ask for next.
+	NextOffset int64
+	// MinOffset and MaxOffset bound the queue: offsets [Min, Max) exist.
+	MinOffset, MaxOffset int64
+}
+
+// QueueInfo returns the readable queue offsets of a queue: [min, max).
+func (s *Store) QueueInfo(topic string, queueID int32) (minOff, maxOff int64, err error) {
+	if s.closed.Load() {
+		return 0, 0, ErrClosed
+	}
+	q := s.dispatch.queue(topic, queueID)
+	if q == nil {
+		return 0, 0, fmt.Errorf("%w: %s/%d", ErrQueueNotFound, topic, queueID)
+	}
+	return q.min.Load(), q.count.Load(), nil
+}
+
+// Queues lists the topic-queues that have messages.
+func (s *Store) Queues() []QueueID {
+	s.dispatch.mu.RLock()
+	defer s.dispatch.mu.RUnlock()
+	out := make([]QueueID, 0, len(s.dispatch.queues))
+	for k := range s.dispatch.queues {
+		out = append(out, QueueID{Topic: k.topic, QueueID: k.queue})
+	}
+	return out
+}
+
+// QueueID names a topic-queue.
+type QueueID struct {
+	Topic   string
+	QueueID int32
+}
+
+// PullMessages reads messages of a queue from req.Offset on. An offset
+// equal to the queue's max returns no messages (after waiting up to
+// req.Wait for one to arrive); one outside [min, max] is ErrOutOfRange; an
+// unknown queue is ErrQueueNotFound (after waiting, too: a queue appears
+// with its first message). Each record is fully checked; a damaged one is
+// an error wrapping ErrCorrupt.
+func (s *Store) PullMessages(ctx context.Context, req PullRequest) (PullResult, error) {
+	if req.MaxMessages <= 0 {
+		req.MaxMessages = 32
+	}
+	if req.MaxBytes <= 0 {
+		req.MaxBytes = 4 << 20
+	}
+	var deadline <-chan time.Time
+	if req.Wait > 0 {
+		t := time.NewTimer(req.Wait)
+		defer t.Stop()
+		deadline = t.C
+	}
+	for {
+		if s.closed.Load() {
+			return PullResult{}, ErrClosed
+		}
+		arrived := s.dispatch.arrival() // take it before looking: no lost wake-up
+		res, err := s.pullOnce(req)
+		if err != nil && !errors.Is(err, ErrQueueNotFound) {
+			return res, err
+		}
+		if len(res.Messages) > 0 || deadline == nil || (err == nil && res.NextOffset < res.MaxOffset) {
+			return res, err
+		}
+		select {
+		case <-arrived:
+		case <-deadline:
+			return res, err
+		case <-ctx.Done():
+			return res, ctx.Err()
+		}
+	}
+}
+
+func (s *Store) pullOnce(req PullRequest) (PullResult, error) {
+	q := s.dispatch.queue(req.Topic, req.QueueID)
+	if q == nil {
+		return PullResult{}, fmt.Errorf("%w: %s/%d", ErrQueueNotFound, req.Topic, req.QueueID)
+	}
+	res := PullResult{MinOffset: q.min.Load(), MaxOffset: q.count.Load(), NextOffset: req.Offset}
+	if req.Offset < res.MinOffset || req.Offset > res.MaxOffset {
+		return res, &RangeError{What: "queue offset", Offset: req.Offset, Min: res.MinOffset, Max: res.MaxOffset}
+	}
+	var codes []int64
+	for _, t := range req.Tags {
+		codes = append(codes, TagsCode(t))
+	}
+	bytes := 0
+	for off := req.Offset; off < res.MaxOffset && len(res.Messages) < req.MaxMessages; off++ {
+		phys, size, tags, ok := q.get(off)
+		if !ok {
+			break
+		}
+		if len(res.Messages) > 0 && bytes+int(size) > req.MaxBytes {
+			break
+		}
+		res.NextOffset = off + 1
+		if len(codes) > 0 && !containsCode(codes, tags) {
+			continue
+		}
+		rec, err := s.GetMessage(phys)
+		if err != nil {
+			return res, err
+		}
+		if rec.Topic != req.Topic || rec.QueueID != req.QueueID || rec.QueueOffset != off {
+			return res, fmt.Errorf("%w: consume queue %s/%d entry %d points at a record of %s/%d offset %d",
+				ErrCorrupt, req.Topic, req.QueueID, off, rec.Topic, rec.QueueID, rec.QueueOffset)
+		}
+		if len(req.Tags) > 0 { // hash codes collide: compare the real tag
+			t, _ := rec.Property(PropertyTags)
+			if !containsString(req.Tags, t) {
+				continue
+			}
+		}
+		res.Messages = append(res.Messages, rec)
+		bytes += int(size)
+	}
+	return res, nil
+}
+
+func containsCode(codes []int64, c int64) bool {
+	for _, x := range codes {
+		if x == c {
+			return true
+		}
+	}
+	return false
+}
+
+func containsString(ss []string, s string) bool {
+	for _, x := range ss {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,212 @@
+package storage
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// waitVisible long-polls until queue topic/qid holds n messages.
+func waitVisible(t *testing.T, s *Store, topic string, qid int32, n int64) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		_, hi, err := s.QueueInfo(topic, qid)
+		if err == nil && hi >= n {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("queue %s/%d has %d messages after 10 s, want %d (%v)", topic, qid, hi, n, err)
+		}
+		// Returns as soon as anything is dispatched.
+		s.PullMessages(context.Background(), PullRequest{Topic: topic, QueueID: qid, Offset: hi, Wait: time.Second})
+	}
+}
+
+func TestReadRoundTrip(t *testing.T) {
+	for _, mode := range []FlushMode{FlushAsync, FlushSync} {
+		t.Run(mode.String(), func(t *testing.T) {
+			s, _ := openTest(t, func(o *Options) { o.FileSize = 4096; o.MaxMessageSize = 2048; o.FlushMode = mode })
+			var sent []AppendResult
+			for i := 0; i < 12; i++ { // ~600-byte records: rolls and blanks
+				tag := "odd"
+				if i%2 == 0 {
+					tag = "even"
+				}
+				r, err := s.PutMessage(context.Background(), msg("R", strings.Repeat("b", 500)+strconv.Itoa(i), Property{PropertyTags, tag}))
+				if err != nil {
+					t.Fatal(err)
+				}
+				sent = append(sent, r.Append)
+			}
+			b := &Batch{Topic: "R", Messages: []BatchMessage{{Body: []byte("b0"), Properties: []Property{{PropertyTags, "even"}}}, {Body: []byte("b1")}}}
+			br, err := s.PutMessages(context.Background(), b)
+			if err != nil {
+				t.Fatal(err)
+			}
+			waitVisible(t, s, "R", 0, 14)
+			all, err := s.PullMessages(context.Background(), PullRequest{Topic: "R", MaxMessages: 100})
+			if err != nil || len(all.Messages) != 14 || all.NextOffset != 14 || all.MaxOffset != 14 || all.MinOffset != 0 {
+				t.Fatalf("pull all: %d msgs next %d max %d: %v", len(all.Messages), all.NextOffset, all.MaxOffset, err)
+			}
+			for i, m := range all.Messages[:12] {
+				if m.PhysicalOffset != sent[i].WroteOffset || !strings.HasSuffix(string(m.Body), strconv.Itoa(i)) || m.QueueOffset != int64(i) {
+					t.Fatalf("message %d: %d %q", i, m.PhysicalOffset, m.Body)
+				}
+				byID, err := s.GetMessageByID(sent[i].MsgID())
+				if err != nil || string(byID.Body) != string(m.Body) {
+					t.Fatalf("by msgId: %v", err)
+				}
+			}
+			if string(all.Messages[12].Body) != "b0" || all.Messages[13].PhysicalOffset != br.Append.Offsets[1] {
+				t.Fatal("batch messages not in the queue")
+			}
+			even, _ := s.PullMessages(context.Background(), PullRequest{Topic: "R", MaxMessages: 100, Tags: []string{"even"}})
+			if len(even.Messages) != 7 || even.NextOffset != 14 {
+				t.Fatalf("tag filter: %d messages, next %d", len(even.Messages), even.NextOffset)
+			}
+			for _, m := range even.Messages {
+				if tg, _ := m.Property(PropertyTags); tg != "even" {
+					t.Fatalf("tag filter let %q through", tg)
+				}
+			}
+			few, _ := s.PullMessages(context.Background(), PullRequest{Topic: "R", Offset: 2, MaxMessages: 3})
+			if len(few.Messages) != 3 || few.NextOffset != 5 {
+				t.Fatalf("max messages: %d next %d", len(few.Messages), few.NextOffset)
+			}
+			bytesBound, _ := s.PullMessages(context.Background(), PullRequest{Topic: "R", MaxBytes: 1300})
+			if len(bytesBound.Messages) != 2 {
+				t.Fatalf("max bytes 1300 over ~620-byte records gave %d", len(bytesBound.Messages))
+			}
+			if lo, hi, err := s.QueueInfo("R", 0); err != nil || lo != 0 || hi != 14 {
+				t.Fatalf("queue info %d %d %v", lo, hi, err)
+			}
+		})
+	}
+}
+
+func TestReadErrors(t *testing.T) {
+	s, _ := openTest(t, nil)
+	r, _ := s.PutMessage(context.Background(), msg("E", "x"))
+	waitVisible(t, s, "E", 0, 1)
+	var rerr *RangeError
+	if _, err := s.PullMessages(context.Background(), PullRequest{Topic: "E", Offset: 2}); !errors.As(err, &rerr) || rerr.Max != 1 || rerr.Min != 0 {
+		t.Fatalf("past the end: %v", err)
+	}
+	if _, err := s.PullMessages(context.Background(), PullRequest{Topic: "E", Offset: -1}); !errors.Is(err, ErrOutOfRange) {
+		t.Fatalf("negative: %v", err)
+	}
+	if _, err := s.PullMessages(context.Background(), PullRequest{Topic: "Nope"}); !errors.Is(err, ErrQueueNotFound) {
+		t.Fatalf("unknown queue: %v", err)
+	}
+	if _, _, err := s.QueueInfo("E", 7); !errors.Is(err, ErrQueueNotFound) {
+		t.Fatalf("unknown queue info: %v", err)
+	}
+	if _, err := s.GetMessage(r.Append.NextOffset() + 100); !errors.Is(err, ErrOutOfRange) {
+		t.Fatalf("offset past the end: %v", err)
+	}
+	if _, err := s.GetMessage(r.Append.WroteOffset + 4); !errors.Is(err, ErrCorrupt) {
+		t.Fatalf("offset inside a record: %v", err)
+	}
+	if _, err := s.GetMessageByID("nothex"); !errors.Is(err, ErrIllegal) {
+		t.Fatalf("bad msgId: %v", err)
+	}
+	// At the end with no wait: empty, no error.
+	res, err := s.PullMessages(context.Background(), PullRequest{Topic: "E", Offset: 1})
+	if err != nil || len(res.Messages) != 0 || res.NextOffset != 1 {
+		t.Fatalf("at the end: %v %+v", err, res)
+	}
+}
+
+func TestReadDetectsCorruption(t *testing.T) {
+	s, o := openTest(t, nil)
+	r, _ := s.PutMessage(context.Background(), msg("C", "payload"))
+	waitVisible(t, s, "C", 0, 1)
+	// Flip a body byte in the file under the running store (the same page
+	// cache the mapping sees).
+	path := filepath.Join(o.Dir, "commitlog", fileName(0))
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.WriteAt([]byte{'P'}, r.Append.WroteOffset+88)
+	f.Close()
+	if _, err := s.GetMessage(r.Append.WroteOffset); !errors.Is(err, ErrCorrupt) {
+		t.Fatalf("corrupt record read: %v", err)
+	}
+	if _, err := s.PullMessages(context.Background(), PullRequest{Topic: "C"}); !errors.Is(err, ErrCorrupt) {
+		t.Fatalf("corrupt record pulled: %v", err)
+	}
+}
+
+func TestLongPollWakesOnArrival(t *testing.T) {
+	s, _ := openTest(t, nil)
+	s.PutMessage(context.Background(), msg("L", "first"))
+	waitVisible(t, s, "L", 0, 1)
+	got := make(chan PullResult, 1)
+	go func() {
+		res, _ := s.PullMessages(context.Background(), PullRequest{Topic: "L", Offset: 1, Wait: time.Hour})
+		got <- res
+	}()
+	s.PutMessage(context.Background(), msg("L", "second"))
+	res := <-got // would block for an hour if arrival did not wake it
+	if len(res.Messages) != 1 || string(res.Messages[0].Body) != "second" {
+		t.Fatalf("long poll returned %+v", res)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		_, err := s.PullMessages(ctx, PullRequest{Topic: "L", Offset: 2, Wait: time.Hour})
+		done <- err
+	}()
+	cancel()
+	if err := <-done; !errors.Is(err, context.Canceled) {
+		t.Fatalf("cancelled long poll: %v", err)
+	}
+}
+
+// TestSyncVisibilityFollowsDurability: in sync mode nothing is readable
+// before the msync that covers it (RocketMQ #8239).
+func TestSyncVisibilityFollowsDurability(t *testing.T) {
+	s, _ := openTest(t, func(o *Options) { o.FlushMode = FlushSync })
+	s.queue.syncMu.Lock() // no sync can complete
+	r, err := s.PutMessage(context.Background(), msg("V", "x", Property{PropertyWaitStoreOK, "false"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.dispatch.wake()
+	if s.visibleEnd() >= r.Append.NextOffset() {
+		t.Fatalf("visible end %d covers an unflushed record ending at %d", s.visibleEnd(), r.Append.NextOffset())
+	}
+	if _, err := s.GetMessage(r.Append.WroteOffset); !errors.Is(err, ErrOutOfRange) {
+		t.Fatalf("unflushed message readable by offset: %v", err)
+	}
+	if res, err := s.PullMessages(context.Background(), PullRequest{Topic: "V"}); !errors.Is(err, ErrQueueNotFound) || len(res.Messages) != 0 {
+		t.Fatalf("unflushed message pullable: %v %d", err, len(res.Messages))
+	}
+	s.queue.syncMu.Unlock()
+	res, err := s.PullMessages(context.Background(), PullRequest{Topic: "V", Wait: 10 * time.Second})
+	if err != nil || len(res.Messages) != 1 {
+		t.Fatalf("after the sync: %v %d", err, len(res.Messages))
+	}
+	if s.queue.flushedWhere.Load() < r.Append.NextOffset() {
+		t.Fatal("readable before durable")
+	}
+}
+
+func TestTagsCodeMatchesJava(t *testing.T) {
+	// Values of Java's "…".hashCode().
+	for tag, want := range map[string]int64{"": 0, "TagA": 2598919, "a": 97, "hello world": 1794106052, "日本": 835047} {
+		if got := TagsCode(tag); got != want {
+			t.Errorf("TagsCode(%q) = %d, want %d", tag, got, want)
+		}
+	}
+	if TagsCode("polygenelubricants") != -2147483648 { // the classic Integer.MIN_VALUE hash
+		t.Errorf("overflowing hash: %d", TagsCode("polygenelubricants"))
+	}
+}
