@@ -738,3 +738,44 @@ func TestSyncModeCancelledWait(t *testing.T) {
 		t.Fatalf("cancelled sync put: status %v err %v appended %v", res.Status, err, res.Appended())
 	}
 }
+
+func TestCheckAndRepair(t *testing.T) {
+	dir := t.TempDir()
+	o := Options{Dir: dir, FileSize: 8192, MaxMessageSize: 4096}
+	offs := putN(t, o, 30) // several files
+	rep, err := Check(o)
+	if err != nil || rep.Damage != "" || rep.Records != 30 || rep.End != offs[29].NextOffset() {
+		t.Fatalf("clean check: %+v %v", rep, err)
+	}
+	victim := offs[12]
+	path := filepath.Join(dir, "commitlog", fileName(victim.WroteOffset-victim.WroteOffset%8192))
+	b, _ := os.ReadFile(path)
+	b[victim.WroteOffset%8192+90] ^= 1
+	os.WriteFile(path, b, 0o644)
+	rep, err = Check(o)
+	if err != nil || rep.DamageOffset != victim.WroteOffset || !rep.BelowCheckpoint || rep.Records != 12 {
+		t.Fatalf("damaged check: %+v %v", rep, err)
+	}
+	if _, err := Open(o); !errors.Is(err, ErrCorrupt) {
+		t.Fatalf("open of a damaged log: %v", err)
+	}
+	if err := Repair(o, victim.WroteOffset+1); err == nil {
+		t.Fatal("repair accepted an offset inside a record")
+	}
+	if err := Repair(o, victim.WroteOffset); err != nil {
+		t.Fatal(err)
+	}
+	s, err := Open(o)
+	if err != nil {
+		t.Fatalf("open after repair: %v", err)
+	}
+	defer s.Close()
+	res, err := s.PullMessages(context.Background(), PullRequest{Topic: "G", MaxMessages: 100})
+	if err != nil || len(res.Messages) != 12 {
+		t.Fatalf("after repair: %d messages %v", len(res.Messages), err)
+	}
+	r, _ := s.PutMessage(context.Background(), msg("G", "new"))
+	if r.Append.QueueOffset != 12 || r.Append.WroteOffset != victim.WroteOffset {
+		t.Fatalf("put after repair: %+v", r.Append)
+	}
+}
