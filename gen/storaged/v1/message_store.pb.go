@@ -4,7 +4,8 @@
 // 	protoc        (unknown)
 // source: storaged/v1/message_store.proto
 
-// storaged.v1: the write API of storaged, a RocketMQ-CommitLog-style message store.
+// storaged.v1: the API of storaged, a RocketMQ-CommitLog-style message store: appends (unary, batch and
+// streaming) and reads (by CommitLog offset or msgId, by queue offset, queue bounds).
 //
 // Messages are appended to a single CommitLog made of fixed-size mapped segment files and indexed per
 // (topic, queue_id) in consume queues. The semantics follow RocketMQ's DefaultMessageStore
@@ -16,6 +17,7 @@ package storagedv1
 import (
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
+	durationpb "google.golang.org/protobuf/types/known/durationpb"
 	timestamppb "google.golang.org/protobuf/types/known/timestamppb"
 	reflect "reflect"
 	sync "sync"
@@ -726,11 +728,820 @@ func (x *PutMessagesResponse) GetResult() *AppendResult {
 	return nil
 }
 
+// PutMessageStreamRequest is one message sent on a MessageStoreService.PutMessageStream stream.
+type PutMessageStreamRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Client-chosen identifier echoed in the response for this message. The server does not interpret it
+	// and does not check that it is unique; a client that reuses ids cannot tell the responses apart.
+	RequestId uint64 `protobuf:"varint,1,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	// The message to append. Required; same rules as PutMessageRequest.message.
+	Message       *Message `protobuf:"bytes,2,opt,name=message,proto3" json:"message,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PutMessageStreamRequest) Reset() {
+	*x = PutMessageStreamRequest{}
+	mi := &file_storaged_v1_message_store_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PutMessageStreamRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PutMessageStreamRequest) ProtoMessage() {}
+
+func (x *PutMessageStreamRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_storaged_v1_message_store_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PutMessageStreamRequest.ProtoReflect.Descriptor instead.
+func (*PutMessageStreamRequest) Descriptor() ([]byte, []int) {
+	return file_storaged_v1_message_store_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *PutMessageStreamRequest) GetRequestId() uint64 {
+	if x != nil {
+		return x.RequestId
+	}
+	return 0
+}
+
+func (x *PutMessageStreamRequest) GetMessage() *Message {
+	if x != nil {
+		return x.Message
+	}
+	return nil
+}
+
+// PutMessageStreamResponse is the outcome of one PutMessageStreamRequest. When code is 0 the message was
+// appended and status and result are set exactly as in a PutMessageResponse. Otherwise the message was
+// rejected (or its outcome is unknown, see code), status is the rejection status when there is one, and
+// result is unset.
+type PutMessageStreamResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// request_id of the request this response answers.
+	RequestId uint64 `protobuf:"varint,1,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	// Outcome of the append, as in PutMessageResponse.status; for a rejection the rejected status
+	// (for example PUT_MESSAGE_STATUS_MESSAGE_ILLEGAL), or PUT_MESSAGE_STATUS_UNSPECIFIED when the
+	// failure has no RocketMQ status (DEADLINE_EXCEEDED, CANCELLED).
+	Status PutMessageStatus `protobuf:"varint,2,opt,name=status,proto3,enum=storaged.v1.PutMessageStatus" json:"status,omitempty"`
+	// Where the message was written, as in PutMessageResponse.result. Set only when code is 0.
+	Result *AppendResult `protobuf:"bytes,3,opt,name=result,proto3" json:"result,omitempty"`
+	// The gRPC status code (google.rpc.Code number) the unary PutMessage would have failed with: 0 (OK)
+	// when the message was appended; 3 INVALID_ARGUMENT, 14 UNAVAILABLE (nothing appended, safe to retry),
+	// 8 RESOURCE_EXHAUSTED, 13 INTERNAL; 4 DEADLINE_EXCEEDED or 1 CANCELLED when a sync put stopped
+	// waiting for the disk (the message may have been stored).
+	Code int32 `protobuf:"varint,4,opt,name=code,proto3" json:"code,omitempty"`
+	// The ErrorInfo reason the unary PutMessage error would carry: the RocketMQ status name (for example
+	// "MESSAGE_ILLEGAL", "SERVICE_NOT_AVAILABLE"). Empty when code is 0.
+	Reason string `protobuf:"bytes,5,opt,name=reason,proto3" json:"reason,omitempty"`
+	// Human-readable description of the error, safe to log (no server paths). Empty when code is 0.
+	ErrorMessage  string `protobuf:"bytes,6,opt,name=error_message,json=errorMessage,proto3" json:"error_message,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PutMessageStreamResponse) Reset() {
+	*x = PutMessageStreamResponse{}
+	mi := &file_storaged_v1_message_store_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PutMessageStreamResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PutMessageStreamResponse) ProtoMessage() {}
+
+func (x *PutMessageStreamResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_storaged_v1_message_store_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PutMessageStreamResponse.ProtoReflect.Descriptor instead.
+func (*PutMessageStreamResponse) Descriptor() ([]byte, []int) {
+	return file_storaged_v1_message_store_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *PutMessageStreamResponse) GetRequestId() uint64 {
+	if x != nil {
+		return x.RequestId
+	}
+	return 0
+}
+
+func (x *PutMessageStreamResponse) GetStatus() PutMessageStatus {
+	if x != nil {
+		return x.Status
+	}
+	return PutMessageStatus_PUT_MESSAGE_STATUS_UNSPECIFIED
+}
+
+func (x *PutMessageStreamResponse) GetResult() *AppendResult {
+	if x != nil {
+		return x.Result
+	}
+	return nil
+}
+
+func (x *PutMessageStreamResponse) GetCode() int32 {
+	if x != nil {
+		return x.Code
+	}
+	return 0
+}
+
+func (x *PutMessageStreamResponse) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *PutMessageStreamResponse) GetErrorMessage() string {
+	if x != nil {
+		return x.ErrorMessage
+	}
+	return ""
+}
+
+// GetMessageRequest is the request of MessageStoreService.GetMessage.
+type GetMessageRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Which message to read. Required.
+	//
+	// Types that are valid to be assigned to Locator:
+	//
+	//	*GetMessageRequest_CommitLogOffset
+	//	*GetMessageRequest_MsgId
+	Locator isGetMessageRequest_Locator `protobuf_oneof:"locator"`
+	// When true, the response's StoredMessage.raw carries the record's bytes as stored in the CommitLog.
+	IncludeRaw    bool `protobuf:"varint,3,opt,name=include_raw,json=includeRaw,proto3" json:"include_raw,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetMessageRequest) Reset() {
+	*x = GetMessageRequest{}
+	mi := &file_storaged_v1_message_store_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetMessageRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetMessageRequest) ProtoMessage() {}
+
+func (x *GetMessageRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_storaged_v1_message_store_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetMessageRequest.ProtoReflect.Descriptor instead.
+func (*GetMessageRequest) Descriptor() ([]byte, []int) {
+	return file_storaged_v1_message_store_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *GetMessageRequest) GetLocator() isGetMessageRequest_Locator {
+	if x != nil {
+		return x.Locator
+	}
+	return nil
+}
+
+func (x *GetMessageRequest) GetCommitLogOffset() int64 {
+	if x != nil {
+		if x, ok := x.Locator.(*GetMessageRequest_CommitLogOffset); ok {
+			return x.CommitLogOffset
+		}
+	}
+	return 0
+}
+
+func (x *GetMessageRequest) GetMsgId() string {
+	if x != nil {
+		if x, ok := x.Locator.(*GetMessageRequest_MsgId); ok {
+			return x.MsgId
+		}
+	}
+	return ""
+}
+
+func (x *GetMessageRequest) GetIncludeRaw() bool {
+	if x != nil {
+		return x.IncludeRaw
+	}
+	return false
+}
+
+type isGetMessageRequest_Locator interface {
+	isGetMessageRequest_Locator()
+}
+
+type GetMessageRequest_CommitLogOffset struct {
+	// Physical CommitLog offset of the first byte of the record (AppendResult.wrote_offset).
+	CommitLogOffset int64 `protobuf:"varint,1,opt,name=commit_log_offset,json=commitLogOffset,proto3,oneof"`
+}
+
+type GetMessageRequest_MsgId struct {
+	// Offset msgId of the message (AppendResult.msg_id): 32 or 56 hex characters. Only the offset part is
+	// used; the store host part is not checked against this server.
+	MsgId string `protobuf:"bytes,2,opt,name=msg_id,json=msgId,proto3,oneof"`
+}
+
+func (*GetMessageRequest_CommitLogOffset) isGetMessageRequest_Locator() {}
+
+func (*GetMessageRequest_MsgId) isGetMessageRequest_Locator() {}
+
+// GetMessageResponse is the response of MessageStoreService.GetMessage.
+type GetMessageResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The message. Always set.
+	Message       *StoredMessage `protobuf:"bytes,1,opt,name=message,proto3" json:"message,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetMessageResponse) Reset() {
+	*x = GetMessageResponse{}
+	mi := &file_storaged_v1_message_store_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetMessageResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetMessageResponse) ProtoMessage() {}
+
+func (x *GetMessageResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_storaged_v1_message_store_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetMessageResponse.ProtoReflect.Descriptor instead.
+func (*GetMessageResponse) Descriptor() ([]byte, []int) {
+	return file_storaged_v1_message_store_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *GetMessageResponse) GetMessage() *StoredMessage {
+	if x != nil {
+		return x.Message
+	}
+	return nil
+}
+
+// PullMessagesRequest is the request of MessageStoreService.PullMessages.
+type PullMessagesRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Topic of the consume queue. Required.
+	Topic string `protobuf:"bytes,1,opt,name=topic,proto3" json:"topic,omitempty"`
+	// Queue of the topic. Must not be negative.
+	QueueId int32 `protobuf:"varint,2,opt,name=queue_id,json=queueId,proto3" json:"queue_id,omitempty"`
+	// First queue offset wanted. Must be within [min_offset, max_offset] of the queue (see GetQueueInfo).
+	QueueOffset int64 `protobuf:"varint,3,opt,name=queue_offset,json=queueOffset,proto3" json:"queue_offset,omitempty"`
+	// Maximum number of messages returned. 0 means 32; values above 1024 are lowered to 1024.
+	MaxMessages int32 `protobuf:"varint,4,opt,name=max_messages,json=maxMessages,proto3" json:"max_messages,omitempty"`
+	// Maximum total size in bytes of the stored records returned; at least one message is returned when
+	// one is available, even if it is larger. 0 means 4 MiB; values above 16 MiB are lowered to 16 MiB.
+	MaxBytes int32 `protobuf:"varint,5,opt,name=max_bytes,json=maxBytes,proto3" json:"max_bytes,omitempty"`
+	// When not empty, only messages whose tag (Message.tags) equals one of these are returned; the others
+	// are skipped and next_offset moves past them. Empty returns every message.
+	Tags []string `protobuf:"bytes,6,rep,name=tags,proto3" json:"tags,omitempty"`
+	// How long to wait when no message is available at queue_offset (long polling): the call returns as
+	// soon as a matching message arrives, or with no messages when the wait ends. Absent or zero answers at
+	// once. Values above 30 seconds are lowered to 30 seconds; the call's deadline also ends the wait.
+	Wait *durationpb.Duration `protobuf:"bytes,7,opt,name=wait,proto3" json:"wait,omitempty"`
+	// When true, each StoredMessage.raw carries the record's bytes as stored in the CommitLog.
+	IncludeRaw    bool `protobuf:"varint,8,opt,name=include_raw,json=includeRaw,proto3" json:"include_raw,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PullMessagesRequest) Reset() {
+	*x = PullMessagesRequest{}
+	mi := &file_storaged_v1_message_store_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PullMessagesRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PullMessagesRequest) ProtoMessage() {}
+
+func (x *PullMessagesRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_storaged_v1_message_store_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PullMessagesRequest.ProtoReflect.Descriptor instead.
+func (*PullMessagesRequest) Descriptor() ([]byte, []int) {
+	return file_storaged_v1_message_store_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *PullMessagesRequest) GetTopic() string {
+	if x != nil {
+		return x.Topic
+	}
+	return ""
+}
+
+func (x *PullMessagesRequest) GetQueueId() int32 {
+	if x != nil {
+		return x.QueueId
+	}
+	return 0
+}
+
+func (x *PullMessagesRequest) GetQueueOffset() int64 {
+	if x != nil {
+		return x.QueueOffset
+	}
+	return 0
+}
+
+func (x *PullMessagesRequest) GetMaxMessages() int32 {
+	if x != nil {
+		return x.MaxMessages
+	}
+	return 0
+}
+
+func (x *PullMessagesRequest) GetMaxBytes() int32 {
+	if x != nil {
+		return x.MaxBytes
+	}
+	return 0
+}
+
+func (x *PullMessagesRequest) GetTags() []string {
+	if x != nil {
+		return x.Tags
+	}
+	return nil
+}
+
+func (x *PullMessagesRequest) GetWait() *durationpb.Duration {
+	if x != nil {
+		return x.Wait
+	}
+	return nil
+}
+
+func (x *PullMessagesRequest) GetIncludeRaw() bool {
+	if x != nil {
+		return x.IncludeRaw
+	}
+	return false
+}
+
+// PullMessagesResponse is the response of MessageStoreService.PullMessages.
+type PullMessagesResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The messages, in queue offset order. May be empty (nothing new, or every message filtered out).
+	Messages []*StoredMessage `protobuf:"bytes,1,rep,name=messages,proto3" json:"messages,omitempty"`
+	// Queue offset to pull from next: past the last message returned and past any message skipped by the
+	// tag filter.
+	NextOffset int64 `protobuf:"varint,2,opt,name=next_offset,json=nextOffset,proto3" json:"next_offset,omitempty"`
+	// Smallest readable queue offset of the queue.
+	MinOffset int64 `protobuf:"varint,3,opt,name=min_offset,json=minOffset,proto3" json:"min_offset,omitempty"`
+	// One past the largest readable queue offset of the queue: offsets [min_offset, max_offset) exist.
+	MaxOffset     int64 `protobuf:"varint,4,opt,name=max_offset,json=maxOffset,proto3" json:"max_offset,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PullMessagesResponse) Reset() {
+	*x = PullMessagesResponse{}
+	mi := &file_storaged_v1_message_store_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PullMessagesResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PullMessagesResponse) ProtoMessage() {}
+
+func (x *PullMessagesResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_storaged_v1_message_store_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PullMessagesResponse.ProtoReflect.Descriptor instead.
+func (*PullMessagesResponse) Descriptor() ([]byte, []int) {
+	return file_storaged_v1_message_store_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *PullMessagesResponse) GetMessages() []*StoredMessage {
+	if x != nil {
+		return x.Messages
+	}
+	return nil
+}
+
+func (x *PullMessagesResponse) GetNextOffset() int64 {
+	if x != nil {
+		return x.NextOffset
+	}
+	return 0
+}
+
+func (x *PullMessagesResponse) GetMinOffset() int64 {
+	if x != nil {
+		return x.MinOffset
+	}
+	return 0
+}
+
+func (x *PullMessagesResponse) GetMaxOffset() int64 {
+	if x != nil {
+		return x.MaxOffset
+	}
+	return 0
+}
+
+// GetQueueInfoRequest is the request of MessageStoreService.GetQueueInfo.
+type GetQueueInfoRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Topic of the consume queue. Required.
+	Topic string `protobuf:"bytes,1,opt,name=topic,proto3" json:"topic,omitempty"`
+	// Queue of the topic. Must not be negative.
+	QueueId       int32 `protobuf:"varint,2,opt,name=queue_id,json=queueId,proto3" json:"queue_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetQueueInfoRequest) Reset() {
+	*x = GetQueueInfoRequest{}
+	mi := &file_storaged_v1_message_store_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetQueueInfoRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetQueueInfoRequest) ProtoMessage() {}
+
+func (x *GetQueueInfoRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_storaged_v1_message_store_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetQueueInfoRequest.ProtoReflect.Descriptor instead.
+func (*GetQueueInfoRequest) Descriptor() ([]byte, []int) {
+	return file_storaged_v1_message_store_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *GetQueueInfoRequest) GetTopic() string {
+	if x != nil {
+		return x.Topic
+	}
+	return ""
+}
+
+func (x *GetQueueInfoRequest) GetQueueId() int32 {
+	if x != nil {
+		return x.QueueId
+	}
+	return 0
+}
+
+// GetQueueInfoResponse is the response of MessageStoreService.GetQueueInfo.
+type GetQueueInfoResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Smallest readable queue offset.
+	MinOffset int64 `protobuf:"varint,1,opt,name=min_offset,json=minOffset,proto3" json:"min_offset,omitempty"`
+	// One past the largest readable queue offset: offsets [min_offset, max_offset) exist, and
+	// max_offset is the queue offset the next message will get.
+	MaxOffset     int64 `protobuf:"varint,2,opt,name=max_offset,json=maxOffset,proto3" json:"max_offset,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetQueueInfoResponse) Reset() {
+	*x = GetQueueInfoResponse{}
+	mi := &file_storaged_v1_message_store_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetQueueInfoResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetQueueInfoResponse) ProtoMessage() {}
+
+func (x *GetQueueInfoResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_storaged_v1_message_store_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetQueueInfoResponse.ProtoReflect.Descriptor instead.
+func (*GetQueueInfoResponse) Descriptor() ([]byte, []int) {
+	return file_storaged_v1_message_store_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *GetQueueInfoResponse) GetMinOffset() int64 {
+	if x != nil {
+		return x.MinOffset
+	}
+	return 0
+}
+
+func (x *GetQueueInfoResponse) GetMaxOffset() int64 {
+	if x != nil {
+		return x.MaxOffset
+	}
+	return 0
+}
+
+// StoredMessage is a message read back from the CommitLog, with every field of the stored record
+// (RocketMQ MessageExt).
+type StoredMessage struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Topic the record is stored under (SCHEDULE_TOPIC_XXXX for a delayed message; its REAL_TOPIC property
+	// names the original topic).
+	Topic string `protobuf:"bytes,1,opt,name=topic,proto3" json:"topic,omitempty"`
+	// Queue the record is indexed in.
+	QueueId int32 `protobuf:"varint,2,opt,name=queue_id,json=queueId,proto3" json:"queue_id,omitempty"`
+	// Logical offset of the message in its consume queue.
+	QueueOffset int64 `protobuf:"varint,3,opt,name=queue_offset,json=queueOffset,proto3" json:"queue_offset,omitempty"`
+	// Physical CommitLog offset of the first byte of the record.
+	CommitLogOffset int64 `protobuf:"varint,4,opt,name=commit_log_offset,json=commitLogOffset,proto3" json:"commit_log_offset,omitempty"`
+	// Offset msgId of the message (store host, port and commit_log_offset), as returned by the append.
+	MsgId string `protobuf:"bytes,5,opt,name=msg_id,json=msgId,proto3" json:"msg_id,omitempty"`
+	// The payload, exactly as appended.
+	Body []byte `protobuf:"bytes,6,opt,name=body,proto3" json:"body,omitempty"`
+	// Application-defined flag (the record's FLAG field).
+	Flag int32 `protobuf:"varint,7,opt,name=flag,proto3" json:"flag,omitempty"`
+	// The tag (TAGS property); empty when none.
+	Tags string `protobuf:"bytes,8,opt,name=tags,proto3" json:"tags,omitempty"`
+	// The space-separated keys (KEYS property); empty when none.
+	Keys string `protobuf:"bytes,9,opt,name=keys,proto3" json:"keys,omitempty"`
+	// Every property of the record, user and system ones (TAGS, KEYS, WAIT, DELAY, REAL_TOPIC, UNIQ_KEY,
+	// ...), except the whole-record checksum __CRC32#, which the server has already verified.
+	Properties map[string]string `protobuf:"bytes,10,rep,name=properties,proto3" json:"properties,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// Time the producer created the message (BORNTIMESTAMP, millisecond precision).
+	BornTimestamp *timestamppb.Timestamp `protobuf:"bytes,11,opt,name=born_timestamp,json=bornTimestamp,proto3" json:"born_timestamp,omitempty"`
+	// Time the store appended the record (STORETIMESTAMP, millisecond precision).
+	StoreTimestamp *timestamppb.Timestamp `protobuf:"bytes,12,opt,name=store_timestamp,json=storeTimestamp,proto3" json:"store_timestamp,omitempty"`
+	// Address of the producer as "ip:port" (BORNHOST; "[ip]:port" for IPv6).
+	BornHost string `protobuf:"bytes,13,opt,name=born_host,json=bornHost,proto3" json:"born_host,omitempty"`
+	// Address of the store as "ip:port" (STOREHOST; "[ip]:port" for IPv6), the one encoded in msg_id.
+	StoreHost string `protobuf:"bytes,14,opt,name=store_host,json=storeHost,proto3" json:"store_host,omitempty"`
+	// RocketMQ SYSFLAG bits (compression, multi tags, transaction type, IPv6 hosts, ...).
+	SysFlag int32 `protobuf:"varint,15,opt,name=sys_flag,json=sysFlag,proto3" json:"sys_flag,omitempty"`
+	// RocketMQ RECONSUMETIMES.
+	ReconsumeTimes int32 `protobuf:"varint,16,opt,name=reconsume_times,json=reconsumeTimes,proto3" json:"reconsume_times,omitempty"`
+	// Size in bytes of the whole stored record (TOTALSIZE).
+	StoreSize int32 `protobuf:"varint,17,opt,name=store_size,json=storeSize,proto3" json:"store_size,omitempty"`
+	// RocketMQ body CRC (CRC-32/IEEE of the body masked to 31 bits), already verified by the server.
+	BodyCrc uint32 `protobuf:"varint,18,opt,name=body_crc,json=bodyCrc,proto3" json:"body_crc,omitempty"`
+	// The record's bytes exactly as stored in the CommitLog (RocketMQ CommitLog layout, so RocketMQ
+	// message decoders read them), store_size bytes long. Set only when the request's include_raw is true.
+	Raw           []byte `protobuf:"bytes,19,opt,name=raw,proto3" json:"raw,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StoredMessage) Reset() {
+	*x = StoredMessage{}
+	mi := &file_storaged_v1_message_store_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StoredMessage) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StoredMessage) ProtoMessage() {}
+
+func (x *StoredMessage) ProtoReflect() protoreflect.Message {
+	mi := &file_storaged_v1_message_store_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StoredMessage.ProtoReflect.Descriptor instead.
+func (*StoredMessage) Descriptor() ([]byte, []int) {
+	return file_storaged_v1_message_store_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *StoredMessage) GetTopic() string {
+	if x != nil {
+		return x.Topic
+	}
+	return ""
+}
+
+func (x *StoredMessage) GetQueueId() int32 {
+	if x != nil {
+		return x.QueueId
+	}
+	return 0
+}
+
+func (x *StoredMessage) GetQueueOffset() int64 {
+	if x != nil {
+		return x.QueueOffset
+	}
+	return 0
+}
+
+func (x *StoredMessage) GetCommitLogOffset() int64 {
+	if x != nil {
+		return x.CommitLogOffset
+	}
+	return 0
+}
+
+func (x *StoredMessage) GetMsgId() string {
+	if x != nil {
+		return x.MsgId
+	}
+	return ""
+}
+
+func (x *StoredMessage) GetBody() []byte {
+	if x != nil {
+		return x.Body
+	}
+	return nil
+}
+
+func (x *StoredMessage) GetFlag() int32 {
+	if x != nil {
+		return x.Flag
+	}
+	return 0
+}
+
+func (x *StoredMessage) GetTags() string {
+	if x != nil {
+		return x.Tags
+	}
+	return ""
+}
+
+func (x *StoredMessage) GetKeys() string {
+	if x != nil {
+		return x.Keys
+	}
+	return ""
+}
+
+func (x *StoredMessage) GetProperties() map[string]string {
+	if x != nil {
+		return x.Properties
+	}
+	return nil
+}
+
+func (x *StoredMessage) GetBornTimestamp() *timestamppb.Timestamp {
+	if x != nil {
+		return x.BornTimestamp
+	}
+	return nil
+}
+
+func (x *StoredMessage) GetStoreTimestamp() *timestamppb.Timestamp {
+	if x != nil {
+		return x.StoreTimestamp
+	}
+	return nil
+}
+
+func (x *StoredMessage) GetBornHost() string {
+	if x != nil {
+		return x.BornHost
+	}
+	return ""
+}
+
+func (x *StoredMessage) GetStoreHost() string {
+	if x != nil {
+		return x.StoreHost
+	}
+	return ""
+}
+
+func (x *StoredMessage) GetSysFlag() int32 {
+	if x != nil {
+		return x.SysFlag
+	}
+	return 0
+}
+
+func (x *StoredMessage) GetReconsumeTimes() int32 {
+	if x != nil {
+		return x.ReconsumeTimes
+	}
+	return 0
+}
+
+func (x *StoredMessage) GetStoreSize() int32 {
+	if x != nil {
+		return x.StoreSize
+	}
+	return 0
+}
+
+func (x *StoredMessage) GetBodyCrc() uint32 {
+	if x != nil {
+		return x.BodyCrc
+	}
+	return 0
+}
+
+func (x *StoredMessage) GetRaw() []byte {
+	if x != nil {
+		return x.Raw
+	}
+	return nil
+}
+
 var File_storaged_v1_message_store_proto protoreflect.FileDescriptor
 
 const file_storaged_v1_message_store_proto_rawDesc = "" +
 	"\n" +
-	"\x1fstoraged/v1/message_store.proto\x12\vstoraged.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xae\x03\n" +
+	"\x1fstoraged/v1/message_store.proto\x12\vstoraged.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xae\x03\n" +
 	"\aMessage\x12\x14\n" +
 	"\x05topic\x18\x01 \x01(\tR\x05topic\x12\x19\n" +
 	"\bqueue_id\x18\x02 \x01(\x05R\aqueueId\x12\x12\n" +
@@ -784,7 +1595,81 @@ const file_storaged_v1_message_store_proto_rawDesc = "" +
 	"\x06result\x18\x02 \x01(\v2\x19.storaged.v1.AppendResultR\x06result\"\x7f\n" +
 	"\x13PutMessagesResponse\x125\n" +
 	"\x06status\x18\x01 \x01(\x0e2\x1d.storaged.v1.PutMessageStatusR\x06status\x121\n" +
-	"\x06result\x18\x02 \x01(\v2\x19.storaged.v1.AppendResultR\x06result*\x8f\x06\n" +
+	"\x06result\x18\x02 \x01(\v2\x19.storaged.v1.AppendResultR\x06result\"h\n" +
+	"\x17PutMessageStreamRequest\x12\x1d\n" +
+	"\n" +
+	"request_id\x18\x01 \x01(\x04R\trequestId\x12.\n" +
+	"\amessage\x18\x02 \x01(\v2\x14.storaged.v1.MessageR\amessage\"\xf4\x01\n" +
+	"\x18PutMessageStreamResponse\x12\x1d\n" +
+	"\n" +
+	"request_id\x18\x01 \x01(\x04R\trequestId\x125\n" +
+	"\x06status\x18\x02 \x01(\x0e2\x1d.storaged.v1.PutMessageStatusR\x06status\x121\n" +
+	"\x06result\x18\x03 \x01(\v2\x19.storaged.v1.AppendResultR\x06result\x12\x12\n" +
+	"\x04code\x18\x04 \x01(\x05R\x04code\x12\x16\n" +
+	"\x06reason\x18\x05 \x01(\tR\x06reason\x12#\n" +
+	"\rerror_message\x18\x06 \x01(\tR\ferrorMessage\"\x86\x01\n" +
+	"\x11GetMessageRequest\x12,\n" +
+	"\x11commit_log_offset\x18\x01 \x01(\x03H\x00R\x0fcommitLogOffset\x12\x17\n" +
+	"\x06msg_id\x18\x02 \x01(\tH\x00R\x05msgId\x12\x1f\n" +
+	"\vinclude_raw\x18\x03 \x01(\bR\n" +
+	"includeRawB\t\n" +
+	"\alocator\"J\n" +
+	"\x12GetMessageResponse\x124\n" +
+	"\amessage\x18\x01 \x01(\v2\x1a.storaged.v1.StoredMessageR\amessage\"\x8d\x02\n" +
+	"\x13PullMessagesRequest\x12\x14\n" +
+	"\x05topic\x18\x01 \x01(\tR\x05topic\x12\x19\n" +
+	"\bqueue_id\x18\x02 \x01(\x05R\aqueueId\x12!\n" +
+	"\fqueue_offset\x18\x03 \x01(\x03R\vqueueOffset\x12!\n" +
+	"\fmax_messages\x18\x04 \x01(\x05R\vmaxMessages\x12\x1b\n" +
+	"\tmax_bytes\x18\x05 \x01(\x05R\bmaxBytes\x12\x12\n" +
+	"\x04tags\x18\x06 \x03(\tR\x04tags\x12-\n" +
+	"\x04wait\x18\a \x01(\v2\x19.google.protobuf.DurationR\x04wait\x12\x1f\n" +
+	"\vinclude_raw\x18\b \x01(\bR\n" +
+	"includeRaw\"\xad\x01\n" +
+	"\x14PullMessagesResponse\x126\n" +
+	"\bmessages\x18\x01 \x03(\v2\x1a.storaged.v1.StoredMessageR\bmessages\x12\x1f\n" +
+	"\vnext_offset\x18\x02 \x01(\x03R\n" +
+	"nextOffset\x12\x1d\n" +
+	"\n" +
+	"min_offset\x18\x03 \x01(\x03R\tminOffset\x12\x1d\n" +
+	"\n" +
+	"max_offset\x18\x04 \x01(\x03R\tmaxOffset\"F\n" +
+	"\x13GetQueueInfoRequest\x12\x14\n" +
+	"\x05topic\x18\x01 \x01(\tR\x05topic\x12\x19\n" +
+	"\bqueue_id\x18\x02 \x01(\x05R\aqueueId\"T\n" +
+	"\x14GetQueueInfoResponse\x12\x1d\n" +
+	"\n" +
+	"min_offset\x18\x01 \x01(\x03R\tminOffset\x12\x1d\n" +
+	"\n" +
+	"max_offset\x18\x02 \x01(\x03R\tmaxOffset\"\xd5\x05\n" +
+	"\rStoredMessage\x12\x14\n" +
+	"\x05topic\x18\x01 \x01(\tR\x05topic\x12\x19\n" +
+	"\bqueue_id\x18\x02 \x01(\x05R\aqueueId\x12!\n" +
+	"\fqueue_offset\x18\x03 \x01(\x03R\vqueueOffset\x12*\n" +
+	"\x11commit_log_offset\x18\x04 \x01(\x03R\x0fcommitLogOffset\x12\x15\n" +
+	"\x06msg_id\x18\x05 \x01(\tR\x05msgId\x12\x12\n" +
+	"\x04body\x18\x06 \x01(\fR\x04body\x12\x12\n" +
+	"\x04flag\x18\a \x01(\x05R\x04flag\x12\x12\n" +
+	"\x04tags\x18\b \x01(\tR\x04tags\x12\x12\n" +
+	"\x04keys\x18\t \x01(\tR\x04keys\x12J\n" +
+	"\n" +
+	"properties\x18\n" +
+	" \x03(\v2*.storaged.v1.StoredMessage.PropertiesEntryR\n" +
+	"properties\x12A\n" +
+	"\x0eborn_timestamp\x18\v \x01(\v2\x1a.google.protobuf.TimestampR\rbornTimestamp\x12C\n" +
+	"\x0fstore_timestamp\x18\f \x01(\v2\x1a.google.protobuf.TimestampR\x0estoreTimestamp\x12\x1b\n" +
+	"\tborn_host\x18\r \x01(\tR\bbornHost\x12\x1d\n" +
+	"\n" +
+	"store_host\x18\x0e \x01(\tR\tstoreHost\x12\x19\n" +
+	"\bsys_flag\x18\x0f \x01(\x05R\asysFlag\x12'\n" +
+	"\x0freconsume_times\x18\x10 \x01(\x05R\x0ereconsumeTimes\x12\x1d\n" +
+	"\n" +
+	"store_size\x18\x11 \x01(\x05R\tstoreSize\x12\x19\n" +
+	"\bbody_crc\x18\x12 \x01(\rR\abodyCrc\x12\x10\n" +
+	"\x03raw\x18\x13 \x01(\fR\x03raw\x1a=\n" +
+	"\x0fPropertiesEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01*\x8f\x06\n" +
 	"\x10PutMessageStatus\x12\"\n" +
 	"\x1ePUT_MESSAGE_STATUS_UNSPECIFIED\x10\x00\x12\x1d\n" +
 	"\x19PUT_MESSAGE_STATUS_PUT_OK\x10\x01\x12)\n" +
@@ -803,11 +1688,16 @@ const file_storaged_v1_message_store_proto_rawDesc = "" +
 	"1PUT_MESSAGE_STATUS_LMQ_CONSUME_QUEUE_NUM_EXCEEDED\x10\r\x12/\n" +
 	"+PUT_MESSAGE_STATUS_WHEEL_TIMER_FLOW_CONTROL\x10\x0e\x12.\n" +
 	"*PUT_MESSAGE_STATUS_WHEEL_TIMER_MSG_ILLEGAL\x10\x0f\x12-\n" +
-	")PUT_MESSAGE_STATUS_WHEEL_TIMER_NOT_ENABLE\x10\x102\xb6\x01\n" +
+	")PUT_MESSAGE_STATUS_WHEEL_TIMER_NOT_ENABLE\x10\x102\x94\x04\n" +
 	"\x13MessageStoreService\x12M\n" +
 	"\n" +
 	"PutMessage\x12\x1e.storaged.v1.PutMessageRequest\x1a\x1f.storaged.v1.PutMessageResponse\x12P\n" +
-	"\vPutMessages\x12\x1f.storaged.v1.PutMessagesRequest\x1a .storaged.v1.PutMessagesResponseB\xaa\x01\n" +
+	"\vPutMessages\x12\x1f.storaged.v1.PutMessagesRequest\x1a .storaged.v1.PutMessagesResponse\x12c\n" +
+	"\x10PutMessageStream\x12$.storaged.v1.PutMessageStreamRequest\x1a%.storaged.v1.PutMessageStreamResponse(\x010\x01\x12M\n" +
+	"\n" +
+	"GetMessage\x12\x1e.storaged.v1.GetMessageRequest\x1a\x1f.storaged.v1.GetMessageResponse\x12S\n" +
+	"\fPullMessages\x12 .storaged.v1.PullMessagesRequest\x1a!.storaged.v1.PullMessagesResponse\x12S\n" +
+	"\fGetQueueInfo\x12 .storaged.v1.GetQueueInfoRequest\x1a!.storaged.v1.GetQueueInfoResponseB\xaa\x01\n" +
 	"\x0fcom.storaged.v1B\x11MessageStoreProtoP\x01Z7github.com/storaged/storaged/gen/storaged/v1;storagedv1\xa2\x02\x03SXX\xaa\x02\vStoraged.V1\xca\x02\vStoraged\\V1\xe2\x02\x17Storaged\\V1\\GPBMetadata\xea\x02\fStoraged::V1b\x06proto3"
 
 var (
@@ -823,41 +1713,69 @@ func file_storaged_v1_message_store_proto_rawDescGZIP() []byte {
 }
 
 var file_storaged_v1_message_store_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_storaged_v1_message_store_proto_msgTypes = make([]protoimpl.MessageInfo, 9)
+var file_storaged_v1_message_store_proto_msgTypes = make([]protoimpl.MessageInfo, 19)
 var file_storaged_v1_message_store_proto_goTypes = []any{
-	(PutMessageStatus)(0),         // 0: storaged.v1.PutMessageStatus
-	(*Message)(nil),               // 1: storaged.v1.Message
-	(*PutMessageRequest)(nil),     // 2: storaged.v1.PutMessageRequest
-	(*PutMessagesRequest)(nil),    // 3: storaged.v1.PutMessagesRequest
-	(*BatchEntry)(nil),            // 4: storaged.v1.BatchEntry
-	(*AppendResult)(nil),          // 5: storaged.v1.AppendResult
-	(*PutMessageResponse)(nil),    // 6: storaged.v1.PutMessageResponse
-	(*PutMessagesResponse)(nil),   // 7: storaged.v1.PutMessagesResponse
-	nil,                           // 8: storaged.v1.Message.PropertiesEntry
-	nil,                           // 9: storaged.v1.BatchEntry.PropertiesEntry
-	(*timestamppb.Timestamp)(nil), // 10: google.protobuf.Timestamp
+	(PutMessageStatus)(0),            // 0: storaged.v1.PutMessageStatus
+	(*Message)(nil),                  // 1: storaged.v1.Message
+	(*PutMessageRequest)(nil),        // 2: storaged.v1.PutMessageRequest
+	(*PutMessagesRequest)(nil),       // 3: storaged.v1.PutMessagesRequest
+	(*BatchEntry)(nil),               // 4: storaged.v1.BatchEntry
+	(*AppendResult)(nil),             // 5: storaged.v1.AppendResult
+	(*PutMessageResponse)(nil),       // 6: storaged.v1.PutMessageResponse
+	(*PutMessagesResponse)(nil),      // 7: storaged.v1.PutMessagesResponse
+	(*PutMessageStreamRequest)(nil),  // 8: storaged.v1.PutMessageStreamRequest
+	(*PutMessageStreamResponse)(nil), // 9: storaged.v1.PutMessageStreamResponse
+	(*GetMessageRequest)(nil),        // 10: storaged.v1.GetMessageRequest
+	(*GetMessageResponse)(nil),       // 11: storaged.v1.GetMessageResponse
+	(*PullMessagesRequest)(nil),      // 12: storaged.v1.PullMessagesRequest
+	(*PullMessagesResponse)(nil),     // 13: storaged.v1.PullMessagesResponse
+	(*GetQueueInfoRequest)(nil),      // 14: storaged.v1.GetQueueInfoRequest
+	(*GetQueueInfoResponse)(nil),     // 15: storaged.v1.GetQueueInfoResponse
+	(*StoredMessage)(nil),            // 16: storaged.v1.StoredMessage
+	nil,                              // 17: storaged.v1.Message.PropertiesEntry
+	nil,                              // 18: storaged.v1.BatchEntry.PropertiesEntry
+	nil,                              // 19: storaged.v1.StoredMessage.PropertiesEntry
+	(*timestamppb.Timestamp)(nil),    // 20: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),      // 21: google.protobuf.Duration
 }
 var file_storaged_v1_message_store_proto_depIdxs = []int32{
-	10, // 0: storaged.v1.Message.born_timestamp:type_name -> google.protobuf.Timestamp
-	8,  // 1: storaged.v1.Message.properties:type_name -> storaged.v1.Message.PropertiesEntry
+	20, // 0: storaged.v1.Message.born_timestamp:type_name -> google.protobuf.Timestamp
+	17, // 1: storaged.v1.Message.properties:type_name -> storaged.v1.Message.PropertiesEntry
 	1,  // 2: storaged.v1.PutMessageRequest.message:type_name -> storaged.v1.Message
 	4,  // 3: storaged.v1.PutMessagesRequest.messages:type_name -> storaged.v1.BatchEntry
-	10, // 4: storaged.v1.BatchEntry.born_timestamp:type_name -> google.protobuf.Timestamp
-	9,  // 5: storaged.v1.BatchEntry.properties:type_name -> storaged.v1.BatchEntry.PropertiesEntry
-	10, // 6: storaged.v1.AppendResult.store_timestamp:type_name -> google.protobuf.Timestamp
+	20, // 4: storaged.v1.BatchEntry.born_timestamp:type_name -> google.protobuf.Timestamp
+	18, // 5: storaged.v1.BatchEntry.properties:type_name -> storaged.v1.BatchEntry.PropertiesEntry
+	20, // 6: storaged.v1.AppendResult.store_timestamp:type_name -> google.protobuf.Timestamp
 	0,  // 7: storaged.v1.PutMessageResponse.status:type_name -> storaged.v1.PutMessageStatus
 	5,  // 8: storaged.v1.PutMessageResponse.result:type_name -> storaged.v1.AppendResult
 	0,  // 9: storaged.v1.PutMessagesResponse.status:type_name -> storaged.v1.PutMessageStatus
 	5,  // 10: storaged.v1.PutMessagesResponse.result:type_name -> storaged.v1.AppendResult
-	2,  // 11: storaged.v1.MessageStoreService.PutMessage:input_type -> storaged.v1.PutMessageRequest
-	3,  // 12: storaged.v1.MessageStoreService.PutMessages:input_type -> storaged.v1.PutMessagesRequest
-	6,  // 13: storaged.v1.MessageStoreService.PutMessage:output_type -> storaged.v1.PutMessageResponse
-	7,  // 14: storaged.v1.MessageStoreService.PutMessages:output_type -> storaged.v1.PutMessagesResponse
-	13, // [13:15] is the sub-list for method output_type
-	11, // [11:13] is the sub-list for method input_type
-	11, // [11:11] is the sub-list for extension type_name
-	11, // [11:11] is the sub-list for extension extendee
-	0,  // [0:11] is the sub-list for field type_name
+	1,  // 11: storaged.v1.PutMessageStreamRequest.message:type_name -> storaged.v1.Message
+	0,  // 12: storaged.v1.PutMessageStreamResponse.status:type_name -> storaged.v1.PutMessageStatus
+	5,  // 13: storaged.v1.PutMessageStreamResponse.result:type_name -> storaged.v1.AppendResult
+	16, // 14: storaged.v1.GetMessageResponse.message:type_name -> storaged.v1.StoredMessage
+	21, // 15: storaged.v1.PullMessagesRequest.wait:type_name -> google.protobuf.Duration
+	16, // 16: storaged.v1.PullMessagesResponse.messages:type_name -> storaged.v1.StoredMessage
+	19, // 17: storaged.v1.StoredMessage.properties:type_name -> storaged.v1.StoredMessage.PropertiesEntry
+	20, // 18: storaged.v1.StoredMessage.born_timestamp:type_name -> google.protobuf.Timestamp
+	20, // 19: storaged.v1.StoredMessage.store_timestamp:type_name -> google.protobuf.Timestamp
+	2,  // 20: storaged.v1.MessageStoreService.PutMessage:input_type -> storaged.v1.PutMessageRequest
+	3,  // 21: storaged.v1.MessageStoreService.PutMessages:input_type -> storaged.v1.PutMessagesRequest
+	8,  // 22: storaged.v1.MessageStoreService.PutMessageStream:input_type -> storaged.v1.PutMessageStreamRequest
+	10, // 23: storaged.v1.MessageStoreService.GetMessage:input_type -> storaged.v1.GetMessageRequest
+	12, // 24: storaged.v1.MessageStoreService.PullMessages:input_type -> storaged.v1.PullMessagesRequest
+	14, // 25: storaged.v1.MessageStoreService.GetQueueInfo:input_type -> storaged.v1.GetQueueInfoRequest
+	6,  // 26: storaged.v1.MessageStoreService.PutMessage:output_type -> storaged.v1.PutMessageResponse
+	7,  // 27: storaged.v1.MessageStoreService.PutMessages:output_type -> storaged.v1.PutMessagesResponse
+	9,  // 28: storaged.v1.MessageStoreService.PutMessageStream:output_type -> storaged.v1.PutMessageStreamResponse
+	11, // 29: storaged.v1.MessageStoreService.GetMessage:output_type -> storaged.v1.GetMessageResponse
+	13, // 30: storaged.v1.MessageStoreService.PullMessages:output_type -> storaged.v1.PullMessagesResponse
+	15, // 31: storaged.v1.MessageStoreService.GetQueueInfo:output_type -> storaged.v1.GetQueueInfoResponse
+	26, // [26:32] is the sub-list for method output_type
+	20, // [20:26] is the sub-list for method input_type
+	20, // [20:20] is the sub-list for extension type_name
+	20, // [20:20] is the sub-list for extension extendee
+	0,  // [0:20] is the sub-list for field type_name
 }
 
 func init() { file_storaged_v1_message_store_proto_init() }
@@ -866,13 +1784,17 @@ func file_storaged_v1_message_store_proto_init() {
 		return
 	}
 	file_storaged_v1_message_store_proto_msgTypes[0].OneofWrappers = []any{}
+	file_storaged_v1_message_store_proto_msgTypes[9].OneofWrappers = []any{
+		(*GetMessageRequest_CommitLogOffset)(nil),
+		(*GetMessageRequest_MsgId)(nil),
+	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_storaged_v1_message_store_proto_rawDesc), len(file_storaged_v1_message_store_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   9,
+			NumMessages:   19,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

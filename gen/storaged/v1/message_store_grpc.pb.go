@@ -4,7 +4,8 @@
 // - protoc             (unknown)
 // source: storaged/v1/message_store.proto
 
-// storaged.v1: the write API of storaged, a RocketMQ-CommitLog-style message store.
+// storaged.v1: the API of storaged, a RocketMQ-CommitLog-style message store: appends (unary, batch and
+// streaming) and reads (by CommitLog offset or msgId, by queue offset, queue bounds).
 //
 // Messages are appended to a single CommitLog made of fixed-size mapped segment files and indexed per
 // (topic, queue_id) in consume queues. The semantics follow RocketMQ's DefaultMessageStore
@@ -26,17 +27,21 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	MessageStoreService_PutMessage_FullMethodName  = "/storaged.v1.MessageStoreService/PutMessage"
-	MessageStoreService_PutMessages_FullMethodName = "/storaged.v1.MessageStoreService/PutMessages"
+	MessageStoreService_PutMessage_FullMethodName       = "/storaged.v1.MessageStoreService/PutMessage"
+	MessageStoreService_PutMessages_FullMethodName      = "/storaged.v1.MessageStoreService/PutMessages"
+	MessageStoreService_PutMessageStream_FullMethodName = "/storaged.v1.MessageStoreService/PutMessageStream"
+	MessageStoreService_GetMessage_FullMethodName       = "/storaged.v1.MessageStoreService/GetMessage"
+	MessageStoreService_PullMessages_FullMethodName     = "/storaged.v1.MessageStoreService/PullMessages"
+	MessageStoreService_GetQueueInfo_FullMethodName     = "/storaged.v1.MessageStoreService/GetQueueInfo"
 )
 
 // MessageStoreServiceClient is the client API for MessageStoreService service.
 //
 // For semantics around ctx use and closing/ending streaming RPCs, please refer to https://pkg.go.dev/google.golang.org/grpc/?tab=doc#ClientConn.NewStream.
 //
-// MessageStoreService appends messages to the store's CommitLog.
+// MessageStoreService appends messages to the store's CommitLog and reads them back.
 //
-// Outcomes:
+// Outcomes of the append RPCs:
 //   - An OK gRPC response means the message(s) were appended to the CommitLog. Its status is
 //     PUT_MESSAGE_STATUS_PUT_OK, or a stored-but-degraded status such as
 //     PUT_MESSAGE_STATUS_FLUSH_DISK_TIMEOUT (the record exists and will be dispatched, but the requested
@@ -47,6 +52,17 @@ const (
 //
 // Appends are not idempotent: a client that retries after a timeout or a degraded status may store the
 // same message twice.
+//
+// Read RPCs return only visible records: with async flush every appended record, with sync flush only
+// records already durable. Every record read is verified (magic, sizes, body CRC and the whole-record CRC);
+// damaged bytes are a DATA_LOSS error, never a wrong message. Read errors carry a google.rpc.ErrorInfo
+// with domain "storaged" and these reasons:
+//   - OUT_OF_RANGE, reason "OFFSET_OUT_OF_RANGE", metadata "offset", "min_offset" and "max_offset" (the
+//     readable range is [min_offset, max_offset)).
+//   - NOT_FOUND, reason "QUEUE_NOT_FOUND": no message was ever stored in that topic and queue.
+//   - DATA_LOSS, reason "DATA_CORRUPTED": the stored bytes fail their checks.
+//   - INVALID_ARGUMENT, reason "INVALID_REQUEST", with google.rpc.BadRequest field violations.
+//   - UNAVAILABLE, reason "SERVICE_NOT_AVAILABLE": the store is starting or shutting down.
 type MessageStoreServiceClient interface {
 	// PutMessage appends one message to the CommitLog and indexes it in the consume queue of
 	// (message.topic, message.queue_id), or in the delay queue when message.delay_level > 0.
@@ -55,6 +71,29 @@ type MessageStoreServiceClient interface {
 	// is appended as consecutive CommitLog records with consecutive queue offsets (never split across
 	// segment files), or the call is rejected and nothing is appended. Batches cannot be delayed.
 	PutMessages(ctx context.Context, in *PutMessagesRequest, opts ...grpc.CallOption) (*PutMessagesResponse, error)
+	// PutMessageStream appends single messages sent on one bidirectional stream, many in flight at once.
+	// Each request gets exactly one response with the same request_id, in completion order (not
+	// necessarily request order). The server processes up to a fixed number of requests of one stream
+	// concurrently (256) and stops reading the stream while that many are outstanding: that is the flow
+	// control, a client that sends faster is slowed down by HTTP/2 flow control. A rejected message is an
+	// error response (code, reason, error_message) and the stream goes on. The server ends the stream
+	// with OK after the client half-closes and every response has been sent; a stream-level gRPC error
+	// (CANCELLED, DEADLINE_EXCEEDED, UNAVAILABLE while draining) means responses not received are unknown
+	// outcomes: those messages may or may not have been stored.
+	PutMessageStream(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[PutMessageStreamRequest, PutMessageStreamResponse], error)
+	// GetMessage reads one stored message by CommitLog offset or by offset msgId. An offset outside the
+	// readable CommitLog is OUT_OF_RANGE; an offset that is not the start of a record is DATA_LOSS; a
+	// malformed msg_id is INVALID_ARGUMENT.
+	GetMessage(ctx context.Context, in *GetMessageRequest, opts ...grpc.CallOption) (*GetMessageResponse, error)
+	// PullMessages reads messages of one consume queue from a queue offset on, optionally filtered by tag,
+	// optionally waiting (long polling) until a message arrives. A queue offset equal to the queue's
+	// max_offset is valid and returns no messages (after the wait); one outside [min_offset, max_offset] is
+	// OUT_OF_RANGE; a queue that never received a message is NOT_FOUND (after the wait: a queue appears
+	// with its first message).
+	PullMessages(ctx context.Context, in *PullMessagesRequest, opts ...grpc.CallOption) (*PullMessagesResponse, error)
+	// GetQueueInfo returns the readable queue offsets of one consume queue. A queue that never received a
+	// message is NOT_FOUND.
+	GetQueueInfo(ctx context.Context, in *GetQueueInfoRequest, opts ...grpc.CallOption) (*GetQueueInfoResponse, error)
 }
 
 type messageStoreServiceClient struct {
@@ -85,13 +124,56 @@ func (c *messageStoreServiceClient) PutMessages(ctx context.Context, in *PutMess
 	return out, nil
 }
 
+func (c *messageStoreServiceClient) PutMessageStream(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[PutMessageStreamRequest, PutMessageStreamResponse], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &MessageStoreService_ServiceDesc.Streams[0], MessageStoreService_PutMessageStream_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[PutMessageStreamRequest, PutMessageStreamResponse]{ClientStream: stream}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type MessageStoreService_PutMessageStreamClient = grpc.BidiStreamingClient[PutMessageStreamRequest, PutMessageStreamResponse]
+
+func (c *messageStoreServiceClient) GetMessage(ctx context.Context, in *GetMessageRequest, opts ...grpc.CallOption) (*GetMessageResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(GetMessageResponse)
+	err := c.cc.Invoke(ctx, MessageStoreService_GetMessage_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *messageStoreServiceClient) PullMessages(ctx context.Context, in *PullMessagesRequest, opts ...grpc.CallOption) (*PullMessagesResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(PullMessagesResponse)
+	err := c.cc.Invoke(ctx, MessageStoreService_PullMessages_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *messageStoreServiceClient) GetQueueInfo(ctx context.Context, in *GetQueueInfoRequest, opts ...grpc.CallOption) (*GetQueueInfoResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(GetQueueInfoResponse)
+	err := c.cc.Invoke(ctx, MessageStoreService_GetQueueInfo_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // MessageStoreServiceServer is the server API for MessageStoreService service.
 // All implementations must embed UnimplementedMessageStoreServiceServer
 // for forward compatibility.
 //
-// MessageStoreService appends messages to the store's CommitLog.
+// MessageStoreService appends messages to the store's CommitLog and reads them back.
 //
-// Outcomes:
+// Outcomes of the append RPCs:
 //   - An OK gRPC response means the message(s) were appended to the CommitLog. Its status is
 //     PUT_MESSAGE_STATUS_PUT_OK, or a stored-but-degraded status such as
 //     PUT_MESSAGE_STATUS_FLUSH_DISK_TIMEOUT (the record exists and will be dispatched, but the requested
@@ -102,6 +184,17 @@ func (c *messageStoreServiceClient) PutMessages(ctx context.Context, in *PutMess
 //
 // Appends are not idempotent: a client that retries after a timeout or a degraded status may store the
 // same message twice.
+//
+// Read RPCs return only visible records: with async flush every appended record, with sync flush only
+// records already durable. Every record read is verified (magic, sizes, body CRC and the whole-record CRC);
+// damaged bytes are a DATA_LOSS error, never a wrong message. Read errors carry a google.rpc.ErrorInfo
+// with domain "storaged" and these reasons:
+//   - OUT_OF_RANGE, reason "OFFSET_OUT_OF_RANGE", metadata "offset", "min_offset" and "max_offset" (the
+//     readable range is [min_offset, max_offset)).
+//   - NOT_FOUND, reason "QUEUE_NOT_FOUND": no message was ever stored in that topic and queue.
+//   - DATA_LOSS, reason "DATA_CORRUPTED": the stored bytes fail their checks.
+//   - INVALID_ARGUMENT, reason "INVALID_REQUEST", with google.rpc.BadRequest field violations.
+//   - UNAVAILABLE, reason "SERVICE_NOT_AVAILABLE": the store is starting or shutting down.
 type MessageStoreServiceServer interface {
 	// PutMessage appends one message to the CommitLog and indexes it in the consume queue of
 	// (message.topic, message.queue_id), or in the delay queue when message.delay_level > 0.
@@ -110,6 +203,29 @@ type MessageStoreServiceServer interface {
 	// is appended as consecutive CommitLog records with consecutive queue offsets (never split across
 	// segment files), or the call is rejected and nothing is appended. Batches cannot be delayed.
 	PutMessages(context.Context, *PutMessagesRequest) (*PutMessagesResponse, error)
+	// PutMessageStream appends single messages sent on one bidirectional stream, many in flight at once.
+	// Each request gets exactly one response with the same request_id, in completion order (not
+	// necessarily request order). The server processes up to a fixed number of requests of one stream
+	// concurrently (256) and stops reading the stream while that many are outstanding: that is the flow
+	// control, a client that sends faster is slowed down by HTTP/2 flow control. A rejected message is an
+	// error response (code, reason, error_message) and the stream goes on. The server ends the stream
+	// with OK after the client half-closes and every response has been sent; a stream-level gRPC error
+	// (CANCELLED, DEADLINE_EXCEEDED, UNAVAILABLE while draining) means responses not received are unknown
+	// outcomes: those messages may or may not have been stored.
+	PutMessageStream(grpc.BidiStreamingServer[PutMessageStreamRequest, PutMessageStreamResponse]) error
+	// GetMessage reads one stored message by CommitLog offset or by offset msgId. An offset outside the
+	// readable CommitLog is OUT_OF_RANGE; an offset that is not the start of a record is DATA_LOSS; a
+	// malformed msg_id is INVALID_ARGUMENT.
+	GetMessage(context.Context, *GetMessageRequest) (*GetMessageResponse, error)
+	// PullMessages reads messages of one consume queue from a queue offset on, optionally filtered by tag,
+	// optionally waiting (long polling) until a message arrives. A queue offset equal to the queue's
+	// max_offset is valid and returns no messages (after the wait); one outside [min_offset, max_offset] is
+	// OUT_OF_RANGE; a queue that never received a message is NOT_FOUND (after the wait: a queue appears
+	// with its first message).
+	PullMessages(context.Context, *PullMessagesRequest) (*PullMessagesResponse, error)
+	// GetQueueInfo returns the readable queue offsets of one consume queue. A queue that never received a
+	// message is NOT_FOUND.
+	GetQueueInfo(context.Context, *GetQueueInfoRequest) (*GetQueueInfoResponse, error)
 	mustEmbedUnimplementedMessageStoreServiceServer()
 }
 
@@ -125,6 +241,18 @@ func (UnimplementedMessageStoreServiceServer) PutMessage(context.Context, *PutMe
 }
 func (UnimplementedMessageStoreServiceServer) PutMessages(context.Context, *PutMessagesRequest) (*PutMessagesResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method PutMessages not implemented")
+}
+func (UnimplementedMessageStoreServiceServer) PutMessageStream(grpc.BidiStreamingServer[PutMessageStreamRequest, PutMessageStreamResponse]) error {
+	return status.Error(codes.Unimplemented, "method PutMessageStream not implemented")
+}
+func (UnimplementedMessageStoreServiceServer) GetMessage(context.Context, *GetMessageRequest) (*GetMessageResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method GetMessage not implemented")
+}
+func (UnimplementedMessageStoreServiceServer) PullMessages(context.Context, *PullMessagesRequest) (*PullMessagesResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method PullMessages not implemented")
+}
+func (UnimplementedMessageStoreServiceServer) GetQueueInfo(context.Context, *GetQueueInfoRequest) (*GetQueueInfoResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method GetQueueInfo not implemented")
 }
 func (UnimplementedMessageStoreServiceServer) mustEmbedUnimplementedMessageStoreServiceServer() {}
 func (UnimplementedMessageStoreServiceServer) testEmbeddedByValue()                             {}
@@ -183,6 +311,67 @@ func _MessageStoreService_PutMessages_Handler(srv interface{}, ctx context.Conte
 	return interceptor(ctx, in, info, handler)
 }
 
+func _MessageStoreService_PutMessageStream_Handler(srv interface{}, stream grpc.ServerStream) error {
+	return srv.(MessageStoreServiceServer).PutMessageStream(&grpc.GenericServerStream[PutMessageStreamRequest, PutMessageStreamResponse]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type MessageStoreService_PutMessageStreamServer = grpc.BidiStreamingServer[PutMessageStreamRequest, PutMessageStreamResponse]
+
+func _MessageStoreService_GetMessage_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GetMessageRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(MessageStoreServiceServer).GetMessage(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: MessageStoreService_GetMessage_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(MessageStoreServiceServer).GetMessage(ctx, req.(*GetMessageRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _MessageStoreService_PullMessages_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(PullMessagesRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(MessageStoreServiceServer).PullMessages(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: MessageStoreService_PullMessages_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(MessageStoreServiceServer).PullMessages(ctx, req.(*PullMessagesRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _MessageStoreService_GetQueueInfo_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GetQueueInfoRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(MessageStoreServiceServer).GetQueueInfo(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: MessageStoreService_GetQueueInfo_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(MessageStoreServiceServer).GetQueueInfo(ctx, req.(*GetQueueInfoRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // MessageStoreService_ServiceDesc is the grpc.ServiceDesc for MessageStoreService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -198,7 +387,26 @@ var MessageStoreService_ServiceDesc = grpc.ServiceDesc{
 			MethodName: "PutMessages",
 			Handler:    _MessageStoreService_PutMessages_Handler,
 		},
+		{
+			MethodName: "GetMessage",
+			Handler:    _MessageStoreService_GetMessage_Handler,
+		},
+		{
+			MethodName: "PullMessages",
+			Handler:    _MessageStoreService_PullMessages_Handler,
+		},
+		{
+			MethodName: "GetQueueInfo",
+			Handler:    _MessageStoreService_GetQueueInfo_Handler,
+		},
 	},
-	Streams:  []grpc.StreamDesc{},
+	Streams: []grpc.StreamDesc{
+		{
+			StreamName:    "PutMessageStream",
+			Handler:       _MessageStoreService_PutMessageStream_Handler,
+			ServerStreams: true,
+			ClientStreams: true,
+		},
+	},
 	Metadata: "storaged/v1/message_store.proto",
 }
