@@ -2,7 +2,6 @@ package storage
 
 import (
 	"fmt"
-	"os"
 	"path/filepath"
 )
 
@@ -29,17 +28,17 @@ func Check(opts Options) (CheckReport, error) {
 	if err := opts.Validate(); err != nil {
 		return CheckReport{}, err
 	}
-	lf, err := lockDir(opts.Dir)
+	lf, err := lockDir(opts.FS, opts.Dir)
 	if err != nil {
 		return CheckReport{}, err
 	}
 	defer lf.Close()
-	q := newMappedFileQueue(filepath.Join(opts.Dir, "commitlog"), opts.FileSize, nil)
+	q := newMappedFileQueue(opts.FS, filepath.Join(opts.Dir, "commitlog"), opts.FileSize, nil)
 	defer q.close()
 	if err := q.load(); err != nil {
 		return CheckReport{}, err
 	}
-	cp, _, err := readCheckpoint(opts.Dir)
+	cp, _, err := readCheckpoint(opts.FS, opts.Dir)
 	if err != nil {
 		return CheckReport{}, err
 	}
@@ -81,13 +80,13 @@ func Repair(opts Options, truncateAt int64) error {
 	if err != nil {
 		return err
 	}
-	lf, err := lockDir(opts.Dir)
+	lf, err := lockDir(opts.FS, opts.Dir)
 	if err != nil {
 		return err
 	}
 	defer lf.Close()
 	s := &Store{opts: opts, dir: filepath.Join(opts.Dir, "commitlog")}
-	s.queue = newMappedFileQueue(s.dir, opts.FileSize, nil)
+	s.queue = newMappedFileQueue(opts.FS, s.dir, opts.FileSize, nil)
 	defer s.queue.close()
 	if err := s.queue.load(); err != nil {
 		return err
@@ -120,13 +119,13 @@ func Repair(opts Options, truncateAt int64) error {
 			}
 		}
 	}
-	if err := syncDir(s.dir); err != nil {
+	if err := syncDir(opts.FS, s.dir); err != nil {
 		return err
 	}
-	if err := os.RemoveAll(filepath.Join(opts.Dir, "consumequeue")); err != nil {
+	if err := opts.FS.RemoveAll(filepath.Join(opts.Dir, "consumequeue")); err != nil {
 		return fmt.Errorf("storage: repair: drop consume queues: %w", err)
 	}
-	return writeCheckpoint(opts.Dir, checkpoint{Flushed: truncateAt, Dispatched: 0, Queues: map[string]int64{}})
+	return writeCheckpoint(opts.FS, opts.Dir, checkpoint{Flushed: truncateAt, Dispatched: 0, Queues: map[string]int64{}})
 }
 
 // isBoundary reports whether off is where a record starts (or the end of

@@ -5,10 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"hash/crc32"
+	iofs "io/fs"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
+
+	"github.com/storaged/storaged/storage/vfs"
 )
 
 // checkpoint is what recovery starts from. It records offsets, not only
@@ -48,9 +51,9 @@ func splitQueueName(s string) (string, int32, bool) {
 
 // readCheckpoint returns the checkpoint in dir, a zero one if there is
 // none, or an error wrapping ErrCorrupt if it fails its CRC.
-func readCheckpoint(dir string) (checkpoint, bool, error) {
-	b, err := os.ReadFile(filepath.Join(dir, checkpointName))
-	if errors.Is(err, os.ErrNotExist) {
+func readCheckpoint(fs vfs.FS, dir string) (checkpoint, bool, error) {
+	b, err := fs.ReadFile(filepath.Join(dir, checkpointName))
+	if errors.Is(err, iofs.ErrNotExist) {
 		return checkpoint{Queues: map[string]int64{}}, false, nil
 	}
 	if err != nil {
@@ -75,7 +78,7 @@ func readCheckpoint(dir string) (checkpoint, bool, error) {
 }
 
 // writeCheckpoint replaces the checkpoint atomically and durably.
-func writeCheckpoint(dir string, c checkpoint) error {
+func writeCheckpoint(fs vfs.FS, dir string, c checkpoint) error {
 	c.Version = 1
 	body, err := json.Marshal(c)
 	if err != nil {
@@ -83,25 +86,13 @@ func writeCheckpoint(dir string, c checkpoint) error {
 	}
 	data := fmt.Sprintf("%s\n%d\n", body, crc32.Checksum(body, castagnoli))
 	tmp := filepath.Join(dir, checkpointName+".tmp")
-	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
-	if err != nil {
+	if err := fs.WriteFile(tmp, []byte(data)); err != nil {
 		return fmt.Errorf("storage: write checkpoint: %w", err)
 	}
-	if _, err := f.WriteString(data); err != nil {
-		f.Close()
-		return fmt.Errorf("storage: write checkpoint: %w", err)
-	}
-	if err := f.Sync(); err != nil {
-		f.Close()
-		return fmt.Errorf("storage: sync checkpoint: %w", err)
-	}
-	if err := f.Close(); err != nil {
-		return fmt.Errorf("storage: close checkpoint: %w", err)
-	}
-	if err := os.Rename(tmp, filepath.Join(dir, checkpointName)); err != nil {
+	if err := fs.Rename(tmp, filepath.Join(dir, checkpointName)); err != nil {
 		return fmt.Errorf("storage: rename checkpoint: %w", err)
 	}
-	return syncDir(dir)
+	return syncDir(fs, dir)
 }
 
 // The abort marker exists while a store is open: created after recovery,
@@ -109,28 +100,21 @@ func writeCheckpoint(dir string, c checkpoint) error {
 // close cleanly.
 const abortName = "abort"
 
-func createAbort(dir string) error {
-	f, err := os.OpenFile(filepath.Join(dir, abortName), os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
-	if err != nil {
+func createAbort(fs vfs.FS, dir string) error {
+	if err := fs.WriteFile(filepath.Join(dir, abortName), fmt.Appendf(nil, "%d\n", os.Getpid())); err != nil {
 		return fmt.Errorf("storage: create abort marker: %w", err)
 	}
-	fmt.Fprintf(f, "%d\n", os.Getpid())
-	if err := f.Sync(); err != nil {
-		f.Close()
-		return fmt.Errorf("storage: sync abort marker: %w", err)
-	}
-	f.Close()
-	return syncDir(dir)
+	return syncDir(fs, dir)
 }
 
-func removeAbort(dir string) error {
-	if err := os.Remove(filepath.Join(dir, abortName)); err != nil && !errors.Is(err, os.ErrNotExist) {
+func removeAbort(fs vfs.FS, dir string) error {
+	if err := fs.Remove(filepath.Join(dir, abortName)); err != nil && !errors.Is(err, iofs.ErrNotExist) {
 		return fmt.Errorf("storage: remove abort marker: %w", err)
 	}
-	return syncDir(dir)
+	return syncDir(fs, dir)
 }
 
-func abortExists(dir string) bool {
-	_, err := os.Stat(filepath.Join(dir, abortName))
+func abortExists(fs vfs.FS, dir string) bool {
+	_, err := fs.Size(filepath.Join(dir, abortName))
 	return err == nil
 }

@@ -4,13 +4,15 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"os"
+	iofs "io/fs"
 	"path/filepath"
 	"sort"
 	"strconv"
 	"sync"
 	"sync/atomic"
 	"unicode/utf16"
+
+	"github.com/storaged/storaged/storage/vfs"
 )
 
 // cqEntrySize is a consume-queue entry: int64 commitlog offset, int32
@@ -26,6 +28,7 @@ const DefaultConsumeQueueEntries = 300000
 // by the 20-digit byte offset of their first entry. Entries are written only
 // by the dispatcher; readers find them through the atomic count.
 type consumeQueue struct {
+	fs       vfs.FS
 	topic    string
 	queueID  int32
 	dir      string
@@ -49,16 +52,16 @@ func cqDir(root, topic string, queueID int32) string {
 // loadConsumeQueue maps the queue's files and finds its valid end: the
 // first entry that is empty or points at or past commitlogEnd ends it.
 // Entries after it are zeroed (they belong to records the commitlog lost).
-func loadConsumeQueue(root, topic string, queueID int32, entriesPerFile int, commitlogEnd int64) (*consumeQueue, error) {
-	q := &consumeQueue{topic: topic, queueID: queueID, dir: cqDir(root, topic, queueID),
+func loadConsumeQueue(fs vfs.FS, root, topic string, queueID int32, entriesPerFile int, commitlogEnd int64) (*consumeQueue, error) {
+	q := &consumeQueue{fs: fs, topic: topic, queueID: queueID, dir: cqDir(root, topic, queueID),
 		fileSize: int64(entriesPerFile) * cqEntrySize}
-	entries, err := os.ReadDir(q.dir)
-	if err != nil && !errors.Is(err, os.ErrNotExist) {
+	entries, err := fs.ReadDir(q.dir)
+	if err != nil && !errors.Is(err, iofs.ErrNotExist) {
 		return nil, fmt.Errorf("storage: read consume queue %s/%d: %w", topic, queueID, err)
 	}
 	var froms []int64
 	for _, e := range entries {
-		if from, ok := parseFileName(e.Name()); ok {
+		if from, ok := parseFileName(e.Name); ok && !e.IsDir {
 			froms = append(froms, from)
 		}
 	}
@@ -68,11 +71,11 @@ func loadConsumeQueue(root, topic string, queueID int32, entriesPerFile int, com
 			// A gap or misaligned file: drop it and what follows; the
 			// dispatcher rebuilds the entries from the commitlog.
 			for _, f := range froms[i:] {
-				os.Remove(filepath.Join(q.dir, fileName(f)))
+				fs.Remove(filepath.Join(q.dir, fileName(f)))
 			}
 			break
 		}
-		m, err := openMappedFile(filepath.Join(q.dir, fileName(from)), from, q.fileSize)
+		m, err := openMappedFile(fs, filepath.Join(q.dir, fileName(from)), from, q.fileSize)
 		if err != nil {
 			q.close()
 			return nil, err
@@ -150,11 +153,11 @@ func (q *consumeQueue) put(queueOffset, phys int64, size int32, tags int64) erro
 	from := pos - pos%q.fileSize
 	m := q.file(from)
 	if m == nil {
-		if err := os.MkdirAll(q.dir, 0o755); err != nil {
+		if err := q.fs.MkdirAll(q.dir); err != nil {
 			return fmt.Errorf("storage: create consume queue dir: %w", err)
 		}
 		var err error
-		if m, err = createMappedFile(q.dir, from, q.fileSize, false); err != nil {
+		if m, err = createMappedFile(q.fs, q.dir, from, q.fileSize, false); err != nil {
 			return err
 		}
 		m.wrote.Store(m.size)
@@ -214,7 +217,7 @@ func (q *consumeQueue) flush() error {
 		if lo >= hi {
 			continue
 		}
-		if err := msyncRange(m.data, lo-start, hi-start); err != nil {
+		if err := m.sync(lo-start, hi-start); err != nil {
 			return fmt.Errorf("storage: flush consume queue %s/%d: %w", q.topic, q.queueID, err)
 		}
 	}

@@ -4,7 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"os"
+	iofs "io/fs"
 	"path/filepath"
 	"sort"
 	"sync"
@@ -45,27 +45,28 @@ func newDispatcher(s *Store) *dispatcher {
 // loadQueues maps every consume queue on disk, cutting entries that point
 // at or past commitlogEnd.
 func (d *dispatcher) loadQueues(commitlogEnd int64) error {
-	topics, err := os.ReadDir(filepath.Join(d.root, "consumequeue"))
-	if errors.Is(err, os.ErrNotExist) {
+	fs := d.s.opts.FS
+	topics, err := fs.ReadDir(filepath.Join(d.root, "consumequeue"))
+	if errors.Is(err, iofs.ErrNotExist) {
 		return nil
 	}
 	if err != nil {
 		return fmt.Errorf("storage: read consume queues: %w", err)
 	}
 	for _, t := range topics {
-		if !t.IsDir() || !validTopic(t.Name()) {
+		if !t.IsDir || !validTopic(t.Name) {
 			continue
 		}
-		ids, err := os.ReadDir(filepath.Join(d.root, "consumequeue", t.Name()))
+		ids, err := fs.ReadDir(filepath.Join(d.root, "consumequeue", t.Name))
 		if err != nil {
-			return fmt.Errorf("storage: read consume queues of %s: %w", t.Name(), err)
+			return fmt.Errorf("storage: read consume queues of %s: %w", t.Name, err)
 		}
 		for _, id := range ids {
-			topic, qid, ok := splitQueueName(t.Name() + "/" + id.Name())
-			if !ok || !id.IsDir() {
+			topic, qid, ok := splitQueueName(t.Name + "/" + id.Name)
+			if !ok || !id.IsDir {
 				continue
 			}
-			q, err := loadConsumeQueue(d.root, topic, qid, d.s.opts.ConsumeQueueEntries, commitlogEnd)
+			q, err := loadConsumeQueue(fs, d.root, topic, qid, d.s.opts.ConsumeQueueEntries, commitlogEnd)
 			if err != nil {
 				return err
 			}
@@ -178,7 +179,7 @@ func (d *dispatcher) queueFor(topic string, qid int32) (*consumeQueue, error) {
 	if q != nil {
 		return q, nil
 	}
-	q = &consumeQueue{topic: topic, queueID: qid, dir: cqDir(d.root, topic, qid),
+	q = &consumeQueue{fs: d.s.opts.FS, topic: topic, queueID: qid, dir: cqDir(d.root, topic, qid),
 		fileSize: int64(d.s.opts.ConsumeQueueEntries) * cqEntrySize}
 	d.mu.Lock()
 	d.queues[k] = q
@@ -226,7 +227,7 @@ func (d *dispatcher) checkpoint() error {
 	if cp.Flushed == d.lastCP.Flushed && cp.Dispatched == d.lastCP.Dispatched && len(cp.Queues) == len(d.lastCP.Queues) {
 		return nil
 	}
-	if err := writeCheckpoint(d.root, cp); err != nil {
+	if err := writeCheckpoint(d.s.opts.FS, d.root, cp); err != nil {
 		return err
 	}
 	d.lastCP = cp

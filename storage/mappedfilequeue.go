@@ -3,17 +3,19 @@ package storage
 import (
 	"errors"
 	"fmt"
-	"os"
 	"sort"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/storaged/storaged/storage/vfs"
 )
 
 // mappedFileQueue is the commitlog: an ordered run of same-size mapped files
 // whose names are their start offsets, with no gaps. The last file takes the
 // appends; a new one comes from the allocator when it is full.
 type mappedFileQueue struct {
+	fs       vfs.FS
 	dir      string
 	fileSize int64
 	alloc    *allocator
@@ -27,11 +29,12 @@ type mappedFileQueue struct {
 	syncLatency  *histogram
 }
 
-func newMappedFileQueue(dir string, fileSize int64, syncLatency *histogram) *mappedFileQueue {
+func newMappedFileQueue(fs vfs.FS, dir string, fileSize int64, syncLatency *histogram) *mappedFileQueue {
 	return &mappedFileQueue{
+		fs:          fs,
 		dir:         dir,
 		fileSize:    fileSize,
-		alloc:       newAllocator(dir, fileSize),
+		alloc:       newAllocator(fs, dir, fileSize),
 		syncLatency: syncLatency,
 	}
 }
@@ -40,7 +43,7 @@ func newMappedFileQueue(dir string, fileSize int64, syncLatency *histogram) *map
 // file of the wrong size or a gap between files, and deletes a zero-length
 // last file (a crash during creation).
 func (q *mappedFileQueue) load() error {
-	entries, err := os.ReadDir(q.dir)
+	entries, err := q.fs.ReadDir(q.dir)
 	if err != nil {
 		return fmt.Errorf("storage: read commitlog dir: %w", err)
 	}
@@ -50,16 +53,16 @@ func (q *mappedFileQueue) load() error {
 	}
 	var names []named
 	for _, e := range entries {
-		if from, ok := parseFileName(e.Name()); ok && e.Type().IsRegular() {
-			names = append(names, named{from, e.Name()})
+		if from, ok := parseFileName(e.Name); ok && !e.IsDir {
+			names = append(names, named{from, e.Name})
 		}
 	}
 	sort.Slice(names, func(i, j int) bool { return names[i].from < names[j].from })
 	for i, n := range names {
 		path := q.dir + "/" + n.name
 		if i == len(names)-1 {
-			if st, err := os.Stat(path); err == nil && st.Size() == 0 {
-				if err := os.Remove(path); err != nil {
+			if size, err := q.fs.Size(path); err == nil && size == 0 {
+				if err := q.fs.Remove(path); err != nil {
 					return fmt.Errorf("storage: remove empty file %s: %w", n.name, err)
 				}
 				break
@@ -71,7 +74,7 @@ func (q *mappedFileQueue) load() error {
 		if i > 0 && n.from != names[i-1].from+q.fileSize {
 			return fmt.Errorf("storage: gap in commitlog between %s and %s", names[i-1].name, n.name)
 		}
-		m, err := openMappedFile(path, n.from, q.fileSize)
+		m, err := openMappedFile(q.fs, path, n.from, q.fileSize)
 		if err != nil {
 			return err
 		}
@@ -205,6 +208,7 @@ func (q *mappedFileQueue) close() error {
 // roll does not create, preallocate and map a file under the put lock
 // (RocketMQ AllocateMappedFileService; etcd filePipeline).
 type allocator struct {
+	fs   vfs.FS
 	dir  string
 	size int64
 
@@ -219,8 +223,8 @@ type allocator struct {
 	wg   sync.WaitGroup
 }
 
-func newAllocator(dir string, size int64) *allocator {
-	a := &allocator{dir: dir, size: size, inflight: -1, reqc: make(chan int64, 1), done: make(chan struct{})}
+func newAllocator(fs vfs.FS, dir string, size int64) *allocator {
+	a := &allocator{fs: fs, dir: dir, size: size, inflight: -1, reqc: make(chan int64, 1), done: make(chan struct{})}
 	a.cond = sync.NewCond(&a.mu)
 	a.wg.Add(1)
 	go a.loop()
@@ -234,7 +238,7 @@ func (a *allocator) loop() {
 		case from := <-a.reqc:
 			// Errors are dropped here on purpose: take() then creates the
 			// file itself and reports the real error to the put.
-			m, err := createMappedFile(a.dir, from, a.size, true)
+			m, err := createMappedFile(a.fs, a.dir, from, a.size, true)
 			a.mu.Lock()
 			a.inflight = -1
 			if err == nil {
@@ -272,7 +276,7 @@ func (a *allocator) take(from int64) (*mappedFile, error) {
 	}
 	if m == nil {
 		var err error
-		if m, err = createMappedFile(a.dir, from, a.size, false); err != nil {
+		if m, err = createMappedFile(a.fs, a.dir, from, a.size, false); err != nil {
 			return nil, err
 		}
 	}

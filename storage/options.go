@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/rs/zerolog"
+
+	"github.com/storaged/storaged/storage/vfs"
 )
 
 // FlushMode selects when a put is acknowledged relative to the disk.
@@ -168,6 +170,11 @@ type Options struct {
 	// bounds the async-mode loss window too. Default 1 s.
 	CheckpointInterval time.Duration
 
+	// FS is the file system the store runs on. Default vfs.Default (the OS,
+	// mmap, msync). Tests pass a *vfs.MemFS to simulate power cuts and
+	// inject I/O errors.
+	FS vfs.FS
+
 	// Clock is the store's time source. Default SystemClock.
 	Clock Clock
 
@@ -232,6 +239,9 @@ func (o Options) withDefaults() Options {
 	}
 	if o.Clock == nil {
 		o.Clock = SystemClock
+	}
+	if o.FS == nil {
+		o.FS = vfs.Default
 	}
 	if o.Logger == nil {
 		nop := zerolog.Nop()

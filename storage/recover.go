@@ -3,10 +3,7 @@ package storage
 import (
 	"encoding/binary"
 	"fmt"
-	"os"
 	"path/filepath"
-
-	"golang.org/x/sys/unix"
 )
 
 // CorruptionError reports damage to data that was acknowledged as durable:
@@ -176,7 +173,7 @@ func (s *Store) recover(cp checkpoint) error {
 		}
 	}
 	if len(keep) < len(files) {
-		if err := syncDir(s.dir); err != nil {
+		if err := syncDir(s.opts.FS, s.dir); err != nil {
 			return fmt.Errorf("storage: %w", err)
 		}
 	}
@@ -190,8 +187,8 @@ func (s *Store) recover(cp checkpoint) error {
 		if f.from+f.size <= cp.Flushed {
 			continue // durable already
 		}
-		if err := unix.Msync(f.data, unix.MS_SYNC); err != nil {
-			return fmt.Errorf("storage: sync recovered file %s: %w", fileName(f.from), err)
+		if err := f.sync(0, min(f.size, max(end-f.from, 0))); err != nil {
+			return fmt.Errorf("storage: sync recovered file: %w", err)
 		}
 	}
 	s.queue.flushedWhere.Store(end)
@@ -210,8 +207,8 @@ func (s *Store) cutTail(f *mappedFile, pos int64) error {
 		return err
 	}
 	clear(f.data[pos:])
-	if err := msyncRange(f.data, pos, f.size); err != nil {
-		return fmt.Errorf("storage: sync zeroed tail of %s: %w", fileName(f.from), err)
+	if err := f.sync(pos, f.size); err != nil {
+		return fmt.Errorf("storage: sync zeroed tail: %w", err)
 	}
 	return nil
 }
@@ -224,7 +221,7 @@ func (s *Store) saveBroken(f *mappedFile, pos int64) error {
 		last--
 	}
 	name := fileName(f.from+pos) + ".broken"
-	if err := os.WriteFile(filepath.Join(s.dir, name), f.data[pos:last], 0o644); err != nil {
+	if err := s.opts.FS.WriteFile(filepath.Join(s.dir, name), f.data[pos:last]); err != nil {
 		return fmt.Errorf("storage: save torn tail: %w", err)
 	}
 	s.stats.tornTails.Add(1)

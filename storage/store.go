@@ -4,13 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
+	"io"
 	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/storaged/storaged/flush"
+	"github.com/storaged/storaged/storage/vfs"
 )
 
 // flusher is what the store needs from a flush policy; *flush.Async and
@@ -43,7 +44,7 @@ type Store struct {
 	delayLevels []time.Duration
 	clock       Clock
 	dir         string // Dir/commitlog
-	lockFile    *os.File
+	lockFile    io.Closer
 	queue       *mappedFileQueue
 	flusher     flusher
 	dispatch    *dispatcher
@@ -78,25 +79,25 @@ func Open(opts Options) (*Store, error) {
 	s := &Store{opts: opts, delayLevels: levels, clock: opts.Clock, dir: filepath.Join(opts.Dir, "commitlog")}
 	s.put.topicQueue = make(map[queueKey]int64)
 	_, s.realClock = opts.Clock.(systemClock)
-	if err := os.MkdirAll(s.dir, 0o755); err != nil {
+	if err := opts.FS.MkdirAll(s.dir); err != nil {
 		return nil, fmt.Errorf("storage: create data dir: %w", err)
 	}
-	lf, err := lockDir(opts.Dir)
+	lf, err := lockDir(opts.FS, opts.Dir)
 	if err != nil {
 		return nil, err
 	}
 	s.lockFile = lf
-	s.queue = newMappedFileQueue(s.dir, opts.FileSize, &s.stats.syncLatency)
+	s.queue = newMappedFileQueue(opts.FS, s.dir, opts.FileSize, &s.stats.syncLatency)
 	if err := s.queue.load(); err != nil {
 		s.cleanup()
 		return nil, err
 	}
-	cp, _, err := readCheckpoint(opts.Dir)
+	cp, _, err := readCheckpoint(opts.FS, opts.Dir)
 	if err != nil {
 		s.cleanup()
 		return nil, err
 	}
-	if abortExists(opts.Dir) {
+	if abortExists(opts.FS, opts.Dir) {
 		opts.Logger.Warn().Msg("storage: the last run did not close cleanly; recovering from the checkpoint")
 	}
 	if err := s.recover(cp); err != nil {
@@ -108,7 +109,7 @@ func Open(opts Options) (*Store, error) {
 		s.cleanup()
 		return nil, err
 	}
-	if err := createAbort(opts.Dir); err != nil {
+	if err := createAbort(opts.FS, opts.Dir); err != nil {
 		s.cleanup()
 		return nil, err
 	}
@@ -577,7 +578,7 @@ func (s *Store) Close() error {
 	if clean {
 		// Only a clean close removes the abort marker; otherwise the next
 		// Open knows to distrust what it finds.
-		if err := removeAbort(s.opts.Dir); err != nil {
+		if err := removeAbort(s.opts.FS, s.opts.Dir); err != nil {
 			errs = append(errs, err)
 		}
 	}
@@ -654,4 +655,17 @@ func (s *Store) rebuildQueues(cp checkpoint) error {
 		s.put.topicQueue[k] = q.count.Load()
 	}
 	return nil
+}
+
+// lockDir takes the data dir lock (dir/lock) so that a second process on
+// the same data dir fails at Open.
+func lockDir(fs vfs.FS, dir string) (io.Closer, error) {
+	l, err := fs.Lock(filepath.Join(dir, "lock"))
+	if errors.Is(err, vfs.ErrLocked) {
+		return nil, ErrLocked
+	}
+	if err != nil {
+		return nil, fmt.Errorf("storage: lock data dir: %w", err)
+	}
+	return l, nil
 }

@@ -16,6 +16,8 @@ import (
 	"time"
 
 	"go.uber.org/goleak"
+
+	"github.com/storaged/storaged/storage/vfs"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -488,15 +490,15 @@ func putN(t *testing.T, o Options, n int) []AppendResult {
 // when it was last written, and leaves the abort marker as a crash would.
 func setFlushed(t *testing.T, dir string, flushed int64) {
 	t.Helper()
-	cp, _, err := readCheckpoint(dir)
+	cp, _, err := readCheckpoint(vfs.Default, dir)
 	if err != nil {
 		t.Fatal(err)
 	}
 	cp.Flushed, cp.Dispatched = flushed, min(cp.Dispatched, flushed)
-	if err := writeCheckpoint(dir, cp); err != nil {
+	if err := writeCheckpoint(vfs.Default, dir, cp); err != nil {
 		t.Fatal(err)
 	}
-	if err := createAbort(dir); err != nil {
+	if err := createAbort(vfs.Default, dir); err != nil {
 		t.Fatal(err)
 	}
 }
