@@ -785,18 +785,20 @@ func (x *PutMessageStreamRequest) GetMessage() *Message {
 }
 
 // PutMessageStreamResponse is the outcome of one PutMessageStreamRequest. When code is 0 the message was
-// appended and status and result are set exactly as in a PutMessageResponse. Otherwise the message was
-// rejected (or its outcome is unknown, see code), status is the rejection status when there is one, and
-// result is unset.
+// appended and status and result are set exactly as in a PutMessageResponse. Otherwise code, reason and
+// error_message are what the unary PutMessage error would have carried: either the message was rejected
+// and nothing was stored, or (code CANCELLED, DEADLINE_EXCEEDED or INTERNAL with result set) it was
+// appended but its durability is unknown.
 type PutMessageStreamResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// request_id of the request this response answers.
 	RequestId uint64 `protobuf:"varint,1,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
-	// Outcome of the append, as in PutMessageResponse.status; for a rejection the rejected status
-	// (for example PUT_MESSAGE_STATUS_MESSAGE_ILLEGAL), or PUT_MESSAGE_STATUS_UNSPECIFIED when the
-	// failure has no RocketMQ status (DEADLINE_EXCEEDED, CANCELLED).
+	// Outcome of the append, as in PutMessageResponse.status. On an error the status named by reason
+	// (for example PUT_MESSAGE_STATUS_MESSAGE_ILLEGAL), PUT_MESSAGE_STATUS_UNKNOWN_ERROR when the failure
+	// has no more specific RocketMQ status (CANCELLED, DEADLINE_EXCEEDED).
 	Status PutMessageStatus `protobuf:"varint,2,opt,name=status,proto3,enum=storaged.v1.PutMessageStatus" json:"status,omitempty"`
-	// Where the message was written, as in PutMessageResponse.result. Set only when code is 0.
+	// Where the message was written, as in PutMessageResponse.result. Set whenever the message was
+	// appended: always when code is 0, and on an error whose outcome is "appended, durability unknown".
 	Result *AppendResult `protobuf:"bytes,3,opt,name=result,proto3" json:"result,omitempty"`
 	// The gRPC status code (google.rpc.Code number) the unary PutMessage would have failed with: 0 (OK)
 	// when the message was appended; 3 INVALID_ARGUMENT, 14 UNAVAILABLE (nothing appended, safe to retry),
@@ -804,7 +806,7 @@ type PutMessageStreamResponse struct {
 	// waiting for the disk (the message may have been stored).
 	Code int32 `protobuf:"varint,4,opt,name=code,proto3" json:"code,omitempty"`
 	// The ErrorInfo reason the unary PutMessage error would carry: the RocketMQ status name (for example
-	// "MESSAGE_ILLEGAL", "SERVICE_NOT_AVAILABLE"). Empty when code is 0.
+	// "MESSAGE_ILLEGAL", "SERVICE_NOT_AVAILABLE", "UNKNOWN_ERROR"). Empty when code is 0.
 	Reason string `protobuf:"bytes,5,opt,name=reason,proto3" json:"reason,omitempty"`
 	// Human-readable description of the error, safe to log (no server paths). Empty when code is 0.
 	ErrorMessage  string `protobuf:"bytes,6,opt,name=error_message,json=errorMessage,proto3" json:"error_message,omitempty"`
@@ -967,7 +969,8 @@ type isGetMessageRequest_Locator interface {
 }
 
 type GetMessageRequest_CommitLogOffset struct {
-	// Physical CommitLog offset of the first byte of the record (AppendResult.wrote_offset).
+	// Physical CommitLog offset of the first byte of the record (AppendResult.wrote_offset). Negative is
+	// INVALID_ARGUMENT.
 	CommitLogOffset int64 `protobuf:"varint,1,opt,name=commit_log_offset,json=commitLogOffset,proto3,oneof"`
 }
 
@@ -1034,12 +1037,16 @@ type PullMessagesRequest struct {
 	Topic string `protobuf:"bytes,1,opt,name=topic,proto3" json:"topic,omitempty"`
 	// Queue of the topic. Must not be negative.
 	QueueId int32 `protobuf:"varint,2,opt,name=queue_id,json=queueId,proto3" json:"queue_id,omitempty"`
-	// First queue offset wanted. Must be within [min_offset, max_offset] of the queue (see GetQueueInfo).
+	// First queue offset wanted. Must be within [min_offset, max_offset] of the queue (see GetQueueInfo):
+	// outside is OUT_OF_RANGE, negative is INVALID_ARGUMENT.
 	QueueOffset int64 `protobuf:"varint,3,opt,name=queue_offset,json=queueOffset,proto3" json:"queue_offset,omitempty"`
 	// Maximum number of messages returned. 0 means 32; values above 1024 are lowered to 1024.
 	MaxMessages int32 `protobuf:"varint,4,opt,name=max_messages,json=maxMessages,proto3" json:"max_messages,omitempty"`
-	// Maximum total size in bytes of the stored records returned; at least one message is returned when
-	// one is available, even if it is larger. 0 means 4 MiB; values above 16 MiB are lowered to 16 MiB.
+	// Maximum total size in bytes of the stored records returned (store_size); at least one message is
+	// returned when one is available, even if it is larger. 0 means 1 MiB; values above 16 MiB are lowered
+	// to 16 MiB. Responses are somewhat larger than this (field framing; include_raw sends every record
+	// twice): a client that raises max_bytes above about 3 MiB, or reads messages close to the 4 MiB
+	// body limit, must raise its gRPC receive limit above the 4 MiB default.
 	MaxBytes int32 `protobuf:"varint,5,opt,name=max_bytes,json=maxBytes,proto3" json:"max_bytes,omitempty"`
 	// When not empty, only messages whose tag (Message.tags) equals one of these are returned; the others
 	// are skipped and next_offset moves past them. Empty returns every message.

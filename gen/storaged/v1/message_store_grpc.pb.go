@@ -76,10 +76,11 @@ type MessageStoreServiceClient interface {
 	// necessarily request order). The server processes up to a fixed number of requests of one stream
 	// concurrently (256) and stops reading the stream while that many are outstanding: that is the flow
 	// control, a client that sends faster is slowed down by HTTP/2 flow control. A rejected message is an
-	// error response (code, reason, error_message) and the stream goes on. The server ends the stream
-	// with OK after the client half-closes and every response has been sent; a stream-level gRPC error
-	// (CANCELLED, DEADLINE_EXCEEDED, UNAVAILABLE while draining) means responses not received are unknown
-	// outcomes: those messages may or may not have been stored.
+	// error response (code, reason, error_message) and the stream goes on. Once the server starts shutting
+	// down it answers every further message with code UNAVAILABLE (nothing stored): close the stream and
+	// reconnect. The server ends the stream with OK after the client half-closes and every response has
+	// been sent; a stream-level gRPC error (CANCELLED, DEADLINE_EXCEEDED, UNAVAILABLE) means the messages
+	// without a response have unknown outcomes: they may or may not have been stored.
 	PutMessageStream(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[PutMessageStreamRequest, PutMessageStreamResponse], error)
 	// GetMessage reads one stored message by CommitLog offset or by offset msgId. An offset outside the
 	// readable CommitLog is OUT_OF_RANGE; an offset that is not the start of a record is DATA_LOSS; a
@@ -208,10 +209,11 @@ type MessageStoreServiceServer interface {
 	// necessarily request order). The server processes up to a fixed number of requests of one stream
 	// concurrently (256) and stops reading the stream while that many are outstanding: that is the flow
 	// control, a client that sends faster is slowed down by HTTP/2 flow control. A rejected message is an
-	// error response (code, reason, error_message) and the stream goes on. The server ends the stream
-	// with OK after the client half-closes and every response has been sent; a stream-level gRPC error
-	// (CANCELLED, DEADLINE_EXCEEDED, UNAVAILABLE while draining) means responses not received are unknown
-	// outcomes: those messages may or may not have been stored.
+	// error response (code, reason, error_message) and the stream goes on. Once the server starts shutting
+	// down it answers every further message with code UNAVAILABLE (nothing stored): close the stream and
+	// reconnect. The server ends the stream with OK after the client half-closes and every response has
+	// been sent; a stream-level gRPC error (CANCELLED, DEADLINE_EXCEEDED, UNAVAILABLE) means the messages
+	// without a response have unknown outcomes: they may or may not have been stored.
 	PutMessageStream(grpc.BidiStreamingServer[PutMessageStreamRequest, PutMessageStreamResponse]) error
 	// GetMessage reads one stored message by CommitLog offset or by offset msgId. An offset outside the
 	// readable CommitLog is OUT_OF_RANGE; an offset that is not the start of a record is DATA_LOSS; a
