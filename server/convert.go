@@ -59,18 +59,27 @@ func toProtoStatus(s storage.PutStatus) storagedv1.PutMessageStatus {
 // toMessage validates req and converts it into a storage message. now is the
 // default born timestamp (Unix ms), born the caller's address.
 func toMessage(req *storagedv1.PutMessageRequest, now int64, born netip.AddrPort) (*storage.Message, *fieldError) {
-	pm := req.GetMessage()
-	if fe := validateMessage(pm); fe != nil {
+	m := new(storage.Message)
+	if fe := fillMessage(m, make([]storage.Property, 0, 4), req.GetMessage(), now, born); fe != nil {
 		return nil, fe
 	}
-	props := systemProperties(pm.GetTags(), pm.GetKeys())
+	return m, nil
+}
+
+// fillMessage validates pm and converts it into dst, appending the
+// properties to props (whose backing array the caller may reuse).
+func fillMessage(dst *storage.Message, props []storage.Property, pm *storagedv1.Message, now int64, born netip.AddrPort) *fieldError {
+	if fe := validateMessage(pm); fe != nil {
+		return fe
+	}
+	props = appendSystemProperties(props, pm.GetTags(), pm.GetKeys())
 	if lvl := pm.GetDelayLevel(); lvl > 0 {
 		props = append(props, storage.Property{Key: storage.PropertyDelayLevel, Value: strconv.Itoa(int(lvl))})
 	}
 	if pm.WaitStoreOk != nil && !pm.GetWaitStoreOk() {
 		props = append(props, storage.Property{Key: storage.PropertyWaitStoreOK, Value: "false"})
 	}
-	return &storage.Message{
+	*dst = storage.Message{
 		Topic:         pm.GetTopic(),
 		QueueID:       pm.GetQueueId(),
 		Flag:          pm.GetFlag(),
@@ -78,7 +87,8 @@ func toMessage(req *storagedv1.PutMessageRequest, now int64, born netip.AddrPort
 		Properties:    appendUserProperties(props, pm.GetProperties()),
 		BornTimestamp: bornTimestamp(pm.GetBornTimestamp(), now),
 		BornHost:      born,
-	}, nil
+	}
+	return nil
 }
 
 // toBatch validates req and converts it into a storage batch.
@@ -105,7 +115,11 @@ func toBatch(req *storagedv1.PutMessagesRequest, now int64, born netip.AddrPort,
 
 // systemProperties returns TAGS and KEYS when set, with room for more.
 func systemProperties(tags, keys string) []storage.Property {
-	props := make([]storage.Property, 0, 4)
+	return appendSystemProperties(make([]storage.Property, 0, 4), tags, keys)
+}
+
+// appendSystemProperties appends TAGS and KEYS when set.
+func appendSystemProperties(props []storage.Property, tags, keys string) []storage.Property {
 	if tags != "" {
 		props = append(props, storage.Property{Key: storage.PropertyTags, Value: tags})
 	}
@@ -118,6 +132,9 @@ func systemProperties(tags, keys string) []storage.Property {
 // appendUserProperties appends the user properties in key order, so that the
 // stored bytes do not depend on Go's map iteration order.
 func appendUserProperties(props []storage.Property, user map[string]string) []storage.Property {
+	if len(user) == 0 {
+		return props
+	}
 	keys := make([]string, 0, len(user))
 	for k := range user {
 		keys = append(keys, k)
@@ -158,17 +175,35 @@ func bornHost(ctx context.Context) netip.AddrPort {
 // toAppendResult converts what the store appended. msg_ids is filled for a
 // batch only, as the proto documents.
 func toAppendResult(a *storage.AppendResult, batch bool) *storagedv1.AppendResult {
-	r := &storagedv1.AppendResult{
-		MsgId:          a.MsgID(),
-		WroteOffset:    a.WroteOffset,
-		WroteBytes:     a.WroteBytes,
-		QueueId:        a.QueueID,
-		QueueOffset:    a.QueueOffset,
-		StoreTimestamp: timestamppb.New(time.UnixMilli(a.StoreTimestamp)),
-		MessageCount:   a.MsgNum,
-	}
+	r := new(storagedv1.AppendResult)
+	fillAppendResult(r, new(timestamppb.Timestamp), a)
 	if batch {
-		r.MsgIds = a.MsgIDs()
+		if len(a.Offsets) == 0 {
+			r.MsgIds = []string{r.MsgId}
+		} else {
+			r.MsgIds = make([]string, len(a.Offsets))
+			for i, off := range a.Offsets {
+				r.MsgIds[i] = msgID(a.StoreHost, off)
+			}
+		}
 	}
 	return r
+}
+
+// fillAppendResult fills r (and ts, its store timestamp) from a, for a
+// single message.
+func fillAppendResult(r *storagedv1.AppendResult, ts *timestamppb.Timestamp, a *storage.AppendResult) {
+	ms := a.StoreTimestamp
+	ts.Seconds, ts.Nanos = ms/1000, int32(ms%1000)*1e6
+	if ts.Nanos < 0 { // before 1970: Timestamp nanos are never negative
+		ts.Seconds--
+		ts.Nanos += 1e9
+	}
+	r.MsgId = msgID(a.StoreHost, a.WroteOffset)
+	r.WroteOffset = a.WroteOffset
+	r.WroteBytes = a.WroteBytes
+	r.QueueId = a.QueueID
+	r.QueueOffset = a.QueueOffset
+	r.StoreTimestamp = ts
+	r.MessageCount = a.MsgNum
 }

@@ -25,6 +25,23 @@ const ErrorDomain = "storaged"
 // store is still opening (recovering its commitlog).
 var ErrStarting = errors.New("server: store is starting")
 
+// ErrDraining refuses a message that arrives on a PutMessageStream after
+// the server started shutting down (Service.Drain). Nothing is stored.
+var ErrDraining = errors.New("server: shutting down")
+
+// ErrorInfo reasons of read errors (puts use the RocketMQ status name).
+const (
+	ReasonOffsetOutOfRange = "OFFSET_OUT_OF_RANGE"
+	ReasonQueueNotFound    = "QUEUE_NOT_FOUND"
+	ReasonDataCorrupted    = "DATA_CORRUPTED"
+	ReasonInvalidRequest   = "INVALID_REQUEST"
+	// ReasonUnavailable is also the put status name for the same condition.
+	ReasonUnavailable = "SERVICE_NOT_AVAILABLE"
+	ReasonCancelled   = "CANCELLED"
+	ReasonDeadline    = "DEADLINE_EXCEEDED"
+	ReasonInternal    = "INTERNAL"
+)
+
 // Retry delays suggested in RetryInfo when nothing was appended and the
 // same server may take the put soon.
 const (
@@ -36,8 +53,12 @@ const (
 type method string
 
 const (
-	methodPutMessage  method = "PutMessage"
-	methodPutMessages method = "PutMessages"
+	methodPutMessage       method = "PutMessage"
+	methodPutMessages      method = "PutMessages"
+	methodPutMessageStream method = "PutMessageStream"
+	methodGetMessage       method = "GetMessage"
+	methodPullMessages     method = "PullMessages"
+	methodGetQueueInfo     method = "GetQueueInfo"
 )
 
 // putError is the one mapping from a failed put (storage.PutResult + error,
@@ -55,7 +76,7 @@ const (
 // Nothing appended:
 //
 //	*fieldError, *storage.ValidationError → INVALID_ARGUMENT + BadRequest
-//	ErrStarting, ErrClosed, ErrSlave, ErrNotWritable → UNAVAILABLE + RetryInfo
+//	ErrStarting, ErrDraining, ErrClosed, ErrSlave, ErrNotWritable → UNAVAILABLE + RetryInfo
 //	storage.ErrBusy (OS_PAGE_CACHE_BUSY)  → UNAVAILABLE + RetryInfo
 //	storage.ErrWriteFailed (read-only)    → UNAVAILABLE, no RetryInfo: retry on another replica
 //	storage.ErrDiskFull                   → RESOURCE_EXHAUSTED
@@ -83,6 +104,8 @@ func (s *Service) putError(ctx context.Context, m method, res storage.PutResult,
 		return invalidArgument(info, requestField(m, verr.Field), verr.Reason)
 	case errors.Is(err, ErrStarting):
 		return unavailable(info, retryDelayUnavailable, "the store is starting (recovering its commitlog); nothing was stored; retry shortly")
+	case errors.Is(err, ErrDraining):
+		return unavailable(info, retryDelayUnavailable, "the server is shutting down; nothing was stored; reconnect and retry")
 	case errors.Is(err, context.Canceled):
 		return newStatus(codes.Canceled, "the call was cancelled before the append; nothing was stored", info)
 	case errors.Is(err, context.DeadlineExceeded):
@@ -148,10 +171,61 @@ func (s *Service) appendedError(ctx context.Context, log zerolog.Logger, res sto
 	return newStatus(code, msg, info)
 }
 
+// readError is the one mapping from a failed read (GetMessage,
+// PullMessages, GetQueueInfo) to a gRPC status. Every status carries an
+// ErrorInfo{Reason: one of the Reason* constants, Domain: ErrorDomain}:
+//
+//	*storage.RangeError (ErrOutOfRange)   → OUT_OF_RANGE, metadata offset, min_offset, max_offset
+//	storage.ErrQueueNotFound              → NOT_FOUND
+//	storage.ErrIllegal (malformed msgId)  → INVALID_ARGUMENT + BadRequest on msg_id
+//	storage.ErrCorrupt                    → DATA_LOSS (logged; no bytes are returned)
+//	ErrStarting, storage.ErrClosed        → UNAVAILABLE + RetryInfo
+//	ctx ended                             → CANCELLED / DEADLINE_EXCEEDED
+//	anything else                         → INTERNAL (logged; no paths in the message)
+func (s *Service) readError(m method, err error) error {
+	var re *storage.RangeError
+	switch {
+	case errors.As(err, &re):
+		info := &errdetails.ErrorInfo{Reason: ReasonOffsetOutOfRange, Domain: ErrorDomain, Metadata: map[string]string{
+			"offset":     strconv.FormatInt(re.Offset, 10),
+			"min_offset": strconv.FormatInt(re.Min, 10),
+			"max_offset": strconv.FormatInt(re.Max, 10),
+		}}
+		return newStatus(codes.OutOfRange, fmt.Sprintf("%s %d is out of range: readable offsets are [%d, %d)",
+			re.What, re.Offset, re.Min, re.Max), info)
+	case errors.Is(err, storage.ErrQueueNotFound):
+		return newStatus(codes.NotFound, "no message was ever stored in this topic and queue",
+			&errdetails.ErrorInfo{Reason: ReasonQueueNotFound, Domain: ErrorDomain})
+	case errors.Is(err, storage.ErrIllegal):
+		return badRead("msg_id", "not an offset msgId: want 32 (IPv4 store host) or 56 (IPv6) hex characters")
+	case errors.Is(err, ErrStarting):
+		return unavailable(&errdetails.ErrorInfo{Reason: ReasonUnavailable, Domain: ErrorDomain}, retryDelayUnavailable,
+			"the store is starting (recovering its commitlog); retry shortly")
+	case errors.Is(err, storage.ErrClosed):
+		return unavailable(&errdetails.ErrorInfo{Reason: ReasonUnavailable, Domain: ErrorDomain}, retryDelayUnavailable,
+			"the store is shutting down")
+	case errors.Is(err, context.Canceled):
+		return newStatus(codes.Canceled, "the call was cancelled", &errdetails.ErrorInfo{Reason: ReasonCancelled, Domain: ErrorDomain})
+	case errors.Is(err, context.DeadlineExceeded):
+		return newStatus(codes.DeadlineExceeded, "the deadline passed", &errdetails.ErrorInfo{Reason: ReasonDeadline, Domain: ErrorDomain})
+	case errors.Is(err, storage.ErrCorrupt):
+		s.log.Error().Err(err).Str("grpc.method", string(m)).Msg("read refused: stored data failed its checks")
+		return newStatus(codes.DataLoss, "the stored data failed its integrity checks (CRC, size or offset); "+
+			"no bytes were returned; the server log names the offset", &errdetails.ErrorInfo{Reason: ReasonDataCorrupted, Domain: ErrorDomain})
+	}
+	s.log.Error().Err(err).Str("grpc.method", string(m)).Msg("read failed with an unexpected error")
+	return newStatus(codes.Internal, "internal error", &errdetails.ErrorInfo{Reason: ReasonInternal, Domain: ErrorDomain})
+}
+
+// badRead is INVALID_ARGUMENT for a read request field.
+func badRead(field, reason string) error {
+	return invalidArgument(&errdetails.ErrorInfo{Reason: ReasonInvalidRequest, Domain: ErrorDomain}, field, reason)
+}
+
 // requestField turns a storage.ValidationError field into the path of the
 // request field it came from.
 func requestField(m method, field string) string {
-	if m == methodPutMessage {
+	if m == methodPutMessage || m == methodPutMessageStream {
 		if field == "" {
 			return "message"
 		}

@@ -82,6 +82,7 @@ type GRPCConfig struct {
 // and optional reflection, behind logging, metrics and recovery interceptors.
 type GRPCServer struct {
 	srv    *grpc.Server
+	svc    *Service
 	health *health.Server
 	log    zerolog.Logger
 
@@ -164,7 +165,7 @@ func NewGRPCServer(svc *Service, cfg GRPCConfig) (*GRPCServer, error) {
 		reflection.Register(srv)
 	}
 	srvMetrics.InitializeMetrics(srv)
-	return &GRPCServer{srv: srv, health: hs, log: log, stopWatch: make(chan struct{})}, nil
+	return &GRPCServer{srv: srv, svc: svc, health: hs, log: log, stopWatch: make(chan struct{})}, nil
 }
 
 // Serve accepts connections on lis until Shutdown. It returns nil after
@@ -218,7 +219,9 @@ func (g *GRPCServer) WatchStore(s WriteErrer, interval time.Duration) {
 }
 
 // Shutdown drains the server: the store watchers stop, every health status
-// becomes NOT_SERVING, then GracefulStop lets in-flight calls finish. If they
+// becomes NOT_SERVING, the service drains (Service.Drain: long polls answer,
+// streams refuse further messages), then GracefulStop lets in-flight calls
+// finish. If they
 // have not finished after timeout (open Health/Watch streams never do on
 // their own), Stop closes the remaining connections. It reports whether the
 // drain was graceful. Calling it again is harmless.
@@ -226,6 +229,7 @@ func (g *GRPCServer) Shutdown(timeout time.Duration) bool {
 	g.stopOnce.Do(func() { close(g.stopWatch) })
 	g.watchers.Wait()
 	g.health.Shutdown()
+	g.svc.Drain()
 	done := make(chan struct{})
 	go func() {
 		g.srv.GracefulStop()

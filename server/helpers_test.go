@@ -181,11 +181,27 @@ func (d statusDetails) want(t *testing.T, code codes.Code, reason string, retry 
 	}
 }
 
-// fakeStore answers every put with a fixed result, or panics.
+// fakeStore answers every put with a fixed result, or panics; every read
+// fails with readErr (errTest when nil).
 type fakeStore struct {
-	res   storage.PutResult
-	err   error
-	panic any
+	res     storage.PutResult
+	err     error
+	panic   any
+	readErr error
+}
+
+func (f *fakeStore) readError() error {
+	if f.readErr != nil {
+		return f.readErr
+	}
+	return errTest
+}
+
+func (f *fakeStore) GetMessage(int64) (*storage.Record, error)      { return nil, f.readError() }
+func (f *fakeStore) GetMessageByID(string) (*storage.Record, error) { return nil, f.readError() }
+func (f *fakeStore) QueueInfo(string, int32) (int64, int64, error)  { return 0, 0, f.readError() }
+func (f *fakeStore) PullMessages(context.Context, storage.PullRequest) (storage.PullResult, error) {
+	return storage.PullResult{}, f.readError()
 }
 
 func (f *fakeStore) PutMessage(context.Context, *storage.Message) (storage.PutResult, error) {

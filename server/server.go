@@ -21,6 +21,7 @@ package server
 import (
 	"context"
 	"sync/atomic"
+	"time"
 
 	"github.com/rs/zerolog"
 	"google.golang.org/grpc"
@@ -30,17 +31,47 @@ import (
 )
 
 // Store is what the service needs from the message store; *storage.Store
-// implements it. See storage.Store.PutMessage for the result contract.
+// implements it. See storage.Store.PutMessage for the result contract and
+// storage/read.go for the reads and their errors.
 type Store interface {
 	PutMessage(ctx context.Context, m *storage.Message) (storage.PutResult, error)
 	PutMessages(ctx context.Context, b *storage.Batch) (storage.PutResult, error)
+
+	GetMessage(offset int64) (*storage.Record, error)
+	GetMessageByID(msgID string) (*storage.Record, error)
+	PullMessages(ctx context.Context, req storage.PullRequest) (storage.PullResult, error)
+	QueueInfo(topic string, queueID int32) (minOffset, maxOffset int64, err error)
 }
 
 var _ Store = (*storage.Store)(nil)
 
-// DefaultMaxBatchMessages is the default limit on the number of entries of a
-// PutMessages request. The store separately limits the summed body size.
-const DefaultMaxBatchMessages = 1024
+// Defaults and limits of the service.
+const (
+	// DefaultMaxBatchMessages is the default limit on the number of entries
+	// of a PutMessages request. The store separately limits the summed body
+	// size.
+	DefaultMaxBatchMessages = 1024
+
+	// DefaultMaxPullWait caps PullMessagesRequest.wait (long polling).
+	DefaultMaxPullWait = 30 * time.Second
+
+	// DefaultStreamWindow is how many messages of one PutMessageStream the
+	// server holds at once (received, not yet answered). While that many
+	// are outstanding it stops reading the stream: HTTP/2 flow control then
+	// slows the client down.
+	DefaultStreamWindow = 256
+
+	// Pull bounds: PullMessagesRequest.max_messages and max_bytes default
+	// to these when zero and are lowered to the maxima. The default byte
+	// bound keeps a default pull (even with include_raw, which sends each
+	// record twice) under the 4 MiB default receive limit of gRPC clients.
+	DefaultPullMessages = 32
+	MaxPullMessages     = 1024
+	DefaultPullBytes    = 1 << 20
+	MaxPullBytes        = 16 << 20
+	// MaxPullTags bounds PullMessagesRequest.tags.
+	MaxPullTags = 64
+)
 
 // Service implements storagedv1.MessageStoreServiceServer on top of a Store.
 type Service struct {
@@ -49,7 +80,14 @@ type Service struct {
 	store            Store
 	log              zerolog.Logger
 	maxBatchMessages int
+	maxPullWait      time.Duration
+	streamWindow     int
 	now              func() int64 // Unix ms; the default born timestamp
+
+	// draining is cancelled by Drain: long polls end, streams stop taking
+	// messages.
+	draining context.Context
+	drain    context.CancelFunc
 }
 
 // Option configures a Service.
@@ -65,6 +103,26 @@ func WithMaxBatchMessages(n int) Option {
 	}
 }
 
+// WithMaxPullWait caps the long-poll wait of PullMessages (default
+// DefaultMaxPullWait). d <= 0 keeps the default.
+func WithMaxPullWait(d time.Duration) Option {
+	return func(s *Service) {
+		if d > 0 {
+			s.maxPullWait = d
+		}
+	}
+}
+
+// WithStreamWindow sets how many messages of one PutMessageStream may be
+// outstanding (default DefaultStreamWindow). n <= 0 keeps the default.
+func WithStreamWindow(n int) Option {
+	return func(s *Service) {
+		if n > 0 {
+			s.streamWindow = n
+		}
+	}
+}
+
 // New returns a Service that stores messages in store and logs unexpected
 // failures to logger.
 func New(store Store, logger zerolog.Logger, opts ...Option) *Service {
@@ -72,13 +130,23 @@ func New(store Store, logger zerolog.Logger, opts ...Option) *Service {
 		store:            store,
 		log:              logger,
 		maxBatchMessages: DefaultMaxBatchMessages,
+		maxPullWait:      DefaultMaxPullWait,
+		streamWindow:     DefaultStreamWindow,
 		now:              unixMilliNow,
 	}
+	s.draining, s.drain = context.WithCancel(context.Background())
 	for _, o := range opts {
 		o(s)
 	}
 	return s
 }
+
+// Drain tells the service that the server is shutting down: waiting pulls
+// answer at once with what is there, and PutMessageStream answers every
+// further message with UNAVAILABLE (nothing stored) so that clients move to
+// another server while in-flight work finishes. GRPCServer.Shutdown calls
+// it before GracefulStop. Calling it again is harmless.
+func (s *Service) Drain() { s.drain() }
 
 // Register registers the service on r.
 func (s *Service) Register(r grpc.ServiceRegistrar) {
@@ -123,7 +191,8 @@ func (s *Service) rejected(ctx context.Context, m method, fe *fieldError) error 
 }
 
 // DeferredStore is a Store whose real store is set later: until Set is
-// called every put is refused with SERVICE_NOT_AVAILABLE (ErrStarting). It
+// called every put is refused with SERVICE_NOT_AVAILABLE (ErrStarting), and
+// every read too. It
 // lets the gRPC server (and its health service) listen while the store is
 // still recovering its commitlog.
 type DeferredStore struct {
@@ -151,4 +220,36 @@ func (d *DeferredStore) PutMessages(ctx context.Context, b *storage.Batch) (stor
 		return sb.s.PutMessages(ctx, b)
 	}
 	return storage.PutResult{Status: storage.ServiceNotAvailable}, ErrStarting
+}
+
+// GetMessage implements Store.
+func (d *DeferredStore) GetMessage(offset int64) (*storage.Record, error) {
+	if b := d.p.Load(); b != nil {
+		return b.s.GetMessage(offset)
+	}
+	return nil, ErrStarting
+}
+
+// GetMessageByID implements Store.
+func (d *DeferredStore) GetMessageByID(msgID string) (*storage.Record, error) {
+	if b := d.p.Load(); b != nil {
+		return b.s.GetMessageByID(msgID)
+	}
+	return nil, ErrStarting
+}
+
+// PullMessages implements Store.
+func (d *DeferredStore) PullMessages(ctx context.Context, req storage.PullRequest) (storage.PullResult, error) {
+	if b := d.p.Load(); b != nil {
+		return b.s.PullMessages(ctx, req)
+	}
+	return storage.PullResult{}, ErrStarting
+}
+
+// QueueInfo implements Store.
+func (d *DeferredStore) QueueInfo(topic string, queueID int32) (minOffset, maxOffset int64, err error) {
+	if b := d.p.Load(); b != nil {
+		return b.s.QueueInfo(topic, queueID)
+	}
+	return 0, 0, ErrStarting
 }
