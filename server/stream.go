@@ -1,0 +1,206 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net/netip"
+	"sync"
+
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	storagedv1 "github.com/storaged/storaged/gen/storaged/v1"
+	"github.com/storaged/storaged/storage"
+)
+
+// PutMessageStream implements storagedv1.MessageStoreServiceServer.
+//
+// Three kinds of goroutine share a stream:
+//
+//   - the handler goroutine reads requests. Before each read it takes one of
+//     window tokens; with none left it stops reading, so at most window
+//     messages are between "received" and "answered" and HTTP/2 flow control
+//     pushes back on the client. Nothing is buffered beyond that.
+//   - workers put messages into the store concurrently (a sync put waits for
+//     group commit, so concurrency is what makes one stream fast). They are
+//     started on demand, at most window of them, and live as long as the
+//     stream.
+//   - one sender writes the answers (grpc-go allows one sender at a time) and
+//     gives a token back after each. The acks channel has room for window
+//     answers, so a worker never blocks on it.
+//
+// The stream ends with OK once the client has half-closed and every answer
+// has been sent. When the client goes away (cancel, deadline, broken
+// connection) the in-flight puts see the cancelled context, the workers and
+// the sender finish, and the handler returns the stream's error.
+func (s *Service) PutMessageStream(stream grpc.BidiStreamingServer[storagedv1.PutMessageStreamRequest, storagedv1.PutMessageStreamResponse]) error {
+	ctx, cancel := context.WithCancel(stream.Context())
+	defer cancel()
+	born := bornHost(ctx)
+	window := s.streamWindow
+
+	tokens := make(chan struct{}, window)
+	acks := make(chan *storagedv1.PutMessageStreamResponse, window)
+	sent := make(chan error, 1)
+	go func() {
+		var err error
+		for ack := range acks {
+			if err == nil {
+				if err = stream.Send(ack); err != nil {
+					cancel() // the stream is broken: stop the puts and the reads
+				}
+			}
+			<-tokens
+		}
+		sent <- err
+	}()
+
+	w := &streamWorkers{
+		work: make(chan *streamItem),
+		max:  window,
+		run: func(it *streamItem) {
+			acks <- s.streamPut(ctx, it, born)
+		},
+	}
+	var recvErr error
+recv:
+	for {
+		select {
+		case tokens <- struct{}{}:
+		case <-ctx.Done():
+			recvErr = status.FromContextError(ctx.Err()).Err()
+			break recv
+		}
+		it := itemPool.Get().(*streamItem)
+		if err := stream.RecvMsg(&it.req); err != nil {
+			itemPool.Put(it)
+			<-tokens
+			if !errors.Is(err, io.EOF) {
+				recvErr = err
+			}
+			break
+		}
+		w.submit(it)
+	}
+	w.close()
+	close(acks)
+	if err := <-sent; err != nil {
+		return err
+	}
+	return recvErr
+}
+
+// streamPut puts one stream message and builds its answer. It gives the
+// item back to the pool.
+func (s *Service) streamPut(ctx context.Context, it *streamItem, born netip.AddrPort) *storagedv1.PutMessageStreamResponse {
+	ack := new(streamAck)
+	ack.resp.RequestId = it.req.GetRequestId()
+	var (
+		res storage.PutResult
+		err error
+	)
+	if s.draining.Err() != nil {
+		res, err = storage.PutResult{Status: storage.ServiceNotAvailable}, ErrDraining
+	} else if fe := fillMessage(&it.msg, it.props[:0], it.req.GetMessage(), s.now(), born); fe != nil {
+		res, err = storage.PutResult{Status: fe.Status}, fe
+	} else {
+		res, err = s.store.PutMessage(ctx, &it.msg)
+	}
+	it.release()
+
+	if res.Appended() {
+		fillAppendResult(&ack.result, &ack.ts, &res.Append)
+		ack.resp.Result = &ack.result
+	}
+	if err == nil {
+		ack.resp.Status = toProtoStatus(res.Status)
+		return &ack.resp
+	}
+	// The one mapping (errors.go) decides code, reason and message, exactly
+	// as PutMessage would report them.
+	reason := res.Status
+	if reason == 0 {
+		reason = storage.UnknownError
+	}
+	ack.resp.Status = toProtoStatus(reason)
+	st := status.Convert(s.putError(ctx, methodPutMessageStream, res, err))
+	ack.resp.Code = int32(st.Code())
+	ack.resp.ErrorMessage = st.Message()
+	ack.resp.Reason = reason.String()
+	for _, d := range st.Details() {
+		if info, ok := d.(*errdetails.ErrorInfo); ok {
+			ack.resp.Reason = info.GetReason()
+		}
+	}
+	return &ack.resp
+}
+
+// streamAck is an answer with its result and timestamp in one allocation.
+// Answers are not reused: grpc-go does not allow touching a message after
+// SendMsg (stats handlers may read it later).
+type streamAck struct {
+	resp   storagedv1.PutMessageStreamResponse
+	result storagedv1.AppendResult
+	ts     timestamppb.Timestamp
+}
+
+// streamItem is one stream message from its read to its put: the request
+// (read into with RecvMsg), the storage message and room for its system
+// properties. Items are pooled; the store keeps no reference to a message
+// after its put returns.
+type streamItem struct {
+	req   storagedv1.PutMessageStreamRequest
+	msg   storage.Message
+	props [4]storage.Property
+}
+
+var itemPool = sync.Pool{New: func() any { return new(streamItem) }}
+
+// release clears the item (so the pool holds no bodies) and pools it.
+func (it *streamItem) release() {
+	it.req.Reset()
+	it.msg = storage.Message{}
+	it.props = [4]storage.Property{}
+	itemPool.Put(it)
+}
+
+// streamWorkers runs items on up to max goroutines, started when no idle
+// one is there to take an item. submit is called by one goroutine only.
+type streamWorkers struct {
+	work    chan *streamItem // unbuffered: a send succeeds only into an idle worker
+	max     int
+	started int
+	run     func(*streamItem)
+	wg      sync.WaitGroup
+}
+
+// submit hands it to an idle worker, or starts one, or (all max busy)
+// waits for one. The caller's token bounds what is outstanding to max, so
+// with max workers busy one of them is about to be free.
+func (w *streamWorkers) submit(it *streamItem) {
+	select {
+	case w.work <- it:
+		return
+	default:
+	}
+	if w.started < w.max {
+		w.started++
+		w.wg.Go(func() {
+			w.run(it)
+			for it := range w.work {
+				w.run(it)
+			}
+		})
+		return
+	}
+	w.work <- it
+}
+
+// close stops the workers after their items and waits for them.
+func (w *streamWorkers) close() {
+	close(w.work)
+	w.wg.Wait()
+}
