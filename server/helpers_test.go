@@ -65,7 +65,7 @@ type testServer struct {
 
 // startServer serves svc on a real TCP listener. The server is shut down
 // (and its Serve goroutine waited for) when the test ends.
-func startServer(t *testing.T, svc *Service, cfg GRPCConfig) *testServer {
+func startServer(t testing.TB, svc *Service, cfg GRPCConfig) *testServer {
 	t.Helper()
 	if cfg.MaxMessageSize == 0 {
 		cfg.MaxMessageSize = testMaxMessageSize
@@ -91,7 +91,7 @@ func startServer(t *testing.T, svc *Service, cfg GRPCConfig) *testServer {
 
 // dial connects to addr (plaintext unless creds is given); the connection
 // is closed when the test ends.
-func dial(t *testing.T, addr string, creds credentials.TransportCredentials) *grpc.ClientConn {
+func dial(t testing.TB, addr string, creds credentials.TransportCredentials) *grpc.ClientConn {
 	t.Helper()
 	if creds == nil {
 		creds = insecure.NewCredentials()

@@ -1,0 +1,79 @@
+package server
+
+import (
+	"context"
+	"sync"
+	"testing"
+
+	"github.com/rs/zerolog"
+
+	storagedv1 "github.com/storaged/storaged/gen/storaged/v1"
+	"github.com/storaged/storaged/storage"
+)
+
+// benchClient serves a real async store with 64 MiB files over loopback TCP.
+func benchClient(b *testing.B) storagedv1.MessageStoreServiceClient {
+	b.Helper()
+	st, err := storage.Open(storage.Options{Dir: b.TempDir(), FileSize: 64 << 20, StoreHost: testStoreHost})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { st.Close() })
+	srv := startServer(b, New(st, zerolog.Nop()), GRPCConfig{MaxMessageSize: storage.DefaultMaxMessageSize})
+	srv.SetServing(true)
+	return storagedv1.NewMessageStoreServiceClient(dial(b, srv.addr, nil))
+}
+
+var benchBody = make([]byte, 1024)
+
+// BenchmarkPutMessageStream: single 1 KiB messages on one stream, the
+// window full. allocs/op counts client and server together.
+func BenchmarkPutMessageStream(b *testing.B) {
+	client := benchClient(b)
+	stream, err := client.PutMessageStream(context.Background())
+	if err != nil {
+		b.Fatal(err)
+	}
+	req := &storagedv1.PutMessageStreamRequest{Message: &storagedv1.Message{Topic: "bench", Body: benchBody}}
+	b.ReportAllocs()
+	b.SetBytes(int64(len(benchBody)))
+	b.ResetTimer()
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for range b.N {
+			ack, err := stream.Recv()
+			if err != nil || ack.GetCode() != 0 {
+				b.Errorf("ack %v, %v", ack, err)
+				return
+			}
+		}
+	})
+	for i := range b.N {
+		req.RequestId = uint64(i)
+		if err := stream.Send(req); err != nil {
+			b.Fatal(err)
+		}
+	}
+	wg.Wait()
+	b.StopTimer()
+	stream.CloseSend()
+	stream.Recv()
+}
+
+// BenchmarkPutMessageUnary: the same messages as unary calls, 64 at once.
+func BenchmarkPutMessageUnary(b *testing.B) {
+	client := benchClient(b)
+	req := &storagedv1.PutMessageRequest{Message: &storagedv1.Message{Topic: "bench", Body: benchBody}}
+	b.ReportAllocs()
+	b.SetBytes(int64(len(benchBody)))
+	b.SetParallelism(32) // x GOMAXPROCS goroutines
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			if _, err := client.PutMessage(context.Background(), req); err != nil {
+				b.Error(err)
+				return
+			}
+		}
+	})
+}
