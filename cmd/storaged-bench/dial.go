@@ -1,0 +1,91 @@
+package main
+
+import (
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/credentials/insecure"
+)
+
+// tlsOptions are the client TLS flags. Any of them turns TLS on.
+type tlsOptions struct {
+	on         bool
+	ca         string
+	cert, key  string
+	serverName string
+}
+
+func (t *tlsOptions) addFlags(fs *flag.FlagSet) {
+	fs.BoolVar(&t.on, "tls", false, "use TLS with the system roots (implied by the other --tls-* flags)")
+	fs.StringVar(&t.ca, "tls-ca", "", "CA `file` (PEM) that signed the server certificate")
+	fs.StringVar(&t.cert, "tls-cert", "", "client certificate `file` (PEM) for mTLS, with --tls-key")
+	fs.StringVar(&t.key, "tls-key", "", "client private key `file` (PEM)")
+	fs.StringVar(&t.serverName, "tls-server-name", "", "expected server `name` in its certificate (default: the --addr host)")
+}
+
+func (t *tlsOptions) enabled() bool {
+	return t.on || t.ca != "" || t.cert != "" || t.key != "" || t.serverName != ""
+}
+
+// credentials returns the transport credentials of the options: insecure
+// (h2c) when TLS is off.
+func (t *tlsOptions) credentials() (credentials.TransportCredentials, error) {
+	if !t.enabled() {
+		return insecure.NewCredentials(), nil
+	}
+	cfg := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: t.serverName}
+	if t.ca != "" {
+		pem, err := os.ReadFile(t.ca)
+		if err != nil {
+			return nil, fmt.Errorf("read --tls-ca: %w", err)
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("--tls-ca %s holds no PEM certificate", t.ca)
+		}
+		cfg.RootCAs = pool
+	}
+	if (t.cert == "") != (t.key == "") {
+		return nil, errors.New("--tls-cert and --tls-key go together")
+	}
+	if t.cert != "" {
+		pair, err := tls.LoadX509KeyPair(t.cert, t.key)
+		if err != nil {
+			return nil, fmt.Errorf("load client key pair: %w", err)
+		}
+		cfg.Certificates = []tls.Certificate{pair}
+	}
+	return credentials.NewTLS(cfg), nil
+}
+
+// dial opens n client connections to addr. grpc.NewClient connects lazily;
+// the first call of each connection pays the handshake, which the warmup
+// absorbs.
+func dial(addr string, n int, creds credentials.TransportCredentials) ([]*grpc.ClientConn, error) {
+	conns := make([]*grpc.ClientConn, 0, n)
+	for range n {
+		cc, err := grpc.NewClient(addr,
+			grpc.WithTransportCredentials(creds),
+			// The server accepts requests up to its message size limit
+			// plus overhead; the client must not refuse large batches first.
+			grpc.WithDefaultCallOptions(grpc.MaxCallSendMsgSize(64<<20), grpc.MaxCallRecvMsgSize(64<<20)))
+		if err != nil {
+			closeAll(conns)
+			return nil, fmt.Errorf("dial %s: %w", addr, err)
+		}
+		conns = append(conns, cc)
+	}
+	return conns, nil
+}
+
+func closeAll(conns []*grpc.ClientConn) {
+	for _, c := range conns {
+		c.Close()
+	}
+}

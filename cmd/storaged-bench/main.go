@@ -1,0 +1,88 @@
+// Command storaged-bench is the load generator of storaged: it drives a
+// storaged.v1.MessageStoreService with unary PutMessage, batched PutMessages
+// or streamed PutMessageStream calls, prints a progress line every second
+// and a final summary built from an HDR histogram of call latencies.
+//
+// Subcommands:
+//
+//	storaged-bench [run] --addr HOST:PORT [flags]   load one server
+//	storaged-bench [run] --floor [flags]            load an in-process no-op server (the floor)
+//	storaged-bench floor --listen 127.0.0.1:0       serve the no-op server until SIGTERM
+//	storaged-bench matrix --storaged BIN [flags]    floor, async and sync side by side, N runs each
+//	storaged-bench chart --in results.json --out chart.png
+//
+// The floor is a MessageStoreService that stores nothing: it answers PUT_OK
+// with a plausible AppendResult, behind the same gRPC server options and
+// interceptors as storaged (see floor.go). Measuring it in the same run as
+// storaged gives the ratios of issue 7 without comparing numbers taken at
+// different times on a noisy machine.
+//
+// Exit status: 0 on success, 1 on a runtime error, 2 on a usage error.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"syscall"
+)
+
+func main() {
+	ctx, stop := signalContext()
+	err := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	stop()
+	os.Exit(mainExit(err))
+}
+
+// signalContext is cancelled by SIGTERM or SIGINT: a load run stops and
+// prints what it measured, a floor stops serving.
+func signalContext() (context.Context, context.CancelFunc) {
+	return signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+}
+
+// mainExit is the exit status for run's error; runtime errors are printed.
+func mainExit(err error) int {
+	var uerr usageError
+	switch {
+	case err == nil, errors.Is(err, flag.ErrHelp):
+		return 0
+	case errors.As(err, &uerr):
+		return 2
+	default:
+		fmt.Fprintln(os.Stderr, "storaged-bench:", err)
+		return 1
+	}
+}
+
+// usageError is a mistake on the command line: main exits with status 2.
+type usageError struct{ err error }
+
+func (e usageError) Error() string { return e.err.Error() }
+func (e usageError) Unwrap() error { return e.err }
+
+// run dispatches to a subcommand. Without one (the first argument is a
+// flag, or there is none) it runs the load generator.
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	cmd := "run"
+	if len(args) > 0 && len(args[0]) > 0 && args[0][0] != '-' {
+		cmd, args = args[0], args[1:]
+	}
+	switch cmd {
+	case "run":
+		return runLoadCommand(ctx, args, stdout, stderr)
+	case "floor":
+		return runFloorCommand(ctx, args, stderr)
+	case "matrix":
+		return runMatrixCommand(ctx, args, stdout, stderr)
+	case "chart":
+		return runChartCommand(args, stderr)
+	default:
+		err := fmt.Errorf("unknown subcommand %q (run, floor, matrix, chart)", cmd)
+		fmt.Fprintln(stderr, "storaged-bench:", err)
+		return usageError{err}
+	}
+}

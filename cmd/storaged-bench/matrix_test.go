@@ -1,0 +1,139 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"image/png"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"testing"
+)
+
+func TestParseCase(t *testing.T) {
+	for name, want := range map[string]caseSpec{
+		"unary-c64":     {Name: "unary-c64", Method: methodUnary, BatchSize: 1, Concurrency: 64, Streams: 1},
+		"batch100-c16":  {Name: "batch100-c16", Method: methodBatch, BatchSize: 100, Concurrency: 16, Streams: 1},
+		"stream-s4-c64": {Name: "stream-s4-c64", Method: methodStream, BatchSize: 1, Concurrency: 64, Streams: 4},
+	} {
+		got, err := parseCase(name)
+		if err != nil || got != want {
+			t.Errorf("parseCase(%q) = %+v, %v; want %+v", name, got, err, want)
+		}
+	}
+	for _, bad := range []string{"", "unary", "unary-64", "batch-c1", "stream-c4", "unary-c0", "other-c1"} {
+		if _, err := parseCase(bad); err == nil {
+			t.Errorf("parseCase(%q) succeeded", bad)
+		}
+	}
+}
+
+func TestStat(t *testing.T) {
+	s := newStat([]float64{30, 10, 20})
+	if s != (Stat{Median: 20, Min: 10, Max: 30, SpreadPct: 100}) {
+		t.Errorf("odd: %+v", s)
+	}
+	if s := newStat([]float64{4, 1, 2, 3}); s.Median != 2.5 {
+		t.Errorf("even: %+v", s)
+	}
+}
+
+// TestMatrixAndChart runs the matrix against floor subprocesses (this test
+// binary acting as storaged-bench) for a fixed message count, then draws
+// the chart from its results.
+func TestMatrixAndChart(t *testing.T) {
+	t.Setenv(asMainEnv, "1")
+	dir := t.TempDir()
+	out := filepath.Join(dir, "results.json")
+	var stdout, stderr bytes.Buffer
+	err := run(context.Background(), []string{"matrix", "--targets", "floor,bare", "--runs", "2", "--messages", "200",
+		"--warmup", "0", "--cases", "unary-c1,unary-c4,batch10-c2,stream-s2-c4", "--body-size", "32", "--out", out}, &stdout, &stderr)
+	if err != nil {
+		t.Fatalf("%v\n%s", err, stderr.String())
+	}
+	b, err := os.ReadFile(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var res MatrixResult
+	if err := json.Unmarshal(b, &res); err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Cases) != 4 || res.Runs != 2 || res.Machine.NProc <= 0 {
+		t.Fatalf("results: %d cases, %d runs, machine %+v", len(res.Cases), res.Runs, res.Machine)
+	}
+	for _, c := range res.Cases {
+		for _, target := range []string{"floor", "bare"} {
+			tr := c.Targets[target]
+			if tr == nil || len(tr.Runs) != 2 {
+				t.Fatalf("%s on %s: %+v", c.Name, target, tr)
+			}
+			for _, s := range tr.Runs {
+				checkConsistent(t, s)
+				if s.Messages != 200 || s.Errors != 0 || s.Label != target {
+					t.Errorf("%s on %s: %d messages, %d errors, label %q", c.Name, target, s.Messages, s.Errors, s.Label)
+				}
+				if s.ServerHeapInuseMaxBytes < 0 {
+					t.Errorf("heap %d", s.ServerHeapInuseMaxBytes)
+				}
+			}
+			if tr.MsgsPerSec.Min > tr.MsgsPerSec.Median || tr.MsgsPerSec.Median > tr.MsgsPerSec.Max {
+				t.Errorf("%s on %s: stat %+v", c.Name, target, tr.MsgsPerSec)
+			}
+		}
+		r := c.VsFloor["bare"]
+		if r == nil || r.Throughput.Median <= 0 || c.VsFloor["floor"] != nil {
+			t.Errorf("%s: ratios %+v", c.Name, c.VsFloor)
+		}
+	}
+
+	png1 := filepath.Join(dir, "chart.png")
+	if err := run(context.Background(), []string{"chart", "--in", out, "--out", png1}, &stdout, &stderr); err != nil {
+		t.Fatalf("chart: %v\n%s", err, stderr.String())
+	}
+	f, err := os.Open(png1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	img, err := png.Decode(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b := img.Bounds(); b.Dx() != chartW || b.Dy() != chartH {
+		t.Errorf("chart is %v", b)
+	}
+	ss, _ := chartSeries(&res, methodUnary)
+	if len(ss) != 2 || len(ss[0].x) != 2 || ss[0].x[0] != 1 || ss[0].x[1] != 4 {
+		t.Errorf("unary series %+v", ss)
+	}
+}
+
+func TestScrapeGauge(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.Write([]byte("# HELP go_memstats_heap_inuse_bytes x\n# TYPE go_memstats_heap_inuse_bytes gauge\n" +
+			"go_memstats_heap_inuse_bytes_other 1\ngo_memstats_heap_inuse_bytes 1.2345e+07\n"))
+	}))
+	defer srv.Close()
+	h := newHeapWatch()
+	defer h.close()
+	v, err := h.sample(context.Background(), srv.URL, true)
+	if err != nil || v != 12345000 || h.max.Load() != 12345000 {
+		t.Errorf("sample = %d, %v; max %d", v, err, h.max.Load())
+	}
+}
+
+func TestShortNumberAndNiceStep(t *testing.T) {
+	for v, want := range map[float64]string{0: "0", 950: "950", 1500: "1.5K", 20000: "20K", 1.25e6: "1.2M"} {
+		if got := shortNumber(v); got != want {
+			t.Errorf("shortNumber(%v) = %q, want %q", v, got, want)
+		}
+	}
+	for v, want := range map[float64]float64{0.7: 1, 3: 5, 1200: 2000, 50000: 50000} {
+		if got := niceStep(v); got != want {
+			t.Errorf("niceStep(%v) = %v, want %v", v, got, want)
+		}
+	}
+}

@@ -1,0 +1,41 @@
+# bench-lib.sh: shared by scripts/bench-*.sh (source it; it is not a command).
+#
+# bench_build OUTDIR builds OUTDIR/storaged and OUTDIR/storaged-bench and sets BENCH_REV_NOTE.
+#   STORAGED_REV=<git rev> (default HEAD): both binaries are built from a clean export of that revision
+#     (git archive), with the working tree's cmd/storaged-bench copied over it, so that half-edited files
+#     elsewhere in a shared working tree neither break the build nor end up in the measurement.
+#   STORAGED_REV=worktree: both are built from the working tree as it is.
+
+bench_root() {
+  git -C "$(dirname "${BASH_SOURCE[0]}")" rev-parse --show-toplevel
+}
+
+bench_build() {
+  local out=$1 root rev src
+  root=$(bench_root)
+  rev=${STORAGED_REV:-HEAD}
+  mkdir -p "$out"
+  if [ "$rev" = worktree ]; then
+    src=$root
+    BENCH_REV_NOTE="storaged built from the working tree at $(git -C "$root" rev-parse --short HEAD) (+ uncommitted changes)"
+  else
+    src=$out/src
+    rm -rf "$src"
+    mkdir -p "$src"
+    git -C "$root" archive "$rev" | tar -x -C "$src"
+    rm -rf "$src/cmd/storaged-bench"
+    cp -r "$root/cmd/storaged-bench" "$src/cmd/storaged-bench"
+    BENCH_REV_NOTE="storaged built from $(git -C "$root" rev-parse --short "$rev") ($(git -C "$root" log -1 --format=%s "$rev" | cut -c1-80))"
+  fi
+  (cd "$src" && go build -o "$out/storaged" ./cmd/storaged && go build -o "$out/storaged-bench" ./cmd/storaged-bench)
+  echo "bench: $BENCH_REV_NOTE" >&2
+}
+
+# bench_machine prints the date and machine lines BENCHMARKS.md records.
+bench_machine() {
+  echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+  echo "nproc: $(nproc)"
+  echo "cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')"
+  echo "kernel: $(uname -r)"
+  echo "go: $(go env GOVERSION)"
+}

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# bench-matrix.sh: the service benchmarks of BENCHMARKS.md in one invocation.
+#
+# Builds storaged and storaged-bench (scripts/bench-lib.sh: STORAGED_REV, default HEAD), then runs
+# `storaged-bench matrix`: the floor (a no-op MessageStoreService behind storaged's gRPC server options,
+# as its own process), storaged --flush-mode async and storaged --flush-mode sync (each with a temp data
+# dir under $BENCH_DATA_ROOT, loopback 127.0.0.1:0), every case RUNS times, the targets taking turns
+# within each run so that each ratio compares runs seconds apart. Writes the results JSON and the chart.
+#
+#   scripts/bench-matrix.sh [extra storaged-bench matrix flags, e.g. --cases unary-c64 --runs 5]
+#
+# Environment: OUT (results JSON, default bench-out/results.json), CHART (default
+# docs/bench-throughput.png), RUNS (3), DURATION (10s), WARMUP (2s), BENCH_DATA_ROOT (default $TMPDIR or
+# /tmp), TARGETS (floor,async,sync), CASES (the matrix default list).
+set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/bench-lib.sh"
+root=$(bench_root)
+cd "$root"
+
+bin=$(mktemp -d "${TMPDIR:-/tmp}/storaged-bench-bin.XXXXXX")
+trap 'rm -rf "$bin"' EXIT
+bench_build "$bin"
+
+out=${OUT:-bench-out/results.json}
+chart=${CHART:-docs/bench-throughput.png}
+mkdir -p "$(dirname "$out")" "$(dirname "$chart")"
+bench_machine >&2
+
+args=(--storaged "$bin/storaged" --runs "${RUNS:-3}" --duration "${DURATION:-10s}" --warmup "${WARMUP:-2s}"
+  --targets "${TARGETS:-floor,async,sync}" --data-root "${BENCH_DATA_ROOT:-${TMPDIR:-/tmp}}"
+  --out "$out" --note "$BENCH_REV_NOTE")
+if [ -n "${CASES:-}" ]; then
+  args+=(--cases "$CASES")
+fi
+"$bin/storaged-bench" matrix "${args[@]}" "$@"
+"$bin/storaged-bench" chart --in "$out" --out "$chart" --method unary
+echo "bench-matrix: results in $out, chart in $chart" >&2
