@@ -24,7 +24,10 @@ type dispatcher struct {
 	mu     sync.RWMutex // guards queues
 	queues map[queueKey]*consumeQueue
 
-	next       int64        // next commitlog offset to dispatch; dispatcher goroutine only
+	// runMu is held by every dispatch round and checkpoint, so a test can
+	// pause the store at a consistent point (see Store.pause).
+	runMu      sync.Mutex
+	next       int64        // next commitlog offset to dispatch; guarded by runMu
 	dispatched atomic.Int64 // published after the entries are written
 
 	arriveMu sync.Mutex
@@ -91,7 +94,10 @@ func (d *dispatcher) loop() {
 			d.run(d.s.visibleEnd())
 		case <-t.C:
 			d.run(d.s.visibleEnd())
-			if err := d.checkpoint(); err != nil {
+			d.runMu.Lock()
+			err := d.checkpoint()
+			d.runMu.Unlock()
+			if err != nil {
 				d.s.fail(err)
 			}
 		case <-d.done:
@@ -110,6 +116,8 @@ func (d *dispatcher) wake() {
 
 // run dispatches every record in [next, end) and publishes the progress.
 func (d *dispatcher) run(end int64) {
+	d.runMu.Lock()
+	defer d.runMu.Unlock()
 	if d.next >= end {
 		return
 	}
@@ -195,8 +203,8 @@ func (d *dispatcher) queue(topic string, qid int32) *consumeQueue {
 }
 
 // checkpoint makes the consume queues and the commitlog durable up to the
-// dispatched offset and records both. REQUIRES: the dispatcher goroutine,
-// or the store closed with the goroutine stopped.
+// dispatched offset and records both. REQUIRES: runMu held, or the store
+// closed with the goroutine stopped.
 func (d *dispatcher) checkpoint() error {
 	dispatched := d.next
 	counts := map[string]int64{}

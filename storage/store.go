@@ -48,6 +48,8 @@ type Store struct {
 	queue       *mappedFileQueue
 	flusher     flusher
 	dispatch    *dispatcher
+	sched       *scheduler // delay-level delivery
+	ret         *retention // file deletion and disk watermarks
 
 	// put serialises appends: choosing or rolling the file, assigning queue
 	// offsets, stamping the store time and copying the bytes (RocketMQ
@@ -109,6 +111,14 @@ func Open(opts Options) (*Store, error) {
 		s.cleanup()
 		return nil, err
 	}
+	if s.ret, err = newRetention(s); err != nil {
+		s.cleanup()
+		return nil, err
+	}
+	if s.sched, err = newScheduler(s); err != nil {
+		s.cleanup()
+		return nil, err
+	}
 	if err := createAbort(opts.FS, opts.Dir); err != nil {
 		s.cleanup()
 		return nil, err
@@ -130,6 +140,8 @@ func Open(opts Options) (*Store, error) {
 			LeastPages: opts.FlushLeastPages, ThoroughInterval: opts.FlushThoroughInterval, OnError: s.fail, OnSync: onSync})
 	}
 	s.dispatch.start()
+	s.ret.start()
+	s.sched.start()
 	return s, nil
 }
 
@@ -164,9 +176,9 @@ func (s *Store) WriteErr() error {
 }
 
 // Writable reports whether puts are currently accepted (open, master, no
-// sticky write error).
+// sticky write error, disk not above the warning watermark).
 func (s *Store) Writable() bool {
-	return !s.closed.Load() && s.opts.Role == RoleMaster && s.writeErr.Load() == nil
+	return !s.closed.Load() && s.opts.Role == RoleMaster && s.writeErr.Load() == nil && s.ret.writeErr() == nil
 }
 
 // FlushMode returns the configured flush mode.
@@ -184,7 +196,7 @@ func (s *Store) checkBeforePut() error {
 	if err := s.WriteErr(); err != nil {
 		return err
 	}
-	return nil
+	return s.ret.writeErr() // disk above the warning watermark
 }
 
 // busy reports whether some put has held the put lock longer than the
@@ -547,6 +559,8 @@ func (s *Store) Stats() Stats {
 	if err := s.WriteErr(); err != nil {
 		st.WriteError = err.Error()
 	}
+	st.Schedule = s.sched.stats()
+	st.Retention, st.Disk = s.ret.stats()
 	return st
 }
 
@@ -558,6 +572,8 @@ func (s *Store) Close() error {
 	if !s.closed.CompareAndSwap(false, true) {
 		return nil
 	}
+	s.sched.stop() // persists its progress; needs the flush policy running
+	s.ret.stop()
 	s.put.Lock() // no append in progress after this; new ones see closed
 	s.put.Unlock()
 	var errs []error
@@ -633,6 +649,14 @@ func (s *Store) rebuildQueues(cp checkpoint) error {
 		return err
 	}
 	from := min(cp.Dispatched, end)
+	// Entries past the checkpoint were not known durable when it was
+	// written: a power cut may have torn them. Drop them; the re-dispatch
+	// below writes them again from the commitlog.
+	for k, q := range s.dispatch.queues {
+		if want := cp.Queues[queueName(k.topic, k.queue)]; q.count.Load() > want {
+			q.truncate(want)
+		}
+	}
 	for name, want := range cp.Queues {
 		topic, qid, ok := splitQueueName(name)
 		if !ok {
