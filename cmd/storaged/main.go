@@ -13,7 +13,17 @@
 //
 // Configuration: see config.go, or run storaged -h. Exit status: 0 after a
 // clean shutdown, 1 on a runtime error (including a data dir held by another
-// process), 2 on a configuration error.
+// process, or acknowledged data found damaged at start), 2 on a
+// configuration error.
+//
+// Offline commands, with the server stopped (offline.go):
+//
+//	storaged check  [--data-dir D] [--file-size S]    verify the commitlog, print a JSON report (exit 1 on damage)
+//	storaged repair [--data-dir D] [--file-size S] --truncate-at OFFSET
+//
+// When the store refuses to open because acknowledged data is damaged
+// (*storage.CorruptionError), the log and the exit message name the file
+// and offset and the two commands to run.
 package main
 
 import (
@@ -45,6 +55,14 @@ var version = "dev"
 const watchInterval = time.Second
 
 func main() {
+	if len(os.Args) > 1 {
+		switch os.Args[1] {
+		case "check":
+			os.Exit(runCheck(os.Args[2:], os.LookupEnv, os.Stdout, os.Stderr))
+		case "repair":
+			os.Exit(runRepair(os.Args[2:], os.LookupEnv, os.Stdout, os.Stderr))
+		}
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	go func() {
 		<-ctx.Done()
@@ -79,6 +97,10 @@ func run(ctx context.Context, args []string, lookupEnv func(string) (string, boo
 	cfg.log(logger)
 	if err := serve(ctx, cfg, logger); err != nil {
 		logger.Error().Err(err).Msg("storaged stopped with an error")
+		var cerr *storage.CorruptionError
+		if errors.As(err, &cerr) { // what the operator must do, in plain text too
+			fmt.Fprintf(stderr, "storaged: %v\n", err)
+		}
 		return err
 	}
 	logger.Info().Msg("storaged stopped")
@@ -182,6 +204,19 @@ func serve(ctx context.Context, cfg config, logger zerolog.Logger) (err error) {
 	if err != nil {
 		if errors.Is(err, storage.ErrLocked) {
 			return fmt.Errorf("data dir %s is in use by another storaged process (%w)", cfg.DataDir, err)
+		}
+		var cerr *storage.CorruptionError
+		if errors.As(err, &cerr) {
+			o := offlineFlags{dataDir: cfg.DataDir, fileSize: cfg.FileSize}
+			check := "storaged check " + o.args()
+			repair := fmt.Sprintf("storaged repair %s --truncate-at %d", o.args(), cerr.Offset)
+			logger.Error().Str("file", cerr.File).Int64("offset", cerr.Offset).Int64("flushed", cerr.Flushed).
+				Str("reason", cerr.Reason).Str("check", check).Str("repair", repair).
+				Msg("acknowledged data is damaged: refusing to start; run storaged check, then storaged repair --truncate-at OFFSET")
+			return fmt.Errorf("damaged record in %s at commitlog offset %d, below the flushed offset %d (%s): "+
+				"storaged will not drop acknowledged messages on its own; run `%s` to see the damage, then `%s` "+
+				"to cut the log there (the cut bytes are kept in .broken files): %w",
+				cerr.File, cerr.Offset, cerr.Flushed, cerr.Reason, check, repair, err)
 		}
 		return fmt.Errorf("open store in %s: %w", cfg.DataDir, err)
 	}
