@@ -1,6 +1,7 @@
 #!/usr/bin/python3
 """Cross-language client check for storaged: a Python gRPC client puts
-messages and checks every response field, and one rich error.
+messages and checks every response field, pulls a message back with
+PullMessages and GetMessage, and checks two rich errors.
 
     /usr/bin/python3 scripts/python_client_test.py HOST:PORT
 
@@ -125,6 +126,43 @@ def msg_id_offset(msg_id):
     return int(msg_id[16:], 16)
 
 
+def pull_back(grpc, pb, stub, topic, queue_id, queue_offset, msg_id):
+    """Pulls until the message put at queue_offset comes back, as a consumer would.
+
+    A message is readable once the store has dispatched it, shortly after its put
+    returns; a pull past the dispatched end is OUT_OF_RANGE. So start at the queue's
+    current max when the put's offset is not there yet, and let the long poll wait.
+    """
+    try:
+        info = stub.GetQueueInfo(pb.GetQueueInfoRequest(topic=topic, queue_id=queue_id), timeout=10)
+        offset = min(queue_offset, info.max_offset)
+    except grpc.RpcError as e:
+        if e.code() != grpc.StatusCode.NOT_FOUND:
+            raise
+        offset = 0  # the queue appears with its first message; the pull waits for it
+    for _ in range(20):
+        req = pb.PullMessagesRequest(topic=topic, queue_id=queue_id, queue_offset=offset, max_messages=64)
+        req.wait.FromSeconds(5)
+        resp = stub.PullMessages(req, timeout=10)
+        for msg in resp.messages:
+            if msg.msg_id == msg_id:
+                return msg
+        offset = resp.next_offset
+    return None
+
+
+def error_info(rpc, e):
+    raw = dict(e.trailing_metadata() or ()).get("grpc-status-details-bin")
+    if raw is None:
+        return None
+    for d in rpc.Status.FromString(raw).details:
+        if d.type_url.endswith("/google.rpc.ErrorInfo"):
+            info = rpc.ErrorInfo()
+            info.ParseFromString(d.value)
+            return info
+    return None
+
+
 def run_checks(grpc, pb, rpc, stub):
     now = datetime.datetime.now(datetime.timezone.utc)
     m = pb.Message(topic="PyTopic", queue_id=1, body=b"hello from python", tags="py", keys="k1 k2",
@@ -143,6 +181,40 @@ def run_checks(grpc, pb, rpc, stub):
     check(res.message_count == 1 and len(res.msg_ids) == 0, "message_count 1, no msg_ids for a single put")
     stored = res.store_timestamp.ToDatetime(tzinfo=datetime.timezone.utc)
     check(abs((stored - now).total_seconds()) < 60, "store_timestamp %s is close to now" % stored.isoformat())
+
+    pulled = pull_back(grpc, pb, stub, "PyTopic", 1, res.queue_offset, res.msg_id)
+    check(pulled is not None, "PullMessages returns the message put (queue offset %d)" % res.queue_offset)
+    if pulled is not None:
+        check(pulled.body == m.body, "pulled body is the body put (%r)" % pulled.body)
+        check(pulled.topic == "PyTopic" and pulled.queue_id == 1 and pulled.queue_offset == res.queue_offset,
+              "pulled topic, queue id and queue offset")
+        check(pulled.commit_log_offset == res.wrote_offset and pulled.store_size == res.wrote_bytes,
+              "pulled commit_log_offset and store_size match the append result")
+        check(pulled.tags == "py" and pulled.keys == "k1 k2" and pulled.properties.get("lang") == "python"
+              and "__CRC32#" not in pulled.properties,
+              "pulled tags, keys and properties (%s)" % dict(pulled.properties))
+        born = pulled.born_timestamp.ToDatetime(tzinfo=datetime.timezone.utc)
+        check(abs((born - now).total_seconds()) < 0.002, "pulled born_timestamp is the one sent (%s)" % born.isoformat())
+        check(pulled.born_host.startswith("127.0.0.1:") and ":" in pulled.store_host,
+              "pulled born_host %r and store_host %r are ip:port" % (pulled.born_host, pulled.store_host))
+
+        got = stub.GetMessage(pb.GetMessageRequest(msg_id=res.msg_id, include_raw=True), timeout=10).message
+        check(got.body == m.body and got.msg_id == res.msg_id, "GetMessage by msg_id returns the message")
+        check(len(got.raw) == got.store_size and got.raw[4:8] == bytes.fromhex("DAA320A7"),
+              "GetMessage include_raw: store_size bytes with the RocketMQ magic code")
+
+        info = stub.GetQueueInfo(pb.GetQueueInfoRequest(topic="PyTopic", queue_id=1), timeout=10)
+        try:
+            stub.PullMessages(pb.PullMessagesRequest(topic="PyTopic", queue_id=1, queue_offset=info.max_offset + 1000),
+                              timeout=10)
+            check(False, "a pull past the end is refused")
+        except grpc.RpcError as e:
+            check(e.code() == grpc.StatusCode.OUT_OF_RANGE, "pull past the end: OUT_OF_RANGE (%s)" % e.code())
+            ei = error_info(rpc, e)
+            check(ei is not None and ei.reason == "OFFSET_OUT_OF_RANGE" and "min_offset" in ei.metadata
+                  and "max_offset" in ei.metadata,
+                  "OUT_OF_RANGE carries ErrorInfo OFFSET_OUT_OF_RANGE with min_offset and max_offset (%s)"
+                  % (dict(ei.metadata) if ei is not None else None))
 
     r2 = stub.PutMessage(pb.PutMessageRequest(message=pb.Message(topic="PyTopic", queue_id=1, body=b"second")),
                          timeout=10)
