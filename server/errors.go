@@ -191,8 +191,12 @@ func (s *Service) readError(m method, err error) error {
 			"min_offset": strconv.FormatInt(re.Min, 10),
 			"max_offset": strconv.FormatInt(re.Max, 10),
 		}}
-		return newStatus(codes.OutOfRange, fmt.Sprintf("%s %d is out of range: readable offsets are [%d, %d)",
-			re.What, re.Offset, re.Min, re.Max), info)
+		msg := fmt.Sprintf("%s %d is out of range: readable offsets are [%d, %d)", re.What, re.Offset, re.Min, re.Max)
+		if re.What == "queue offset" {
+			msg = fmt.Sprintf("queue offset %d is out of range: the queue holds offsets [%d, %d); pull from %d to %d",
+				re.Offset, re.Min, re.Max, re.Min, re.Max)
+		}
+		return newStatus(codes.OutOfRange, msg, info)
 	case errors.Is(err, storage.ErrQueueNotFound):
 		return newStatus(codes.NotFound, "no message was ever stored in this topic and queue",
 			&errdetails.ErrorInfo{Reason: ReasonQueueNotFound, Domain: ErrorDomain})

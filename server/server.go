@@ -13,6 +13,11 @@
 //   - appended, durability unknown: a gRPC error that says so and names the
 //     msgId and offset in the ErrorInfo metadata.
 //
+// Reads (read.go) return StoredMessages and map the store's read errors in
+// readError: OUT_OF_RANGE with min/max, NOT_FOUND, DATA_LOSS, never wrong
+// bytes. PutMessageStream (stream.go) answers each streamed message with what
+// PutMessage would have said, with a bounded window per stream.
+//
 // grpcserver.go assembles the *grpc.Server (interceptors, health,
 // reflection, keepalive, TLS) and metrics.go exports the store's counters to
 // Prometheus.
