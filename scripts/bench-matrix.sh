@@ -5,7 +5,8 @@
 # `storaged-bench matrix`: the floor (a no-op MessageStoreService behind storaged's gRPC server options,
 # as its own process), storaged --flush-mode async and storaged --flush-mode sync (each with a temp data
 # dir under $BENCH_DATA_ROOT, loopback 127.0.0.1:0), every case RUNS times, the targets taking turns
-# within each run so that each ratio compares runs seconds apart. Writes the results JSON and the chart.
+# within each run so that each ratio compares runs seconds apart. Writes the results JSON, a Markdown
+# table of them next to it, and the chart.
 #
 #   scripts/bench-matrix.sh [extra storaged-bench matrix flags, e.g. --cases unary-c64 --runs 5]
 #
@@ -34,4 +35,5 @@ if [ -n "${CASES:-}" ]; then
 fi
 "$bin/storaged-bench" matrix "${args[@]}" "$@"
 "$bin/storaged-bench" chart --in "$out" --out "$chart" --method unary
-echo "bench-matrix: results in $out, chart in $chart" >&2
+"$bin/storaged-bench" report --in "$out" >"${out%.json}.md"
+echo "bench-matrix: results in $out (table: ${out%.json}.md), chart in $chart" >&2

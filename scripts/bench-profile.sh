@@ -4,8 +4,8 @@
 # Builds storaged and storaged-bench (scripts/bench-lib.sh: STORAGED_REV, default HEAD), starts the
 # target with pprof on its metrics port (storaged --pprof, or the floor with --pprof), runs storaged-bench
 # against it, and while the load runs takes a CPU profile and a delta allocation profile over
-# PROFILE_SECONDS, then an in-use heap profile. Prints `go tool pprof -top` of each and keeps the raw
-# profiles in OUTDIR.
+# PROFILE_SECONDS, then an in-use heap profile and the /metrics page. Prints `go tool pprof -top` of
+# each and keeps the raw profiles in OUTDIR.
 #
 #   scripts/bench-profile.sh [storaged-bench run flags, default: --method unary --concurrency 64]
 #
@@ -86,6 +86,7 @@ allocs=$!
 wait "$cpu" "$allocs"
 wait "$bench"
 curl -sf -o "$outdir/heap.pprof" "http://$metrics/debug/pprof/heap"
+curl -sf -o "$outdir/metrics.txt" "http://$metrics/metrics"
 
 cat "$outdir/summary.txt"
 pp() { go tool pprof -top -nodecount="$nodes" "$@" 2>/dev/null; }

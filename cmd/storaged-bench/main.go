@@ -10,6 +10,7 @@
 //	storaged-bench floor --listen 127.0.0.1:0       serve the no-op server until SIGTERM
 //	storaged-bench matrix --storaged BIN [flags]    floor, async and sync side by side, N runs each
 //	storaged-bench chart --in results.json --out chart.png
+//	storaged-bench report --in results.json           the results as a Markdown table
 //
 // The floor is a MessageStoreService that stores nothing: it answers PUT_OK
 // with a plausible AppendResult, behind the same gRPC server options and
@@ -80,8 +81,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return runMatrixCommand(ctx, args, stdout, stderr)
 	case "chart":
 		return runChartCommand(args, stderr)
+	case "report":
+		return runReportCommand(args, stdout, stderr)
 	default:
-		err := fmt.Errorf("unknown subcommand %q (run, floor, matrix, chart)", cmd)
+		err := fmt.Errorf("unknown subcommand %q (run, floor, matrix, chart, report)", cmd)
 		fmt.Fprintln(stderr, "storaged-bench:", err)
 		return usageError{err}
 	}

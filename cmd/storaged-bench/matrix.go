@@ -18,9 +18,11 @@ import (
 
 // defaultCases is the case list of the matrix subcommand: the unary
 // concurrency sweep (the chart; unary-c64 and the p99 at 16 are issue 7
-// targets; unary-c256 is where the server heap is read), the batch target
-// and the stream target.
-const defaultCases = "unary-c1,unary-c4,unary-c16,unary-c64,unary-c256,batch100-c16,stream-s4-c64"
+// targets; unary-c256 is where the server heap is read), the batch target,
+// and streams with as many messages in flight as unary-c64 (s1-c64), four
+// times as many over four streams (s4-c64) and over one stream (s1-c256,
+// the server's window).
+const defaultCases = "unary-c1,unary-c4,unary-c16,unary-c64,unary-c256,batch100-c16,stream-s1-c64,stream-s4-c64,stream-s1-c256"
 
 // Targets of the matrix. floor, bare and edge are this binary's floor
 // subcommand; async and sync are storaged with that --flush-mode.

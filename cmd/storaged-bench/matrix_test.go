@@ -9,6 +9,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 )
 
@@ -87,6 +88,14 @@ func TestMatrixAndChart(t *testing.T) {
 		if r == nil || r.Throughput.Median <= 0 || c.VsFloor["floor"] != nil {
 			t.Errorf("%s: ratios %+v", c.Name, c.VsFloor)
 		}
+	}
+
+	stdout.Reset()
+	if err := run(context.Background(), []string{"report", "--in", out}, &stdout, &stderr); err != nil {
+		t.Fatalf("report: %v", err)
+	}
+	if md := stdout.String(); !strings.Contains(md, "| unary-c4 | bare |") || strings.Count(md, "\n") != 2+4*2 {
+		t.Errorf("report:\n%s", md)
 	}
 
 	png1 := filepath.Join(dir, "chart.png")

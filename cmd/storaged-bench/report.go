@@ -1,0 +1,66 @@
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+)
+
+// runReportCommand is the report subcommand: the results of a matrix as a
+// Markdown table, for BENCHMARKS.md.
+func runReportCommand(args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("storaged-bench report", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	in := fs.String("in", "bench-results.json", "matrix results `file`")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return err
+		}
+		return usageError{err}
+	}
+	b, err := os.ReadFile(*in)
+	if err != nil {
+		return err
+	}
+	var res MatrixResult
+	if err := json.Unmarshal(b, &res); err != nil {
+		return fmt.Errorf("%s: %w", *in, err)
+	}
+	writeMarkdown(stdout, &res)
+	return nil
+}
+
+// writeMarkdown writes one row per case and target: median msgs/s with
+// its min-max range, the median p50 and p99, the run-by-run ratios to the
+// floor (median and range), and the largest server heap seen.
+func writeMarkdown(w io.Writer, res *MatrixResult) {
+	fmt.Fprintln(w, "| case | target | msgs/s median (min-max, spread) | p50 | p99 | x floor throughput (range) | x floor p99 (range) | server heap in use, max |")
+	fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|")
+	for _, c := range res.Cases {
+		for _, t := range res.Targets {
+			tr := c.Targets[t]
+			if tr == nil {
+				continue
+			}
+			thr, p99 := "-", "-"
+			if r := c.VsFloor[t]; r != nil {
+				thr = fmt.Sprintf("**%.2f** (%.2f-%.2f)", r.Throughput.Median, r.Throughput.Min, r.Throughput.Max)
+				p99 = fmt.Sprintf("%.2f (%.2f-%.2f)", r.P99.Median, r.P99.Min, r.P99.Max)
+			}
+			heap := "-"
+			if tr.HeapBytes.Max > 0 {
+				heap = fmt.Sprintf("%.1f MiB", tr.HeapBytes.Max/(1<<20))
+			}
+			errs := ""
+			if tr.Errors > 0 || tr.Degraded > 0 {
+				errs = fmt.Sprintf(" (%d errors, %d degraded)", tr.Errors, tr.Degraded)
+			}
+			fmt.Fprintf(w, "| %s | %s | %.0f (%.0f-%.0f, %.0f%%)%s | %s | %s | %s | %s | %s |\n", c.Name, t,
+				tr.MsgsPerSec.Median, tr.MsgsPerSec.Min, tr.MsgsPerSec.Max, tr.MsgsPerSec.SpreadPct, errs,
+				fmtLatency(int64(tr.P50Us.Median)), fmtLatency(int64(tr.P99Us.Median)), thr, p99, heap)
+		}
+	}
+}
