@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"net/netip"
+	"runtime/debug"
 	"sync"
 
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
@@ -76,7 +77,7 @@ recv:
 		}
 		it := itemPool.Get().(*streamItem)
 		if err := stream.RecvMsg(&it.req); err != nil {
-			itemPool.Put(it)
+			it.release()
 			<-tokens
 			if !errors.Is(err, io.EOF) {
 				recvErr = err
@@ -94,8 +95,20 @@ recv:
 }
 
 // streamPut puts one stream message and builds its answer. It gives the
-// item back to the pool.
-func (s *Service) streamPut(ctx context.Context, it *streamItem, born netip.AddrPort) *storagedv1.PutMessageStreamResponse {
+// item back to the pool. A panic (the recovery interceptor only guards the
+// handler goroutine, not the workers) becomes an INTERNAL answer, logged,
+// as it does for PutMessage, and the stream goes on.
+func (s *Service) streamPut(ctx context.Context, it *streamItem, born netip.AddrPort) (resp *storagedv1.PutMessageStreamResponse) {
+	id := it.req.GetRequestId()
+	defer func() {
+		if p := recover(); p != nil {
+			s.log.Error().Interface("panic", p).Bytes("stack", debug.Stack()).Uint64("request_id", id).
+				Msg("recovered a panic while putting a stream message")
+			st := status.Convert(panicError())
+			resp = &storagedv1.PutMessageStreamResponse{RequestId: id, Code: int32(st.Code()), ErrorMessage: st.Message(),
+				Status: storagedv1.PutMessageStatus_PUT_MESSAGE_STATUS_UNKNOWN_ERROR, Reason: storage.UnknownError.String()}
+		}
+	}()
 	ack := new(streamAck)
 	ack.resp.RequestId = it.req.GetRequestId()
 	var (

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -379,5 +380,38 @@ func TestPutMessageStreamAppendedUnknown(t *testing.T) {
 	}
 	if _, err := stream.Recv(); !errors.Is(err, io.EOF) {
 		t.Fatalf("end of stream: %v", err)
+	}
+}
+
+// TestPutMessageStreamPanic: a panic while putting a stream message (in a
+// worker, outside the recovery interceptor's reach) is answered INTERNAL,
+// logged, and the stream goes on.
+func TestPutMessageStreamPanic(t *testing.T) {
+	var logs syncBuffer
+	srv := startServer(t, New(&fakeStore{panic: "boom"}, newLogger(&logs)), GRPCConfig{})
+	client := storagedv1.NewMessageStoreServiceClient(dial(t, srv.addr, nil))
+	stream, err := client.PutMessageStream(ctxT(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range uint64(3) {
+		if err := stream.Send(streamMsg(i, &storagedv1.Message{Topic: "p", Body: []byte("x")})); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := stream.CloseSend(); err != nil {
+		t.Fatal(err)
+	}
+	r := recvAll(stream)
+	if r.err != nil || len(r.acks) != 3 {
+		t.Fatalf("stream: %v, %d answers; want OK and 3", r.err, len(r.acks))
+	}
+	for id, ack := range r.acks {
+		if codes.Code(ack.GetCode()) != codes.Internal || ack.GetReason() != "UNKNOWN_ERROR" || ack.GetResult() != nil {
+			t.Errorf("request %d: %v, want INTERNAL, UNKNOWN_ERROR", id, ack)
+		}
+	}
+	if !strings.Contains(logs.String(), "recovered a panic while putting a stream message") {
+		t.Errorf("panic not logged:\n%s", logs.String())
 	}
 }
