@@ -29,12 +29,17 @@ import (
 //   - both: recovery succeeds (a power cut never looks like corruption),
 //     queue offsets are dense from 0, nothing unexpected appears.
 //
-// STORAGED_CRASH_RUNS and STORAGED_CRASH_POINTS scale it (CI default: 100
-// runs x 50 points x 2 modes = 10,000 crash images); STORAGED_CRASH_SEED
+// STORAGED_CRASH_RUNS and STORAGED_CRASH_POINTS scale it (default: 100
+// runs x 50 points x 2 modes = 10,000 crash images; a tenth under -race,
+// and .ci/run runs the full size without -race); STORAGED_CRASH_SEED
 // replays one run. The producers' interleaving is not deterministic, the
 // crash image for a given state and seed is.
 func TestPowerLoss(t *testing.T) {
-	runs, points := envInt("STORAGED_CRASH_RUNS", 100), envInt("STORAGED_CRASH_POINTS", 50)
+	defRuns := 100
+	if raceEnabled {
+		defRuns = 10 // 1,000 images under -race; .ci/run runs the full 10,000 without it
+	}
+	runs, points := envInt("STORAGED_CRASH_RUNS", defRuns), envInt("STORAGED_CRASH_POINTS", 50)
 	seeds := make([]uint64, runs)
 	for i := range seeds {
 		seeds[i] = uint64(i + 1)
