@@ -179,6 +179,11 @@ func (q *consumeQueue) put(queueOffset, phys int64, size int32, tags int64) erro
 func (q *consumeQueue) file(from int64) *mappedFile {
 	q.mu.RLock()
 	defer q.mu.RUnlock()
+	return q.fileLocked(from)
+}
+
+// fileLocked is file. REQUIRES: q.mu held.
+func (q *consumeQueue) fileLocked(from int64) *mappedFile {
 	for i := len(q.files) - 1; i >= 0; i-- {
 		if q.files[i].from == from {
 			return q.files[i]
@@ -187,18 +192,39 @@ func (q *consumeQueue) file(from int64) *mappedFile {
 	return nil
 }
 
-// get returns entry queueOffset, or ok=false when it is not indexed.
+// get returns entry queueOffset, or ok=false when it is not indexed. It
+// reads under q.mu, so retention can unmap the files it drops.
 func (q *consumeQueue) get(queueOffset int64) (phys int64, size int32, tags int64, ok bool) {
 	if queueOffset < q.min.Load() || queueOffset >= q.count.Load() {
 		return 0, 0, 0, false
 	}
 	pos := queueOffset * cqEntrySize
-	m := q.file(pos - pos%q.fileSize)
+	q.mu.RLock()
+	defer q.mu.RUnlock()
+	m := q.fileLocked(pos - pos%q.fileSize)
 	if m == nil {
 		return 0, 0, 0, false
 	}
 	phys, size, tags = decodeCQ(m.data[pos-m.from:])
 	return phys, size, tags, true
+}
+
+// dropFilesBelow takes off the queue the files whose entries all lie below
+// queue offset entry, never the last file, and returns them; the caller
+// deletes them (retention, after moving min to entry).
+func (q *consumeQueue) dropFilesBelow(entry int64) []*mappedFile {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	n := 0
+	for n < len(q.files)-1 && (q.files[n].from+q.fileSize)/cqEntrySize <= entry {
+		n++
+	}
+	if n == 0 {
+		return nil
+	}
+	gone := append([]*mappedFile(nil), q.files[:n]...)
+	q.files = append([]*mappedFile(nil), q.files[n:]...)
+	return gone
 }
 
 // flush msyncs the entries written since the last flush. REQUIRES: the

@@ -36,8 +36,11 @@ var (
 	// created, preallocated or mapped (CREATE_MAPPED_FILE_FAILED).
 	ErrCreateFile = errors.New("storage: create mapped file failed")
 
-	// ErrDiskFull wraps ErrCreateFile when preallocation failed for lack of
-	// space (ENOSPC): an error at creation, never a SIGBUS later.
+	// ErrDiskFull is wrapped with ErrCreateFile when preallocation failed
+	// for lack of space (ENOSPC): an error at creation, never a SIGBUS
+	// later. It is also wrapped with ErrNotWritable while the data dir's
+	// file system is above Options.DiskWarningPercent (puts refused with
+	// SERVICE_NOT_AVAILABLE until usage is back at DiskCleanPercent).
 	ErrDiskFull = errors.New("storage: no space left on device")
 
 	// ErrCorrupt marks bytes on disk that fail their checks (magic, length,

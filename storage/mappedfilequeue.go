@@ -141,6 +141,21 @@ func (q *mappedFileQueue) roll() (*mappedFile, error) {
 	return m, nil
 }
 
+// removeFirst takes up to n files off the front of the queue, never the
+// last one, and returns them; the caller unmaps and deletes them
+// (retention). The min offset moves to the first file left.
+func (q *mappedFileQueue) removeFirst(n int) []*mappedFile {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	n = min(n, len(q.files)-1)
+	if n <= 0 {
+		return nil
+	}
+	gone := append([]*mappedFile(nil), q.files[:n]...)
+	q.files = append([]*mappedFile(nil), q.files[n:]...)
+	return gone
+}
+
 // maxOffset is the commitlog offset the next append goes to.
 func (q *mappedFileQueue) maxOffset() int64 {
 	l := q.last()

@@ -170,6 +170,42 @@ type Options struct {
 	// bounds the async-mode loss window too. Default 1 s.
 	CheckpointInterval time.Duration
 
+	// FileReservedTime is how long commitlog files are kept: retention
+	// deletes a file once its newest message is older than this, never the
+	// file being written and never one holding a delayed message not yet
+	// delivered. Default 72 h (RocketMQ fileReservedTime). Negative keeps
+	// every file (the disk watermarks still apply).
+	FileReservedTime time.Duration
+
+	// DeleteWhen is when expired files are deleted: hours of the day on the
+	// store clock's local time (TZ), separated by ';' ("04;16"), or "*" for
+	// every hour. Default "04" (RocketMQ deleteWhen). Above DiskCleanPercent
+	// expired files are deleted at once, whatever the hour.
+	DeleteWhen string
+
+	// DiskCleanPercent: while the data dir's file system is fuller than this
+	// (df's Use%), expired files are deleted at once instead of at
+	// DeleteWhen, and a store that stopped taking writes takes them again
+	// only once usage is back at or below it. Default 85 (RocketMQ
+	// diskSpaceCleanForciblyRatio). 1-100, at most DiskWarningPercent.
+	DiskCleanPercent int
+
+	// DiskWarningPercent: above this the store refuses puts
+	// (SERVICE_NOT_AVAILABLE, an error wrapping ErrNotWritable and
+	// ErrDiskFull; Writable is false) until usage is back at
+	// DiskCleanPercent. Default 90 (RocketMQ diskSpaceWarningLevelRatio).
+	// 1-100; 100 never refuses.
+	DiskWarningPercent int
+
+	// DiskCheckInterval is how often, on the store's clock, disk usage is
+	// read and retention runs. Default 1 s.
+	DiskCheckInterval time.Duration
+
+	// StatDisk reports the usage of the file system holding a directory.
+	// Default StatDisk (statfs(2)). Tests fake it. When it fails the
+	// watermarks are not enforced (Stats.Disk.Err says why).
+	StatDisk func(dir string) (DiskUsage, error)
+
 	// FS is the file system the store runs on. Default vfs.Default (the OS,
 	// mmap, msync). Tests pass a *vfs.MemFS to simulate power cuts and
 	// inject I/O errors.
@@ -193,6 +229,11 @@ const (
 	DefaultSyncFlushTimeout      = 5 * time.Second
 	DefaultPageCacheBusyTimeout  = time.Second
 	DefaultCheckpointInterval    = time.Second
+	DefaultFileReservedTime      = 72 * time.Hour
+	DefaultDeleteWhen            = "04"
+	DefaultDiskCleanPercent      = 85
+	DefaultDiskWarningPercent    = 90
+	DefaultDiskCheckInterval     = time.Second
 	minFileSize                  = 4 << 10
 	maxFileSize                  = 1 << 40
 )
@@ -233,6 +274,24 @@ func (o Options) withDefaults() Options {
 	}
 	if o.DelayLevels == "" {
 		o.DelayLevels = DefaultDelayLevels
+	}
+	if o.FileReservedTime == 0 {
+		o.FileReservedTime = DefaultFileReservedTime
+	}
+	if o.DeleteWhen == "" {
+		o.DeleteWhen = DefaultDeleteWhen
+	}
+	if o.DiskCleanPercent == 0 {
+		o.DiskCleanPercent = DefaultDiskCleanPercent
+	}
+	if o.DiskWarningPercent == 0 {
+		o.DiskWarningPercent = DefaultDiskWarningPercent
+	}
+	if o.DiskCheckInterval == 0 {
+		o.DiskCheckInterval = DefaultDiskCheckInterval
+	}
+	if o.StatDisk == nil {
+		o.StatDisk = StatDisk
 	}
 	if !o.StoreHost.IsValid() {
 		o.StoreHost = DefaultStoreHost
@@ -278,6 +337,16 @@ func (o Options) Validate() error {
 	}
 	if _, err := ParseDelayLevels(o.DelayLevels); err != nil {
 		errs = append(errs, err)
+	}
+	if _, err := parseDeleteWhen(o.DeleteWhen); err != nil {
+		errs = append(errs, err)
+	}
+	if o.DiskWarningPercent < 1 || o.DiskWarningPercent > 100 || o.DiskCleanPercent < 1 || o.DiskCleanPercent > o.DiskWarningPercent {
+		errs = append(errs, fmt.Errorf("disk watermarks: want 1 <= DiskCleanPercent (%d) <= DiskWarningPercent (%d) <= 100",
+			o.DiskCleanPercent, o.DiskWarningPercent))
+	}
+	if o.DiskCheckInterval < 0 {
+		errs = append(errs, errors.New("DiskCheckInterval must not be negative"))
 	}
 	if o.StoreHost.Port() == 0 {
 		errs = append(errs, fmt.Errorf("StoreHost %s needs a port", o.StoreHost))

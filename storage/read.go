@@ -40,9 +40,11 @@ func (s *Store) GetMessage(off int64) (*Record, error) {
 	if off < lo || off >= hi {
 		return nil, &RangeError{What: "commitlog offset", Offset: off, Min: lo, Max: hi}
 	}
+	s.ret.readers.RLock() // retention unmaps the files it deletes only under the write lock
+	defer s.ret.readers.RUnlock()
 	f := s.queue.findByOffset(off)
 	if f == nil {
-		return nil, &RangeError{What: "commitlog offset", Offset: off, Min: lo, Max: hi}
+		return nil, &RangeError{What: "commitlog offset", Offset: off, Min: s.queue.minOffset(), Max: hi}
 	}
 	rec, _, err := decodeRecord(f.data[off-f.from:], !s.opts.DisablePropCRC)
 	if err != nil {

@@ -125,4 +125,11 @@ type Stats struct {
 	MinOffset, MaxOffset, FlushedOffset int64
 	// WriteError is the sticky write/sync error, or "".
 	WriteError string
+	// Schedule describes the delay scheduler: pending messages and lag per
+	// level.
+	Schedule ScheduleStats
+	// Retention counts what retention deleted; Disk is the data dir's file
+	// system at the last check (Disk.Full: puts refused).
+	Retention RetentionStats
+	Disk      DiskStats
 }
