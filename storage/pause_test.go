@@ -14,3 +14,26 @@ func (s *Store) pause() (resume func()) {
 		s.dispatch.runMu.Unlock()
 	}
 }
+
+// crash stops the store the way a killed process would: goroutines stop,
+// nothing more is flushed or checkpointed, the abort marker stays, files
+// are unmapped and the lock released. What the page cache holds is kept
+// (as after kill -9).
+func (s *Store) crash() {
+	s.closed.Store(true)
+	s.put.Lock()
+	s.put.Unlock()
+	s.dispatch.stop()
+	if s.sched != nil {
+		s.sched.stop()
+	}
+	if s.ret != nil {
+		s.ret.stop()
+	}
+	// The flusher's goroutine must end too. Its final sync changes nothing
+	// a reader of the page cache sees, which is all a kill -9 leaves.
+	s.flusher.Close()
+	s.dispatch.close()
+	s.queue.close()
+	s.lockFile.Close()
+}
