@@ -107,8 +107,10 @@ type targetResult struct {
 	P50Us      Stat       `json:"p50_us"`
 	P99Us      Stat       `json:"p99_us"`
 	HeapBytes  Stat       `json:"server_heap_inuse_max_bytes"`
-	Errors     int64      `json:"errors"`
-	Degraded   int64      `json:"degraded"`
+	// ServerCPUPerMsgUs is the server's CPU time per PUT_OK message, µs.
+	ServerCPUPerMsgUs Stat  `json:"server_cpu_per_msg_us"`
+	Errors            int64 `json:"errors"`
+	Degraded          int64 `json:"degraded"`
 }
 
 // ratio compares a target with the floor run by run: run i of the target
@@ -116,6 +118,8 @@ type targetResult struct {
 type ratio struct {
 	Throughput Stat `json:"throughput"` // target msgs/s ÷ floor msgs/s
 	P99        Stat `json:"p99"`        // target p99 ÷ floor p99
+	// ServerCPU is target server CPU per message ÷ the floor's.
+	ServerCPU Stat `json:"server_cpu_per_msg"`
 }
 
 type caseResult struct {
@@ -333,12 +337,26 @@ func runMatrixCommand(ctx context.Context, args []string, stdout, stderr io.Writ
 				cfg.Method, cfg.BatchSize, cfg.Concurrency, cfg.Streams = c.Method, c.BatchSize, c.Concurrency, c.Streams
 				cfg.Label, cfg.MetricsURL = t, p.metricsURL()
 				fmt.Fprintf(stderr, "%s run %d/%d on %s ... ", c.Name, run+1, o.runs, t)
+				pid := strconv.Itoa(p.cmd.Process.Pid)
+				srv0, err1 := procCPU(pid)
+				cli0, err2 := procCPU("self")
 				s, err := loadOnce(ctx, cfg, p.grpc)
 				if err != nil {
 					fmt.Fprintln(stderr)
 					return fmt.Errorf("%s on %s: %w", c.Name, t, err)
 				}
+				srv1, err3 := procCPU(pid)
+				cli1, err4 := procCPU("self")
 				s.Target = t
+				s.HostLoad1 = loadAverage()
+				if err := errors.Join(err1, err2, err3, err4); err == nil && s.Messages > 0 {
+					// The warmup's messages are not counted, its CPU is:
+					// scale the CPU to the measured phase.
+					frac := s.DurationSeconds / (s.DurationSeconds + s.WarmupSeconds)
+					s.ServerCPUSeconds = (srv1 - srv0).Seconds()
+					s.ServerCPUPerMsgUs = s.ServerCPUSeconds * frac / float64(s.Messages) * 1e6
+					s.ClientCPUPerMsgUs = (cli1 - cli0).Seconds() * frac / float64(s.Messages) * 1e6
+				}
 				fmt.Fprintf(stderr, "%.0f msgs/s, p99 %s, errors %d\n", s.MsgsPerSec, fmtLatency(s.Latency.P99Us), s.Errors)
 				tr := cr.Targets[t]
 				if tr == nil {
@@ -383,6 +401,7 @@ func (cr *caseResult) summarize() {
 		tr.P50Us = newStat(col(tr.Runs, func(s *Summary) float64 { return float64(s.Latency.P50Us) }))
 		tr.P99Us = newStat(col(tr.Runs, func(s *Summary) float64 { return float64(s.Latency.P99Us) }))
 		tr.HeapBytes = newStat(col(tr.Runs, func(s *Summary) float64 { return float64(s.ServerHeapInuseMaxBytes) }))
+		tr.ServerCPUPerMsgUs = newStat(col(tr.Runs, func(s *Summary) float64 { return s.ServerCPUPerMsgUs }))
 		tr.Errors, tr.Degraded = 0, 0
 		for _, s := range tr.Runs {
 			tr.Errors += s.Errors
@@ -398,7 +417,7 @@ func (cr *caseResult) summarize() {
 		if name == "floor" {
 			continue
 		}
-		var thr, p99 []float64
+		var thr, p99, cpu []float64
 		for i := range min(len(tr.Runs), len(floor.Runs)) {
 			f, t := floor.Runs[i], tr.Runs[i]
 			if f.MsgsPerSec > 0 {
@@ -407,8 +426,11 @@ func (cr *caseResult) summarize() {
 			if f.Latency.P99Us > 0 {
 				p99 = append(p99, float64(t.Latency.P99Us)/float64(f.Latency.P99Us))
 			}
+			if f.ServerCPUPerMsgUs > 0 {
+				cpu = append(cpu, t.ServerCPUPerMsgUs/f.ServerCPUPerMsgUs)
+			}
 		}
-		cr.VsFloor[name] = &ratio{Throughput: newStat(thr), P99: newStat(p99)}
+		cr.VsFloor[name] = &ratio{Throughput: newStat(thr), P99: newStat(p99), ServerCPU: newStat(cpu)}
 	}
 }
 
@@ -416,8 +438,8 @@ func (cr *caseResult) summarize() {
 func printMatrix(w io.Writer, res *MatrixResult) {
 	fmt.Fprintf(w, "\n%s, %d CPU (%s), %d runs of %.0fs (+%.0fs warmup), body %d B\n",
 		res.Date, res.Machine.NProc, res.Machine.CPU, res.Runs, res.DurationSeconds, res.WarmupSeconds, res.BodySize)
-	fmt.Fprintf(w, "%-16s %-6s %10s %7s %9s %9s %16s %12s %9s\n",
-		"case", "target", "msgs/s", "spread", "p50", "p99", "x floor (range)", "p99 x floor", "heap MiB")
+	fmt.Fprintf(w, "%-16s %-6s %10s %7s %9s %9s %16s %12s %9s %11s\n",
+		"case", "target", "msgs/s", "spread", "p50", "p99", "x floor (range)", "p99 x floor", "heap MiB", "srv µs/msg")
 	for _, c := range res.Cases {
 		for _, t := range res.Targets {
 			tr := c.Targets[t]
@@ -433,8 +455,8 @@ func printMatrix(w io.Writer, res *MatrixResult) {
 			if tr.HeapBytes.Max > 0 {
 				heap = fmt.Sprintf("%.1f", tr.HeapBytes.Median/(1<<20))
 			}
-			fmt.Fprintf(w, "%-16s %-6s %10.0f %6.0f%% %9s %9s %16s %12s %9s\n", c.Name, t, tr.MsgsPerSec.Median, tr.MsgsPerSec.SpreadPct,
-				fmtLatency(int64(tr.P50Us.Median)), fmtLatency(int64(tr.P99Us.Median)), vs, p99, heap)
+			fmt.Fprintf(w, "%-16s %-6s %10.0f %6.0f%% %9s %9s %16s %12s %9s %11.1f\n", c.Name, t, tr.MsgsPerSec.Median, tr.MsgsPerSec.SpreadPct,
+				fmtLatency(int64(tr.P50Us.Median)), fmtLatency(int64(tr.P99Us.Median)), vs, p99, heap, tr.ServerCPUPerMsgUs.Median)
 		}
 	}
 }

@@ -37,8 +37,8 @@ func runReportCommand(args []string, stdout, stderr io.Writer) error {
 // its min-max range, the median p50 and p99, the run-by-run ratios to the
 // floor (median and range), and the largest server heap seen.
 func writeMarkdown(w io.Writer, res *MatrixResult) {
-	fmt.Fprintln(w, "| case | target | msgs/s median (min-max, spread) | p50 | p99 | x floor throughput (range) | x floor p99 (range) | server heap in use, max |")
-	fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|")
+	fmt.Fprintln(w, "| case | target | msgs/s median (min-max, spread) | p50 | p99 | x floor throughput (range) | x floor p99 (range) | server CPU µs/msg (x floor) | server heap in use, max |")
+	fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|---|")
 	for _, c := range res.Cases {
 		for _, t := range res.Targets {
 			tr := c.Targets[t]
@@ -46,9 +46,11 @@ func writeMarkdown(w io.Writer, res *MatrixResult) {
 				continue
 			}
 			thr, p99 := "-", "-"
+			cpu := fmt.Sprintf("%.1f", tr.ServerCPUPerMsgUs.Median)
 			if r := c.VsFloor[t]; r != nil {
 				thr = fmt.Sprintf("**%.2f** (%.2f-%.2f)", r.Throughput.Median, r.Throughput.Min, r.Throughput.Max)
 				p99 = fmt.Sprintf("%.2f (%.2f-%.2f)", r.P99.Median, r.P99.Min, r.P99.Max)
+				cpu += fmt.Sprintf(" (%.2f)", r.ServerCPU.Median)
 			}
 			heap := "-"
 			if tr.HeapBytes.Max > 0 {
@@ -58,9 +60,9 @@ func writeMarkdown(w io.Writer, res *MatrixResult) {
 			if tr.Errors > 0 || tr.Degraded > 0 {
 				errs = fmt.Sprintf(" (%d errors, %d degraded)", tr.Errors, tr.Degraded)
 			}
-			fmt.Fprintf(w, "| %s | %s | %.0f (%.0f-%.0f, %.0f%%)%s | %s | %s | %s | %s | %s |\n", c.Name, t,
+			fmt.Fprintf(w, "| %s | %s | %.0f (%.0f-%.0f, %.0f%%)%s | %s | %s | %s | %s | %s | %s |\n", c.Name, t,
 				tr.MsgsPerSec.Median, tr.MsgsPerSec.Min, tr.MsgsPerSec.Max, tr.MsgsPerSec.SpreadPct, errs,
-				fmtLatency(int64(tr.P50Us.Median)), fmtLatency(int64(tr.P99Us.Median)), thr, p99, heap)
+				fmtLatency(int64(tr.P50Us.Median)), fmtLatency(int64(tr.P99Us.Median)), thr, p99, cpu, heap)
 		}
 	}
 }

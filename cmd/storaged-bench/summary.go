@@ -55,6 +55,16 @@ type Summary struct {
 	// ServerHeapInuseMaxBytes is the largest go_memstats_heap_inuse_bytes
 	// read from --metrics-url during the measured phase (0: not read).
 	ServerHeapInuseMaxBytes int64 `json:"server_heap_inuse_max_bytes,omitempty"`
+
+	// Set by the matrix, which knows the server's process: CPU time (user
+	// + system) the server and this generator used during the whole run
+	// (warmup included) per PUT_OK message, and the host's 1-minute load
+	// average at the end of the run. CPU per message is much less
+	// sensitive to other load on the machine than msgs/s.
+	ServerCPUSeconds  float64 `json:"server_cpu_seconds,omitempty"`
+	ServerCPUPerMsgUs float64 `json:"server_cpu_per_msg_us,omitempty"`
+	ClientCPUPerMsgUs float64 `json:"client_cpu_per_msg_us,omitempty"`
+	HostLoad1         float64 `json:"host_load1,omitempty"`
 }
 
 // Latency is the latency distribution of the calls with a response, in
