@@ -85,7 +85,11 @@ func verifyPrefix(t *testing.T, o Options, acked []AppendResult, want int) {
 func TestCorruptionSweepBelowCheckpoint(t *testing.T) {
 	fs, o, acked := memStore(t, 12)
 	positions := 0
-	for _, a := range acked[len(acked)-3:] {
+	last := 3
+	if raceEnabled {
+		last = 1 // one record's every byte under -race; all three without it
+	}
+	for _, a := range acked[len(acked)-last:] {
 		for p := a.WroteOffset; p < a.NextOffset(); p++ {
 			img := clone(fs)
 			mutate(t, img, p, o.FileSize, func(b []byte, pos int64) { b[pos] ^= 1 << (p % 8) })

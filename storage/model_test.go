@@ -9,7 +9,16 @@ import (
 	"testing"
 
 	"pgregory.net/rapid"
+
+	"github.com/storaged/storaged/storage/vfs"
 )
+
+func readFileFS(fs vfs.FS, path string) ([]byte, error) {
+	if fs == nil {
+		return os.ReadFile(path)
+	}
+	return fs.ReadFile(path)
+}
 
 // TestModel drives the store with random puts, batches and reopens on tiny
 // files (so END_OF_FILE blanks and rolls happen all the time) and checks it
@@ -21,6 +30,12 @@ func TestModel(t *testing.T) {
 		dir := t.TempDir()
 		fileSize := rapid.SampledFrom([]int64{4096, 8192}).Draw(rt, "fileSize")
 		opts := Options{Dir: dir, FileSize: fileSize, MaxMessageSize: 2048}
+		if raceEnabled {
+			// Real files cost fsyncs that the race detector makes several
+			// times slower; .ci/run runs this test on disk without -race.
+			// Heap segments also let the detector see every access.
+			opts.FS = vfs.NewMem()
+		}
 		s, err := Open(opts)
 		if err != nil {
 			rt.Fatal(err)
@@ -99,7 +114,7 @@ func TestModel(t *testing.T) {
 			"": func(rt *rapid.T) {
 				for _, m := range model {
 					from := m.off - m.off%fileSize
-					b, err := os.ReadFile(filepath.Join(dir, "commitlog", fileName(from)))
+					b, err := readFileFS(opts.FS, filepath.Join(dir, "commitlog", fileName(from)))
 					if err != nil {
 						rt.Fatal(err)
 					}
