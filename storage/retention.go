@@ -284,21 +284,20 @@ func (r *retention) writeErr() error {
 func (r *retention) deleteExpired(now time.Time) (int, error) {
 	s := r.s
 	files := s.queue.snapshot()
-	if len(files) < 2 {
+	cutoff := now.Add(-r.reserved).UnixMilli()
+	n := 0
+	for n < len(files)-1 && n < deleteBatchMax && r.newestBound(files, n) < cutoff {
+		n++
+	}
+	if n == 0 {
 		return 0, nil
 	}
-	limit, err := r.deletableEnd()
+	limit, err := r.deletableEnd(files[n-1].from + files[n-1].size)
 	if err != nil {
 		return 0, err
 	}
-	cutoff := now.Add(-r.reserved).UnixMilli()
-	n := 0
-	for n < len(files)-1 && n < deleteBatchMax {
-		f := files[n]
-		if f.from+f.size > limit || r.newestBound(files, n) >= cutoff {
-			break
-		}
-		n++
+	for n > 0 && files[n-1].from+files[n-1].size > limit {
+		n--
 	}
 	if n == 0 {
 		return 0, nil
@@ -339,14 +338,23 @@ func (r *retention) deleteExpired(now time.Time) (int, error) {
 
 // deletableEnd is the commitlog offset no deleted file may reach past: the
 // checkpoint's dispatched offset (recovery re-dispatches from there), the
-// durable offset, and the first delayed message not yet delivered for good.
-func (r *retention) deletableEnd() (int64, error) {
-	s := r.s
-	cp, _, err := readCheckpoint(s.opts.FS, s.opts.Dir)
-	if err != nil {
-		return 0, err
+// durable offset, and the first delayed message whose delivery is not yet
+// persisted. When the checkpoint is short of want, it is brought up to date
+// first (a failure there is a failed sync: sticky, as in the dispatcher).
+func (r *retention) deletableEnd(want int64) (int64, error) {
+	s, d := r.s, r.s.dispatch
+	d.runMu.Lock()
+	cpEnd := d.lastCP.Dispatched
+	if cpEnd < want && d.next > cpEnd {
+		if err := d.checkpoint(); err != nil {
+			d.runMu.Unlock()
+			s.fail(err)
+			return 0, err
+		}
+		cpEnd = d.lastCP.Dispatched
 	}
-	limit := min(cp.Dispatched, s.queue.flushedWhere.Load())
+	d.runMu.Unlock()
+	limit := min(cpEnd, s.queue.flushedWhere.Load())
 	if s.sched != nil {
 		limit = min(limit, s.sched.protectedFrom())
 	}

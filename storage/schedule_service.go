@@ -111,7 +111,7 @@ type scheduler struct {
 
 	done     chan struct{}
 	wg       sync.WaitGroup
-	started  bool
+	haltOnce sync.Once
 	stopOnce sync.Once
 }
 
@@ -168,7 +168,6 @@ func (sc *scheduler) start() {
 	if sc.s.opts.Role == RoleSlave {
 		return
 	}
-	sc.started = true
 	sc.wg.Add(1)
 	go sc.loop()
 }
@@ -176,9 +175,9 @@ func (sc *scheduler) start() {
 // stop ends the goroutine and persists the progress (the re-puts made
 // durable first). The flush policy must still be running.
 func (sc *scheduler) stop() {
+	sc.haltOnce.Do(func() { close(sc.done) })
+	sc.wg.Wait()
 	sc.stopOnce.Do(func() {
-		close(sc.done)
-		sc.wg.Wait()
 		sc.mu.Lock()
 		defer sc.mu.Unlock()
 		if err := sc.persistLocked(); err != nil {

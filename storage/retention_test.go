@@ -1,0 +1,477 @@
+package storage
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/storaged/storaged/storage/vfs"
+)
+
+// openRetention opens a store with tiny files on the alarm clock at 01:00
+// local, disk usage faked by disk, and the scheduler halted.
+func openRetention(t *testing.T, disk *fakeDisk, mod func(*Options)) (*Store, Options, *alarmClock) {
+	t.Helper()
+	clock := newAlarmClock(schedT0)
+	s, o := openTest(t, func(o *Options) {
+		o.FileSize, o.MaxMessageSize, o.ConsumeQueueEntries = 4096, 2048, 16
+		o.Clock, o.StatDisk, o.CheckpointInterval = clock, disk.stat, time.Hour
+		if mod != nil {
+			mod(o)
+		}
+	})
+	haltScheduler(s)
+	return s, o, clock
+}
+
+// fill puts n messages of about 600 bytes (6 per 4 KiB file) to topic/0.
+func fill(t testing.TB, s *Store, topic string, n int) []AppendResult {
+	t.Helper()
+	var out []AppendResult
+	for i := 0; i < n; i++ {
+		res, err := s.PutMessage(context.Background(), msg(topic, fmt.Sprintf("%s-%03d-%s", topic, i, strings.Repeat("x", 500))))
+		if err != nil {
+			t.Fatalf("put %d: %v", i, err)
+		}
+		out = append(out, res.Append)
+	}
+	return out
+}
+
+func fileNames(t testing.TB, dir string) []string {
+	t.Helper()
+	es, err := os.ReadDir(dir)
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		t.Fatal(err)
+	}
+	var out []string
+	for _, e := range es {
+		if _, ok := parseFileName(e.Name()); ok {
+			out = append(out, e.Name())
+		}
+	}
+	return out
+}
+
+func TestRetentionDeletesExpiredFilesAtDeleteHour(t *testing.T) {
+	disk := &fakeDisk{pct: 10}
+	s, o, clock := openRetention(t, disk, nil)
+	old := fill(t, s, "T", 30) // 5 files at T0
+	clock.Advance(10 * time.Hour)
+	newer := fill(t, s, "T", 12) // 2 more at T0+10h
+	fill(t, s, "U", 3)
+	settle(t, s)
+	filesBefore := s.Stats().Files
+
+	// 72 h 30 min later, at 01:30: expired, but not the hour.
+	clock.Set(schedT0.Add(72*time.Hour + 30*time.Minute))
+	s.ret.round()
+	if st := s.Stats(); st.Files != filesBefore || st.Retention.DeletedFiles != 0 {
+		t.Fatalf("deleted outside DeleteWhen: %+v", st.Retention)
+	}
+
+	// 04:00: the files of the first burst go, but the last one: its newest
+	// message is bounded by the next file's first, 10 h younger.
+	clock.Set(time.Date(2026, 12, 2, 4, 0, 0, 0, time.Local))
+	s.ret.round()
+	lastOld := old[len(old)-1].WroteOffset
+	wantMin := lastOld - lastOld%o.FileSize
+	st := s.Stats()
+	if st.MinOffset != wantMin || st.Retention.DeletedFiles != uint64(wantMin/o.FileSize) || st.Files != filesBefore-int(wantMin/o.FileSize) {
+		t.Fatalf("after 04:00: min %d (want %d), %+v, files %d", st.MinOffset, wantMin, st.Retention, st.Files)
+	}
+	if got := fileNames(t, s.dir); got[0] != fileName(wantMin) || len(got) < st.Files || len(got) > st.Files+1 { // +1: the allocator's next file
+		t.Fatalf("commitlog dir holds %v", got)
+	}
+	// Reads below the new minimum are OUT_OF_RANGE; the queue min moved to
+	// the first message still on disk.
+	var rerr *RangeError
+	if _, err := s.GetMessage(0); !errors.As(err, &rerr) || !errors.Is(err, ErrOutOfRange) || rerr.Min != wantMin {
+		t.Fatalf("GetMessage(0): %v", err)
+	}
+	firstKept := int64(0)
+	for firstKept < int64(len(old)) && old[firstKept].WroteOffset < wantMin {
+		firstKept++
+	}
+	lo, hi, _ := s.QueueInfo("T", 0)
+	if lo != firstKept || hi != int64(len(old)+len(newer)) {
+		t.Fatalf("queue T/0 is [%d, %d), want [%d, %d)", lo, hi, firstKept, len(old)+len(newer))
+	}
+	if _, err := s.PullMessages(context.Background(), PullRequest{Topic: "T", Offset: 0}); !errors.As(err, &rerr) || rerr.Min != firstKept {
+		t.Fatalf("pull below min: %v", err)
+	}
+	res, err := s.PullMessages(context.Background(), PullRequest{Topic: "T", Offset: lo, MaxMessages: 1})
+	if err != nil || len(res.Messages) != 1 || res.Messages[0].PhysicalOffset != old[firstKept].WroteOffset {
+		t.Fatalf("pull at min: %v %v", res, err)
+	}
+	// Consume-queue files wholly below the min are gone (16 entries each).
+	if cq := fileNames(t, cqDir(o.Dir, "T", 0)); len(cq) != int(len(old)+len(newer)+15)/16-int(firstKept/16) {
+		t.Fatalf("consume queue files %v with min %d", cq, firstKept)
+	}
+
+	// A restart finds the same bounds.
+	s.Close()
+	s2, err := Open(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s2.Close()
+	haltScheduler(s2)
+	if lo2, hi2, _ := s2.QueueInfo("T", 0); lo2 != lo || hi2 != hi || s2.queue.minOffset() != wantMin {
+		t.Fatalf("after reopen: [%d, %d) min %d", lo2, hi2, s2.queue.minOffset())
+	}
+
+	// A day later everything has expired: all files go but the one being
+	// written.
+	clock.Set(time.Date(2026, 12, 3, 4, 0, 0, 0, time.Local))
+	for i := 0; i < 3; i++ {
+		s2.ret.round()
+	}
+	st = s2.Stats()
+	last := s2.queue.last()
+	if st.Files != 1 || st.MinOffset != last.from || len(fileNames(t, s2.dir)) > 2 {
+		t.Fatalf("everything expired: %d files, min %d, last file %d", st.Files, st.MinOffset, last.from)
+	}
+	if _, err := s2.PutMessage(context.Background(), msg("T", "still writable")); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestRetentionForcedAboveCleanWatermark(t *testing.T) {
+	disk := &fakeDisk{pct: 80}
+	s, o, clock := openRetention(t, disk, nil)
+	fill(t, s, "T", 30)
+	clock.Advance(100 * time.Hour) // 05:00, past the hour
+	fresh := fill(t, s, "T", 18)
+	settle(t, s)
+	files := s.Stats().Files
+	s.ret.round()
+	if s.Stats().Retention.DeletedFiles != 0 {
+		t.Fatal("deleted outside DeleteWhen below the clean watermark")
+	}
+	disk.set(86)
+	s.ret.round()
+	st := s.Stats()
+	// The old burst goes; the fresh one stays even though the disk is
+	// still above the watermark: retention deletes by age only.
+	if st.Retention.DeletedFiles == 0 || st.MinOffset > fresh[0].WroteOffset-fresh[0].WroteOffset%o.FileSize {
+		t.Fatalf("forced clean: %+v, min %d", st.Retention, st.MinOffset)
+	}
+	s.ret.round()
+	if st2 := s.Stats(); st2.Retention.DeletedFiles != st.Retention.DeletedFiles || st2.Files < files-int(st.Retention.DeletedFiles) {
+		t.Fatalf("unexpired files deleted: %+v", st2.Retention)
+	}
+}
+
+func TestRetentionKeepsUndeliveredDelayedMessages(t *testing.T) {
+	disk := &fakeDisk{pct: 10}
+	s, o, clock := openRetention(t, disk, func(o *Options) { o.DelayLevels = "1s 4d"; o.DeleteWhen = "*" })
+	fill(t, s, "T", 6) // file 0
+	delayed := putDelayed(t, s, "Real", 0, 2, "four days")
+	fill(t, s, "T", 30)
+	settle(t, s)
+	protect := delayed.WroteOffset - delayed.WroteOffset%o.FileSize
+
+	clock.Advance(80 * time.Hour)
+	s.ret.round()
+	if got := s.queue.minOffset(); got != protect {
+		t.Fatalf("min offset %d, want %d: the file with the undelivered message must stay", got, protect)
+	}
+	// Delivered but not persisted: still kept (a restart would deliver it
+	// again from there).
+	clock.Set(time.UnixMilli(delayed.StoreTimestamp).Add(96 * time.Hour))
+	runRounds(s)
+	if s.sched.delivered[1].Load() != 1 {
+		t.Fatal("not delivered")
+	}
+	s.ret.round()
+	if got := s.queue.minOffset(); got != protect {
+		t.Fatalf("min offset %d: deleted before the delivery was persisted", got)
+	}
+	if err := s.sched.persist(); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 3; i++ {
+		s.ret.round()
+	}
+	if got, last := s.queue.minOffset(), s.queue.last().from; got <= protect || got > last {
+		t.Fatalf("min offset %d after the persisted delivery (protected %d, last %d)", got, protect, last)
+	}
+}
+
+func TestDiskWatermarksStopAndResumeWrites(t *testing.T) {
+	disk := &fakeDisk{pct: 50}
+	s, _, clock := openRetention(t, disk, nil)
+	put := func() (PutResult, error) { return s.PutMessage(context.Background(), msg("T", "x")) }
+	s.ret.round()
+	if !s.Writable() {
+		t.Fatal("not writable at 50%")
+	}
+	disk.set(90.5)
+	s.ret.round()
+	res, err := put()
+	if s.Writable() || res.Status != ServiceNotAvailable || !errors.Is(err, ErrNotWritable) || !errors.Is(err, ErrDiskFull) {
+		t.Fatalf("above the warning watermark: writable %v, %v %v", s.Writable(), res.Status, err)
+	}
+	if d := s.Stats().Disk; !d.Full || d.UsedPercent < 90 || d.Err != "" {
+		t.Fatalf("disk stats %+v", d)
+	}
+	disk.set(88) // between the watermarks: still refused (hysteresis)
+	s.ret.round()
+	if _, err := put(); !errors.Is(err, ErrDiskFull) {
+		t.Fatalf("at 88%% after full: %v", err)
+	}
+	disk.set(85)
+	s.ret.round()
+	if _, err := put(); err != nil || !s.Writable() {
+		t.Fatalf("at 85%%: %v", err)
+	}
+	// An unreadable disk changes nothing and says why.
+	disk.mu.Lock()
+	disk.err = errors.New("statfs: input/output error")
+	disk.mu.Unlock()
+	s.ret.round()
+	if d := s.Stats().Disk; !s.Writable() || !strings.Contains(d.Err, "input/output") {
+		t.Fatalf("stat error: writable %v, %+v", s.Writable(), d)
+	}
+
+	// The goroutine does the same on its own, on the clock.
+	disk.set(99)
+	deadline := time.NewTimer(10 * time.Second)
+	defer deadline.Stop()
+	for s.Writable() {
+		done := s.ret.roundSignal()
+		clock.Advance(s.opts.DiskCheckInterval)
+		select {
+		case <-done:
+		case <-deadline.C:
+			t.Fatal("the retention goroutine never saw the disk fill up")
+		}
+	}
+	disk.set(10)
+	for !s.Writable() {
+		done := s.ret.roundSignal()
+		clock.Advance(s.opts.DiskCheckInterval)
+		select {
+		case <-done:
+		case <-deadline.C:
+			t.Fatal("the retention goroutine never saw the disk free up")
+		}
+	}
+}
+
+// TestRetentionDeletionSurvivesPowerCut: deletions sync the directory, so
+// a power cut right after a round leaves the files deleted, and the store
+// opens on the image with the same bounds.
+func TestRetentionDeletionSurvivesPowerCut(t *testing.T) {
+	fs := vfs.NewMem()
+	// Every commitlog file removal must be followed by a sync of the
+	// commitlog directory.
+	var removed, unsynced atomic.Int64
+	fs.SetInjector(func(op vfs.Op, path string) error {
+		switch {
+		case op == vfs.OpRemove && filepath.Base(filepath.Dir(path)) == "commitlog":
+			removed.Add(1)
+			unsynced.Store(1)
+		case op == vfs.OpSyncDir && filepath.Base(path) == "commitlog":
+			unsynced.Store(0)
+		}
+		return nil
+	})
+	disk := &fakeDisk{pct: 10}
+	clock := newAlarmClock(schedT0)
+	o := Options{Dir: "/data", FS: fs, FileSize: 4096, MaxMessageSize: 2048, ConsumeQueueEntries: 16, Clock: clock,
+		StatDisk: disk.stat, CheckpointInterval: time.Hour, DeleteWhen: "*", FlushMode: FlushSync}
+	s, err := Open(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	haltScheduler(s)
+	fill(t, s, "T", 30)
+	clock.Advance(80 * time.Hour)
+	fill(t, s, "T", 12)
+	settle(t, s)
+	s.ret.round() // (the goroutine may have run one too)
+	if st := s.Stats().Retention; st.DeletedFiles == 0 || removed.Load() != int64(st.DeletedFiles) || unsynced.Load() != 0 {
+		t.Fatalf("deleted %d files, %d removals, directory synced after: %v", st.DeletedFiles, removed.Load(), unsynced.Load() == 0)
+	}
+	min0 := s.queue.minOffset()
+	lo, hi, _ := s.QueueInfo("T", 0)
+	resume := s.pause()
+	img := fs.Crash(rand.New(rand.NewPCG(1, 2)))
+	resume()
+	o.FS = img
+	s2, err := Open(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s2.Close()
+	haltScheduler(s2)
+	lo2, hi2, _ := s2.QueueInfo("T", 0)
+	if s2.queue.minOffset() != min0 || lo2 != lo || hi2 != hi {
+		t.Fatalf("after the power cut: min %d [%d, %d), before %d [%d, %d)", s2.queue.minOffset(), lo2, hi2, min0, lo, hi)
+	}
+}
+
+// TestRetentionSoak runs many puts on tiny files with retention on and a
+// clock that moves a minute per batch, with a reader pulling from each
+// queue's min all along: the file count stays within what FileReservedTime
+// needs, every delayed message is delivered, and no read ever fails except
+// with OUT_OF_RANGE.
+func TestRetentionSoak(t *testing.T) {
+	disk := &fakeDisk{pct: 10}
+	const (
+		perBatch = 40 // about 1.4 files of 8 KiB
+		reserved = 20 * time.Minute
+	)
+	batches := 300
+	if testing.Short() {
+		batches = 60
+	}
+	s, o, clock := openRetention(t, disk, func(o *Options) {
+		o.FileReservedTime, o.DeleteWhen, o.FileSize, o.MaxMessageSize = reserved, "*", 8192, 4096
+	})
+	var (
+		wg       sync.WaitGroup
+		stop     = make(chan struct{})
+		reads    atomic.Int64
+		outRange atomic.Int64
+		readErr  atomic.Pointer[error]
+	)
+	wg.Add(1)
+	go func() { // a consumer that always starts from the min
+		defer wg.Done()
+		for {
+			select { // one pull per dispatch round
+			case <-stop:
+				return
+			case <-s.dispatch.arrival():
+			}
+			lo, _, err := s.QueueInfo("T", 0)
+			if err != nil {
+				continue
+			}
+			res, err := s.PullMessages(context.Background(), PullRequest{Topic: "T", Offset: lo, MaxMessages: 64})
+			switch {
+			case errors.Is(err, ErrOutOfRange):
+				outRange.Add(1)
+			case err != nil:
+				readErr.Store(&err)
+				return
+			default:
+				reads.Add(int64(len(res.Messages)))
+			}
+		}
+	}()
+	maxFiles, maxCQ, delayed := 0, 0, 0
+	start := time.Now()
+	for b := 0; b < batches; b++ {
+		for i := 0; i < perBatch; i++ {
+			if _, err := s.PutMessage(context.Background(), msg("T", strconv.Itoa(b*perBatch+i)+strings.Repeat("s", 150))); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if b%10 == 0 {
+			putDelayed(t, s, "Real", 0, 5, strconv.Itoa(delayed)) // one minute
+			delayed++
+		}
+		clock.Advance(time.Minute)
+		settle(t, s)
+		runRounds(s)
+		if err := s.sched.persist(); err != nil { // every CheckpointInterval in production
+			t.Fatal(err)
+		}
+		s.ret.round()
+		maxFiles = max(maxFiles, s.Stats().Files)
+		maxCQ = max(maxCQ, len(fileNames(t, cqDir(o.Dir, "T", 0))))
+	}
+	close(stop)
+	wg.Wait()
+	if p := readErr.Load(); p != nil {
+		t.Fatalf("reader failed: %v", *p)
+	}
+	st := s.Stats()
+	bytesPerBatch := float64(st.MaxOffset) / float64(batches)
+	// After a round: the files of the last reserved/1min batches, plus the
+	// batch whose file straddles the cutoff (the conservative bound), plus
+	// the file being written and the one its first record may have ended.
+	budget := int(math.Ceil(bytesPerBatch*float64(reserved/time.Minute+1)/float64(o.FileSize))) + 2
+	t.Logf("%d puts (%d MiB) in %v: max %d commitlog files (budget %d), max %d consume-queue files, %d files deleted, %d messages read, %d reads out of range",
+		batches*perBatch, st.MaxOffset>>20, time.Since(start).Round(time.Millisecond), maxFiles, budget, maxCQ,
+		st.Retention.DeletedFiles, reads.Load(), outRange.Load())
+	if maxFiles > budget {
+		t.Fatalf("up to %d commitlog files, budget %d", maxFiles, budget)
+	}
+	entriesPerCQ := int64(o.ConsumeQueueEntries)
+	if cqBudget := int(int64(perBatch)*int64(reserved/time.Minute)/entriesPerCQ) + 3; maxCQ > cqBudget {
+		t.Fatalf("up to %d consume-queue files, budget %d", maxCQ, cqBudget)
+	}
+	if got := st.Schedule.Levels[4].Delivered; got != uint64(delayed) {
+		t.Fatalf("%d of %d delayed messages delivered", got, delayed)
+	}
+}
+
+// TestDiskWatermarkOnTmpfs fills a real 8 MiB tmpfs past the warning
+// watermark, checks writes stop, lets retention free it and checks they
+// resume.
+func TestDiskWatermarkOnTmpfs(t *testing.T) {
+	dir := t.TempDir()
+	if out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", dir).CombinedOutput(); err != nil {
+		t.Skipf("cannot mount a tmpfs (needs root and mount(8)): %v: %s; the watermark path is covered through Options.StatDisk", err, out)
+	}
+	t.Cleanup(func() {
+		if out, err := exec.Command("umount", dir).CombinedOutput(); err != nil {
+			t.Errorf("umount %s: %v: %s", dir, err, out)
+		}
+	})
+	clock := newAlarmClock(schedT0)
+	o := Options{Dir: dir, FileSize: 512 << 10, MaxMessageSize: 64 << 10, ConsumeQueueEntries: 1024, Clock: clock,
+		CheckpointInterval: time.Hour}
+	s, err := Open(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close() // before the umount
+	haltScheduler(s)
+	body := strings.Repeat("t", 32<<10)
+	puts := 0
+	var refused error
+	for puts < 1000 {
+		_, err := s.PutMessage(context.Background(), msg("T", body))
+		if err != nil {
+			refused = err
+			break
+		}
+		puts++
+		s.ret.round()
+	}
+	d := s.Stats().Disk
+	t.Logf("tmpfs: %d puts of 32 KiB accepted, then %v; disk %.1f%% used (%d of %d bytes)", puts, refused, d.UsedPercent, d.Used, d.Size)
+	if !errors.Is(refused, ErrDiskFull) || !errors.Is(refused, ErrNotWritable) || s.Writable() || d.UsedPercent <= 90 {
+		t.Fatalf("want writes refused above 90%%: %v, writable %v, %+v", refused, s.Writable(), d)
+	}
+	clock.Advance(73 * time.Hour) // everything written has expired; above 85% retention runs at once
+	for i := 0; i < 5 && !s.Writable(); i++ {
+		s.ret.round()
+	}
+	d = s.Stats().Disk
+	if !s.Writable() || d.UsedPercent > 85 {
+		t.Fatalf("after retention: writable %v, %+v, %+v", s.Writable(), d, s.Stats().Retention)
+	}
+	if _, err := s.PutMessage(context.Background(), msg("T", body)); err != nil {
+		t.Fatalf("put after space was freed: %v", err)
+	}
+	t.Logf("tmpfs: retention deleted %d files; disk %.1f%% used; writes resumed", s.Stats().Retention.DeletedFiles, d.UsedPercent)
+}
