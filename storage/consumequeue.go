@@ -11,6 +11,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"unicode/utf16"
+	"unicode/utf8"
 
 	"github.com/storaged/storaged/storage/vfs"
 )
@@ -266,8 +267,28 @@ func (q *consumeQueue) close() error {
 // String.hashCode over UTF-16 code units, sign-extended. 0 for no tag.
 func TagsCode(tags string) int64 {
 	var h int32
-	for _, u := range utf16.Encode([]rune(tags)) {
-		h = 31*h + int32(u)
+	for _, r := range tags {
+		h = hashRune(h, r)
 	}
 	return int64(h)
+}
+
+// tagsCodeBytes is TagsCode over UTF-8 bytes, without allocating: the
+// dispatcher runs it for every message.
+func tagsCodeBytes(tags []byte) int64 {
+	var h int32
+	for len(tags) > 0 {
+		r, n := utf8.DecodeRune(tags)
+		h = hashRune(h, r)
+		tags = tags[n:]
+	}
+	return int64(h)
+}
+
+// hashRune folds r into a Java String.hashCode as its UTF-16 code units.
+func hashRune(h int32, r rune) int32 {
+	if r1, r2 := utf16.EncodeRune(r); r1 != utf8.RuneError || r2 != utf8.RuneError {
+		return 31*(31*h+int32(r1)) + int32(r2)
+	}
+	return 31*h + int32(r)
 }

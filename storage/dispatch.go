@@ -166,7 +166,7 @@ func (d *dispatcher) dispatchTo(end int64) error {
 			if err != nil {
 				return err
 			}
-			tags := TagsCode(m.tags)
+			tags := tagsCodeBytes(m.tags)
 			if topic == ScheduleTopic {
 				tags = m.storeTS + d.s.delayOf(int(m.queueID)+1).Milliseconds()
 			}
@@ -271,7 +271,7 @@ type recordMeta struct {
 	tx          int32
 	storeTS     int64
 	topic       []byte
-	tags        string
+	tags        []byte
 }
 
 // parseMeta reads the dispatch fields of a record already validated by
@@ -318,9 +318,9 @@ func parseMeta(b []byte) recordMeta {
 	return m
 }
 
-// propertyIn finds key in an encoded properties string without allocating
-// more than the returned value.
-func propertyIn(props []byte, key string) string {
+// propertyIn finds key in an encoded properties string; the value aliases
+// props (no allocation).
+func propertyIn(props []byte, key string) []byte {
 	for len(props) > 0 {
 		end := len(props)
 		for i, c := range props {
@@ -331,12 +331,12 @@ func propertyIn(props []byte, key string) string {
 		}
 		item := props[:end]
 		if len(item) > len(key) && string(item[:len(key)]) == key && item[len(key)] == nameValueSeparator {
-			return string(item[len(key)+1:])
+			return item[len(key)+1:]
 		}
 		if end == len(props) {
 			break
 		}
 		props = props[end+1:]
 	}
-	return ""
+	return nil
 }

@@ -210,3 +210,15 @@ func TestTagsCodeMatchesJava(t *testing.T) {
 		t.Errorf("overflowing hash: %d", TagsCode("polygenelubricants"))
 	}
 }
+
+func TestTagsCodeBytesMatches(t *testing.T) {
+	for _, s := range []string{"", "TagA", "日本", "emoji 😀 tag", "polygenelubricants", "bad\xffutf8"} {
+		if TagsCode(s) != tagsCodeBytes([]byte(s)) {
+			t.Errorf("%q: %d vs %d", s, TagsCode(s), tagsCodeBytes([]byte(s)))
+		}
+	}
+	// A supplementary character hashes as its two UTF-16 surrogates.
+	if got, want := TagsCode("😀"), int64(31*0xD83D+0xDE00); got != want {
+		t.Errorf("surrogates: %d want %d", got, want)
+	}
+}
