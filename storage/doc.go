@@ -98,4 +98,18 @@
 // first bad one, zeroes everything after it so stale bytes can never look
 // valid again, deletes files past it, rebuilds the topic-queue table and
 // syncs what survived.
+//
+// # Delayed delivery and retention
+//
+// A goroutine delivers delay-level messages (schedule_service.go): when a
+// SCHEDULE_TOPIC_XXXX entry's delivery time comes on Options.Clock, the
+// message is put again to REAL_TOPIC/REAL_QID without its delay properties.
+// Progress per level lives in config/delayOffset.json, written only after
+// the re-puts it covers are durable: at least once, never early, never
+// lost. Another (retention.go) deletes commitlog files older than
+// FileReservedTime at DeleteWhen, or at once above DiskCleanPercent, trims
+// the consume queues to match (reads below get ErrOutOfRange), and refuses
+// puts (ErrNotWritable + ErrDiskFull) while the disk is above
+// DiskWarningPercent. Both wait on the clock through TimerClock when it has
+// one, so tests with a fake clock never sleep.
 package storage

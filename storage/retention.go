@@ -338,9 +338,11 @@ func (r *retention) deleteExpired(now time.Time) (int, error) {
 
 // deletableEnd is the commitlog offset no deleted file may reach past: the
 // checkpoint's dispatched offset (recovery re-dispatches from there), the
-// durable offset, and the first delayed message whose delivery is not yet
-// persisted. When the checkpoint is short of want, it is brought up to date
-// first (a failure there is a failed sync: sticky, as in the dispatcher).
+// durable offset, and, on a master, the first delayed message whose
+// delivery is not yet persisted (a slave does not deliver, so it deletes by
+// time only, as RocketMQ does). When the checkpoint is short of want, it is
+// brought up to date first (a failure there is a failed sync: sticky, as in
+// the dispatcher).
 func (r *retention) deletableEnd(want int64) (int64, error) {
 	s, d := r.s, r.s.dispatch
 	d.runMu.Lock()
@@ -355,7 +357,7 @@ func (r *retention) deletableEnd(want int64) (int64, error) {
 	}
 	d.runMu.Unlock()
 	limit := min(cpEnd, s.queue.flushedWhere.Load())
-	if s.sched != nil {
+	if s.sched != nil && s.opts.Role == RoleMaster {
 		limit = min(limit, s.sched.protectedFrom())
 	}
 	return limit, nil

@@ -475,3 +475,57 @@ func TestDiskWatermarkOnTmpfs(t *testing.T) {
 	}
 	t.Logf("tmpfs: retention deleted %d files; disk %.1f%% used; writes resumed", s.Stats().Retention.DeletedFiles, d.UsedPercent)
 }
+
+func TestRetentionOptions(t *testing.T) {
+	for _, c := range []struct {
+		o    Options
+		want string
+	}{
+		{Options{Dir: "x", DeleteWhen: "4am"}, "DeleteWhen"},
+		{Options{Dir: "x", DeleteWhen: "04;24"}, "DeleteWhen"},
+		{Options{Dir: "x", DiskCleanPercent: 95}, "watermarks"},
+		{Options{Dir: "x", DiskWarningPercent: 101}, "watermarks"},
+		{Options{Dir: "x", DiskCheckInterval: -1}, "DiskCheckInterval"},
+		{Options{Dir: "x", DeleteWhen: "04;16", DiskCleanPercent: 70, DiskWarningPercent: 80}, ""},
+		{Options{Dir: "x", DeleteWhen: "*", FileReservedTime: -1}, ""},
+	} {
+		err := c.o.Validate()
+		if (c.want == "") != (err == nil) || (err != nil && !strings.Contains(err.Error(), c.want)) {
+			t.Errorf("%+v: %v, want %q", c.o, err, c.want)
+		}
+	}
+	d := Options{Dir: "x"}.withDefaults()
+	if d.FileReservedTime != 72*time.Hour || d.DeleteWhen != "04" || d.DiskCleanPercent != 85 || d.DiskWarningPercent != 90 ||
+		d.DiskCheckInterval != time.Second || d.StatDisk == nil {
+		t.Fatalf("defaults: %+v", d)
+	}
+	hours, _ := parseDeleteWhen("04;16")
+	if !hours[4] || !hours[16] || hours[5] {
+		t.Fatal("DeleteWhen 04;16")
+	}
+	u, err := StatDisk(t.TempDir())
+	if err != nil || u.Size == 0 || u.UsedPercent() <= 0 || u.UsedPercent() > 100 {
+		t.Fatalf("statfs: %+v %v", u, err)
+	}
+}
+
+// TestSlaveDeletesByTimeOnly: a slave delivers no delayed messages, so its
+// retention does not wait for them (it would keep files forever).
+func TestSlaveDeletesByTimeOnly(t *testing.T) {
+	disk := &fakeDisk{pct: 10}
+	s, o, clock := openRetention(t, disk, func(o *Options) { o.DelayLevels = "1s 4d"; o.DeleteWhen = "*" })
+	putDelayed(t, s, "Real", 0, 2, "four days")
+	fill(t, s, "T", 30)
+	s.Close()
+	o.Role = RoleSlave
+	s2, err := Open(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s2.Close()
+	clock.Advance(80 * time.Hour)
+	s2.ret.round()
+	if s2.queue.minOffset() == 0 || s2.Stats().Schedule.Levels[1].Pending != 0 {
+		t.Fatalf("slave: min %d, %+v", s2.queue.minOffset(), s2.Stats().Schedule.Levels[1])
+	}
+}

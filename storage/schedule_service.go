@@ -475,7 +475,7 @@ func (sc *scheduler) stats() ScheduleStats {
 		l := ScheduleLevelStats{Level: qid + 1, Delay: sc.s.delayOf(qid + 1), Offset: sc.next[qid].Load(),
 			Persisted: sc.persisted[qid].Load(), Delivered: sc.delivered[qid].Load()}
 		if q := sc.s.dispatch.queue(ScheduleTopic, int32(qid)); q != nil {
-			l.Pending = max(q.count.Load()-l.Offset, 0)
+			l.Pending = max(q.count.Load()-max(l.Offset, q.min.Load()), 0)
 			if _, _, due, ok := q.get(l.Offset); ok && due <= nowMS {
 				l.Lag = time.Duration(nowMS-due) * time.Millisecond
 			}
