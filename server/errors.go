@@ -33,6 +33,7 @@ var ErrDraining = errors.New("server: shutting down")
 const (
 	ReasonOffsetOutOfRange = "OFFSET_OUT_OF_RANGE"
 	ReasonQueueNotFound    = "QUEUE_NOT_FOUND"
+	ReasonNoRecord         = "NO_RECORD_AT_OFFSET"
 	ReasonDataCorrupted    = "DATA_CORRUPTED"
 	ReasonInvalidRequest   = "INVALID_REQUEST"
 	// ReasonUnavailable is also the put status name for the same condition.
@@ -177,6 +178,7 @@ func (s *Service) appendedError(ctx context.Context, log zerolog.Logger, res sto
 //
 //	*storage.RangeError (ErrOutOfRange)   → OUT_OF_RANGE, metadata offset, min_offset, max_offset
 //	storage.ErrQueueNotFound              → NOT_FOUND
+//	storage.ErrNoRecord                   → NOT_FOUND (NO_RECORD_AT_OFFSET)
 //	storage.ErrIllegal (malformed msgId)  → INVALID_ARGUMENT + BadRequest on msg_id
 //	storage.ErrCorrupt                    → DATA_LOSS (logged; no bytes are returned)
 //	ErrStarting, storage.ErrClosed        → UNAVAILABLE + RetryInfo
@@ -200,6 +202,9 @@ func (s *Service) readError(m method, err error) error {
 	case errors.Is(err, storage.ErrQueueNotFound):
 		return newStatus(codes.NotFound, "no message was ever stored in this topic and queue",
 			&errdetails.ErrorInfo{Reason: ReasonQueueNotFound, Domain: ErrorDomain})
+	case errors.Is(err, storage.ErrNoRecord):
+		return newStatus(codes.NotFound, "no message starts at this commitlog offset (use an offset or msgId a put returned)",
+			&errdetails.ErrorInfo{Reason: ReasonNoRecord, Domain: ErrorDomain})
 	case errors.Is(err, storage.ErrIllegal):
 		return badRead("msg_id", "not an offset msgId: want 32 (IPv4 store host) or 56 (IPv6) hex characters")
 	case errors.Is(err, ErrStarting):

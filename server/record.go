@@ -2,7 +2,6 @@ package server
 
 import (
 	"encoding/binary"
-	"fmt"
 	"net/netip"
 	"time"
 
@@ -47,11 +46,7 @@ func toStoredMessage(rec *storage.Record, raw bool) (*storagedv1.StoredMessage, 
 		}
 	}
 	if raw {
-		b, err := encodeRecord(rec)
-		if err != nil {
-			return nil, err
-		}
-		m.Raw = b
+		m.Raw = rec.Raw // the stored bytes, already checked by the store's read
 	}
 	return m, nil
 }
@@ -62,67 +57,6 @@ func hostString(a netip.AddrPort) string {
 		return ""
 	}
 	return a.String()
-}
-
-// encodeRecord rebuilds the bytes of a decoded record exactly as they are in
-// the commitlog (RocketMQ CommitLog layout, storage/doc.go): decoding keeps
-// every field, including the magic code, the host widths (SYSFLAG) and the
-// properties string as stored. The result is checked before it is returned:
-// its length must be TOTALSIZE and it must decode again, which verifies the
-// body CRC and, when the record has one, the whole-record CRC against the
-// checksum stored in the record itself. A mismatch is an error wrapping
-// storage.ErrCorrupt: the client never gets bytes that differ from the log.
-//
-// storage exposes no raw read yet; once it does, this goes away.
-func encodeRecord(r *storage.Record) ([]byte, error) {
-	v2 := r.Magic == storage.MagicV2
-	topicPrefix := 1
-	if v2 {
-		topicPrefix = 2
-	}
-	bornV6 := r.SysFlag&storage.FlagBornHostV6 != 0
-	storeV6 := r.SysFlag&storage.FlagStoreHostV6 != 0
-	size := 4 + 4 + 4 + 4 + 4 + 8 + 8 + 4 + 8 + hostWidth(bornV6) + 8 + hostWidth(storeV6) + 4 + 8 +
-		4 + len(r.Body) + topicPrefix + len(r.Topic) + 2 + len(r.PropertiesRaw)
-	if size != int(r.TotalSize) {
-		return nil, fmt.Errorf("%w: record at commitlog offset %d re-encodes to %d bytes, TOTALSIZE says %d",
-			storage.ErrCorrupt, r.PhysicalOffset, size, r.TotalSize)
-	}
-	be := binary.BigEndian
-	b := make([]byte, 0, size)
-	b = be.AppendUint32(b, uint32(r.TotalSize))
-	b = be.AppendUint32(b, r.Magic)
-	b = be.AppendUint32(b, r.BodyCRC)
-	b = be.AppendUint32(b, uint32(r.QueueID))
-	b = be.AppendUint32(b, uint32(r.Flag))
-	b = be.AppendUint64(b, uint64(r.QueueOffset))
-	b = be.AppendUint64(b, uint64(r.PhysicalOffset))
-	b = be.AppendUint32(b, uint32(r.SysFlag))
-	b = be.AppendUint64(b, uint64(r.BornTimestamp))
-	b = appendHost(b, r.BornHost, bornV6)
-	b = be.AppendUint64(b, uint64(r.StoreTimestamp))
-	b = appendHost(b, r.StoreHost, storeV6)
-	b = be.AppendUint32(b, uint32(r.ReconsumeTimes))
-	b = be.AppendUint64(b, uint64(r.PreparedTxOffset))
-	b = be.AppendUint32(b, uint32(len(r.Body)))
-	b = append(b, r.Body...)
-	if v2 {
-		b = be.AppendUint16(b, uint16(len(r.Topic)))
-	} else {
-		b = append(b, byte(len(r.Topic)))
-	}
-	b = append(b, r.Topic...)
-	b = be.AppendUint16(b, uint16(len(r.PropertiesRaw)))
-	b = append(b, r.PropertiesRaw...)
-
-	check, n, err := storage.DecodeRecord(b)
-	switch {
-	case err != nil:
-		return nil, fmt.Errorf("record at commitlog offset %d re-encodes to bytes that fail their checks: %w", r.PhysicalOffset, err)
-	case n != size || check.HasPropCRC != r.HasPropCRC || check.PhysicalOffset != r.PhysicalOffset:
-		return nil, fmt.Errorf("%w: record at commitlog offset %d does not re-encode to itself", storage.ErrCorrupt, r.PhysicalOffset)
-	}
-	return b, nil
 }
 
 func hostWidth(v6 bool) int {

@@ -2,6 +2,7 @@ package storage
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"time"
@@ -13,6 +14,10 @@ var (
 	ErrQueueNotFound = errors.New("storage: queue not found")
 	// ErrOutOfRange wraps a *RangeError.
 	ErrOutOfRange = errors.New("storage: offset out of range")
+	// ErrNoRecord: the commitlog offset asked for is inside the log but no
+	// record starts there (a wrong offset, not damage: the bytes there do
+	// not even carry a record magic).
+	ErrNoRecord = errors.New("storage: no record starts at this offset")
 )
 
 // RangeError says an offset is outside what can be read, and what can.
@@ -36,7 +41,7 @@ func (s *Store) GetMessage(off int64) (*Record, error) {
 	if s.closed.Load() {
 		return nil, ErrClosed
 	}
-	lo, hi := s.queue.minOffset(), s.dispatch.dispatched.Load()
+	lo, hi := s.queue.minOffset(), s.visibleEnd()
 	if off < lo || off >= hi {
 		return nil, &RangeError{What: "commitlog offset", Offset: off, Min: lo, Max: hi}
 	}
@@ -46,13 +51,17 @@ func (s *Store) GetMessage(off int64) (*Record, error) {
 	if f == nil {
 		return nil, &RangeError{What: "commitlog offset", Offset: off, Min: s.queue.minOffset(), Max: hi}
 	}
-	rec, _, err := decodeRecord(f.data[off-f.from:], !s.opts.DisablePropCRC)
+	b := f.data[off-f.from:]
+	if len(b) < 8 || (binary.BigEndian.Uint32(b[posMagic:]) != MagicV1 && binary.BigEndian.Uint32(b[posMagic:]) != MagicV2) {
+		return nil, fmt.Errorf("commitlog offset %d: %w", off, ErrNoRecord)
+	}
+	rec, _, err := decodeRecord(b, !s.opts.DisablePropCRC)
 	if err != nil {
 		return nil, fmt.Errorf("commitlog offset %d: %w", off, err)
 	}
 	if rec.PhysicalOffset != off {
 		return nil, fmt.Errorf("commitlog offset %d: %w", off, &DecodeError{Offset: off,
-			Reason: fmt.Sprintf("no record starts here (PHYSICALOFFSET %d)", rec.PhysicalOffset)})
+			Reason: fmt.Sprintf("the record here says it lies at %d", rec.PhysicalOffset)})
 	}
 	return rec, nil
 }

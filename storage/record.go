@@ -219,8 +219,8 @@ func putBlank(dst []byte, remaining int) {
 	binary.BigEndian.PutUint32(dst[4:], MagicBlank)
 }
 
-// Record is a decoded stored message. Byte slices and strings alias nothing:
-// Decode copies what it returns unless documented otherwise.
+// Record is a decoded stored message. It does not alias the buffer it was
+// decoded from: Raw is a copy, and Body is a slice of Raw.
 type Record struct {
 	TotalSize        int32
 	Magic            uint32
@@ -245,6 +245,9 @@ type Record struct {
 	// HasPropCRC reports whether the record carried a whole-record CRC (it
 	// was verified by Decode).
 	HasPropCRC bool
+	// Raw is the stored record, byte for byte (RocketMQ's layout: what a
+	// pull response carries). Body aliases it.
+	Raw []byte
 }
 
 // Property returns the value of the property key and whether it is set.
@@ -296,9 +299,10 @@ func decodeRecord(b []byte, requireCRC bool) (*Record, int, error) {
 	if err != nil {
 		return nil, 0, err
 	}
-	b = b[:n]
+	b = append([]byte(nil), b[:n]...) // one copy; Body aliases it
 	be := binary.BigEndian
 	r := &Record{
+		Raw:            b,
 		TotalSize:      int32(n),
 		Magic:          be.Uint32(b[posMagic:]),
 		BodyCRC:        be.Uint32(b[posBodyCRC:]),
@@ -320,10 +324,7 @@ func decodeRecord(b []byte, requireCRC bool) (*Record, int, error) {
 	p += 8
 	bodyLen := int(be.Uint32(b[p:]))
 	p += 4
-	r.Body = append([]byte(nil), b[p:p+bodyLen]...)
-	if r.Body == nil {
-		r.Body = []byte{}
-	}
+	r.Body = b[p : p+bodyLen : p+bodyLen]
 	p += bodyLen
 	var topicLen int
 	if r.Magic == MagicV2 {

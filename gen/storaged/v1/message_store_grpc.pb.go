@@ -60,6 +60,8 @@ const (
 //   - OUT_OF_RANGE, reason "OFFSET_OUT_OF_RANGE", metadata "offset", "min_offset" and "max_offset" (the
 //     readable range is [min_offset, max_offset)).
 //   - NOT_FOUND, reason "QUEUE_NOT_FOUND": no message was ever stored in that topic and queue.
+//   - NOT_FOUND, reason "NO_RECORD_AT_OFFSET": no record starts at that commit log offset (a wrong
+//     offset, not damage: the bytes there carry no record magic).
 //   - DATA_LOSS, reason "DATA_CORRUPTED": the stored bytes fail their checks.
 //   - INVALID_ARGUMENT, reason "INVALID_REQUEST", with google.rpc.BadRequest field violations.
 //   - UNAVAILABLE, reason "SERVICE_NOT_AVAILABLE": the store is starting or shutting down.
@@ -193,6 +195,8 @@ func (c *messageStoreServiceClient) GetQueueInfo(ctx context.Context, in *GetQue
 //   - OUT_OF_RANGE, reason "OFFSET_OUT_OF_RANGE", metadata "offset", "min_offset" and "max_offset" (the
 //     readable range is [min_offset, max_offset)).
 //   - NOT_FOUND, reason "QUEUE_NOT_FOUND": no message was ever stored in that topic and queue.
+//   - NOT_FOUND, reason "NO_RECORD_AT_OFFSET": no record starts at that commit log offset (a wrong
+//     offset, not damage: the bytes there carry no record magic).
 //   - DATA_LOSS, reason "DATA_CORRUPTED": the stored bytes fail their checks.
 //   - INVALID_ARGUMENT, reason "INVALID_REQUEST", with google.rpc.BadRequest field violations.
 //   - UNAVAILABLE, reason "SERVICE_NOT_AVAILABLE": the store is starting or shutting down.
