@@ -45,6 +45,9 @@ const (
 	// scheduleBatch bounds the deliveries of one level per pass, so a level
 	// with a backlog does not hold the others back.
 	scheduleBatch = 256
+	// schedulePoll is how often (on the store's clock) the scheduler looks
+	// for messages on levels that had none pending.
+	schedulePoll = 100 * time.Millisecond
 	// scheduleRetry is how long (on the store's clock) the scheduler waits
 	// after the store refused a re-put (not writable, busy) before trying
 	// again.
@@ -195,22 +198,27 @@ func (sc *scheduler) stopping() bool {
 	}
 }
 
-// loop runs rounds: after each it waits for the earliest delivery time on
-// the store's clock, for a dispatch (a new message may be due sooner), for
-// the next persist, or for stop.
+// loop runs rounds: after each it waits on the store's clock for the
+// earliest delivery time or the next poll, whichever is first, or for the
+// next persist, or for stop. Polling (RocketMQ polls each level every
+// 100 ms too) finds messages newly put on a level with nothing pending;
+// a level with something pending only needs its head's time, since what
+// comes after it is due later. The poll interval is far below the
+// shortest delay a table can hold (1 s), so polling never makes a delivery
+// late; waking on every dispatch instead cost the put path a goroutine
+// wake-up per dispatch round.
 func (sc *scheduler) loop() {
 	defer sc.wg.Done()
 	for {
-		arrived := sc.s.dispatch.arrival() // before the round: no lost wake-up
 		r := sc.round()
-		var at <-chan struct{}
-		release := func() {}
+		next := sc.s.clock.Now().Add(schedulePoll)
 		switch {
 		case r.retry:
-			at, release = clockWait(sc.s.clock, sc.s.clock.Now().Add(scheduleRetry))
-		case !r.wake.IsZero():
-			at, release = clockWait(sc.s.clock, r.wake)
+			next = sc.s.clock.Now().Add(scheduleRetry)
+		case !r.wake.IsZero() && r.wake.Before(next):
+			next = r.wake
 		}
+		at, release := clockWait(sc.s.clock, next)
 		var persist <-chan time.Time
 		var pt *time.Timer
 		if r.persistIn > 0 {
@@ -219,7 +227,6 @@ func (sc *scheduler) loop() {
 		}
 		select {
 		case <-at:
-		case <-arrived:
 		case <-persist:
 		case <-sc.done:
 		}
