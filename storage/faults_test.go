@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	"github.com/storaged/storaged/storage/vfs"
@@ -264,9 +265,12 @@ func TestDiskFullOnCreate(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer s.Close()
-	full := true
-	fs.SetInjector(func(op vfs.Op, _ string) error {
-		if op == vfs.OpCreateSegment && full {
+	var full atomic.Bool
+	full.Store(true)
+	fs.SetInjector(func(op vfs.Op, path string) error {
+		// Only commitlog files: a consume-queue file that cannot be created
+		// is a write error that turns the store read-only, another test.
+		if op == vfs.OpCreateSegment && full.Load() && strings.Contains(path, "/commitlog/") {
 			return errors.New("no space left on device")
 		}
 		return nil
@@ -287,7 +291,7 @@ func TestDiskFullOnCreate(t *testing.T) {
 	if !sawFull {
 		t.Fatal("no put hit the full disk")
 	}
-	full = false // space returns
+	full.Store(false) // space returns
 	r, err := s.PutMessage(context.Background(), msg("F", fmt.Sprintf("message-%d-", len(acked))))
 	if err != nil || r.Append.QueueOffset != int64(len(acked)) {
 		t.Fatalf("after space returned: %v %+v", err, r.Append)

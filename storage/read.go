@@ -198,6 +198,9 @@ func (s *Store) pullOnce(req PullRequest) (PullResult, error) {
 			continue
 		}
 		rec, err := s.GetMessage(phys)
+		if errors.Is(err, ErrNoRecord) { // the index says a record is there
+			err = fmt.Errorf("%w: consume queue %s/%d entry %d: %w", ErrCorrupt, req.Topic, req.QueueID, off, err)
+		}
 		if err != nil {
 			return res, err
 		}
