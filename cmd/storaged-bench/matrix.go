@@ -7,6 +7,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net/http"
 	"os"
 	"runtime"
 	"slices"
@@ -108,9 +109,14 @@ type targetResult struct {
 	P99Us      Stat       `json:"p99_us"`
 	HeapBytes  Stat       `json:"server_heap_inuse_max_bytes"`
 	// ServerCPUPerMsgUs is the server's CPU time per PUT_OK message, µs.
-	ServerCPUPerMsgUs Stat  `json:"server_cpu_per_msg_us"`
-	Errors            int64 `json:"errors"`
-	Degraded          int64 `json:"degraded"`
+	ServerCPUPerMsgUs Stat `json:"server_cpu_per_msg_us"`
+	// SyncMeanUs, MsgsPerSync and FlushWaitUs summarize the runs' Flush
+	// (zero for targets without flusher metrics).
+	SyncMeanUs  Stat  `json:"sync_mean_us"`
+	MsgsPerSync Stat  `json:"msgs_per_sync"`
+	FlushWaitUs Stat  `json:"flush_wait_mean_us"`
+	Errors      int64 `json:"errors"`
+	Degraded    int64 `json:"degraded"`
 }
 
 // ratio compares a target with the floor run by run: run i of the target
@@ -338,6 +344,7 @@ func runMatrixCommand(ctx context.Context, args []string, stdout, stderr io.Writ
 				cfg.Label, cfg.MetricsURL = t, p.metricsURL()
 				fmt.Fprintf(stderr, "%s run %d/%d on %s ... ", c.Name, run+1, o.runs, t)
 				pid := strconv.Itoa(p.cmd.Process.Pid)
+				m0 := p.storeMetrics(ctx)
 				srv0, err1 := procCPU(pid)
 				cli0, err2 := procCPU("self")
 				s, err := loadOnce(ctx, cfg, p.grpc)
@@ -347,6 +354,11 @@ func runMatrixCommand(ctx context.Context, args []string, stdout, stderr io.Writ
 				}
 				srv1, err3 := procCPU(pid)
 				cli1, err4 := procCPU("self")
+				if m0 != nil {
+					if m1 := p.storeMetrics(ctx); m1 != nil {
+						s.Flush = flushStats(m0, m1, s.Messages)
+					}
+				}
 				s.Target = t
 				s.HostLoad1 = loadAverage()
 				if err := errors.Join(err1, err2, err3, err4); err == nil && s.Messages > 0 {
@@ -377,6 +389,22 @@ func runMatrixCommand(ctx context.Context, args []string, stdout, stderr io.Writ
 	return nil
 }
 
+// storeMetrics reads the flusher metrics of a storaged target; nil for a
+// floor or on failure.
+func (p *proc) storeMetrics(ctx context.Context) map[string]float64 {
+	if p.metrics == "" || (p.name != "async" && p.name != "sync") {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	client := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
+	m, err := scrapeMetrics(ctx, client, p.metricsURL(), syncSecondsSum, syncSecondsCount, flushWaitSecondsSum, flushWaitCount)
+	if err != nil {
+		return nil
+	}
+	return m
+}
+
 // loadOnce runs one load against addr on a fresh connection set.
 func loadOnce(ctx context.Context, cfg loadConfig, addr string) (*Summary, error) {
 	creds, _ := (&tlsOptions{}).credentials()
@@ -402,6 +430,17 @@ func (cr *caseResult) summarize() {
 		tr.P99Us = newStat(col(tr.Runs, func(s *Summary) float64 { return float64(s.Latency.P99Us) }))
 		tr.HeapBytes = newStat(col(tr.Runs, func(s *Summary) float64 { return float64(s.ServerHeapInuseMaxBytes) }))
 		tr.ServerCPUPerMsgUs = newStat(col(tr.Runs, func(s *Summary) float64 { return s.ServerCPUPerMsgUs }))
+		flush := func(f func(*FlushStats) float64) func(*Summary) float64 {
+			return func(s *Summary) float64 {
+				if s.Flush == nil {
+					return 0
+				}
+				return f(s.Flush)
+			}
+		}
+		tr.SyncMeanUs = newStat(col(tr.Runs, flush(func(f *FlushStats) float64 { return f.SyncMeanUs })))
+		tr.MsgsPerSync = newStat(col(tr.Runs, flush(func(f *FlushStats) float64 { return f.MsgsPerSync })))
+		tr.FlushWaitUs = newStat(col(tr.Runs, flush(func(f *FlushStats) float64 { return f.FlushWaitMean })))
 		tr.Errors, tr.Degraded = 0, 0
 		for _, s := range tr.Runs {
 			tr.Errors += s.Errors

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -162,5 +163,71 @@ func TestProcCPU(t *testing.T) {
 	}
 	if _, err := procCPU("0"); err == nil {
 		t.Error("procCPU of pid 0 succeeded")
+	}
+}
+
+// TestMatrixAgainstStoraged builds storaged and runs a small matrix
+// against it in both flush modes: the subprocess start (listening line,
+// health), the loads and the flusher figures.
+func TestMatrixAgainstStoraged(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and starts storaged")
+	}
+	t.Setenv(asMainEnv, "1")
+	dir := t.TempDir()
+	bin := filepath.Join(dir, "storaged")
+	build := exec.Command("go", "build", "-o", bin, "github.com/storaged/storaged/cmd/storaged")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("build storaged: %v\n%s", err, out)
+	}
+	out := filepath.Join(dir, "results.json")
+	var stdout, stderr bytes.Buffer
+	err := run(context.Background(), []string{"matrix", "--storaged", bin, "--storaged-args", "--file-size 4MiB",
+		"--data-root", dir, "--targets", "floor,async,sync", "--runs", "1", "--messages", "300", "--warmup", "0",
+		"--cases", "unary-c4,batch10-c2,stream-s2-c8", "--out", out}, &stdout, &stderr)
+	if err != nil {
+		t.Fatalf("%v\n%s", err, stderr.String())
+	}
+	b, err := os.ReadFile(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var res MatrixResult
+	if err := json.Unmarshal(b, &res); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range res.Cases {
+		for _, target := range []string{"floor", "async", "sync"} {
+			s := c.Targets[target].Runs[0]
+			checkConsistent(t, s)
+			if s.Messages != 300 || s.Errors != 0 || s.Degraded != 0 {
+				t.Errorf("%s on %s: %d messages, errors %v, degraded %v", c.Name, target, s.Messages, s.ErrorsByCode, s.DegradedBy)
+			}
+			if target == "floor" && s.Flush != nil {
+				t.Errorf("%s on the floor: flush stats %+v", c.Name, s.Flush)
+			}
+		}
+		if f := c.Targets["sync"].Runs[0].Flush; f == nil || f.FlushWaits == 0 || f.Syncs == 0 {
+			t.Errorf("%s on sync: flush stats %+v, want waits and syncs", c.Name, f)
+		}
+	}
+	stdout.Reset()
+	if err := run(context.Background(), []string{"report", "--in", out}, &stdout, &stderr); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(stdout.String(), "| unary-c4 | sync |") || !strings.Contains(stdout.String(), "messages per round") {
+		t.Errorf("report:\n%s", stdout.String())
+	}
+}
+
+func TestFlushStats(t *testing.T) {
+	before := map[string]float64{syncSecondsSum: 1, syncSecondsCount: 10, flushWaitSecondsSum: 2, flushWaitCount: 100}
+	after := map[string]float64{syncSecondsSum: 1.5, syncSecondsCount: 110, flushWaitSecondsSum: 4, flushWaitCount: 1100}
+	f := flushStats(before, after, 2000)
+	if f == nil || f.Syncs != 100 || f.SyncMeanUs != 5000 || f.MsgsPerSync != 20 || f.FlushWaits != 1000 || f.FlushWaitMean != 2000 {
+		t.Errorf("flushStats = %+v", f)
+	}
+	if f := flushStats(before, before, 10); f != nil {
+		t.Errorf("no syncs: %+v", f)
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -51,34 +52,80 @@ func (h *heapWatch) sample(ctx context.Context, url string, measured bool) (int6
 // scrapeGauge returns the value of the unlabelled metric name from a
 // Prometheus text exposition at url.
 func scrapeGauge(ctx context.Context, client *http.Client, url, name string) (int64, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	m, err := scrapeMetrics(ctx, client, url, name)
 	if err != nil {
 		return 0, err
+	}
+	v, ok := m[name]
+	if !ok {
+		return 0, fmt.Errorf("%s not found at %s", name, url)
+	}
+	return int64(v), nil
+}
+
+// scrapeMetrics returns the values of the unlabelled metrics names (a
+// gauge, a counter, a histogram's _sum or _count) found at url.
+func scrapeMetrics(ctx context.Context, client *http.Client, url string, names ...string) (map[string]float64, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return nil, err
 	}
 	resp, err := client.Do(req)
 	if err != nil {
-		return 0, err
+		return nil, err
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		return 0, fmt.Errorf("GET %s: %s", url, resp.Status)
+		return nil, fmt.Errorf("GET %s: %s", url, resp.Status)
 	}
+	out := make(map[string]float64, len(names))
 	sc := bufio.NewScanner(resp.Body)
 	sc.Buffer(make([]byte, 64<<10), 1<<20)
 	for sc.Scan() {
-		line := sc.Text()
-		rest, ok := strings.CutPrefix(line, name+" ")
-		if !ok {
+		name, rest, ok := strings.Cut(sc.Text(), " ")
+		if !ok || !slices.Contains(names, name) {
 			continue
 		}
 		f, err := strconv.ParseFloat(strings.TrimSpace(rest), 64)
 		if err != nil {
-			return 0, fmt.Errorf("%s: %w", name, err)
+			return nil, fmt.Errorf("%s: %w", name, err)
 		}
-		return int64(f), nil
+		out[name] = f
 	}
-	if err := sc.Err(); err != nil {
-		return 0, err
+	return out, sc.Err()
+}
+
+// Store metrics of storaged (server/metrics.go) the matrix reads before and
+// after each run to explain sync-mode figures.
+const (
+	syncSecondsSum      = "storaged_store_sync_duration_seconds_sum"
+	syncSecondsCount    = "storaged_store_sync_duration_seconds_count"
+	flushWaitSecondsSum = "storaged_store_flush_wait_seconds_sum"
+	flushWaitCount      = "storaged_store_flush_wait_seconds_count"
+)
+
+// FlushStats describes the flusher of a storaged target during one run
+// (all zero for a floor, or when the metrics were not readable).
+type FlushStats struct {
+	Syncs         int64   `json:"syncs"`         // msync rounds of the commitlog flusher
+	SyncMeanUs    float64 `json:"sync_mean_us"`  // mean duration of a round
+	MsgsPerSync   float64 `json:"msgs_per_sync"` // PUT_OK messages per round
+	FlushWaits    int64   `json:"flush_waits"`   // sync-mode puts that waited for a flush
+	FlushWaitMean float64 `json:"flush_wait_mean_us"`
+}
+
+func flushStats(before, after map[string]float64, msgs int64) *FlushStats {
+	d := func(k string) float64 { return after[k] - before[k] }
+	f := &FlushStats{Syncs: int64(d(syncSecondsCount)), FlushWaits: int64(d(flushWaitCount))}
+	if f.Syncs > 0 {
+		f.SyncMeanUs = d(syncSecondsSum) / float64(f.Syncs) * 1e6
+		f.MsgsPerSync = float64(msgs) / float64(f.Syncs)
 	}
-	return 0, fmt.Errorf("%s not found at %s", name, url)
+	if f.FlushWaits > 0 {
+		f.FlushWaitMean = d(flushWaitSecondsSum) / float64(f.FlushWaits) * 1e6
+	}
+	if f.Syncs == 0 && f.FlushWaits == 0 {
+		return nil
+	}
+	return f
 }

@@ -30,7 +30,32 @@ func runReportCommand(args []string, stdout, stderr io.Writer) error {
 		return fmt.Errorf("%s: %w", *in, err)
 	}
 	writeMarkdown(stdout, &res)
+	writeFlushMarkdown(stdout, &res)
 	return nil
+}
+
+// writeFlushMarkdown writes the flusher figures of the storaged targets:
+// msync rounds, messages per round and the time puts waited for a flush.
+func writeFlushMarkdown(w io.Writer, res *MatrixResult) {
+	header := false
+	for _, c := range res.Cases {
+		for _, t := range res.Targets {
+			tr := c.Targets[t]
+			if tr == nil || tr.SyncMeanUs.Max == 0 {
+				continue
+			}
+			if !header {
+				fmt.Fprintln(w, "\n| case | target | msync round, mean (median of runs) | messages per round | sync-mode flush wait per put, mean |")
+				fmt.Fprintln(w, "|---|---|---|---|---|")
+				header = true
+			}
+			wait := "-"
+			if tr.FlushWaitUs.Max > 0 {
+				wait = fmtLatency(int64(tr.FlushWaitUs.Median))
+			}
+			fmt.Fprintf(w, "| %s | %s | %s | %.1f | %s |\n", c.Name, t, fmtLatency(int64(tr.SyncMeanUs.Median)), tr.MsgsPerSync.Median, wait)
+		}
+	}
 }
 
 // writeMarkdown writes one row per case and target: median msgs/s with

@@ -65,6 +65,9 @@ type Summary struct {
 	ServerCPUPerMsgUs float64 `json:"server_cpu_per_msg_us,omitempty"`
 	ClientCPUPerMsgUs float64 `json:"client_cpu_per_msg_us,omitempty"`
 	HostLoad1         float64 `json:"host_load1,omitempty"`
+	// Flush is read from a storaged target's /metrics (nil otherwise). Its
+	// message count includes the warmup's share of the run.
+	Flush *FlushStats `json:"flush,omitempty"`
 }
 
 // Latency is the latency distribution of the calls with a response, in
