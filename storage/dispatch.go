@@ -1,6 +1,7 @@
 package storage
 
 import (
+	"bytes"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -322,15 +323,12 @@ func parseMeta(b []byte) recordMeta {
 // props (no allocation).
 func propertyIn(props []byte, key string) []byte {
 	for len(props) > 0 {
-		end := len(props)
-		for i, c := range props {
-			if c == propertySeparator {
-				end = i
-				break
-			}
+		end := bytes.IndexByte(props, propertySeparator)
+		if end < 0 {
+			end = len(props)
 		}
 		item := props[:end]
-		if len(item) > len(key) && string(item[:len(key)]) == key && item[len(key)] == nameValueSeparator {
+		if len(item) > len(key) && item[len(key)] == nameValueSeparator && string(item[:len(key)]) == key {
 			return item[len(key)+1:]
 		}
 		if end == len(props) {
