@@ -48,6 +48,10 @@ const (
 const (
 	retryDelayBusy        = 200 * time.Millisecond // OS_PAGE_CACHE_BUSY
 	retryDelayUnavailable = time.Second            // starting, closing, slave, not writable
+	// retryDelayDiskFull: above the disk warning watermark. Writes resume
+	// once retention (forced above the clean watermark, every disk check)
+	// or the operator has freed space; retrying faster only adds load.
+	retryDelayDiskFull = 5 * time.Second
 )
 
 // method names the RPC an error belongs to; request field paths depend on it.
@@ -80,7 +84,9 @@ const (
 //	ErrStarting, ErrDraining, ErrClosed, ErrSlave, ErrNotWritable → UNAVAILABLE + RetryInfo
 //	storage.ErrBusy (OS_PAGE_CACHE_BUSY)  → UNAVAILABLE + RetryInfo
 //	storage.ErrWriteFailed (read-only)    → UNAVAILABLE, no RetryInfo: retry on another replica
-//	storage.ErrDiskFull                   → RESOURCE_EXHAUSTED
+//	storage.ErrNotWritable + ErrDiskFull  → RESOURCE_EXHAUSTED + RetryInfo, cause DISK_FULL: above the
+//	                                        disk warning watermark; clears once space is freed
+//	storage.ErrDiskFull (ENOSPC at create) → RESOURCE_EXHAUSTED, cause DISK_FULL
 //	storage.ErrCorrupt                    → DATA_LOSS (logged)
 //	ctx ended before the append           → CANCELLED / DEADLINE_EXCEEDED
 //	storage.ErrCreateFile, anything else  → INTERNAL (logged; the client message has no paths)
@@ -111,6 +117,13 @@ func (s *Service) putError(ctx context.Context, m method, res storage.PutResult,
 		return newStatus(codes.Canceled, "the call was cancelled before the append; nothing was stored", info)
 	case errors.Is(err, context.DeadlineExceeded):
 		return newStatus(codes.DeadlineExceeded, "the deadline passed before the append; nothing was stored", info)
+	case errors.Is(err, storage.ErrDiskFull) && errors.Is(err, storage.ErrNotWritable):
+		// The disk watermark: the store and the health watcher log the
+		// transition once (the call log still has each refused call).
+		info.Metadata = map[string]string{"cause": "DISK_FULL"}
+		return newStatus(codes.ResourceExhausted, "the store's disk is above its warning watermark and takes no writes; "+
+			"nothing was stored; writes resume once space is freed", info,
+			&errdetails.RetryInfo{RetryDelay: durationpb.New(retryDelayDiskFull)})
 	case errors.Is(err, storage.ErrDiskFull):
 		log.Error().Err(err).Msg("put refused: disk full")
 		info.Metadata = map[string]string{"cause": "DISK_FULL"}
