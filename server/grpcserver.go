@@ -93,7 +93,7 @@ type GRPCServer struct {
 
 // NewGRPCServer builds the server for svc. The health service starts with
 // the overall status ("") SERVING and ServiceName NOT_SERVING: call
-// SetServing(true) once the store is open.
+// WatchStore (or SetServing(true)) once the store is open.
 func NewGRPCServer(svc *Service, cfg GRPCConfig) (*GRPCServer, error) {
 	if cfg.MaxMessageSize <= 0 {
 		cfg.MaxMessageSize = storage.DefaultMaxMessageSize
@@ -187,32 +187,76 @@ func (g *GRPCServer) SetServing(serving bool) {
 	g.health.SetServingStatus(ServiceName, st)
 }
 
-// WriteErrer reports a store's sticky write error; *storage.Store
-// implements it.
-type WriteErrer interface {
+// StoreHealth is what WatchStore polls; *storage.Store implements it.
+type StoreHealth interface {
+	// WriteErr is the sticky write error: once set, the store takes no
+	// writes until the process restarts.
 	WriteErr() error
+	// Writable reports whether puts are accepted right now.
+	Writable() bool
+	// Stats says why not: Disk.Full while the data dir's file system is
+	// above the warning watermark (until usage is back at the clean one).
+	Stats() storage.Stats
 }
 
-// WatchStore starts a goroutine that checks s every interval. When the
-// store turns read-only (a write or sync failed) it sets ServiceName
-// NOT_SERVING, so that load balancers and readiness probes stop sending
-// writes, and ends: the condition is sticky until the process restarts.
-// Shutdown stops the goroutine and waits for it. Call it before Shutdown.
-func (g *GRPCServer) WatchStore(s WriteErrer, interval time.Duration) {
+var _ StoreHealth = (*storage.Store)(nil)
+
+// WatchStore starts a goroutine that sets the health of ServiceName from s,
+// at once and then every interval, so that load balancers and readiness
+// probes send writes only where they can succeed:
+//
+//   - disk above the warning watermark (Stats().Disk.Full): NOT_SERVING,
+//     and SERVING again once the store takes writes again (usage back at
+//     or below the clean watermark);
+//   - sticky write error (a write or sync failed): NOT_SERVING, and the
+//     goroutine ends: the store takes no writes until the process restarts,
+//     so the service never turns SERVING again.
+//
+// Anything else (a slave, which refuses writes by design) is SERVING.
+// Shutdown stops the goroutine and waits for it. Call it once, before
+// Shutdown.
+func (g *GRPCServer) WatchStore(s StoreHealth, interval time.Duration) {
 	g.watchers.Go(func() {
 		t := time.NewTicker(interval)
 		defer t.Stop()
+		var set, serving bool // set: the watcher has set the status once
 		for {
 			select {
 			case <-g.stopWatch:
 				return
-			case <-t.C:
-				if err := s.WriteErr(); err != nil {
-					g.SetServing(false)
-					g.log.Error().Err(err).Str("health_service", ServiceName).
-						Msg("store is read-only after a failed write or sync; health set to NOT_SERVING until restart")
-					return
+			default:
+			}
+			// The disk first and the sticky error last: a write error that
+			// happens meanwhile is never followed by SERVING from here.
+			var disk storage.DiskStats
+			full := false
+			if !s.Writable() {
+				disk = s.Stats().Disk
+				full = disk.Full
+			}
+			if err := s.WriteErr(); err != nil {
+				g.SetServing(false)
+				g.log.Error().Err(err).Str("health_service", ServiceName).
+					Msg("store is read-only after a failed write or sync; health set to NOT_SERVING until restart")
+				return
+			}
+			if !set || serving == full {
+				g.SetServing(!full)
+				switch {
+				case full:
+					g.log.Error().Str("health_service", ServiceName).Float64("used_percent", disk.UsedPercent).
+						Uint64("avail_bytes", disk.Avail).
+						Msg("disk above the warning watermark: puts refused (RESOURCE_EXHAUSTED), health NOT_SERVING until usage is back at the clean watermark")
+				case set:
+					g.log.Info().Str("health_service", ServiceName).
+						Msg("the store takes writes again (disk back at or below the clean watermark); health SERVING")
 				}
+				set, serving = true, !full
+			}
+			select {
+			case <-g.stopWatch:
+				return
+			case <-t.C:
 			}
 		}
 	})

@@ -11,9 +11,11 @@ import (
 	reflectionpb "google.golang.org/grpc/reflection/grpc_reflection_v1"
 
 	storagedv1 "github.com/storaged/storaged/gen/storaged/v1"
+	"github.com/storaged/storaged/storage"
 )
 
-// writeErrStore is a WriteErrer whose error the test sets.
+// writeErrStore is a StoreHealth whose sticky write error the test sets;
+// its disk is never full.
 type writeErrStore struct{ err atomic.Pointer[error] }
 
 func (w *writeErrStore) WriteErr() error {
@@ -22,6 +24,9 @@ func (w *writeErrStore) WriteErr() error {
 	}
 	return nil
 }
+
+func (w *writeErrStore) Writable() bool       { return w.WriteErr() == nil }
+func (w *writeErrStore) Stats() storage.Stats { return storage.Stats{} }
 
 func recvStatus(t *testing.T, w healthpb.Health_WatchClient, want healthpb.HealthCheckResponse_ServingStatus) {
 	t.Helper()

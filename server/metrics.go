@@ -3,6 +3,7 @@ package server
 import (
 	"net/http"
 	"net/http/pprof"
+	"strconv"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -23,28 +24,34 @@ var _ StatsSource = (*storage.Store)(nil)
 // on every scrape (storage.Stats), so the store needs no Prometheus
 // dependency and the numbers are never stale.
 type StoreCollector struct {
-	src     StatsSource
-	dataDir string
+	src StatsSource
 
 	puts, messages, bytes                 *prometheus.Desc
 	appendLatency, flushWait, syncLatency *prometheus.Desc
 	maxLockHold                           *prometheus.Desc
 	flushLag, files, rolls                *prometheus.Desc
 	minOffset, maxOffset, flushedOffset   *prometheus.Desc
-	diskFree, diskTotal, writable         *prometheus.Desc
+	writable                              *prometheus.Desc
+
+	schedPending, schedLag, schedDelivered *prometheus.Desc
+	schedSkipped, schedRefused             *prometheus.Desc
+
+	retDeletedFiles, retDeletedBytes, retTrimmedFiles *prometheus.Desc
+
+	diskSize, diskAvail, diskUsed, diskUsedPercent, diskFull *prometheus.Desc
 }
 
 var _ prometheus.Collector = (*StoreCollector)(nil)
 
-// NewStoreCollector returns a collector for src, whose data lives in dataDir
-// (for the free-disk gauges).
-func NewStoreCollector(src StatsSource, dataDir string) *StoreCollector {
+// NewStoreCollector returns a collector for src. Disk figures come from
+// the store's own disk check (storage.Stats.Disk), so this package makes no
+// system calls.
+func NewStoreCollector(src StatsSource) *StoreCollector {
 	d := func(name, help string, labels ...string) *prometheus.Desc {
 		return prometheus.NewDesc(name, help, labels, nil)
 	}
 	return &StoreCollector{
-		src:     src,
-		dataDir: dataDir,
+		src: src,
 
 		puts:     d("storaged_store_puts_total", "Put calls (PutMessage and PutMessages) by RocketMQ put status.", "status"),
 		messages: d("storaged_store_messages_total", "Messages put, by RocketMQ put status (a batch counts each entry).", "status"),
@@ -62,9 +69,29 @@ func NewStoreCollector(src StatsSource, dataDir string) *StoreCollector {
 		maxOffset:     d("storaged_commitlog_max_offset_bytes", "Commitlog offset of the next append."),
 		flushedOffset: d("storaged_commitlog_flushed_offset_bytes", "Commitlog offset up to which data is durable."),
 
-		diskFree:  d("storaged_store_disk_free_bytes", "Bytes available to the store on the data directory's file system."),
-		diskTotal: d("storaged_store_disk_size_bytes", "Size of the data directory's file system."),
-		writable:  d("storaged_store_writable", "1 when the store takes writes (open, master, no failed sync), else 0."),
+		writable: d("storaged_store_writable", "1 when the store takes writes (open, master, no failed sync, disk not above the warning watermark), else 0."),
+
+		schedPending: d("storaged_schedule_pending_messages",
+			"Delayed messages of the delay level not yet delivered to their topic, due or not.", "level"),
+		schedLag: d("storaged_schedule_lag_seconds",
+			"How long the oldest undelivered message of the delay level has been due; 0 when none is due.", "level"),
+		schedDelivered: d("storaged_schedule_delivered_total",
+			"Delayed messages of the delay level delivered to their topic since the store opened.", "level"),
+		schedSkipped: d("storaged_schedule_skipped_total",
+			"Delayed messages that could never be delivered and were passed over (logged at error level)."),
+		schedRefused: d("storaged_schedule_refused_total",
+			"Deliveries the store refused for a passing reason (not writable, busy); they are retried."),
+
+		retDeletedFiles: d("storaged_retention_deleted_files_total", "Expired commitlog files deleted by retention since the store opened."),
+		retDeletedBytes: d("storaged_retention_deleted_bytes_total", "Bytes of the commitlog files deleted by retention since the store opened."),
+		retTrimmedFiles: d("storaged_retention_trimmed_queue_files_total", "Consume-queue files deleted by retention since the store opened."),
+
+		diskSize:        d("storaged_store_disk_size_bytes", "Size of the data directory's file system, at the last disk check."),
+		diskAvail:       d("storaged_store_disk_free_bytes", "Bytes still available to the store on the data directory's file system (df's Avail), at the last disk check."),
+		diskUsed:        d("storaged_store_disk_used_bytes", "Bytes in use on the data directory's file system, at the last disk check."),
+		diskUsedPercent: d("storaged_store_disk_used_percent", "Use of the data directory's file system in percent (df's Use%), at the last disk check; compared with --disk-clean-percent and --disk-warning-percent."),
+		diskFull: d("storaged_store_disk_full",
+			"1 while puts are refused because the disk went above the warning watermark (until usage is back at the clean one), else 0."),
 	}
 }
 
@@ -72,7 +99,10 @@ func NewStoreCollector(src StatsSource, dataDir string) *StoreCollector {
 func (c *StoreCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{
 		c.puts, c.messages, c.bytes, c.appendLatency, c.flushWait, c.syncLatency, c.maxLockHold,
-		c.flushLag, c.files, c.rolls, c.minOffset, c.maxOffset, c.flushedOffset, c.diskFree, c.diskTotal, c.writable,
+		c.flushLag, c.files, c.rolls, c.minOffset, c.maxOffset, c.flushedOffset, c.writable,
+		c.schedPending, c.schedLag, c.schedDelivered, c.schedSkipped, c.schedRefused,
+		c.retDeletedFiles, c.retDeletedBytes, c.retTrimmedFiles,
+		c.diskSize, c.diskAvail, c.diskUsed, c.diskUsedPercent, c.diskFull,
 	} {
 		ch <- d
 	}
@@ -105,15 +135,38 @@ func (c *StoreCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(c.maxOffset, prometheus.GaugeValue, float64(st.MaxOffset))
 	ch <- prometheus.MustNewConstMetric(c.flushedOffset, prometheus.GaugeValue, float64(st.FlushedOffset))
 
-	if free, total, err := diskSpace(c.dataDir); err == nil {
-		ch <- prometheus.MustNewConstMetric(c.diskFree, prometheus.GaugeValue, float64(free))
-		ch <- prometheus.MustNewConstMetric(c.diskTotal, prometheus.GaugeValue, float64(total))
+	ch <- prometheus.MustNewConstMetric(c.writable, prometheus.GaugeValue, boolValue(c.src.Writable()))
+
+	for _, l := range st.Schedule.Levels {
+		level := strconv.Itoa(l.Level)
+		ch <- prometheus.MustNewConstMetric(c.schedPending, prometheus.GaugeValue, float64(l.Pending), level)
+		ch <- prometheus.MustNewConstMetric(c.schedLag, prometheus.GaugeValue, l.Lag.Seconds(), level)
+		ch <- prometheus.MustNewConstMetric(c.schedDelivered, prometheus.CounterValue, float64(l.Delivered), level)
 	}
-	w := 0.0
-	if c.src.Writable() {
-		w = 1
+	ch <- prometheus.MustNewConstMetric(c.schedSkipped, prometheus.CounterValue, float64(st.Schedule.Skipped))
+	ch <- prometheus.MustNewConstMetric(c.schedRefused, prometheus.CounterValue, float64(st.Schedule.Refused))
+
+	ch <- prometheus.MustNewConstMetric(c.retDeletedFiles, prometheus.CounterValue, float64(st.Retention.DeletedFiles))
+	ch <- prometheus.MustNewConstMetric(c.retDeletedBytes, prometheus.CounterValue, float64(st.Retention.DeletedBytes))
+	ch <- prometheus.MustNewConstMetric(c.retTrimmedFiles, prometheus.CounterValue, float64(st.Retention.TrimmedQueueFiles))
+
+	// Usage only once a check has read it, and not while the check fails
+	// (the last figures would be stale); Full keeps its last value then,
+	// as the store does.
+	if disk := st.Disk; disk.Err == "" && disk.Size > 0 {
+		ch <- prometheus.MustNewConstMetric(c.diskSize, prometheus.GaugeValue, float64(disk.Size))
+		ch <- prometheus.MustNewConstMetric(c.diskAvail, prometheus.GaugeValue, float64(disk.Avail))
+		ch <- prometheus.MustNewConstMetric(c.diskUsed, prometheus.GaugeValue, float64(disk.Used))
+		ch <- prometheus.MustNewConstMetric(c.diskUsedPercent, prometheus.GaugeValue, disk.UsedPercent)
 	}
-	ch <- prometheus.MustNewConstMetric(c.writable, prometheus.GaugeValue, w)
+	ch <- prometheus.MustNewConstMetric(c.diskFull, prometheus.GaugeValue, boolValue(st.Disk.Full))
+}
+
+func boolValue(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 // constHistogram turns a storage latency snapshot into a Prometheus

@@ -5,7 +5,9 @@
 // liveness passes during a long recovery); then the store opens and recovers
 // its commitlog; then the service turns SERVING. Puts that arrive before are
 // refused with UNAVAILABLE. If the store turns read-only after a failed write
-// or sync, the service goes NOT_SERVING until restart.
+// or sync, the service goes NOT_SERVING until restart; while the disk is
+// above --disk-warning-percent it is NOT_SERVING (puts RESOURCE_EXHAUSTED)
+// until usage is back at --disk-clean-percent.
 //
 // SIGTERM or SIGINT drains: every health status NOT_SERVING, GracefulStop
 // bounded by --shutdown-timeout (then Stop), the store's final flush and
@@ -50,8 +52,8 @@ import (
 // version is set at build time: -ldflags "-X main.version=...".
 var version = "dev"
 
-// watchInterval is how often the store's sticky write error is polled for
-// the health status.
+// watchInterval is how often the store is polled for the health status
+// (sticky write error, disk above the warning watermark).
 const watchInterval = time.Second
 
 func main() {
@@ -221,7 +223,7 @@ func serve(ctx context.Context, cfg config, logger zerolog.Logger) (err error) {
 		return fmt.Errorf("open store in %s: %w", cfg.DataDir, err)
 	}
 	store.Set(st)
-	reg.MustRegister(server.NewStoreCollector(st, cfg.DataDir))
+	reg.MustRegister(server.NewStoreCollector(st))
 	stats := st.Stats()
 	logger.Info().Stringer("recovery", time.Since(start)).Int64("max_offset", stats.MaxOffset).Int("files", stats.Files).
 		Str("flush_mode", st.FlushMode().String()).Msg("store open")
@@ -230,9 +232,11 @@ func serve(ctx context.Context, cfg config, logger zerolog.Logger) (err error) {
 		logger.Info().Msg("signal received while the store was opening")
 		return nil
 	}
+	// The watcher sets the service SERVING now, unless the store is
+	// read-only or its disk is above the warning watermark, and keeps the
+	// health following the store.
+	gs.WatchStore(st, watchInterval)
 	if st.WriteErr() == nil {
-		gs.SetServing(true)
-		gs.WatchStore(st, watchInterval)
 		logger.Info().Str("health_service", server.ServiceName).Msg("serving")
 	}
 
