@@ -46,6 +46,15 @@ type config struct {
 	Pprof            bool
 	StoreHost        string // "" derives it from the bound gRPC address
 	Version          bool
+
+	// Delayed delivery, retention and disk watermarks (storage.Options).
+	FileReservedTime   time.Duration // negative keeps every file
+	DeleteWhen         string        // "04", "04;16" or "*"; local time
+	DiskCleanPercent   int
+	DiskWarningPercent int
+	DiskCheckInterval  time.Duration
+	DelayLevels        string
+	CheckpointInterval time.Duration
 }
 
 // Defaults. deploy/kubernetes and the Dockerfile rely on the ports and the
@@ -81,6 +90,14 @@ func parseConfig(args []string, lookupEnv func(string) (string, bool), stderr io
 		LogFormat:        "json",
 		ShutdownTimeout:  defaultShutdownTimeout,
 		Reflection:       true,
+
+		FileReservedTime:   storage.DefaultFileReservedTime,
+		DeleteWhen:         storage.DefaultDeleteWhen,
+		DiskCleanPercent:   storage.DefaultDiskCleanPercent,
+		DiskWarningPercent: storage.DefaultDiskWarningPercent,
+		DiskCheckInterval:  storage.DefaultDiskCheckInterval,
+		DelayLevels:        storage.DefaultDelayLevels,
+		CheckpointInterval: storage.DefaultCheckpointInterval,
 	}
 	fs := flag.NewFlagSet("storaged", flag.ContinueOnError)
 	fs.SetOutput(stderr)
@@ -103,6 +120,21 @@ func parseConfig(args []string, lookupEnv func(string) (string, bool), stderr io
 	fs.BoolVar(&cfg.Pprof, "pprof", false, "serve /debug/pprof on the metrics address")
 	fs.StringVar(&cfg.StoreHost, "store-host", "", "`ip:port` written into records and msgIds (default: the gRPC address, 127.0.0.1 when it listens on all interfaces)")
 	fs.BoolVar(&cfg.Version, "version", false, "print the version and exit")
+	fs.DurationVar(&cfg.FileReservedTime, "file-reserved-time", cfg.FileReservedTime,
+		"retention: a commitlog file is deleted once its newest message is older than this `duration`; negative (-1s) keeps every file")
+	fs.StringVar(&cfg.DeleteWhen, "delete-when", cfg.DeleteWhen,
+		"retention: `hours` of the day, local time, when expired files are deleted: 04, 04;16, or * for every hour")
+	fs.IntVar(&cfg.DiskCleanPercent, "disk-clean-percent", cfg.DiskCleanPercent,
+		"above this disk use `percent` (df's Use%) expired files are deleted at once, whatever --delete-when says; "+
+			"refused writes resume at or below it")
+	fs.IntVar(&cfg.DiskWarningPercent, "disk-warning-percent", cfg.DiskWarningPercent,
+		"above this disk use `percent` puts are refused (RESOURCE_EXHAUSTED) and health is NOT_SERVING; 100 never refuses")
+	fs.DurationVar(&cfg.DiskCheckInterval, "disk-check-interval", cfg.DiskCheckInterval,
+		"`period` of the disk usage check and the retention round")
+	fs.StringVar(&cfg.DelayLevels, "delay-levels", cfg.DelayLevels,
+		"delay level `table`: level n waits the n-th duration (units s, m, h, d, space separated)")
+	fs.DurationVar(&cfg.CheckpointInterval, "checkpoint-interval", cfg.CheckpointInterval,
+		"`period` of the checkpoint (consume queues flushed, commitlog synced) and of the delay progress save")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "Usage: storaged [flags]\n\n"+
 			"Every flag has an environment twin: --data-dir is %sDATA_DIR.\n"+
@@ -157,8 +189,28 @@ func (c *config) validate() error {
 	if c.DataDir == "" {
 		errs = append(errs, errors.New("--data-dir must not be empty"))
 	}
-	if c.FlushInterval <= 0 || c.SyncFlushTimeout <= 0 || c.ShutdownTimeout <= 0 {
-		errs = append(errs, errors.New("--flush-interval, --sync-flush-timeout and --shutdown-timeout must be positive"))
+	if c.FlushInterval <= 0 || c.SyncFlushTimeout <= 0 || c.ShutdownTimeout <= 0 || c.DiskCheckInterval <= 0 || c.CheckpointInterval <= 0 {
+		errs = append(errs, errors.New("--flush-interval, --sync-flush-timeout, --shutdown-timeout, --disk-check-interval and "+
+			"--checkpoint-interval must be positive"))
+	}
+	// storage.Options reads a zero or empty value as "the default": refuse
+	// them here rather than run with something the operator did not ask for.
+	if c.FileReservedTime == 0 {
+		errs = append(errs, errors.New("--file-reserved-time must not be 0 (a negative value such as -1s keeps every file)"))
+	}
+	if strings.TrimSpace(c.DeleteWhen) == "" {
+		errs = append(errs, errors.New(`--delete-when must not be empty (hours such as 04 or 04;16, or "*" for every hour)`))
+	}
+	if strings.TrimSpace(c.DelayLevels) == "" {
+		errs = append(errs, errors.New("--delay-levels must not be empty"))
+	}
+	switch {
+	case c.DiskWarningPercent < 1 || c.DiskWarningPercent > 100 || c.DiskCleanPercent < 1 || c.DiskCleanPercent > 100:
+		errs = append(errs, fmt.Errorf("--disk-clean-percent (%d) and --disk-warning-percent (%d) must be between 1 and 100",
+			c.DiskCleanPercent, c.DiskWarningPercent))
+	case c.DiskCleanPercent > c.DiskWarningPercent:
+		errs = append(errs, fmt.Errorf("--disk-clean-percent (%d) must not be above --disk-warning-percent (%d)",
+			c.DiskCleanPercent, c.DiskWarningPercent))
 	}
 	if c.MaxMessageSize <= 0 || c.MaxMessageSize > math.MaxInt32-(1<<20) {
 		errs = append(errs, fmt.Errorf("--max-message-size %d out of range", c.MaxMessageSize))
@@ -216,6 +268,14 @@ func (c *config) storageOptions(host netip.AddrPort, logger *zerolog.Logger) sto
 		Role:             c.Role,
 		StoreHost:        host,
 		Logger:           logger,
+
+		FileReservedTime:   c.FileReservedTime,
+		DeleteWhen:         c.DeleteWhen,
+		DiskCleanPercent:   c.DiskCleanPercent,
+		DiskWarningPercent: c.DiskWarningPercent,
+		DiskCheckInterval:  c.DiskCheckInterval,
+		DelayLevels:        c.DelayLevels,
+		CheckpointInterval: c.CheckpointInterval,
 	}
 }
 
@@ -239,6 +299,13 @@ func (c *config) log(l zerolog.Logger) {
 		Bool("reflection", c.Reflection).
 		Bool("pprof", c.Pprof).
 		Str("store_host", cmp.Or(c.StoreHost, "auto")).
+		Stringer("file_reserved_time", c.FileReservedTime).
+		Str("delete_when", c.DeleteWhen).
+		Int("disk_clean_percent", c.DiskCleanPercent).
+		Int("disk_warning_percent", c.DiskWarningPercent).
+		Stringer("disk_check_interval", c.DiskCheckInterval).
+		Str("delay_levels", c.DelayLevels).
+		Stringer("checkpoint_interval", c.CheckpointInterval).
 		Msg("effective configuration")
 }
 

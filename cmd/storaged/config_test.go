@@ -36,6 +36,9 @@ func TestConfigDefaults(t *testing.T) {
 		FileSize: 1 << 30, FlushInterval: 500 * time.Millisecond, SyncFlushTimeout: 5 * time.Second,
 		Role: storage.RoleMaster, MaxMessageSize: 4 << 20, LogLevel: zerolog.InfoLevel, LogFormat: "json",
 		ShutdownTimeout: 30 * time.Second, Reflection: true,
+		FileReservedTime: 72 * time.Hour, DeleteWhen: "04", DiskCleanPercent: 85, DiskWarningPercent: 90,
+		DiskCheckInterval: time.Second, DelayLevels: "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h",
+		CheckpointInterval: time.Second,
 	}
 	if cfg != want {
 		t.Errorf("defaults\n got %+v\nwant %+v", cfg, want)
@@ -76,6 +79,65 @@ func TestConfigPrecedence(t *testing.T) {
 	}
 }
 
+// TestConfigRetentionAndDelay: the delayed-delivery, retention and disk
+// flags, from the environment and the command line (which wins), reach
+// storage.Options unchanged.
+func TestConfigRetentionAndDelay(t *testing.T) {
+	e := env("STORAGED_FILE_RESERVED_TIME", "48h", "STORAGED_DELETE_WHEN", "04;16", "STORAGED_DISK_CLEAN_PERCENT", "70",
+		"STORAGED_DISK_WARNING_PERCENT", "80", "STORAGED_DISK_CHECK_INTERVAL", "5s", "STORAGED_DELAY_LEVELS", "1s 2s",
+		"STORAGED_CHECKPOINT_INTERVAL", "3s")
+	cfg, err := parseConfig([]string{"--file-reserved-time=-1s", "--delete-when", "*", "--disk-warning-percent", "95",
+		"--delay-levels", "1s 5s 1h 1d"}, e, &bytes.Buffer{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	o := cfg.storageOptions(netip.MustParseAddrPort("127.0.0.1:9090"), nil)
+	checks := []struct {
+		name      string
+		got, want any
+	}{
+		{"file-reserved-time (flag over env; negative keeps everything)", o.FileReservedTime, -time.Second},
+		{"delete-when (flag over env)", o.DeleteWhen, "*"},
+		{"disk-clean-percent (env)", o.DiskCleanPercent, 70},
+		{"disk-warning-percent (flag over env)", o.DiskWarningPercent, 95},
+		{"disk-check-interval (env)", o.DiskCheckInterval, 5 * time.Second},
+		{"delay-levels (flag over env)", o.DelayLevels, "1s 5s 1h 1d"},
+		{"checkpoint-interval (env)", o.CheckpointInterval, 3 * time.Second},
+	}
+	for _, c := range checks {
+		if c.got != c.want {
+			t.Errorf("%s = %v, want %v", c.name, c.got, c.want)
+		}
+	}
+	if err := o.Validate(); err != nil {
+		t.Errorf("storage options: %v", err)
+	}
+	// The defaults map to the storage defaults, spelled out (no zero value
+	// left for the store to interpret).
+	cfg, err = parseConfig(nil, env(), &bytes.Buffer{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	o = cfg.storageOptions(netip.MustParseAddrPort("127.0.0.1:9090"), nil)
+	if o.FileReservedTime != storage.DefaultFileReservedTime || o.DeleteWhen != storage.DefaultDeleteWhen ||
+		o.DiskCleanPercent != storage.DefaultDiskCleanPercent || o.DiskWarningPercent != storage.DefaultDiskWarningPercent ||
+		o.DiskCheckInterval != storage.DefaultDiskCheckInterval || o.DelayLevels != storage.DefaultDelayLevels ||
+		o.CheckpointInterval != storage.DefaultCheckpointInterval {
+		t.Errorf("default storage options %+v", o)
+	}
+	// -h documents every one of them.
+	var stderr bytes.Buffer
+	if _, err := parseConfig([]string{"-h"}, env(), &stderr); !errors.Is(err, flag.ErrHelp) {
+		t.Fatalf("-h: %v", err)
+	}
+	for _, f := range []string{"-file-reserved-time", "-delete-when", "-disk-clean-percent", "-disk-warning-percent",
+		"-disk-check-interval", "-delay-levels", "-checkpoint-interval", storage.DefaultDelayLevels} {
+		if !strings.Contains(stderr.String(), f) {
+			t.Errorf("usage does not mention %q", f)
+		}
+	}
+}
+
 func TestConfigErrors(t *testing.T) {
 	cases := []struct {
 		name string
@@ -98,6 +160,18 @@ func TestConfigErrors(t *testing.T) {
 		{"bad store host", []string{"--store-host", "example.com:1"}, nil, "ip:port"},
 		{"empty data dir", []string{"--data-dir", ""}, nil, "--data-dir"},
 		{"file size too small", []string{"--file-size", "1KiB", "--max-message-size", "512"}, nil, "FileSize"},
+		{"zero file reserved time", []string{"--file-reserved-time", "0s"}, nil, "--file-reserved-time must not be 0"},
+		{"bad delete-when hour", []string{"--delete-when", "25"}, nil, "DeleteWhen"},
+		{"bad delete-when env", nil, []string{"STORAGED_DELETE_WHEN", "4am"}, "DeleteWhen"},
+		{"empty delete-when", []string{"--delete-when", ""}, nil, "--delete-when must not be empty"},
+		{"clean above warning", []string{"--disk-clean-percent", "95"}, nil, "must not be above --disk-warning-percent"},
+		{"warning above 100", []string{"--disk-warning-percent", "101"}, nil, "between 1 and 100"},
+		{"zero clean percent", []string{"--disk-clean-percent", "0"}, nil, "between 1 and 100"},
+		{"bad percent env", nil, []string{"STORAGED_DISK_WARNING_PERCENT", "90%"}, "STORAGED_DISK_WARNING_PERCENT"},
+		{"zero disk check interval", []string{"--disk-check-interval", "0s"}, nil, "must be positive"},
+		{"negative checkpoint interval", []string{"--checkpoint-interval", "-1s"}, nil, "must be positive"},
+		{"bad delay unit", []string{"--delay-levels", "1s 5x"}, nil, "bad unit"},
+		{"empty delay levels", []string{"--delay-levels", " "}, nil, "--delay-levels must not be empty"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
