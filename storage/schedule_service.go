@@ -211,10 +211,13 @@ func (sc *scheduler) loop() {
 	defer sc.wg.Done()
 	for {
 		r := sc.round()
-		next := sc.s.clock.Now().Add(schedulePoll)
+		// Wait from the time the round looked at, not a fresh reading: a
+		// clock that moved during the round must make the wait end at once
+		// rather than push it past a delivery that became due meanwhile.
+		next := r.at.Add(schedulePoll)
 		switch {
 		case r.retry:
-			next = sc.s.clock.Now().Add(scheduleRetry)
+			next = r.at.Add(scheduleRetry)
 		case !r.wake.IsZero() && r.wake.Before(next):
 			next = r.wake
 		}
@@ -242,6 +245,7 @@ func (sc *scheduler) loop() {
 
 // roundResult is what a round leaves to wait for.
 type roundResult struct {
+	at        time.Time     // the clock reading the round's last pass used
 	wake      time.Time     // delivery time of the earliest waiting message; zero if none
 	retry     bool          // the store refused a re-put: try again after scheduleRetry
 	persistIn time.Duration // progress is dirty: persist after this (real time); 0 if clean
@@ -254,7 +258,8 @@ func (sc *scheduler) round() roundResult {
 	defer sc.mu.Unlock()
 	var res roundResult
 	for {
-		nowMS := sc.s.clock.Now().UnixMilli()
+		res.at = sc.s.clock.Now()
+		nowMS := res.at.UnixMilli()
 		earliest, moved := int64(math.MaxInt64), 0
 		var err error
 		for qid := range sc.levels {

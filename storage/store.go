@@ -140,6 +140,11 @@ func Open(opts Options) (*Store, error) {
 			LeastPages: opts.FlushLeastPages, ThoroughInterval: opts.FlushThoroughInterval, OnError: s.fail, OnSync: onSync})
 	}
 	s.dispatch.start()
+	// Know the disk before the first put: a store opened on a disk above
+	// the warning watermark refuses writes from the start.
+	s.ret.mu.Lock()
+	s.ret.checkDisk()
+	s.ret.mu.Unlock()
 	s.ret.start()
 	s.sched.start()
 	return s, nil

@@ -171,8 +171,9 @@ type Message struct {
 	Tags string `protobuf:"bytes,5,opt,name=tags,proto3" json:"tags,omitempty"`
 	// Optional business keys, space-separated, stored as the KEYS system property (used by the key index).
 	Keys string `protobuf:"bytes,6,opt,name=keys,proto3" json:"keys,omitempty"`
-	// Delay level: 0 delivers immediately (no delay); 1..18 select the RocketMQ delay levels
-	// 1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h; values above 18 are clamped to 18.
+	// Delay level: 0 delivers immediately (no delay); 1..n select the levels of the server's delay
+	// table (default the RocketMQ levels 1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h,
+	// n = 18); values above n count as the last level.
 	// Must not be negative. A delayed message is stored with the DELAY property in the schedule topic
 	// SCHEDULE_TOPIC_XXXX, queue delay_level-1, with REAL_TOPIC/REAL_QID recording topic and queue_id.
 	DelayLevel int32 `protobuf:"varint,7,opt,name=delay_level,json=delayLevel,proto3" json:"delay_level,omitempty"`
