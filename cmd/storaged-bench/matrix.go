@@ -147,19 +147,24 @@ type MachineInfo struct {
 
 // MatrixResult is the JSON file the matrix writes and the chart reads.
 type MatrixResult struct {
-	Date            string        `json:"date"`
-	Machine         MachineInfo   `json:"machine"`
-	Command         string        `json:"command"`
-	Note            string        `json:"note,omitempty"`
-	Runs            int           `json:"runs"`
-	DurationSeconds float64       `json:"duration_seconds"`
-	Messages        int64         `json:"messages,omitempty"` // per run, instead of a duration
-	WarmupSeconds   float64       `json:"warmup_seconds"`
-	BodySize        int           `json:"body_size"`
-	Connections     int           `json:"connections"`
-	Targets         []string      `json:"targets"`
-	StoragedArgs    []string      `json:"storaged_args,omitempty"`
-	Cases           []*caseResult `json:"cases"`
+	Date            string      `json:"date"`
+	Machine         MachineInfo `json:"machine"`
+	Command         string      `json:"command"`
+	Note            string      `json:"note,omitempty"`
+	Runs            int         `json:"runs"`
+	DurationSeconds float64     `json:"duration_seconds"`
+	Messages        int64       `json:"messages,omitempty"` // per run, instead of a duration
+	WarmupSeconds   float64     `json:"warmup_seconds"`
+	BodySize        int         `json:"body_size"`
+	Connections     int         `json:"connections"`
+	Targets         []string    `json:"targets"`
+	StoragedArgs    []string    `json:"storaged_args,omitempty"`
+	// GOGCEnv is GOGC in the matrix's environment, which the servers
+	// inherit ("" = the runtime default, 100); GeneratorGOGC is the
+	// generator's own setting (see leanGC).
+	GOGCEnv       string        `json:"gogc_env,omitempty"`
+	GeneratorGOGC string        `json:"generator_gogc"`
+	Cases         []*caseResult `json:"cases"`
 }
 
 func machineInfo() MachineInfo {
@@ -332,6 +337,11 @@ func runMatrixCommand(ctx context.Context, args []string, stdout, stderr io.Writ
 		Connections:     o.load.Connections,
 		Targets:         targets,
 		StoragedArgs:    strings.Fields(o.storagedArgs),
+		GOGCEnv:         os.Getenv("GOGC"),
+		GeneratorGOGC:   strconv.Itoa(generatorGOGC),
+	}
+	if res.GOGCEnv != "" {
+		res.GeneratorGOGC = res.GOGCEnv
 	}
 	for _, c := range cases {
 		cr := &caseResult{caseSpec: c, Targets: map[string]*targetResult{}}
