@@ -1,7 +1,6 @@
 package server
 
 import (
-	"sync"
 	"testing"
 	"time"
 
@@ -13,90 +12,16 @@ import (
 
 	storagedv1 "github.com/storaged/storaged/gen/storaged/v1"
 	"github.com/storaged/storaged/storage"
+	"github.com/storaged/storaged/storage/storagetest"
 )
 
-// alarmClock is a fake storage.TimerClock, as in the storage tests: its
-// time moves only when the test sets it, and Set closes the channel of
-// every At it passes, so the store's background waits (the delay
-// scheduler, the disk check) follow the test's time.
-type alarmClock struct {
-	mu     sync.Mutex
-	now    time.Time
-	alarms []alarm
-	added  callCounter // At calls that are left pending
-}
-
-type alarm struct {
-	at time.Time
-	ch chan struct{}
-}
+// alarmClock is the fake storage.TimerClock of storagetest: Set and Advance
+// fire the waits they pass.
+type alarmClock = storagetest.Clock
 
 var _ storage.TimerClock = (*alarmClock)(nil)
 
-func newAlarmClock(t time.Time) *alarmClock { return &alarmClock{now: t} }
-
-func (c *alarmClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
-}
-
-func (c *alarmClock) At(t time.Time) <-chan struct{} {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	ch := make(chan struct{})
-	if !c.now.Before(t) {
-		close(ch)
-		return ch
-	}
-	c.alarms = append(c.alarms, alarm{t, ch})
-	c.added.add()
-	return ch
-}
-
-func (c *alarmClock) Set(t time.Time) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.now = t
-	keep := c.alarms[:0]
-	for _, a := range c.alarms {
-		if !t.Before(a.at) {
-			close(a.ch)
-		} else {
-			keep = append(keep, a)
-		}
-	}
-	c.alarms = keep
-}
-
-func (c *alarmClock) pending() int {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return len(c.alarms)
-}
-
-// waitPending returns once at least n waits are pending on the clock.
-func (c *alarmClock) waitPending(t *testing.T, n int) {
-	t.Helper()
-	deadline := time.NewTimer(10 * time.Second)
-	defer deadline.Stop()
-	for {
-		c.added.mu.Lock()
-		if c.added.called == nil {
-			c.added.called = make(chan struct{})
-		}
-		ch := c.added.called
-		c.added.mu.Unlock()
-		if got := c.pending(); got >= n {
-			return
-		}
-		select {
-		case <-ch:
-		case <-deadline.C:
-			t.Fatalf("%d waits pending on the fake clock after 10s, want %d", c.pending(), n)
-		}
-	}
-}
+var newAlarmClock = storagetest.NewClock
 
 // TestDelayedDeliveryEndToEnd is issue 5's "done when" over gRPC: a put
 // with delay level 3 (10 s) is answered with the schedule queue it went to,
@@ -124,7 +49,7 @@ func TestDelayedDeliveryEndToEnd(t *testing.T) {
 
 	// The disk check and the scheduler are both parked on the clock:
 	// nothing runs until it moves.
-	clock.waitPending(t, 2)
+	clock.WaitPending(t, 2)
 
 	born := time.UnixMilli(1_700_000_000_000)
 	resp, err := client.PutMessage(ctx, &storagedv1.PutMessageRequest{Message: &storagedv1.Message{
@@ -163,7 +88,7 @@ func TestDelayedDeliveryEndToEnd(t *testing.T) {
 	// 1 ms before its time: the scheduler runs (and parks again) without
 	// delivering it.
 	clock.Set(t0.Add(10*time.Second - time.Millisecond))
-	clock.waitPending(t, 2)
+	clock.WaitPending(t, 2)
 	if r, err := pullLater(0); codeOf(err) != codes.NotFound {
 		t.Fatalf("pull of the real topic 1 ms before the delivery time: %v %v, want NOT_FOUND", r, err)
 	}
@@ -197,7 +122,7 @@ func TestDelayedDeliveryEndToEnd(t *testing.T) {
 	}
 
 	// Once the scheduler has parked again its counters are final.
-	clock.waitPending(t, 2)
+	clock.WaitPending(t, 2)
 	mfs = scrape(t, base)
 	for _, c := range []struct {
 		name string

@@ -14,60 +14,17 @@ import (
 	"testing"
 	"time"
 
+	"github.com/storaged/storaged/storage/storagetest"
 	"github.com/storaged/storaged/storage/vfs"
 )
 
-// alarmClock is a fake TimerClock: Set and Advance close the channels of
-// every At they pass, so background waits follow the test's time.
-type alarmClock struct {
-	mu     sync.Mutex
-	now    time.Time
-	alarms []alarm
-}
-
-type alarm struct {
-	at time.Time
-	ch chan struct{}
-}
+// alarmClock is the fake TimerClock of storagetest: Set and Advance fire
+// the waits they pass, so background goroutines follow the test's time.
+type alarmClock = storagetest.Clock
 
 var _ TimerClock = (*alarmClock)(nil)
 
-func newAlarmClock(t time.Time) *alarmClock { return &alarmClock{now: t} }
-
-func (c *alarmClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
-}
-
-func (c *alarmClock) At(t time.Time) <-chan struct{} {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	ch := make(chan struct{})
-	if !c.now.Before(t) {
-		close(ch)
-		return ch
-	}
-	c.alarms = append(c.alarms, alarm{t, ch})
-	return ch
-}
-
-func (c *alarmClock) Set(t time.Time) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.now = t
-	keep := c.alarms[:0]
-	for _, a := range c.alarms {
-		if !t.Before(a.at) {
-			close(a.ch)
-		} else {
-			keep = append(keep, a)
-		}
-	}
-	c.alarms = keep
-}
-
-func (c *alarmClock) Advance(d time.Duration) { c.Set(c.Now().Add(d)) }
+var newAlarmClock = storagetest.NewClock
 
 // schedT0 is the tests' start time: 01:00 local, away from the default
 // DeleteWhen hour.
