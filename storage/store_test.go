@@ -8,6 +8,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -731,7 +732,7 @@ func TestSyncModeCancelledWait(t *testing.T) {
 			t.Fatal("put returned before a sync could have happened")
 		default:
 		}
-		runtimeGosched()
+		runtime.Gosched()
 	}
 	cancel()
 	<-done

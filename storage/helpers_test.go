@@ -1,5 +1,0 @@
-package storage
-
-import "runtime"
-
-func runtimeGosched() { runtime.Gosched() }
