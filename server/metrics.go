@@ -29,9 +29,10 @@ type StoreCollector struct {
 	puts, messages, bytes                 *prometheus.Desc
 	appendLatency, flushWait, syncLatency *prometheus.Desc
 	maxLockHold                           *prometheus.Desc
-	flushLag, files, rolls                *prometheus.Desc
-	minOffset, maxOffset, flushedOffset   *prometheus.Desc
-	writable                              *prometheus.Desc
+	dispatchLag, tornTails,
+	flushLag, files, rolls *prometheus.Desc
+	minOffset, maxOffset, flushedOffset *prometheus.Desc
+	writable                            *prometheus.Desc
 
 	schedPending, schedLag, schedDelivered *prometheus.Desc
 	schedSkipped, schedRefused             *prometheus.Desc
@@ -63,6 +64,8 @@ func NewStoreCollector(src StatsSource) *StoreCollector {
 		maxLockHold:   d("storaged_store_max_lock_hold_seconds", "Longest time any put has held the append lock."),
 
 		flushLag:      d("storaged_commitlog_flush_lag_bytes", "Bytes appended but not yet known durable (max offset - flushed offset)."),
+		dispatchLag:   d("storaged_dispatch_lag_bytes", "Bytes appended but not yet indexed in the consume queues, so not yet readable."),
+		tornTails:     d("storaged_recovery_torn_tails_total", "Torn tails cut by recovery since start (kept as .broken files)."),
 		files:         d("storaged_commitlog_files", "Commitlog files on disk."),
 		rolls:         d("storaged_commitlog_rolls_total", "New commitlog files taken since the store opened."),
 		minOffset:     d("storaged_commitlog_min_offset_bytes", "Commitlog offset of the first byte on disk."),
@@ -99,7 +102,7 @@ func NewStoreCollector(src StatsSource) *StoreCollector {
 func (c *StoreCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{
 		c.puts, c.messages, c.bytes, c.appendLatency, c.flushWait, c.syncLatency, c.maxLockHold,
-		c.flushLag, c.files, c.rolls, c.minOffset, c.maxOffset, c.flushedOffset, c.writable,
+		c.flushLag, c.dispatchLag, c.tornTails, c.files, c.rolls, c.minOffset, c.maxOffset, c.flushedOffset, c.writable,
 		c.schedPending, c.schedLag, c.schedDelivered, c.schedSkipped, c.schedRefused,
 		c.retDeletedFiles, c.retDeletedBytes, c.retTrimmedFiles,
 		c.diskSize, c.diskAvail, c.diskUsed, c.diskUsedPercent, c.diskFull,
@@ -129,6 +132,8 @@ func (c *StoreCollector) Collect(ch chan<- prometheus.Metric) {
 		lag = 0
 	}
 	ch <- prometheus.MustNewConstMetric(c.flushLag, prometheus.GaugeValue, float64(lag))
+	ch <- prometheus.MustNewConstMetric(c.dispatchLag, prometheus.GaugeValue, float64(max(st.DispatchLag, 0)))
+	ch <- prometheus.MustNewConstMetric(c.tornTails, prometheus.CounterValue, float64(st.TornTails))
 	ch <- prometheus.MustNewConstMetric(c.files, prometheus.GaugeValue, float64(st.Files))
 	ch <- prometheus.MustNewConstMetric(c.rolls, prometheus.CounterValue, float64(st.Rolls))
 	ch <- prometheus.MustNewConstMetric(c.minOffset, prometheus.GaugeValue, float64(st.MinOffset))

@@ -119,6 +119,8 @@ func TestMetricsEndpoint(t *testing.T) {
 		{"storaged_store_puts_total", []string{"status", "WHEEL_TIMER_NOT_ENABLE"}, 0},
 		{"storaged_store_flush_wait_seconds", nil, 0},
 		{"storaged_commitlog_flush_lag_bytes", nil, 0},
+		{"storaged_dispatch_lag_bytes", nil, 0},
+		{"storaged_recovery_torn_tails_total", nil, 0},
 		{"storaged_store_writable", nil, 1},
 	} {
 		if got := value(before, c.name, c.labels...); got != c.want {
