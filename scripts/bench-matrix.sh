@@ -10,7 +10,7 @@
 #
 #   scripts/bench-matrix.sh [extra storaged-bench matrix flags, e.g. --cases unary-c64 --runs 5]
 #
-# Environment: OUT (results JSON, default bench-out/results.json), CHART (default
+# Environment: OUT (results JSON, default ${TMPDIR:-/tmp}/storaged-bench/results.json), CHART (default
 # docs/bench-throughput.png), RUNS (3), DURATION (10s), WARMUP (2s), BENCH_DATA_ROOT (default $TMPDIR or
 # /tmp), TARGETS (floor,async,sync), CASES (the matrix default list).
 set -euo pipefail
@@ -22,7 +22,7 @@ bin=$(mktemp -d "${TMPDIR:-/tmp}/storaged-bench-bin.XXXXXX")
 trap 'rm -rf "$bin"' EXIT
 bench_build "$bin"
 
-out=${OUT:-bench-out/results.json}
+out=${OUT:-${TMPDIR:-/tmp}/storaged-bench/results.json}
 chart=${CHART:-docs/bench-throughput.png}
 mkdir -p "$(dirname "$out")" "$(dirname "$chart")"
 bench_machine >&2

@@ -9,7 +9,8 @@
 #
 #   scripts/bench-profile.sh [storaged-bench run flags, default: --method unary --concurrency 64]
 #
-# Environment: TARGET (async, sync or floor; default async), OUTDIR (default bench-out/profile-$TARGET),
+# Environment: TARGET (async, sync or floor; default async), OUTDIR (default
+# ${TMPDIR:-/tmp}/storaged-bench/profile-$TARGET),
 # PROFILE_SECONDS (10), WARMUP (3), NODES (25, lines of each -top), BENCH_DATA_ROOT (default $TMPDIR or /tmp).
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/bench-lib.sh"
@@ -17,7 +18,7 @@ root=$(bench_root)
 cd "$root"
 
 target=${TARGET:-async}
-outdir=${OUTDIR:-bench-out/profile-$target}
+outdir=${OUTDIR:-${TMPDIR:-/tmp}/storaged-bench/profile-$target}
 secs=${PROFILE_SECONDS:-10}
 warmup=${WARMUP:-3}
 nodes=${NODES:-25}
