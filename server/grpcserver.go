@@ -95,6 +95,43 @@ type GRPCServer struct {
 // the overall status ("") SERVING and ServiceName NOT_SERVING: call
 // WatchStore (or SetServing(true)) once the store is open.
 func NewGRPCServer(svc *Service, cfg GRPCConfig) (*GRPCServer, error) {
+	opts, srvMetrics, err := serverOptions(cfg)
+	if err != nil {
+		return nil, err
+	}
+	srv := grpc.NewServer(opts...)
+
+	svc.Register(srv)
+	hs := health.NewServer()
+	hs.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
+	hs.SetServingStatus(ServiceName, healthpb.HealthCheckResponse_NOT_SERVING)
+	healthgrpc.RegisterHealthServer(srv, hs)
+	if cfg.Reflection {
+		reflection.Register(srv)
+	}
+	srvMetrics.InitializeMetrics(srv)
+	return &GRPCServer{srv: srv, svc: svc, health: hs, log: cfg.Logger, stopWatch: make(chan struct{})}, nil
+}
+
+// GRPCServerOptions returns the options NewGRPCServer builds its
+// grpc.Server with: the receive limit (MaxMessageSize + RequestOverhead),
+// MaxConcurrentStreams, the keepalive policy and parameters, the
+// interceptor chain (Prometheus metrics, registered with cfg.Registerer
+// when set; call logging to cfg.Logger; panic recovery) and TLS when
+// cfg.TLS is set. Zero fields take the defaults NewGRPCServer applies;
+// Reflection is ignored, since it is a service, not an option.
+//
+// It exists so that a server standing in for storaged's gRPC layer, such
+// as the no-op floor of storaged-bench, pays exactly what storaged pays:
+// built from this function, it cannot drift from NewGRPCServer the way a
+// copy of the option list would.
+func GRPCServerOptions(cfg GRPCConfig) ([]grpc.ServerOption, error) {
+	opts, _, err := serverOptions(cfg)
+	return opts, err
+}
+
+// withDefaults returns cfg with its zero limits set to the defaults.
+func (cfg GRPCConfig) withDefaults() GRPCConfig {
 	if cfg.MaxMessageSize <= 0 {
 		cfg.MaxMessageSize = storage.DefaultMaxMessageSize
 	}
@@ -107,12 +144,19 @@ func NewGRPCServer(svc *Service, cfg GRPCConfig) (*GRPCServer, error) {
 	if cfg.MaxConnectionAgeGrace <= 0 {
 		cfg.MaxConnectionAgeGrace = DefaultMaxConnectionAgeGrace
 	}
-	log := cfg.Logger
+	return cfg
+}
 
+// serverOptions builds the options of GRPCServerOptions and returns the
+// metrics they feed, for InitializeMetrics once the services are
+// registered.
+func serverOptions(cfg GRPCConfig) ([]grpc.ServerOption, *grpcprom.ServerMetrics, error) {
+	cfg = cfg.withDefaults()
+	log := cfg.Logger
 	srvMetrics := grpcprom.NewServerMetrics(grpcprom.WithServerHandlingTimeHistogram())
 	if cfg.Registerer != nil {
 		if err := cfg.Registerer.Register(srvMetrics); err != nil {
-			return nil, fmt.Errorf("server: register grpc metrics: %w", err)
+			return nil, nil, fmt.Errorf("server: register grpc metrics: %w", err)
 		}
 	}
 	notHealth := selector.MatchFunc(func(_ context.Context, c interceptors.CallMeta) bool {
@@ -154,18 +198,7 @@ func NewGRPCServer(svc *Service, cfg GRPCConfig) (*GRPCServer, error) {
 	if cfg.TLS != nil {
 		opts = append(opts, grpc.Creds(credentials.NewTLS(cfg.TLS)))
 	}
-	srv := grpc.NewServer(opts...)
-
-	svc.Register(srv)
-	hs := health.NewServer()
-	hs.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
-	hs.SetServingStatus(ServiceName, healthpb.HealthCheckResponse_NOT_SERVING)
-	healthgrpc.RegisterHealthServer(srv, hs)
-	if cfg.Reflection {
-		reflection.Register(srv)
-	}
-	srvMetrics.InitializeMetrics(srv)
-	return &GRPCServer{srv: srv, svc: svc, health: hs, log: log, stopWatch: make(chan struct{})}, nil
+	return opts, srvMetrics, nil
 }
 
 // Serve accepts connections on lis until Shutdown. It returns nil after

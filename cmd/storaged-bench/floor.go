@@ -10,26 +10,18 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
-	"runtime/debug"
 	"sync"
 	"sync/atomic"
 	"time"
 
-	grpcprom "github.com/grpc-ecosystem/go-grpc-middleware/providers/prometheus"
-	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors"
-	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/logging"
-	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/recovery"
-	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/selector"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/rs/zerolog"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/health"
 	healthgrpc "google.golang.org/grpc/health/grpc_health_v1"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
-	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -41,10 +33,10 @@ import (
 // Floor kinds.
 const (
 	// floorGRPC is the reference floor: a no-op MessageStoreService behind
-	// the gRPC server options and interceptors of storaged
-	// (server.NewGRPCServer: message size limit, concurrent streams,
+	// the gRPC server options and interceptors of storaged, taken from
+	// server.GRPCServerOptions (message size limit, concurrent streams,
 	// keepalive, Prometheus metrics, call logging at info level, panic
-	// recovery, health service).
+	// recovery), plus a health service.
 	floorGRPC = "grpc"
 	// floorBare is a no-op MessageStoreService on grpc.NewServer with
 	// default options: what gRPC alone costs.
@@ -208,7 +200,7 @@ func startFloor(kind, addr string, answer answerFunc) (*floor, error) {
 	case floorBare:
 		f.srv = grpc.NewServer(grpc.MaxRecvMsgSize(storage.DefaultMaxMessageSize + server.RequestOverhead))
 	default:
-		opts, err := storagedServerOptions(logger, f.reg)
+		opts, err := server.GRPCServerOptions(server.GRPCConfig{Logger: logger, Registerer: f.reg})
 		if err != nil {
 			lis.Close()
 			return nil, err
@@ -237,67 +229,6 @@ func (f *floor) Stop() {
 		f.stopFn()
 		<-f.done
 	})
-}
-
-// storagedServerOptions mirrors the options server.NewGRPCServer builds
-// (server/grpcserver.go): the same limits, keepalive policy and
-// interceptor chain, so the floor pays what storaged's gRPC layer pays.
-// Keep it in step with that file.
-func storagedServerOptions(log zerolog.Logger, reg prometheus.Registerer) ([]grpc.ServerOption, error) {
-	srvMetrics := grpcprom.NewServerMetrics(grpcprom.WithServerHandlingTimeHistogram())
-	if err := reg.Register(srvMetrics); err != nil {
-		return nil, fmt.Errorf("register grpc metrics: %w", err)
-	}
-	notHealth := selector.MatchFunc(func(_ context.Context, c interceptors.CallMeta) bool {
-		return c.Service != healthpb.Health_ServiceDesc.ServiceName
-	})
-	logOpts := []logging.Option{
-		logging.WithLogOnEvents(logging.FinishCall),
-		logging.WithLevels(func(c codes.Code) logging.Level {
-			if c == codes.OK {
-				return logging.LevelDebug
-			}
-			return logging.DefaultServerCodeToLevel(c)
-		}),
-	}
-	zl := logging.LoggerFunc(func(_ context.Context, lvl logging.Level, msg string, fields ...any) {
-		l := log.With().Fields(fields).Logger()
-		switch lvl {
-		case logging.LevelDebug:
-			l.Debug().Msg(msg)
-		case logging.LevelInfo:
-			l.Info().Msg(msg)
-		case logging.LevelWarn:
-			l.Warn().Msg(msg)
-		default:
-			l.Error().Msg(msg)
-		}
-	})
-	recoveryOpt := recovery.WithRecoveryHandlerContext(func(ctx context.Context, p any) error {
-		log.Error().Interface("panic", p).Bytes("stack", debug.Stack()).Msg("recovered a panic in a gRPC handler")
-		return status.Error(codes.Internal, "panic")
-	})
-	return []grpc.ServerOption{
-		grpc.MaxRecvMsgSize(storage.DefaultMaxMessageSize + server.RequestOverhead),
-		grpc.MaxConcurrentStreams(server.DefaultMaxConcurrentStreams),
-		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: server.KeepaliveMinTime, PermitWithoutStream: true}),
-		grpc.KeepaliveParams(keepalive.ServerParameters{
-			MaxConnectionAge:      server.DefaultMaxConnectionAge,
-			MaxConnectionAgeGrace: server.DefaultMaxConnectionAgeGrace,
-			Time:                  time.Minute,
-			Timeout:               20 * time.Second,
-		}),
-		grpc.ChainUnaryInterceptor(
-			srvMetrics.UnaryServerInterceptor(),
-			selector.UnaryServerInterceptor(logging.UnaryServerInterceptor(zl, logOpts...), notHealth),
-			recovery.UnaryServerInterceptor(recoveryOpt),
-		),
-		grpc.ChainStreamInterceptor(
-			srvMetrics.StreamServerInterceptor(),
-			selector.StreamServerInterceptor(logging.StreamServerInterceptor(zl, logOpts...), notHealth),
-			recovery.StreamServerInterceptor(recoveryOpt),
-		),
-	}, nil
 }
 
 // nopStore is a server.Store that stores nothing: every put is PUT_OK at
