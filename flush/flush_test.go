@@ -150,6 +150,69 @@ func TestGroupCommitTimeout(t *testing.T) {
 	})
 }
 
+// TestGroupCommitTimeoutWhileSyncHangs: while a sync hangs, each waiter
+// gets ErrTimeout at its own deadline, both the one the hung sync covers and
+// the one queued behind it, and a waiter that left (ctx cancelled) does not
+// stall the watcher. Once the sync returns, later waiters are answered as
+// usual, on recycled waiters that carry no stale answer.
+func TestGroupCommitTimeoutWhileSyncHangs(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		fs := &fakeSyncer{start: time.Now(), block: make(chan struct{})}
+		g := NewGroupCommit(fs, GroupCommitOptions{Timeout: 5 * time.Second})
+		type result struct {
+			err error
+			at  time.Duration
+		}
+		wait := func(ctx context.Context) <-chan result {
+			c := make(chan result, 1)
+			go func() {
+				err := g.Wait(ctx, fs.append(1))
+				c <- result{err, time.Since(fs.start)}
+			}()
+			synctest.Wait() // queued (or, for the first, in the hung sync)
+			return c
+		}
+		inSync := wait(context.Background())
+		time.Sleep(time.Second)
+		ctx, cancel := context.WithCancel(context.Background())
+		gone := wait(ctx)
+		cancel()
+		if r := <-gone; !errors.Is(r.err, context.Canceled) || r.at != time.Second {
+			t.Fatalf("cancelled waiter: %v at %v", r.err, r.at)
+		}
+		time.Sleep(time.Second)
+		queued := wait(context.Background())
+
+		for _, c := range []struct {
+			name string
+			ch   <-chan result
+			want time.Duration
+		}{{"waiter in the hung sync", inSync, 5 * time.Second}, {"waiter queued behind it", queued, 7 * time.Second}} {
+			r := <-c.ch
+			if !errors.Is(r.err, ErrTimeout) || r.at != c.want {
+				t.Fatalf("%s: %v at %v, want ErrTimeout at %v", c.name, r.err, r.at, c.want)
+			}
+		}
+		if n := fs.numCalls(); n != 1 {
+			t.Fatalf("%d syncs, want the one that hangs", n)
+		}
+
+		close(fs.block)
+		for i := 0; i < 100; i++ {
+			end := fs.append(1)
+			if err := g.Wait(context.Background(), end); err != nil {
+				t.Fatalf("wait %d after the timeouts: %v", i, err)
+			}
+			if d := fs.durable.Load(); d < end {
+				t.Fatalf("acked offset %d while only %d was synced", end, d)
+			}
+		}
+		if err := g.Close(); err != nil {
+			t.Fatal(err)
+		}
+	})
+}
+
 func TestGroupCommitContextCancel(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		fs := &fakeSyncer{start: time.Now(), block: make(chan struct{})}

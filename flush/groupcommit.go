@@ -3,6 +3,7 @@ package flush
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -25,6 +26,13 @@ type GroupCommitOptions struct {
 // queued; the goroutine swaps the queue for an empty one, syncs once and
 // answers every waiter whose offset the sync covered, across file
 // boundaries, so one sync answers many puts.
+//
+// Timeouts cost no timer per waiter: each waiter carries its deadline, and
+// one watcher goroutine (FlushDiskWatcher) sleeps until the earliest
+// deadline among the queued waiters, answers ErrTimeout to those past it
+// and takes them out of the queues. A waiter is answered exactly once, by
+// whoever takes it out of the queues under mu: the loop after its sync, the
+// watcher, or Close.
 type GroupCommit struct {
 	s       Syncer
 	timeout time.Duration
@@ -34,36 +42,49 @@ type GroupCommit struct {
 	durable atomic.Int64 // highest durable offset seen
 
 	mu      sync.Mutex
-	pending []*waiter // guarded by mu
+	pending []*waiter // queued for the next sync; guarded by mu
+	syncing []*waiter // covered by the sync in progress; guarded by mu
 	spare   []*waiter // guarded by mu
-	err     error     // sticky; guarded by mu
-	closed  bool      // guarded by mu
+	// watching is set while the watcher is bound to look at the queues
+	// again no later than the earliest deadline in them: its timer is set
+	// for that deadline, or it has been kicked. Guarded by mu.
+	watching bool
+	err      error // sticky; guarded by mu
+	closed   bool  // guarded by mu
 
 	// waiters recycles answered waiters, so a sync put costs no allocation
 	// for them. Per instance: a channel belongs to the goroutine group
 	// (synctest bubble) that made it.
 	waiters sync.Pool
 
-	kick chan struct{}
-	done chan struct{}
-	wg   sync.WaitGroup
+	kick      chan struct{} // cap 1: wakes the loop
+	done      chan struct{} // closed by Close: the loop ends
+	wg        sync.WaitGroup
+	watchKick chan struct{} // cap 1: wakes the watcher
+	stopWatch chan struct{} // closed by Close after the last answer: the watcher ends
+	watcher   sync.WaitGroup
 }
 
 type waiter struct {
-	offset int64
-	ch     chan error // cap 1: the loop never blocks on a waiter that left
+	offset   int64
+	deadline time.Time  // past it, the watcher answers ErrTimeout
+	ch       chan error // cap 1: answering never blocks on a waiter that left
 }
 
-// NewGroupCommit starts the group-commit goroutine. Close stops it.
+// NewGroupCommit starts the group-commit goroutine and its timeout
+// watcher. Close stops them.
 func NewGroupCommit(s Syncer, opts GroupCommitOptions) *GroupCommit {
 	if opts.Timeout <= 0 {
 		opts.Timeout = 5 * time.Second
 	}
 	g := &GroupCommit{s: s, timeout: opts.Timeout, onError: opts.OnError, onSync: opts.OnSync,
-		kick: make(chan struct{}, 1), done: make(chan struct{})}
+		kick: make(chan struct{}, 1), done: make(chan struct{}),
+		watchKick: make(chan struct{}, 1), stopWatch: make(chan struct{})}
 	g.waiters.New = func() any { return &waiter{ch: make(chan error, 1)} }
 	g.wg.Add(1)
 	go g.loop()
+	g.watcher.Add(1)
+	go g.watch()
 	return g
 }
 
@@ -78,6 +99,7 @@ func (g *GroupCommit) Wait(ctx context.Context, offset int64) error {
 	}
 	w := g.waiters.Get().(*waiter)
 	w.offset = offset
+	w.deadline = time.Now().Add(g.timeout)
 	g.mu.Lock()
 	switch {
 	case g.err != nil:
@@ -91,19 +113,21 @@ func (g *GroupCommit) Wait(ctx context.Context, offset int64) error {
 		return ErrClosed
 	}
 	g.pending = append(g.pending, w)
+	if !g.watching {
+		g.watching = true
+		g.kickWatcher()
+	}
 	g.mu.Unlock()
 	g.Wake()
 
-	t := time.NewTimer(g.timeout)
-	defer t.Stop()
 	select {
 	case err := <-w.ch:
-		g.waiters.Put(w) // answered: the loop holds no reference any more
+		// Answered (nil, ErrTimeout or another error): whoever answered
+		// took w out of the queues first, so nothing refers to it.
+		g.waiters.Put(w)
 		return err
-	case <-t.C:
-		return ErrTimeout // w stays referenced by the loop; not pooled
 	case <-ctx.Done():
-		return ctx.Err()
+		return ctx.Err() // w stays queued and is answered later; not pooled
 	}
 }
 
@@ -188,14 +212,19 @@ func (g *GroupCommit) commit() (released, early int) {
 		g.mu.Unlock()
 		return 0, 0
 	}
-	batch := g.pending
+	g.syncing = g.pending
 	g.pending = g.spare[:0]
 	g.mu.Unlock()
 
 	durable, err := g.s.Sync(0)
+
+	// The watcher may have timed out some of the waiters meanwhile; take
+	// the others. From here on only this goroutine refers to them.
+	g.mu.Lock()
+	batch := g.syncing
+	g.syncing = nil
 	if err != nil {
 		err = fmt.Errorf("%w: %w", ErrSyncFailed, err)
-		g.mu.Lock()
 		g.err = err
 		rest := g.pending
 		g.pending = nil
@@ -211,6 +240,7 @@ func (g *GroupCommit) commit() (released, early int) {
 		}
 		return 0, 0
 	}
+	g.mu.Unlock()
 	if durable > g.durable.Load() {
 		g.durable.Store(durable)
 	}
@@ -231,6 +261,12 @@ func (g *GroupCommit) commit() (released, early int) {
 	g.mu.Lock()
 	early = len(g.pending)
 	g.pending = append(g.pending, left...)
+	if len(left) > 0 {
+		// The watcher may have looked while they were out of the queues:
+		// make it look again, since their deadlines may be the earliest.
+		g.watching = true
+		g.kickWatcher()
+	}
 	g.spare = batch[:0]
 	clear(batch[:cap(batch)])
 	g.mu.Unlock()
@@ -240,8 +276,63 @@ func (g *GroupCommit) commit() (released, early int) {
 	return released, early
 }
 
+// watch is the timeout watcher (RocketMQ FlushDiskWatcher) with one timer
+// for all waiters: it sleeps until the earliest deadline among the queued
+// waiters, or until a waiter arrives while none was queued, and then
+// answers ErrTimeout to every waiter whose deadline has passed.
+func (g *GroupCommit) watch() {
+	defer g.watcher.Done()
+	t := time.NewTimer(g.timeout)
+	t.Stop()
+	for {
+		select {
+		case <-g.watchKick:
+		case <-t.C:
+		case <-g.stopWatch:
+			t.Stop()
+			return
+		}
+		if next, ok := g.expire(time.Now()); ok {
+			t.Reset(time.Until(next))
+		} else {
+			t.Stop()
+		}
+	}
+}
+
+// expire answers ErrTimeout to every queued waiter whose deadline is not
+// after now, and takes it out of the queues. It returns the earliest
+// deadline among the waiters left, or false if none is queued.
+func (g *GroupCommit) expire(now time.Time) (next time.Time, ok bool) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	expired := func(w *waiter) bool {
+		if !w.deadline.After(now) {
+			w.ch <- ErrTimeout
+			return true
+		}
+		if !ok || w.deadline.Before(next) {
+			next, ok = w.deadline, true
+		}
+		return false
+	}
+	g.syncing = slices.DeleteFunc(g.syncing, expired)
+	g.pending = slices.DeleteFunc(g.pending, expired)
+	g.watching = ok
+	return next, ok
+}
+
+// kickWatcher wakes the watcher without blocking.
+func (g *GroupCommit) kickWatcher() {
+	select {
+	case g.watchKick <- struct{}{}:
+	default:
+	}
+}
+
 // Close stops the goroutine, runs a last sync and answers every waiter:
 // nil if the last sync covered it, the sticky error or ErrClosed otherwise.
+// Waiters whose deadline passes during the last sync get ErrTimeout.
 func (g *GroupCommit) Close() error {
 	g.mu.Lock()
 	if g.closed {
@@ -255,10 +346,13 @@ func (g *GroupCommit) Close() error {
 	g.wg.Wait()
 	g.commit()
 	g.mu.Lock()
-	defer g.mu.Unlock()
 	for _, w := range g.pending {
 		w.ch <- ErrClosed
 	}
 	g.pending = nil
-	return g.err
+	err := g.err
+	g.mu.Unlock()
+	close(g.stopWatch)
+	g.watcher.Wait()
+	return err
 }
