@@ -124,7 +124,10 @@ func putDelayed(t testing.TB, s *Store, topic string, qid int32, level int, body
 func assigned(s *Store, topic string, qid int32) int64 {
 	s.put.Lock()
 	defer s.put.Unlock()
-	return s.put.topicQueue[queueKey{topic, qid}]
+	if n := s.put.topicQueue[queueKey{topic, qid}]; n != nil {
+		return n.offset
+	}
+	return 0
 }
 
 func pullAll(t testing.TB, s *Store, topic string, qid int32) []*Record {
