@@ -99,6 +99,19 @@
 // valid again, deletes files past it, rebuilds the topic-queue table and
 // syncs what survived.
 //
+// # Consume queues and visibility
+//
+// A dispatcher goroutine (dispatch.go, RocketMQ's ReputMessageService)
+// follows the commitlog and appends a 20-byte entry per message to its
+// topic-queue's consume queue; reads and pulls go through those entries,
+// so a message is readable once dispatched. It dispatches up to the
+// written offset in async mode and only up to the flushed offset in sync
+// mode (a consumer never sees a message a power cut could take back). A
+// put wakes it; after a round that found work it waits 1 ms before the
+// next, so under a stream of puts a message becomes readable within about
+// a millisecond and the dispatcher indexes records in batches instead of
+// racing the writer for the cache line it is filling.
+//
 // # Delayed delivery and retention
 //
 // A goroutine delivers delay-level messages (schedule_service.go): when a
