@@ -13,15 +13,12 @@ import (
 	"time"
 
 	grpcprom "github.com/grpc-ecosystem/go-grpc-middleware/providers/prometheus"
-	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors"
-	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/logging"
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/recovery"
-	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/selector"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/experimental"
 	"google.golang.org/grpc/health"
 	healthgrpc "google.golang.org/grpc/health/grpc_health_v1"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
@@ -53,8 +50,9 @@ const (
 // GRPCConfig configures NewGRPCServer. The zero value is a plaintext server
 // with the defaults above.
 type GRPCConfig struct {
-	// Logger receives the call log (health checks excluded; successful calls
-	// at debug level) and recovered panics.
+	// Logger receives the call log (one "finished call" line per call,
+	// health checks excluded; successful calls at debug level, failures
+	// with grpc.code and grpc.error_reason) and recovered panics.
 	Logger zerolog.Logger
 	// MaxMessageSize is the store's limit on a body and on a batch's summed
 	// bodies (storage.Options.MaxMessageSize). Default
@@ -115,10 +113,10 @@ func NewGRPCServer(svc *Service, cfg GRPCConfig) (*GRPCServer, error) {
 
 // GRPCServerOptions returns the options NewGRPCServer builds its
 // grpc.Server with: the receive limit (MaxMessageSize + RequestOverhead),
-// MaxConcurrentStreams, the keepalive policy and parameters, the
-// interceptor chain (Prometheus metrics, registered with cfg.Registerer
-// when set; call logging to cfg.Logger; panic recovery) and TLS when
-// cfg.TLS is set. Zero fields take the defaults NewGRPCServer applies;
+// the buffer pool and proto codec (see bufferPool), MaxConcurrentStreams,
+// the keepalive policy and parameters, the interceptor chain (Prometheus
+// metrics, registered with cfg.Registerer when set; call logging to
+// cfg.Logger; panic recovery) and TLS when cfg.TLS is set. Zero fields take the defaults NewGRPCServer applies;
 // Reflection is ignored, since it is a service, not an option.
 //
 // It exists so that a server standing in for storaged's gRPC layer, such
@@ -159,14 +157,8 @@ func serverOptions(cfg GRPCConfig) ([]grpc.ServerOption, *grpcprom.ServerMetrics
 			return nil, nil, fmt.Errorf("server: register grpc metrics: %w", err)
 		}
 	}
-	notHealth := selector.MatchFunc(func(_ context.Context, c interceptors.CallMeta) bool {
-		return c.Service != healthpb.Health_ServiceDesc.ServiceName
-	})
-	logOpts := []logging.Option{
-		logging.WithLogOnEvents(logging.FinishCall),
-		logging.WithLevels(codeToLevel),
-	}
-	zl := interceptorLogger(log)
+	calls := callLog{log: log}
+	pool := new(bufferPool)
 	recoveryOpt := recovery.WithRecoveryHandlerContext(func(ctx context.Context, p any) error {
 		log.Error().Interface("panic", p).Bytes("stack", debug.Stack()).Msg("recovered a panic in a gRPC handler")
 		return panicError()
@@ -174,6 +166,11 @@ func serverOptions(cfg GRPCConfig) ([]grpc.ServerOption, *grpcprom.ServerMetrics
 
 	opts := []grpc.ServerOption{
 		grpc.MaxRecvMsgSize(cfg.MaxMessageSize + RequestOverhead),
+		// Buffers sized for our requests and not cleared (bufferPool), for
+		// the transport and for the proto codec, which does not use the
+		// transport's pool.
+		experimental.BufferPool(pool),
+		grpc.ForceServerCodecV2(protoCodec{pool: pool}),
 		grpc.MaxConcurrentStreams(cfg.MaxConcurrentStreams),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: KeepaliveMinTime, PermitWithoutStream: true}),
 		grpc.KeepaliveParams(keepalive.ServerParameters{
@@ -186,12 +183,12 @@ func serverOptions(cfg GRPCConfig) ([]grpc.ServerOption, *grpcprom.ServerMetrics
 		// status, recovery turns a panic into that status.
 		grpc.ChainUnaryInterceptor(
 			srvMetrics.UnaryServerInterceptor(),
-			selector.UnaryServerInterceptor(logging.UnaryServerInterceptor(zl, logOpts...), notHealth),
+			calls.unary,
 			recovery.UnaryServerInterceptor(recoveryOpt),
 		),
 		grpc.ChainStreamInterceptor(
 			srvMetrics.StreamServerInterceptor(),
-			selector.StreamServerInterceptor(logging.StreamServerInterceptor(zl, logOpts...), notHealth),
+			calls.stream,
 			recovery.StreamServerInterceptor(recoveryOpt),
 		),
 	}
@@ -323,33 +320,6 @@ func (g *GRPCServer) Shutdown(timeout time.Duration) bool {
 		<-done
 		return false
 	}
-}
-
-// codeToLevel logs successful calls at debug level (puts are the hot path)
-// and everything else as go-grpc-middleware does by default.
-func codeToLevel(c codes.Code) logging.Level {
-	if c == codes.OK {
-		return logging.LevelDebug
-	}
-	return logging.DefaultServerCodeToLevel(c)
-}
-
-// interceptorLogger adapts zerolog to go-grpc-middleware's logging.Logger
-// (from its zerolog example, meant to be copied).
-func interceptorLogger(l zerolog.Logger) logging.Logger {
-	return logging.LoggerFunc(func(_ context.Context, lvl logging.Level, msg string, fields ...any) {
-		l := l.With().Fields(fields).Logger()
-		switch lvl {
-		case logging.LevelDebug:
-			l.Debug().Msg(msg)
-		case logging.LevelInfo:
-			l.Info().Msg(msg)
-		case logging.LevelWarn:
-			l.Warn().Msg(msg)
-		default:
-			l.Error().Msg(msg)
-		}
-	})
 }
 
 // LoadTLSConfig loads a server certificate and key (PEM). With clientCAFile
