@@ -77,3 +77,26 @@ func BenchmarkPutMessageUnary(b *testing.B) {
 		}
 	})
 }
+
+// BenchmarkPutMessagesBatch100: PutMessages of 100 × 1 KiB bodies (~110 KB
+// requests, several HTTP/2 frames each), 16 at once. One op is one call
+// (100 messages).
+func BenchmarkPutMessagesBatch100(b *testing.B) {
+	client := benchClient(b)
+	req := &storagedv1.PutMessagesRequest{Topic: "bench"}
+	for range 100 {
+		req.Messages = append(req.Messages, &storagedv1.BatchEntry{Body: benchBody})
+	}
+	b.ReportAllocs()
+	b.SetBytes(100 * int64(len(benchBody)))
+	b.SetParallelism(8) // x GOMAXPROCS goroutines
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			if _, err := client.PutMessages(context.Background(), req); err != nil {
+				b.Error(err)
+				return
+			}
+		}
+	})
+}
