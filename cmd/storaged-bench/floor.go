@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"os"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -289,12 +290,15 @@ func runFloorCommand(ctx context.Context, args []string, stderr io.Writer) error
 		fmt.Fprintln(stderr, "storaged-bench:", err)
 		return usageError{err}
 	}
+	// The same GC target as storaged (server.DefaultGOGC), so that the
+	// floor stays the same server minus the store.
+	gogc := server.ApplyDefaultGOGC(os.LookupEnv)
 	f, err := startFloor(*kind, *listen, nil)
 	if err != nil {
 		return err
 	}
 	defer f.Stop()
-	line := map[string]any{"service": "storaged-bench-floor", "floor_kind": *kind, "grpc": f.Addr(), "message": "listening"}
+	line := map[string]any{"service": "storaged-bench-floor", "floor_kind": *kind, "grpc": f.Addr(), "gogc": gogc, "message": "listening"}
 	var ms *http.Server
 	if *metricsListen != "" {
 		mlis, err := net.Listen("tcp", *metricsListen)

@@ -38,6 +38,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"runtime/debug"
 	"syscall"
 	"time"
 
@@ -95,8 +96,9 @@ func run(ctx context.Context, args []string, lookupEnv func(string) (string, boo
 		fmt.Fprintln(stderr, "storaged", version)
 		return nil
 	}
+	gogc := server.ApplyDefaultGOGC(lookupEnv)
 	logger := newLogger(cfg, stderr)
-	cfg.log(logger)
+	cfg.log(logger.With().Str("gogc", gogc).Int64("gomemlimit", debug.SetMemoryLimit(-1)).Logger())
 	if err := serve(ctx, cfg, logger); err != nil {
 		logger.Error().Err(err).Msg("storaged stopped with an error")
 		var cerr *storage.CorruptionError
