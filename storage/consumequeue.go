@@ -158,7 +158,7 @@ func (q *consumeQueue) put(queueOffset, phys int64, size int32, tags int64) erro
 			return fmt.Errorf("storage: create consume queue dir: %w", err)
 		}
 		var err error
-		if m, err = createMappedFile(q.fs, q.dir, from, q.fileSize, false); err != nil {
+		if m, err = createMappedFile(q.fs, q.dir, from, q.fileSize); err != nil {
 			return err
 		}
 		m.wrote.Store(m.size)

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"path/filepath"
 	"strconv"
+	"sync"
 	"sync/atomic"
 
 	"github.com/storaged/storaged/storage/vfs"
@@ -23,6 +24,10 @@ type mappedFile struct {
 	size int64
 	seg  vfs.Segment
 	data []byte // the mapping, len == size
+
+	// popMu serialises the allocator's background population with close,
+	// so a range is never populated after it is unmapped.
+	popMu sync.Mutex
 
 	// wrote is the append position: bytes [0, wrote) hold complete records.
 	// It is published with an atomic store only after the bytes are copied.
@@ -47,9 +52,9 @@ func parseFileName(name string) (int64, bool) {
 // createMappedFile creates, preallocates, syncs and maps the file starting
 // at from, then syncs the directory so the file survives a power cut once
 // its data is synced. Preallocation means a full disk is an error here,
-// never a SIGBUS on a later page fault. With populate, the mapping is
-// faulted in for writing (done by the allocator, off the put path).
-func createMappedFile(fs vfs.FS, dir string, from, size int64, populate bool) (*mappedFile, error) {
+// never a SIGBUS on a later page fault. The allocator then faults the
+// mapping in for writing (populate), off the put path.
+func createMappedFile(fs vfs.FS, dir string, from, size int64) (*mappedFile, error) {
 	path := filepath.Join(dir, fileName(from))
 	seg, err := fs.CreateSegment(path, size)
 	if err != nil {
@@ -62,9 +67,6 @@ func createMappedFile(fs vfs.FS, dir string, from, size int64, populate bool) (*
 		seg.Close()
 		fs.Remove(path)
 		return nil, fmt.Errorf("%w: sync dir: %w", ErrCreateFile, err)
-	}
-	if populate {
-		seg.Populate()
 	}
 	return &mappedFile{fs: fs, path: path, from: from, size: size, seg: seg, data: seg.Bytes()}, nil
 }
@@ -114,8 +116,19 @@ func (m *mappedFile) sync(lo, hi int64) error {
 	return nil
 }
 
+// populate faults bytes [lo, hi) in for writing unless the file is closed.
+func (m *mappedFile) populate(lo, hi int64) {
+	m.popMu.Lock()
+	defer m.popMu.Unlock()
+	if m.seg != nil {
+		m.seg.Populate(lo, hi)
+	}
+}
+
 // close unmaps and closes the file. It does not flush.
 func (m *mappedFile) close() error {
+	m.popMu.Lock()
+	defer m.popMu.Unlock()
 	if m.seg == nil {
 		return nil
 	}

@@ -23,10 +23,11 @@ const (
 	OpSyncDir
 	OpRename
 	OpRemove
+	OpPopulate // cannot fail; an injector can block it or count calls
 )
 
 func (o Op) String() string {
-	return [...]string{"create-segment", "sync", "write-file", "sync-dir", "rename", "remove"}[o]
+	return [...]string{"create-segment", "sync", "write-file", "sync-dir", "rename", "remove", "populate"}[o]
 }
 
 // Injector decides whether an operation fails: a non-nil error is returned
@@ -331,7 +332,16 @@ func (s *memSegment) Sync(lo, hi int64) error {
 	return nil
 }
 
-func (s *memSegment) Populate() {}
+// Populate changes nothing in memory. It reports OpPopulate to the
+// injector, outside the file system's lock, so a test can hold it up.
+func (s *memSegment) Populate(lo, hi int64) {
+	s.m.mu.Lock()
+	in := s.m.inject
+	s.m.mu.Unlock()
+	if in != nil {
+		_ = in(OpPopulate, s.path)
+	}
+}
 
 func (s *memSegment) Close() error {
 	s.m.mu.Lock()

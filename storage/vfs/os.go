@@ -148,7 +148,9 @@ func (s *osSegment) Sync(lo, hi int64) error {
 // those that no put has overwritten within dirty_expire_centisecs, as
 // RocketMQ's warmMappedFile does on purpose. Syncs only ever cover the
 // range written.
-func (s *osSegment) Populate() { _ = unix.Madvise(s.data, unix.MADV_POPULATE_WRITE) }
+func (s *osSegment) Populate(lo, hi int64) {
+	_ = unix.Madvise(s.data[lo&^(pageSize-1):hi], unix.MADV_POPULATE_WRITE)
+}
 
 func (s *osSegment) Close() error {
 	var errs []error

@@ -57,9 +57,10 @@ type Segment interface {
 	Bytes() []byte
 	// Sync makes bytes [lo, hi) durable (msync; widened to pages).
 	Sync(lo, hi int64) error
-	// Populate faults the mapping in for writing, best effort, so appends
-	// do not page-fault.
-	Populate()
+	// Populate faults bytes [lo, hi) of the mapping in for writing, best
+	// effort, so appends there do not page-fault. It does not change their
+	// contents, so it may run while the same range is being written.
+	Populate(lo, hi int64)
 	// Close unmaps and closes; it does not sync.
 	Close() error
 }
