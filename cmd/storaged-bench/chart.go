@@ -1,7 +1,6 @@
 package main
 
 import (
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -49,15 +48,11 @@ func runChartCommand(args []string, stderr io.Writer) error {
 		}
 		return usageError{err}
 	}
-	b, err := os.ReadFile(*in)
+	res, err := readMatrixResult(*in)
 	if err != nil {
 		return err
 	}
-	var res MatrixResult
-	if err := json.Unmarshal(b, &res); err != nil {
-		return fmt.Errorf("%s: %w", *in, err)
-	}
-	ss, xlabel := chartSeries(&res, *method)
+	ss, xlabel := chartSeries(res, *method)
 	if len(ss) == 0 {
 		return fmt.Errorf("%s has no %s cases", *in, *method)
 	}

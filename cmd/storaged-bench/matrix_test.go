@@ -3,7 +3,6 @@ package main
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"image/png"
 	"net/http"
 	"net/http/httptest"
@@ -55,12 +54,8 @@ func TestMatrixAndChart(t *testing.T) {
 	if err != nil {
 		t.Fatalf("%v\n%s", err, stderr.String())
 	}
-	b, err := os.ReadFile(out)
+	res, err := readMatrixResult(out)
 	if err != nil {
-		t.Fatal(err)
-	}
-	var res MatrixResult
-	if err := json.Unmarshal(b, &res); err != nil {
 		t.Fatal(err)
 	}
 	if len(res.Cases) != 4 || res.Runs != 2 || res.Machine.NProc <= 0 {
@@ -115,7 +110,7 @@ func TestMatrixAndChart(t *testing.T) {
 	if b := img.Bounds(); b.Dx() != chartW || b.Dy() != chartH {
 		t.Errorf("chart is %v", b)
 	}
-	ss, _ := chartSeries(&res, methodUnary)
+	ss, _ := chartSeries(res, methodUnary)
 	if len(ss) != 2 || len(ss[0].x) != 2 || ss[0].x[0] != 1 || ss[0].x[1] != 4 {
 		t.Errorf("unary series %+v", ss)
 	}
@@ -188,12 +183,8 @@ func TestMatrixAgainstStoraged(t *testing.T) {
 	if err != nil {
 		t.Fatalf("%v\n%s", err, stderr.String())
 	}
-	b, err := os.ReadFile(out)
+	res, err := readMatrixResult(out)
 	if err != nil {
-		t.Fatal(err)
-	}
-	var res MatrixResult
-	if err := json.Unmarshal(b, &res); err != nil {
 		t.Fatal(err)
 	}
 	for _, c := range res.Cases {

@@ -9,6 +9,19 @@ import (
 	"os"
 )
 
+// readMatrixResult reads the results file of a matrix run.
+func readMatrixResult(path string) (*MatrixResult, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	var res MatrixResult
+	if err := json.Unmarshal(b, &res); err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return &res, nil
+}
+
 // runReportCommand is the report subcommand: the results of a matrix as a
 // Markdown table, for BENCHMARKS.md.
 func runReportCommand(args []string, stdout, stderr io.Writer) error {
@@ -21,16 +34,12 @@ func runReportCommand(args []string, stdout, stderr io.Writer) error {
 		}
 		return usageError{err}
 	}
-	b, err := os.ReadFile(*in)
+	res, err := readMatrixResult(*in)
 	if err != nil {
 		return err
 	}
-	var res MatrixResult
-	if err := json.Unmarshal(b, &res); err != nil {
-		return fmt.Errorf("%s: %w", *in, err)
-	}
-	writeMarkdown(stdout, &res)
-	writeFlushMarkdown(stdout, &res)
+	writeMarkdown(stdout, res)
+	writeFlushMarkdown(stdout, res)
 	return nil
 }
 
