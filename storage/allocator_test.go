@@ -13,8 +13,9 @@ import (
 // TestRollDoesNotWaitForPopulate: the allocator hands a new file over as soon
 // as it is created and mapped, and faults it in afterwards, chunk by chunk.
 // A put must not wait for that population (it took seconds per GiB here and
-// stalled the put lock at every roll), and once the writer has taken the
-// file and asked for the next one, the allocator stops populating it.
+// stalled the put lock at every roll); when the writer asks for the next
+// file, the allocator creates it before it populates more of the current
+// one, then goes on populating the current one ahead of the writer.
 func TestRollDoesNotWaitForPopulate(t *testing.T) {
 	old := populateChunk
 	populateChunk = 4096
@@ -22,23 +23,32 @@ func TestRollDoesNotWaitForPopulate(t *testing.T) {
 
 	fs := vfs.NewMem()
 	first := filepath.Join("/d", "commitlog", fileName(0))
+	second := filepath.Join("/d", "commitlog", fileName(64<<10))
 	var (
-		mu      sync.Mutex
-		calls   = map[string]int{}
-		blocked = make(chan struct{})
-		release = make(chan struct{})
+		mu           sync.Mutex
+		calls        = map[string]int{}
+		beforeSecond = -1 // chunks of the first file populated when the second was created
+		blocked      = make(chan struct{})
+		release      = make(chan struct{})
+		resumed      = make(chan struct{})
 	)
 	fs.SetInjector(func(op vfs.Op, path string) error {
-		if op != vfs.OpPopulate {
-			return nil
-		}
 		mu.Lock()
-		calls[path]++
-		n := calls[path]
-		mu.Unlock()
-		if path == first && n == 1 {
-			close(blocked)
-			<-release // hold the first chunk of the first file
+		defer mu.Unlock()
+		switch {
+		case op == vfs.OpCreateSegment && path == second:
+			beforeSecond = calls[first]
+		case op == vfs.OpPopulate:
+			calls[path]++
+			switch {
+			case path == first && calls[path] == 1:
+				close(blocked)
+				mu.Unlock()
+				<-release // hold the first chunk of the first file
+				mu.Lock()
+			case path == first && calls[path] == 2:
+				close(resumed)
+			}
 		}
 		return nil
 	})
@@ -54,22 +64,27 @@ func TestRollDoesNotWaitForPopulate(t *testing.T) {
 		_, err := s.PutMessage(context.Background(), msg("T", "while the file is being populated"))
 		done <- err
 	}()
+	guard := func() <-chan time.Time { return time.After(10 * time.Second) } // failure guards only
 	select {
 	case err := <-done:
 		if err != nil {
 			t.Fatalf("put: %v", err)
 		}
-	case <-time.After(10 * time.Second): // a failure guard, not a wait for success
+	case <-guard():
 		t.Fatal("the put waited for the allocator to populate its file")
 	}
-	// The put took file 0 and asked for file 1: after the held chunk, the
-	// allocator moves on to file 1 instead of populating the rest of file 0.
+	// The put took file 0 and asked for file 1.
 	close(release)
 	s.queue.alloc.waitReady(64 << 10)
+	select {
+	case <-resumed:
+	case <-guard():
+		t.Fatal("the allocator did not go on populating file 0 after creating file 1")
+	}
 	mu.Lock()
 	defer mu.Unlock()
-	if calls[first] != 1 {
-		t.Errorf("file 0 populated in %d chunks after the writer took it, want 1 (the one held)", calls[first])
+	if beforeSecond != 1 {
+		t.Errorf("file 1 created after %d chunks of file 0, want right after the held one", beforeSecond)
 	}
 }
 
@@ -78,6 +93,17 @@ func (a *allocator) waitReady(from int64) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	for a.ready == nil || a.ready.from != from {
+		a.cond.Wait()
+	}
+}
+
+// waitPopulated waits until the allocator has faulted in every file it
+// created, so that a benchmark measures puts into a populated file, as the
+// raw baseline writes into a prefaulted mapping.
+func (a *allocator) waitPopulated() {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for a.unpopulated > 0 && !a.closed {
 		a.cond.Wait()
 	}
 }

@@ -232,6 +232,9 @@ type allocator struct {
 	ready    *mappedFile // prepared, not yet handed out
 	inflight int64       // offset being prepared, or -1
 	closed   bool
+	// unpopulated counts the files handed out or ready that the loop has
+	// not finished populating; cond is broadcast when it drops to 0.
+	unpopulated int
 
 	reqc chan int64
 	done chan struct{}
@@ -246,60 +249,83 @@ func newAllocator(fs vfs.FS, dir string, size int64) *allocator {
 	return a
 }
 
+// loop creates the files asked for and faults them in. Creating comes
+// first: a request is served within one population chunk, and population
+// of the files already handed out goes on afterwards, oldest first, ahead
+// of the writer.
 func (a *allocator) loop() {
 	defer a.wg.Done()
+	var todo []*mappedFile // published files not yet fully populated
+	var at int64           // next offset to populate in todo[0]
 	for {
+		if len(todo) == 0 {
+			select {
+			case from := <-a.reqc:
+				todo = a.create(from, todo)
+			case <-a.done:
+				return
+			}
+			continue
+		}
 		select {
 		case from := <-a.reqc:
-			// Errors are dropped here on purpose: take() then creates the
-			// file itself and reports the real error to the put.
-			m, err := createMappedFile(a.fs, a.dir, from, a.size)
-			a.mu.Lock()
-			a.inflight = -1
-			if err == nil {
-				if a.closed || a.ready != nil {
-					m.remove()
-					m = nil
-				} else {
-					a.ready = m
-				}
-			}
-			a.cond.Broadcast()
-			a.mu.Unlock()
-			if m != nil {
-				a.populate(m)
-			}
-		case <-a.done:
-			return
-		}
-	}
-}
-
-// populateChunk is how much of a file the allocator faults in at a time.
-// Between chunks it stops if the store is closing or the next file is
-// already wanted (the writer is then past this one), so neither Close nor
-// the next roll waits for more than one chunk. A variable for tests.
-var populateChunk int64 = 32 << 20
-
-// populate faults m in for writing (MADV_POPULATE_WRITE), in chunks, after
-// m was published as ready: a writer that takes it before the end goes on
-// writing, taking the page faults of the part not yet populated itself,
-// instead of waiting for the whole file. Populating 1 GiB took 0.1–2.2 s
-// here, longer than a writer of batches needs to fill it; waiting for it
-// was more than half a batch benchmark's time (BENCHMARKS.md).
-func (a *allocator) populate(m *mappedFile) {
-	for lo := int64(0); lo < m.size; lo += populateChunk {
-		select {
+			todo = a.create(from, todo)
 		case <-a.done:
 			return
 		default:
+			m := todo[0]
+			// What the writer has passed needs no populating.
+			at = max(at, m.wrote.Load()&^(pageSize-1))
+			if at < m.size {
+				m.populate(at, min(at+populateChunk, m.size))
+				at += populateChunk
+			}
+			if at >= m.size {
+				todo, at = todo[1:], 0
+				a.mu.Lock()
+				a.unpopulated = len(todo)
+				if len(todo) == 0 {
+					a.cond.Broadcast()
+				}
+				a.mu.Unlock()
+			}
 		}
-		if len(a.reqc) > 0 {
-			return
-		}
-		m.populate(lo, min(lo+populateChunk, m.size))
 	}
 }
+
+// create makes the file starting at from, publishes it as ready and adds
+// it to todo. Errors are dropped here on purpose: take() then creates the
+// file itself and reports the real error to the put.
+func (a *allocator) create(from int64, todo []*mappedFile) []*mappedFile {
+	m, err := createMappedFile(a.fs, a.dir, from, a.size)
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.inflight = -1
+	a.cond.Broadcast()
+	if err != nil {
+		return todo
+	}
+	if a.closed || a.ready != nil {
+		m.remove()
+		return todo
+	}
+	a.ready = m
+	a.unpopulated = len(todo) + 1
+	return append(todo, m)
+}
+
+// populateChunk is how much of a file the allocator faults in at a time
+// (MADV_POPULATE_WRITE); between chunks it serves requests and notices
+// Close, so neither a roll nor Close waits for more than one chunk. A
+// variable for tests.
+//
+// Why population at all: a first write to a page of a preallocated file
+// takes a fault that cost ~15 µs per 4 KiB page here (ext4 converting the
+// unwritten extent), which made a 1 KiB put 4× slower. Why in chunks after
+// the file is handed over: populating 1 GiB took 0.1–2.2 s here, longer
+// than a writer of batches needs to fill a file, and waiting for it held
+// the put lock at every roll for up to 1.9 s (BENCHMARKS.md).
+var populateChunk int64 = 32 << 20
 
 // take returns the file starting at from: the prepared one if it matches,
 // otherwise one created now. It then asks for the following file.
