@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"net/netip"
 	"sync"
 	"testing"
 
@@ -99,4 +100,60 @@ func BenchmarkPutMessagesBatch100(b *testing.B) {
 			}
 		}
 	})
+}
+
+// edgeRequests are the requests of BenchmarkEdge: 100 batch entries (plain,
+// or with tags, keys and two user properties), one message, and the store's
+// answers to them.
+func edgeRequests(withProps bool) (*storagedv1.PutMessagesRequest, *storage.PutResult, *storagedv1.PutMessageRequest, *storage.PutResult) {
+	batch := &storagedv1.PutMessagesRequest{Topic: "bench"}
+	res := &storage.PutResult{Status: storage.PutOK, Append: storage.AppendResult{StoreHost: testStoreHost, MsgNum: 100}}
+	for i := range 100 {
+		e := &storagedv1.BatchEntry{Body: benchBody}
+		if withProps {
+			e.Tags, e.Keys, e.Properties = "TagA", "order-1", map[string]string{"trace": "abc", "region": "eu"}
+		}
+		batch.Messages = append(batch.Messages, e)
+		res.Append.Offsets = append(res.Append.Offsets, int64(i)*1100)
+	}
+	one := &storagedv1.PutMessageRequest{Message: &storagedv1.Message{Topic: "bench", Body: benchBody}}
+	if withProps {
+		one.Message.Tags, one.Message.Keys, one.Message.Properties = "TagA", "order-1", map[string]string{"trace": "abc", "region": "eu"}
+	}
+	oneRes := &storage.PutResult{Status: storage.PutOK, Append: storage.AppendResult{StoreHost: testStoreHost, MsgNum: 1}}
+	return batch, res, one, oneRes
+}
+
+// edgeSink keeps BenchmarkEdge's answers on the heap, as a handler's are.
+var edgeSink any
+
+// BenchmarkEdge: the service's own work around the store, without gRPC or
+// a store: validate and convert a request, build the answer (for a batch,
+// with its 100 msgIds).
+func BenchmarkEdge(b *testing.B) {
+	for _, withProps := range []bool{false, true} {
+		batch, res, one, oneRes := edgeRequests(withProps)
+		name := "plain"
+		if withProps {
+			name = "props"
+		}
+		b.Run("Batch100/"+name, func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				if _, fe := toBatch(batch, 1, netip.AddrPort{}, DefaultMaxBatchMessages); fe != nil {
+					b.Fatal(fe)
+				}
+				edgeSink = toPutMessagesResponse(res)
+			}
+		})
+		b.Run("Message/"+name, func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				if _, fe := toMessage(one, 1, netip.AddrPort{}); fe != nil {
+					b.Fatal(fe)
+				}
+				edgeSink = toPutMessageResponse(oneRes)
+			}
+		})
+	}
 }

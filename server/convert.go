@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"google.golang.org/grpc/peer"
@@ -59,11 +60,18 @@ func toProtoStatus(s storage.PutStatus) storagedv1.PutMessageStatus {
 // toMessage validates req and converts it into a storage message. now is the
 // default born timestamp (Unix ms), born the caller's address.
 func toMessage(req *storagedv1.PutMessageRequest, now int64, born netip.AddrPort) (*storage.Message, *fieldError) {
-	m := new(storage.Message)
-	if fe := fillMessage(m, make([]storage.Property, 0, 4), req.GetMessage(), now, born); fe != nil {
+	m := new(messageWithProps) // the message and room for its properties in one allocation
+	if fe := fillMessage(&m.msg, m.props[:0], req.GetMessage(), now, born); fe != nil {
 		return nil, fe
 	}
-	return m, nil
+	return &m.msg, nil
+}
+
+// messageWithProps is a storage message with room for the system
+// properties (TAGS, KEYS, DELAY, WAIT) a message can get.
+type messageWithProps struct {
+	msg   storage.Message
+	props [4]storage.Property
 }
 
 // fillMessage validates pm and converts it into dst, appending the
@@ -91,31 +99,48 @@ func fillMessage(dst *storage.Message, props []storage.Property, pm *storagedv1.
 	return nil
 }
 
-// toBatch validates req and converts it into a storage batch.
+// toBatch validates req and converts it into a storage batch. The entries'
+// properties share one array, each entry's slice capped at its own end.
 func toBatch(req *storagedv1.PutMessagesRequest, now int64, born netip.AddrPort, maxMessages int) (*storage.Batch, *fieldError) {
 	if fe := validateBatch(req, maxMessages); fe != nil {
 		return nil, fe
+	}
+	entries := req.GetMessages()
+	n := 0
+	for _, e := range entries {
+		n += len(e.GetProperties())
+		if e.GetTags() != "" {
+			n++
+		}
+		if e.GetKeys() != "" {
+			n++
+		}
+	}
+	var props []storage.Property
+	if n > 0 {
+		props = make([]storage.Property, 0, n)
 	}
 	b := &storage.Batch{
 		Topic:    req.GetTopic(),
 		QueueID:  req.GetQueueId(),
 		BornHost: born,
-		Messages: make([]storage.BatchMessage, len(req.GetMessages())),
+		Messages: make([]storage.BatchMessage, len(entries)),
 	}
-	for i, e := range req.GetMessages() {
+	for i, e := range entries {
+		start := len(props)
+		props = appendUserProperties(appendSystemProperties(props, e.GetTags(), e.GetKeys()), e.GetProperties())
+		var own []storage.Property // nil without properties
+		if len(props) > start {
+			own = props[start:len(props):len(props)]
+		}
 		b.Messages[i] = storage.BatchMessage{
 			Flag:          e.GetFlag(),
 			Body:          e.GetBody(),
-			Properties:    appendUserProperties(systemProperties(e.GetTags(), e.GetKeys()), e.GetProperties()),
+			Properties:    own,
 			BornTimestamp: bornTimestamp(e.GetBornTimestamp(), now),
 		}
 	}
 	return b, nil
-}
-
-// systemProperties returns TAGS and KEYS when set, with room for more.
-func systemProperties(tags, keys string) []storage.Property {
-	return appendSystemProperties(make([]storage.Property, 0, 4), tags, keys)
 }
 
 // appendSystemProperties appends TAGS and KEYS when set.
@@ -135,16 +160,15 @@ func appendUserProperties(props []storage.Property, user map[string]string) []st
 	if len(user) == 0 {
 		return props
 	}
-	keys := make([]string, 0, len(user))
-	for k := range user {
-		keys = append(keys, k)
+	start := len(props)
+	for k, v := range user {
+		props = append(props, storage.Property{Key: k, Value: v})
 	}
-	slices.Sort(keys)
-	for _, k := range keys {
-		props = append(props, storage.Property{Key: k, Value: user[k]})
-	}
+	slices.SortFunc(props[start:], compareKeys) // keys of a map: no ties
 	return props
 }
+
+func compareKeys(a, b storage.Property) int { return strings.Compare(a.Key, b.Key) }
 
 // bornTimestamp returns ts in Unix ms, or now when ts is absent. ts has been
 // validated.
@@ -172,22 +196,44 @@ func bornHost(ctx context.Context) netip.AddrPort {
 	return netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())
 }
 
-// toAppendResult converts what the store appended. msg_ids is filled for a
-// batch only, as the proto documents.
-func toAppendResult(a *storage.AppendResult, batch bool) *storagedv1.AppendResult {
-	r := new(storagedv1.AppendResult)
-	fillAppendResult(r, new(timestamppb.Timestamp), a)
-	if batch {
-		if len(a.Offsets) == 0 {
-			r.MsgIds = []string{r.MsgId}
-		} else {
-			r.MsgIds = make([]string, len(a.Offsets))
-			for i, off := range a.Offsets {
-				r.MsgIds[i] = msgID(a.StoreHost, off)
-			}
-		}
+// withResult is a response with room for its AppendResult and the
+// result's store timestamp: one allocation instead of three. Responses are
+// not reused: grpc-go does not allow touching a message after SendMsg
+// (stats handlers may read it later).
+type withResult[R any] struct {
+	resp   R
+	result storagedv1.AppendResult
+	ts     timestamppb.Timestamp
+}
+
+// fillResult fills the result from a and returns it.
+func (w *withResult[R]) fillResult(a *storage.AppendResult) *storagedv1.AppendResult {
+	fillAppendResult(&w.result, &w.ts, a)
+	return &w.result
+}
+
+// toPutMessageResponse is the answer to a PutMessage whose put returned
+// res without an error.
+func toPutMessageResponse(res *storage.PutResult) *storagedv1.PutMessageResponse {
+	w := new(withResult[storagedv1.PutMessageResponse])
+	w.resp.Status = toProtoStatus(res.Status)
+	w.resp.Result = w.fillResult(&res.Append)
+	return &w.resp
+}
+
+// toPutMessagesResponse is the answer to a PutMessages whose put returned
+// res without an error. Unlike PutMessage's, its result has msg_ids, as the
+// proto documents.
+func toPutMessagesResponse(res *storage.PutResult) *storagedv1.PutMessagesResponse {
+	w := new(withResult[storagedv1.PutMessagesResponse])
+	w.resp.Status = toProtoStatus(res.Status)
+	w.resp.Result = w.fillResult(&res.Append)
+	if offs := res.Append.Offsets; len(offs) == 0 {
+		w.result.MsgIds = []string{w.result.MsgId}
+	} else {
+		w.result.MsgIds = msgIDs(res.Append.StoreHost, offs)
 	}
-	return r
+	return &w.resp
 }
 
 // fillAppendResult fills r (and ts, its store timestamp) from a, for a

@@ -100,3 +100,89 @@ func TestValidateBatchNilEntry(t *testing.T) {
 		t.Fatalf("got %v, want messages[1]", fe)
 	}
 }
+
+// TestToBatchProperties: each entry gets TAGS, KEYS and then its user
+// properties in key order, and nothing of another entry; appending to one
+// entry's properties does not touch the next one's.
+func TestToBatchProperties(t *testing.T) {
+	req := &storagedv1.PutMessagesRequest{Topic: "t", Messages: []*storagedv1.BatchEntry{
+		{Body: []byte("0"), Tags: "tg", Keys: "k", Properties: map[string]string{"z": "26", "a": "1"}},
+		{Body: []byte("1")},
+		{Body: []byte("2"), Keys: "k2"},
+		{Body: []byte("3"), Properties: map[string]string{"m": "13"}},
+		{Body: []byte("4")},
+	}}
+	b, fe := toBatch(req, 42, netip.AddrPort{}, 10)
+	if fe != nil {
+		t.Fatal(fe)
+	}
+	want := [][]storage.Property{
+		{{Key: "TAGS", Value: "tg"}, {Key: "KEYS", Value: "k"}, {Key: "a", Value: "1"}, {Key: "z", Value: "26"}},
+		nil,
+		{{Key: "KEYS", Value: "k2"}},
+		{{Key: "m", Value: "13"}},
+		nil,
+	}
+	if len(b.Messages) != len(want) {
+		t.Fatalf("%d messages, want %d", len(b.Messages), len(want))
+	}
+	for i, m := range b.Messages {
+		if !slices.Equal(m.Properties, want[i]) || string(m.Body) != string(req.Messages[i].Body) || m.BornTimestamp != 42 {
+			t.Errorf("message %d: properties %v body %q born %d, want %v", i, m.Properties, m.Body, m.BornTimestamp, want[i])
+		}
+	}
+	_ = append(b.Messages[0].Properties, storage.Property{Key: "x", Value: "y"})
+	_ = append(b.Messages[2].Properties, storage.Property{Key: "x", Value: "y"})
+	if !slices.Equal(b.Messages[2].Properties, want[2]) || !slices.Equal(b.Messages[3].Properties, want[3]) {
+		t.Errorf("an append to one entry changed another: %v, %v", b.Messages[2].Properties, b.Messages[3].Properties)
+	}
+}
+
+// TestBatchMsgIDs: a batch answer carries one msgId per offset, each the
+// one msgID gives, for IPv4, IPv6 and absent store hosts.
+func TestBatchMsgIDs(t *testing.T) {
+	for _, host := range []netip.AddrPort{testStoreHost, netip.MustParseAddrPort("[2001:db8::1]:7"), {}} {
+		a := &storage.AppendResult{StoreHost: host, WroteOffset: 100, Offsets: []int64{100, 250, 1 << 40, 0}}
+		r := toPutMessagesResponse(&storage.PutResult{Status: storage.PutOK, Append: *a}).GetResult()
+		if len(r.MsgIds) != len(a.Offsets) {
+			t.Fatalf("%v: %d msgIds, want %d", host, len(r.MsgIds), len(a.Offsets))
+		}
+		for i, off := range a.Offsets {
+			if want := msgID(host, off); r.MsgIds[i] != want {
+				t.Errorf("%v: msgIds[%d] = %q, want %q", host, i, r.MsgIds[i], want)
+			}
+		}
+		if r.MsgId != msgID(host, 100) {
+			t.Errorf("%v: msgId %q", host, r.MsgId)
+		}
+	}
+	one := toPutMessagesResponse(&storage.PutResult{Append: storage.AppendResult{StoreHost: testStoreHost, WroteOffset: 7}}).GetResult()
+	if !slices.Equal(one.MsgIds, []string{msgID(testStoreHost, 7)}) {
+		t.Errorf("no offsets: msgIds %v", one.MsgIds)
+	}
+}
+
+// TestBatchPathAllocs: the edge's work on a batch does not grow with the
+// number of entries: no field path, property slice or msgId string per
+// entry.
+func TestBatchPathAllocs(t *testing.T) {
+	req := &storagedv1.PutMessagesRequest{Topic: "t"}
+	res := &storage.PutResult{Status: storage.PutOK, Append: storage.AppendResult{StoreHost: testStoreHost}}
+	for i := range 100 {
+		req.Messages = append(req.Messages, &storagedv1.BatchEntry{Body: []byte("b")})
+		res.Append.Offsets = append(res.Append.Offsets, int64(i)*1100)
+	}
+	for _, tc := range []struct {
+		name string
+		max  float64
+		f    func()
+	}{
+		{"validateBatch", 0, func() { validateBatch(req, 1024) }},
+		{"toBatch", 2, func() { toBatch(req, 1, netip.AddrPort{}, 1024) }},  // the batch and its messages
+		{"toPutMessagesResponse", 4, func() { toPutMessagesResponse(res) }}, // the response, msg_id, msg_ids and their one string
+	} {
+		if got := testing.AllocsPerRun(10, tc.f); got > tc.max {
+			t.Errorf("%s: %v allocations for 100 entries, want at most %v", tc.name, got, tc.max)
+		}
+	}
+}

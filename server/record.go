@@ -3,6 +3,7 @@ package server
 import (
 	"encoding/binary"
 	"net/netip"
+	"strings"
 	"time"
 
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -83,6 +84,36 @@ func appendHost(b []byte, a netip.AddrPort, v6 bool) []byte {
 // it is on the put path of every call. TestMsgIDMatchesStorage pins the two
 // together.
 func msgID(host netip.AddrPort, offset int64) string {
+	var buf [maxMsgIDLen]byte
+	return string(appendMsgID(buf[:0], host, offset))
+}
+
+// msgIDs returns the msgIds of offsets (all stored with host), hex encoded
+// into one string that the ids slice: two allocations for the whole batch.
+func msgIDs(host netip.AddrPort, offsets []int64) []string {
+	var buf [maxMsgIDLen]byte
+	w := len(appendMsgID(buf[:0], host, 0)) // the same for every offset
+	var sb strings.Builder
+	sb.Grow(w * len(offsets))
+	for _, off := range offsets {
+		sb.Write(appendMsgID(buf[:0], host, off))
+	}
+	all := sb.String()
+	ids := make([]string, len(offsets))
+	for i := range ids {
+		ids[i] = all[i*w : (i+1)*w]
+	}
+	return ids
+}
+
+// maxMsgIDLen is the length of an IPv6 msgId: 16 address, 4 port and 8
+// offset bytes, hex encoded.
+const maxMsgIDLen = 2 * (16 + 4 + 8)
+
+// appendMsgID appends the msgId of offset stored with host: host address
+// and port (0.0.0.0:0 without a host, IPv4-mapped addresses as IPv6, as the
+// store writes them) and offset, big endian, in upper-case hex.
+func appendMsgID(b []byte, host netip.AddrPort, offset int64) []byte {
 	const hexUpper = "0123456789ABCDEF"
 	var raw [28]byte
 	n := 0
@@ -102,10 +133,8 @@ func msgID(host netip.AddrPort, offset int64) string {
 	}
 	binary.BigEndian.PutUint64(raw[n:], uint64(offset))
 	n += 8
-	var out [56]byte
-	for i := 0; i < n; i++ {
-		out[2*i] = hexUpper[raw[i]>>4]
-		out[2*i+1] = hexUpper[raw[i]&0xf]
+	for _, c := range raw[:n] {
+		b = append(b, hexUpper[c>>4], hexUpper[c&0xf])
 	}
-	return string(out[:2*n])
+	return b
 }

@@ -168,10 +168,7 @@ func (s *Service) PutMessage(ctx context.Context, req *storagedv1.PutMessageRequ
 	if err != nil {
 		return nil, s.putError(ctx, methodPutMessage, res, err)
 	}
-	return &storagedv1.PutMessageResponse{
-		Status: toProtoStatus(res.Status),
-		Result: toAppendResult(&res.Append, false),
-	}, nil
+	return toPutMessageResponse(&res), nil
 }
 
 // PutMessages implements storagedv1.MessageStoreServiceServer.
@@ -184,10 +181,7 @@ func (s *Service) PutMessages(ctx context.Context, req *storagedv1.PutMessagesRe
 	if err != nil {
 		return nil, s.putError(ctx, methodPutMessages, res, err)
 	}
-	return &storagedv1.PutMessagesResponse{
-		Status: toProtoStatus(res.Status),
-		Result: toAppendResult(&res.Append, true),
-	}, nil
+	return toPutMessagesResponse(&res), nil
 }
 
 // rejected reports a request refused by validation, before the store.

@@ -11,7 +11,6 @@ import (
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/status"
-	"google.golang.org/protobuf/types/known/timestamppb"
 
 	storagedv1 "github.com/storaged/storaged/gen/storaged/v1"
 	"github.com/storaged/storaged/storage"
@@ -125,8 +124,7 @@ func (s *Service) streamPut(ctx context.Context, it *streamItem, born netip.Addr
 	it.release()
 
 	if res.Appended() {
-		fillAppendResult(&ack.result, &ack.ts, &res.Append)
-		ack.resp.Result = &ack.result
+		ack.resp.Result = ack.fillResult(&res.Append)
 	}
 	if err == nil {
 		ack.resp.Status = toProtoStatus(res.Status)
@@ -152,22 +150,15 @@ func (s *Service) streamPut(ctx context.Context, it *streamItem, born netip.Addr
 }
 
 // streamAck is an answer with its result and timestamp in one allocation.
-// Answers are not reused: grpc-go does not allow touching a message after
-// SendMsg (stats handlers may read it later).
-type streamAck struct {
-	resp   storagedv1.PutMessageStreamResponse
-	result storagedv1.AppendResult
-	ts     timestamppb.Timestamp
-}
+type streamAck = withResult[storagedv1.PutMessageStreamResponse]
 
 // streamItem is one stream message from its read to its put: the request
 // (read into with RecvMsg), the storage message and room for its system
 // properties. Items are pooled; the store keeps no reference to a message
 // after its put returns.
 type streamItem struct {
-	req   storagedv1.PutMessageStreamRequest
-	msg   storage.Message
-	props [4]storage.Property
+	req storagedv1.PutMessageStreamRequest
+	messageWithProps
 }
 
 var itemPool = sync.Pool{New: func() any { return new(streamItem) }}

@@ -2,7 +2,6 @@ package server
 
 import (
 	"fmt"
-	"slices"
 	"strconv"
 	"strings"
 
@@ -122,7 +121,7 @@ func validateMessage(m *storagedv1.Message) *fieldError {
 	if m.GetDelayLevel() < 0 {
 		return illegal(p+".delay_level", "delay level must not be negative, got %d", m.GetDelayLevel())
 	}
-	return validateEntry(p, m.GetTags(), m.GetKeys(), m.GetBornTimestamp(), m.GetProperties())
+	return validateEntry(entryPath{index: -1}, m.GetTags(), m.GetKeys(), m.GetBornTimestamp(), m.GetProperties())
 }
 
 // validateBatch checks a PutMessages request. Batch-wide size limits are
@@ -142,12 +141,12 @@ func validateBatch(req *storagedv1.PutMessagesRequest, maxMessages int) *fieldEr
 		return illegal("messages", "a batch holds at most %d messages, got %d", maxMessages, n)
 	}
 	for i, e := range req.GetMessages() {
-		p := "messages[" + strconv.Itoa(i) + "]"
+		p := entryPath{index: i}
 		if e == nil {
-			return illegal(p, "message is required")
+			return illegal(p.String(), "message is required")
 		}
 		if len(e.GetBody()) == 0 {
-			return illegal(p+".body", "body is required")
+			return illegal(p.field(".body"), "body is required")
 		}
 		if fe := validateEntry(p, e.GetTags(), e.GetKeys(), e.GetBornTimestamp(), e.GetProperties()); fe != nil {
 			return fe
@@ -156,42 +155,85 @@ func validateBatch(req *storagedv1.PutMessagesRequest, maxMessages int) *fieldEr
 	return nil
 }
 
+// entryPath is the field path of what validateEntry checks: "message"
+// (index -1) or "messages[index]". It is a value so that the path string is
+// built only for a violation, not for every batch entry.
+type entryPath struct{ index int }
+
+func (p entryPath) String() string {
+	if p.index < 0 {
+		return "message"
+	}
+	return "messages[" + strconv.Itoa(p.index) + "]"
+}
+
+// field is the path of the entry's field sub (".body", ".tags", …).
+func (p entryPath) field(sub string) string { return p.String() + sub }
+
 // validateEntry checks the parts a message and a batch entry share.
-func validateEntry(p, tags, keys string, ts *timestamppb.Timestamp, props map[string]string) *fieldError {
+func validateEntry(p entryPath, tags, keys string, ts *timestamppb.Timestamp, props map[string]string) *fieldError {
 	if hasSeparator(tags) {
-		return illegal(p+".tags", "tags must not contain the separator bytes 0x01 or 0x02")
+		return illegal(p.field(".tags"), "tags must not contain the separator bytes 0x01 or 0x02")
 	}
 	if hasSeparator(keys) {
-		return illegal(p+".keys", "keys must not contain the separator bytes 0x01 or 0x02")
+		return illegal(p.field(".keys"), "keys must not contain the separator bytes 0x01 or 0x02")
 	}
 	if ts != nil {
 		if err := ts.CheckValid(); err != nil {
-			return illegal(p+".born_timestamp", "invalid timestamp: %v", err)
+			return illegal(p.field(".born_timestamp"), "invalid timestamp: %v", err)
 		}
 		if ts.GetSeconds() < 0 {
-			return illegal(p+".born_timestamp", "born timestamp must not be before 1970-01-01")
+			return illegal(p.field(".born_timestamp"), "born timestamp must not be before 1970-01-01")
 		}
 	}
-	names := make([]string, 0, len(props))
-	for k := range props {
-		names = append(names, k)
-	}
-	slices.Sort(names) // report the first bad key in a stable order, not Go's map order
-	for _, k := range names {
-		v := props[k]
-		f := p + ".properties[" + strconv.Quote(k) + "]"
-		switch {
-		case k == "":
-			return illegal(p+".properties", "property keys must not be empty")
-		case v == "":
-			return illegal(f, "property values must not be empty (RocketMQ decoders drop them)")
-		case hasSeparator(k) || hasSeparator(v):
-			return illegal(f, "property keys and values must not contain the separator bytes 0x01 or 0x02")
-		case reservedProperty(k):
-			return illegal(f, "%q is a reserved system property; use the dedicated field (tags, keys, delay_level, wait_store_ok) or another name", k)
+	// Report the first bad key in key order, not Go's map order: the
+	// smallest bad key, found without sorting (or allocating).
+	first, found := "", false
+	for k, v := range props {
+		if (!found || k < first) && checkProperty(k, v) != propertyOK {
+			first, found = k, true
 		}
 	}
-	return nil
+	if !found {
+		return nil
+	}
+	f := p.field(".properties[" + strconv.Quote(first) + "]")
+	switch checkProperty(first, props[first]) {
+	case propertyEmptyKey:
+		return illegal(p.field(".properties"), "property keys must not be empty")
+	case propertyEmptyValue:
+		return illegal(f, "property values must not be empty (RocketMQ decoders drop them)")
+	case propertySeparator:
+		return illegal(f, "property keys and values must not contain the separator bytes 0x01 or 0x02")
+	default: // propertyReserved
+		return illegal(f, "%q is a reserved system property; use the dedicated field (tags, keys, delay_level, wait_store_ok) or another name", first)
+	}
+}
+
+// propertyFault is what is wrong with a user property, in the order the
+// checks apply.
+type propertyFault int
+
+const (
+	propertyOK propertyFault = iota
+	propertyEmptyKey
+	propertyEmptyValue
+	propertySeparator
+	propertyReserved
+)
+
+func checkProperty(k, v string) propertyFault {
+	switch {
+	case k == "":
+		return propertyEmptyKey
+	case v == "":
+		return propertyEmptyValue
+	case hasSeparator(k) || hasSeparator(v):
+		return propertySeparator
+	case reservedProperty(k):
+		return propertyReserved
+	}
+	return propertyOK
 }
 
 func hasSeparator(s string) bool { return strings.ContainsAny(s, "\x01\x02") }

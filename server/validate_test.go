@@ -65,7 +65,7 @@ func FuzzValidateTopic(f *testing.F) {
 func TestValidatePropertiesStableOrder(t *testing.T) {
 	props := map[string]string{"d": "", "c": "x\x01", "b": "", "KEYS": "k", "e": "ok"}
 	for range 20 {
-		fe := validateEntry("message", "", "", nil, props)
+		fe := validateEntry(entryPath{index: -1}, "", "", nil, props)
 		if fe == nil || fe.Field != `message.properties["KEYS"]` {
 			t.Fatalf("got %v, want the KEYS violation first", fe)
 		}
