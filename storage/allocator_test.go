@@ -3,6 +3,7 @@ package storage
 import (
 	"context"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -85,6 +86,57 @@ func TestRollDoesNotWaitForPopulate(t *testing.T) {
 	defer mu.Unlock()
 	if beforeSecond != 1 {
 		t.Errorf("file 1 created after %d chunks of file 0, want right after the held one", beforeSecond)
+	}
+}
+
+// TestOpenPopulatesTheLastFile: after a restart the file appends go to is
+// faulted in beyond what it holds, so the puts after a restart do not take
+// a page fault per page (the allocator otherwise only populates new files).
+func TestOpenPopulatesTheLastFile(t *testing.T) {
+	old := populateChunk
+	populateChunk = 4096
+	t.Cleanup(func() { populateChunk = old })
+
+	fs := vfs.NewMem()
+	o := Options{Dir: "/d", FS: fs, FileSize: 64 << 10, MaxMessageSize: 1024}
+	s, err := Open(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 20; i++ { // ~3 pages of the first file
+		if _, err := s.PutMessage(context.Background(), msg("T", strings.Repeat("x", 500))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	wrote := s.queue.last().wrote.Load()
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	first := filepath.Join("/d", "commitlog", fileName(0))
+	var mu sync.Mutex
+	chunks := 0 // populated chunks of the first file
+	fs.SetInjector(func(op vfs.Op, path string) error {
+		if op == vfs.OpPopulate && path == first {
+			mu.Lock()
+			chunks++
+			mu.Unlock()
+		}
+		return nil
+	})
+	s, err = Open(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	s.queue.alloc.waitPopulated()
+	mu.Lock()
+	defer mu.Unlock()
+	// Every chunk from the one holding the write position to the end, and
+	// none below it.
+	want := int((o.FileSize - wrote&^(pageSize-1) + populateChunk - 1) / populateChunk)
+	if chunks != want {
+		t.Fatalf("first file populated in %d chunks after the restart, want %d (write position %d)", chunks, want, wrote)
 	}
 }
 

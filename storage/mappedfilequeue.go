@@ -232,17 +232,19 @@ type allocator struct {
 	ready    *mappedFile // prepared, not yet handed out
 	inflight int64       // offset being prepared, or -1
 	closed   bool
-	// unpopulated counts the files handed out or ready that the loop has
-	// not finished populating; cond is broadcast when it drops to 0.
+	// unpopulated counts the files asked for or adopted whose population
+	// has not finished; cond is broadcast when it drops to 0.
 	unpopulated int
 
-	reqc chan int64
-	done chan struct{}
-	wg   sync.WaitGroup
+	reqc   chan int64
+	adoptc chan *mappedFile
+	done   chan struct{}
+	wg     sync.WaitGroup
 }
 
 func newAllocator(fs vfs.FS, dir string, size int64) *allocator {
-	a := &allocator{fs: fs, dir: dir, size: size, inflight: -1, reqc: make(chan int64, 1), done: make(chan struct{})}
+	a := &allocator{fs: fs, dir: dir, size: size, inflight: -1, reqc: make(chan int64, 1),
+		adoptc: make(chan *mappedFile, 1), done: make(chan struct{})}
 	a.cond = sync.NewCond(&a.mu)
 	a.wg.Add(1)
 	go a.loop()
@@ -262,6 +264,8 @@ func (a *allocator) loop() {
 			select {
 			case from := <-a.reqc:
 				todo = a.create(from, todo)
+			case m := <-a.adoptc:
+				todo = []*mappedFile{m}
 			case <-a.done:
 				return
 			}
@@ -270,6 +274,8 @@ func (a *allocator) loop() {
 		select {
 		case from := <-a.reqc:
 			todo = a.create(from, todo)
+		case m := <-a.adoptc: // the writer's file: first
+			todo, at = append([]*mappedFile{m}, todo...), 0
 		case <-a.done:
 			return
 		default:
@@ -282,12 +288,7 @@ func (a *allocator) loop() {
 			}
 			if at >= m.size {
 				todo, at = todo[1:], 0
-				a.mu.Lock()
-				a.unpopulated = len(todo)
-				if len(todo) == 0 {
-					a.cond.Broadcast()
-				}
-				a.mu.Unlock()
+				a.populated()
 			}
 		}
 	}
@@ -303,15 +304,43 @@ func (a *allocator) create(from int64, todo []*mappedFile) []*mappedFile {
 	a.inflight = -1
 	a.cond.Broadcast()
 	if err != nil {
+		a.populatedLocked()
 		return todo
 	}
 	if a.closed || a.ready != nil {
 		m.remove()
+		a.populatedLocked()
 		return todo
 	}
 	a.ready = m
-	a.unpopulated = len(todo) + 1
 	return append(todo, m)
+}
+
+// adopt has the loop populate m, an existing file the writer will append
+// to (the last file at Open: a restart would otherwise leave the rest of
+// it to page faults), before anything else.
+func (a *allocator) adopt(m *mappedFile) {
+	a.mu.Lock()
+	a.unpopulated++
+	a.mu.Unlock()
+	select {
+	case a.adoptc <- m:
+	case <-a.done:
+	}
+}
+
+// populated records that one file asked for or adopted needs no more
+// population.
+func (a *allocator) populated() {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.populatedLocked()
+}
+
+func (a *allocator) populatedLocked() {
+	if a.unpopulated--; a.unpopulated == 0 {
+		a.cond.Broadcast()
+	}
 }
 
 // populateChunk is how much of a file the allocator faults in at a time
@@ -364,6 +393,7 @@ func (a *allocator) prepare(from int64) {
 	select {
 	case a.reqc <- from:
 		a.inflight = from
+		a.unpopulated++
 	default:
 	}
 }

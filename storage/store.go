@@ -134,6 +134,9 @@ func Open(opts Options) (*Store, error) {
 	if l := s.queue.last(); l == nil {
 		s.queue.alloc.prepare(0)
 	} else {
+		if !l.full() {
+			s.queue.alloc.adopt(l) // fault in the rest of the file appends go to
+		}
 		s.queue.alloc.prepare(l.from + l.size)
 	}
 	onSync := func(int64) { s.dispatch.wake() }
