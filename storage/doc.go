@@ -14,8 +14,11 @@
 // the file holding offset o is the one named o - o%FileSize, at position
 // o%FileSize. Files are contiguous, preallocated with fallocate (so a full
 // disk fails file creation instead of raising SIGBUS on a page fault), and
-// prepared one ahead by a background allocator so a roll never creates or
-// faults in a file under the put lock.
+// prepared one ahead by a background allocator so a roll never creates a
+// file under the put lock. The allocator hands a file over as soon as it is
+// mapped and then faults it in for writing in 32 MiB chunks ahead of the
+// writer (a first write to a page of a preallocated file costs a fault of
+// ~15 µs); at Open it does the same for the rest of the last file.
 //
 // A queue offset is different: the index of a message within its
 // topic-queue (0, 1, 2, …), assigned under the put lock and advanced only
