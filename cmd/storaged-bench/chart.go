@@ -1,7 +1,6 @@
 package main
 
 import (
-	"errors"
 	"flag"
 	"fmt"
 	"image"
@@ -42,11 +41,8 @@ func runChartCommand(args []string, stderr io.Writer) error {
 	out := fs.String("out", "bench-throughput.png", "PNG `file` to write")
 	method := fs.String("method", methodUnary, "draw the cases of this `method` (unary, batch or stream)")
 	title := fs.String("title", "", "chart title (default: from the method)")
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return err
-		}
-		return usageError{err}
+	if err := parseFlags(fs, args); err != nil {
+		return err
 	}
 	res, err := readMatrixResult(*in)
 	if err != nil {

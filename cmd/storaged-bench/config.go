@@ -164,11 +164,8 @@ func parseRunOptions(args []string, stderr io.Writer) (runOptions, error) {
 			"       storaged-bench floor|matrix|chart -h\n\n")
 		fs.PrintDefaults()
 	}
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return o, err
-		}
-		return o, usageError{err}
+	if err := parseFlags(fs, args); err != nil {
+		return o, err
 	}
 	resolveBound(fs, &o.load)
 	fail := func(err error) (runOptions, error) {

@@ -280,11 +280,8 @@ func runFloorCommand(ctx context.Context, args []string, stderr io.Writer) error
 	metricsListen := fs.String("metrics-listen", "127.0.0.1:0", "Prometheus /metrics and pprof listen `address`; empty disables it")
 	kind := fs.String("floor-kind", floorGRPC, "floor `kind`: grpc, bare or edge (see storaged-bench -h)")
 	pprofOn := fs.Bool("pprof", false, "serve /debug/pprof on the metrics address")
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return err
-		}
-		return usageError{err}
+	if err := parseFlags(fs, args); err != nil {
+		return err
 	}
 	if err := validFloorKind(*kind); err != nil {
 		fmt.Fprintln(stderr, "storaged-bench:", err)

@@ -75,6 +75,16 @@ func leanGC() {
 	}
 }
 
+// parseFlags parses a subcommand's flags: -h comes back as flag.ErrHelp
+// (exit 0), anything else wrong as a usageError (exit 2).
+func parseFlags(fs *flag.FlagSet, args []string) error {
+	err := fs.Parse(args)
+	if err == nil || errors.Is(err, flag.ErrHelp) {
+		return err
+	}
+	return usageError{err}
+}
+
 // usageError is a mistake on the command line: main exits with status 2.
 type usageError struct{ err error }
 

@@ -219,11 +219,8 @@ func parseMatrixOptions(args []string, stderr io.Writer) (matrixOptions, []caseS
 	fs.DurationVar(&o.load.Warmup, "warmup", o.load.Warmup, "warmup of each run")
 	fs.IntVar(&o.load.Queues, "queues", o.load.Queues, "queue ids per run")
 	fs.StringVar(&o.load.Topic, "topic", o.load.Topic, "topic")
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return o, nil, nil, err
-		}
-		return o, nil, nil, usageError{err}
+	if err := parseFlags(fs, args); err != nil {
+		return o, nil, nil, err
 	}
 	fail := func(err error) (matrixOptions, []caseSpec, []string, error) {
 		fmt.Fprintln(stderr, "storaged-bench matrix:", err)

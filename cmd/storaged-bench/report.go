@@ -2,7 +2,6 @@ package main
 
 import (
 	"encoding/json"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -28,11 +27,8 @@ func runReportCommand(args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("storaged-bench report", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	in := fs.String("in", "bench-results.json", "matrix results `file`")
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return err
-		}
-		return usageError{err}
+	if err := parseFlags(fs, args); err != nil {
+		return err
 	}
 	res, err := readMatrixResult(*in)
 	if err != nil {
