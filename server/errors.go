@@ -43,6 +43,27 @@ const (
 	ReasonInternal    = "INTERNAL"
 )
 
+// ErrorInfo reasons of the topic configuration (puts and AdminService).
+const (
+	// ReasonTopicNotExist is RocketMQ's ResponseCode.TOPIC_NOT_EXIST: a
+	// put to an unknown topic with auto-creation off, or an admin call on
+	// an unknown topic (NOT_FOUND).
+	ReasonTopicNotExist = "TOPIC_NOT_EXIST"
+	// ReasonTopicExist: CreateTopic on an existing topic (ALREADY_EXISTS).
+	ReasonTopicExist = "TOPIC_EXIST"
+	// ReasonQueueCountLowered: UpdateTopic with fewer queues
+	// (FAILED_PRECONDITION).
+	ReasonQueueCountLowered = "QUEUE_COUNT_LOWERED"
+	// ReasonTooManyTopics: the topic limit (--max-topics) is reached
+	// (RESOURCE_EXHAUSTED, metadata cause TOO_MANY_TOPICS). It is the name
+	// of RocketMQ's put status for a put that would create a queue beyond
+	// the broker's limit (LMQ_CONSUME_QUEUE_NUM_EXCEEDED), so a put keeps
+	// the rule "reason = the RocketMQ put status" and an admin call gets the
+	// same reason for the same condition. Not retried by default: it clears
+	// only once topics are deleted or the limit is raised.
+	ReasonTooManyTopics = "LMQ_CONSUME_QUEUE_NUM_EXCEEDED"
+)
+
 // Retry delays suggested in RetryInfo when nothing was appended and the
 // same server may take the put soon.
 const (
@@ -87,6 +108,10 @@ const (
 //	storage.ErrNotWritable + ErrDiskFull  → RESOURCE_EXHAUSTED + RetryInfo, cause DISK_FULL: above the
 //	                                        disk warning watermark; clears once space is freed
 //	storage.ErrDiskFull (ENOSPC at create) → RESOURCE_EXHAUSTED, cause DISK_FULL
+//	storage.ErrTopicNotFound (auto-creation off) → NOT_FOUND, reason TOPIC_NOT_EXIST
+//	storage.ErrTooManyTopics              → RESOURCE_EXHAUSTED, cause TOO_MANY_TOPICS
+//	storage.ErrTopicConfig (the auto-created topic not persisted) → UNAVAILABLE + RetryInfo,
+//	                                        cause TOPIC_CONFIG_NOT_PERSISTED
 //	storage.ErrCorrupt                    → DATA_LOSS (logged)
 //	ctx ended before the append           → CANCELLED / DEADLINE_EXCEEDED
 //	storage.ErrCreateFile, anything else  → INTERNAL (logged; the client message has no paths)
@@ -117,6 +142,19 @@ func (s *Service) putError(ctx context.Context, m method, res storage.PutResult,
 		return newStatus(codes.Canceled, "the call was cancelled before the append; nothing was stored", info)
 	case errors.Is(err, context.DeadlineExceeded):
 		return newStatus(codes.DeadlineExceeded, "the deadline passed before the append; nothing was stored", info)
+	case errors.Is(err, storage.ErrTopicNotFound):
+		info.Reason = ReasonTopicNotExist
+		return newStatus(codes.NotFound, "the topic does not exist (topic auto-creation is off, or the topic was just deleted); "+
+			"nothing was stored; create it through the admin service", info)
+	case errors.Is(err, storage.ErrTooManyTopics):
+		info.Metadata = map[string]string{"cause": "TOO_MANY_TOPICS"}
+		return newStatus(codes.ResourceExhausted, "the put would create a topic, and the store holds the most topics it may (--max-topics); "+
+			"nothing was stored", info)
+	case errors.Is(err, storage.ErrTopicConfig):
+		log.Warn().Err(err).Msg("put refused: the topic it creates could not be persisted")
+		info.Metadata = map[string]string{"cause": "TOPIC_CONFIG_NOT_PERSISTED"}
+		return unavailable(info, retryDelayUnavailable, "the store could not persist the topic this put creates "+
+			"(disk full or out of file descriptors); nothing was stored; retry")
 	case errors.Is(err, storage.ErrDiskFull) && errors.Is(err, storage.ErrNotWritable):
 		// The disk watermark: the store and the health watcher log the
 		// transition once (the call log still has each refused call).
@@ -237,6 +275,62 @@ func (s *Service) readError(m method, err error) error {
 	}
 	s.log.Error().Err(err).Str("grpc.method", string(m)).Msg("read failed with an unexpected error")
 	return newStatus(codes.Internal, "internal error", &errdetails.ErrorInfo{Reason: ReasonInternal, Domain: ErrorDomain})
+}
+
+// adminError is the one mapping from a failed AdminService call to a gRPC
+// status; see proto/storaged/v1/admin.proto for the table:
+//
+//	*storage.ValidationError              → INVALID_ARGUMENT + BadRequest, reason INVALID_REQUEST
+//	storage.ErrTopicNotFound              → NOT_FOUND, TOPIC_NOT_EXIST
+//	storage.ErrTopicExists                → ALREADY_EXISTS, TOPIC_EXIST
+//	storage.ErrQueuesLowered              → FAILED_PRECONDITION, QUEUE_COUNT_LOWERED
+//	storage.ErrTooManyTopics              → RESOURCE_EXHAUSTED, LMQ_CONSUME_QUEUE_NUM_EXCEEDED, cause TOO_MANY_TOPICS
+//	storage.ErrTopicConfig                → UNAVAILABLE + RetryInfo, cause TOPIC_CONFIG_NOT_PERSISTED
+//	ErrStarting, storage.ErrClosed, ErrSlave → UNAVAILABLE + RetryInfo
+//	anything else                         → INTERNAL (logged)
+func (a *AdminService) adminError(m string, err error) error {
+	var verr *storage.ValidationError
+	info := func(reason string) *errdetails.ErrorInfo { return &errdetails.ErrorInfo{Reason: reason, Domain: ErrorDomain} }
+	switch {
+	case errors.As(err, &verr):
+		field := verr.Field
+		switch field {
+		case "topic":
+			field = "name"
+		case "queues":
+			field = "queue_count"
+		}
+		return badAdmin(field, verr.Reason)
+	case errors.Is(err, storage.ErrTopicNotFound):
+		return newStatus(codes.NotFound, "topic does not exist", info(ReasonTopicNotExist))
+	case errors.Is(err, storage.ErrTopicExists):
+		return newStatus(codes.AlreadyExists, "topic already exists (UpdateTopic raises its queue count)", info(ReasonTopicExist))
+	case errors.Is(err, storage.ErrQueuesLowered):
+		return newStatus(codes.FailedPrecondition, "a topic's queue count can only be raised: "+
+			"removing queues would orphan their messages and consumer offsets", info(ReasonQueueCountLowered))
+	case errors.Is(err, storage.ErrTooManyTopics):
+		i := info(ReasonTooManyTopics)
+		i.Metadata = map[string]string{"cause": "TOO_MANY_TOPICS"}
+		return newStatus(codes.ResourceExhausted, "the store holds the most topics it may (--max-topics); delete topics first", i)
+	case errors.Is(err, storage.ErrTopicConfig):
+		a.log.Warn().Err(err).Str("grpc.method", m).Msg("admin call failed: topic config not persisted")
+		i := info(ReasonUnavailable)
+		i.Metadata = map[string]string{"cause": "TOPIC_CONFIG_NOT_PERSISTED"}
+		return unavailable(i, retryDelayUnavailable, "the topic config could not be persisted (disk full or out of file descriptors); nothing changed; retry")
+	case errors.Is(err, ErrStarting):
+		return unavailable(info(ReasonUnavailable), retryDelayUnavailable, "the store is starting (recovering its commitlog); retry shortly")
+	case errors.Is(err, storage.ErrClosed):
+		return unavailable(info(ReasonUnavailable), retryDelayUnavailable, "the store is shutting down")
+	case errors.Is(err, storage.ErrSlave):
+		return unavailable(info(ReasonUnavailable), retryDelayUnavailable, "this store is a slave; manage topics on the master")
+	}
+	a.log.Error().Err(err).Str("grpc.method", m).Msg("admin call failed with an unexpected error")
+	return newStatus(codes.Internal, "internal error", info(ReasonInternal))
+}
+
+// badAdmin is INVALID_ARGUMENT for an admin request field.
+func badAdmin(field, reason string) error {
+	return invalidArgument(&errdetails.ErrorInfo{Reason: ReasonInvalidRequest, Domain: ErrorDomain}, field, reason)
 }
 
 // badRead is INVALID_ARGUMENT for a read request field.

@@ -109,7 +109,7 @@ func validateMessage(m *storagedv1.Message) *fieldError {
 	if m == nil {
 		return illegal(p, "message is required")
 	}
-	if fe := validateTopic(p+".topic", m.GetTopic()); fe != nil {
+	if fe := validateSendTopic(p+".topic", m.GetTopic()); fe != nil {
 		return fe
 	}
 	if m.GetQueueId() < 0 {
@@ -127,7 +127,7 @@ func validateMessage(m *storagedv1.Message) *fieldError {
 // validateBatch checks a PutMessages request. Batch-wide size limits are
 // maxMessages entries here and the summed body size in the store.
 func validateBatch(req *storagedv1.PutMessagesRequest, maxMessages int) *fieldError {
-	if fe := validateTopic("topic", req.GetTopic()); fe != nil {
+	if fe := validateSendTopic("topic", req.GetTopic()); fe != nil {
 		return fe
 	}
 	if req.GetQueueId() < 0 {
@@ -238,77 +238,23 @@ func checkProperty(k, v string) propertyFault {
 
 func hasSeparator(s string) bool { return strings.ContainsAny(s, "\x01\x02") }
 
-// validateTopic applies the store's topic rule (1-127 bytes of
-// [%|a-zA-Z0-9_-]) with a precise reason, and refuses percent-encoded bytes
-// outside that set: "%2e%2e" or "%2F" would turn into "..", "/" in any tool
-// that URL-decodes topic names (dashboards, exporters, HTTP gateways).
+// validateTopic applies the store's topic name rule (storage.TopicNameProblem:
+// 1-127 bytes of [%|a-zA-Z0-9_-], no percent-encoded byte outside that set)
+// with a precise reason. Reads may name reserved topics (the schedule topic
+// is readable); puts check validateSendTopic.
 func validateTopic(field, t string) *fieldError {
-	switch {
-	case t == "":
-		return illegal(field, "topic is required")
-	case len(t) > storage.MaxTopicLength:
-		return illegal(field, "topic is %d bytes long, limit %d", len(t), storage.MaxTopicLength)
-	}
-	for i := 0; i < len(t); i++ {
-		if !topicByte(t[i]) {
-			return illegal(field, "topic must contain only the characters [%%|a-zA-Z0-9_-]; byte %d is %q", i, t[i])
-		}
-	}
-	// Decode repeatedly so that double encoding (%252e) is caught too.
-	for s := t; ; {
-		d, changed := percentDecode(s)
-		if !changed {
-			break
-		}
-		for i := 0; i < len(d); i++ {
-			if !topicByte(d[i]) {
-				return illegal(field, "topic must not percent-encode characters outside [%%|a-zA-Z0-9_-] (decodes to %q)", d)
-			}
-		}
-		s = d
+	if p := storage.TopicNameProblem(t); p != "" {
+		return illegal(field, "%s", p)
 	}
 	return nil
 }
 
-func topicByte(c byte) bool {
-	switch {
-	case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9':
-		return true
-	case c == '%', c == '|', c == '_', c == '-':
-		return true
+// validateSendTopic is validateTopic plus the reserved topics clients may
+// not write (storage.NotAllowedSendTopic, RocketMQ
+// TopicValidator.isNotAllowedSendTopic): MESSAGE_ILLEGAL.
+func validateSendTopic(field, t string) *fieldError {
+	if p := storage.SendTopicProblem(t); p != "" {
+		return illegal(field, "%s", p)
 	}
-	return false
-}
-
-// percentDecode decodes every %XX escape of s once.
-func percentDecode(s string) (string, bool) {
-	if !strings.Contains(s, "%") {
-		return s, false
-	}
-	var b strings.Builder
-	changed := false
-	for i := 0; i < len(s); i++ {
-		if s[i] == '%' && i+2 < len(s) && isHex(s[i+1]) && isHex(s[i+2]) {
-			b.WriteByte(unhex(s[i+1])<<4 | unhex(s[i+2]))
-			i += 2
-			changed = true
-			continue
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String(), changed
-}
-
-func isHex(c byte) bool {
-	return c >= '0' && c <= '9' || c >= 'a' && c <= 'f' || c >= 'A' && c <= 'F'
-}
-
-func unhex(c byte) byte {
-	switch {
-	case c >= '0' && c <= '9':
-		return c - '0'
-	case c >= 'a' && c <= 'f':
-		return c - 'a' + 10
-	}
-	return c - 'A' + 10
+	return nil
 }

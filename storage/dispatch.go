@@ -166,6 +166,11 @@ func (d *dispatcher) arrival() <-chan struct{} {
 
 func (d *dispatcher) dispatchTo(end int64) error {
 	var lastTopic string
+	// Deleted topics: their records below the delete are never indexed
+	// again (topics.go). Tombstones change only under runMu, which the
+	// caller holds.
+	tombs := d.s.topics.tombstones()
+	skipBelow := tombs[""]
 	for d.next < end {
 		f := d.s.queue.findByOffset(d.next)
 		if f == nil {
@@ -186,6 +191,11 @@ func (d *dispatcher) dispatchTo(end int64) error {
 			if string(m.topic) != lastTopic {
 				topic = string(m.topic)
 				lastTopic = topic
+				skipBelow = tombs[topic]
+			}
+			if d.next < skipBelow {
+				d.next += int64(m.total)
+				continue
 			}
 			q, err := d.queueFor(topic, m.queueID)
 			if err != nil {

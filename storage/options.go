@@ -206,6 +206,23 @@ type Options struct {
 	// watermarks are not enforced (Stats.Disk.Err says why).
 	StatDisk func(dir string) (DiskUsage, error)
 
+	// DefaultQueues is the queue count of a topic created by a put
+	// (auto-creation). Default DefaultQueues (8, RocketMQ
+	// defaultTopicQueueNums). 1 to MaxQueues.
+	DefaultQueues int
+
+	// NoAutoCreateTopics turns topic auto-creation off: a put to a topic
+	// not created through CreateTopic is refused (ErrTopicNotFound,
+	// RocketMQ TOPIC_NOT_EXIST). Default false: auto-creation is on
+	// (RocketMQ autoCreateTopicEnable).
+	NoAutoCreateTopics bool
+
+	// MaxTopics bounds the number of topics: creating one more, by a put
+	// or CreateTopic, is refused with ErrTooManyTopics. Default
+	// DefaultMaxTopics (10,000). 1 to maxMaxTopics (1,000,000: the table
+	// is rewritten whole on every change).
+	MaxTopics int
+
 	// FS is the file system the store runs on. Default vfs.Default (the OS,
 	// mmap, msync). Tests pass a *vfs.MemFS to simulate power cuts and
 	// inject I/O errors.
@@ -236,6 +253,7 @@ const (
 	DefaultDiskCheckInterval     = time.Second
 	minFileSize                  = 4 << 10
 	maxFileSize                  = 1 << 40
+	maxMaxTopics                 = 1000000
 )
 
 // DefaultStoreHost is the store host used when Options.StoreHost is unset.
@@ -289,6 +307,12 @@ func (o Options) withDefaults() Options {
 	}
 	if o.DiskCheckInterval == 0 {
 		o.DiskCheckInterval = DefaultDiskCheckInterval
+	}
+	if o.DefaultQueues == 0 {
+		o.DefaultQueues = DefaultQueues
+	}
+	if o.MaxTopics == 0 {
+		o.MaxTopics = DefaultMaxTopics
 	}
 	if o.StatDisk == nil {
 		o.StatDisk = StatDisk
@@ -347,6 +371,12 @@ func (o Options) Validate() error {
 	}
 	if o.DiskCheckInterval < 0 {
 		errs = append(errs, errors.New("DiskCheckInterval must not be negative"))
+	}
+	if o.DefaultQueues < 1 || o.DefaultQueues > MaxQueues {
+		errs = append(errs, fmt.Errorf("DefaultQueues %d out of range [1, %d]", o.DefaultQueues, MaxQueues))
+	}
+	if o.MaxTopics < 1 || o.MaxTopics > maxMaxTopics {
+		errs = append(errs, fmt.Errorf("MaxTopics %d out of range [1, %d]", o.MaxTopics, maxMaxTopics))
 	}
 	if o.StoreHost.Port() == 0 {
 		errs = append(errs, fmt.Errorf("StoreHost %s needs a port", o.StoreHost))

@@ -87,7 +87,9 @@ type ScheduleStats struct {
 	Levels []ScheduleLevelStats
 	// Skipped counts messages that can never be delivered and were passed
 	// over: record gone or damaged, no valid REAL_TOPIC/REAL_QID, or refused
-	// by validation (logged at error level each time).
+	// by validation or by the topic config (REAL_TOPIC deleted with
+	// auto-creation off, REAL_QID beyond its queues, the topic limit
+	// reached), logged at error level each time.
 	Skipped uint64
 	// Refused counts re-puts the store refused for a passing reason (not
 	// writable, busy); they are retried.
@@ -98,7 +100,7 @@ type ScheduleStats struct {
 type scheduler struct {
 	s      *Store
 	dir    string // Options.Dir/config
-	levels int    // schedule queues served: the delay table, or more if older data has more
+	levels int    // schedule queues served: the delay table's levels, never more
 
 	mu           sync.Mutex    // one round or persist at a time
 	need         int64         // commitlog offset the re-puts since the last persist end at; guarded by mu
@@ -123,12 +125,23 @@ type scheduler struct {
 func newScheduler(s *Store) (*scheduler, error) {
 	sc := &scheduler{s: s, dir: filepath.Join(s.opts.Dir, "config"), levels: len(s.delayLevels),
 		persistEvery: s.opts.CheckpointInterval, lastPersist: time.Now(), done: make(chan struct{})}
+	// Only the levels of the delay table are served: memory is never sized
+	// by a queue id found on disk (one record on queue 2^31-1 once made
+	// every start allocate 16 GiB). A schedule queue beyond the table (data
+	// from a store run with a longer table, or written by a client before
+	// the schedule topic was reserved) is logged once; its messages are not
+	// delivered, and stay readable on SCHEDULE_TOPIC_XXXX until retention
+	// removes their files.
+	beyond, example := 0, int32(0)
 	for _, id := range s.Queues() {
 		if id.Topic == ScheduleTopic && int(id.QueueID) >= sc.levels {
-			s.opts.Logger.Warn().Int32("queue_id", id.QueueID).Int("levels", sc.levels).
-				Msg("storage: a schedule queue lies beyond the delay level table; its messages are still delivered at their stored time")
-			sc.levels = int(id.QueueID) + 1
+			beyond++
+			example = max(example, id.QueueID)
 		}
+	}
+	if beyond > 0 {
+		s.opts.Logger.Warn().Int("queues", beyond).Int32("max_queue_id", example).Int("levels", sc.levels).
+			Msg("storage: schedule queues beyond the delay level table; their messages are not delivered (still readable on the schedule topic until retention)")
 	}
 	sc.next = make([]atomic.Int64, sc.levels)
 	sc.persisted = make([]atomic.Int64, sc.levels)
@@ -356,7 +369,9 @@ func (sc *scheduler) deliverLocked(qid int, off, phys int64) error {
 		return nil
 	}
 	var verr *ValidationError
-	if errors.As(err, &verr) {
+	if errors.As(err, &verr) || errors.Is(err, ErrTopicNotFound) || errors.Is(err, ErrTooManyTopics) {
+		// Refused by validation or by the topic config (topic deleted with
+		// auto-creation off, queue id beyond its queues, topic limit).
 		sc.skip(qid, off, phys, err)
 		return nil
 	}

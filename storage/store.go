@@ -48,8 +48,9 @@ type Store struct {
 	queue       *mappedFileQueue
 	flusher     flusher
 	dispatch    *dispatcher
-	sched       *scheduler // delay-level delivery
-	ret         *retention // file deletion and disk watermarks
+	sched       *scheduler  // delay-level delivery
+	ret         *retention  // file deletion and disk watermarks
+	topics      *topicTable // topic configuration (topics.go)
 
 	// put serialises appends: choosing or rolling the file, assigning queue
 	// offsets, stamping the store time and copying the bytes (RocketMQ
@@ -100,6 +101,13 @@ func Open(opts Options) (*Store, error) {
 		s.cleanup()
 		return nil, err
 	}
+	s.topics = newTopicTable(opts)
+	s.topics.minOffset = s.queue.minOffset
+	hadTopics, err := s.topics.load()
+	if err != nil {
+		s.cleanup()
+		return nil, err
+	}
 	cp, _, err := readCheckpoint(opts.FS, opts.Dir)
 	if err != nil {
 		s.cleanup()
@@ -116,6 +124,10 @@ func Open(opts Options) (*Store, error) {
 	if err := s.rebuildQueues(cp); err != nil {
 		s.cleanup()
 		return nil, err
+	}
+	s.adoptTopics()
+	if !hadTopics {
+		s.opts.Logger.Info().Msg("storage: no topic config yet (new data dir, or one written before topic config existed)")
 	}
 	if s.ret, err = newRetention(s); err != nil {
 		s.cleanup()
@@ -236,6 +248,12 @@ func (s *Store) rejectErr(err error) (PutResult, error) {
 		return s.reject(OSPageCacheBusy, err)
 	case errors.Is(err, ErrCreateFile):
 		return s.reject(CreateMappedFileFailed, err)
+	case errors.Is(err, ErrTopicNotFound):
+		return s.reject(MessageIllegal, err)
+	case errors.Is(err, ErrTooManyTopics):
+		return s.reject(LMQConsumeQueueNumExceeded, err)
+	case errors.Is(err, ErrTopicConfig):
+		return s.reject(ServiceNotAvailable, err)
 	case errors.Is(err, ErrClosed), errors.Is(err, ErrSlave), errors.Is(err, ErrWriteFailed), errors.Is(err, ErrNotWritable):
 		return s.reject(ServiceNotAvailable, err)
 	}
@@ -250,7 +268,12 @@ func (s *Store) rejectErr(err error) (PutResult, error) {
 // When nothing was appended, err is non-nil and Status names the RocketMQ
 // status: ServiceNotAvailable (ErrClosed, ErrSlave, ErrWriteFailed),
 // MessageIllegal / PropertiesSizeExceeded (*ValidationError),
-// OSPageCacheBusy (ErrBusy), CreateMappedFileFailed (ErrCreateFile).
+// OSPageCacheBusy (ErrBusy), CreateMappedFileFailed (ErrCreateFile); for
+// the topic table (topics.go): MessageIllegal for a reserved topic or a
+// queue id outside the topic's queues (*ValidationError) and for an
+// unknown topic with auto-creation off (ErrTopicNotFound),
+// LMQConsumeQueueNumExceeded (ErrTooManyTopics), ServiceNotAvailable when
+// the auto-created topic could not be persisted (ErrTopicConfig; retry).
 // When the message was appended but its durability is unknown (ctx ended
 // while waiting for the sync, or the sync failed), err is non-nil, Status is
 // UnknownError and Appended() is true: the message may or may not survive
@@ -265,6 +288,9 @@ func (s *Store) PutMessage(ctx context.Context, m *Message) (PutResult, error) {
 	r, verr := s.prepare(m)
 	if verr != nil {
 		return s.rejectErr(verr)
+	}
+	if err := s.admitTopic(m.Topic, m.QueueID); err != nil { // the topic named, before a delay diversion
+		return s.rejectErr(err)
 	}
 	if int64(r.total)+BlankLen > s.opts.FileSize {
 		return s.rejectErr(illegal("body", fmt.Sprintf("record of %d bytes cannot fit a commitlog file of %d bytes", r.total, s.opts.FileSize)))
@@ -328,6 +354,9 @@ func (s *Store) PutMessages(ctx context.Context, b *Batch) (PutResult, error) {
 	specs, verr := s.prepareBatch(b)
 	if verr != nil {
 		return s.rejectErr(verr)
+	}
+	if err := s.admitTopic(b.Topic, b.QueueID); err != nil {
+		return s.rejectErr(err)
 	}
 	if s.busy() {
 		return s.rejectErr(ErrBusy)
@@ -431,6 +460,9 @@ func (s *Store) appendRecords(topic string, queueID, sysFlag int32, specs []reco
 	}()
 	if s.closed.Load() {
 		return AppendResult{}, ErrClosed
+	}
+	if topic != ScheduleTopic && !s.topics.has(topic, queueID) { // deleted since admitTopic
+		return AppendResult{}, fmt.Errorf("%w: %s was deleted", ErrTopicNotFound, topic)
 	}
 	// Re-stamp inside the lock so store times never go backwards along the
 	// log; recovery relies on it.
@@ -672,12 +704,13 @@ func (s *Store) rebuildQueues(cp checkpoint) error {
 	if err := s.dispatch.loadQueues(end); err != nil {
 		return err
 	}
+	s.dropDeletedQueues()
 	from := min(cp.Dispatched, end)
 	// Entries past the checkpoint were not known durable when it was
 	// written: a power cut may have torn them. Drop them; the re-dispatch
 	// below writes them again from the commitlog.
 	for k, q := range s.dispatch.queues {
-		if want := cp.Queues[queueName(k.topic, k.queue)]; q.count.Load() > want {
+		if want := s.checkpointCount(cp, k.topic, k.queue); q.count.Load() > want {
 			q.truncate(want)
 		}
 	}
@@ -685,6 +718,9 @@ func (s *Store) rebuildQueues(cp checkpoint) error {
 		topic, qid, ok := splitQueueName(name)
 		if !ok {
 			continue
+		}
+		if want = s.checkpointCount(cp, topic, qid); want == 0 {
+			continue // the topic was deleted after the checkpoint
 		}
 		if q := s.dispatch.queue(topic, qid); q == nil || q.count.Load() < want {
 			s.opts.Logger.Warn().Str("queue", name).Msg("storage: consume queue missing or short; rebuilding from the commitlog")

@@ -29,6 +29,7 @@ const envPrefix = "STORAGED_"
 type config struct {
 	Listen           string
 	MetricsListen    string // "" disables the metrics server
+	AdminListen      string // "" disables the admin server
 	DataDir          string
 	FlushMode        storage.FlushMode
 	FileSize         int64
@@ -55,6 +56,11 @@ type config struct {
 	DiskCheckInterval  time.Duration
 	DelayLevels        string
 	CheckpointInterval time.Duration
+
+	// Topic configuration (storage.Options).
+	DefaultQueues    int
+	AutoCreateTopics bool
+	MaxTopics        int
 }
 
 // Defaults. deploy/kubernetes and the Dockerfile rely on the ports and the
@@ -62,6 +68,10 @@ type config struct {
 const (
 	defaultListen          = ":9090"
 	defaultMetricsListen   = ":9091"
+	// defaultAdminListen is loopback only: the admin service is for the
+	// operator on the host (kubectl exec / port-forward), never for a
+	// Service or a mesh in front of the data port.
+	defaultAdminListen = "127.0.0.1:9092"
 	defaultDataDir         = "./data"
 	defaultShutdownTimeout = 30 * time.Second
 )
@@ -79,6 +89,7 @@ func parseConfig(args []string, lookupEnv func(string) (string, bool), stderr io
 	cfg := config{
 		Listen:           defaultListen,
 		MetricsListen:    defaultMetricsListen,
+		AdminListen:      defaultAdminListen,
 		DataDir:          defaultDataDir,
 		FlushMode:        storage.FlushAsync,
 		FileSize:         storage.DefaultFileSize,
@@ -98,11 +109,17 @@ func parseConfig(args []string, lookupEnv func(string) (string, bool), stderr io
 		DiskCheckInterval:  storage.DefaultDiskCheckInterval,
 		DelayLevels:        storage.DefaultDelayLevels,
 		CheckpointInterval: storage.DefaultCheckpointInterval,
+
+		DefaultQueues:    storage.DefaultQueues,
+		AutoCreateTopics: true,
+		MaxTopics:        storage.DefaultMaxTopics,
 	}
 	fs := flag.NewFlagSet("storaged", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.StringVar(&cfg.Listen, "listen", cfg.Listen, "gRPC listen `address` (host:port; port 0 picks a free port)")
 	fs.StringVar(&cfg.MetricsListen, "metrics-listen", cfg.MetricsListen, "Prometheus /metrics (and pprof) listen `address`; empty disables it")
+	fs.StringVar(&cfg.AdminListen, "admin-listen", cfg.AdminListen,
+		"admin service (storaged.v1.AdminService: topics) listen `address`; empty disables it")
 	fs.StringVar(&cfg.DataDir, "data-dir", cfg.DataDir, "data `directory`; one process per directory")
 	fs.Var((*flushModeValue)(&cfg.FlushMode), "flush-mode", "flush `mode`: async (ack from page cache; the default) or sync (ack after msync, group commit)")
 	fs.Var((*sizeValue)(&cfg.FileSize), "file-size", "commitlog file `size` in bytes (suffixes KiB, MiB, GiB, K, M, G; KB, MB, GB are decimal)")
@@ -135,6 +152,12 @@ func parseConfig(args []string, lookupEnv func(string) (string, bool), stderr io
 		"delay level `table`: level n waits the n-th duration (units s, m, h, d, space separated)")
 	fs.DurationVar(&cfg.CheckpointInterval, "checkpoint-interval", cfg.CheckpointInterval,
 		"`period` of the checkpoint (consume queues flushed, commitlog synced) and of the delay progress save")
+	fs.IntVar(&cfg.DefaultQueues, "default-queues", cfg.DefaultQueues,
+		fmt.Sprintf("queue `count` of a topic a put creates (1-%d)", storage.MaxQueues))
+	fs.BoolVar(&cfg.AutoCreateTopics, "auto-create-topics", cfg.AutoCreateTopics,
+		"a put to an unknown topic creates it; false refuses it (NOT_FOUND, TOPIC_NOT_EXIST) until the admin service creates it")
+	fs.IntVar(&cfg.MaxTopics, "max-topics", cfg.MaxTopics,
+		"most `topics` the store holds; creating more is refused (RESOURCE_EXHAUSTED)")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "Usage: storaged [flags]\n\n"+
 			"Every flag has an environment twin: --data-dir is %sDATA_DIR.\n"+
@@ -212,6 +235,15 @@ func (c *config) validate() error {
 		errs = append(errs, fmt.Errorf("--disk-clean-percent (%d) must not be above --disk-warning-percent (%d)",
 			c.DiskCleanPercent, c.DiskWarningPercent))
 	}
+	if c.DefaultQueues < 1 || c.DefaultQueues > storage.MaxQueues {
+		errs = append(errs, fmt.Errorf("--default-queues %d out of range [1, %d]", c.DefaultQueues, storage.MaxQueues))
+	}
+	if c.MaxTopics < 1 {
+		errs = append(errs, fmt.Errorf("--max-topics %d must be positive", c.MaxTopics))
+	}
+	if c.AdminListen != "" && c.AdminListen == c.Listen {
+		errs = append(errs, errors.New("--admin-listen must differ from --listen"))
+	}
 	if c.MaxMessageSize <= 0 || c.MaxMessageSize > math.MaxInt32-(1<<20) {
 		errs = append(errs, fmt.Errorf("--max-message-size %d out of range", c.MaxMessageSize))
 	}
@@ -276,6 +308,10 @@ func (c *config) storageOptions(host netip.AddrPort, logger *zerolog.Logger) sto
 		DiskCheckInterval:  c.DiskCheckInterval,
 		DelayLevels:        c.DelayLevels,
 		CheckpointInterval: c.CheckpointInterval,
+
+		DefaultQueues:      c.DefaultQueues,
+		NoAutoCreateTopics: !c.AutoCreateTopics,
+		MaxTopics:          c.MaxTopics,
 	}
 }
 
@@ -284,6 +320,7 @@ func (c *config) log(l zerolog.Logger) {
 	l.Info().
 		Str("listen", c.Listen).
 		Str("metrics_listen", c.MetricsListen).
+		Str("admin_listen", c.AdminListen).
 		Str("data_dir", c.DataDir).
 		Str("flush_mode", c.FlushMode.String()).
 		Str("file_size", formatSize(c.FileSize)).
@@ -306,6 +343,9 @@ func (c *config) log(l zerolog.Logger) {
 		Stringer("disk_check_interval", c.DiskCheckInterval).
 		Str("delay_levels", c.DelayLevels).
 		Stringer("checkpoint_interval", c.CheckpointInterval).
+		Int("default_queues", c.DefaultQueues).
+		Bool("auto_create_topics", c.AutoCreateTopics).
+		Int("max_topics", c.MaxTopics).
 		Msg("effective configuration")
 }
 

@@ -143,6 +143,16 @@ func serve(ctx context.Context, cfg config, logger zerolog.Logger) (err error) {
 		return err
 	}
 
+	var admin server.DeferredAdminStore
+	adminSrv, err := server.NewAdminServer(server.NewAdminService(&admin, logger), server.GRPCConfig{
+		Logger:     logger.With().Str("component", "admin").Logger(),
+		TLS:        tlsCfg,
+		Reflection: cfg.Reflection,
+	})
+	if err != nil {
+		return err
+	}
+
 	lis, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
 		return fmt.Errorf("gRPC listener: %w", err)
@@ -157,6 +167,16 @@ func serve(ctx context.Context, cfg config, logger zerolog.Logger) (err error) {
 		if metricsLis, err = net.Listen("tcp", cfg.MetricsListen); err != nil {
 			lis.Close()
 			return fmt.Errorf("metrics listener: %w", err)
+		}
+	}
+	var adminLis net.Listener
+	if cfg.AdminListen != "" {
+		if adminLis, err = net.Listen("tcp", cfg.AdminListen); err != nil {
+			lis.Close()
+			if metricsLis != nil {
+				metricsLis.Close()
+			}
+			return fmt.Errorf("admin listener: %w", err)
 		}
 	}
 
@@ -178,6 +198,12 @@ func serve(ctx context.Context, cfg config, logger zerolog.Logger) (err error) {
 	} else {
 		close(metricsStopped)
 	}
+	var adminDone chan error // nil (never ready) without an admin server
+	if adminLis != nil {
+		adminDone = make(chan error, 1)
+		go func() { adminDone <- adminSrv.Serve(adminLis) }()
+		ev = ev.Str("admin", adminLis.Addr().String())
+	}
 	ev.Msg("listening")
 
 	// From here on every exit path drains the servers.
@@ -187,6 +213,14 @@ func serve(ctx context.Context, cfg config, logger zerolog.Logger) (err error) {
 		graceful := gs.Shutdown(cfg.ShutdownTimeout)
 		if serr := <-grpcDone; serr != nil {
 			err = errors.Join(err, fmt.Errorf("gRPC server: %w", serr))
+		}
+		if adminLis != nil {
+			if !adminSrv.Shutdown(cfg.ShutdownTimeout) {
+				graceful = false
+			}
+			if aerr := <-adminDone; aerr != nil {
+				err = errors.Join(err, fmt.Errorf("admin server: %w", aerr))
+			}
 		}
 		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		metricsSrv.Shutdown(sctx) // a no-op without a metrics listener
@@ -225,6 +259,7 @@ func serve(ctx context.Context, cfg config, logger zerolog.Logger) (err error) {
 		return fmt.Errorf("open store in %s: %w", cfg.DataDir, err)
 	}
 	store.Set(st)
+	admin.Set(st)
 	reg.MustRegister(server.NewStoreCollector(st))
 	stats := st.Stats()
 	logger.Info().Stringer("recovery", time.Since(start)).Int64("max_offset", stats.MaxOffset).Int("files", stats.Files).
@@ -254,5 +289,11 @@ func serve(ctx context.Context, cfg config, logger zerolog.Logger) (err error) {
 		return fmt.Errorf("gRPC server stopped unexpectedly: %w", serr)
 	case merr := <-metricsErr:
 		return fmt.Errorf("metrics server stopped unexpectedly: %w", merr)
+	case aerr := <-adminDone:
+		adminDone <- nil // for the deferred drain
+		if aerr == nil {
+			aerr = errors.New("stopped")
+		}
+		return fmt.Errorf("admin server stopped unexpectedly: %w", aerr)
 	}
 }

@@ -1,0 +1,245 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"net"
+	"sync/atomic"
+	"time"
+
+	"github.com/rs/zerolog"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/reflection"
+
+	storagedv1 "github.com/storaged/storaged/gen/storaged/v1"
+	"github.com/storaged/storaged/storage"
+)
+
+// AdminServiceName is the full name of the AdminService.
+const AdminServiceName = "storaged.v1.AdminService"
+
+// AdminStore is what the admin service needs from the store;
+// *storage.Store implements it (storage/topics_store.go has the contracts).
+type AdminStore interface {
+	CreateTopic(name string, queues int32) (storage.TopicConfig, error)
+	UpdateTopic(name string, queues int32) (storage.TopicConfig, error)
+	Topic(name string) (storage.TopicInfo, error)
+	Topics(after string, limit int) ([]storage.TopicInfo, bool, error)
+	DeleteTopic(name string) (int64, error)
+}
+
+var _ AdminStore = (*storage.Store)(nil)
+
+// AdminService implements storagedv1.AdminServiceServer on an AdminStore:
+// topic configuration, served apart from the data plane (AdminServer).
+type AdminService struct {
+	storagedv1.UnimplementedAdminServiceServer
+	store AdminStore
+	log   zerolog.Logger
+}
+
+// NewAdminService returns the admin service over store.
+func NewAdminService(store AdminStore, log zerolog.Logger) *AdminService {
+	return &AdminService{store: store, log: log}
+}
+
+// CreateTopic implements storagedv1.AdminServiceServer.
+func (a *AdminService) CreateTopic(_ context.Context, req *storagedv1.CreateTopicRequest) (*storagedv1.CreateTopicResponse, error) {
+	if _, err := a.store.CreateTopic(req.GetName(), req.GetQueueCount()); err != nil {
+		return nil, a.adminError("CreateTopic", err)
+	}
+	t, err := a.store.Topic(req.GetName())
+	if err != nil {
+		return nil, a.adminError("CreateTopic", err)
+	}
+	return &storagedv1.CreateTopicResponse{Topic: topicProto(t)}, nil
+}
+
+// UpdateTopic implements storagedv1.AdminServiceServer.
+func (a *AdminService) UpdateTopic(_ context.Context, req *storagedv1.UpdateTopicRequest) (*storagedv1.UpdateTopicResponse, error) {
+	if _, err := a.store.UpdateTopic(req.GetName(), req.GetQueueCount()); err != nil {
+		return nil, a.adminError("UpdateTopic", err)
+	}
+	t, err := a.store.Topic(req.GetName())
+	if err != nil {
+		return nil, a.adminError("UpdateTopic", err)
+	}
+	return &storagedv1.UpdateTopicResponse{Topic: topicProto(t)}, nil
+}
+
+// GetTopic implements storagedv1.AdminServiceServer.
+func (a *AdminService) GetTopic(_ context.Context, req *storagedv1.GetTopicRequest) (*storagedv1.GetTopicResponse, error) {
+	if fe := validateTopic("name", req.GetName()); fe != nil {
+		return nil, badAdmin(fe.Field, fe.Reason)
+	}
+	t, err := a.store.Topic(req.GetName())
+	if err != nil {
+		return nil, a.adminError("GetTopic", err)
+	}
+	return &storagedv1.GetTopicResponse{Topic: topicProto(t)}, nil
+}
+
+// ListTopics implements storagedv1.AdminServiceServer. The page token is
+// the last topic name of the previous page.
+func (a *AdminService) ListTopics(_ context.Context, req *storagedv1.ListTopicsRequest) (*storagedv1.ListTopicsResponse, error) {
+	if req.GetPageSize() < 0 {
+		return nil, badAdmin("page_size", "page size must not be negative")
+	}
+	if tok := req.GetPageToken(); tok != "" && storage.TopicNameProblem(tok) != "" {
+		return nil, badAdmin("page_token", "not a page token this service returned")
+	}
+	ts, more, err := a.store.Topics(req.GetPageToken(), int(req.GetPageSize()))
+	if err != nil {
+		return nil, a.adminError("ListTopics", err)
+	}
+	resp := &storagedv1.ListTopicsResponse{Topics: make([]*storagedv1.Topic, len(ts))}
+	for i, t := range ts {
+		resp.Topics[i] = topicProto(t)
+	}
+	if more && len(ts) > 0 {
+		resp.NextPageToken = ts[len(ts)-1].Name
+	}
+	return resp, nil
+}
+
+// DeleteTopic implements storagedv1.AdminServiceServer.
+func (a *AdminService) DeleteTopic(_ context.Context, req *storagedv1.DeleteTopicRequest) (*storagedv1.DeleteTopicResponse, error) {
+	at, err := a.store.DeleteTopic(req.GetName())
+	if err != nil && at == 0 {
+		return nil, a.adminError("DeleteTopic", err)
+	}
+	if err != nil { // deleted; only the file removal failed (a restart finishes it)
+		a.log.Warn().Err(err).Str("topic", req.GetName()).Msg("topic deleted; its consume-queue files were not all removed")
+	}
+	return &storagedv1.DeleteTopicResponse{DeletedAtOffset: at}, nil
+}
+
+func topicProto(t storage.TopicInfo) *storagedv1.Topic {
+	p := &storagedv1.Topic{Name: t.Name, QueueCount: t.Queues, Queues: make([]*storagedv1.QueueOffsets, len(t.Offsets))}
+	for i, q := range t.Offsets {
+		p.Queues[i] = &storagedv1.QueueOffsets{QueueId: q.QueueID, MinOffset: q.Min, MaxOffset: q.Max}
+	}
+	return p
+}
+
+// AdminServer is the admin gRPC server: AdminService (and reflection when
+// configured) on its own grpc.Server, built from GRPCServerOptions (the
+// same call logging, recovery, keepalive and TLS as the data plane), on
+// its own listener, so that a Service or a mesh in front of the data
+// port exposes no admin call.
+type AdminServer struct {
+	srv *grpc.Server
+	log zerolog.Logger
+}
+
+// NewAdminServer builds the admin server for svc. cfg.Registerer is
+// ignored: the data plane's server registers the gRPC metrics, and a
+// second registration of the same collectors would fail.
+func NewAdminServer(svc *AdminService, cfg GRPCConfig) (*AdminServer, error) {
+	cfg.Registerer = nil
+	opts, err := GRPCServerOptions(cfg)
+	if err != nil {
+		return nil, err
+	}
+	srv := grpc.NewServer(opts...)
+	storagedv1.RegisterAdminServiceServer(srv, svc)
+	if cfg.Reflection {
+		reflection.Register(srv)
+	}
+	return &AdminServer{srv: srv, log: cfg.Logger}, nil
+}
+
+// Serve accepts connections on lis until Shutdown. It returns nil after
+// Shutdown, or the listener's error.
+func (s *AdminServer) Serve(lis net.Listener) error {
+	if err := s.srv.Serve(lis); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
+		return err
+	}
+	return nil
+}
+
+// Shutdown stops the server gracefully, cutting the calls still running
+// after timeout. It reports whether the stop was graceful.
+func (s *AdminServer) Shutdown(timeout time.Duration) bool {
+	done := make(chan struct{})
+	go func() {
+		s.srv.GracefulStop()
+		close(done)
+	}()
+	t := time.NewTimer(timeout)
+	defer t.Stop()
+	select {
+	case <-done:
+		return true
+	case <-t.C:
+		s.log.Warn().Stringer("timeout", timeout).Msg("admin server: graceful stop timed out; closing the remaining connections")
+		s.srv.Stop()
+		<-done
+		return false
+	}
+}
+
+// DeferredAdminStore is an AdminStore whose store is set later, once it
+// has opened; until then every call is UNAVAILABLE (ErrStarting).
+type DeferredAdminStore struct {
+	p atomic.Pointer[adminBox]
+}
+
+type adminBox struct{ s AdminStore }
+
+var _ AdminStore = (*DeferredAdminStore)(nil)
+
+// Set makes every later call go to s.
+func (d *DeferredAdminStore) Set(s AdminStore) { d.p.Store(&adminBox{s}) }
+
+func (d *DeferredAdminStore) get() (AdminStore, error) {
+	if b := d.p.Load(); b != nil {
+		return b.s, nil
+	}
+	return nil, ErrStarting
+}
+
+// CreateTopic implements AdminStore.
+func (d *DeferredAdminStore) CreateTopic(name string, queues int32) (storage.TopicConfig, error) {
+	s, err := d.get()
+	if err != nil {
+		return storage.TopicConfig{}, err
+	}
+	return s.CreateTopic(name, queues)
+}
+
+// UpdateTopic implements AdminStore.
+func (d *DeferredAdminStore) UpdateTopic(name string, queues int32) (storage.TopicConfig, error) {
+	s, err := d.get()
+	if err != nil {
+		return storage.TopicConfig{}, err
+	}
+	return s.UpdateTopic(name, queues)
+}
+
+// Topic implements AdminStore.
+func (d *DeferredAdminStore) Topic(name string) (storage.TopicInfo, error) {
+	s, err := d.get()
+	if err != nil {
+		return storage.TopicInfo{}, err
+	}
+	return s.Topic(name)
+}
+
+// Topics implements AdminStore.
+func (d *DeferredAdminStore) Topics(after string, limit int) ([]storage.TopicInfo, bool, error) {
+	s, err := d.get()
+	if err != nil {
+		return nil, false, err
+	}
+	return s.Topics(after, limit)
+}
+
+// DeleteTopic implements AdminStore.
+func (d *DeferredAdminStore) DeleteTopic(name string) (int64, error) {
+	s, err := d.get()
+	if err != nil {
+		return 0, err
+	}
+	return s.DeleteTopic(name)
+}

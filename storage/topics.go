@@ -1,0 +1,366 @@
+package storage
+
+// Topic configuration: RocketMQ's TopicConfigManager.
+//
+// Every topic has a queue count; a put names a queue id in [0, queues). A
+// put to an unknown topic creates it with Options.DefaultQueues unless
+// Options.NoAutoCreateTopics; at most Options.MaxTopics topics exist. The
+// schedule topic is the store's own: it is not in the table, and its queue
+// count is the delay level count.
+//
+// The table is persisted in Options.Dir/config/topics.json: one line of
+// JSON, a line with its CRC-32C, replaced atomically (temp file, fsync,
+// rename, directory fsync) like the checkpoint, so after any crash it is
+// the old or the new table. A change is published only after it is on
+// disk: a failed persist changes nothing, returns an error wrapping
+// ErrTopicConfig, and the next call tries again.
+//
+// Reads take no lock: the table is an immutable snapshot behind an atomic
+// pointer, replaced whole by every change (changes are rare: creates,
+// updates, deletes, each also an fsync).
+//
+// A delete leaves a tombstone: the commitlog offset the delete happened at.
+// The topic's records below it stay in the commitlog until retention
+// removes their files, but the dispatcher never indexes them again, so a
+// consume-queue rebuild neither resurrects the deleted topic nor collides
+// with the queue offsets of a topic re-created under the same name (which
+// start at 0 again). A tombstone is dropped once retention has removed
+// every commitlog file below it.
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	iofs "io/fs"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+
+	"github.com/rs/zerolog"
+
+	"github.com/storaged/storaged/storage/vfs"
+)
+
+// Topic table limits and defaults.
+const (
+	// DefaultQueues is the queue count of an auto-created topic (RocketMQ
+	// defaultTopicQueueNums).
+	DefaultQueues = 8
+	// DefaultMaxTopics bounds the number of topics.
+	DefaultMaxTopics = 10000
+	// MaxQueues bounds a topic's queue count, whatever a request, a flag
+	// or a file on disk asks for: nothing in the store is sized by a queue
+	// id, but each queue written costs a consume queue (files, a mapping),
+	// and RocketMQ brokers run with 8-16 queues per topic. A queue id at or
+	// above it found on disk (data written before topic configuration
+	// existed) is logged once and its messages stay readable, but puts to it
+	// are refused.
+	MaxQueues = 1024
+	// topicsName is the table's file, in Options.Dir/config.
+	topicsName = "topics.json"
+)
+
+var (
+	// ErrTopicNotFound: the topic does not exist (a put with auto-creation
+	// off, or an admin call on an unknown topic). RocketMQ TOPIC_NOT_EXIST.
+	ErrTopicNotFound = errors.New("storage: topic does not exist")
+	// ErrTopicExists: CreateTopic on a topic that exists.
+	ErrTopicExists = errors.New("storage: topic already exists")
+	// ErrTooManyTopics: creating the topic would exceed Options.MaxTopics.
+	// Nothing was stored; it clears once topics are deleted (or the limit
+	// raised).
+	ErrTooManyTopics = errors.New("storage: too many topics")
+	// ErrTopicConfig: the topic table could not be persisted (a full disk,
+	// no file descriptors). Nothing changed and nothing was stored; the next
+	// call tries again. Not sticky.
+	ErrTopicConfig = errors.New("storage: topic config not persisted")
+	// ErrQueuesLowered: UpdateTopic asked for fewer queues than the topic
+	// has. Queues are never taken away: their messages and consumer offsets
+	// would be orphaned.
+	ErrQueuesLowered = errors.New("storage: a topic's queue count cannot be lowered")
+)
+
+// TopicConfig is one topic's configuration.
+type TopicConfig struct {
+	Name   string
+	Queues int32
+}
+
+// topicSnapshot is one immutable version of the table.
+type topicSnapshot struct {
+	topics  map[string]int32 // name → queue count
+	deleted map[string]int64 // name → commitlog offset of its last delete
+}
+
+// topicTable is the topic configuration. The store reaches it through
+// topicRules; it knows nothing of the store.
+type topicTable struct {
+	fs            vfs.FS
+	dir           string // Options.Dir/config
+	log           *zerolog.Logger
+	defaultQueues int32
+	autoCreate    bool
+	maxTopics     int
+	// minOffset is the commitlog's first offset: tombstones at or below it
+	// cover nothing any more (retention removed the files) and are dropped
+	// when the table is next persisted. Nil keeps them.
+	minOffset func() int64
+
+	mu  sync.Mutex // serialises changes and persists
+	cur atomic.Pointer[topicSnapshot]
+}
+
+// topicRules is what the put path and the dispatcher need from the table.
+type topicRules interface {
+	// admit checks that a client may put to topic/queueID, creating the
+	// topic when it is unknown and auto-creation is on. The error is a
+	// *ValidationError (reserved topic, queue id out of range),
+	// ErrTopicNotFound, ErrTooManyTopics or ErrTopicConfig.
+	admit(topic string, queueID int32) error
+	// has reports whether topic exists with queueID in range (no lock, no
+	// allocation: it runs under the put lock).
+	has(topic string, queueID int32) bool
+	// tombstones is the deleted topics and the commitlog offsets of their
+	// deletes: records of a topic below its offset are not indexed. The map
+	// is read-only.
+	tombstones() map[string]int64
+}
+
+var _ topicRules = (*topicTable)(nil)
+
+func newTopicTable(opts Options) *topicTable {
+	t := &topicTable{fs: opts.FS, dir: filepath.Join(opts.Dir, "config"), log: opts.Logger,
+		defaultQueues: int32(opts.DefaultQueues), autoCreate: !opts.NoAutoCreateTopics, maxTopics: opts.MaxTopics}
+	t.cur.Store(&topicSnapshot{topics: map[string]int32{}, deleted: map[string]int64{}})
+	return t
+}
+
+func (t *topicTable) admit(topic string, queueID int32) error {
+	if n, ok := t.cur.Load().topics[topic]; ok && queueID >= 0 && queueID < n {
+		return nil // the fast path: one atomic load, one map lookup
+	}
+	if p := SendTopicProblem(topic); p != "" {
+		return illegal("topic", p)
+	}
+	n, ok := t.cur.Load().topics[topic]
+	if !ok {
+		if !t.autoCreate {
+			return fmt.Errorf("%w: %s (topic auto-creation is off: create it through the admin service)", ErrTopicNotFound, topic)
+		}
+		var err error
+		if n, err = t.create(topic, t.defaultQueues, true); err != nil {
+			return err
+		}
+	}
+	if queueID < 0 || queueID >= n {
+		return illegal("queue_id", fmt.Sprintf("queue id %d is out of range: topic %s has %d queues (ids 0-%d)", queueID, topic, n, n-1))
+	}
+	return nil
+}
+
+func (t *topicTable) has(topic string, queueID int32) bool {
+	n, ok := t.cur.Load().topics[topic]
+	return ok && queueID >= 0 && queueID < n
+}
+
+func (t *topicTable) tombstones() map[string]int64 { return t.cur.Load().deleted }
+
+// get returns the queue count of topic.
+func (t *topicTable) get(topic string) (int32, bool) {
+	n, ok := t.cur.Load().topics[topic]
+	return n, ok
+}
+
+// list returns up to limit topics after the name after, in name order, and
+// whether more follow.
+func (t *topicTable) list(after string, limit int) ([]TopicConfig, bool) {
+	snap := t.cur.Load()
+	names := make([]string, 0, len(snap.topics))
+	for name := range snap.topics {
+		if name > after {
+			names = append(names, name)
+		}
+	}
+	sort.Strings(names)
+	more := len(names) > limit
+	if more {
+		names = names[:limit]
+	}
+	out := make([]TopicConfig, len(names))
+	for i, name := range names {
+		out[i] = TopicConfig{Name: name, Queues: snap.topics[name]}
+	}
+	return out, more
+}
+
+// checkQueues refuses a queue count outside [1, MaxQueues].
+func checkQueues(queues int32) *ValidationError {
+	if queues < 1 || queues > MaxQueues {
+		return illegal("queues", fmt.Sprintf("queue count %d out of range [1, %d]", queues, MaxQueues))
+	}
+	return nil
+}
+
+// create adds topic with queues, or, when exist is true and it exists
+// already (a concurrent auto-create won), returns its queue count.
+func (t *topicTable) create(topic string, queues int32, exist bool) (int32, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	old := t.cur.Load()
+	if n, ok := old.topics[topic]; ok {
+		if exist {
+			return n, nil
+		}
+		return n, fmt.Errorf("%w: %s has %d queues", ErrTopicExists, topic, n)
+	}
+	if len(old.topics) >= t.maxTopics {
+		return 0, fmt.Errorf("%w: the store holds %d topics, the limit (--max-topics)", ErrTooManyTopics, len(old.topics))
+	}
+	next := old.clone()
+	next.topics[topic] = queues
+	if err := t.persistLocked(next); err != nil {
+		return 0, err
+	}
+	t.cur.Store(next)
+	t.log.Info().Str("topic", topic).Int32("queues", queues).Msg("storage: topic created")
+	return queues, nil
+}
+
+// update raises topic's queue count.
+func (t *topicTable) update(topic string, queues int32) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	old := t.cur.Load()
+	n, ok := old.topics[topic]
+	switch {
+	case !ok:
+		return fmt.Errorf("%w: %s", ErrTopicNotFound, topic)
+	case queues < n:
+		return fmt.Errorf("%w: %s has %d queues, asked for %d", ErrQueuesLowered, topic, n, queues)
+	case queues == n:
+		return nil
+	}
+	next := old.clone()
+	next.topics[topic] = queues
+	if err := t.persistLocked(next); err != nil {
+		return err
+	}
+	t.cur.Store(next)
+	t.log.Info().Str("topic", topic).Int32("queues", queues).Int32("was", n).Msg("storage: topic queue count raised")
+	return nil
+}
+
+func (s *topicSnapshot) clone() *topicSnapshot {
+	c := &topicSnapshot{topics: make(map[string]int32, len(s.topics)+1), deleted: make(map[string]int64, len(s.deleted)+1)}
+	for k, v := range s.topics {
+		c.topics[k] = v
+	}
+	for k, v := range s.deleted {
+		c.deleted[k] = v
+	}
+	return c
+}
+
+// topicsFile is the table on disk.
+type topicsFile struct {
+	Version int `json:"version"`
+	// Topics maps a name to its queue count.
+	Topics map[string]int32 `json:"topics"`
+	// Deleted maps a deleted topic's name to the commitlog offset its
+	// delete happened at.
+	Deleted map[string]int64 `json:"deleted,omitempty"`
+}
+
+// persistLocked writes snap atomically and durably. REQUIRES: t.mu held.
+func (t *topicTable) persistLocked(snap *topicSnapshot) error {
+	if t.minOffset != nil {
+		lo := t.minOffset()
+		for name, off := range snap.deleted {
+			if off <= lo {
+				delete(snap.deleted, name) // snap is not published yet
+			}
+		}
+	}
+	body, err := json.Marshal(topicsFile{Version: 1, Topics: snap.topics, Deleted: snap.deleted})
+	if err != nil {
+		return fmt.Errorf("%w: encode: %w", ErrTopicConfig, err)
+	}
+	if err := writeAtomic(t.fs, t.dir, topicsName, fmt.Appendf(nil, "%s\n%d\n", body, crc32.Checksum(body, castagnoli))); err != nil {
+		t.log.Warn().Err(err).Msg("storage: topic config not persisted; the change was not made")
+		return fmt.Errorf("%w: %w", ErrTopicConfig, err)
+	}
+	return nil
+}
+
+// writeAtomic replaces dir/name with data: temp file (synced), rename,
+// directory fsync. After a crash the file is the old or the new one.
+func writeAtomic(fs vfs.FS, dir, name string, data []byte) error {
+	if err := fs.MkdirAll(dir); err != nil {
+		return fmt.Errorf("create %s: %w", dir, err)
+	}
+	tmp := filepath.Join(dir, name+".tmp")
+	if err := fs.WriteFile(tmp, data); err != nil {
+		return fmt.Errorf("write %s: %w", name, err)
+	}
+	if err := fs.Rename(tmp, filepath.Join(dir, name)); err != nil {
+		return fmt.Errorf("rename %s: %w", name, err)
+	}
+	return syncDir(fs, dir)
+}
+
+// load reads the table from disk. It reports whether there was a file. A
+// file that fails its CRC is an error wrapping ErrCorrupt. Queue counts
+// above MaxQueues (a hand-edited file) are lowered to it, and bad names
+// dropped, with one log line.
+func (t *topicTable) load() (bool, error) {
+	path := filepath.Join(t.dir, topicsName)
+	b, err := t.fs.ReadFile(path)
+	if errors.Is(err, iofs.ErrNotExist) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("storage: read topic config: %w", err)
+	}
+	body, sum, ok := strings.Cut(strings.TrimSuffix(string(b), "\n"), "\n")
+	want, perr := strconv.ParseUint(sum, 10, 32)
+	if !ok || perr != nil || crc32.Checksum([]byte(body), castagnoli) != uint32(want) {
+		return false, fmt.Errorf("%w: config/%s fails its CRC (move it away to adopt the topics found in the consume queues, "+
+			"with at least the default queue count each)", ErrCorrupt, topicsName)
+	}
+	var f topicsFile
+	if err := json.Unmarshal([]byte(body), &f); err != nil {
+		return false, fmt.Errorf("%w: config/%s: %w", ErrCorrupt, topicsName, err)
+	}
+	snap := &topicSnapshot{topics: make(map[string]int32, len(f.Topics)), deleted: make(map[string]int64, len(f.Deleted))}
+	var bad []string
+	for name, n := range f.Topics {
+		switch {
+		case TopicNameProblem(name) != "" || NotAllowedSendTopic(name):
+			bad = append(bad, name)
+			continue
+		case n < 1:
+			bad = append(bad, name)
+			continue
+		case n > MaxQueues:
+			bad = append(bad, name)
+			n = MaxQueues
+		}
+		snap.topics[name] = n
+	}
+	for name, off := range f.Deleted {
+		if off > 0 {
+			snap.deleted[name] = off
+		}
+	}
+	if len(bad) > 0 {
+		sort.Strings(bad)
+		t.log.Warn().Int("entries", len(bad)).Str("first", bad[0]).Int("max_queues", MaxQueues).
+			Msg("storage: topic config has bad entries (name, or queue count outside [1, max_queues]); dropped or lowered")
+	}
+	t.cur.Store(snap)
+	return true, nil
+}

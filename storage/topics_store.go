@@ -1,0 +1,329 @@
+package storage
+
+import (
+	"errors"
+	"fmt"
+	"path/filepath"
+	"sort"
+)
+
+// What the store does with its topic table (topics.go): admission on the
+// put path, adoption of older data dirs at Open, and the admin calls.
+
+// QueueOffsets are the readable queue offsets [Min, Max) of one queue; both
+// 0 for a queue that never received a message.
+type QueueOffsets struct {
+	QueueID  int32
+	Min, Max int64
+}
+
+// TopicInfo is a topic's configuration and its queues' offsets.
+type TopicInfo struct {
+	TopicConfig
+	// Queues has one entry per queue id in [0, Queues).
+	Offsets []QueueOffsets
+}
+
+// MaxListTopics bounds the topics of one Topics answer: at most
+// MaxListTopics × MaxQueues queue entries.
+const MaxListTopics = 100
+
+// admitTopic is the put path's topic check: the topic a client named
+// (before any delay diversion) must be writable and have queueID, and is
+// created when unknown and auto-creation is on.
+func (s *Store) admitTopic(topic string, queueID int32) error {
+	return s.topics.admit(topic, queueID)
+}
+
+// checkAdmin refuses admin calls the store cannot take now.
+func (s *Store) checkAdmin(name string) error {
+	if s.closed.Load() {
+		return ErrClosed
+	}
+	if p := TopicNameProblem(name); p != "" {
+		return illegal("topic", p)
+	}
+	if SystemTopic(name) {
+		return illegal("topic", fmt.Sprintf("topic %s is a system topic (RocketMQ TopicValidator); the admin calls do not manage it", name))
+	}
+	return nil
+}
+
+// CreateTopic creates a topic with queues queues (1 to MaxQueues). Errors:
+// *ValidationError (bad name, system topic, queue count), ErrTopicExists,
+// ErrTooManyTopics, ErrTopicConfig (not persisted: retry), ErrSlave,
+// ErrClosed.
+func (s *Store) CreateTopic(name string, queues int32) (TopicConfig, error) {
+	if err := s.checkAdmin(name); err != nil {
+		return TopicConfig{}, err
+	}
+	if s.opts.Role == RoleSlave {
+		return TopicConfig{}, ErrSlave
+	}
+	if verr := checkQueues(queues); verr != nil {
+		return TopicConfig{}, verr
+	}
+	if _, err := s.topics.create(name, queues, false); err != nil {
+		return TopicConfig{}, err
+	}
+	return TopicConfig{Name: name, Queues: queues}, nil
+}
+
+// UpdateTopic raises a topic's queue count; a lower count is
+// ErrQueuesLowered, the same count a no-op. Other errors as CreateTopic,
+// plus ErrTopicNotFound.
+func (s *Store) UpdateTopic(name string, queues int32) (TopicConfig, error) {
+	if err := s.checkAdmin(name); err != nil {
+		return TopicConfig{}, err
+	}
+	if s.opts.Role == RoleSlave {
+		return TopicConfig{}, ErrSlave
+	}
+	if verr := checkQueues(queues); verr != nil {
+		return TopicConfig{}, verr
+	}
+	if err := s.topics.update(name, queues); err != nil {
+		return TopicConfig{}, err
+	}
+	return TopicConfig{Name: name, Queues: queues}, nil
+}
+
+// Topic returns a topic's configuration and queue offsets, or
+// ErrTopicNotFound.
+func (s *Store) Topic(name string) (TopicInfo, error) {
+	if s.closed.Load() {
+		return TopicInfo{}, ErrClosed
+	}
+	n, ok := s.topics.get(name)
+	if !ok {
+		return TopicInfo{}, fmt.Errorf("%w: %s", ErrTopicNotFound, name)
+	}
+	return s.topicInfo(TopicConfig{Name: name, Queues: n}), nil
+}
+
+// Topics lists up to limit topics (at most MaxListTopics; 0 means that)
+// whose names sort after after, in name order, and reports whether more
+// follow (continue from the last name returned).
+func (s *Store) Topics(after string, limit int) ([]TopicInfo, bool, error) {
+	if s.closed.Load() {
+		return nil, false, ErrClosed
+	}
+	if limit <= 0 || limit > MaxListTopics {
+		limit = MaxListTopics
+	}
+	cfgs, more := s.topics.list(after, limit)
+	out := make([]TopicInfo, len(cfgs))
+	for i, c := range cfgs {
+		out[i] = s.topicInfo(c)
+	}
+	return out, more, nil
+}
+
+func (s *Store) topicInfo(c TopicConfig) TopicInfo {
+	info := TopicInfo{TopicConfig: c, Offsets: make([]QueueOffsets, c.Queues)} // c.Queues ≤ MaxQueues
+	for qid := range c.Queues {
+		info.Offsets[qid].QueueID = qid
+		if q := s.dispatch.queue(c.Name, qid); q != nil {
+			info.Offsets[qid].Min, info.Offsets[qid].Max = q.min.Load(), q.count.Load()
+		}
+	}
+	return info
+}
+
+// DeleteTopic deletes a topic: its configuration and its consume queues.
+// It returns the commitlog offset the delete happened at.
+//
+// The topic's records stay in the commitlog until retention removes their
+// files: GetMessage by offset or msgId still serves them until then, but
+// no consume queue indexes them again, not even after a consume-queue
+// rebuild. A put racing the delete is refused (ErrTopicNotFound) or lands
+// after it; a topic re-created later under the same name starts at queue
+// offset 0. Errors: *ValidationError (bad name, system topic),
+// ErrTopicNotFound, ErrTopicConfig (nothing changed: retry), ErrSlave,
+// ErrClosed; an error removing the queue files after the delete is
+// returned too (the topic is deleted; a restart drops the files).
+func (s *Store) DeleteTopic(name string) (int64, error) {
+	if err := s.checkAdmin(name); err != nil {
+		return 0, err
+	}
+	if s.opts.Role == RoleSlave {
+		return 0, ErrSlave
+	}
+	t := s.topics
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	old := t.cur.Load()
+	if _, ok := old.topics[name]; !ok {
+		return 0, fmt.Errorf("%w: %s", ErrTopicNotFound, name)
+	}
+	// Stop puts to the topic first: under the put lock, so every record of
+	// it lies below at, and none is appended after (appendRecords checks
+	// the table under the same lock).
+	interim := old.clone()
+	delete(interim.topics, name)
+	saved := map[queueKey]*queueNext{}
+	s.put.Lock()
+	at := s.queue.maxOffset()
+	t.cur.Store(interim)
+	for k, v := range s.put.topicQueue {
+		if k.topic == name {
+			saved[k] = v
+			delete(s.put.topicQueue, k)
+		}
+	}
+	s.put.Unlock()
+
+	next := interim.clone()
+	next.deleted[name] = at
+	if err := t.persistLocked(next); err != nil {
+		// Undo: no put to the topic went through meanwhile, so its queue
+		// offsets are exactly as saved.
+		s.put.Lock()
+		t.cur.Store(old)
+		for k, v := range saved {
+			s.put.topicQueue[k] = v
+		}
+		s.put.Unlock()
+		return 0, err
+	}
+	// Publish the tombstone and drop the queues with the dispatcher paused,
+	// so that it neither indexes an old record of the topic after this nor
+	// writes into a queue being removed.
+	s.dispatch.runMu.Lock()
+	t.cur.Store(next)
+	err := s.dispatch.dropTopic(name)
+	s.dispatch.runMu.Unlock()
+	s.opts.Logger.Info().Str("topic", name).Int64("commitlog_offset", at).Msg("storage: topic deleted")
+	if err != nil {
+		return at, fmt.Errorf("storage: topic %s deleted, but removing its consume queues failed (a restart drops them): %w", name, err)
+	}
+	return at, nil
+}
+
+// dropTopic removes every consume queue of topic and its files.
+// REQUIRES: d.runMu held.
+func (d *dispatcher) dropTopic(topic string) error {
+	d.mu.Lock()
+	var qs []*consumeQueue
+	for k, q := range d.queues {
+		if k.topic == topic {
+			qs = append(qs, q)
+			delete(d.queues, k)
+		}
+	}
+	d.mu.Unlock()
+	var errs []error
+	for _, q := range qs {
+		errs = append(errs, q.close())
+	}
+	fs := d.s.opts.FS
+	root := filepath.Join(d.root, "consumequeue")
+	if err := fs.RemoveAll(filepath.Join(root, topic)); err != nil {
+		errs = append(errs, err)
+	} else if len(qs) > 0 {
+		if err := syncDir(fs, root); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// dropDeletedQueues removes, at Open, the consume queues a delete left
+// behind (a crash between the config change and the file removal): queues
+// of a tombstoned topic whose first entry lies below the tombstone.
+func (s *Store) dropDeletedQueues() {
+	tombs := s.topics.tombstones()
+	if len(tombs) == 0 {
+		return
+	}
+	d := s.dispatch
+	stale := map[string]bool{}
+	for k, q := range d.queues {
+		at, ok := tombs[k.topic]
+		if !ok {
+			continue
+		}
+		if phys, _, _, ok := q.get(q.min.Load()); !ok || phys < at {
+			stale[k.topic] = true
+		}
+	}
+	for topic := range stale {
+		if err := d.dropTopic(topic); err != nil {
+			s.opts.Logger.Warn().Err(err).Str("topic", topic).Msg("storage: cannot remove the consume queues of a deleted topic")
+		}
+	}
+}
+
+// checkpointCount is the entry count cp recorded for topic/qid, or 0 when
+// the topic was deleted after cp was written (what cp counted was the
+// deleted topic's).
+func (s *Store) checkpointCount(cp checkpoint, topic string, qid int32) int64 {
+	if at, ok := s.topics.tombstones()[topic]; ok && at > cp.Dispatched {
+		return 0
+	}
+	return cp.Queues[queueName(topic, qid)]
+}
+
+// adoptTopics, at Open, puts every topic that has consume queues but no
+// configuration into the table: a data dir written before topic
+// configuration existed. Each gets a queue count covering the queues
+// found (at least DefaultQueues), never above MaxQueues: a queue id at or
+// above it is logged once, in one line, and its messages stay readable.
+// The schedule topic is the scheduler's (see newScheduler).
+func (s *Store) adoptTopics() {
+	t := s.topics
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	cur := t.cur.Load()
+	want := map[string]int32{}
+	bogus, example := 0, QueueID{}
+	s.dispatch.mu.RLock()
+	for k := range s.dispatch.queues {
+		if NotAllowedSendTopic(k.topic) || TopicNameProblem(k.topic) != "" {
+			continue
+		}
+		n := t.defaultQueues
+		if k.queue >= MaxQueues {
+			bogus++
+			example = QueueID{Topic: k.topic, QueueID: k.queue}
+			n = MaxQueues
+		} else if k.queue >= n {
+			n = k.queue + 1
+		}
+		if n > want[k.topic] {
+			want[k.topic] = n
+		}
+	}
+	s.dispatch.mu.RUnlock()
+	if bogus > 0 {
+		s.opts.Logger.Warn().Int("queues", bogus).Str("topic", example.Topic).Int32("queue_id", example.QueueID).
+			Int("max_queues", MaxQueues).
+			Msg("storage: consume queues with a queue id at or above the queue bound found; their messages stay readable, puts to them are refused")
+	}
+	var adopt []string
+	for name, n := range want {
+		if have, ok := cur.topics[name]; !ok || have < n {
+			adopt = append(adopt, name)
+		}
+	}
+	if len(adopt) == 0 {
+		return
+	}
+	sort.Strings(adopt)
+	next := cur.clone()
+	for _, name := range adopt {
+		next.topics[name] = max(next.topics[name], want[name])
+	}
+	s.opts.Logger.Info().Int("topics", len(adopt)).Str("first", adopt[0]).
+		Msg("storage: adopted topics found in the consume queues into the topic config")
+	if len(next.topics) > t.maxTopics {
+		s.opts.Logger.Warn().Int("topics", len(next.topics)).Int("max_topics", t.maxTopics).
+			Msg("storage: more topics than the limit; no topic can be created until some are deleted")
+	}
+	if err := t.persistLocked(next); err != nil {
+		// Serve anyway: the next Open adopts them again, the next change
+		// persists them.
+		s.opts.Logger.Warn().Err(err).Msg("storage: adopted topics not persisted yet")
+	}
+	t.cur.Store(next)
+}
