@@ -321,9 +321,7 @@ func TestScheduleStatsAndPersist(t *testing.T) {
 func TestScheduleSkipsUndeliverable(t *testing.T) {
 	s, _, clock := openSched(t, FlushAsync, nil)
 	haltScheduler(s)
-	if _, err := s.PutMessage(context.Background(), msg(ScheduleTopic, "stray")); err != nil {
-		t.Fatal(err)
-	}
+	putRaw(t, s, ScheduleTopic, 0, "stray") // below the API, which refuses the schedule topic
 	putDelayed(t, s, "Real", 0, 1, "good")
 	settle(t, s)
 	clock.Advance(time.Second)

@@ -3,6 +3,7 @@ package storage
 import (
 	"errors"
 	"fmt"
+	iofs "io/fs"
 	"path/filepath"
 	"sort"
 )
@@ -216,14 +217,29 @@ func (d *dispatcher) dropTopic(topic string) error {
 	for _, q := range qs {
 		errs = append(errs, q.close())
 	}
+	// Remove the files and sync each queue dir before the dirs go, so no
+	// crash image brings a removed file back under a re-created queue.
 	fs := d.s.opts.FS
 	root := filepath.Join(d.root, "consumequeue")
+	for _, q := range qs {
+		entries, err := fs.ReadDir(q.dir)
+		if err != nil && !errors.Is(err, iofs.ErrNotExist) {
+			errs = append(errs, err)
+			continue
+		}
+		for _, e := range entries {
+			if !e.IsDir {
+				errs = append(errs, fs.Remove(filepath.Join(q.dir, e.Name)))
+			}
+		}
+		if len(entries) > 0 {
+			errs = append(errs, syncDir(fs, q.dir))
+		}
+	}
 	if err := fs.RemoveAll(filepath.Join(root, topic)); err != nil {
 		errs = append(errs, err)
 	} else if len(qs) > 0 {
-		if err := syncDir(fs, root); err != nil {
-			errs = append(errs, err)
-		}
+		errs = append(errs, syncDir(fs, root))
 	}
 	return errors.Join(errs...)
 }
@@ -282,13 +298,11 @@ func (s *Store) adoptTopics() {
 		if NotAllowedSendTopic(k.topic) || TopicNameProblem(k.topic) != "" {
 			continue
 		}
-		n := t.defaultQueues
+		n := k.queue + 1 // covers the queue found
 		if k.queue >= MaxQueues {
 			bogus++
 			example = QueueID{Topic: k.topic, QueueID: k.queue}
 			n = MaxQueues
-		} else if k.queue >= n {
-			n = k.queue + 1
 		}
 		if n > want[k.topic] {
 			want[k.topic] = n
@@ -302,7 +316,11 @@ func (s *Store) adoptTopics() {
 	}
 	var adopt []string
 	for name, n := range want {
-		if have, ok := cur.topics[name]; !ok || have < n {
+		have, ok := cur.topics[name]
+		if !ok {
+			want[name] = max(n, t.defaultQueues) // a new topic: at least what a put would create
+		}
+		if !ok || have < n {
 			adopt = append(adopt, name)
 		}
 	}
