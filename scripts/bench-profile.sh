@@ -41,7 +41,7 @@ bench_build "$bin"
 log=$outdir/server.log
 case $target in
   async | sync)
-    "$bin/storaged" --listen 127.0.0.1:0 --metrics-listen 127.0.0.1:0 --pprof --data-dir "$data" \
+    "$bin/storaged" --listen 127.0.0.1:0 --metrics-listen 127.0.0.1:0 --admin-listen "" --pprof --data-dir "$data" \
       --flush-mode "$target" 2>"$log" &
     ;;
   floor)

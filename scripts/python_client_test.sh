@@ -36,7 +36,7 @@ cleanup() {
 trap cleanup EXIT
 
 (cd "$root" && go build -o "$tmp/storaged" ./cmd/storaged)
-"$tmp/storaged" --listen 127.0.0.1:0 --metrics-listen "" --data-dir "$tmp/data" 2>"$tmp/log" &
+"$tmp/storaged" --listen 127.0.0.1:0 --metrics-listen "" --admin-listen "" --data-dir "$tmp/data" 2>"$tmp/log" &
 pid=$!
 
 # Wait (at most 30 s) for the store to be open: the "serving" log line.

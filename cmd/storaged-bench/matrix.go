@@ -303,7 +303,7 @@ func runMatrixCommand(ctx context.Context, args []string, stdout, stderr io.Writ
 			}
 			cleanup = func() { os.RemoveAll(dir) }
 			bin = o.storaged
-			pargs = []string{"--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0", "--data-dir", dir, "--flush-mode", t}
+			pargs = []string{"--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0", "--admin-listen", "", "--data-dir", dir, "--flush-mode", t}
 			pargs = append(pargs, strings.Fields(o.storagedArgs)...)
 		default:
 			kind := t

@@ -241,7 +241,7 @@ func (c *config) validate() error {
 	if c.MaxTopics < 1 {
 		errs = append(errs, fmt.Errorf("--max-topics %d must be positive", c.MaxTopics))
 	}
-	if c.AdminListen != "" && c.AdminListen == c.Listen {
+	if c.AdminListen != "" && c.AdminListen == c.Listen && !strings.HasSuffix(c.Listen, ":0") {
 		errs = append(errs, errors.New("--admin-listen must differ from --listen"))
 	}
 	if c.MaxMessageSize <= 0 || c.MaxMessageSize > math.MaxInt32-(1<<20) {

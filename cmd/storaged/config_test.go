@@ -32,13 +32,14 @@ func TestConfigDefaults(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := config{
-		Listen: ":9090", MetricsListen: ":9091", DataDir: "./data", FlushMode: storage.FlushAsync,
+		Listen: ":9090", MetricsListen: ":9091", AdminListen: "127.0.0.1:9092", DataDir: "./data", FlushMode: storage.FlushAsync,
 		FileSize: 1 << 30, FlushInterval: 500 * time.Millisecond, SyncFlushTimeout: 5 * time.Second,
 		Role: storage.RoleMaster, MaxMessageSize: 4 << 20, LogLevel: zerolog.InfoLevel, LogFormat: "json",
 		ShutdownTimeout: 30 * time.Second, Reflection: true,
 		FileReservedTime: 72 * time.Hour, DeleteWhen: "04", DiskCleanPercent: 85, DiskWarningPercent: 90,
 		DiskCheckInterval: time.Second, DelayLevels: "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h",
 		CheckpointInterval: time.Second,
+		DefaultQueues:      8, AutoCreateTopics: true, MaxTopics: 10000,
 	}
 	if cfg != want {
 		t.Errorf("defaults\n got %+v\nwant %+v", cfg, want)
@@ -47,6 +48,28 @@ func TestConfigDefaults(t *testing.T) {
 	opts := cfg.storageOptions(netip.MustParseAddrPort("127.0.0.1:9090"), nil)
 	if err := opts.Validate(); err != nil {
 		t.Errorf("default storage options: %v", err)
+	}
+}
+
+// TestConfigTopics: the topic flags and their environment twins reach
+// storage.Options.
+func TestConfigTopics(t *testing.T) {
+	e := env("STORAGED_DEFAULT_QUEUES", "16", "STORAGED_AUTO_CREATE_TOPICS", "false", "STORAGED_MAX_TOPICS", "50",
+		"STORAGED_ADMIN_LISTEN", "")
+	cfg, err := parseConfig([]string{"--max-topics", "60"}, e, &bytes.Buffer{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	o := cfg.storageOptions(netip.MustParseAddrPort("127.0.0.1:9090"), nil)
+	if o.DefaultQueues != 16 || !o.NoAutoCreateTopics || o.MaxTopics != 60 || cfg.AdminListen != "" {
+		t.Fatalf("config %+v → options default queues %d, no auto-create %v, max topics %d", cfg, o.DefaultQueues, o.NoAutoCreateTopics, o.MaxTopics)
+	}
+	var log bytes.Buffer
+	cfg.log(zerolog.New(&log))
+	for _, f := range []string{`"default_queues":16`, `"auto_create_topics":false`, `"max_topics":60`, `"admin_listen":""`} {
+		if !strings.Contains(log.String(), f) {
+			t.Errorf("effective configuration line lacks %s: %s", f, log.String())
+		}
 	}
 }
 
@@ -172,6 +195,12 @@ func TestConfigErrors(t *testing.T) {
 		{"negative checkpoint interval", []string{"--checkpoint-interval", "-1s"}, nil, "must be positive"},
 		{"bad delay unit", []string{"--delay-levels", "1s 5x"}, nil, "bad unit"},
 		{"empty delay levels", []string{"--delay-levels", " "}, nil, "--delay-levels must not be empty"},
+		{"zero default queues", []string{"--default-queues", "0"}, nil, "--default-queues 0 out of range"},
+		{"default queues above the bound", nil, []string{"STORAGED_DEFAULT_QUEUES", "2147483647"}, "--default-queues 2147483647 out of range"},
+		{"zero max topics", []string{"--max-topics", "0"}, nil, "--max-topics 0 must be positive"},
+		{"max topics above the bound", []string{"--max-topics", "2000000"}, nil, "MaxTopics"},
+		{"bad auto-create env", nil, []string{"STORAGED_AUTO_CREATE_TOPICS", "sometimes"}, "STORAGED_AUTO_CREATE_TOPICS"},
+		{"admin on the data port", []string{"--listen", "127.0.0.1:7000", "--admin-listen", "127.0.0.1:7000"}, nil, "--admin-listen must differ"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

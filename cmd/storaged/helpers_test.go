@@ -135,6 +135,11 @@ type proc struct {
 // is still running when the test ends.
 func startProc(t *testing.T, args ...string) *proc {
 	t.Helper()
+	if !slices.Contains(args, "--admin-listen") {
+		// Never the default 127.0.0.1:9092: tests (and other checkouts)
+		// run storaged processes side by side.
+		args = append(args, "--admin-listen", "")
+	}
 	cmd := exec.Command(binary, args...)
 	cmd.Env = append(os.Environ(), "GORACE=halt_on_error=1")
 	stderr, err := cmd.StderrPipe()

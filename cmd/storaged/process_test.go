@@ -236,7 +236,7 @@ func TestRunInProcess(t *testing.T) {
 	defer cancel()
 	errc := make(chan error, 1)
 	go func() {
-		errc <- run(ctx, []string{"--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0"},
+		errc <- run(ctx, []string{"--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"},
 			env("STORAGED_DATA_DIR", dir, "STORAGED_FILE_SIZE", "64KiB", "STORAGED_MAX_MESSAGE_SIZE", "4KiB",
 				"STORAGED_FLUSH_MODE", "sync"), pw)
 		pw.Close()
@@ -290,7 +290,7 @@ func TestRunLockedDataDir(t *testing.T) {
 	}
 	defer st.Close()
 	var stderr syncWriter
-	err = run(t.Context(), []string{"--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0", "--data-dir", dir}, env(), &stderr)
+	err = run(t.Context(), []string{"--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0", "--admin-listen", "", "--data-dir", dir}, env(), &stderr)
 	if err == nil || !strings.Contains(err.Error(), "in use by another storaged process") {
 		t.Fatalf("run: %v, want the data dir lock error", err)
 	}

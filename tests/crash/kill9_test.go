@@ -57,7 +57,7 @@ type server struct {
 func start(t *testing.T, dataDir, mode string) (*server, time.Duration) {
 	t.Helper()
 	began := time.Now()
-	cmd := exec.Command(binary, "--listen", "127.0.0.1:0", "--metrics-listen", "", "--data-dir", dataDir,
+	cmd := exec.Command(binary, "--listen", "127.0.0.1:0", "--metrics-listen", "", "--admin-listen", "", "--data-dir", dataDir,
 		"--flush-mode", mode, "--file-size", "64KiB", "--log-level", "info", "--reflection=false")
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
