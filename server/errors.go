@@ -290,7 +290,9 @@ func (s *Service) readError(m method, err error) error {
 //	anything else                         → INTERNAL (logged)
 func (a *AdminService) adminError(m string, err error) error {
 	var verr *storage.ValidationError
-	info := func(reason string) *errdetails.ErrorInfo { return &errdetails.ErrorInfo{Reason: reason, Domain: ErrorDomain} }
+	info := func(reason string) *errdetails.ErrorInfo {
+		return &errdetails.ErrorInfo{Reason: reason, Domain: ErrorDomain}
+	}
 	switch {
 	case errors.As(err, &verr):
 		field := verr.Field

@@ -35,13 +35,13 @@ const SystemTopicPrefix = "rmq_sys_"
 
 // notAllowedSendTopics is RocketMQ's NOT_ALLOWED_SEND_TOPIC_SET.
 var notAllowedSendTopics = map[string]bool{
-	ScheduleTopic:                true,
-	"SCHEDULE_TOPIC_XXXX_V2":     true,
-	"RMQ_SYS_TRANS_HALF_TOPIC":   true,
+	ScheduleTopic:                 true,
+	"SCHEDULE_TOPIC_XXXX_V2":      true,
+	"RMQ_SYS_TRANS_HALF_TOPIC":    true,
 	"RMQ_SYS_TRANS_OP_HALF_TOPIC": true,
-	"TRANS_CHECK_MAX_TIME_TOPIC": true,
-	"SELF_TEST_TOPIC":            true,
-	"OFFSET_MOVED_EVENT":         true,
+	"TRANS_CHECK_MAX_TIME_TOPIC":  true,
+	"SELF_TEST_TOPIC":             true,
+	"OFFSET_MOVED_EVENT":          true,
 }
 
 // systemOnlyTopics are the rest of RocketMQ's SYSTEM_TOPIC_SET: writable,

@@ -70,7 +70,7 @@ func (w *syncWriter) Write(p []byte) (int, error) {
 
 func TestTopicRules(t *testing.T) {
 	cases := []struct {
-		topic          string
+		topic           string
 		name, send, sys bool // valid name, clients may send, system topic
 	}{
 		{"Orders", true, true, false},

@@ -66,12 +66,12 @@ type config struct {
 // Defaults. deploy/kubernetes and the Dockerfile rely on the ports and the
 // shutdown timeout; README.md lists all of them.
 const (
-	defaultListen          = ":9090"
-	defaultMetricsListen   = ":9091"
+	defaultListen        = ":9090"
+	defaultMetricsListen = ":9091"
 	// defaultAdminListen is loopback only: the admin service is for the
 	// operator on the host (kubectl exec / port-forward), never for a
 	// Service or a mesh in front of the data port.
-	defaultAdminListen = "127.0.0.1:9092"
+	defaultAdminListen     = "127.0.0.1:9092"
 	defaultDataDir         = "./data"
 	defaultShutdownTimeout = 30 * time.Second
 )
