@@ -151,7 +151,6 @@ func (s *Service) putError(ctx context.Context, m method, res storage.PutResult,
 		return newStatus(codes.ResourceExhausted, "the put would create a topic, and the store holds the most topics it may (--max-topics); "+
 			"nothing was stored", info)
 	case errors.Is(err, storage.ErrTopicConfig):
-		log.Warn().Err(err).Msg("put refused: the topic it creates could not be persisted")
 		info.Metadata = map[string]string{"cause": "TOPIC_CONFIG_NOT_PERSISTED"}
 		return unavailable(info, retryDelayUnavailable, "the store could not persist the topic this put creates "+
 			"(disk full or out of file descriptors); nothing was stored; retry")
@@ -315,7 +314,6 @@ func (a *AdminService) adminError(m string, err error) error {
 		i.Metadata = map[string]string{"cause": "TOO_MANY_TOPICS"}
 		return newStatus(codes.ResourceExhausted, "the store holds the most topics it may (--max-topics); delete topics first", i)
 	case errors.Is(err, storage.ErrTopicConfig):
-		a.log.Warn().Err(err).Str("grpc.method", m).Msg("admin call failed: topic config not persisted")
 		i := info(ReasonUnavailable)
 		i.Metadata = map[string]string{"cause": "TOPIC_CONFIG_NOT_PERSISTED"}
 		return unavailable(i, retryDelayUnavailable, "the topic config could not be persisted (disk full or out of file descriptors); nothing changed; retry")

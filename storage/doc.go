@@ -128,4 +128,18 @@
 // puts (ErrNotWritable + ErrDiskFull) while the disk is above
 // DiskWarningPercent. Both wait on the clock through TimerClock when it has
 // one, so tests with a fake clock never sleep.
+//
+// # Topics
+//
+// Every topic has a queue count (topics.go, RocketMQ TopicConfigManager),
+// kept in config/topics.json, replaced atomically like the checkpoint. A
+// put names a queue id below it; a put to an unknown topic creates it
+// (Options.DefaultQueues) unless Options.NoAutoCreateTopics; at most
+// Options.MaxTopics exist, each with at most MaxQueues queues. Clients
+// cannot write RocketMQ's reserved topics (topicrules.go), among them
+// SCHEDULE_TOPIC_XXXX, which only the delay diversion writes; the
+// scheduler serves the delay table's levels and nothing sized by a queue
+// id read from disk. DeleteTopic leaves a tombstone (the commitlog offset
+// of the delete) that the dispatcher honours, so no rebuild resurrects a
+// deleted topic's records.
 package storage

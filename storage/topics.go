@@ -290,7 +290,7 @@ func (t *topicTable) persistLocked(snap *topicSnapshot) error {
 		return fmt.Errorf("%w: encode: %w", ErrTopicConfig, err)
 	}
 	if err := writeAtomic(t.fs, t.dir, topicsName, fmt.Appendf(nil, "%s\n%d\n", body, crc32.Checksum(body, castagnoli))); err != nil {
-		t.log.Warn().Err(err).Msg("storage: topic config not persisted; the change was not made")
+		// Not logged here: the caller's call log has it, once per call.
 		return fmt.Errorf("%w: %w", ErrTopicConfig, err)
 	}
 	return nil
