@@ -598,3 +598,20 @@ func TestScheduleRePutRefusedByTopicConfig(t *testing.T) {
 		t.Fatalf("stats %+v", st)
 	}
 }
+
+// BenchmarkTopicAdmit is what the topic table adds to a put: admit before
+// the put lock, has under it, for an existing topic.
+func BenchmarkTopicAdmit(b *testing.B) {
+	tb := newTopicTable(Options{Dir: b.TempDir(), FS: vfs.NewMem()}.withDefaults())
+	tb.fs.MkdirAll(b.TempDir())
+	tb.cur.Store(&topicSnapshot{topics: map[string]int32{"TopicTest": 8}, deleted: map[string]int64{}})
+	for i := range 1000 {
+		tb.cur.Load().topics[fmt.Sprint("T", i)] = 8
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		if tb.admit("TopicTest", 3) != nil || !tb.has("TopicTest", 3) {
+			b.Fatal("refused")
+		}
+	}
+}
