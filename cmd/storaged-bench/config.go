@@ -35,7 +35,8 @@ type loadConfig struct {
 	Warmup   time.Duration // unmeasured load before the measured phase
 	Timeout  time.Duration // deadline of each call (unary, batch)
 	Topic    string
-	Queues   int // queue ids 0..Queues-1, taken round-robin
+	Queues   int    // queue ids 0..Queues-1, taken round-robin
+	Tags     string // tag of every message ("" = none)
 	Label    string
 	// MetricsURL, when set, is a Prometheus endpoint of the server that is
 	// read every second for its heap (go_memstats_heap_inuse_bytes).
@@ -118,6 +119,7 @@ func addLoadFlags(fs *flag.FlagSet, c *loadConfig) {
 	fs.DurationVar(&c.Timeout, "timeout", c.Timeout, "deadline of each call")
 	fs.StringVar(&c.Topic, "topic", c.Topic, "topic of the messages")
 	fs.IntVar(&c.Queues, "queues", c.Queues, "spread the messages over queue ids 0..`N`-1")
+	fs.StringVar(&c.Tags, "tags", c.Tags, "`tag` of every message (Message.tags); empty sends none")
 	fs.StringVar(&c.Label, "label", c.Label, "free-form label recorded in the summary (e.g. the flush mode)")
 }
 

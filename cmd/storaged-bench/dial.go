@@ -64,6 +64,14 @@ func (t *tlsOptions) credentials() (credentials.TransportCredentials, error) {
 	return credentials.NewTLS(cfg), nil
 }
 
+// Message size limits of the generator's connections: above the server's
+// limits, so that the server is the one that refuses (a batch larger than
+// its --max-message-size, a 16 MiB pull with include_raw is about 32 MiB).
+const (
+	dialSendLimit = 64 << 20
+	dialRecvLimit = 64 << 20
+)
+
 // dial opens n client connections to addr. grpc.NewClient connects lazily;
 // the first call of each connection pays the handshake, which the warmup
 // absorbs.
@@ -74,7 +82,7 @@ func dial(addr string, n int, creds credentials.TransportCredentials) ([]*grpc.C
 			grpc.WithTransportCredentials(creds),
 			// The server accepts requests up to its message size limit
 			// plus overhead; the client must not refuse large batches first.
-			grpc.WithDefaultCallOptions(grpc.MaxCallSendMsgSize(64<<20), grpc.MaxCallRecvMsgSize(64<<20)))
+			grpc.WithDefaultCallOptions(grpc.MaxCallSendMsgSize(dialSendLimit), grpc.MaxCallRecvMsgSize(dialRecvLimit)))
 		if err != nil {
 			closeAll(conns)
 			return nil, fmt.Errorf("dial %s: %w", addr, err)
@@ -82,6 +90,12 @@ func dial(addr string, n int, creds credentials.TransportCredentials) ([]*grpc.C
 		conns = append(conns, cc)
 	}
 	return conns, nil
+}
+
+// dialPlain is dial without TLS, for the servers this binary starts on
+// loopback.
+func dialPlain(addr string, n int) ([]*grpc.ClientConn, error) {
+	return dial(addr, n, insecure.NewCredentials())
 }
 
 func closeAll(conns []*grpc.ClientConn) {

@@ -197,7 +197,7 @@ func randomBody(n int) []byte {
 }
 
 func (g *generator) unaryWorker(ctx context.Context, id int) {
-	msg := &storagedv1.Message{Topic: g.cfg.Topic, Body: g.body}
+	msg := &storagedv1.Message{Topic: g.cfg.Topic, Body: g.body, Tags: g.cfg.Tags}
 	req := &storagedv1.PutMessageRequest{Message: msg}
 	for {
 		n, measured := g.plan.claim(ctx, 1)
@@ -223,7 +223,7 @@ func (g *generator) unaryWorker(ctx context.Context, id int) {
 func (g *generator) batchWorker(ctx context.Context, id int) {
 	entries := make([]*storagedv1.BatchEntry, g.cfg.BatchSize)
 	for i := range entries {
-		entries[i] = &storagedv1.BatchEntry{Body: g.body}
+		entries[i] = &storagedv1.BatchEntry{Body: g.body, Tags: g.cfg.Tags}
 	}
 	req := &storagedv1.PutMessagesRequest{Topic: g.cfg.Topic}
 	for {

@@ -9,6 +9,7 @@
 //	storaged-bench [run] --floor [flags]            load an in-process no-op server (the floor)
 //	storaged-bench floor --listen 127.0.0.1:0       serve the no-op server until SIGTERM
 //	storaged-bench matrix --storaged BIN [flags]    floor, async and sync side by side, N runs each
+//	storaged-bench limits --storaged BIN [flags]    issue 11's hostile-client figures (see limits.go)
 //	storaged-bench chart --in results.json --out chart.png
 //	storaged-bench report --in results.json           the results as a Markdown table
 //
@@ -107,12 +108,15 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	case "matrix":
 		leanGC()
 		return runMatrixCommand(ctx, args, stdout, stderr)
+	case "limits":
+		leanGC()
+		return runLimitsCommand(ctx, args, stdout, stderr)
 	case "chart":
 		return runChartCommand(args, stderr)
 	case "report":
 		return runReportCommand(args, stdout, stderr)
 	default:
-		err := fmt.Errorf("unknown subcommand %q (run, floor, matrix, chart, report)", cmd)
+		err := fmt.Errorf("unknown subcommand %q (run, floor, matrix, limits, chart, report)", cmd)
 		fmt.Fprintln(stderr, "storaged-bench:", err)
 		return usageError{err}
 	}

@@ -303,8 +303,7 @@ func runMatrixCommand(ctx context.Context, args []string, stdout, stderr io.Writ
 			}
 			cleanup = func() { os.RemoveAll(dir) }
 			bin = o.storaged
-			pargs = []string{"--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0", "--admin-listen", "", "--data-dir", dir, "--flush-mode", t}
-			pargs = append(pargs, strings.Fields(o.storagedArgs)...)
+			pargs = storagedArgs(bin, dir, o.storagedArgs, "--flush-mode", t)
 		default:
 			kind := t
 			if t == "floor" {
@@ -414,8 +413,7 @@ func (p *proc) storeMetrics(ctx context.Context) map[string]float64 {
 
 // loadOnce runs one load against addr on a fresh connection set.
 func loadOnce(ctx context.Context, cfg loadConfig, addr string) (*Summary, error) {
-	creds, _ := (&tlsOptions{}).credentials()
-	conns, err := dial(addr, cfg.Connections, creds)
+	conns, err := dialPlain(addr, cfg.Connections)
 	if err != nil {
 		return nil, err
 	}

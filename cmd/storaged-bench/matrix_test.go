@@ -170,11 +170,7 @@ func TestMatrixAgainstStoraged(t *testing.T) {
 	}
 	t.Setenv(asMainEnv, "1")
 	dir := t.TempDir()
-	bin := filepath.Join(dir, "storaged")
-	build := exec.Command("go", "build", "-o", bin, "github.com/storaged/storaged/cmd/storaged")
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("build storaged: %v\n%s", err, out)
-	}
+	bin := buildStoraged(t, dir)
 	out := filepath.Join(dir, "results.json")
 	var stdout, stderr bytes.Buffer
 	err := run(context.Background(), []string{"matrix", "--storaged", bin, "--storaged-args", "--file-size 4MiB",
@@ -209,6 +205,17 @@ func TestMatrixAgainstStoraged(t *testing.T) {
 	if !strings.Contains(stdout.String(), "| unary-c4 | sync |") || !strings.Contains(stdout.String(), "messages per round") {
 		t.Errorf("report:\n%s", stdout.String())
 	}
+}
+
+// buildStoraged builds the storaged binary into dir and returns its path.
+func buildStoraged(t *testing.T, dir string) string {
+	t.Helper()
+	bin := filepath.Join(dir, "storaged")
+	build := exec.Command("go", "build", "-o", bin, "github.com/storaged/storaged/cmd/storaged")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("build storaged: %v\n%s", err, out)
+	}
+	return bin
 }
 
 func TestFlushStats(t *testing.T) {

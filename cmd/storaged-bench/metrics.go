@@ -66,33 +66,71 @@ func scrapeGauge(ctx context.Context, client *http.Client, url, name string) (in
 // scrapeMetrics returns the values of the unlabelled metrics names (a
 // gauge, a counter, a histogram's _sum or _count) found at url.
 func scrapeMetrics(ctx context.Context, client *http.Client, url string, names ...string) (map[string]float64, error) {
+	out := make(map[string]float64, len(names))
+	err := scrapeSeries(ctx, client, url, func(series string, v float64) {
+		if slices.Contains(names, series) {
+			out[series] = v
+		}
+	})
+	return out, err
+}
+
+// scrapeSeries calls f with every sample of the Prometheus text exposition
+// at url: the series as written (name{labels}) and its value.
+func scrapeSeries(ctx context.Context, client *http.Client, url string, f func(series string, v float64)) error {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	resp, err := client.Do(req)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("GET %s: %s", url, resp.Status)
+		return fmt.Errorf("GET %s: %s", url, resp.Status)
 	}
-	out := make(map[string]float64, len(names))
 	sc := bufio.NewScanner(resp.Body)
 	sc.Buffer(make([]byte, 64<<10), 1<<20)
 	for sc.Scan() {
-		name, rest, ok := strings.Cut(sc.Text(), " ")
-		if !ok || !slices.Contains(names, name) {
+		line := sc.Text()
+		if line == "" || line[0] == '#' {
 			continue
 		}
-		f, err := strconv.ParseFloat(strings.TrimSpace(rest), 64)
-		if err != nil {
-			return nil, fmt.Errorf("%s: %w", name, err)
+		// Label values may hold spaces: the value follows the last one.
+		i := strings.LastIndexByte(line, ' ')
+		if i < 0 {
+			continue
 		}
-		out[name] = f
+		v, err := strconv.ParseFloat(line[i+1:], 64)
+		if err != nil {
+			return fmt.Errorf("%s: %w", line[:i], err)
+		}
+		f(line[:i], v)
 	}
-	return out, sc.Err()
+	return sc.Err()
+}
+
+// inflightCalls is the number of calls of the gRPC method (e.g.
+// "PullMessages") the server has started and not yet answered: the
+// go-grpc-middleware counters grpc_server_started_total minus
+// grpc_server_handled_total, summed over their other labels.
+func inflightCalls(ctx context.Context, client *http.Client, url, method string) (int64, error) {
+	label := `grpc_method="` + method + `"`
+	var started, handled float64
+	err := scrapeSeries(ctx, client, url, func(series string, v float64) {
+		name, labels, _ := strings.Cut(series, "{")
+		if !strings.Contains(labels, label) {
+			return
+		}
+		switch name {
+		case "grpc_server_started_total":
+			started += v
+		case "grpc_server_handled_total":
+			handled += v
+		}
+	})
+	return int64(started - handled), err
 }
 
 // Store metrics of storaged (server/metrics.go) the matrix reads before and

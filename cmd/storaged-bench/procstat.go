@@ -1,11 +1,17 @@
 package main
 
 import (
+	"errors"
 	"fmt"
+	"io/fs"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
+
+	"github.com/prometheus/procfs"
 )
 
 // clockTick is the unit of utime and stime in /proc/PID/stat (USER_HZ,
@@ -50,4 +56,71 @@ func loadAverage() float64 {
 	}
 	v, _ := strconv.ParseFloat(f[0], 64)
 	return v
+}
+
+// procSample is what /proc tells of a server process at one moment: the
+// figures of issue 11's restart and pull-memory benchmarks.
+type procSample struct {
+	RSSBytes   uint64 `json:"rss_bytes"`   // VmRSS = RssAnon + RssFile + RssShmem
+	AnonBytes  uint64 `json:"anon_bytes"`  // RssAnon: the heap, stacks, copies; not the mapped files
+	HWMBytes   uint64 `json:"hwm_bytes"`   // VmHWM: peak RSS since the process started
+	WriteBytes uint64 `json:"write_bytes"` // /proc/PID/io write_bytes: bytes sent to the storage layer (page cache writeback included)
+	FDs        int    `json:"fds"`         // entries of /proc/PID/fd
+}
+
+// sampleProc reads the procSample of process pid (prometheus/procfs).
+func sampleProc(pid int) (procSample, error) {
+	p, err := procfs.NewProc(pid)
+	if err != nil {
+		return procSample{}, err
+	}
+	st, err := p.NewStatus()
+	if err != nil {
+		return procSample{}, fmt.Errorf("/proc/%d/status: %w", pid, err)
+	}
+	io, err := p.IO()
+	if err != nil {
+		return procSample{}, fmt.Errorf("/proc/%d/io: %w", pid, err)
+	}
+	fds, err := p.FileDescriptorsLen()
+	if err != nil {
+		return procSample{}, fmt.Errorf("/proc/%d/fd: %w", pid, err)
+	}
+	return procSample{RSSBytes: st.VmRSS, AnonBytes: st.RssAnon, HWMBytes: st.VmHWM, WriteBytes: io.WriteBytes, FDs: fds}, nil
+}
+
+// dirUsage is the disk use of a directory tree.
+type dirUsage struct {
+	Files          int   `json:"files"`
+	Dirs           int   `json:"dirs"`
+	ApparentBytes  int64 `json:"apparent_bytes"`  // sum of file sizes
+	AllocatedBytes int64 `json:"allocated_bytes"` // sum of st_blocks × 512, as du counts (directories included)
+}
+
+// diskUsage walks root and sums what du(1) would; a missing root is zero.
+func diskUsage(root string) (dirUsage, error) {
+	var u dirUsage
+	err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			if errors.Is(err, fs.ErrNotExist) && path == root {
+				return fs.SkipAll
+			}
+			return err
+		}
+		fi, err := d.Info()
+		if err != nil {
+			return err
+		}
+		if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+			u.AllocatedBytes += st.Blocks * 512
+		}
+		if d.IsDir() {
+			u.Dirs++
+		} else {
+			u.Files++
+			u.ApparentBytes += fi.Size()
+		}
+		return nil
+	})
+	return u, err
 }

@@ -60,7 +60,7 @@ func (g *generator) runStream(ctx context.Context, id int) (done bool, err error
 	sendDone := make(chan struct{})
 	go func() {
 		defer close(sendDone)
-		msg := &storagedv1.Message{Topic: g.cfg.Topic, Body: g.body}
+		msg := &storagedv1.Message{Topic: g.cfg.Topic, Body: g.body, Tags: g.cfg.Tags}
 		req := &storagedv1.PutMessageStreamRequest{Message: msg}
 		var seq uint64
 		for {
