@@ -59,7 +59,7 @@ func TestLimitsAgainstStoraged(t *testing.T) {
 	if tr.ConsumeQueue.AllocatedBytes <= 0 || tr.ConsumeQueue.Files <= 0 || tr.CQBytesPerTopic <= 0 || tr.ConsumeQueueAfter.Files <= 0 {
 		t.Errorf("topics: consume-queue disk %+v, after the restart %+v", tr.ConsumeQueue, tr.ConsumeQueueAfter)
 	}
-	for name, s := range map[string]procSample{"before stop": tr.BeforeStop, "at SERVING": tr.AtServing, "touch peak": tr.TouchPeak, "after touch": tr.AfterTouch} {
+	for name, s := range map[string]procSample{"empty store": tr.EmptyAtServing, "before stop": tr.BeforeStop, "at SERVING": tr.AtServing, "touch peak": tr.TouchPeak, "after touch": tr.AfterTouch} {
 		checkSample(t, "topics "+name, s)
 	}
 	if tr.RestartSeconds <= 0 || tr.TouchPeak.FDs < tr.AtServing.FDs && tr.TouchPeak.FDs < tr.AfterTouch.FDs {
