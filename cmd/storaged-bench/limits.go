@@ -275,6 +275,8 @@ func watchProc(pid int) *procWatch {
 			w.peak.HWMBytes = max(w.peak.HWMBytes, s.HWMBytes)
 			w.peak.WriteBytes = max(w.peak.WriteBytes, s.WriteBytes)
 			w.peak.FDs = max(w.peak.FDs, s.FDs)
+			w.peak.CommitLogRSSBytes = max(w.peak.CommitLogRSSBytes, s.CommitLogRSSBytes)
+			w.peak.QueueRSSBytes = max(w.peak.QueueRSSBytes, s.QueueRSSBytes)
 			select {
 			case <-w.stopc:
 				return

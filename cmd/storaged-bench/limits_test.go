@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 )
 
@@ -61,6 +62,9 @@ func TestLimitsAgainstStoraged(t *testing.T) {
 	}
 	for name, s := range map[string]procSample{"empty store": tr.EmptyAtServing, "before stop": tr.BeforeStop, "at SERVING": tr.AtServing, "touch peak": tr.TouchPeak, "after touch": tr.AfterTouch} {
 		checkSample(t, "topics "+name, s)
+	}
+	if tr.AfterTouch.CommitLogRSSBytes == 0 {
+		t.Errorf("topics: no commitlog mapping resident after reading every queue: %+v", tr.AfterTouch)
 	}
 	if tr.RestartSeconds <= 0 || tr.TouchPeak.FDs < tr.AtServing.FDs && tr.TouchPeak.FDs < tr.AfterTouch.FDs {
 		t.Errorf("topics: restart %.3fs, fds at SERVING %d, peak %d, after %d", tr.RestartSeconds, tr.AtServing.FDs, tr.TouchPeak.FDs, tr.AfterTouch.FDs)
@@ -197,6 +201,39 @@ func TestSampleProcSelf(t *testing.T) {
 	checkSample(t, "self", s)
 	if _, err := sampleProc(0); err == nil {
 		t.Error("sampleProc(0) succeeded")
+	}
+}
+
+// TestMappedRSS maps a file under a commitlog directory, touches part of
+// it and finds that part in mappedRSS, and nothing under consumequeue.
+func TestMappedRSS(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "commitlog")
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.Create(filepath.Join(dir, "00000000000000000000"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	const size, touched = 8 << 20, 2 << 20
+	if err := f.Truncate(size); err != nil {
+		t.Fatal(err)
+	}
+	b, err := syscall.Mmap(int(f.Fd()), 0, size, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_SHARED)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer syscall.Munmap(b)
+	for i := 0; i < touched; i += 4096 {
+		b[i] = 1
+	}
+	m, err := mappedRSS(os.Getpid(), "commitlog", "consumequeue")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m["commitlog"] < touched || m["commitlog"] > size || m["consumequeue"] != 0 {
+		t.Errorf("mappedRSS = %v, want commitlog in [%d, %d]", m, touched, size)
 	}
 }
 

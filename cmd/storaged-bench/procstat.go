@@ -66,6 +66,12 @@ type procSample struct {
 	HWMBytes   uint64 `json:"hwm_bytes"`   // VmHWM: peak RSS since the process started
 	WriteBytes uint64 `json:"write_bytes"` // /proc/PID/io write_bytes: bytes sent to the storage layer (page cache writeback included)
 	FDs        int    `json:"fds"`         // entries of /proc/PID/fd
+	// CommitLogRSSBytes is the resident part of the process's mappings of
+	// files in a "commitlog" directory (/proc/PID/smaps): the populated
+	// commitlog segment, whose size is --file-size whatever the store
+	// holds. QueueRSSBytes is that of files in a "consumequeue" directory.
+	CommitLogRSSBytes uint64 `json:"commitlog_rss_bytes"`
+	QueueRSSBytes     uint64 `json:"consumequeue_rss_bytes"`
 }
 
 // sampleProc reads the procSample of process pid (prometheus/procfs).
@@ -86,7 +92,45 @@ func sampleProc(pid int) (procSample, error) {
 	if err != nil {
 		return procSample{}, fmt.Errorf("/proc/%d/fd: %w", pid, err)
 	}
-	return procSample{RSSBytes: st.VmRSS, AnonBytes: st.RssAnon, HWMBytes: st.VmHWM, WriteBytes: io.WriteBytes, FDs: fds}, nil
+	byDir, err := mappedRSS(pid, "commitlog", "consumequeue")
+	if err != nil {
+		return procSample{}, err
+	}
+	return procSample{RSSBytes: st.VmRSS, AnonBytes: st.RssAnon, HWMBytes: st.VmHWM, WriteBytes: io.WriteBytes, FDs: fds,
+		CommitLogRSSBytes: byDir["commitlog"], QueueRSSBytes: byDir["consumequeue"]}, nil
+}
+
+// mappedRSS sums, from /proc/PID/smaps, the Rss of the mappings of files
+// that have one of dirs as a path element, by that element.
+func mappedRSS(pid int, dirs ...string) (map[string]uint64, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/smaps", pid))
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[string]uint64, len(dirs))
+	cur := "" // the dir of the current mapping, "" if none of dirs
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		switch {
+		case len(f) >= 5 && strings.Contains(f[0], "-") && !strings.HasSuffix(f[0], ":"):
+			// A mapping's header: range perms offset dev inode [path].
+			cur = ""
+			if len(f) >= 6 {
+				for _, d := range dirs {
+					if strings.Contains(f[5], "/"+d+"/") {
+						cur = d
+					}
+				}
+			}
+		case len(f) == 3 && f[0] == "Rss:" && cur != "":
+			kb, err := strconv.ParseUint(f[1], 10, 64)
+			if err != nil {
+				return nil, fmt.Errorf("/proc/%d/smaps: %q: %w", pid, line, err)
+			}
+			out[cur] += kb << 10
+		}
+	}
+	return out, nil
 }
 
 // dirUsage is the disk use of a directory tree.
