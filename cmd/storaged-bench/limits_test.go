@@ -81,7 +81,7 @@ func TestLimitsAgainstStoraged(t *testing.T) {
 			t.Errorf("polls phase %d %s: %d messages, errors %v, poll errors %v", i, ph.Name, s.Messages, s.ErrorsByCode, ph.PollErrors)
 		}
 		want := map[string]int{phaseAlone: 0, phaseIdle: idle, phaseTagged: tagged}[ph.Name]
-		if ph.Polls != want || (want > 0) != (ph.P50Ratio > 0 && ph.P99Ratio > 0) {
+		if ph.Polls != want || (want > 0) != (ph.P50Ratio > 0 && ph.P99Ratio > 0 && ph.ThroughputRatio > 0) {
 			t.Errorf("polls phase %s: %d polls (want %d), ratios %v %v", ph.Name, ph.Polls, want, ph.P50Ratio, ph.P99Ratio)
 		}
 	}
