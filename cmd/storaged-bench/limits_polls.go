@@ -314,7 +314,7 @@ func (r *PollsResult) rows() []limitRow {
 	}
 	a, at, ld := newStat(alone), newStat(aloneThr), newStat(load)
 	goal := fmt.Sprintf("<= %.1fx", goalProducerRatio)
-	ratio := func(s Stat) string { return fmt.Sprintf("%.2fx (%.2f-%.2f)", s.Median, s.Min, s.Max) }
+	ratio := func(s Stat) string { return fmt.Sprintf("%.3gx (%.3g-%.3g)", s.Median, s.Min, s.Max) }
 	prod := fmt.Sprintf("producer c%d", r.ProducerConcurrency)
 	return []limitRow{
 		{figure: prod + " alone: p50, msgs/s (host load)", value: fmt.Sprintf("%s, %.0f (%.1f-%.1f)", fmtLatency(int64(a.Median)), at.Median, ld.Min, ld.Max), goal: ""},

@@ -113,6 +113,10 @@ func TestLimitsAgainstStoraged(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	var report bytes.Buffer
+	if err := run(context.Background(), []string{"report", "--limits", "--in", out}, &report, &stderr); err != nil || report.String() != string(md) {
+		t.Errorf("report --limits: %v\n%s\nwant\n%s", err, report.String(), md)
+	}
 	for _, want := range []string{"| 10 topics: restart, start to SERVING |", "idle polls: p50 ratio", "VmHWM - RSS before the pulls"} {
 		if !bytes.Contains(md, []byte(want)) || !strings.Contains(stdout.String(), strings.Trim(want, "| ")) {
 			t.Errorf("summary lacks %q:\n%s\n%s", want, md, stdout.String())

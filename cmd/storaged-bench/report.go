@@ -21,14 +21,28 @@ func readMatrixResult(path string) (*MatrixResult, error) {
 	return &res, nil
 }
 
-// runReportCommand is the report subcommand: the results of a matrix as a
-// Markdown table, for BENCHMARKS.md.
+// runReportCommand is the report subcommand: the results of a matrix (or,
+// with --limits, of the limits subcommand) as a Markdown table, for
+// BENCHMARKS.md.
 func runReportCommand(args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("storaged-bench report", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	in := fs.String("in", "bench-results.json", "matrix results `file`")
+	limits := fs.Bool("limits", false, "the file is the results of the limits subcommand: print its table of figures and goals")
 	if err := parseFlags(fs, args); err != nil {
 		return err
+	}
+	if *limits {
+		b, err := os.ReadFile(*in)
+		if err != nil {
+			return err
+		}
+		var res LimitsResult
+		if err := json.Unmarshal(b, &res); err != nil {
+			return fmt.Errorf("%s: %w", *in, err)
+		}
+		printLimits(stdout, &res, true)
+		return nil
 	}
 	res, err := readMatrixResult(*in)
 	if err != nil {
