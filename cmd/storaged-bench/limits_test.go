@@ -66,8 +66,8 @@ func TestLimitsAgainstStoraged(t *testing.T) {
 	if tr.AfterTouch.CommitLogRSSBytes == 0 {
 		t.Errorf("topics: no commitlog mapping resident after reading every queue: %+v", tr.AfterTouch)
 	}
-	if tr.RestartSeconds <= 0 || tr.TouchPeak.FDs < tr.AtServing.FDs && tr.TouchPeak.FDs < tr.AfterTouch.FDs {
-		t.Errorf("topics: restart %.3fs, fds at SERVING %d, peak %d, after %d", tr.RestartSeconds, tr.AtServing.FDs, tr.TouchPeak.FDs, tr.AfterTouch.FDs)
+	if tr.RestartSeconds <= 0 || tr.TouchSeconds <= 0 {
+		t.Errorf("topics: restart %.3fs, reading every queue %.3fs", tr.RestartSeconds, tr.TouchSeconds)
 	}
 
 	pr := res.Polls
