@@ -157,6 +157,26 @@ func TestParseLimitsOptions(t *testing.T) {
 	}
 }
 
+// TestStoragedHasFlag reads flags off a fake binary's usage text, as the
+// harness does with storaged -h to run against revisions before and after
+// a flag (--admin-listen).
+func TestStoragedHasFlag(t *testing.T) {
+	bin := filepath.Join(t.TempDir(), "storaged")
+	usage := "Usage: storaged [flags]\n  -admin-listen address\n    \tadmin gRPC listen address\n  -pprof\n    \tserve /debug/pprof\n"
+	if err := os.WriteFile(bin, []byte("#!/bin/sh\nprintf '"+usage+"' >&2\nexit 2\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for name, want := range map[string]bool{"admin-listen": true, "pprof": true, "admin": false, "serve": false, "max-topics": false} {
+		if got := storagedHasFlag(bin, name); got != want {
+			t.Errorf("storagedHasFlag(%q) = %v, want %v", name, got, want)
+		}
+	}
+	if args := storagedArgs(bin, "d", "--x 1", "--flush-mode", "sync"); strings.Join(args, " ") !=
+		"--listen 127.0.0.1:0 --metrics-listen 127.0.0.1:0 --data-dir d --admin-listen  --flush-mode sync --x 1" {
+		t.Errorf("storagedArgs = %q", args)
+	}
+}
+
 func TestFlagValue(t *testing.T) {
 	args := []string{"--data-dir", "d", "--max-open-queue-files", "256", "-x=1"}
 	for name, want := range map[string]string{"max-open-queue-files": "256", "x": "1", "data-dir": "d", "absent": ""} {
