@@ -1,9 +1,11 @@
 package storage
 
 import (
+	"container/list"
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
 	iofs "io/fs"
 	"path/filepath"
 	"sort"
@@ -24,38 +26,98 @@ const cqEntrySize = 20
 // file (RocketMQ mappedFileSizeConsumeQueue / 20).
 const DefaultConsumeQueueEntries = 300000
 
-// consumeQueue is the index of one topic-queue: entry i, at byte i*20,
-// locates the message with queue offset i in the commitlog. Files are named
-// by the 20-digit byte offset of their first entry. Entries are written only
-// by the dispatcher; readers find them through the atomic count.
+// cqBlockEntries is how many entries a consume queue keeps in memory at
+// its tail and reads from a file at once: a pull or tag scan over N
+// entries costs N/128 preads, and an idle queue holds at most 2.5 KiB of
+// tail. A block never crosses a file boundary.
+const cqBlockEntries = 128
+
+// consumeQueue is the index of one topic-queue: entry i locates the message
+// with queue offset i in the commitlog. Entries are RocketMQ's 20 bytes,
+// and file k holds entries [k*E, (k+1)*E) for E = Options.ConsumeQueueEntries,
+// named by the 20-digit byte offset of its first entry, as RocketMQ names
+// them; but a file is not preallocated or mapped: it grows by pwrite as
+// entries arrive, so a queue holding one message costs 20 bytes of disk and
+// no descriptor or mapping while idle (the store-wide cqFiles cache opens
+// and closes files under Options.MaxOpenQueueFiles).
+//
+// Only the dispatcher writes. It appends entries to the in-memory tail
+// (entries [tailFirst, written)) and writes the pending ones, [count,
+// written), to the file at the end of each round (writePending); only then
+// does it publish count, so readers see an entry once it is in the file's
+// page cache and never one a failed write lost. Durability comes from the
+// checkpoint: flush syncs the files written since the last one, and the
+// directories holding files created since, before the checkpoint records
+// the count.
 type consumeQueue struct {
-	fs       vfs.FS
-	topic    string
-	queueID  int32
-	dir      string
-	fileSize int64 // entries per file * 20
+	topic   string
+	queueID int32
+	dir     string
+	entries int64 // entries per file
+	cache   *cqFiles
 
-	mu    sync.RWMutex // guards files
-	files []*mappedFile
+	mu        sync.RWMutex // guards files, tail, tailFirst
+	files     []*cqFile    // contiguous: files[i].first == files[0].first + i*entries
+	tail      []byte       // entries [tailFirst, written), 20 bytes each
+	tailFirst int64
 
-	// count is the number of entries: queue offsets [min, count) exist.
+	readMu     sync.Mutex // guards the read block
+	readBlock  []byte     // entries [readFirst, readFirst+len/20) read from a file
+	readFirst  int64
+	readLoaded bool
+
+	// count is the number of entries readers may use: offsets [min, count).
 	count atomic.Int64
 	// min is the first queue offset still indexed (0 until retention).
 	min atomic.Int64
-	// flushed is the number of entries known durable.
-	flushed int64 // guarded by the dispatcher (single writer)
+
+	// The dispatcher's own state (single writer; runMu).
+	written int64 // entries accepted: count plus pending
+	synced  int64 // entries known durable
+	newDirs bool  // the queue's directory was created since the last flush
+}
+
+// cqFile is one consume-queue file. Its descriptor, when open, is owned by
+// the cqFiles cache.
+type cqFile struct {
+	q     *consumeQueue
+	first int64 // queue offset of its first entry
+	path  string
+
+	// Guarded by the cache's mutex.
+	f    vfs.File
+	elem *list.Element
+	refs int
+	gone bool // removed: never opened again, closed when released
+
+	// The dispatcher's own state (runMu).
+	dirty   bool // written since its last sync
+	created bool // its directory entry is not yet synced
 }
 
 func cqDir(root, topic string, queueID int32) string {
 	return filepath.Join(root, "consumequeue", topic, strconv.Itoa(int(queueID)))
 }
 
-// loadConsumeQueue maps the queue's files and finds its valid end: the
-// first entry that is empty or points at or past commitlogEnd ends it.
-// Entries after it are zeroed (they belong to records the commitlog lost).
-func loadConsumeQueue(fs vfs.FS, root, topic string, queueID int32, entriesPerFile int, commitlogEnd int64) (*consumeQueue, error) {
-	q := &consumeQueue{fs: fs, topic: topic, queueID: queueID, dir: cqDir(root, topic, queueID),
-		fileSize: int64(entriesPerFile) * cqEntrySize}
+func newConsumeQueue(cache *cqFiles, root, topic string, queueID int32, entriesPerFile int) *consumeQueue {
+	return &consumeQueue{topic: topic, queueID: queueID, dir: cqDir(root, topic, queueID),
+		entries: int64(entriesPerFile), cache: cache}
+}
+
+func (q *consumeQueue) newFile(first int64) *cqFile {
+	return &cqFile{q: q, first: first, path: filepath.Join(q.dir, fileName(first*cqEntrySize))}
+}
+
+// loadConsumeQueue finds the queue's files and its valid end without
+// opening them: the count is what the files' sizes hold, capped at want,
+// the count the checkpoint recorded (entries past it were not known
+// durable; the dispatcher writes them again from the commitlog). Only a
+// queue shorter than the checkpoint says, which is damage, is scanned
+// (scanValid) for zeroed or stale entries. Bytes past the end are cut
+// (truncate), so a restart writes only to queues a crash left long.
+func loadConsumeQueue(cache *cqFiles, root, topic string, queueID int32, entriesPerFile int, want int64, commitlogEnd int64) (*consumeQueue, error) {
+	q := newConsumeQueue(cache, root, topic, queueID, entriesPerFile)
+	fs := cache.fs
 	entries, err := fs.ReadDir(q.dir)
 	if err != nil && !errors.Is(err, iofs.ErrNotExist) {
 		return nil, fmt.Errorf("storage: read consume queue %s/%d: %w", topic, queueID, err)
@@ -67,200 +129,502 @@ func loadConsumeQueue(fs vfs.FS, root, topic string, queueID int32, entriesPerFi
 		}
 	}
 	sort.Slice(froms, func(i, j int) bool { return froms[i] < froms[j] })
+	fileBytes := q.entries * cqEntrySize
+	end := int64(-1)
 	for i, from := range froms {
-		if from%q.fileSize != 0 || (i > 0 && from != froms[i-1]+q.fileSize) {
-			// A gap or misaligned file: drop it and what follows; the
-			// dispatcher rebuilds the entries from the commitlog.
+		path := filepath.Join(q.dir, fileName(from))
+		if from%fileBytes != 0 || (i > 0 && from != froms[i-1]+fileBytes) || end >= 0 && end%q.entries != 0 {
+			// A gap, a misaligned file or one after a short file: drop
+			// it and what follows; the dispatcher rebuilds the entries
+			// from the commitlog.
 			for _, f := range froms[i:] {
 				fs.Remove(filepath.Join(q.dir, fileName(f)))
 			}
 			break
 		}
-		m, err := openMappedFile(fs, filepath.Join(q.dir, fileName(from)), from, q.fileSize)
+		size, err := fs.Size(path)
 		if err != nil {
-			q.close()
+			return nil, fmt.Errorf("storage: consume queue %s/%d: %w", topic, queueID, err)
+		}
+		first := from / cqEntrySize
+		q.files = append(q.files, q.newFile(first))
+		end = first + min(size/cqEntrySize, q.entries)
+	}
+	if len(q.files) == 0 {
+		return q, nil
+	}
+	q.min.Store(q.files[0].first)
+	if end < want {
+		if end, err = q.scanValid(end, commitlogEnd); err != nil {
 			return nil, err
 		}
-		q.files = append(q.files, m)
 	}
-	if len(q.files) > 0 {
-		q.min.Store(q.files[0].from / cqEntrySize)
+	end = min(end, want)
+	if end, err = q.validEnd(end, commitlogEnd); err != nil {
+		return nil, err
 	}
-	// Find the end: scan back from the last file for the last valid entry.
-	end := int64(0)
-	if len(q.files) > 0 {
-		end = q.files[0].from / cqEntrySize
+	if err := q.cut(end); err != nil {
+		return nil, err
 	}
-	for _, m := range q.files {
-		n := m.size / cqEntrySize
-		i := int64(0)
-		for ; i < n; i++ {
-			off, size, _ := decodeCQ(m.data[i*cqEntrySize:])
+	return q, nil
+}
+
+// scanValid reads the queue forward and returns the first entry that is
+// empty or points at or past commitlogEnd (a zeroed or torn page). Only a
+// damaged queue is scanned; it is rebuilt from there.
+func (q *consumeQueue) scanValid(end, commitlogEnd int64) (int64, error) {
+	buf := make([]byte, cqBlockEntries*cqEntrySize)
+	for i := q.files[0].first; i < end; {
+		n := min(blockEnd(i, q.entries), end) - i
+		if err := q.readEntries(buf[:n*cqEntrySize], i); err != nil {
+			return 0, err
+		}
+		for j := int64(0); j < n; j++ {
+			off, size, _ := decodeCQ(buf[j*cqEntrySize:])
 			if size <= 0 || off < 0 || off+int64(size) > commitlogEnd {
-				break
+				return i + j, nil
 			}
 		}
-		end = m.from/cqEntrySize + i
-		if i < n {
-			break
+		i += n
+	}
+	return end, nil
+}
+
+// validEnd reads the queue backward from end, a block at a time, and
+// returns the end of its last entry that points inside the commitlog: a
+// restart reads one block per queue, not the whole file.
+func (q *consumeQueue) validEnd(end, commitlogEnd int64) (int64, error) {
+	buf := make([]byte, cqBlockEntries*cqEntrySize)
+	for first := q.files[0].first; end > first; {
+		lo := max(blockStart(end-1, q.entries), first)
+		b := buf[:(end-lo)*cqEntrySize]
+		if err := q.readEntries(b, lo); err != nil {
+			return 0, err
+		}
+		for ; end > lo; end-- {
+			off, size, _ := decodeCQ(b[(end-1-lo)*cqEntrySize:])
+			if size > 0 && off >= 0 && off+int64(size) <= commitlogEnd {
+				return end, nil
+			}
 		}
 	}
-	q.truncate(end)
-	q.flushed = end
-	return q, nil
+	return end, nil
+}
+
+// cut drops the entries from queue offset end on: files that start after
+// it are removed, the one holding it is truncated there. Only a crash or
+// damage leaves anything to cut. REQUIRES: no readers yet (load).
+func (q *consumeQueue) cut(end int64) error {
+	keep := q.files[:0]
+	for _, cf := range q.files {
+		switch {
+		case cf.first > end || (cf.first == end && len(keep) > 0):
+			q.cache.forget(cf)
+			if err := q.cache.fs.Remove(cf.path); err != nil && !errors.Is(err, iofs.ErrNotExist) {
+				return fmt.Errorf("storage: consume queue %s/%d: remove %s: %w", q.topic, q.queueID, filepath.Base(cf.path), err)
+			}
+			continue
+		}
+		size, err := q.cache.fs.Size(cf.path)
+		if err != nil {
+			return fmt.Errorf("storage: consume queue %s/%d: %w", q.topic, q.queueID, err)
+		}
+		if want := min(end-cf.first, q.entries) * cqEntrySize; size > want {
+			err := q.cache.with(cf, false, func(f vfs.File) error { return f.Truncate(want) })
+			if err != nil {
+				return fmt.Errorf("storage: consume queue %s/%d: cut %s at %d: %w", q.topic, q.queueID, filepath.Base(cf.path), want, err)
+			}
+			cf.dirty = true
+		}
+		keep = append(keep, cf)
+	}
+	q.files = keep
+	if len(keep) == 0 {
+		end = 0
+	}
+	q.tail, q.tailFirst = nil, end
+	q.readLoaded = false
+	q.count.Store(end)
+	q.written, q.synced = end, end
+	if end < q.min.Load() {
+		q.min.Store(end)
+	}
+	return nil
+}
+
+// truncate drops entries from queue offset end on (rebuild, before the
+// dispatcher starts). REQUIRES: no readers yet.
+func (q *consumeQueue) truncate(end int64) error {
+	if end >= q.count.Load() {
+		return nil
+	}
+	return q.cut(end)
 }
 
 func decodeCQ(b []byte) (off int64, size int32, tags int64) {
 	return int64(binary.BigEndian.Uint64(b)), int32(binary.BigEndian.Uint32(b[8:])), int64(binary.BigEndian.Uint64(b[12:]))
 }
 
-// truncate drops entries from queue offset end on: zeroes them and removes
-// files that start after end.
-func (q *consumeQueue) truncate(end int64) {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	keep := q.files[:0]
-	for _, m := range q.files {
-		start := m.from / cqEntrySize
-		switch {
-		case start > end || (start == end && start > 0 && len(keep) > 0):
-			m.remove()
-			continue
-		case start+m.size/cqEntrySize > end:
-			clear(m.data[(end-start)*cqEntrySize:])
-		}
-		m.wrote.Store(m.size)
-		m.flushed.Store(0)
-		keep = append(keep, m)
-	}
-	q.files = keep
-	q.count.Store(end)
-	if end < q.min.Load() {
-		q.min.Store(end)
-	}
+// blockStart and blockEnd bound the block holding entry i: cqBlockEntries
+// aligned, clipped to its file.
+func blockStart(i, perFile int64) int64 {
+	return max(i-i%cqBlockEntries, i-i%perFile)
 }
 
-// put writes entry queueOffset. It is idempotent: an entry already there
-// with the same commitlog offset is left alone. REQUIRES: the dispatcher.
+func blockEnd(i, perFile int64) int64 {
+	return min(i-i%cqBlockEntries+cqBlockEntries, i-i%perFile+perFile)
+}
+
+// put appends entry queueOffset to the tail. It is idempotent: an entry
+// below the written count is left alone (re-dispatch after recovery or
+// after a failed write). An entry that starts a new block first writes the
+// pending ones. REQUIRES: the dispatcher.
 func (q *consumeQueue) put(queueOffset, phys int64, size int32, tags int64) error {
-	if queueOffset < q.count.Load() {
-		return nil // already indexed (re-dispatch after recovery)
+	if queueOffset < q.written {
+		return nil
 	}
-	if queueOffset != q.count.Load() {
-		return fmt.Errorf("storage: consume queue %s/%d: entry %d after %d entries: queue offsets out of order",
-			q.topic, q.queueID, queueOffset, q.count.Load())
+	if queueOffset != q.written {
+		return fmt.Errorf("%w: consume queue %s/%d: entry %d after %d entries: queue offsets out of order",
+			ErrCorrupt, q.topic, q.queueID, queueOffset, q.written)
 	}
-	pos := queueOffset * cqEntrySize
-	from := pos - pos%q.fileSize
-	m := q.file(from)
-	if m == nil {
-		if err := q.fs.MkdirAll(q.dir); err != nil {
-			return fmt.Errorf("storage: create consume queue dir: %w", err)
-		}
-		var err error
-		if m, err = createMappedFile(q.fs, q.dir, from, q.fileSize); err != nil {
+	if queueOffset >= blockEnd(q.tailFirst, q.entries) {
+		if err := q.writePending(); err != nil {
 			return err
 		}
-		m.wrote.Store(m.size)
 		q.mu.Lock()
-		if len(q.files) == 0 {
-			q.min.Store(from / cqEntrySize)
-		}
-		q.files = append(q.files, m)
+		q.tail, q.tailFirst = q.tail[:0], queueOffset
 		q.mu.Unlock()
 	}
-	b := m.data[pos-from:]
-	binary.BigEndian.PutUint64(b, uint64(phys))
-	binary.BigEndian.PutUint32(b[8:], uint32(size))
-	binary.BigEndian.PutUint64(b[12:], uint64(tags))
-	q.count.Store(queueOffset + 1)
+	var e [cqEntrySize]byte
+	binary.BigEndian.PutUint64(e[:], uint64(phys))
+	binary.BigEndian.PutUint32(e[8:], uint32(size))
+	binary.BigEndian.PutUint64(e[12:], uint64(tags))
+	q.mu.Lock()
+	q.tail = append(q.tail, e[:]...)
+	q.mu.Unlock()
+	q.written++
 	return nil
 }
 
-func (q *consumeQueue) file(from int64) *mappedFile {
-	q.mu.RLock()
-	defer q.mu.RUnlock()
-	return q.fileLocked(from)
+// pending reports whether put accepted entries not yet written.
+func (q *consumeQueue) pending() bool { return q.written > q.count.Load() }
+
+// writePending writes the pending entries to their file, creating it (and
+// the queue's directory) if needed, and publishes them. No sync: flush does
+// that before a checkpoint counts them. REQUIRES: the dispatcher.
+func (q *consumeQueue) writePending() error {
+	from := q.count.Load()
+	if q.written <= from {
+		return nil
+	}
+	cf, err := q.fileFor(from)
+	if err != nil {
+		return err
+	}
+	b := q.tail[(from-q.tailFirst)*cqEntrySize : (q.written-q.tailFirst)*cqEntrySize]
+	err = q.cache.with(cf, true, func(f vfs.File) error {
+		_, err := f.WriteAt(b, (from-cf.first)*cqEntrySize)
+		return err
+	})
+	if err != nil {
+		return q.ioErr("write", cf, err)
+	}
+	cf.dirty = true
+	q.count.Store(q.written)
+	return nil
 }
 
-// fileLocked is file. REQUIRES: q.mu held.
-func (q *consumeQueue) fileLocked(from int64) *mappedFile {
-	for i := len(q.files) - 1; i >= 0; i-- {
-		if q.files[i].from == from {
-			return q.files[i]
+// dropPending forgets the entries put accepted but writePending could not
+// write, and returns the commitlog offset of the first one, where the
+// dispatcher resumes so that a later round writes them. REQUIRES: the
+// dispatcher.
+func (q *consumeQueue) dropPending() (phys int64, ok bool) {
+	from := q.count.Load()
+	if q.written <= from {
+		return 0, false
+	}
+	phys, _, _ = decodeCQ(q.tail[(from-q.tailFirst)*cqEntrySize:])
+	q.mu.Lock()
+	q.tail = q.tail[:(from-q.tailFirst)*cqEntrySize]
+	q.mu.Unlock()
+	q.written = from
+	return phys, true
+}
+
+// fileFor returns the file holding entry i, adding it (not yet on disk:
+// with opens it with create) when i starts a new one. REQUIRES: the
+// dispatcher.
+func (q *consumeQueue) fileFor(i int64) (*cqFile, error) {
+	first := i - i%q.entries
+	q.mu.RLock()
+	n := len(q.files)
+	var last *cqFile
+	if n > 0 {
+		last = q.files[n-1]
+	}
+	q.mu.RUnlock()
+	if last != nil && last.first == first {
+		return last, nil
+	}
+	if n == 0 {
+		if err := q.cache.fs.MkdirAll(q.dir); err != nil {
+			return nil, fmt.Errorf("storage: create consume queue dir %s/%d: %w", q.topic, q.queueID, wrapNoSpace(err))
 		}
+		q.newDirs = true
 	}
-	return nil
+	cf := q.newFile(first)
+	cf.created = true
+	q.mu.Lock()
+	if len(q.files) == 0 {
+		q.min.Store(first)
+	}
+	q.files = append(q.files, cf)
+	q.mu.Unlock()
+	return cf, nil
 }
 
-// get returns entry queueOffset, or ok=false when it is not indexed. It
-// reads under q.mu, so retention can unmap the files it drops.
-func (q *consumeQueue) get(queueOffset int64) (phys int64, size int32, tags int64, ok bool) {
-	if queueOffset < q.min.Load() || queueOffset >= q.count.Load() {
-		return 0, 0, 0, false
+func (q *consumeQueue) ioErr(op string, cf *cqFile, err error) error {
+	return fmt.Errorf("storage: %s consume queue %s/%d file %s: %w", op, q.topic, q.queueID, filepath.Base(cf.path), wrapNoSpace(err))
+}
+
+// wrapNoSpace adds ErrDiskFull to an error that wraps vfs.ErrNoSpace, so the
+// server answers it as a full disk; the original stays wrapped.
+func wrapNoSpace(err error) error {
+	if errors.Is(err, vfs.ErrNoSpace) && !errors.Is(err, ErrDiskFull) {
+		return fmt.Errorf("%w: %w", ErrDiskFull, err)
 	}
-	pos := queueOffset * cqEntrySize
+	return err
+}
+
+// get returns entry queueOffset, or ok=false when it is not indexed or
+// cannot be read (lookup says why).
+func (q *consumeQueue) get(queueOffset int64) (phys int64, size int32, tags int64, ok bool) {
+	phys, size, tags, ok, _ = q.lookup(queueOffset)
+	return phys, size, tags, ok
+}
+
+// lookup is get with the read error. Entries at the tail come from memory;
+// older ones from the read block, refilled with one pread per block, so a
+// scan over N entries costs N/cqBlockEntries reads.
+func (q *consumeQueue) lookup(queueOffset int64) (phys int64, size int32, tags int64, ok bool, err error) {
+	if queueOffset < q.min.Load() || queueOffset >= q.count.Load() {
+		return 0, 0, 0, false, nil
+	}
 	q.mu.RLock()
 	defer q.mu.RUnlock()
-	m := q.fileLocked(pos - pos%q.fileSize)
-	if m == nil {
-		return 0, 0, 0, false
+	if queueOffset >= q.tailFirst {
+		if p := (queueOffset - q.tailFirst) * cqEntrySize; p+cqEntrySize <= int64(len(q.tail)) {
+			phys, size, tags = decodeCQ(q.tail[p:])
+			return phys, size, tags, true, nil
+		}
+		return 0, 0, 0, false, nil
 	}
-	phys, size, tags = decodeCQ(m.data[pos-m.from:])
-	return phys, size, tags, true
+	q.readMu.Lock()
+	defer q.readMu.Unlock()
+	if !q.readLoaded || queueOffset < q.readFirst || queueOffset >= q.readFirst+int64(len(q.readBlock))/cqEntrySize {
+		lo := blockStart(queueOffset, q.entries)
+		hi := min(blockEnd(queueOffset, q.entries), q.tailFirst)
+		if cap(q.readBlock) < cqBlockEntries*cqEntrySize {
+			q.readBlock = make([]byte, cqBlockEntries*cqEntrySize)
+		}
+		q.readBlock = q.readBlock[:(hi-lo)*cqEntrySize]
+		q.readLoaded = false
+		if err := q.readEntries(q.readBlock, lo); err != nil {
+			return 0, 0, 0, false, err
+		}
+		q.readFirst, q.readLoaded = lo, true
+	}
+	phys, size, tags = decodeCQ(q.readBlock[(queueOffset-q.readFirst)*cqEntrySize:])
+	return phys, size, tags, true, nil
+}
+
+// readEntries fills b with the entries from queue offset i on, all in
+// one file. REQUIRES: q.mu held (read), or no concurrent writer.
+func (q *consumeQueue) readEntries(b []byte, i int64) error {
+	if len(q.files) == 0 || i < q.files[0].first {
+		return fmt.Errorf("storage: consume queue %s/%d: entry %d is below the first file", q.topic, q.queueID, i)
+	}
+	k := (i - q.files[0].first) / q.entries
+	if k >= int64(len(q.files)) {
+		return fmt.Errorf("storage: consume queue %s/%d: entry %d is past the last file", q.topic, q.queueID, i)
+	}
+	cf := q.files[k]
+	err := q.cache.with(cf, false, func(f vfs.File) error {
+		_, err := f.ReadAt(b, (i-cf.first)*cqEntrySize)
+		return err
+	})
+	if err != nil {
+		if errors.Is(err, io.EOF) {
+			err = fmt.Errorf("%w: file is shorter than its entries: %w", ErrCorrupt, err)
+		}
+		return q.ioErr("read", cf, err)
+	}
+	return nil
 }
 
 // dropFilesBelow takes off the queue the files whose entries all lie below
 // queue offset entry, never the last file, and returns them; the caller
 // deletes them (retention, after moving min to entry).
-func (q *consumeQueue) dropFilesBelow(entry int64) []*mappedFile {
+func (q *consumeQueue) dropFilesBelow(entry int64) []*cqFile {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	n := 0
-	for n < len(q.files)-1 && (q.files[n].from+q.fileSize)/cqEntrySize <= entry {
+	for n < len(q.files)-1 && q.files[n].first+q.entries <= entry {
 		n++
 	}
 	if n == 0 {
 		return nil
 	}
-	gone := append([]*mappedFile(nil), q.files[:n]...)
-	q.files = append([]*mappedFile(nil), q.files[n:]...)
+	gone := append([]*cqFile(nil), q.files[:n]...)
+	q.files = append([]*cqFile(nil), q.files[n:]...)
 	return gone
 }
 
-// flush msyncs the entries written since the last flush. REQUIRES: the
-// dispatcher (single writer).
-func (q *consumeQueue) flush() error {
+// remove closes and deletes a file dropped from the queue.
+func (cf *cqFile) remove() error {
+	cf.q.cache.forget(cf)
+	return cf.q.cache.fs.Remove(cf.path)
+}
+
+// flush makes the entries written since the last flush durable: it syncs
+// the files written since and returns the directories whose entries must be
+// synced too (the queue's, for a file created since, and its parents, for a
+// directory created since). REQUIRES: the dispatcher (single writer).
+func (q *consumeQueue) flush(dirs map[string]bool) error {
 	end := q.count.Load()
-	if end <= q.flushed {
+	if end <= q.synced && !q.newDirs {
 		return nil
 	}
 	q.mu.RLock()
-	files := q.files
+	files := append([]*cqFile(nil), q.files...)
 	q.mu.RUnlock()
-	for _, m := range files {
-		start, stop := m.from, m.from+m.size
-		lo, hi := max(q.flushed*cqEntrySize, start), min(end*cqEntrySize, stop)
-		if lo >= hi {
+	for _, cf := range files {
+		if !cf.dirty {
 			continue
 		}
-		if err := m.sync(lo-start, hi-start); err != nil {
-			return fmt.Errorf("storage: flush consume queue %s/%d: %w", q.topic, q.queueID, err)
+		err := q.cache.with(cf, false, func(f vfs.File) error { return f.Sync() })
+		if err != nil && !errors.Is(err, iofs.ErrNotExist) { // not exist: retention removed it
+			return q.ioErr("sync", cf, err)
+		}
+		cf.dirty = false
+		if cf.created {
+			dirs[q.dir] = true
+			cf.created = false
 		}
 	}
-	q.flushed = end
+	if q.newDirs {
+		topicDir := filepath.Dir(q.dir)
+		dirs[topicDir] = true
+		dirs[filepath.Dir(topicDir)] = true
+		dirs[filepath.Dir(filepath.Dir(topicDir))] = true
+		q.newDirs = false
+	}
+	q.synced = end
 	return nil
 }
 
+// close forgets the queue's open files.
 func (q *consumeQueue) close() error {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	var errs []error
-	for _, m := range q.files {
-		errs = append(errs, m.close())
+	for _, cf := range q.files {
+		errs = append(errs, q.cache.forget(cf))
 	}
-	q.files = nil
 	return errors.Join(errs...)
+}
+
+// cqFiles is the store-wide cache of open consume-queue files: at most
+// limit descriptors, the least recently used closed first, so the number
+// of queues is bounded by disk, not by RLIMIT_NOFILE (a file in use is
+// never closed; the limit may be passed while every open file is in use).
+type cqFiles struct {
+	fs    vfs.FS
+	limit int
+
+	mu   sync.Mutex
+	lru  list.List // of *cqFile, most recently used first
+	open int
+}
+
+func newCQFiles(fs vfs.FS, limit int) *cqFiles {
+	return &cqFiles{fs: fs, limit: limit}
+}
+
+// with runs fn on cf's descriptor, opening it (creating the file when
+// create is set) and closing idle ones beyond the limit first.
+func (c *cqFiles) with(cf *cqFile, create bool, fn func(vfs.File) error) error {
+	f, err := c.acquire(cf, create)
+	if err != nil {
+		return err
+	}
+	defer c.release(cf)
+	return fn(f)
+}
+
+func (c *cqFiles) acquire(cf *cqFile, create bool) (vfs.File, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if cf.gone {
+		return nil, &iofs.PathError{Op: "open", Path: cf.path, Err: iofs.ErrNotExist}
+	}
+	if cf.f != nil {
+		c.lru.MoveToFront(cf.elem)
+		cf.refs++
+		return cf.f, nil
+	}
+	for e := c.lru.Back(); e != nil && c.open >= c.limit; {
+		prev := e.Prev()
+		if old := e.Value.(*cqFile); old.refs == 0 {
+			c.closeLocked(old)
+		}
+		e = prev
+	}
+	f, err := c.fs.OpenFile(cf.path, create)
+	if err != nil {
+		return nil, err
+	}
+	cf.f, cf.elem, cf.refs = f, c.lru.PushFront(cf), 1
+	c.open++
+	return f, nil
+}
+
+func (c *cqFiles) release(cf *cqFile) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	cf.refs--
+	if cf.refs == 0 && cf.gone && cf.f != nil {
+		c.closeLocked(cf)
+	}
+}
+
+// closeLocked closes an idle file. A close error is dropped: the file was
+// only read or written, and flush reopens it to sync. REQUIRES: c.mu.
+func (c *cqFiles) closeLocked(cf *cqFile) error {
+	err := cf.f.Close()
+	c.lru.Remove(cf.elem)
+	cf.f, cf.elem = nil, nil
+	c.open--
+	return err
+}
+
+// forget closes cf, or has its last user close it, and keeps it from
+// being opened again (removal, or the store closing).
+func (c *cqFiles) forget(cf *cqFile) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	cf.gone = true
+	if cf.f == nil || cf.refs > 0 {
+		return nil
+	}
+	return c.closeLocked(cf)
+}
+
+// openCount is the number of open consume-queue files.
+func (c *cqFiles) openCount() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.open
 }
 
 // TagsCode is the consume-queue tags code of a TAGS value: Java's

@@ -24,6 +24,15 @@ type dispatcher struct {
 
 	mu     sync.RWMutex // guards queues
 	queues map[queueKey]*consumeQueue
+	files  *cqFiles // the consume queues' open files
+
+	// touched holds the queues with entries put this round, written at
+	// its end (writeQueues); verify makes a round check every record's
+	// CRC first (rebuild, over records recovery did not scan), naming
+	// verifyFlushed in the CorruptionError. Guarded by runMu.
+	touched       []*consumeQueue
+	verify        bool
+	verifyFlushed int64
 
 	// runMu is held by every dispatch round and checkpoint, so a test can
 	// pause the store at a consistent point (see Store.pause).
@@ -43,12 +52,14 @@ type dispatcher struct {
 
 func newDispatcher(s *Store) *dispatcher {
 	return &dispatcher{s: s, root: s.opts.Dir, queues: map[queueKey]*consumeQueue{},
+		files:  newCQFiles(s.opts.FS, s.opts.MaxOpenQueueFiles),
 		arrive: make(chan struct{}), kick: make(chan struct{}, 1), done: make(chan struct{})}
 }
 
-// loadQueues maps every consume queue on disk, cutting entries that point
-// at or past commitlogEnd.
-func (d *dispatcher) loadQueues(commitlogEnd int64) error {
+// loadQueues finds every consume queue on disk, without opening its files,
+// and cuts each to the count the checkpoint recorded for it (want; see
+// loadConsumeQueue).
+func (d *dispatcher) loadQueues(commitlogEnd int64, want func(topic string, qid int32) int64) error {
 	fs := d.s.opts.FS
 	topics, err := fs.ReadDir(filepath.Join(d.root, "consumequeue"))
 	if errors.Is(err, iofs.ErrNotExist) {
@@ -70,7 +81,8 @@ func (d *dispatcher) loadQueues(commitlogEnd int64) error {
 			if !ok || !id.IsDir {
 				continue
 			}
-			q, err := loadConsumeQueue(fs, d.root, topic, qid, d.s.opts.ConsumeQueueEntries, commitlogEnd)
+			q, err := loadConsumeQueue(d.files, d.root, topic, qid, d.s.opts.ConsumeQueueEntries,
+				want(topic, qid), commitlogEnd)
 			if err != nil {
 				return err
 			}
@@ -164,7 +176,17 @@ func (d *dispatcher) arrival() <-chan struct{} {
 	return d.arrive
 }
 
+// dispatchTo indexes the records in [next, end). The entries of a round
+// are written at its end, one write per queue (writeQueues); a queue whose
+// write fails (a full disk, EMFILE) drops them and next moves back to the
+// first of them, so the next round writes them again: puts of the entries
+// after it, to other queues, are idempotent.
 func (d *dispatcher) dispatchTo(end int64) error {
+	err := d.dispatchRecords(end)
+	return errors.Join(err, d.writeQueues())
+}
+
+func (d *dispatcher) dispatchRecords(end int64) error {
 	var lastTopic string
 	// Deleted topics: their records below the delete are never indexed
 	// again (topics.go). Tombstones change only under runMu, which the
@@ -182,14 +204,25 @@ func (d *dispatcher) dispatchTo(end int64) error {
 			d.next = f.from + f.size
 			continue
 		}
-		m := parseMeta(b)
-		if m.total <= 0 || rel+int64(m.total) > f.size {
-			return fmt.Errorf("%w: dispatch: bad record at commitlog offset %d", ErrCorrupt, d.next)
+		if d.verify {
+			if err := verifyRecord(b, f.from+rel, !d.s.opts.DisablePropCRC); err != nil {
+				return &CorruptionError{File: "commitlog/" + fileName(f.from), Offset: d.next, Flushed: d.verifyFlushed,
+					Reason: err.Error() + " (found rebuilding the consume queues)"}
+			}
+		}
+		m, err := parseMeta(b)
+		if err != nil {
+			return &CorruptionError{File: "commitlog/" + fileName(f.from), Offset: d.next, Flushed: d.verifyFlushed,
+				Reason: "dispatch: " + err.Error()}
 		}
 		if m.tx == TransactionNotType || m.tx == TransactionCommitType {
 			topic := lastTopic
 			if string(m.topic) != lastTopic {
 				topic = string(m.topic)
+				if !validTopic(topic) { // it names a directory
+					return &CorruptionError{File: "commitlog/" + fileName(f.from), Offset: d.next, Flushed: d.verifyFlushed,
+						Reason: fmt.Sprintf("dispatch: invalid topic %q", topic)}
+				}
 				lastTopic = topic
 				skipBelow = tombs[topic]
 			}
@@ -205,13 +238,48 @@ func (d *dispatcher) dispatchTo(end int64) error {
 			if topic == ScheduleTopic {
 				tags = m.storeTS + d.s.delayOf(int(m.queueID)+1).Milliseconds()
 			}
-			if err := q.put(m.queueOffset, d.next, m.total, tags); err != nil {
+			had := q.pending()
+			err = q.put(m.queueOffset, d.next, m.total, tags)
+			if !had && q.pending() {
+				d.touched = append(d.touched, q)
+			}
+			if err != nil {
 				return err
 			}
 		}
 		d.next += int64(m.total)
 	}
 	return nil
+}
+
+// verifyRecord checks the record at the start of b completely, as
+// recovery does, and that it lies where it says.
+func verifyRecord(b []byte, at int64, requireCRC bool) error {
+	if _, err := checkRecord(b, requireCRC); err != nil {
+		return err
+	}
+	if got := int64(binary.BigEndian.Uint64(b[posPhysOffset:])); got != at {
+		return corrupt("PHYSICALOFFSET %d, record lies at %d (stale bytes)", got, at)
+	}
+	return nil
+}
+
+// writeQueues writes the round's pending entries, one write per queue. A
+// queue that fails drops its pending entries and moves next back to the
+// first one (see dispatchTo). REQUIRES: runMu.
+func (d *dispatcher) writeQueues() error {
+	var errs []error
+	for _, q := range d.touched {
+		if err := q.writePending(); err != nil {
+			errs = append(errs, err)
+			if phys, ok := q.dropPending(); ok && phys < d.next {
+				d.next = phys
+			}
+		}
+	}
+	clear(d.touched)
+	d.touched = d.touched[:0]
+	return errors.Join(errs...)
 }
 
 func (d *dispatcher) queueFor(topic string, qid int32) (*consumeQueue, error) {
@@ -222,8 +290,9 @@ func (d *dispatcher) queueFor(topic string, qid int32) (*consumeQueue, error) {
 	if q != nil {
 		return q, nil
 	}
-	q = &consumeQueue{fs: d.s.opts.FS, topic: topic, queueID: qid, dir: cqDir(d.root, topic, qid),
-		fileSize: int64(d.s.opts.ConsumeQueueEntries) * cqEntrySize}
+	// Nothing on disk yet: the first writePending creates the directory
+	// and the file, without a sync; the next checkpoint syncs them.
+	q = newConsumeQueue(d.files, d.root, topic, qid, d.s.opts.ConsumeQueueEntries)
 	d.mu.Lock()
 	d.queues[k] = q
 	d.mu.Unlock()
@@ -252,11 +321,25 @@ func (d *dispatcher) checkpoint() error {
 	sort.Slice(queues, func(i, j int) bool {
 		return queueName(queues[i].topic, queues[i].queueID) < queueName(queues[j].topic, queues[j].queueID)
 	})
+	// A queue's new entries, its new files and their directories are
+	// durable before the checkpoint records its count.
+	dirs := map[string]bool{}
 	for _, q := range queues {
-		if err := q.flush(); err != nil {
+		if err := q.flush(dirs); err != nil {
 			return err
 		}
 		counts[queueName(q.topic, q.queueID)] = q.count.Load()
+	}
+	// Deepest first: a file's directory before the directory's parent.
+	order := make([]string, 0, len(dirs))
+	for dir := range dirs {
+		order = append(order, dir)
+	}
+	sort.Slice(order, func(i, j int) bool { return len(order[i]) > len(order[j]) })
+	for _, dir := range order {
+		if err := syncDir(d.s.opts.FS, dir); err != nil {
+			return fmt.Errorf("storage: sync consume queue directory: %w", err)
+		}
 	}
 	// Everything dispatched must be durable before the checkpoint says so.
 	flushed, err := d.s.queue.Sync(0)
@@ -298,6 +381,9 @@ func (d *dispatcher) close() error {
 	return errors.Join(errs...)
 }
 
+// openQueueFiles is the number of consume-queue files open now.
+func (d *dispatcher) openQueueFiles() int { return d.files.openCount() }
+
 // recordMeta is what dispatch needs from a record header.
 type recordMeta struct {
 	total       int32
@@ -309,48 +395,74 @@ type recordMeta struct {
 	tags        []byte
 }
 
-// parseMeta reads the dispatch fields of a record already validated by
-// recovery or written by this process. It does not check CRCs.
-func parseMeta(b []byte) recordMeta {
+// parseMeta reads the dispatch fields of a record. It does not check CRCs
+// (recovery or a rebuild's verify did, or this process wrote the record),
+// but it checks every length against the bytes it has, so damaged bytes
+// are an error wrapping ErrCorrupt, never a panic.
+func parseMeta(b []byte) (recordMeta, error) {
 	be := binary.BigEndian
+	if len(b) < minRecordLen {
+		return recordMeta{}, corrupt("%d bytes is too short for a record", len(b))
+	}
 	total := int32(be.Uint32(b))
-	if total < minRecordLen || int(total) > len(b) {
-		return recordMeta{}
+	if total < minRecordLen || int64(total) > int64(len(b)) {
+		return recordMeta{}, corrupt("total size %d out of range [%d, %d]", total, minRecordLen, len(b))
 	}
 	b = b[:total]
 	m := recordMeta{total: total, queueID: int32(be.Uint32(b[posQueueID:])),
 		queueOffset: int64(be.Uint64(b[posQueueOffset:]))}
+	if m.queueID < 0 || m.queueOffset < 0 {
+		return recordMeta{}, corrupt("queue id %d, queue offset %d", m.queueID, m.queueOffset)
+	}
 	sys := int32(be.Uint32(b[posSysFlag:]))
 	m.tx = sys & transactionMask
 	p := posBornHost + 8
 	if sys&FlagBornHostV6 != 0 {
 		p += 12
 	}
+	if p+8 > len(b) {
+		return recordMeta{}, corrupt("header overruns total size %d", total)
+	}
 	m.storeTS = int64(be.Uint64(b[p:]))
 	p += 8 + 8 + 4 + 8
 	if sys&FlagStoreHostV6 != 0 {
 		p += 12
 	}
-	p += 4 + int(be.Uint32(b[p:]))
+	if p+4 > len(b) {
+		return recordMeta{}, corrupt("header overruns total size %d", total)
+	}
+	bodyLen := int64(int32(be.Uint32(b[p:])))
+	p += 4
+	if bodyLen < 0 || bodyLen > int64(len(b)-p) {
+		return recordMeta{}, corrupt("body length %d overruns total size %d", bodyLen, total)
+	}
+	p += int(bodyLen)
 	var tl int
 	if be.Uint32(b[posMagic:]) == MagicV2 {
+		if p+2 > len(b) {
+			return recordMeta{}, corrupt("topic length overruns record")
+		}
 		tl = int(be.Uint16(b[p:]))
 		p += 2
 	} else {
+		if p+1 > len(b) {
+			return recordMeta{}, corrupt("topic length overruns record")
+		}
 		tl = int(b[p])
 		p++
 	}
-	if p+tl+2 > len(b) {
-		return recordMeta{}
+	if tl > len(b)-p-2 {
+		return recordMeta{}, corrupt("topic length %d overruns record", tl)
 	}
 	m.topic = b[p : p+tl]
 	p += tl
 	pl := int(be.Uint16(b[p:]))
 	p += 2
-	if p+pl <= len(b) {
-		m.tags = propertyIn(b[p:p+pl], PropertyTags)
+	if pl > len(b)-p {
+		return recordMeta{}, corrupt("properties length %d overruns record", pl)
 	}
-	return m
+	m.tags = propertyIn(b[p:p+pl], PropertyTags)
+	return m, nil
 }
 
 // propertyIn finds key in an encoded properties string; the value aliases

@@ -165,6 +165,11 @@ type Options struct {
 	// supported.
 	ConsumeQueueEntries int
 
+	// MaxOpenQueueFiles bounds the consume-queue files open at once: the
+	// least recently used idle one is closed to open another, so the number
+	// of queues is bounded by disk, not by RLIMIT_NOFILE. Default 256.
+	MaxOpenQueueFiles int
+
 	// CheckpointInterval is how often the consume queues are flushed and the
 	// checkpoint rewritten; each checkpoint also syncs the commitlog, so it
 	// bounds the async-mode loss window too. Default 1 s.
@@ -246,6 +251,7 @@ const (
 	DefaultSyncFlushTimeout      = 5 * time.Second
 	DefaultPageCacheBusyTimeout  = time.Second
 	DefaultCheckpointInterval    = time.Second
+	DefaultMaxOpenQueueFiles     = 256
 	DefaultFileReservedTime      = 72 * time.Hour
 	DefaultDeleteWhen            = "04"
 	DefaultDiskCleanPercent      = 85
@@ -289,6 +295,9 @@ func (o Options) withDefaults() Options {
 	}
 	if o.CheckpointInterval == 0 {
 		o.CheckpointInterval = DefaultCheckpointInterval
+	}
+	if o.MaxOpenQueueFiles == 0 {
+		o.MaxOpenQueueFiles = DefaultMaxOpenQueueFiles
 	}
 	if o.DelayLevels == "" {
 		o.DelayLevels = DefaultDelayLevels
@@ -349,6 +358,9 @@ func (o Options) Validate() error {
 	}
 	if o.ConsumeQueueEntries < 1 {
 		errs = append(errs, fmt.Errorf("ConsumeQueueEntries %d must be positive", o.ConsumeQueueEntries))
+	}
+	if o.MaxOpenQueueFiles < 1 {
+		errs = append(errs, fmt.Errorf("MaxOpenQueueFiles %d must be positive", o.MaxOpenQueueFiles))
 	}
 	if o.FlushInterval < 0 || o.CheckpointInterval < 0 || o.FlushThoroughInterval < 0 || o.SyncFlushTimeout < 0 || o.PageCacheBusyTimeout < 0 {
 		errs = append(errs, errors.New("durations must not be negative"))

@@ -186,7 +186,10 @@ func (s *Store) pullOnce(req PullRequest) (PullResult, error) {
 	}
 	bytes := 0
 	for off := req.Offset; off < res.MaxOffset && len(res.Messages) < req.MaxMessages; off++ {
-		phys, size, tags, ok := q.get(off)
+		phys, size, tags, ok, err := q.lookup(off)
+		if err != nil {
+			return res, err
+		}
 		if !ok {
 			break
 		}

@@ -409,9 +409,9 @@ func (r *retention) trimQueue(q *consumeQueue, minPhys int64) error {
 	q.min.Store(newMin)
 	gone := q.dropFilesBelow(newMin)
 	var errs []error
-	for _, m := range gone {
-		if err := m.remove(); err != nil {
-			errs = append(errs, fmt.Errorf("storage: delete consume queue file %s/%d/%s: %w", q.topic, q.queueID, fileName(m.from), err))
+	for _, cf := range gone {
+		if err := cf.remove(); err != nil {
+			errs = append(errs, fmt.Errorf("storage: delete consume queue file %s/%d/%s: %w", q.topic, q.queueID, fileName(cf.first*cqEntrySize), err))
 			continue
 		}
 		r.trimmedFiles.Add(1)

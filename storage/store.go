@@ -701,19 +701,15 @@ func (s *Store) lastStoreTime() int64 {
 // truncated), and rebuilds the topic-queue table from them.
 func (s *Store) rebuildQueues(cp checkpoint) error {
 	end := s.queue.maxOffset()
-	if err := s.dispatch.loadQueues(end); err != nil {
+	// Entries past the checkpoint were not known durable when it was
+	// written: a power cut may have torn them. loadQueues drops them; the
+	// re-dispatch below writes them again from the commitlog.
+	want := func(topic string, qid int32) int64 { return s.checkpointCount(cp, topic, qid) }
+	if err := s.dispatch.loadQueues(end, want); err != nil {
 		return err
 	}
 	s.dropDeletedQueues()
 	from := min(cp.Dispatched, end)
-	// Entries past the checkpoint were not known durable when it was
-	// written: a power cut may have torn them. Drop them; the re-dispatch
-	// below writes them again from the commitlog.
-	for k, q := range s.dispatch.queues {
-		if want := s.checkpointCount(cp, k.topic, k.queue); q.count.Load() > want {
-			q.truncate(want)
-		}
-	}
 	for name, want := range cp.Queues {
 		topic, qid, ok := splitQueueName(name)
 		if !ok {
@@ -730,7 +726,13 @@ func (s *Store) rebuildQueues(cp checkpoint) error {
 	}
 	from = max(from, s.queue.minOffset())
 	s.dispatch.next = from
-	if err := s.dispatch.dispatchTo(end); err != nil {
+	// Recovery checked the records from its scan start on, not those below
+	// it that a rebuild from the log's start reads: check every record the
+	// rebuild indexes, so damage there is a CorruptionError.
+	s.dispatch.verify, s.dispatch.verifyFlushed = true, cp.Flushed
+	err := s.dispatch.dispatchTo(end)
+	s.dispatch.verify = false
+	if err != nil {
 		return fmt.Errorf("storage: rebuild consume queues: %w", err)
 	}
 	s.dispatch.dispatched.Store(s.dispatch.next)

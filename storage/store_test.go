@@ -594,6 +594,7 @@ func TestRecoveryRebuildsConsumeQueues(t *testing.T) {
 			case "entries past the commitlog end": // a bogus entry 11 pointing beyond the log
 				p := filepath.Join(q, fileName(2*4*cqEntrySize))
 				b, _ := os.ReadFile(p)
+				b = append(b[:3*cqEntrySize:3*cqEntrySize], make([]byte, cqEntrySize)...)
 				e := b[3*cqEntrySize:]
 				be := offs[10].NextOffset() + 1000
 				for i := 0; i < 8; i++ {

@@ -24,10 +24,14 @@ const (
 	OpRename
 	OpRemove
 	OpPopulate // cannot fail; an injector can block it or count calls
+	OpOpenFile // OpenFile: EMFILE-like, or ENOSPC-like when creating
+	OpFileWrite
+	OpFileSync
 )
 
 func (o Op) String() string {
-	return [...]string{"create-segment", "sync", "write-file", "sync-dir", "rename", "remove", "populate"}[o]
+	return [...]string{"create-segment", "sync", "write-file", "sync-dir", "rename", "remove", "populate",
+		"open-file", "file-write", "file-sync"}[o]
 }
 
 // Injector decides whether an operation fails: a non-nil error is returned
@@ -67,6 +71,10 @@ type MemFS struct {
 	inject  Injector
 	// SegmentsClosed counts Close calls on segments (leak checks).
 	open int
+	// openFiles counts Files opened and not closed; written counts the
+	// bytes written through WriteFile and File.WriteAt.
+	openFiles int
+	written   int64
 }
 
 type memFile struct {
@@ -243,6 +251,7 @@ func (m *MemFS) WriteFile(path string, data []byte) error {
 	f.data = bytes.Clone(data)
 	f.durable = bytes.Clone(data)
 	f.mu.Unlock()
+	m.written += int64(len(data))
 	return nil
 }
 
@@ -353,6 +362,127 @@ func (s *memSegment) Close() error {
 	return nil
 }
 
+// OpenFile implements FS. The injector sees OpOpenFile with the path;
+// an error it returns is wrapped with ErrNoSpace when the file would have
+// been created (a full disk has no room for the inode or entry).
+func (m *MemFS) OpenFile(path string, create bool) (File, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	path = clean(path)
+	f := m.files[path]
+	if f == nil && !create {
+		return nil, notExist("open", path)
+	}
+	if err := m.fail(OpOpenFile, path); err != nil {
+		if f == nil {
+			return nil, fmt.Errorf("%w: %w", ErrNoSpace, err)
+		}
+		return nil, err
+	}
+	if f == nil {
+		if !m.dirs[filepath.Dir(path)] {
+			return nil, notExist("open", path)
+		}
+		f = &memFile{}
+		m.files[path] = f
+	}
+	m.openFiles++
+	return &memHandle{m: m, f: f, path: path}, nil
+}
+
+// OpenFiles is the number of Files opened and not closed.
+func (m *MemFS) OpenFiles() int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.openFiles
+}
+
+// Written is the number of bytes written through WriteFile and
+// File.WriteAt (not through segment mappings).
+func (m *MemFS) Written() int64 {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.written
+}
+
+// memHandle is an open File. Its data is the memFile's, shared with every
+// other handle on the same file, as an inode's page cache is.
+type memHandle struct {
+	m      *MemFS
+	f      *memFile
+	path   string
+	closed bool
+}
+
+func (h *memHandle) ReadAt(p []byte, off int64) (int, error) {
+	h.f.mu.Lock()
+	defer h.f.mu.Unlock()
+	if off < 0 {
+		return 0, fmt.Errorf("readat %s: negative offset", filepath.Base(h.path))
+	}
+	if off >= int64(len(h.f.data)) {
+		return 0, io.EOF
+	}
+	n := copy(p, h.f.data[off:])
+	if n < len(p) {
+		return n, io.EOF
+	}
+	return n, nil
+}
+
+func (h *memHandle) WriteAt(p []byte, off int64) (int, error) {
+	h.m.mu.Lock()
+	err := h.m.fail(OpFileWrite, h.path)
+	if err == nil {
+		h.m.written += int64(len(p))
+	}
+	h.m.mu.Unlock()
+	if err != nil {
+		return 0, err
+	}
+	h.f.mu.Lock()
+	defer h.f.mu.Unlock()
+	if end := off + int64(len(p)); end > int64(len(h.f.data)) {
+		h.f.data = append(h.f.data, make([]byte, end-int64(len(h.f.data)))...)
+	}
+	copy(h.f.data[off:], p)
+	return len(p), nil
+}
+
+func (h *memHandle) Truncate(size int64) error {
+	h.f.mu.Lock()
+	defer h.f.mu.Unlock()
+	if size <= int64(len(h.f.data)) {
+		h.f.data = h.f.data[:size:size]
+	} else {
+		h.f.data = append(h.f.data, make([]byte, size-int64(len(h.f.data)))...)
+	}
+	return nil
+}
+
+func (h *memHandle) Sync() error {
+	h.m.mu.Lock()
+	err := h.m.fail(OpFileSync, h.path)
+	h.m.mu.Unlock()
+	if err != nil {
+		return err
+	}
+	h.f.mu.Lock()
+	h.f.durable = bytes.Clone(h.f.data)
+	h.f.mu.Unlock()
+	return nil
+}
+
+func (h *memHandle) Close() error {
+	h.m.mu.Lock()
+	defer h.m.mu.Unlock()
+	if !h.closed {
+		h.closed = true
+		h.m.openFiles--
+	}
+	return nil
+}
+
 type memLock struct {
 	m    *MemFS
 	path string
@@ -397,19 +527,29 @@ func (m *MemFS) Crash(rng *rand.Rand) *MemFS {
 		}
 		f.mu.Lock()
 		data := bytes.Clone(f.durable)
+		cur := f.data
+		if len(cur) != len(data) {
+			// A File grown or truncated since its last Sync: the size
+			// that survives is the old or the new one; bytes past the
+			// durable size were zeros before.
+			if rng.IntN(2) == 0 {
+				data = append(data, make([]byte, max(len(cur)-len(data), 0))...)[:len(cur)]
+			}
+			cur = append(bytes.Clone(cur), make([]byte, max(len(data)-len(cur), 0))...)[:len(data)]
+		}
 		for p := 0; p < len(data); p += pageSize {
 			end := min(p+pageSize, len(data))
-			if bytes.Equal(f.data[p:end], f.durable[p:end]) {
+			if bytes.Equal(cur[p:end], data[p:end]) {
 				continue
 			}
 			switch rng.IntN(3) {
 			case 0: // the new page reached the disk
-				copy(data[p:end], f.data[p:end])
+				copy(data[p:end], cur[p:end])
 			case 1: // it did not
 			default: // torn at sector granularity
 				for sec := p; sec < end; sec += sectorSize {
 					if rng.IntN(2) == 0 {
-						copy(data[sec:min(sec+sectorSize, end)], f.data[sec:min(sec+sectorSize, end)])
+						copy(data[sec:min(sec+sectorSize, end)], cur[sec:min(sec+sectorSize, end)])
 					}
 				}
 			}

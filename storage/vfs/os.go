@@ -162,6 +162,46 @@ func (s *osSegment) Close() error {
 	return errors.Join(errs...)
 }
 
+func (osFS) OpenFile(path string, create bool) (File, error) {
+	flag := os.O_RDWR
+	if create {
+		flag |= os.O_CREATE
+	}
+	f, err := os.OpenFile(path, flag, 0o644)
+	if err != nil {
+		return nil, noSpace(err)
+	}
+	return osFile{f}, nil
+}
+
+// noSpace marks ENOSPC (and EDQUOT, a full quota) with ErrNoSpace.
+func noSpace(err error) error {
+	if errors.Is(err, unix.ENOSPC) || errors.Is(err, unix.EDQUOT) {
+		return fmt.Errorf("%w: %w", ErrNoSpace, err)
+	}
+	return err
+}
+
+type osFile struct{ f *os.File }
+
+func (o osFile) ReadAt(p []byte, off int64) (int, error) { return o.f.ReadAt(p, off) }
+
+func (o osFile) WriteAt(p []byte, off int64) (int, error) {
+	n, err := o.f.WriteAt(p, off)
+	return n, noSpace(err)
+}
+
+func (o osFile) Truncate(size int64) error { return noSpace(o.f.Truncate(size)) }
+
+func (o osFile) Sync() error {
+	if err := unix.Fdatasync(int(o.f.Fd())); err != nil {
+		return &os.PathError{Op: "fdatasync", Path: o.f.Name(), Err: noSpace(err)}
+	}
+	return nil
+}
+
+func (o osFile) Close() error { return o.f.Close() }
+
 func (osFS) Lock(path string) (io.Closer, error) {
 	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o644)
 	if err != nil {

@@ -43,6 +43,30 @@ type FS interface {
 	// Lock takes an exclusive lock on path (created if needed); a second
 	// Lock on it, from this or another process, fails with ErrLocked.
 	Lock(path string) (io.Closer, error)
+	// OpenFile opens path for positioned reads and writes (pread/pwrite,
+	// no mapping), creating it empty when create is set and it does not
+	// exist. Neither the new file nor its directory entry is synced.
+	OpenFile(path string, create bool) (File, error)
+}
+
+// File is a file read and written at offsets, without a mapping: it grows
+// as it is written, and a full disk is an error from WriteAt (wrapping
+// ErrNoSpace), never a SIGBUS on a later page fault. The consume queues use
+// it, so that an idle queue costs neither a mapping nor preallocated disk.
+type File interface {
+	// ReadAt reads len(p) bytes at off; fewer only with an error (io.EOF
+	// past the end).
+	ReadAt(p []byte, off int64) (int, error)
+	// WriteAt writes p at off, growing the file as needed. Not durable
+	// until Sync.
+	WriteAt(p []byte, off int64) (int, error)
+	// Truncate sets the file's size. Not durable until Sync.
+	Truncate(size int64) error
+	// Sync makes the file's contents and size durable (fdatasync), not
+	// its directory entry.
+	Sync() error
+	// Close closes the file; it does not sync.
+	Close() error
 }
 
 // DirEntry is one entry of a directory.
