@@ -58,9 +58,10 @@ type config struct {
 	CheckpointInterval time.Duration
 
 	// Topic configuration (storage.Options).
-	DefaultQueues    int
-	AutoCreateTopics bool
-	MaxTopics        int
+	DefaultQueues     int
+	AutoCreateTopics  bool
+	MaxTopics         int
+	MaxOpenQueueFiles int
 }
 
 // Defaults. deploy/kubernetes and the Dockerfile rely on the ports and the
@@ -110,9 +111,10 @@ func parseConfig(args []string, lookupEnv func(string) (string, bool), stderr io
 		DelayLevels:        storage.DefaultDelayLevels,
 		CheckpointInterval: storage.DefaultCheckpointInterval,
 
-		DefaultQueues:    storage.DefaultQueues,
-		AutoCreateTopics: true,
-		MaxTopics:        storage.DefaultMaxTopics,
+		DefaultQueues:     storage.DefaultQueues,
+		AutoCreateTopics:  true,
+		MaxTopics:         storage.DefaultMaxTopics,
+		MaxOpenQueueFiles: storage.DefaultMaxOpenQueueFiles,
 	}
 	fs := flag.NewFlagSet("storaged", flag.ContinueOnError)
 	fs.SetOutput(stderr)
@@ -158,6 +160,8 @@ func parseConfig(args []string, lookupEnv func(string) (string, bool), stderr io
 		"a put to an unknown topic creates it; false refuses it (NOT_FOUND, TOPIC_NOT_EXIST) until the admin service creates it")
 	fs.IntVar(&cfg.MaxTopics, "max-topics", cfg.MaxTopics,
 		"most `topics` the store holds; creating more is refused (RESOURCE_EXHAUSTED)")
+	fs.IntVar(&cfg.MaxOpenQueueFiles, "max-open-queue-files", cfg.MaxOpenQueueFiles,
+		"`count` of consume-queue files kept open at once; the least recently used idle one is closed beyond it")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "Usage: storaged [flags]\n\n"+
 			"Every flag has an environment twin: --data-dir is %sDATA_DIR.\n"+
@@ -244,6 +248,9 @@ func (c *config) validate() error {
 	if c.AdminListen != "" && c.AdminListen == c.Listen && !strings.HasSuffix(c.Listen, ":0") {
 		errs = append(errs, errors.New("--admin-listen must differ from --listen"))
 	}
+	if c.MaxOpenQueueFiles < 1 {
+		errs = append(errs, fmt.Errorf("--max-open-queue-files %d must be at least 1", c.MaxOpenQueueFiles))
+	}
 	if c.MaxMessageSize <= 0 || c.MaxMessageSize > math.MaxInt32-(1<<20) {
 		errs = append(errs, fmt.Errorf("--max-message-size %d out of range", c.MaxMessageSize))
 	}
@@ -312,6 +319,7 @@ func (c *config) storageOptions(host netip.AddrPort, logger *zerolog.Logger) sto
 		DefaultQueues:      c.DefaultQueues,
 		NoAutoCreateTopics: !c.AutoCreateTopics,
 		MaxTopics:          c.MaxTopics,
+		MaxOpenQueueFiles:  c.MaxOpenQueueFiles,
 	}
 }
 
@@ -346,6 +354,7 @@ func (c *config) log(l zerolog.Logger) {
 		Int("default_queues", c.DefaultQueues).
 		Bool("auto_create_topics", c.AutoCreateTopics).
 		Int("max_topics", c.MaxTopics).
+		Int("max_open_queue_files", c.MaxOpenQueueFiles).
 		Msg("effective configuration")
 }
 

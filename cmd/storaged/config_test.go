@@ -40,6 +40,7 @@ func TestConfigDefaults(t *testing.T) {
 		DiskCheckInterval: time.Second, DelayLevels: "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h",
 		CheckpointInterval: time.Second,
 		DefaultQueues:      8, AutoCreateTopics: true, MaxTopics: 10000,
+		MaxOpenQueueFiles: 256,
 	}
 	if cfg != want {
 		t.Errorf("defaults\n got %+v\nwant %+v", cfg, want)
@@ -158,6 +159,41 @@ func TestConfigRetentionAndDelay(t *testing.T) {
 		if !strings.Contains(stderr.String(), f) {
 			t.Errorf("usage does not mention %q", f)
 		}
+	}
+}
+
+// TestConfigMaxOpenQueueFiles: --max-open-queue-files and its environment
+// twin reach storage.Options; the flag wins; zero is refused.
+func TestConfigMaxOpenQueueFiles(t *testing.T) {
+	cases := []struct {
+		name    string
+		args    []string
+		env     []string
+		want    int
+		wantErr string
+	}{
+		{"default", nil, nil, storage.DefaultMaxOpenQueueFiles, ""},
+		{"env", nil, []string{"STORAGED_MAX_OPEN_QUEUE_FILES", "64"}, 64, ""},
+		{"flag over env", []string{"--max-open-queue-files", "8"}, []string{"STORAGED_MAX_OPEN_QUEUE_FILES", "64"}, 8, ""},
+		{"zero", []string{"--max-open-queue-files", "0"}, nil, 0, "--max-open-queue-files 0 must be at least 1"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			var stderr bytes.Buffer
+			cfg, err := parseConfig(tc.args, env(tc.env...), &stderr)
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(stderr.String(), tc.wantErr) {
+					t.Fatalf("err %v, stderr %q, want %q", err, stderr.String(), tc.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if o := cfg.storageOptions(netip.MustParseAddrPort("127.0.0.1:9090"), nil); o.MaxOpenQueueFiles != tc.want {
+				t.Fatalf("MaxOpenQueueFiles %d, want %d", o.MaxOpenQueueFiles, tc.want)
+			}
+		})
 	}
 }
 

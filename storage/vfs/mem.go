@@ -27,11 +27,12 @@ const (
 	OpOpenFile // OpenFile: EMFILE-like, or ENOSPC-like when creating
 	OpFileWrite
 	OpFileSync
+	OpFileRead // File.ReadAt: EIO-like, or counted
 )
 
 func (o Op) String() string {
 	return [...]string{"create-segment", "sync", "write-file", "sync-dir", "rename", "remove", "populate",
-		"open-file", "file-write", "file-sync"}[o]
+		"open-file", "file-write", "file-sync", "file-read"}[o]
 }
 
 // Injector decides whether an operation fails: a non-nil error is returned
@@ -415,6 +416,12 @@ type memHandle struct {
 }
 
 func (h *memHandle) ReadAt(p []byte, off int64) (int, error) {
+	h.m.mu.Lock()
+	err := h.m.fail(OpFileRead, h.path)
+	h.m.mu.Unlock()
+	if err != nil {
+		return 0, err
+	}
 	h.f.mu.Lock()
 	defer h.f.mu.Unlock()
 	if off < 0 {

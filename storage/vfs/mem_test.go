@@ -3,6 +3,7 @@ package vfs
 import (
 	"bytes"
 	"errors"
+	"io"
 	"io/fs"
 	"math/rand/v2"
 	"testing"
@@ -126,4 +127,98 @@ func TestOSSegment(t *testing.T) {
 		t.Fatalf("second flock: %v", err)
 	}
 	l.Close()
+}
+
+// TestMemFile: a File grows as it is written, reads back what was written,
+// counts its handles and bytes, and a crash keeps what its last Sync made
+// durable (the new size and data only if they reached the disk by chance).
+func TestMemFile(t *testing.T) {
+	m := NewMem()
+	m.MkdirAll("/d")
+	if _, err := m.OpenFile("/d/f", false); !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("open without create: %v", err)
+	}
+	f, err := m.OpenFile("/d/f", true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.SyncDir("/d")
+	if _, err := f.WriteAt([]byte("hello"), 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.WriteAt([]byte(" world"), 5); err != nil { // not synced
+		t.Fatal(err)
+	}
+	got := make([]byte, 11)
+	if n, err := f.ReadAt(got, 0); n != 11 || err != nil || string(got) != "hello world" {
+		t.Fatalf("read %q (%d): %v", got, n, err)
+	}
+	if n, err := f.ReadAt(got, 6); n != 5 || !errors.Is(err, io.EOF) {
+		t.Fatalf("read past the end: %d, %v", n, err)
+	}
+	if m.OpenFiles() != 1 || m.Written() != 11 {
+		t.Fatalf("open files %d, written %d", m.OpenFiles(), m.Written())
+	}
+	sizes := map[string]bool{}
+	for seed := uint64(0); seed < 64; seed++ {
+		img := m.Crash(rand.New(rand.NewPCG(seed, 2)))
+		b, err := img.ReadFile("/d/f")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.HasPrefix(b, []byte("hello")) || (len(b) != 5 && len(b) != 11) {
+			t.Fatalf("crash image %q", b)
+		}
+		sizes[string(b)] = true
+	}
+	if !sizes["hello"] || len(sizes) < 2 {
+		t.Fatalf("crash images %v: want the synced size and the grown one", sizes)
+	}
+	f.Close()
+	if m.OpenFiles() != 0 {
+		t.Fatalf("open files %d after close", m.OpenFiles())
+	}
+}
+
+// TestMemFileInjection: the injector fails OpenFile (a create as ErrNoSpace),
+// WriteAt and Sync, and each has no effect.
+func TestMemFileInjection(t *testing.T) {
+	cases := []struct {
+		op      Op
+		noSpace bool
+	}{{OpOpenFile, true}, {OpFileWrite, false}, {OpFileSync, false}, {OpFileRead, false}}
+	for _, c := range cases {
+		t.Run(c.op.String(), func(t *testing.T) {
+			m := NewMem()
+			m.MkdirAll("/d")
+			var f File
+			if c.op != OpOpenFile {
+				var err error
+				if f, err = m.OpenFile("/d/f", true); err != nil {
+					t.Fatal(err)
+				}
+			}
+			m.SetInjector(OnCall(c.op, 1, ErrInjected, true))
+			var err error
+			switch c.op {
+			case OpOpenFile:
+				_, err = m.OpenFile("/d/f", true)
+			case OpFileWrite:
+				_, err = f.WriteAt([]byte("x"), 0)
+			case OpFileSync:
+				err = f.Sync()
+			case OpFileRead:
+				_, err = f.ReadAt(make([]byte, 1), 0)
+			}
+			if !errors.Is(err, ErrInjected) || errors.Is(err, ErrNoSpace) != c.noSpace {
+				t.Fatalf("%v: %v", c.op, err)
+			}
+			if size, _ := m.Size("/d/f"); c.op == OpFileWrite && size != 0 {
+				t.Fatalf("a failed write wrote %d bytes", size)
+			}
+		})
+	}
 }
