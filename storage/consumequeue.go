@@ -71,10 +71,9 @@ type consumeQueue struct {
 	// min is the first queue offset still indexed (0 until retention).
 	min atomic.Int64
 
-	// The dispatcher's own state (single writer; runMu).
-	written int64 // entries accepted: count plus pending
-	synced  int64 // entries known durable
-	newDirs bool  // the queue's directory was created since the last flush
+	// written is the number of entries accepted: count plus pending.
+	// The dispatcher's own (runMu).
+	written int64
 }
 
 // cqFile is one consume-queue file. Its descriptor, when open, is owned by
@@ -90,9 +89,9 @@ type cqFile struct {
 	refs int
 	gone bool // removed: never opened again, closed when released
 
-	// The dispatcher's own state (runMu).
-	dirty   bool // written since its last sync
-	created bool // its directory entry is not yet synced
+	// dirty: written since its last sync, and in cqFiles.dirty. The
+	// dispatcher's own (runMu).
+	dirty bool
 }
 
 func cqDir(root, topic string, queueID int32) string {
@@ -234,7 +233,7 @@ func (q *consumeQueue) cut(end int64) error {
 			if err != nil {
 				return fmt.Errorf("storage: consume queue %s/%d: cut %s at %d: %w", q.topic, q.queueID, filepath.Base(cf.path), want, err)
 			}
-			cf.dirty = true
+			q.cache.markDirty(cf)
 		}
 		keep = append(keep, cf)
 	}
@@ -245,7 +244,7 @@ func (q *consumeQueue) cut(end int64) error {
 	q.tail, q.tailFirst = nil, end
 	q.readLoaded = false
 	q.count.Store(end)
-	q.written, q.synced = end, end
+	q.written = end
 	if end < q.min.Load() {
 		q.min.Store(end)
 	}
@@ -329,7 +328,7 @@ func (q *consumeQueue) writePending() error {
 	if err != nil {
 		return q.ioErr("write", cf, err)
 	}
-	cf.dirty = true
+	q.cache.markDirty(cf)
 	q.count.Store(q.written)
 	return nil
 }
@@ -370,10 +369,16 @@ func (q *consumeQueue) fileFor(i int64) (*cqFile, error) {
 		if err := q.cache.fs.MkdirAll(q.dir); err != nil {
 			return nil, fmt.Errorf("storage: create consume queue dir %s/%d: %w", q.topic, q.queueID, wrapNoSpace(err))
 		}
-		q.newDirs = true
+		// The queue's directory, and its topic's if new, must reach
+		// their parents' entries.
+		topicDir := filepath.Dir(q.dir)
+		cqRoot := filepath.Dir(topicDir)
+		q.cache.dirs[topicDir] = true
+		q.cache.dirs[cqRoot] = true
+		q.cache.dirs[filepath.Dir(cqRoot)] = true
 	}
 	cf := q.newFile(first)
-	cf.created = true
+	q.cache.dirs[q.dir] = true // the new file's entry
 	q.mu.Lock()
 	if len(q.files) == 0 {
 		q.min.Store(first)
@@ -486,43 +491,6 @@ func (cf *cqFile) remove() error {
 	return cf.q.cache.fs.Remove(cf.path)
 }
 
-// flush makes the entries written since the last flush durable: it syncs
-// the files written since and returns the directories whose entries must be
-// synced too (the queue's, for a file created since, and its parents, for a
-// directory created since). REQUIRES: the dispatcher (single writer).
-func (q *consumeQueue) flush(dirs map[string]bool) error {
-	end := q.count.Load()
-	if end <= q.synced && !q.newDirs {
-		return nil
-	}
-	q.mu.RLock()
-	files := append([]*cqFile(nil), q.files...)
-	q.mu.RUnlock()
-	for _, cf := range files {
-		if !cf.dirty {
-			continue
-		}
-		err := q.cache.with(cf, false, func(f vfs.File) error { return f.Sync() })
-		if err != nil && !errors.Is(err, iofs.ErrNotExist) { // not exist: retention removed it
-			return q.ioErr("sync", cf, err)
-		}
-		cf.dirty = false
-		if cf.created {
-			dirs[q.dir] = true
-			cf.created = false
-		}
-	}
-	if q.newDirs {
-		topicDir := filepath.Dir(q.dir)
-		dirs[topicDir] = true
-		dirs[filepath.Dir(topicDir)] = true
-		dirs[filepath.Dir(filepath.Dir(topicDir))] = true
-		q.newDirs = false
-	}
-	q.synced = end
-	return nil
-}
-
 // close forgets the queue's open files.
 func (q *consumeQueue) close() error {
 	q.mu.Lock()
@@ -542,13 +510,92 @@ type cqFiles struct {
 	fs    vfs.FS
 	limit int
 
+	// The files written and the directories given entries since the last
+	// checkpoint (sync). The dispatcher's own (runMu).
+	dirty map[*cqFile]struct{}
+	dirs  map[string]bool
+
 	mu   sync.Mutex
 	lru  list.List // of *cqFile, most recently used first
 	open int
 }
 
 func newCQFiles(fs vfs.FS, limit int) *cqFiles {
-	return &cqFiles{fs: fs, limit: limit}
+	return &cqFiles{fs: fs, limit: limit, dirty: map[*cqFile]struct{}{}, dirs: map[string]bool{}}
+}
+
+func (c *cqFiles) markDirty(cf *cqFile) {
+	if !cf.dirty {
+		cf.dirty = true
+		c.dirty[cf] = struct{}{}
+	}
+}
+
+// syncParallelism bounds the concurrent syncs of a checkpoint: a file
+// system commits concurrent fsyncs together, so 1,000 new queues cost a
+// few journal commits, not 1,000 (each on the dispatcher's time).
+const syncParallelism = 16
+
+// sync makes every file written and every directory given an entry since
+// the last sync durable: files first, then directories. What fails stays
+// to sync, so the next checkpoint retries it. REQUIRES: the dispatcher.
+func (c *cqFiles) sync() error {
+	files := make([]*cqFile, 0, len(c.dirty))
+	for cf := range c.dirty {
+		files = append(files, cf)
+	}
+	errs := parallel(len(files), func(i int) error {
+		cf := files[i]
+		err := c.with(cf, false, func(f vfs.File) error { return f.Sync() })
+		if err != nil && !errors.Is(err, iofs.ErrNotExist) { // not exist: retention removed it
+			return cf.q.ioErr("sync", cf, err)
+		}
+		return nil
+	})
+	for i, cf := range files {
+		if errs[i] == nil {
+			cf.dirty = false
+			delete(c.dirty, cf)
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	dirs := make([]string, 0, len(c.dirs))
+	for dir := range c.dirs {
+		dirs = append(dirs, dir)
+	}
+	errs = parallel(len(dirs), func(i int) error {
+		if err := c.fs.SyncDir(dirs[i]); err != nil {
+			return fmt.Errorf("storage: sync consume queue directory %s: %w", dirs[i], wrapNoSpace(err))
+		}
+		return nil
+	})
+	for i, dir := range dirs {
+		if errs[i] == nil {
+			delete(c.dirs, dir)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// parallel runs fn(0) … fn(n-1) on up to syncParallelism goroutines, all
+// ended when it returns, and returns their errors by index.
+func parallel(n int, fn func(i int) error) []error {
+	errs := make([]error, n)
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for range min(n, syncParallelism) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := int(next.Add(1) - 1); i < n; i = int(next.Add(1) - 1) {
+				errs[i] = fn(i)
+			}
+		}()
+	}
+	wg.Wait()
+	return errs
 }
 
 // with runs fn on cf's descriptor, opening it (creating the file when

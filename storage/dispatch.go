@@ -321,25 +321,15 @@ func (d *dispatcher) checkpoint() error {
 	sort.Slice(queues, func(i, j int) bool {
 		return queueName(queues[i].topic, queues[i].queueID) < queueName(queues[j].topic, queues[j].queueID)
 	})
-	// A queue's new entries, its new files and their directories are
-	// durable before the checkpoint records its count.
-	dirs := map[string]bool{}
 	for _, q := range queues {
-		if err := q.flush(dirs); err != nil {
-			return err
-		}
 		counts[queueName(q.topic, q.queueID)] = q.count.Load()
 	}
-	// Deepest first: a file's directory before the directory's parent.
-	order := make([]string, 0, len(dirs))
-	for dir := range dirs {
-		order = append(order, dir)
-	}
-	sort.Slice(order, func(i, j int) bool { return len(order[i]) > len(order[j]) })
-	for _, dir := range order {
-		if err := syncDir(d.s.opts.FS, dir); err != nil {
-			return fmt.Errorf("storage: sync consume queue directory: %w", err)
-		}
+	// A queue's new entries, its new files and their directories are
+	// durable before the checkpoint records its count. Creating them
+	// synced nothing (writePending), so that a new queue never holds up
+	// the dispatch of others; this is where they become durable, together.
+	if err := d.files.sync(); err != nil {
+		return err
 	}
 	// Everything dispatched must be durable before the checkpoint says so.
 	flushed, err := d.s.queue.Sync(0)
