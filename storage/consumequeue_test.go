@@ -388,7 +388,7 @@ func TestOpenDamagedRecordBelowCheckpoint(t *testing.T) {
 		t.Fatal(err)
 	}
 	rec := b[victim.WroteOffset:]
-	p := posBornHost + 8 + 8 + 8 + 8 + 4 + 8 // the body length, IPv4 hosts
+	p := posBornHost + 8 + 8 + 8 + 4 + 8 // the body length: after the hosts (IPv4), store time, reconsume, prepared tx
 	binary.BigEndian.PutUint32(rec[p:], 0xFFFFFF00)
 	if err := os.WriteFile(path, b, 0o644); err != nil {
 		t.Fatal(err)

@@ -455,8 +455,8 @@ func parseMeta(b []byte) (recordMeta, error) {
 	return m, nil
 }
 
-// propertyIn finds key in an encoded properties string; the value aliases
-// props (no allocation).
+// propertyIn finds key in an encoded properties string as parseProperties
+// reads it; the value aliases props (no allocation).
 func propertyIn(props []byte, key string) []byte {
 	for len(props) > 0 {
 		end := bytes.IndexByte(props, propertySeparator)
@@ -465,7 +465,11 @@ func propertyIn(props []byte, key string) []byte {
 		}
 		item := props[:end]
 		if len(item) > len(key) && item[len(key)] == nameValueSeparator && string(item[:len(key)]) == key {
-			return item[len(key)+1:]
+			// As parseProperties: an item whose value holds another
+			// separator is not a property (FuzzParseMeta found it).
+			if v := item[len(key)+1:]; bytes.IndexByte(v, nameValueSeparator) < 0 {
+				return v
+			}
 		}
 		if end == len(props) {
 			break
