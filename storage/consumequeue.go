@@ -74,6 +74,11 @@ type consumeQueue struct {
 	// written is the number of entries accepted: count plus pending.
 	// The dispatcher's own (runMu).
 	written int64
+
+	// trimmedAt and trimmedPhys are retention's own: the min offset it
+	// last looked at and the commitlog offset of that entry, so that a
+	// round over 10,000 queues with nothing to trim reads no entry.
+	trimmedAt, trimmedPhys int64
 }
 
 // cqFile is one consume-queue file. Its descriptor, when open, is owned by
@@ -114,7 +119,7 @@ func (q *consumeQueue) newFile(first int64) *cqFile {
 // queue shorter than the checkpoint says, which is damage, is scanned
 // (scanValid) for zeroed or stale entries. Bytes past the end are cut
 // (truncate), so a restart writes only to queues a crash left long.
-func loadConsumeQueue(cache *cqFiles, root, topic string, queueID int32, entriesPerFile int, want int64, commitlogEnd int64) (*consumeQueue, error) {
+func loadConsumeQueue(cache *cqFiles, root, topic string, queueID int32, entriesPerFile int, want, commitlogEnd int64) (*consumeQueue, error) {
 	q := newConsumeQueue(cache, root, topic, queueID, entriesPerFile)
 	fs := cache.fs
 	entries, err := fs.ReadDir(q.dir)
@@ -193,7 +198,7 @@ func (q *consumeQueue) scanValid(end, commitlogEnd int64) (int64, error) {
 // returns the end of its last entry that points inside the commitlog: a
 // restart reads one block per queue, not the whole file.
 func (q *consumeQueue) validEnd(end, commitlogEnd int64) (int64, error) {
-	buf := make([]byte, cqBlockEntries*cqEntrySize)
+	buf := q.cache.loadBuf[:]
 	for first := q.files[0].first; end > first; {
 		lo := max(blockStart(end-1, q.entries), first)
 		b := buf[:(end-lo)*cqEntrySize]
@@ -429,8 +434,8 @@ func (q *consumeQueue) lookup(queueOffset int64) (phys int64, size int32, tags i
 	if !q.readLoaded || queueOffset < q.readFirst || queueOffset >= q.readFirst+int64(len(q.readBlock))/cqEntrySize {
 		lo := blockStart(queueOffset, q.entries)
 		hi := min(blockEnd(queueOffset, q.entries), q.tailFirst)
-		if cap(q.readBlock) < cqBlockEntries*cqEntrySize {
-			q.readBlock = make([]byte, cqBlockEntries*cqEntrySize)
+		if n := (hi - lo) * cqEntrySize; int64(cap(q.readBlock)) < n {
+			q.readBlock = make([]byte, n) // a queue of one entry keeps 20 bytes
 		}
 		q.readBlock = q.readBlock[:(hi-lo)*cqEntrySize]
 		q.readLoaded = false
@@ -514,6 +519,8 @@ type cqFiles struct {
 	// checkpoint (sync). The dispatcher's own (runMu).
 	dirty map[*cqFile]struct{}
 	dirs  map[string]bool
+
+	loadBuf [cqBlockEntries * cqEntrySize]byte // loadConsumeQueue's (Open's) read buffer
 
 	mu   sync.Mutex
 	lru  list.List // of *cqFile, most recently used first

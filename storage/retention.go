@@ -397,6 +397,13 @@ func (r *retention) trimQueues() error {
 
 func (r *retention) trimQueue(q *consumeQueue, minPhys int64) error {
 	lo, hi := q.min.Load(), q.count.Load()
+	if lo == q.trimmedAt && q.trimmedPhys >= minPhys || lo >= hi {
+		return nil // its first entry is still in the commitlog, as last round
+	}
+	if phys, _, _, ok := q.get(lo); ok && phys >= minPhys {
+		q.trimmedAt, q.trimmedPhys = lo, phys
+		return nil
+	}
 	// Entries are in commitlog order: find the first one at or past minPhys.
 	i := sort.Search(int(hi-lo), func(i int) bool {
 		phys, _, _, ok := q.get(lo + int64(i))
