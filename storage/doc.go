@@ -115,6 +115,34 @@
 // a millisecond and the dispatcher indexes records in batches instead of
 // racing the writer for the cache line it is filling.
 //
+// A consume queue (consumequeue.go) keeps RocketMQ's layout:
+// consumequeue/<topic>/<queue>/<20-digit byte offset>, 20-byte entries
+// (int64 commitlog offset, int32 size, int64 tags code), file k holding
+// entries [k*E, (k+1)*E) for E = ConsumeQueueEntries. Unlike the
+// commitlog, its files are neither preallocated nor mapped: they grow by
+// pwrite as entries arrive (vfs.File), so a queue of one message costs 20
+// bytes of file (one disk block plus its directories, about 12 KiB on
+// ext4, not 6,000,000 bytes), a full disk is an error from the write
+// (never a SIGBUS), and no queue holds a mapping. Open files are a
+// store-wide LRU cache bounded by MaxOpenQueueFiles (a file in use is not
+// closed). A round's entries are written at its end, one write per queue,
+// and published only then; a write that fails (ENOSPC, EMFILE) drops
+// them and moves the dispatcher back to the first, so the next round
+// writes them (puts are idempotent). The last block of 128 entries stays
+// in memory and older ones are read a block per pread, so a pull of N
+// entries costs N/128 reads. Nothing on the dispatch path syncs: creating
+// a queue is a mkdir and an open. The checkpoint makes the files written
+// and the directories created since the last one durable (16 syncs at a
+// time) before it records the queues' counts. A restart opens nothing to
+// find a queue's end: the files' sizes give its count, capped at the
+// checkpoint's (entries past it are written again from the commitlog),
+// then one block read from the end cuts entries pointing past the
+// commitlog end; only a queue shorter than the checkpoint says (damage) is
+// scanned forward. A rebuild of the queues from the log (a queue missing
+// or short) checks every record's CRC first, since recovery scanned only
+// from the checkpoint's file: damage there is a CorruptionError, and
+// parseMeta checks every length, so no damaged byte panics.
+//
 // # Delayed delivery and retention
 //
 // A goroutine delivers delay-level messages (schedule_service.go): when a
