@@ -415,31 +415,43 @@ func (q *consumeQueue) get(queueOffset int64) (phys int64, size int32, tags int6
 
 // lookup is get with the read error. Entries at the tail come from memory;
 // older ones from the read block, refilled with one pread per block, so a
-// scan over N entries costs N/cqBlockEntries reads.
+// scan over N entries costs N/cqBlockEntries reads. The pread runs without
+// q.mu, so a cold read never holds up the dispatcher's appends.
 func (q *consumeQueue) lookup(queueOffset int64) (phys int64, size int32, tags int64, ok bool, err error) {
 	if queueOffset < q.min.Load() || queueOffset >= q.count.Load() {
 		return 0, 0, 0, false, nil
 	}
 	q.mu.RLock()
-	defer q.mu.RUnlock()
 	if queueOffset >= q.tailFirst {
+		defer q.mu.RUnlock()
 		if p := (queueOffset - q.tailFirst) * cqEntrySize; p+cqEntrySize <= int64(len(q.tail)) {
 			phys, size, tags = decodeCQ(q.tail[p:])
 			return phys, size, tags, true, nil
 		}
 		return 0, 0, 0, false, nil
 	}
+	// Entries below tailFirst are in their file: the tail moves on only
+	// after writing them.
+	tailFirst := q.tailFirst
+	cf, err := q.fileOfLocked(queueOffset)
+	q.mu.RUnlock()
+	if err != nil {
+		return 0, 0, 0, false, err
+	}
 	q.readMu.Lock()
 	defer q.readMu.Unlock()
 	if !q.readLoaded || queueOffset < q.readFirst || queueOffset >= q.readFirst+int64(len(q.readBlock))/cqEntrySize {
 		lo := blockStart(queueOffset, q.entries)
-		hi := min(blockEnd(queueOffset, q.entries), q.tailFirst)
+		hi := min(blockEnd(queueOffset, q.entries), tailFirst)
 		if n := (hi - lo) * cqEntrySize; int64(cap(q.readBlock)) < n {
 			q.readBlock = make([]byte, n) // a queue of one entry keeps 20 bytes
 		}
 		q.readBlock = q.readBlock[:(hi-lo)*cqEntrySize]
 		q.readLoaded = false
-		if err := q.readEntries(q.readBlock, lo); err != nil {
+		if err := q.readFrom(cf, q.readBlock, lo); err != nil {
+			if queueOffset < q.min.Load() { // retention took the file meanwhile
+				return 0, 0, 0, false, nil
+			}
 			return 0, 0, 0, false, err
 		}
 		q.readFirst, q.readLoaded = lo, true
@@ -448,17 +460,31 @@ func (q *consumeQueue) lookup(queueOffset int64) (phys int64, size int32, tags i
 	return phys, size, tags, true, nil
 }
 
-// readEntries fills b with the entries from queue offset i on, all in
-// one file. REQUIRES: q.mu held (read), or no concurrent writer.
-func (q *consumeQueue) readEntries(b []byte, i int64) error {
+// fileOfLocked returns the file holding entry i. REQUIRES: q.mu held, or
+// no concurrent writer.
+func (q *consumeQueue) fileOfLocked(i int64) (*cqFile, error) {
 	if len(q.files) == 0 || i < q.files[0].first {
-		return fmt.Errorf("storage: consume queue %s/%d: entry %d is below the first file", q.topic, q.queueID, i)
+		return nil, fmt.Errorf("storage: consume queue %s/%d: entry %d is below the first file", q.topic, q.queueID, i)
 	}
 	k := (i - q.files[0].first) / q.entries
 	if k >= int64(len(q.files)) {
-		return fmt.Errorf("storage: consume queue %s/%d: entry %d is past the last file", q.topic, q.queueID, i)
+		return nil, fmt.Errorf("storage: consume queue %s/%d: entry %d is past the last file", q.topic, q.queueID, i)
 	}
-	cf := q.files[k]
+	return q.files[k], nil
+}
+
+// readEntries fills b with the entries from queue offset i on, all in
+// one file. REQUIRES: no concurrent writer (load).
+func (q *consumeQueue) readEntries(b []byte, i int64) error {
+	cf, err := q.fileOfLocked(i)
+	if err != nil {
+		return err
+	}
+	return q.readFrom(cf, b, i)
+}
+
+// readFrom fills b with the entries of cf from queue offset i on.
+func (q *consumeQueue) readFrom(cf *cqFile, b []byte, i int64) error {
 	err := q.cache.with(cf, false, func(f vfs.File) error {
 		_, err := f.ReadAt(b, (i-cf.first)*cqEntrySize)
 		return err

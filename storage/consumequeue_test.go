@@ -406,3 +406,59 @@ func TestOpenDamagedRecordBelowCheckpoint(t *testing.T) {
 		t.Fatalf("open: %v, want a CorruptionError at commitlog/%s offset %d", err, fileName(0), victim.WroteOffset)
 	}
 }
+
+// TestQueueReadsWhileIndexing: pulls from the tail, from older blocks and
+// across file boundaries while the dispatcher appends (and rolls blocks and
+// files) always return the right message for each offset; run under -race.
+func TestQueueReadsWhileIndexing(t *testing.T) {
+	s, _ := openTest(t, func(o *Options) { o.ConsumeQueueEntries = 300; o.MaxOpenQueueFiles = 2 })
+	const n = 2000
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	errs := make(chan error, 4)
+	for r := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rng := rand.New(rand.NewPCG(uint64(r), 5))
+			for {
+				select {
+				case <-done:
+					return
+				default:
+				}
+				_, hi, err := s.QueueInfo("W", 0)
+				if err != nil || hi == 0 {
+					continue
+				}
+				from := rng.Int64N(hi)
+				res, err := s.PullMessages(context.Background(), PullRequest{Topic: "W", Offset: from, MaxMessages: 200})
+				if err != nil {
+					errs <- err
+					return
+				}
+				for i, m := range res.Messages {
+					if want := strconv.FormatInt(from+int64(i), 10); string(m.Body) != want {
+						errs <- fmt.Errorf("offset %d: body %q", from+int64(i), m.Body)
+						return
+					}
+				}
+			}
+		}()
+	}
+	for i := range n {
+		if _, err := s.PutMessage(context.Background(), msg("W", strconv.Itoa(i))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	indexAll(t, s)
+	close(done)
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	if _, hi, _ := s.QueueInfo("W", 0); hi != n {
+		t.Fatalf("max %d, want %d", hi, n)
+	}
+}
