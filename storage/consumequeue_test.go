@@ -181,10 +181,11 @@ func TestQueueCreationDoesNotSync(t *testing.T) {
 	}
 }
 
-// TestRestartWritesNothingPerQueue: reopening a store of 1,000 queues maps
+// TestRestartWritesNothingPerQueue: reopening a store of 300 queues maps
 // no queue file, keeps at most MaxOpenQueueFiles open and writes only the
 // abort marker (on 4b36369 every queue file was mapped and zeroed to its
-// end: 1,000 mappings, 5.74 GiB written on disk).
+// end: 300 mappings; 1,000 queues wrote 5.74 GiB on disk). 300, not more:
+// MemFS's directory operations are linear in its files.
 func TestRestartWritesNothingPerQueue(t *testing.T) {
 	fs := vfs.NewMem()
 	o := Options{Dir: "/d", FS: fs, FileSize: 64 << 10, MaxMessageSize: 1024, MaxOpenQueueFiles: 16}
@@ -192,7 +193,7 @@ func TestRestartWritesNothingPerQueue(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	const n = 1000
+	const n = 300
 	putTopics(t, s, n)
 	if err := s.Close(); err != nil {
 		t.Fatal(err)
