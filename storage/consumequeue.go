@@ -599,7 +599,8 @@ func (c *cqFiles) sync() error {
 		dirs = append(dirs, dir)
 	}
 	errs = parallel(len(dirs), func(i int) error {
-		if err := c.fs.SyncDir(dirs[i]); err != nil {
+		// Not there: its topic was deleted (dropTopic) since.
+		if err := c.fs.SyncDir(dirs[i]); err != nil && !errors.Is(err, iofs.ErrNotExist) {
 			return fmt.Errorf("storage: sync consume queue directory %s: %w", dirs[i], wrapNoSpace(err))
 		}
 		return nil

@@ -463,3 +463,23 @@ func TestQueueReadsWhileIndexing(t *testing.T) {
 		t.Fatalf("max %d, want %d", hi, n)
 	}
 }
+
+// TestCheckpointAfterDeleteTopic: a queue created and its topic deleted
+// before the next checkpoint leaves directories to sync that no longer
+// exist; the checkpoint skips them rather than failing on real files.
+func TestCheckpointAfterDeleteTopic(t *testing.T) {
+	s, _ := openTest(t, func(o *Options) { o.CheckpointInterval = 1 << 40 })
+	if _, err := s.PutMessage(context.Background(), msg("Gone", "x")); err != nil {
+		t.Fatal(err)
+	}
+	indexAll(t, s)
+	if _, err := s.DeleteTopic("Gone"); err != nil {
+		t.Fatal(err)
+	}
+	s.dispatch.runMu.Lock()
+	err := s.dispatch.checkpoint()
+	s.dispatch.runMu.Unlock()
+	if err != nil {
+		t.Fatalf("checkpoint after a topic delete: %v", err)
+	}
+}
