@@ -209,17 +209,35 @@ var storagedFlagsCache sync.Map
 // storagedHasFlag reports whether the usage text of bin -h lists --name,
 // so that the harness runs against revisions before and after a flag.
 func storagedHasFlag(bin, name string) bool {
+	ok, _ := storagedFlag(bin, name)
+	return ok
+}
+
+// storagedFlag reports whether bin -h lists --name, and the default its
+// usage line gives ("" when it gives none).
+func storagedFlag(bin, name string) (bool, string) {
 	usage, ok := storagedFlagsCache.Load(bin)
 	if !ok {
 		out, _ := exec.Command(bin, "-h").CombinedOutput() // -h exits 0 or 2 by revision; the text is what counts
 		usage, _ = storagedFlagsCache.LoadOrStore(bin, string(out))
 	}
-	for _, line := range strings.Split(usage.(string), "\n") {
-		if f := strings.Fields(line); len(f) > 0 && f[0] == "-"+name && strings.HasPrefix(line, "  -") {
-			return true
+	lines := strings.Split(usage.(string), "\n")
+	for i, line := range lines {
+		if f := strings.Fields(line); len(f) == 0 || f[0] != "-"+name || !strings.HasPrefix(line, "  -") {
+			continue
 		}
+		// The usage is on the next line, indented by a tab (the flag
+		// package's PrintDefaults), and ends with "(default X)" when the
+		// default is not the zero value.
+		if i+1 < len(lines) {
+			u := lines[i+1]
+			if j := strings.LastIndex(u, "(default "); j >= 0 && strings.HasSuffix(u, ")") {
+				return true, strings.Trim(u[j+len("(default "):len(u)-1], `"`)
+			}
+		}
+		return true, ""
 	}
-	return false
+	return false, ""
 }
 
 // start starts storaged on dir (which the scenario removes) and returns it

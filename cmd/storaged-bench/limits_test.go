@@ -162,13 +162,19 @@ func TestParseLimitsOptions(t *testing.T) {
 // a flag (--admin-listen).
 func TestStoragedHasFlag(t *testing.T) {
 	bin := filepath.Join(t.TempDir(), "storaged")
-	usage := "Usage: storaged [flags]\n  -admin-listen address\n    \tadmin gRPC listen address\n  -pprof\n    \tserve /debug/pprof\n"
+	usage := "Usage: storaged [flags]\n  -admin-listen address\n    \tadmin gRPC listen address (default \"127.0.0.1:9092\")\n" +
+		"  -max-open-queue-files count\n    \tbound (default 1024)\n  -pprof\n    \tserve /debug/pprof\n"
 	if err := os.WriteFile(bin, []byte("#!/bin/sh\nprintf '"+usage+"' >&2\nexit 2\n"), 0o755); err != nil {
 		t.Fatal(err)
 	}
 	for name, want := range map[string]bool{"admin-listen": true, "pprof": true, "admin": false, "serve": false, "max-topics": false} {
 		if got := storagedHasFlag(bin, name); got != want {
 			t.Errorf("storagedHasFlag(%q) = %v, want %v", name, got, want)
+		}
+	}
+	for name, want := range map[string]string{"admin-listen": "127.0.0.1:9092", "max-open-queue-files": "1024", "pprof": ""} {
+		if ok, def := storagedFlag(bin, name); !ok || def != want {
+			t.Errorf("storagedFlag(%q) = %v, %q; want %q", name, ok, def, want)
 		}
 	}
 	if args := storagedArgs(bin, "d", "--x 1", "--flush-mode", "sync"); strings.Join(args, " ") !=

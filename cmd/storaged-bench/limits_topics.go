@@ -75,9 +75,13 @@ type TopicsResult struct {
 	// ConsumeQueueAfter is data-dir/consumequeue after the second stop.
 	ConsumeQueueAfter dirUsage `json:"consume_queue_after_restart"`
 	// MaxOpenQueueFiles is --max-open-queue-files of the storaged command
-	// line ("" when not given: the binary's default, if it has the flag).
+	// line, else the binary's default from its -h ("" without the flag).
 	MaxOpenQueueFiles string `json:"max_open_queue_files,omitempty"`
 }
+
+// maxOpenQueueFilesFlag is the storaged flag that bounds the consume-queue
+// files held open (issue 11); revisions before it lack it.
+const maxOpenQueueFilesFlag = "max-open-queue-files"
 
 // topics runs the topics scenario.
 func (l *limitsRun) topics(ctx context.Context) (*TopicsResult, error) {
@@ -87,7 +91,12 @@ func (l *limitsRun) topics(ctx context.Context) (*TopicsResult, error) {
 		return nil, err
 	}
 	defer cleanup()
-	res := &TopicsResult{topicsConfig: c, MaxOpenQueueFiles: flagValue(strings.Fields(l.o.storagedArgs), "max-open-queue-files")}
+	res := &TopicsResult{topicsConfig: c, MaxOpenQueueFiles: flagValue(strings.Fields(l.o.storagedArgs), maxOpenQueueFilesFlag)}
+	if res.MaxOpenQueueFiles == "" {
+		if ok, def := storagedFlag(l.o.storaged, maxOpenQueueFilesFlag); ok {
+			res.MaxOpenQueueFiles = def + " (default)"
+		}
+	}
 
 	p, _, err := l.start(ctx, "topics-1", dir)
 	if err != nil {
