@@ -215,7 +215,8 @@ func TestDiskUsage(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if u.Files != 2 || u.Dirs != 3 || u.ApparentBytes != 64<<10+64<<20 || u.AllocatedBytes < 64<<10 || u.AllocatedBytes >= 32<<20 {
+	if u.Files != 2 || u.Dirs != 3 || u.ApparentBytes != 64<<10+64<<20 || u.AllocatedBytes < 64<<10 || u.AllocatedBytes >= 32<<20 ||
+		u.FileAllocatedBytes < 64<<10 || u.FileAllocatedBytes >= u.AllocatedBytes {
 		t.Errorf("diskUsage = %+v", u)
 	}
 	if u, err := diskUsage(filepath.Join(dir, "missing")); err != nil || u != (dirUsage{}) {

@@ -240,6 +240,8 @@ func (t *TopicsResult) rows() []limitRow {
 		{figure: n + ": consume-queue disk (allocated)", value: mib(float64(t.ConsumeQueue.AllocatedBytes)),
 			goal: fmt.Sprintf("<= %s at %d", mib(perTopicGoal*float64(t.Topics)), t.Topics),
 			met:  check(t.CQBytesPerTopic <= perTopicGoal)},
+		{figure: n + ": consume-queue disk, files only (dirs excluded)", value: fmt.Sprintf("%s in %d files, %d dirs",
+			mib(float64(t.ConsumeQueue.FileAllocatedBytes)), t.ConsumeQueue.Files, t.ConsumeQueue.Dirs), goal: ""},
 		{figure: n + ": consume-queue disk per topic", value: fmt.Sprintf("%.1f KiB", t.CQBytesPerTopic/1024),
 			goal: fmt.Sprintf("<= %.1f KiB", perTopicGoal/1024), met: check(t.CQBytesPerTopic <= perTopicGoal)},
 		{figure: n + ": restart, start to SERVING", value: fmt.Sprintf("%.2f s", t.RestartSeconds),

@@ -139,6 +139,9 @@ type dirUsage struct {
 	Dirs           int   `json:"dirs"`
 	ApparentBytes  int64 `json:"apparent_bytes"`  // sum of file sizes
 	AllocatedBytes int64 `json:"allocated_bytes"` // sum of st_blocks × 512, as du counts (directories included)
+	// FileAllocatedBytes is AllocatedBytes without the directories' own
+	// blocks (4 KiB each on ext4, two per consume queue: topic and queue).
+	FileAllocatedBytes int64 `json:"file_allocated_bytes"`
 }
 
 // diskUsage walks root and sums what du(1) would; a missing root is zero.
@@ -155,14 +158,17 @@ func diskUsage(root string) (dirUsage, error) {
 		if err != nil {
 			return err
 		}
+		var blocks int64
 		if st, ok := fi.Sys().(*syscall.Stat_t); ok {
-			u.AllocatedBytes += st.Blocks * 512
+			blocks = st.Blocks * 512
 		}
+		u.AllocatedBytes += blocks
 		if d.IsDir() {
 			u.Dirs++
 		} else {
 			u.Files++
 			u.ApparentBytes += fi.Size()
+			u.FileAllocatedBytes += blocks
 		}
 		return nil
 	})
