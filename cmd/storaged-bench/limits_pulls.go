@@ -5,6 +5,8 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"os"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -60,14 +62,21 @@ const pullTopic = "limits-pulled"
 type PullsResult struct {
 	pullsConfig
 	StoredMessages int64 `json:"stored_messages"`
-	// Baseline is /proc of the restarted server before the pulls; Peak the
-	// peaks sampled during the waves, End /proc after them. End.HWMBytes
-	// (VmHWM) is the peak memory of the process since its start; the goal
-	// is checked on what the pulls added, End.HWMBytes - Baseline.RSSBytes
-	// (the baseline holds the mapped commitlog pages the start touched).
+	// Baseline is /proc of the restarted server before the pulls (once its
+	// RSS is still); Peak the peaks sampled during the waves, End /proc
+	// after them. End.HWMBytes (VmHWM) is the peak RSS since the reset;
+	// the goal is checked on what the pulls added, End.HWMBytes -
+	// Baseline.RSSBytes (the baseline holds the populated commitlog).
 	Baseline procSample `json:"baseline"`
 	Peak     procSample `json:"peak"`
 	End      procSample `json:"end"`
+	// SettleSeconds is how long the RSS took to be still after the start
+	// (Settled false: it was not within settleTimeout); HWMReset says
+	// whether VmHWM was reset then (/proc/PID/clear_refs), else it covers
+	// the whole life of the process.
+	SettleSeconds float64 `json:"settle_seconds"`
+	Settled       bool    `json:"settled"`
+	HWMReset      bool    `json:"hwm_reset"`
 	// GoalBytes is goalPullAnswerMult × Pulls × MaxBytes + goalPullHeadroom.
 	GoalBytes int64 `json:"goal_bytes"`
 	// Answered pulls, their largest answer (bodies + raw records) and the
@@ -117,6 +126,12 @@ func (l *limitsRun) pulls(ctx context.Context) (*PullsResult, error) {
 	if p, _, err = l.start(ctx, "pulls", dir); err != nil {
 		return nil, err
 	}
+	// The allocator populates the rest of the commitlog segment, then the
+	// next one, in the background after the start (1 GiB each by
+	// default): that is file RSS, not pull memory. Wait until the RSS is
+	// still, then reset VmHWM, so that the peak covers the pulls.
+	res.SettleSeconds, res.Settled = settleRSS(ctx, p.pid())
+	res.HWMReset = resetHWM(p.pid()) == nil
 	if res.Baseline, err = sampleProc(p.pid()); err != nil {
 		return nil, err
 	}
@@ -176,6 +191,47 @@ func (l *limitsRun) pulls(ctx context.Context) (*PullsResult, error) {
 	return res, p.Stop()
 }
 
+// Bounds of settleRSS: the RSS is still when it moved less than
+// settleSlack over settleWindow.
+const (
+	settleTimeout = time.Minute
+	settleWindow  = time.Second
+	settleSlack   = 1 << 20
+	settlePoll    = 100 * time.Millisecond
+)
+
+// settleRSS waits until the VmRSS of pid is still, for at most
+// settleTimeout, and returns how long that took and whether it was.
+func settleRSS(ctx context.Context, pid int) (float64, bool) {
+	t0 := time.Now()
+	t := time.NewTicker(settlePoll)
+	defer t.Stop()
+	var window []uint64 // the samples of the last settleWindow
+	for time.Since(t0) < settleTimeout && ctx.Err() == nil {
+		s, err := sampleProc(pid)
+		if err != nil {
+			break
+		}
+		window = append(window, s.RSSBytes)
+		if n := int(settleWindow / settlePoll); len(window) > n {
+			window = window[1:]
+			if slices.Max(window)-slices.Min(window) < settleSlack {
+				return time.Since(t0).Seconds(), true
+			}
+		}
+		select {
+		case <-ctx.Done():
+		case <-t.C:
+		}
+	}
+	return time.Since(t0).Seconds(), false
+}
+
+// resetHWM resets the VmHWM of pid to its current RSS (clear_refs 5).
+func resetHWM(pid int) error {
+	return os.WriteFile(fmt.Sprintf("/proc/%d/clear_refs", pid), []byte("5"), 0)
+}
+
 func hasRetryInfo(st *status.Status) bool {
 	for _, d := range st.Details() {
 		if _, ok := d.(*errdetails.RetryInfo); ok {
@@ -213,7 +269,8 @@ func (r *PullsResult) rows() []limitRow {
 		{figure: name + ": server VmHWM", value: mib(float64(r.End.HWMBytes)), goal: ""},
 		{figure: name + ": VmHWM - RSS before the pulls", value: mib(float64(added)), goal: "<= " + mib(float64(r.GoalBytes)) + " or refused",
 			met: check(added <= r.GoalBytes && other == 0)},
-		{figure: name + ": RSS (anon) before the pulls", value: fmt.Sprintf("%s (%s)", mib(float64(r.Baseline.RSSBytes)), mib(float64(r.Baseline.AnonBytes))), goal: ""},
+		{figure: name + ": RSS (anon) before the pulls", value: fmt.Sprintf("%s (%s), still after %.1f s: %v, VmHWM reset: %v",
+			mib(float64(r.Baseline.RSSBytes)), mib(float64(r.Baseline.AnonBytes)), r.SettleSeconds, r.Settled, r.HWMReset), goal: ""},
 		{figure: name + ": peak RssAnon (sampled)", value: mib(float64(r.Peak.AnonBytes)), goal: ""},
 		{figure: name + ": answered / RESOURCE_EXHAUSTED / other", value: fmt.Sprintf("%d / %d (%d RetryInfo) / %d", r.OK, refused, r.ExhaustedRetry, other),
 			goal: "refusals with RetryInfo", met: check(other == 0 && refused == r.ExhaustedRetry)},

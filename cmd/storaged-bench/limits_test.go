@@ -103,6 +103,9 @@ func TestLimitsAgainstStoraged(t *testing.T) {
 	if pl.OK > 0 && (pl.MaxAnswerBytes <= 0 || pl.MaxAnswerMsgs <= 0) {
 		t.Errorf("pulls: largest answer %d bytes, %d messages", pl.MaxAnswerBytes, pl.MaxAnswerMsgs)
 	}
+	if pl.SettleSeconds <= 0 || !pl.HWMReset {
+		t.Errorf("pulls: settled after %.2fs (%v), VmHWM reset %v", pl.SettleSeconds, pl.Settled, pl.HWMReset)
+	}
 	checkSample(t, "pulls baseline", pl.Baseline)
 	checkSample(t, "pulls end", pl.End)
 	if pl.End.HWMBytes < pl.Baseline.RSSBytes || pl.GoalBytes != 2*pulls*262144+64<<20 {
