@@ -110,8 +110,28 @@ type topicTable struct {
 	// when the table is next persisted. Nil keeps them.
 	minOffset func() int64
 
-	mu  sync.Mutex // serialises changes and persists
+	// wmu is held by whoever writes the file and publishes a change:
+	// the leader of a round of creates, an update, a delete, the adoption.
+	wmu sync.Mutex
 	cur atomic.Pointer[topicSnapshot]
+
+	// Creates are group-committed: concurrent creates (auto-creating puts
+	// to many new topics at once) share one persist, as producers share
+	// one sync in the group commit. cmu guards what follows; a published
+	// change of the topic count happens under it too, so the limit check
+	// sees every topic, pending or not.
+	cmu      sync.Mutex
+	pending  map[string]int32 // creates waiting for the next round
+	next     *createRound     // the round pending creates join
+	inflight map[string]int32 // creates the current round is writing
+	current  *createRound     // the round being written
+	leading  bool             // a goroutine is writing rounds
+}
+
+// createRound is one persist shared by the creates it carries.
+type createRound struct {
+	done chan struct{} // closed when err is set
+	err  error
 }
 
 // topicRules is what the put path and the dispatcher need from the table.
@@ -151,9 +171,11 @@ func (t *topicTable) admit(topic string, queueID int32) error {
 		if !t.autoCreate {
 			return fmt.Errorf("%w: %s (topic auto-creation is off: create it through the admin service)", ErrTopicNotFound, topic)
 		}
-		var err error
-		if n, err = t.create(topic, t.defaultQueues, true); err != nil {
+		if _, err := t.create(topic, t.defaultQueues, true); err != nil {
 			return err
+		}
+		if n, ok = t.get(topic); !ok { // deleted meanwhile
+			return fmt.Errorf("%w: %s was deleted", ErrTopicNotFound, topic)
 		}
 	}
 	if queueID < 0 || queueID >= n {
@@ -206,34 +228,99 @@ func checkQueues(queues int32) *ValidationError {
 }
 
 // create adds topic with queues, or, when exist is true and it exists
-// already (a concurrent auto-create won), returns its queue count.
+// already (a concurrent auto-create won), returns its queue count. It
+// returns once the table holding the topic is on disk; concurrent creates
+// share that persist.
 func (t *topicTable) create(topic string, queues int32, exist bool) (int32, error) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	old := t.cur.Load()
-	if n, ok := old.topics[topic]; ok {
+	t.cmu.Lock()
+	cur := t.cur.Load()
+	var join *createRound // a round already carrying topic
+	n, ok := cur.topics[topic]
+	switch {
+	case ok:
+	case t.pending[topic] != 0:
+		n, join = t.pending[topic], t.next
+	case t.inflight[topic] != 0:
+		n, join = t.inflight[topic], t.current
+	}
+	if ok || join != nil {
+		t.cmu.Unlock()
+		if join != nil {
+			<-join.done
+			if join.err != nil {
+				return 0, join.err
+			}
+		}
 		if exist {
 			return n, nil
 		}
 		return n, fmt.Errorf("%w: %s has %d queues", ErrTopicExists, topic, n)
 	}
-	if len(old.topics) >= t.maxTopics {
-		return 0, fmt.Errorf("%w: the store holds %d topics, the limit (--max-topics)", ErrTooManyTopics, len(old.topics))
+	if total := len(cur.topics) + len(t.pending) + len(t.inflight); total >= t.maxTopics {
+		t.cmu.Unlock()
+		return 0, fmt.Errorf("%w: the store holds %d topics, the limit (--max-topics)", ErrTooManyTopics, total)
 	}
-	next := old.clone()
-	next.topics[topic] = queues
-	if err := t.persistLocked(next); err != nil {
-		return 0, err
+	if t.pending == nil {
+		t.pending = map[string]int32{}
 	}
-	t.cur.Store(next)
-	t.log.Info().Str("topic", topic).Int32("queues", queues).Msg("storage: topic created")
+	t.pending[topic] = queues
+	if t.next == nil {
+		t.next = &createRound{done: make(chan struct{})}
+	}
+	r := t.next
+	lead := !t.leading
+	t.leading = true
+	t.cmu.Unlock()
+	if lead {
+		t.writeRounds()
+	}
+	<-r.done
+	if r.err != nil {
+		return 0, r.err
+	}
 	return queues, nil
+}
+
+// writeRounds persists rounds of pending creates until none is left.
+func (t *topicTable) writeRounds() {
+	t.wmu.Lock()
+	defer t.wmu.Unlock()
+	t.cmu.Lock()
+	for t.next != nil {
+		r, batch := t.next, t.pending
+		t.current, t.inflight = r, batch
+		t.next, t.pending = nil, nil
+		t.cmu.Unlock()
+
+		next := t.cur.Load().clone()
+		for name, n := range batch {
+			if _, ok := next.topics[name]; !ok { // an undone delete may have brought it back
+				next.topics[name] = n
+			}
+		}
+		err := t.persistLocked(next)
+
+		t.cmu.Lock()
+		if err == nil {
+			t.cur.Store(next)
+		}
+		t.current, t.inflight = nil, nil
+		r.err = err
+		close(r.done)
+		if err == nil {
+			for name, n := range batch {
+				t.log.Info().Str("topic", name).Int32("queues", n).Msg("storage: topic created")
+			}
+		}
+	}
+	t.leading = false
+	t.cmu.Unlock()
 }
 
 // update raises topic's queue count.
 func (t *topicTable) update(topic string, queues int32) error {
-	t.mu.Lock()
-	defer t.mu.Unlock()
+	t.wmu.Lock()
+	defer t.wmu.Unlock()
 	old := t.cur.Load()
 	n, ok := old.topics[topic]
 	switch {
@@ -275,7 +362,7 @@ type topicsFile struct {
 	Deleted map[string]int64 `json:"deleted,omitempty"`
 }
 
-// persistLocked writes snap atomically and durably. REQUIRES: t.mu held.
+// persistLocked writes snap atomically and durably. REQUIRES: t.wmu held.
 func (t *topicTable) persistLocked(snap *topicSnapshot) error {
 	if t.minOffset != nil {
 		lo := t.minOffset()

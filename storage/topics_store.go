@@ -151,8 +151,8 @@ func (s *Store) DeleteTopic(name string) (int64, error) {
 		return 0, ErrSlave
 	}
 	t := s.topics
-	t.mu.Lock()
-	defer t.mu.Unlock()
+	t.wmu.Lock()
+	defer t.wmu.Unlock()
 	old := t.cur.Load()
 	if _, ok := old.topics[name]; !ok {
 		return 0, fmt.Errorf("%w: %s", ErrTopicNotFound, name)
@@ -288,8 +288,8 @@ func (s *Store) checkpointCount(cp checkpoint, topic string, qid int32) int64 {
 // The schedule topic is the scheduler's (see newScheduler).
 func (s *Store) adoptTopics() {
 	t := s.topics
-	t.mu.Lock()
-	defer t.mu.Unlock()
+	t.wmu.Lock()
+	defer t.wmu.Unlock()
 	cur := t.cur.Load()
 	want := map[string]int32{}
 	bogus, example := 0, QueueID{}

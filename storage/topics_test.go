@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 
 	"github.com/rs/zerolog"
@@ -613,5 +614,86 @@ func BenchmarkTopicAdmit(b *testing.B) {
 		if tb.admit("TopicTest", 3) != nil || !tb.has("TopicTest", 3) {
 			b.Fatal("refused")
 		}
+	}
+}
+
+// TestTopicCreatesGroupCommitted: concurrent creates share persists, the
+// topic limit holds exactly under concurrency, racing creates of one name
+// agree on its queue count, and a failed round fails every create it
+// carried, changing nothing.
+func TestTopicCreatesGroupCommitted(t *testing.T) {
+	fs := vfs.NewMem()
+	var writes atomic.Int64
+	var fail atomic.Bool
+	fs.SetInjector(func(op vfs.Op, path string) error {
+		if op == vfs.OpWriteFile && strings.Contains(path, topicsName) {
+			writes.Add(1)
+			if fail.Load() {
+				return vfs.ErrNoSpace
+			}
+		}
+		return nil
+	})
+	fs.MkdirAll("/d")
+	tb := newTopicTable(Options{Dir: "/d", FS: fs, MaxTopics: 40}.withDefaults())
+	const n = 60
+	var wg sync.WaitGroup
+	errs := make([]error, n)
+	counts := make([]int32, n)
+	for i := range n {
+		wg.Go(func() {
+			name := fmt.Sprint("T", i)
+			if i >= 50 {
+				name = "Same" // ten creates of one name
+			}
+			counts[i], errs[i] = tb.create(name, int32(1+i%3), true)
+		})
+	}
+	wg.Wait()
+	ok, full := 0, 0
+	for i, err := range errs {
+		switch {
+		case err == nil:
+			ok++
+		case errors.Is(err, ErrTooManyTopics):
+			full++
+		default:
+			t.Fatalf("create %d: %v", i, err)
+		}
+	}
+	topics := len(tb.cur.Load().topics)
+	if topics != 40 || full == 0 {
+		t.Fatalf("%d topics (%d ok, %d refused), want exactly the limit of 40", topics, ok, full)
+	}
+	if same, ok := tb.get("Same"); ok {
+		for i := 50; i < n; i++ {
+			if errs[i] == nil && counts[i] != same {
+				t.Fatalf("create %d of Same answered %d queues, the table has %d", i, counts[i], same)
+			}
+		}
+	}
+	t.Logf("%d creates, %d persists", ok, writes.Load())
+	reloaded := newTopicTable(Options{Dir: "/d", FS: fs, MaxTopics: 40}.withDefaults())
+	if _, err := reloaded.load(); err != nil || len(reloaded.cur.Load().topics) != 40 {
+		t.Fatalf("reloaded %d topics: %v", len(reloaded.cur.Load().topics), err)
+	}
+
+	// A failing round: every create it carries fails, nothing changes.
+	tb = newTopicTable(Options{Dir: "/d2", FS: fs}.withDefaults())
+	fail.Store(true)
+	for i := range 10 {
+		wg.Go(func() {
+			if _, err := tb.create(fmt.Sprint("F", i), 1, true); !errors.Is(err, ErrTopicConfig) {
+				t.Errorf("create during ENOSPC: %v", err)
+			}
+		})
+	}
+	wg.Wait()
+	if len(tb.cur.Load().topics) != 0 {
+		t.Fatalf("a failed round changed the table: %v", tb.cur.Load().topics)
+	}
+	fail.Store(false)
+	if _, err := tb.create("F0", 1, true); err != nil {
+		t.Fatalf("after ENOSPC cleared: %v", err)
 	}
 }
