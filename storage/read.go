@@ -35,9 +35,34 @@ func (e *RangeError) Error() string {
 func (e *RangeError) Unwrap() error { return ErrOutOfRange }
 
 // GetMessage reads the record that starts at commitlog offset off. It must
-// be visible (durable in sync mode) and pass every check; damaged bytes give
-// an error wrapping ErrCorrupt, never a wrong record.
+// be visible (durable in sync mode), pass every check, and start at a
+// record boundary the store knows of; damaged bytes give an error wrapping
+// ErrCorrupt, never a wrong record.
+//
+// Passing the CRCs does not prove a record starts at off: a body may hold
+// bytes laid out as a record, with CRCs its producer computed. So the
+// record is served only when the store can show it wrote a record there
+// (provenRecord): its consume-queue entry points back at off, or, for a
+// record the dispatcher has not indexed yet, the record chain from the
+// dispatch position reaches off. Anything else is ErrNoRecord (NOT_FOUND),
+// including records no consume queue holds: prepared and rolled-back
+// transaction records, and records whose queue entries retention trimmed.
 func (s *Store) GetMessage(off int64) (*Record, error) {
+	rec, err := s.readRecord(off)
+	if err != nil {
+		return nil, err
+	}
+	if !s.provenRecord(rec, off) {
+		return nil, fmt.Errorf("commitlog offset %d: %w", off, ErrNoRecord)
+	}
+	return rec, nil
+}
+
+// readRecord reads and checks the record at commitlog offset off without
+// proving that a record starts there: for callers that found off in a
+// consume queue and check the record against the entry themselves (pulls,
+// the scheduler).
+func (s *Store) readRecord(off int64) (*Record, error) {
 	if s.closed.Load() {
 		return nil, ErrClosed
 	}
@@ -64,6 +89,56 @@ func (s *Store) GetMessage(off int64) (*Record, error) {
 			Reason: fmt.Sprintf("the record here says it lies at %d", rec.PhysicalOffset)})
 	}
 	return rec, nil
+}
+
+// provenRecord reports whether the store knows that rec, read at off,
+// starts a record it wrote. Below the dispatched offset the proof is the
+// consume-queue entry named by the record (topic, queue id, queue offset):
+// it must exist and point at off. Forged bytes name some entry, but that
+// entry points at the real record, so it cannot point inside a body. One
+// map lookup and one entry read, O(1).
+//
+// At or past the dispatched offset (a record visible but not yet indexed,
+// for the dispatcher's pause), the proof is the record chain: from the
+// dispatch position, a record boundary, each record's total size leads to
+// the next one, and off must be one of them. That walk covers only the
+// records not yet indexed, normally those of the last millisecond. Walking
+// from a file's start would prove any offset but costs a whole file.
+func (s *Store) provenRecord(rec *Record, off int64) bool {
+	if d := s.dispatch.dispatched.Load(); off >= d {
+		return s.chainReaches(d, off)
+	}
+	q := s.dispatch.queue(rec.Topic, rec.QueueID)
+	if q == nil {
+		return false
+	}
+	phys, _, _, ok := q.get(rec.QueueOffset)
+	return ok && phys == off
+}
+
+// chainReaches reports whether walking the commitlog's records from from,
+// a record boundary, lands on off.
+func (s *Store) chainReaches(from, off int64) bool {
+	s.ret.readers.RLock()
+	defer s.ret.readers.RUnlock()
+	pos := from
+	for pos < off {
+		f := s.queue.findByOffset(pos)
+		if f == nil {
+			return false
+		}
+		b := f.data[pos-f.from:]
+		if len(b) < BlankLen || IsBlank(b) {
+			pos = f.from + f.size
+			continue
+		}
+		total := int64(int32(binary.BigEndian.Uint32(b[posTotalSize:])))
+		if total < minRecordLen || total > int64(len(b)) {
+			return false
+		}
+		pos += total
+	}
+	return pos == off
 }
 
 // GetMessageByID reads the record named by an offset msgId.
@@ -200,7 +275,7 @@ func (s *Store) pullOnce(req PullRequest) (PullResult, error) {
 		if len(codes) > 0 && !containsCode(codes, tags) {
 			continue
 		}
-		rec, err := s.GetMessage(phys)
+		rec, err := s.readRecord(phys) // from the consume queue: checked against the entry below
 		if errors.Is(err, ErrNoRecord) { // the index says a record is there
 			err = fmt.Errorf("%w: consume queue %s/%d entry %d: %w", ErrCorrupt, req.Topic, req.QueueID, off, err)
 		}

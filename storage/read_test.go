@@ -222,3 +222,89 @@ func TestTagsCodeBytesMatches(t *testing.T) {
 		t.Errorf("surrogates: %d want %d", got, want)
 	}
 }
+
+// TestGetMessageRefusesForgedRecord hides a well-formed record (valid
+// CRCs, the right physical offset) inside another message's body: reading
+// at that offset must be ErrNoRecord, because no record of the store starts
+// there, whether the forged record names a queue that does not exist
+// (forge/0 offset 4242) or a real entry (which points elsewhere). Pulls
+// still serve the carrier, and not-yet-dispatched records are still found
+// (the record-chain proof).
+func TestGetMessageRefusesForgedRecord(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		topic  string
+		offset int64
+	}{
+		{"unknown queue", "forge", 4242},
+		{"entry of another record", "F", 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s, _ := openTest(t, nil)
+			first, err := s.PutMessage(context.Background(), msg("F", "first"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			carrierAt := first.Append.NextOffset()
+			bodyAt := carrierAt + posBornHost + 8 + 8 + 8 + 4 + 8 + 4 // IPv4 hosts
+			forged := recordSpec{topic: tc.topic, body: []byte("evil"), bodyCRC: BodyCRC([]byte("evil")), propCRC: true}
+			if verr := forged.size(); verr != nil {
+				t.Fatal(verr)
+			}
+			raw := make([]byte, forged.total)
+			forged.encode(raw, tc.offset, bodyAt, 1)
+			carrier, err := s.PutMessage(context.Background(), &Message{Topic: "F", Body: raw, BornTimestamp: 1,
+				BornHost: first.Append.StoreHost})
+			if err != nil || carrier.Append.WroteOffset != carrierAt {
+				t.Fatalf("carrier at %d, want %d: %v", carrier.Append.WroteOffset, carrierAt, err)
+			}
+			if got := readAt(t, s.opts.Dir, s.opts.FileSize, bodyAt); got.Topic != tc.topic || got.QueueOffset != tc.offset {
+				t.Fatalf("the forged bytes do not decode as a record: %+v", got)
+			}
+			waitVisible(t, s, "F", 0, 2)
+			if rec, err := s.GetMessage(bodyAt); !errors.Is(err, ErrNoRecord) || errors.Is(err, ErrCorrupt) {
+				t.Fatalf("GetMessage inside a body: %+v, %v; want ErrNoRecord", rec, err)
+			}
+			if _, err := s.GetMessageByID(MsgID(carrier.Append.StoreHost, bodyAt)); !errors.Is(err, ErrNoRecord) {
+				t.Fatalf("GetMessageByID inside a body: %v; want ErrNoRecord", err)
+			}
+			if rec, err := s.GetMessage(carrierAt); err != nil || rec.QueueOffset != 1 {
+				t.Fatalf("the carrier: %v", err)
+			}
+			res, err := s.PullMessages(context.Background(), PullRequest{Topic: "F"})
+			if err != nil || len(res.Messages) != 2 {
+				t.Fatalf("pull: %d messages, %v", len(res.Messages), err)
+			}
+		})
+	}
+}
+
+// TestGetMessageBeforeDispatch reads records the dispatcher has not
+// indexed yet (it is paused): they are proven by the record chain from the
+// dispatch position, and an offset inside one of them is still refused.
+func TestGetMessageBeforeDispatch(t *testing.T) {
+	s, _ := openTest(t, nil)
+	r0, _ := s.PutMessage(context.Background(), msg("D", "zero"))
+	waitVisible(t, s, "D", 0, 1)
+	s.dispatch.runMu.Lock() // no dispatch round from here on
+	defer s.dispatch.runMu.Unlock()
+	var offs []int64
+	for i := 0; i < 3; i++ {
+		r, err := s.PutMessage(context.Background(), msg("D", strings.Repeat("x", 100+i)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		offs = append(offs, r.Append.WroteOffset)
+	}
+	if d := s.dispatch.dispatched.Load(); d > offs[0] {
+		t.Fatalf("dispatched %d already covers %d", d, offs[0])
+	}
+	for _, off := range append([]int64{r0.Append.WroteOffset}, offs...) {
+		if rec, err := s.GetMessage(off); err != nil || rec.PhysicalOffset != off {
+			t.Fatalf("GetMessage(%d): %v", off, err)
+		}
+	}
+	if _, err := s.GetMessage(offs[1] + 4); !errors.Is(err, ErrNoRecord) {
+		t.Fatalf("inside an undispatched record: %v", err)
+	}
+}

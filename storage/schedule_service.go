@@ -347,7 +347,7 @@ func (sc *scheduler) deliverLevelLocked(qid int, nowMS int64) (moved int, nextDu
 // its real topic. A message that can never be delivered is skipped (nil);
 // a refusal that may pass is returned. REQUIRES: sc.mu held.
 func (sc *scheduler) deliverLocked(qid int, off, phys int64) error {
-	rec, err := sc.s.GetMessage(phys)
+	rec, err := sc.s.readRecord(phys) // from the schedule queue
 	if err != nil {
 		if errors.Is(err, ErrClosed) {
 			return err
