@@ -275,7 +275,7 @@ func (s *Store) pullOnce(req PullRequest) (PullResult, error) {
 		if len(codes) > 0 && !containsCode(codes, tags) {
 			continue
 		}
-		rec, err := s.readRecord(phys)   // from the consume queue: checked against the entry below
+		rec, err := s.readRecord(phys)
 		if errors.Is(err, ErrNoRecord) { // the index says a record is there
 			err = fmt.Errorf("%w: consume queue %s/%d entry %d: %w", ErrCorrupt, req.Topic, req.QueueID, off, err)
 		}
