@@ -85,6 +85,9 @@ func (p *bufferPool) Put(b *[]byte) {
 // grpc.ForceServerCodecV2.
 type protoCodec struct {
 	pool mem.BufferPool
+	// inflight, when set, holds the reservations of read answers: Marshal
+	// releases each once its answer is written (see inflight).
+	inflight *inflight
 }
 
 // Name is the name of grpc-go's proto codec: the codec serves the same
@@ -97,6 +100,20 @@ func (c protoCodec) Marshal(v any) (mem.BufferSlice, error) {
 	m := protoMessage(v)
 	if m == nil {
 		return nil, fmt.Errorf("server: codec: cannot marshal %T, want proto.Message", v)
+	}
+	if out, ok, err := marshalRead(m); ok { // read answers: bodies by reference
+		var r *reservation
+		if c.inflight != nil {
+			r = c.inflight.take(m)
+		}
+		switch {
+		case r == nil:
+		case err != nil:
+			r.release()
+		default:
+			out = withRelease(out, r)
+		}
+		return out, err
 	}
 	size := proto.Size(m)
 	// UseCachedSize reuses what proto.Size just computed; m is not

@@ -41,6 +41,10 @@ const (
 	ReasonCancelled   = "CANCELLED"
 	ReasonDeadline    = "DEADLINE_EXCEEDED"
 	ReasonInternal    = "INTERNAL"
+	// ReasonSystemBusy: the in-flight read bytes limit is reached
+	// (ErrReadBusy); RocketMQ's broker answers SYSTEM_BUSY when it sheds
+	// load, and its clients back off and retry.
+	ReasonSystemBusy = "SYSTEM_BUSY"
 )
 
 // ErrorInfo reasons of the topic configuration (puts and AdminService).
@@ -73,6 +77,9 @@ const (
 	// once retention (forced above the clean watermark, every disk check)
 	// or the operator has freed space; retrying faster only adds load.
 	retryDelayDiskFull = 5 * time.Second
+	// retryDelayReadBusy: the in-flight read answers are being sent; a
+	// 16 MiB answer takes tens of milliseconds on a fast link.
+	retryDelayReadBusy = 100 * time.Millisecond
 )
 
 // method names the RPC an error belongs to; request field paths depend on it.
@@ -232,6 +239,7 @@ func (s *Service) appendedError(ctx context.Context, log zerolog.Logger, res sto
 //	storage.ErrIllegal (malformed msgId)  → INVALID_ARGUMENT + BadRequest on msg_id
 //	storage.ErrCorrupt                    → DATA_LOSS (logged; no bytes are returned)
 //	ErrStarting, storage.ErrClosed        → UNAVAILABLE + RetryInfo
+//	ErrReadBusy (in-flight read limit)    → RESOURCE_EXHAUSTED (SYSTEM_BUSY, cause PULL_INFLIGHT_BYTES) + RetryInfo
 //	ctx ended                             → CANCELLED / DEADLINE_EXCEEDED
 //	anything else                         → INTERNAL (logged; no paths in the message)
 func (s *Service) readError(m method, err error) error {
@@ -257,6 +265,17 @@ func (s *Service) readError(m method, err error) error {
 			&errdetails.ErrorInfo{Reason: ReasonNoRecord, Domain: ErrorDomain})
 	case errors.Is(err, storage.ErrIllegal):
 		return badRead("msg_id", "not an offset msgId: want 32 (IPv4 store host) or 56 (IPv6) hex characters")
+	case errors.Is(err, ErrReadBusy):
+		info := &errdetails.ErrorInfo{Reason: ReasonSystemBusy, Domain: ErrorDomain,
+			Metadata: map[string]string{"cause": "PULL_INFLIGHT_BYTES"}}
+		var be *busyError
+		if errors.As(err, &be) {
+			info.Metadata["reserved_bytes"] = strconv.FormatInt(be.want, 10)
+			info.Metadata["limit_bytes"] = strconv.FormatInt(be.limit, 10)
+		}
+		return newStatus(codes.ResourceExhausted, "the server is sending as many read answers as its in-flight read limit allows; "+
+			"nothing was read; retry after the delay, or ask for a smaller max_bytes", info,
+			&errdetails.RetryInfo{RetryDelay: durationpb.New(retryDelayReadBusy)})
 	case errors.Is(err, ErrStarting):
 		return unavailable(&errdetails.ErrorInfo{Reason: ReasonUnavailable, Domain: ErrorDomain}, retryDelayUnavailable,
 			"the store is starting (recovering its commitlog); retry shortly")

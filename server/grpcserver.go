@@ -93,10 +93,11 @@ type GRPCServer struct {
 // the overall status ("") SERVING and ServiceName NOT_SERVING: call
 // WatchStore (or SetServing(true)) once the store is open.
 func NewGRPCServer(svc *Service, cfg GRPCConfig) (*GRPCServer, error) {
-	opts, srvMetrics, err := serverOptions(cfg)
+	opts, srvMetrics, err := serverOptions(cfg, svc.inflight)
 	if err != nil {
 		return nil, err
 	}
+	svc.inflight.viaCodec = true // the codec releases read reservations after the send
 	srv := grpc.NewServer(opts...)
 
 	svc.Register(srv)
@@ -124,7 +125,7 @@ func NewGRPCServer(svc *Service, cfg GRPCConfig) (*GRPCServer, error) {
 // built from this function, it cannot drift from NewGRPCServer the way a
 // copy of the option list would.
 func GRPCServerOptions(cfg GRPCConfig) ([]grpc.ServerOption, error) {
-	opts, _, err := serverOptions(cfg)
+	opts, _, err := serverOptions(cfg, nil)
 	return opts, err
 }
 
@@ -148,7 +149,7 @@ func (cfg GRPCConfig) withDefaults() GRPCConfig {
 // serverOptions builds the options of GRPCServerOptions and returns the
 // metrics they feed, for InitializeMetrics once the services are
 // registered.
-func serverOptions(cfg GRPCConfig) ([]grpc.ServerOption, *grpcprom.ServerMetrics, error) {
+func serverOptions(cfg GRPCConfig, reads *inflight) ([]grpc.ServerOption, *grpcprom.ServerMetrics, error) {
 	cfg = cfg.withDefaults()
 	log := cfg.Logger
 	srvMetrics := grpcprom.NewServerMetrics(grpcprom.WithServerHandlingTimeHistogram())
@@ -170,7 +171,7 @@ func serverOptions(cfg GRPCConfig) ([]grpc.ServerOption, *grpcprom.ServerMetrics
 		// the transport and for the proto codec, which does not use the
 		// transport's pool.
 		experimental.BufferPool(pool),
-		grpc.ForceServerCodecV2(protoCodec{pool: pool}),
+		grpc.ForceServerCodecV2(protoCodec{pool: pool, inflight: reads}),
 		grpc.MaxConcurrentStreams(cfg.MaxConcurrentStreams),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: KeepaliveMinTime, PermitWithoutStream: true}),
 		grpc.KeepaliveParams(keepalive.ServerParameters{

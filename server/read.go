@@ -14,43 +14,80 @@ import (
 // DEADLINE_EXCEEDED.
 const pullDeadlineMargin = 100 * time.Millisecond
 
-// GetMessage implements storagedv1.MessageStoreServiceServer.
+// GetMessage implements storagedv1.MessageStoreServiceServer. It reserves
+// room for the largest record before it reads (see inflight), keeps what
+// the record takes until the answer is sent, and refuses with ErrReadBusy
+// when the reservation does not fit.
 func (s *Service) GetMessage(_ context.Context, req *storagedv1.GetMessageRequest) (*storagedv1.GetMessageResponse, error) {
-	var (
-		rec *storage.Record
-		err error
-	)
+	var read func() (*storage.Record, error)
 	switch l := req.GetLocator().(type) {
 	case *storagedv1.GetMessageRequest_CommitLogOffset:
 		if l.CommitLogOffset < 0 {
 			return nil, badRead("commit_log_offset", "commitlog offset must not be negative")
 		}
-		rec, err = s.store.GetMessage(l.CommitLogOffset)
+		read = func() (*storage.Record, error) { return s.store.GetMessage(l.CommitLogOffset) }
 	case *storagedv1.GetMessageRequest_MsgId:
-		rec, err = s.store.GetMessageByID(l.MsgId)
+		read = func() (*storage.Record, error) { return s.store.GetMessageByID(l.MsgId) }
 	default:
 		return nil, badRead("locator", "set commit_log_offset or msg_id")
 	}
+	r, err := s.inflight.reserve(s.maxRecordBytes())
 	if err != nil {
 		return nil, s.readError(methodGetMessage, err)
 	}
+	rec, err := read()
+	if err != nil {
+		r.release()
+		return nil, s.readError(methodGetMessage, err)
+	}
+	r.shrink(int64(len(rec.Raw)))
 	m, err := toStoredMessage(rec, req.GetIncludeRaw())
 	if err != nil {
+		r.release()
 		return nil, s.readError(methodGetMessage, err)
 	}
-	return &storagedv1.GetMessageResponse{Message: m}, nil
+	resp := &storagedv1.GetMessageResponse{Message: m}
+	defer s.inflight.hold(resp, r)()
+	return resp, nil
 }
 
 // PullMessages implements storagedv1.MessageStoreServiceServer.
+//
+// Memory: the pull reserves its max_bytes (at least one largest record:
+// a pull returns one message even when it is larger) of the in-flight read
+// limit before it reads, shrinks the reservation to the records read, and
+// holds that until the answer is sent. Beyond the limit it is ErrReadBusy
+// (RESOURCE_EXHAUSTED + RetryInfo), nothing read. A long poll holds no
+// reservation while it waits: it first pulls without waiting; when that
+// finds nothing, it releases, waits for one message (pullWoken), and
+// reserves again for the rest.
 func (s *Service) PullMessages(ctx context.Context, req *storagedv1.PullMessagesRequest) (*storagedv1.PullMessagesResponse, error) {
 	pr, err := s.toPullRequest(ctx, req)
 	if err != nil {
 		return nil, err
 	}
-	res, err := s.pull(ctx, pr)
+	r, err := s.inflight.reserve(s.pullReservation(pr))
 	if err != nil {
 		return nil, s.readError(methodPullMessages, err)
 	}
+	wait := pr.Wait
+	pr.Wait = 0
+	res, err := s.store.PullMessages(ctx, pr)
+	if wait > 0 && len(res.Messages) == 0 && (err == nil || errors.Is(err, storage.ErrQueueNotFound)) {
+		r.release()
+		if err == nil {
+			pr.Offset = res.NextOffset // a tag-filtered scan goes on where it stopped
+		}
+		pr.Wait = wait
+		res, r, err = s.pullWoken(ctx, pr)
+	}
+	if err != nil {
+		if r != nil {
+			r.release()
+		}
+		return nil, s.readError(methodPullMessages, err)
+	}
+	r.shrink(recordBytes(res.Messages))
 	resp := &storagedv1.PullMessagesResponse{
 		Messages:   make([]*storagedv1.StoredMessage, len(res.Messages)),
 		NextOffset: res.NextOffset,
@@ -59,10 +96,72 @@ func (s *Service) PullMessages(ctx context.Context, req *storagedv1.PullMessages
 	}
 	for i, rec := range res.Messages {
 		if resp.Messages[i], err = toStoredMessage(rec, req.GetIncludeRaw()); err != nil {
+			r.release()
 			return nil, s.readError(methodPullMessages, err)
 		}
 	}
+	defer s.inflight.hold(resp, r)()
 	return resp, nil
+}
+
+// pullWoken is the waiting part of a long poll: it waits (s.pull) for one
+// message, holding nothing of the in-flight limit meanwhile, then reserves
+// for the rest of the answer and pulls it without waiting. The one message
+// the wake-up read is counted as soon as it is read; when the rest does
+// not fit, the answer is that message alone (it is already in memory).
+func (s *Service) pullWoken(ctx context.Context, pr storage.PullRequest) (storage.PullResult, *reservation, error) {
+	first := pr
+	first.MaxMessages, first.MaxBytes = 1, 1
+	res, err := s.pull(ctx, first)
+	if err != nil || len(res.Messages) == 0 {
+		return res, s.inflight.force(0), err
+	}
+	got := recordBytes(res.Messages)
+	held := s.inflight.force(got)
+	if pr.MaxMessages <= 1 || got >= int64(pr.MaxBytes) || res.NextOffset >= res.MaxOffset {
+		return res, held, nil
+	}
+	r, err := s.inflight.reserve(s.pullReservation(pr) - got)
+	if err != nil {
+		return res, held, nil // busy: answer what is read
+	}
+	rest := pr
+	rest.Offset, rest.Wait = res.NextOffset, 0
+	rest.MaxMessages--
+	rest.MaxBytes -= int(got)
+	more, err := s.store.PullMessages(ctx, rest)
+	if err != nil || len(more.Messages) == 0 {
+		r.release()
+		return res, held, nil // the first message is a good answer on its own
+	}
+	more.Messages = append(res.Messages, more.Messages...)
+	r.shrink(recordBytes(more.Messages) - got)
+	held.merge(r)
+	return more, held, nil
+}
+
+// pullReservation is what a pull reserves before it reads: max_bytes, and
+// at least one largest record.
+func (s *Service) pullReservation(pr storage.PullRequest) int64 {
+	return max(int64(pr.MaxBytes), s.maxRecordBytes())
+}
+
+// recordOverhead bounds what a stored record holds besides its body:
+// properties (storage.MaxPropertiesLength, 32 KiB), topic, the fixed
+// fields.
+const recordOverhead = 64 << 10
+
+// maxRecordBytes bounds one stored record.
+func (s *Service) maxRecordBytes() int64 { return int64(s.maxMessageSize) + recordOverhead }
+
+// recordBytes is the memory the records hold: their stored bytes, which
+// the bodies alias.
+func recordBytes(recs []*storage.Record) int64 {
+	var n int64
+	for _, r := range recs {
+		n += int64(len(r.Raw))
+	}
+	return n
 }
 
 // pull runs a pull whose wait also ends when the server starts draining:

@@ -88,6 +88,8 @@ type Service struct {
 	maxPullWait      time.Duration
 	streamWindow     int
 	now              func() int64 // Unix ms; the default born timestamp
+	maxMessageSize   int          // the store's; a read reserves room for one record of it
+	inflight         *inflight    // bytes of read answers in flight
 
 	// draining is cancelled by Drain: long polls end, streams stop taking
 	// messages.
@@ -128,6 +130,30 @@ func WithStreamWindow(n int) Option {
 	}
 }
 
+// WithMaxPullInflightBytes bounds the bytes of read answers (PullMessages,
+// GetMessage) held at once, read and not yet sent (default
+// DefaultMaxPullInflightBytes); reads beyond it are refused with
+// RESOURCE_EXHAUSTED and a RetryInfo. n <= 0 keeps the default.
+func WithMaxPullInflightBytes(n int64) Option {
+	return func(s *Service) {
+		if n > 0 {
+			s.inflight.limit = n
+		}
+	}
+}
+
+// WithMaxMessageSize tells the service the store's MaxMessageSize (default
+// storage.DefaultMaxMessageSize): GetMessage, and a pull whose max_bytes
+// is smaller, reserve room for one record of that size before they read.
+// n <= 0 keeps the default.
+func WithMaxMessageSize(n int) Option {
+	return func(s *Service) {
+		if n > 0 {
+			s.maxMessageSize = n
+		}
+	}
+}
+
 // New returns a Service that stores messages in store and logs unexpected
 // failures to logger.
 func New(store Store, logger zerolog.Logger, opts ...Option) *Service {
@@ -138,6 +164,8 @@ func New(store Store, logger zerolog.Logger, opts ...Option) *Service {
 		maxPullWait:      DefaultMaxPullWait,
 		streamWindow:     DefaultStreamWindow,
 		now:              unixMilliNow,
+		maxMessageSize:   storage.DefaultMaxMessageSize,
+		inflight:         newInflight(DefaultMaxPullInflightBytes),
 	}
 	s.draining, s.drain = context.WithCancel(context.Background())
 	for _, o := range opts {

@@ -15,6 +15,7 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/storaged/storaged/server"
 	"github.com/storaged/storaged/storage"
 )
 
@@ -62,6 +63,10 @@ type config struct {
 	AutoCreateTopics  bool
 	MaxTopics         int
 	MaxOpenQueueFiles int
+
+	// MaxPullInflightBytes bounds the read answers held at once
+	// (server.WithMaxPullInflightBytes).
+	MaxPullInflightBytes int64
 }
 
 // Defaults. deploy/kubernetes and the Dockerfile rely on the ports and the
@@ -111,10 +116,11 @@ func parseConfig(args []string, lookupEnv func(string) (string, bool), stderr io
 		DelayLevels:        storage.DefaultDelayLevels,
 		CheckpointInterval: storage.DefaultCheckpointInterval,
 
-		DefaultQueues:     storage.DefaultQueues,
-		AutoCreateTopics:  true,
-		MaxTopics:         storage.DefaultMaxTopics,
-		MaxOpenQueueFiles: storage.DefaultMaxOpenQueueFiles,
+		DefaultQueues:        storage.DefaultQueues,
+		AutoCreateTopics:     true,
+		MaxTopics:            storage.DefaultMaxTopics,
+		MaxOpenQueueFiles:    storage.DefaultMaxOpenQueueFiles,
+		MaxPullInflightBytes: server.DefaultMaxPullInflightBytes,
 	}
 	fs := flag.NewFlagSet("storaged", flag.ContinueOnError)
 	fs.SetOutput(stderr)
@@ -162,6 +168,8 @@ func parseConfig(args []string, lookupEnv func(string) (string, bool), stderr io
 		"most `topics` the store holds; creating more is refused (RESOURCE_EXHAUSTED)")
 	fs.IntVar(&cfg.MaxOpenQueueFiles, "max-open-queue-files", cfg.MaxOpenQueueFiles,
 		"`count` of consume-queue files kept open at once; the least recently used idle one is closed beyond it")
+	fs.Var((*sizeValue)(&cfg.MaxPullInflightBytes), "max-pull-inflight-bytes",
+		"bound on the read answers (pulls count their max_bytes) held at once, as a `size`; reads beyond it get RESOURCE_EXHAUSTED with a retry delay")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "Usage: storaged [flags]\n\n"+
 			"Every flag has an environment twin: --data-dir is %sDATA_DIR.\n"+
@@ -250,6 +258,9 @@ func (c *config) validate() error {
 	}
 	if c.MaxOpenQueueFiles < 1 {
 		errs = append(errs, fmt.Errorf("--max-open-queue-files %d must be at least 1", c.MaxOpenQueueFiles))
+	}
+	if c.MaxPullInflightBytes <= 0 {
+		errs = append(errs, fmt.Errorf("--max-pull-inflight-bytes %d must be positive", c.MaxPullInflightBytes))
 	}
 	if c.MaxMessageSize <= 0 || c.MaxMessageSize > math.MaxInt32-(1<<20) {
 		errs = append(errs, fmt.Errorf("--max-message-size %d out of range", c.MaxMessageSize))
@@ -355,6 +366,7 @@ func (c *config) log(l zerolog.Logger) {
 		Bool("auto_create_topics", c.AutoCreateTopics).
 		Int("max_topics", c.MaxTopics).
 		Int("max_open_queue_files", c.MaxOpenQueueFiles).
+		Str("max_pull_inflight_bytes", formatSize(c.MaxPullInflightBytes)).
 		Msg("effective configuration")
 }
 

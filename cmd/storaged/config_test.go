@@ -40,7 +40,8 @@ func TestConfigDefaults(t *testing.T) {
 		DiskCheckInterval: time.Second, DelayLevels: "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h",
 		CheckpointInterval: time.Second,
 		DefaultQueues:      8, AutoCreateTopics: true, MaxTopics: 10000,
-		MaxOpenQueueFiles: 256,
+		MaxOpenQueueFiles:    256,
+		MaxPullInflightBytes: 256 << 20,
 	}
 	if cfg != want {
 		t.Errorf("defaults\n got %+v\nwant %+v", cfg, want)
@@ -77,7 +78,8 @@ func TestConfigTopics(t *testing.T) {
 func TestConfigPrecedence(t *testing.T) {
 	e := env("STORAGED_LISTEN", "127.0.0.1:7000", "STORAGED_DATA_DIR", "/env/data", "STORAGED_FLUSH_MODE", "sync",
 		"STORAGED_FILE_SIZE", "64MiB", "STORAGED_REFLECTION", "false", "STORAGED_SHUTDOWN_TIMEOUT", "9s",
-		"STORAGED_LOG_LEVEL", "debug", "STORAGED_ROLE", "slave", "STORAGED_METRICS_LISTEN", "")
+		"STORAGED_LOG_LEVEL", "debug", "STORAGED_ROLE", "slave", "STORAGED_METRICS_LISTEN", "",
+		"STORAGED_MAX_PULL_INFLIGHT_BYTES", "64MiB")
 	cfg, err := parseConfig([]string{"--data-dir", "/flag/data", "--file-size=128MiB", "-reflection=true"}, e, &bytes.Buffer{})
 	if err != nil {
 		t.Fatal(err)
@@ -95,6 +97,7 @@ func TestConfigPrecedence(t *testing.T) {
 		{"shutdown-timeout (env)", cfg.ShutdownTimeout, 9 * time.Second},
 		{"log-level (env)", cfg.LogLevel, zerolog.DebugLevel},
 		{"role (env)", cfg.Role, storage.RoleSlave},
+		{"max-pull-inflight-bytes (env)", cfg.MaxPullInflightBytes, int64(64 << 20)},
 	}
 	for _, c := range checks {
 		if c.got != c.want {
@@ -237,6 +240,7 @@ func TestConfigErrors(t *testing.T) {
 		{"max topics above the bound", []string{"--max-topics", "2000000"}, nil, "MaxTopics"},
 		{"bad auto-create env", nil, []string{"STORAGED_AUTO_CREATE_TOPICS", "sometimes"}, "STORAGED_AUTO_CREATE_TOPICS"},
 		{"admin on the data port", []string{"--listen", "127.0.0.1:7000", "--admin-listen", "127.0.0.1:7000"}, nil, "--admin-listen must differ"},
+		{"zero pull inflight bytes", []string{"--max-pull-inflight-bytes", "0"}, nil, "--max-pull-inflight-bytes 0 must be positive"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -131,7 +131,8 @@ func serve(ctx context.Context, cfg config, logger zerolog.Logger) (err error) {
 		collectors.NewBuildInfoCollector())
 
 	var store server.DeferredStore
-	svc := server.New(&store, logger)
+	svc := server.New(&store, logger, server.WithMaxPullInflightBytes(cfg.MaxPullInflightBytes),
+		server.WithMaxMessageSize(int(cfg.MaxMessageSize)))
 	gs, err := server.NewGRPCServer(svc, server.GRPCConfig{
 		Logger:         logger,
 		MaxMessageSize: int(cfg.MaxMessageSize),

@@ -60,11 +60,13 @@ const (
 //   - OUT_OF_RANGE, reason "OFFSET_OUT_OF_RANGE", metadata "offset", "min_offset" and "max_offset" (the
 //     readable range is [min_offset, max_offset)).
 //   - NOT_FOUND, reason "QUEUE_NOT_FOUND": no message was ever stored in that topic and queue.
-//   - NOT_FOUND, reason "NO_RECORD_AT_OFFSET": no record starts at that commit log offset (a wrong
-//     offset, not damage: the bytes there carry no record magic).
+//   - NOT_FOUND, reason "NO_RECORD_AT_OFFSET": no record the store knows of starts at that commit log
+//     offset (a wrong offset, not damage), even if the bytes there look like a record.
 //   - DATA_LOSS, reason "DATA_CORRUPTED": the stored bytes fail their checks.
 //   - INVALID_ARGUMENT, reason "INVALID_REQUEST", with google.rpc.BadRequest field violations.
 //   - UNAVAILABLE, reason "SERVICE_NOT_AVAILABLE": the store is starting or shutting down.
+//   - RESOURCE_EXHAUSTED, reason "SYSTEM_BUSY", metadata cause "PULL_INFLIGHT_BYTES", with a RetryInfo:
+//     the server's bound on read answers in flight is reached; nothing was read.
 type MessageStoreServiceClient interface {
 	// PutMessage appends one message to the CommitLog and indexes it in the consume queue of
 	// (message.topic, message.queue_id), or in the delay queue when message.delay_level > 0.
@@ -85,14 +87,23 @@ type MessageStoreServiceClient interface {
 	// without a response have unknown outcomes: they may or may not have been stored.
 	PutMessageStream(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[PutMessageStreamRequest, PutMessageStreamResponse], error)
 	// GetMessage reads one stored message by CommitLog offset or by offset msgId. An offset outside the
-	// readable CommitLog is OUT_OF_RANGE; an offset that is not the start of a record is DATA_LOSS; a
-	// malformed msg_id is INVALID_ARGUMENT.
+	// readable CommitLog is OUT_OF_RANGE; an offset where no record starts is NOT_FOUND
+	// (NO_RECORD_AT_OFFSET): a record is served only where the store wrote one, proven by its consume
+	// queue entry pointing back at the offset, so bytes shaped like a record inside another message's body
+	// are never served, and records no consume queue holds (prepared or rolled-back transaction records,
+	// entries trimmed by retention) are NOT_FOUND too. DATA_LOSS means a record the store wrote there is
+	// damaged. A malformed msg_id is INVALID_ARGUMENT. Beyond the server's in-flight read bytes limit the
+	// call is RESOURCE_EXHAUSTED (see PullMessages).
 	GetMessage(ctx context.Context, in *GetMessageRequest, opts ...grpc.CallOption) (*GetMessageResponse, error)
 	// PullMessages reads messages of one consume queue from a queue offset on, optionally filtered by tag,
 	// optionally waiting (long polling) until a message arrives. A queue offset equal to the queue's
 	// max_offset is valid and returns no messages (after the wait); one outside [min_offset, max_offset] is
 	// OUT_OF_RANGE; a queue that never received a message is NOT_FOUND (after the wait: a queue appears
-	// with its first message).
+	// with its first message). While the answers being read and sent already hold the server's in-flight
+	// read bytes limit (--max-pull-inflight-bytes; a pull counts its max_bytes), the call is
+	// RESOURCE_EXHAUSTED, reason "SYSTEM_BUSY" (RocketMQ's broker-busy code), metadata cause
+	// "PULL_INFLIGHT_BYTES", with a RetryInfo: nothing was read, retry after the delay. A long poll holds
+	// none of the limit while it waits.
 	PullMessages(ctx context.Context, in *PullMessagesRequest, opts ...grpc.CallOption) (*PullMessagesResponse, error)
 	// GetQueueInfo returns the readable queue offsets of one consume queue. A queue that never received a
 	// message is NOT_FOUND.
@@ -195,11 +206,13 @@ func (c *messageStoreServiceClient) GetQueueInfo(ctx context.Context, in *GetQue
 //   - OUT_OF_RANGE, reason "OFFSET_OUT_OF_RANGE", metadata "offset", "min_offset" and "max_offset" (the
 //     readable range is [min_offset, max_offset)).
 //   - NOT_FOUND, reason "QUEUE_NOT_FOUND": no message was ever stored in that topic and queue.
-//   - NOT_FOUND, reason "NO_RECORD_AT_OFFSET": no record starts at that commit log offset (a wrong
-//     offset, not damage: the bytes there carry no record magic).
+//   - NOT_FOUND, reason "NO_RECORD_AT_OFFSET": no record the store knows of starts at that commit log
+//     offset (a wrong offset, not damage), even if the bytes there look like a record.
 //   - DATA_LOSS, reason "DATA_CORRUPTED": the stored bytes fail their checks.
 //   - INVALID_ARGUMENT, reason "INVALID_REQUEST", with google.rpc.BadRequest field violations.
 //   - UNAVAILABLE, reason "SERVICE_NOT_AVAILABLE": the store is starting or shutting down.
+//   - RESOURCE_EXHAUSTED, reason "SYSTEM_BUSY", metadata cause "PULL_INFLIGHT_BYTES", with a RetryInfo:
+//     the server's bound on read answers in flight is reached; nothing was read.
 type MessageStoreServiceServer interface {
 	// PutMessage appends one message to the CommitLog and indexes it in the consume queue of
 	// (message.topic, message.queue_id), or in the delay queue when message.delay_level > 0.
@@ -220,14 +233,23 @@ type MessageStoreServiceServer interface {
 	// without a response have unknown outcomes: they may or may not have been stored.
 	PutMessageStream(grpc.BidiStreamingServer[PutMessageStreamRequest, PutMessageStreamResponse]) error
 	// GetMessage reads one stored message by CommitLog offset or by offset msgId. An offset outside the
-	// readable CommitLog is OUT_OF_RANGE; an offset that is not the start of a record is DATA_LOSS; a
-	// malformed msg_id is INVALID_ARGUMENT.
+	// readable CommitLog is OUT_OF_RANGE; an offset where no record starts is NOT_FOUND
+	// (NO_RECORD_AT_OFFSET): a record is served only where the store wrote one, proven by its consume
+	// queue entry pointing back at the offset, so bytes shaped like a record inside another message's body
+	// are never served, and records no consume queue holds (prepared or rolled-back transaction records,
+	// entries trimmed by retention) are NOT_FOUND too. DATA_LOSS means a record the store wrote there is
+	// damaged. A malformed msg_id is INVALID_ARGUMENT. Beyond the server's in-flight read bytes limit the
+	// call is RESOURCE_EXHAUSTED (see PullMessages).
 	GetMessage(context.Context, *GetMessageRequest) (*GetMessageResponse, error)
 	// PullMessages reads messages of one consume queue from a queue offset on, optionally filtered by tag,
 	// optionally waiting (long polling) until a message arrives. A queue offset equal to the queue's
 	// max_offset is valid and returns no messages (after the wait); one outside [min_offset, max_offset] is
 	// OUT_OF_RANGE; a queue that never received a message is NOT_FOUND (after the wait: a queue appears
-	// with its first message).
+	// with its first message). While the answers being read and sent already hold the server's in-flight
+	// read bytes limit (--max-pull-inflight-bytes; a pull counts its max_bytes), the call is
+	// RESOURCE_EXHAUSTED, reason "SYSTEM_BUSY" (RocketMQ's broker-busy code), metadata cause
+	// "PULL_INFLIGHT_BYTES", with a RetryInfo: nothing was read, retry after the delay. A long poll holds
+	// none of the limit while it waits.
 	PullMessages(context.Context, *PullMessagesRequest) (*PullMessagesResponse, error)
 	// GetQueueInfo returns the readable queue offsets of one consume queue. A queue that never received a
 	// message is NOT_FOUND.
