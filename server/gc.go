@@ -26,3 +26,26 @@ func ApplyDefaultGOGC(lookupEnv func(string) (string, bool)) string {
 	debug.SetGCPercent(DefaultGOGC)
 	return strconv.Itoa(DefaultGOGC)
 }
+
+// DefaultMemoryLimit is the soft memory limit storaged sets when the
+// environment does not set GOMEMLIMIT: twice the in-flight read bound plus
+// 256 MiB for everything else (a busy server's live heap is 5–12 MiB, see
+// DefaultGOGC). With GOGC at 400 the heap may grow to five times what was
+// live at the last collection; read answers are the one large live set
+// (up to maxPullInflightBytes, WithMaxPullInflightBytes), so without a
+// limit 256 MiB of answers in flight let the heap reach 1.3 GiB and more
+// (BENCHMARKS.md, "Pull memory"). The limit only makes the collector run
+// sooner near it; it never fails an allocation.
+func DefaultMemoryLimit(maxPullInflightBytes int64) int64 {
+	return 2*maxPullInflightBytes + 256<<20
+}
+
+// ApplyDefaultMemoryLimit sets DefaultMemoryLimit unless lookupEnv finds
+// GOMEMLIMIT (which the runtime has already applied), and returns the limit
+// in effect.
+func ApplyDefaultMemoryLimit(lookupEnv func(string) (string, bool), maxPullInflightBytes int64) int64 {
+	if _, ok := lookupEnv("GOMEMLIMIT"); !ok {
+		debug.SetMemoryLimit(DefaultMemoryLimit(maxPullInflightBytes))
+	}
+	return debug.SetMemoryLimit(-1)
+}

@@ -12,6 +12,7 @@
 //	storaged-bench limits --storaged BIN [flags]    issue 11's hostile-client figures (see limits.go)
 //	storaged-bench chart --in results.json --out chart.png
 //	storaged-bench report --in results.json           the results as a Markdown table
+//	storaged-bench pullmem --storaged BIN [flags]   server memory of concurrent maximal pulls
 //
 // The floor is a MessageStoreService that stores nothing: it answers PUT_OK
 // with a plausible AppendResult, behind the same gRPC server options and
@@ -115,8 +116,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return runChartCommand(args, stderr)
 	case "report":
 		return runReportCommand(args, stdout, stderr)
+	case "pullmem":
+		leanGC()
+		return runPullMemCommand(ctx, args, stdout, stderr)
 	default:
-		err := fmt.Errorf("unknown subcommand %q (run, floor, matrix, limits, chart, report)", cmd)
+		err := fmt.Errorf("unknown subcommand %q (run, floor, matrix, limits, chart, report, pullmem)", cmd)
 		fmt.Fprintln(stderr, "storaged-bench:", err)
 		return usageError{err}
 	}

@@ -38,7 +38,6 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
-	"runtime/debug"
 	"syscall"
 	"time"
 
@@ -97,8 +96,9 @@ func run(ctx context.Context, args []string, lookupEnv func(string) (string, boo
 		return nil
 	}
 	gogc := server.ApplyDefaultGOGC(lookupEnv)
+	memLimit := server.ApplyDefaultMemoryLimit(lookupEnv, cfg.MaxPullInflightBytes)
 	logger := newLogger(cfg, stderr)
-	cfg.log(logger.With().Str("gogc", gogc).Int64("gomemlimit", debug.SetMemoryLimit(-1)).Logger())
+	cfg.log(logger.With().Str("gogc", gogc).Int64("gomemlimit", memLimit).Logger())
 	if err := serve(ctx, cfg, logger); err != nil {
 		logger.Error().Err(err).Msg("storaged stopped with an error")
 		var cerr *storage.CorruptionError
