@@ -17,7 +17,8 @@ type AsyncOptions struct {
 	// ThoroughInterval: at least this often, flush whatever is dirty.
 	// Default 10 s.
 	ThoroughInterval time.Duration
-	// OnError is called once, from the flush goroutine, when a sync fails.
+	// OnError is called once, from the flush goroutine, when a sync fails,
+	// before Wait or Err report the error.
 	OnError func(error)
 	// OnSync, if set, is called from the flush goroutine after each
 	// successful sync with the durable offset. It must not block.
@@ -90,12 +91,14 @@ func (a *Async) sync(pages int) error {
 	durable, err := a.s.Sync(pages)
 	if err != nil {
 		err = fmt.Errorf("%w: %w", ErrSyncFailed, err)
-		a.mu.Lock()
-		a.err = err
-		a.mu.Unlock()
+		// The owner first, then Wait and Err: whoever sees the error here
+		// finds the owner's state (the store read-only) already set.
 		if a.opts.OnError != nil {
 			a.opts.OnError(err)
 		}
+		a.mu.Lock()
+		a.err = err
+		a.mu.Unlock()
 		return err
 	}
 	if a.opts.OnSync != nil {

@@ -13,7 +13,10 @@ import (
 type GroupCommitOptions struct {
 	// Timeout bounds each Wait; past it Wait returns ErrTimeout. Default 5 s.
 	Timeout time.Duration
-	// OnError is called once, from the flush goroutine, when a sync fails.
+	// OnError is called once, from the flush goroutine, when a sync fails,
+	// before any waiter is answered with the error, so that whatever the
+	// owner records (the store turning read-only) is in place when a waiter
+	// hears of the failure.
 	OnError func(error)
 	// OnSync, if set, is called from the flush goroutine after each
 	// successful sync with the durable offset, before waiters are answered.
@@ -217,6 +220,14 @@ func (g *GroupCommit) commit() (released, early int) {
 	g.mu.Unlock()
 
 	durable, err := g.s.Sync(0)
+	if err != nil {
+		err = fmt.Errorf("%w: %w", ErrSyncFailed, err)
+		// Tell the owner before any waiter learns of the failure: a put
+		// answered with the error must find the store already read-only.
+		if g.onError != nil {
+			g.onError(err)
+		}
+	}
 
 	// The watcher may have timed out some of the waiters meanwhile; take
 	// the others. From here on only this goroutine refers to them.
@@ -224,7 +235,6 @@ func (g *GroupCommit) commit() (released, early int) {
 	batch := g.syncing
 	g.syncing = nil
 	if err != nil {
-		err = fmt.Errorf("%w: %w", ErrSyncFailed, err)
 		g.err = err
 		rest := g.pending
 		g.pending = nil
@@ -234,9 +244,6 @@ func (g *GroupCommit) commit() (released, early int) {
 		}
 		for _, w := range rest {
 			w.ch <- err
-		}
-		if g.onError != nil {
-			g.onError(err)
 		}
 		return 0, 0
 	}

@@ -109,13 +109,27 @@ func (d *dispatcher) start() {
 // at once.
 const dispatchPause = time.Millisecond
 
+// loop runs dispatch rounds when kicked and the checkpoint on a ticker.
+// A round or checkpoint that failed transiently (faults.go) is retried on
+// the retry timer with the source's backoff, whether or not a put kicks
+// the dispatcher meanwhile: once puts are refused, none will.
 func (d *dispatcher) loop() {
 	defer d.wg.Done()
 	t := time.NewTicker(d.s.opts.CheckpointInterval)
 	defer t.Stop()
 	pause := time.NewTimer(dispatchPause)
 	pause.Stop()
+	retry := time.NewTimer(faultRetryMax)
+	retry.Stop()
+	defer retry.Stop()
+	retrying := false // retry is armed
 	for {
+		if !retrying {
+			if delay, ok := d.s.faults.retryIn(faultConsumeQueue, faultCheckpoint); ok {
+				retry.Reset(delay)
+				retrying = true
+			}
+		}
 		select {
 		case <-d.kick:
 			if !d.run(d.s.visibleEnd()) {
@@ -129,15 +143,32 @@ func (d *dispatcher) loop() {
 			}
 		case <-t.C:
 			d.run(d.s.visibleEnd())
-			d.runMu.Lock()
-			err := d.checkpoint()
-			d.runMu.Unlock()
-			if err != nil {
-				d.s.fail(err)
+			d.checkpointRound()
+		case <-retry.C:
+			retrying = false
+			d.run(d.s.visibleEnd())
+			if d.s.faults.failing(faultCheckpoint) {
+				d.checkpointRound()
 			}
 		case <-d.done:
 			return
 		}
+	}
+}
+
+// checkpointRound writes the checkpoint and records the outcome: a failed
+// commitlog sync is sticky (checkpoint already called Store.fail), any
+// other failure a transient fault of the checkpoint, retried by loop.
+func (d *dispatcher) checkpointRound() {
+	d.runMu.Lock()
+	err := d.checkpoint()
+	d.runMu.Unlock()
+	switch {
+	case err == nil:
+		d.s.faults.cleared(faultCheckpoint)
+	case errors.Is(err, ErrWriteFailed):
+	default:
+		d.s.faults.failed(faultCheckpoint, err)
 	}
 }
 
@@ -158,9 +189,16 @@ func (d *dispatcher) run(end int64) bool {
 		return false
 	}
 	if err := d.dispatchTo(end); err != nil {
-		d.s.fail(err)
+		if errors.Is(err, ErrCorrupt) {
+			d.s.fail(err) // the commitlog itself is bad: no retry can help
+		} else {
+			// A consume-queue write failed (ENOSPC, EMFILE, EIO): next
+			// stays at the entry that failed and loop retries it.
+			d.s.faults.failed(faultConsumeQueue, err)
+		}
 		return true
 	}
+	d.s.faults.cleared(faultConsumeQueue)
 	d.dispatched.Store(d.next)
 	d.arriveMu.Lock()
 	close(d.arrive)
@@ -334,7 +372,9 @@ func (d *dispatcher) checkpoint() error {
 	// Everything dispatched must be durable before the checkpoint says so.
 	flushed, err := d.s.queue.Sync(0)
 	if err != nil {
-		return fmt.Errorf("storage: sync before checkpoint: %w", err)
+		// The commitlog's own sync: the one sticky failure.
+		d.s.fail(err)
+		return fmt.Errorf("%w: sync before checkpoint: %w", ErrWriteFailed, err)
 	}
 	if dispatched > flushed { // cannot happen: dispatched ≤ written ≤ flushed after Sync(0)
 		dispatched = flushed

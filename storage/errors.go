@@ -12,6 +12,14 @@ var (
 	// reason an operator can clear (disk above the warning watermark, …).
 	ErrNotWritable = errors.New("storage: store is not writable")
 
+	// ErrWriteRetrying is wrapped with ErrNotWritable (and ErrDiskFull when
+	// the cause is ENOSPC) while a background write of the store (the
+	// checkpoint, a consume queue, the delay progress, the topic config)
+	// is failing and being retried: puts are refused until a retry
+	// succeeds, then resume by themselves. Unlike ErrWriteFailed it is not
+	// sticky.
+	ErrWriteRetrying = errors.New("storage: a background write is failing and being retried")
+
 	// ErrSlave is returned by puts when the store runs in the SLAVE role.
 	ErrSlave = errors.New("storage: store is a slave and takes no writes")
 

@@ -226,13 +226,13 @@ func (r *retention) round() {
 	if err != nil {
 		msg := err.Error()
 		r.lastErr.Store(&msg)
-		r.s.opts.Logger.Error().Err(err).Msg("storage: retention could not delete commitlog files")
+		r.s.logLimit.Event("storage: retention delete", r.s.opts.Logger.Error()).Err(err).Msg("storage: retention could not delete commitlog files")
 	}
 	if n > 0 {
 		if err := r.trimQueues(); err != nil {
 			msg := err.Error()
 			r.lastErr.Store(&msg)
-			r.s.opts.Logger.Error().Err(err).Msg("storage: retention could not trim consume queues")
+			r.s.logLimit.Event("storage: retention trim", r.s.opts.Logger.Error()).Err(err).Msg("storage: retention could not trim consume queues")
 		}
 		r.checkDisk() // writes may resume at once
 	}

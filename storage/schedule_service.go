@@ -107,6 +107,10 @@ type scheduler struct {
 	dirty        bool          // progress moved since the last persist; guarded by mu
 	lastPersist  time.Time     // real time of the last persist; guarded by mu
 	persistEvery time.Duration // guarded by mu
+	// retryPersist is when (real time) to try again after writing the
+	// progress failed (a transient fault, faults.go); zero when the last
+	// write succeeded. Guarded by mu.
+	retryPersist time.Time
 
 	next      []atomic.Int64 // per queue id: next queue offset to deliver; written under mu
 	persisted []atomic.Int64 // per queue id: the progress on disk
@@ -298,6 +302,9 @@ func (sc *scheduler) round() roundResult {
 	}
 	if sc.dirty {
 		res.persistIn = max(sc.persistEvery-time.Since(sc.lastPersist), time.Millisecond)
+		if !sc.retryPersist.IsZero() {
+			res.persistIn = max(time.Until(sc.retryPersist), time.Millisecond)
+		}
 	}
 	return res
 }
@@ -383,7 +390,7 @@ func (sc *scheduler) deliverLocked(qid int, off, phys int64) error {
 
 func (sc *scheduler) skip(qid int, off, phys int64, err error) {
 	sc.skipped.Add(1)
-	sc.s.opts.Logger.Error().Err(err).Int("level", qid+1).Int64("queue_offset", off).Int64("commitlog_offset", phys).
+	sc.s.logLimit.Event("storage: delay skip", sc.s.opts.Logger.Error()).Err(err).Int("level", qid+1).Int64("queue_offset", off).Int64("commitlog_offset", phys).
 		Msg("storage: delayed message cannot be delivered; skipped")
 }
 
@@ -418,14 +425,30 @@ func realMessage(rec *Record) (*Message, error) {
 	}, nil
 }
 
+// maybePersistLocked persists the progress when it is time: every
+// persistEvery, or after a failed write once its backoff has passed. A
+// failed write is a transient fault (logged and counted by persistLocked).
+// REQUIRES: sc.mu held.
 func (sc *scheduler) maybePersistLocked() {
-	if !sc.dirty || time.Since(sc.lastPersist) < sc.persistEvery {
+	if !sc.dirty {
 		return
 	}
-	if err := sc.persistLocked(); err != nil {
-		sc.s.opts.Logger.Warn().Err(err).Msg("storage: delay progress not persisted; will retry")
+	if sc.retryPersist.IsZero() {
+		if time.Since(sc.lastPersist) < sc.persistEvery {
+			return
+		}
+	} else if time.Now().Before(sc.retryPersist) {
+		return
+	}
+	if err := sc.persistLocked(); err != nil && !errors.Is(err, errDelayProgressWrite) {
+		sc.s.logLimit.Event("storage: delay progress", sc.s.opts.Logger.Warn()).Err(err).
+			Msg("storage: delay progress not persisted; will retry")
 	}
 }
+
+// errDelayProgressWrite marks a failed write of the progress file, which
+// persistLocked records as a transient fault (logged there).
+var errDelayProgressWrite = errors.New("storage: write delay progress")
 
 // persist makes the re-puts durable and writes the progress.
 func (sc *scheduler) persist() error {
@@ -448,8 +471,13 @@ func (sc *scheduler) persistLocked() error {
 		offsets[qid+1] = sc.next[qid].Load()
 	}
 	if err := writeDelayOffsets(sc.s.opts, sc.dir, offsets); err != nil {
-		return err
+		// ENOSPC, EMFILE, EIO on config/: transient. The progress is in
+		// memory and nothing is lost meanwhile; retry after the backoff.
+		sc.retryPersist = time.Now().Add(sc.s.faults.failed(faultDelayProgress, err))
+		return fmt.Errorf("%w: %w", errDelayProgressWrite, err)
 	}
+	sc.s.faults.cleared(faultDelayProgress)
+	sc.retryPersist = time.Time{}
 	for qid := range sc.levels {
 		sc.persisted[qid].Store(offsets[qid+1])
 	}

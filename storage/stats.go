@@ -125,6 +125,10 @@ type Stats struct {
 	MinOffset, MaxOffset, FlushedOffset int64
 	// WriteError is the sticky write/sync error, or "".
 	WriteError string
+	// Faults has one entry per background write the store retries when it
+	// fails (checkpoint, consume queue, delay progress, topic config):
+	// whether it is failing now (puts refused) and how often it failed.
+	Faults []FaultStats
 	// Schedule describes the delay scheduler: pending messages and lag per
 	// level.
 	Schedule ScheduleStats

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/storaged/storaged/flush"
+	"github.com/storaged/storaged/internal/logthrottle"
 	"github.com/storaged/storaged/storage/vfs"
 )
 
@@ -74,6 +75,8 @@ type Store struct {
 
 	closed   atomic.Bool
 	writeErr atomic.Pointer[error] // sticky: set once, never cleared
+	faults   *faults               // transient write faults (faults.go)
+	logLimit *logthrottle.Throttle // every repeating error line goes through it
 	stats    stats
 }
 
@@ -87,6 +90,8 @@ func Open(opts Options) (*Store, error) {
 	levels, _ := ParseDelayLevels(opts.DelayLevels)
 	s := &Store{opts: opts, delayLevels: levels, clock: opts.Clock, dir: filepath.Join(opts.Dir, "commitlog")}
 	s.put.topicQueue = make(map[queueKey]*queueNext)
+	s.logLimit = logthrottle.New(logthrottle.DefaultInterval, nil)
+	s.faults = newFaults(opts.Logger, s.logLimit)
 	_, s.realClock = opts.Clock.(systemClock)
 	if err := opts.FS.MkdirAll(s.dir); err != nil {
 		return nil, fmt.Errorf("storage: create data dir: %w", err)
@@ -190,6 +195,7 @@ func (s *Store) fail(cause error) {
 	err := fmt.Errorf("%w: %w", ErrWriteFailed, cause)
 	if s.writeErr.CompareAndSwap(nil, &err) {
 		s.opts.Logger.Error().Err(cause).Msg("storage: write or sync failed; store is read-only until restarted")
+		s.faults.notify()
 	}
 }
 
@@ -202,9 +208,11 @@ func (s *Store) WriteErr() error {
 }
 
 // Writable reports whether puts are currently accepted (open, master, no
-// sticky write error, disk not above the warning watermark).
+// sticky write error, no background write failing (faults.go), disk not
+// above the warning watermark).
 func (s *Store) Writable() bool {
-	return !s.closed.Load() && s.opts.Role == RoleMaster && s.writeErr.Load() == nil && s.ret.writeErr() == nil
+	return !s.closed.Load() && s.opts.Role == RoleMaster && s.writeErr.Load() == nil && s.faults.err() == nil &&
+		s.ret.writeErr() == nil
 }
 
 // FlushMode returns the configured flush mode.
@@ -221,6 +229,9 @@ func (s *Store) checkBeforePut() error {
 	}
 	if err := s.WriteErr(); err != nil {
 		return err
+	}
+	if err := s.faults.err(); err != nil {
+		return err // a background write is failing: refused until a retry succeeds
 	}
 	return s.ret.writeErr() // disk above the warning watermark
 }
@@ -244,6 +255,8 @@ func (s *Store) rejectErr(err error) (PutResult, error) {
 	switch {
 	case errors.As(err, &verr):
 		return s.reject(verr.Status, err)
+	case errors.Is(err, ErrWriteRetrying): // before the cause's own markers (ErrCreateFile)
+		return s.reject(ServiceNotAvailable, err)
 	case errors.Is(err, ErrBusy):
 		return s.reject(OSPageCacheBusy, err)
 	case errors.Is(err, ErrCreateFile):
@@ -539,7 +552,7 @@ func (s *Store) appendRecords(topic string, queueID, sysFlag int32, specs []reco
 func (s *Store) rollLocked() (*mappedFile, error) {
 	f, err := s.queue.roll()
 	if err != nil {
-		s.opts.Logger.Error().Err(err).Msg("storage: cannot create the next commitlog file")
+		s.logLimit.Event("storage: roll", s.opts.Logger.Error()).Err(err).Msg("storage: cannot create the next commitlog file")
 		return nil, err
 	}
 	s.stats.rolls.Add(1)
@@ -615,6 +628,7 @@ func (s *Store) Stats() Stats {
 	if err := s.WriteErr(); err != nil {
 		st.WriteError = err.Error()
 	}
+	st.Faults = s.faults.stats()
 	st.Schedule = s.sched.stats()
 	st.Retention, st.Disk = s.ret.stats()
 	return st
