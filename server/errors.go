@@ -112,6 +112,9 @@ const (
 //	ErrStarting, ErrDraining, ErrClosed, ErrSlave, ErrNotWritable → UNAVAILABLE + RetryInfo
 //	storage.ErrBusy (OS_PAGE_CACHE_BUSY)  → UNAVAILABLE + RetryInfo
 //	storage.ErrWriteFailed (read-only)    → UNAVAILABLE, no RetryInfo: retry on another replica
+//	storage.ErrWriteRetrying              → UNAVAILABLE + RetryInfo, cause WRITE_RETRYING: a background
+//	                                        write is failing and retried; RESOURCE_EXHAUSTED + RetryInfo,
+//	                                        cause DISK_FULL, when it failed for lack of space
 //	storage.ErrNotWritable + ErrDiskFull  → RESOURCE_EXHAUSTED + RetryInfo, cause DISK_FULL: above the
 //	                                        disk warning watermark; clears once space is freed
 //	storage.ErrDiskFull (ENOSPC at create) → RESOURCE_EXHAUSTED, cause DISK_FULL
@@ -161,6 +164,19 @@ func (s *Service) putError(ctx context.Context, m method, res storage.PutResult,
 		info.Metadata = map[string]string{"cause": "TOPIC_CONFIG_NOT_PERSISTED"}
 		return unavailable(info, retryDelayUnavailable, "the store could not persist the topic this put creates "+
 			"(disk full or out of file descriptors); nothing was stored; retry")
+	case errors.Is(err, storage.ErrWriteRetrying):
+		// A background write (checkpoint, consume queue, delay progress,
+		// topic config) is failing and being retried: not sticky, the store
+		// logs it (throttled) and the health watcher turns NOT_SERVING.
+		if errors.Is(err, storage.ErrDiskFull) {
+			info.Metadata = map[string]string{"cause": "DISK_FULL"}
+			return newStatus(codes.ResourceExhausted, "the store's disk is full: a background write failed with no space left and is being retried; "+
+				"nothing was stored; writes resume by themselves once space is freed", info,
+				&errdetails.RetryInfo{RetryDelay: durationpb.New(retryDelayDiskFull)})
+		}
+		info.Metadata = map[string]string{"cause": "WRITE_RETRYING"}
+		return unavailable(info, retryDelayUnavailable, "a background write of the store failed and is being retried; "+
+			"nothing was stored; writes resume by themselves once it succeeds")
 	case errors.Is(err, storage.ErrDiskFull) && errors.Is(err, storage.ErrNotWritable):
 		// The disk watermark: the store and the health watcher log the
 		// transition once (the call log still has each refused call).
@@ -169,7 +185,7 @@ func (s *Service) putError(ctx context.Context, m method, res storage.PutResult,
 			"nothing was stored; writes resume once space is freed", info,
 			&errdetails.RetryInfo{RetryDelay: durationpb.New(retryDelayDiskFull)})
 	case errors.Is(err, storage.ErrDiskFull):
-		log.Error().Err(err).Msg("put refused: disk full")
+		s.logLimit.Event("put refused: disk full", log.Error()).Err(err).Msg("put refused: disk full")
 		info.Metadata = map[string]string{"cause": "DISK_FULL"}
 		return newStatus(codes.ResourceExhausted, "no space left on the store's disk; nothing was stored", info)
 	case errors.Is(err, storage.ErrBusy):
@@ -185,13 +201,13 @@ func (s *Service) putError(ctx context.Context, m method, res storage.PutResult,
 	case errors.Is(err, storage.ErrNotWritable):
 		return unavailable(info, retryDelayUnavailable, "the store is not accepting writes right now; nothing was stored")
 	case errors.Is(err, storage.ErrCorrupt):
-		log.Error().Err(err).Msg("put refused: corrupt data in the store")
+		s.logLimit.Event("put refused: corrupt", log.Error()).Err(err).Msg("put refused: corrupt data in the store")
 		return newStatus(codes.DataLoss, "the store found corrupt data; nothing was stored", info)
 	case errors.Is(err, storage.ErrCreateFile):
-		log.Error().Err(err).Msg("put refused: cannot create the next commitlog file")
+		s.logLimit.Event("put refused: create file", log.Error()).Err(err).Msg("put refused: cannot create the next commitlog file")
 		return newStatus(codes.Internal, "internal error: the store could not create its next commitlog file; nothing was stored", info)
 	}
-	log.Error().Err(err).Msg("put failed with an unexpected error")
+	s.logLimit.Event("put failed: unexpected", log.Error()).Err(err).Msg("put failed with an unexpected error")
 	return newStatus(codes.Internal, "internal error; nothing was stored", info)
 }
 
@@ -287,11 +303,11 @@ func (s *Service) readError(m method, err error) error {
 	case errors.Is(err, context.DeadlineExceeded):
 		return newStatus(codes.DeadlineExceeded, "the deadline passed", &errdetails.ErrorInfo{Reason: ReasonDeadline, Domain: ErrorDomain})
 	case errors.Is(err, storage.ErrCorrupt):
-		s.log.Error().Err(err).Str("grpc.method", string(m)).Msg("read refused: stored data failed its checks")
+		s.logLimit.Event("read refused: corrupt "+string(m), s.log.Error()).Err(err).Str("grpc.method", string(m)).Msg("read refused: stored data failed its checks")
 		return newStatus(codes.DataLoss, "the stored data failed its integrity checks (CRC, size or offset); "+
 			"no bytes were returned; the server log names the offset", &errdetails.ErrorInfo{Reason: ReasonDataCorrupted, Domain: ErrorDomain})
 	}
-	s.log.Error().Err(err).Str("grpc.method", string(m)).Msg("read failed with an unexpected error")
+	s.logLimit.Event("read failed: unexpected "+string(m), s.log.Error()).Err(err).Str("grpc.method", string(m)).Msg("read failed with an unexpected error")
 	return newStatus(codes.Internal, "internal error", &errdetails.ErrorInfo{Reason: ReasonInternal, Domain: ErrorDomain})
 }
 

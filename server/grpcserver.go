@@ -239,6 +239,10 @@ var _ StoreHealth = (*storage.Store)(nil)
 //   - disk above the warning watermark (Stats().Disk.Full): NOT_SERVING,
 //     and SERVING again once the store takes writes again (usage back at
 //     or below the clean watermark);
+//   - a background write failing and being retried (a Stats().Faults
+//     entry Failing: the checkpoint, a consume queue, the delay progress
+//     or the topic config hit ENOSPC, EMFILE or another I/O error):
+//     NOT_SERVING, and SERVING again once a retry succeeds;
 //   - sticky write error (a write or sync failed): NOT_SERVING, and the
 //     goroutine ends: the store takes no writes until the process restarts,
 //     so the service never turns SERVING again.
@@ -260,10 +264,17 @@ func (g *GRPCServer) WatchStore(s StoreHealth, interval time.Duration) {
 			// The disk first and the sticky error last: a write error that
 			// happens meanwhile is never followed by SERVING from here.
 			var disk storage.DiskStats
+			var fault storage.FaultStats
 			full := false
 			if !s.Writable() {
-				disk = s.Stats().Disk
-				full = disk.Full
+				st := s.Stats()
+				disk, full = st.Disk, st.Disk.Full
+				for _, f := range st.Faults {
+					if f.Failing {
+						fault = f
+						break
+					}
+				}
 			}
 			if err := s.WriteErr(); err != nil {
 				g.SetServing(false)
@@ -271,18 +282,22 @@ func (g *GRPCServer) WatchStore(s StoreHealth, interval time.Duration) {
 					Msg("store is read-only after a failed write or sync; health set to NOT_SERVING until restart")
 				return
 			}
-			if !set || serving == full {
-				g.SetServing(!full)
+			down := full || fault.Failing
+			if !set || serving == down {
+				g.SetServing(!down)
 				switch {
 				case full:
 					g.log.Error().Str("health_service", ServiceName).Float64("used_percent", disk.UsedPercent).
 						Uint64("avail_bytes", disk.Avail).
 						Msg("disk above the warning watermark: puts refused (RESOURCE_EXHAUSTED), health NOT_SERVING until usage is back at the clean watermark")
+				case fault.Failing:
+					g.log.Error().Str("health_service", ServiceName).Str("source", fault.Source).Str("error", fault.Error).
+						Msg("a background write of the store is failing and being retried: puts refused, health NOT_SERVING until a retry succeeds")
 				case set:
 					g.log.Info().Str("health_service", ServiceName).
-						Msg("the store takes writes again (disk back at or below the clean watermark); health SERVING")
+						Msg("the store takes writes again; health SERVING")
 				}
-				set, serving = true, !full
+				set, serving = true, !down
 			}
 			select {
 			case <-g.stopWatch:

@@ -33,6 +33,7 @@ type StoreCollector struct {
 	flushLag, files, rolls *prometheus.Desc
 	minOffset, maxOffset, flushedOffset *prometheus.Desc
 	writable                            *prometheus.Desc
+	writeFaults, writeFaulting          *prometheus.Desc
 
 	schedPending, schedLag, schedDelivered *prometheus.Desc
 	schedSkipped, schedRefused             *prometheus.Desc
@@ -72,7 +73,12 @@ func NewStoreCollector(src StatsSource) *StoreCollector {
 		maxOffset:     d("storaged_commitlog_max_offset_bytes", "Commitlog offset of the next append."),
 		flushedOffset: d("storaged_commitlog_flushed_offset_bytes", "Commitlog offset up to which data is durable."),
 
-		writable: d("storaged_store_writable", "1 when the store takes writes (open, master, no failed sync, disk not above the warning watermark), else 0."),
+		writable: d("storaged_store_writable", "1 when the store takes writes (open, master, no failed sync, no background write failing, disk not above the warning watermark), else 0."),
+
+		writeFaults: d("storaged_store_write_faults_total",
+			"Failed attempts of a background write the store retries (checkpoint, consume_queue, delay_progress, topic_config): ENOSPC, EMFILE, I/O errors.", "source"),
+		writeFaulting: d("storaged_store_write_fault_active",
+			"1 while the background write is failing and retried (puts refused, health NOT_SERVING), else 0.", "source"),
 
 		schedPending: d("storaged_schedule_pending_messages",
 			"Delayed messages of the delay level not yet delivered to their topic, due or not.", "level"),
@@ -103,6 +109,7 @@ func (c *StoreCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{
 		c.puts, c.messages, c.bytes, c.appendLatency, c.flushWait, c.syncLatency, c.maxLockHold,
 		c.flushLag, c.dispatchLag, c.tornTails, c.files, c.rolls, c.minOffset, c.maxOffset, c.flushedOffset, c.writable,
+		c.writeFaults, c.writeFaulting,
 		c.schedPending, c.schedLag, c.schedDelivered, c.schedSkipped, c.schedRefused,
 		c.retDeletedFiles, c.retDeletedBytes, c.retTrimmedFiles,
 		c.diskSize, c.diskAvail, c.diskUsed, c.diskUsedPercent, c.diskFull,
@@ -141,6 +148,10 @@ func (c *StoreCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(c.flushedOffset, prometheus.GaugeValue, float64(st.FlushedOffset))
 
 	ch <- prometheus.MustNewConstMetric(c.writable, prometheus.GaugeValue, boolValue(c.src.Writable()))
+	for _, f := range st.Faults {
+		ch <- prometheus.MustNewConstMetric(c.writeFaults, prometheus.CounterValue, float64(f.Failures), f.Source)
+		ch <- prometheus.MustNewConstMetric(c.writeFaulting, prometheus.GaugeValue, boolValue(f.Failing), f.Source)
+	}
 
 	for _, l := range st.Schedule.Levels {
 		level := strconv.Itoa(l.Level)

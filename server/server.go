@@ -32,6 +32,7 @@ import (
 	"google.golang.org/grpc"
 
 	storagedv1 "github.com/storaged/storaged/gen/storaged/v1"
+	"github.com/storaged/storaged/internal/logthrottle"
 	"github.com/storaged/storaged/storage"
 )
 
@@ -84,6 +85,7 @@ type Service struct {
 
 	store            Store
 	log              zerolog.Logger
+	logLimit         *logthrottle.Throttle // the repeating error lines of errors.go
 	maxBatchMessages int
 	maxPullWait      time.Duration
 	streamWindow     int
@@ -160,6 +162,7 @@ func New(store Store, logger zerolog.Logger, opts ...Option) *Service {
 	s := &Service{
 		store:            store,
 		log:              logger,
+		logLimit:         logthrottle.New(logthrottle.DefaultInterval, nil),
 		maxBatchMessages: DefaultMaxBatchMessages,
 		maxPullWait:      DefaultMaxPullWait,
 		streamWindow:     DefaultStreamWindow,
