@@ -25,6 +25,7 @@ import (
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/reflection"
 
+	"github.com/storaged/storaged/internal/logthrottle"
 	"github.com/storaged/storaged/storage"
 )
 
@@ -158,7 +159,7 @@ func serverOptions(cfg GRPCConfig, reads *inflight) ([]grpc.ServerOption, *grpcp
 			return nil, nil, fmt.Errorf("server: register grpc metrics: %w", err)
 		}
 	}
-	calls := callLog{log: log}
+	calls := callLog{log: log, limit: logthrottle.New(logthrottle.DefaultInterval, nil)}
 	pool := new(bufferPool)
 	recoveryOpt := recovery.WithRecoveryHandlerContext(func(ctx context.Context, p any) error {
 		log.Error().Interface("panic", p).Bytes("stack", debug.Stack()).Msg("recovered a panic in a gRPC handler")
