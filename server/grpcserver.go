@@ -16,6 +16,7 @@ import (
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/recovery"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
+	"golang.org/x/net/netutil"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/experimental"
@@ -75,15 +76,25 @@ type GRPCConfig struct {
 	// Registerer, when set, receives the gRPC server metrics
 	// (grpc_server_handled_total, grpc_server_handling_seconds, …).
 	Registerer prometheus.Registerer
+	// MaxConnections bounds the connections served at once (0: no
+	// bound). Each costs a file descriptor; past the bound the server stops
+	// accepting, so a further client waits in the kernel's accept backlog
+	// (holding no descriptor of the process) until a served connection
+	// closes, and the store keeps the descriptors its files need: without
+	// it, idle connections could use up RLIMIT_NOFILE and make the store's
+	// own opens fail with EMFILE. storaged derives its default from
+	// RLIMIT_NOFILE (--max-connections).
+	MaxConnections int
 }
 
 // GRPCServer is the assembled gRPC server: the MessageStoreService, health
 // and optional reflection, behind logging, metrics and recovery interceptors.
 type GRPCServer struct {
-	srv    *grpc.Server
-	svc    *Service
-	health *health.Server
-	log    zerolog.Logger
+	srv      *grpc.Server
+	svc      *Service
+	health   *health.Server
+	log      zerolog.Logger
+	maxConns int // GRPCConfig.MaxConnections
 
 	stopWatch chan struct{} // closed by Shutdown: WatchStore goroutines end
 	stopOnce  sync.Once
@@ -110,7 +121,7 @@ func NewGRPCServer(svc *Service, cfg GRPCConfig) (*GRPCServer, error) {
 		reflection.Register(srv)
 	}
 	srvMetrics.InitializeMetrics(srv)
-	return &GRPCServer{srv: srv, svc: svc, health: hs, log: cfg.Logger, stopWatch: make(chan struct{})}, nil
+	return &GRPCServer{srv: srv, svc: svc, health: hs, log: cfg.Logger, maxConns: cfg.MaxConnections, stopWatch: make(chan struct{})}, nil
 }
 
 // GRPCServerOptions returns the options NewGRPCServer builds its
@@ -200,9 +211,13 @@ func serverOptions(cfg GRPCConfig, reads *inflight) ([]grpc.ServerOption, *grpcp
 	return opts, srvMetrics, nil
 }
 
-// Serve accepts connections on lis until Shutdown. It returns nil after
-// Shutdown, or the listener's error.
+// Serve accepts connections on lis until Shutdown, at most
+// GRPCConfig.MaxConnections at once. It returns nil after Shutdown, or the
+// listener's error.
 func (g *GRPCServer) Serve(lis net.Listener) error {
+	if g.maxConns > 0 {
+		lis = netutil.LimitListener(lis, g.maxConns)
+	}
 	if err := g.srv.Serve(lis); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
 		return err
 	}

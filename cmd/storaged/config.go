@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/rs/zerolog"
+	"golang.org/x/sys/unix"
 
 	"github.com/storaged/storaged/server"
 	"github.com/storaged/storaged/storage"
@@ -48,6 +49,10 @@ type config struct {
 	Pprof            bool
 	StoreHost        string // "" derives it from the bound gRPC address
 	Version          bool
+	// MaxConnections bounds the gRPC connections served at once; 0 (the
+	// flag's default) is resolved by parseConfig to defaultMaxConnections,
+	// negative means no bound.
+	MaxConnections int
 
 	// Delayed delivery, retention and disk watermarks (storage.Options).
 	FileReservedTime   time.Duration // negative keeps every file
@@ -145,6 +150,9 @@ func parseConfig(args []string, lookupEnv func(string) (string, bool), stderr io
 	fs.BoolVar(&cfg.Pprof, "pprof", false, "serve /debug/pprof on the metrics address")
 	fs.StringVar(&cfg.StoreHost, "store-host", "", "`ip:port` written into records and msgIds (default: the gRPC address, 127.0.0.1 when it listens on all interfaces)")
 	fs.BoolVar(&cfg.Version, "version", false, "print the version and exit")
+	fs.IntVar(&cfg.MaxConnections, "max-connections", 0,
+		"most gRPC `connections` served at once; more wait in the accept backlog until one closes, so the store keeps "+
+			"file descriptors for its files. 0: half the file-descriptor limit (RLIMIT_NOFILE); negative: no bound")
 	fs.DurationVar(&cfg.FileReservedTime, "file-reserved-time", cfg.FileReservedTime,
 		"retention: a commitlog file is deleted once its newest message is older than this `duration`; negative (-1s) keeps every file")
 	fs.StringVar(&cfg.DeleteWhen, "delete-when", cfg.DeleteWhen,
@@ -208,8 +216,32 @@ func parseConfig(args []string, lookupEnv func(string) (string, bool), stderr io
 	if err := cfg.validate(); err != nil {
 		return fail(err)
 	}
+	if cfg.MaxConnections == 0 {
+		cfg.MaxConnections = defaultMaxConnections()
+	}
 	return cfg, nil
 }
+
+// defaultMaxConnections is half the process's file-descriptor limit
+// (RLIMIT_NOFILE, soft; the Go runtime raises it to the hard limit at
+// start), at least minMaxConnections: every connection costs a
+// descriptor, and the other half stays for the store's files (commitlog
+// and consume-queue files, checkpoint and config writes), the listeners
+// and the metrics server. With `ulimit -n 256`, 241 idle connections made
+// the checkpoint write fail with EMFILE; bounded at 128, they wait.
+func defaultMaxConnections() int {
+	var rl unix.Rlimit
+	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &rl); err != nil || rl.Cur == unix.RLIM_INFINITY {
+		return maxMaxConnections
+	}
+	return int(min(max(rl.Cur/2, minMaxConnections), maxMaxConnections))
+}
+
+// Bounds of the derived --max-connections.
+const (
+	minMaxConnections = 16
+	maxMaxConnections = 1 << 20
+)
 
 func envName(flagName string) string {
 	return envPrefix + strings.ToUpper(strings.ReplaceAll(flagName, "-", "_"))
@@ -355,6 +387,7 @@ func (c *config) log(l zerolog.Logger) {
 		Bool("reflection", c.Reflection).
 		Bool("pprof", c.Pprof).
 		Str("store_host", cmp.Or(c.StoreHost, "auto")).
+		Int("max_connections", c.MaxConnections).
 		Stringer("file_reserved_time", c.FileReservedTime).
 		Str("delete_when", c.DeleteWhen).
 		Int("disk_clean_percent", c.DiskCleanPercent).

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/rs/zerolog"
+	"golang.org/x/sys/unix"
 
 	"github.com/storaged/storaged/storage"
 )
@@ -38,8 +39,8 @@ func TestConfigDefaults(t *testing.T) {
 		ShutdownTimeout: 30 * time.Second, Reflection: true,
 		FileReservedTime: 72 * time.Hour, DeleteWhen: "04", DiskCleanPercent: 85, DiskWarningPercent: 90,
 		DiskCheckInterval: time.Second, DelayLevels: "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h",
-		CheckpointInterval: time.Second,
-		DefaultQueues:      8, AutoCreateTopics: true, MaxTopics: 10000,
+		CheckpointInterval: time.Second, MaxConnections: defaultMaxConnections(),
+		DefaultQueues: 8, AutoCreateTopics: true, MaxTopics: 10000,
 		MaxOpenQueueFiles:    256,
 		MaxPullInflightBytes: 256 << 20,
 	}
@@ -310,5 +311,42 @@ func TestStoreHost(t *testing.T) {
 	}
 	if _, err := (&config{}).storeHost(&net.UnixAddr{Name: "/s", Net: "unix"}); err == nil {
 		t.Error("unix listener: no error")
+	}
+}
+
+// TestConfigMaxConnections: --max-connections and STORAGED_MAX_CONNECTIONS
+// (the flag wins), 0 derives half of RLIMIT_NOFILE, negative is no bound.
+func TestConfigMaxConnections(t *testing.T) {
+	var rl unix.Rlimit
+	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &rl); err != nil {
+		t.Fatal(err)
+	}
+	derived := int(min(max(rl.Cur/2, minMaxConnections), maxMaxConnections))
+	for _, c := range []struct {
+		name string
+		args []string
+		env  []string
+		want int
+	}{
+		{"default: half of RLIMIT_NOFILE", nil, nil, derived},
+		{"explicit 0 derives too", []string{"--max-connections", "0"}, nil, derived},
+		{"env", nil, []string{"STORAGED_MAX_CONNECTIONS", "300"}, 300},
+		{"flag over env", []string{"--max-connections=50"}, []string{"STORAGED_MAX_CONNECTIONS", "300"}, 50},
+		{"negative: no bound", []string{"--max-connections=-1"}, nil, -1},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			cfg, err := parseConfig(c.args, env(c.env...), &bytes.Buffer{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if cfg.MaxConnections != c.want {
+				t.Errorf("MaxConnections = %d, want %d", cfg.MaxConnections, c.want)
+			}
+		})
+	}
+	var stderr bytes.Buffer
+	parseConfig([]string{"-h"}, env(), &stderr)
+	if !strings.Contains(stderr.String(), "-max-connections") || !strings.Contains(stderr.String(), "RLIMIT_NOFILE") {
+		t.Errorf("usage does not document --max-connections:\n%s", stderr.String())
 	}
 }

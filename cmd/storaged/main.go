@@ -139,6 +139,7 @@ func serve(ctx context.Context, cfg config, logger zerolog.Logger) (err error) {
 		TLS:            tlsCfg,
 		Reflection:     cfg.Reflection,
 		Registerer:     reg,
+		MaxConnections: max(cfg.MaxConnections, 0),
 	})
 	if err != nil {
 		return err
