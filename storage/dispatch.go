@@ -274,7 +274,7 @@ func (d *dispatcher) dispatchRecords(end int64) error {
 			}
 			tags := tagsCodeBytes(m.tags)
 			if topic == ScheduleTopic {
-				tags = m.storeTS + d.s.delayOf(int(m.queueID)+1).Milliseconds()
+				tags = d.deliverAt(m.storeTS, int(m.queueID)+1)
 			}
 			had := q.pending()
 			err = q.put(m.queueOffset, d.next, m.total, tags)
@@ -318,6 +318,25 @@ func (d *dispatcher) writeQueues() error {
 	clear(d.touched)
 	d.touched = d.touched[:0]
 	return errors.Join(errs...)
+}
+
+// deliverAt is the delivery time (Unix ms) of a delayed message stored at
+// storeTS on level: the store time plus the level's delay, except that a
+// store time ahead of the clock counts from the clock instead. Store times
+// never go backwards (appendRecords), so after the clock is set back every
+// put is stamped with the last time stamped before, up to the jump ahead of
+// the clock; counting from that would hold a 1 s message for the whole
+// jump. The dispatch follows the put within milliseconds, so the clock
+// read here is (nearly) the put's own time and the message is still never
+// delivered before its delay has passed on the clock. A re-dispatch at a
+// restart reads a later clock, so it can only deliver later, never
+// earlier.
+func (d *dispatcher) deliverAt(storeTS int64, level int) int64 {
+	from := storeTS
+	if now := d.s.clock.Now().UnixMilli(); now < from {
+		from = now
+	}
+	return from + d.s.delayOf(level).Milliseconds()
 }
 
 func (d *dispatcher) queueFor(topic string, qid int32) (*consumeQueue, error) {

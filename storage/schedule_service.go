@@ -13,6 +13,15 @@ package storage
 // go backwards and the delay is the same), so only the head of each level
 // is watched, and order within a level is kept.
 //
+// A clock set back: store times stay at the last one stamped until the
+// clock catches up, so a delay counted from them would add the whole jump.
+// The dispatcher counts from the clock instead when the store time is ahead
+// of it (dispatcher.deliverAt), and a head stamped while the clock was
+// ahead waits at most its level's delay from when the scheduler first sees
+// it (capLocked). Either way a message is never delivered before its delay
+// has passed on the clock as read at its put (or later); only order
+// within a level may then differ from the due times.
+//
 // Progress is persisted in config/delayOffset.json (temp file, fsync,
 // rename, directory fsync) at most every CheckpointInterval and on Close,
 // and only once the re-puts it covers are durable: through the group commit
@@ -113,6 +122,7 @@ type scheduler struct {
 	retryPersist time.Time
 
 	next      []atomic.Int64 // per queue id: next queue offset to deliver; written under mu
+	capped    []cappedHead   // per queue id: guarded by mu
 	persisted []atomic.Int64 // per queue id: the progress on disk
 	delivered []atomic.Uint64
 	skipped   atomic.Uint64
@@ -148,6 +158,7 @@ func newScheduler(s *Store) (*scheduler, error) {
 			Msg("storage: schedule queues beyond the delay level table; their messages are not delivered (still readable on the schedule topic until retention)")
 	}
 	sc.next = make([]atomic.Int64, sc.levels)
+	sc.capped = make([]cappedHead, sc.levels)
 	sc.persisted = make([]atomic.Int64, sc.levels)
 	sc.delivered = make([]atomic.Uint64, sc.levels)
 	offsets, err := readDelayOffsets(s.opts, sc.dir)
@@ -337,6 +348,9 @@ func (sc *scheduler) deliverLevelLocked(qid int, nowMS int64) (moved int, nextDu
 			break // trimmed meanwhile, or not yet readable: the next dispatch wakes us
 		}
 		if due > nowMS {
+			due = sc.capLocked(qid, off, due, nowMS)
+		}
+		if due > nowMS {
 			return moved, due, nil
 		}
 		if err := sc.deliverLocked(qid, off, phys); err != nil {
@@ -348,6 +362,41 @@ func (sc *scheduler) deliverLevelLocked(qid int, nowMS int64) (moved int, nextDu
 		moved++
 	}
 	return moved, nextDue, nil
+}
+
+// cappedHead is the capped delivery time of the head of a level (see
+// capLocked): the head at queue offset off is delivered at the clock's at
+// (Unix ms).
+type cappedHead struct {
+	off, at int64
+	set     bool
+}
+
+// capLocked returns the time the head of level qid (at queue offset off,
+// due at due) may be delivered, for a head due later than nowMS: due
+// itself, unless due is further away than the level's delay, which only a
+// clock set back after the message was stored can cause (the store time
+// it was stamped with, and so its due time, is ahead of the clock). Such a
+// head waits the level's delay on the clock from when it was first seen
+// at the head, rather than the whole jump; the head's capped time is kept
+// across rounds, so the wait does not move. Messages put after the clock
+// went back are not affected: the dispatcher counts their delay from the
+// clock (dispatcher.deliverAt). REQUIRES: sc.mu held.
+func (sc *scheduler) capLocked(qid int, off, due, nowMS int64) int64 {
+	limit := nowMS + sc.s.delayOf(qid+1).Milliseconds()
+	c := &sc.capped[qid]
+	if c.set && c.off == off {
+		return min(due, c.at)
+	}
+	if due <= limit {
+		return due
+	}
+	*c = cappedHead{off: off, at: limit, set: true}
+	sc.s.logLimit.Event("storage: delay clock back", sc.s.opts.Logger.Warn()).Int("level", qid+1).
+		Int64("queue_offset", off).Stringer("ahead_by", time.Duration(due-limit)*time.Millisecond).
+		Msg("storage: a delayed message is due further ahead than its level's delay (the clock was set back); " +
+			"delivering it after the level's delay on the clock")
+	return limit
 }
 
 // deliverLocked puts the schedule-queue message at commitlog offset phys to

@@ -568,3 +568,56 @@ func BenchmarkScheduleDelivery(b *testing.B) {
 		})
 	}
 }
+
+// TestScheduleClockSetBack: the clock ran an hour ahead and was set back.
+// A 1 s message put afterwards is delivered 1 s later on the clock, not an
+// hour later (its store time is held at the last one stamped, an hour
+// ahead); one put while the clock was ahead waits at most its level's
+// delay from when the scheduler sees it; neither is delivered before its
+// delay has passed on the clock. Before, both waited the whole hour.
+func TestScheduleClockSetBack(t *testing.T) {
+	tests := []struct {
+		name     string
+		putAhead bool // also a delayed message put while the clock was ahead
+	}{
+		{"put after the set-back", false},
+		{"put while ahead, then one after", true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s, _, clock := openSched(t, FlushAsync, nil)
+			haltScheduler(s)
+			clock.Set(schedT0.Add(time.Hour)) // ahead
+			if _, err := s.PutMessage(context.Background(), msg("Other", "stamped an hour ahead")); err != nil {
+				t.Fatal(err)
+			}
+			want := 1
+			if tt.putAhead {
+				putDelayed(t, s, "Real", 0, 1, "while-ahead")
+				want = 2
+			}
+			settle(t, s)
+			clock.Set(schedT0) // set back
+			a := putDelayed(t, s, "Real", 0, 1, "after-set-back")
+			if a.StoreTimestamp != schedT0.Add(time.Hour).UnixMilli() {
+				t.Fatalf("store time %d: want it held at the last one stamped", a.StoreTimestamp)
+			}
+			settle(t, s)
+			runRounds(s) // the scheduler sees the level at T0
+			clock.Set(schedT0.Add(time.Second - time.Millisecond))
+			runRounds(s)
+			if n := s.sched.delivered[0].Load(); n != 0 {
+				t.Fatalf("%d delivered before their 1 s delay passed on the clock", n)
+			}
+			clock.Set(schedT0.Add(time.Second))
+			runRounds(s)
+			if n := s.sched.delivered[0].Load(); n != uint64(want) {
+				t.Fatalf("%d delivered 1 s after the set-back, want %d", n, want)
+			}
+			settle(t, s)
+			if got := len(pullAll(t, s, "Real", 0)); got != want {
+				t.Fatalf("%d readable, want %d", got, want)
+			}
+		})
+	}
+}
