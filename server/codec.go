@@ -11,8 +11,10 @@ import (
 )
 
 // Tiers of bufferPool: every power of two from 256 B to 8 MiB, so that a
-// request up to the largest the server accepts (MaxMessageSize +
-// RequestOverhead, 5 MiB by default) is served from a tier.
+// request up to the largest valid one (MaxMessageSize + RequestOverhead,
+// 5 MiB by default) is served from a tier. An oversized one the transport
+// still takes (up to MaxRecvMsgSize) only to refuse it is allocated
+// outright.
 const (
 	minBufferTierExp = 8
 	maxBufferTierExp = 23

@@ -424,15 +424,60 @@ func TestUnavailableEndToEnd(t *testing.T) {
 	})
 }
 
-// TestRequestTooLarge: a request beyond MaxMessageSize + RequestOverhead is
-// refused by gRPC itself.
+// TestRequestTooLarge: a request beyond the largest valid one
+// (MaxMessageSize + RequestOverhead) reaches the service and is answered
+// INVALID_ARGUMENT with ErrorInfo MESSAGE_ILLEGAL and a BadRequest, on each
+// put RPC (a stream answers the message with the same code and reason); only one beyond MaxRecvMsgSize is refused by gRPC itself (bare
+// RESOURCE_EXHAUSTED). The connection and the store go on. Before, every
+// request over MaxMessageSize + RequestOverhead got the bare status.
 func TestRequestTooLarge(t *testing.T) {
 	client, _, _ := storeServer(t, nil)
+	big := make([]byte, testMaxMessageSize+RequestOverhead+1)
+	for _, c := range []struct {
+		name string
+		call func() error
+	}{
+		{"PutMessage", func() error {
+			_, err := client.PutMessage(ctxT(t), &storagedv1.PutMessageRequest{Message: &storagedv1.Message{Topic: "t", Body: big}})
+			return err
+		}},
+		{"PutMessages", func() error {
+			_, err := client.PutMessages(ctxT(t), &storagedv1.PutMessagesRequest{Topic: "t",
+				Messages: []*storagedv1.BatchEntry{{Body: big}}})
+			return err
+		}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			d := details(t, c.call())
+			d.want(t, codes.InvalidArgument, storage.MessageIllegal.String(), false)
+			if d.badRequest == nil {
+				t.Error("no BadRequest detail")
+			}
+		})
+	}
+	t.Run("PutMessageStream", func(t *testing.T) {
+		st, err := client.PutMessageStream(ctxT(t))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := st.Send(&storagedv1.PutMessageStreamRequest{RequestId: 7, Message: &storagedv1.Message{Topic: "t", Body: big}}); err != nil {
+			t.Fatal(err)
+		}
+		resp, err := st.Recv()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if codes.Code(resp.GetCode()) != codes.InvalidArgument || resp.GetReason() != storage.MessageIllegal.String() {
+			t.Fatalf("stream answer %v %q (%s), want InvalidArgument MESSAGE_ILLEGAL", codes.Code(resp.GetCode()), resp.GetReason(), resp.GetErrorMessage())
+		}
+	})
 	_, err := client.PutMessage(ctxT(t), &storagedv1.PutMessageRequest{Message: &storagedv1.Message{
-		Topic: "t", Body: make([]byte, testMaxMessageSize+RequestOverhead+1),
-	}})
-	if c := codeOf(err); c != codes.ResourceExhausted {
-		t.Fatalf("code %v (%v), want ResourceExhausted", c, err)
+		Topic: "t", Body: make([]byte, MaxRecvMsgSize(testMaxMessageSize)+1)}})
+	if codeOf(err) != codes.ResourceExhausted {
+		t.Fatalf("beyond MaxRecvMsgSize: %v, want ResourceExhausted", err)
+	}
+	if _, err := client.PutMessage(ctxT(t), &storagedv1.PutMessageRequest{Message: &storagedv1.Message{Topic: "t", Body: []byte("x")}}); err != nil {
+		t.Fatalf("put after the oversized requests: %v", err)
 	}
 }
 

@@ -38,8 +38,8 @@ const ServiceName = "storaged.v1.MessageStoreService"
 const (
 	// RequestOverhead is what a request may carry beyond the store's message
 	// size limit: topic, properties (up to 32 KiB per message), timestamps
-	// and protobuf framing. MaxRecvMsgSize is MaxMessageSize + RequestOverhead;
-	// larger requests fail with RESOURCE_EXHAUSTED before reaching the service.
+	// and protobuf framing. The largest valid request is MaxMessageSize +
+	// RequestOverhead; see MaxRecvMsgSize for what the transport takes.
 	RequestOverhead              = 1 << 20
 	DefaultMaxConcurrentStreams  = 1024
 	DefaultMaxConnectionAge      = 10 * time.Minute
@@ -48,6 +48,18 @@ const (
 	// tolerates; clients that ping more often get GOAWAY "too_many_pings".
 	KeepaliveMinTime = 10 * time.Second
 )
+
+// MaxRecvMsgSize is the gRPC receive limit for a store whose message size
+// limit is maxMessageSize: twice the largest valid request (maxMessageSize +
+// RequestOverhead). gRPC refuses a larger request while reading it, with a
+// bare RESOURCE_EXHAUSTED status (no ErrorInfo: grpc-go writes that status
+// itself before any handler or interceptor runs, so nothing can add the
+// details). The slack lets the usual mistake, a body or batch somewhat over
+// the limit, reach the service, whose validation answers INVALID_ARGUMENT
+// with ErrorInfo MESSAGE_ILLEGAL (or PROPERTIES_SIZE_EXCEEDED) and a
+// BadRequest naming the field, while one request still cannot make the
+// server hold more than this.
+func MaxRecvMsgSize(maxMessageSize int) int { return 2 * (maxMessageSize + RequestOverhead) }
 
 // GRPCConfig configures NewGRPCServer. The zero value is a plaintext server
 // with the defaults above.
@@ -125,7 +137,7 @@ func NewGRPCServer(svc *Service, cfg GRPCConfig) (*GRPCServer, error) {
 }
 
 // GRPCServerOptions returns the options NewGRPCServer builds its
-// grpc.Server with: the receive limit (MaxMessageSize + RequestOverhead),
+// grpc.Server with: the receive limit (MaxRecvMsgSize),
 // the buffer pool and proto codec (see bufferPool), MaxConcurrentStreams,
 // the keepalive policy and parameters, the interceptor chain (Prometheus
 // metrics, registered with cfg.Registerer when set; call logging to
@@ -178,7 +190,7 @@ func serverOptions(cfg GRPCConfig, reads *inflight) ([]grpc.ServerOption, *grpcp
 	})
 
 	opts := []grpc.ServerOption{
-		grpc.MaxRecvMsgSize(cfg.MaxMessageSize + RequestOverhead),
+		grpc.MaxRecvMsgSize(MaxRecvMsgSize(cfg.MaxMessageSize)),
 		// Buffers sized for our requests and not cleared (bufferPool), for
 		// the transport and for the proto codec, which does not use the
 		// transport's pool.

@@ -199,7 +199,7 @@ func startFloor(kind, addr string, answer answerFunc) (*floor, error) {
 		f.stopFn = func() { gs.Shutdown(5 * time.Second) }
 		return f, nil
 	case floorBare:
-		f.srv = grpc.NewServer(grpc.MaxRecvMsgSize(storage.DefaultMaxMessageSize + server.RequestOverhead))
+		f.srv = grpc.NewServer(grpc.MaxRecvMsgSize(server.MaxRecvMsgSize(storage.DefaultMaxMessageSize)))
 	default:
 		opts, err := server.GRPCServerOptions(server.GRPCConfig{Logger: logger, Registerer: f.reg})
 		if err != nil {

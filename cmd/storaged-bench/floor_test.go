@@ -13,8 +13,8 @@ import (
 )
 
 // TestFloorRequestLimitMatchesStoraged: every floor kind takes a body of
-// the store's size limit and refuses a request beyond the limit plus
-// server.RequestOverhead with RESOURCE_EXHAUSTED, as storaged does. The
+// the store's size limit and refuses a request beyond the receive limit
+// (server.MaxRecvMsgSize) with RESOURCE_EXHAUSTED, as storaged does. The
 // edge floor runs server.NewGRPCServer itself, so the grpc floor, built
 // from server.GRPCServerOptions, is checked against the real server.
 func TestFloorRequestLimitMatchesStoraged(t *testing.T) {
@@ -24,7 +24,7 @@ func TestFloorRequestLimitMatchesStoraged(t *testing.T) {
 		want codes.Code
 	}{
 		{"at the message size limit", storage.DefaultMaxMessageSize, codes.OK},
-		{"beyond the limit plus overhead", storage.DefaultMaxMessageSize + server.RequestOverhead + 1, codes.ResourceExhausted},
+		{"beyond the receive limit", server.MaxRecvMsgSize(storage.DefaultMaxMessageSize) + 1, codes.ResourceExhausted},
 	} {
 		for _, kind := range []string{floorGRPC, floorEdge, floorBare} {
 			t.Run(tc.name+"/"+kind, func(t *testing.T) {
