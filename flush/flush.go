@@ -7,7 +7,8 @@
 //     dirty, and thoroughly every so often. Puts are acknowledged before
 //     their bytes are durable; an OS crash loses at most what was written
 //     since the last sync (about Interval under load, ThoroughInterval for a
-//     trickle).
+//     trickle; the storage package's checkpoint also syncs, every second by
+//     default, which bounds the trickle's window tighter).
 //   - GroupCommit (SYNC_FLUSH) makes each waiter wait until a sync covering
 //     its offset has returned. Waiters that arrive while a sync runs are
 //     answered together by the next one, so one msync acknowledges many puts.

@@ -79,9 +79,13 @@
 //
 // FlushAsync (default): a put is acknowledged once its bytes are in the
 // mapping (the page cache). A process crash loses nothing acknowledged;
-// an OS crash or power cut loses what was written since the last flush:
-// about FlushInterval (500 ms) under load, up to FlushThoroughInterval
-// (10 s) for a trickle of fewer than FlushLeastPages dirty pages.
+// an OS crash or power cut loses what was written since the last sync of
+// the commitlog. The async flusher syncs every FlushInterval (500 ms) once
+// FlushLeastPages (4) pages are dirty, and the checkpoint syncs whatever is
+// dirty every CheckpointInterval (1 s). So the loss window is about 500 ms
+// under load and at most CheckpointInterval, 1 s, for a trickle (plus the
+// sync's own duration); FlushThoroughInterval (10 s) only matters if
+// CheckpointInterval is set above it.
 //
 // FlushSync: a put is acknowledged (PUT_OK) only after an msync(MS_SYNC)
 // covering its last byte has returned. Concurrent puts share syncs (group

@@ -19,7 +19,8 @@ type FlushMode uint8
 const (
 	// FlushAsync acknowledges once the record is in the mapped file (the page
 	// cache); a background flush makes it durable within FlushInterval under
-	// load, FlushThoroughInterval for a trickle. RocketMQ ASYNC_FLUSH.
+	// load, and the checkpoint's sync within CheckpointInterval for a trickle
+	// (FlushThoroughInterval if that is shorter). RocketMQ ASYNC_FLUSH.
 	FlushAsync FlushMode = iota
 	// FlushSync acknowledges only after an msync covering the record has
 	// returned (group commit). RocketMQ SYNC_FLUSH.
@@ -127,8 +128,10 @@ type Options struct {
 	// for before it flushes. Default 4. Negative means 0 (flush any change).
 	FlushLeastPages int
 
-	// FlushThoroughInterval bounds the time a trickle of dirty data (fewer
-	// than FlushLeastPages) stays unflushed. Default 10 s.
+	// FlushThoroughInterval bounds the time the async flusher leaves a
+	// trickle of dirty data (fewer than FlushLeastPages) unflushed. Default
+	// 10 s. The checkpoint syncs everything every CheckpointInterval (1 s by
+	// default) anyway, so with the defaults a trickle is durable within 1 s.
 	FlushThoroughInterval time.Duration
 
 	// WakeFlushOnPut wakes the async flusher after each put instead of
