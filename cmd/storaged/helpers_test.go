@@ -140,7 +140,13 @@ func startProc(t *testing.T, args ...string) *proc {
 		// run storaged processes side by side.
 		args = append(args, "--admin-listen", "")
 	}
-	cmd := exec.Command(binary, args...)
+	return startCmd(t, exec.Command(binary, args...))
+}
+
+// startCmd starts cmd (the binary, or a wrapper running it) as startProc
+// does.
+func startCmd(t *testing.T, cmd *exec.Cmd) *proc {
+	t.Helper()
 	cmd.Env = append(os.Environ(), "GORACE=halt_on_error=1")
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
