@@ -51,7 +51,8 @@ func TestIdleConnectionsCannotExhaustFds(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			args := append([]string{"--nofile=" + strconv.Itoa(nofile) + ":" + strconv.Itoa(nofile), binary,
 				"--listen", "127.0.0.1:0", "--metrics-listen", "", "--admin-listen", "", "--data-dir", t.TempDir(),
-				"--file-size", "64KiB", "--max-message-size", "4KiB", "--checkpoint-interval", "20ms"}, tc.args...)
+				"--file-size", "64KiB", "--max-message-size", "4KiB", "--checkpoint-interval", "20ms",
+				"--default-queues", strconv.Itoa(queues + 1)}, tc.args...)
 			p := startCmd(t, exec.Command(prlimit, args...))
 			cfg := p.logs.waitFor(t, "effective configuration")
 			if tc.bounded && cfg["max_connections"] != float64(nofile/2) {
@@ -62,11 +63,13 @@ func TestIdleConnectionsCannotExhaustFds(t *testing.T) {
 			conn := dial(t, addr)
 			waitServing(t, conn) // the client's connection is served first
 			client := storagedv1.NewMessageStoreServiceClient(conn)
-			// The first put takes the first commitlog file; the 20 small
-			// puts below need no other, so what fails for want of fds is
-			// the store's background writes, not a roll.
+			// The first put creates the topic (its config file) and takes
+			// the first commitlog file; the 20 small puts below, to new
+			// queues 1-20 of it, need no other, so what fails for want of
+			// fds is the store's background writes, not a roll or the
+			// topic config.
 			if _, err := client.PutMessage(t.Context(), &storagedv1.PutMessageRequest{Message: &storagedv1.Message{
-				Topic: "warm", Body: []byte("x")}}); err != nil {
+				Topic: "fd", Body: []byte("queue 0")}}); err != nil {
 				t.Fatal(err)
 			}
 
@@ -104,7 +107,7 @@ func TestIdleConnectionsCannotExhaustFds(t *testing.T) {
 				return err
 			}
 			var refused []int32
-			for q := range int32(queues) {
+			for q := int32(1); q <= queues; q++ {
 				err := put(q)
 				switch {
 				case err == nil:
@@ -138,7 +141,7 @@ func TestIdleConnectionsCannotExhaustFds(t *testing.T) {
 					}
 				}
 			}
-			for q := range int32(queues) {
+			for q := int32(0); q <= queues; q++ {
 				r, err := client.PullMessages(ctx, &storagedv1.PullMessagesRequest{Topic: "fd", QueueId: q, MaxMessages: 1,
 					Wait: durationpb.New(30 * time.Second)})
 				if err != nil || len(r.GetMessages()) != 1 {
