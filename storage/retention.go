@@ -341,8 +341,8 @@ func (r *retention) deleteExpired(now time.Time) (int, error) {
 // durable offset, and, on a master, the first delayed message whose
 // delivery is not yet persisted (a slave does not deliver, so it deletes by
 // time only, as RocketMQ does). When the checkpoint is short of want, it is
-// brought up to date first (a failure there is a failed sync: sticky, as in
-// the dispatcher).
+// brought up to date first (a failure there is handled as in the
+// dispatcher: sticky for the commitlog sync, transient otherwise).
 func (r *retention) deletableEnd(want int64) (int64, error) {
 	s, d := r.s, r.s.dispatch
 	d.runMu.Lock()
@@ -350,7 +350,12 @@ func (r *retention) deletableEnd(want int64) (int64, error) {
 	if cpEnd < want && d.next > cpEnd {
 		if err := d.checkpoint(); err != nil {
 			d.runMu.Unlock()
-			s.fail(err)
+			// A failed commitlog sync is already sticky (checkpoint called
+			// Store.fail); any other failure is a transient fault of the
+			// checkpoint, which the dispatcher retries.
+			if !errors.Is(err, ErrWriteFailed) {
+				s.faults.failed(faultCheckpoint, err)
+			}
 			return 0, err
 		}
 		cpEnd = d.lastCP.Dispatched

@@ -77,7 +77,10 @@ func TestTransientWriteFaults(t *testing.T) {
 			trigger: func(t *testing.T, s *Store, _ *alarmClock) { mustPut(t, s, "T", 0, "after-fault") }},
 		{name: "checkpoint EMFILE", source: "checkpoint", op: vfs.OpWriteFile, path: checkpointName + ".tmp", cause: emfile,
 			trigger: func(t *testing.T, s *Store, _ *alarmClock) { mustPut(t, s, "T", 0, "after-fault") }},
-		{name: "consume queue ENOSPC", source: "consume_queue", op: vfs.OpCreateSegment, path: "consumequeue", cause: enospc, full: true,
+		{name: "consume queue write ENOSPC", source: "consume_queue", op: vfs.OpFileWrite, path: "consumequeue", cause: enospc, full: true,
+			trigger: func(t *testing.T, s *Store, _ *alarmClock) { mustPut(t, s, "NewTopic", 3, "after-fault") }},
+		// MemFS reports any failed create as ENOSPC (vfs.ErrNoSpace).
+		{name: "consume queue open EMFILE", source: "consume_queue", op: vfs.OpOpenFile, path: "consumequeue", cause: emfile, full: true,
 			trigger: func(t *testing.T, s *Store, _ *alarmClock) { mustPut(t, s, "NewTopic", 3, "after-fault") }},
 		{name: "delay progress ENOSPC", source: "delay_progress", op: vfs.OpWriteFile, path: delayOffsetName, cause: enospc, full: true,
 			trigger: func(t *testing.T, s *Store, clock *alarmClock) {
