@@ -165,9 +165,9 @@ func (s *Service) putError(ctx context.Context, m method, res storage.PutResult,
 		return unavailable(info, retryDelayUnavailable, "the store could not persist the topic this put creates "+
 			"(disk full or out of file descriptors); nothing was stored; retry")
 	case errors.Is(err, storage.ErrWriteRetrying):
-		// A background write (checkpoint, consume queue, delay progress,
-		// topic config) is failing and being retried: not sticky, the store
-		// logs it (throttled) and the health watcher turns NOT_SERVING.
+		// A background write (checkpoint, consume queue, delay progress)
+		// is failing and being retried: not sticky, the store logs it
+		// (throttled) and the health watcher turns NOT_SERVING.
 		if errors.Is(err, storage.ErrDiskFull) {
 			info.Metadata = map[string]string{"cause": "DISK_FULL"}
 			return newStatus(codes.ResourceExhausted, "the store's disk is full: a background write failed with no space left and is being retried; "+

@@ -268,8 +268,8 @@ var _ StoreHealth = (*storage.Store)(nil)
 //     and SERVING again once the store takes writes again (usage back at
 //     or below the clean watermark);
 //   - a background write failing and being retried (a Stats().Faults
-//     entry Failing: the checkpoint, a consume queue, the delay progress
-//     or the topic config hit ENOSPC, EMFILE or another I/O error):
+//     entry Failing: the checkpoint, a consume queue or the delay
+//     progress hit ENOSPC, EMFILE or another I/O error):
 //     NOT_SERVING, and SERVING again once a retry succeeds;
 //   - sticky write error (a write or sync failed): NOT_SERVING, and the
 //     goroutine ends: the store takes no writes until the process restarts,

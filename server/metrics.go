@@ -76,7 +76,7 @@ func NewStoreCollector(src StatsSource) *StoreCollector {
 		writable: d("storaged_store_writable", "1 when the store takes writes (open, master, no failed sync, no background write failing, disk not above the warning watermark), else 0."),
 
 		writeFaults: d("storaged_store_write_faults_total",
-			"Failed attempts of a background write the store retries (checkpoint, consume_queue, delay_progress, topic_config): ENOSPC, EMFILE, I/O errors.", "source"),
+			"Failed writes by source: background writes the store retries (checkpoint, consume_queue, delay_progress) and topic-table writes, which refuse the call that needed them (topic_config): ENOSPC, EMFILE, I/O errors.", "source"),
 		writeFaulting: d("storaged_store_write_fault_active",
 			"1 while the background write is failing and retried (puts refused, health NOT_SERVING), else 0.", "source"),
 

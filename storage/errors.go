@@ -14,7 +14,7 @@ var (
 
 	// ErrWriteRetrying is wrapped with ErrNotWritable (and ErrDiskFull when
 	// the cause is ENOSPC) while a background write of the store (the
-	// checkpoint, a consume queue, the delay progress, the topic config)
+	// checkpoint, a consume queue, the delay progress)
 	// is failing and being retried: puts are refused until a retry
 	// succeeds, then resume by themselves. Unlike ErrWriteFailed it is not
 	// sticky.

@@ -19,9 +19,9 @@ import (
 // Only a failed commitlog msync/fdatasync is sticky (Store.fail): after it
 // the kernel may have dropped the pages, so nothing can be acknowledged
 // again (fsyncgate). Every other background write of the store (the
-// checkpoint, a consume-queue entry, the delay progress, the topic config)
-// can be written again from what the store still holds in memory and in the
-// commitlog, so its failure is transient: another process filling the disk
+// checkpoint, a consume-queue entry, the delay progress) can be written
+// again from what the store still holds in memory and in the commitlog, so
+// its failure is transient: another process filling the disk
 // for a moment (ENOSPC) or idle connections using up the fd limit (EMFILE)
 // must not make the store refuse writes until a restart.
 //
@@ -32,7 +32,10 @@ import (
 // suppressed count), and while any source is failing the store refuses
 // puts with an error wrapping ErrNotWritable and ErrWriteRetrying (and
 // ErrDiskFull for ENOSPC), so Writable is false and the health service
-// says NOT_SERVING. Refusing is RocketMQ's choice for a full disk: a
+// says NOT_SERVING. The topic config is not a background write: a failed
+// write refuses the call that needed it (ErrTopicConfig, retriable) and
+// the next call tries again; it is only counted here (noted). Refusing is
+// RocketMQ's choice for a full disk: a
 // message accepted now could not be indexed or checkpointed, and a client
 // told to retry elsewhere loses nothing. Reads keep working. The first
 // retry that succeeds clears the source and writes resume by themselves.
@@ -44,7 +47,7 @@ const (
 	faultCheckpoint    faultSource = iota // config/checkpoint: the dispatcher goroutine
 	faultConsumeQueue                     // a consume-queue entry or file: the dispatcher goroutine
 	faultDelayProgress                    // config/delayOffset.json: the scheduler goroutine
-	faultTopicConfig                      // the topic config file
+	faultTopicConfig                      // config/topics.json: per call, never failing (faults.noted)
 	numFaultSources
 )
 
@@ -112,6 +115,18 @@ func (f *faults) failed(src faultSource, err error) time.Duration {
 		Int("attempt", streak).Stringer("retry_in", backoff).
 		Msg("storage: a background write failed; retrying with backoff; puts are refused until it succeeds")
 	return backoff
+}
+
+// noted counts a failed write of src that is not retried in the
+// background: the call that needed it is refused (retriable) and the next
+// call tries again, so the source never enters a failing spell (puts and
+// health are unaffected). The topic config is written so.
+func (f *faults) noted(src faultSource, err error) {
+	f.mu.Lock()
+	f.state[src].failures++
+	f.mu.Unlock()
+	f.throttle.Event("storage: write fault: "+src.String(), f.log.Warn()).Err(err).Str("source", src.String()).
+		Msg("storage: a write failed; the call that needed it was refused and the next one tries again")
 }
 
 // cleared records a successful attempt of src, ending its failing spell.

@@ -125,9 +125,11 @@ type Stats struct {
 	MinOffset, MaxOffset, FlushedOffset int64
 	// WriteError is the sticky write/sync error, or "".
 	WriteError string
-	// Faults has one entry per background write the store retries when it
-	// fails (checkpoint, consume queue, delay progress, topic config):
-	// whether it is failing now (puts refused) and how often it failed.
+	// Faults has one entry per write source: the background writes the
+	// store retries when they fail (checkpoint, consume queue, delay
+	// progress), whether one is failing now (puts refused) and how often it
+	// failed, and the topic config, whose failed writes are only counted
+	// (the call that needed one is refused).
 	Faults []FaultStats
 	// Schedule describes the delay scheduler: pending messages and lag per
 	// level.

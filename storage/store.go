@@ -108,6 +108,7 @@ func Open(opts Options) (*Store, error) {
 	}
 	s.topics = newTopicTable(opts)
 	s.topics.minOffset = s.queue.minOffset
+	s.topics.onWriteError = func(err error) { s.faults.noted(faultTopicConfig, err) }
 	hadTopics, err := s.topics.load()
 	if err != nil {
 		s.cleanup()

@@ -109,6 +109,10 @@ type topicTable struct {
 	// cover nothing any more (retention removed the files) and are dropped
 	// when the table is next persisted. Nil keeps them.
 	minOffset func() int64
+	// onWriteError, if set, is told of each failed write of the table (the
+	// store counts it as a transient fault of the topic config; the call
+	// that needed the write is refused and the next one tries again).
+	onWriteError func(error)
 
 	// wmu is held by whoever writes the file and publishes a change:
 	// the leader of a round of creates, an update, a delete, the adoption.
@@ -378,6 +382,9 @@ func (t *topicTable) persistLocked(snap *topicSnapshot) error {
 	}
 	if err := writeAtomic(t.fs, t.dir, topicsName, fmt.Appendf(nil, "%s\n%d\n", body, crc32.Checksum(body, castagnoli))); err != nil {
 		// Not logged here: the caller's call log has it, once per call.
+		if t.onWriteError != nil {
+			t.onWriteError(err)
+		}
 		return fmt.Errorf("%w: %w", ErrTopicConfig, err)
 	}
 	return nil

@@ -200,3 +200,30 @@ func TestCommitlogSyncFailureStaysSticky(t *testing.T) {
 		t.Fatalf("put after a failed commitlog sync: %v", err)
 	}
 }
+
+// TestTopicConfigFaultCounted: a failed write of the topic table refuses
+// the put that creates a topic (retriable) and is counted under
+// topic_config, without a failing spell: other puts and health go on.
+func TestTopicConfigFaultCounted(t *testing.T) {
+	fs := vfs.NewMem()
+	s, err := Open(Options{Dir: "/d", FS: fs, FileSize: 64 << 10, MaxMessageSize: 1024})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	mustPut(t, s, "Known", 0, "x")
+	fs.SetInjector(failWhere(vfs.OpWriteFile, topicsName, fmt.Errorf("write: %w", syscall.ENOSPC)))
+	if _, err := s.PutMessage(context.Background(), msg("Brand-new", "y")); !errors.Is(err, ErrTopicConfig) {
+		t.Fatalf("put creating a topic while its config cannot be written: %v", err)
+	}
+	f := faultOf(t, s, "topic_config")
+	if f.Failures != 1 || f.Failing {
+		t.Fatalf("topic_config fault stats %+v, want 1 failure, not failing", f)
+	}
+	if !s.Writable() {
+		t.Fatal("a failed topic-config write made the store unwritable")
+	}
+	mustPut(t, s, "Known", 0, "z")
+	fs.SetInjector(nil)
+	mustPut(t, s, "Brand-new", 0, "y")
+}
