@@ -19,6 +19,11 @@ const (
 	// PropertyCRC32 is the whole-record CRC property the store appends
 	// (RocketMQ enabledAppendPropCRC); a client may not set it.
 	PropertyCRC32 = "__CRC32#"
+	// PropertyBatch is the batch-extent property the store writes on the
+	// first record of a multi-message batch: "<count>,<bytes>", each 13
+	// zero-padded decimal digits, so recovery can tell a batch a crash tore
+	// from whole records (see record.go). A client may not set it.
+	PropertyBatch = "__BATCH#"
 )
 
 // ScheduleTopic is the topic delay-level messages are diverted to; queue id
@@ -171,8 +176,8 @@ func propertiesLen(props []Property) (int, *ValidationError) {
 		if k == "" || v == "" {
 			return 0, illegal("properties", "empty property key or value (RocketMQ decoders drop them)")
 		}
-		if k == PropertyCRC32 {
-			return 0, illegal("properties", "property "+PropertyCRC32+" is reserved for the store")
+		if k == PropertyCRC32 || k == PropertyBatch {
+			return 0, illegal("properties", "property "+k+" is reserved for the store")
 		}
 		if hasSeparator(k) || hasSeparator(v) {
 			return 0, illegal("properties", "property key or value contains separator byte 0x01 or 0x02")

@@ -26,6 +26,13 @@ const (
 	// crcPropLen is "__CRC32#" 0x01 ten digits 0x02.
 	crcPropLen = len(PropertyCRC32) + 1 + 10 + 1
 
+	// batchDigits is the width of each number of the batch property: a
+	// batch fits one commitlog file (at most 2^40 bytes, 13 digits) and
+	// has fewer records than bytes.
+	batchDigits = 13
+	// batchPropLen is "__BATCH#" 0x01 count "," bytes 0x02.
+	batchPropLen = len(PropertyBatch) + 1 + batchDigits + 1 + batchDigits + 1
+
 	posTotalSize   = 0
 	posMagic       = 4
 	posBodyCRC     = 8
@@ -98,6 +105,13 @@ type recordSpec struct {
 	total      int // whole record
 	v2         bool
 	propCRC    bool
+	// batchFirst marks the first record of a batch of two or more: it
+	// carries PropertyBatch with batchCount records and batchBytes bytes
+	// (every record of the batch, this one included), after the client's
+	// properties and before the CRC property, so the CRC covers it.
+	batchFirst bool
+	batchCount int
+	batchBytes int
 }
 
 // size computes propsLen and total. It returns a ValidationError for
@@ -109,6 +123,9 @@ func (r *recordSpec) size() *ValidationError {
 	}
 	if r.propCRC {
 		pl += crcPropLen
+	}
+	if r.batchFirst {
+		pl += batchPropLen
 	}
 	if pl > MaxPropertiesLength {
 		return &ValidationError{Status: PropertiesSizeExceeded, Field: "properties",
@@ -179,6 +196,19 @@ func (r *recordSpec) encode(dst []byte, queueOffset, physOffset, storeTS int64) 
 		dst[p] = propertySeparator
 		p++
 	}
+	if r.batchFirst {
+		p += copy(dst[p:], PropertyBatch)
+		dst[p] = nameValueSeparator
+		p++
+		putDigits(dst[p:p+batchDigits], uint64(r.batchCount))
+		p += batchDigits
+		dst[p] = ','
+		p++
+		putDigits(dst[p:p+batchDigits], uint64(r.batchBytes))
+		p += batchDigits
+		dst[p] = propertySeparator
+		p++
+	}
 	if r.propCRC {
 		p += copy(dst[p:], PropertyCRC32)
 		dst[p] = nameValueSeparator
@@ -196,6 +226,27 @@ func putCRCDigits(dst []byte, c uint32) {
 		dst[i] = '0' + byte(c%10)
 		c /= 10
 	}
+}
+
+// putDigits writes n as len(dst) zero-padded decimal digits, most
+// significant first.
+func putDigits(dst []byte, n uint64) {
+	for i := len(dst) - 1; i >= 0; i-- {
+		dst[i] = '0' + byte(n%10)
+		n /= 10
+	}
+}
+
+// parseDigits reads the decimal digits of b, most significant first.
+func parseDigits(b []byte) (int64, bool) {
+	var n int64
+	for _, c := range b {
+		if c < '0' || c > '9' {
+			return 0, false
+		}
+		n = n*10 + int64(c-'0')
+	}
+	return n, true
 }
 
 func parseCRCDigits(b []byte) (uint32, bool) {
@@ -445,6 +496,62 @@ func checkRecord(b []byte, requireCRC bool) (int, error) {
 		return 0, corrupt("body CRC %d, stored %d", got, want)
 	}
 	return total, nil
+}
+
+// batchOf returns the extent a record carries in PropertyBatch: the
+// record count and byte length of the batch it starts, or ok false for a
+// record that starts no batch. REQUIRES: b[:total] passed checkRecord.
+// The property is recognised only as a whole entry (after the start of the
+// properties or a 0x02) right before the CRC property (or at the end
+// without one); clients cannot set the key, and no key or value holds a
+// separator, so a client's property never looks like it. A property that
+// is there but malformed is an error: with the whole-record CRC on, the
+// record was written that way, which the store never does.
+func batchOf(b []byte, total int) (count, bytes int64, ok bool, err error) {
+	props := propertiesOf(b[:total])
+	if len(props) >= crcPropLen && hasCRCProperty(props[len(props)-crcPropLen:]) {
+		props = props[:len(props)-crcPropLen]
+	}
+	if len(props) < batchPropLen {
+		return 0, 0, false, nil
+	}
+	e := props[len(props)-batchPropLen:]
+	if string(e[:len(PropertyBatch)]) != PropertyBatch || e[len(PropertyBatch)] != nameValueSeparator ||
+		e[batchPropLen-1] != propertySeparator {
+		return 0, 0, false, nil
+	}
+	if len(props) > batchPropLen && props[len(props)-batchPropLen-1] != propertySeparator {
+		return 0, 0, false, nil // the tail of a longer key
+	}
+	v := e[len(PropertyBatch)+1 : batchPropLen-1]
+	c, okc := parseDigits(v[:batchDigits])
+	n, okn := parseDigits(v[batchDigits+1:])
+	if !okc || !okn || v[batchDigits] != ',' || c < 1 || n < int64(total) {
+		return 0, 0, false, corrupt("malformed %s property %q", PropertyBatch, v)
+	}
+	return c, n, true, nil
+}
+
+// propertiesOf returns the stored properties of a record that passed
+// checkRecord.
+func propertiesOf(b []byte) []byte {
+	be := binary.BigEndian
+	sys := int32(be.Uint32(b[posSysFlag:]))
+	p := posBornHost + 8 + 8 + 8
+	if sys&FlagBornHostV6 != 0 {
+		p += 12
+	}
+	if sys&FlagStoreHostV6 != 0 {
+		p += 12
+	}
+	p += 4 + 8
+	p += 4 + int(be.Uint32(b[p:]))
+	if be.Uint32(b[posMagic:]) == MagicV2 {
+		p += 2 + int(be.Uint16(b[p:]))
+	} else {
+		p += 1 + int(b[p])
+	}
+	return b[p+2:]
 }
 
 func hasCRCProperty(tail []byte) bool {

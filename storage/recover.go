@@ -35,11 +35,33 @@ type scanResult struct {
 	lastTS    int64
 }
 
-// scanFrom walks records from offset from (a record boundary) across the
-// given files, checking each one completely, and stops at the first bytes
-// that are not a valid record or blank.
+// scanFrom walks records from offset from (a record boundary, never inside
+// a batch: see checkpoint) across the given files, checking each one
+// completely, and stops at the first bytes that are not a valid record or
+// blank.
+//
+// A batch counts only whole: from a record that carries PropertyBatch to
+// the batch's declared end, every record must be valid and none may start
+// another batch, the last must end exactly there and their number must be
+// the declared count. Otherwise the batch is torn (a crash stopped its
+// copy into the page cache, or a power cut kept only some of its
+// sectors): the scan stops at the batch's first record, and what follows
+// is handled as any torn tail.
 func scanFrom(files []*mappedFile, from int64, requireCRC bool) scanResult {
 	r := scanResult{end: from}
+	// The batch being walked, if any: where it starts and ends, how many
+	// records it declares, and what it has counted so far.
+	var (
+		inBatch              bool
+		bStart, bEnd, bCount int64
+		bRecords, bTS        int64
+	)
+	tornBatch := func(at int64, why string) scanResult {
+		r.bad = true
+		r.badReason = fmt.Sprintf("torn batch at commitlog offset %d (%d records, %d bytes, ending at %d): at %d: %s",
+			bStart, bCount, bEnd-bStart, bEnd, at, why)
+		return r // r.end is still bStart
+	}
 	for _, f := range files {
 		if f.from+f.size <= from {
 			continue
@@ -51,6 +73,9 @@ func scanFrom(files []*mappedFile, from int64, requireCRC bool) scanResult {
 		for pos < f.size {
 			b := f.data[pos:]
 			if IsBlank(b) && int64(binary.BigEndian.Uint32(b)) == f.size-pos {
+				if inBatch {
+					return tornBatch(f.from+pos, "end-of-file blank inside the batch")
+				}
 				pos = f.size
 				r.end = f.from + pos
 				break
@@ -59,14 +84,52 @@ func scanFrom(files []*mappedFile, from int64, requireCRC bool) scanResult {
 			if err == nil && int64(binary.BigEndian.Uint64(b[posPhysOffset:])) != f.from+pos {
 				err = corrupt("PHYSICALOFFSET %d, record lies at %d (stale bytes)", binary.BigEndian.Uint64(b[posPhysOffset:]), f.from+pos)
 			}
+			var count, bytes int64
+			var starts bool
+			if err == nil {
+				count, bytes, starts, err = batchOf(b, n)
+			}
+			if err == nil && starts && inBatch {
+				err = corrupt("a batch starts inside the batch")
+			}
 			if err != nil {
+				if inBatch {
+					return tornBatch(f.from+pos, err.Error())
+				}
 				r.bad, r.badReason = true, err.Error()
 				return r
 			}
-			r.records++
-			r.lastTS = max(r.lastTS, storeTimestampOf(b))
+			at := f.from + pos
+			if starts {
+				if pos+bytes > f.size {
+					r.bad, r.badReason = true, fmt.Sprintf("batch at commitlog offset %d declares %d bytes, past the end of its file", at, bytes)
+					return r
+				}
+				inBatch, bStart, bEnd, bCount, bRecords, bTS = true, at, at+bytes, count, 0, 0
+			}
 			pos += int64(n)
-			r.end = f.from + pos
+			if !inBatch {
+				r.records++
+				r.lastTS = max(r.lastTS, storeTimestampOf(b))
+				r.end = f.from + pos
+				continue
+			}
+			bRecords++
+			bTS = max(bTS, storeTimestampOf(b))
+			switch end := f.from + pos; {
+			case end > bEnd:
+				return tornBatch(at, "record runs past the batch's end")
+			case end == bEnd && bRecords != bCount:
+				return tornBatch(at, fmt.Sprintf("%d records where the batch declares %d", bRecords, bCount))
+			case end == bEnd:
+				inBatch = false
+				r.records += bRecords
+				r.lastTS = max(r.lastTS, bTS)
+				r.end = end
+			}
+		}
+		if inBatch { // cannot happen: a batch's extent lies within its file
+			return tornBatch(f.from+f.size, "the file ends inside the batch")
 		}
 	}
 	return r

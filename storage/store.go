@@ -358,6 +358,12 @@ func (s *Store) prepare(m *Message) (recordSpec, *ValidationError) {
 // PutMessages stores a batch: one topic and queue, consecutive queue
 // offsets, all in one commitlog file or not at all. Results and errors are
 // as for PutMessage; Append.Offsets has each message's commitlog offset.
+//
+// A batch is all or nothing across a crash too: its first record carries
+// the batch's record count and byte length (PropertyBatch, under the
+// whole-record CRC), and recovery cuts a batch that is not whole at its
+// first record. Readers never see part of one: the write position is
+// published once, after the whole batch is copied.
 func (s *Store) PutMessages(ctx context.Context, b *Batch) (PutResult, error) {
 	if err := s.checkBeforePut(); err != nil {
 		return s.rejectErr(err)
@@ -412,6 +418,10 @@ func (s *Store) prepareBatch(b *Batch) ([]recordSpec, *ValidationError) {
 			topic: b.Topic, queueID: b.QueueID, flag: bm.Flag, body: bm.Body, props: bm.Properties,
 			sysFlag: b.SysFlag, bornTS: bm.BornTimestamp, bornHost: b.BornHost, storeHost: s.opts.StoreHost,
 			propCRC: !s.opts.DisablePropCRC,
+			// The first record of a batch of two or more carries its
+			// extent (record.go batchOf): counted here, so the size
+			// checks below see the bytes that are written.
+			batchFirst: i == 0 && len(b.Messages) > 1,
 		}
 		if verr := specs[i].size(); verr != nil {
 			verr.Reason = fmt.Sprintf("message %d: %s", i, verr.Reason)
@@ -427,6 +437,9 @@ func (s *Store) prepareBatch(b *Batch) ([]recordSpec, *ValidationError) {
 	}
 	for i := range specs {
 		specs[i].bodyCRC = BodyCRC(specs[i].body)
+	}
+	if specs[0].batchFirst {
+		specs[0].batchCount, specs[0].batchBytes = len(specs), total
 	}
 	return specs, nil
 }
