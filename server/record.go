@@ -36,7 +36,7 @@ func toStoredMessage(rec *storage.Record, raw bool) (*storagedv1.StoredMessage, 
 		m.Properties = make(map[string]string, len(rec.Properties))
 		for _, p := range rec.Properties {
 			switch p.Key {
-			case storage.PropertyCRC32:
+			case storage.PropertyCRC32, storage.PropertyBatch: // the store's own; in raw
 				continue
 			case storage.PropertyTags:
 				m.Tags = p.Value

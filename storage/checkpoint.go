@@ -20,6 +20,15 @@ import (
 // offset below which every record's consume-queue entry was durable, and
 // Queues holds each queue's entry count at that point.
 //
+// Neither offset ever falls inside a batch, which recovery relies on to
+// start its scan at a record that is not in the middle of one: Flushed is
+// a value of the write position (mappedFile.flush syncs up to wrote), and
+// Dispatched is where a dispatch round stopped, at the written or durable
+// end; appendRecords publishes the write position once, after the whole
+// batch is copied, and a batch never crosses a file, so every value either
+// takes is a batch boundary (the file starts recovery may begin at are
+// boundaries too).
+//
 // On disk it is one line of JSON followed by a line with its CRC-32C,
 // replaced atomically (write temp, fsync, rename, fsync dir), so it is
 // either the old or the new one, never torn.

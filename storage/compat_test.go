@@ -2,6 +2,7 @@ package storage_test
 
 import (
 	"context"
+	"fmt"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -69,6 +70,66 @@ func TestRocketMQGoClientDecodes(t *testing.T) {
 		}
 		if got.BornHost != "10.9.8.7:40000" || got.StoreHost != "192.168.1.7:10911" {
 			t.Fatalf("hosts %s %s", got.BornHost, got.StoreHost)
+		}
+	}
+}
+
+// TestRocketMQGoClientDecodesBatches feeds a batch's records (the first
+// carrying the store's __BATCH# extent property) between two single
+// messages to the Go client's decoder: every record decodes with its
+// fields and the client's properties, and the extent is an ordinary
+// property to it.
+func TestRocketMQGoClientDecodesBatches(t *testing.T) {
+	dir := t.TempDir()
+	s, err := storage.Open(storage.Options{Dir: dir, FileSize: 1 << 20,
+		StoreHost: netip.MustParseAddrPort("192.168.1.7:10911")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	single := func(body string) storage.AppendResult {
+		res, err := s.PutMessage(ctx, &storage.Message{Topic: "CompatBatch", Body: []byte(body),
+			Properties: []storage.Property{{Key: "TAGS", Value: "S"}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res.Append
+	}
+	first := single("before")
+	b := &storage.Batch{Topic: "CompatBatch", BornHost: netip.MustParseAddrPort("10.9.8.7:40000")}
+	for i, body := range []string{"one", "", "three"} {
+		b.Messages = append(b.Messages, storage.BatchMessage{Flag: int32(i), Body: []byte(body), BornTimestamp: 1700000000000 + int64(i),
+			Properties: []storage.Property{{Key: "TAGS", Value: "B"}, {Key: "KEYS", Value: "k" + body}}})
+	}
+	res, err := s.PutMessages(ctx, b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	last := single("after")
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	data, err := os.ReadFile(filepath.Join(dir, "commitlog", "00000000000000000000"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	msgs := primitive.DecodeMessage(data[first.WroteOffset:last.NextOffset()])
+	if len(msgs) != 5 {
+		t.Fatalf("Go client decoded %d messages, want 5", len(msgs))
+	}
+	if string(msgs[0].Body) != "before" || string(msgs[4].Body) != "after" || msgs[4].QueueOffset != 4 {
+		t.Fatalf("single messages around the batch decoded as %+v, %+v", msgs[0], msgs[4])
+	}
+	for i, got := range msgs[1:4] {
+		want := b.Messages[i]
+		if string(got.Body) != string(want.Body) || got.Flag != want.Flag || got.QueueOffset != int64(1+i) ||
+			got.CommitLogOffset != res.Append.Offsets[i] || got.BornTimestamp != want.BornTimestamp ||
+			got.GetTags() != "B" || got.GetKeys() != "k"+string(want.Body) || got.GetProperty("__CRC32#") == "" {
+			t.Fatalf("batch message %d decoded as %+v", i, got)
+		}
+		extent := got.GetProperty(storage.PropertyBatch)
+		if i == 0 && extent != fmt.Sprintf("%013d,%013d", 3, res.Append.WroteBytes) || i > 0 && extent != "" {
+			t.Fatalf("batch message %d: %s = %q", i, storage.PropertyBatch, extent)
 		}
 	}
 }

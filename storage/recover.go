@@ -175,6 +175,14 @@ func allZero(b []byte) bool {
 //     rest of the file is zeroed (stale bytes must never look valid
 //     again), and files after it are deleted.
 //
+// A batch that is not whole (scanFrom) stops the scan at its first record,
+// so a torn batch is cut as one torn tail: none of it is served, its
+// consume-queue entries (all at or past the new end) are dropped by
+// loadQueues and rebuildQueues, and the next put reuses its queue offsets.
+// A torn batch starting below the flushed offset is a CorruptionError like
+// any damaged acknowledged record: the flushed offset never splits a batch
+// (see checkpoint), so such a batch was wholly durable once.
+//
 // What survived is synced, so it counts as durable from now on.
 func (s *Store) recover(cp checkpoint) error {
 	files := s.queue.snapshot()
