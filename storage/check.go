@@ -1,8 +1,11 @@
 package storage
 
 import (
+	"errors"
 	"fmt"
+	iofs "io/fs"
 	"path/filepath"
+	"time"
 )
 
 // CheckReport is what Check found in a data dir.
@@ -19,6 +22,13 @@ type CheckReport struct {
 	// BelowCheckpoint reports whether the damage lies below Flushed:
 	// acknowledged data, which Open refuses to truncate on its own.
 	BelowCheckpoint bool
+	// CheckpointDamage says why the checkpoint file cannot be trusted
+	// (empty when it is fine or absent); CheckpointFile is its path.
+	// Flushed is then 0 and BelowCheckpoint false: the flushed offset is
+	// unknown. Open refuses such a dir (*CheckpointError);
+	// RebuildCheckpoint, or Repair, writes a new checkpoint.
+	CheckpointDamage string
+	CheckpointFile   string
 }
 
 // Check verifies every record of the commitlog in opts.Dir, offline (it
@@ -39,20 +49,34 @@ func Check(opts Options) (CheckReport, error) {
 		return CheckReport{}, err
 	}
 	cp, _, err := readCheckpoint(opts.FS, opts.Dir)
-	if err != nil {
+	var cperr *CheckpointError
+	switch {
+	case errors.As(err, &cperr):
+		cp = checkpoint{} // the commitlog is still worth checking
+	case err != nil:
 		return CheckReport{}, err
 	}
 	files := q.snapshot()
 	rep := CheckReport{Files: len(files), Flushed: cp.Flushed}
+	if cperr != nil {
+		rep.CheckpointDamage, rep.CheckpointFile = cperr.Reason, cperr.File
+	}
 	if len(files) == 0 {
 		return rep, nil
 	}
 	r := scanFrom(files, files[0].from, !opts.DisablePropCRC)
 	rep.Records, rep.End = r.records, r.end
 	if r.bad {
-		f := q.findByOffset(r.end)
-		// Bytes that are zero to the end of the log are its end, not damage.
-		if f != nil && !(allZero(f.data[r.end-f.from:]) && f == files[len(files)-1]) {
+		// Bytes that are zero to the end of the log are its end, not
+		// damage: the rest of this file and every later one (the next
+		// file is created ahead of need, so a killed server leaves it).
+		zero := true
+		for _, f := range files {
+			if f.from+f.size > r.end {
+				zero = zero && allZero(f.data[max(r.end-f.from, 0):])
+			}
+		}
+		if !zero {
 			rep.Damage, rep.DamageOffset = r.badReason, r.end
 		}
 	}
@@ -122,10 +146,97 @@ func Repair(opts Options, truncateAt int64) error {
 	if err := syncDir(opts.FS, s.dir); err != nil {
 		return err
 	}
+	if rep.CheckpointDamage != "" {
+		if _, err := setAsideCheckpoint(opts, "corrupt"); err != nil {
+			return err
+		}
+	}
 	if err := opts.FS.RemoveAll(filepath.Join(opts.Dir, "consumequeue")); err != nil {
 		return fmt.Errorf("storage: repair: drop consume queues: %w", err)
 	}
 	return writeCheckpoint(opts.FS, opts.Dir, checkpoint{Flushed: truncateAt, Dispatched: 0, Queues: map[string]int64{}})
+}
+
+// RebuildCheckpoint replaces the checkpoint, offline: the explicit way
+// past a *CheckpointError. It checks every record of the commitlog (Check)
+// and refuses when any is damaged (the error wraps ErrCorrupt and names the
+// offset: Repair there instead, which rewrites the checkpoint too, since
+// without a trusted flushed offset a torn tail and damaged acknowledged
+// records look the same). Otherwise it renames the old checkpoint to
+// checkpoint.corrupt-<UTC time> (checkpoint.replaced-<time> if it was
+// fine; kept for post-mortem, never read again), syncs the
+// commitlog, drops the consume queues and writes a checkpoint whose
+// flushed offset is the end of the valid log and whose dispatched offset
+// is 0. It returns the name the old checkpoint was set aside as ("" when
+// there was none).
+//
+// The cost is a full scan: this one, then the next Open's recovery, which
+// starts at the first commitlog file, checks every record's CRCs again and
+// writes every consume-queue entry anew (20 bytes a message); both read
+// the whole commitlog once.
+func RebuildCheckpoint(opts Options) (string, error) {
+	opts = opts.withDefaults()
+	if err := opts.Validate(); err != nil {
+		return "", err
+	}
+	rep, err := Check(opts)
+	if err != nil {
+		return "", err
+	}
+	if rep.Damage != "" {
+		return "", fmt.Errorf("%w: repair: the commitlog is damaged at offset %d (%s): a rebuilt checkpoint would "+
+			"cut the log there; truncate at that offset instead (that rewrites the checkpoint too)",
+			ErrCorrupt, rep.DamageOffset, rep.Damage)
+	}
+	lf, err := lockDir(opts.FS, opts.Dir)
+	if err != nil {
+		return "", err
+	}
+	defer lf.Close()
+	q := newMappedFileQueue(opts.FS, filepath.Join(opts.Dir, "commitlog"), opts.FileSize, nil)
+	defer q.close()
+	if err := q.load(); err != nil {
+		return "", err
+	}
+	// What the new checkpoint calls flushed must be durable: after a
+	// kill -9 the page cache may hold bytes never synced.
+	for _, f := range q.snapshot() {
+		if err := f.sync(0, f.size); err != nil {
+			return "", fmt.Errorf("storage: repair: %w", err)
+		}
+	}
+	why := "replaced" // an operator may rebuild a checkpoint that is fine
+	if rep.CheckpointDamage != "" {
+		why = "corrupt"
+	}
+	aside, err := setAsideCheckpoint(opts, why)
+	if err != nil {
+		return "", err
+	}
+	if err := opts.FS.RemoveAll(filepath.Join(opts.Dir, "consumequeue")); err != nil {
+		return "", fmt.Errorf("storage: repair: drop consume queues: %w", err)
+	}
+	if err := writeCheckpoint(opts.FS, opts.Dir, checkpoint{Flushed: rep.End, Queues: map[string]int64{}}); err != nil {
+		return "", err
+	}
+	return aside, nil
+}
+
+// setAsideCheckpoint renames the checkpoint to checkpoint.<why>-<UTC
+// time> and returns that name, or "" when there is no checkpoint.
+func setAsideCheckpoint(opts Options, why string) (string, error) {
+	from := filepath.Join(opts.Dir, checkpointName)
+	if _, err := opts.FS.Size(from); errors.Is(err, iofs.ErrNotExist) {
+		return "", nil
+	}
+	name := checkpointName + "." + why + "-" + time.Now().UTC().Format("20060102T150405.000000000Z")
+	if err := opts.FS.Rename(from, filepath.Join(opts.Dir, name)); err != nil {
+		return "", fmt.Errorf("storage: repair: set the checkpoint aside: %w", err)
+	}
+	if err := syncDir(opts.FS, opts.Dir); err != nil {
+		return "", fmt.Errorf("storage: repair: %w", err)
+	}
+	return name, nil
 }
 
 // isBoundary reports whether off is where a record starts (or the end of

@@ -58,8 +58,27 @@ func splitQueueName(s string) (string, int32, bool) {
 	return s[:i], int32(n), true
 }
 
+// CheckpointError reports a checkpoint file that fails its checks (CRC,
+// JSON, offsets). Open refuses to start on it: without the flushed offset
+// recovery cannot tell acknowledged records from a torn tail, and
+// guessing could cut acknowledged messages. Every record is still in the
+// commitlog; `storaged check` reports the file and `storaged repair
+// --rebuild-checkpoint` (RebuildCheckpoint) sets it aside and writes a
+// new one from a full scan of the commitlog. It wraps ErrCorrupt.
+type CheckpointError struct {
+	File   string // the checkpoint's path
+	Reason string
+}
+
+func (e *CheckpointError) Error() string {
+	return fmt.Sprintf("storage: corrupt checkpoint file %s: %s", e.File, e.Reason)
+}
+
+// Unwrap implements errors.Unwrap.
+func (e *CheckpointError) Unwrap() error { return ErrCorrupt }
+
 // readCheckpoint returns the checkpoint in dir, a zero one if there is
-// none, or an error wrapping ErrCorrupt if it fails its CRC.
+// none, or a *CheckpointError if it fails its CRC or says nonsense.
 func readCheckpoint(fs vfs.FS, dir string) (checkpoint, bool, error) {
 	b, err := fs.ReadFile(filepath.Join(dir, checkpointName))
 	if errors.Is(err, iofs.ErrNotExist) {
@@ -68,20 +87,23 @@ func readCheckpoint(fs vfs.FS, dir string) (checkpoint, bool, error) {
 	if err != nil {
 		return checkpoint{}, false, fmt.Errorf("storage: read checkpoint: %w", err)
 	}
+	bad := func(format string, args ...any) (checkpoint, bool, error) {
+		return checkpoint{}, false, &CheckpointError{File: filepath.Join(dir, checkpointName), Reason: fmt.Sprintf(format, args...)}
+	}
 	body, sum, ok := strings.Cut(strings.TrimSuffix(string(b), "\n"), "\n")
 	want, perr := strconv.ParseUint(sum, 10, 32)
 	if !ok || perr != nil || crc32.Checksum([]byte(body), castagnoli) != uint32(want) {
-		return checkpoint{}, false, fmt.Errorf("%w: checkpoint file fails its CRC", ErrCorrupt)
+		return bad("it fails its CRC (%d bytes)", len(b))
 	}
 	var c checkpoint
 	if err := json.Unmarshal([]byte(body), &c); err != nil {
-		return checkpoint{}, false, fmt.Errorf("%w: checkpoint: %w", ErrCorrupt, err)
+		return bad("%v", err)
 	}
 	if c.Queues == nil {
 		c.Queues = map[string]int64{}
 	}
 	if c.Dispatched > c.Flushed || c.Flushed < 0 || c.Dispatched < 0 {
-		return checkpoint{}, false, fmt.Errorf("%w: checkpoint offsets dispatched %d > flushed %d", ErrCorrupt, c.Dispatched, c.Flushed)
+		return bad("offsets dispatched %d, flushed %d", c.Dispatched, c.Flushed)
 	}
 	return c, true, nil
 }

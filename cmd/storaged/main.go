@@ -22,10 +22,13 @@
 //
 //	storaged check  [--data-dir D] [--file-size S]    verify the commitlog, print a JSON report (exit 1 on damage)
 //	storaged repair [--data-dir D] [--file-size S] --truncate-at OFFSET
+//	storaged repair [--data-dir D] [--file-size S] --rebuild-checkpoint
 //
 // When the store refuses to open because acknowledged data is damaged
 // (*storage.CorruptionError), the log and the exit message name the file
-// and offset and the two commands to run.
+// and offset and the two commands to run; for a corrupt checkpoint
+// (*storage.CheckpointError), the file and `storaged repair
+// --rebuild-checkpoint`.
 package main
 
 import (
@@ -102,7 +105,8 @@ func run(ctx context.Context, args []string, lookupEnv func(string) (string, boo
 	if err := serve(ctx, cfg, logger); err != nil {
 		logger.Error().Err(err).Msg("storaged stopped with an error")
 		var cerr *storage.CorruptionError
-		if errors.As(err, &cerr) { // what the operator must do, in plain text too
+		var cperr *storage.CheckpointError
+		if errors.As(err, &cerr) || errors.As(err, &cperr) { // what the operator must do, in plain text too
 			fmt.Fprintf(stderr, "storaged: %v\n", err)
 		}
 		return err
@@ -257,6 +261,19 @@ func serve(ctx context.Context, cfg config, logger zerolog.Logger) (err error) {
 				"storaged will not drop acknowledged messages on its own; run `%s` to see the damage, then `%s` "+
 				"to cut the log there (the cut bytes are kept in .broken files): %w",
 				cerr.File, cerr.Offset, cerr.Flushed, cerr.Reason, check, repair, err)
+		}
+		var cperr *storage.CheckpointError
+		if errors.As(err, &cperr) {
+			o := offlineFlags{dataDir: cfg.DataDir, fileSize: cfg.FileSize}
+			check := "storaged check " + o.args()
+			repair := "storaged repair " + o.args() + " --rebuild-checkpoint"
+			logger.Error().Str("file", cperr.File).Str("reason", cperr.Reason).Str("check", check).Str("repair", repair).
+				Msg("the checkpoint file is corrupt: refusing to start; run storaged check, then storaged repair --rebuild-checkpoint")
+			return fmt.Errorf("the checkpoint file %s is corrupt (%s): every message is still in the commitlog, but "+
+				"storaged cannot tell which were acknowledged durable and will not guess; with storaged stopped, run `%s`, "+
+				"then `%s` (it keeps the old file as checkpoint.corrupt-<time>, writes a new one from a full check of "+
+				"the commitlog, and the next start rebuilds the consume queues): %w",
+				cperr.File, cperr.Reason, check, repair, err)
 		}
 		return fmt.Errorf("open store in %s: %w", cfg.DataDir, err)
 	}

@@ -18,6 +18,10 @@ const (
 	exitDamage   = 1 // check: damage found; repair: the repair failed
 	exitUsage    = 2
 	exitCantRead = 3 // check could not run (data dir locked by a running storaged, I/O error, …)
+	// exitCheckpoint: check found the checkpoint file corrupt and every
+	// commitlog record valid; `storaged repair --rebuild-checkpoint` fixes it.
+	// (A corrupt checkpoint with commitlog damage too is exitDamage.)
+	exitCheckpoint = 4
 )
 
 // offlineFlags are the flags check and repair share with the server, with
@@ -86,11 +90,16 @@ type checkOutput struct {
 	DamageOffset    *int64 `json:"damage_offset,omitempty"`
 	DamageFile      string `json:"damage_file,omitempty"`
 	BelowCheckpoint bool   `json:"below_checkpoint"`
-	Repair          string `json:"repair,omitempty"`
+	// CheckpointDamage says why the checkpoint file cannot be trusted;
+	// flushed is then 0 (unknown).
+	CheckpointDamage string `json:"checkpoint_damage,omitempty"`
+	CheckpointFile   string `json:"checkpoint_file,omitempty"`
+	Repair           string `json:"repair,omitempty"`
 }
 
 // runCheck is `storaged check`: it verifies every record of the commitlog
-// offline and prints a JSON report. Exit 0 without damage, 1 with damage.
+// and the checkpoint offline and prints a JSON report. Exit 0 without
+// damage, 1 with commitlog damage, 4 with only the checkpoint corrupt.
 func runCheck(args []string, lookupEnv func(string) (string, bool), stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("check", flag.ContinueOnError)
 	fs.SetOutput(stderr)
@@ -98,9 +107,11 @@ func runCheck(args []string, lookupEnv func(string) (string, bool), stdout, stde
 	o.register(fs)
 	fs.Usage = func() {
 		fmt.Fprint(fs.Output(), "Usage: storaged check [--data-dir D] [--file-size S]\n\n"+
-			"Verifies every record of the commitlog (magic, sizes, CRCs, offsets) with the server stopped, and\n"+
-			"prints a JSON report. Exit status: 0 no damage, 1 damage found, 2 usage error, 3 could not check\n"+
-			"(for example the data dir is locked by a running storaged). Changes nothing.\n\n")
+			"Verifies every record of the commitlog (magic, sizes, CRCs, offsets) and the checkpoint file with\n"+
+			"the server stopped, and prints a JSON report. Exit status: 0 no damage, 1 commitlog damage found,\n"+
+			"2 usage error, 3 could not check (for example the data dir is locked by a running storaged), 4 the\n"+
+			"checkpoint is corrupt and every commitlog record is valid (storaged repair --rebuild-checkpoint).\n"+
+			"Changes nothing.\n\n")
 		fs.PrintDefaults()
 	}
 	if err := parseOffline(fs, args, lookupEnv); err != nil {
@@ -117,18 +128,32 @@ func runCheck(args []string, lookupEnv func(string) (string, bool), stdout, stde
 	out := checkOutput{
 		DataDir: o.dataDir, Files: rep.Files, Records: rep.Records, End: rep.End, Flushed: rep.Flushed,
 		Damaged: rep.Damage != "", Damage: rep.Damage, BelowCheckpoint: rep.BelowCheckpoint,
+		CheckpointDamage: rep.CheckpointDamage, CheckpointFile: rep.CheckpointFile,
 	}
 	if out.Damaged {
 		off := rep.DamageOffset
 		out.DamageOffset = &off
 		out.DamageFile = fmt.Sprintf("commitlog/%020d", off/o.fileSize*o.fileSize)
 		out.Repair = fmt.Sprintf("storaged repair %s --truncate-at %d", o.args(), off)
+	} else if out.CheckpointDamage != "" {
+		out.Repair = fmt.Sprintf("storaged repair %s --rebuild-checkpoint", o.args())
 	}
 	enc := json.NewEncoder(stdout)
 	enc.SetIndent("", "  ")
 	if err := enc.Encode(out); err != nil {
 		fmt.Fprintf(stderr, "storaged check: %v\n", err)
 		return exitCantRead
+	}
+	if out.CheckpointDamage != "" {
+		fmt.Fprintf(stderr, "storaged check: the checkpoint file %s is corrupt: %s\n"+
+			"Every message is still in the commitlog, but storaged cannot tell which were acknowledged durable and will not start.\n",
+			out.CheckpointFile, out.CheckpointDamage)
+		if !out.Damaged {
+			fmt.Fprintf(stderr, "Every commitlog record is valid. To write a new checkpoint from them (the old one is kept as\n"+
+				"checkpoint.corrupt-<time>; the next start rescans the whole commitlog and rebuilds the consume queues), run:\n  %s\n",
+				out.Repair)
+			return exitCheckpoint
+		}
 	}
 	if out.Damaged {
 		fmt.Fprintf(stderr, "storaged check: damage at commitlog offset %d in %s: %s\n"+
@@ -140,7 +165,9 @@ func runCheck(args []string, lookupEnv func(string) (string, bool), stdout, stde
 }
 
 // runRepair is `storaged repair --truncate-at OFFSET`: it cuts the
-// commitlog at a record boundary (storage.Repair) and says what it did.
+// commitlog at a record boundary (storage.Repair) and says what it did;
+// `storaged repair --rebuild-checkpoint` replaces a corrupt checkpoint
+// (storage.RebuildCheckpoint).
 func runRepair(args []string, lookupEnv func(string) (string, bool), stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("repair", flag.ContinueOnError)
 	fs.SetOutput(stderr)
@@ -155,12 +182,19 @@ func runRepair(args []string, lookupEnv func(string) (string, bool), stdout, std
 		truncateAt, set = n, true
 		return nil
 	})
+	var rebuild bool
+	fs.BoolVar(&rebuild, "rebuild-checkpoint", false, "set a corrupt checkpoint aside as checkpoint.corrupt-<time> and write a new one from a full check of the commitlog")
 	fs.Usage = func() {
-		fmt.Fprint(fs.Output(), "Usage: storaged repair [--data-dir D] [--file-size S] --truncate-at OFFSET\n\n"+
+		fmt.Fprint(fs.Output(), "Usage: storaged repair [--data-dir D] [--file-size S] --truncate-at OFFSET\n"+
+			"       storaged repair [--data-dir D] [--file-size S] --rebuild-checkpoint\n\n"+
 			"Cuts the commitlog at OFFSET with the server stopped: the bytes from OFFSET on are moved to\n"+
 			"commitlog/<offset>.broken files (kept, never served), later files are removed, the consume queues are\n"+
 			"dropped (the next start rebuilds them) and the checkpoint is rewritten. Every message at or after\n"+
-			"OFFSET is no longer served. Run storaged check first: it prints the offset.\n\n")
+			"OFFSET is no longer served. Run storaged check first: it prints the offset.\n\n"+
+			"--rebuild-checkpoint replaces a corrupt checkpoint: it checks every commitlog record (refusing if any is\n"+
+			"damaged: use --truncate-at, which rewrites the checkpoint too), keeps the old file as\n"+
+			"checkpoint.corrupt-<time>, drops the consume queues and writes a checkpoint at the end of the valid\n"+
+			"log. Nothing is cut; the next start rescans the whole commitlog and rebuilds the consume queues.\n\n")
 		fs.PrintDefaults()
 	}
 	if err := parseOffline(fs, args, lookupEnv); err != nil {
@@ -169,10 +203,14 @@ func runRepair(args []string, lookupEnv func(string) (string, bool), stdout, std
 		}
 		return exitUsage
 	}
-	if !set {
-		fmt.Fprintf(stderr, "storaged repair: --truncate-at OFFSET is required; storaged repair never picks the offset itself.\n"+
+	if !set && !rebuild {
+		fmt.Fprintf(stderr, "storaged repair: --truncate-at OFFSET is required (or --rebuild-checkpoint for a corrupt checkpoint); "+
+			"storaged repair never picks the offset itself.\n"+
 			"Run `storaged check %s`: it prints the damage offset and the repair command.\n", o.args())
 		return exitUsage
+	}
+	if !set {
+		return rebuildCheckpoint(o, stdout, stderr)
 	}
 	before, err := storage.Check(o.options())
 	if err != nil {
@@ -188,6 +226,9 @@ func runRepair(args []string, lookupEnv func(string) (string, bool), stdout, std
 		}
 	} else {
 		fmt.Fprintf(stdout, "note: no damage found; cutting at %d drops valid records\n", truncateAt)
+	}
+	if before.CheckpointDamage != "" {
+		fmt.Fprintf(stdout, "the checkpoint is corrupt (%s): it is set aside as checkpoint.corrupt-<time> and rewritten\n", before.CheckpointDamage)
 	}
 	if err := storage.Repair(o.options(), truncateAt); err != nil {
 		fmt.Fprintf(stderr, "storaged repair: %s\n", offlineError(err, o.dataDir))
@@ -206,6 +247,36 @@ func runRepair(args []string, lookupEnv func(string) (string, bool), stdout, std
 		return exitDamage
 	}
 	fmt.Fprintf(stdout, "check after the repair: no damage, %d records ending at %d; storaged can start\n", after.Records, after.End)
+	return exitOK
+}
+
+// rebuildCheckpoint is `storaged repair --rebuild-checkpoint`.
+func rebuildCheckpoint(o offlineFlags, stdout, stderr io.Writer) int {
+	before, err := storage.Check(o.options())
+	if err != nil {
+		fmt.Fprintf(stderr, "storaged repair: %s\n", offlineError(err, o.dataDir))
+		return exitDamage
+	}
+	if before.Damage != "" {
+		fmt.Fprintf(stderr, "storaged repair: the commitlog is damaged at offset %d (%s): a rebuilt checkpoint would cut the log there.\n"+
+			"Cut it explicitly instead (that rewrites the checkpoint too):\n  storaged repair %s --truncate-at %d\n",
+			before.DamageOffset, before.Damage, o.args(), before.DamageOffset)
+		return exitDamage
+	}
+	if before.CheckpointDamage == "" {
+		fmt.Fprintf(stdout, "note: the checkpoint is not corrupt; replacing it anyway\n")
+	}
+	aside, err := storage.RebuildCheckpoint(o.options())
+	if err != nil {
+		fmt.Fprintf(stderr, "storaged repair: %s\n", offlineError(err, o.dataDir))
+		return exitDamage
+	}
+	if aside != "" {
+		fmt.Fprintf(stdout, "set the old checkpoint aside as %s\n", aside)
+	}
+	fmt.Fprintf(stdout, "checked %d records in %d files, all valid, ending at commitlog offset %d\n", before.Records, before.Files, before.End)
+	fmt.Fprintf(stdout, "wrote a new checkpoint: flushed offset %d; dropped the consume queues\n", before.End)
+	fmt.Fprintf(stdout, "the next start scans the whole commitlog and rebuilds the consume queues; nothing was cut\n")
 	return exitOK
 }
 

@@ -220,3 +220,120 @@ func TestOfflineUsage(t *testing.T) {
 		t.Errorf("check of an empty dir: exit %d, %q; want %d", code, stderr, exitCantRead)
 	}
 }
+
+// TestCorruptCheckpoint: after a clean stop, more puts and a kill -9, a
+// checkpoint that fails its CRC
+// makes the server refuse to start naming the file and the exact repair
+// command, check exit 4 naming it, repair --rebuild-checkpoint set it
+// aside and write a new one, and the next start serve every acknowledged
+// message (singles and batches) at its offsets, and take new ones after
+// them.
+func TestCorruptCheckpoint(t *testing.T) {
+	dir := t.TempDir()
+	dirArgs := []string{"--data-dir", dir, "--file-size", "64KiB"}
+	p, client := serveData(t, dir)
+	type ackd struct {
+		msgID string
+		qoff  int64
+	}
+	var acks []ackd
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
+	defer cancel()
+	for i := range 40 {
+		if i == 20 { // a clean stop writes a checkpoint; the rest is after it
+			stop(t, p)
+			p, client = serveData(t, dir)
+		}
+		if i%4 == 3 { // a batch of 5 every fourth put
+			req := &storagedv1.PutMessagesRequest{Topic: "cp"}
+			for j := range 5 {
+				req.Messages = append(req.Messages, &storagedv1.BatchEntry{Body: fmt.Appendf(nil, "b%02d-%d-%s", i, j, strings.Repeat("y", 700))})
+			}
+			resp, err := client.PutMessages(ctx, req)
+			if err != nil || resp.GetStatus() != storagedv1.PutMessageStatus_PUT_MESSAGE_STATUS_PUT_OK {
+				t.Fatalf("put batch %d: %v %v", i, resp, err)
+			}
+			for j, id := range resp.GetResult().GetMsgIds() {
+				acks = append(acks, ackd{id, resp.GetResult().GetQueueOffset() + int64(j)})
+			}
+			continue
+		}
+		resp, err := client.PutMessage(ctx, &storagedv1.PutMessageRequest{Message: &storagedv1.Message{
+			Topic: "cp", Body: fmt.Appendf(nil, "m%02d-%s", i, strings.Repeat("x", 900))}})
+		if err != nil || resp.GetStatus() != storagedv1.PutMessageStatus_PUT_MESSAGE_STATUS_PUT_OK {
+			t.Fatalf("put %d: %v %v", i, resp, err)
+		}
+		acks = append(acks, ackd{resp.GetResult().GetMsgId(), resp.GetResult().GetQueueOffset()})
+	}
+	p.signal(t, syscall.SIGKILL)
+	p.exitCode(t)
+
+	cpFile := filepath.Join(dir, "checkpoint")
+	b, err := os.ReadFile(cpFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b[len(b)/3] ^= 0x20 // one flipped bit in the JSON
+	if err := os.WriteFile(cpFile, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+
+	p = startProc(t, "--listen", "127.0.0.1:0", "--metrics-listen", "", "--data-dir", dir, "--file-size", "64KiB")
+	if code := p.exitCode(t); code != 1 {
+		t.Fatalf("start with a corrupt checkpoint: exit %d, want 1\n%s", code, p.logs.String())
+	}
+	rebuild := fmt.Sprintf("storaged repair --data-dir %s --file-size 64KiB --rebuild-checkpoint", dir)
+	logs := p.logs.String()
+	for _, want := range []string{"storaged: the checkpoint file " + cpFile + " is corrupt", "`" + rebuild + "`",
+		`"file":"` + cpFile + `"`, "storaged check --data-dir " + dir} {
+		if !strings.Contains(logs, want) {
+			t.Errorf("start with a corrupt checkpoint: output lacks %q:\n%s", want, logs)
+		}
+	}
+
+	code, out, stderr := runBinary(t, append([]string{"check"}, dirArgs...)...)
+	var rep checkOutput
+	if err := json.Unmarshal([]byte(out), &rep); err != nil {
+		t.Fatalf("check output is not JSON: %v\n%s", err, out)
+	}
+	if code != exitCheckpoint || rep.Damaged || rep.CheckpointDamage == "" || rep.CheckpointFile != cpFile ||
+		rep.Repair != rebuild || rep.Records != int64(len(acks)) || !strings.Contains(stderr, rebuild) {
+		t.Fatalf("check with a corrupt checkpoint: exit %d, %+v\nstderr: %s", code, rep, stderr)
+	}
+
+	code, out, stderr = runBinary(t, append([]string{"repair", "--rebuild-checkpoint"}, dirArgs...)...)
+	if code != 0 || !strings.Contains(out, "set the old checkpoint aside as checkpoint.corrupt-") || !strings.Contains(out, "nothing was cut") {
+		t.Fatalf("repair --rebuild-checkpoint: exit %d\nstdout: %s\nstderr: %s", code, out, stderr)
+	}
+	if aside, _ := filepath.Glob(filepath.Join(dir, "checkpoint.corrupt-*")); len(aside) != 1 {
+		t.Errorf("the corrupt checkpoint is not kept: %v", aside)
+	}
+	if code, out, _ := runBinary(t, append([]string{"check"}, dirArgs...)...); code != 0 {
+		t.Fatalf("check after the rebuild: exit %d\n%s", code, out)
+	}
+
+	p, client = serveData(t, dir)
+	var pulled []*storagedv1.StoredMessage
+	for next := int64(0); next < int64(len(acks)); {
+		resp, err := client.PullMessages(ctx, &storagedv1.PullMessagesRequest{Topic: "cp", QueueOffset: next,
+			MaxMessages: 100, Wait: durationpb.New(30 * time.Second)})
+		if err != nil {
+			t.Fatalf("pull after the rebuild: %v", err)
+		}
+		pulled = append(pulled, resp.GetMessages()...)
+		next = resp.GetNextOffset()
+	}
+	if len(pulled) != len(acks) {
+		t.Fatalf("pulled %d messages after the rebuild, want every one of the %d acknowledged", len(pulled), len(acks))
+	}
+	for i, m := range pulled {
+		if m.GetMsgId() != acks[i].msgID || m.GetQueueOffset() != acks[i].qoff {
+			t.Fatalf("message %d after the rebuild: %s at %d, acknowledged %s at %d", i, m.GetMsgId(), m.GetQueueOffset(), acks[i].msgID, acks[i].qoff)
+		}
+	}
+	resp, err := client.PutMessage(ctx, &storagedv1.PutMessageRequest{Message: &storagedv1.Message{Topic: "cp", Body: []byte("after")}})
+	if err != nil || resp.GetResult().GetQueueOffset() != int64(len(acks)) {
+		t.Fatalf("put after the rebuild: %v, %v; want queue offset %d", resp, err, len(acks))
+	}
+	stop(t, p)
+}
