@@ -16,6 +16,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -50,15 +51,18 @@ type server struct {
 	addr string
 	conn *grpc.ClientConn
 	done chan error
+	// tornTails counts the torn tails its recovery logged cutting.
+	tornTails atomic.Int64
 }
 
 // start runs storaged on a loopback port and waits until the message
 // store service is SERVING (recovery done). It returns the time that took.
-func start(t *testing.T, dataDir, mode string) (*server, time.Duration) {
+// extra flags come last, so they override the defaults here.
+func start(t *testing.T, dataDir, mode string, extra ...string) (*server, time.Duration) {
 	t.Helper()
 	began := time.Now()
-	cmd := exec.Command(binary, "--listen", "127.0.0.1:0", "--metrics-listen", "", "--admin-listen", "", "--data-dir", dataDir,
-		"--flush-mode", mode, "--file-size", "64KiB", "--log-level", "info", "--reflection=false")
+	cmd := exec.Command(binary, append([]string{"--listen", "127.0.0.1:0", "--metrics-listen", "", "--admin-listen", "", "--data-dir", dataDir,
+		"--flush-mode", mode, "--file-size", "64KiB", "--log-level", "info", "--reflection=false"}, extra...)...)
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -77,6 +81,9 @@ func start(t *testing.T, dataDir, mode string) (*server, time.Duration) {
 			}
 			if json.Unmarshal(sc.Bytes(), &line) == nil && line.Msg == "listening" && line.GRPC != "" {
 				addrc <- line.GRPC
+			}
+			if strings.HasPrefix(line.Msg, "storage: torn tail") {
+				s.tornTails.Add(1)
 			}
 		}
 		s.done <- cmd.Wait()
