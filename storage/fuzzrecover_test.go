@@ -20,6 +20,16 @@ func FuzzRecover(f *testing.F) {
 	good := encodeSpec(f, recordSpec{topic: "T", body: []byte("seed"), storeHost: DefaultStoreHost, propCRC: true}, 0, 0, 1)
 	f.Add(good)
 	f.Add(append(append([]byte{}, good...), good...))
+	// A batch of two (the first record carries its extent), whole and torn.
+	first := recordSpec{topic: "T", body: []byte("b0"), storeHost: DefaultStoreHost, propCRC: true, batchFirst: true, batchCount: 2}
+	second := recordSpec{topic: "T", body: []byte("b1"), storeHost: DefaultStoreHost, propCRC: true}
+	first.size()
+	second.size()
+	first.batchBytes = first.total + second.total
+	b0 := encodeSpec(f, first, 0, 0, 1)
+	batch := append(b0, encodeSpec(f, second, 1, int64(len(b0)), 1)...)
+	f.Add(batch)
+	f.Add(batch[:len(batch)-1])
 	f.Fuzz(func(t *testing.T, data []byte) {
 		const size = 4096
 		if len(data) > size {
