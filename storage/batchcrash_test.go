@@ -137,7 +137,7 @@ func TestPowerLossBatches(t *testing.T) {
 					t.Fatalf("replay: seed %d mode %s", seed, mode)
 				}
 			}
-			t.Logf("%s: %d crash images, %d acknowledged batches checked, %d torn tails cut", mode, images, batches, torn)
+			t.Logf("%s: %d crash images, %d acknowledged-batch checks, %d torn tails cut", mode, images, batches, torn)
 		})
 	}
 }

@@ -47,14 +47,22 @@
 //	+76  PREPARED TX OFF int64
 //	+84  BODYLEN int32, BODY
 //	     TOPICLEN int8 (V1) | int16 (V2), TOPIC
-//	     PROPLEN int16, PROPERTIES  "key\x01value\x02…" then
-//	                                "__CRC32#\x01dddddddddd\x02"
+//	     PROPLEN int16, PROPERTIES  "key\x01value\x02…" then, on the
+//	                                first record of a batch of two or more,
+//	                                "__BATCH#\x01ccccccccccccc,bbbbbbbbbbbbb\x02"
+//	                                then "__CRC32#\x01dddddddddd\x02"
 //
 // The last property is the whole-record CRC (RocketMQ enabledAppendPropCRC,
 // on by default here): CRC-32/IEEE & 0x7FFFFFFF of every byte of the record
 // before those 20 bytes, written as ten decimal digits, least significant
 // first. With it, a flipped bit anywhere in a record is detected, not only
-// in the body. A full file ends with an 8-byte blank record: int32 bytes
+// in the body. The batch property (37 bytes) carries the batch's record
+// count and total byte length (every record of the batch, this one
+// included), each as 13 zero-padded decimal digits, most significant
+// first; it is an ordinary property to RocketMQ's decoders, under the
+// whole-record CRC, and counted in the first record's properties length
+// (MaxPropertiesLength) and in the batch's size checks. Single messages
+// and one-message batches do not carry it. A full file ends with an 8-byte blank record: int32 bytes
 // left in the file, int32 0xCBD43194. A record is appended only if its
 // length + 8 fits the space left; otherwise the blank is written and the
 // record goes to the next file, so no record crosses a file and every full
@@ -73,7 +81,9 @@
 // (queue = level-1, REAL_TOPIC/REAL_QID kept); then, under the put lock,
 // re-stamp the store time (never going backwards), take or roll the last
 // file, assign the queue offset, encode straight into the mapping and
-// publish the new write position with an atomic store.
+// publish the new write position with an atomic store — once per batch,
+// after all its records are copied, so no reader, flush or checkpoint ever
+// sees part of a batch.
 //
 // # Durability contract
 //
@@ -105,6 +115,23 @@
 // first bad one, zeroes everything after it so stale bytes can never look
 // valid again, deletes files past it, rebuilds the topic-queue table and
 // syncs what survived.
+//
+// Batches are all or nothing across a crash: from a record carrying
+// __BATCH#, the scan counts the batch only when every record of its
+// declared extent is valid, none starts another batch, the last ends
+// exactly at the extent's end and their number is the declared count.
+// Otherwise (a kill -9 in the middle of the batch's copy into the page
+// cache, or a power cut that kept only some of its sectors) the scan stops
+// at the batch's first record and the whole batch is cut as a torn tail.
+// The checkpoint's offsets never fall inside a batch (they are values of
+// the write position), so a torn batch is either wholly past the flushed
+// offset (cut) or wholly below it (a CorruptionError). An acknowledged
+// batch is never torn: sync mode answers only once all of it is durable,
+// and a kill -9 keeps everything copied before the answer.
+//
+// A checkpoint file that fails its checks refuses the open with a
+// *CheckpointError naming it; RebuildCheckpoint (storaged repair
+// --rebuild-checkpoint) writes a new one after a full check.
 //
 // # Consume queues and visibility
 //
