@@ -271,70 +271,78 @@ func TestTornBatchIsCut(t *testing.T) {
 		{"power cut: the first record lost", func(rec []int64, end int64, data []byte) { clear(data[rec[0]:rec[1]]) }},
 	}
 	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			dir := t.TempDir()
-			opts := Options{Dir: dir, FileSize: 1 << 20, FlushMode: FlushAsync}
-			s, err := Open(opts)
-			if err != nil {
-				t.Fatal(err)
+		for _, noCRC := range []bool{false, true} {
+			name := tt.name
+			if noCRC {
+				name += ", DisablePropCRC"
 			}
-			put := func(s *Store, id string, n int) AppendResult {
-				b := &Batch{Topic: "TB", QueueID: 1}
-				for j := 0; j < n; j++ {
-					b.Messages = append(b.Messages, BatchMessage{Body: batchBody(id, j, n, 300)})
-				}
-				res, err := s.PutMessages(context.Background(), b)
-				if err != nil {
-					t.Fatal(err)
-				}
-				return res.Append
-			}
-			put(s, "whole", 5)
-			if err := s.Close(); err != nil { // the first batch is below the checkpoint
-				t.Fatal(err)
-			}
-			if s, err = Open(opts); err != nil {
-				t.Fatal(err)
-			}
-			torn := put(s, "torn", 8)
-			// Let the dispatcher index the torn batch, so its consume-queue
-			// entries exist and must be cut too.
-			waitQueueLen(t, s, "TB", 1, 13)
-			s.crash()
-			path := filepath.Join(dir, "commitlog", fileName(0))
-			data, err := os.ReadFile(path)
-			if err != nil {
-				t.Fatal(err)
-			}
-			tt.tear(torn.Offsets, torn.NextOffset(), data)
-			if err := os.WriteFile(path, data, 0o644); err != nil {
-				t.Fatal(err)
-			}
+			t.Run(name, func(t *testing.T) { tornBatchCase(t, tt.tear, noCRC) })
+		}
+	}
+}
 
-			s, err = Open(opts)
-			if err != nil {
-				t.Fatalf("open after the tear: %v", err)
-			}
-			defer s.Close()
-			seen := checkWholeBatches(t, s, "TB", 2)
-			if !seen["whole"] || seen["torn"] {
-				t.Fatalf("batches served after recovery: %v, want only the whole one", seen)
-			}
-			if st := s.Stats(); st.TornTails != 1 || st.MaxOffset != torn.WroteOffset {
-				t.Fatalf("torn tails %d, log end %d; want 1 and the torn batch's start %d", st.TornTails, st.MaxOffset, torn.WroteOffset)
-			}
-			if _, err := os.Stat(filepath.Join(dir, "commitlog", fileName(torn.WroteOffset)+".broken")); err != nil {
-				t.Fatalf("torn batch not kept: %v", err)
-			}
-			again := put(s, "again", 3)
-			waitQueueLen(t, s, "TB", 1, 8)
-			if again.QueueOffset != 5 || again.WroteOffset != torn.WroteOffset {
-				t.Fatalf("next batch at queue offset %d, commitlog %d; want 5 and %d", again.QueueOffset, again.WroteOffset, torn.WroteOffset)
-			}
-			if seen := checkWholeBatches(t, s, "TB", 2); !seen["again"] {
-				t.Fatal("the next batch is not served")
-			}
-		})
+func tornBatchCase(t *testing.T, tear func(rec []int64, end int64, data []byte), noCRC bool) {
+	dir := t.TempDir()
+	opts := Options{Dir: dir, FileSize: 1 << 20, FlushMode: FlushAsync, DisablePropCRC: noCRC}
+	s, err := Open(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	put := func(s *Store, id string, n int) AppendResult {
+		b := &Batch{Topic: "TB", QueueID: 1}
+		for j := 0; j < n; j++ {
+			b.Messages = append(b.Messages, BatchMessage{Body: batchBody(id, j, n, 300)})
+		}
+		res, err := s.PutMessages(context.Background(), b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return res.Append
+	}
+	put(s, "whole", 5)
+	if err := s.Close(); err != nil { // the first batch is below the checkpoint
+		t.Fatal(err)
+	}
+	if s, err = Open(opts); err != nil {
+		t.Fatal(err)
+	}
+	torn := put(s, "torn", 8)
+	// Let the dispatcher index the torn batch, so its consume-queue
+	// entries exist and must be cut too.
+	waitQueueLen(t, s, "TB", 1, 13)
+	s.crash()
+	path := filepath.Join(dir, "commitlog", fileName(0))
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tear(torn.Offsets, torn.NextOffset(), data)
+	if err := os.WriteFile(path, data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+
+	s, err = Open(opts)
+	if err != nil {
+		t.Fatalf("open after the tear: %v", err)
+	}
+	defer s.Close()
+	seen := checkWholeBatches(t, s, "TB", 2)
+	if !seen["whole"] || seen["torn"] {
+		t.Fatalf("batches served after recovery: %v, want only the whole one", seen)
+	}
+	if st := s.Stats(); st.TornTails != 1 || st.MaxOffset != torn.WroteOffset {
+		t.Fatalf("torn tails %d, log end %d; want 1 and the torn batch's start %d", st.TornTails, st.MaxOffset, torn.WroteOffset)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "commitlog", fileName(torn.WroteOffset)+".broken")); err != nil {
+		t.Fatalf("torn batch not kept: %v", err)
+	}
+	again := put(s, "again", 3)
+	waitQueueLen(t, s, "TB", 1, 8)
+	if again.QueueOffset != 5 || again.WroteOffset != torn.WroteOffset {
+		t.Fatalf("next batch at queue offset %d, commitlog %d; want 5 and %d", again.QueueOffset, again.WroteOffset, torn.WroteOffset)
+	}
+	if seen := checkWholeBatches(t, s, "TB", 2); !seen["again"] {
+		t.Fatal("the next batch is not served")
 	}
 }
 

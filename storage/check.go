@@ -122,8 +122,13 @@ func Repair(opts Options, truncateAt int64) error {
 	if truncateAt > rep.End || truncateAt < files[0].from {
 		return fmt.Errorf("storage: repair: offset %d is outside the valid log [%d, %d]", truncateAt, files[0].from, rep.End)
 	}
-	if !isBoundary(files, truncateAt) {
+	ok, batchStart := isBoundary(files, truncateAt)
+	switch {
+	case !ok:
 		return fmt.Errorf("storage: repair: offset %d is not a record boundary", truncateAt)
+	case batchStart >= 0: // cutting there would leave part of a batch
+		return fmt.Errorf("storage: repair: offset %d is inside the batch that starts at %d: cut at %d to drop the whole batch",
+			truncateAt, batchStart, batchStart)
 	}
 	for _, f := range files {
 		switch {
@@ -240,28 +245,37 @@ func setAsideCheckpoint(opts Options, why string) (string, error) {
 }
 
 // isBoundary reports whether off is where a record starts (or the end of
-// the last file) when walking the log's files from their starts.
-func isBoundary(files []*mappedFile, off int64) bool {
+// the last file) when walking the log's files from their starts, and, if
+// that record is inside a batch but not its first, where the batch starts
+// (else -1).
+func isBoundary(files []*mappedFile, off int64) (bool, int64) {
 	for _, f := range files {
 		if off < f.from || off >= f.from+f.size {
 			continue
 		}
+		batchStart, batchEnd := int64(-1), int64(-1)
 		for pos := int64(0); pos < f.size; {
 			if f.from+pos == off {
-				return true
+				if f.from+pos < batchEnd {
+					return true, batchStart
+				}
+				return true, -1
 			}
 			b := f.data[pos:]
 			if IsBlank(b) {
-				return false
+				return false, -1
 			}
 			n, err := checkRecord(b, false)
 			if err != nil {
-				return false
+				return false, -1
+			}
+			if _, bytes, starts, err := batchOf(b, n); err == nil && starts {
+				batchStart, batchEnd = f.from+pos, f.from+pos+bytes
 			}
 			pos += int64(n)
 		}
-		return false
+		return false, -1
 	}
 	last := files[len(files)-1]
-	return off == last.from+last.size
+	return off == last.from+last.size, -1
 }

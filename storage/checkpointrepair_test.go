@@ -154,3 +154,46 @@ func TestRebuildCheckpointRefusesDamage(t *testing.T) {
 		t.Fatalf("%d messages after the cut, want 7", len(msgs))
 	}
 }
+
+// TestRepairRefusesInsideBatch: Repair never leaves part of a batch (the
+// next Open would find it torn below the rewritten checkpoint): an offset
+// inside a batch is refused, naming the batch's start.
+func TestRepairRefusesInsideBatch(t *testing.T) {
+	dir := t.TempDir()
+	opts := Options{Dir: dir, FileSize: 16 << 10}
+	s, err := Open(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if _, err := s.PutMessage(ctx, &Message{Topic: "RB", Body: []byte("single")}); err != nil {
+		t.Fatal(err)
+	}
+	b := &Batch{Topic: "RB"}
+	for j := range 4 {
+		b.Messages = append(b.Messages, BatchMessage{Body: batchBody("b", j, 4, 100)})
+	}
+	res, err := s.PutMessages(ctx, b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	offs := res.Append.Offsets
+	err = Repair(opts, offs[2])
+	if err == nil || !strings.Contains(err.Error(), fmt.Sprintf("inside the batch that starts at %d", offs[0])) {
+		t.Fatalf("Repair inside a batch: %v", err)
+	}
+	if err := Repair(opts, offs[0]); err != nil {
+		t.Fatalf("Repair at the batch's start: %v", err)
+	}
+	s, err = Open(opts)
+	if err != nil {
+		t.Fatalf("Open after Repair: %v", err)
+	}
+	defer s.Close()
+	if msgs := pullQueue(t, s, "RB", 0); len(msgs) != 1 {
+		t.Fatalf("%d messages after the cut, want the single one", len(msgs))
+	}
+}
