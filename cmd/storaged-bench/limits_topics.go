@@ -256,7 +256,7 @@ func (t *TopicsResult) rows() []limitRow {
 			goal: "<= " + mib(goalRestartWrites), met: check(t.AtServing.WriteBytes <= goalRestartWrites)},
 		{figure: n + ": bytes written by the restart, to after reading every queue", value: mib(float64(t.AfterTouch.WriteBytes)),
 			goal: "", met: nil},
-		{figure: n + ": open fds at SERVING", value: strconv.Itoa(t.AtServing.FDs), goal: fdGoal},
+		{figure: n + ": open fds at SERVING", value: fmt.Sprintf("%d (empty store: %d)", t.AtServing.FDs, t.EmptyAtServing.FDs), goal: fdGoal},
 		{figure: n + ": peak open fds, one pull on every queue", value: fmt.Sprintf("%d (%d found)", t.TouchPeak.FDs, t.Found), goal: fdGoal},
 		{figure: n + ": peak RSS, one pull on every queue", value: mib(float64(t.TouchPeak.RSSBytes)), goal: ""},
 	}
