@@ -313,7 +313,7 @@ func TestConsumeQueueNoSpace(t *testing.T) {
 			if err := s.dispatch.dispatchTo(end); err != nil {
 				t.Fatalf("dispatch once space is back: %v", err)
 			}
-			res, err := s.pullOnce(PullRequest{Topic: "Full", MaxMessages: 10, MaxBytes: 1 << 20})
+			res, _, err := s.pullOnce(PullRequest{Topic: "Full", MaxMessages: 10, MaxBytes: 1 << 20}, MaxPullScan)
 			if err != nil || len(res.Messages) != 1 || string(res.Messages[0].Body) != "Full" {
 				t.Fatalf("pull after space is back: %d messages, %v", len(res.Messages), err)
 			}

@@ -36,12 +36,24 @@ type dispatcher struct {
 
 	// runMu is held by every dispatch round and checkpoint, so a test can
 	// pause the store at a consistent point (see Store.pause).
+	// A put waiting to read its write may take it too (visible.go).
 	runMu      sync.Mutex
 	next       int64        // next commitlog offset to dispatch; guarded by runMu
 	dispatched atomic.Int64 // published after the entries are written
+	closed     bool         // queues unmapped: no more rounds; guarded by runMu
+	// stalled is set while the last round failed.
+	stalled atomic.Bool
 
-	arriveMu sync.Mutex
-	arrive   chan struct{} // closed and replaced on every progress
+	// progress wakes puts waiting for runMu (visible.go); notify wakes
+	// the long polls of the queues a round advanced (notify.go).
+	progress progress
+	notify   *queueNotifier
+	// collect says the current round notes the queues it advances in
+	// advanced (a poll waits); advancedAll that it advanced more than
+	// maxAdvanced of them. Guarded by runMu.
+	collect     bool
+	advanced    []queueKey
+	advancedAll bool
 
 	lastCP checkpoint // last checkpoint written; dispatcher goroutine only
 
@@ -51,9 +63,9 @@ type dispatcher struct {
 }
 
 func newDispatcher(s *Store) *dispatcher {
-	return &dispatcher{s: s, root: s.opts.Dir, queues: map[queueKey]*consumeQueue{},
-		files:  newCQFiles(s.opts.FS, s.opts.MaxOpenQueueFiles),
-		arrive: make(chan struct{}), kick: make(chan struct{}, 1), done: make(chan struct{})}
+	return &dispatcher{s: s, root: s.opts.Dir, queues: map[queueKey]*consumeQueue{}, notify: newQueueNotifier(),
+		files: newCQFiles(s.opts.FS, s.opts.MaxOpenQueueFiles),
+		kick:  make(chan struct{}, 1), done: make(chan struct{})}
 }
 
 // loadQueues finds every consume queue on disk, without opening its files,
@@ -162,7 +174,7 @@ func (d *dispatcher) loop() {
 func (d *dispatcher) checkpointRound() {
 	d.runMu.Lock()
 	err := d.checkpoint()
-	d.runMu.Unlock()
+	d.unlockRun()
 	switch {
 	case err == nil:
 		d.s.faults.cleared(faultCheckpoint)
@@ -184,34 +196,63 @@ func (d *dispatcher) wake() {
 // It reports whether there was anything to dispatch.
 func (d *dispatcher) run(end int64) bool {
 	d.runMu.Lock()
-	defer d.runMu.Unlock()
-	if d.next >= end {
-		return false
+	did, _ := d.runLocked(end)
+	d.unlockRun()
+	return did
+}
+
+// maxAdvanced bounds the queues a round notes for the long polls; a round
+// that advances more wakes every poll.
+const maxAdvanced = 1024
+
+// runLocked is run. It publishes the progress (dispatched, then the long
+// polls of the queues advanced) whether or not the round failed part way.
+// REQUIRES: runMu held.
+func (d *dispatcher) runLocked(end int64) (bool, error) {
+	if d.closed || d.next >= end {
+		return false, nil
 	}
-	if err := d.dispatchTo(end); err != nil {
+	d.collect = d.notify.active()
+	err := d.dispatchTo(end)
+	d.dispatched.Store(d.next)
+	if d.collect {
+		if d.advancedAll {
+			d.notify.signalAll()
+		} else {
+			d.notify.signal(d.advanced)
+		}
+		d.collect, d.advanced, d.advancedAll = false, d.advanced[:0], false
+	}
+	if err != nil {
+		d.stalled.Store(true)
 		if errors.Is(err, ErrCorrupt) {
 			d.s.fail(err) // the commitlog itself is bad: no retry can help
 		} else {
 			// A consume-queue write failed (ENOSPC, EMFILE, EIO): next
-			// stays at the entry that failed and loop retries it.
+			// stays at the entry that failed and loop retries it. Kick
+			// it, in case this round was a put's (visible.go): it arms
+			// its retry timer when it wakes.
 			d.s.faults.failed(faultConsumeQueue, err)
+			d.wake()
 		}
-		return true
+		return true, err
 	}
+	d.stalled.Store(false)
 	d.s.faults.cleared(faultConsumeQueue)
-	d.dispatched.Store(d.next)
-	d.arriveMu.Lock()
-	close(d.arrive)
-	d.arrive = make(chan struct{})
-	d.arriveMu.Unlock()
-	return true
+	return true, nil
 }
 
-// arrival returns a channel closed at the next dispatch progress.
-func (d *dispatcher) arrival() <-chan struct{} {
-	d.arriveMu.Lock()
-	defer d.arriveMu.Unlock()
-	return d.arrive
+// noteAdvanced records that the round wrote an entry of k. REQUIRES:
+// runMu held, d.collect.
+func (d *dispatcher) noteAdvanced(topic string, qid int32) {
+	if n := len(d.advanced); n > 0 && d.advanced[n-1] == (queueKey{topic, qid}) || d.advancedAll {
+		return
+	}
+	if len(d.advanced) == maxAdvanced {
+		d.advancedAll = true
+		return
+	}
+	d.advanced = append(d.advanced, queueKey{topic, qid})
 }
 
 // dispatchTo indexes the records in [next, end). The entries of a round
@@ -283,6 +324,9 @@ func (d *dispatcher) dispatchRecords(end int64) error {
 			}
 			if err != nil {
 				return err
+			}
+			if d.collect {
+				d.noteAdvanced(topic, m.queueID)
 			}
 		}
 		d.next += int64(m.total)
@@ -421,6 +465,9 @@ func (d *dispatcher) stop() {
 }
 
 func (d *dispatcher) close() error {
+	d.runMu.Lock() // a put dispatching itself (visible.go) finishes first
+	d.closed = true
+	d.runMu.Unlock()
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	var errs []error

@@ -11,7 +11,7 @@ func (s *Store) pause() (resume func()) {
 	return func() {
 		s.put.Unlock()
 		s.queue.syncMu.Unlock()
-		s.dispatch.runMu.Unlock()
+		s.dispatch.unlockRun() // wakes the puts that waited to dispatch
 	}
 }
 
@@ -36,4 +36,10 @@ func (s *Store) crash() {
 	s.dispatch.close()
 	s.queue.close()
 	s.lockFile.Close()
+}
+
+// nextRelease returns a channel closed when runMu is next released (a
+// dispatch round or a checkpoint ended), and the func that ends the wait.
+func (d *dispatcher) nextRelease() (<-chan struct{}, func()) {
+	return d.progress.wait(), d.progress.done
 }

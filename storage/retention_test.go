@@ -354,11 +354,14 @@ func TestRetentionSoak(t *testing.T) {
 	go func() { // a consumer that always starts from the min
 		defer wg.Done()
 		for {
+			arrived, release := s.dispatch.nextRelease()
 			select { // one pull per dispatch round
 			case <-stop:
+				release()
 				return
-			case <-s.dispatch.arrival():
+			case <-arrived:
 			}
+			release()
 			lo, _, err := s.QueueInfo("T", 0)
 			if err != nil {
 				continue

@@ -94,14 +94,16 @@ func settle(t testing.TB, s *Store) {
 	deadline := time.NewTimer(10 * time.Second)
 	defer deadline.Stop()
 	for {
-		arrived := s.dispatch.arrival()
+		arrived, release := s.dispatch.nextRelease()
 		if s.dispatch.dispatched.Load() >= s.queue.maxOffset() {
+			release()
 			return
 		}
 		s.flusher.Wake()
 		s.dispatch.wake()
 		select {
 		case <-arrived:
+			release()
 		case <-deadline.C:
 			t.Fatalf("dispatch stuck at %d, log ends at %d", s.dispatch.dispatched.Load(), s.queue.maxOffset())
 		}

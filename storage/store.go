@@ -52,6 +52,7 @@ type Store struct {
 	sched       *scheduler  // delay-level delivery
 	ret         *retention  // file deletion and disk watermarks
 	topics      *topicTable // topic configuration (topics.go)
+	pulls       pullStats
 
 	// put serialises appends: choosing or rolling the file, assigning queue
 	// offsets, stamping the store time and copying the bytes (RocketMQ
@@ -574,10 +575,16 @@ func (s *Store) rollLocked() (*mappedFile, error) {
 	return f, nil
 }
 
-// afterAppend applies the flush policy and records the outcome.
+// afterAppend applies the flush policy, waits until the message is
+// readable (read your writes, visible.go) and records the outcome.
 // The put latency histogram counts sync waits only: an async put's latency
 // is its time in the lock, already in the append histogram, and each clock
 // read costs ~60 ns on some VMs.
+//
+// WAIT=false answers as soon as the record is appended, in both modes:
+// the message is stored but neither known durable (sync) nor indexed yet;
+// the dispatcher makes it readable within about dispatchPause (async) or
+// after the sync that covers it (sync).
 func (s *Store) afterAppend(ctx context.Context, res AppendResult, wait bool) (PutResult, error) {
 	out := PutResult{Status: PutOK, Append: res}
 	var err error
@@ -593,7 +600,19 @@ func (s *Store) afterAppend(ctx context.Context, res AppendResult, wait bool) (P
 		if s.opts.WakeFlushOnPut {
 			s.flusher.Wake()
 		}
-		s.dispatch.wake() // async: written is visible; index it now
+		if !wait {
+			s.dispatch.wake() // async: written is visible; index it soon
+		}
+	}
+	if wait && err == nil {
+		// Durable (sync) or written (async): make it readable before the
+		// answer. If indexing fails or is slow the message is still
+		// stored: the answer stays PUT_OK (a retry would store it twice)
+		// and it becomes readable once indexing resumes.
+		// Only ctx ending changes the answer: the caller stopped waiting.
+		if werr := s.dispatch.awaitDispatched(ctx, res.NextOffset()); errors.Is(werr, context.Canceled) || errors.Is(werr, context.DeadlineExceeded) {
+			err = werr
+		}
 	}
 	switch {
 	case err == nil:
