@@ -140,11 +140,25 @@
 // topic-queue's consume queue; reads and pulls go through those entries,
 // so a message is readable once dispatched. It dispatches up to the
 // written offset in async mode and only up to the flushed offset in sync
-// mode (a consumer never sees a message a power cut could take back). A
-// put wakes it; after a round that found work it waits 1 ms before the
-// next, so under a stream of puts a message becomes readable within about
-// a millisecond and the dispatcher indexes records in batches instead of
-// racing the writer for the cache line it is filling.
+// mode (a consumer never sees a message a power cut could take back).
+//
+// Read your writes (visible.go): a put with WAIT (the default) is indexed
+// before it is answered. Once its record is appended (async) or durable
+// (sync) the putter dispatches up to the visible end itself when no round
+// is running, or waits for the running round to end and looks again; it
+// never pays the dispatcher's wake-up or pause. A put with WAIT=false wakes
+// the dispatcher instead, which, after a round that found work, waits 1 ms
+// before the next, so under a stream of such puts a message becomes
+// readable within about a millisecond and records are indexed in batches.
+// A failed or slow round (beyond SyncFlushTimeout) does not hold the
+// answer: the message is stored, the answer is PUT_OK.
+//
+// Long polls (notify.go) register on their topic-queue and are woken only
+// by rounds that advanced it; a filtered poll goes on from where its scan
+// stopped. A pull reads at most MaxPullScan entries and answers with the
+// offset past them. An entry that disagrees with its record (size, tags
+// code) is ErrCorrupt, also when a tag filter skips it: for those the
+// record's header is parsed in place, without the CRC.
 //
 // A consume queue (consumequeue.go) keeps RocketMQ's layout:
 // consumequeue/<topic>/<queue>/<20-digit byte offset>, 20-byte entries

@@ -177,10 +177,14 @@ type Message struct {
 	// Must not be negative. A delayed message is stored with the DELAY property in the schedule topic
 	// SCHEDULE_TOPIC_XXXX, queue delay_level-1, with REAL_TOPIC/REAL_QID recording topic and queue_id.
 	DelayLevel int32 `protobuf:"varint,7,opt,name=delay_level,json=delayLevel,proto3" json:"delay_level,omitempty"`
-	// Whether the call waits for the synchronous flush (the WAIT system property). Absent means true:
-	// with sync flush configured the response is sent once the record is durable, or with
-	// PUT_MESSAGE_STATUS_FLUSH_DISK_TIMEOUT if that takes too long. False means respond as soon as the
-	// record is appended, without waiting for the flush. Has no effect with async flush.
+	// Whether the call waits for the synchronous flush and the index (the WAIT system property). Absent
+	// means true: the response is sent once the message is readable (GetQueueInfo covers it, PullMessages
+	// returns it) — with sync flush configured once the record is durable, or with
+	// PUT_MESSAGE_STATUS_FLUSH_DISK_TIMEOUT if that takes too long. If indexing fails or takes longer than
+	// the sync flush timeout the answer is still PUT_OK (the message is stored) and the message becomes
+	// readable once indexing resumes. False means respond as soon as the record is appended, without
+	// waiting for the flush or the index: the message becomes readable shortly after (async flush: within
+	// about a millisecond; sync flush: after the flush that covers it).
 	WaitStoreOk *bool `protobuf:"varint,8,opt,name=wait_store_ok,json=waitStoreOk,proto3,oneof" json:"wait_store_ok,omitempty"`
 	// Time the producer created the message (the record's BORNTIMESTAMP, millisecond precision).
 	// Absent means the server's time when it received the request.
@@ -1050,11 +1054,14 @@ type PullMessagesRequest struct {
 	// body limit, must raise its gRPC receive limit above the 4 MiB default.
 	MaxBytes int32 `protobuf:"varint,5,opt,name=max_bytes,json=maxBytes,proto3" json:"max_bytes,omitempty"`
 	// When not empty, only messages whose tag (Message.tags) equals one of these are returned; the others
-	// are skipped and next_offset moves past them. Empty returns every message.
+	// are skipped and next_offset moves past them. Empty returns every message. A filtered call may end
+	// at the scan bound (4096 entries) with no message and next_offset below max_offset.
 	Tags []string `protobuf:"bytes,6,rep,name=tags,proto3" json:"tags,omitempty"`
 	// How long to wait when no message is available at queue_offset (long polling): the call returns as
 	// soon as a matching message arrives, or with no messages when the wait ends. Absent or zero answers at
-	// once. Values above 30 seconds are lowered to 30 seconds; the call's deadline also ends the wait.
+	// once. Values above 30 seconds are lowered to 30 seconds; the call's deadline also ends the wait. Only
+	// messages of this topic and queue wake the call; with tags, it reads each new entry once and goes
+	// on from where it stopped.
 	Wait *durationpb.Duration `protobuf:"bytes,7,opt,name=wait,proto3" json:"wait,omitempty"`
 	// When true, each StoredMessage.raw carries the record's bytes as stored in the CommitLog.
 	IncludeRaw    bool `protobuf:"varint,8,opt,name=include_raw,json=includeRaw,proto3" json:"include_raw,omitempty"`
@@ -1153,8 +1160,9 @@ type PullMessagesResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The messages, in queue offset order. May be empty (nothing new, or every message filtered out).
 	Messages []*StoredMessage `protobuf:"bytes,1,rep,name=messages,proto3" json:"messages,omitempty"`
-	// Queue offset to pull from next: past the last message returned and past any message skipped by the
-	// tag filter.
+	// Queue offset to pull from next: past the last message returned and past every entry the call read,
+	// including those skipped by the tag filter. It can be past queue_offset with no message returned
+	// (a filtered call that reached the scan bound of 4096 entries): pull again from it.
 	NextOffset int64 `protobuf:"varint,2,opt,name=next_offset,json=nextOffset,proto3" json:"next_offset,omitempty"`
 	// Smallest readable queue offset of the queue.
 	MinOffset int64 `protobuf:"varint,3,opt,name=min_offset,json=minOffset,proto3" json:"min_offset,omitempty"`

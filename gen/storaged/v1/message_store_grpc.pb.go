@@ -54,8 +54,9 @@ const (
 // same message twice.
 //
 // Read RPCs return only visible records: with async flush every appended record, with sync flush only
-// records already durable. Every record read is verified (magic, sizes, body CRC and the whole-record CRC);
-// damaged bytes are a DATA_LOSS error, never a wrong message. Read errors carry a google.rpc.ErrorInfo
+// records already durable. Read your writes: once a put is answered PUT_MESSAGE_STATUS_PUT_OK (with
+// wait_store_ok absent or true), GetQueueInfo covers the message and PullMessages returns it. Every
+// record read is verified (magic, sizes, body CRC and the whole-record CRC); damaged bytes are a DATA_LOSS error, never a wrong message. Read errors carry a google.rpc.ErrorInfo
 // with domain "storaged" and these reasons:
 //   - OUT_OF_RANGE, reason "OFFSET_OUT_OF_RANGE", metadata "offset", "min_offset" and "max_offset" (the
 //     readable range is [min_offset, max_offset)).
@@ -103,7 +104,9 @@ type MessageStoreServiceClient interface {
 	// read bytes limit (--max-pull-inflight-bytes; a pull counts its max_bytes), the call is
 	// RESOURCE_EXHAUSTED, reason "SYSTEM_BUSY" (RocketMQ's broker-busy code), metadata cause
 	// "PULL_INFLIGHT_BYTES", with a RetryInfo: nothing was read, retry after the delay. A long poll holds
-	// none of the limit while it waits.
+	// none of the limit while it waits. One call reads at most 4096 consume-queue entries (waiting
+	// included) and answers with next_offset past them, with or without matches: continue from
+	// next_offset. A consume-queue entry that disagrees with its record (size, tags code) is DATA_LOSS.
 	PullMessages(ctx context.Context, in *PullMessagesRequest, opts ...grpc.CallOption) (*PullMessagesResponse, error)
 	// GetQueueInfo returns the readable queue offsets of one consume queue. A queue that never received a
 	// message is NOT_FOUND.
@@ -200,8 +203,9 @@ func (c *messageStoreServiceClient) GetQueueInfo(ctx context.Context, in *GetQue
 // same message twice.
 //
 // Read RPCs return only visible records: with async flush every appended record, with sync flush only
-// records already durable. Every record read is verified (magic, sizes, body CRC and the whole-record CRC);
-// damaged bytes are a DATA_LOSS error, never a wrong message. Read errors carry a google.rpc.ErrorInfo
+// records already durable. Read your writes: once a put is answered PUT_MESSAGE_STATUS_PUT_OK (with
+// wait_store_ok absent or true), GetQueueInfo covers the message and PullMessages returns it. Every
+// record read is verified (magic, sizes, body CRC and the whole-record CRC); damaged bytes are a DATA_LOSS error, never a wrong message. Read errors carry a google.rpc.ErrorInfo
 // with domain "storaged" and these reasons:
 //   - OUT_OF_RANGE, reason "OFFSET_OUT_OF_RANGE", metadata "offset", "min_offset" and "max_offset" (the
 //     readable range is [min_offset, max_offset)).
@@ -249,7 +253,9 @@ type MessageStoreServiceServer interface {
 	// read bytes limit (--max-pull-inflight-bytes; a pull counts its max_bytes), the call is
 	// RESOURCE_EXHAUSTED, reason "SYSTEM_BUSY" (RocketMQ's broker-busy code), metadata cause
 	// "PULL_INFLIGHT_BYTES", with a RetryInfo: nothing was read, retry after the delay. A long poll holds
-	// none of the limit while it waits.
+	// none of the limit while it waits. One call reads at most 4096 consume-queue entries (waiting
+	// included) and answers with next_offset past them, with or without matches: continue from
+	// next_offset. A consume-queue entry that disagrees with its record (size, tags code) is DATA_LOSS.
 	PullMessages(context.Context, *PullMessagesRequest) (*PullMessagesResponse, error)
 	// GetQueueInfo returns the readable queue offsets of one consume queue. A queue that never received a
 	// message is NOT_FOUND.
