@@ -54,6 +54,10 @@ type dispatcher struct {
 	collect     bool
 	advanced    []queueKey
 	advancedAll bool
+	// lastTopic is the topic of the last record dispatched, kept across
+	// rounds so that a round per put does not allocate its topic string
+	// each time. Guarded by runMu.
+	lastTopic string
 
 	lastCP checkpoint // last checkpoint written; dispatcher goroutine only
 
@@ -266,12 +270,11 @@ func (d *dispatcher) dispatchTo(end int64) error {
 }
 
 func (d *dispatcher) dispatchRecords(end int64) error {
-	var lastTopic string
 	// Deleted topics: their records below the delete are never indexed
 	// again (topics.go). Tombstones change only under runMu, which the
 	// caller holds.
 	tombs := d.s.topics.tombstones()
-	skipBelow := tombs[""]
+	skipBelow := tombs[d.lastTopic]
 	for d.next < end {
 		f := d.s.queue.findByOffset(d.next)
 		if f == nil {
@@ -295,14 +298,14 @@ func (d *dispatcher) dispatchRecords(end int64) error {
 				Reason: "dispatch: " + err.Error()}
 		}
 		if m.tx == TransactionNotType || m.tx == TransactionCommitType {
-			topic := lastTopic
-			if string(m.topic) != lastTopic {
+			topic := d.lastTopic
+			if string(m.topic) != d.lastTopic {
 				topic = string(m.topic)
 				if !validTopic(topic) { // it names a directory
 					return &CorruptionError{File: "commitlog/" + fileName(f.from), Offset: d.next, Flushed: d.verifyFlushed,
 						Reason: fmt.Sprintf("dispatch: invalid topic %q", topic)}
 				}
-				lastTopic = topic
+				d.lastTopic = topic
 				skipBelow = tombs[topic]
 			}
 			if d.next < skipBelow {
