@@ -219,14 +219,16 @@ func (d *dispatcher) runLocked(end int64) (bool, error) {
 	d.collect = d.notify.active()
 	err := d.dispatchTo(end)
 	d.dispatched.Store(d.next)
-	if d.collect {
-		if d.advancedAll {
-			d.notify.signalAll()
-		} else {
-			d.notify.signal(d.advanced)
-		}
-		d.collect, d.advanced, d.advancedAll = false, d.advanced[:0], false
+	switch {
+	case d.collect && !d.advancedAll:
+		d.notify.signal(d.advanced)
+	case d.collect || d.notify.active():
+		// Too many queues to name, or a poll registered during the round,
+		// after collect was decided: it may have looked before this
+		// round's entries were published, so wake it (wake everyone).
+		d.notify.signalAll()
 	}
+	d.collect, d.advanced, d.advancedAll = false, d.advanced[:0], false
 	if err != nil {
 		d.stalled.Store(true)
 		if errors.Is(err, ErrCorrupt) {
