@@ -92,17 +92,24 @@ func TestEntryDisagreesIsDataLoss(t *testing.T) {
 		{"size, unfiltered", 8, nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			client, st, opts := storeServer(t, nil)
+			// Damage the entry in its file with the store closed (a
+			// running store may hold the queue's tail in memory), then
+			// serve the store again.
+			dir := t.TempDir()
+			st, err := storage.Open(storage.Options{Dir: dir, FileSize: testFileSize, MaxMessageSize: testMaxMessageSize, StoreHost: testStoreHost})
+			if err != nil {
+				t.Fatal(err)
+			}
 			for _, tag := range []string{"other", "want", "other"} {
-				put(t, client, &storagedv1.Message{Topic: "cq", Tags: tag, Body: []byte(tag)})
+				m := &storage.Message{Topic: "cq", Body: []byte(tag), Properties: []storage.Property{{Key: storage.PropertyTags, Value: tag}}}
+				if r, err := st.PutMessage(ctxT(t), m); err != nil || r.Status != storage.PutOK {
+					t.Fatal(r.Status, err)
+				}
 			}
-			res, err := st.PullMessages(ctxT(t), storage.PullRequest{Topic: "cq", Offset: 1, MaxMessages: 1})
-			if err != nil || len(res.Messages) != 1 {
-				t.Fatal(len(res.Messages), err)
+			if err := st.Close(); err != nil {
+				t.Fatal(err)
 			}
-			// Flip the low bit of the field, in the file the store maps.
-			path := filepath.Join(opts.Dir, "consumequeue", "cq", "0", fmt.Sprintf("%020d", 0))
-			f, err := os.OpenFile(path, os.O_RDWR, 0)
+			f, err := os.OpenFile(filepath.Join(dir, "consumequeue", "cq", "0", fmt.Sprintf("%020d", 0)), os.O_RDWR, 0)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -110,7 +117,7 @@ func TestEntryDisagreesIsDataLoss(t *testing.T) {
 			if _, err := f.ReadAt(entry[:], 20); err != nil {
 				t.Fatal(err)
 			}
-			if tc.at == 8 {
+			if tc.at == 8 { // flip the low bit of the field
 				binary.BigEndian.PutUint32(entry[8:], binary.BigEndian.Uint32(entry[8:])^1)
 			} else {
 				binary.BigEndian.PutUint64(entry[12:], binary.BigEndian.Uint64(entry[12:])^1)
@@ -121,6 +128,7 @@ func TestEntryDisagreesIsDataLoss(t *testing.T) {
 			if err := f.Close(); err != nil {
 				t.Fatal(err)
 			}
+			client, _, _ := storeServer(t, func(o *storage.Options) { o.Dir = dir })
 			_, err = client.PullMessages(ctxT(t), &storagedv1.PullMessagesRequest{Topic: "cq", Tags: tc.tags})
 			details(t, err).want(t, codes.DataLoss, ReasonDataCorrupted, false)
 		})

@@ -472,7 +472,7 @@ func (d *dispatcher) stop() {
 func (d *dispatcher) close() error {
 	d.runMu.Lock() // a put dispatching itself (visible.go) finishes first
 	d.closed = true
-	d.runMu.Unlock()
+	d.unlockRun()
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	var errs []error

@@ -349,7 +349,7 @@ func (r *retention) deletableEnd(want int64) (int64, error) {
 	cpEnd := d.lastCP.Dispatched
 	if cpEnd < want && d.next > cpEnd {
 		if err := d.checkpoint(); err != nil {
-			d.runMu.Unlock()
+			d.unlockRun()
 			// A failed commitlog sync is already sticky (checkpoint called
 			// Store.fail); any other failure is a transient fault of the
 			// checkpoint, which the dispatcher retries.
@@ -360,7 +360,7 @@ func (r *retention) deletableEnd(want int64) (int64, error) {
 		}
 		cpEnd = d.lastCP.Dispatched
 	}
-	d.runMu.Unlock()
+	d.unlockRun() // wakes the puts waiting to index (visible.go)
 	limit := min(cpEnd, s.queue.flushedWhere.Load())
 	if s.sched != nil && s.opts.Role == RoleMaster {
 		limit = min(limit, s.sched.protectedFrom())

@@ -193,7 +193,7 @@ func (s *Store) DeleteTopic(name string) (int64, error) {
 	s.dispatch.runMu.Lock()
 	t.cur.Store(next)
 	err := s.dispatch.dropTopic(name)
-	s.dispatch.runMu.Unlock()
+	s.dispatch.unlockRun() // wakes the puts waiting to index (visible.go)
 	s.opts.Logger.Info().Str("topic", name).Int64("commitlog_offset", at).Msg("storage: topic deleted")
 	if err != nil {
 		return at, fmt.Errorf("storage: topic %s deleted, but removing its consume queues failed (a restart drops them): %w", name, err)

@@ -349,14 +349,23 @@ func TestEntryDisagreesWithRecord(t *testing.T) {
 		{"size, no filter", 8, flipSize, nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			// Damage the entry in its file with the store closed: a
+			// running store may hold the queue's tail in memory.
 			s, o := openTest(t, nil)
 			for i, tag := range []string{"other", "want", "other"} {
 				if _, err := s.PutMessage(context.Background(), msg("E", fmt.Sprint(i), Property{PropertyTags, tag})); err != nil {
 					t.Fatal(err)
 				}
 			}
-			_, size, code, _ := s.dispatch.queue("E", 0).get(1)
-			flipEntry(t, o.Dir, "E", 1, tc.at, tc.b(size, code))
+			if err := s.Close(); err != nil {
+				t.Fatal(err)
+			}
+			flipEntry(t, o.Dir, "E", 1, tc.at, tc.b)
+			s, err := Open(o)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer s.Close()
 			res, err := s.PullMessages(context.Background(), PullRequest{Topic: "E", Tags: tc.tags})
 			if !errors.Is(err, ErrCorrupt) || !strings.Contains(err.Error(), "consume queue E/0 entry 1") {
 				t.Fatalf("pull over a damaged entry: %d messages, %v", len(res.Messages), err)
@@ -371,17 +380,22 @@ func flipCode(_ int32, code int64) []byte { return be64(code ^ 1) }
 
 func flipSize(size int32, _ int64) []byte { return binary.BigEndian.AppendUint32(nil, uint32(size^1)) }
 
-// flipEntry overwrites bytes of consume-queue entry off of topic/0, from
-// byte at of the entry, in its file on disk (the store's mapping shares
-// the page cache).
-func flipEntry(t *testing.T, dir, topic string, off, at int64, b []byte) {
+// flipEntry rewrites the bytes of consume-queue entry off of topic/0 from
+// byte at of the entry (8: size, 12: tags code) with change(size, code),
+// in its file.
+func flipEntry(t *testing.T, dir, topic string, off, at int64, change func(size int32, code int64) []byte) {
 	t.Helper()
-	f, err := os.OpenFile(filepath.Join(dir, "consumequeue", topic, "0", fileName(0)), os.O_WRONLY, 0)
+	f, err := os.OpenFile(filepath.Join(dir, "consumequeue", topic, "0", fileName(0)), os.O_RDWR, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	if _, err := f.WriteAt(b, off*cqEntrySize+at); err != nil {
+	var e [cqEntrySize]byte
+	if _, err := f.ReadAt(e[:], off*cqEntrySize); err != nil {
+		t.Fatal(err)
+	}
+	_, size, code := decodeCQ(e[:])
+	if _, err := f.WriteAt(change(size, code), off*cqEntrySize+at); err != nil {
 		t.Fatal(err)
 	}
 }
