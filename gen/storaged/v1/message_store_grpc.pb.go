@@ -56,8 +56,9 @@ const (
 // Read RPCs return only visible records: with async flush every appended record, with sync flush only
 // records already durable. Read your writes: once a put is answered PUT_MESSAGE_STATUS_PUT_OK (with
 // wait_store_ok absent or true), GetQueueInfo covers the message and PullMessages returns it. Every
-// record read is verified (magic, sizes, body CRC and the whole-record CRC); damaged bytes are a DATA_LOSS error, never a wrong message. Read errors carry a google.rpc.ErrorInfo
-// with domain "storaged" and these reasons:
+// record read is verified (magic, sizes, body CRC and the whole-record CRC); damaged bytes are a
+// DATA_LOSS error, never a wrong message. Read errors carry a google.rpc.ErrorInfo with domain
+// "storaged" and these reasons:
 //   - OUT_OF_RANGE, reason "OFFSET_OUT_OF_RANGE", metadata "offset", "min_offset" and "max_offset" (the
 //     readable range is [min_offset, max_offset)).
 //   - NOT_FOUND, reason "QUEUE_NOT_FOUND": no message was ever stored in that topic and queue.
@@ -205,8 +206,9 @@ func (c *messageStoreServiceClient) GetQueueInfo(ctx context.Context, in *GetQue
 // Read RPCs return only visible records: with async flush every appended record, with sync flush only
 // records already durable. Read your writes: once a put is answered PUT_MESSAGE_STATUS_PUT_OK (with
 // wait_store_ok absent or true), GetQueueInfo covers the message and PullMessages returns it. Every
-// record read is verified (magic, sizes, body CRC and the whole-record CRC); damaged bytes are a DATA_LOSS error, never a wrong message. Read errors carry a google.rpc.ErrorInfo
-// with domain "storaged" and these reasons:
+// record read is verified (magic, sizes, body CRC and the whole-record CRC); damaged bytes are a
+// DATA_LOSS error, never a wrong message. Read errors carry a google.rpc.ErrorInfo with domain
+// "storaged" and these reasons:
 //   - OUT_OF_RANGE, reason "OFFSET_OUT_OF_RANGE", metadata "offset", "min_offset" and "max_offset" (the
 //     readable range is [min_offset, max_offset)).
 //   - NOT_FOUND, reason "QUEUE_NOT_FOUND": no message was ever stored in that topic and queue.
