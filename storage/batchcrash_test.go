@@ -350,11 +350,13 @@ func tornBatchCase(t *testing.T, tear func(rec []int64, end int64, data []byte),
 func waitQueueLen(t *testing.T, s *Store, topic string, q int32, n int64) {
 	t.Helper()
 	for {
-		arrived := s.dispatch.arrival()
+		arrived, release := s.dispatch.nextRelease()
 		if _, maxOff, err := s.QueueInfo(topic, q); err == nil && maxOff >= n {
+			release()
 			return
 		}
 		<-arrived
+		release()
 	}
 }
 
