@@ -16,9 +16,9 @@ package storage
 // A clock set back: store times stay at the last one stamped until the
 // clock catches up, so a delay counted from them would add the whole jump.
 // The dispatcher counts from the clock instead when the store time is ahead
-// of it (dispatcher.deliverAt), and a head stamped while the clock was
-// ahead waits at most its level's delay from when the scheduler first sees
-// it (capLocked). Either way a message is never delivered before its delay
+// of it (dispatcher.deliverAt), and messages stamped while the clock was
+// ahead wait at most their level's delay from when the scheduler first
+// sees one of them at the head: the whole backlog together (capLocked). Either way a message is never delivered before its delay
 // has passed on the clock as read at its put (or later); only order
 // within a level may then differ from the due times.
 //
@@ -348,7 +348,7 @@ func (sc *scheduler) deliverLevelLocked(qid int, nowMS int64) (moved int, nextDu
 			break // trimmed meanwhile, or not yet readable: the next dispatch wakes us
 		}
 		if due > nowMS {
-			due = sc.capLocked(qid, off, due, nowMS)
+			due = sc.capLocked(qid, off, q.count.Load(), due, nowMS)
 		}
 		if due > nowMS {
 			return moved, due, nil
@@ -364,34 +364,37 @@ func (sc *scheduler) deliverLevelLocked(qid int, nowMS int64) (moved int, nextDu
 	return moved, nextDue, nil
 }
 
-// cappedHead is the capped delivery time of the head of a level (see
-// capLocked): the head at queue offset off is delivered at the clock's at
-// (Unix ms).
+// cappedHead is the cap on the delivery times of a level (see capLocked):
+// every entry below queue offset end is delivered at the clock's at (Unix
+// ms) at the latest.
 type cappedHead struct {
-	off, at int64
+	end, at int64
 	set     bool
 }
 
 // capLocked returns the time the head of level qid (at queue offset off,
-// due at due) may be delivered, for a head due later than nowMS: due
-// itself, unless due is further away than the level's delay, which only a
-// clock set back after the message was stored can cause (the store time
-// it was stamped with, and so its due time, is ahead of the clock). Such a
-// head waits the level's delay on the clock from when it was first seen
-// at the head, rather than the whole jump; the head's capped time is kept
-// across rounds, so the wait does not move. Messages put after the clock
-// went back are not affected: the dispatcher counts their delay from the
-// clock (dispatcher.deliverAt). REQUIRES: sc.mu held.
-func (sc *scheduler) capLocked(qid int, off, due, nowMS int64) int64 {
+// due at due; the level's queue holds end entries) may be delivered, for a
+// head due later than nowMS: due itself, unless due is further away than
+// the level's delay, which only a clock set back after the message was
+// stored can cause (the store time it was stamped with, and so its due
+// time, is ahead of the clock). Then every entry already in the level's
+// queue (below end) waits at most the level's delay on the clock from now:
+// each was stored before now, so its delay has passed by then, and a
+// backlog stamped while the clock was ahead is released together, not one
+// level's delay after the other. The cap is kept across rounds, so the
+// wait does not move. Messages put after the clock went back are not
+// affected: the dispatcher counts their delay from the clock
+// (dispatcher.deliverAt). REQUIRES: sc.mu held.
+func (sc *scheduler) capLocked(qid int, off, end, due, nowMS int64) int64 {
 	limit := nowMS + sc.s.delayOf(qid+1).Milliseconds()
 	c := &sc.capped[qid]
-	if c.set && c.off == off {
+	if c.set && off < c.end {
 		return min(due, c.at)
 	}
 	if due <= limit {
 		return due
 	}
-	*c = cappedHead{off: off, at: limit, set: true}
+	*c = cappedHead{end: end, at: limit, set: true}
 	sc.s.logLimit.Event("storage: delay clock back", sc.s.opts.Logger.Warn()).Int("level", qid+1).
 		Int64("queue_offset", off).Stringer("ahead_by", time.Duration(due-limit)*time.Millisecond).
 		Msg("storage: a delayed message is due further ahead than its level's delay (the clock was set back); " +

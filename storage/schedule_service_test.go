@@ -580,10 +580,11 @@ func BenchmarkScheduleDelivery(b *testing.B) {
 func TestScheduleClockSetBack(t *testing.T) {
 	tests := []struct {
 		name     string
-		putAhead bool // also a delayed message put while the clock was ahead
+		putAhead int // delayed messages also put while the clock was ahead
 	}{
-		{"put after the set-back", false},
-		{"put while ahead, then one after", true},
+		{"put after the set-back", 0},
+		{"put while ahead, then one after", 1},
+		{"a backlog put while ahead is released together", 5},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -593,10 +594,9 @@ func TestScheduleClockSetBack(t *testing.T) {
 			if _, err := s.PutMessage(context.Background(), msg("Other", "stamped an hour ahead")); err != nil {
 				t.Fatal(err)
 			}
-			want := 1
-			if tt.putAhead {
-				putDelayed(t, s, "Real", 0, 1, "while-ahead")
-				want = 2
+			want := 1 + tt.putAhead
+			for i := range tt.putAhead {
+				putDelayed(t, s, "Real", 0, 1, fmt.Sprintf("while-ahead-%d", i))
 			}
 			settle(t, s)
 			clock.Set(schedT0) // set back
