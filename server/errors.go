@@ -124,7 +124,8 @@ const (
 //	                                        cause TOPIC_CONFIG_NOT_PERSISTED
 //	storage.ErrCorrupt                    → DATA_LOSS (logged)
 //	ctx ended before the append           → CANCELLED / DEADLINE_EXCEEDED
-//	storage.ErrCreateFile, anything else  → INTERNAL (logged; the client message has no paths)
+//	storage.ErrCreateFile                 → UNAVAILABLE + RetryInfo (logged; the next put tries the roll again)
+//	anything else                         → INTERNAL (logged; the client message has no paths)
 func (s *Service) putError(ctx context.Context, m method, res storage.PutResult, err error) error {
 	reason := res.Status
 	if reason == 0 {
@@ -204,8 +205,10 @@ func (s *Service) putError(ctx context.Context, m method, res storage.PutResult,
 		s.logLimit.Event("put refused: corrupt", log.Error()).Err(err).Msg("put refused: corrupt data in the store")
 		return newStatus(codes.DataLoss, "the store found corrupt data; nothing was stored", info)
 	case errors.Is(err, storage.ErrCreateFile):
+		// Nothing was appended and the next put tries the roll again: a
+		// passing cause (EMFILE, ENOMEM for the mapping) clears by itself.
 		s.logLimit.Event("put refused: create file", log.Error()).Err(err).Msg("put refused: cannot create the next commitlog file")
-		return newStatus(codes.Internal, "internal error: the store could not create its next commitlog file; nothing was stored", info)
+		return unavailable(info, retryDelayUnavailable, "the store could not create its next commitlog file; nothing was stored; retry later")
 	}
 	s.logLimit.Event("put failed: unexpected", log.Error()).Err(err).Msg("put failed with an unexpected error")
 	return newStatus(codes.Internal, "internal error; nothing was stored", info)

@@ -66,7 +66,7 @@ func TestPutErrorMapping(t *testing.T) {
 			code: codes.ResourceExhausted, reason: "SERVICE_NOT_AVAILABLE", retry: true, msg: "warning watermark", metaCause: "DISK_FULL"},
 		{name: "create mapped file failed", res: rejected(storage.CreateMappedFileFailed),
 			err:  fmt.Errorf("%w: mmap %s: cannot allocate memory", storage.ErrCreateFile, secretPath),
-			code: codes.Internal, reason: "CREATE_MAPPED_FILE_FAILED", msg: "nothing was stored"},
+			code: codes.Unavailable, reason: "CREATE_MAPPED_FILE_FAILED", retry: true, msg: "nothing was stored"},
 		{name: "corrupt", res: rejected(storage.UnknownError), err: fmt.Errorf("%w: bad CRC in %s", storage.ErrCorrupt, secretPath),
 			code: codes.DataLoss, reason: "UNKNOWN_ERROR", msg: "nothing was stored"},
 		{name: "unknown error", res: rejected(storage.UnknownError), err: fmt.Errorf("open %s: %w", secretPath, errTest),
