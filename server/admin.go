@@ -161,22 +161,7 @@ func (s *AdminServer) Serve(lis net.Listener) error {
 // Shutdown stops the server gracefully, cutting the calls still running
 // after timeout. It reports whether the stop was graceful.
 func (s *AdminServer) Shutdown(timeout time.Duration) bool {
-	done := make(chan struct{})
-	go func() {
-		s.srv.GracefulStop()
-		close(done)
-	}()
-	t := time.NewTimer(timeout)
-	defer t.Stop()
-	select {
-	case <-done:
-		return true
-	case <-t.C:
-		s.log.Warn().Stringer("timeout", timeout).Msg("admin server: graceful stop timed out; closing the remaining connections")
-		s.srv.Stop()
-		<-done
-		return false
-	}
+	return stopGracefully(s.srv, timeout, s.log, "admin server: graceful stop timed out; closing the remaining connections")
 }
 
 // DeferredAdminStore is an AdminStore whose store is set later, once it

@@ -348,9 +348,16 @@ func (g *GRPCServer) Shutdown(timeout time.Duration) bool {
 	g.watchers.Wait()
 	g.health.Shutdown()
 	g.svc.Drain()
+	return stopGracefully(g.srv, timeout, g.log, "graceful stop timed out; closing the remaining connections")
+}
+
+// stopGracefully runs srv.GracefulStop and, if it has not returned after
+// timeout, logs msg and cuts the remaining calls with srv.Stop. It reports
+// whether the stop was graceful; either way srv is stopped when it returns.
+func stopGracefully(srv *grpc.Server, timeout time.Duration, log zerolog.Logger, msg string) bool {
 	done := make(chan struct{})
 	go func() {
-		g.srv.GracefulStop()
+		srv.GracefulStop()
 		close(done)
 	}()
 	t := time.NewTimer(timeout)
@@ -359,8 +366,8 @@ func (g *GRPCServer) Shutdown(timeout time.Duration) bool {
 	case <-done:
 		return true
 	case <-t.C:
-		g.log.Warn().Stringer("timeout", timeout).Msg("graceful stop timed out; closing the remaining connections")
-		g.srv.Stop()
+		log.Warn().Stringer("timeout", timeout).Msg(msg)
+		srv.Stop()
 		<-done
 		return false
 	}
