@@ -12,6 +12,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prometheus/procfs"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -195,16 +196,28 @@ func retryDelay(err error) (time.Duration, bool) {
 	return 0, true
 }
 
-// procStatusKiB reads a "Key: N kB" line of /proc/PID/status.
+// procStatusKiB reads one of VmHWM, VmRSS, RssAnon of /proc/PID/status
+// in KiB (prometheus/procfs, as sampleProc).
 func procStatusKiB(pid, key string) (int64, error) {
-	b, err := os.ReadFile("/proc/" + pid + "/status")
+	n, err := strconv.Atoi(pid)
 	if err != nil {
 		return 0, err
 	}
-	for _, line := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(line, key+":"); ok {
-			return strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
-		}
+	p, err := procfs.NewProc(n)
+	if err != nil {
+		return 0, err
+	}
+	st, err := p.NewStatus()
+	if err != nil {
+		return 0, fmt.Errorf("/proc/%s/status: %w", pid, err)
+	}
+	switch key {
+	case "VmHWM":
+		return int64(st.VmHWM / 1024), nil
+	case "VmRSS":
+		return int64(st.VmRSS / 1024), nil
+	case "RssAnon":
+		return int64(st.RssAnon / 1024), nil
 	}
 	return 0, fmt.Errorf("/proc/%s/status: no %s", pid, key)
 }
