@@ -569,48 +569,71 @@ func (c *cqFiles) markDirty(cf *cqFile) {
 // few journal commits, not 1,000 (each on the dispatcher's time).
 const syncParallelism = 16
 
-// sync makes every file written and every directory given an entry since
-// the last sync durable: files first, then directories. What fails stays
-// to sync, so the next checkpoint retries it. REQUIRES: the dispatcher.
-func (c *cqFiles) sync() error {
-	files := make([]*cqFile, 0, len(c.dirty))
+// take removes and returns the files written and the directories given
+// entries since the last take, for a checkpoint to sync (syncTaken) without
+// holding up the dispatcher: a file written again meanwhile is marked dirty
+// again and synced by the next checkpoint. REQUIRES: the dispatcher (runMu).
+func (c *cqFiles) take() (files []*cqFile, dirs []string) {
+	files = make([]*cqFile, 0, len(c.dirty))
 	for cf := range c.dirty {
+		cf.dirty = false
 		files = append(files, cf)
 	}
+	clear(c.dirty)
+	dirs = make([]string, 0, len(c.dirs))
+	for dir := range c.dirs {
+		dirs = append(dirs, dir)
+	}
+	clear(c.dirs)
+	return files, dirs
+}
+
+// giveBack returns what a checkpoint failed to sync, so the next one
+// retries it. REQUIRES: the dispatcher (runMu).
+func (c *cqFiles) giveBack(files []*cqFile, dirs []string) {
+	for _, cf := range files {
+		c.markDirty(cf)
+	}
+	for _, dir := range dirs {
+		c.dirs[dir] = true
+	}
+}
+
+// syncTaken makes files, then dirs, durable, and returns what failed to
+// sync (every dir when a file failed: a directory is synced only after the
+// files it names). A file or directory that no longer exists was removed
+// by retention or a deleted topic: nothing to sync. It needs no lock: the
+// cache's descriptors are reference-counted, and the dispatcher may write
+// the same files meanwhile.
+func (c *cqFiles) syncTaken(files []*cqFile, dirs []string) (failedFiles []*cqFile, failedDirs []string, err error) {
 	errs := parallel(len(files), func(i int) error {
 		cf := files[i]
 		err := c.with(cf, false, func(f vfs.File) error { return f.Sync() })
-		if err != nil && !errors.Is(err, iofs.ErrNotExist) { // not exist: retention removed it
+		if err != nil && !errors.Is(err, iofs.ErrNotExist) {
 			return cf.q.ioErr("sync", cf, err)
 		}
 		return nil
 	})
 	for i, cf := range files {
-		if errs[i] == nil {
-			cf.dirty = false
-			delete(c.dirty, cf)
+		if errs[i] != nil {
+			failedFiles = append(failedFiles, cf)
 		}
 	}
 	if err := errors.Join(errs...); err != nil {
-		return err
-	}
-	dirs := make([]string, 0, len(c.dirs))
-	for dir := range c.dirs {
-		dirs = append(dirs, dir)
+		return failedFiles, dirs, err
 	}
 	errs = parallel(len(dirs), func(i int) error {
-		// Not there: its topic was deleted (dropTopic) since.
 		if err := c.fs.SyncDir(dirs[i]); err != nil && !errors.Is(err, iofs.ErrNotExist) {
 			return fmt.Errorf("storage: sync consume queue directory %s: %w", dirs[i], wrapNoSpace(err))
 		}
 		return nil
 	})
 	for i, dir := range dirs {
-		if errs[i] == nil {
-			delete(c.dirs, dir)
+		if errs[i] != nil {
+			failedDirs = append(failedDirs, dir)
 		}
 	}
-	return errors.Join(errs...)
+	return nil, failedDirs, errors.Join(errs...)
 }
 
 // parallel runs fn(0) … fn(n-1) on up to syncParallelism goroutines, all

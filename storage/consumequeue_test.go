@@ -126,9 +126,7 @@ func TestQueueCreationDoesNotSync(t *testing.T) {
 		t.Fatal(err)
 	}
 	indexAll(t, s)
-	s.dispatch.runMu.Lock()
 	err = s.dispatch.checkpoint()
-	s.dispatch.runMu.Unlock()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -145,9 +143,7 @@ func TestQueueCreationDoesNotSync(t *testing.T) {
 	if _, hi, err := s.QueueInfo("Old", 0); err != nil || hi != 2 {
 		t.Fatalf("existing queue: max %d, %v", hi, err)
 	}
-	s.dispatch.runMu.Lock()
 	err = s.dispatch.checkpoint()
-	s.dispatch.runMu.Unlock()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -476,9 +472,7 @@ func TestCheckpointAfterDeleteTopic(t *testing.T) {
 	if _, err := s.DeleteTopic("Gone"); err != nil {
 		t.Fatal(err)
 	}
-	s.dispatch.runMu.Lock()
 	err := s.dispatch.checkpoint()
-	s.dispatch.runMu.Unlock()
 	if err != nil {
 		t.Fatalf("checkpoint after a topic delete: %v", err)
 	}

@@ -34,9 +34,7 @@ func TestMeasureManyQueues(t *testing.T) {
 	indexAll(t, s)
 	t.Logf("%d puts to new queues, indexed: %v", n, time.Since(start))
 	start = time.Now()
-	s.dispatch.runMu.Lock()
 	err = s.dispatch.checkpoint()
-	s.dispatch.runMu.Unlock()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -59,7 +59,13 @@ type dispatcher struct {
 	// each time. Guarded by runMu.
 	lastTopic string
 
-	lastCP checkpoint // last checkpoint written; dispatcher goroutine only
+	// cpMu serialises checkpoints (the dispatcher's, retention's, Close's)
+	// and guards lastCP. Lock order: cpMu, then runMu.
+	cpMu   sync.Mutex
+	lastCP checkpoint // last checkpoint written; guarded by cpMu
+	// afterSnapshot, if set (tests), runs once a checkpoint has taken its
+	// snapshot and released runMu.
+	afterSnapshot func()
 
 	kick chan struct{}
 	done chan struct{}
@@ -176,9 +182,7 @@ func (d *dispatcher) loop() {
 // commitlog sync is sticky (checkpoint already called Store.fail), any
 // other failure a transient fault of the checkpoint, retried by loop.
 func (d *dispatcher) checkpointRound() {
-	d.runMu.Lock()
 	err := d.checkpoint()
-	d.unlockRun()
 	switch {
 	case err == nil:
 		d.s.faults.cleared(faultCheckpoint)
@@ -413,28 +417,30 @@ func (d *dispatcher) queue(topic string, qid int32) *consumeQueue {
 }
 
 // checkpoint makes the consume queues and the commitlog durable up to the
-// dispatched offset and records both. REQUIRES: runMu held, or the store
-// closed with the goroutine stopped.
+// dispatched offset and records both. It holds runMu only to take its
+// snapshot (the dispatched offset, the queue counts, the files and
+// directories to sync): the syncs and the checkpoint write, several ms and
+// up to seconds after many new queues, run without it, so neither dispatch
+// rounds nor the puts waiting to read their writes (visible.go) wait for
+// them. Checkpoints run one at a time (cpMu). REQUIRES: runMu not held.
 func (d *dispatcher) checkpoint() error {
-	dispatched := d.next
-	counts := map[string]int64{}
-	d.mu.RLock()
-	queues := make([]*consumeQueue, 0, len(d.queues))
-	for _, q := range d.queues {
-		queues = append(queues, q)
-	}
-	d.mu.RUnlock()
-	sort.Slice(queues, func(i, j int) bool {
-		return queueName(queues[i].topic, queues[i].queueID) < queueName(queues[j].topic, queues[j].queueID)
-	})
-	for _, q := range queues {
-		counts[queueName(q.topic, q.queueID)] = q.count.Load()
+	d.cpMu.Lock()
+	defer d.cpMu.Unlock()
+	d.runMu.Lock()
+	dispatched, counts := d.snapshotLocked()
+	files, dirs := d.files.take()
+	d.unlockRun()
+	if d.afterSnapshot != nil {
+		d.afterSnapshot()
 	}
 	// A queue's new entries, its new files and their directories are
 	// durable before the checkpoint records its count. Creating them
 	// synced nothing (writePending), so that a new queue never holds up
 	// the dispatch of others; this is where they become durable, together.
-	if err := d.files.sync(); err != nil {
+	if failedFiles, failedDirs, err := d.files.syncTaken(files, dirs); err != nil {
+		d.runMu.Lock()
+		d.files.giveBack(failedFiles, failedDirs)
+		d.unlockRun()
 		return err
 	}
 	// Everything dispatched must be durable before the checkpoint says so.
@@ -456,6 +462,33 @@ func (d *dispatcher) checkpoint() error {
 	}
 	d.lastCP = cp
 	return nil
+}
+
+// lastCheckpoint returns the last checkpoint written.
+func (d *dispatcher) lastCheckpoint() checkpoint {
+	d.cpMu.Lock()
+	defer d.cpMu.Unlock()
+	return d.lastCP
+}
+
+// snapshotLocked returns the dispatched offset and every queue's count:
+// what a checkpoint records. REQUIRES: runMu held.
+func (d *dispatcher) snapshotLocked() (int64, map[string]int64) {
+	dispatched := d.next
+	counts := map[string]int64{}
+	d.mu.RLock()
+	queues := make([]*consumeQueue, 0, len(d.queues))
+	for _, q := range d.queues {
+		queues = append(queues, q)
+	}
+	d.mu.RUnlock()
+	sort.Slice(queues, func(i, j int) bool {
+		return queueName(queues[i].topic, queues[i].queueID) < queueName(queues[j].topic, queues[j].queueID)
+	})
+	for _, q := range queues {
+		counts[queueName(q.topic, q.queueID)] = q.count.Load()
+	}
+	return dispatched, counts
 }
 
 // stop ends the goroutine.

@@ -1,10 +1,12 @@
 package storage
 
 // pause stops every writer of the store's files at a consistent point:
-// no dispatch round or checkpoint (runMu), no sync (syncMu), no append
-// (put). The returned func resumes. Lock order matches the dispatcher's
-// (runMu, then syncMu inside checkpoint, then put in lastStoreTime).
+// no checkpoint (cpMu), no dispatch round (runMu), no sync (syncMu), no
+// append (put). The returned func resumes. Lock order matches the
+// dispatcher's (cpMu, runMu, then syncMu inside checkpoint, then put in
+// lastStoreTime).
 func (s *Store) pause() (resume func()) {
+	s.dispatch.cpMu.Lock()
 	s.dispatch.runMu.Lock()
 	s.queue.syncMu.Lock()
 	s.put.Lock()
@@ -12,6 +14,7 @@ func (s *Store) pause() (resume func()) {
 		s.put.Unlock()
 		s.queue.syncMu.Unlock()
 		s.dispatch.unlockRun() // wakes the puts that waited to dispatch
+		s.dispatch.cpMu.Unlock()
 	}
 }
 

@@ -345,11 +345,9 @@ func (r *retention) deleteExpired(now time.Time) (int, error) {
 // dispatcher: sticky for the commitlog sync, transient otherwise).
 func (r *retention) deletableEnd(want int64) (int64, error) {
 	s, d := r.s, r.s.dispatch
-	d.runMu.Lock()
-	cpEnd := d.lastCP.Dispatched
-	if cpEnd < want && d.next > cpEnd {
+	cpEnd := d.lastCheckpoint().Dispatched
+	if cpEnd < want && d.dispatched.Load() > cpEnd {
 		if err := d.checkpoint(); err != nil {
-			d.unlockRun()
 			// A failed commitlog sync is already sticky (checkpoint called
 			// Store.fail); any other failure is a transient fault of the
 			// checkpoint, which the dispatcher retries.
@@ -358,9 +356,8 @@ func (r *retention) deletableEnd(want int64) (int64, error) {
 			}
 			return 0, err
 		}
-		cpEnd = d.lastCP.Dispatched
+		cpEnd = d.lastCheckpoint().Dispatched
 	}
-	d.unlockRun() // wakes the puts waiting to index (visible.go)
 	limit := min(cpEnd, s.queue.flushedWhere.Load())
 	if s.sched != nil && s.opts.Role == RoleMaster {
 		limit = min(limit, s.sched.protectedFrom())

@@ -381,11 +381,9 @@ func deleteCrash(t *testing.T, indexed bool) {
 		s.PutMessage(ctx, msg("T", fmt.Sprint("old", i)))
 	}
 	settle(t, s)
-	s.dispatch.runMu.Lock()
 	if err := s.dispatch.checkpoint(); err != nil { // names T/0 with 3 entries
 		t.Fatal(err)
 	}
-	s.dispatch.runMu.Unlock()
 	if _, err := s.DeleteTopic("T"); err != nil {
 		t.Fatal(err)
 	}
