@@ -436,6 +436,11 @@ func (q *consumeQueue) lookup(queueOffset int64) (phys int64, size int32, tags i
 	cf, err := q.fileOfLocked(queueOffset)
 	q.mu.RUnlock()
 	if err != nil {
+		// Retention moves min before it drops files: an entry below min
+		// now had its file taken since the check above.
+		if queueOffset < q.min.Load() {
+			return 0, 0, 0, false, nil
+		}
 		return 0, 0, 0, false, err
 	}
 	q.readMu.Lock()

@@ -246,12 +246,16 @@ func TestDiskWatermarksStopAndResumeWrites(t *testing.T) {
 		t.Fatalf("stat error: writable %v, %+v", s.Writable(), d)
 	}
 
-	// The goroutine does the same on its own, on the clock.
+	// The goroutine does the same on its own, on the clock. Each step
+	// waits until it is back on the clock (its one wait pending: the
+	// scheduler is halted) before moving the clock: an Advance before it
+	// has re-armed would be missed, and its next wait would never fire.
 	disk.set(99)
 	deadline := time.NewTimer(10 * time.Second)
 	defer deadline.Stop()
 	for s.Writable() {
 		done := s.ret.roundSignal()
+		clock.WaitPending(t, 1)
 		clock.Advance(s.opts.DiskCheckInterval)
 		select {
 		case <-done:
@@ -262,6 +266,7 @@ func TestDiskWatermarksStopAndResumeWrites(t *testing.T) {
 	disk.set(10)
 	for !s.Writable() {
 		done := s.ret.roundSignal()
+		clock.WaitPending(t, 1)
 		clock.Advance(s.opts.DiskCheckInterval)
 		select {
 		case <-done:
