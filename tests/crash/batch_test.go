@@ -102,52 +102,34 @@ func verifyBatches(t *testing.T, srv *server, queues int) map[string]int {
 	for q := int32(0); q < int32(queues); q++ {
 		var cur string
 		var curN, curJ int
-		for next := int64(0); ; {
-			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-			res, err := client.PullMessages(ctx, &storagedv1.PullMessagesRequest{Topic: "Kill9Batch", QueueId: q, QueueOffset: next, MaxMessages: 1000})
-			cancel()
-			if err != nil {
-				if next == 0 && strings.Contains(err.Error(), "NotFound") {
-					break
-				}
-				t.Fatalf("pull queue %d at %d: %v", q, next, err)
+		pullQueue(t, client, "Kill9Batch", q, func(m *storagedv1.StoredMessage) {
+			head, _, _ := strings.Cut(string(m.Body), "|")
+			var id string
+			var j, n int
+			if i := strings.IndexByte(head, ':'); i < 0 {
+				t.Fatalf("queue %d offset %d: unexpected body %.40q", q, m.QueueOffset, m.Body)
+			} else if _, err := fmt.Sscanf(head[i+1:], "%d/%d", &j, &n); err != nil {
+				t.Fatalf("queue %d offset %d: unexpected body %.40q", q, m.QueueOffset, m.Body)
+			} else {
+				id = head[:i]
 			}
-			for _, m := range res.Messages {
-				if m.QueueOffset != next {
-					t.Fatalf("queue %d: offset %d where %d was expected (not dense)", q, m.QueueOffset, next)
-				}
-				next++
-				head, _, _ := strings.Cut(string(m.Body), "|")
-				var id string
-				var j, n int
-				if i := strings.IndexByte(head, ':'); i < 0 {
-					t.Fatalf("queue %d offset %d: unexpected body %.40q", q, m.QueueOffset, m.Body)
-				} else if _, err := fmt.Sscanf(head[i+1:], "%d/%d", &j, &n); err != nil {
-					t.Fatalf("queue %d offset %d: unexpected body %.40q", q, m.QueueOffset, m.Body)
-				} else {
-					id = head[:i]
-				}
-				if curJ < curN && (id != cur || j != curJ) {
-					t.Fatalf("queue %d offset %d: batch %s served with %d of its %d entries (then %s:%d)", q, m.QueueOffset, cur, curJ, curN, id, j)
-				}
-				if curJ == curN {
-					if j != 0 {
-						t.Fatalf("queue %d offset %d: batch %s served from its entry %d of %d", q, m.QueueOffset, id, j, n)
-					}
-					if seen[id] != 0 {
-						t.Fatalf("batch %s twice", id)
-					}
-					cur, curN, curJ = id, n, 0
-				}
-				curJ++
-				if curJ == curN {
-					seen[cur] = curN
-				}
+			if curJ < curN && (id != cur || j != curJ) {
+				t.Fatalf("queue %d offset %d: batch %s served with %d of its %d entries (then %s:%d)", q, m.QueueOffset, cur, curJ, curN, id, j)
 			}
-			if len(res.Messages) == 0 || next >= res.MaxOffset {
-				break
+			if curJ == curN {
+				if j != 0 {
+					t.Fatalf("queue %d offset %d: batch %s served from its entry %d of %d", q, m.QueueOffset, id, j, n)
+				}
+				if seen[id] != 0 {
+					t.Fatalf("batch %s twice", id)
+				}
+				cur, curN, curJ = id, n, 0
 			}
-		}
+			curJ++
+			if curJ == curN {
+				seen[cur] = curN
+			}
+		})
 		if curJ < curN {
 			t.Fatalf("queue %d: the last batch %s served with %d of its %d entries", q, cur, curJ, curN)
 		}

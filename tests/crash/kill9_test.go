@@ -204,40 +204,49 @@ func TestKill9(t *testing.T) {
 		cycles, len(all), recoveries[len(recoveries)/2], recoveries[len(recoveries)*99/100], recoveries[len(recoveries)-1])
 }
 
+// pullQueue reads every message of topic/q from queue offset 0 on through
+// the public API, checks the offsets are dense, and hands each message to
+// fn in order. A queue that was never written (NotFound) has none.
+func pullQueue(t *testing.T, client storagedv1.MessageStoreServiceClient, topic string, q int32, fn func(*storagedv1.StoredMessage)) {
+	t.Helper()
+	for next := int64(0); ; {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		res, err := client.PullMessages(ctx, &storagedv1.PullMessagesRequest{Topic: topic, QueueId: q, QueueOffset: next, MaxMessages: 1000})
+		cancel()
+		if err != nil {
+			if next == 0 && strings.Contains(err.Error(), "NotFound") {
+				return
+			}
+			t.Fatalf("pull %s/%d at %d: %v", topic, q, next, err)
+		}
+		for _, m := range res.Messages {
+			if m.QueueOffset != next {
+				t.Fatalf("%s/%d: offset %d where %d was expected (not dense)", topic, q, m.QueueOffset, next)
+			}
+			next++
+			fn(m)
+		}
+		if len(res.Messages) == 0 || next >= res.MaxOffset {
+			return
+		}
+	}
+}
+
 func verify(t *testing.T, srv *server, all []acked, sent map[string]bool) {
 	t.Helper()
 	client := storagedv1.NewMessageStoreServiceClient(srv.conn)
 	got := map[string]*storagedv1.StoredMessage{}
 	for q := int32(0); q < 2; q++ {
-		next := int64(0)
-		for {
-			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-			res, err := client.PullMessages(ctx, &storagedv1.PullMessagesRequest{Topic: "Kill9", QueueId: q, QueueOffset: next, MaxMessages: 1000})
-			cancel()
-			if err != nil {
-				if next == 0 && strings.Contains(err.Error(), "NotFound") {
-					break
-				}
-				t.Fatalf("pull queue %d at %d: %v", q, next, err)
+		pullQueue(t, client, "Kill9", q, func(m *storagedv1.StoredMessage) {
+			b := string(m.Body)
+			if !sent[b] {
+				t.Fatalf("unexpected message %q", b)
 			}
-			for _, m := range res.Messages {
-				if m.QueueOffset != next {
-					t.Fatalf("queue %d: offset %d where %d was expected (not dense)", q, m.QueueOffset, next)
-				}
-				b := string(m.Body)
-				if !sent[b] {
-					t.Fatalf("unexpected message %q", b)
-				}
-				if got[b] != nil {
-					t.Fatalf("message %q twice", b)
-				}
-				got[b] = m
-				next++
+			if got[b] != nil {
+				t.Fatalf("message %q twice", b)
 			}
-			if len(res.Messages) == 0 || next >= res.MaxOffset {
-				break
-			}
-		}
+			got[b] = m
+		})
 	}
 	for _, a := range all {
 		m := got[a.body]
