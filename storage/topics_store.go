@@ -36,7 +36,8 @@ func (s *Store) admitTopic(topic string, queueID int32) error {
 	return s.topics.admit(topic, queueID)
 }
 
-// checkAdmin refuses admin calls the store cannot take now.
+// checkAdmin refuses an admin change the store cannot take now: closed, a
+// bad or system topic name, or a slave (which takes no writes).
 func (s *Store) checkAdmin(name string) error {
 	if s.closed.Load() {
 		return ErrClosed
@@ -46,6 +47,9 @@ func (s *Store) checkAdmin(name string) error {
 	}
 	if SystemTopic(name) {
 		return illegal("topic", fmt.Sprintf("topic %s is a system topic (RocketMQ TopicValidator); the admin calls do not manage it", name))
+	}
+	if s.opts.Role == RoleSlave {
+		return ErrSlave
 	}
 	return nil
 }
@@ -57,9 +61,6 @@ func (s *Store) checkAdmin(name string) error {
 func (s *Store) CreateTopic(name string, queues int32) (TopicConfig, error) {
 	if err := s.checkAdmin(name); err != nil {
 		return TopicConfig{}, err
-	}
-	if s.opts.Role == RoleSlave {
-		return TopicConfig{}, ErrSlave
 	}
 	if verr := checkQueues(queues); verr != nil {
 		return TopicConfig{}, verr
@@ -76,9 +77,6 @@ func (s *Store) CreateTopic(name string, queues int32) (TopicConfig, error) {
 func (s *Store) UpdateTopic(name string, queues int32) (TopicConfig, error) {
 	if err := s.checkAdmin(name); err != nil {
 		return TopicConfig{}, err
-	}
-	if s.opts.Role == RoleSlave {
-		return TopicConfig{}, ErrSlave
 	}
 	if verr := checkQueues(queues); verr != nil {
 		return TopicConfig{}, verr
@@ -146,9 +144,6 @@ func (s *Store) topicInfo(c TopicConfig) TopicInfo {
 func (s *Store) DeleteTopic(name string) (int64, error) {
 	if err := s.checkAdmin(name); err != nil {
 		return 0, err
-	}
-	if s.opts.Role == RoleSlave {
-		return 0, ErrSlave
 	}
 	t := s.topics
 	t.wmu.Lock()
