@@ -58,8 +58,14 @@ const (
 	// size.
 	DefaultMaxBatchMessages = 1024
 
-	// DefaultMaxPullWait caps PullMessagesRequest.wait (long polling).
-	DefaultMaxPullWait = 30 * time.Second
+	// DefaultMaxPullWait caps PullMessagesRequest.wait (long polling). It
+	// stays under the request timeouts of the proxies a client may sit
+	// behind, so that a long poll ends with the server's (empty) answer,
+	// never with the proxy's timeout (UNAVAILABLE or INTERNAL, no
+	// ErrorInfo): Envoy's default route timeout, hence Istio's, is 15 s,
+	// and RocketMQ's broker suspends a pull for 15 s at most. Deployments
+	// whose proxies allow more can raise it (storaged --max-pull-wait).
+	DefaultMaxPullWait = 10 * time.Second
 
 	// DefaultStreamWindow is how many messages of one PutMessageStream the
 	// server holds at once (received, not yet answered). While that many
@@ -92,6 +98,9 @@ type Service struct {
 	now              func() int64 // Unix ms; the default born timestamp
 	maxMessageSize   int          // the store's; a read reserves room for one record of it
 	inflight         *inflight    // bytes of read answers in flight
+	// life ends PutMessageStreams before their connection's age limit
+	// (streamlife.go); set by NewGRPCServer, nil without it.
+	life *streamLife
 
 	// draining is cancelled by Drain: long polls end, streams stop taking
 	// messages.

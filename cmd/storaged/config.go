@@ -72,6 +72,8 @@ type config struct {
 	// MaxPullInflightBytes bounds the read answers held at once
 	// (server.WithMaxPullInflightBytes).
 	MaxPullInflightBytes int64
+	// MaxPullWait caps a long poll's wait (server.WithMaxPullWait).
+	MaxPullWait time.Duration
 }
 
 // Defaults. deploy/kubernetes and the Dockerfile rely on the ports and the
@@ -126,6 +128,7 @@ func parseConfig(args []string, lookupEnv func(string) (string, bool), stderr io
 		MaxTopics:            storage.DefaultMaxTopics,
 		MaxOpenQueueFiles:    storage.DefaultMaxOpenQueueFiles,
 		MaxPullInflightBytes: server.DefaultMaxPullInflightBytes,
+		MaxPullWait:          server.DefaultMaxPullWait,
 	}
 	fs := flag.NewFlagSet("storaged", flag.ContinueOnError)
 	fs.SetOutput(stderr)
@@ -178,6 +181,8 @@ func parseConfig(args []string, lookupEnv func(string) (string, bool), stderr io
 		"`count` of consume-queue files kept open at once; the least recently used idle one is closed beyond it")
 	fs.Var((*sizeValue)(&cfg.MaxPullInflightBytes), "max-pull-inflight-bytes",
 		"bound on the read answers (pulls count their max_bytes) held at once, as a `size`; reads beyond it get RESOURCE_EXHAUSTED with a retry delay")
+	fs.DurationVar(&cfg.MaxPullWait, "max-pull-wait", cfg.MaxPullWait,
+		"longest `duration` a long poll (PullMessages wait) waits; keep it under the request timeout of any proxy in front (Envoy's default: 15s)")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "Usage: storaged [flags]\n\n"+
 			"Every flag has an environment twin: --data-dir is %sDATA_DIR.\n"+
@@ -291,6 +296,9 @@ func (c *config) validate() error {
 	if c.MaxOpenQueueFiles < 1 {
 		errs = append(errs, fmt.Errorf("--max-open-queue-files %d must be at least 1", c.MaxOpenQueueFiles))
 	}
+	if c.MaxPullWait <= 0 {
+		errs = append(errs, fmt.Errorf("--max-pull-wait %v must be positive", c.MaxPullWait))
+	}
 	if c.MaxPullInflightBytes <= 0 {
 		errs = append(errs, fmt.Errorf("--max-pull-inflight-bytes %d must be positive", c.MaxPullInflightBytes))
 	}
@@ -400,6 +408,7 @@ func (c *config) log(l zerolog.Logger) {
 		Int("max_topics", c.MaxTopics).
 		Int("max_open_queue_files", c.MaxOpenQueueFiles).
 		Str("max_pull_inflight_bytes", formatSize(c.MaxPullInflightBytes)).
+		Stringer("max_pull_wait", c.MaxPullWait).
 		Msg("effective configuration")
 }
 

@@ -43,6 +43,7 @@ func TestConfigDefaults(t *testing.T) {
 		DefaultQueues: 8, AutoCreateTopics: true, MaxTopics: 10000,
 		MaxOpenQueueFiles:    256,
 		MaxPullInflightBytes: 256 << 20,
+		MaxPullWait:          10 * time.Second,
 	}
 	if cfg != want {
 		t.Errorf("defaults\n got %+v\nwant %+v", cfg, want)
@@ -80,8 +81,8 @@ func TestConfigPrecedence(t *testing.T) {
 	e := env("STORAGED_LISTEN", "127.0.0.1:7000", "STORAGED_DATA_DIR", "/env/data", "STORAGED_FLUSH_MODE", "sync",
 		"STORAGED_FILE_SIZE", "64MiB", "STORAGED_REFLECTION", "false", "STORAGED_SHUTDOWN_TIMEOUT", "9s",
 		"STORAGED_LOG_LEVEL", "debug", "STORAGED_ROLE", "slave", "STORAGED_METRICS_LISTEN", "",
-		"STORAGED_MAX_PULL_INFLIGHT_BYTES", "64MiB")
-	cfg, err := parseConfig([]string{"--data-dir", "/flag/data", "--file-size=128MiB", "-reflection=true"}, e, &bytes.Buffer{})
+		"STORAGED_MAX_PULL_INFLIGHT_BYTES", "64MiB", "STORAGED_MAX_PULL_WAIT", "20s")
+	cfg, err := parseConfig([]string{"--data-dir", "/flag/data", "--file-size=128MiB", "-reflection=true", "--max-pull-wait", "14s"}, e, &bytes.Buffer{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -99,6 +100,7 @@ func TestConfigPrecedence(t *testing.T) {
 		{"log-level (env)", cfg.LogLevel, zerolog.DebugLevel},
 		{"role (env)", cfg.Role, storage.RoleSlave},
 		{"max-pull-inflight-bytes (env)", cfg.MaxPullInflightBytes, int64(64 << 20)},
+		{"max-pull-wait (flag over env)", cfg.MaxPullWait, 14 * time.Second},
 	}
 	for _, c := range checks {
 		if c.got != c.want {
@@ -242,6 +244,7 @@ func TestConfigErrors(t *testing.T) {
 		{"bad auto-create env", nil, []string{"STORAGED_AUTO_CREATE_TOPICS", "sometimes"}, "STORAGED_AUTO_CREATE_TOPICS"},
 		{"admin on the data port", []string{"--listen", "127.0.0.1:7000", "--admin-listen", "127.0.0.1:7000"}, nil, "--admin-listen must differ"},
 		{"zero pull inflight bytes", []string{"--max-pull-inflight-bytes", "0"}, nil, "--max-pull-inflight-bytes 0 must be positive"},
+		{"zero pull wait", []string{"--max-pull-wait", "0s"}, nil, "--max-pull-wait 0s must be positive"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -136,7 +136,7 @@ func serve(ctx context.Context, cfg config, logger zerolog.Logger) (err error) {
 
 	var store server.DeferredStore
 	svc := server.New(&store, logger, server.WithMaxPullInflightBytes(cfg.MaxPullInflightBytes),
-		server.WithMaxMessageSize(int(cfg.MaxMessageSize)))
+		server.WithMaxMessageSize(int(cfg.MaxMessageSize)), server.WithMaxPullWait(cfg.MaxPullWait))
 	gs, err := server.NewGRPCServer(svc, server.GRPCConfig{
 		Logger:         logger,
 		MaxMessageSize: int(cfg.MaxMessageSize),

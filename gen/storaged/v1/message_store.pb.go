@@ -1059,7 +1059,8 @@ type PullMessagesRequest struct {
 	Tags []string `protobuf:"bytes,6,rep,name=tags,proto3" json:"tags,omitempty"`
 	// How long to wait when no message is available at queue_offset (long polling): the call returns as
 	// soon as a matching message arrives, or with no messages when the wait ends. Absent or zero answers at
-	// once. Values above 30 seconds are lowered to 30 seconds; the call's deadline also ends the wait. Only
+	// once. Values above the server's cap (10 seconds by default, storaged --max-pull-wait; under the
+	// 15-second default request timeout of Envoy) are lowered to it; the call's deadline also ends the wait. Only
 	// messages of this topic and queue wake the call; with tags, it reads each new entry once and goes
 	// on from where it stopped.
 	Wait *durationpb.Duration `protobuf:"bytes,7,opt,name=wait,proto3" json:"wait,omitempty"`

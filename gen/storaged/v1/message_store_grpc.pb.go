@@ -86,7 +86,11 @@ type MessageStoreServiceClient interface {
 	// down it answers every further message with code UNAVAILABLE (nothing stored): close the stream and
 	// reconnect. The server ends the stream with OK after the client half-closes and every response has
 	// been sent; a stream-level gRPC error (CANCELLED, DEADLINE_EXCEEDED, UNAVAILABLE) means the messages
-	// without a response have unknown outcomes: they may or may not have been stored.
+	// without a response have unknown outcomes: they may or may not have been stored. The server also ends
+	// a stream by itself, with OK, before its connection reaches the server's connection age limit (which
+	// a proxy in between hides from the client): for the stream's last seconds every further message is
+	// answered code UNAVAILABLE (nothing stored), then the remaining responses are sent and the stream
+	// ends OK. A stream that ended OK stored no message it did not answer: send those on a new stream.
 	PutMessageStream(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[PutMessageStreamRequest, PutMessageStreamResponse], error)
 	// GetMessage reads one stored message by CommitLog offset or by offset msgId. An offset outside the
 	// readable CommitLog is OUT_OF_RANGE; an offset where no record starts is NOT_FOUND
@@ -236,7 +240,11 @@ type MessageStoreServiceServer interface {
 	// down it answers every further message with code UNAVAILABLE (nothing stored): close the stream and
 	// reconnect. The server ends the stream with OK after the client half-closes and every response has
 	// been sent; a stream-level gRPC error (CANCELLED, DEADLINE_EXCEEDED, UNAVAILABLE) means the messages
-	// without a response have unknown outcomes: they may or may not have been stored.
+	// without a response have unknown outcomes: they may or may not have been stored. The server also ends
+	// a stream by itself, with OK, before its connection reaches the server's connection age limit (which
+	// a proxy in between hides from the client): for the stream's last seconds every further message is
+	// answered code UNAVAILABLE (nothing stored), then the remaining responses are sent and the stream
+	// ends OK. A stream that ended OK stored no message it did not answer: send those on a new stream.
 	PutMessageStream(grpc.BidiStreamingServer[PutMessageStreamRequest, PutMessageStreamResponse]) error
 	// GetMessage reads one stored message by CommitLog offset or by offset msgId. An offset outside the
 	// readable CommitLog is OUT_OF_RANGE; an offset where no record starts is NOT_FOUND
