@@ -29,6 +29,12 @@ var ErrStarting = errors.New("server: store is starting")
 // the server started shutting down (Service.Drain). Nothing is stored.
 var ErrDraining = errors.New("server: shutting down")
 
+// ErrStreamEnding refuses a message that arrives on a PutMessageStream
+// after its soft end (streamlife.go): the connection is about to reach its
+// age limit, and the stream ends before the connection is cut. Nothing is
+// stored; the client sends it again on a new stream.
+var ErrStreamEnding = errors.New("server: stream ending before the connection age limit")
+
 // ErrorInfo reasons of read errors (puts use the RocketMQ status name).
 const (
 	ReasonOffsetOutOfRange = "OFFSET_OUT_OF_RANGE"
@@ -80,6 +86,9 @@ const (
 	// retryDelayReadBusy: the in-flight read answers are being sent; a
 	// 16 MiB answer takes tens of milliseconds on a fast link.
 	retryDelayReadBusy = 100 * time.Millisecond
+	// retryDelayStreamEnding: the server is fine, only this stream ends;
+	// a new stream takes the message at once.
+	retryDelayStreamEnding = time.Millisecond
 )
 
 // method names the RPC an error belongs to; request field paths depend on it.
@@ -110,6 +119,7 @@ const (
 //
 //	*fieldError, *storage.ValidationError → INVALID_ARGUMENT + BadRequest
 //	ErrStarting, ErrDraining, ErrClosed, ErrSlave, ErrNotWritable → UNAVAILABLE + RetryInfo
+//	ErrStreamEnding                       → UNAVAILABLE + RetryInfo, cause STREAM_ENDING
 //	storage.ErrBusy (OS_PAGE_CACHE_BUSY)  → UNAVAILABLE + RetryInfo
 //	storage.ErrWriteFailed (read-only)    → UNAVAILABLE, no RetryInfo: retry on another replica
 //	storage.ErrWriteRetrying              → UNAVAILABLE + RetryInfo, cause WRITE_RETRYING: a background
@@ -149,6 +159,10 @@ func (s *Service) putError(ctx context.Context, m method, res storage.PutResult,
 		return unavailable(info, retryDelayUnavailable, "the store is starting (recovering its commitlog); nothing was stored; retry shortly")
 	case errors.Is(err, ErrDraining):
 		return unavailable(info, retryDelayUnavailable, "the server is shutting down; nothing was stored; reconnect and retry")
+	case errors.Is(err, ErrStreamEnding):
+		info.Metadata = map[string]string{"cause": "STREAM_ENDING"}
+		return unavailable(info, retryDelayStreamEnding, "this stream is ending before its connection reaches its age limit; "+
+			"nothing was stored; send it on a new stream")
 	case errors.Is(err, context.Canceled):
 		return newStatus(codes.Canceled, "the call was cancelled before the append; nothing was stored", info)
 	case errors.Is(err, context.DeadlineExceeded):

@@ -88,6 +88,10 @@ type GRPCConfig struct {
 	// Registerer, when set, receives the gRPC server metrics
 	// (grpc_server_handled_total, grpc_server_handling_seconds, …).
 	Registerer prometheus.Registerer
+	// Clock, when set, is the time PutMessageStream ends its streams by
+	// (streamlife.go): tests move it. Default the system clock, with real
+	// timers. grpc-go's own connection age always runs on real time.
+	Clock storage.TimerClock
 	// MaxConnections bounds the connections served at once (0: no
 	// bound). Each costs a file descriptor; past the bound the server stops
 	// accepting, so a further client waits in the kernel's accept backlog
@@ -106,7 +110,8 @@ type GRPCServer struct {
 	svc      *Service
 	health   *health.Server
 	log      zerolog.Logger
-	maxConns int // GRPCConfig.MaxConnections
+	maxConns int          // GRPCConfig.MaxConnections
+	conns    *connTracker // when each connection was accepted (streamlife.go)
 
 	stopWatch chan struct{} // closed by Shutdown: WatchStore goroutines end
 	stopOnce  sync.Once
@@ -133,7 +138,12 @@ func NewGRPCServer(svc *Service, cfg GRPCConfig) (*GRPCServer, error) {
 		reflection.Register(srv)
 	}
 	srvMetrics.InitializeMetrics(srv)
-	return &GRPCServer{srv: srv, svc: svc, health: hs, log: cfg.Logger, maxConns: cfg.MaxConnections, stopWatch: make(chan struct{})}, nil
+	d := cfg.withDefaults()
+	life := &streamLife{age: d.MaxConnectionAge, grace: d.MaxConnectionAgeGrace, clock: cfg.Clock}
+	life.conns = newConnTracker(life.now)
+	svc.life = life
+	return &GRPCServer{srv: srv, svc: svc, health: hs, log: cfg.Logger, maxConns: cfg.MaxConnections, conns: life.conns,
+		stopWatch: make(chan struct{})}, nil
 }
 
 // GRPCServerOptions returns the options NewGRPCServer builds its
@@ -230,6 +240,7 @@ func (g *GRPCServer) Serve(lis net.Listener) error {
 	if g.maxConns > 0 {
 		lis = netutil.LimitListener(lis, g.maxConns)
 	}
+	lis = g.conns.listen(lis)
 	if err := g.srv.Serve(lis); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
 		return err
 	}

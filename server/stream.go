@@ -36,6 +36,13 @@ import (
 // has been sent. When the client goes away (cancel, deadline, broken
 // connection) the in-flight puts see the cancelled context, the workers and
 // the sender finish, and the handler returns the stream's error.
+//
+// On a connection served by GRPCServer the stream also ends itself before
+// the connection's age limit would cut it (streamlife.go): from its soft
+// end every further message is answered UNAVAILABLE (ErrStreamEnding,
+// nothing stored), and at its hard end the handler stops reading, sends
+// the answers of the puts under way and returns OK. The reading then runs
+// on a goroutine of its own, so that the handler can stop waiting for it.
 func (s *Service) PutMessageStream(stream grpc.BidiStreamingServer[storagedv1.PutMessageStreamRequest, storagedv1.PutMessageStreamResponse]) error {
 	ctx, cancel := context.WithCancel(stream.Context())
 	defer cancel()
@@ -58,32 +65,38 @@ func (s *Service) PutMessageStream(stream grpc.BidiStreamingServer[storagedv1.Pu
 		sent <- err
 	}()
 
+	// softC is closed at the soft end (nil: never): from then on every
+	// message is answered ErrStreamEnding. The workers look at it
+	// themselves, so a message read after the soft end is refused however
+	// the goroutines are scheduled.
+	var softC, hardC <-chan struct{}
+	soft, hard, scheduled := s.life.schedule(ctx, s.life.now())
+	if scheduled {
+		var release func()
+		softC, release = s.life.at(soft)
+		defer release()
+		hardC, release = s.life.at(hard)
+		defer release()
+	}
 	w := &streamWorkers{
 		work: make(chan *streamItem),
 		max:  window,
 		run: func(it *streamItem) {
-			acks <- s.streamPut(ctx, it, born)
+			acks <- s.streamPut(ctx, it, born, softC)
 		},
 	}
+	r := &streamReader{stream: stream, tokens: tokens, w: w, stop: make(chan struct{})}
 	var recvErr error
-recv:
-	for {
+	if scheduled {
+		done := make(chan error, 1)
+		go func() { done <- r.read(ctx) }()
 		select {
-		case tokens <- struct{}{}:
-		case <-ctx.Done():
-			recvErr = status.FromContextError(ctx.Err()).Err()
-			break recv
+		case recvErr = <-done:
+		case <-hardC:
+			r.halt() // the reader may still be in RecvMsg: it ends with the stream
 		}
-		it := itemPool.Get().(*streamItem)
-		if err := stream.RecvMsg(&it.req); err != nil {
-			it.release()
-			<-tokens
-			if !errors.Is(err, io.EOF) {
-				recvErr = err
-			}
-			break
-		}
-		w.submit(it)
+	} else {
+		recvErr = r.read(ctx)
 	}
 	w.close()
 	close(acks)
@@ -93,11 +106,63 @@ recv:
 	return recvErr
 }
 
+// streamReader reads a stream's messages and hands them to the workers,
+// taking a token before each read. halt stops it from another goroutine:
+// once halt returns, it submits nothing more.
+type streamReader struct {
+	stream grpc.BidiStreamingServer[storagedv1.PutMessageStreamRequest, storagedv1.PutMessageStreamResponse]
+	tokens chan struct{}
+	w      *streamWorkers
+	stop   chan struct{} // closed by halt
+
+	mu     sync.Mutex
+	halted bool // guarded by mu
+}
+
+// read runs until the client half-closes (nil), the stream fails or ctx
+// ends (its error), or halt (nil).
+func (r *streamReader) read(ctx context.Context) error {
+	for {
+		select {
+		case r.tokens <- struct{}{}:
+		case <-ctx.Done():
+			return status.FromContextError(ctx.Err()).Err()
+		case <-r.stop:
+			return nil
+		}
+		it := itemPool.Get().(*streamItem)
+		if err := r.stream.RecvMsg(&it.req); err != nil {
+			it.release()
+			<-r.tokens
+			if !errors.Is(err, io.EOF) {
+				return err
+			}
+			return nil
+		}
+		r.mu.Lock()
+		if r.halted {
+			r.mu.Unlock()
+			it.release() // read after the hard end: never answered, never stored
+			return nil
+		}
+		r.w.submit(it)
+		r.mu.Unlock()
+	}
+}
+
+// halt stops the reader; after it returns the reader submits nothing.
+func (r *streamReader) halt() {
+	r.mu.Lock()
+	r.halted = true
+	r.mu.Unlock()
+	close(r.stop)
+}
+
 // streamPut puts one stream message and builds its answer. It gives the
 // item back to the pool. A panic (the recovery interceptor only guards the
 // handler goroutine, not the workers) becomes an INTERNAL answer, logged,
 // as it does for PutMessage, and the stream goes on.
-func (s *Service) streamPut(ctx context.Context, it *streamItem, born netip.AddrPort) (resp *storagedv1.PutMessageStreamResponse) {
+func (s *Service) streamPut(ctx context.Context, it *streamItem, born netip.AddrPort, softEnd <-chan struct{}) (resp *storagedv1.PutMessageStreamResponse) {
 	id := it.req.GetRequestId()
 	defer func() {
 		if p := recover(); p != nil {
@@ -116,6 +181,8 @@ func (s *Service) streamPut(ctx context.Context, it *streamItem, born netip.Addr
 	)
 	if s.draining.Err() != nil {
 		res, err = storage.PutResult{Status: storage.ServiceNotAvailable}, ErrDraining
+	} else if ended(softEnd) {
+		res, err = storage.PutResult{Status: storage.ServiceNotAvailable}, ErrStreamEnding
 	} else if fe := fillMessage(&it.msg, it.props[:0], it.req.GetMessage(), s.now(), born); fe != nil {
 		res, err = storage.PutResult{Status: fe.Status}, fe
 	} else {
@@ -147,6 +214,16 @@ func (s *Service) streamPut(ctx context.Context, it *streamItem, born netip.Addr
 		}
 	}
 	return &ack.resp
+}
+
+// ended reports whether ch is closed; a nil ch never is.
+func ended(ch <-chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
+	}
 }
 
 // streamAck is an answer with its result and timestamp in one allocation.
