@@ -1,6 +1,9 @@
 package storage
 
-import "net/netip"
+import (
+	"net/netip"
+	"time"
+)
 
 // AppendResult is what an append into the commitlog did (RocketMQ
 // AppendMessageResult).
@@ -26,6 +29,12 @@ type AppendResult struct {
 	// Offsets are the commitlog offsets of each message of a batch (nil for
 	// a single message).
 	Offsets []int64
+	// LockedAt is when the append took the commitlog lock and LockHeld how
+	// long it held it: the append latency histogram's observation, handed
+	// out so that a caller can time the append (the server's trace span)
+	// without a clock read of its own. Zero when nothing was appended.
+	LockedAt time.Time
+	LockHeld time.Duration
 }
 
 // MsgID returns the offset msgId of the (first) message.
@@ -54,6 +63,12 @@ type PutResult struct {
 	// Append is set (Append.Status == AppendOK) when the message is in the
 	// commitlog, whatever Status says about its durability.
 	Append AppendResult
+	// FlushWaitStart and FlushWait time a sync-mode put's wait for the
+	// flush covering it (the flush wait histogram's observation, for the
+	// same reason as AppendResult.LockedAt). Zero when the put did not wait
+	// for a flush: async mode, WAIT=false, or nothing appended.
+	FlushWaitStart time.Time
+	FlushWait      time.Duration
 }
 
 // Appended reports whether the message is in the commitlog.

@@ -449,7 +449,7 @@ func (s *Store) prepareBatch(b *Batch) ([]recordSpec, *ValidationError) {
 // rolling to a new file (after an END_OF_FILE blank) when they do not fit.
 // All records land in one file. It returns the append result, or an error
 // when nothing was appended.
-func (s *Store) appendRecords(topic string, queueID, sysFlag int32, specs []recordSpec, batch bool) (AppendResult, error) {
+func (s *Store) appendRecords(topic string, queueID, sysFlag int32, specs []recordSpec, batch bool) (ar AppendResult, err error) {
 	total := 0
 	for i := range specs {
 		total += specs[i].total
@@ -479,6 +479,9 @@ func (s *Store) appendRecords(topic string, queueID, sysFlag int32, specs []reco
 		held := time.Since(lockStart)
 		s.put.Unlock()
 		s.stats.appendLatency.observe(held)
+		if err == nil {
+			ar.LockedAt, ar.LockHeld = lockStart, held
+		}
 		for {
 			old := s.stats.maxLockHold.Load()
 			if int64(held) <= old || s.stats.maxLockHold.CompareAndSwap(old, int64(held)) {
@@ -592,7 +595,8 @@ func (s *Store) afterAppend(ctx context.Context, res AppendResult, wait bool) (P
 		if wait {
 			start := time.Now()
 			err = s.flusher.Wait(ctx, res.NextOffset())
-			s.stats.putLatency.observe(time.Since(start))
+			out.FlushWaitStart, out.FlushWait = start, time.Since(start)
+			s.stats.putLatency.observe(out.FlushWait)
 		} else {
 			s.flusher.Wake()
 		}
