@@ -11,6 +11,7 @@ import (
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors"
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/logging"
 	"github.com/rs/zerolog"
+	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -26,7 +27,8 @@ import (
 // the fields go-grpc-middleware's logging interceptor (v2.3.4, with
 // WithLogOnEvents(FinishCall)) writes, in its order, plus
 // grpc.error_reason, the ErrorInfo reason of a failed call (the RocketMQ
-// status name for puts).
+// status name for puts), and trace_id and span_id when the call has a
+// trace (tracing on, tracing.go).
 //
 // It replaces that interceptor because the middleware builds the line's
 // fields (the peer address and start time as strings, several slices and
@@ -55,6 +57,10 @@ const (
 	errorKey       = "grpc.error"
 	// errorReasonKey is ours: the ErrorInfo reason of the status.
 	errorReasonKey = "grpc.error_reason"
+	// traceIDKey and spanIDKey name the call's trace, in hex, as the
+	// OpenTelemetry log data model does.
+	traceIDKey = "trace_id"
+	spanIDKey  = "span_id"
 )
 
 func (c callLog) unary(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
@@ -125,6 +131,11 @@ func (c callLog) finished(ctx context.Context, fullMethod string, typ intercepto
 		}
 	}
 	fields = append(fields, logging.DurationToTimeMillisFields(time.Since(start))...)
+	// A trace is present only while tracing is on (GRPCConfig.TracerProvider):
+	// the server span's ids, or the client's with a no-op tracer provider.
+	if sc := trace.SpanContextFromContext(ctx); sc.IsValid() {
+		fields = append(fields, traceIDKey, sc.TraceID().String(), spanIDKey, sc.SpanID().String())
+	}
 	ev.Fields([]any(fields)).Msg("finished call")
 }
 

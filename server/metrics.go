@@ -24,7 +24,8 @@ var _ StatsSource = (*storage.Store)(nil)
 // on every scrape (storage.Stats), so the store needs no Prometheus
 // dependency and the numbers are never stale.
 type StoreCollector struct {
-	src StatsSource
+	src       StatsSource
+	exemplars *PutExemplars // nil: none
 
 	puts, messages, bytes                 *prometheus.Desc
 	appendLatency, flushWait, syncLatency *prometheus.Desc
@@ -45,14 +46,23 @@ type StoreCollector struct {
 
 var _ prometheus.Collector = (*StoreCollector)(nil)
 
+// CollectorOption configures a StoreCollector.
+type CollectorOption func(*StoreCollector)
+
+// WithPutExemplars attaches the trace ids of sampled puts (see
+// Service.Exemplars) to the append and flush-wait histograms as exemplars.
+func WithPutExemplars(e *PutExemplars) CollectorOption {
+	return func(c *StoreCollector) { c.exemplars = e }
+}
+
 // NewStoreCollector returns a collector for src. Disk figures come from
 // the store's own disk check (storage.Stats.Disk), so this package makes no
 // system calls.
-func NewStoreCollector(src StatsSource) *StoreCollector {
+func NewStoreCollector(src StatsSource, opts ...CollectorOption) *StoreCollector {
 	d := func(name, help string, labels ...string) *prometheus.Desc {
 		return prometheus.NewDesc(name, help, labels, nil)
 	}
-	return &StoreCollector{
+	c := &StoreCollector{
 		src: src,
 
 		puts:     d("storaged_store_puts_total", "Put calls (PutMessage and PutMessages) by RocketMQ put status.", "status"),
@@ -102,6 +112,10 @@ func NewStoreCollector(src StatsSource) *StoreCollector {
 		diskFull: d("storaged_store_disk_full",
 			"1 while puts are refused because the disk went above the warning watermark (until usage is back at the clean one), else 0."),
 	}
+	for _, o := range opts {
+		o(c)
+	}
+	return c
 }
 
 // Describe implements prometheus.Collector.
@@ -129,8 +143,13 @@ func (c *StoreCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(c.messages, prometheus.CounterValue, float64(st.Messages[name]), name)
 		ch <- prometheus.MustNewConstMetric(c.bytes, prometheus.CounterValue, float64(st.Bytes[name]), name)
 	}
-	ch <- constHistogram(c.appendLatency, st.AppendLatency)
-	ch <- constHistogram(c.flushWait, st.PutLatency)
+	appendLatency, flushWait := constHistogram(c.appendLatency, st.AppendLatency), constHistogram(c.flushWait, st.PutLatency)
+	if c.exemplars != nil {
+		appendLatency = withExemplars(appendLatency, &c.exemplars.append)
+		flushWait = withExemplars(flushWait, &c.exemplars.flushWait)
+	}
+	ch <- appendLatency
+	ch <- flushWait
 	ch <- constHistogram(c.syncLatency, st.SyncLatency)
 	ch <- prometheus.MustNewConstMetric(c.maxLockHold, prometheus.GaugeValue, st.MaxLockHold.Seconds())
 
@@ -203,10 +222,12 @@ func constHistogram(desc *prometheus.Desc, s storage.HistogramSnapshot) promethe
 
 // MetricsHandler serves /metrics from g and, when withPprof is set, the
 // net/http/pprof handlers under /debug/pprof/. Serve it on its own port,
-// never on the gRPC listener.
+// never on the gRPC listener. A scraper that asks for the OpenMetrics
+// format (Prometheus does) gets it, with the exemplars (trace ids) that
+// the classic text format cannot carry.
 func MetricsHandler(g prometheus.Gatherer, withPprof bool) http.Handler {
 	mux := http.NewServeMux()
-	mux.Handle("/metrics", promhttp.HandlerFor(g, promhttp.HandlerOpts{}))
+	mux.Handle("/metrics", promhttp.HandlerFor(g, promhttp.HandlerOpts{EnableOpenMetrics: true}))
 	if withPprof {
 		mux.HandleFunc("/debug/pprof/", pprof.Index)
 		mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)

@@ -29,6 +29,7 @@ import (
 	"time"
 
 	"github.com/rs/zerolog"
+	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc"
 
 	storagedv1 "github.com/storaged/storaged/gen/storaged/v1"
@@ -106,6 +107,12 @@ type Service struct {
 	// messages.
 	draining context.Context
 	drain    context.CancelFunc
+
+	// tracer makes the puts' append and flush-wait spans (tracing.go); nil
+	// while tracing is off. NewGRPCServer sets it from
+	// GRPCConfig.TracerProvider.
+	tracer    trace.Tracer
+	exemplars PutExemplars
 }
 
 // Option configures a Service.
@@ -186,6 +193,11 @@ func New(store Store, logger zerolog.Logger, opts ...Option) *Service {
 	return s
 }
 
+// Exemplars returns the trace ids of the latest sampled puts, for
+// NewStoreCollector's WithPutExemplars. They are only recorded while
+// tracing is on (GRPCConfig.TracerProvider).
+func (s *Service) Exemplars() *PutExemplars { return &s.exemplars }
+
 // Drain tells the service that the server is shutting down: waiting pulls
 // answer at once with what is there, and PutMessageStream answers every
 // further message with UNAVAILABLE (nothing stored) so that clients move to
@@ -205,6 +217,9 @@ func (s *Service) PutMessage(ctx context.Context, req *storagedv1.PutMessageRequ
 		return nil, s.rejected(ctx, methodPutMessage, fe)
 	}
 	res, err := s.store.PutMessage(ctx, m)
+	if s.tracer != nil {
+		s.tracePut(ctx, &res, err)
+	}
 	if err != nil {
 		return nil, s.putError(ctx, methodPutMessage, res, err)
 	}
@@ -218,6 +233,9 @@ func (s *Service) PutMessages(ctx context.Context, req *storagedv1.PutMessagesRe
 		return nil, s.rejected(ctx, methodPutMessages, fe)
 	}
 	res, err := s.store.PutMessages(ctx, b)
+	if s.tracer != nil {
+		s.tracePut(ctx, &res, err)
+	}
 	if err != nil {
 		return nil, s.putError(ctx, methodPutMessages, res, err)
 	}

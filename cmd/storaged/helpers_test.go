@@ -144,10 +144,10 @@ func startProc(t *testing.T, args ...string) *proc {
 }
 
 // startCmd starts cmd (the binary, or a wrapper running it) as startProc
-// does.
+// does, in the test's environment plus cmd.Env.
 func startCmd(t *testing.T, cmd *exec.Cmd) *proc {
 	t.Helper()
-	cmd.Env = append(os.Environ(), "GORACE=halt_on_error=1")
+	cmd.Env = append(append(os.Environ(), "GORACE=halt_on_error=1"), cmd.Env...)
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
 		t.Fatal(err)

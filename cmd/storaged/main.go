@@ -47,7 +47,11 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/rs/zerolog"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/trace"
 
+	"github.com/storaged/storaged/internal/logthrottle"
+	"github.com/storaged/storaged/internal/tracing"
 	"github.com/storaged/storaged/server"
 	"github.com/storaged/storaged/storage"
 )
@@ -134,6 +138,28 @@ func serve(ctx context.Context, cfg config, logger zerolog.Logger) (err error) {
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		collectors.NewBuildInfoCollector())
 
+	tp, err := tracing.FromEnv(ctx, version)
+	if err != nil {
+		return usageError{err} // an OTEL_* variable with a value the SDK does not know
+	}
+	var tracerProvider trace.TracerProvider // nil (tracing off) unless tp is set
+	if tp != nil {
+		tracerProvider = tp
+		limit := logthrottle.New(logthrottle.DefaultInterval, nil)
+		otel.SetErrorHandler(otel.ErrorHandlerFunc(func(err error) { // e.g. the collector is unreachable
+			if ev := limit.Event("opentelemetry", logger.Warn()); ev != nil {
+				ev.Err(err).Msg("opentelemetry: exporting spans failed")
+			}
+		}))
+		defer func() {
+			sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			if terr := tp.Shutdown(sctx); terr != nil { // the last spans are lost, nothing else
+				logger.Warn().Err(terr).Msg("opentelemetry: exporting the last spans failed")
+			}
+		}()
+	}
+
 	var store server.DeferredStore
 	svc := server.New(&store, logger, server.WithMaxPullInflightBytes(cfg.MaxPullInflightBytes),
 		server.WithMaxMessageSize(int(cfg.MaxMessageSize)), server.WithMaxPullWait(cfg.MaxPullWait))
@@ -144,6 +170,7 @@ func serve(ctx context.Context, cfg config, logger zerolog.Logger) (err error) {
 		Reflection:     cfg.Reflection,
 		Registerer:     reg,
 		MaxConnections: max(cfg.MaxConnections, 0),
+		TracerProvider: tracerProvider,
 	})
 	if err != nil {
 		return err
@@ -192,6 +219,11 @@ func serve(ctx context.Context, cfg config, logger zerolog.Logger) (err error) {
 	var metricsErr chan error // nil (never ready) without a metrics server
 	metricsStopped := make(chan struct{})
 	ev := logger.Info().Str("grpc", lis.Addr().String()).Str("store_host", host.String()).Bool("tls", tlsCfg != nil)
+	if exp, on := tracing.Enabled(os.LookupEnv); on && tp != nil {
+		ev = ev.Str("tracing", exp)
+	} else {
+		ev = ev.Str("tracing", "off")
+	}
 	if metricsLis != nil {
 		metricsErr = make(chan error, 1)
 		go func() {
@@ -279,7 +311,7 @@ func serve(ctx context.Context, cfg config, logger zerolog.Logger) (err error) {
 	}
 	store.Set(st)
 	admin.Set(st)
-	reg.MustRegister(server.NewStoreCollector(st))
+	reg.MustRegister(server.NewStoreCollector(st, server.WithPutExemplars(svc.Exemplars())))
 	stats := st.Stats()
 	logger.Info().Stringer("recovery", time.Since(start)).Int64("max_offset", stats.MaxOffset).Int("files", stats.Files).
 		Str("flush_mode", st.FlushMode().String()).Msg("store open")
