@@ -215,7 +215,13 @@ func serve(ctx context.Context, cfg config, logger zerolog.Logger) (err error) {
 
 	grpcDone := make(chan error, 1)
 	go func() { grpcDone <- gs.Serve(lis) }()
-	metricsSrv := &http.Server{Handler: server.MetricsHandler(reg, cfg.Pprof), ReadHeaderTimeout: 10 * time.Second}
+	// The metrics port also serves the health statuses over HTTP, for
+	// probes and meshes that cannot do gRPC (server.LivezPath, ReadyzPath).
+	metricsMux := http.NewServeMux()
+	metricsMux.Handle("/", server.MetricsHandler(reg, cfg.Pprof))
+	metricsMux.Handle(server.LivezPath, gs.HealthHandler())
+	metricsMux.Handle(server.ReadyzPath, gs.HealthHandler())
+	metricsSrv := &http.Server{Handler: metricsMux, ReadHeaderTimeout: 10 * time.Second}
 	var metricsErr chan error // nil (never ready) without a metrics server
 	metricsStopped := make(chan struct{})
 	ev := logger.Info().Str("grpc", lis.Addr().String()).Str("store_host", host.String()).Bool("tls", tlsCfg != nil)

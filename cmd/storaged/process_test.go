@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"net/http"
 	"strings"
 	"sync"
 	"syscall"
@@ -213,6 +214,17 @@ func TestRunInProcess(t *testing.T) {
 	}
 	conn := dial(t, addr)
 	waitServing(t, conn)
+	// The metrics port serves the health over HTTP too, next to /metrics.
+	for _, path := range []string{server.LivezPath, server.ReadyzPath, "/metrics"} {
+		r, err := http.Get("http://" + listening.str("metrics") + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r.Body.Close()
+		if r.StatusCode != http.StatusOK {
+			t.Errorf("GET %s on the metrics port: %s, want 200 once SERVING", path, r.Status)
+		}
+	}
 	resp, err := storagedv1.NewMessageStoreServiceClient(conn).PutMessage(t.Context(), &storagedv1.PutMessageRequest{
 		Message: &storagedv1.Message{Topic: "inproc", Body: []byte("hello")},
 	})
