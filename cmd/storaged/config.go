@@ -151,7 +151,9 @@ func parseConfig(args []string, lookupEnv func(string) (string, bool), stderr io
 	fs.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", cfg.ShutdownTimeout, "bound on the graceful drain before remaining calls are cut")
 	fs.BoolVar(&cfg.Reflection, "reflection", cfg.Reflection, "register gRPC server reflection")
 	fs.BoolVar(&cfg.Pprof, "pprof", false, "serve /debug/pprof on the metrics address")
-	fs.StringVar(&cfg.StoreHost, "store-host", "", "`ip:port` written into records and msgIds (default: the gRPC address, 127.0.0.1 when it listens on all interfaces)")
+	fs.StringVar(&cfg.StoreHost, "store-host", "",
+		"`ip:port`, or an ip alone (the gRPC port then comes from the listener), written into records and msgIds "+
+			"(default: the gRPC address, 127.0.0.1 when it listens on all interfaces)")
 	fs.BoolVar(&cfg.Version, "version", false, "print the version and exit")
 	fs.IntVar(&cfg.MaxConnections, "max-connections", 0,
 		"most gRPC `connections` served at once; more wait in the accept backlog until one closes, so the store keeps "+
@@ -313,7 +315,9 @@ func (c *config) validate() error {
 	}
 	if c.StoreHost != "" {
 		if _, err := netip.ParseAddrPort(c.StoreHost); err != nil {
-			errs = append(errs, fmt.Errorf("--store-host must be ip:port: %w", err))
+			if _, aerr := netip.ParseAddr(c.StoreHost); aerr != nil {
+				errs = append(errs, fmt.Errorf("--store-host must be ip:port or ip: %w", err))
+			}
 		}
 	}
 	if len(errs) == 0 {
@@ -329,10 +333,25 @@ func (c *config) validate() error {
 
 // storeHost is the address written into records and msgIds: --store-host,
 // or the bound gRPC address with 127.0.0.1 for an unspecified host
-// (":9090", "0.0.0.0:9090", "[::]:9090").
+// (":9090", "0.0.0.0:9090", "[::]:9090"). A --store-host without a port
+// takes the bound port: Kubernetes sets it from the pod IP
+// (STORAGED_STORE_HOST=$(POD_IP)), which "$(POD_IP):9090" would get wrong
+// for an IPv6 pod (no brackets).
 func (c *config) storeHost(bound net.Addr) (netip.AddrPort, error) {
 	if c.StoreHost != "" {
-		return netip.ParseAddrPort(c.StoreHost)
+		ap, err := netip.ParseAddrPort(c.StoreHost)
+		if err == nil {
+			return ap, nil
+		}
+		ip, aerr := netip.ParseAddr(c.StoreHost)
+		if aerr != nil {
+			return netip.AddrPort{}, err
+		}
+		tcp, ok := bound.(*net.TCPAddr)
+		if !ok {
+			return netip.AddrPort{}, fmt.Errorf("gRPC listener address %v is not TCP", bound)
+		}
+		return netip.AddrPortFrom(ip.Unmap(), tcp.AddrPort().Port()), nil
 	}
 	tcp, ok := bound.(*net.TCPAddr)
 	if !ok {

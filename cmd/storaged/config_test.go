@@ -223,6 +223,8 @@ func TestConfigErrors(t *testing.T) {
 		{"cert without key", []string{"--tls-cert", "c.pem"}, nil, "go together"},
 		{"client CA without cert", []string{"--tls-client-ca", "ca.pem"}, nil, "needs --tls-cert"},
 		{"bad store host", []string{"--store-host", "example.com:1"}, nil, "ip:port"},
+		{"store host name alone", []string{"--store-host", "storaged-0"}, nil, "ip:port or ip"},
+		{"store host ip, bad port", []string{"--store-host", "10.0.0.1:http"}, nil, "ip:port or ip"},
 		{"empty data dir", []string{"--data-dir", ""}, nil, "--data-dir"},
 		{"file size too small", []string{"--file-size", "1KiB", "--max-message-size", "512"}, nil, "FileSize"},
 		{"zero file reserved time", []string{"--file-reserved-time", "0s"}, nil, "--file-reserved-time must not be 0"},
@@ -304,6 +306,10 @@ func TestStoreHost(t *testing.T) {
 		{"", tcp("[::ffff:10.1.2.3]:9090"), "10.1.2.3:9090"},
 		{"", tcp("[2001:db8::5]:9090"), "[2001:db8::5]:9090"},
 		{"10.9.8.7:10911", tcp("0.0.0.0:9090"), "10.9.8.7:10911"},
+		// An ip alone (Kubernetes: $(POD_IP)) takes the bound port.
+		{"10.9.8.7", tcp("0.0.0.0:9090"), "10.9.8.7:9090"},
+		{"fd00:10:244::7", tcp("[::]:9090"), "[fd00:10:244::7]:9090"},
+		{"::ffff:10.9.8.7", tcp("[::]:40002"), "10.9.8.7:40002"},
 	}
 	for _, c := range cases {
 		cfg := config{StoreHost: c.flag}
