@@ -6,11 +6,15 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
+	"google.golang.org/protobuf/types/known/durationpb"
+	istionet "istio.io/api/networking/v1"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
+	gatewayv1 "sigs.k8s.io/gateway-api/apis/v1"
 )
 
 // loadBase decodes the kustomize base's files as they are (no kustomize run): the fixture the
@@ -293,6 +297,98 @@ func TestManifestChecksCatchMutations(t *testing.T) {
 			m := base.Clone()
 			tc.mutate(m)
 			p := Check(m)
+			if !slices.ContainsFunc(p, func(s string) bool { return strings.Contains(s, tc.want) }) {
+				t.Errorf("want a problem containing %q, got %q", tc.want, p)
+			}
+		})
+	}
+}
+
+// TestMeshChecksCatchMutations proves that each mesh check fails on objects that break it.
+func TestMeshChecksCatchMutations(t *testing.T) {
+	base := loadBase(t)
+	vsDoc := "apiVersion: networking.istio.io/v1\nkind: VirtualService\nmetadata: {name: storaged}\n" +
+		"spec: {hosts: [storaged], http: [{name: grpc, route: [{destination: {host: storaged, port: {number: 9090}}}], retries: {attempts: 2, retryOn: unavailable}}]}\n" +
+		"---\napiVersion: networking.istio.io/v1\nkind: DestinationRule\nmetadata: {name: storaged}\nspec: {host: storaged, trafficPolicy: {tls: {mode: ISTIO_MUTUAL}}}\n"
+	routeDoc := "apiVersion: gateway.networking.k8s.io/v1\nkind: GRPCRoute\nmetadata: {name: storaged, annotations: {retry.linkerd.io/grpc: unavailable}}\n" +
+		"spec: {parentRefs: [{name: storaged, kind: Service, group: core, port: 9090}]}\n"
+	with := func(doc string, ann map[string]string) *Objects {
+		o := base.Clone()
+		if err := DecodeStream("mesh", []byte(doc), o); err != nil {
+			t.Fatal(err)
+		}
+		o.StatefulSets[0].Spec.Template.Annotations = ann
+		return o
+	}
+	istio := func() *Objects { return with(vsDoc, map[string]string{istioNative: "true"}) }
+	linkerd := func() *Objects {
+		return with(routeDoc, map[string]string{linkerdInject: "enabled", linkerdNativeBeta: "true"})
+	}
+	for name, m := range map[string]Mesh{"istio": {Istio: true, Native: true}, "linkerd": {Linkerd: true, Native: true}} {
+		o := istio()
+		if name == "linkerd" {
+			o = linkerd()
+		}
+		if p := CheckMesh(o, m); len(p) != 0 {
+			t.Fatalf("%s fixture fails: %v", name, p)
+		}
+	}
+	if p := CheckMesh(base, Mesh{}); len(p) != 0 {
+		t.Fatalf("base without mesh fails: %v", p)
+	}
+	vs := func(o *Objects) *istionet.HTTPRoute { return o.VirtualServices[0].Spec.GetHttp()[0] }
+	for _, tc := range []struct {
+		name   string
+		mesh   Mesh
+		build  func() *Objects
+		mutate func(o *Objects)
+		want   string
+	}{
+		{"istio annotation without istio", Mesh{}, istio, func(o *Objects) { o.VirtualServices, o.DestinationRules = nil, nil }, "without Istio"},
+		{"istio objects without istio", Mesh{}, istio, func(o *Objects) { o.StatefulSets[0].Spec.Template.Annotations = nil }, "Istio objects"},
+		{"linkerd route without linkerd", Mesh{}, linkerd, func(o *Objects) { o.StatefulSets[0].Spec.Template.Annotations = nil }, "GRPCRoute without"},
+		{"no native annotation", Mesh{Istio: true, Native: true}, istio, func(o *Objects) { delete(o.StatefulSets[0].Spec.Template.Annotations, istioNative) }, "native sidecar"},
+		{"classic without config", Mesh{Istio: true}, istio, func(o *Objects) {}, "proxy.istio.io/config"},
+		{"classic no hold", Mesh{Istio: true}, istio, func(o *Objects) {
+			o.StatefulSets[0].Spec.Template.Annotations[istioProxyConfig] = `{"terminationDrainDuration": "50s"}`
+		}, "holdApplicationUntilProxyStarts"},
+		{"classic drain short", Mesh{Istio: true}, istio, func(o *Objects) {
+			o.StatefulSets[0].Spec.Template.Annotations[istioProxyConfig] = `{"holdApplicationUntilProxyStarts": true, "terminationDrainDuration": "5s"}`
+		}, "terminationDrainDuration 5s"},
+		{"classic drain past grace", Mesh{Istio: true}, istio, func(o *Objects) {
+			o.StatefulSets[0].Spec.Template.Annotations[istioProxyConfig] = `{"holdApplicationUntilProxyStarts": true, "terminationDrainDuration": "90s"}`
+		}, "terminationDrainDuration 1m30s"},
+		{"retry on cancelled", Mesh{Istio: true, Native: true}, istio, func(o *Objects) { vs(o).Retries.RetryOn = "unavailable,cancelled" }, "want exactly"},
+		{"retry on 5xx", Mesh{Istio: true, Native: true}, istio, func(o *Objects) { vs(o).Retries.RetryOn = "5xx" }, "want exactly"},
+		{"no retries block", Mesh{Istio: true, Native: true}, istio, func(o *Objects) { vs(o).Retries = nil }, "no retries block"},
+		{"no http route", Mesh{Istio: true, Native: true}, istio, func(o *Objects) { o.VirtualServices[0].Spec.Http = nil }, "no http route"},
+		{"per try timeout", Mesh{Istio: true, Native: true}, istio, func(o *Objects) { vs(o).Retries.PerTryTimeout = durationpb.New(time.Second) }, "perTryTimeout"},
+		{"route timeout", Mesh{Istio: true, Native: true}, istio, func(o *Objects) { vs(o).Timeout = durationpb.New(15 * time.Second) }, "cut streams"},
+		{"vs other host", Mesh{Istio: true, Native: true}, istio, func(o *Objects) { o.VirtualServices[0].Spec.Hosts = []string{"other"} }, "do not name"},
+		{"vs metrics port", Mesh{Istio: true, Native: true}, istio, func(o *Objects) { vs(o).Route[0].Destination.Port.Number = 9091 }, "destination"},
+		{"dr plaintext", Mesh{Istio: true, Native: true}, istio, func(o *Objects) {
+			o.DestinationRules[0].Spec.TrafficPolicy.Tls.Mode = istionet.ClientTLSSettings_DISABLE
+		}, "ISTIO_MUTUAL"},
+		{"no destination rule", Mesh{Istio: true, Native: true}, istio, func(o *Objects) { o.DestinationRules = nil }, "want 1 VirtualService"},
+		{"not injected", Mesh{Linkerd: true, Native: true}, linkerd, func(o *Objects) { delete(o.StatefulSets[0].Spec.Template.Annotations, linkerdInject) }, "linkerd.io/inject"},
+		{"linkerd not native", Mesh{Linkerd: true, Native: true}, linkerd, func(o *Objects) {
+			delete(o.StatefulSets[0].Spec.Template.Annotations, linkerdNativeBeta)
+		}, "native sidecar"},
+		{"linkerd wait short", Mesh{Linkerd: true}, linkerd, func(o *Objects) { o.StatefulSets[0].Spec.Template.Annotations[linkerdWaitBefore] = "5" }, "proxy-wait-before-exit-seconds"},
+		{"linkerd retry internal", Mesh{Linkerd: true, Native: true}, linkerd, func(o *Objects) { o.GRPCRoutes[0].Annotations[linkerdRetryGRPC] = "internal" }, "want exactly"},
+		{"linkerd retry timeout", Mesh{Linkerd: true, Native: true}, linkerd, func(o *Objects) { o.GRPCRoutes[0].Annotations["retry.linkerd.io/timeout"] = "1s" }, "no timeouts"},
+		{"linkerd request timeout", Mesh{Linkerd: true, Native: true}, linkerd, func(o *Objects) { o.GRPCRoutes[0].Annotations["timeout.linkerd.io/request"] = "15s" }, "no timeouts"},
+		{"route other service", Mesh{Linkerd: true, Native: true}, linkerd, func(o *Objects) { o.GRPCRoutes[0].Spec.ParentRefs[0].Name = "other" }, "no parentRef"},
+		{"route metrics port", Mesh{Linkerd: true, Native: true}, linkerd, func(o *Objects) {
+			port := gatewayv1.PortNumber(9091)
+			o.GRPCRoutes[0].Spec.ParentRefs[0].Port = &port
+		}, "no parentRef"},
+		{"no route", Mesh{Linkerd: true, Native: true}, linkerd, func(o *Objects) { o.GRPCRoutes = nil }, "want 1 GRPCRoute"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			o := tc.build()
+			tc.mutate(o)
+			p := CheckMesh(o, tc.mesh)
 			if !slices.ContainsFunc(p, func(s string) bool { return strings.Contains(s, tc.want) }) {
 				t.Errorf("want a problem containing %q, got %q", tc.want, p)
 			}
