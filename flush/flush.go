@@ -12,6 +12,10 @@
 //   - GroupCommit (SYNC_FLUSH) makes each waiter wait until a sync covering
 //     its offset has returned. Waiters that arrive while a sync runs are
 //     answered together by the next one, so one msync acknowledges many puts.
+//     Before a sync it waits, up to one sync's duration, for the group the
+//     last sync released to come back (see gather): callers that wait for
+//     their ack before their next put otherwise split into two cohorts that
+//     each pay two syncs per put.
 //
 // A failed sync is sticky in both: the error is kept, every current and later
 // waiter gets it, no later sync is attempted, and the owner is told through
