@@ -13,6 +13,7 @@
 //	storaged-bench chart --in results.json --out chart.png
 //	storaged-bench report --in results.json           the results as a Markdown table
 //	storaged-bench pullmem --storaged BIN [flags]   server memory of concurrent maximal pulls
+//	storaged-bench syncprim --dir DIR [flags]       msync vs fdatasync latency per size on this disk
 //
 // The floor is a MessageStoreService that stores nothing: it answers PUT_OK
 // with a plausible AppendResult, behind the same gRPC server options and
@@ -119,8 +120,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	case "pullmem":
 		leanGC()
 		return runPullMemCommand(ctx, args, stdout, stderr)
+	case "syncprim":
+		return runSyncPrimCommand(args, stdout, stderr)
 	default:
-		err := fmt.Errorf("unknown subcommand %q (run, floor, matrix, limits, chart, report, pullmem)", cmd)
+		err := fmt.Errorf("unknown subcommand %q (run, floor, matrix, limits, chart, report, pullmem, syncprim)", cmd)
 		fmt.Fprintln(stderr, "storaged-bench:", err)
 		return usageError{err}
 	}
