@@ -12,7 +12,9 @@
 #
 # Environment: OUT (results JSON, default ${TMPDIR:-/tmp}/storaged-bench/results.json), CHART (default
 # docs/bench-throughput.png), RUNS (3), DURATION (10s), WARMUP (2s), BENCH_DATA_ROOT (default $TMPDIR or
-# /tmp), TARGETS (floor,async,sync), CASES (the matrix default list).
+# /tmp), TARGETS (floor,async,sync), CASES (the matrix default list), BASE_REV (a second storaged built
+# from that revision for the base-async and base-sync targets: an A/B of two builds in one run, e.g.
+# BASE_REV=main TARGETS=floor,base-sync,sync).
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/bench-lib.sh"
 root=$(bench_root)
@@ -21,6 +23,13 @@ cd "$root"
 bin=$(mktemp -d "${TMPDIR:-/tmp}/storaged-bench-bin.XXXXXX")
 trap 'rm -rf "$bin"' EXIT
 bench_build "$bin"
+note=$BENCH_REV_NOTE
+base=()
+if [ -n "${BASE_REV:-}" ]; then
+  STORAGED_REV=$BASE_REV bench_build "$bin/base"
+  note="$note; base: $BENCH_REV_NOTE"
+  base=(--base "$bin/base/storaged")
+fi
 
 out=${OUT:-${TMPDIR:-/tmp}/storaged-bench/results.json}
 chart=${CHART:-docs/bench-throughput.png}
@@ -29,7 +38,7 @@ bench_machine >&2
 
 args=(--storaged "$bin/storaged" --runs "${RUNS:-3}" --duration "${DURATION:-10s}" --warmup "${WARMUP:-2s}"
   --targets "${TARGETS:-floor,async,sync}" --data-root "${BENCH_DATA_ROOT:-${TMPDIR:-/tmp}}"
-  --out "$out" --note "$BENCH_REV_NOTE")
+  --out "$out" --note "$note" "${base[@]}")
 if [ -n "${CASES:-}" ]; then
   args+=(--cases "$CASES")
 fi

@@ -26,8 +26,22 @@ import (
 const defaultCases = "unary-c1,unary-c4,unary-c16,unary-c64,unary-c256,batch100-c16,stream-s1-c64,stream-s4-c64,stream-s1-c256"
 
 // Targets of the matrix. floor, bare and edge are this binary's floor
-// subcommand; async and sync are storaged with that --flush-mode.
-var knownTargets = []string{"floor", "bare", "edge", "async", "sync"}
+// subcommand; async and sync are storaged with that --flush-mode, and
+// base-async and base-sync the same with the --base binary (an A/B of two
+// storaged builds in one run); the peers are in peers.go.
+var knownTargets = append([]string{"floor", "bare", "edge", "async", "sync", "base-async", "base-sync"}, peerTargets...)
+
+// storagedTarget reports whether t is a storaged process, and with which
+// --flush-mode.
+func storagedTarget(t string) (mode string, ok bool) {
+	switch t {
+	case "async", "sync":
+		return t, true
+	case "base-async", "base-sync":
+		return strings.TrimPrefix(t, "base-"), true
+	}
+	return "", false
+}
 
 // caseSpec is one load shape of the matrix, named unary-cN, batchB-cN or
 // stream-sS-cN.
@@ -187,7 +201,9 @@ func machineInfo() MachineInfo {
 
 type matrixOptions struct {
 	storaged     string
+	base         string
 	storagedArgs string
+	peers        peerBinaries
 	targets      string
 	cases        string
 	runs         int
@@ -204,6 +220,11 @@ func parseMatrixOptions(args []string, stderr io.Writer) (matrixOptions, []caseS
 	fs := flag.NewFlagSet("storaged-bench matrix", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.StringVar(&o.storaged, "storaged", "", "storaged `binary` (needed for the async and sync targets)")
+	fs.StringVar(&o.base, "base", "", "storaged `binary` of the base-async and base-sync targets (an A/B in one run)")
+	fs.StringVar(&o.peers.natsServer, "nats-server", "", "nats-server `binary` (targets nats, nats-always)")
+	fs.StringVar(&o.peers.nats, "nats", "", "natscli `binary` whose bench loads the NATS targets")
+	fs.StringVar(&o.peers.redisServer, "redis-server", "", "redis-server `binary` (targets redis-everysec, redis-always)")
+	fs.StringVar(&o.peers.redisBenchmark, "redis-benchmark", "", "redis-benchmark `binary` that loads the Redis targets")
 	fs.StringVar(&o.storagedArgs, "storaged-args", "", "extra storaged `flags`, space-separated (e.g. \"--file-size 256MiB\")")
 	fs.StringVar(&o.targets, "targets", o.targets, "comma-separated `targets`: floor, bare, edge (no-op servers), async, sync (storaged)")
 	fs.StringVar(&o.cases, "cases", o.cases, "comma-separated `cases`: unary-cN, batchB-cN (B per call), stream-sS-cN (S streams, N in flight each)")
@@ -253,6 +274,14 @@ func parseMatrixOptions(args []string, stderr io.Writer) (matrixOptions, []caseS
 		if (t == "async" || t == "sync") && o.storaged == "" {
 			return fail(fmt.Errorf("target %s needs --storaged", t))
 		}
+		if strings.HasPrefix(t, "base-") && o.base == "" {
+			return fail(fmt.Errorf("target %s needs --base", t))
+		}
+		if isPeer(t) {
+			if err := o.peers.need(t); err != nil {
+				return fail(err)
+			}
+		}
 		targets = append(targets, t)
 	}
 	if o.logPath == "" {
@@ -295,15 +324,27 @@ func runMatrixCommand(ctx context.Context, args []string, stdout, stderr io.Writ
 		var bin string
 		var pargs []string
 		var cleanup func()
-		switch t {
-		case "async", "sync":
+		mode, isStoraged := storagedTarget(t)
+		switch {
+		case isPeer(t):
+			p, err := startPeer(ctx, t, o.peers, o.dataRoot, &prefixWriter{w: logw, prefix: t + ": "})
+			if err != nil {
+				return err
+			}
+			procs[t] = p
+			fmt.Fprintf(stderr, "%s: %s (listening on %s)\n", t, strings.Join(p.cmd.Args, " "), p.grpc)
+			continue
+		case isStoraged:
 			dir, err := os.MkdirTemp(o.dataRoot, "storaged-bench-"+t+"-")
 			if err != nil {
 				return err
 			}
 			cleanup = func() { os.RemoveAll(dir) }
 			bin = o.storaged
-			pargs = storagedArgs(bin, dir, o.storagedArgs, "--flush-mode", t)
+			if strings.HasPrefix(t, "base-") {
+				bin = o.base
+			}
+			pargs = storagedArgs(bin, dir, o.storagedArgs, "--flush-mode", mode)
 		default:
 			kind := t
 			if t == "floor" {
@@ -353,10 +394,27 @@ func runMatrixCommand(ctx context.Context, args []string, stdout, stderr io.Writ
 				m0 := p.storeMetrics(ctx)
 				srv0, err1 := procCPU(pid)
 				cli0, err2 := procCPU("self")
-				s, err := loadOnce(ctx, cfg, p.grpc)
+				var s *Summary
+				var err error
+				if p.peer != nil {
+					s, err = p.peer.load(ctx, c, cfg)
+				} else {
+					s, err = loadOnce(ctx, cfg, p.grpc)
+				}
+				if err != nil && p.peer != nil {
+					// A peer's client that fails (an ack timeout on a
+					// loaded machine) loses its run, not the matrix.
+					fmt.Fprintf(stderr, "failed, run skipped: %v\n", err)
+					fmt.Fprintf(logw, "%s: %s run %d failed: %v\n", t, c.Name, run+1, err)
+					continue
+				}
 				if err != nil {
 					fmt.Fprintln(stderr)
 					return fmt.Errorf("%s on %s: %w", c.Name, t, err)
+				}
+				if s == nil {
+					fmt.Fprintln(stderr, "no such case for this peer")
+					continue
 				}
 				srv1, err3 := procCPU(pid)
 				cli1, err4 := procCPU("self")
@@ -373,7 +431,9 @@ func runMatrixCommand(ctx context.Context, args []string, stdout, stderr io.Writ
 					frac := s.DurationSeconds / (s.DurationSeconds + s.WarmupSeconds)
 					s.ServerCPUSeconds = (srv1 - srv0).Seconds()
 					s.ServerCPUPerMsgUs = s.ServerCPUSeconds * frac / float64(s.Messages) * 1e6
-					s.ClientCPUPerMsgUs = (cli1 - cli0).Seconds() * frac / float64(s.Messages) * 1e6
+					if p.peer == nil { // a peer's client reports its own
+						s.ClientCPUPerMsgUs = (cli1 - cli0).Seconds() * frac / float64(s.Messages) * 1e6
+					}
 				}
 				fmt.Fprintf(stderr, "%.0f msgs/s, p99 %s, errors %d\n", s.MsgsPerSec, fmtLatency(s.Latency.P99Us), s.Errors)
 				tr := cr.Targets[t]
@@ -398,7 +458,7 @@ func runMatrixCommand(ctx context.Context, args []string, stdout, stderr io.Writ
 // storeMetrics reads the flusher metrics of a storaged target; nil for a
 // floor or on failure.
 func (p *proc) storeMetrics(ctx context.Context) map[string]float64 {
-	if p.metrics == "" || (p.name != "async" && p.name != "sync") {
+	if _, ok := storagedTarget(p.name); p.metrics == "" || !ok {
 		return nil
 	}
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)

@@ -36,6 +36,7 @@ type proc struct {
 	exited  chan struct{}
 	waitErr error
 	cleanup func()
+	peer    *peer // a peer target (peers.go): its own client loads it
 }
 
 // startProc starts bin with args, copies its stderr to logw, and waits
