@@ -90,8 +90,8 @@ func TestGroupCommitGatherKeepsReturningGroup(t *testing.T) {
 
 // TestGroupCommitGatherBacksOffForSlowGroup: when the group needs longer
 // than a sync to come back (16 x 60 µs + 0.1 ms = 1.06 ms against 0.6 ms),
-// a gather that gives up is not repeated every round: the loop syncs
-// without waiting for 1, 2, 4 … 16 rounds before it tries again.
+// a whole-sync wait that runs out is not repeated every round: the loop
+// waits only half a sync for 1, 2, 4 … 16 rounds before it tries again.
 func TestGroupCommitGatherBacksOffForSlowGroup(t *testing.T) {
 	c := closedLoop{sync: 600 * time.Microsecond, cpu: 60 * time.Microsecond, rtt: 100 * time.Microsecond, writers: 16, rounds: 100}
 	st, _ := c.run(t)
@@ -99,7 +99,10 @@ func TestGroupCommitGatherBacksOffForSlowGroup(t *testing.T) {
 		t.Fatalf("no gather gave up on a group that cannot come back within a sync: %+v", st)
 	}
 	if st.GaveUp*6 > st.Syncs {
-		t.Fatalf("%d of %d rounds paid a gather that gave up: no backoff; %+v", st.GaveUp, st.Syncs, st)
+		t.Fatalf("%d of %d rounds paid a whole-sync wait that ran out: no backoff; %+v", st.GaveUp, st.Syncs, st)
+	}
+	if st.Short == 0 {
+		t.Fatalf("no half-sync waits after the whole-sync ones ran out: %+v", st)
 	}
 }
 
