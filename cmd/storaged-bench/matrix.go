@@ -401,7 +401,7 @@ func runMatrixCommand(ctx context.Context, args []string, stdout, stderr io.Writ
 				} else {
 					s, err = loadOnce(ctx, cfg, p.grpc)
 				}
-				if err != nil && p.peer != nil {
+				if err != nil && p.peer != nil && ctx.Err() == nil {
 					// A peer's client that fails (an ack timeout on a
 					// loaded machine) loses its run, not the matrix.
 					fmt.Fprintf(stderr, "failed, run skipped: %v\n", err)

@@ -291,27 +291,32 @@ func tail(s string, n int) string {
 }
 
 var (
-	natsRate    = regexp.MustCompile(`aggregated stats: ([0-9,.]+) msgs/sec`)
-	natsLatency = regexp.MustCompile(`P50 ([0-9,.]+)us .*P99 ([0-9,.]+)us`)
+	natsRate    = regexp.MustCompile(`publisher (?:aggregated )?stats: ([0-9,.]+) msgs/sec`)
+	natsLatency = regexp.MustCompile(`P50:? ([0-9,.]+)us .*?P99:? ([0-9,.]+)us`)
 )
 
-// parseNatsBench reads the aggregated lines of `nats bench js pub`:
+// parseNatsBench reads the summary of `nats bench js pub`: with several
+// clients the aggregated lines,
 //
 //	NATS JetStream synchronous publisher aggregated stats: 587 msgs/sec ~ 588 KiB/sec
 //	 latencies per operation min 612.23us | avg ... | P50 4,550.51us | P90 ... | P99 33,359.86us | P99.9: ...
 //
-// The latency line is there for synchronous publishing only.
+// (after one such line per client), with one client a single line,
+//
+//	NATS JetStream synchronous publisher stats: 5,136 msgs/sec ~ 5.0 MiB/sec ~ min: ... ~ P50: 164.57us ~ P90: ... ~ P99: 642.73us ~ ...
+//
+// The latencies are the first after the summary's rate.
 func parseNatsBench(out string) (*peerResult, error) {
-	m := natsRate.FindStringSubmatch(out)
-	if m == nil {
-		return nil, errors.New("no aggregated msgs/sec line in the output: " + tail(out, 2000))
+	loc := natsRate.FindStringSubmatchIndex(out)
+	if loc == nil {
+		return nil, errors.New("no publisher stats line in the output: " + tail(out, 2000))
 	}
 	r := &peerResult{}
 	var err error
-	if r.rate, err = parseNumber(m[1]); err != nil {
+	if r.rate, err = parseNumber(out[loc[2]:loc[3]]); err != nil {
 		return nil, err
 	}
-	if m := natsLatency.FindStringSubmatch(out); m != nil {
+	if m := natsLatency.FindStringSubmatch(out[loc[1]:]); m != nil {
 		p50, err1 := parseNumber(m[1])
 		p99, err2 := parseNumber(m[2])
 		if err := errors.Join(err1, err2); err != nil {
