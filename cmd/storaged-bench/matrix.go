@@ -129,6 +129,7 @@ type targetResult struct {
 	SyncMeanUs  Stat  `json:"sync_mean_us"`
 	MsgsPerSync Stat  `json:"msgs_per_sync"`
 	FlushWaitUs Stat  `json:"flush_wait_mean_us"`
+	FlushBusy   Stat  `json:"flush_busy_fraction"`
 	Errors      int64 `json:"errors"`
 	Degraded    int64 `json:"degraded"`
 }
@@ -391,7 +392,7 @@ func runMatrixCommand(ctx context.Context, args []string, stdout, stderr io.Writ
 				cfg.Label, cfg.MetricsURL = t, p.metricsURL()
 				fmt.Fprintf(stderr, "%s run %d/%d on %s ... ", c.Name, run+1, o.runs, t)
 				pid := strconv.Itoa(p.cmd.Process.Pid)
-				m0 := p.storeMetrics(ctx)
+				m0, t0 := p.storeMetrics(ctx), time.Now()
 				srv0, err1 := procCPU(pid)
 				cli0, err2 := procCPU("self")
 				var s *Summary
@@ -420,7 +421,7 @@ func runMatrixCommand(ctx context.Context, args []string, stdout, stderr io.Writ
 				cli1, err4 := procCPU("self")
 				if m0 != nil {
 					if m1 := p.storeMetrics(ctx); m1 != nil {
-						s.Flush = flushStats(m0, m1, s.Messages)
+						s.Flush = flushStats(m0, m1, s.Messages, time.Since(t0))
 					}
 				}
 				s.Target = t
@@ -506,6 +507,7 @@ func (cr *caseResult) summarize() {
 		tr.SyncMeanUs = newStat(col(tr.Runs, flush(func(f *FlushStats) float64 { return f.SyncMeanUs })))
 		tr.MsgsPerSync = newStat(col(tr.Runs, flush(func(f *FlushStats) float64 { return f.MsgsPerSync })))
 		tr.FlushWaitUs = newStat(col(tr.Runs, flush(func(f *FlushStats) float64 { return f.FlushWaitMean })))
+		tr.FlushBusy = newStat(col(tr.Runs, flush(func(f *FlushStats) float64 { return f.Busy })))
 		tr.Errors, tr.Degraded = 0, 0
 		for _, s := range tr.Runs {
 			tr.Errors += s.Errors

@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 )
 
 func TestParseCase(t *testing.T) {
@@ -221,11 +222,11 @@ func buildStoraged(t *testing.T, dir string) string {
 func TestFlushStats(t *testing.T) {
 	before := map[string]float64{syncSecondsSum: 1, syncSecondsCount: 10, flushWaitSecondsSum: 2, flushWaitCount: 100}
 	after := map[string]float64{syncSecondsSum: 1.5, syncSecondsCount: 110, flushWaitSecondsSum: 4, flushWaitCount: 1100}
-	f := flushStats(before, after, 2000)
-	if f == nil || f.Syncs != 100 || f.SyncMeanUs != 5000 || f.MsgsPerSync != 20 || f.FlushWaits != 1000 || f.FlushWaitMean != 2000 {
+	f := flushStats(before, after, 2000, 2*time.Second)
+	if f == nil || f.Syncs != 100 || f.SyncMeanUs != 5000 || f.MsgsPerSync != 20 || f.FlushWaits != 1000 || f.FlushWaitMean != 2000 || f.Busy != 0.25 {
 		t.Errorf("flushStats = %+v", f)
 	}
-	if f := flushStats(before, before, 10); f != nil {
+	if f := flushStats(before, before, 10, time.Second); f != nil {
 		t.Errorf("no syncs: %+v", f)
 	}
 }

@@ -150,14 +150,20 @@ type FlushStats struct {
 	MsgsPerSync   float64 `json:"msgs_per_sync"` // PUT_OK messages per round
 	FlushWaits    int64   `json:"flush_waits"`   // sync-mode puts that waited for a flush
 	FlushWaitMean float64 `json:"flush_wait_mean_us"`
+	// Busy is the fraction of the run (warm-up included: the metrics are
+	// read around both) the flusher spent in syncs.
+	Busy float64 `json:"busy_fraction"`
 }
 
-func flushStats(before, after map[string]float64, msgs int64) *FlushStats {
+func flushStats(before, after map[string]float64, msgs int64, wall time.Duration) *FlushStats {
 	d := func(k string) float64 { return after[k] - before[k] }
 	f := &FlushStats{Syncs: int64(d(syncSecondsCount)), FlushWaits: int64(d(flushWaitCount))}
 	if f.Syncs > 0 {
 		f.SyncMeanUs = d(syncSecondsSum) / float64(f.Syncs) * 1e6
 		f.MsgsPerSync = float64(msgs) / float64(f.Syncs)
+	}
+	if wall > 0 {
+		f.Busy = d(syncSecondsSum) / wall.Seconds()
 	}
 	if f.FlushWaits > 0 {
 		f.FlushWaitMean = d(flushWaitSecondsSum) / float64(f.FlushWaits) * 1e6

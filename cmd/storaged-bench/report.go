@@ -64,15 +64,15 @@ func writeFlushMarkdown(w io.Writer, res *MatrixResult) {
 				continue
 			}
 			if !header {
-				fmt.Fprintln(w, "\n| case | target | msync round, mean (median of runs) | messages per round | sync-mode flush wait per put, mean |")
-				fmt.Fprintln(w, "|---|---|---|---|---|")
+				fmt.Fprintln(w, "\n| case | target | msync round, mean (median of runs) | messages per round | sync-mode flush wait per put, mean | flusher busy |")
+				fmt.Fprintln(w, "|---|---|---|---|---|---|")
 				header = true
 			}
 			wait := "-"
 			if tr.FlushWaitUs.Max > 0 {
 				wait = fmtLatency(int64(tr.FlushWaitUs.Median))
 			}
-			fmt.Fprintf(w, "| %s | %s | %s | %.1f | %s |\n", c.Name, t, fmtLatency(int64(tr.SyncMeanUs.Median)), tr.MsgsPerSync.Median, wait)
+			fmt.Fprintf(w, "| %s | %s | %s | %.1f | %s | %.0f %% |\n", c.Name, t, fmtLatency(int64(tr.SyncMeanUs.Median)), tr.MsgsPerSync.Median, wait, tr.FlushBusy.Median*100)
 		}
 	}
 }
