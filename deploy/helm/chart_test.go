@@ -1,0 +1,367 @@
+package helm_test
+
+// The Helm chart deploy/helm/storaged, rendered with the pinned helm (tools/deploy/go.mod) for a
+// set of values and decoded strictly into the upstream types: the kustomize base's checks
+// (k8scheck.Check) and mesh checks hold for every rendering, the values do what values.yaml says,
+// the chart refuses what it documents as refused, and every metric the alerts and the dashboard
+// name is served by a real storaged.
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/labels"
+
+	"github.com/storaged/storaged/deploy/internal/k8scheck"
+)
+
+const (
+	chartDir    = "deploy/helm/storaged"
+	release     = "storaged"
+	namespace   = "store"
+	kubeVersion = "1.31.0"
+)
+
+// render runs helm template with --set values and decodes the output.
+func render(t *testing.T, set ...string) *k8scheck.Objects {
+	t.Helper()
+	out := k8scheck.Tool(t, "helm", renderArgs(set...)...)
+	o := &k8scheck.Objects{}
+	if err := k8scheck.DecodeStream("helm template", out, o); err != nil {
+		t.Fatal(err)
+	}
+	return o
+}
+
+func renderArgs(set ...string) []string {
+	args := []string{"template", release, chartDir, "--namespace", namespace, "--kube-version", kubeVersion}
+	for _, s := range set {
+		args = append(args, "--set", s)
+	}
+	return args
+}
+
+func container(t *testing.T, o *k8scheck.Objects) *corev1.Container {
+	t.Helper()
+	for i, c := range o.StatefulSets[0].Spec.Template.Spec.Containers {
+		if c.Name == k8scheck.ContainerName {
+			return &o.StatefulSets[0].Spec.Template.Spec.Containers[i]
+		}
+	}
+	t.Fatal("no storaged container")
+	return nil
+}
+
+func env(c *corev1.Container) map[string]string {
+	m := map[string]string{}
+	for _, e := range c.Env {
+		m[e.Name] = e.Value
+	}
+	return m
+}
+
+// TestChartRenderings renders the chart for each values set: the base checks and the mesh checks
+// hold for all of them, and each set's own promise is checked.
+func TestChartRenderings(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		set   []string
+		mesh  k8scheck.Mesh
+		check func(t *testing.T, o *k8scheck.Objects)
+	}{
+		{"defaults", nil, k8scheck.Mesh{}, func(t *testing.T, o *k8scheck.Objects) {
+			if len(o.StatefulSets) != 1 || len(o.Services) != 2 || len(o.PDBs) != 1 || o.Count() != 4 {
+				t.Errorf("defaults render %d objects, want a StatefulSet, 2 Services and a PDB", o.Count())
+			}
+			if img := container(t, o).Image; img != "storaged:dev" {
+				t.Errorf("image %q, want storaged:dev (the chart's appVersion)", img)
+			}
+		}},
+		{"image, storage, resources, flush", []string{
+			"image.repository=registry.example/storaged", "image.digest=sha256:" + strings.Repeat("ab", 32),
+			"storage.size=200Gi", "storage.className=fast-ssd", "resources.limits.memory=4Gi", "resources.requests.memory=4Gi",
+			"goMemLimit=3GiB", "flush.mode=sync", "flush.syncTimeout=2s", "replicas=3",
+		}, k8scheck.Mesh{}, func(t *testing.T, o *k8scheck.Objects) {
+			sts := o.StatefulSets[0]
+			c := container(t, o)
+			if want := "registry.example/storaged@sha256:" + strings.Repeat("ab", 32); c.Image != want {
+				t.Errorf("image %q, want %q", c.Image, want)
+			}
+			vct := sts.Spec.VolumeClaimTemplates[0].Spec
+			if q := vct.Resources.Requests[corev1.ResourceStorage]; q.String() != "200Gi" || vct.StorageClassName == nil || *vct.StorageClassName != "fast-ssd" {
+				t.Errorf("volume claim %v class %v, want 200Gi fast-ssd", q.String(), vct.StorageClassName)
+			}
+			if e := env(c); e["STORAGED_FLUSH_MODE"] != "sync" || e["STORAGED_SYNC_FLUSH_TIMEOUT"] != "2s" || e["GOMEMLIMIT"] != "3GiB" {
+				t.Errorf("env %v", e)
+			}
+			if *sts.Spec.Replicas != 3 {
+				t.Errorf("replicas %d", *sts.Spec.Replicas)
+			}
+		}},
+		{"istio native", []string{"mesh.istio.enabled=true"}, k8scheck.Mesh{Istio: true, Native: true}, func(t *testing.T, o *k8scheck.Objects) {
+			if h := o.VirtualServices[0].Spec.GetHosts(); !slices.Equal(h, []string{release + "." + namespace + ".svc.cluster.local"}) {
+				t.Errorf("VirtualService hosts %v", h)
+			}
+			if ann := o.StatefulSets[0].Spec.Template.Annotations; ann["traffic.sidecar.istio.io/excludeInboundPorts"] != "9091" {
+				t.Errorf("annotations %v: metrics port not excluded", ann)
+			}
+		}},
+		{"istio classic", []string{"mesh.istio.enabled=true", "mesh.istio.nativeSidecar=false"}, k8scheck.Mesh{Istio: true}, nil},
+		{"linkerd native", []string{"mesh.linkerd.enabled=true"}, k8scheck.Mesh{Linkerd: true, Native: true}, nil},
+		{"linkerd classic", []string{"mesh.linkerd.enabled=true", "mesh.linkerd.nativeSidecar=false", "shutdownTimeout=20s",
+			"terminationGracePeriodSeconds=40"}, k8scheck.Mesh{Linkerd: true}, func(t *testing.T, o *k8scheck.Objects) {
+			if v := o.StatefulSets[0].Spec.Template.Annotations["config.alpha.linkerd.io/proxy-wait-before-exit-seconds"]; v != "30" {
+				t.Errorf("proxy-wait-before-exit-seconds %q, want 30 (5 preStop + 20 + 5)", v)
+			}
+		}},
+		{"monitoring", []string{"monitoring.podMonitor.enabled=true", "monitoring.prometheusRule.enabled=true", "monitoring.dashboard.enabled=true"},
+			k8scheck.Mesh{}, func(t *testing.T, o *k8scheck.Objects) {
+				if len(o.PodMonitors) != 1 || len(o.PrometheusRules) != 1 || len(o.ConfigMaps) != 1 {
+					t.Fatalf("%d PodMonitors, %d PrometheusRules, %d ConfigMaps, want 1 each", len(o.PodMonitors), len(o.PrometheusRules), len(o.ConfigMaps))
+				}
+				pm := o.PodMonitors[0]
+				if sel := labels.SelectorFromSet(pm.Spec.Selector.MatchLabels); !sel.Matches(labels.Set(o.StatefulSets[0].Spec.Template.Labels)) {
+					t.Errorf("PodMonitor selector %v does not select the pods", sel)
+				}
+				if ep := pm.Spec.PodMetricsEndpoints; len(ep) != 1 || ep[0].Port == nil || *ep[0].Port != k8scheck.MetricsPortName || ep[0].Path != "/metrics" {
+					t.Errorf("PodMetricsEndpoints %+v", ep)
+				}
+				if cm := o.ConfigMaps[0]; cm.Labels["grafana_dashboard"] != "1" || !json.Valid([]byte(cm.Data["storaged.json"])) {
+					t.Errorf("dashboard ConfigMap labels %v, JSON valid %v", cm.Labels, json.Valid([]byte(cm.Data["storaged.json"])))
+				}
+				var alerts []string
+				for _, g := range o.PrometheusRules[0].Spec.Groups {
+					for _, r := range g.Rules {
+						alerts = append(alerts, r.Alert)
+					}
+				}
+				for _, want := range []string{"StoragedDiskFull", "StoragedNotWritable", "StoragedFlushLag", "StoragedScheduleLag"} {
+					if !slices.Contains(alerts, want) {
+						t.Errorf("alerts %v: no %s", alerts, want)
+					}
+				}
+				if slices.Contains(alerts, "StoragedNoLeader") {
+					t.Error("StoragedNoLeader without replication")
+				}
+			}},
+		{"service monitor", []string{"monitoring.serviceMonitor.enabled=true"}, k8scheck.Mesh{}, func(t *testing.T, o *k8scheck.Objects) {
+			sel := labels.SelectorFromSet(o.ServiceMonitors[0].Spec.Selector.MatchLabels)
+			var picked []string
+			for _, s := range o.Services {
+				if sel.Matches(labels.Set(s.Labels)) {
+					picked = append(picked, s.Name)
+				}
+			}
+			if !slices.Equal(picked, []string{release + "-headless"}) {
+				t.Errorf("ServiceMonitor selects Services %v, want only the headless one (each pod once, ready or not)", picked)
+			}
+		}},
+		{"replication placeholder", []string{"replication.enabled=true", "replicas=3", "flush.mode=sync", "monitoring.prometheusRule.enabled=true"},
+			k8scheck.Mesh{}, func(t *testing.T, o *k8scheck.Objects) {
+				want := "1=storaged-0.storaged-headless.store.svc:9093,2=storaged-1.storaged-headless.store.svc:9093,3=storaged-2.storaged-headless.store.svc:9093"
+				if e := env(container(t, o)); e["STORAGED_RAFT_PEERS"] != want || e["STORAGED_PEER_LISTEN"] != ":9093" {
+					t.Errorf("STORAGED_RAFT_PEERS %q, STORAGED_PEER_LISTEN %q; want %q and :9093", e["STORAGED_RAFT_PEERS"], e["STORAGED_PEER_LISTEN"], want)
+				}
+				found := false
+				for _, r := range o.PrometheusRules[0].Spec.Groups[0].Rules {
+					found = found || r.Alert == "StoragedNoLeader"
+				}
+				if !found {
+					t.Error("no StoragedNoLeader alert with replication")
+				}
+			}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			o := render(t, tc.set...)
+			for _, p := range append(k8scheck.Check(o), k8scheck.CheckMesh(o, tc.mesh)...) {
+				t.Error(p)
+			}
+			if tc.check != nil {
+				tc.check(t, o)
+			}
+		})
+	}
+}
+
+// TestChartRefuses: values the chart documents as refused make helm fail with a message saying why.
+func TestChartRefuses(t *testing.T) {
+	for _, tc := range []struct {
+		name, want string
+		args       []string
+	}{
+		{"grace shorter than the drain", "terminationGracePeriodSeconds", renderArgs("terminationGracePeriodSeconds=30")},
+		{"shutdown timeout not in seconds", "whole seconds", renderArgs("shutdownTimeout=1m")},
+		{"unknown flush mode", "flush.mode", renderArgs("flush.mode=never")},
+		{"two meshes", "pick one mesh", renderArgs("mesh.istio.enabled=true", "mesh.linkerd.enabled=true")},
+		{"two monitors", "enable one", renderArgs("monitoring.podMonitor.enabled=true", "monitoring.serviceMonitor.enabled=true")},
+		{"replication with one replica", "replicas >= 3", renderArgs("replication.enabled=true", "flush.mode=sync")},
+		{"replication async", "flush.mode sync", renderArgs("replication.enabled=true", "replicas=3")},
+		{"old kubernetes", "kubeVersion", []string{"template", release, chartDir, "--kube-version", "1.29.0"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := k8scheck.ToolResult(t, "helm", tc.args...)
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("helm %v: %v, want an error containing %q", tc.args, err, tc.want)
+			}
+		})
+	}
+}
+
+// TestChartLint runs helm lint on the chart.
+func TestChartLint(t *testing.T) {
+	k8scheck.Tool(t, "helm", "lint", chartDir, "--strict", "--kube-version", kubeVersion)
+}
+
+// metricName finds the metric names in a PromQL expression: identifiers of storaged's, gRPC's and
+// the Go/process collectors' namespaces (the expressions here name no others).
+var metricName = regexp.MustCompile(`\b(storaged|grpc_server|process|go)_[a-z0-9_]+\b`)
+
+// TestMonitoringNamesServedMetrics: every metric an alert or a dashboard panel names is on the
+// /metrics page of a real storaged (built from cmd/storaged and started here).
+func TestMonitoringNamesServedMetrics(t *testing.T) {
+	o := render(t, "monitoring.prometheusRule.enabled=true", "monitoring.dashboard.enabled=true")
+	served := scrapeRealServer(t)
+	var exprs []string
+	for _, g := range o.PrometheusRules[0].Spec.Groups {
+		for _, r := range g.Rules {
+			exprs = append(exprs, r.Expr.String())
+		}
+	}
+	var dash struct {
+		Panels []struct {
+			Title   string `json:"title"`
+			Targets []struct {
+				Expr string `json:"expr"`
+			} `json:"targets"`
+		} `json:"panels"`
+	}
+	if err := json.Unmarshal([]byte(o.ConfigMaps[0].Data["storaged.json"]), &dash); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range dash.Panels {
+		if len(p.Targets) == 0 {
+			t.Errorf("dashboard panel %q has no query", p.Title)
+		}
+		for _, tg := range p.Targets {
+			exprs = append(exprs, tg.Expr)
+		}
+	}
+	if len(exprs) < 10 {
+		t.Fatalf("only %d expressions found", len(exprs))
+	}
+	for _, e := range exprs {
+		names := metricName.FindAllString(e, -1)
+		if len(names) == 0 {
+			t.Errorf("expression names no known metric: %s", e)
+		}
+		for _, n := range names {
+			if !served[n] {
+				t.Errorf("%s is not served by storaged (expression: %s)", n, e)
+			}
+		}
+	}
+}
+
+// scrapeRealServer builds cmd/storaged, starts it on loopback ports with a temporary data dir,
+// waits for /readyz and returns the metric names on /metrics (histograms with _bucket, _sum and
+// _count).
+func scrapeRealServer(t *testing.T) map[string]bool {
+	t.Helper()
+	root := k8scheck.RepoRoot(t)
+	bin := filepath.Join(t.TempDir(), "storaged")
+	build := exec.Command("go", "build", "-o", bin, "./cmd/storaged")
+	build.Dir = root
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("go build ./cmd/storaged: %v\n%s", err, out)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, bin, "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0", "--admin-listen", "",
+		"--data-dir", t.TempDir(), "--file-size", "1MiB", "--max-message-size", "64KiB")
+	cmd.Env = []string{"HOME=" + t.TempDir()}
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		cmd.Process.Signal(os.Interrupt)
+		cmd.Wait()
+	}()
+	addr := make(chan string, 1)
+	go func() {
+		sc := bufio.NewScanner(stderr)
+		for sc.Scan() {
+			var line struct {
+				Msg     string `json:"message"`
+				Metrics string `json:"metrics"`
+			}
+			if json.Unmarshal(sc.Bytes(), &line) == nil && line.Msg == "listening" {
+				addr <- line.Metrics
+			}
+		}
+		io.Copy(io.Discard, stderr)
+	}()
+	var base string
+	select {
+	case a := <-addr:
+		base = "http://" + a
+	case <-ctx.Done():
+		t.Fatal("storaged did not log its listening line")
+	}
+	// Ready (store open, collectors registered): poll /readyz until the deadline.
+	for {
+		r, err := http.Get(base + "/readyz")
+		if err == nil {
+			r.Body.Close()
+			if r.StatusCode == http.StatusOK {
+				break
+			}
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("storaged never became ready: %v", err)
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	r, err := http.Get(base + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Body.Close()
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	families, err := parser.TextToMetricFamilies(r.Body)
+	if err != nil {
+		t.Fatalf("parse /metrics: %v", err)
+	}
+	served := map[string]bool{}
+	for name, f := range families {
+		served[name] = true
+		if f.GetType().String() == "HISTOGRAM" {
+			for _, s := range []string{"_bucket", "_sum", "_count"} {
+				served[name+s] = true
+			}
+		}
+	}
+	if !served["storaged_store_writable"] {
+		t.Fatalf("no storaged_store_writable among %d families: %v", len(served), fmt.Sprint(len(families)))
+	}
+	return served
+}
