@@ -70,9 +70,12 @@ func statsHandler(tp trace.TracerProvider) stats.Handler {
 }
 
 // traceExemplar is the exemplar of a call for the gRPC metrics: its trace
-// id when the call's span is sampled, else none.
+// id when the call's span is recorded and sampled (so the trace has
+// storaged's spans), else none: a sampled traceparent seen through a no-op
+// tracer provider adds nothing.
 func traceExemplar(ctx context.Context) prometheus.Labels {
-	if sc := trace.SpanContextFromContext(ctx); sc.IsSampled() {
+	span := trace.SpanFromContext(ctx)
+	if sc := span.SpanContext(); sc.IsSampled() && span.IsRecording() {
 		return prometheus.Labels{exemplarTraceID: sc.TraceID().String()}
 	}
 	return nil

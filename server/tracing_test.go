@@ -317,10 +317,10 @@ func withTraceparentID(ctx context.Context, id string) context.Context {
 
 // TestTracingNoopProvider: with a no-op tracer provider (tracing on,
 // nothing recorded or exported) the client's trace context still reaches
-// the call log.
+// the call log, but no exemplar names a trace that has no storaged span.
 func TestTracingNoopProvider(t *testing.T) {
 	var logs syncBuffer
-	client, bs, _ := tracedServer(t, noop.NewTracerProvider(), &logs)
+	client, bs, base := tracedServer(t, noop.NewTracerProvider(), &logs)
 	ctx := withTraceparent(ctxT(t), true)
 	if _, err := client.PutMessage(ctx, &storagedv1.PutMessageRequest{Message: &storagedv1.Message{Topic: "traced", Body: []byte("x")}}); err != nil {
 		t.Fatal(err)
@@ -331,6 +331,9 @@ func TestTracingNoopProvider(t *testing.T) {
 	}
 	if got := bs.tenants(); len(got) != 1 || got[0] != "acme" {
 		t.Errorf("baggage tenant %q, want [acme]", got)
+	}
+	if om := getOpenMetrics(t, base); strings.Contains(om, "trace_id") {
+		t.Errorf("no-op provider, exemplars in:\n%s", grepLines(om, "trace_id"))
 	}
 }
 
