@@ -1,15 +1,17 @@
 package main
 
 import (
-	"bufio"
 	"context"
+	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"slices"
-	"strconv"
-	"strings"
 	"sync/atomic"
 	"time"
+
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
 )
 
 // heapMetric is the Go collector's gauge of heap bytes in in-use spans.
@@ -67,17 +69,24 @@ func scrapeGauge(ctx context.Context, client *http.Client, url, name string) (in
 // gauge, a counter, a histogram's _sum or _count) found at url.
 func scrapeMetrics(ctx context.Context, client *http.Client, url string, names ...string) (map[string]float64, error) {
 	out := make(map[string]float64, len(names))
-	err := scrapeSeries(ctx, client, url, func(series string, v float64) {
-		if slices.Contains(names, series) {
-			out[series] = v
+	err := scrapeSeries(ctx, client, url, func(m model.Metric, v float64) {
+		name := string(m[model.MetricNameLabel])
+		if len(m) == 1 && slices.Contains(names, name) {
+			out[name] = v
 		}
 	})
 	return out, err
 }
 
-// scrapeSeries calls f with every sample of the Prometheus text exposition
-// at url: the series as written (name{labels}) and its value.
-func scrapeSeries(ctx context.Context, client *http.Client, url string, f func(series string, v float64)) error {
+// maxExposition bounds what scrapeSeries reads of one exposition; storaged's
+// is ~60 KiB.
+const maxExposition = 16 << 20
+
+// scrapeSeries calls f with every sample of the Prometheus exposition at
+// url, as prometheus/common/expfmt decodes it (text or protobuf, as the
+// server answers): the series (its __name__ and labels; a histogram's
+// samples are name_bucket{le=…}, name_sum and name_count) and its value.
+func scrapeSeries(ctx context.Context, client *http.Client, url string, f func(m model.Metric, v float64)) error {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
 		return err
@@ -90,25 +99,25 @@ func scrapeSeries(ctx context.Context, client *http.Client, url string, f func(s
 	if resp.StatusCode != http.StatusOK {
 		return fmt.Errorf("GET %s: %s", url, resp.Status)
 	}
-	sc := bufio.NewScanner(resp.Body)
-	sc.Buffer(make([]byte, 64<<10), 1<<20)
-	for sc.Scan() {
-		line := sc.Text()
-		if line == "" || line[0] == '#' {
-			continue
+	return decodeSamples(io.LimitReader(resp.Body, maxExposition), expfmt.ResponseFormat(resp.Header), f)
+}
+
+// decodeSamples calls f with every sample of the exposition r in format.
+func decodeSamples(r io.Reader, format expfmt.Format, f func(m model.Metric, v float64)) error {
+	dec := expfmt.SampleDecoder{Dec: expfmt.NewDecoder(r, format), Opts: &expfmt.DecodeOptions{}}
+	for {
+		var vec model.Vector
+		err := dec.Decode(&vec)
+		if errors.Is(err, io.EOF) {
+			return nil
 		}
-		// Label values may hold spaces: the value follows the last one.
-		i := strings.LastIndexByte(line, ' ')
-		if i < 0 {
-			continue
-		}
-		v, err := strconv.ParseFloat(line[i+1:], 64)
 		if err != nil {
-			return fmt.Errorf("%s: %w", line[:i], err)
+			return fmt.Errorf("metrics exposition: %w", err)
 		}
-		f(line[:i], v)
+		for _, s := range vec {
+			f(s.Metric, float64(s.Value))
+		}
 	}
-	return sc.Err()
 }
 
 // inflightCalls is the number of calls of the gRPC method (e.g.
@@ -116,14 +125,12 @@ func scrapeSeries(ctx context.Context, client *http.Client, url string, f func(s
 // go-grpc-middleware counters grpc_server_started_total minus
 // grpc_server_handled_total, summed over their other labels.
 func inflightCalls(ctx context.Context, client *http.Client, url, method string) (int64, error) {
-	label := `grpc_method="` + method + `"`
 	var started, handled float64
-	err := scrapeSeries(ctx, client, url, func(series string, v float64) {
-		name, labels, _ := strings.Cut(series, "{")
-		if !strings.Contains(labels, label) {
+	err := scrapeSeries(ctx, client, url, func(m model.Metric, v float64) {
+		if string(m["grpc_method"]) != method {
 			return
 		}
-		switch name {
+		switch m[model.MetricNameLabel] {
 		case "grpc_server_started_total":
 			started += v
 		case "grpc_server_handled_total":
