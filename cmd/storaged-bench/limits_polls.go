@@ -5,7 +5,6 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -173,7 +172,7 @@ func (l *limitsRun) polls(ctx context.Context) (*PollsResult, error) {
 		return nil, err
 	}
 	defer closeAll(conns)
-	pid := strconv.Itoa(p.pid())
+	pid := p.pid()
 	var idleP50, idleP99, tagP50, tagP99, idleThr, tagThr []float64
 	for round := range c.Rounds {
 		var alone *pollPhase

@@ -391,10 +391,10 @@ func runMatrixCommand(ctx context.Context, args []string, stdout, stderr io.Writ
 				cfg.Method, cfg.BatchSize, cfg.Concurrency, cfg.Streams = c.Method, c.BatchSize, c.Concurrency, c.Streams
 				cfg.Label, cfg.MetricsURL = t, p.metricsURL()
 				fmt.Fprintf(stderr, "%s run %d/%d on %s ... ", c.Name, run+1, o.runs, t)
-				pid := strconv.Itoa(p.cmd.Process.Pid)
+				pid := p.cmd.Process.Pid
 				m0, t0 := p.storeMetrics(ctx), time.Now()
 				srv0, err1 := procCPU(pid)
-				cli0, err2 := procCPU("self")
+				cli0, err2 := procCPU(os.Getpid())
 				var s *Summary
 				var err error
 				if p.peer != nil {
@@ -418,7 +418,7 @@ func runMatrixCommand(ctx context.Context, args []string, stdout, stderr io.Writ
 					continue
 				}
 				srv1, err3 := procCPU(pid)
-				cli1, err4 := procCPU("self")
+				cli1, err4 := procCPU(os.Getpid())
 				if m0 != nil {
 					if m1 := p.storeMetrics(ctx); m1 != nil {
 						s.Flush = flushStats(m0, m1, s.Messages, time.Since(t0))

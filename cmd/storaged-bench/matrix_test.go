@@ -144,24 +144,6 @@ func TestShortNumberAndNiceStep(t *testing.T) {
 	}
 }
 
-func TestProcCPU(t *testing.T) {
-	// Burn a little CPU so that the counter has ticked at least once.
-	x := 0
-	for i := range 50_000_000 {
-		x += i
-	}
-	if x == 0 {
-		t.Fatal("unreachable")
-	}
-	d, err := procCPU("self")
-	if err != nil || d <= 0 {
-		t.Errorf("procCPU(self) = %v, %v", d, err)
-	}
-	if _, err := procCPU("0"); err == nil {
-		t.Error("procCPU of pid 0 succeeded")
-	}
-}
-
 // TestMatrixAgainstStoraged builds storaged and runs a small matrix
 // against it in both flush modes: the subprocess start (listening line,
 // health), the loads and the flusher figures.

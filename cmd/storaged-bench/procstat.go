@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"math"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -14,48 +15,33 @@ import (
 	"github.com/prometheus/procfs"
 )
 
-// clockTick is the unit of utime and stime in /proc/PID/stat (USER_HZ,
-// 100 on Linux).
-const clockTick = 10 * time.Millisecond
-
-// procCPU returns the CPU time (user + system) process pid has used, from
-// /proc/PID/stat; "self" is this process.
-func procCPU(pid string) (time.Duration, error) {
-	b, err := os.ReadFile("/proc/" + pid + "/stat")
+// procCPU returns the CPU time (user + system) process pid has used: utime
+// + stime of /proc/PID/stat, read by prometheus/procfs (in clock ticks of
+// 10 ms: USER_HZ, 100 on Linux).
+func procCPU(pid int) (time.Duration, error) {
+	p, err := procfs.NewProc(pid)
 	if err != nil {
 		return 0, err
 	}
-	// The command name is in parentheses and may hold spaces: fields are
-	// counted after the last ')'. utime and stime are fields 14 and 15.
-	s := string(b)
-	i := strings.LastIndexByte(s, ')')
-	if i < 0 {
-		return 0, fmt.Errorf("/proc/%s/stat: no command name", pid)
+	st, err := p.Stat()
+	if err != nil {
+		return 0, fmt.Errorf("/proc/%d/stat: %w", pid, err)
 	}
-	f := strings.Fields(s[i+1:])
-	if len(f) < 13 {
-		return 0, fmt.Errorf("/proc/%s/stat: %d fields", pid, len(f))
-	}
-	utime, err1 := strconv.ParseInt(f[11], 10, 64)
-	stime, err2 := strconv.ParseInt(f[12], 10, 64)
-	if err1 != nil || err2 != nil {
-		return 0, fmt.Errorf("/proc/%s/stat: utime %q stime %q", pid, f[11], f[12])
-	}
-	return time.Duration(utime+stime) * clockTick, nil
+	return time.Duration(math.Round(st.CPUTime() * float64(time.Second))), nil
 }
 
-// loadAverage returns the 1-minute load average of the host.
+// loadAverage returns the 1-minute load average of the host, 0 if
+// /proc/loadavg cannot be read.
 func loadAverage() float64 {
-	b, err := os.ReadFile("/proc/loadavg")
+	pfs, err := procfs.NewDefaultFS()
 	if err != nil {
 		return 0
 	}
-	f := strings.Fields(string(b))
-	if len(f) == 0 {
+	l, err := pfs.LoadAvg()
+	if err != nil {
 		return 0
 	}
-	v, _ := strconv.ParseFloat(f[0], 64)
-	return v
+	return l.Load1
 }
 
 // procSample is what /proc tells of a server process at one moment: the
@@ -102,6 +88,8 @@ func sampleProc(pid int) (procSample, error) {
 
 // mappedRSS sums, from /proc/PID/smaps, the Rss of the mappings of files
 // that have one of dirs as a path element, by that element.
+// prometheus/procfs (v0.22.0) reads only smaps_rollup, the sum over all
+// mappings, so the per-mapping lines are split here.
 func mappedRSS(pid int, dirs ...string) (map[string]uint64, error) {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/smaps", pid))
 	if err != nil {
