@@ -5,15 +5,23 @@ import (
 	"fmt"
 	"image"
 	"image/color"
-	"image/png"
 	"io"
 	"math"
 	"os"
 	"slices"
 	"strings"
+
+	"gonum.org/v1/plot"
+	"gonum.org/v1/plot/font"
+	"gonum.org/v1/plot/plotter"
+	"gonum.org/v1/plot/text"
+	"gonum.org/v1/plot/vg"
+	"gonum.org/v1/plot/vg/draw"
+	"gonum.org/v1/plot/vg/vgimg"
 )
 
-// Chart colours by target; unknown targets get grey.
+// Chart colours by series name; series without one take the next of
+// otherColors, in their order on the chart.
 var seriesColors = map[string]color.RGBA{
 	"floor": {40, 40, 40, 255},
 	"bare":  {150, 150, 150, 255},
@@ -22,13 +30,38 @@ var seriesColors = map[string]color.RGBA{
 	"sync":  {214, 80, 40, 255},
 }
 
-// series is one target's line: x is the concurrency, y the median msgs/s
-// and lo..hi its min..max over the runs.
+// otherColors are the rest of matplotlib's tab10 palette, then greys.
+var otherColors = []color.RGBA{
+	{148, 103, 189, 255}, // purple
+	{140, 86, 75, 255},   // brown
+	{227, 119, 194, 255}, // pink
+	{188, 189, 34, 255},  // olive
+	{23, 190, 207, 255},  // cyan
+	{255, 127, 14, 255},  // orange
+	{90, 90, 90, 255},
+	{190, 190, 190, 255},
+}
+
+// series is one line of a chart: its legend name and its points in x
+// order. color nil means seriesColors[name], else the next of
+// otherColors. Any source of points can make one (the matrix's targets,
+// chartSeries; a peer system measured by another tool).
 type series struct {
-	name      string
-	x         []float64
-	y, lo, hi []float64
-	colour    color.RGBA
+	name   string
+	points []point
+	color  color.Color
+}
+
+// point is one x of a series: the median y over the runs and its range
+// lo..hi (min..max), drawn as a bar.
+type point struct{ x, y, lo, hi float64 }
+
+// chartText is what a chart says besides its series.
+type chartText struct {
+	title    string
+	subtitle []string // smaller lines under the title
+	xlabel   string
+	ylabel   string
 }
 
 // runChartCommand is the chart subcommand: it draws median throughput
@@ -59,16 +92,20 @@ func runChartCommand(args []string, stderr io.Writer) error {
 			methodStream: "storaged PutMessageStream: throughput vs messages in flight",
 		}[*method]
 	}
-	sub := []string{
-		fmt.Sprintf("%d B bodies, loopback, median of %d runs of %.0fs, bars min-max", res.BodySize, res.Runs, res.DurationSeconds),
-		fmt.Sprintf("%d CPU %s, %s", res.Machine.NProc, res.Machine.CPU, res.Date[:min(10, len(res.Date))]),
+	txt := chartText{
+		title: *title,
+		subtitle: []string{
+			fmt.Sprintf("%d B bodies, loopback, median of %d runs of %.0fs, bars min-max", res.BodySize, res.Runs, res.DurationSeconds),
+			fmt.Sprintf("%d CPU %s, %s", res.Machine.NProc, res.Machine.CPU, res.Date[:min(10, len(res.Date))]),
+		},
+		xlabel: xlabel,
+		ylabel: "msgs/s",
 	}
-	img := drawChart(ss, *title, sub, xlabel, "msgs/s")
 	f, err := os.Create(*out)
 	if err != nil {
 		return err
 	}
-	if err := png.Encode(f, img); err != nil {
+	if err := drawChart(f, txt, ss); err != nil {
 		f.Close()
 		return err
 	}
@@ -101,122 +138,167 @@ func chartSeries(res *MatrixResult, method string) ([]series, string) {
 	})
 	var out []series
 	for _, t := range res.Targets {
-		s := series{name: t, colour: color.RGBA{120, 120, 120, 255}}
-		if c, ok := seriesColors[t]; ok {
-			s.colour = c
-		}
+		s := series{name: t}
 		for _, c := range cases {
 			tr := c.Targets[t]
-			if tr == nil || len(tr.Runs) == 0 {
-				continue
+			if tr == nil || (len(tr.Runs) == 0 && tr.MsgsPerSec == Stat{}) {
+				continue // the target did not run this case
 			}
-			s.x = append(s.x, xOf(c))
-			s.y = append(s.y, tr.MsgsPerSec.Median)
-			s.lo = append(s.lo, tr.MsgsPerSec.Min)
-			s.hi = append(s.hi, tr.MsgsPerSec.Max)
+			s.points = append(s.points, point{x: xOf(c), y: tr.MsgsPerSec.Median, lo: tr.MsgsPerSec.Min, hi: tr.MsgsPerSec.Max})
 		}
-		if len(s.x) > 0 {
+		if len(s.points) > 0 {
 			out = append(out, s)
 		}
 	}
 	return out, xlabel
 }
 
-// Chart geometry, in pixels.
+// Chart size in pixels (at vgimg's 96 dpi), and the strip on the right
+// that holds the legend.
 const (
 	chartW, chartH = 1000, 620
-	marginL        = 110
-	marginR        = 160
-	marginT        = 130
-	marginB        = 80
-	textScale      = 2
+	legendW        = 130 // points
 )
 
-var (
-	white     = color.RGBA{255, 255, 255, 255}
-	ink       = color.RGBA{30, 30, 30, 255}
-	gridColor = color.RGBA{225, 225, 225, 255}
-)
-
-// drawChart renders the series on a log2 x axis and a linear y axis from 0.
-func drawChart(ss []series, title string, subtitle []string, xlabel, ylabel string) *image.RGBA {
-	img := image.NewRGBA(image.Rect(0, 0, chartW, chartH))
-	fillRect(img, 0, 0, chartW, chartH, white)
-	x0, x1 := marginL, chartW-marginR
-	y0, y1 := chartH-marginB, marginT // y0 is the bottom
-
+// drawChart writes a PNG of ss (gonum.org/v1/plot): one line with markers
+// and min..max bars per series, on a log x axis with a tick at every x of
+// the data and a linear y axis from 0; the legend on the right. Series
+// need not share their xs.
+func drawChart(w io.Writer, txt chartText, ss []series) error {
 	var xs []float64
 	ymax := 0.0
 	for _, s := range ss {
-		for i := range s.x {
-			if !slices.Contains(xs, s.x[i]) {
-				xs = append(xs, s.x[i])
+		for _, p := range s.points {
+			if p.x <= 0 || math.IsInf(p.x, 0) || math.IsNaN(p.x) {
+				return fmt.Errorf("chart: series %s: x %v on a log axis", s.name, p.x)
 			}
-			ymax = max(ymax, s.hi[i], s.y[i])
+			if !slices.Contains(xs, p.x) {
+				xs = append(xs, p.x)
+			}
+			ymax = max(ymax, p.hi, p.y)
 		}
+	}
+	if len(xs) == 0 {
+		return fmt.Errorf("chart: no points")
 	}
 	slices.Sort(xs)
-	lx0, lx1 := math.Log2(xs[0]), math.Log2(xs[len(xs)-1])
-	if lx1 == lx0 {
-		lx0, lx1 = lx0-1, lx1+1
-	}
-	px := func(x float64) int {
-		pad := 0.04 * float64(x1-x0)
-		return x0 + int(pad+(math.Log2(x)-lx0)/(lx1-lx0)*(float64(x1-x0)-2*pad))
-	}
-	step := niceStep(ymax / 5)
-	top := math.Ceil(ymax*1.05/step) * step
-	if top == 0 {
-		top, step = 1, 1
-	}
-	py := func(y float64) int { return y0 - int(y/top*float64(y0-y1)) }
 
-	// Grid, ticks and labels.
-	for v := 0.0; v <= top+step/2; v += step {
-		y := py(v)
-		hline(img, x0, x1, y, gridColor)
-		l := shortNumber(v)
-		drawText(img, x0-12-textWidth(l, textScale), y-textHeight(textScale)/2, l, textScale, ink)
-	}
+	p := plot.New()
+	p.X.Label.Text, p.Y.Label.Text = txt.xlabel, txt.ylabel
+	p.X.Scale = plot.LogScale{}
+	p.X.Min, p.X.Max = xs[0]/1.3, xs[len(xs)-1]*1.3
+	var xticks plot.ConstantTicks
 	for _, x := range xs {
-		p := px(x)
-		vline(img, p, y0, y0+6, ink)
-		l := shortNumber(x)
-		drawText(img, p-textWidth(l, textScale)/2, y0+12, l, textScale, ink)
+		xticks = append(xticks, plot.Tick{Value: x, Label: shortNumber(x)})
 	}
-	hline(img, x0, x1, y0, ink)
-	vline(img, x0, y1, y0, ink)
-	drawText(img, (x0+x1-textWidth(xlabel, textScale))/2, y0+40, xlabel, textScale, ink)
-	drawText(img, x0-textWidth(ylabel, textScale)/2, y1-28, ylabel, textScale, ink)
-	drawText(img, (chartW-textWidth(title, 3))/2, 14, title, 3, ink)
-	for i, l := range subtitle {
-		drawText(img, (chartW-textWidth(l, textScale))/2, 48+i*22, l, textScale, ink)
+	p.X.Tick.Marker = xticks
+	yt, top := newYTicks(ymax)
+	p.Y.Min, p.Y.Max, p.Y.Tick.Marker = 0, top, yt
+	for _, a := range []*plot.Axis{&p.X, &p.Y} {
+		a.Label.TextStyle.Font = chartFont(13)
+		a.Tick.Label.Font = chartFont(12)
+		a.Padding = 0
+	}
+	grid := plotter.NewGrid()
+	grid.Vertical.Width = 0
+	grid.Horizontal.Color = color.Gray{Y: 215}
+	p.Add(grid)
+
+	legend := plot.NewLegend()
+	legend.Top, legend.Left = true, true
+	legend.TextStyle.Font = chartFont(13)
+	legend.ThumbnailWidth = vg.Points(22)
+	legend.Padding = vg.Points(6)
+	next := 0
+	for _, s := range ss {
+		c := s.color
+		if c == nil {
+			if known, ok := seriesColors[s.name]; ok {
+				c = known
+			} else {
+				c = otherColors[next%len(otherColors)]
+				next++
+			}
+		}
+		pts := chartPoints(s.points)
+		bars, err := plotter.NewYErrorBars(pts)
+		if err != nil {
+			return fmt.Errorf("chart: series %s: %w", s.name, err)
+		}
+		bars.Color, bars.Width, bars.CapWidth = c, vg.Points(1), vg.Points(7)
+		line, marks, err := plotter.NewLinePoints(pts)
+		if err != nil {
+			return fmt.Errorf("chart: series %s: %w", s.name, err)
+		}
+		line.Color, line.Width = c, vg.Points(2.5)
+		marks.Shape, marks.Color, marks.Radius = draw.BoxGlyph{}, c, vg.Points(3.5)
+		p.Add(bars, line, marks)
+		legend.Add(s.name, line, marks)
 	}
 
-	// Series: min-max bars, lines, markers.
-	for _, s := range ss {
-		for i := range s.x {
-			p := px(s.x[i])
-			vline(img, p, py(s.hi[i]), py(s.lo[i]), s.colour)
-			hline(img, p-4, p+4, py(s.hi[i]), s.colour)
-			hline(img, p-4, p+4, py(s.lo[i]), s.colour)
-		}
-		for i := 1; i < len(s.x); i++ {
-			thickLine(img, px(s.x[i-1]), py(s.y[i-1]), px(s.x[i]), py(s.y[i]), s.colour)
-		}
-		for i := range s.x {
-			fillRect(img, px(s.x[i])-4, py(s.y[i])-4, 9, 9, s.colour)
-		}
-	}
+	img := vgimg.NewWith(vgimg.UseImage(image.NewRGBA(image.Rect(0, 0, chartW, chartH))))
+	dc := draw.New(img)
+	dc = draw.Crop(dc, 12, -12, 10, -12)
+	head := drawHeading(&dc, txt)
+	p.Draw(draw.Crop(dc, 0, -legendW, 0, -head))
+	legend.Draw(draw.Crop(dc, dc.Size().X-legendW+16, 0, 0, -head-12))
+	_, err := vgimg.PngCanvas{Canvas: img}.WriteTo(w)
+	return err
+}
 
-	// Legend.
-	lx, ly := x1+24, y1+10
-	for _, s := range ss {
-		fillRect(img, lx, ly+2, 22, 10, s.colour)
-		drawText(img, lx+32, ly, s.name, textScale, ink)
-		ly += 30
+// drawHeading writes the title and the subtitle lines centred at the top of
+// c and returns the height they take.
+func drawHeading(c *draw.Canvas, txt chartText) vg.Length {
+	style := func(size vg.Length) text.Style {
+		return text.Style{Color: color.Black, Font: chartFont(size), XAlign: draw.XCenter, YAlign: draw.YTop, Handler: plot.DefaultTextHandler}
 	}
-	return img
+	y := c.Max.Y
+	line := func(s text.Style, str string) {
+		c.FillText(s, vg.Point{X: c.Center().X, Y: y}, str)
+		y -= s.Rectangle(str).Size().Y + 4
+	}
+	line(style(18), txt.title)
+	for _, l := range txt.subtitle {
+		line(style(12), l)
+	}
+	return c.Max.Y - y + 8
+}
+
+// chartFont is Liberation Sans (embedded in gonum/plot) at size points.
+func chartFont(size vg.Length) font.Font {
+	return font.From(font.Font{Typeface: "Liberation", Variant: "Sans"}, size)
+}
+
+// chartPoints adapts points to plotter.XYer and plotter.YErrorer (bars
+// from lo to hi around y).
+type chartPoints []point
+
+func (c chartPoints) Len() int                    { return len(c) }
+func (c chartPoints) XY(i int) (float64, float64) { return c[i].x, c[i].y }
+func (c chartPoints) YError(i int) (float64, float64) {
+	return c[i].y - c[i].lo, c[i].hi - c[i].y
+}
+
+// yTicks labels the y axis from 0 in steps of 1, 2 or 5 times a power of
+// ten, about five of them; the axis ends on the first step above the data.
+type yTicks struct{ step float64 }
+
+// newYTicks returns the ticks for data up to ymax and the top of the axis.
+func newYTicks(ymax float64) (yTicks, float64) {
+	step := niceStep(ymax * 1.05 / 5)
+	top := math.Ceil(ymax*1.05/step) * step
+	if top <= 0 {
+		return yTicks{step: 1}, 1
+	}
+	return yTicks{step: step}, top
+}
+
+func (t yTicks) Ticks(lo, hi float64) []plot.Tick {
+	var ts []plot.Tick
+	for i := math.Ceil(lo / t.step); i*t.step <= hi+t.step/1e6; i++ {
+		ts = append(ts, plot.Tick{Value: i * t.step, Label: shortNumber(i * t.step)})
+	}
+	return ts
 }
 
 // niceStep rounds v up to 1, 2 or 5 times a power of ten.
@@ -246,56 +328,4 @@ func shortNumber(v float64) string {
 		return f(v/1e3, "K")
 	}
 	return f(v, "")
-}
-
-func fillRect(img *image.RGBA, x, y, w, h int, c color.Color) {
-	r := image.Rect(x, y, x+w, y+h).Intersect(img.Bounds())
-	for yy := r.Min.Y; yy < r.Max.Y; yy++ {
-		for xx := r.Min.X; xx < r.Max.X; xx++ {
-			img.Set(xx, yy, c)
-		}
-	}
-}
-
-func hline(img *image.RGBA, xa, xb, y int, c color.Color) {
-	fillRect(img, min(xa, xb), y, abs(xb-xa)+1, 1, c)
-}
-
-func vline(img *image.RGBA, x, ya, yb int, c color.Color) {
-	fillRect(img, x, min(ya, yb), 1, abs(yb-ya)+1, c)
-}
-
-// thickLine draws a 3-pixel line from (xa, ya) to (xb, yb) (Bresenham).
-func thickLine(img *image.RGBA, xa, ya, xb, yb int, c color.Color) {
-	dx, dy := abs(xb-xa), -abs(yb-ya)
-	sx, sy := 1, 1
-	if xa > xb {
-		sx = -1
-	}
-	if ya > yb {
-		sy = -1
-	}
-	e := dx + dy
-	for {
-		fillRect(img, xa-1, ya-1, 3, 3, c)
-		if xa == xb && ya == yb {
-			return
-		}
-		e2 := 2 * e
-		if e2 >= dy {
-			e += dy
-			xa += sx
-		}
-		if e2 <= dx {
-			e += dx
-			ya += sy
-		}
-	}
-}
-
-func abs(v int) int {
-	if v < 0 {
-		return -v
-	}
-	return v
 }

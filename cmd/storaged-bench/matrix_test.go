@@ -112,7 +112,7 @@ func TestMatrixAndChart(t *testing.T) {
 		t.Errorf("chart is %v", b)
 	}
 	ss, _ := chartSeries(res, methodUnary)
-	if len(ss) != 2 || len(ss[0].x) != 2 || ss[0].x[0] != 1 || ss[0].x[1] != 4 {
+	if len(ss) != 2 || len(ss[0].points) != 2 || ss[0].points[0].x != 1 || ss[0].points[1].x != 4 {
 		t.Errorf("unary series %+v", ss)
 	}
 }
@@ -131,15 +131,10 @@ func TestScrapeGauge(t *testing.T) {
 	}
 }
 
-func TestShortNumberAndNiceStep(t *testing.T) {
+func TestShortNumber(t *testing.T) {
 	for v, want := range map[float64]string{0: "0", 950: "950", 1500: "1.5K", 20000: "20K", 1.25e6: "1.2M"} {
 		if got := shortNumber(v); got != want {
 			t.Errorf("shortNumber(%v) = %q, want %q", v, got, want)
-		}
-	}
-	for v, want := range map[float64]float64{0.7: 1, 3: 5, 1200: 2000, 50000: 50000} {
-		if got := niceStep(v); got != want {
-			t.Errorf("niceStep(%v) = %v, want %v", v, got, want)
 		}
 	}
 }
