@@ -1,14 +1,28 @@
 package server
 
 import (
-	"fmt"
 	"math/bits"
 	"sync"
 
+	"google.golang.org/grpc/encoding"
+	grpcproto "google.golang.org/grpc/encoding/proto"
 	"google.golang.org/grpc/mem"
 	"google.golang.org/protobuf/proto"
-	"google.golang.org/protobuf/protoadapt"
 )
+
+// NewBufferPool returns storaged's buffer pool (see bufferPool) for main
+// to install as gRPC's default before it starts any gRPC server or client:
+//
+//	experimental.SetDefaultBufferPool(server.NewBufferPool())
+//
+// The setting is process-wide (the transports of every server and client
+// without a pool of their own, and grpc-go's proto codec, which takes no
+// other) and not safe to change once gRPC runs, so a library package never
+// makes it. Without it the server works the same, with grpc-go's default
+// pool, which clears every buffer it hands out: interleaved A/B of
+// 2026-12-01 in BENCHMARKS.md ("Buffer pool through
+// SetDefaultBufferPool").
+func NewBufferPool() mem.BufferPool { return new(bufferPool) }
 
 // Tiers of bufferPool: every power of two from 256 B to 8 MiB, so that a
 // request up to the largest valid one (MaxMessageSize + RequestOverhead,
@@ -21,9 +35,10 @@ const (
 )
 
 // bufferPool is the mem.BufferPool of storaged's gRPC server (HTTP/2
-// frames, write buffers) and of its proto codec (a request spread over
-// several frames is copied into one buffer before it is decoded). It
-// differs from grpc-go's default pool (google.golang.org/grpc@v1.85.0
+// frames, write buffers) and of grpc-go's proto codec (a request spread
+// over several frames is copied into one buffer before it is decoded),
+// once main has made it gRPC's default (NewBufferPool). It differs from
+// grpc-go's default pool (google.golang.org/grpc@v1.85.0
 // mem/buffer_pool.go:42, tiers 256 B, 4 KiB, 16 KiB, 32 KiB and 1 MiB) in
 // two ways:
 //
@@ -37,7 +52,8 @@ const (
 //     http_util.go:533-586, readDataFrame, io.ReadFull), the write buffer
 //     tracks what it copied in (http_util.go:328-352, bufWriter.Write),
 //     MaterializeToBuffer copies the whole message in (mem/buffer_slice.go:
-//     114-115), the codec marshals the whole message in (Marshal below),
+//     114-115), the proto codec marshals the whole message in
+//     (encoding/proto/proto.go:68-74, MarshalAppend of proto.Size bytes),
 //     and grpc-go's own ALTS record layer uses the same kind of uncleared
 //     pool (credentials/alts/internal/conn/record.go:83-90,
 //     NewDirtyBinaryTieredBufferPool). proto.Unmarshal copies bytes and
@@ -79,81 +95,55 @@ func (p *bufferPool) Put(b *[]byte) {
 	p.tiers[bits.Len(uint(c))-1-minBufferTierExp].Put(b)
 }
 
-// protoCodec is grpc-go's proto codec (google.golang.org/grpc@v1.85.0
-// encoding/proto/proto.go, codecV2) with its buffers from pool instead of
-// mem.DefaultBufferPool(), which the proto codec uses whatever pool the
-// server was given (proto.go:74 and :91; experimental.BufferPool changes
-// the transport's pool only). The server gets it through
-// grpc.ForceServerCodecV2.
-type protoCodec struct {
-	pool mem.BufferPool
+// codec is the gRPC codec of NewGRPCServer: grpc-go's own proto codec
+// (google.golang.org/grpc/encoding/proto) for every message but read
+// answers, which marshalRead encodes with their bodies by reference; the
+// reservation of a read answer (see inflight) is released once it is
+// written. The server gets it through grpc.ForceServerCodecV2.
+//
+// grpc-go's codec takes its buffers from mem.DefaultBufferPool(), which no
+// server option changes (encoding/proto/proto.go:69 and :87); main makes
+// that storaged's pool with experimental.SetDefaultBufferPool (see
+// NewBufferPool), which changes the transport's pool too.
+type codec struct {
+	proto encoding.CodecV2
 	// inflight, when set, holds the reservations of read answers: Marshal
 	// releases each once its answer is written (see inflight).
 	inflight *inflight
 }
 
+// newCodec returns the codec releasing the read reservations of reads
+// (nil: none).
+func newCodec(reads *inflight) codec {
+	return codec{proto: encoding.GetCodecV2(grpcproto.Name), inflight: reads}
+}
+
 // Name is the name of grpc-go's proto codec: the codec serves the same
 // content-subtype.
-func (protoCodec) Name() string { return "proto" }
+func (c codec) Name() string { return c.proto.Name() }
 
-// Marshal encodes v into a pooled buffer (small messages into their own
-// slice), as grpc-go's codec does.
-func (c protoCodec) Marshal(v any) (mem.BufferSlice, error) {
-	m := protoMessage(v)
-	if m == nil {
-		return nil, fmt.Errorf("server: codec: cannot marshal %T, want proto.Message", v)
+// Marshal encodes a read answer by marshalRead, anything else by grpc-go's
+// proto codec.
+func (c codec) Marshal(v any) (mem.BufferSlice, error) {
+	out, ok, err := marshalRead(v) // read answers: bodies by reference
+	if !ok {
+		return c.proto.Marshal(v)
 	}
-	if out, ok, err := marshalRead(m); ok { // read answers: bodies by reference
-		var r *reservation
-		if c.inflight != nil {
-			r = c.inflight.take(m)
-		}
-		switch {
-		case r == nil:
-		case err != nil:
-			r.release()
-		default:
-			out = withRelease(out, r)
-		}
-		return out, err
+	var r *reservation
+	if c.inflight != nil {
+		r = c.inflight.take(v.(proto.Message)) // ok: one of the read answers
 	}
-	size := proto.Size(m)
-	// UseCachedSize reuses what proto.Size just computed; m is not
-	// mutated in between.
-	opts := proto.MarshalOptions{UseCachedSize: true}
-	if mem.IsBelowBufferPoolingThreshold(size) {
-		b, err := opts.Marshal(m)
-		if err != nil {
-			return nil, err
-		}
-		return mem.BufferSlice{mem.SliceBuffer(b)}, nil
+	switch {
+	case r == nil:
+	case err != nil:
+		r.release()
+	default:
+		out = withRelease(out, r)
 	}
-	buf := c.pool.Get(size)
-	if _, err := opts.MarshalAppend((*buf)[:0], m); err != nil {
-		c.pool.Put(buf)
-		return nil, err
-	}
-	return mem.BufferSlice{mem.NewBuffer(buf, c.pool)}, nil
+	return out, err
 }
 
-// Unmarshal decodes data into v. A message in several buffers (one per
-// HTTP/2 frame) is first copied into one pooled buffer.
-func (c protoCodec) Unmarshal(data mem.BufferSlice, v any) error {
-	m := protoMessage(v)
-	if m == nil {
-		return fmt.Errorf("server: codec: cannot unmarshal into %T, want proto.Message", v)
-	}
-	buf := data.MaterializeToBuffer(c.pool)
-	defer buf.Free()
-	return proto.Unmarshal(buf.ReadOnlyData(), m)
-}
-
-func protoMessage(v any) proto.Message {
-	switch v := v.(type) {
-	case protoadapt.MessageV1:
-		return protoadapt.MessageV2Of(v)
-	case protoadapt.MessageV2:
-		return v
-	}
-	return nil
+// Unmarshal is grpc-go's proto codec's.
+func (c codec) Unmarshal(data mem.BufferSlice, v any) error {
+	return c.proto.Unmarshal(data, v)
 }

@@ -48,7 +48,7 @@ func TestBufferPoolTiers(t *testing.T) {
 
 // dirty fills buffers of every tier up to 256 KiB with 0xAA and returns
 // them to p, so that later Gets may hand out stale bytes.
-func dirty(p *bufferPool) {
+func dirty(p mem.BufferPool) {
 	for exp := minBufferTierExp; exp <= 18; exp++ {
 		b := p.Get(1 << exp)
 		for i := range *b {
@@ -68,11 +68,30 @@ func randomBatch(r *rand.ChaCha8, n, size int) *storagedv1.PutMessagesRequest {
 	return req
 }
 
+// TestBufferPoolInstalled: the tests run with the pool storaged's main
+// installs (TestMain), and grpc-go's proto codec, which the server's codec
+// uses, takes its buffers from it: a ~110 KB batch is marshalled into a
+// 128 KiB buffer (grpc-go's own default pool would hand out 1 MiB).
+func TestBufferPoolInstalled(t *testing.T) {
+	if _, ok := mem.DefaultBufferPool().(*bufferPool); !ok {
+		t.Fatalf("gRPC's default pool is %T, want *bufferPool (TestMain installs it)", mem.DefaultBufferPool())
+	}
+	req := randomBatch(rand.NewChaCha8([32]byte{2}), 100, 1024)
+	enc, err := newCodec(nil).Marshal(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer enc.Free()
+	if len(enc) != 1 || cap(enc[0].ReadOnlyData()) != 128<<10 || enc[0].Len() != proto.Size(req) {
+		t.Errorf("marshalled %d bytes into %d buffers, the first of capacity %d; want one of 128 KiB", enc.Len(), len(enc), cap(enc[0].ReadOnlyData()))
+	}
+}
+
 // TestProtoCodecRoundTrip: messages decoded from uncleared pooled buffers,
 // in one piece or in 16 KiB frames, equal what was encoded.
 func TestProtoCodecRoundTrip(t *testing.T) {
-	p := new(bufferPool)
-	c := protoCodec{pool: p}
+	p := mem.DefaultBufferPool() // storaged's (TestBufferPoolInstalled)
+	c := newCodec(nil)
 	r := rand.NewChaCha8([32]byte{1})
 	for _, want := range []proto.Message{
 		&storagedv1.PutMessageRequest{Message: &storagedv1.Message{Topic: "t", Body: []byte("small")}},

@@ -20,7 +20,6 @@ import (
 	"golang.org/x/net/netutil"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
-	"google.golang.org/grpc/experimental"
 	"google.golang.org/grpc/health"
 	healthgrpc "google.golang.org/grpc/health/grpc_health_v1"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
@@ -164,7 +163,8 @@ func NewGRPCServer(svc *Service, cfg GRPCConfig) (*GRPCServer, error) {
 
 // GRPCServerOptions returns the options NewGRPCServer builds its
 // grpc.Server with: the receive limit (MaxRecvMsgSize),
-// the buffer pool and proto codec (see bufferPool), MaxConcurrentStreams,
+// the codec (see codec; the buffer pool is the process's, see
+// NewBufferPool), MaxConcurrentStreams,
 // the keepalive policy and parameters, the interceptor chain (Prometheus
 // metrics, registered with cfg.Registerer when set; call logging to
 // cfg.Logger; panic recovery), TLS when cfg.TLS is set and the
@@ -175,7 +175,8 @@ func NewGRPCServer(svc *Service, cfg GRPCConfig) (*GRPCServer, error) {
 // It exists so that a server standing in for storaged's gRPC layer, such
 // as the no-op floor of storaged-bench, pays exactly what storaged pays:
 // built from this function, it cannot drift from NewGRPCServer the way a
-// copy of the option list would.
+// copy of the option list would. (Its main installs NewBufferPool as
+// storaged's does.)
 func GRPCServerOptions(cfg GRPCConfig) ([]grpc.ServerOption, error) {
 	opts, _, err := serverOptions(cfg, nil)
 	return opts, err
@@ -209,15 +210,13 @@ func serverOptions(cfg GRPCConfig, reads *inflight) ([]grpc.ServerOption, *grpcp
 			return nil, nil, fmt.Errorf("server: register grpc metrics: %w", err)
 		}
 	}
-	pool := new(bufferPool)
 	unary, stream := interceptorChains(cfg, srvMetrics)
 	opts := []grpc.ServerOption{
 		grpc.MaxRecvMsgSize(MaxRecvMsgSize(cfg.MaxMessageSize)),
-		// Buffers sized for our requests and not cleared (bufferPool), for
-		// the transport and for the proto codec, which does not use the
-		// transport's pool.
-		experimental.BufferPool(pool),
-		grpc.ForceServerCodecV2(protoCodec{pool: pool, inflight: reads}),
+		// grpc-go's proto codec, read answers by reference (codec). The
+		// buffers of the transport and of the codec come from gRPC's
+		// default pool, which main sets to NewBufferPool.
+		grpc.ForceServerCodecV2(newCodec(reads)),
 		grpc.MaxConcurrentStreams(cfg.MaxConcurrentStreams),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: KeepaliveMinTime, PermitWithoutStream: true}),
 		grpc.KeepaliveParams(keepalive.ServerParameters{

@@ -40,7 +40,7 @@ func (e *busyError) Unwrap() error { return ErrReadBusy }
 // max_bytes, GetMessage the largest record), shrinks the reservation to
 // what it read, and the reservation is released once the answer's last
 // byte has been handed to the connection: by the codec (see
-// protoCodec.Marshal) when the service runs behind NewGRPCServer, else
+// codec.Marshal) when the service runs behind NewGRPCServer, else
 // when the handler returns.
 type inflight struct {
 	limit int64

@@ -46,7 +46,7 @@ func TestMarshalReadRoundTrip(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			want := proto.Clone(tc.msg)
-			out, err := protoCodec{pool: new(bufferPool)}.Marshal(tc.msg)
+			out, err := newCodec(nil).Marshal(tc.msg)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -34,14 +34,25 @@ import (
 	"os/signal"
 	"runtime/debug"
 	"syscall"
+
+	"google.golang.org/grpc/experimental"
+
+	"github.com/storaged/storaged/server"
 )
 
 func main() {
+	installBufferPool()
 	ctx, stop := signalContext()
 	err := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
 	stop()
 	os.Exit(mainExit(err))
 }
+
+// installBufferPool makes storaged's buffer pool gRPC's default, as
+// storaged's main does (server.NewBufferPool), so that the floors pay what
+// storaged pays; the load generator's client runs with it too. It is
+// process-wide: main calls it before anything runs.
+func installBufferPool() { experimental.SetDefaultBufferPool(server.NewBufferPool()) }
 
 // signalContext is cancelled by SIGTERM or SIGINT: a load run stops and
 // prints what it measured, a floor stops serving.

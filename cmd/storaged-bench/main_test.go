@@ -13,6 +13,7 @@ import (
 const asMainEnv = "STORAGED_BENCH_TEST_AS_MAIN"
 
 func TestMain(m *testing.M) {
+	installBufferPool() // as main
 	if os.Getenv(asMainEnv) == "1" {
 		os.Exit(mainExit(run(contextForMain(), os.Args[1:], os.Stdout, os.Stderr)))
 	}

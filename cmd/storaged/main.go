@@ -49,6 +49,7 @@ import (
 	"github.com/rs/zerolog"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/trace"
+	"google.golang.org/grpc/experimental"
 
 	"github.com/storaged/storaged/internal/logthrottle"
 	"github.com/storaged/storaged/internal/tracing"
@@ -64,6 +65,9 @@ var version = "dev"
 const watchInterval = time.Second
 
 func main() {
+	// storaged's buffer pool for gRPC's transports and its proto codec
+	// (server.NewBufferPool). Process-wide, so here, before anything runs.
+	experimental.SetDefaultBufferPool(server.NewBufferPool())
 	if len(os.Args) > 1 {
 		switch os.Args[1] {
 		case "check":
