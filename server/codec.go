@@ -53,7 +53,7 @@ const (
 //     tracks what it copied in (http_util.go:328-352, bufWriter.Write),
 //     MaterializeToBuffer copies the whole message in (mem/buffer_slice.go:
 //     114-115), the proto codec marshals the whole message in
-//     (encoding/proto/proto.go:68-74, MarshalAppend of proto.Size bytes),
+//     (encoding/proto/proto.go:73-75, MarshalAppend of proto.Size bytes),
 //     and grpc-go's own ALTS record layer uses the same kind of uncleared
 //     pool (credentials/alts/internal/conn/record.go:83-90,
 //     NewDirtyBinaryTieredBufferPool). proto.Unmarshal copies bytes and
@@ -102,7 +102,7 @@ func (p *bufferPool) Put(b *[]byte) {
 // written. The server gets it through grpc.ForceServerCodecV2.
 //
 // grpc-go's codec takes its buffers from mem.DefaultBufferPool(), which no
-// server option changes (encoding/proto/proto.go:69 and :87); main makes
+// server option changes (encoding/proto/proto.go:73 and :91); main makes
 // that storaged's pool with experimental.SetDefaultBufferPool (see
 // NewBufferPool), which changes the transport's pool too.
 type codec struct {
