@@ -20,20 +20,25 @@ import (
 	"gonum.org/v1/plot/vg/vgimg"
 )
 
-// Chart colours by series name; series without one take the next of
+// Chart colours by series name (the matrix's targets: storaged, the
+// no-op floors, a base build, the peers); other series take the next of
 // otherColors, in their order on the chart.
 var seriesColors = map[string]color.RGBA{
-	"floor": {40, 40, 40, 255},
-	"bare":  {150, 150, 150, 255},
-	"edge":  {46, 160, 67, 255},
-	"async": {31, 119, 180, 255},
-	"sync":  {214, 80, 40, 255},
+	"floor":          {40, 40, 40, 255},
+	"bare":           {150, 150, 150, 255},
+	"edge":           {46, 160, 67, 255},
+	"async":          {31, 119, 180, 255},
+	"sync":           {214, 80, 40, 255},
+	"base-async":     {158, 202, 225, 255},
+	"base-sync":      {244, 165, 130, 255},
+	"nats":           {148, 103, 189, 255},
+	"nats-always":    {197, 176, 213, 255},
+	"redis-everysec": {140, 86, 75, 255},
+	"redis-always":   {196, 156, 148, 255},
 }
 
 // otherColors are the rest of matplotlib's tab10 palette, then greys.
 var otherColors = []color.RGBA{
-	{148, 103, 189, 255}, // purple
-	{140, 86, 75, 255},   // brown
 	{227, 119, 194, 255}, // pink
 	{188, 189, 34, 255},  // olive
 	{23, 190, 207, 255},  // cyan

@@ -132,3 +132,23 @@ func TestNiceStepAndTicks(t *testing.T) {
 		t.Errorf("ticks for 31458: top %v, %q", top, labels)
 	}
 }
+
+// TestSeriesColors: every target the matrix knows has a colour of its own,
+// none shared with another target or with the colours of other series.
+func TestSeriesColors(t *testing.T) {
+	seen := map[color.RGBA]string{}
+	for _, c := range otherColors {
+		seen[c] = "otherColors"
+	}
+	for _, target := range knownTargets {
+		c, ok := seriesColors[target]
+		if !ok {
+			t.Errorf("target %s has no colour", target)
+			continue
+		}
+		if other, dup := seen[c]; dup {
+			t.Errorf("target %s has the colour of %s", target, other)
+		}
+		seen[c] = target
+	}
+}
