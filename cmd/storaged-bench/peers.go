@@ -247,7 +247,9 @@ func (p *peer) runClient(ctx context.Context, c caseSpec, bodySize int, n int64)
 	var cmd *exec.Cmd
 	var parse func(string) (*peerResult, error)
 	if strings.HasPrefix(p.target, "nats") {
-		args := []string{"-s", "nats://" + p.addr, "bench", "js", "pub"}
+		// --timeout: a JetStream ack waits for fsync with sync_interval
+		// always; natscli's 5 s default fails batches of 100 on a slow disk.
+		args := []string{"-s", "nats://" + p.addr, "--timeout", "60s", "bench", "js", "pub"}
 		if c.Method == methodBatch {
 			args = append(args, "async", "--batch", strconv.Itoa(c.BatchSize))
 		} else {
