@@ -18,9 +18,6 @@ import (
 // file, the allocator creates it before it populates more of the current
 // one, then goes on populating the current one ahead of the writer.
 func TestRollDoesNotWaitForPopulate(t *testing.T) {
-	old := populateChunk
-	populateChunk = 4096
-	t.Cleanup(func() { populateChunk = old })
 
 	fs := vfs.NewMem()
 	first := filepath.Join("/d", "commitlog", fileName(0))
@@ -53,7 +50,7 @@ func TestRollDoesNotWaitForPopulate(t *testing.T) {
 		}
 		return nil
 	})
-	s, err := Open(Options{Dir: "/d", FS: fs, FileSize: 64 << 10, MaxMessageSize: 1024})
+	s, err := Open(Options{Dir: "/d", FS: fs, FileSize: 64 << 10, MaxMessageSize: 1024, PopulateChunk: testChunk})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -76,7 +73,7 @@ func TestRollDoesNotWaitForPopulate(t *testing.T) {
 	}
 	// The put took file 0 and asked for file 1.
 	close(release)
-	s.queue.alloc.waitReady(64 << 10)
+	s.log.Files().WaitReady(64 << 10)
 	select {
 	case <-resumed:
 	case <-guard():
@@ -93,12 +90,9 @@ func TestRollDoesNotWaitForPopulate(t *testing.T) {
 // faulted in beyond what it holds, so the puts after a restart do not take
 // a page fault per page (the allocator otherwise only populates new files).
 func TestOpenPopulatesTheLastFile(t *testing.T) {
-	old := populateChunk
-	populateChunk = 4096
-	t.Cleanup(func() { populateChunk = old })
 
 	fs := vfs.NewMem()
-	o := Options{Dir: "/d", FS: fs, FileSize: 64 << 10, MaxMessageSize: 1024}
+	o := Options{Dir: "/d", FS: fs, FileSize: 64 << 10, MaxMessageSize: 1024, PopulateChunk: testChunk}
 	s, err := Open(o)
 	if err != nil {
 		t.Fatal(err)
@@ -108,7 +102,7 @@ func TestOpenPopulatesTheLastFile(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	wrote := s.queue.last().wrote.Load()
+	wrote := s.log.Files().Last().Wrote()
 	if err := s.Close(); err != nil {
 		t.Fatal(err)
 	}
@@ -129,33 +123,17 @@ func TestOpenPopulatesTheLastFile(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer s.Close()
-	s.queue.alloc.waitPopulated()
+	s.log.WaitPopulated()
 	mu.Lock()
 	defer mu.Unlock()
 	// Every chunk from the one holding the write position to the end, and
 	// none below it.
-	want := int((o.FileSize - wrote&^(pageSize-1) + populateChunk - 1) / populateChunk)
+	want := int((o.FileSize - wrote&^(pageSize-1) + testChunk - 1) / testChunk)
 	if chunks != want {
 		t.Fatalf("first file populated in %d chunks after the restart, want %d (write position %d)", chunks, want, wrote)
 	}
 }
 
-// waitReady waits until the allocator has prepared the file starting at from.
-func (a *allocator) waitReady(from int64) {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	for a.ready == nil || a.ready.from != from {
-		a.cond.Wait()
-	}
-}
-
-// waitPopulated waits until the allocator has faulted in every file it
-// created, so that a benchmark measures puts into a populated file, as the
-// raw baseline writes into a prefaulted mapping.
-func (a *allocator) waitPopulated() {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	for a.unpopulated > 0 && !a.closed {
-		a.cond.Wait()
-	}
-}
+// testChunk is the allocator's population chunk in these tests: small, so
+// a 64 KiB file takes many chunks.
+const testChunk = 4096

@@ -204,7 +204,7 @@ func batchCrashRun(t *testing.T, mode FlushMode, seed uint64, points int) (image
 		mu.Lock()
 		snapshot := append([]batchAck(nil), acked...)
 		mu.Unlock()
-		durable := s.queue.flushedWhere.Load()
+		durable := s.log.Flushed()
 		img := fs.Crash(rand.New(rand.NewPCG(seed, uint64(c))))
 		resume()
 		torn += checkBatchImage(t, img, mode, snapshot, durable)
@@ -350,7 +350,7 @@ func tornBatchCase(t *testing.T, tear func(rec []int64, end int64, data []byte),
 func waitQueueLen(t *testing.T, s *Store, topic string, q int32, n int64) {
 	t.Helper()
 	for {
-		arrived, release := s.dispatch.nextRelease()
+		arrived, release := s.index.NextRelease()
 		if _, maxOff, err := s.QueueInfo(topic, q); err == nil && maxOff >= n {
 			release()
 			return

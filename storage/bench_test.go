@@ -1,6 +1,8 @@
 package storage
 
 import (
+	"github.com/storaged/storaged/storage/record"
+
 	"context"
 	"os"
 	"path/filepath"
@@ -14,7 +16,7 @@ import (
 const benchFileSize = 1 << 30
 
 func benchMessage() *Message {
-	return &Message{Topic: "BenchTopic", Body: make([]byte, 1024), Properties: []Property{{PropertyTags, "TagA"}},
+	return &Message{Topic: "BenchTopic", Body: make([]byte, 1024), Properties: []Property{{Key: PropertyTags, Value: "TagA"}},
 		BornTimestamp: 1}
 }
 
@@ -104,17 +106,17 @@ func BenchmarkEncodeRecord(b *testing.B) {
 			b.ResetTimer()
 			pos := 0
 			for i := 0; i < b.N; i++ {
-				r := recordSpec{topic: m.Topic, body: m.Body, props: m.Properties, bornTS: m.BornTimestamp,
-					storeHost: DefaultStoreHost, propCRC: propCRC}
-				if verr := r.size(); verr != nil {
+				r := record.Spec{Topic: m.Topic, Body: m.Body, Props: m.Properties, BornTS: m.BornTimestamp,
+					StoreHost: DefaultStoreHost, PropCRC: propCRC}
+				if verr := r.Size(); verr != nil {
 					b.Fatal(verr)
 				}
-				r.bodyCRC = BodyCRC(r.body)
-				if pos+r.total > len(data) {
+				r.BodyCRC = BodyCRC(r.Body)
+				if pos+r.Total > len(data) {
 					pos = 0
 				}
-				r.encode(data[pos:], int64(i), int64(pos), 1)
-				pos += r.total
+				r.Encode(data[pos:], int64(i), int64(pos), 1)
+				pos += r.Total
 			}
 		})
 	}
@@ -135,7 +137,7 @@ func benchPut(b *testing.B, mode FlushMode, writers int) {
 	if _, err := s.PutMessage(context.Background(), benchMessage()); err != nil {
 		b.Fatal(err)
 	}
-	s.queue.alloc.waitPopulated()
+	s.log.WaitPopulated()
 	b.SetBytes(1024)
 	b.ReportAllocs()
 	b.ResetTimer()
@@ -197,7 +199,7 @@ func BenchmarkPutMessages(b *testing.B) {
 	defer s.Close()
 	batch := &Batch{Topic: "BenchTopic", Messages: make([]BatchMessage, 100)}
 	for i := range batch.Messages {
-		batch.Messages[i] = BatchMessage{Body: make([]byte, 1024), Properties: []Property{{PropertyTags, "TagA"}}, BornTimestamp: 1}
+		batch.Messages[i] = BatchMessage{Body: make([]byte, 1024), Properties: []Property{{Key: PropertyTags, Value: "TagA"}}, BornTimestamp: 1}
 	}
 	ctx := context.Background()
 	if _, err := s.PutMessages(ctx, batch); err != nil { // waits for the first file

@@ -6,6 +6,11 @@ import (
 	iofs "io/fs"
 	"path/filepath"
 	"time"
+
+	"github.com/storaged/storaged/internal/logthrottle"
+	"github.com/storaged/storaged/storage/commitlog"
+	"github.com/storaged/storaged/storage/consumequeue"
+	"github.com/storaged/storaged/storage/internal/base"
 )
 
 // CheckReport is what Check found in a data dir.
@@ -43,20 +48,20 @@ func Check(opts Options) (CheckReport, error) {
 		return CheckReport{}, err
 	}
 	defer lf.Close()
-	q := newMappedFileQueue(opts.FS, filepath.Join(opts.Dir, "commitlog"), opts.FileSize, nil)
-	defer q.close()
-	if err := q.load(); err != nil {
+	l, err := openOffline(opts)
+	if err != nil {
 		return CheckReport{}, err
 	}
-	cp, _, err := readCheckpoint(opts.FS, opts.Dir)
+	defer l.Close()
+	cp, _, err := consumequeue.ReadCheckpoint(opts.FS, opts.Dir)
 	var cperr *CheckpointError
 	switch {
 	case errors.As(err, &cperr):
-		cp = checkpoint{} // the commitlog is still worth checking
+		cp = consumequeue.Checkpoint{} // the commitlog is still worth checking
 	case err != nil:
 		return CheckReport{}, err
 	}
-	files := q.snapshot()
+	files := l.Files().Snapshot()
 	rep := CheckReport{Files: len(files), Flushed: cp.Flushed}
 	if cperr != nil {
 		rep.CheckpointDamage, rep.CheckpointFile = cperr.Reason, cperr.File
@@ -64,20 +69,20 @@ func Check(opts Options) (CheckReport, error) {
 	if len(files) == 0 {
 		return rep, nil
 	}
-	r := scanFrom(files, files[0].from, !opts.DisablePropCRC)
-	rep.Records, rep.End = r.records, r.end
-	if r.bad {
+	r := commitlog.Scan(files, files[0].From(), !opts.DisablePropCRC)
+	rep.Records, rep.End = r.Records, r.End
+	if r.Bad {
 		// Bytes that are zero to the end of the log are its end, not
 		// damage: the rest of this file and every later one (the next
 		// file is created ahead of need, so a killed server leaves it).
 		zero := true
 		for _, f := range files {
-			if f.from+f.size > r.end {
-				zero = zero && allZero(f.data[max(r.end-f.from, 0):])
+			if f.End() > r.End {
+				zero = zero && commitlog.AllZero(f.Data()[max(r.End-f.From(), 0):])
 			}
 		}
 		if !zero {
-			rep.Damage, rep.DamageOffset = r.badReason, r.end
+			rep.Damage, rep.DamageOffset = r.BadReason, r.End
 		}
 	}
 	if rep.End < cp.Flushed {
@@ -109,20 +114,19 @@ func Repair(opts Options, truncateAt int64) error {
 		return err
 	}
 	defer lf.Close()
-	s := &Store{opts: opts, dir: filepath.Join(opts.Dir, "commitlog")}
-	s.queue = newMappedFileQueue(opts.FS, s.dir, opts.FileSize, nil)
-	defer s.queue.close()
-	if err := s.queue.load(); err != nil {
+	l, err := openOffline(opts)
+	if err != nil {
 		return err
 	}
-	files := s.queue.snapshot()
+	defer l.Close()
+	files := l.Files().Snapshot()
 	if len(files) == 0 {
 		return fmt.Errorf("storage: repair: no commitlog files")
 	}
-	if truncateAt > rep.End || truncateAt < files[0].from {
-		return fmt.Errorf("storage: repair: offset %d is outside the valid log [%d, %d]", truncateAt, files[0].from, rep.End)
+	if truncateAt > rep.End || truncateAt < files[0].From() {
+		return fmt.Errorf("storage: repair: offset %d is outside the valid log [%d, %d]", truncateAt, files[0].From(), rep.End)
 	}
-	ok, batchStart := isBoundary(files, truncateAt)
+	ok, batchStart := commitlog.IsBoundary(files, truncateAt)
 	switch {
 	case !ok:
 		return fmt.Errorf("storage: repair: offset %d is not a record boundary", truncateAt)
@@ -130,25 +134,7 @@ func Repair(opts Options, truncateAt int64) error {
 		return fmt.Errorf("storage: repair: offset %d is inside the batch that starts at %d: cut at %d to drop the whole batch",
 			truncateAt, batchStart, batchStart)
 	}
-	for _, f := range files {
-		switch {
-		case f.from+f.size <= truncateAt:
-		case f.from <= truncateAt:
-			if err := s.cutTail(f, truncateAt-f.from); err != nil {
-				return err
-			}
-		default:
-			if !allZero(f.data) {
-				if err := s.saveBroken(f, 0); err != nil {
-					return err
-				}
-			}
-			if err := f.remove(); err != nil {
-				return err
-			}
-		}
-	}
-	if err := syncDir(opts.FS, s.dir); err != nil {
+	if err := l.Cut(truncateAt); err != nil {
 		return err
 	}
 	if rep.CheckpointDamage != "" {
@@ -159,7 +145,7 @@ func Repair(opts Options, truncateAt int64) error {
 	if err := opts.FS.RemoveAll(filepath.Join(opts.Dir, "consumequeue")); err != nil {
 		return fmt.Errorf("storage: repair: drop consume queues: %w", err)
 	}
-	return writeCheckpoint(opts.FS, opts.Dir, checkpoint{Flushed: truncateAt, Dispatched: 0, Queues: map[string]int64{}})
+	return consumequeue.WriteCheckpoint(opts.FS, opts.Dir, consumequeue.Checkpoint{Flushed: truncateAt, Dispatched: 0, Queues: map[string]int64{}})
 }
 
 // RebuildCheckpoint replaces the checkpoint, offline: the explicit way
@@ -198,17 +184,15 @@ func RebuildCheckpoint(opts Options) (string, error) {
 		return "", err
 	}
 	defer lf.Close()
-	q := newMappedFileQueue(opts.FS, filepath.Join(opts.Dir, "commitlog"), opts.FileSize, nil)
-	defer q.close()
-	if err := q.load(); err != nil {
+	l, err := openOffline(opts)
+	if err != nil {
 		return "", err
 	}
+	defer l.Close()
 	// What the new checkpoint calls flushed must be durable: after a
 	// kill -9 the page cache may hold bytes never synced.
-	for _, f := range q.snapshot() {
-		if err := f.sync(0, f.size); err != nil {
-			return "", fmt.Errorf("storage: repair: %w", err)
-		}
+	if err := l.SyncAll(); err != nil {
+		return "", fmt.Errorf("storage: repair: %w", err)
 	}
 	why := "replaced" // an operator may rebuild a checkpoint that is fine
 	if rep.CheckpointDamage != "" {
@@ -221,7 +205,7 @@ func RebuildCheckpoint(opts Options) (string, error) {
 	if err := opts.FS.RemoveAll(filepath.Join(opts.Dir, "consumequeue")); err != nil {
 		return "", fmt.Errorf("storage: repair: drop consume queues: %w", err)
 	}
-	if err := writeCheckpoint(opts.FS, opts.Dir, checkpoint{Flushed: rep.End, Queues: map[string]int64{}}); err != nil {
+	if err := consumequeue.WriteCheckpoint(opts.FS, opts.Dir, consumequeue.Checkpoint{Flushed: rep.End, Queues: map[string]int64{}}); err != nil {
 		return "", err
 	}
 	return aside, nil
@@ -230,52 +214,24 @@ func RebuildCheckpoint(opts Options) (string, error) {
 // setAsideCheckpoint renames the checkpoint to checkpoint.<why>-<UTC
 // time> and returns that name, or "" when there is no checkpoint.
 func setAsideCheckpoint(opts Options, why string) (string, error) {
-	from := filepath.Join(opts.Dir, checkpointName)
+	from := filepath.Join(opts.Dir, consumequeue.CheckpointName)
 	if _, err := opts.FS.Size(from); errors.Is(err, iofs.ErrNotExist) {
 		return "", nil
 	}
-	name := checkpointName + "." + why + "-" + time.Now().UTC().Format("20060102T150405.000000000Z")
+	name := consumequeue.CheckpointName + "." + why + "-" + time.Now().UTC().Format("20060102T150405.000000000Z")
 	if err := opts.FS.Rename(from, filepath.Join(opts.Dir, name)); err != nil {
 		return "", fmt.Errorf("storage: repair: set the checkpoint aside: %w", err)
 	}
-	if err := syncDir(opts.FS, opts.Dir); err != nil {
+	if err := base.SyncDir(opts.FS, opts.Dir); err != nil {
 		return "", fmt.Errorf("storage: repair: %w", err)
 	}
 	return name, nil
 }
 
-// isBoundary reports whether off is where a record starts (or the end of
-// the last file) when walking the log's files from their starts, and, if
-// that record is inside a batch but not its first, where the batch starts
-// (else -1).
-func isBoundary(files []*mappedFile, off int64) (bool, int64) {
-	for _, f := range files {
-		if off < f.from || off >= f.from+f.size {
-			continue
-		}
-		batchStart, batchEnd := int64(-1), int64(-1)
-		for pos := int64(0); pos < f.size; {
-			if f.from+pos == off {
-				if f.from+pos < batchEnd {
-					return true, batchStart
-				}
-				return true, -1
-			}
-			b := f.data[pos:]
-			if IsBlank(b) {
-				return false, -1
-			}
-			n, err := checkRecord(b, false)
-			if err != nil {
-				return false, -1
-			}
-			if _, bytes, starts, err := batchOf(b, n); err == nil && starts {
-				batchStart, batchEnd = f.from+pos, f.from+pos+bytes
-			}
-			pos += int64(n)
-		}
-		return false, -1
-	}
-	last := files[len(files)-1]
-	return off == last.from+last.size, -1
+// openOffline maps the commitlog of opts.Dir for the offline tools; the
+// caller holds the data dir lock.
+func openOffline(opts Options) (*commitlog.Log, error) {
+	return commitlog.Open(commitlog.Options{FS: opts.FS, Dir: filepath.Join(opts.Dir, "commitlog"), FileSize: opts.FileSize,
+		RequireCRC: !opts.DisablePropCRC, Clock: opts.Clock, Logger: opts.Logger,
+		Throttle: logthrottle.New(logthrottle.DefaultInterval, nil)})
 }

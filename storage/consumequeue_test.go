@@ -25,8 +25,8 @@ import (
 func indexAll(t testing.TB, s *Store) {
 	t.Helper()
 	end := s.visibleEnd()
-	s.dispatch.run(end)
-	if got := s.dispatch.dispatched.Load(); got < end {
+	s.index.Run(end)
+	if got := s.index.Dispatched(); got < end {
 		t.Fatalf("dispatched %d of %d: %v", got, end, s.WriteErr())
 	}
 }
@@ -126,7 +126,7 @@ func TestQueueCreationDoesNotSync(t *testing.T) {
 		t.Fatal(err)
 	}
 	indexAll(t, s)
-	err = s.dispatch.checkpoint()
+	err = s.index.Checkpoint()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -143,7 +143,7 @@ func TestQueueCreationDoesNotSync(t *testing.T) {
 	if _, hi, err := s.QueueInfo("Old", 0); err != nil || hi != 2 {
 		t.Fatalf("existing queue: max %d, %v", hi, err)
 	}
-	err = s.dispatch.checkpoint()
+	err = s.index.Checkpoint()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -200,7 +200,7 @@ func TestRestartWritesNothingPerQueue(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer s.Close()
-	commitlogFiles := len(s.queue.snapshot())
+	commitlogFiles := len(s.log.Files().Snapshot())
 	if mapped := fs.OpenSegments() - segs; mapped > commitlogFiles+1 { // +1: the allocator's next file
 		t.Fatalf("open mapped %d segments for %d commitlog files: queue files are mapped", mapped, commitlogFiles)
 	}
@@ -246,8 +246,8 @@ func TestOpenQueueFilesBounded(t *testing.T) {
 		}
 	}
 	cq := filepath.Join(o.Dir, "consumequeue")
-	if got := openFDsUnder(t, cq); got > 8 || s.dispatch.openQueueFiles() > 8 {
-		t.Fatalf("%d queue files open (%d counted), limit 8", got, s.dispatch.openQueueFiles())
+	if got := openFDsUnder(t, cq); got > 8 || s.index.OpenFiles() > 8 {
+		t.Fatalf("%d queue files open (%d counted), limit 8", got, s.index.OpenFiles())
 	}
 	maps, err := os.ReadFile("/proc/self/maps")
 	if err == nil && strings.Contains(string(maps), cq) {
@@ -287,15 +287,13 @@ func TestConsumeQueueNoSpace(t *testing.T) {
 			}
 			// The rounds below are this test's; the goroutine's own rounds
 			// meet the same disk and leave the same state.
-			s.dispatch.runMu.Lock()
-			defer s.dispatch.runMu.Unlock()
 			end := s.visibleEnd()
-			err = s.dispatch.dispatchTo(end)
+			err = s.index.RunErr(end)
 			if !errors.Is(err, vfs.ErrNoSpace) || !errors.Is(err, ErrDiskFull) {
 				t.Fatalf("dispatch on a full disk: %v, want vfs.ErrNoSpace and ErrDiskFull", err)
 			}
-			if s.dispatch.next >= end {
-				t.Fatalf("dispatch advanced to %d past the entry it could not write", s.dispatch.next)
+			if next := s.index.Next(); next >= end {
+				t.Fatalf("dispatch advanced to %d past the entry it could not write", next)
 			}
 			if _, hi, _ := s.QueueInfo("Full", 0); hi != 0 {
 				t.Fatalf("queue Full shows %d entries it could not write", hi)
@@ -306,7 +304,7 @@ func TestConsumeQueueNoSpace(t *testing.T) {
 				}
 			}
 			full.Store(false)
-			if err := s.dispatch.dispatchTo(end); err != nil {
+			if err := s.index.RunErr(end); err != nil {
 				t.Fatalf("dispatch once space is back: %v", err)
 			}
 			res, _, err := s.pullOnce(PullRequest{Topic: "Full", MaxMessages: 10, MaxBytes: 1 << 20}, MaxPullScan)
@@ -472,7 +470,7 @@ func TestCheckpointAfterDeleteTopic(t *testing.T) {
 	if _, err := s.DeleteTopic("Gone"); err != nil {
 		t.Fatal(err)
 	}
-	err := s.dispatch.checkpoint()
+	err := s.index.Checkpoint()
 	if err != nil {
 		t.Fatalf("checkpoint after a topic delete: %v", err)
 	}

@@ -34,7 +34,7 @@ func TestMeasureManyQueues(t *testing.T) {
 	indexAll(t, s)
 	t.Logf("%d puts to new queues, indexed: %v", n, time.Since(start))
 	start = time.Now()
-	err = s.dispatch.checkpoint()
+	err = s.index.Checkpoint()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -55,7 +55,7 @@ func TestMeasureManyQueues(t *testing.T) {
 	took := time.Since(start)
 	w1, r1 := procIO(t), rssKiB(t, "VmRSS")
 	t.Logf("reopen: %v; wrote %d bytes by syscall (wchar), %d to storage (write_bytes); RSS %d KiB -> %d KiB (HWM %d KiB); open queue files %d",
-		took, w1["wchar"]-w0["wchar"], w1["write_bytes"]-w0["write_bytes"], r0, r1, rssKiB(t, "VmHWM"), s.dispatch.openQueueFiles())
+		took, w1["wchar"]-w0["wchar"], w1["write_bytes"]-w0["write_bytes"], r0, r1, rssKiB(t, "VmHWM"), s.index.OpenFiles())
 	runtime.GC()
 	var ms runtime.MemStats
 	runtime.ReadMemStats(&ms)

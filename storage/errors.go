@@ -1,16 +1,21 @@
 package storage
 
-import "errors"
+import (
+	"errors"
+
+	"github.com/storaged/storaged/storage/consumequeue"
+	"github.com/storaged/storaged/storage/internal/base"
+)
 
 // Errors returned by the store. Callers match them with errors.Is; the
 // store wraps them with context (file names, offsets, causes).
 var (
 	// ErrClosed is returned by every operation on a store after Close.
-	ErrClosed = errors.New("storage: store is closed")
+	ErrClosed = base.ErrClosed
 
 	// ErrNotWritable is returned by puts while the store refuses writes for a
 	// reason an operator can clear (disk above the warning watermark, …).
-	ErrNotWritable = errors.New("storage: store is not writable")
+	ErrNotWritable = base.ErrNotWritable
 
 	// ErrWriteRetrying is wrapped with ErrNotWritable (and ErrDiskFull when
 	// the cause is ENOSPC) while a background write of the store (the
@@ -18,7 +23,7 @@ var (
 	// is failing and being retried: puts are refused until a retry
 	// succeeds, then resume by themselves. Unlike ErrWriteFailed it is not
 	// sticky.
-	ErrWriteRetrying = errors.New("storage: a background write is failing and being retried")
+	ErrWriteRetrying = base.ErrWriteRetrying
 
 	// ErrSlave is returned by puts when the store runs in the SLAVE role.
 	ErrSlave = errors.New("storage: store is a slave and takes no writes")
@@ -28,7 +33,7 @@ var (
 	// it, until the store is reopened and recovered. Nothing written after the
 	// failure is ever acknowledged (fsyncgate: a retried sync may "succeed"
 	// over pages the kernel already dropped).
-	ErrWriteFailed = errors.New("storage: write or sync failed; store is read-only")
+	ErrWriteFailed = base.ErrWriteFailed
 
 	// ErrIllegal marks a message or batch the store refuses to take
 	// (MESSAGE_ILLEGAL or PROPERTIES_SIZE_EXCEEDED). The wrapping
@@ -42,18 +47,14 @@ var (
 
 	// ErrCreateFile is returned when the next commitlog file could not be
 	// created, preallocated or mapped (CREATE_MAPPED_FILE_FAILED).
-	ErrCreateFile = errors.New("storage: create mapped file failed")
+	ErrCreateFile = base.ErrCreateFile
 
 	// ErrDiskFull is wrapped with ErrCreateFile when preallocation failed
 	// for lack of space (ENOSPC): an error at creation, never a SIGBUS
 	// later. It is also wrapped with ErrNotWritable while the data dir's
 	// file system is above Options.DiskWarningPercent (puts refused with
 	// SERVICE_NOT_AVAILABLE until usage is back at DiskCleanPercent).
-	ErrDiskFull = errors.New("storage: no space left on device")
-
-	// ErrCorrupt marks bytes on disk that fail their checks (magic, length,
-	// CRC, offset). It is a marker: the wrapping error names file and offset.
-	ErrCorrupt = errors.New("storage: corrupt record")
+	ErrDiskFull = base.ErrDiskFull
 
 	// ErrLocked is returned by Open when another process holds the data dir.
 	ErrLocked = errors.New("storage: data dir is locked by another process")
@@ -77,3 +78,11 @@ func (e *ValidationError) Unwrap() error { return ErrIllegal }
 func illegal(field, reason string) *ValidationError {
 	return &ValidationError{Status: MessageIllegal, Field: field, Reason: reason}
 }
+
+// CorruptionError reports damage to data that was acknowledged as durable:
+// a record below the checkpoint's flushed offset fails its checks. Open
+// refuses to start rather than silently dropping the rest of the log.
+type CorruptionError = base.CorruptionError
+
+// CheckpointError reports a checkpoint file that fails its checks.
+type CheckpointError = consumequeue.CheckpointError

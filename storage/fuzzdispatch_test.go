@@ -4,50 +4,12 @@ import (
 	"context"
 	"errors"
 	"math/rand/v2"
-	"net/netip"
 	"path/filepath"
 	"strconv"
 	"testing"
 
 	"github.com/storaged/storaged/storage/vfs"
 )
-
-// FuzzParseMeta: the dispatcher's parse of a record header never panics on
-// any bytes, and on a record DecodeRecord accepts it reads the same topic,
-// queue, queue offset and tags.
-func FuzzParseMeta(f *testing.F) {
-	f.Add([]byte{})
-	f.Add(make([]byte, minRecordLen))
-	for _, spec := range []recordSpec{
-		{topic: "T", body: []byte("seed"), storeHost: DefaultStoreHost, propCRC: true,
-			props: []Property{{Key: PropertyTags, Value: "tagA"}}},
-		{topic: "V6", queueID: 3, body: []byte("v6"), bornHost: netip.MustParseAddrPort("[::1]:1"),
-			storeHost: netip.MustParseAddrPort("[::1]:2"), sysFlag: FlagBornHostV6 | FlagStoreHostV6, v2: true},
-	} {
-		f.Add(encodeSpec(f, spec, 7, 0, 1))
-	}
-	f.Fuzz(func(t *testing.T, b []byte) {
-		m, err := parseMeta(b)
-		if err != nil {
-			if !errors.Is(err, ErrCorrupt) {
-				t.Fatalf("parseMeta error %v does not wrap ErrCorrupt", err)
-			}
-			return
-		}
-		if m.total < minRecordLen || int(m.total) > len(b) {
-			t.Fatalf("total %d outside [%d, %d]", m.total, minRecordLen, len(b))
-		}
-		rec, _, derr := DecodeRecord(b)
-		if derr != nil || rec.QueueID < 0 || rec.QueueOffset < 0 {
-			return
-		}
-		tags, _ := rec.Property(PropertyTags)
-		if string(m.topic) != rec.Topic || m.queueID != rec.QueueID || m.queueOffset != rec.QueueOffset || string(m.tags) != tags {
-			t.Fatalf("parseMeta %q/%d@%d tags %q, DecodeRecord %q/%d@%d tags %q",
-				m.topic, m.queueID, m.queueOffset, m.tags, rec.Topic, rec.QueueID, rec.QueueOffset, tags)
-		}
-	})
-}
 
 // FuzzRebuild: a store whose commitlog bytes were overwritten anywhere and
 // whose consume queues were deleted opens (rebuilding them from the log) or

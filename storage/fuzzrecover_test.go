@@ -1,6 +1,8 @@
 package storage
 
 import (
+	"github.com/storaged/storaged/storage/record"
+
 	"context"
 	"errors"
 	"path/filepath"
@@ -17,15 +19,15 @@ import (
 func FuzzRecover(f *testing.F) {
 	f.Add([]byte{})
 	f.Add(make([]byte, 64))
-	good := encodeSpec(f, recordSpec{topic: "T", body: []byte("seed"), storeHost: DefaultStoreHost, propCRC: true}, 0, 0, 1)
+	good := encodeSpec(f, record.Spec{Topic: "T", Body: []byte("seed"), StoreHost: DefaultStoreHost, PropCRC: true}, 0, 0, 1)
 	f.Add(good)
 	f.Add(append(append([]byte{}, good...), good...))
 	// A batch of two (the first record carries its extent), whole and torn.
-	first := recordSpec{topic: "T", body: []byte("b0"), storeHost: DefaultStoreHost, propCRC: true, batchFirst: true, batchCount: 2}
-	second := recordSpec{topic: "T", body: []byte("b1"), storeHost: DefaultStoreHost, propCRC: true}
-	first.size()
-	second.size()
-	first.batchBytes = first.total + second.total
+	first := record.Spec{Topic: "T", Body: []byte("b0"), StoreHost: DefaultStoreHost, PropCRC: true, BatchFirst: true, BatchCount: 2}
+	second := record.Spec{Topic: "T", Body: []byte("b1"), StoreHost: DefaultStoreHost, PropCRC: true}
+	first.Size()
+	second.Size()
+	first.BatchBytes = first.Total + second.Total
 	b0 := encodeSpec(f, first, 0, 0, 1)
 	batch := append(b0, encodeSpec(f, second, 1, int64(len(b0)), 1)...)
 	f.Add(batch)

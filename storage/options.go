@@ -4,12 +4,14 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
-	"strconv"
 	"strings"
 	"time"
 
 	"github.com/rs/zerolog"
 
+	"github.com/storaged/storaged/storage/consumequeue"
+	"github.com/storaged/storaged/storage/retention"
+	"github.com/storaged/storaged/storage/schedule"
 	"github.com/storaged/storaged/storage/vfs"
 )
 
@@ -75,28 +77,7 @@ func ParseRole(s string) (Role, error) {
 	return 0, fmt.Errorf("storage: unknown role %q (want master or slave)", s)
 }
 
-// Clock gives the store its time. Tests inject a fake one; the store never
-// calls time.Now directly.
-type Clock interface {
-	Now() time.Time
-}
-
-type systemClock struct{}
-
-func (systemClock) Now() time.Time { return time.Now() }
-
-// SystemClock is the wall clock.
-var SystemClock Clock = systemClock{}
-
-// Fixed limits of the stored layout (spec §6).
 const (
-	// MaxTopicLength is the longest topic, in UTF-8 bytes, that the store
-	// takes; longer topics would need the V2 record layout, which RocketMQ's
-	// Go client cannot read.
-	MaxTopicLength = 127
-	// MaxPropertiesLength is the longest encoded properties string, including
-	// the whole-record CRC property the store adds (int16 on disk).
-	MaxPropertiesLength = 32767
 	// DefaultDelayLevels is RocketMQ's messageDelayLevel.
 	DefaultDelayLevels = "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h"
 )
@@ -239,6 +220,11 @@ type Options struct {
 	// Clock is the store's time source. Default SystemClock.
 	Clock Clock
 
+	// PopulateChunk is how much of a new commitlog file the allocator
+	// faults in for writing at a time, off the put path. Default 32 MiB
+	// (segment.DefaultPopulateChunk); tests use small chunks.
+	PopulateChunk int64
+
 	// Logger receives the store's rare events (slow syncs, rolls, recovery).
 	// Default: a disabled logger.
 	Logger *zerolog.Logger
@@ -264,6 +250,10 @@ const (
 	maxFileSize                  = 1 << 40
 	maxMaxTopics                 = 1000000
 )
+
+// DefaultConsumeQueueEntries is the number of entries per consume-queue
+// file (RocketMQ mappedFileSizeConsumeQueue / 20).
+const DefaultConsumeQueueEntries = consumequeue.DefaultEntries
 
 // DefaultStoreHost is the store host used when Options.StoreHost is unset.
 var DefaultStoreHost = netip.MustParseAddrPort("127.0.0.1:10911")
@@ -345,10 +335,27 @@ func (o Options) withDefaults() Options {
 	return o
 }
 
-// Validate reports the first problem with o (after defaults are applied), or
+// Validate reports the problems with o (after defaults are applied), or
 // nil. Open calls it; callers may call it early to fail fast on flags.
 func (o Options) Validate() error {
-	o = o.withDefaults()
+	_, err := o.withDefaults().resolve()
+	return err
+}
+
+// ParseDelayLevels parses a delay level table such as
+// "1s 5s 10s 30s 1m 2m … 2h". Level i (from 1) is element i-1.
+func ParseDelayLevels(s string) ([]time.Duration, error) { return schedule.ParseDelayLevels(s) }
+
+// resolved is what Options say once parsed: each option is parsed once, by
+// resolve, and the parts take the parsed values.
+type resolved struct {
+	delayLevels []time.Duration
+	deleteHours [24]bool
+}
+
+// resolve validates o (defaults applied) and parses what needs parsing.
+func (o Options) resolve() (resolved, error) {
+	var r resolved
 	var errs []error
 	if o.Dir == "" {
 		errs = append(errs, errors.New("Dir is required"))
@@ -374,10 +381,11 @@ func (o Options) Validate() error {
 	if o.Role != RoleMaster && o.Role != RoleSlave {
 		errs = append(errs, fmt.Errorf("unknown Role %d", o.Role))
 	}
-	if _, err := ParseDelayLevels(o.DelayLevels); err != nil {
+	var err error
+	if r.delayLevels, err = schedule.ParseDelayLevels(o.DelayLevels); err != nil {
 		errs = append(errs, err)
 	}
-	if _, err := parseDeleteWhen(o.DeleteWhen); err != nil {
+	if r.deleteHours, err = retention.ParseDeleteWhen(o.DeleteWhen); err != nil {
 		errs = append(errs, err)
 	}
 	if o.DiskWarningPercent < 1 || o.DiskWarningPercent > 100 || o.DiskCleanPercent < 1 || o.DiskCleanPercent > o.DiskWarningPercent {
@@ -396,42 +404,11 @@ func (o Options) Validate() error {
 	if o.StoreHost.Port() == 0 {
 		errs = append(errs, fmt.Errorf("StoreHost %s needs a port", o.StoreHost))
 	}
+	if o.PopulateChunk < 0 {
+		errs = append(errs, errors.New("PopulateChunk must not be negative"))
+	}
 	if len(errs) > 0 {
-		return fmt.Errorf("storage: invalid options: %w", errors.Join(errs...))
+		return resolved{}, fmt.Errorf("storage: invalid options: %w", errors.Join(errs...))
 	}
-	return nil
-}
-
-// ParseDelayLevels parses a delay level table such as
-// "1s 5s 10s 30s 1m 2m … 2h". Level i (from 1) is element i-1.
-func ParseDelayLevels(s string) ([]time.Duration, error) {
-	fields := strings.Fields(s)
-	if len(fields) == 0 {
-		return nil, errors.New("delay levels: empty table")
-	}
-	out := make([]time.Duration, 0, len(fields))
-	for _, f := range fields {
-		if len(f) < 2 {
-			return nil, fmt.Errorf("delay levels: bad entry %q", f)
-		}
-		var unit time.Duration
-		switch f[len(f)-1] {
-		case 's':
-			unit = time.Second
-		case 'm':
-			unit = time.Minute
-		case 'h':
-			unit = time.Hour
-		case 'd':
-			unit = 24 * time.Hour
-		default:
-			return nil, fmt.Errorf("delay levels: bad unit in %q (want s, m, h or d)", f)
-		}
-		n, err := strconv.ParseInt(f[:len(f)-1], 10, 32)
-		if err != nil || n <= 0 {
-			return nil, fmt.Errorf("delay levels: bad number in %q", f)
-		}
-		out = append(out, time.Duration(n)*unit)
-	}
-	return out, nil
+	return r, nil
 }

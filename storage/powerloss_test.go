@@ -162,7 +162,7 @@ func powerLossRun(t *testing.T, mode FlushMode, seed uint64, points int) powerLo
 			sentNow[k] = true
 		}
 		mu.Unlock()
-		durable := s.queue.flushedWhere.Load()
+		durable := s.log.Flushed()
 		crashedAt := time.Now()
 		img := fs.Crash(rand.New(rand.NewPCG(seed, uint64(c))))
 		resume()

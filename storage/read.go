@@ -2,11 +2,13 @@ package storage
 
 import (
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"sync/atomic"
 	"time"
+
+	"github.com/storaged/storaged/storage/consumequeue"
+	"github.com/storaged/storaged/storage/record"
 )
 
 // Read errors.
@@ -67,21 +69,20 @@ func (s *Store) readRecord(off int64) (*Record, error) {
 	if s.closed.Load() {
 		return nil, ErrClosed
 	}
-	lo, hi := s.queue.minOffset(), s.visibleEnd()
+	lo, hi := s.log.MinOffset(), s.visibleEnd()
 	if off < lo || off >= hi {
 		return nil, &RangeError{What: "commitlog offset", Offset: off, Min: lo, Max: hi}
 	}
-	s.ret.readers.RLock() // retention unmaps the files it deletes only under the write lock
-	defer s.ret.readers.RUnlock()
-	f := s.queue.findByOffset(off)
-	if f == nil {
-		return nil, &RangeError{What: "commitlog offset", Offset: off, Min: s.queue.minOffset(), Max: hi}
+	s.log.ReadLock() // retention unmaps the files it deletes only under the guard's write side
+	defer s.log.ReadUnlock()
+	b := s.log.At(off)
+	if b == nil {
+		return nil, &RangeError{What: "commitlog offset", Offset: off, Min: s.log.MinOffset(), Max: hi}
 	}
-	b := f.data[off-f.from:]
-	if len(b) < 8 || (binary.BigEndian.Uint32(b[posMagic:]) != MagicV1 && binary.BigEndian.Uint32(b[posMagic:]) != MagicV2) {
+	if !record.HasMagic(b) {
 		return nil, fmt.Errorf("commitlog offset %d: %w", off, ErrNoRecord)
 	}
-	rec, _, err := decodeRecord(b, !s.opts.DisablePropCRC)
+	rec, _, err := record.DecodeChecked(b, !s.opts.DisablePropCRC)
 	if err != nil {
 		return nil, fmt.Errorf("commitlog offset %d: %w", off, err)
 	}
@@ -106,35 +107,34 @@ func (s *Store) readRecord(off int64) (*Record, error) {
 // records not yet indexed, normally those of the last millisecond. Walking
 // from a file's start would prove any offset but costs a whole file.
 func (s *Store) provenRecord(rec *Record, off int64) bool {
-	if d := s.dispatch.dispatched.Load(); off >= d {
+	if d := s.index.Dispatched(); off >= d {
 		return s.chainReaches(d, off)
 	}
-	q := s.dispatch.queue(rec.Topic, rec.QueueID)
+	q := s.index.Queue(rec.Topic, rec.QueueID)
 	if q == nil {
 		return false
 	}
-	phys, _, _, ok := q.get(rec.QueueOffset)
+	phys, _, _, ok := q.Get(rec.QueueOffset)
 	return ok && phys == off
 }
 
 // chainReaches reports whether walking the commitlog's records from from,
 // a record boundary, lands on off.
 func (s *Store) chainReaches(from, off int64) bool {
-	s.ret.readers.RLock()
-	defer s.ret.readers.RUnlock()
+	s.log.ReadLock()
+	defer s.log.ReadUnlock()
 	pos := from
 	for pos < off {
-		f := s.queue.findByOffset(pos)
-		if f == nil {
+		b := s.log.At(pos)
+		if b == nil {
 			return false
 		}
-		b := f.data[pos-f.from:]
 		if len(b) < BlankLen || IsBlank(b) {
-			pos = f.from + f.size
+			pos = s.log.FileStart(pos) + s.log.FileSize()
 			continue
 		}
-		total := int64(int32(binary.BigEndian.Uint32(b[posTotalSize:])))
-		if total < minRecordLen || total > int64(len(b)) {
+		total := int64(record.TotalSize(b))
+		if total < record.MinLen || total > int64(len(b)) {
 			return false
 		}
 		pos += total
@@ -184,20 +184,19 @@ func (s *Store) QueueInfo(topic string, queueID int32) (minOff, maxOff int64, er
 	if s.closed.Load() {
 		return 0, 0, ErrClosed
 	}
-	q := s.dispatch.queue(topic, queueID)
+	q := s.index.Queue(topic, queueID)
 	if q == nil {
 		return 0, 0, fmt.Errorf("%w: %s/%d", ErrQueueNotFound, topic, queueID)
 	}
-	return q.min.Load(), q.count.Load(), nil
+	return q.Min(), q.Count(), nil
 }
 
 // Queues lists the topic-queues that have messages.
 func (s *Store) Queues() []QueueID {
-	s.dispatch.mu.RLock()
-	defer s.dispatch.mu.RUnlock()
-	out := make([]QueueID, 0, len(s.dispatch.queues))
-	for k := range s.dispatch.queues {
-		out = append(out, QueueID{Topic: k.topic, QueueID: k.queue})
+	keys := s.index.Keys()
+	out := make([]QueueID, 0, len(keys))
+	for _, k := range keys {
+		out = append(out, QueueID{Topic: k.Topic, QueueID: k.Queue})
 	}
 	return out
 }
@@ -277,7 +276,7 @@ func (s *Store) PullMessages(ctx context.Context, req PullRequest) (PullResult, 
 		if advanced == nil {
 			// Register, then look again: an entry dispatched before the
 			// registration is seen by that look, one after it wakes us.
-			advanced, release = s.dispatch.notify.wait(queueKey{req.Topic, req.QueueID})
+			advanced, release = s.index.WaitAdvance(consumequeue.Key{Topic: req.Topic, Queue: req.QueueID})
 			continue
 		}
 		select {
@@ -288,7 +287,7 @@ func (s *Store) PullMessages(ctx context.Context, req PullRequest) (PullResult, 
 			return res, err
 		case <-ctx.Done():
 			return res, ctx.Err()
-		case <-s.dispatch.done:
+		case <-s.index.Done():
 			return PullResult{}, ErrClosed
 		}
 	}
@@ -297,11 +296,11 @@ func (s *Store) PullMessages(ctx context.Context, req PullRequest) (PullResult, 
 // pullOnce reads the queue from req.Offset without waiting, at most budget
 // entries, and returns how many it read.
 func (s *Store) pullOnce(req PullRequest, budget int) (PullResult, int, error) {
-	q := s.dispatch.queue(req.Topic, req.QueueID)
+	q := s.index.Queue(req.Topic, req.QueueID)
 	if q == nil {
 		return PullResult{}, 0, fmt.Errorf("%w: %s/%d", ErrQueueNotFound, req.Topic, req.QueueID)
 	}
-	res := PullResult{MinOffset: q.min.Load(), MaxOffset: q.count.Load(), NextOffset: req.Offset}
+	res := PullResult{MinOffset: q.Min(), MaxOffset: q.Count(), NextOffset: req.Offset}
 	if req.Offset < res.MinOffset || req.Offset > res.MaxOffset {
 		return res, 0, &RangeError{What: "queue offset", Offset: req.Offset, Min: res.MinOffset, Max: res.MaxOffset}
 	}
@@ -314,7 +313,7 @@ func (s *Store) pullOnce(req PullRequest, budget int) (PullResult, int, error) {
 	bytes, scanned := 0, 0
 	defer func() { s.pulls.scanned.Add(uint64(scanned)) }()
 	for off := req.Offset; off < res.MaxOffset && len(res.Messages) < req.MaxMessages && scanned < budget; off++ {
-		phys, size, tags, ok, err := q.lookup(off)
+		phys, size, tags, ok, err := q.Lookup(off)
 		if err != nil {
 			return res, scanned, err
 		}
@@ -372,100 +371,31 @@ func entryMismatch(req PullRequest, off int64, size int32, code int64, recSize i
 // record. That is the price of never skipping a message on a damaged
 // code; MaxPullScan bounds it per call.
 func (s *Store) checkSkipped(req PullRequest, off, phys int64, size int32, code int64, checkTags bool) error {
-	s.ret.readers.RLock() // retention unmaps the files it deletes only under the write lock
-	defer s.ret.readers.RUnlock()
-	lo, hi := s.queue.minOffset(), s.visibleEnd()
+	s.log.ReadLock() // retention unmaps the files it deletes only under the guard's write side
+	defer s.log.ReadUnlock()
+	lo, hi := s.log.MinOffset(), s.visibleEnd()
 	if phys < lo || phys >= hi {
 		return &RangeError{What: "commitlog offset", Offset: phys, Min: lo, Max: hi}
 	}
-	f := s.queue.findByOffset(phys)
-	if f == nil {
-		return &RangeError{What: "commitlog offset", Offset: phys, Min: s.queue.minOffset(), Max: hi}
+	b := s.log.At(phys)
+	if b == nil {
+		return &RangeError{What: "commitlog offset", Offset: phys, Min: s.log.MinOffset(), Max: hi}
 	}
-	b := f.data[phys-f.from : min(f.size, hi-f.from)]
-	h, ok := parseHead(b)
+	b = b[:min(int64(len(b)), hi-phys)]
+	h, err := record.Parse(b)
 	switch {
-	case !ok:
+	case err != nil:
 		return fmt.Errorf("%w: consume queue %s/%d entry %d: no well-formed record at commitlog offset %d",
 			ErrCorrupt, req.Topic, req.QueueID, off, phys)
-	case h.phys != phys || string(h.topic) != req.Topic || h.queueID != req.QueueID || h.queueOffset != off:
+	case h.PhysOffset != phys || string(h.Topic) != req.Topic || h.QueueID != req.QueueID || h.QueueOffset != off:
 		return fmt.Errorf("%w: consume queue %s/%d entry %d points at a record of %s/%d offset %d",
-			ErrCorrupt, req.Topic, req.QueueID, off, h.topic, h.queueID, h.queueOffset)
+			ErrCorrupt, req.Topic, req.QueueID, off, h.Topic, h.QueueID, h.QueueOffset)
 	}
-	recCode := tagsCodeBytes(h.tags)
-	if h.total != size || (checkTags && recCode != code) {
-		return entryMismatch(req, off, size, code, h.total, recCode)
+	recCode := record.TagsCodeBytes(h.Property(PropertyTags))
+	if h.Total != size || (checkTags && recCode != code) {
+		return entryMismatch(req, off, size, code, h.Total, recCode)
 	}
 	return nil
-}
-
-// recordHead is what a consume-queue entry must agree with.
-type recordHead struct {
-	total       int32
-	queueID     int32
-	queueOffset int64
-	phys        int64
-	topic, tags []byte // alias the record
-}
-
-// parseHead reads a record's header, topic and TAGS from b in place,
-// checking every length against the record and b (it never panics on
-// garbage) but no CRC.
-func parseHead(b []byte) (recordHead, bool) {
-	be := binary.BigEndian
-	if len(b) < minRecordLen {
-		return recordHead{}, false
-	}
-	total := int(int32(be.Uint32(b[posTotalSize:])))
-	if magic := be.Uint32(b[posMagic:]); (magic != MagicV1 && magic != MagicV2) || total < minRecordLen || total > len(b) {
-		return recordHead{}, false
-	}
-	v2 := be.Uint32(b[posMagic:]) == MagicV2
-	b = b[:total]
-	h := recordHead{total: int32(total), queueID: int32(be.Uint32(b[posQueueID:])),
-		queueOffset: int64(be.Uint64(b[posQueueOffset:])), phys: int64(be.Uint64(b[posPhysOffset:]))}
-	sys := int32(be.Uint32(b[posSysFlag:]))
-	p := posBornHost + 8
-	if sys&FlagBornHostV6 != 0 {
-		p += 12
-	}
-	p += 8 + 8 // store timestamp, store host
-	if sys&FlagStoreHostV6 != 0 {
-		p += 12
-	}
-	p += 4 + 8 // reconsume times, prepared tx offset
-	if p+4 > total {
-		return recordHead{}, false
-	}
-	bodyLen := int(int32(be.Uint32(b[p:])))
-	p += 4
-	if bodyLen < 0 || bodyLen > total-p {
-		return recordHead{}, false
-	}
-	p += bodyLen
-	var tl int
-	switch {
-	case v2 && p+2 <= total:
-		tl = int(be.Uint16(b[p:]))
-		p += 2
-	case !v2 && p+1 <= total:
-		tl = int(b[p])
-		p++
-	default:
-		return recordHead{}, false
-	}
-	if tl > total-p-2 {
-		return recordHead{}, false
-	}
-	h.topic = b[p : p+tl]
-	p += tl
-	pl := int(be.Uint16(b[p:]))
-	p += 2
-	if p+pl != total {
-		return recordHead{}, false
-	}
-	h.tags = propertyIn(b[p:], PropertyTags)
-	return h, true
 }
 
 func containsCode(codes []int64, c int64) bool {

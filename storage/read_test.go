@@ -1,6 +1,8 @@
 package storage
 
 import (
+	"github.com/storaged/storaged/storage/record"
+
 	"context"
 	"errors"
 	"os"
@@ -38,13 +40,13 @@ func TestReadRoundTrip(t *testing.T) {
 				if i%2 == 0 {
 					tag = "even"
 				}
-				r, err := s.PutMessage(context.Background(), msg("R", strings.Repeat("b", 500)+strconv.Itoa(i), Property{PropertyTags, tag}))
+				r, err := s.PutMessage(context.Background(), msg("R", strings.Repeat("b", 500)+strconv.Itoa(i), Property{Key: PropertyTags, Value: tag}))
 				if err != nil {
 					t.Fatal(err)
 				}
 				sent = append(sent, r.Append)
 			}
-			b := &Batch{Topic: "R", Messages: []BatchMessage{{Body: []byte("b0"), Properties: []Property{{PropertyTags, "even"}}}, {Body: []byte("b1")}}}
+			b := &Batch{Topic: "R", Messages: []BatchMessage{{Body: []byte("b0"), Properties: []Property{{Key: PropertyTags, Value: "even"}}}, {Body: []byte("b1")}}}
 			br, err := s.PutMessages(context.Background(), b)
 			if err != nil {
 				t.Fatal(err)
@@ -174,12 +176,12 @@ func TestLongPollWakesOnArrival(t *testing.T) {
 // before the msync that covers it (RocketMQ #8239).
 func TestSyncVisibilityFollowsDurability(t *testing.T) {
 	s, _ := openTest(t, func(o *Options) { o.FlushMode = FlushSync })
-	s.queue.syncMu.Lock() // no sync can complete
-	r, err := s.PutMessage(context.Background(), msg("V", "x", Property{PropertyWaitStoreOK, "false"}))
+	releaseSync := s.log.Files().HoldSync() // no sync can complete
+	r, err := s.PutMessage(context.Background(), msg("V", "x", Property{Key: PropertyWaitStoreOK, Value: "false"}))
 	if err != nil {
 		t.Fatal(err)
 	}
-	s.dispatch.wake()
+	s.index.Wake()
 	if s.visibleEnd() >= r.Append.NextOffset() {
 		t.Fatalf("visible end %d covers an unflushed record ending at %d", s.visibleEnd(), r.Append.NextOffset())
 	}
@@ -189,12 +191,12 @@ func TestSyncVisibilityFollowsDurability(t *testing.T) {
 	if res, err := s.PullMessages(context.Background(), PullRequest{Topic: "V"}); !errors.Is(err, ErrQueueNotFound) || len(res.Messages) != 0 {
 		t.Fatalf("unflushed message pullable: %v %d", err, len(res.Messages))
 	}
-	s.queue.syncMu.Unlock()
+	releaseSync()
 	res, err := s.PullMessages(context.Background(), PullRequest{Topic: "V", Wait: 10 * time.Second})
 	if err != nil || len(res.Messages) != 1 {
 		t.Fatalf("after the sync: %v %d", err, len(res.Messages))
 	}
-	if s.queue.flushedWhere.Load() < r.Append.NextOffset() {
+	if s.log.Flushed() < r.Append.NextOffset() {
 		t.Fatal("readable before durable")
 	}
 }
@@ -247,12 +249,12 @@ func TestGetMessageRefusesForgedRecord(t *testing.T) {
 			}
 			carrierAt := first.Append.NextOffset()
 			bodyAt := carrierAt + posBornHost + 8 + 8 + 8 + 4 + 8 + 4 // IPv4 hosts
-			forged := recordSpec{topic: tc.topic, body: []byte("evil"), bodyCRC: BodyCRC([]byte("evil")), propCRC: true}
-			if verr := forged.size(); verr != nil {
+			forged := record.Spec{Topic: tc.topic, Body: []byte("evil"), BodyCRC: BodyCRC([]byte("evil")), PropCRC: true}
+			if verr := forged.Size(); verr != nil {
 				t.Fatal(verr)
 			}
-			raw := make([]byte, forged.total)
-			forged.encode(raw, tc.offset, bodyAt, 1)
+			raw := make([]byte, forged.Total)
+			forged.Encode(raw, tc.offset, bodyAt, 1)
 			carrier, err := s.PutMessage(context.Background(), &Message{Topic: "F", Body: raw, BornTimestamp: 1,
 				BornHost: first.Append.StoreHost})
 			if err != nil || carrier.Append.WroteOffset != carrierAt {
@@ -286,8 +288,8 @@ func TestGetMessageBeforeDispatch(t *testing.T) {
 	s, _ := openTest(t, nil)
 	r0, _ := s.PutMessage(context.Background(), msg("D", "zero"))
 	waitVisible(t, s, "D", 0, 1)
-	s.dispatch.runMu.Lock() // no dispatch round from here on
-	defer s.dispatch.runMu.Unlock()
+	resume := s.index.HoldRounds() // no dispatch round from here on
+	defer resume()
 	var offs []int64
 	for i := 0; i < 3; i++ {
 		r, err := s.PutMessage(context.Background(), msg("D", strings.Repeat("x", 100+i)))
@@ -296,7 +298,7 @@ func TestGetMessageBeforeDispatch(t *testing.T) {
 		}
 		offs = append(offs, r.Append.WroteOffset)
 	}
-	if d := s.dispatch.dispatched.Load(); d > offs[0] {
+	if d := s.index.Dispatched(); d > offs[0] {
 		t.Fatalf("dispatched %d already covers %d", d, offs[0])
 	}
 	for _, off := range append([]int64{r0.Append.WroteOffset}, offs...) {

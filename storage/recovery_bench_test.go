@@ -1,6 +1,8 @@
 package storage
 
 import (
+	"github.com/storaged/storaged/storage/commitlog"
+
 	"context"
 	"os"
 	"strconv"
@@ -19,19 +21,19 @@ func BenchmarkRecoveryScan(b *testing.B) {
 		b.Fatal(err)
 	}
 	m := benchMessage()
-	for s.queue.maxOffset() < total {
+	for s.log.MaxOffset() < total {
 		if _, err := s.PutMessage(context.Background(), m); err != nil {
 			b.Fatal(err)
 		}
 	}
-	end := s.queue.maxOffset()
-	files := s.queue.snapshot()
+	end := s.log.MaxOffset()
+	files := s.log.Files().Snapshot()
 	b.SetBytes(end)
 	b.ResetTimer()
 	for b.Loop() {
-		r := scanFrom(files, 0, true)
-		if r.end != end {
-			b.Fatalf("scan ended at %d of %d: %s", r.end, end, r.badReason)
+		r := commitlog.Scan(files, 0, true)
+		if r.End != end {
+			b.Fatalf("scan ended at %d of %d: %s", r.End, end, r.BadReason)
 		}
 	}
 	b.StopTimer()
@@ -57,12 +59,12 @@ func TestRestartAfterCrash(t *testing.T) {
 	}
 	m := benchMessage()
 	start := time.Now()
-	for s.queue.maxOffset() < int64(gib)<<30 {
+	for s.log.MaxOffset() < int64(gib)<<30 {
 		if _, err := s.PutMessage(context.Background(), m); err != nil {
 			t.Fatal(err)
 		}
 	}
-	written := s.queue.maxOffset()
+	written := s.log.MaxOffset()
 	t.Logf("wrote %.1f GiB in %v", float64(written)/(1<<30), time.Since(start))
 	s.crash()
 	start = time.Now()
@@ -72,7 +74,7 @@ func TestRestartAfterCrash(t *testing.T) {
 	}
 	took := time.Since(start)
 	defer s2.Close()
-	if got := s2.queue.maxOffset(); got != written {
+	if got := s2.log.MaxOffset(); got != written {
 		t.Fatalf("recovered end %d, written %d", got, written)
 	}
 	t.Logf("restart after a crash with %.1f GiB written: Open took %v", float64(written)/(1<<30), took)

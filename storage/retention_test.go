@@ -1,6 +1,8 @@
 package storage
 
 import (
+	"github.com/storaged/storaged/storage/retention"
+
 	"context"
 	"errors"
 	"fmt"
@@ -76,7 +78,7 @@ func TestRetentionDeletesExpiredFilesAtDeleteHour(t *testing.T) {
 
 	// 72 h 30 min later, at 01:30: expired, but not the hour.
 	clock.Set(schedT0.Add(72*time.Hour + 30*time.Minute))
-	s.ret.round()
+	s.ret.Round()
 	if st := s.Stats(); st.Files != filesBefore || st.Retention.DeletedFiles != 0 {
 		t.Fatalf("deleted outside DeleteWhen: %+v", st.Retention)
 	}
@@ -84,14 +86,14 @@ func TestRetentionDeletesExpiredFilesAtDeleteHour(t *testing.T) {
 	// 04:00: the files of the first burst go, but the last one: its newest
 	// message is bounded by the next file's first, 10 h younger.
 	clock.Set(time.Date(2026, 12, 2, 4, 0, 0, 0, time.Local))
-	s.ret.round()
+	s.ret.Round()
 	lastOld := old[len(old)-1].WroteOffset
 	wantMin := lastOld - lastOld%o.FileSize
 	st := s.Stats()
 	if st.MinOffset != wantMin || st.Retention.DeletedFiles != uint64(wantMin/o.FileSize) || st.Files != filesBefore-int(wantMin/o.FileSize) {
 		t.Fatalf("after 04:00: min %d (want %d), %+v, files %d", st.MinOffset, wantMin, st.Retention, st.Files)
 	}
-	if got := fileNames(t, s.dir); got[0] != fileName(wantMin) || len(got) < st.Files || len(got) > st.Files+1 { // +1: the allocator's next file
+	if got := fileNames(t, s.log.Files().Dir()); got[0] != fileName(wantMin) || len(got) < st.Files || len(got) > st.Files+1 { // +1: the allocator's next file
 		t.Fatalf("commitlog dir holds %v", got)
 	}
 	// Reads below the new minimum are OUT_OF_RANGE; the queue min moved to
@@ -128,20 +130,20 @@ func TestRetentionDeletesExpiredFilesAtDeleteHour(t *testing.T) {
 	}
 	defer s2.Close()
 	haltScheduler(s2)
-	if lo2, hi2, _ := s2.QueueInfo("T", 0); lo2 != lo || hi2 != hi || s2.queue.minOffset() != wantMin {
-		t.Fatalf("after reopen: [%d, %d) min %d", lo2, hi2, s2.queue.minOffset())
+	if lo2, hi2, _ := s2.QueueInfo("T", 0); lo2 != lo || hi2 != hi || s2.log.MinOffset() != wantMin {
+		t.Fatalf("after reopen: [%d, %d) min %d", lo2, hi2, s2.log.MinOffset())
 	}
 
 	// A day later everything has expired: all files go but the one being
 	// written.
 	clock.Set(time.Date(2026, 12, 3, 4, 0, 0, 0, time.Local))
 	for i := 0; i < 3; i++ {
-		s2.ret.round()
+		s2.ret.Round()
 	}
 	st = s2.Stats()
-	last := s2.queue.last()
-	if st.Files != 1 || st.MinOffset != last.from || len(fileNames(t, s2.dir)) > 2 {
-		t.Fatalf("everything expired: %d files, min %d, last file %d", st.Files, st.MinOffset, last.from)
+	last := s2.log.Files().Last()
+	if st.Files != 1 || st.MinOffset != last.From() || len(fileNames(t, s2.log.Files().Dir())) > 2 {
+		t.Fatalf("everything expired: %d files, min %d, last file %d", st.Files, st.MinOffset, last.From())
 	}
 	if _, err := s2.PutMessage(context.Background(), msg("T", "still writable")); err != nil {
 		t.Fatal(err)
@@ -156,19 +158,19 @@ func TestRetentionForcedAboveCleanWatermark(t *testing.T) {
 	fresh := fill(t, s, "T", 18)
 	settle(t, s)
 	files := s.Stats().Files
-	s.ret.round()
+	s.ret.Round()
 	if s.Stats().Retention.DeletedFiles != 0 {
 		t.Fatal("deleted outside DeleteWhen below the clean watermark")
 	}
 	disk.set(86)
-	s.ret.round()
+	s.ret.Round()
 	st := s.Stats()
 	// The old burst goes; the fresh one stays even though the disk is
 	// still above the watermark: retention deletes by age only.
 	if st.Retention.DeletedFiles == 0 || st.MinOffset > fresh[0].WroteOffset-fresh[0].WroteOffset%o.FileSize {
 		t.Fatalf("forced clean: %+v, min %d", st.Retention, st.MinOffset)
 	}
-	s.ret.round()
+	s.ret.Round()
 	if st2 := s.Stats(); st2.Retention.DeletedFiles != st.Retention.DeletedFiles || st2.Files < files-int(st.Retention.DeletedFiles) {
 		t.Fatalf("unexpired files deleted: %+v", st2.Retention)
 	}
@@ -184,28 +186,28 @@ func TestRetentionKeepsUndeliveredDelayedMessages(t *testing.T) {
 	protect := delayed.WroteOffset - delayed.WroteOffset%o.FileSize
 
 	clock.Advance(80 * time.Hour)
-	s.ret.round()
-	if got := s.queue.minOffset(); got != protect {
+	s.ret.Round()
+	if got := s.log.MinOffset(); got != protect {
 		t.Fatalf("min offset %d, want %d: the file with the undelivered message must stay", got, protect)
 	}
 	// Delivered but not persisted: still kept (a restart would deliver it
 	// again from there).
 	clock.Set(time.UnixMilli(delayed.StoreTimestamp).Add(96 * time.Hour))
 	runRounds(s)
-	if s.sched.delivered[1].Load() != 1 {
+	if s.sched.Delivered(1) != 1 {
 		t.Fatal("not delivered")
 	}
-	s.ret.round()
-	if got := s.queue.minOffset(); got != protect {
+	s.ret.Round()
+	if got := s.log.MinOffset(); got != protect {
 		t.Fatalf("min offset %d: deleted before the delivery was persisted", got)
 	}
-	if err := s.sched.persist(); err != nil {
+	if err := s.sched.Persist(); err != nil {
 		t.Fatal(err)
 	}
 	for i := 0; i < 3; i++ {
-		s.ret.round()
+		s.ret.Round()
 	}
-	if got, last := s.queue.minOffset(), s.queue.last().from; got <= protect || got > last {
+	if got, last := s.log.MinOffset(), s.log.Files().Last().From(); got <= protect || got > last {
 		t.Fatalf("min offset %d after the persisted delivery (protected %d, last %d)", got, protect, last)
 	}
 }
@@ -214,12 +216,12 @@ func TestDiskWatermarksStopAndResumeWrites(t *testing.T) {
 	disk := &fakeDisk{pct: 50}
 	s, _, clock := openRetention(t, disk, nil)
 	put := func() (PutResult, error) { return s.PutMessage(context.Background(), msg("T", "x")) }
-	s.ret.round()
+	s.ret.Round()
 	if !s.Writable() {
 		t.Fatal("not writable at 50%")
 	}
 	disk.set(90.5)
-	s.ret.round()
+	s.ret.Round()
 	res, err := put()
 	if s.Writable() || res.Status != ServiceNotAvailable || !errors.Is(err, ErrNotWritable) || !errors.Is(err, ErrDiskFull) {
 		t.Fatalf("above the warning watermark: writable %v, %v %v", s.Writable(), res.Status, err)
@@ -228,12 +230,12 @@ func TestDiskWatermarksStopAndResumeWrites(t *testing.T) {
 		t.Fatalf("disk stats %+v", d)
 	}
 	disk.set(88) // between the watermarks: still refused (hysteresis)
-	s.ret.round()
+	s.ret.Round()
 	if _, err := put(); !errors.Is(err, ErrDiskFull) {
 		t.Fatalf("at 88%% after full: %v", err)
 	}
 	disk.set(85)
-	s.ret.round()
+	s.ret.Round()
 	if _, err := put(); err != nil || !s.Writable() {
 		t.Fatalf("at 85%%: %v", err)
 	}
@@ -241,7 +243,7 @@ func TestDiskWatermarksStopAndResumeWrites(t *testing.T) {
 	disk.mu.Lock()
 	disk.err = errors.New("statfs: input/output error")
 	disk.mu.Unlock()
-	s.ret.round()
+	s.ret.Round()
 	if d := s.Stats().Disk; !s.Writable() || !strings.Contains(d.Err, "input/output") {
 		t.Fatalf("stat error: writable %v, %+v", s.Writable(), d)
 	}
@@ -254,7 +256,7 @@ func TestDiskWatermarksStopAndResumeWrites(t *testing.T) {
 	deadline := time.NewTimer(10 * time.Second)
 	defer deadline.Stop()
 	for s.Writable() {
-		done := s.ret.roundSignal()
+		done := s.ret.RoundSignal()
 		clock.WaitPending(t, 1)
 		clock.Advance(s.opts.DiskCheckInterval)
 		select {
@@ -265,7 +267,7 @@ func TestDiskWatermarksStopAndResumeWrites(t *testing.T) {
 	}
 	disk.set(10)
 	for !s.Writable() {
-		done := s.ret.roundSignal()
+		done := s.ret.RoundSignal()
 		clock.WaitPending(t, 1)
 		clock.Advance(s.opts.DiskCheckInterval)
 		select {
@@ -308,11 +310,11 @@ func TestRetentionDeletionSurvivesPowerCut(t *testing.T) {
 	clock.Advance(80 * time.Hour)
 	fill(t, s, "T", 12)
 	settle(t, s)
-	s.ret.round() // (the goroutine may have run one too)
+	s.ret.Round() // (the goroutine may have run one too)
 	if st := s.Stats().Retention; st.DeletedFiles == 0 || removed.Load() != int64(st.DeletedFiles) || unsynced.Load() != 0 {
 		t.Fatalf("deleted %d files, %d removals, directory synced after: %v", st.DeletedFiles, removed.Load(), unsynced.Load() == 0)
 	}
-	min0 := s.queue.minOffset()
+	min0 := s.log.MinOffset()
 	lo, hi, _ := s.QueueInfo("T", 0)
 	resume := s.pause()
 	img := fs.Crash(rand.New(rand.NewPCG(1, 2)))
@@ -325,8 +327,8 @@ func TestRetentionDeletionSurvivesPowerCut(t *testing.T) {
 	defer s2.Close()
 	haltScheduler(s2)
 	lo2, hi2, _ := s2.QueueInfo("T", 0)
-	if s2.queue.minOffset() != min0 || lo2 != lo || hi2 != hi {
-		t.Fatalf("after the power cut: min %d [%d, %d), before %d [%d, %d)", s2.queue.minOffset(), lo2, hi2, min0, lo, hi)
+	if s2.log.MinOffset() != min0 || lo2 != lo || hi2 != hi {
+		t.Fatalf("after the power cut: min %d [%d, %d), before %d [%d, %d)", s2.log.MinOffset(), lo2, hi2, min0, lo, hi)
 	}
 }
 
@@ -359,7 +361,7 @@ func TestRetentionSoak(t *testing.T) {
 	go func() { // a consumer that always starts from the min
 		defer wg.Done()
 		for {
-			arrived, release := s.dispatch.nextRelease()
+			arrived, release := s.index.NextRelease()
 			select { // one pull per dispatch round
 			case <-stop:
 				release()
@@ -398,10 +400,10 @@ func TestRetentionSoak(t *testing.T) {
 		clock.Advance(time.Minute)
 		settle(t, s)
 		runRounds(s)
-		if err := s.sched.persist(); err != nil { // every CheckpointInterval in production
+		if err := s.sched.Persist(); err != nil { // every CheckpointInterval in production
 			t.Fatal(err)
 		}
-		s.ret.round()
+		s.ret.Round()
 		maxFiles = max(maxFiles, s.Stats().Files)
 		maxCQ = max(maxCQ, len(fileNames(t, cqDir(o.Dir, "T", 0))))
 	}
@@ -463,7 +465,7 @@ func TestDiskWatermarkOnTmpfs(t *testing.T) {
 			break
 		}
 		puts++
-		s.ret.round()
+		s.ret.Round()
 	}
 	d := s.Stats().Disk
 	t.Logf("tmpfs: %d puts of 32 KiB accepted, then %v; disk %.1f%% used (%d of %d bytes)", puts, refused, d.UsedPercent, d.Used, d.Size)
@@ -472,7 +474,7 @@ func TestDiskWatermarkOnTmpfs(t *testing.T) {
 	}
 	clock.Advance(73 * time.Hour) // everything written has expired; above 85% retention runs at once
 	for i := 0; i < 5 && !s.Writable(); i++ {
-		s.ret.round()
+		s.ret.Round()
 	}
 	d = s.Stats().Disk
 	if !s.Writable() || d.UsedPercent > 85 {
@@ -507,7 +509,7 @@ func TestRetentionOptions(t *testing.T) {
 		d.DiskCheckInterval != time.Second || d.StatDisk == nil {
 		t.Fatalf("defaults: %+v", d)
 	}
-	hours, _ := parseDeleteWhen("04;16")
+	hours, _ := retention.ParseDeleteWhen("04;16")
 	if !hours[4] || !hours[16] || hours[5] {
 		t.Fatal("DeleteWhen 04;16")
 	}
@@ -532,8 +534,8 @@ func TestSlaveDeletesByTimeOnly(t *testing.T) {
 	}
 	defer s2.Close()
 	clock.Advance(80 * time.Hour)
-	s2.ret.round()
-	if s2.queue.minOffset() == 0 || s2.Stats().Schedule.Levels[1].Pending != 0 {
-		t.Fatalf("slave: min %d, %+v", s2.queue.minOffset(), s2.Stats().Schedule.Levels[1])
+	s2.ret.Round()
+	if s2.log.MinOffset() == 0 || s2.Stats().Schedule.Levels[1].Pending != 0 {
+		t.Fatalf("slave: min %d, %+v", s2.log.MinOffset(), s2.Stats().Schedule.Levels[1])
 	}
 }

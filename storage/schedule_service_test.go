@@ -1,6 +1,10 @@
 package storage
 
 import (
+	"github.com/storaged/storaged/storage/schedule"
+
+	"github.com/storaged/storaged/storage/consumequeue"
+
 	"context"
 	"errors"
 	"fmt"
@@ -66,21 +70,20 @@ func openSched(t *testing.T, mode FlushMode, mod func(*Options)) (*Store, Option
 // haltScheduler stops the delivery goroutine so that a test drives rounds
 // itself; Close still persists.
 func haltScheduler(s *Store) {
-	s.sched.haltOnce.Do(func() { close(s.sched.done) })
-	s.sched.wg.Wait()
+	s.sched.Halt()
 }
 
 // runRounds runs rounds until one delivers nothing more.
 func runRounds(s *Store) {
 	for {
-		before := s.sched.skipped.Load()
-		for i := range s.sched.delivered {
-			before += s.sched.delivered[i].Load()
+		before := s.sched.Skipped()
+		for i := range s.sched.Levels() {
+			before += s.sched.Delivered(i)
 		}
-		s.sched.round()
-		after := s.sched.skipped.Load()
-		for i := range s.sched.delivered {
-			after += s.sched.delivered[i].Load()
+		s.sched.RoundOnce()
+		after := s.sched.Skipped()
+		for i := range s.sched.Levels() {
+			after += s.sched.Delivered(i)
 		}
 		if after == before {
 			return
@@ -94,25 +97,25 @@ func settle(t testing.TB, s *Store) {
 	deadline := time.NewTimer(10 * time.Second)
 	defer deadline.Stop()
 	for {
-		arrived, release := s.dispatch.nextRelease()
-		if s.dispatch.dispatched.Load() >= s.queue.maxOffset() {
+		arrived, release := s.index.NextRelease()
+		if s.index.Dispatched() >= s.log.MaxOffset() {
 			release()
 			return
 		}
 		s.flusher.Wake()
-		s.dispatch.wake()
+		s.index.Wake()
 		select {
 		case <-arrived:
 			release()
 		case <-deadline.C:
-			t.Fatalf("dispatch stuck at %d, log ends at %d", s.dispatch.dispatched.Load(), s.queue.maxOffset())
+			t.Fatalf("dispatch stuck at %d, log ends at %d", s.index.Dispatched(), s.log.MaxOffset())
 		}
 	}
 }
 
 func putDelayed(t testing.TB, s *Store, topic string, qid int32, level int, body string, props ...Property) AppendResult {
 	t.Helper()
-	m := msg(topic, body, append([]Property{{PropertyDelayLevel, strconv.Itoa(level)}}, props...)...)
+	m := msg(topic, body, append([]Property{{Key: PropertyDelayLevel, Value: strconv.Itoa(level)}}, props...)...)
 	m.QueueID = qid
 	res, err := s.PutMessage(context.Background(), m)
 	if err != nil || res.Append.Topic != ScheduleTopic {
@@ -124,12 +127,13 @@ func putDelayed(t testing.TB, s *Store, topic string, qid int32, level int, body
 // assigned is the next queue offset of topic/qid as puts assigned it
 // (delivered messages count before they are visible).
 func assigned(s *Store, topic string, qid int32) int64 {
-	s.put.Lock()
-	defer s.put.Unlock()
-	if n := s.put.topicQueue[queueKey{topic, qid}]; n != nil {
-		return n.offset
-	}
-	return 0
+	var n int64
+	s.log.Locked(func(int64) {
+		if q := s.seq.next[consumequeue.Key{Topic: topic, Queue: qid}]; q != nil {
+			n = q.offset
+		}
+	})
+	return n
 }
 
 func pullAll(t testing.TB, s *Store, topic string, qid int32) []*Record {
@@ -164,10 +168,10 @@ func TestScheduleEveryLevelOnTime(t *testing.T) {
 	modes(t, func(t *testing.T, mode FlushMode) {
 		s, _, clock := openSched(t, mode, nil)
 		haltScheduler(s)
-		levels := s.delayLevels
+		levels := s.resolved.delayLevels
 		for l := 1; l <= len(levels); l++ {
 			putDelayed(t, s, "Real", int32(l%3), l, "level-"+strconv.Itoa(l),
-				Property{PropertyTags, "t" + strconv.Itoa(l)}, Property{PropertyKeys, "k" + strconv.Itoa(l)})
+				Property{Key: PropertyTags, Value: "t" + strconv.Itoa(l)}, Property{Key: PropertyKeys, Value: "k" + strconv.Itoa(l)})
 		}
 		settle(t, s)
 		for _, l := range s.Stats().Schedule.Levels {
@@ -179,12 +183,12 @@ func TestScheduleEveryLevelOnTime(t *testing.T) {
 			due := schedT0.Add(levels[l-1])
 			clock.Set(due.Add(-time.Millisecond))
 			runRounds(s)
-			if got := s.sched.delivered[l-1].Load(); got != 0 {
+			if got := s.sched.Delivered(l - 1); got != 0 {
 				t.Fatalf("level %d (%v) delivered 1 ms early", l, levels[l-1])
 			}
 			clock.Set(due)
 			runRounds(s)
-			if got := s.sched.delivered[l-1].Load(); got != 1 {
+			if got := s.sched.Delivered(l - 1); got != 1 {
 				t.Fatalf("level %d (%v) not delivered at its time (%d)", l, levels[l-1], got)
 			}
 		}
@@ -248,7 +252,7 @@ func TestScheduleGoroutineFollowsClock(t *testing.T) {
 func TestScheduleOrderWithinLevel(t *testing.T) {
 	s, _, clock := openSched(t, FlushAsync, func(o *Options) { o.FileSize = 1 << 20 })
 	haltScheduler(s)
-	const n1, n2 = 3*scheduleBatch + 7, scheduleBatch + 3
+	const n1, n2 = 3*schedule.BatchSize + 7, schedule.BatchSize + 3
 	for i := 0; i < max(n1, n2); i++ {
 		if i < n1 {
 			putDelayed(t, s, "Real", 0, 1, fmt.Sprintf("a-%04d", i))
@@ -295,10 +299,10 @@ func TestScheduleStatsAndPersist(t *testing.T) {
 	if st[0].Pending != 0 || st[0].Delivered != 3 || st[0].Offset != 3 || st[0].Persisted != 0 || st[1].Pending != 1 {
 		t.Fatalf("stats after: %+v %+v", st[0], st[1])
 	}
-	if err := s.sched.persist(); err != nil {
+	if err := s.sched.Persist(); err != nil {
 		t.Fatal(err)
 	}
-	if s.queue.flushedWhere.Load() < s.sched.need {
+	if s.log.Flushed() < s.sched.Need() {
 		t.Fatal("progress persisted before the re-puts were durable")
 	}
 	if st := s.Stats().Schedule.Levels; st[0].Persisted != 3 || st[1].Persisted != 0 {
@@ -347,15 +351,15 @@ func TestScheduleRefusedRePutRetries(t *testing.T) {
 	putDelayed(t, s, "Real", 0, 1, "later")
 	settle(t, s)
 	disk.set(95)
-	s.ret.round()
+	s.ret.Round()
 	clock.Advance(time.Second)
-	if r := s.sched.round(); !r.retry || s.sched.next[0].Load() != 0 || s.Stats().Schedule.Refused != 1 {
-		t.Fatalf("round while full: %+v next %d", r, s.sched.next[0].Load())
+	if retry := s.sched.RoundOnce(); !retry || s.sched.NextOffset(0) != 0 || s.Stats().Schedule.Refused != 1 {
+		t.Fatalf("round while full: retry %v next %d", retry, s.sched.NextOffset(0))
 	}
 	disk.set(50)
-	s.ret.round()
+	s.ret.Round()
 	runRounds(s)
-	if s.sched.delivered[0].Load() != 1 {
+	if s.sched.Delivered(0) != 1 {
 		t.Fatal("not delivered once writable again")
 	}
 }
@@ -431,19 +435,19 @@ func TestScheduleRestartMidDelivery(t *testing.T) {
 		settle(t, s)
 		clock.Set(schedT0.Add(time.Second + 149*time.Millisecond)) // 0..14 due
 		runRounds(s)
-		if err := s.sched.persist(); err != nil {
+		if err := s.sched.Persist(); err != nil {
 			t.Fatal(err)
 		}
 		clock.Set(schedT0.Add(time.Second + 299*time.Millisecond)) // 15..29 due
 		runRounds(s)
 		settle(t, s)
-		if got := s.sched.next[0].Load(); got != 30 || s.sched.persisted[0].Load() != 15 {
-			t.Fatalf("before the crash: next %d persisted %d", got, s.sched.persisted[0].Load())
+		if got := s.sched.NextOffset(0); got != 30 || s.sched.PersistedOffset(0) != 15 {
+			t.Fatalf("before the crash: next %d persisted %d", got, s.sched.PersistedOffset(0))
 		}
 		crashed := t.TempDir()
-		s.sched.mu.Lock() // nothing moves while the image is taken
+		release := s.sched.Hold() // nothing moves while the image is taken
 		copyDir(t, o.Dir, crashed)
-		s.sched.mu.Unlock()
+		release()
 		s.Close()
 
 		o.Dir = crashed
@@ -455,7 +459,7 @@ func TestScheduleRestartMidDelivery(t *testing.T) {
 		defer s2.Close()
 		haltScheduler(s2)
 		// (Its goroutine may already be delivering: look at what it loaded.)
-		if got := s2.sched.persisted[0].Load(); got != 15 {
+		if got := s2.sched.PersistedOffset(0); got != 15 {
 			t.Fatalf("restart resumes at %d, want the persisted 15", got)
 		}
 		runRounds(s2)
@@ -492,7 +496,7 @@ func TestScheduleRestartAfterPowerCut(t *testing.T) {
 		}
 		// The originals are acknowledged; make them durable in async mode
 		// too, so that every one of them must be delivered.
-		if err := s.durableTo(s.queue.maxOffset()); err != nil {
+		if err := s.durableTo(s.log.MaxOffset()); err != nil {
 			t.Fatal(err)
 		}
 		settle(t, s)
@@ -508,7 +512,7 @@ func TestScheduleRestartAfterPowerCut(t *testing.T) {
 					t.Fatalf("%s seed %d: open: %v", name, seed, err)
 				}
 				haltScheduler(s2)
-				if got := s2.sched.persisted[0].Load(); got != persisted {
+				if got := s2.sched.PersistedOffset(0); got != persisted {
 					t.Fatalf("%s seed %d: resumes at %d, want %d", name, seed, got, persisted)
 				}
 				o2.Clock.(*alarmClock).Advance(time.Hour)
@@ -522,7 +526,7 @@ func TestScheduleRestartAfterPowerCut(t *testing.T) {
 		}
 		clock.Set(schedT0.Add(time.Second + 199*time.Millisecond)) // 0..19 due
 		runRounds(s)
-		if err := s.sched.persist(); err != nil {
+		if err := s.sched.Persist(); err != nil {
 			t.Fatal(err)
 		}
 		settle(t, s)
@@ -550,8 +554,8 @@ func BenchmarkScheduleDelivery(b *testing.B) {
 			haltScheduler(s)
 			body := strings.Repeat("d", 200)
 			for i := 0; i < b.N; i++ {
-				m := msg("Real", body, Property{PropertyDelayLevel, "1"})
-				m.Properties = append(m.Properties, Property{PropertyWaitStoreOK, "false"})
+				m := msg("Real", body, Property{Key: PropertyDelayLevel, Value: "1"})
+				m.Properties = append(m.Properties, Property{Key: PropertyWaitStoreOK, Value: "false"})
 				if _, err := s.PutMessage(context.Background(), m); err != nil {
 					b.Fatal(err)
 				}
@@ -560,11 +564,11 @@ func BenchmarkScheduleDelivery(b *testing.B) {
 			clock.Advance(time.Second)
 			b.ResetTimer()
 			runRounds(s)
-			if err := s.sched.persist(); err != nil {
+			if err := s.sched.Persist(); err != nil {
 				b.Fatal(err)
 			}
 			b.StopTimer()
-			if got := s.sched.delivered[0].Load(); got != uint64(b.N) {
+			if got := s.sched.Delivered(0); got != uint64(b.N) {
 				b.Fatalf("delivered %d of %d", got, b.N)
 			}
 		})
@@ -608,12 +612,12 @@ func TestScheduleClockSetBack(t *testing.T) {
 			runRounds(s) // the scheduler sees the level at T0
 			clock.Set(schedT0.Add(time.Second - time.Millisecond))
 			runRounds(s)
-			if n := s.sched.delivered[0].Load(); n != 0 {
+			if n := s.sched.Delivered(0); n != 0 {
 				t.Fatalf("%d delivered before their 1 s delay passed on the clock", n)
 			}
 			clock.Set(schedT0.Add(time.Second))
 			runRounds(s)
-			if n := s.sched.delivered[0].Load(); n != uint64(want) {
+			if n := s.sched.Delivered(0); n != uint64(want) {
 				t.Fatalf("%d delivered 1 s after the set-back, want %d", n, want)
 			}
 			settle(t, s)

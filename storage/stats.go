@@ -1,92 +1,49 @@
 package storage
 
 import (
-	"math/bits"
 	"sync/atomic"
 	"time"
+
+	"github.com/storaged/storaged/storage/internal/fault"
+	"github.com/storaged/storaged/storage/internal/hist"
+	"github.com/storaged/storaged/storage/retention"
+	"github.com/storaged/storaged/storage/schedule"
 )
 
-// histogram is a lock-free latency histogram with power-of-two microsecond
-// buckets: bucket i counts durations in [2^(i-1), 2^i) µs, bucket 0 those
-// under 1 µs. Observing never allocates.
-type histogram struct {
-	counts [histBuckets]atomic.Uint64
-	sum    atomic.Int64 // nanoseconds
-}
+// HistogramSnapshot is a copy of a latency histogram (power-of-two
+// microsecond buckets).
+type HistogramSnapshot = hist.Snapshot
 
-const histBuckets = 24 // up to 2^23 µs ≈ 8.4 s; larger values land in the last
+// FaultStats describe one kind of background write the store retries when
+// it fails.
+type FaultStats = fault.Stats
 
-func (h *histogram) observe(d time.Duration) {
-	us := uint64(d / time.Microsecond)
-	i := bits.Len64(us)
-	if i >= histBuckets {
-		i = histBuckets - 1
-	}
-	h.counts[i].Add(1)
-	h.sum.Add(int64(d))
-}
+// ScheduleStats and ScheduleLevelStats describe the delay scheduler.
+type (
+	ScheduleStats      = schedule.Stats
+	ScheduleLevelStats = schedule.LevelStats
+)
 
-// HistogramSnapshot is a copy of a latency histogram. Bounds[i] is the
-// exclusive upper bound of Counts[i]; the last bucket is unbounded.
-type HistogramSnapshot struct {
-	Bounds []time.Duration
-	Counts []uint64
-	Sum    time.Duration
-}
+// RetentionStats count what retention deleted; DiskStats describe the data
+// dir's file system; DiskUsage is what Options.StatDisk reports.
+type (
+	RetentionStats = retention.Stats
+	DiskStats      = retention.DiskStats
+	DiskUsage      = retention.DiskUsage
+)
 
-func (h *histogram) snapshot() HistogramSnapshot {
-	s := HistogramSnapshot{Bounds: make([]time.Duration, histBuckets), Counts: make([]uint64, histBuckets),
-		Sum: time.Duration(h.sum.Load())}
-	for i := range h.counts {
-		s.Bounds[i] = time.Duration(uint64(1)<<i) * time.Microsecond
-		s.Counts[i] = h.counts[i].Load()
-	}
-	return s
-}
-
-// Count is the number of observations.
-func (s HistogramSnapshot) Count() uint64 {
-	var n uint64
-	for _, c := range s.Counts {
-		n += c
-	}
-	return n
-}
-
-// Quantile returns the upper bound of the bucket holding quantile q (0..1):
-// an over-estimate by at most a factor of two.
-func (s HistogramSnapshot) Quantile(q float64) time.Duration {
-	total := s.Count()
-	if total == 0 {
-		return 0
-	}
-	rank := uint64(q * float64(total))
-	if rank >= total {
-		rank = total - 1
-	}
-	var seen uint64
-	for i, c := range s.Counts {
-		seen += c
-		if seen > rank {
-			return s.Bounds[i]
-		}
-	}
-	return s.Bounds[len(s.Bounds)-1]
-}
+// StatDisk is the default Options.StatDisk: statfs(2) of dir.
+func StatDisk(dir string) (DiskUsage, error) { return retention.StatDisk(dir) }
 
 // stats are the store's counters (RocketMQ StoreStatsService): puts and
 // bytes by status, latencies, the longest time the put lock was held.
+// The commitlog keeps its own (append and sync latency, lock hold, rolls,
+// torn tails: commitlog.Stats).
 type stats struct {
-	puts          [numStatuses]atomic.Uint64
-	msgs          [numStatuses]atomic.Uint64
-	bytes         [numStatuses]atomic.Uint64
-	appendLatency histogram // time in the put lock per put
-	putLatency    histogram // sync mode: the wait for the flush
-	syncLatency   histogram // each msync round
-	maxLockHold   atomic.Int64
-	rolls         atomic.Uint64
-	tornTails     atomic.Uint64
-	tornBytes     atomic.Uint64
+	puts       [numStatuses]atomic.Uint64
+	msgs       [numStatuses]atomic.Uint64
+	bytes      [numStatuses]atomic.Uint64
+	putLatency hist.Histogram // sync mode: the wait for the flush
 }
 
 func (s *stats) record(st PutStatus, msgs int, n int) {
@@ -138,4 +95,41 @@ type Stats struct {
 	// system at the last check (Disk.Full: puts refused).
 	Retention RetentionStats
 	Disk      DiskStats
+}
+
+// Stats returns a snapshot of the store's counters.
+func (s *Store) Stats() Stats {
+	ls := s.log.Stats()
+	st := Stats{
+		Puts: map[string]uint64{}, Messages: map[string]uint64{}, Bytes: map[string]uint64{},
+		AppendLatency: ls.AppendLatency,
+		PutLatency:    s.stats.putLatency.Snapshot(),
+		SyncLatency:   ls.SyncLatency,
+		MaxLockHold:   ls.MaxLockHold,
+		Rolls:         ls.Rolls,
+		Files:         ls.Files,
+		MinOffset:     ls.MinOffset,
+		MaxOffset:     ls.MaxOffset,
+		FlushedOffset: ls.FlushedOffset,
+		TornTails:     ls.TornTails,
+		TornBytes:     ls.TornBytes,
+	}
+	st.DispatchedOffset = s.index.Dispatched()
+	st.DispatchLag = st.MaxOffset - st.DispatchedOffset
+	st.Queues = s.index.Len()
+	for i := 1; i < numStatuses; i++ {
+		name := PutStatus(i).String()
+		if n := s.stats.puts[i].Load(); n > 0 {
+			st.Puts[name] = n
+			st.Messages[name] = s.stats.msgs[i].Load()
+			st.Bytes[name] = s.stats.bytes[i].Load()
+		}
+	}
+	if err := s.WriteErr(); err != nil {
+		st.WriteError = err.Error()
+	}
+	st.Faults = s.faults.Stats()
+	st.Schedule = s.sched.Stats()
+	st.Retention, st.Disk = s.ret.Stats()
+	return st
 }

@@ -112,7 +112,7 @@ func TestOptionsValidate(t *testing.T) {
 
 func TestPutStatuses(t *testing.T) {
 	s, _ := openTest(t, nil)
-	bigProps := []Property{{"k", strings.Repeat("v", MaxPropertiesLength)}}
+	bigProps := []Property{{Key: "k", Value: strings.Repeat("v", MaxPropertiesLength)}}
 	cases := []struct {
 		name   string
 		m      *Message
@@ -132,14 +132,14 @@ func TestPutStatuses(t *testing.T) {
 		{"body too large", msg("T", strings.Repeat("x", 16<<10+1)), MessageIllegal, "body"},
 		{"negative queue", &Message{Topic: "T", Body: []byte("x"), QueueID: -1}, MessageIllegal, "queue_id"},
 		{"properties too long", msg("T", "x", bigProps...), PropertiesSizeExceeded, "properties"},
-		{"separator in value", msg("T", "x", Property{"k", "a\x02b"}), MessageIllegal, "properties"},
-		{"empty value", msg("T", "x", Property{"k", ""}), MessageIllegal, "properties"},
-		{"client crc property", msg("T", "x", Property{PropertyCRC32, "1"}), MessageIllegal, "properties"},
-		{"inner num without flag", msg("T", "x", Property{PropertyInnerNum, "2"}), MessageIllegal, "properties"},
+		{"separator in value", msg("T", "x", Property{Key: "k", Value: "a\x02b"}), MessageIllegal, "properties"},
+		{"empty value", msg("T", "x", Property{Key: "k", Value: ""}), MessageIllegal, "properties"},
+		{"client crc property", msg("T", "x", Property{Key: PropertyCRC32, Value: "1"}), MessageIllegal, "properties"},
+		{"inner num without flag", msg("T", "x", Property{Key: PropertyInnerNum, Value: "2"}), MessageIllegal, "properties"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			before := s.queue.maxOffset()
+			before := s.log.MaxOffset()
 			res, err := s.PutMessage(context.Background(), c.m)
 			if res.Status != c.status {
 				t.Fatalf("status %v, want %v (err %v)", res.Status, c.status, err)
@@ -154,7 +154,7 @@ func TestPutStatuses(t *testing.T) {
 			if !errors.As(err, &verr) || verr.Field != c.field || !errors.Is(err, ErrIllegal) {
 				t.Fatalf("err = %v, want ValidationError on %q", err, c.field)
 			}
-			if res.Appended() || s.queue.maxOffset() != before {
+			if res.Appended() || s.log.MaxOffset() != before {
 				t.Fatal("a rejected put changed the log")
 			}
 		})
@@ -169,10 +169,10 @@ func TestPropertiesLimitBoundary(t *testing.T) {
 	s, _ := openTest(t, func(o *Options) { o.FileSize = 1 << 20 })
 	// key(1) + 0x01 + value + 0x02 + CRC reserve(20) == 32767 exactly.
 	v := strings.Repeat("v", MaxPropertiesLength-1-2-crcPropLen)
-	if res, err := s.PutMessage(context.Background(), msg("T", "x", Property{"k", v})); err != nil || res.Status != PutOK {
+	if res, err := s.PutMessage(context.Background(), msg("T", "x", Property{Key: "k", Value: v})); err != nil || res.Status != PutOK {
 		t.Fatalf("at the limit: %v %v", res.Status, err)
 	}
-	if res, _ := s.PutMessage(context.Background(), msg("T", "x", Property{"k", v + "v"})); res.Status != PropertiesSizeExceeded {
+	if res, _ := s.PutMessage(context.Background(), msg("T", "x", Property{Key: "k", Value: v + "v"})); res.Status != PropertiesSizeExceeded {
 		t.Fatalf("one over: %v", res.Status)
 	}
 }
@@ -207,10 +207,10 @@ func TestPageCacheBusy(t *testing.T) {
 	clk := newFakeClock()
 	s, _ := openTest(t, func(o *Options) { o.Clock = clk })
 	// Simulate a put stuck in the lock: take it as a put would.
-	s.put.Lock()
-	s.beginTimeInLock.Store(clk.Now().UnixNano())
+	release := s.log.Hold()
+	s.log.SetLockedSince(clk.Now().UnixNano())
 	clk.Advance(900 * time.Millisecond)
-	if s.busy() {
+	if s.log.Busy(s.opts.PageCacheBusyTimeout) {
 		t.Fatal("busy below the threshold")
 	}
 	clk.Advance(200 * time.Millisecond)
@@ -218,8 +218,8 @@ func TestPageCacheBusy(t *testing.T) {
 	if res.Status != OSPageCacheBusy || !errors.Is(err, ErrBusy) {
 		t.Fatalf("status %v err %v", res.Status, err)
 	}
-	s.beginTimeInLock.Store(0)
-	s.put.Unlock()
+	s.log.SetLockedSince(0)
+	release()
 	if res, err := s.PutMessage(context.Background(), msg("T", "x")); res.Status != PutOK {
 		t.Fatalf("after release: %v %v", res.Status, err)
 	}
@@ -330,10 +330,10 @@ func TestBatch(t *testing.T) {
 	if _, err := s.PutMessage(context.Background(), msg("B", strings.Repeat("y", 3000))); err != nil {
 		t.Fatal(err)
 	}
-	b := &Batch{Topic: "B", QueueID: 2, Properties: []Property{{PropertyUniqKey, "batch-level"}}}
+	b := &Batch{Topic: "B", QueueID: 2, Properties: []Property{{Key: PropertyUniqKey, Value: "batch-level"}}}
 	for i := 0; i < 5; i++ {
 		b.Messages = append(b.Messages, BatchMessage{Body: []byte(strings.Repeat("z", 900) + strconv.Itoa(i)),
-			Properties: []Property{{PropertyUniqKey, "u" + strconv.Itoa(i)}}, Flag: int32(i)})
+			Properties: []Property{{Key: PropertyUniqKey, Value: "u" + strconv.Itoa(i)}}, Flag: int32(i)})
 	}
 	res, err := s.PutMessages(context.Background(), b)
 	if err != nil || res.Status != PutOK {
@@ -369,8 +369,8 @@ func TestBatch(t *testing.T) {
 		b    *Batch
 	}{
 		{"empty", &Batch{Topic: "B"}},
-		{"delay", &Batch{Topic: "B", Properties: []Property{{PropertyDelayLevel, "3"}}, Messages: b.Messages[:1]}},
-		{"inner delay", &Batch{Topic: "B", Messages: []BatchMessage{{Body: []byte("x"), Properties: []Property{{PropertyDelayLevel, "1"}}}}}},
+		{"delay", &Batch{Topic: "B", Properties: []Property{{Key: PropertyDelayLevel, Value: "3"}}, Messages: b.Messages[:1]}},
+		{"inner delay", &Batch{Topic: "B", Messages: []BatchMessage{{Body: []byte("x"), Properties: []Property{{Key: PropertyDelayLevel, Value: "1"}}}}}},
 		{"transaction", &Batch{Topic: "B", SysFlag: TransactionPreparedType, Messages: b.Messages[:1]}},
 		{"nil body", &Batch{Topic: "B", Messages: []BatchMessage{{}}}},
 		{"too big for a file", &Batch{Topic: "B", Messages: manySmall(60, 100)}},
@@ -378,9 +378,9 @@ func TestBatch(t *testing.T) {
 		{"bad topic", &Batch{Topic: "a/b", Messages: b.Messages[:1]}},
 	}
 	for _, c := range bad {
-		before := s.queue.maxOffset()
+		before := s.log.MaxOffset()
 		res, err := s.PutMessages(context.Background(), c.b)
-		if res.Status != MessageIllegal || !errors.Is(err, ErrIllegal) || s.queue.maxOffset() != before {
+		if res.Status != MessageIllegal || !errors.Is(err, ErrIllegal) || s.log.MaxOffset() != before {
 			t.Errorf("%s: status %v err %v", c.name, res.Status, err)
 		}
 	}
@@ -394,7 +394,7 @@ func TestDelayDiversion(t *testing.T) {
 		wantDelay string
 	}{{"1", 0, "1"}, {"3", 2, "3"}, {"18", 17, "18"}, {"40", 17, "18"}}
 	for _, c := range cases {
-		m := msg("Orders", "d", Property{PropertyDelayLevel, c.level}, Property{PropertyTags, "t"})
+		m := msg("Orders", "d", Property{Key: PropertyDelayLevel, Value: c.level}, Property{Key: PropertyTags, Value: "t"})
 		m.QueueID = 5
 		res, err := s.PutMessage(context.Background(), m)
 		if err != nil {
@@ -415,7 +415,7 @@ func TestDelayDiversion(t *testing.T) {
 		}
 	}
 	// Prepared transactional messages are not diverted and get no queue offset.
-	m := msg("Orders", "p", Property{PropertyDelayLevel, "2"})
+	m := msg("Orders", "p", Property{Key: PropertyDelayLevel, Value: "2"})
 	m.SysFlag = TransactionPreparedType
 	res, _ := s.PutMessage(context.Background(), m)
 	if res.Append.Topic != "Orders" || res.Append.QueueOffset != 0 {
@@ -522,7 +522,7 @@ func TestRecoveryCutsTornTail(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer s2.Close()
-	if got := s2.queue.maxOffset(); got != last.WroteOffset {
+	if got := s2.log.MaxOffset(); got != last.WroteOffset {
 		t.Fatalf("end after recovery %d, want %d (start of the torn record)", got, last.WroteOffset)
 	}
 	after, _ := os.ReadFile(path)
@@ -703,12 +703,12 @@ func TestSyncModeAckIsDurable(t *testing.T) {
 		if err != nil || res.Status != PutOK {
 			t.Fatal(res.Status, err)
 		}
-		if d := s.queue.flushedWhere.Load(); d < res.Append.NextOffset() {
+		if d := s.log.Flushed(); d < res.Append.NextOffset() {
 			t.Fatalf("acked message ends at %d but only %d is synced", res.Append.NextOffset(), d)
 		}
 	}
 	// WAIT=false returns without waiting; the flusher is only woken.
-	res, err := s.PutMessage(context.Background(), msg("S", "nowait", Property{PropertyWaitStoreOK, "false"}))
+	res, err := s.PutMessage(context.Background(), msg("S", "nowait", Property{Key: PropertyWaitStoreOK, Value: "false"}))
 	if err != nil || res.Status != PutOK {
 		t.Fatal(res.Status, err)
 	}
@@ -717,7 +717,7 @@ func TestSyncModeAckIsDurable(t *testing.T) {
 func TestSyncModeCancelledWait(t *testing.T) {
 	s, _ := openTest(t, func(o *Options) { o.FlushMode = FlushSync })
 	// Hold the sync lock so no sync can complete, then cancel the put.
-	s.queue.syncMu.Lock()
+	releaseSync := s.log.Files().HoldSync()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	var res PutResult
@@ -727,7 +727,7 @@ func TestSyncModeCancelledWait(t *testing.T) {
 		res, err = s.PutMessage(ctx, msg("S", "x"))
 	}()
 	// Wait until the message is appended, then cancel.
-	for s.queue.maxOffset() == 0 {
+	for s.log.MaxOffset() == 0 {
 		select {
 		case <-done:
 			t.Fatal("put returned before a sync could have happened")
@@ -737,7 +737,7 @@ func TestSyncModeCancelledWait(t *testing.T) {
 	}
 	cancel()
 	<-done
-	s.queue.syncMu.Unlock()
+	releaseSync()
 	if !errors.Is(err, context.Canceled) || res.Status != UnknownError || !res.Appended() {
 		t.Fatalf("cancelled sync put: status %v err %v appended %v", res.Status, err, res.Appended())
 	}

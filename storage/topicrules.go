@@ -3,6 +3,8 @@ package storage
 import (
 	"fmt"
 	"strings"
+
+	"github.com/storaged/storaged/storage/record"
 )
 
 // Topic rules, shared by the store (puts, the topic table, the admin
@@ -79,7 +81,7 @@ func TopicNameProblem(topic string) string {
 		return fmt.Sprintf("topic is %d bytes long, limit %d", len(topic), MaxTopicLength)
 	}
 	for i := 0; i < len(topic); i++ {
-		if !topicByte(topic[i]) {
+		if !record.TopicByte(topic[i]) {
 			return fmt.Sprintf("topic must contain only the characters [%%|a-zA-Z0-9_-]; byte %d is %q", i, topic[i])
 		}
 	}
@@ -89,7 +91,7 @@ func TopicNameProblem(topic string) string {
 			return ""
 		}
 		for i := 0; i < len(d); i++ {
-			if !topicByte(d[i]) {
+			if !record.TopicByte(d[i]) {
 				return fmt.Sprintf("topic must not percent-encode characters outside [%%|a-zA-Z0-9_-] (decodes to %q)", d)
 			}
 		}
@@ -108,16 +110,6 @@ func SendTopicProblem(topic string) string {
 		return fmt.Sprintf("topic %s is reserved for the store (RocketMQ system topic); clients cannot write it", topic)
 	}
 	return ""
-}
-
-func topicByte(c byte) bool {
-	switch {
-	case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9':
-		return true
-	case c == '%', c == '|', c == '_', c == '-':
-		return true
-	}
-	return false
 }
 
 // percentDecode decodes every %XX escape of s once.

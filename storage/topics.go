@@ -31,17 +31,15 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"hash/crc32"
 	iofs "io/fs"
 	"path/filepath"
 	"sort"
-	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 
 	"github.com/rs/zerolog"
 
+	"github.com/storaged/storaged/storage/internal/base"
 	"github.com/storaged/storaged/storage/vfs"
 )
 
@@ -380,7 +378,7 @@ func (t *topicTable) persistLocked(snap *topicSnapshot) error {
 	if err != nil {
 		return fmt.Errorf("%w: encode: %w", ErrTopicConfig, err)
 	}
-	if err := writeAtomic(t.fs, t.dir, topicsName, fmt.Appendf(nil, "%s\n%d\n", body, crc32.Checksum(body, castagnoli))); err != nil {
+	if err := base.WriteAtomic(t.fs, t.dir, topicsName, base.Seal(body)); err != nil {
 		// Not logged here: the caller's call log has it, once per call.
 		if t.onWriteError != nil {
 			t.onWriteError(err)
@@ -388,22 +386,6 @@ func (t *topicTable) persistLocked(snap *topicSnapshot) error {
 		return fmt.Errorf("%w: %w", ErrTopicConfig, err)
 	}
 	return nil
-}
-
-// writeAtomic replaces dir/name with data: temp file (synced), rename,
-// directory fsync. After a crash the file is the old or the new one.
-func writeAtomic(fs vfs.FS, dir, name string, data []byte) error {
-	if err := fs.MkdirAll(dir); err != nil {
-		return fmt.Errorf("create %s: %w", dir, err)
-	}
-	tmp := filepath.Join(dir, name+".tmp")
-	if err := fs.WriteFile(tmp, data); err != nil {
-		return fmt.Errorf("write %s: %w", name, err)
-	}
-	if err := fs.Rename(tmp, filepath.Join(dir, name)); err != nil {
-		return fmt.Errorf("rename %s: %w", name, err)
-	}
-	return syncDir(fs, dir)
 }
 
 // load reads the table from disk. It reports whether there was a file. A
@@ -419,14 +401,13 @@ func (t *topicTable) load() (bool, error) {
 	if err != nil {
 		return false, fmt.Errorf("storage: read topic config: %w", err)
 	}
-	body, sum, ok := strings.Cut(strings.TrimSuffix(string(b), "\n"), "\n")
-	want, perr := strconv.ParseUint(sum, 10, 32)
-	if !ok || perr != nil || crc32.Checksum([]byte(body), castagnoli) != uint32(want) {
+	body, ok := base.Unseal(b)
+	if !ok {
 		return false, fmt.Errorf("%w: config/%s fails its CRC (move it away to adopt the topics found in the consume queues, "+
 			"with at least the default queue count each)", ErrCorrupt, topicsName)
 	}
 	var f topicsFile
-	if err := json.Unmarshal([]byte(body), &f); err != nil {
+	if err := json.Unmarshal(body, &f); err != nil {
 		return false, fmt.Errorf("%w: config/%s: %w", ErrCorrupt, topicsName, err)
 	}
 	snap := &topicSnapshot{topics: make(map[string]int32, len(f.Topics)), deleted: make(map[string]int64, len(f.Deleted))}

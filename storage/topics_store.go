@@ -1,11 +1,10 @@
 package storage
 
 import (
-	"errors"
 	"fmt"
-	iofs "io/fs"
-	"path/filepath"
 	"sort"
+
+	"github.com/storaged/storaged/storage/consumequeue"
 )
 
 // What the store does with its topic table (topics.go): admission on the
@@ -29,13 +28,6 @@ type TopicInfo struct {
 // MaxListTopics × MaxQueues queue entries.
 const MaxListTopics = 100
 
-// admitTopic is the put path's topic check: the topic a client named
-// (before any delay diversion) must be writable and have queueID, and is
-// created when unknown and auto-creation is on.
-func (s *Store) admitTopic(topic string, queueID int32) error {
-	return s.topics.admit(topic, queueID)
-}
-
 // checkAdmin refuses an admin change the store cannot take now: closed, a
 // bad or system topic name, or a slave (which takes no writes).
 func (s *Store) checkAdmin(name string) error {
@@ -48,7 +40,7 @@ func (s *Store) checkAdmin(name string) error {
 	if SystemTopic(name) {
 		return illegal("topic", fmt.Sprintf("topic %s is a system topic (RocketMQ TopicValidator); the admin calls do not manage it", name))
 	}
-	if s.opts.Role == RoleSlave {
+	if s.Role() == RoleSlave {
 		return ErrSlave
 	}
 	return nil
@@ -122,8 +114,8 @@ func (s *Store) topicInfo(c TopicConfig) TopicInfo {
 	info := TopicInfo{TopicConfig: c, Offsets: make([]QueueOffsets, c.Queues)} // c.Queues ≤ MaxQueues
 	for qid := range c.Queues {
 		info.Offsets[qid].QueueID = qid
-		if q := s.dispatch.queue(c.Name, qid); q != nil {
-			info.Offsets[qid].Min, info.Offsets[qid].Max = q.min.Load(), q.count.Load()
+		if q := s.index.Queue(c.Name, qid); q != nil {
+			info.Offsets[qid].Min, info.Offsets[qid].Max = q.Min(), q.Count()
 		}
 	}
 	return info
@@ -152,91 +144,44 @@ func (s *Store) DeleteTopic(name string) (int64, error) {
 	if _, ok := old.topics[name]; !ok {
 		return 0, fmt.Errorf("%w: %s", ErrTopicNotFound, name)
 	}
-	// Stop puts to the topic first: under the put lock, so every record of
-	// it lies below at, and none is appended after (appendRecords checks
+	// Stop puts to the topic first: under the append lock, so every record
+	// of it lies below at, and none is appended after (appendRecords checks
 	// the table under the same lock).
 	interim := old.clone()
 	delete(interim.topics, name)
-	saved := map[queueKey]*queueNext{}
-	s.put.Lock()
-	at := s.queue.maxOffset()
-	t.cur.Store(interim)
-	for k, v := range s.put.topicQueue {
-		if k.topic == name {
-			saved[k] = v
-			delete(s.put.topicQueue, k)
-		}
-	}
-	s.put.Unlock()
+	var saved map[consumequeue.Key]*queueNext
+	var at int64
+	s.log.Locked(func(end int64) {
+		at = end
+		t.cur.Store(interim)
+		saved = s.seq.take(name)
+	})
 
 	next := interim.clone()
 	next.deleted[name] = at
 	if err := t.persistLocked(next); err != nil {
 		// Undo: no put to the topic went through meanwhile, so its queue
 		// offsets are exactly as saved.
-		s.put.Lock()
-		t.cur.Store(old)
-		for k, v := range saved {
-			s.put.topicQueue[k] = v
-		}
-		s.put.Unlock()
+		s.log.Locked(func(int64) {
+			t.cur.Store(old)
+			s.seq.restore(saved)
+		})
 		return 0, err
 	}
 	// Publish the tombstone and drop the queues with the dispatcher paused,
 	// so that it neither indexes an old record of the topic after this nor
-	// writes into a queue being removed.
-	s.dispatch.runMu.Lock()
-	t.cur.Store(next)
-	err := s.dispatch.dropTopic(name)
-	s.dispatch.unlockRun() // wakes the puts waiting to index (visible.go)
+	// writes into a queue being removed; the puts waiting to index are
+	// woken after (consumequeue/visible.go).
+	var err error
+	s.index.Paused(func() {
+		t.cur.Store(next)
+		err = s.index.DropTopicPaused(name)
+	})
 	s.opts.Logger.Info().Str("topic", name).Int64("commitlog_offset", at).Msg("storage: topic deleted")
 	if err != nil {
 		return at, fmt.Errorf("storage: topic %s deleted, but removing its consume queues failed (a restart drops them): %w", name, err)
 	}
 	return at, nil
-}
-
-// dropTopic removes every consume queue of topic and its files.
-// REQUIRES: d.runMu held.
-func (d *dispatcher) dropTopic(topic string) error {
-	d.mu.Lock()
-	var qs []*consumeQueue
-	for k, q := range d.queues {
-		if k.topic == topic {
-			qs = append(qs, q)
-			delete(d.queues, k)
-		}
-	}
-	d.mu.Unlock()
-	var errs []error
-	for _, q := range qs {
-		errs = append(errs, q.close())
-	}
-	// Remove the files and sync each queue dir before the dirs go, so no
-	// crash image brings a removed file back under a re-created queue.
-	fs := d.s.opts.FS
-	root := filepath.Join(d.root, "consumequeue")
-	for _, q := range qs {
-		entries, err := fs.ReadDir(q.dir)
-		if err != nil && !errors.Is(err, iofs.ErrNotExist) {
-			errs = append(errs, err)
-			continue
-		}
-		for _, e := range entries {
-			if !e.IsDir {
-				errs = append(errs, fs.Remove(filepath.Join(q.dir, e.Name)))
-			}
-		}
-		if len(entries) > 0 {
-			errs = append(errs, syncDir(fs, q.dir))
-		}
-	}
-	if err := fs.RemoveAll(filepath.Join(root, topic)); err != nil {
-		errs = append(errs, err)
-	} else if len(qs) > 0 {
-		errs = append(errs, syncDir(fs, root))
-	}
-	return errors.Join(errs...)
 }
 
 // dropDeletedQueues removes, at Open, the consume queues a delete left
@@ -247,19 +192,19 @@ func (s *Store) dropDeletedQueues() {
 	if len(tombs) == 0 {
 		return
 	}
-	d := s.dispatch
 	stale := map[string]bool{}
-	for k, q := range d.queues {
-		at, ok := tombs[k.topic]
+	for _, k := range s.index.Keys() {
+		at, ok := tombs[k.Topic]
 		if !ok {
 			continue
 		}
-		if phys, _, _, ok := q.get(q.min.Load()); !ok || phys < at {
-			stale[k.topic] = true
+		q := s.index.Queue(k.Topic, k.Queue)
+		if phys, _, _, ok := q.Get(q.Min()); !ok || phys < at {
+			stale[k.Topic] = true
 		}
 	}
 	for topic := range stale {
-		if err := d.dropTopic(topic); err != nil {
+		if err := s.index.DropTopicPaused(topic); err != nil {
 			s.opts.Logger.Warn().Err(err).Str("topic", topic).Msg("storage: cannot remove the consume queues of a deleted topic")
 		}
 	}
@@ -268,11 +213,11 @@ func (s *Store) dropDeletedQueues() {
 // checkpointCount is the entry count cp recorded for topic/qid, or 0 when
 // the topic was deleted after cp was written (what cp counted was the
 // deleted topic's).
-func (s *Store) checkpointCount(cp checkpoint, topic string, qid int32) int64 {
+func (s *Store) checkpointCount(cp consumequeue.Checkpoint, topic string, qid int32) int64 {
 	if at, ok := s.topics.tombstones()[topic]; ok && at > cp.Dispatched {
 		return 0
 	}
-	return cp.Queues[queueName(topic, qid)]
+	return cp.Queues[consumequeue.QueueName(topic, qid)]
 }
 
 // adoptTopics, at Open, puts every topic that has consume queues but no
@@ -288,22 +233,20 @@ func (s *Store) adoptTopics() {
 	cur := t.cur.Load()
 	want := map[string]int32{}
 	bogus, example := 0, QueueID{}
-	s.dispatch.mu.RLock()
-	for k := range s.dispatch.queues {
-		if NotAllowedSendTopic(k.topic) || TopicNameProblem(k.topic) != "" {
+	for _, k := range s.index.Keys() {
+		if NotAllowedSendTopic(k.Topic) || TopicNameProblem(k.Topic) != "" {
 			continue
 		}
-		n := k.queue + 1 // covers the queue found
-		if k.queue >= MaxQueues {
+		n := k.Queue + 1 // covers the queue found
+		if k.Queue >= MaxQueues {
 			bogus++
-			example = QueueID{Topic: k.topic, QueueID: k.queue}
+			example = QueueID{Topic: k.Topic, QueueID: k.Queue}
 			n = MaxQueues
 		}
-		if n > want[k.topic] {
-			want[k.topic] = n
+		if n > want[k.Topic] {
+			want[k.Topic] = n
 		}
 	}
-	s.dispatch.mu.RUnlock()
 	if bogus > 0 {
 		s.opts.Logger.Warn().Int("queues", bogus).Str("topic", example.Topic).Int32("queue_id", example.QueueID).
 			Int("max_queues", MaxQueues).

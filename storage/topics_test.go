@@ -1,6 +1,10 @@
 package storage
 
 import (
+	"github.com/storaged/storaged/storage/schedule"
+
+	"github.com/storaged/storaged/storage/record"
+
 	"bytes"
 	"context"
 	"errors"
@@ -37,7 +41,7 @@ func putRaw(t testing.TB, s *Store, topic string, qid int32, body string) Append
 		snap.topics[topic] = math.MaxInt32 // every queue id "in range"
 		s.topics.cur.Store(snap)
 	}
-	res, err := s.appendRecords(r.topic, r.queueID, r.sysFlag, []recordSpec{r}, false)
+	res, err := s.appendRecords(r.Topic, r.QueueID, r.SysFlag, []record.Spec{r}, false)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -139,13 +143,13 @@ func TestPutTopicStatuses(t *testing.T) {
 				{"%RETRY%g", 0, PutOK, nil, ""},
 			}
 			for _, c := range cases {
-				before := s.queue.maxOffset()
+				before := s.log.MaxOffset()
 				res, err := put(c.topic, c.qid, batch)
 				if res.Status != c.status || (c.want == nil) != (err == nil) || (c.want != nil && !errors.Is(err, c.want)) ||
 					!strings.Contains(fmt.Sprint(err), c.reason) {
 					t.Fatalf("%s/%d: status %v err %v, want %v %v %q", c.topic, c.qid, res.Status, err, c.status, c.want, c.reason)
 				}
-				if c.status != PutOK && s.queue.maxOffset() != before {
+				if c.status != PutOK && s.log.MaxOffset() != before {
 					t.Fatalf("%s/%d: a refused put changed the log", c.topic, c.qid)
 				}
 			}
@@ -177,7 +181,7 @@ func TestPutTopicStatuses(t *testing.T) {
 func TestAutoCreateOff(t *testing.T) {
 	s, _ := openTest(t, func(o *Options) { o.NoAutoCreateTopics = true })
 	ctx := context.Background()
-	delayed := msg("Orders", "later", Property{PropertyDelayLevel, "1"})
+	delayed := msg("Orders", "later", Property{Key: PropertyDelayLevel, Value: "1"})
 	for _, m := range []*Message{msg("Orders", "x"), delayed} {
 		if res, err := s.PutMessage(ctx, m); !errors.Is(err, ErrTopicNotFound) || res.Status != MessageIllegal || res.Appended() {
 			t.Fatalf("put to an unknown topic: %v %v", res.Status, err)
@@ -381,7 +385,7 @@ func deleteCrash(t *testing.T, indexed bool) {
 		s.PutMessage(ctx, msg("T", fmt.Sprint("old", i)))
 	}
 	settle(t, s)
-	if err := s.dispatch.checkpoint(); err != nil { // names T/0 with 3 entries
+	if err := s.index.Checkpoint(); err != nil { // names T/0 with 3 entries
 		t.Fatal(err)
 	}
 	if _, err := s.DeleteTopic("T"); err != nil {
@@ -393,7 +397,7 @@ func deleteCrash(t *testing.T, indexed bool) {
 	if indexed {
 		settle(t, s)
 	}
-	s.queue.Sync(0)
+	s.log.Sync(0)
 	resume := s.pause()
 	img := fs.Crash(rand.New(rand.NewPCG(3, 4)))
 	resume()
@@ -485,9 +489,9 @@ func TestTopicConfigPersistFailureNotSticky(t *testing.T) {
 		}
 		return nil
 	})
-	before := s.queue.maxOffset()
+	before := s.log.MaxOffset()
 	res, err := s.PutMessage(ctx, msg("New", "x"))
-	if !errors.Is(err, ErrTopicConfig) || res.Status != ServiceNotAvailable || s.queue.maxOffset() != before {
+	if !errors.Is(err, ErrTopicConfig) || res.Status != ServiceNotAvailable || s.log.MaxOffset() != before {
 		t.Fatalf("put needing a create while the disk is full: %v %v", res.Status, err)
 	}
 	if _, err := s.CreateTopic("New2", 1); !errors.Is(err, ErrTopicConfig) {
@@ -591,7 +595,7 @@ func TestScheduleRePutRefusedByTopicConfig(t *testing.T) {
 	if _, err := s.DeleteTopic("Real"); err != nil {
 		t.Fatal(err)
 	}
-	clock.Advance(schedulePoll * 20)
+	clock.Advance(schedule.PollInterval * 20)
 	runRounds(s)
 	if st := s.Stats().Schedule; st.Skipped != 2 || st.Refused != 0 {
 		t.Fatalf("stats %+v", st)

@@ -31,7 +31,7 @@ func waitWritable(t *testing.T, s *Store, want bool) {
 	deadline := time.NewTimer(10 * time.Second)
 	defer deadline.Stop()
 	for {
-		ch := s.faults.change()
+		ch := s.faults.Change()
 		if s.Writable() == want {
 			return
 		}

@@ -80,7 +80,7 @@ func putThenRead(s *Store, topic string, qid int32, batch bool) error {
 // is answered (then durable).
 func TestSyncPutVisibleOnlyWhenDurable(t *testing.T) {
 	s, _ := openTest(t, func(o *Options) { o.FlushMode = FlushSync })
-	s.queue.syncMu.Lock() // no sync can complete
+	releaseSync := s.log.Files().HoldSync() // no sync can complete
 	type answer struct {
 		res PutResult
 		err error
@@ -90,22 +90,22 @@ func TestSyncPutVisibleOnlyWhenDurable(t *testing.T) {
 		r, err := s.PutMessage(context.Background(), msg("D", "x"))
 		done <- answer{r, err}
 	}()
-	for s.queue.maxOffset() == 0 { // appended, waiting for its sync
+	for s.log.MaxOffset() == 0 { // appended, waiting for its sync
 		runtime.Gosched()
 	}
-	s.dispatch.run(s.visibleEnd()) // a dispatch round changes nothing either
+	s.index.Run(s.visibleEnd()) // a dispatch round changes nothing either
 	if _, hi, err := s.QueueInfo("D", 0); err == nil && hi > 0 {
 		t.Fatal("an unsynced message is counted by QueueInfo")
 	}
 	if res, err := s.PullMessages(context.Background(), PullRequest{Topic: "D"}); len(res.Messages) != 0 {
 		t.Fatalf("an unsynced message is pullable: %v", err)
 	}
-	s.queue.syncMu.Unlock()
+	releaseSync()
 	a := <-done
 	if a.err != nil || a.res.Status != PutOK {
 		t.Fatal(a.res.Status, a.err)
 	}
-	if d := s.queue.flushedWhere.Load(); d < a.res.Append.NextOffset() {
+	if d := s.log.Flushed(); d < a.res.Append.NextOffset() {
 		t.Fatalf("acked at %d, durable only to %d", a.res.Append.NextOffset(), d)
 	}
 	if err := putThenReadExisting(s, "D", a.res.Append); err != nil {
@@ -126,13 +126,13 @@ func putThenReadExisting(s *Store, topic string, a AppendResult) error {
 // put itself or the dispatcher) and answers readable.
 func TestPutWaitsForRunningRound(t *testing.T) {
 	s, _ := openTest(t, nil)
-	s.dispatch.runMu.Lock() // a round (or checkpoint) in progress
+	resume := s.index.HoldRounds() // a round (or checkpoint) in progress
 	done := make(chan PutResult, 1)
 	go func() {
 		r, _ := s.PutMessage(context.Background(), msg("B", "x"))
 		done <- r
 	}()
-	for s.dispatch.progress.waiting.Load() == 0 { // the put waits for the round
+	for s.index.Waiting() == 0 { // the put waits for the round
 		runtime.Gosched()
 	}
 	select {
@@ -140,7 +140,7 @@ func TestPutWaitsForRunningRound(t *testing.T) {
 		t.Fatal("put answered while its record could not be indexed")
 	default:
 	}
-	s.dispatch.unlockRun()
+	resume()
 	r := <-done
 	if r.Status != PutOK {
 		t.Fatal(r.Status)
@@ -154,7 +154,7 @@ func TestPutWaitsForRunningRound(t *testing.T) {
 // the index answers UNKNOWN_ERROR with ctx's error, appended.
 func TestPutCancelledWhileIndexing(t *testing.T) {
 	s, _ := openTest(t, nil)
-	s.dispatch.runMu.Lock()
+	resume := s.index.HoldRounds()
 	ctx, cancel := context.WithCancel(context.Background())
 	type answer struct {
 		res PutResult
@@ -165,12 +165,12 @@ func TestPutCancelledWhileIndexing(t *testing.T) {
 		r, err := s.PutMessage(ctx, msg("C", "x"))
 		done <- answer{r, err}
 	}()
-	for s.dispatch.progress.waiting.Load() == 0 {
+	for s.index.Waiting() == 0 {
 		runtime.Gosched()
 	}
 	cancel()
 	a := <-done
-	s.dispatch.unlockRun()
+	resume()
 	if !errors.Is(a.err, context.Canceled) || a.res.Status != UnknownError || !a.res.Appended() {
 		t.Fatalf("cancelled while indexing: %v %v appended %v", a.res.Status, a.err, a.res.Appended())
 	}
@@ -182,14 +182,12 @@ func TestPutAnsweredWhenIndexingFails(t *testing.T) {
 	s, _ := openTest(t, nil)
 	// The next round stops at a record the dispatcher cannot parse: a
 	// commitlog offset no file holds.
-	s.dispatch.runMu.Lock()
-	s.dispatch.next = -1
-	s.dispatch.runMu.Unlock()
+	s.index.SetNext(-1)
 	r, err := s.PutMessage(context.Background(), msg("F", "x"))
 	if err != nil || r.Status != PutOK {
 		t.Fatalf("put with a failing index: %v %v", r.Status, err)
 	}
-	if !s.dispatch.stalled.Load() {
+	if !s.index.Stalled() {
 		t.Fatal("the failed round is not recorded")
 	}
 }
@@ -197,7 +195,7 @@ func TestPutAnsweredWhenIndexingFails(t *testing.T) {
 // waitPolls spins until n polls are registered with the notifier.
 func waitPolls(t *testing.T, s *Store, n int64) {
 	t.Helper()
-	for s.dispatch.notify.waiting.Load() != n {
+	for s.index.PollsWaiting() != n {
 		runtime.Gosched()
 	}
 }
@@ -225,7 +223,7 @@ func TestLongPollWakesOnlyForItsQueue(t *testing.T) {
 	if _, err := s.PutMessage(context.Background(), m); err != nil {
 		t.Fatal(err)
 	}
-	if n := s.dispatch.notify.woken.Load(); n != 0 {
+	if n := s.index.WokenPolls(); n != 0 {
 		t.Fatalf("puts to other queues woke the poll %d times", n)
 	}
 	select {
@@ -242,10 +240,10 @@ func TestLongPollWakesOnlyForItsQueue(t *testing.T) {
 	if len(res.Messages) != 1 || string(res.Messages[0].Body) != "mine" {
 		t.Fatalf("woken poll: %d messages", len(res.Messages))
 	}
-	if n := s.dispatch.notify.woken.Load(); n != 1 {
+	if n := s.index.WokenPolls(); n != 1 {
 		t.Fatalf("woken %d times, want 1", n)
 	}
-	if s.dispatch.notify.waiting.Load() != 0 || len(s.dispatch.notify.waits) != 0 {
+	if s.index.PollsWaiting() != 0 || s.index.Registrations() != 0 {
 		t.Fatal("the notifier keeps a registration after the poll ended")
 	}
 }
@@ -258,7 +256,7 @@ func TestFilteredLongPollDoesNotRescan(t *testing.T) {
 	putTagged := func(n int, tag string) {
 		t.Helper()
 		for range n {
-			if _, err := s.PutMessage(context.Background(), msg("F", "x", Property{PropertyTags, tag})); err != nil {
+			if _, err := s.PutMessage(context.Background(), msg("F", "x", Property{Key: PropertyTags, Value: tag})); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -273,7 +271,7 @@ func TestFilteredLongPollDoesNotRescan(t *testing.T) {
 	waitPolls(t, s, 1)
 	for i := range 100 { // each put wakes the poll
 		putTagged(1, "other")
-		for s.pulls.scanned.Load()-before < uint64(301+i) || s.dispatch.notify.waiting.Load() != 1 {
+		for s.pulls.scanned.Load()-before < uint64(301+i) || s.index.PollsWaiting() != 1 {
 			runtime.Gosched() // the poll reads the new entry and waits again
 		}
 	}
@@ -298,7 +296,7 @@ func TestPullScanBound(t *testing.T) {
 	for range total / 100 {
 		b := &Batch{Topic: "S", Messages: make([]BatchMessage, 100)}
 		for i := range b.Messages {
-			b.Messages[i] = BatchMessage{Body: []byte("x"), Properties: []Property{{PropertyTags, "other"}}}
+			b.Messages[i] = BatchMessage{Body: []byte("x"), Properties: []Property{{Key: PropertyTags, Value: "other"}}}
 		}
 		if _, err := s.PutMessages(context.Background(), b); err != nil {
 			t.Fatal(err)
@@ -353,7 +351,7 @@ func TestEntryDisagreesWithRecord(t *testing.T) {
 			// running store may hold the queue's tail in memory.
 			s, o := openTest(t, nil)
 			for i, tag := range []string{"other", "want", "other"} {
-				if _, err := s.PutMessage(context.Background(), msg("E", fmt.Sprint(i), Property{PropertyTags, tag})); err != nil {
+				if _, err := s.PutMessage(context.Background(), msg("E", fmt.Sprint(i), Property{Key: PropertyTags, Value: tag})); err != nil {
 					t.Fatal(err)
 				}
 			}
@@ -400,31 +398,6 @@ func flipEntry(t *testing.T, dir, topic string, off, at int64, change func(size 
 	}
 }
 
-// TestParseHeadNeverPanics: the header parse of skipped entries takes any
-// bytes.
-func TestParseHeadNeverPanics(t *testing.T) {
-	s, _ := openTest(t, nil)
-	r, err := s.PutMessage(context.Background(), msg("P", "body", Property{PropertyTags, "t"}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	rec, err := s.GetMessage(r.Append.WroteOffset)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if h, ok := parseHead(rec.Raw); !ok || string(h.tags) != "t" || string(h.topic) != "P" || h.total != rec.TotalSize {
-		t.Fatalf("parseHead of a good record: %+v %v", h, ok)
-	}
-	for i := range rec.Raw {
-		for _, v := range []byte{0, 0xff, rec.Raw[i] ^ 0x80} {
-			b := append([]byte(nil), rec.Raw...)
-			b[i] = v
-			parseHead(b)
-			parseHead(b[:i])
-		}
-	}
-}
-
 // TestPutNotHeldByCheckpointSync: a checkpoint holds runMu only for its
 // snapshot, so a put that waits to read its write is answered, indexed,
 // while the checkpoint's syncs are still running (here: its commitlog sync
@@ -442,18 +415,18 @@ func TestPutNotHeldByCheckpointSync(t *testing.T) {
 	}
 	snapped := make(chan struct{})
 	var once sync.Once
-	s.dispatch.afterSnapshot = func() { once.Do(func() { close(snapped) }) }
-	s.queue.syncMu.Lock() // the checkpoint's commitlog sync waits here
+	s.index.SetAfterSnapshot(func() { once.Do(func() { close(snapped) }) })
+	releaseSync := s.log.Files().HoldSync() // the checkpoint's commitlog sync waits here
 	cpDone := make(chan error, 1)
-	go func() { cpDone <- s.dispatch.checkpoint() }()
+	go func() { cpDone <- s.index.Checkpoint() }()
 	<-snapped
 	res, err := s.PutMessage(context.Background(), msg("New", "during the checkpoint"))
 	if err != nil || res.Status != PutOK {
-		s.queue.syncMu.Unlock()
+		releaseSync()
 		t.Fatalf("put during the checkpoint: %v %v", res.Status, err)
 	}
 	_, hi, qerr := s.QueueInfo("New", 0)
-	s.queue.syncMu.Unlock()
+	releaseSync()
 	if qerr != nil || hi != 1 {
 		t.Fatalf("put answered PUT_OK during the checkpoint's sync but not readable: max %d, %v", hi, qerr)
 	}

@@ -1,8 +1,6 @@
-package storage
+package consumequeue
 
 import (
-	"bytes"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	iofs "io/fs"
@@ -11,26 +9,34 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/storaged/storaged/storage/internal/base"
+	"github.com/storaged/storaged/storage/internal/fault"
+	"github.com/storaged/storaged/storage/record"
+	"github.com/storaged/storaged/storage/segment"
 )
 
-// dispatcher follows the commitlog and writes consume-queue entries
-// (RocketMQ ReputMessageService). It dispatches only up to the visible end:
-// the durable offset in sync mode, so that a consumer never reads a message
-// that a power cut could take back (RocketMQ #8239), and the written offset
-// in async mode. It also writes the checkpoint.
-type dispatcher struct {
-	s    *Store
+// Index is the consume queues and their dispatcher: it follows the
+// commitlog and writes consume-queue entries (RocketMQ
+// ReputMessageService). It dispatches only up to Options.Watermark: the
+// durable offset in sync mode, so that a consumer never reads a message
+// that a power cut could take back (RocketMQ #8239), the written offset in
+// async mode, the commit index under replication. It also writes the
+// checkpoint.
+type Index struct {
+	opts Options
 	root string
+	log  Log
 
 	mu     sync.RWMutex // guards queues
-	queues map[queueKey]*consumeQueue
+	queues map[Key]*Queue
 	files  *cqFiles // the consume queues' open files
 
 	// touched holds the queues with entries put this round, written at
 	// its end (writeQueues); verify makes a round check every record's
 	// CRC first (rebuild, over records recovery did not scan), naming
 	// verifyFlushed in the CorruptionError. Guarded by runMu.
-	touched       []*consumeQueue
+	touched       []*Queue
 	verify        bool
 	verifyFlushed int64
 
@@ -52,7 +58,7 @@ type dispatcher struct {
 	// advanced (a poll waits); advancedAll that it advanced more than
 	// maxAdvanced of them. Guarded by runMu.
 	collect     bool
-	advanced    []queueKey
+	advanced    []Key
 	advancedAll bool
 	// lastTopic is the topic of the last record dispatched, kept across
 	// rounds so that a round per put does not allocate its topic string
@@ -62,7 +68,7 @@ type dispatcher struct {
 	// cpMu serialises checkpoints (the dispatcher's, retention's, Close's)
 	// and guards lastCP. Lock order: cpMu, then runMu.
 	cpMu   sync.Mutex
-	lastCP checkpoint // last checkpoint written; guarded by cpMu
+	lastCP Checkpoint // last checkpoint written; guarded by cpMu
 	// afterSnapshot, if set (tests), runs once a checkpoint has taken its
 	// snapshot and released runMu.
 	afterSnapshot func()
@@ -72,17 +78,19 @@ type dispatcher struct {
 	wg   sync.WaitGroup
 }
 
-func newDispatcher(s *Store) *dispatcher {
-	return &dispatcher{s: s, root: s.opts.Dir, queues: map[queueKey]*consumeQueue{}, notify: newQueueNotifier(),
-		files: newCQFiles(s.opts.FS, s.opts.MaxOpenQueueFiles),
+// New returns an empty index over log (Load finds the queues on disk). It
+// starts nothing: Start runs the dispatcher goroutine, Close ends it.
+func New(log Log, opts Options) *Index {
+	return &Index{opts: opts, root: opts.Dir, log: log, queues: map[Key]*Queue{}, notify: newQueueNotifier(),
+		files: newCQFiles(opts.FS, opts.MaxOpenFiles),
 		kick:  make(chan struct{}, 1), done: make(chan struct{})}
 }
 
-// loadQueues finds every consume queue on disk, without opening its files,
+// Load finds every consume queue on disk, without opening its files,
 // and cuts each to the count the checkpoint recorded for it (want; see
 // loadConsumeQueue).
-func (d *dispatcher) loadQueues(commitlogEnd int64, want func(topic string, qid int32) int64) error {
-	fs := d.s.opts.FS
+func (d *Index) Load(commitlogEnd int64, want func(topic string, qid int32) int64) error {
+	fs := d.opts.FS
 	topics, err := fs.ReadDir(filepath.Join(d.root, "consumequeue"))
 	if errors.Is(err, iofs.ErrNotExist) {
 		return nil
@@ -91,7 +99,7 @@ func (d *dispatcher) loadQueues(commitlogEnd int64, want func(topic string, qid 
 		return fmt.Errorf("storage: read consume queues: %w", err)
 	}
 	for _, t := range topics {
-		if !t.IsDir || !validTopic(t.Name) {
+		if !t.IsDir || !record.ValidTopic(t.Name) {
 			continue
 		}
 		ids, err := fs.ReadDir(filepath.Join(d.root, "consumequeue", t.Name))
@@ -99,22 +107,22 @@ func (d *dispatcher) loadQueues(commitlogEnd int64, want func(topic string, qid 
 			return fmt.Errorf("storage: read consume queues of %s: %w", t.Name, err)
 		}
 		for _, id := range ids {
-			topic, qid, ok := splitQueueName(t.Name + "/" + id.Name)
+			topic, qid, ok := SplitQueueName(t.Name + "/" + id.Name)
 			if !ok || !id.IsDir {
 				continue
 			}
-			q, err := loadConsumeQueue(d.files, d.root, topic, qid, d.s.opts.ConsumeQueueEntries,
+			q, err := loadQueue(d.files, d.root, topic, qid, d.opts.EntriesPerFile,
 				want(topic, qid), commitlogEnd)
 			if err != nil {
 				return err
 			}
-			d.queues[queueKey{topic, qid}] = q
+			d.queues[Key{topic, qid}] = q
 		}
 	}
 	return nil
 }
 
-func (d *dispatcher) start() {
+func (d *Index) Start() {
 	d.wg.Add(1)
 	go d.loop()
 }
@@ -135,26 +143,26 @@ const dispatchPause = time.Millisecond
 // A round or checkpoint that failed transiently (faults.go) is retried on
 // the retry timer with the source's backoff, whether or not a put kicks
 // the dispatcher meanwhile: once puts are refused, none will.
-func (d *dispatcher) loop() {
+func (d *Index) loop() {
 	defer d.wg.Done()
-	t := time.NewTicker(d.s.opts.CheckpointInterval)
+	t := time.NewTicker(d.opts.CheckpointInterval)
 	defer t.Stop()
 	pause := time.NewTimer(dispatchPause)
 	pause.Stop()
-	retry := time.NewTimer(faultRetryMax)
+	retry := time.NewTimer(fault.RetryMax)
 	retry.Stop()
 	defer retry.Stop()
 	retrying := false // retry is armed
 	for {
 		if !retrying {
-			if delay, ok := d.s.faults.retryIn(faultConsumeQueue, faultCheckpoint); ok {
+			if delay, ok := d.opts.Faults.RetryIn(fault.ConsumeQueue, fault.Checkpoint); ok {
 				retry.Reset(delay)
 				retrying = true
 			}
 		}
 		select {
 		case <-d.kick:
-			if !d.run(d.s.visibleEnd()) {
+			if !d.Run(d.opts.Watermark()) {
 				continue
 			}
 			pause.Reset(dispatchPause)
@@ -164,12 +172,12 @@ func (d *dispatcher) loop() {
 				return
 			}
 		case <-t.C:
-			d.run(d.s.visibleEnd())
+			d.Run(d.opts.Watermark())
 			d.checkpointRound()
 		case <-retry.C:
 			retrying = false
-			d.run(d.s.visibleEnd())
-			if d.s.faults.failing(faultCheckpoint) {
+			d.Run(d.opts.Watermark())
+			if d.opts.Faults.Failing(fault.Checkpoint) {
 				d.checkpointRound()
 			}
 		case <-d.done:
@@ -179,30 +187,30 @@ func (d *dispatcher) loop() {
 }
 
 // checkpointRound writes the checkpoint and records the outcome: a failed
-// commitlog sync is sticky (checkpoint already called Store.fail), any
+// commitlog sync is sticky (checkpoint already reported it), any
 // other failure a transient fault of the checkpoint, retried by loop.
-func (d *dispatcher) checkpointRound() {
-	err := d.checkpoint()
+func (d *Index) checkpointRound() {
+	err := d.Checkpoint()
 	switch {
 	case err == nil:
-		d.s.faults.cleared(faultCheckpoint)
-	case errors.Is(err, ErrWriteFailed):
+		d.opts.Faults.Cleared(fault.Checkpoint)
+	case errors.Is(err, base.ErrWriteFailed):
 	default:
-		d.s.faults.failed(faultCheckpoint, err)
+		d.opts.Faults.Failed(fault.Checkpoint, err)
 	}
 }
 
-// wake asks for a dispatch round without blocking.
-func (d *dispatcher) wake() {
+// Wake asks for a dispatch round without blocking.
+func (d *Index) Wake() {
 	select {
 	case d.kick <- struct{}{}:
 	default:
 	}
 }
 
-// run dispatches every record in [next, end) and publishes the progress.
+// Run dispatches every record in [next, end) and publishes the progress.
 // It reports whether there was anything to dispatch.
-func (d *dispatcher) run(end int64) bool {
+func (d *Index) Run(end int64) bool {
 	d.runMu.Lock()
 	did, _ := d.runLocked(end)
 	d.unlockRun()
@@ -213,10 +221,10 @@ func (d *dispatcher) run(end int64) bool {
 // that advances more wakes every poll.
 const maxAdvanced = 1024
 
-// runLocked is run. It publishes the progress (dispatched, then the long
+// runLocked is Run. It publishes the progress (dispatched, then the long
 // polls of the queues advanced) whether or not the round failed part way.
 // REQUIRES: runMu held.
-func (d *dispatcher) runLocked(end int64) (bool, error) {
+func (d *Index) runLocked(end int64) (bool, error) {
 	if d.closed || d.next >= end {
 		return false, nil
 	}
@@ -235,34 +243,34 @@ func (d *dispatcher) runLocked(end int64) (bool, error) {
 	d.collect, d.advanced, d.advancedAll = false, d.advanced[:0], false
 	if err != nil {
 		d.stalled.Store(true)
-		if errors.Is(err, ErrCorrupt) {
-			d.s.fail(err) // the commitlog itself is bad: no retry can help
+		if errors.Is(err, base.ErrCorrupt) {
+			d.opts.Fail(err) // the commitlog itself is bad: no retry can help
 		} else {
 			// A consume-queue write failed (ENOSPC, EMFILE, EIO): next
 			// stays at the entry that failed and loop retries it. Kick
 			// it, in case this round was a put's (visible.go): it arms
 			// its retry timer when it wakes.
-			d.s.faults.failed(faultConsumeQueue, err)
-			d.wake()
+			d.opts.Faults.Failed(fault.ConsumeQueue, err)
+			d.Wake()
 		}
 		return true, err
 	}
 	d.stalled.Store(false)
-	d.s.faults.cleared(faultConsumeQueue)
+	d.opts.Faults.Cleared(fault.ConsumeQueue)
 	return true, nil
 }
 
 // noteAdvanced records that the round wrote an entry of k. REQUIRES:
 // runMu held, d.collect.
-func (d *dispatcher) noteAdvanced(topic string, qid int32) {
-	if n := len(d.advanced); n > 0 && d.advanced[n-1] == (queueKey{topic, qid}) || d.advancedAll {
+func (d *Index) noteAdvanced(topic string, qid int32) {
+	if n := len(d.advanced); n > 0 && d.advanced[n-1] == (Key{topic, qid}) || d.advancedAll {
 		return
 	}
 	if len(d.advanced) == maxAdvanced {
 		d.advancedAll = true
 		return
 	}
-	d.advanced = append(d.advanced, queueKey{topic, qid})
+	d.advanced = append(d.advanced, Key{topic, qid})
 }
 
 // dispatchTo indexes the records in [next, end). The entries of a round
@@ -270,64 +278,74 @@ func (d *dispatcher) noteAdvanced(topic string, qid int32) {
 // write fails (a full disk, EMFILE) drops them and next moves back to the
 // first of them, so the next round writes them again: puts of the entries
 // after it, to other queues, are idempotent.
-func (d *dispatcher) dispatchTo(end int64) error {
+func (d *Index) dispatchTo(end int64) error {
 	err := d.dispatchRecords(end)
 	return errors.Join(err, d.writeQueues())
 }
 
-func (d *dispatcher) dispatchRecords(end int64) error {
+func (d *Index) dispatchRecords(end int64) error {
 	// Deleted topics: their records below the delete are never indexed
-	// again (topics.go). Tombstones change only under runMu, which the
-	// caller holds.
-	tombs := d.s.topics.tombstones()
+	// again. Tombstones change only under runMu, which the caller holds.
+	tombs := d.opts.Tombstones()
 	skipBelow := tombs[d.lastTopic]
+	fileSize := d.log.FileSize()
 	for d.next < end {
-		f := d.s.queue.findByOffset(d.next)
-		if f == nil {
+		b := d.log.At(d.next)
+		if b == nil {
 			return fmt.Errorf("storage: dispatch: no commitlog file holds offset %d", d.next)
 		}
-		rel := d.next - f.from
-		b := f.data[rel:]
-		if len(b) < BlankLen || IsBlank(b) {
-			d.next = f.from + f.size
+		fileStart := d.next - d.next%fileSize
+		if len(b) < record.BlankLen || record.IsBlank(b) {
+			d.next = fileStart + fileSize
 			continue
 		}
+		bad := func(reason string) error {
+			return &base.CorruptionError{File: "commitlog/" + segment.FileName(fileStart), Offset: d.next,
+				Flushed: d.verifyFlushed, Reason: reason}
+		}
+		var h record.Header
+		var err error
 		if d.verify {
-			if err := verifyRecord(b, f.from+rel, !d.s.opts.DisablePropCRC); err != nil {
-				return &CorruptionError{File: "commitlog/" + fileName(f.from), Offset: d.next, Flushed: d.verifyFlushed,
-					Reason: err.Error() + " (found rebuilding the consume queues)"}
+			// Recovery checked the records from its scan start on, not
+			// those below it that a rebuild reads: check each completely.
+			h, err = record.Check(b, d.opts.RequireCRC)
+			if err == nil && h.PhysOffset != d.next {
+				err = record.Corrupt("PHYSICALOFFSET %d, record lies at %d (stale bytes)", h.PhysOffset, d.next)
 			}
+			if err != nil {
+				return bad(err.Error() + " (found rebuilding the consume queues)")
+			}
+		} else if h, err = record.Parse(b); err != nil {
+			// No CRC check: recovery or a rebuild's verify did, or this
+			// process wrote the record. Every length is still checked.
+			return bad("dispatch: " + err.Error())
 		}
-		m, err := parseMeta(b)
-		if err != nil {
-			return &CorruptionError{File: "commitlog/" + fileName(f.from), Offset: d.next, Flushed: d.verifyFlushed,
-				Reason: "dispatch: " + err.Error()}
+		if h.QueueID < 0 || h.QueueOffset < 0 {
+			return bad(fmt.Sprintf("dispatch: queue id %d, queue offset %d", h.QueueID, h.QueueOffset))
 		}
-		if m.tx == TransactionNotType || m.tx == TransactionCommitType {
+		if tx := h.Tx(); tx == record.TransactionNotType || tx == record.TransactionCommitType {
 			topic := d.lastTopic
-			if string(m.topic) != d.lastTopic {
-				topic = string(m.topic)
-				if !validTopic(topic) { // it names a directory
-					return &CorruptionError{File: "commitlog/" + fileName(f.from), Offset: d.next, Flushed: d.verifyFlushed,
-						Reason: fmt.Sprintf("dispatch: invalid topic %q", topic)}
+			if string(h.Topic) != d.lastTopic {
+				topic = string(h.Topic)
+				if !record.ValidTopic(topic) { // it names a directory
+					return bad(fmt.Sprintf("dispatch: invalid topic %q", topic))
 				}
 				d.lastTopic = topic
 				skipBelow = tombs[topic]
 			}
 			if d.next < skipBelow {
-				d.next += int64(m.total)
+				d.next += int64(h.Total)
 				continue
 			}
-			q, err := d.queueFor(topic, m.queueID)
-			if err != nil {
-				return err
-			}
-			tags := tagsCodeBytes(m.tags)
-			if topic == ScheduleTopic {
-				tags = d.deliverAt(m.storeTS, int(m.queueID)+1)
+			q := d.queueFor(topic, h.QueueID)
+			var tags int64
+			if topic == record.ScheduleTopic {
+				tags = d.deliverAt(h.StoreTS, int(h.QueueID)+1)
+			} else {
+				tags = record.TagsCodeBytes(h.Property(record.PropertyTags))
 			}
 			had := q.pending()
-			err = q.put(m.queueOffset, d.next, m.total, tags)
+			err = q.put(h.QueueOffset, d.next, h.Total, tags)
 			if !had && q.pending() {
 				d.touched = append(d.touched, q)
 			}
@@ -335,22 +353,10 @@ func (d *dispatcher) dispatchRecords(end int64) error {
 				return err
 			}
 			if d.collect {
-				d.noteAdvanced(topic, m.queueID)
+				d.noteAdvanced(topic, h.QueueID)
 			}
 		}
-		d.next += int64(m.total)
-	}
-	return nil
-}
-
-// verifyRecord checks the record at the start of b completely, as
-// recovery does, and that it lies where it says.
-func verifyRecord(b []byte, at int64, requireCRC bool) error {
-	if _, err := checkRecord(b, requireCRC); err != nil {
-		return err
-	}
-	if got := int64(binary.BigEndian.Uint64(b[posPhysOffset:])); got != at {
-		return corrupt("PHYSICALOFFSET %d, record lies at %d (stale bytes)", got, at)
+		d.next += int64(h.Total)
 	}
 	return nil
 }
@@ -358,7 +364,7 @@ func verifyRecord(b []byte, at int64, requireCRC bool) error {
 // writeQueues writes the round's pending entries, one write per queue. A
 // queue that fails drops its pending entries and moves next back to the
 // first one (see dispatchTo). REQUIRES: runMu.
-func (d *dispatcher) writeQueues() error {
+func (d *Index) writeQueues() error {
 	var errs []error
 	for _, q := range d.touched {
 		if err := q.writePending(); err != nil {
@@ -384,36 +390,36 @@ func (d *dispatcher) writeQueues() error {
 // delivered before its delay has passed on the clock. A re-dispatch at a
 // restart reads a later clock, so it can only deliver later, never
 // earlier.
-func (d *dispatcher) deliverAt(storeTS int64, level int) int64 {
+func (d *Index) deliverAt(storeTS int64, level int) int64 {
 	from := storeTS
-	if now := d.s.clock.Now().UnixMilli(); now < from {
+	if now := d.opts.Clock.Now().UnixMilli(); now < from {
 		from = now
 	}
-	return from + d.s.delayOf(level).Milliseconds()
+	return from + d.opts.Delay(level).Milliseconds()
 }
 
-func (d *dispatcher) queueFor(topic string, qid int32) (*consumeQueue, error) {
-	k := queueKey{topic, qid}
+func (d *Index) queueFor(topic string, qid int32) *Queue {
+	k := Key{topic, qid}
 	d.mu.RLock()
 	q := d.queues[k]
 	d.mu.RUnlock()
 	if q != nil {
-		return q, nil
+		return q
 	}
 	// Nothing on disk yet: the first writePending creates the directory
 	// and the file, without a sync; the next checkpoint syncs them.
-	q = newConsumeQueue(d.files, d.root, topic, qid, d.s.opts.ConsumeQueueEntries)
+	q = newQueue(d.files, d.root, topic, qid, d.opts.EntriesPerFile)
 	d.mu.Lock()
 	d.queues[k] = q
 	d.mu.Unlock()
-	return q, nil
+	return q
 }
 
-// queue returns the consume queue of topic/qid, or nil.
-func (d *dispatcher) queue(topic string, qid int32) *consumeQueue {
+// Queue returns the consume queue of topic/qid, or nil.
+func (d *Index) Queue(topic string, qid int32) *Queue {
 	d.mu.RLock()
 	defer d.mu.RUnlock()
-	return d.queues[queueKey{topic, qid}]
+	return d.queues[Key{topic, qid}]
 }
 
 // checkpoint makes the consume queues and the commitlog durable up to the
@@ -423,7 +429,7 @@ func (d *dispatcher) queue(topic string, qid int32) *consumeQueue {
 // up to seconds after many new queues, run without it, so neither dispatch
 // rounds nor the puts waiting to read their writes (visible.go) wait for
 // them. Checkpoints run one at a time (cpMu). REQUIRES: runMu not held.
-func (d *dispatcher) checkpoint() error {
+func (d *Index) Checkpoint() error {
 	d.cpMu.Lock()
 	defer d.cpMu.Unlock()
 	d.runMu.Lock()
@@ -444,28 +450,31 @@ func (d *dispatcher) checkpoint() error {
 		return err
 	}
 	// Everything dispatched must be durable before the checkpoint says so.
-	flushed, err := d.s.queue.Sync(0)
+	// In async mode this sync also bounds the loss window to
+	// CheckpointInterval, whatever the flush policy's page threshold (see
+	// storage.Options.FlushLeastPages).
+	flushed, err := d.log.Sync(0)
 	if err != nil {
 		// The commitlog's own sync: the one sticky failure.
-		d.s.fail(err)
-		return fmt.Errorf("%w: sync before checkpoint: %w", ErrWriteFailed, err)
+		d.opts.Fail(err)
+		return fmt.Errorf("%w: sync before checkpoint: %w", base.ErrWriteFailed, err)
 	}
 	if dispatched > flushed { // cannot happen: dispatched ≤ written ≤ flushed after Sync(0)
 		dispatched = flushed
 	}
-	cp := checkpoint{Flushed: flushed, Dispatched: dispatched, Queues: counts, StoreTime: d.s.lastStoreTime()}
+	cp := Checkpoint{Flushed: flushed, Dispatched: dispatched, Queues: counts, StoreTime: d.opts.LastStoreTime()}
 	if cp.Flushed == d.lastCP.Flushed && cp.Dispatched == d.lastCP.Dispatched && len(cp.Queues) == len(d.lastCP.Queues) {
 		return nil
 	}
-	if err := writeCheckpoint(d.s.opts.FS, d.root, cp); err != nil {
+	if err := WriteCheckpoint(d.opts.FS, d.root, cp); err != nil {
 		return err
 	}
 	d.lastCP = cp
 	return nil
 }
 
-// lastCheckpoint returns the last checkpoint written.
-func (d *dispatcher) lastCheckpoint() checkpoint {
+// LastCheckpoint returns the last checkpoint written.
+func (d *Index) LastCheckpoint() Checkpoint {
 	d.cpMu.Lock()
 	defer d.cpMu.Unlock()
 	return d.lastCP
@@ -473,26 +482,26 @@ func (d *dispatcher) lastCheckpoint() checkpoint {
 
 // snapshotLocked returns the dispatched offset and every queue's count:
 // what a checkpoint records. REQUIRES: runMu held.
-func (d *dispatcher) snapshotLocked() (int64, map[string]int64) {
+func (d *Index) snapshotLocked() (int64, map[string]int64) {
 	dispatched := d.next
 	counts := map[string]int64{}
 	d.mu.RLock()
-	queues := make([]*consumeQueue, 0, len(d.queues))
+	queues := make([]*Queue, 0, len(d.queues))
 	for _, q := range d.queues {
 		queues = append(queues, q)
 	}
 	d.mu.RUnlock()
 	sort.Slice(queues, func(i, j int) bool {
-		return queueName(queues[i].topic, queues[i].queueID) < queueName(queues[j].topic, queues[j].queueID)
+		return QueueName(queues[i].topic, queues[i].queueID) < QueueName(queues[j].topic, queues[j].queueID)
 	})
 	for _, q := range queues {
-		counts[queueName(q.topic, q.queueID)] = q.count.Load()
+		counts[QueueName(q.topic, q.queueID)] = q.count.Load()
 	}
 	return dispatched, counts
 }
 
-// stop ends the goroutine.
-func (d *dispatcher) stop() {
+// Stop ends the goroutine; the queues stay open (Close).
+func (d *Index) Stop() {
 	select {
 	case <-d.done:
 		return
@@ -502,7 +511,9 @@ func (d *dispatcher) stop() {
 	d.wg.Wait()
 }
 
-func (d *dispatcher) close() error {
+// Close stops the dispatcher if running and closes the queues.
+func (d *Index) Close() error {
+	d.Stop()
 	d.runMu.Lock() // a put dispatching itself (visible.go) finishes first
 	d.closed = true
 	d.unlockRun()
@@ -515,110 +526,5 @@ func (d *dispatcher) close() error {
 	return errors.Join(errs...)
 }
 
-// openQueueFiles is the number of consume-queue files open now.
-func (d *dispatcher) openQueueFiles() int { return d.files.openCount() }
-
-// recordMeta is what dispatch needs from a record header.
-type recordMeta struct {
-	total       int32
-	queueID     int32
-	queueOffset int64
-	tx          int32
-	storeTS     int64
-	topic       []byte
-	tags        []byte
-}
-
-// parseMeta reads the dispatch fields of a record. It does not check CRCs
-// (recovery or a rebuild's verify did, or this process wrote the record),
-// but it checks every length against the bytes it has, so damaged bytes
-// are an error wrapping ErrCorrupt, never a panic.
-func parseMeta(b []byte) (recordMeta, error) {
-	be := binary.BigEndian
-	if len(b) < minRecordLen {
-		return recordMeta{}, corrupt("%d bytes is too short for a record", len(b))
-	}
-	total := int32(be.Uint32(b))
-	if total < minRecordLen || int64(total) > int64(len(b)) {
-		return recordMeta{}, corrupt("total size %d out of range [%d, %d]", total, minRecordLen, len(b))
-	}
-	b = b[:total]
-	m := recordMeta{total: total, queueID: int32(be.Uint32(b[posQueueID:])),
-		queueOffset: int64(be.Uint64(b[posQueueOffset:]))}
-	if m.queueID < 0 || m.queueOffset < 0 {
-		return recordMeta{}, corrupt("queue id %d, queue offset %d", m.queueID, m.queueOffset)
-	}
-	sys := int32(be.Uint32(b[posSysFlag:]))
-	m.tx = sys & transactionMask
-	p := posBornHost + 8
-	if sys&FlagBornHostV6 != 0 {
-		p += 12
-	}
-	if p+8 > len(b) {
-		return recordMeta{}, corrupt("header overruns total size %d", total)
-	}
-	m.storeTS = int64(be.Uint64(b[p:]))
-	p += 8 + 8 + 4 + 8
-	if sys&FlagStoreHostV6 != 0 {
-		p += 12
-	}
-	if p+4 > len(b) {
-		return recordMeta{}, corrupt("header overruns total size %d", total)
-	}
-	bodyLen := int64(int32(be.Uint32(b[p:])))
-	p += 4
-	if bodyLen < 0 || bodyLen > int64(len(b)-p) {
-		return recordMeta{}, corrupt("body length %d overruns total size %d", bodyLen, total)
-	}
-	p += int(bodyLen)
-	var tl int
-	if be.Uint32(b[posMagic:]) == MagicV2 {
-		if p+2 > len(b) {
-			return recordMeta{}, corrupt("topic length overruns record")
-		}
-		tl = int(be.Uint16(b[p:]))
-		p += 2
-	} else {
-		if p+1 > len(b) {
-			return recordMeta{}, corrupt("topic length overruns record")
-		}
-		tl = int(b[p])
-		p++
-	}
-	if tl > len(b)-p-2 {
-		return recordMeta{}, corrupt("topic length %d overruns record", tl)
-	}
-	m.topic = b[p : p+tl]
-	p += tl
-	pl := int(be.Uint16(b[p:]))
-	p += 2
-	if pl > len(b)-p {
-		return recordMeta{}, corrupt("properties length %d overruns record", pl)
-	}
-	m.tags = propertyIn(b[p:p+pl], PropertyTags)
-	return m, nil
-}
-
-// propertyIn finds key in an encoded properties string as parseProperties
-// reads it; the value aliases props (no allocation).
-func propertyIn(props []byte, key string) []byte {
-	for len(props) > 0 {
-		end := bytes.IndexByte(props, propertySeparator)
-		if end < 0 {
-			end = len(props)
-		}
-		item := props[:end]
-		if len(item) > len(key) && item[len(key)] == nameValueSeparator && string(item[:len(key)]) == key {
-			// As parseProperties: an item whose value holds another
-			// separator is not a property (FuzzParseMeta found it).
-			if v := item[len(key)+1:]; bytes.IndexByte(v, nameValueSeparator) < 0 {
-				return v
-			}
-		}
-		if end == len(props) {
-			break
-		}
-		props = props[end+1:]
-	}
-	return nil
-}
+// OpenFiles is the number of consume-queue files open now.
+func (d *Index) OpenFiles() int { return d.files.openCount() }

@@ -1,4 +1,4 @@
-package storage
+package segment
 
 import (
 	"errors"
@@ -8,41 +8,65 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/storaged/storaged/storage/internal/base"
 	"github.com/storaged/storaged/storage/vfs"
 )
 
-// mappedFileQueue is the commitlog: an ordered run of same-size mapped files
-// whose names are their start offsets, with no gaps. The last file takes the
-// appends; a new one comes from the allocator when it is full.
-type mappedFileQueue struct {
+// List is the commitlog's files: an ordered run of same-size mapped files
+// whose names are their start offsets, with no gaps. The last file takes
+// the appends; a new one comes from the allocator when it is full. It also
+// holds the guard that keeps a file mapped while it is read (ReadLock):
+// retention unmaps the files it removes only under the guard's write side
+// (Unmap).
+type List struct {
 	fs       vfs.FS
 	dir      string
 	fileSize int64
 	alloc    *allocator
 
-	mu    sync.RWMutex // guards files; appends read the last file under the put lock
-	files []*mappedFile
+	mu    sync.RWMutex // guards files; appends read the last file under the append lock
+	files []*File
+
+	// guard is held for reading by every reader of a file's bytes found
+	// through the list, and for writing while Unmap unmaps files taken off
+	// it.
+	guard sync.RWMutex
 
 	syncMu sync.Mutex // one Sync at a time
 	// flushedWhere is the commitlog offset below which every byte is durable.
 	flushedWhere atomic.Int64
-	syncLatency  *histogram
+	observeSync  func(time.Duration)
 }
 
-func newMappedFileQueue(fs vfs.FS, dir string, fileSize int64, syncLatency *histogram) *mappedFileQueue {
-	return &mappedFileQueue{
+// Options configure a List.
+type Options struct {
+	// PopulateChunk is how much of a file the allocator faults in at a
+	// time; 0 means DefaultPopulateChunk.
+	PopulateChunk int64
+	// ObserveSync, if set, is told the duration of every Sync that synced
+	// something.
+	ObserveSync func(time.Duration)
+}
+
+// NewList returns the list of the files in dir (none loaded yet: Load)
+// and starts its allocator goroutine; Close stops it.
+func NewList(fs vfs.FS, dir string, fileSize int64, o Options) *List {
+	if o.PopulateChunk <= 0 {
+		o.PopulateChunk = DefaultPopulateChunk
+	}
+	return &List{
 		fs:          fs,
 		dir:         dir,
 		fileSize:    fileSize,
-		alloc:       newAllocator(fs, dir, fileSize),
-		syncLatency: syncLatency,
+		alloc:       newAllocator(fs, dir, fileSize, o.PopulateChunk),
+		observeSync: o.ObserveSync,
 	}
 }
 
 // load maps every commitlog file in dir, sorted by offset. It refuses a
 // file of the wrong size or a gap between files, and deletes a zero-length
 // last file (a crash during creation).
-func (q *mappedFileQueue) load() error {
+func (q *List) Load() error {
 	entries, err := q.fs.ReadDir(q.dir)
 	if err != nil {
 		return fmt.Errorf("storage: read commitlog dir: %w", err)
@@ -53,7 +77,7 @@ func (q *mappedFileQueue) load() error {
 	}
 	var names []named
 	for _, e := range entries {
-		if from, ok := parseFileName(e.Name); ok && !e.IsDir {
+		if from, ok := ParseFileName(e.Name); ok && !e.IsDir {
 			names = append(names, named{from, e.Name})
 		}
 	}
@@ -74,7 +98,7 @@ func (q *mappedFileQueue) load() error {
 		if i > 0 && n.from != names[i-1].from+q.fileSize {
 			return fmt.Errorf("storage: gap in commitlog between %s and %s", names[i-1].name, n.name)
 		}
-		m, err := openMappedFile(q.fs, path, n.from, q.fileSize)
+		m, err := Open(q.fs, path, n.from, q.fileSize)
 		if err != nil {
 			return err
 		}
@@ -84,7 +108,7 @@ func (q *mappedFileQueue) load() error {
 }
 
 // last returns the last file or nil.
-func (q *mappedFileQueue) last() *mappedFile {
+func (q *List) Last() *File {
 	q.mu.RLock()
 	defer q.mu.RUnlock()
 	if len(q.files) == 0 {
@@ -94,7 +118,7 @@ func (q *mappedFileQueue) last() *mappedFile {
 }
 
 // first returns the first file or nil.
-func (q *mappedFileQueue) first() *mappedFile {
+func (q *List) First() *File {
 	q.mu.RLock()
 	defer q.mu.RUnlock()
 	if len(q.files) == 0 {
@@ -104,14 +128,14 @@ func (q *mappedFileQueue) first() *mappedFile {
 }
 
 // snapshot returns the current files. The slice must not be modified.
-func (q *mappedFileQueue) snapshot() []*mappedFile {
+func (q *List) Snapshot() []*File {
 	q.mu.RLock()
 	defer q.mu.RUnlock()
 	return q.files[:len(q.files):len(q.files)]
 }
 
 // findByOffset returns the file holding commitlog offset off, or nil.
-func (q *mappedFileQueue) findByOffset(off int64) *mappedFile {
+func (q *List) Find(off int64) *File {
 	q.mu.RLock()
 	defer q.mu.RUnlock()
 	if len(q.files) == 0 || off < q.files[0].from {
@@ -124,11 +148,12 @@ func (q *mappedFileQueue) findByOffset(off int64) *mappedFile {
 	return q.files[i]
 }
 
-// roll appends a new last file: the first at offset 0 when there is none,
-// otherwise right after the last one. REQUIRES: the put lock.
-func (q *mappedFileQueue) roll() (*mappedFile, error) {
+// Roll appends a new last file: the first at offset 0 when there is none,
+// otherwise right after the last one. REQUIRES: the caller serialises
+// appends (the commitlog's append lock).
+func (q *List) Roll() (*File, error) {
 	from := int64(0)
-	if l := q.last(); l != nil {
+	if l := q.Last(); l != nil {
 		from = l.from + q.fileSize
 	}
 	m, err := q.alloc.take(from)
@@ -144,21 +169,21 @@ func (q *mappedFileQueue) roll() (*mappedFile, error) {
 // removeFirst takes up to n files off the front of the queue, never the
 // last one, and returns them; the caller unmaps and deletes them
 // (retention). The min offset moves to the first file left.
-func (q *mappedFileQueue) removeFirst(n int) []*mappedFile {
+func (q *List) RemoveFirst(n int) []*File {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	n = min(n, len(q.files)-1)
 	if n <= 0 {
 		return nil
 	}
-	gone := append([]*mappedFile(nil), q.files[:n]...)
-	q.files = append([]*mappedFile(nil), q.files[n:]...)
+	gone := append([]*File(nil), q.files[:n]...)
+	q.files = append([]*File(nil), q.files[n:]...)
 	return gone
 }
 
 // maxOffset is the commitlog offset the next append goes to.
-func (q *mappedFileQueue) maxOffset() int64 {
-	l := q.last()
+func (q *List) MaxOffset() int64 {
+	l := q.Last()
 	if l == nil {
 		return 0
 	}
@@ -166,8 +191,8 @@ func (q *mappedFileQueue) maxOffset() int64 {
 }
 
 // minOffset is the first commitlog offset still on disk.
-func (q *mappedFileQueue) minOffset() int64 {
-	f := q.first()
+func (q *List) MinOffset() int64 {
+	f := q.First()
 	if f == nil {
 		return 0
 	}
@@ -179,18 +204,18 @@ func (q *mappedFileQueue) minOffset() int64 {
 // file boundary is answered by a single Sync. With minPages > 0 a file is
 // synced only when that many pages are dirty (or it is full). It returns
 // the durable offset: every byte below it has been synced.
-func (q *mappedFileQueue) Sync(minPages int) (int64, error) {
+func (q *List) Sync(minPages int) (int64, error) {
 	q.syncMu.Lock()
 	defer q.syncMu.Unlock()
 	start := time.Now()
 	durable := q.flushedWhere.Load()
 	synced := false
-	for _, m := range q.snapshot() {
+	for _, m := range q.Snapshot() {
 		if m.from+m.size <= durable {
 			continue
 		}
 		before := m.flushed.Load()
-		pos, err := m.flush(minPages)
+		pos, err := m.Flush(minPages)
 		if err != nil {
 			return durable, err
 		}
@@ -201,19 +226,19 @@ func (q *mappedFileQueue) Sync(minPages int) (int64, error) {
 		}
 	}
 	q.flushedWhere.Store(durable)
-	if synced && q.syncLatency != nil {
-		q.syncLatency.observe(time.Since(start))
+	if synced && q.observeSync != nil {
+		q.observeSync(time.Since(start))
 	}
 	return durable, nil
 }
 
 // close unmaps every file and stops the allocator. It does not sync.
-func (q *mappedFileQueue) close() error {
+func (q *List) Close() error {
 	errs := []error{q.alloc.close()}
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	for _, m := range q.files {
-		errs = append(errs, m.close())
+		errs = append(errs, m.Close())
 	}
 	q.files = nil
 	return errors.Join(errs...)
@@ -229,22 +254,24 @@ type allocator struct {
 
 	mu       sync.Mutex
 	cond     *sync.Cond
-	ready    *mappedFile // prepared, not yet handed out
-	inflight int64       // offset being prepared, or -1
+	ready    *File // prepared, not yet handed out
+	inflight int64 // offset being prepared, or -1
 	closed   bool
 	// unpopulated counts the files asked for or adopted whose population
 	// has not finished; cond is broadcast when it drops to 0.
 	unpopulated int
 
+	chunk int64 // population chunk
+
 	reqc   chan int64
-	adoptc chan *mappedFile
+	adoptc chan *File
 	done   chan struct{}
 	wg     sync.WaitGroup
 }
 
-func newAllocator(fs vfs.FS, dir string, size int64) *allocator {
-	a := &allocator{fs: fs, dir: dir, size: size, inflight: -1, reqc: make(chan int64, 1),
-		adoptc: make(chan *mappedFile, 1), done: make(chan struct{})}
+func newAllocator(fs vfs.FS, dir string, size, chunk int64) *allocator {
+	a := &allocator{fs: fs, dir: dir, size: size, chunk: chunk, inflight: -1, reqc: make(chan int64, 1),
+		adoptc: make(chan *File, 1), done: make(chan struct{})}
 	a.cond = sync.NewCond(&a.mu)
 	a.wg.Add(1)
 	go a.loop()
@@ -257,15 +284,15 @@ func newAllocator(fs vfs.FS, dir string, size int64) *allocator {
 // of the writer.
 func (a *allocator) loop() {
 	defer a.wg.Done()
-	var todo []*mappedFile // published files not yet fully populated
-	var at int64           // next offset to populate in todo[0]
+	var todo []*File // published files not yet fully populated
+	var at int64     // next offset to populate in todo[0]
 	for {
 		if len(todo) == 0 {
 			select {
 			case from := <-a.reqc:
 				todo = a.create(from, todo)
 			case m := <-a.adoptc:
-				todo = []*mappedFile{m}
+				todo = []*File{m}
 			case <-a.done:
 				return
 			}
@@ -275,16 +302,16 @@ func (a *allocator) loop() {
 		case from := <-a.reqc:
 			todo = a.create(from, todo)
 		case m := <-a.adoptc: // the writer's file: first
-			todo, at = append([]*mappedFile{m}, todo...), 0
+			todo, at = append([]*File{m}, todo...), 0
 		case <-a.done:
 			return
 		default:
 			m := todo[0]
 			// What the writer has passed needs no populating.
-			at = max(at, m.wrote.Load()&^(pageSize-1))
+			at = max(at, m.wrote.Load()&^(PageSize-1))
 			if at < m.size {
-				m.populate(at, min(at+populateChunk, m.size))
-				at += populateChunk
+				m.populate(at, min(at+a.chunk, m.size))
+				at += a.chunk
 			}
 			if at >= m.size {
 				todo, at = todo[1:], 0
@@ -297,8 +324,8 @@ func (a *allocator) loop() {
 // create makes the file starting at from, publishes it as ready and adds
 // it to todo. Errors are dropped here on purpose: take() then creates the
 // file itself and reports the real error to the put.
-func (a *allocator) create(from int64, todo []*mappedFile) []*mappedFile {
-	m, err := createMappedFile(a.fs, a.dir, from, a.size)
+func (a *allocator) create(from int64, todo []*File) []*File {
+	m, err := Create(a.fs, a.dir, from, a.size)
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	a.inflight = -1
@@ -308,7 +335,7 @@ func (a *allocator) create(from int64, todo []*mappedFile) []*mappedFile {
 		return todo
 	}
 	if a.closed || a.ready != nil {
-		m.remove()
+		m.Remove()
 		a.populatedLocked()
 		return todo
 	}
@@ -319,7 +346,7 @@ func (a *allocator) create(from int64, todo []*mappedFile) []*mappedFile {
 // adopt has the loop populate m, an existing file the writer will append
 // to (the last file at Open: a restart would otherwise leave the rest of
 // it to page faults), before anything else.
-func (a *allocator) adopt(m *mappedFile) {
+func (a *allocator) adopt(m *File) {
 	a.mu.Lock()
 	a.unpopulated++
 	a.mu.Unlock()
@@ -343,10 +370,9 @@ func (a *allocator) populatedLocked() {
 	}
 }
 
-// populateChunk is how much of a file the allocator faults in at a time
-// (MADV_POPULATE_WRITE); between chunks it serves requests and notices
-// Close, so neither a roll nor Close waits for more than one chunk. A
-// variable for tests.
+// DefaultPopulateChunk is how much of a file the allocator faults in at a
+// time (MADV_POPULATE_WRITE); between chunks it serves requests and notices
+// Close, so neither a roll nor Close waits for more than one chunk.
 //
 // Why population at all: a first write to a page of a preallocated file
 // takes a fault that cost ~15 µs per 4 KiB page here (ext4 converting the
@@ -354,29 +380,29 @@ func (a *allocator) populatedLocked() {
 // the file is handed over: populating 1 GiB took 0.1–2.2 s here, longer
 // than a writer of batches needs to fill a file, and waiting for it held
 // the put lock at every roll for up to 1.9 s (BENCHMARKS.md).
-var populateChunk int64 = 32 << 20
+const DefaultPopulateChunk int64 = 32 << 20
 
 // take returns the file starting at from: the prepared one if it matches,
 // otherwise one created now. It then asks for the following file.
-func (a *allocator) take(from int64) (*mappedFile, error) {
+func (a *allocator) take(from int64) (*File, error) {
 	a.mu.Lock()
 	for a.inflight == from {
 		a.cond.Wait()
 	}
 	if a.closed {
 		a.mu.Unlock()
-		return nil, ErrClosed
+		return nil, base.ErrClosed
 	}
 	m := a.ready
 	a.ready = nil
 	a.mu.Unlock()
 	if m != nil && m.from != from {
-		m.remove()
+		m.Remove()
 		m = nil
 	}
 	if m == nil {
 		var err error
-		if m, err = createMappedFile(a.fs, a.dir, from, a.size); err != nil {
+		if m, err = Create(a.fs, a.dir, from, a.size); err != nil {
 			return nil, err
 		}
 	}
@@ -414,9 +440,85 @@ func (a *allocator) close() error {
 	a.inflight = -1
 	a.cond.Broadcast()
 	if a.ready != nil {
-		err := a.ready.remove()
+		err := a.ready.Remove()
 		a.ready = nil
 		return err
 	}
 	return nil
+}
+
+// ReadLock holds the guard for reading: no file found through the list is
+// unmapped until ReadUnlock. Every reader of a file's bytes holds it.
+func (q *List) ReadLock() { q.guard.RLock() }
+
+// ReadUnlock releases ReadLock.
+func (q *List) ReadUnlock() { q.guard.RUnlock() }
+
+// Unmap closes files taken off the list (RemoveFirst) once no reader is
+// inside them. It does not delete them.
+func (q *List) Unmap(files []*File) error {
+	q.guard.Lock()
+	defer q.guard.Unlock()
+	var errs []error
+	for _, m := range files {
+		if err := m.Close(); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Flushed is the commitlog offset below which every byte is durable.
+func (q *List) Flushed() int64 { return q.flushedWhere.Load() }
+
+// Replace sets the files after recovery or truncation cut the list, and
+// the durable offset. REQUIRES: no appends, syncs or readers yet.
+func (q *List) Replace(files []*File, flushed int64) {
+	q.mu.Lock()
+	q.files = files
+	q.mu.Unlock()
+	q.flushedWhere.Store(flushed)
+}
+
+// Dir is the directory of the files.
+func (q *List) Dir() string { return q.dir }
+
+// FileSize is the size of every file.
+func (q *List) FileSize() int64 { return q.fileSize }
+
+// Prepare asks the allocator for the file starting at from, ahead of need.
+func (q *List) Prepare(from int64) { q.alloc.prepare(from) }
+
+// Adopt has the allocator fault in the rest of f, an existing file appends
+// go to (the last file at open).
+func (q *List) Adopt(f *File) { q.alloc.adopt(f) }
+
+// WaitPopulated waits until the allocator has faulted in every file it was
+// asked for or adopted (benchmarks time puts into populated files).
+func (q *List) WaitPopulated() { q.alloc.waitPopulated() }
+
+func (a *allocator) waitPopulated() {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for a.unpopulated > 0 && !a.closed {
+		a.cond.Wait()
+	}
+}
+
+// HoldSync stops syncs until release (a test seam: the store's tests pause
+// every writer at a consistent point).
+func (q *List) HoldSync() (release func()) {
+	q.syncMu.Lock()
+	return q.syncMu.Unlock
+}
+
+// WaitReady waits until the allocator has prepared the file starting at
+// from (a test seam).
+func (q *List) WaitReady(from int64) {
+	a := q.alloc
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for (a.ready == nil || a.ready.from != from) && !a.closed {
+		a.cond.Wait()
+	}
 }

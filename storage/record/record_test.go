@@ -1,4 +1,4 @@
-package storage
+package record
 
 import (
 	"bytes"
@@ -15,36 +15,36 @@ var update = flag.Bool("update", false, "rewrite golden files in testdata")
 
 // goldenSpecs are records whose bytes are pinned in testdata/*.golden.
 func goldenSpecs() map[string]struct {
-	spec                    recordSpec
+	spec                    Spec
 	queueOff, phys, storeTS int64
 } {
 	v4 := netip.MustParseAddrPort("10.1.2.3:4567")
 	v6 := netip.MustParseAddrPort("[2001:db8::1]:10911")
 	store := netip.MustParseAddrPort("192.168.0.9:10911")
 	type g = struct {
-		spec                    recordSpec
+		spec                    Spec
 		queueOff, phys, storeTS int64
 	}
 	return map[string]g{
-		"v4_plain": {recordSpec{topic: "TopicTest", queueID: 3, flag: 7, body: []byte("Hello RocketMQ"),
-			props: []Property{{"TAGS", "TagA"}, {"KEYS", "k1"}}, bornTS: 1700000000000, bornHost: v4, storeHost: store,
-			propCRC: false}, 42, 4096, 1700000000123},
-		"v4_propcrc": {recordSpec{topic: "TopicTest", queueID: 0, body: []byte("body"),
-			props: []Property{{"TAGS", "TagA"}}, bornTS: 1, bornHost: v4, storeHost: store, propCRC: true}, 0, 0, 2},
-		"v6_hosts": {recordSpec{topic: "t6", queueID: 1, body: []byte{0, 1, 2, 3}, bornTS: 5, bornHost: v6,
-			storeHost: netip.MustParseAddrPort("[::1]:9"), propCRC: true}, 9, 123456789, 6},
-		"empty_body_no_props": {recordSpec{topic: "x", body: []byte{}, storeHost: store}, 0, 0, 0},
+		"v4_plain": {Spec{Topic: "TopicTest", QueueID: 3, Flag: 7, Body: []byte("Hello RocketMQ"),
+			Props: []Property{{Key: "TAGS", Value: "TagA"}, {Key: "KEYS", Value: "k1"}}, BornTS: 1700000000000, BornHost: v4, StoreHost: store,
+			PropCRC: false}, 42, 4096, 1700000000123},
+		"v4_propcrc": {Spec{Topic: "TopicTest", QueueID: 0, Body: []byte("body"),
+			Props: []Property{{Key: "TAGS", Value: "TagA"}}, BornTS: 1, BornHost: v4, StoreHost: store, PropCRC: true}, 0, 0, 2},
+		"v6_hosts": {Spec{Topic: "t6", QueueID: 1, Body: []byte{0, 1, 2, 3}, BornTS: 5, BornHost: v6,
+			StoreHost: netip.MustParseAddrPort("[::1]:9"), PropCRC: true}, 9, 123456789, 6},
+		"empty_body_no_props": {Spec{Topic: "x", Body: []byte{}, StoreHost: store}, 0, 0, 0},
 	}
 }
 
-func encodeSpec(t testing.TB, r recordSpec, qo, phys, ts int64) []byte {
+func encodeSpec(t testing.TB, r Spec, qo, phys, ts int64) []byte {
 	t.Helper()
-	r.bodyCRC = BodyCRC(r.body)
-	if verr := r.size(); verr != nil {
+	r.BodyCRC = BodyCRC(r.Body)
+	if verr := r.Size(); verr != nil {
 		t.Fatalf("size: %v", verr)
 	}
-	b := make([]byte, r.total)
-	r.encode(b, qo, phys, ts)
+	b := make([]byte, r.Total)
+	r.Encode(b, qo, phys, ts)
 	return b
 }
 
@@ -65,26 +65,26 @@ func TestGoldenRecords(t *testing.T) {
 			if !bytes.Equal(got, want) {
 				t.Fatalf("encoding changed:\n got %x\nwant %x", got, want)
 			}
-			rec, n, err := DecodeRecord(want)
+			rec, n, err := Decode(want)
 			if err != nil || n != len(want) {
 				t.Fatalf("decode golden: n=%d err=%v", n, err)
 			}
 			s := g.spec
-			if rec.Topic != s.topic || rec.QueueID != s.queueID || rec.Flag != s.flag || !bytes.Equal(rec.Body, s.body) ||
+			if rec.Topic != s.Topic || rec.QueueID != s.QueueID || rec.Flag != s.Flag || !bytes.Equal(rec.Body, s.Body) ||
 				rec.QueueOffset != g.queueOff || rec.PhysicalOffset != g.phys || rec.StoreTimestamp != g.storeTS ||
-				rec.BornTimestamp != s.bornTS ||
-				rec.StoreHost.Port() != s.storeHost.Port() || rec.BornHost.Port() != s.bornHost.Port() ||
-				rec.BodyCRC != BodyCRC(s.body) || rec.HasPropCRC != s.propCRC {
+				rec.BornTimestamp != s.BornTS ||
+				rec.StoreHost.Port() != s.StoreHost.Port() || rec.BornHost.Port() != s.BornHost.Port() ||
+				rec.BodyCRC != BodyCRC(s.Body) || rec.HasPropCRC != s.PropCRC {
 				t.Fatalf("decoded fields differ: %+v vs spec %+v", rec, s)
 			}
-			wantBorn := s.bornHost
+			wantBorn := s.BornHost
 			if !wantBorn.IsValid() {
 				wantBorn = netip.AddrPortFrom(netip.IPv4Unspecified(), 0)
 			}
-			if rec.BornHost != wantBorn || rec.StoreHost.Addr() != s.storeHost.Addr() {
-				t.Fatalf("hosts: got %v %v want %v %v", rec.BornHost, rec.StoreHost, s.bornHost, s.storeHost)
+			if rec.BornHost != wantBorn || rec.StoreHost.Addr() != s.StoreHost.Addr() {
+				t.Fatalf("hosts: got %v %v want %v %v", rec.BornHost, rec.StoreHost, s.BornHost, s.StoreHost)
 			}
-			for _, p := range s.props {
+			for _, p := range s.Props {
 				if v, ok := rec.Property(p.Key); !ok || v != p.Value {
 					t.Fatalf("property %s = %q, %v", p.Key, v, ok)
 				}
@@ -161,19 +161,19 @@ func TestDecodeRejectsDamage(t *testing.T) {
 		for bit := 0; bit < 8; bit++ {
 			b := bytes.Clone(good)
 			b[i] ^= 1 << bit
-			if _, _, err := DecodeRecordStrict(b); !errors.Is(err, ErrCorrupt) {
+			if _, _, err := DecodeStrict(b); !errors.Is(err, ErrCorrupt) {
 				t.Fatalf("flip byte %d bit %d: err = %v, want ErrCorrupt", i, bit, err)
 			}
 		}
 	}
 	for n := 0; n < len(good); n++ {
-		if _, _, err := DecodeRecord(good[:n]); !errors.Is(err, ErrCorrupt) {
+		if _, _, err := Decode(good[:n]); !errors.Is(err, ErrCorrupt) {
 			t.Fatalf("truncated to %d: err = %v", n, err)
 		}
 	}
 	blank := make([]byte, 16)
-	putBlank(blank, 16)
-	if _, _, err := DecodeRecord(blank); !errors.Is(err, ErrCorrupt) {
+	PutBlank(blank, 16)
+	if _, _, err := Decode(blank); !errors.Is(err, ErrCorrupt) {
 		t.Fatalf("blank decoded as a message: %v", err)
 	}
 	if !IsBlank(blank) {
@@ -183,12 +183,12 @@ func TestDecodeRejectsDamage(t *testing.T) {
 
 func TestDecodeV2Topic(t *testing.T) {
 	long := bytes.Repeat([]byte("a"), 200)
-	r := recordSpec{topic: string(long), body: []byte("b"), storeHost: DefaultStoreHost, propCRC: true}
+	r := Spec{Topic: string(long), Body: []byte("b"), StoreHost: testStoreHost, PropCRC: true}
 	b := encodeSpec(t, r, 1, 2, 3)
 	if binary.BigEndian.Uint32(b[4:]) != MagicV2 {
 		t.Fatal("a 200-byte topic must use the V2 magic")
 	}
-	rec, _, err := DecodeRecord(b)
+	rec, _, err := Decode(b)
 	if err != nil || rec.Topic != string(long) {
 		t.Fatalf("decode V2: %v", err)
 	}
@@ -218,48 +218,48 @@ func TestMsgID(t *testing.T) {
 }
 
 func TestParseProperties(t *testing.T) {
-	got := parseProperties("a\x01b\x02\x01x\x02k\x01\x02c\x01d\x02junk\x02")
-	want := []Property{{"a", "b"}, {"c", "d"}}
+	got := ParseProperties("a\x01b\x02\x01x\x02k\x01\x02c\x01d\x02junk\x02")
+	want := []Property{{Key: "a", Value: "b"}, {Key: "c", Value: "d"}}
 	if len(got) != len(want) || got[0] != want[0] || got[1] != want[1] {
 		t.Fatalf("got %v want %v", got, want)
 	}
 }
 
-func FuzzDecodeRecord(f *testing.F) {
+func FuzzDecode(f *testing.F) {
 	for _, g := range goldenSpecs() {
 		f.Add(encodeSpec(f, g.spec, g.queueOff, g.phys, g.storeTS))
 	}
 	f.Add([]byte{})
 	f.Add(make([]byte, 100))
 	f.Fuzz(func(t *testing.T, b []byte) {
-		rec, n, err := DecodeRecord(b)
+		rec, n, err := Decode(b)
 		if err != nil {
 			if !errors.Is(err, ErrCorrupt) {
 				t.Fatalf("error does not wrap ErrCorrupt: %v", err)
 			}
 			return
 		}
-		if n > len(b) || n < minRecordLen {
+		if n > len(b) || n < MinLen {
 			t.Fatalf("n = %d of %d", n, len(b))
 		}
 		// Re-encoding what was decoded and decoding again gives the same
 		// record: decode loses nothing the encoder writes.
-		r := recordSpec{topic: rec.Topic, queueID: rec.QueueID, flag: rec.Flag, body: rec.Body, sysFlag: rec.SysFlag,
-			bornTS: rec.BornTimestamp, bornHost: rec.BornHost, storeHost: rec.StoreHost, reconsume: rec.ReconsumeTimes,
-			preparedTx: rec.PreparedTxOffset, propCRC: true}
+		r := Spec{Topic: rec.Topic, QueueID: rec.QueueID, Flag: rec.Flag, Body: rec.Body, SysFlag: rec.SysFlag,
+			BornTS: rec.BornTimestamp, BornHost: rec.BornHost, StoreHost: rec.StoreHost, Reconsume: rec.ReconsumeTimes,
+			PreparedTx: rec.PreparedTxOffset, PropCRC: true}
 		for _, p := range rec.Properties {
 			if p.Key != PropertyCRC32 {
-				r.props = append(r.props, p)
+				r.Props = append(r.Props, p)
 			}
 		}
-		r.bodyCRC = BodyCRC(r.body)
-		if r.size() != nil {
+		r.BodyCRC = BodyCRC(r.Body)
+		if r.Size() != nil {
 			return // properties the store refuses to write
 		}
-		out := make([]byte, r.total)
-		r.encode(out, rec.QueueOffset, rec.PhysicalOffset, rec.StoreTimestamp)
-		again, m, err := DecodeRecordStrict(out)
-		if err != nil || m != r.total {
+		out := make([]byte, r.Total)
+		r.Encode(out, rec.QueueOffset, rec.PhysicalOffset, rec.StoreTimestamp)
+		again, m, err := DecodeStrict(out)
+		if err != nil || m != r.Total {
 			t.Fatalf("re-encoded record does not decode: %v", err)
 		}
 		if again.Topic != rec.Topic || again.QueueID != rec.QueueID || again.QueueOffset != rec.QueueOffset ||
@@ -275,26 +275,26 @@ func FuzzEncodeDecode(f *testing.F) {
 	f.Add("TopicA", int32(1), []byte("hello"), "TAGS", "x", int64(5), true, false)
 	f.Add("%RETRY%g", int32(0), []byte{}, "k", "v", int64(0), false, true)
 	f.Fuzz(func(t *testing.T, topic string, qid int32, body []byte, k, v string, qo int64, propCRC, v6 bool) {
-		if !validTopic(topic) || body == nil {
+		if !ValidTopic(topic) || body == nil {
 			return
 		}
 		born := netip.MustParseAddrPort("1.2.3.4:5")
 		if v6 {
 			born = netip.MustParseAddrPort("[fe80::1]:5")
 		}
-		r := recordSpec{topic: topic, queueID: qid, body: body, props: []Property{{k, v}}, bornHost: born,
-			storeHost: DefaultStoreHost, propCRC: propCRC}
-		r.bodyCRC = BodyCRC(body)
-		if r.size() != nil {
+		r := Spec{Topic: topic, QueueID: qid, Body: body, Props: []Property{{Key: k, Value: v}}, BornHost: born,
+			StoreHost: testStoreHost, PropCRC: propCRC}
+		r.BodyCRC = BodyCRC(body)
+		if r.Size() != nil {
 			return // invalid property: refused before encoding
 		}
-		b := make([]byte, r.total+10)
-		r.encode(b, qo, 99, 100)
-		rec, n, err := DecodeRecord(b)
+		b := make([]byte, r.Total+10)
+		r.Encode(b, qo, 99, 100)
+		rec, n, err := Decode(b)
 		if err != nil {
 			t.Fatalf("decode of encoded record: %v", err)
 		}
-		if n != r.total || rec.Topic != topic || rec.QueueID != qid || !bytes.Equal(rec.Body, body) || rec.QueueOffset != qo ||
+		if n != r.Total || rec.Topic != topic || rec.QueueID != qid || !bytes.Equal(rec.Body, body) || rec.QueueOffset != qo ||
 			rec.PhysicalOffset != 99 || rec.StoreTimestamp != 100 || rec.BornHost != born {
 			t.Fatalf("round trip mismatch: %+v", rec)
 		}
@@ -303,3 +303,5 @@ func FuzzEncodeDecode(f *testing.F) {
 		}
 	})
 }
+
+var testStoreHost = netip.MustParseAddrPort("127.0.0.1:10911")

@@ -1,4 +1,7 @@
-package storage
+// Package retention deletes expired commitlog files and watches the disk
+// (RocketMQ CleanCommitLogService, CleanConsumeQueueService and the disk
+// checks of DefaultMessageStore).
+package retention
 
 // Retention and disk watermarks (RocketMQ CleanCommitLogService,
 // CleanConsumeQueueService and the disk checks of DefaultMessageStore).
@@ -40,13 +43,18 @@ import (
 	"errors"
 	"fmt"
 	iofs "io/fs"
-	"sort"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/rs/zerolog"
+
+	"github.com/storaged/storaged/internal/logthrottle"
+	"github.com/storaged/storaged/storage/internal/base"
+	"github.com/storaged/storaged/storage/record"
+	"github.com/storaged/storaged/storage/segment"
 	"github.com/storaged/storaged/storage/vfs"
 )
 
@@ -92,8 +100,8 @@ type DiskStats struct {
 	Err string
 }
 
-// RetentionStats count what retention did since Open.
-type RetentionStats struct {
+// Stats count what retention did since Open.
+type Stats struct {
 	// DeletedFiles and DeletedBytes count commitlog files deleted.
 	DeletedFiles, DeletedBytes uint64
 	// TrimmedQueueFiles counts consume-queue files deleted.
@@ -104,18 +112,46 @@ type RetentionStats struct {
 	LastError string
 }
 
-// retention deletes expired files and watches the disk.
-type retention struct {
-	s        *Store
+// Host is what retention needs from the store besides the file list.
+type Host interface {
+	// DeletableEnd is the commitlog offset no deleted file may reach past
+	// (the checkpoint's dispatched offset, brought up to want if it can be;
+	// the durable end; the first delayed message not yet delivered).
+	DeletableEnd(want int64) (int64, error)
+	// TrimQueues drops the consume-queue entries below commitlog offset
+	// minPhys and returns the queue files deleted.
+	TrimQueues(minPhys int64) (int, error)
+	// LastStoreTime is the newest store time stamped.
+	LastStoreTime() int64
+}
+
+// Options configure retention. Every field is required.
+type Options struct {
+	FS    vfs.FS
+	Dir   string        // the data dir (its file system is the one watched)
+	Files *segment.List // the commitlog's files: retention removes from the front
+	// FileReservedTime, DiskCleanPercent, DiskWarningPercent,
+	// DiskCheckInterval and StatDisk as storage.Options documents them;
+	// Hours is its DeleteWhen, parsed (ParseDeleteWhen).
+	FileReservedTime   time.Duration
+	Hours              [24]bool
+	DiskCleanPercent   int
+	DiskWarningPercent int
+	DiskCheckInterval  time.Duration
+	StatDisk           func(dir string) (DiskUsage, error)
+	Clock              base.Clock
+	Logger             *zerolog.Logger
+	Throttle           *logthrottle.Throttle
+}
+
+// Retention deletes expired files and watches the disk.
+type Retention struct {
+	opts     Options
+	host     Host
 	hours    [24]bool // DeleteWhen
 	reserved time.Duration
 
 	mu sync.Mutex // one round at a time
-
-	// readers is held for reading by every reader of a commitlog file's
-	// bytes found through the file list (GetMessage), and for writing while
-	// retention unmaps files it took off that list.
-	readers sync.RWMutex
 
 	full    atomic.Pointer[error] // the put refusal while the disk is above the warning watermark
 	disk    atomic.Pointer[DiskStats]
@@ -132,16 +168,13 @@ type retention struct {
 	stopOnce sync.Once
 }
 
-// newRetention prepares retention and trims the consume queues to the
-// commitlog's min offset (an earlier run may have deleted files after its
-// last consume-queue trim). The queues must be loaded. It starts nothing.
-func newRetention(s *Store) (*retention, error) {
-	r := &retention{s: s, reserved: s.opts.FileReservedTime, roundDone: make(chan struct{}), done: make(chan struct{})}
-	hours, err := parseDeleteWhen(s.opts.DeleteWhen)
-	if err != nil {
-		return nil, err
-	}
-	r.hours = hours
+// New prepares retention and trims the consume queues to the commitlog's
+// min offset (an earlier run may have deleted files after its last
+// consume-queue trim). The queues must be loaded. It starts nothing: Start
+// runs the goroutine, Stop ends it.
+func New(host Host, opts Options) (*Retention, error) {
+	r := &Retention{opts: opts, host: host, reserved: opts.FileReservedTime, roundDone: make(chan struct{}), done: make(chan struct{})}
+	r.hours = opts.Hours
 	r.disk.Store(&DiskStats{})
 	if err := r.trimQueues(); err != nil {
 		return nil, err
@@ -149,8 +182,8 @@ func newRetention(s *Store) (*retention, error) {
 	return r, nil
 }
 
-// parseDeleteWhen parses "04", "04;16" or "*" (every hour).
-func parseDeleteWhen(s string) ([24]bool, error) {
+// ParseDeleteWhen parses "04", "04;16" or "*" (every hour).
+func ParseDeleteWhen(s string) ([24]bool, error) {
 	var hours [24]bool
 	if strings.TrimSpace(s) == "*" {
 		for h := range hours {
@@ -168,23 +201,25 @@ func parseDeleteWhen(s string) ([24]bool, error) {
 	return hours, nil
 }
 
-func (r *retention) start() {
+// Start runs the retention goroutine.
+func (r *Retention) Start() {
 	r.wg.Add(1)
 	go r.loop()
 }
 
-func (r *retention) stop() {
+// Stop ends the goroutine. Calling it twice is safe.
+func (r *Retention) Stop() {
 	r.stopOnce.Do(func() {
 		close(r.done)
 		r.wg.Wait()
 	})
 }
 
-func (r *retention) loop() {
+func (r *Retention) loop() {
 	defer r.wg.Done()
 	for {
-		r.round()
-		at, release := clockWait(r.s.clock, r.s.clock.Now().Add(r.s.opts.DiskCheckInterval))
+		r.Round()
+		at, release := base.ClockWait(r.opts.Clock, r.opts.Clock.Now().Add(r.opts.DiskCheckInterval))
 		select {
 		case <-at:
 			release()
@@ -195,15 +230,16 @@ func (r *retention) loop() {
 	}
 }
 
-// roundSignal returns a channel closed when the next round ends.
-func (r *retention) roundSignal() <-chan struct{} {
+// RoundSignal returns a channel closed when the next round ends.
+func (r *Retention) RoundSignal() <-chan struct{} {
 	r.roundMu.Lock()
 	defer r.roundMu.Unlock()
 	return r.roundDone
 }
 
-// round checks the disk and deletes what is due.
-func (r *retention) round() {
+// Round checks the disk and deletes what is due (the goroutine runs one
+// every DiskCheckInterval; tests call it).
+func (r *Retention) Round() {
 	r.mu.Lock()
 	defer func() {
 		r.mu.Unlock()
@@ -217,8 +253,8 @@ func (r *retention) round() {
 	if r.reserved < 0 {
 		return
 	}
-	now := r.s.clock.Now()
-	forced := known && pct > float64(r.s.opts.DiskCleanPercent)
+	now := r.opts.Clock.Now()
+	forced := known && pct > float64(r.opts.DiskCleanPercent)
 	if !forced && !r.hours[now.Hour()] {
 		return
 	}
@@ -226,22 +262,29 @@ func (r *retention) round() {
 	if err != nil {
 		msg := err.Error()
 		r.lastErr.Store(&msg)
-		r.s.logLimit.Event("storage: retention delete", r.s.opts.Logger.Error()).Err(err).Msg("storage: retention could not delete commitlog files")
+		r.opts.Throttle.Event("storage: retention delete", r.opts.Logger.Error()).Err(err).Msg("storage: retention could not delete commitlog files")
 	}
 	if n > 0 {
 		if err := r.trimQueues(); err != nil {
 			msg := err.Error()
 			r.lastErr.Store(&msg)
-			r.s.logLimit.Event("storage: retention trim", r.s.opts.Logger.Error()).Err(err).Msg("storage: retention could not trim consume queues")
+			r.opts.Throttle.Event("storage: retention trim", r.opts.Logger.Error()).Err(err).Msg("storage: retention could not trim consume queues")
 		}
 		r.checkDisk() // writes may resume at once
 	}
 }
 
-// checkDisk reads the disk usage and turns the put refusal on above the
-// warning watermark, off at or below the clean one. REQUIRES: r.mu held.
-func (r *retention) checkDisk() (pct float64, known bool) {
-	o := r.s.opts
+// CheckDisk reads the disk usage and turns the put refusal on above the
+// warning watermark, off at or below the clean one.
+func (r *Retention) CheckDisk() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.checkDisk()
+}
+
+// checkDisk is CheckDisk. REQUIRES: r.mu held.
+func (r *Retention) checkDisk() (pct float64, known bool) {
+	o := r.opts
 	u, err := o.StatDisk(o.Dir)
 	st := *r.disk.Load()
 	if err != nil {
@@ -258,7 +301,7 @@ func (r *retention) checkDisk() (pct float64, known bool) {
 	switch {
 	case pct > float64(o.DiskWarningPercent) && r.full.Load() == nil:
 		err := fmt.Errorf("%w: %w: the data dir's file system is %.1f%% full, above the warning watermark of %d%%; "+
-			"writes resume at %d%%", ErrNotWritable, ErrDiskFull, pct, o.DiskWarningPercent, o.DiskCleanPercent)
+			"writes resume at %d%%", base.ErrNotWritable, base.ErrDiskFull, pct, o.DiskWarningPercent, o.DiskCleanPercent)
 		r.full.Store(&err)
 		o.Logger.Error().Float64("used_percent", pct).Int("warning_percent", o.DiskWarningPercent).
 			Msg("storage: disk above the warning watermark; refusing writes")
@@ -271,8 +314,8 @@ func (r *retention) checkDisk() (pct float64, known bool) {
 	return pct, true
 }
 
-// writeErr is the put refusal while the disk is full, or nil.
-func (r *retention) writeErr() error {
+// WriteErr is the put refusal while the disk is full, or nil.
+func (r *Retention) WriteErr() error {
 	if p := r.full.Load(); p != nil {
 		return *p
 	}
@@ -281,9 +324,8 @@ func (r *retention) writeErr() error {
 
 // deleteExpired deletes expired commitlog files from the front and returns
 // how many. REQUIRES: r.mu held.
-func (r *retention) deleteExpired(now time.Time) (int, error) {
-	s := r.s
-	files := s.queue.snapshot()
+func (r *Retention) deleteExpired(now time.Time) (int, error) {
+	files := r.opts.Files.Snapshot()
 	cutoff := now.Add(-r.reserved).UnixMilli()
 	n := 0
 	for n < len(files)-1 && n < deleteBatchMax && r.newestBound(files, n) < cutoff {
@@ -292,149 +334,73 @@ func (r *retention) deleteExpired(now time.Time) (int, error) {
 	if n == 0 {
 		return 0, nil
 	}
-	limit, err := r.deletableEnd(files[n-1].from + files[n-1].size)
+	limit, err := r.host.DeletableEnd(files[n-1].End())
 	if err != nil {
 		return 0, err
 	}
-	for n > 0 && files[n-1].from+files[n-1].size > limit {
+	for n > 0 && files[n-1].End() > limit {
 		n--
 	}
 	if n == 0 {
 		return 0, nil
 	}
-	gone := s.queue.removeFirst(n)
+	gone := r.opts.Files.RemoveFirst(n)
 	if len(gone) != n || gone[0] != files[0] {
 		return 0, fmt.Errorf("storage: retention: the commitlog's first files changed under it")
 	}
 	var errs []error
-	r.readers.Lock() // no reader is inside these mappings after this
-	for _, m := range gone {
-		if err := m.close(); err != nil {
-			errs = append(errs, err)
-		}
+	if err := r.opts.Files.Unmap(gone); err != nil { // no reader is inside these mappings after this
+		errs = append(errs, err)
 	}
-	r.readers.Unlock()
 	// Delete oldest first and stop at the first failure, so the files left
 	// on disk stay contiguous (Open refuses a gap).
 	deleted := 0
 	for _, m := range gone {
-		if err := s.opts.FS.Remove(m.path); err != nil && !errors.Is(err, iofs.ErrNotExist) {
-			errs = append(errs, fmt.Errorf("storage: delete commitlog file %s: %w", fileName(m.from), err))
+		if err := r.opts.FS.Remove(m.Path()); err != nil && !errors.Is(err, iofs.ErrNotExist) {
+			errs = append(errs, fmt.Errorf("storage: delete commitlog file %s: %w", m.Name(), err))
 			break
 		}
 		deleted++
 		r.deletedFiles.Add(1)
-		r.deletedBytes.Add(uint64(m.size))
+		r.deletedBytes.Add(uint64(m.Size()))
 	}
 	if deleted > 0 {
-		if err := syncDir(s.opts.FS, s.dir); err != nil {
+		if err := base.SyncDir(r.opts.FS, r.opts.Files.Dir()); err != nil {
 			errs = append(errs, fmt.Errorf("storage: retention: %w", err))
 		}
-		s.opts.Logger.Info().Int("files", deleted).Int64("min_offset", s.queue.minOffset()).
+		r.opts.Logger.Info().Int("files", deleted).Int64("min_offset", r.opts.Files.MinOffset()).
 			Msg("storage: retention deleted expired commitlog files")
 	}
 	return n, errors.Join(errs...)
 }
 
-// deletableEnd is the commitlog offset no deleted file may reach past: the
-// checkpoint's dispatched offset (recovery re-dispatches from there), the
-// durable offset, and, on a master, the first delayed message whose
-// delivery is not yet persisted (a slave does not deliver, so it deletes by
-// time only, as RocketMQ does). When the checkpoint is short of want, it is
-// brought up to date first (a failure there is handled as in the
-// dispatcher: sticky for the commitlog sync, transient otherwise).
-func (r *retention) deletableEnd(want int64) (int64, error) {
-	s, d := r.s, r.s.dispatch
-	cpEnd := d.lastCheckpoint().Dispatched
-	if cpEnd < want && d.dispatched.Load() > cpEnd {
-		if err := d.checkpoint(); err != nil {
-			// A failed commitlog sync is already sticky (checkpoint called
-			// Store.fail); any other failure is a transient fault of the
-			// checkpoint, which the dispatcher retries.
-			if !errors.Is(err, ErrWriteFailed) {
-				s.faults.failed(faultCheckpoint, err)
-			}
-			return 0, err
-		}
-		cpEnd = d.lastCheckpoint().Dispatched
-	}
-	limit := min(cpEnd, s.queue.flushedWhere.Load())
-	if s.sched != nil && s.opts.Role == RoleMaster {
-		limit = min(limit, s.sched.protectedFrom())
-	}
-	return limit, nil
-}
-
 // newestBound is an upper bound of the newest store time in files[i]: the
 // store time of the first record of files[i+1], or the newest store time of
 // the log when that file is empty.
-func (r *retention) newestBound(files []*mappedFile, i int) int64 {
+func (r *Retention) newestBound(files []*segment.File, i int) int64 {
 	next := files[i+1]
-	if next.wrote.Load() >= minRecordLen {
-		return storeTimestampOf(next.data)
+	if next.Wrote() >= record.MinLen {
+		return record.StoreTimestamp(next.Data())
 	}
-	return r.s.lastStoreTime()
+	return r.host.LastStoreTime()
 }
 
 // trimQueues moves every consume queue's min offset to its first entry
 // whose message is still in the commitlog and deletes the queue files
 // wholly below it (never a queue's last file).
-func (r *retention) trimQueues() error {
-	minPhys := r.s.queue.minOffset()
-	d := r.s.dispatch
-	d.mu.RLock()
-	queues := make([]*consumeQueue, 0, len(d.queues))
-	for _, q := range d.queues {
-		queues = append(queues, q)
-	}
-	d.mu.RUnlock()
-	var errs []error
-	for _, q := range queues {
-		if err := r.trimQueue(q, minPhys); err != nil {
-			errs = append(errs, err)
-		}
-	}
-	return errors.Join(errs...)
+func (r *Retention) trimQueues() error {
+	n, err := r.host.TrimQueues(r.opts.Files.MinOffset())
+	r.trimmedFiles.Add(uint64(n))
+	return err
 }
 
-func (r *retention) trimQueue(q *consumeQueue, minPhys int64) error {
-	lo, hi := q.min.Load(), q.count.Load()
-	if lo == q.trimmedAt && q.trimmedPhys >= minPhys || lo >= hi {
-		return nil // its first entry is still in the commitlog, as last round
-	}
-	if phys, _, _, ok := q.get(lo); ok && phys >= minPhys {
-		q.trimmedAt, q.trimmedPhys = lo, phys
-		return nil
-	}
-	// Entries are in commitlog order: find the first one at or past minPhys.
-	i := sort.Search(int(hi-lo), func(i int) bool {
-		phys, _, _, ok := q.get(lo + int64(i))
-		return !ok || phys >= minPhys
-	})
-	newMin := lo + int64(i)
-	if newMin <= lo {
-		return nil
-	}
-	q.min.Store(newMin)
-	gone := q.dropFilesBelow(newMin)
-	var errs []error
-	for _, cf := range gone {
-		if err := cf.remove(); err != nil {
-			errs = append(errs, fmt.Errorf("storage: delete consume queue file %s/%d/%s: %w", q.topic, q.queueID, fileName(cf.first*cqEntrySize), err))
-			continue
-		}
-		r.trimmedFiles.Add(1)
-	}
-	if len(gone) > 0 {
-		if err := syncDir(r.s.opts.FS, q.dir); err != nil {
-			errs = append(errs, err)
-		}
-	}
-	return errors.Join(errs...)
-}
+// TrimQueues is trimQueues, for Open (an earlier run may have deleted files
+// after its last consume-queue trim).
+func (r *Retention) TrimQueues() error { return r.trimQueues() }
 
-func (r *retention) stats() (RetentionStats, DiskStats) {
-	rs := RetentionStats{DeletedFiles: r.deletedFiles.Load(), DeletedBytes: r.deletedBytes.Load(),
+// Stats returns the counters and the disk as the last check saw it.
+func (r *Retention) Stats() (Stats, DiskStats) {
+	rs := Stats{DeletedFiles: r.deletedFiles.Load(), DeletedBytes: r.deletedBytes.Load(),
 		TrimmedQueueFiles: r.trimmedFiles.Load(), Rounds: r.rounds.Load()}
 	if p := r.lastErr.Load(); p != nil {
 		rs.LastError = *p

@@ -1,4 +1,4 @@
-package storage
+package record
 
 import (
 	"net/netip"
@@ -22,12 +22,12 @@ const (
 	// PropertyBatch is the batch-extent property the store writes on the
 	// first record of a multi-message batch: "<count>,<bytes>", each 13
 	// zero-padded decimal digits, so recovery can tell a batch a crash tore
-	// from whole records (see record.go). A client may not set it.
+	// from whole records. A client may not set it.
 	PropertyBatch = "__BATCH#"
 )
 
 // ScheduleTopic is the topic delay-level messages are diverted to; queue id
-// = level - 1.
+// = level - 1 (RocketMQ TopicValidator.RMQ_SYS_SCHEDULE_TOPIC).
 const ScheduleTopic = "SCHEDULE_TOPIC_XXXX"
 
 // Transaction types carried in sysflag bits 2-3.
@@ -36,18 +36,20 @@ const (
 	TransactionPreparedType int32 = 0x4
 	TransactionCommitType   int32 = 0x8
 	TransactionRollbackType int32 = 0xC
-	transactionMask         int32 = 0xC
+	TransactionMask         int32 = 0xC
 )
 
 // Sysflag bits (common/sysflag/MessageSysFlag.java).
 const (
-	FlagCompressed     int32 = 0x1
-	FlagMultiTags      int32 = 0x2
-	FlagBornHostV6     int32 = 0x10
-	FlagStoreHostV6    int32 = 0x20
-	FlagNeedUnwrap     int32 = 0x40
-	FlagInnerBatch     int32 = 0x80
-	storeOwnedSysFlags       = FlagBornHostV6 | FlagStoreHostV6
+	FlagCompressed  int32 = 0x1
+	FlagMultiTags   int32 = 0x2
+	FlagBornHostV6  int32 = 0x10
+	FlagStoreHostV6 int32 = 0x20
+	FlagNeedUnwrap  int32 = 0x40
+	FlagInnerBatch  int32 = 0x80
+	// StoreOwnedSysFlags are set by the encoder from the hosts, whatever
+	// the caller passed.
+	StoreOwnedSysFlags = FlagBornHostV6 | FlagStoreHostV6
 )
 
 // Property is one key/value pair of a message's properties. Order is kept
@@ -83,19 +85,19 @@ type Message struct {
 
 // Property returns the value of the property key and whether it is set.
 func (m *Message) Property(key string) (string, bool) {
-	return lookup(m.Properties, key)
+	return Lookup(m.Properties, key)
 }
 
 // DelayLevel returns the DELAY property as a number (0 when absent or not
 // a number).
 func (m *Message) DelayLevel() int {
-	return delayLevel(m.Properties)
+	return DelayLevel(m.Properties)
 }
 
 // WaitStoreOK reports whether the put waits for the sync flush: true unless
 // the WAIT property is "false".
 func (m *Message) WaitStoreOK() bool {
-	return waitStoreOK(m.Properties)
+	return WaitStoreOK(m.Properties)
 }
 
 // Batch is several messages for one topic and queue, stored in one file with
@@ -120,9 +122,10 @@ type BatchMessage struct {
 }
 
 // WaitStoreOK reports whether the batch put waits for the sync flush.
-func (b *Batch) WaitStoreOK() bool { return waitStoreOK(b.Properties) }
+func (b *Batch) WaitStoreOK() bool { return WaitStoreOK(b.Properties) }
 
-func lookup(props []Property, key string) (string, bool) {
+// Lookup returns the value of key in props and whether it is set.
+func Lookup(props []Property, key string) (string, bool) {
 	for i := range props {
 		if props[i].Key == key {
 			return props[i].Value, true
@@ -131,8 +134,10 @@ func lookup(props []Property, key string) (string, bool) {
 	return "", false
 }
 
-func delayLevel(props []Property) int {
-	v, ok := lookup(props, PropertyDelayLevel)
+// DelayLevel is the DELAY property of props as a number (0 when absent or
+// not a number).
+func DelayLevel(props []Property) int {
+	v, ok := Lookup(props, PropertyDelayLevel)
 	if !ok {
 		return 0
 	}
@@ -143,44 +148,64 @@ func delayLevel(props []Property) int {
 	return n
 }
 
-func waitStoreOK(props []Property) bool {
-	v, ok := lookup(props, PropertyWaitStoreOK)
+// WaitStoreOK is false only when props has WAIT=false.
+func WaitStoreOK(props []Property) bool {
+	v, ok := Lookup(props, PropertyWaitStoreOK)
 	return !ok || v != "false"
 }
 
-// validTopic reports whether t is 1..MaxTopicLength bytes of
+// ValidTopic reports whether t is 1..MaxTopicLength bytes of
 // [%|a-zA-Z0-9_-]: topics become directory names, so "/", "..", NUL and
 // anything non-ASCII are refused.
-func validTopic(t string) bool {
+func ValidTopic(t string) bool {
 	if len(t) == 0 || len(t) > MaxTopicLength {
 		return false
 	}
 	for i := 0; i < len(t); i++ {
-		c := t[i]
-		switch {
-		case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9':
-		case c == '%', c == '|', c == '_', c == '-':
-		default:
+		if !TopicByte(t[i]) {
 			return false
 		}
 	}
 	return true
 }
 
-// propertiesLen returns the encoded length of props (key 0x01 value 0x02
-// each) or a ValidationError naming the first bad entry.
-func propertiesLen(props []Property) (int, *ValidationError) {
+// TopicByte reports whether c may appear in a topic name.
+func TopicByte(c byte) bool {
+	switch {
+	case c >= 'a' && c <= 'z', c >= 'A' && c <= 'Z', c >= '0' && c <= '9':
+		return true
+	case c == '%', c == '|', c == '_', c == '-':
+		return true
+	}
+	return false
+}
+
+// FieldError says which part of a message cannot be encoded: an illegal
+// property, or properties too long for the layout (TooLong; RocketMQ
+// PROPERTIES_SIZE_EXCEEDED). The storage package turns it into its
+// ValidationError.
+type FieldError struct {
+	Field   string
+	Reason  string
+	TooLong bool
+}
+
+func (e *FieldError) Error() string { return "storage: illegal message: " + e.Field + ": " + e.Reason }
+
+// PropertiesLen returns the encoded length of props (key 0x01 value 0x02
+// each) or a *FieldError naming the first bad entry.
+func PropertiesLen(props []Property) (int, *FieldError) {
 	n := 0
 	for i := range props {
 		k, v := props[i].Key, props[i].Value
 		if k == "" || v == "" {
-			return 0, illegal("properties", "empty property key or value (RocketMQ decoders drop them)")
+			return 0, &FieldError{Field: "properties", Reason: "empty property key or value (RocketMQ decoders drop them)"}
 		}
 		if k == PropertyCRC32 || k == PropertyBatch {
-			return 0, illegal("properties", "property "+k+" is reserved for the store")
+			return 0, &FieldError{Field: "properties", Reason: "property " + k + " is reserved for the store"}
 		}
 		if hasSeparator(k) || hasSeparator(v) {
-			return 0, illegal("properties", "property key or value contains separator byte 0x01 or 0x02")
+			return 0, &FieldError{Field: "properties", Reason: "property key or value contains separator byte 0x01 or 0x02"}
 		}
 		n += len(k) + len(v) + 2
 	}

@@ -1,4 +1,4 @@
-package storage
+package consumequeue
 
 import (
 	"container/list"
@@ -12,9 +12,9 @@ import (
 	"strconv"
 	"sync"
 	"sync/atomic"
-	"unicode/utf16"
-	"unicode/utf8"
 
+	"github.com/storaged/storaged/storage/internal/base"
+	"github.com/storaged/storaged/storage/segment"
 	"github.com/storaged/storaged/storage/vfs"
 )
 
@@ -22,9 +22,9 @@ import (
 // size, int64 tags code (RocketMQ CQ_STORE_UNIT_SIZE).
 const cqEntrySize = 20
 
-// DefaultConsumeQueueEntries is the number of entries per consume-queue
+// DefaultEntries is the number of entries per consume-queue
 // file (RocketMQ mappedFileSizeConsumeQueue / 20).
-const DefaultConsumeQueueEntries = 300000
+const DefaultEntries = 300000
 
 // cqBlockEntries is how many entries a consume queue keeps in memory at
 // its tail and reads from a file at once: a pull or tag scan over N
@@ -32,7 +32,7 @@ const DefaultConsumeQueueEntries = 300000
 // tail. A block never crosses a file boundary.
 const cqBlockEntries = 128
 
-// consumeQueue is the index of one topic-queue: entry i locates the message
+// Queue is the index of one topic-queue: entry i locates the message
 // with queue offset i in the commitlog. Entries are RocketMQ's 20 bytes,
 // and file k holds entries [k*E, (k+1)*E) for E = Options.ConsumeQueueEntries,
 // named by the 20-digit byte offset of its first entry, as RocketMQ names
@@ -49,7 +49,7 @@ const cqBlockEntries = 128
 // checkpoint: flush syncs the files written since the last one, and the
 // directories holding files created since, before the checkpoint records
 // the count.
-type consumeQueue struct {
+type Queue struct {
 	topic   string
 	queueID int32
 	dir     string
@@ -84,7 +84,7 @@ type consumeQueue struct {
 // cqFile is one consume-queue file. Its descriptor, when open, is owned by
 // the cqFiles cache.
 type cqFile struct {
-	q     *consumeQueue
+	q     *Queue
 	first int64 // queue offset of its first entry
 	path  string
 
@@ -103,13 +103,13 @@ func cqDir(root, topic string, queueID int32) string {
 	return filepath.Join(root, "consumequeue", topic, strconv.Itoa(int(queueID)))
 }
 
-func newConsumeQueue(cache *cqFiles, root, topic string, queueID int32, entriesPerFile int) *consumeQueue {
-	return &consumeQueue{topic: topic, queueID: queueID, dir: cqDir(root, topic, queueID),
+func newQueue(cache *cqFiles, root, topic string, queueID int32, entriesPerFile int) *Queue {
+	return &Queue{topic: topic, queueID: queueID, dir: cqDir(root, topic, queueID),
 		entries: int64(entriesPerFile), cache: cache}
 }
 
-func (q *consumeQueue) newFile(first int64) *cqFile {
-	return &cqFile{q: q, first: first, path: filepath.Join(q.dir, fileName(first*cqEntrySize))}
+func (q *Queue) newFile(first int64) *cqFile {
+	return &cqFile{q: q, first: first, path: filepath.Join(q.dir, segment.FileName(first*cqEntrySize))}
 }
 
 // loadConsumeQueue finds the queue's files and its valid end without
@@ -119,8 +119,8 @@ func (q *consumeQueue) newFile(first int64) *cqFile {
 // queue shorter than the checkpoint says, which is damage, is scanned
 // (scanValid) for zeroed or stale entries. Bytes past the end are cut
 // (truncate), so a restart writes only to queues a crash left long.
-func loadConsumeQueue(cache *cqFiles, root, topic string, queueID int32, entriesPerFile int, want, commitlogEnd int64) (*consumeQueue, error) {
-	q := newConsumeQueue(cache, root, topic, queueID, entriesPerFile)
+func loadQueue(cache *cqFiles, root, topic string, queueID int32, entriesPerFile int, want, commitlogEnd int64) (*Queue, error) {
+	q := newQueue(cache, root, topic, queueID, entriesPerFile)
 	fs := cache.fs
 	entries, err := fs.ReadDir(q.dir)
 	if err != nil && !errors.Is(err, iofs.ErrNotExist) {
@@ -128,7 +128,7 @@ func loadConsumeQueue(cache *cqFiles, root, topic string, queueID int32, entries
 	}
 	var froms []int64
 	for _, e := range entries {
-		if from, ok := parseFileName(e.Name); ok && !e.IsDir {
+		if from, ok := segment.ParseFileName(e.Name); ok && !e.IsDir {
 			froms = append(froms, from)
 		}
 	}
@@ -136,13 +136,13 @@ func loadConsumeQueue(cache *cqFiles, root, topic string, queueID int32, entries
 	fileBytes := q.entries * cqEntrySize
 	end := int64(-1)
 	for i, from := range froms {
-		path := filepath.Join(q.dir, fileName(from))
+		path := filepath.Join(q.dir, segment.FileName(from))
 		if from%fileBytes != 0 || (i > 0 && from != froms[i-1]+fileBytes) || end >= 0 && end%q.entries != 0 {
 			// A gap, a misaligned file or one after a short file: drop
 			// it and what follows; the dispatcher rebuilds the entries
 			// from the commitlog.
 			for _, f := range froms[i:] {
-				fs.Remove(filepath.Join(q.dir, fileName(f)))
+				fs.Remove(filepath.Join(q.dir, segment.FileName(f)))
 			}
 			break
 		}
@@ -176,7 +176,7 @@ func loadConsumeQueue(cache *cqFiles, root, topic string, queueID int32, entries
 // scanValid reads the queue forward and returns the first entry that is
 // empty or points at or past commitlogEnd (a zeroed or torn page). Only a
 // damaged queue is scanned; it is rebuilt from there.
-func (q *consumeQueue) scanValid(end, commitlogEnd int64) (int64, error) {
+func (q *Queue) scanValid(end, commitlogEnd int64) (int64, error) {
 	buf := make([]byte, cqBlockEntries*cqEntrySize)
 	for i := q.files[0].first; i < end; {
 		n := min(blockEnd(i, q.entries), end) - i
@@ -197,7 +197,7 @@ func (q *consumeQueue) scanValid(end, commitlogEnd int64) (int64, error) {
 // validEnd reads the queue backward from end, a block at a time, and
 // returns the end of its last entry that points inside the commitlog: a
 // restart reads one block per queue, not the whole file.
-func (q *consumeQueue) validEnd(end, commitlogEnd int64) (int64, error) {
+func (q *Queue) validEnd(end, commitlogEnd int64) (int64, error) {
 	buf := q.cache.loadBuf[:]
 	for first := q.files[0].first; end > first; {
 		lo := max(blockStart(end-1, q.entries), first)
@@ -218,7 +218,7 @@ func (q *consumeQueue) validEnd(end, commitlogEnd int64) (int64, error) {
 // cut drops the entries from queue offset end on: files that start after
 // it are removed, the one holding it is truncated there. Only a crash or
 // damage leaves anything to cut. REQUIRES: no readers yet (load).
-func (q *consumeQueue) cut(end int64) error {
+func (q *Queue) cut(end int64) error {
 	keep := q.files[:0]
 	for _, cf := range q.files {
 		switch {
@@ -258,7 +258,7 @@ func (q *consumeQueue) cut(end int64) error {
 
 // truncate drops entries from queue offset end on (rebuild, before the
 // dispatcher starts). REQUIRES: no readers yet.
-func (q *consumeQueue) truncate(end int64) error {
+func (q *Queue) truncate(end int64) error {
 	if end >= q.count.Load() {
 		return nil
 	}
@@ -283,13 +283,13 @@ func blockEnd(i, perFile int64) int64 {
 // below the written count is left alone (re-dispatch after recovery or
 // after a failed write). An entry that starts a new block first writes the
 // pending ones. REQUIRES: the dispatcher.
-func (q *consumeQueue) put(queueOffset, phys int64, size int32, tags int64) error {
+func (q *Queue) put(queueOffset, phys int64, size int32, tags int64) error {
 	if queueOffset < q.written {
 		return nil
 	}
 	if queueOffset != q.written {
 		return fmt.Errorf("%w: consume queue %s/%d: entry %d after %d entries: queue offsets out of order",
-			ErrCorrupt, q.topic, q.queueID, queueOffset, q.written)
+			base.ErrCorrupt, q.topic, q.queueID, queueOffset, q.written)
 	}
 	if queueOffset >= blockEnd(q.tailFirst, q.entries) {
 		if err := q.writePending(); err != nil {
@@ -311,12 +311,12 @@ func (q *consumeQueue) put(queueOffset, phys int64, size int32, tags int64) erro
 }
 
 // pending reports whether put accepted entries not yet written.
-func (q *consumeQueue) pending() bool { return q.written > q.count.Load() }
+func (q *Queue) pending() bool { return q.written > q.count.Load() }
 
 // writePending writes the pending entries to their file, creating it (and
 // the queue's directory) if needed, and publishes them. No sync: flush does
 // that before a checkpoint counts them. REQUIRES: the dispatcher.
-func (q *consumeQueue) writePending() error {
+func (q *Queue) writePending() error {
 	from := q.count.Load()
 	if q.written <= from {
 		return nil
@@ -342,7 +342,7 @@ func (q *consumeQueue) writePending() error {
 // write, and returns the commitlog offset of the first one, where the
 // dispatcher resumes so that a later round writes them. REQUIRES: the
 // dispatcher.
-func (q *consumeQueue) dropPending() (phys int64, ok bool) {
+func (q *Queue) dropPending() (phys int64, ok bool) {
 	from := q.count.Load()
 	if q.written <= from {
 		return 0, false
@@ -358,7 +358,7 @@ func (q *consumeQueue) dropPending() (phys int64, ok bool) {
 // fileFor returns the file holding entry i, adding it (not yet on disk:
 // with opens it with create) when i starts a new one. REQUIRES: the
 // dispatcher.
-func (q *consumeQueue) fileFor(i int64) (*cqFile, error) {
+func (q *Queue) fileFor(i int64) (*cqFile, error) {
 	first := i - i%q.entries
 	q.mu.RLock()
 	n := len(q.files)
@@ -372,7 +372,7 @@ func (q *consumeQueue) fileFor(i int64) (*cqFile, error) {
 	}
 	if n == 0 {
 		if err := q.cache.fs.MkdirAll(q.dir); err != nil {
-			return nil, fmt.Errorf("storage: create consume queue dir %s/%d: %w", q.topic, q.queueID, wrapNoSpace(err))
+			return nil, fmt.Errorf("storage: create consume queue dir %s/%d: %w", q.topic, q.queueID, base.WrapNoSpace(err))
 		}
 		// The queue's directory, and its topic's if new, must reach
 		// their parents' entries.
@@ -393,22 +393,13 @@ func (q *consumeQueue) fileFor(i int64) (*cqFile, error) {
 	return cf, nil
 }
 
-func (q *consumeQueue) ioErr(op string, cf *cqFile, err error) error {
-	return fmt.Errorf("storage: %s consume queue %s/%d file %s: %w", op, q.topic, q.queueID, filepath.Base(cf.path), wrapNoSpace(err))
-}
-
-// wrapNoSpace adds ErrDiskFull to an error that wraps vfs.ErrNoSpace, so the
-// server answers it as a full disk; the original stays wrapped.
-func wrapNoSpace(err error) error {
-	if errors.Is(err, vfs.ErrNoSpace) && !errors.Is(err, ErrDiskFull) {
-		return fmt.Errorf("%w: %w", ErrDiskFull, err)
-	}
-	return err
+func (q *Queue) ioErr(op string, cf *cqFile, err error) error {
+	return fmt.Errorf("storage: %s consume queue %s/%d file %s: %w", op, q.topic, q.queueID, filepath.Base(cf.path), base.WrapNoSpace(err))
 }
 
 // get returns entry queueOffset, or ok=false when it is not indexed or
 // cannot be read (lookup says why).
-func (q *consumeQueue) get(queueOffset int64) (phys int64, size int32, tags int64, ok bool) {
+func (q *Queue) get(queueOffset int64) (phys int64, size int32, tags int64, ok bool) {
 	phys, size, tags, ok, _ = q.lookup(queueOffset)
 	return phys, size, tags, ok
 }
@@ -417,7 +408,7 @@ func (q *consumeQueue) get(queueOffset int64) (phys int64, size int32, tags int6
 // older ones from the read block, refilled with one pread per block, so a
 // scan over N entries costs N/cqBlockEntries reads. The pread runs without
 // q.mu, so a cold read never holds up the dispatcher's appends.
-func (q *consumeQueue) lookup(queueOffset int64) (phys int64, size int32, tags int64, ok bool, err error) {
+func (q *Queue) lookup(queueOffset int64) (phys int64, size int32, tags int64, ok bool, err error) {
 	if queueOffset < q.min.Load() || queueOffset >= q.count.Load() {
 		return 0, 0, 0, false, nil
 	}
@@ -467,7 +458,7 @@ func (q *consumeQueue) lookup(queueOffset int64) (phys int64, size int32, tags i
 
 // fileOfLocked returns the file holding entry i. REQUIRES: q.mu held, or
 // no concurrent writer.
-func (q *consumeQueue) fileOfLocked(i int64) (*cqFile, error) {
+func (q *Queue) fileOfLocked(i int64) (*cqFile, error) {
 	if len(q.files) == 0 || i < q.files[0].first {
 		return nil, fmt.Errorf("storage: consume queue %s/%d: entry %d is below the first file", q.topic, q.queueID, i)
 	}
@@ -480,7 +471,7 @@ func (q *consumeQueue) fileOfLocked(i int64) (*cqFile, error) {
 
 // readEntries fills b with the entries from queue offset i on, all in
 // one file. REQUIRES: no concurrent writer (load).
-func (q *consumeQueue) readEntries(b []byte, i int64) error {
+func (q *Queue) readEntries(b []byte, i int64) error {
 	cf, err := q.fileOfLocked(i)
 	if err != nil {
 		return err
@@ -489,14 +480,14 @@ func (q *consumeQueue) readEntries(b []byte, i int64) error {
 }
 
 // readFrom fills b with the entries of cf from queue offset i on.
-func (q *consumeQueue) readFrom(cf *cqFile, b []byte, i int64) error {
+func (q *Queue) readFrom(cf *cqFile, b []byte, i int64) error {
 	err := q.cache.with(cf, false, func(f vfs.File) error {
 		_, err := f.ReadAt(b, (i-cf.first)*cqEntrySize)
 		return err
 	})
 	if err != nil {
 		if errors.Is(err, io.EOF) {
-			err = fmt.Errorf("%w: file is shorter than its entries: %w", ErrCorrupt, err)
+			err = fmt.Errorf("%w: file is shorter than its entries: %w", base.ErrCorrupt, err)
 		}
 		return q.ioErr("read", cf, err)
 	}
@@ -506,7 +497,7 @@ func (q *consumeQueue) readFrom(cf *cqFile, b []byte, i int64) error {
 // dropFilesBelow takes off the queue the files whose entries all lie below
 // queue offset entry, never the last file, and returns them; the caller
 // deletes them (retention, after moving min to entry).
-func (q *consumeQueue) dropFilesBelow(entry int64) []*cqFile {
+func (q *Queue) dropFilesBelow(entry int64) []*cqFile {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	n := 0
@@ -528,7 +519,7 @@ func (cf *cqFile) remove() error {
 }
 
 // close forgets the queue's open files.
-func (q *consumeQueue) close() error {
+func (q *Queue) close() error {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	var errs []error
@@ -629,7 +620,7 @@ func (c *cqFiles) syncTaken(files []*cqFile, dirs []string) (failedFiles []*cqFi
 	}
 	errs = parallel(len(dirs), func(i int) error {
 		if err := c.fs.SyncDir(dirs[i]); err != nil && !errors.Is(err, iofs.ErrNotExist) {
-			return fmt.Errorf("storage: sync consume queue directory %s: %w", dirs[i], wrapNoSpace(err))
+			return fmt.Errorf("storage: sync consume queue directory %s: %w", dirs[i], base.WrapNoSpace(err))
 		}
 		return nil
 	})
@@ -736,32 +727,15 @@ func (c *cqFiles) openCount() int {
 	return c.open
 }
 
-// TagsCode is the consume-queue tags code of a TAGS value: Java's
-// String.hashCode over UTF-16 code units, sign-extended. 0 for no tag.
-func TagsCode(tags string) int64 {
-	var h int32
-	for _, r := range tags {
-		h = hashRune(h, r)
-	}
-	return int64(h)
-}
+// EntrySize is the size of a consume-queue entry on disk; BlockEntries is
+// how many entries a queue reads (and keeps at its tail) at once.
+const (
+	EntrySize    = cqEntrySize
+	BlockEntries = cqBlockEntries
+)
 
-// tagsCodeBytes is TagsCode over UTF-8 bytes, without allocating: the
-// dispatcher runs it for every message.
-func tagsCodeBytes(tags []byte) int64 {
-	var h int32
-	for len(tags) > 0 {
-		r, n := utf8.DecodeRune(tags)
-		h = hashRune(h, r)
-		tags = tags[n:]
-	}
-	return int64(h)
-}
+// Dir is the directory of the queue of topic/queueID under the data dir.
+func Dir(root, topic string, queueID int32) string { return cqDir(root, topic, queueID) }
 
-// hashRune folds r into a Java String.hashCode as its UTF-16 code units.
-func hashRune(h int32, r rune) int32 {
-	if r1, r2 := utf16.EncodeRune(r); r1 != utf8.RuneError || r2 != utf8.RuneError {
-		return 31*(31*h+int32(r1)) + int32(r2)
-	}
-	return 31*h + int32(r)
-}
+// DecodeEntry decodes a 20-byte consume-queue entry.
+func DecodeEntry(b []byte) (phys int64, size int32, tags int64) { return decodeCQ(b) }

@@ -1,6 +1,6 @@
-package storage
+package schedule
 
-// The delay scheduler: RocketMQ's ScheduleMessageService.
+// Package schedule is the delay scheduler: RocketMQ's ScheduleMessageService.
 //
 // A message put with DELAY = n > 0 is stored on SCHEDULE_TOPIC_XXXX, queue
 // n-1, with REAL_TOPIC and REAL_QID (see divert), and the dispatcher writes
@@ -16,7 +16,7 @@ package storage
 // A clock set back: store times stay at the last one stamped until the
 // clock catches up, so a delay counted from them would add the whole jump.
 // The dispatcher counts from the clock instead when the store time is ahead
-// of it (dispatcher.deliverAt), and messages stamped while the clock was
+// of it (consumequeue's deliverAt), and messages stamped while the clock was
 // ahead wait at most their level's delay from when the scheduler first
 // sees one of them at the head: the whole backlog together (capLocked). Either way a message is never delivered before its delay
 // has passed on the clock as read at its put (or later); only order
@@ -33,11 +33,9 @@ package storage
 // progress on.
 
 import (
-	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"hash/crc32"
 	iofs "io/fs"
 	"math"
 	"path/filepath"
@@ -46,10 +44,19 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/rs/zerolog"
+
+	"github.com/storaged/storaged/internal/logthrottle"
+	"github.com/storaged/storaged/storage/consumequeue"
+	"github.com/storaged/storaged/storage/internal/base"
+	"github.com/storaged/storaged/storage/internal/fault"
+	"github.com/storaged/storaged/storage/record"
+	"github.com/storaged/storaged/storage/vfs"
 )
 
 const (
-	// delayOffsetName is the progress file, in Options.Dir/config.
+	// delayOffsetName is the progress file, in the config dir.
 	delayOffsetName = "delayOffset.json"
 	// scheduleBatch bounds the deliveries of one level per pass, so a level
 	// with a backlog does not hold the others back.
@@ -71,8 +78,8 @@ const (
 	propertyTimerDelayMS   = "TIMER_DELAY_MS"
 )
 
-// ScheduleLevelStats describe one delay level of the scheduler.
-type ScheduleLevelStats struct {
+// LevelStats describe one delay level of the scheduler.
+type LevelStats struct {
 	// Level is the delay level (1-based); its queue id is Level-1.
 	Level int
 	// Delay is the level's delay.
@@ -90,10 +97,10 @@ type ScheduleLevelStats struct {
 	Offset, Persisted int64
 }
 
-// ScheduleStats describe the delay scheduler.
-type ScheduleStats struct {
+// Stats describe the delay scheduler.
+type Stats struct {
 	// Levels has one entry per delay level.
-	Levels []ScheduleLevelStats
+	Levels []LevelStats
 	// Skipped counts messages that can never be delivered and were passed
 	// over: record gone or damaged, no valid REAL_TOPIC/REAL_QID, or refused
 	// by validation or by the topic config (REAL_TOPIC deleted with
@@ -105,10 +112,51 @@ type ScheduleStats struct {
 	Refused uint64
 }
 
-// scheduler delivers delay-level messages when their time comes.
-type scheduler struct {
-	s      *Store
-	dir    string // Options.Dir/config
+// Host is what the scheduler needs from the store: the schedule queues,
+// the records they point at, and a way to put a due message back.
+type Host interface {
+	// Queue is the consume queue of topic/qid, or nil.
+	Queue(topic string, qid int32) *consumequeue.Queue
+	// Keys lists the consume queues.
+	Keys() []consumequeue.Key
+	// Dispatched is the commitlog offset below which records are indexed.
+	Dispatched() int64
+	// ReadRecord reads and checks the record at commitlog offset phys.
+	ReadRecord(phys int64) (*record.Record, error)
+	// Redeliver puts m (the message due, for its real topic) and returns the
+	// commitlog offset just past it. An error wrapping ErrUndeliverable
+	// means it can never be put (it is skipped); base.ErrClosed stops the
+	// scheduler; any other error is a passing refusal (retried).
+	Redeliver(m *record.Message) (end int64, err error)
+	// DurableTo returns once every commitlog byte below off is durable.
+	DurableTo(off int64) error
+	// Delivering reports whether this store delivers now (a master; a
+	// slave or a follower does not: its re-puts would be refused).
+	Delivering() bool
+}
+
+// ErrUndeliverable marks a re-put the store refuses for good (validation,
+// a deleted topic, the topic limit): the message is skipped.
+var ErrUndeliverable = errors.New("storage: delayed message cannot be delivered")
+
+// Options configure a Scheduler.
+type Options struct {
+	FS     vfs.FS
+	Dir    string          // the config dir holding delayOffset.json
+	Levels []time.Duration // the delay table: level i (1-based) is Levels[i-1]
+	// PersistEvery is how often the progress is persisted (real time).
+	PersistEvery time.Duration
+	Clock        base.Clock
+	Logger       *zerolog.Logger
+	Throttle     *logthrottle.Throttle
+	Faults       *fault.Set
+}
+
+// Scheduler delivers delay-level messages when their time comes.
+type Scheduler struct {
+	opts   Options
+	host   Host
+	dir    string // Options.Dir
 	levels int    // schedule queues served: the delay table's levels, never more
 
 	mu           sync.Mutex    // one round or persist at a time
@@ -134,11 +182,12 @@ type scheduler struct {
 	stopOnce sync.Once
 }
 
-// newScheduler loads the persisted progress. The consume queues must be
-// loaded and rebuilt already. It starts nothing.
-func newScheduler(s *Store) (*scheduler, error) {
-	sc := &scheduler{s: s, dir: filepath.Join(s.opts.Dir, "config"), levels: len(s.delayLevels),
-		persistEvery: s.opts.CheckpointInterval, lastPersist: time.Now(), done: make(chan struct{})}
+// New loads the persisted progress. The consume queues must be loaded and
+// rebuilt already. It starts nothing: Start runs the delivery goroutine,
+// Stop ends it.
+func New(host Host, opts Options) (*Scheduler, error) {
+	sc := &Scheduler{opts: opts, host: host, dir: opts.Dir, levels: len(opts.Levels),
+		persistEvery: opts.PersistEvery, lastPersist: time.Now(), done: make(chan struct{})}
 	// Only the levels of the delay table are served: memory is never sized
 	// by a queue id found on disk (one record on queue 2^31-1 once made
 	// every start allocate 16 GiB). A schedule queue beyond the table (data
@@ -147,37 +196,37 @@ func newScheduler(s *Store) (*scheduler, error) {
 	// delivered, and stay readable on SCHEDULE_TOPIC_XXXX until retention
 	// removes their files.
 	beyond, example := 0, int32(0)
-	for _, id := range s.Queues() {
-		if id.Topic == ScheduleTopic && int(id.QueueID) >= sc.levels {
+	for _, id := range host.Keys() {
+		if id.Topic == record.ScheduleTopic && int(id.Queue) >= sc.levels {
 			beyond++
-			example = max(example, id.QueueID)
+			example = max(example, id.Queue)
 		}
 	}
 	if beyond > 0 {
-		s.opts.Logger.Warn().Int("queues", beyond).Int32("max_queue_id", example).Int("levels", sc.levels).
+		opts.Logger.Warn().Int("queues", beyond).Int32("max_queue_id", example).Int("levels", sc.levels).
 			Msg("storage: schedule queues beyond the delay level table; their messages are not delivered (still readable on the schedule topic until retention)")
 	}
 	sc.next = make([]atomic.Int64, sc.levels)
 	sc.capped = make([]cappedHead, sc.levels)
 	sc.persisted = make([]atomic.Int64, sc.levels)
 	sc.delivered = make([]atomic.Uint64, sc.levels)
-	offsets, err := readDelayOffsets(s.opts, sc.dir)
+	offsets, err := readDelayOffsets(opts.FS, sc.dir)
 	if err != nil {
 		return nil, err
 	}
 	for qid := range sc.levels {
 		off := offsets[qid+1]
 		lo, hi := int64(0), int64(0)
-		if q := s.dispatch.queue(ScheduleTopic, int32(qid)); q != nil {
-			lo, hi = q.min.Load(), q.count.Load()
+		if q := host.Queue(record.ScheduleTopic, int32(qid)); q != nil {
+			lo, hi = q.Min(), q.Count()
 		}
 		if off > hi {
-			s.opts.Logger.Warn().Int("level", qid+1).Int64("persisted", off).Int64("queue_max", hi).
+			opts.Logger.Warn().Int("level", qid+1).Int64("persisted", off).Int64("queue_max", hi).
 				Msg("storage: delay progress is past the end of its schedule queue; resuming at the end")
 			off = hi
 		}
 		if off < lo {
-			s.opts.Logger.Warn().Int("level", qid+1).Int64("persisted", off).Int64("queue_min", lo).
+			opts.Logger.Warn().Int("level", qid+1).Int64("persisted", off).Int64("queue_min", lo).
 				Msg("storage: delayed messages below the schedule queue's min offset are gone; resuming at the min")
 			sc.skipped.Add(uint64(lo - off))
 			off = lo
@@ -187,37 +236,36 @@ func newScheduler(s *Store) (*scheduler, error) {
 	}
 	for level := range offsets {
 		if level < 1 || level > sc.levels {
-			s.opts.Logger.Warn().Int("level", level).Msg("storage: delay progress for a level that has no schedule queue; ignored")
+			opts.Logger.Warn().Int("level", level).Msg("storage: delay progress for a level that has no schedule queue; ignored")
 		}
 	}
 	return sc, nil
 }
 
-// start runs the delivery goroutine. A slave does not deliver (its re-puts
-// would be refused); the master it follows does.
-func (sc *scheduler) start() {
-	if sc.s.opts.Role == RoleSlave {
-		return
-	}
+// Start runs the delivery goroutine. It delivers only while the host says
+// Delivering (a slave's or follower's re-puts would be refused; the master
+// it follows delivers).
+func (sc *Scheduler) Start() {
 	sc.wg.Add(1)
 	go sc.loop()
 }
 
-// stop ends the goroutine and persists the progress (the re-puts made
-// durable first). The flush policy must still be running.
-func (sc *scheduler) stop() {
+// Stop ends the goroutine and persists the progress (the re-puts made
+// durable first). The flush policy must still be running. Calling it twice
+// is safe.
+func (sc *Scheduler) Stop() {
 	sc.haltOnce.Do(func() { close(sc.done) })
 	sc.wg.Wait()
 	sc.stopOnce.Do(func() {
 		sc.mu.Lock()
 		defer sc.mu.Unlock()
 		if err := sc.persistLocked(); err != nil {
-			sc.s.opts.Logger.Warn().Err(err).Msg("storage: delay progress not persisted at close; messages delivered since the last persist will be delivered again")
+			sc.opts.Logger.Warn().Err(err).Msg("storage: delay progress not persisted at close; messages delivered since the last persist will be delivered again")
 		}
 	})
 }
 
-func (sc *scheduler) stopping() bool {
+func (sc *Scheduler) stopping() bool {
 	select {
 	case <-sc.done:
 		return true
@@ -235,7 +283,7 @@ func (sc *scheduler) stopping() bool {
 // shortest delay a table can hold (1 s), so polling never makes a delivery
 // late; waking on every dispatch instead cost the put path a goroutine
 // wake-up per dispatch round.
-func (sc *scheduler) loop() {
+func (sc *Scheduler) loop() {
 	defer sc.wg.Done()
 	for {
 		r := sc.round()
@@ -249,7 +297,7 @@ func (sc *scheduler) loop() {
 		case !r.wake.IsZero() && r.wake.Before(next):
 			next = r.wake
 		}
-		at, release := clockWait(sc.s.clock, next)
+		at, release := base.ClockWait(sc.opts.Clock, next)
 		var persist <-chan time.Time
 		var pt *time.Timer
 		if r.persistIn > 0 {
@@ -281,12 +329,18 @@ type roundResult struct {
 
 // round delivers every due message, level by level, at most scheduleBatch
 // per level per pass, and persists the progress when it is time.
-func (sc *scheduler) round() roundResult {
+func (sc *Scheduler) round() roundResult {
 	sc.mu.Lock()
 	defer sc.mu.Unlock()
 	var res roundResult
+	if !sc.host.Delivering() {
+		// A slave (or, replicated, a follower): nothing to deliver; look
+		// again at the next poll, in case the role changed.
+		res.at = sc.opts.Clock.Now()
+		return res
+	}
 	for {
-		res.at = sc.s.clock.Now()
+		res.at = sc.opts.Clock.Now()
 		nowMS := res.at.UnixMilli()
 		earliest, moved := int64(math.MaxInt64), 0
 		var err error
@@ -301,7 +355,7 @@ func (sc *scheduler) round() roundResult {
 		}
 		sc.maybePersistLocked()
 		if err != nil {
-			res.retry = !errors.Is(err, ErrClosed)
+			res.retry = !errors.Is(err, base.ErrClosed)
 			break
 		}
 		if moved == 0 || sc.stopping() {
@@ -325,30 +379,30 @@ func (sc *scheduler) round() roundResult {
 // first message left waiting (MaxInt64 if none is visible), and the error
 // of a re-put the store refused (the progress stays before that message).
 // REQUIRES: sc.mu held.
-func (sc *scheduler) deliverLevelLocked(qid int, nowMS int64) (moved int, nextDue int64, err error) {
+func (sc *Scheduler) deliverLevelLocked(qid int, nowMS int64) (moved int, nextDue int64, err error) {
 	nextDue = math.MaxInt64
-	q := sc.s.dispatch.queue(ScheduleTopic, int32(qid))
+	q := sc.host.Queue(record.ScheduleTopic, int32(qid))
 	if q == nil {
 		return 0, nextDue, nil
 	}
 	off := sc.next[qid].Load()
-	if lo := q.min.Load(); off < lo {
+	if lo := q.Min(); off < lo {
 		// Cannot happen while retention honours the persisted progress;
 		// say so loudly if it does.
-		sc.s.opts.Logger.Error().Int("level", qid+1).Int64("from", off).Int64("to", lo).
+		sc.opts.Logger.Error().Int("level", qid+1).Int64("from", off).Int64("to", lo).
 			Msg("storage: delayed messages below the schedule queue's min offset are gone; skipping them")
 		sc.skipped.Add(uint64(lo - off))
 		off = lo
 		sc.next[qid].Store(off)
 		sc.dirty = true
 	}
-	for moved < scheduleBatch && off < q.count.Load() {
-		phys, _, due, ok := q.get(off)
-		if !ok || phys >= sc.s.dispatch.dispatched.Load() {
+	for moved < scheduleBatch && off < q.Count() {
+		phys, _, due, ok := q.Get(off)
+		if !ok || phys >= sc.host.Dispatched() {
 			break // trimmed meanwhile, or not yet readable: the next dispatch wakes us
 		}
 		if due > nowMS {
-			due = sc.capLocked(qid, off, q.count.Load(), due, nowMS)
+			due = sc.capLocked(qid, off, q.Count(), due, nowMS)
 		}
 		if due > nowMS {
 			return moved, due, nil
@@ -384,9 +438,9 @@ type cappedHead struct {
 // level's delay after the other. The cap is kept across rounds, so the
 // wait does not move. Messages put after the clock went back are not
 // affected: the dispatcher counts their delay from the clock
-// (dispatcher.deliverAt). REQUIRES: sc.mu held.
-func (sc *scheduler) capLocked(qid int, off, end, due, nowMS int64) int64 {
-	limit := nowMS + sc.s.delayOf(qid+1).Milliseconds()
+// (consumequeue's deliverAt). REQUIRES: sc.mu held.
+func (sc *Scheduler) capLocked(qid int, off, end, due, nowMS int64) int64 {
+	limit := nowMS + sc.delayOf(qid+1).Milliseconds()
 	c := &sc.capped[qid]
 	if c.set && off < c.end {
 		return min(due, c.at)
@@ -395,7 +449,7 @@ func (sc *scheduler) capLocked(qid int, off, end, due, nowMS int64) int64 {
 		return due
 	}
 	*c = cappedHead{end: end, at: limit, set: true}
-	sc.s.logLimit.Event("storage: delay clock back", sc.s.opts.Logger.Warn()).Int("level", qid+1).
+	sc.opts.Throttle.Event("storage: delay clock back", sc.opts.Logger.Warn()).Int("level", qid+1).
 		Int64("queue_offset", off).Stringer("ahead_by", time.Duration(due-limit)*time.Millisecond).
 		Msg("storage: a delayed message is due further ahead than its level's delay (the clock was set back); " +
 			"delivering it after the level's delay on the clock")
@@ -405,10 +459,10 @@ func (sc *scheduler) capLocked(qid int, off, end, due, nowMS int64) int64 {
 // deliverLocked puts the schedule-queue message at commitlog offset phys to
 // its real topic. A message that can never be delivered is skipped (nil);
 // a refusal that may pass is returned. REQUIRES: sc.mu held.
-func (sc *scheduler) deliverLocked(qid int, off, phys int64) error {
-	rec, err := sc.s.readRecord(phys) // from the schedule queue
+func (sc *Scheduler) deliverLocked(qid int, off, phys int64) error {
+	rec, err := sc.host.ReadRecord(phys) // from the schedule queue
 	if err != nil {
-		if errors.Is(err, ErrClosed) {
+		if errors.Is(err, base.ErrClosed) {
 			return err
 		}
 		sc.skip(qid, off, phys, err)
@@ -419,30 +473,29 @@ func (sc *scheduler) deliverLocked(qid int, off, phys int64) error {
 		sc.skip(qid, off, phys, err)
 		return nil
 	}
-	res, err := sc.s.PutMessage(context.Background(), m)
-	if res.Appended() {
+	end, err := sc.host.Redeliver(m)
+	if end > 0 {
 		// In the log. If its durability is unknown (a failed sync), the
 		// persist below fails and a restart delivers it again.
-		sc.need = max(sc.need, res.Append.NextOffset())
+		sc.need = max(sc.need, end)
 		sc.delivered[qid].Add(1)
 		return nil
 	}
-	var verr *ValidationError
-	if errors.As(err, &verr) || errors.Is(err, ErrTopicNotFound) || errors.Is(err, ErrTooManyTopics) {
+	if errors.Is(err, ErrUndeliverable) {
 		// Refused by validation or by the topic config (topic deleted with
 		// auto-creation off, queue id beyond its queues, topic limit).
 		sc.skip(qid, off, phys, err)
 		return nil
 	}
-	if !errors.Is(err, ErrClosed) {
+	if !errors.Is(err, base.ErrClosed) {
 		sc.refused.Add(1)
 	}
 	return err
 }
 
-func (sc *scheduler) skip(qid int, off, phys int64, err error) {
+func (sc *Scheduler) skip(qid int, off, phys int64, err error) {
 	sc.skipped.Add(1)
-	sc.s.logLimit.Event("storage: delay skip", sc.s.opts.Logger.Error()).Err(err).Int("level", qid+1).Int64("queue_offset", off).Int64("commitlog_offset", phys).
+	sc.opts.Throttle.Event("storage: delay skip", sc.opts.Logger.Error()).Err(err).Int("level", qid+1).Int64("queue_offset", off).Int64("commitlog_offset", phys).
 		Msg("storage: delayed message cannot be delivered; skipped")
 }
 
@@ -450,29 +503,29 @@ func (sc *scheduler) skip(qid int, off, phys int64, err error) {
 // topic and queue from REAL_TOPIC/REAL_QID; DELAY, REAL_TOPIC, REAL_QID, the
 // timer properties and the store's CRC property removed; WAIT=false so a
 // sync-mode put does not wait for the flush (RocketMQ messageTimeup).
-func realMessage(rec *Record) (*Message, error) {
-	topic, ok := rec.Property(PropertyRealTopic)
+func realMessage(rec *record.Record) (*record.Message, error) {
+	topic, ok := rec.Property(record.PropertyRealTopic)
 	if !ok || topic == "" {
 		return nil, errors.New("storage: delayed message has no REAL_TOPIC")
 	}
-	v, _ := rec.Property(PropertyRealQueueID)
+	v, _ := rec.Property(record.PropertyRealQueueID)
 	qid, err := strconv.ParseInt(v, 10, 32)
 	if err != nil || qid < 0 {
 		return nil, fmt.Errorf("storage: delayed message has a bad REAL_QID %q", v)
 	}
-	props := make([]Property, 0, len(rec.Properties))
+	props := make([]record.Property, 0, len(rec.Properties))
 	for _, p := range rec.Properties {
 		switch p.Key {
-		case PropertyDelayLevel, PropertyRealTopic, PropertyRealQueueID, PropertyCRC32, PropertyWaitStoreOK,
+		case record.PropertyDelayLevel, record.PropertyRealTopic, record.PropertyRealQueueID, record.PropertyCRC32, record.PropertyWaitStoreOK,
 			propertyTimerDeliverMS, propertyTimerDelaySec, propertyTimerDelayMS:
 			continue
 		}
 		props = append(props, p)
 	}
-	props = append(props, Property{Key: PropertyWaitStoreOK, Value: "false"})
-	return &Message{
+	props = append(props, record.Property{Key: record.PropertyWaitStoreOK, Value: "false"})
+	return &record.Message{
 		Topic: topic, QueueID: int32(qid), Flag: rec.Flag, Body: rec.Body, Properties: props,
-		SysFlag: rec.SysFlag &^ storeOwnedSysFlags, BornTimestamp: rec.BornTimestamp, BornHost: rec.BornHost,
+		SysFlag: rec.SysFlag &^ record.StoreOwnedSysFlags, BornTimestamp: rec.BornTimestamp, BornHost: rec.BornHost,
 		ReconsumeTimes: rec.ReconsumeTimes, PreparedTxOffset: rec.PreparedTxOffset,
 	}, nil
 }
@@ -481,7 +534,7 @@ func realMessage(rec *Record) (*Message, error) {
 // persistEvery, or after a failed write once its backoff has passed. A
 // failed write is a transient fault (logged and counted by persistLocked).
 // REQUIRES: sc.mu held.
-func (sc *scheduler) maybePersistLocked() {
+func (sc *Scheduler) maybePersistLocked() {
 	if !sc.dirty {
 		return
 	}
@@ -493,7 +546,7 @@ func (sc *scheduler) maybePersistLocked() {
 		return
 	}
 	if err := sc.persistLocked(); err != nil && !errors.Is(err, errDelayProgressWrite) {
-		sc.s.logLimit.Event("storage: delay progress", sc.s.opts.Logger.Warn()).Err(err).
+		sc.opts.Throttle.Event("storage: delay progress", sc.opts.Logger.Warn()).Err(err).
 			Msg("storage: delay progress not persisted; will retry")
 	}
 }
@@ -502,8 +555,8 @@ func (sc *scheduler) maybePersistLocked() {
 // persistLocked records as a transient fault (logged there).
 var errDelayProgressWrite = errors.New("storage: write delay progress")
 
-// persist makes the re-puts durable and writes the progress.
-func (sc *scheduler) persist() error {
+// Persist makes the re-puts durable and writes the progress.
+func (sc *Scheduler) Persist() error {
 	sc.mu.Lock()
 	defer sc.mu.Unlock()
 	return sc.persistLocked()
@@ -511,24 +564,24 @@ func (sc *scheduler) persist() error {
 
 // persistLocked writes the progress once every re-put it covers is
 // durable. REQUIRES: sc.mu held.
-func (sc *scheduler) persistLocked() error {
+func (sc *Scheduler) persistLocked() error {
 	if !sc.dirty {
 		return nil
 	}
-	if err := sc.s.durableTo(sc.need); err != nil {
+	if err := sc.host.DurableTo(sc.need); err != nil {
 		return fmt.Errorf("storage: delay progress: delivered messages not yet durable: %w", err)
 	}
 	offsets := make(map[int]int64, sc.levels)
 	for qid := range sc.levels {
 		offsets[qid+1] = sc.next[qid].Load()
 	}
-	if err := writeDelayOffsets(sc.s.opts, sc.dir, offsets); err != nil {
+	if err := writeDelayOffsets(sc.opts.FS, sc.dir, offsets); err != nil {
 		// ENOSPC, EMFILE, EIO on config/: transient. The progress is in
 		// memory and nothing is lost meanwhile; retry after the backoff.
-		sc.retryPersist = time.Now().Add(sc.s.faults.failed(faultDelayProgress, err))
+		sc.retryPersist = time.Now().Add(sc.opts.Faults.Failed(fault.DelayProgress, err))
 		return fmt.Errorf("%w: %w", errDelayProgressWrite, err)
 	}
-	sc.s.faults.cleared(faultDelayProgress)
+	sc.opts.Faults.Cleared(fault.DelayProgress)
 	sc.retryPersist = time.Time{}
 	for qid := range sc.levels {
 		sc.persisted[qid].Store(offsets[qid+1])
@@ -538,52 +591,33 @@ func (sc *scheduler) persistLocked() error {
 	return nil
 }
 
-// durableTo returns once every commitlog byte below off is durable: through
-// the group commit in sync mode (one sync shared with producers), by an
-// explicit sync in async mode. A failed sync is sticky (s.fail).
-func (s *Store) durableTo(off int64) error {
-	if s.queue.flushedWhere.Load() >= off {
-		return nil
-	}
-	if s.opts.FlushMode == FlushSync {
-		return s.flusher.Wait(context.Background(), off)
-	}
-	if _, err := s.queue.Sync(0); err != nil {
-		s.fail(err)
-		return fmt.Errorf("%w: %w", ErrWriteFailed, err)
-	}
-	if got := s.queue.flushedWhere.Load(); got < off {
-		return fmt.Errorf("storage: sync reached %d, short of %d", got, off)
-	}
-	return nil
-}
-
-// protectedFrom is the commitlog offset of the first delayed message the
+// ProtectedFrom is the commitlog offset of the first delayed message the
 // persisted progress has not delivered: retention keeps every file from
 // there on. MaxInt64 when nothing is pending.
-func (sc *scheduler) protectedFrom() int64 {
+func (sc *Scheduler) ProtectedFrom() int64 {
 	from := int64(math.MaxInt64)
 	for qid := range sc.levels {
-		q := sc.s.dispatch.queue(ScheduleTopic, int32(qid))
+		q := sc.host.Queue(record.ScheduleTopic, int32(qid))
 		if q == nil {
 			continue
 		}
-		if phys, _, _, ok := q.get(sc.persisted[qid].Load()); ok {
+		if phys, _, _, ok := q.Get(sc.persisted[qid].Load()); ok {
 			from = min(from, phys)
 		}
 	}
 	return from
 }
 
-func (sc *scheduler) stats() ScheduleStats {
-	st := ScheduleStats{Levels: make([]ScheduleLevelStats, sc.levels), Skipped: sc.skipped.Load(), Refused: sc.refused.Load()}
-	nowMS := sc.s.clock.Now().UnixMilli()
+// Stats describes the scheduler.
+func (sc *Scheduler) Stats() Stats {
+	st := Stats{Levels: make([]LevelStats, sc.levels), Skipped: sc.skipped.Load(), Refused: sc.refused.Load()}
+	nowMS := sc.opts.Clock.Now().UnixMilli()
 	for qid := range st.Levels {
-		l := ScheduleLevelStats{Level: qid + 1, Delay: sc.s.delayOf(qid + 1), Offset: sc.next[qid].Load(),
+		l := LevelStats{Level: qid + 1, Delay: sc.delayOf(qid + 1), Offset: sc.next[qid].Load(),
 			Persisted: sc.persisted[qid].Load(), Delivered: sc.delivered[qid].Load()}
-		if q := sc.s.dispatch.queue(ScheduleTopic, int32(qid)); q != nil {
-			l.Pending = max(q.count.Load()-max(l.Offset, q.min.Load()), 0)
-			if _, _, due, ok := q.get(l.Offset); ok && due <= nowMS {
+		if q := sc.host.Queue(record.ScheduleTopic, int32(qid)); q != nil {
+			l.Pending = max(q.Count()-max(l.Offset, q.Min()), 0)
+			if _, _, due, ok := q.Get(l.Offset); ok && due <= nowMS {
 				l.Lag = time.Duration(nowMS-due) * time.Millisecond
 			}
 		}
@@ -603,28 +637,27 @@ type delayOffsets struct {
 
 // readDelayOffsets returns level → next queue offset; empty when there is
 // no file; an error wrapping ErrCorrupt when the file fails its CRC.
-func readDelayOffsets(opts Options, dir string) (map[int]int64, error) {
-	b, err := opts.FS.ReadFile(filepath.Join(dir, delayOffsetName))
+func readDelayOffsets(fs vfs.FS, dir string) (map[int]int64, error) {
+	b, err := fs.ReadFile(filepath.Join(dir, delayOffsetName))
 	if errors.Is(err, iofs.ErrNotExist) {
 		return map[int]int64{}, nil
 	}
 	if err != nil {
 		return nil, fmt.Errorf("storage: read delay progress: %w", err)
 	}
-	body, sum, ok := strings.Cut(strings.TrimSuffix(string(b), "\n"), "\n")
-	want, perr := strconv.ParseUint(sum, 10, 32)
-	if !ok || perr != nil || crc32.Checksum([]byte(body), castagnoli) != uint32(want) {
-		return nil, fmt.Errorf("%w: config/%s fails its CRC (delete it to deliver every retained delayed message again)", ErrCorrupt, delayOffsetName)
+	body, ok := base.Unseal(b)
+	if !ok {
+		return nil, fmt.Errorf("%w: config/%s fails its CRC (delete it to deliver every retained delayed message again)", base.ErrCorrupt, delayOffsetName)
 	}
 	var d delayOffsets
-	if err := json.Unmarshal([]byte(body), &d); err != nil {
-		return nil, fmt.Errorf("%w: config/%s: %w", ErrCorrupt, delayOffsetName, err)
+	if err := json.Unmarshal(body, &d); err != nil {
+		return nil, fmt.Errorf("%w: config/%s: %w", base.ErrCorrupt, delayOffsetName, err)
 	}
 	out := make(map[int]int64, len(d.OffsetTable))
 	for k, v := range d.OffsetTable {
 		level, err := strconv.Atoi(k)
 		if err != nil || v < 0 {
-			return nil, fmt.Errorf("%w: config/%s: bad entry %q: %d", ErrCorrupt, delayOffsetName, k, v)
+			return nil, fmt.Errorf("%w: config/%s: bad entry %q: %d", base.ErrCorrupt, delayOffsetName, k, v)
 		}
 		out[level] = v
 	}
@@ -632,7 +665,7 @@ func readDelayOffsets(opts Options, dir string) (map[int]int64, error) {
 }
 
 // writeDelayOffsets replaces the progress file atomically and durably.
-func writeDelayOffsets(opts Options, dir string, offsets map[int]int64) error {
+func writeDelayOffsets(fs vfs.FS, dir string, offsets map[int]int64) error {
 	d := delayOffsets{Version: 1, OffsetTable: make(map[string]int64, len(offsets))}
 	for level, off := range offsets {
 		d.OffsetTable[strconv.Itoa(level)] = off
@@ -641,18 +674,55 @@ func writeDelayOffsets(opts Options, dir string, offsets map[int]int64) error {
 	if err != nil {
 		return fmt.Errorf("storage: encode delay progress: %w", err)
 	}
-	if err := opts.FS.MkdirAll(dir); err != nil {
-		return fmt.Errorf("storage: create config dir: %w", err)
-	}
-	tmp := filepath.Join(dir, delayOffsetName+".tmp")
-	if err := opts.FS.WriteFile(tmp, fmt.Appendf(nil, "%s\n%d\n", body, crc32.Checksum(body, castagnoli))); err != nil {
-		return fmt.Errorf("storage: write delay progress: %w", err)
-	}
-	if err := opts.FS.Rename(tmp, filepath.Join(dir, delayOffsetName)); err != nil {
-		return fmt.Errorf("storage: rename delay progress: %w", err)
-	}
-	if err := syncDir(opts.FS, dir); err != nil {
-		return fmt.Errorf("storage: %w", err)
+	if err := base.WriteAtomic(fs, dir, delayOffsetName, base.Seal(body)); err != nil {
+		return fmt.Errorf("storage: delay progress: %w", err)
 	}
 	return nil
+}
+
+// delayOf returns the delay of level (1-based), 1 s for an unknown level
+// (RocketMQ computeDeliverTimestamp).
+func (sc *Scheduler) delayOf(level int) time.Duration { return DelayOf(sc.opts.Levels, level) }
+
+// DelayOf returns the delay of level (1-based) in levels, 1 s for an
+// unknown level (RocketMQ computeDeliverTimestamp).
+func DelayOf(levels []time.Duration, level int) time.Duration {
+	if level >= 1 && level <= len(levels) {
+		return levels[level-1]
+	}
+	return time.Second
+}
+
+// ParseDelayLevels parses a delay level table such as
+// "1s 5s 10s 30s 1m 2m … 2h". Level i (from 1) is element i-1.
+func ParseDelayLevels(s string) ([]time.Duration, error) {
+	fields := strings.Fields(s)
+	if len(fields) == 0 {
+		return nil, errors.New("delay levels: empty table")
+	}
+	out := make([]time.Duration, 0, len(fields))
+	for _, f := range fields {
+		if len(f) < 2 {
+			return nil, fmt.Errorf("delay levels: bad entry %q", f)
+		}
+		var unit time.Duration
+		switch f[len(f)-1] {
+		case 's':
+			unit = time.Second
+		case 'm':
+			unit = time.Minute
+		case 'h':
+			unit = time.Hour
+		case 'd':
+			unit = 24 * time.Hour
+		default:
+			return nil, fmt.Errorf("delay levels: bad unit in %q (want s, m, h or d)", f)
+		}
+		n, err := strconv.ParseInt(f[:len(f)-1], 10, 32)
+		if err != nil || n <= 0 {
+			return nil, fmt.Errorf("delay levels: bad number in %q", f)
+		}
+		out = append(out, time.Duration(n)*unit)
+	}
+	return out, nil
 }

@@ -1,6 +1,8 @@
-package storage
+package consumequeue
 
 import (
+	"github.com/storaged/storaged/storage/internal/base"
+
 	"context"
 	"errors"
 	"fmt"
@@ -70,20 +72,20 @@ func (p *progress) publish() {
 }
 
 // unlockRun releases runMu and wakes the puts waiting for it.
-func (d *dispatcher) unlockRun() {
+func (d *Index) unlockRun() {
 	d.runMu.Unlock()
 	d.progress.publish()
 }
 
-// awaitDispatched returns nil once the commitlog is indexed up to end,
+// AwaitDispatched returns nil once the commitlog is indexed up to end,
 // which must be at or below the visible end (the caller's record is
 // appended, and durable in sync mode). It dispatches itself when no round
 // runs. It gives up, with an error, when ctx ends, when the store closes
-// (ErrClosed), when a round fails (errIndexStalled: the record stays
+// (base.ErrClosed), when a round fails (errIndexStalled: the record stays
 // stored and is indexed when a later round succeeds) or after
 // SyncFlushTimeout without a round that covers end (errIndexSlow): a put
 // never hangs on the index.
-func (d *dispatcher) awaitDispatched(ctx context.Context, end int64) error {
+func (d *Index) AwaitDispatched(ctx context.Context, end int64) error {
 	var timeout <-chan time.Time
 	for {
 		if d.dispatched.Load() >= end {
@@ -105,7 +107,7 @@ func (d *dispatcher) awaitDispatched(ctx context.Context, end int64) error {
 			return errIndexStalled
 		}
 		if timeout == nil {
-			t := time.NewTimer(d.s.opts.SyncFlushTimeout)
+			t := time.NewTimer(d.opts.AwaitTimeout)
 			defer t.Stop()
 			timeout = t.C
 		}
@@ -115,7 +117,7 @@ func (d *dispatcher) awaitDispatched(ctx context.Context, end int64) error {
 		case <-ctx.Done():
 			err = ctx.Err()
 		case <-d.done:
-			err = ErrClosed
+			err = base.ErrClosed
 		case <-timeout:
 			err = errIndexSlow
 		}
@@ -131,13 +133,13 @@ var errRunBusy = errors.New("storage: dispatch round running")
 
 // tryDispatch runs a round up to the visible end if runMu is free, and
 // reports whether end is now indexed (nil), busy (errRunBusy) or why not.
-func (d *dispatcher) tryDispatch(end int64) error {
+func (d *Index) tryDispatch(end int64) error {
 	if !d.runMu.TryLock() {
 		return errRunBusy
 	}
 	var err error
 	if d.dispatched.Load() < end {
-		_, err = d.runLocked(d.s.visibleEnd())
+		_, err = d.runLocked(d.opts.Watermark())
 	}
 	closed := d.closed
 	d.unlockRun()
@@ -145,7 +147,7 @@ func (d *dispatcher) tryDispatch(end int64) error {
 	case d.dispatched.Load() >= end:
 		return nil
 	case closed:
-		return ErrClosed
+		return base.ErrClosed
 	case err != nil:
 		return fmt.Errorf("%w: %w", errIndexStalled, err)
 	}

@@ -1,4 +1,4 @@
-package storage
+package consumequeue
 
 import (
 	"sync"
@@ -26,7 +26,7 @@ type queueNotifier struct {
 	woken atomic.Uint64
 
 	mu    sync.Mutex
-	waits map[queueKey]*queueWait // guarded by mu
+	waits map[Key]*queueWait // guarded by mu
 }
 
 // queueWait is one channel shared by the polls waiting on a queue: closed
@@ -37,13 +37,13 @@ type queueWait struct {
 }
 
 func newQueueNotifier() *queueNotifier {
-	return &queueNotifier{waits: map[queueKey]*queueWait{}}
+	return &queueNotifier{waits: map[Key]*queueWait{}}
 }
 
 // wait registers a wait on k and returns a channel closed at k's next
 // advance, and a func that ends the registration (call it once, whether
 // or not the channel closed).
-func (n *queueNotifier) wait(k queueKey) (<-chan struct{}, func()) {
+func (n *queueNotifier) wait(k Key) (<-chan struct{}, func()) {
 	n.mu.Lock()
 	w := n.waits[k]
 	if w == nil {
@@ -70,7 +70,7 @@ func (n *queueNotifier) active() bool { return n.waiting.Load() > 0 }
 
 // signal wakes the polls waiting on each of keys. REQUIRES: the entries
 // the keys stand for are published (their queue's count stored).
-func (n *queueNotifier) signal(keys []queueKey) {
+func (n *queueNotifier) signal(keys []Key) {
 	if len(keys) == 0 {
 		return
 	}

@@ -1,4 +1,4 @@
-package storage
+package segment
 
 import (
 	"errors"
@@ -8,16 +8,18 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"github.com/storaged/storaged/storage/internal/base"
 	"github.com/storaged/storaged/storage/vfs"
 )
 
-const pageSize = 4096
+// PageSize is the unit the flush policies count dirty data in.
+const PageSize = 4096
 
-// mappedFile is one commitlog (or consume-queue) file: fixed size,
-// preallocated, mapped shared and read-write through a vfs.Segment. Appends
-// happen under the store's put lock; the positions are atomics so flushers
-// and readers need no lock.
-type mappedFile struct {
+// File is one commitlog file: fixed size, preallocated, mapped shared and
+// read-write through a vfs.Segment. Appends happen under the commitlog's
+// append lock; the positions are atomics so flushers and readers need no
+// lock.
+type File struct {
 	fs   vfs.FS
 	path string
 	from int64 // offset of byte 0
@@ -36,12 +38,12 @@ type mappedFile struct {
 	flushed atomic.Int64
 }
 
-// fileName is the 20-digit zero-padded start offset (UtilAll.offset2FileName).
-func fileName(from int64) string {
+// FileName is the 20-digit zero-padded start offset (UtilAll.offset2FileName).
+func FileName(from int64) string {
 	return fmt.Sprintf("%020d", from)
 }
 
-func parseFileName(name string) (int64, bool) {
+func ParseFileName(name string) (int64, bool) {
 	if len(name) != 20 {
 		return 0, false
 	}
@@ -49,36 +51,36 @@ func parseFileName(name string) (int64, bool) {
 	return n, err == nil && n >= 0
 }
 
-// createMappedFile creates, preallocates, syncs and maps the file starting
+// Create creates, preallocates, syncs and maps the file starting
 // at from, then syncs the directory so the file survives a power cut once
 // its data is synced. Preallocation means a full disk is an error here,
 // never a SIGBUS on a later page fault. The allocator then faults the
 // mapping in for writing (populate), off the put path.
-func createMappedFile(fs vfs.FS, dir string, from, size int64) (*mappedFile, error) {
-	path := filepath.Join(dir, fileName(from))
+func Create(fs vfs.FS, dir string, from, size int64) (*File, error) {
+	path := filepath.Join(dir, FileName(from))
 	seg, err := fs.CreateSegment(path, size)
 	if err != nil {
 		if errors.Is(err, vfs.ErrNoSpace) {
-			return nil, fmt.Errorf("%w: %w: create %s: %w", ErrCreateFile, ErrDiskFull, fileName(from), err)
+			return nil, fmt.Errorf("%w: %w: create %s: %w", base.ErrCreateFile, base.ErrDiskFull, FileName(from), err)
 		}
-		return nil, fmt.Errorf("%w: create %s: %w", ErrCreateFile, fileName(from), err)
+		return nil, fmt.Errorf("%w: create %s: %w", base.ErrCreateFile, FileName(from), err)
 	}
 	if err := fs.SyncDir(dir); err != nil {
 		seg.Close()
 		fs.Remove(path)
-		return nil, fmt.Errorf("%w: sync dir: %w", ErrCreateFile, err)
+		return nil, fmt.Errorf("%w: sync dir: %w", base.ErrCreateFile, err)
 	}
-	return &mappedFile{fs: fs, path: path, from: from, size: size, seg: seg, data: seg.Bytes()}, nil
+	return &File{fs: fs, path: path, from: from, size: size, seg: seg, data: seg.Bytes()}, nil
 }
 
-// openMappedFile maps an existing file. Its positions start at size (full);
+// Open maps an existing file. Its positions start at size (full);
 // recovery sets them.
-func openMappedFile(fs vfs.FS, path string, from, size int64) (*mappedFile, error) {
+func Open(fs vfs.FS, path string, from, size int64) (*File, error) {
 	seg, err := fs.OpenSegment(path, size)
 	if err != nil {
 		return nil, fmt.Errorf("storage: open %s: %w (is the configured file size %d right?)", filepath.Base(path), err, size)
 	}
-	m := &mappedFile{fs: fs, path: path, from: from, size: size, seg: seg, data: seg.Bytes()}
+	m := &File{fs: fs, path: path, from: from, size: size, seg: seg, data: seg.Bytes()}
 	m.wrote.Store(size)
 	m.flushed.Store(size)
 	return m, nil
@@ -86,19 +88,19 @@ func openMappedFile(fs vfs.FS, path string, from, size int64) (*mappedFile, erro
 
 // full reports whether no more records fit (an END_OF_FILE blank was
 // written or the file ends exactly).
-func (m *mappedFile) full() bool { return m.wrote.Load() >= m.size }
+func (m *File) Full() bool { return m.wrote.Load() >= m.size }
 
 // flush syncs the pages between the flushed and the write position when at
 // least leastPages pages are dirty (or the file is full, or leastPages is
 // 0 and anything is dirty). It returns the flushed position.
 // REQUIRES: one caller at a time (the queue's sync lock).
-func (m *mappedFile) flush(leastPages int) (int64, error) {
+func (m *File) Flush(leastPages int) (int64, error) {
 	wrote := m.wrote.Load()
 	flushed := m.flushed.Load()
 	if wrote <= flushed {
 		return flushed, nil
 	}
-	if leastPages > 0 && wrote < m.size && wrote/pageSize-flushed/pageSize < int64(leastPages) {
+	if leastPages > 0 && wrote < m.size && wrote/PageSize-flushed/PageSize < int64(leastPages) {
 		return flushed, nil
 	}
 	if err := m.seg.Sync(flushed, wrote); err != nil {
@@ -109,7 +111,7 @@ func (m *mappedFile) flush(leastPages int) (int64, error) {
 }
 
 // sync makes bytes [lo, hi) durable.
-func (m *mappedFile) sync(lo, hi int64) error {
+func (m *File) Sync(lo, hi int64) error {
 	if err := m.seg.Sync(lo, hi); err != nil {
 		return fmt.Errorf("msync %s [%d, %d): %w", filepath.Base(m.path), lo, hi, err)
 	}
@@ -117,7 +119,7 @@ func (m *mappedFile) sync(lo, hi int64) error {
 }
 
 // populate faults bytes [lo, hi) in for writing unless the file is closed.
-func (m *mappedFile) populate(lo, hi int64) {
+func (m *File) populate(lo, hi int64) {
 	m.popMu.Lock()
 	defer m.popMu.Unlock()
 	if m.seg != nil {
@@ -126,7 +128,7 @@ func (m *mappedFile) populate(lo, hi int64) {
 }
 
 // close unmaps and closes the file. It does not flush.
-func (m *mappedFile) close() error {
+func (m *File) Close() error {
 	m.popMu.Lock()
 	defer m.popMu.Unlock()
 	if m.seg == nil {
@@ -141,17 +143,46 @@ func (m *mappedFile) close() error {
 }
 
 // remove closes and deletes the file (the caller syncs the directory).
-func (m *mappedFile) remove() error {
-	err := m.close()
+func (m *File) Remove() error {
+	err := m.Close()
 	if rerr := m.fs.Remove(m.path); rerr != nil {
 		err = errors.Join(err, rerr)
 	}
 	return err
 }
 
-func syncDir(fs vfs.FS, dir string) error {
-	if err := fs.SyncDir(dir); err != nil {
-		return fmt.Errorf("sync dir %s: %w", filepath.Base(dir), err)
-	}
-	return nil
+// From is the commitlog offset of the file's first byte.
+func (m *File) From() int64 { return m.from }
+
+// Size is the file's size in bytes.
+func (m *File) Size() int64 { return m.size }
+
+// End is the commitlog offset just past the file.
+func (m *File) End() int64 { return m.from + m.size }
+
+// Path is the file's path.
+func (m *File) Path() string { return m.path }
+
+// Name is the file's name: FileName(From()).
+func (m *File) Name() string { return FileName(m.from) }
+
+// Data is the mapping (nil once closed). Bytes below Wrote hold complete
+// records; a reader must hold the list's read guard (List.Read) while it
+// uses them, so that retention does not unmap the file meanwhile.
+func (m *File) Data() []byte { return m.data }
+
+// Wrote is the append position: bytes [0, Wrote) hold complete records.
+func (m *File) Wrote() int64 { return m.wrote.Load() }
+
+// Publish moves the append position to pos, after the bytes below it are
+// copied: readers see them from then on.
+func (m *File) Publish(pos int64) { m.wrote.Store(pos) }
+
+// Flushed is the position up to which a sync has returned.
+func (m *File) Flushed() int64 { return m.flushed.Load() }
+
+// SetPositions sets both positions (recovery, truncation).
+func (m *File) SetPositions(wrote, flushed int64) {
+	m.wrote.Store(wrote)
+	m.flushed.Store(flushed)
 }

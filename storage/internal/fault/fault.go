@@ -1,22 +1,22 @@
-package storage
+// Package fault records which background writes of the store are failing
+// (transient write faults) and hands each its retry backoff.
+package fault
 
 import (
-	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/rs/zerolog"
 
 	"github.com/storaged/storaged/internal/logthrottle"
-	"github.com/storaged/storaged/storage/vfs"
+	"github.com/storaged/storaged/storage/internal/base"
 )
 
 // Transient write faults.
 //
-// Only a failed commitlog msync/fdatasync is sticky (Store.fail): after it
+// Only a failed commitlog msync/fdatasync is sticky (the store's sticky failure): after it
 // the kernel may have dropped the pages, so nothing can be acknowledged
 // again (fsyncgate). Every other background write of the store (the
 // checkpoint, a consume-queue entry, the delay progress) can be written
@@ -26,12 +26,12 @@ import (
 // must not make the store refuse writes until a restart.
 //
 // A failing source is retried by its own goroutine with a capped backoff
-// (faultRetryMin doubling to faultRetryMax), counted (Stats.Faults, the
+// (RetryMin doubling to RetryMax), counted (Stats.Faults, the
 // storaged_store_write_faults_total metric), logged through one throttle
 // (the first failure at once, then at most one line per interval with the
 // suppressed count), and while any source is failing the store refuses
-// puts with an error wrapping ErrNotWritable and ErrWriteRetrying (and
-// ErrDiskFull for ENOSPC), so Writable is false and the health service
+// puts with an error wrapping base.ErrNotWritable and base.ErrWriteRetrying (and
+// base.ErrDiskFull for ENOSPC), so Writable is false and the health service
 // says NOT_SERVING. The topic config is not a background write: a failed
 // write refuses the call that needed it (ErrTopicConfig, retriable) and
 // the next call tries again; it is only counted here (noted). Refusing is
@@ -40,43 +40,43 @@ import (
 // told to retry elsewhere loses nothing. Reads keep working. The first
 // retry that succeeds clears the source and writes resume by themselves.
 
-// faultSource names a background write the store retries when it fails.
-type faultSource int
+// Source names a background write the store retries when it fails.
+type Source int
 
 const (
-	faultCheckpoint    faultSource = iota // config/checkpoint: the dispatcher goroutine
-	faultConsumeQueue                     // a consume-queue entry or file: the dispatcher goroutine
-	faultDelayProgress                    // config/delayOffset.json: the scheduler goroutine
-	faultTopicConfig                      // config/topics.json: per call, never failing (faults.noted)
-	numFaultSources
+	Checkpoint    Source = iota // config/checkpoint: the dispatcher goroutine
+	ConsumeQueue                // a consume-queue entry or file: the dispatcher goroutine
+	DelayProgress               // config/delayOffset.json: the scheduler goroutine
+	TopicConfig                 // config/topics.json: per call, never failing (Set.Noted)
+	NumSources
 )
 
-var faultSourceNames = [numFaultSources]string{"checkpoint", "consume_queue", "delay_progress", "topic_config"}
+var SourceNames = [NumSources]string{"checkpoint", "consume_queue", "delay_progress", "topic_config"}
 
-func (f faultSource) String() string { return faultSourceNames[f] }
+func (f Source) String() string { return SourceNames[f] }
 
 // Backoff of a failing source's retries: the first retry after
-// faultRetryMin, each later one after twice the previous delay, never more
-// than faultRetryMax, so writes resume at most faultRetryMax after the
+// RetryMin, each later one after twice the previous delay, never more
+// than RetryMax, so writes resume at most RetryMax after the
 // cause clears.
 const (
-	faultRetryMin = 10 * time.Millisecond
-	faultRetryMax = time.Second
+	RetryMin = 10 * time.Millisecond
+	RetryMax = time.Second
 )
 
-// faults records which background writes are failing. It has its own lock
+// Set records which background writes are failing. It has its own lock
 // and knows nothing of the components: they report each attempt's outcome
 // (failed, cleared) and run their own retries, asking retryIn for the
 // delay.
-type faults struct {
+type Set struct {
 	log      *zerolog.Logger
 	throttle *logthrottle.Throttle
 
 	active atomic.Uint32 // bit i: source i is failing; read on every put
 
 	mu      sync.Mutex
-	state   [numFaultSources]faultState // guarded by mu
-	changed chan struct{}               // closed and replaced when a source starts or stops failing; guarded by mu
+	state   [NumSources]faultState // guarded by mu
+	changed chan struct{}          // closed and replaced when a source starts or stops failing; guarded by mu
 }
 
 type faultState struct {
@@ -88,13 +88,13 @@ type faultState struct {
 	recoveries uint64 // failing spells that ended
 }
 
-func newFaults(log *zerolog.Logger, throttle *logthrottle.Throttle) *faults {
-	return &faults{log: log, throttle: throttle, changed: make(chan struct{})}
+func New(log *zerolog.Logger, throttle *logthrottle.Throttle) *Set {
+	return &Set{log: log, throttle: throttle, changed: make(chan struct{})}
 }
 
 // failed records a failed attempt of src and returns how long the source
 // should wait before it tries again.
-func (f *faults) failed(src faultSource, err error) time.Duration {
+func (f *Set) Failed(src Source, err error) time.Duration {
 	f.mu.Lock()
 	st := &f.state[src]
 	st.failures++
@@ -102,11 +102,11 @@ func (f *faults) failed(src faultSource, err error) time.Duration {
 	first := st.err == nil
 	if first {
 		st.since = time.Now()
-		st.backoff = faultRetryMin
+		st.backoff = RetryMin
 		f.active.Or(1 << src)
 		f.notifyLocked()
 	} else {
-		st.backoff = min(2*st.backoff, faultRetryMax)
+		st.backoff = min(2*st.backoff, RetryMax)
 	}
 	st.err = err
 	backoff, streak := st.backoff, st.streak
@@ -121,7 +121,7 @@ func (f *faults) failed(src faultSource, err error) time.Duration {
 // background: the call that needed it is refused (retriable) and the next
 // call tries again, so the source never enters a failing spell (puts and
 // health are unaffected). The topic config is written so.
-func (f *faults) noted(src faultSource, err error) {
+func (f *Set) Noted(src Source, err error) {
 	f.mu.Lock()
 	f.state[src].failures++
 	f.mu.Unlock()
@@ -130,7 +130,7 @@ func (f *faults) noted(src faultSource, err error) {
 }
 
 // cleared records a successful attempt of src, ending its failing spell.
-func (f *faults) cleared(src faultSource) {
+func (f *Set) Cleared(src Source) {
 	if f.active.Load()&(1<<src) == 0 {
 		return
 	}
@@ -151,11 +151,11 @@ func (f *faults) cleared(src faultSource) {
 }
 
 // failing reports whether src is in a failing spell.
-func (f *faults) failing(src faultSource) bool { return f.active.Load()&(1<<src) != 0 }
+func (f *Set) Failing(src Source) bool { return f.active.Load()&(1<<src) != 0 }
 
 // retryIn returns the backoff of the failing source among srcs that should
 // retry first, or false if none is failing.
-func (f *faults) retryIn(srcs ...faultSource) (time.Duration, bool) {
+func (f *Set) RetryIn(srcs ...Source) (time.Duration, bool) {
 	if f.active.Load() == 0 {
 		return 0, false
 	}
@@ -173,25 +173,25 @@ func (f *faults) retryIn(srcs ...faultSource) (time.Duration, bool) {
 
 // err is the refusal of a put while some source is failing, nil otherwise.
 // It costs one atomic load when nothing fails.
-func (f *faults) err() error {
+func (f *Set) Err() error {
 	if f.active.Load() == 0 {
 		return nil
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	for src := range numFaultSources {
+	for src := range NumSources {
 		if cause := f.state[src].err; cause != nil {
-			if isNoSpace(cause) {
-				return fmt.Errorf("%w: %w: %w: %s: %w", ErrNotWritable, ErrWriteRetrying, ErrDiskFull, src, cause)
+			if base.IsNoSpace(cause) {
+				return fmt.Errorf("%w: %w: %w: %s: %w", base.ErrNotWritable, base.ErrWriteRetrying, base.ErrDiskFull, src, cause)
 			}
-			return fmt.Errorf("%w: %w: %s: %w", ErrNotWritable, ErrWriteRetrying, src, cause)
+			return fmt.Errorf("%w: %w: %s: %w", base.ErrNotWritable, base.ErrWriteRetrying, src, cause)
 		}
 	}
 	return nil
 }
 
-// notify closes the change channel: the store turned read-only (Store.fail).
-func (f *faults) notify() {
+// notify closes the change channel: the store turned read-only (the store's sticky failure).
+func (f *Set) Notify() {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.notifyLocked()
@@ -200,21 +200,21 @@ func (f *faults) notify() {
 // change returns a channel closed the next time a source starts or stops
 // failing or the store turns read-only (tests wait on it instead of
 // polling).
-func (f *faults) change() <-chan struct{} {
+func (f *Set) Change() <-chan struct{} {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.changed
 }
 
 // REQUIRES: f.mu held.
-func (f *faults) notifyLocked() {
+func (f *Set) notifyLocked() {
 	close(f.changed)
 	f.changed = make(chan struct{})
 }
 
-// FaultStats describe one kind of background write the store retries
-// when it fails (see Store.Stats).
-type FaultStats struct {
+// Stats describe one kind of background write the store retries
+// when it fails (storage.Stats.Faults).
+type Stats struct {
 	// Source names the write: "checkpoint", "consume_queue",
 	// "delay_progress" or "topic_config".
 	Source string
@@ -229,22 +229,16 @@ type FaultStats struct {
 	Failures, Recoveries uint64
 }
 
-func (f *faults) stats() []FaultStats {
+func (f *Set) Stats() []Stats {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	out := make([]FaultStats, numFaultSources)
-	for src := range numFaultSources {
+	out := make([]Stats, NumSources)
+	for src := range NumSources {
 		st := f.state[src]
-		out[src] = FaultStats{Source: src.String(), Failing: st.err != nil, Failures: st.failures, Recoveries: st.recoveries}
+		out[src] = Stats{Source: src.String(), Failing: st.err != nil, Failures: st.failures, Recoveries: st.recoveries}
 		if st.err != nil {
 			out[src].Error, out[src].Since = st.err.Error(), st.since
 		}
 	}
 	return out
-}
-
-// isNoSpace reports whether err is a full disk: ENOSPC from a write, or
-// vfs.ErrNoSpace from a preallocation.
-func isNoSpace(err error) bool {
-	return errors.Is(err, vfs.ErrNoSpace) || errors.Is(err, syscall.ENOSPC) || errors.Is(err, ErrDiskFull)
 }

@@ -1,0 +1,77 @@
+package commitlog
+
+import (
+	"fmt"
+
+	"github.com/storaged/storaged/storage/internal/base"
+	"github.com/storaged/storaged/storage/segment"
+)
+
+// TruncateAfter removes every byte of the log from commitlog offset off on,
+// durably: the file holding off is zeroed from there (and synced), later
+// files are deleted (and the directory synced), and the written and durable
+// ends move back to off. Appends after it continue at off. It is how a
+// replica drops an uncommitted suffix that its leader's log does not have
+// (design §2.3); the consume queues and sequencing built on the removed
+// records are the caller's to roll back.
+//
+// off must be a record boundary at or above MinOffset and at or below
+// MaxOffset (REQUIRES: the caller knows the boundaries, as a Raft side
+// index does); the log does not walk the file to prove it. It waits for
+// the append in progress and holds off new ones while it runs; readers of
+// the removed range must be stopped by the caller (it never unmaps a file
+// a reader holds: later files are unmapped under the read guard).
+func (l *Log) TruncateAfter(off int64) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed {
+		return base.ErrClosed
+	}
+	lo, hi := l.list.MinOffset(), l.list.MaxOffset()
+	if off < lo || off > hi {
+		return fmt.Errorf("storage: truncate at %d: outside the log [%d, %d]", off, lo, hi)
+	}
+	if off == hi {
+		return nil
+	}
+	files := l.list.Snapshot()
+	var keep, gone []*segment.File
+	for _, f := range files {
+		switch {
+		case f.End() <= off:
+			keep = append(keep, f)
+		case f.From() <= off || len(keep) == 0:
+			pos := off - f.From()
+			// Unpublish first, so no reader of the written end starts on
+			// bytes about to be zeroed.
+			f.SetPositions(pos, min(f.Flushed(), pos))
+			clear(f.Data()[pos:])
+			if err := f.Sync(pos, f.Size()); err != nil {
+				return fmt.Errorf("storage: truncate: sync zeroed tail: %w", err)
+			}
+			keep = append(keep, f)
+		default:
+			gone = append(gone, f)
+		}
+	}
+	flushed := min(l.list.Flushed(), off)
+	l.list.Replace(keep, flushed)
+	l.file = nil
+	if len(gone) > 0 {
+		if err := l.list.Unmap(gone); err != nil {
+			return fmt.Errorf("storage: truncate: %w", err)
+		}
+		for _, f := range gone {
+			if err := l.opts.FS.Remove(f.Path()); err != nil {
+				return fmt.Errorf("storage: truncate: remove %s: %w", f.Name(), err)
+			}
+		}
+		if err := base.SyncDir(l.opts.FS, l.opts.Dir); err != nil {
+			return fmt.Errorf("storage: truncate: %w", err)
+		}
+	}
+	if last := l.list.Last(); last != nil {
+		l.list.Prepare(last.End())
+	}
+	return nil
+}

@@ -1,0 +1,212 @@
+package consumequeue
+
+import (
+	"errors"
+	"fmt"
+	iofs "io/fs"
+	"path/filepath"
+	"sort"
+
+	"github.com/storaged/storaged/storage/internal/base"
+	"github.com/storaged/storaged/storage/segment"
+)
+
+// Topic is the queue's topic.
+func (q *Queue) Topic() string { return q.topic }
+
+// ID is the queue's id.
+func (q *Queue) ID() int32 { return q.queueID }
+
+// Min is the first queue offset still indexed (0 until retention trims).
+func (q *Queue) Min() int64 { return q.min.Load() }
+
+// Count is the number of entries readers may use: offsets [Min, Count).
+func (q *Queue) Count() int64 { return q.count.Load() }
+
+// Get returns entry queueOffset (commitlog offset, size, tags code), or
+// ok=false when it is not indexed or cannot be read (Lookup says why).
+func (q *Queue) Get(queueOffset int64) (phys int64, size int32, tags int64, ok bool) {
+	return q.get(queueOffset)
+}
+
+// Lookup is Get with the read error.
+func (q *Queue) Lookup(queueOffset int64) (phys int64, size int32, tags int64, ok bool, err error) {
+	return q.lookup(queueOffset)
+}
+
+// Dispatched is the commitlog offset up to which every record is indexed
+// (published after the entries are written).
+func (d *Index) Dispatched() int64 { return d.dispatched.Load() }
+
+// Stalled reports whether the last dispatch round failed.
+func (d *Index) Stalled() bool { return d.stalled.Load() }
+
+// Done is closed when the dispatcher stops (Stop or Close): long polls end.
+func (d *Index) Done() <-chan struct{} { return d.done }
+
+// WaitAdvance registers a long poll on k: the channel is closed at the
+// next dispatch round that advances k. Call release once after, whether or
+// not it closed (see queueNotifier).
+func (d *Index) WaitAdvance(k Key) (advanced <-chan struct{}, release func()) {
+	return d.notify.wait(k)
+}
+
+// WokenPolls counts the long polls a dispatch round woke (tests).
+func (d *Index) WokenPolls() uint64 { return d.notify.woken.Load() }
+
+// Keys lists the queues, in no order.
+func (d *Index) Keys() []Key {
+	d.mu.RLock()
+	defer d.mu.RUnlock()
+	out := make([]Key, 0, len(d.queues))
+	for k := range d.queues {
+		out = append(out, k)
+	}
+	return out
+}
+
+// Len is the number of queues.
+func (d *Index) Len() int {
+	d.mu.RLock()
+	defer d.mu.RUnlock()
+	return len(d.queues)
+}
+
+// queueList returns the queues, in no order.
+func (d *Index) queueList() []*Queue {
+	d.mu.RLock()
+	defer d.mu.RUnlock()
+	out := make([]*Queue, 0, len(d.queues))
+	for _, q := range d.queues {
+		out = append(out, q)
+	}
+	return out
+}
+
+// Rebuild indexes the records in [from, end), before Start, checking every
+// one completely (recovery checked only the records from its own scan
+// start on; damage below it is a *CorruptionError naming cp.Flushed), then
+// publishes the position and takes cp as the last checkpoint written.
+func (d *Index) Rebuild(from, end int64, cp Checkpoint) error {
+	d.runMu.Lock()
+	defer d.unlockRun()
+	d.next = from
+	d.verify, d.verifyFlushed = true, cp.Flushed
+	err := d.dispatchTo(end)
+	d.verify = false
+	if err != nil {
+		return fmt.Errorf("storage: rebuild consume queues: %w", err)
+	}
+	d.dispatched.Store(d.next)
+	d.cpMu.Lock()
+	d.lastCP = cp
+	d.cpMu.Unlock()
+	return nil
+}
+
+// Paused runs fn with the dispatcher paused between rounds (no round runs
+// meanwhile), then wakes the puts waiting to index (visible.go). fn may
+// call DropTopicPaused.
+func (d *Index) Paused(fn func()) {
+	d.runMu.Lock()
+	defer d.unlockRun()
+	fn()
+}
+
+// DropTopicPaused removes every consume queue of topic and its files.
+// REQUIRES: inside Paused, or before Start.
+func (d *Index) DropTopicPaused(topic string) error {
+	d.mu.Lock()
+	var qs []*Queue
+	for k, q := range d.queues {
+		if k.Topic == topic {
+			qs = append(qs, q)
+			delete(d.queues, k)
+		}
+	}
+	d.mu.Unlock()
+	var errs []error
+	for _, q := range qs {
+		errs = append(errs, q.close())
+	}
+	// Remove the files and sync each queue dir before the dirs go, so no
+	// crash image brings a removed file back under a re-created queue.
+	fs := d.opts.FS
+	root := filepath.Join(d.root, "consumequeue")
+	for _, q := range qs {
+		entries, err := fs.ReadDir(q.dir)
+		if err != nil && !errors.Is(err, iofs.ErrNotExist) {
+			errs = append(errs, err)
+			continue
+		}
+		for _, e := range entries {
+			if !e.IsDir {
+				errs = append(errs, fs.Remove(filepath.Join(q.dir, e.Name)))
+			}
+		}
+		if len(entries) > 0 {
+			errs = append(errs, base.SyncDir(fs, q.dir))
+		}
+	}
+	if err := fs.RemoveAll(filepath.Join(root, topic)); err != nil {
+		errs = append(errs, err)
+	} else if len(qs) > 0 {
+		errs = append(errs, base.SyncDir(fs, root))
+	}
+	return errors.Join(errs...)
+}
+
+// TrimBelow moves every queue's min offset to its first entry whose
+// message is at or above commitlog offset minPhys (retention deleted the
+// files below it), and deletes the queue files wholly below it, never a
+// queue's last file. It returns how many files it deleted.
+func (d *Index) TrimBelow(minPhys int64) (int, error) {
+	var errs []error
+	n := 0
+	for _, q := range d.queueList() {
+		k, err := q.trimBelow(minPhys)
+		n += k
+		if err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return n, errors.Join(errs...)
+}
+
+func (q *Queue) trimBelow(minPhys int64) (int, error) {
+	lo, hi := q.min.Load(), q.count.Load()
+	if lo == q.trimmedAt && q.trimmedPhys >= minPhys || lo >= hi {
+		return 0, nil // its first entry is still in the commitlog, as last round
+	}
+	if phys, _, _, ok := q.get(lo); ok && phys >= minPhys {
+		q.trimmedAt, q.trimmedPhys = lo, phys
+		return 0, nil
+	}
+	// Entries are in commitlog order: find the first one at or past minPhys.
+	i := sort.Search(int(hi-lo), func(i int) bool {
+		phys, _, _, ok := q.get(lo + int64(i))
+		return !ok || phys >= minPhys
+	})
+	newMin := lo + int64(i)
+	if newMin <= lo {
+		return 0, nil
+	}
+	q.min.Store(newMin)
+	gone := q.dropFilesBelow(newMin)
+	var errs []error
+	n := 0
+	for _, cf := range gone {
+		if err := cf.remove(); err != nil {
+			errs = append(errs, fmt.Errorf("storage: delete consume queue file %s/%d/%s: %w", q.topic, q.queueID,
+				segment.FileName(cf.first*cqEntrySize), err))
+			continue
+		}
+		n++
+	}
+	if len(gone) > 0 {
+		if err := base.SyncDir(q.cache.fs, q.dir); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return n, errors.Join(errs...)
+}

@@ -1,0 +1,85 @@
+package storage
+
+import (
+	"context"
+	"errors"
+
+	"github.com/storaged/storaged/storage/consumequeue"
+	"github.com/storaged/storaged/storage/internal/fault"
+	"github.com/storaged/storaged/storage/record"
+	"github.com/storaged/storaged/storage/retention"
+	"github.com/storaged/storaged/storage/schedule"
+)
+
+// The store's parts reach it only through the small interfaces they
+// declare (schedule.Host, retention.Host). These adapter types implement
+// them over the store without adding those methods to Store's own API.
+
+// scheduleHost is the store as the delay scheduler sees it.
+type scheduleHost Store
+
+var _ schedule.Host = (*scheduleHost)(nil)
+
+func (h *scheduleHost) Queue(topic string, qid int32) *consumequeue.Queue {
+	return h.index.Queue(topic, qid)
+}
+func (h *scheduleHost) Keys() []consumequeue.Key { return h.index.Keys() }
+func (h *scheduleHost) Dispatched() int64        { return h.index.Dispatched() }
+func (h *scheduleHost) ReadRecord(phys int64) (*record.Record, error) {
+	return (*Store)(h).readRecord(phys)
+}
+func (h *scheduleHost) DurableTo(off int64) error { return (*Store)(h).durableTo(off) }
+func (h *scheduleHost) Delivering() bool          { return (*Store)(h).Role() == RoleMaster }
+
+// Redeliver puts a due message back through the put path; refusals by
+// validation or by the topic config can never pass and are marked
+// schedule.ErrUndeliverable.
+func (h *scheduleHost) Redeliver(m *record.Message) (int64, error) {
+	res, err := (*Store)(h).PutMessage(context.Background(), m)
+	if res.Appended() {
+		return res.Append.NextOffset(), nil
+	}
+	var verr *ValidationError
+	if errors.As(err, &verr) || errors.Is(err, ErrTopicNotFound) || errors.Is(err, ErrTooManyTopics) {
+		return 0, errors.Join(schedule.ErrUndeliverable, err)
+	}
+	return 0, err
+}
+
+// retentionHost is the store as retention sees it.
+type retentionHost Store
+
+var _ retention.Host = (*retentionHost)(nil)
+
+func (h *retentionHost) LastStoreTime() int64 { return (*Store)(h).lastStoreTime() }
+
+func (h *retentionHost) TrimQueues(minPhys int64) (int, error) { return h.index.TrimBelow(minPhys) }
+
+// DeletableEnd is the commitlog offset no deleted file may reach past: the
+// checkpoint's dispatched offset (recovery re-dispatches from there), the
+// durable offset, and, on a master, the first delayed message whose
+// delivery is not yet persisted (a slave does not deliver, so it deletes by
+// time only, as RocketMQ does). When the checkpoint is short of want, it is
+// brought up to date first (a failure there is handled as in the
+// dispatcher: sticky for the commitlog sync, transient otherwise).
+func (h *retentionHost) DeletableEnd(want int64) (int64, error) {
+	s := (*Store)(h)
+	cpEnd := s.index.LastCheckpoint().Dispatched
+	if cpEnd < want && s.index.Dispatched() > cpEnd {
+		if err := s.index.Checkpoint(); err != nil {
+			// A failed commitlog sync is already sticky (the checkpoint
+			// called fail); any other failure is a transient fault of the
+			// checkpoint, which the dispatcher retries.
+			if !errors.Is(err, ErrWriteFailed) {
+				s.faults.Failed(fault.Checkpoint, err)
+			}
+			return 0, err
+		}
+		cpEnd = s.index.LastCheckpoint().Dispatched
+	}
+	limit := min(cpEnd, s.log.Flushed())
+	if s.sched != nil && s.Role() == RoleMaster {
+		limit = min(limit, s.sched.ProtectedFrom())
+	}
+	return limit, nil
+}

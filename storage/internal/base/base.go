@@ -1,0 +1,167 @@
+// Package base holds the vocabulary the storage parts share: the error
+// values more than one of them returns or matches, and the clock. It
+// exists so that the parts (segment, commitlog, consumequeue, schedule,
+// retention) and the storage facade agree on error identity without
+// importing each other; the facade re-exports every value under the same
+// name (storage.ErrClosed is base.ErrClosed), so callers match them with
+// errors.Is as before. It must never grow behaviour: a value belongs here
+// only when two parts need it.
+package base
+
+import (
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/storaged/storaged/storage/record"
+	"github.com/storaged/storaged/storage/vfs"
+)
+
+// Errors shared by the parts. The facade documents each (storage/errors.go).
+var (
+	ErrClosed        = errors.New("storage: store is closed")
+	ErrNotWritable   = errors.New("storage: store is not writable")
+	ErrWriteRetrying = errors.New("storage: a background write is failing and being retried")
+	ErrWriteFailed   = errors.New("storage: write or sync failed; store is read-only")
+	ErrCreateFile    = errors.New("storage: create mapped file failed")
+	ErrDiskFull      = errors.New("storage: no space left on device")
+	ErrCorrupt       = record.ErrCorrupt
+)
+
+// WrapNoSpace adds ErrDiskFull to an error that wraps vfs.ErrNoSpace or
+// ENOSPC, so the server answers it as a full disk; the original stays
+// wrapped.
+func WrapNoSpace(err error) error {
+	if IsNoSpace(err) && !errors.Is(err, ErrDiskFull) {
+		return fmt.Errorf("%w: %w", ErrDiskFull, err)
+	}
+	return err
+}
+
+// IsNoSpace reports whether err is a full disk: ENOSPC from a write, or
+// vfs.ErrNoSpace from a preallocation.
+func IsNoSpace(err error) bool {
+	return errors.Is(err, vfs.ErrNoSpace) || errors.Is(err, syscall.ENOSPC) || errors.Is(err, ErrDiskFull)
+}
+
+// Clock gives the store its time. Tests inject a fake one; the store never
+// calls time.Now directly for what it stamps or schedules.
+type Clock interface {
+	Now() time.Time
+}
+
+// TimerClock is a Clock that can also wake a waiter when it reaches a
+// point in its time. The store's background work that waits on the clock
+// (the delay scheduler until the next delivery time, the retention and
+// disk checks) uses At when the clock implements TimerClock, so a test
+// clock fires those waits the moment the test moves it: no real sleeping.
+// With any other clock, the system clock included, the store waits on real
+// timers and reads the clock again at least every clockPoll, so a
+// wall-clock jump delays a wake-up by at most that.
+type TimerClock interface {
+	Clock
+	// At returns a channel that is closed once Now() is at or after t (at
+	// once if it already is).
+	At(t time.Time) <-chan struct{}
+}
+
+type systemClock struct{}
+
+func (systemClock) Now() time.Time { return time.Now() }
+
+// SystemClock is the wall clock.
+var SystemClock Clock = systemClock{}
+
+// IsSystemClock reports whether c is SystemClock (the put path then reads
+// time.Now once for both the store time and its own statistics).
+func IsSystemClock(c Clock) bool {
+	_, ok := c.(systemClock)
+	return ok
+}
+
+// clockPoll bounds a real-timer wait on a clock that is not a TimerClock.
+const clockPoll = time.Second
+
+// ClockWait returns a channel that is closed when clock c reaches t, and a
+// func that releases the wait. For a clock that is not a TimerClock the
+// channel may close early (after at most clockPoll): the caller re-reads
+// the clock and decides again.
+func ClockWait(c Clock, t time.Time) (<-chan struct{}, func()) {
+	if tc, ok := c.(TimerClock); ok {
+		return tc.At(t), func() {}
+	}
+	d := min(max(t.Sub(c.Now()), 0), clockPoll)
+	ch := make(chan struct{})
+	tm := time.AfterFunc(d, func() { close(ch) })
+	return ch, func() { tm.Stop() }
+}
+
+// SyncDir fsyncs dir, naming it in the error.
+func SyncDir(fs vfs.FS, dir string) error {
+	if err := fs.SyncDir(dir); err != nil {
+		return fmt.Errorf("sync dir %s: %w", filepath.Base(dir), err)
+	}
+	return nil
+}
+
+// WriteAtomic replaces dir/name with data: temp file (synced), rename,
+// directory fsync. After a crash the file is the old or the new one. The
+// checkpoint, the topic table and the delay progress are written so.
+func WriteAtomic(fs vfs.FS, dir, name string, data []byte) error {
+	if err := fs.MkdirAll(dir); err != nil {
+		return fmt.Errorf("create %s: %w", filepath.Base(dir), err)
+	}
+	tmp := filepath.Join(dir, name+".tmp")
+	if err := fs.WriteFile(tmp, data); err != nil {
+		return fmt.Errorf("write %s: %w", name, err)
+	}
+	if err := fs.Rename(tmp, filepath.Join(dir, name)); err != nil {
+		return fmt.Errorf("rename %s: %w", name, err)
+	}
+	return SyncDir(fs, dir)
+}
+
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+// Seal returns body (one line of JSON) followed by a line with its
+// CRC-32C: the small files the store keeps (checkpoint, topic table, delay
+// progress) are written so, so that a damaged one is told from a good one.
+func Seal(body []byte) []byte {
+	return fmt.Appendf(nil, "%s\n%d\n", body, crc32.Checksum(body, castagnoli))
+}
+
+// Unseal returns the body of a sealed file, or ok false when it fails its
+// CRC or is not two lines.
+func Unseal(b []byte) (body []byte, ok bool) {
+	first, sum, found := strings.Cut(strings.TrimSuffix(string(b), "\n"), "\n")
+	want, err := strconv.ParseUint(sum, 10, 32)
+	if !found || err != nil || crc32.Checksum([]byte(first), castagnoli) != uint32(want) {
+		return nil, false
+	}
+	return []byte(first), true
+}
+
+// CorruptionError reports damage to data that was acknowledged as durable:
+// a record below the checkpoint's flushed offset fails its checks. Open
+// refuses to start rather than silently dropping the rest of the log
+// (RocketMQ truncateDirtyFiles, #10017); `storaged check` and `storaged
+// repair --truncate-at` are the explicit, offline ways forward.
+type CorruptionError struct {
+	File    string // relative to the data dir, e.g. commitlog/00000000000000000000
+	Offset  int64  // commitlog offset of the bad record
+	Flushed int64  // the checkpoint's flushed offset
+	Reason  string
+}
+
+func (e *CorruptionError) Error() string {
+	return fmt.Sprintf("storage: corrupt record at commitlog offset %d in %s (below the flushed checkpoint %d): %s",
+		e.Offset, e.File, e.Flushed, e.Reason)
+}
+
+// Unwrap implements errors.Unwrap.
+func (e *CorruptionError) Unwrap() error { return ErrCorrupt }

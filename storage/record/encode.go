@@ -1,0 +1,191 @@
+package record
+
+import (
+	"encoding/binary"
+	"fmt"
+	"hash/crc32"
+	"net/netip"
+)
+
+// Spec is a message prepared for encoding: validated, sized, body CRC
+// computed. It is built outside the append lock; Encode runs under it and
+// only fills in what depends on the position (queue offset, physical
+// offset, store time) and the whole-record CRC.
+type Spec struct {
+	Topic      string
+	QueueID    int32
+	Flag       int32
+	Body       []byte
+	BodyCRC    uint32 // set by the caller (BodyCRC(Body)), outside the lock
+	Props      []Property
+	SysFlag    int32
+	BornTS     int64
+	BornHost   netip.AddrPort
+	StoreHost  netip.AddrPort
+	Reconsume  int32
+	PreparedTx int64
+	// PropCRC appends the whole-record CRC property (__CRC32#).
+	PropCRC bool
+	// BatchFirst marks the first record of a batch of two or more: it
+	// carries PropertyBatch with BatchCount records and BatchBytes bytes
+	// (every record of the batch, this one included), after the client's
+	// properties and before the CRC property, so the CRC covers it.
+	BatchFirst bool
+	BatchCount int
+	BatchBytes int
+
+	// Set by Size.
+	PropsLen int  // encoded properties including the store's own
+	Total    int  // whole record
+	V2       bool // topic longer than MaxTopicLength: int16 topic length
+}
+
+// Size computes PropsLen, Total, V2 and the store-owned sysflag bits. It
+// returns a *FieldError for properties that are illegal or too long.
+func (r *Spec) Size() *FieldError {
+	pl, ferr := PropertiesLen(r.Props)
+	if ferr != nil {
+		return ferr
+	}
+	if r.PropCRC {
+		pl += crcPropLen
+	}
+	if r.BatchFirst {
+		pl += batchPropLen
+	}
+	if pl > MaxPropertiesLength {
+		return &FieldError{Field: "properties", TooLong: true,
+			Reason: fmt.Sprintf("encoded properties are %d bytes, limit %d", pl, MaxPropertiesLength)}
+	}
+	r.PropsLen = pl
+	r.V2 = len(r.Topic) > MaxTopicLength
+	topicPrefix := 1
+	if r.V2 {
+		topicPrefix = 2
+	}
+	r.SysFlag &^= StoreOwnedSysFlags
+	if hostLen(r.BornHost) == 20 {
+		r.SysFlag |= FlagBornHostV6
+	}
+	if hostLen(r.StoreHost) == 20 {
+		r.SysFlag |= FlagStoreHostV6
+	}
+	r.Total = fixedLenV4 - 16 + hostLen(r.BornHost) + hostLen(r.StoreHost) +
+		4 + len(r.Body) + topicPrefix + len(r.Topic) + 2 + r.PropsLen
+	return nil
+}
+
+// Encode writes the record into dst[:r.Total]. REQUIRES: Size was called,
+// len(dst) >= r.Total.
+func (r *Spec) Encode(dst []byte, queueOffset, physOffset, storeTS int64) {
+	be := binary.BigEndian
+	dst = dst[:r.Total]
+	be.PutUint32(dst[PosTotalSize:], uint32(r.Total))
+	if r.V2 {
+		be.PutUint32(dst[PosMagic:], MagicV2)
+	} else {
+		be.PutUint32(dst[PosMagic:], MagicV1)
+	}
+	be.PutUint32(dst[PosBodyCRC:], r.BodyCRC)
+	be.PutUint32(dst[PosQueueID:], uint32(r.QueueID))
+	be.PutUint32(dst[PosFlag:], uint32(r.Flag))
+	be.PutUint64(dst[PosQueueOffset:], uint64(queueOffset))
+	be.PutUint64(dst[PosPhysOffset:], uint64(physOffset))
+	be.PutUint32(dst[PosSysFlag:], uint32(r.SysFlag))
+	be.PutUint64(dst[PosBornTS:], uint64(r.BornTS))
+	p := PosBornHost
+	p += putHost(dst[p:], r.BornHost)
+	be.PutUint64(dst[p:], uint64(storeTS))
+	p += 8
+	p += putHost(dst[p:], r.StoreHost)
+	be.PutUint32(dst[p:], uint32(r.Reconsume))
+	p += 4
+	be.PutUint64(dst[p:], uint64(r.PreparedTx))
+	p += 8
+	be.PutUint32(dst[p:], uint32(len(r.Body)))
+	p += 4
+	p += copy(dst[p:], r.Body)
+	if r.V2 {
+		be.PutUint16(dst[p:], uint16(len(r.Topic)))
+		p += 2
+	} else {
+		dst[p] = byte(len(r.Topic))
+		p++
+	}
+	p += copy(dst[p:], r.Topic)
+	be.PutUint16(dst[p:], uint16(r.PropsLen))
+	p += 2
+	for i := range r.Props {
+		p += copy(dst[p:], r.Props[i].Key)
+		dst[p] = nameValueSeparator
+		p++
+		p += copy(dst[p:], r.Props[i].Value)
+		dst[p] = propertySeparator
+		p++
+	}
+	if r.BatchFirst {
+		p += copy(dst[p:], PropertyBatch)
+		dst[p] = nameValueSeparator
+		p++
+		putDigits(dst[p:p+batchDigits], uint64(r.BatchCount))
+		p += batchDigits
+		dst[p] = ','
+		p++
+		putDigits(dst[p:p+batchDigits], uint64(r.BatchBytes))
+		p += batchDigits
+		dst[p] = propertySeparator
+		p++
+	}
+	if r.PropCRC {
+		p += copy(dst[p:], PropertyCRC32)
+		dst[p] = nameValueSeparator
+		p++
+		putCRCDigits(dst[p:p+10], crc32.Checksum(dst[:r.Total-crcPropLen], crcTable)&0x7fffffff)
+		p += 10
+		dst[p] = propertySeparator
+	}
+}
+
+// putCRCDigits writes c as ten ASCII digits, least significant first,
+// padded with '0' (MessageDecoder.createCrc32).
+func putCRCDigits(dst []byte, c uint32) {
+	for i := 0; i < 10; i++ {
+		dst[i] = '0' + byte(c%10)
+		c /= 10
+	}
+}
+
+// putDigits writes n as len(dst) zero-padded decimal digits, most
+// significant first.
+func putDigits(dst []byte, n uint64) {
+	for i := len(dst) - 1; i >= 0; i-- {
+		dst[i] = '0' + byte(n%10)
+		n /= 10
+	}
+}
+
+// parseDigits reads the decimal digits of b, most significant first.
+func parseDigits(b []byte) (int64, bool) {
+	var n int64
+	for _, c := range b {
+		if c < '0' || c > '9' {
+			return 0, false
+		}
+		n = n*10 + int64(c-'0')
+	}
+	return n, true
+}
+
+func parseCRCDigits(b []byte) (uint32, bool) {
+	var c uint64
+	for i := 9; i >= 0; i-- {
+		if b[i] < '0' || b[i] > '9' {
+			return 0, false
+		}
+		c = c*10 + uint64(b[i]-'0')
+	}
+	if c > 0x7fffffff {
+		return 0, false
+	}
+	return uint32(c), true
+}
