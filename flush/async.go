@@ -42,15 +42,15 @@ type Async struct {
 // NewAsync starts the flush goroutine. Close stops it.
 func NewAsync(s Syncer, opts AsyncOptions) *Async {
 	if opts.Interval <= 0 {
-		opts.Interval = 500 * time.Millisecond
+		opts.Interval = DefaultInterval
 	}
 	if opts.LeastPages == 0 {
-		opts.LeastPages = 4
+		opts.LeastPages = DefaultLeastPages
 	} else if opts.LeastPages < 0 {
 		opts.LeastPages = 0
 	}
 	if opts.ThoroughInterval <= 0 {
-		opts.ThoroughInterval = 10 * time.Second
+		opts.ThoroughInterval = DefaultThoroughInterval
 	}
 	a := &Async{s: s, opts: opts, kick: make(chan struct{}, 1), done: make(chan struct{})}
 	a.wg.Add(1)

@@ -81,7 +81,7 @@ type waiter struct {
 // watcher. Close stops them.
 func NewGroupCommit(s Syncer, opts GroupCommitOptions) *GroupCommit {
 	if opts.Timeout <= 0 {
-		opts.Timeout = 5 * time.Second
+		opts.Timeout = DefaultTimeout
 	}
 	g := &GroupCommit{s: s, timeout: opts.Timeout, onError: opts.OnError, onSync: opts.OnSync,
 		kick: make(chan struct{}, 1), done: make(chan struct{}),

@@ -9,6 +9,7 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/storaged/storaged/flush"
 	"github.com/storaged/storaged/storage/consumequeue"
 	"github.com/storaged/storaged/storage/retention"
 	"github.com/storaged/storaged/storage/schedule"
@@ -107,12 +108,19 @@ type Options struct {
 
 	// FlushLeastPages is how many dirty 4 KiB pages the async flusher waits
 	// for before it flushes. Default 4. Negative means 0 (flush any change).
+	// It decides only whether the flusher syncs before the next checkpoint:
+	// the checkpoint syncs the whole commitlog every CheckpointInterval,
+	// whatever is dirty (it records an offset as durable only after a sync
+	// covering it), so in async mode a message is durable within
+	// min(FlushThoroughInterval, CheckpointInterval) of its put at the
+	// latest, 1 s with the defaults, and within about FlushInterval under a
+	// load that dirties FlushLeastPages pages per interval.
 	FlushLeastPages int
 
 	// FlushThoroughInterval bounds the time the async flusher leaves a
 	// trickle of dirty data (fewer than FlushLeastPages) unflushed. Default
-	// 10 s. The checkpoint syncs everything every CheckpointInterval (1 s by
-	// default) anyway, so with the defaults a trickle is durable within 1 s.
+	// 10 s. It matters only with a CheckpointInterval longer than it: the
+	// checkpoint's sync comes first otherwise (see FlushLeastPages).
 	FlushThoroughInterval time.Duration
 
 	// WakeFlushOnPut wakes the async flusher after each put instead of
@@ -155,8 +163,10 @@ type Options struct {
 	MaxOpenQueueFiles int
 
 	// CheckpointInterval is how often the consume queues are flushed and the
-	// checkpoint rewritten; each checkpoint also syncs the commitlog, so it
-	// bounds the async-mode loss window too. Default 1 s.
+	// checkpoint rewritten. Each checkpoint first syncs the whole commitlog
+	// (Sync(0), ignoring FlushLeastPages), so it also bounds the async-mode
+	// loss window: after a power cut, at most the puts of the last
+	// CheckpointInterval (1 s by default) are lost. Default 1 s.
 	CheckpointInterval time.Duration
 
 	// FileReservedTime is how long commitlog files are kept: retention
@@ -234,10 +244,10 @@ type Options struct {
 const (
 	DefaultFileSize              = 1 << 30
 	DefaultMaxMessageSize        = 4 << 20
-	DefaultFlushInterval         = 500 * time.Millisecond
-	DefaultFlushLeastPages       = 4
-	DefaultFlushThoroughInterval = 10 * time.Second
-	DefaultSyncFlushTimeout      = 5 * time.Second
+	DefaultFlushInterval         = flush.DefaultInterval
+	DefaultFlushLeastPages       = flush.DefaultLeastPages
+	DefaultFlushThoroughInterval = flush.DefaultThoroughInterval
+	DefaultSyncFlushTimeout      = flush.DefaultTimeout
 	DefaultPageCacheBusyTimeout  = time.Second
 	DefaultCheckpointInterval    = time.Second
 	DefaultMaxOpenQueueFiles     = 256

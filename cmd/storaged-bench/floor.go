@@ -1,6 +1,8 @@
 package main
 
 import (
+	"github.com/storaged/storaged/cmd/internal/gctune"
+
 	"context"
 	"encoding/json"
 	"errors"
@@ -287,9 +289,9 @@ func runFloorCommand(ctx context.Context, args []string, stderr io.Writer) error
 		fmt.Fprintln(stderr, "storaged-bench:", err)
 		return usageError{err}
 	}
-	// The same GC target as storaged (server.DefaultGOGC), so that the
+	// The same GC target as storaged (gctune.DefaultGOGC), so that the
 	// floor stays the same server minus the store.
-	gogc := server.ApplyDefaultGOGC(os.LookupEnv)
+	gogc := gctune.ApplyDefaultGOGC(os.LookupEnv)
 	f, err := startFloor(*kind, *listen, nil)
 	if err != nil {
 		return err

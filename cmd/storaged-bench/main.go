@@ -78,7 +78,7 @@ func mainExit(err error) int {
 // set. The generator's live heap is a few MiB, so with the default of 100
 // it collects tens of times a second; on a 2-core machine shared with the
 // server under test that CPU is taken from the server. The servers (floor
-// subprocesses and storaged) apply server.DefaultGOGC themselves, also 400.
+// subprocesses and storaged) apply gctune.DefaultGOGC themselves, also 400.
 // The in-process floor of --floor shares the generator's setting.
 const generatorGOGC = 400
 

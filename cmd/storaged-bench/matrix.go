@@ -175,7 +175,7 @@ type MatrixResult struct {
 	Targets         []string    `json:"targets"`
 	StoragedArgs    []string    `json:"storaged_args,omitempty"`
 	// GOGCEnv is GOGC in the matrix's environment, which the servers
-	// inherit ("" = their default, server.DefaultGOGC); GeneratorGOGC is the
+	// inherit ("" = their default, gctune.DefaultGOGC); GeneratorGOGC is the
 	// generator's own setting (see leanGC).
 	GOGCEnv       string        `json:"gogc_env,omitempty"`
 	GeneratorGOGC string        `json:"generator_gogc"`

@@ -32,6 +32,8 @@
 package main
 
 import (
+	"github.com/storaged/storaged/cmd/internal/gctune"
+
 	"context"
 	"errors"
 	"flag"
@@ -106,8 +108,8 @@ func run(ctx context.Context, args []string, lookupEnv func(string) (string, boo
 		fmt.Fprintln(stderr, "storaged", version)
 		return nil
 	}
-	gogc := server.ApplyDefaultGOGC(lookupEnv)
-	memLimit := server.ApplyDefaultMemoryLimit(lookupEnv, cfg.MaxPullInflightBytes)
+	gogc := gctune.ApplyDefaultGOGC(lookupEnv)
+	memLimit := gctune.ApplyDefaultMemoryLimit(lookupEnv, cfg.MaxPullInflightBytes)
 	logger := newLogger(cfg, stderr)
 	cfg.log(logger.With().Str("gogc", gogc).Int64("gomemlimit", memLimit).Logger())
 	if err := serve(ctx, cfg, logger); err != nil {

@@ -69,12 +69,10 @@ type Log struct {
 	tornBytes     atomic.Uint64
 }
 
-// Open maps the commitlog files in opts.Dir (creating the directory) and
-// starts the allocator. The log is not usable for appends before Recover.
+// Open maps the commitlog files in opts.Dir, which must exist (the
+// offline tools never create anything), and starts the allocator. The log
+// is not usable for appends before Recover.
 func Open(opts Options) (*Log, error) {
-	if err := opts.FS.MkdirAll(opts.Dir); err != nil {
-		return nil, fmt.Errorf("storage: create data dir: %w", err)
-	}
 	l := &Log{opts: opts, realClock: base.IsSystemClock(opts.Clock)}
 	l.list = segment.NewList(opts.FS, opts.Dir, opts.FileSize, segment.Options{
 		PopulateChunk: opts.PopulateChunk, ObserveSync: l.syncLatency.Observe})

@@ -26,6 +26,9 @@ const fileSize = 4096
 func openLog(t *testing.T, fs vfs.FS) *Log {
 	t.Helper()
 	nop := zerolog.Nop()
+	if err := fs.MkdirAll("/d/commitlog"); err != nil {
+		t.Fatal(err)
+	}
 	l, err := Open(Options{FS: fs, Dir: "/d/commitlog", FileSize: fileSize, RequireCRC: true, Clock: base.SystemClock,
 		Logger: &nop, Throttle: logthrottle.New(time.Second, nil)})
 	if err != nil {
@@ -84,6 +87,9 @@ func TestAppendRollsAfterBlank(t *testing.T) {
 func openLogNoRecover(t *testing.T, fs vfs.FS) *Log {
 	t.Helper()
 	nop := zerolog.Nop()
+	if err := fs.MkdirAll("/d/commitlog"); err != nil {
+		t.Fatal(err)
+	}
 	l, err := Open(Options{FS: fs, Dir: "/d/commitlog", FileSize: fileSize, RequireCRC: true, Clock: base.SystemClock,
 		Logger: &nop, Throttle: logthrottle.New(time.Second, nil)})
 	if err != nil {

@@ -35,6 +35,9 @@ type fixture struct {
 func newFixture(t *testing.T, fs vfs.FS) *fixture {
 	t.Helper()
 	nop := zerolog.Nop()
+	if err := fs.MkdirAll("/d/commitlog"); err != nil {
+		t.Fatal(err)
+	}
 	f := &fixture{fs: fs, next: map[Key]int64{}}
 	l, err := commitlog.Open(commitlog.Options{FS: fs, Dir: "/d/commitlog", FileSize: 1 << 16, RequireCRC: true,
 		Clock: base.SystemClock, Logger: &nop, Throttle: logthrottle.New(time.Second, nil)})

@@ -1,4 +1,7 @@
-package server
+// Package gctune sets the garbage collector's defaults for storaged's binaries:
+// process-wide knobs, so they live here, in cmd/, not in a library
+// package.
+package gctune
 
 import (
 	"runtime/debug"
@@ -32,7 +35,7 @@ func ApplyDefaultGOGC(lookupEnv func(string) (string, bool)) string {
 // 256 MiB for everything else (a busy server's live heap is 5–12 MiB, see
 // DefaultGOGC). With GOGC at 400 the heap may grow to five times what was
 // live at the last collection; read answers are the one large live set
-// (up to maxPullInflightBytes, WithMaxPullInflightBytes), so without a
+// (up to maxPullInflightBytes, server.WithMaxPullInflightBytes), so without a
 // limit 256 MiB of answers in flight let the heap reach 1.3 GiB and more
 // (BENCHMARKS.md, "Pull memory"). The limit only makes the collector run
 // sooner near it; it never fails an allocation.
