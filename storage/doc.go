@@ -2,6 +2,43 @@
 // path, byte-compatible with RocketMQ's stored message layout, on
 // memory-mapped files.
 //
+// # Packages
+//
+// This package is the facade: Open and Close, the put path, reads, the
+// topic table, Options, errors and statistics. It composes parts that each
+// own one concept, its state and its lock, and never hold a pointer to the
+// Store (the compiler enforces the layering: none imports this package):
+//
+//	storage/record        the RocketMQ record codec: encode (Spec), the one
+//	                      field walker (Parse), Check, Decode, msgId, tags
+//	                      code, Message/Batch/Property; stdlib only
+//	storage/segment       fixed-size mapped files, their list, the allocator
+//	                      that prepares and faults in the next file, and the
+//	                      read guard that keeps a file mapped while read
+//	storage/commitlog     placement: Append under the append lock (roll +
+//	                      END_OF_FILE blank, bytes through an encode
+//	                      callback), reads, Sync (flush.Syncer), Recover,
+//	                      Scan, Cut, TruncateAfter
+//	storage/consumequeue  the consume queues and their dispatcher, which
+//	                      follows a watermark func (the durable end in sync
+//	                      mode, the written end in async mode, the commit
+//	                      index under replication), the checkpoint, long
+//	                      polls, read-your-writes
+//	storage/schedule      delayed delivery, through schedule.Host
+//	storage/retention     file deletion and disk watermarks, through
+//	                      retention.Host
+//	storage/vfs           the file-system seam (OS, MemFS with power cuts
+//	                      and injected errors)
+//	storage/internal/...  base (shared error values, clock, sealed files),
+//	                      fault (transient write faults), hist
+//	flush/                the flush policies (Async, GroupCommit)
+//
+// Sequencing (queue offsets and store time, sequence.go) is a step of its
+// own, apart from placement: the commitlog's Append runs it in its admit
+// and encode callbacks, under the append lock, so records are stamped in
+// log order; a replicated leader can stamp them where it proposes instead.
+// The broker role is a runtime check (SetRole).
+//
 // # Files and offsets
 //
 // The commitlog lives in Options.Dir/commitlog as a queue of files of
@@ -15,13 +52,13 @@
 // o%FileSize. Files are contiguous, preallocated with fallocate (so a full
 // disk fails file creation instead of raising SIGBUS on a page fault), and
 // prepared one ahead by a background allocator so a roll never creates a
-// file under the put lock. The allocator hands a file over as soon as it is
+// file under the append lock. The allocator hands a file over as soon as it is
 // mapped and then faults it in for writing in 32 MiB chunks ahead of the
 // writer (a first write to a page of a preallocated file costs a fault of
 // ~15 µs); at Open it does the same for the rest of the last file.
 //
 // A queue offset is different: the index of a message within its
-// topic-queue (0, 1, 2, …), assigned under the put lock and advanced only
+// topic-queue (0, 1, 2, …), assigned under the append lock and advanced only
 // when the append succeeded.
 //
 // # Record layout
@@ -41,7 +78,7 @@
 //	+36  SYSFLAG         int32   0x1 compressed, 0xC tx type, 0x10/0x20 IPv6 hosts
 //	+40  BORNTIMESTAMP   int64   producer ms
 //	+48  BORNHOST        8|20    IP, int32 port
-//	+56  STORETIMESTAMP  int64   ms, stamped inside the put lock
+//	+56  STORETIMESTAMP  int64   ms, stamped inside the append lock
 //	+64  STOREHOST       8|20    IP, int32 port
 //	+72  RECONSUMETIMES  int32
 //	+76  PREPARED TX OFF int64
@@ -76,11 +113,12 @@
 // PutMessage and PutMessages follow RocketMQ's order: refuse when closed,
 // slave or read-only (SERVICE_NOT_AVAILABLE); validate topic, body and
 // properties (MESSAGE_ILLEGAL, PROPERTIES_SIZE_EXCEEDED); refuse when the
-// put lock has been held longer than PageCacheBusyTimeout
+// append lock has been held longer than PageCacheBusyTimeout
 // (OS_PAGE_CACHE_BUSY); divert delay-level messages to SCHEDULE_TOPIC_XXXX
-// (queue = level-1, REAL_TOPIC/REAL_QID kept); then, under the put lock,
-// re-stamp the store time (never going backwards), take or roll the last
-// file, assign the queue offset, encode straight into the mapping and
+// (queue = level-1, REAL_TOPIC/REAL_QID kept); then, under the append lock,
+// re-stamp the store time (never going backwards) and assign the queue
+// offset (sequencing), take or roll the last file, encode straight into
+// the mapping (placement, storage/commitlog) and
 // publish the new write position with an atomic store — once per batch,
 // after all its records are copied, so no reader, flush or checkpoint ever
 // sees part of a batch.
@@ -103,18 +141,39 @@
 // FLUSH_DISK_TIMEOUT: stored, not known durable. A put with WAIT=false does
 // not wait.
 //
-// In both modes a failed msync is sticky: the store turns read-only, every
-// waiting and later put fails (SERVICE_NOT_AVAILABLE wrapping
-// ErrWriteFailed), and nothing is acknowledged after it; only a restart,
-// which recovers from what is on disk, clears it.
+// In both modes a failed msync is sticky: the store turns read-only and
+// nothing is acknowledged after it. A sync-mode put waiting for that sync
+// is answered UNKNOWN_ERROR wrapping ErrWriteFailed (appended, durability
+// unknown: it may or may not survive a crash); every later put is refused
+// with SERVICE_NOT_AVAILABLE wrapping ErrWriteFailed. Only a restart, which
+// recovers from what is on disk, clears it. Every other I/O error (the
+// checkpoint, a consume queue, the delay progress, the topic table) is
+// transient: retried with backoff, puts refused (SERVICE_NOT_AVAILABLE,
+// ErrWriteRetrying) only while it lasts.
 //
 // # Recovery
 //
-// Open scans the commitlog, checks every record (magic, lengths, body CRC,
-// whole-record CRC, PHYSICALOFFSET equal to where it lies), stops at the
-// first bad one, zeroes everything after it so stale bytes can never look
-// valid again, deletes files past it, rebuilds the topic-queue table and
-// syncs what survived.
+// Open starts from the checkpoint (config/checkpoint: the flushed offset,
+// below which every byte was durable, and the dispatched offset, below
+// which every consume-queue entry was). It scans the commitlog from the
+// lower of the dispatched offset and the start of the file holding the
+// flushed offset, checks every record (magic, lengths, body CRC,
+// whole-record CRC, PHYSICALOFFSET equal to where it lies) and stops at the
+// first bad one. Where it stops decides:
+//
+//   - below the flushed offset, the damaged bytes were acknowledged as
+//     durable: Open refuses with a *CorruptionError naming the file and
+//     offset (never truncating acknowledged data by itself); storaged
+//     check reports it, storaged repair --truncate-at cuts there offline;
+//   - at or past it, it is a torn tail: the bytes from there to the last
+//     non-zero byte are kept in commitlog/<offset>.broken for post-mortem,
+//     the rest of the file is zeroed so stale bytes can never look valid
+//     again, and later files are deleted (also kept as .broken when not
+//     zero).
+//
+// What survived is synced, the consume queues are cut to the checkpoint's
+// counts and re-dispatched from its dispatched offset, and the sequencer's
+// queue offsets are rebuilt from them.
 //
 // Batches are all or nothing across a crash: from a record carrying
 // __BATCH#, the scan counts the batch only when every record of its
@@ -135,14 +194,14 @@
 //
 // # Consume queues and visibility
 //
-// A dispatcher goroutine (dispatch.go, RocketMQ's ReputMessageService)
+// A dispatcher goroutine (storage/consumequeue, RocketMQ's ReputMessageService)
 // follows the commitlog and appends a 20-byte entry per message to its
 // topic-queue's consume queue; reads and pulls go through those entries,
 // so a message is readable once dispatched. It dispatches up to the
 // written offset in async mode and only up to the flushed offset in sync
 // mode (a consumer never sees a message a power cut could take back).
 //
-// Read your writes (visible.go): a put with WAIT (the default) is indexed
+// Read your writes (consumequeue/visible.go): a put with WAIT (the default) is indexed
 // before it is answered. Once its record is appended (async) or durable
 // (sync) the putter dispatches up to the visible end itself when no round
 // is running, or waits for the running round to end and looks again; it
@@ -153,14 +212,14 @@
 // A failed or slow round (beyond SyncFlushTimeout) does not hold the
 // answer: the message is stored, the answer is PUT_OK.
 //
-// Long polls (notify.go) register on their topic-queue and are woken only
+// Long polls (consumequeue/notify.go) register on their topic-queue and are woken only
 // by rounds that advanced it; a filtered poll goes on from where its scan
 // stopped. A pull reads at most MaxPullScan entries and answers with the
 // offset past them. An entry that disagrees with its record (size, tags
 // code) is ErrCorrupt, also when a tag filter skips it: for those the
 // record's header is parsed in place, without the CRC.
 //
-// A consume queue (consumequeue.go) keeps RocketMQ's layout:
+// A consume queue (consumequeue/queue.go) keeps RocketMQ's layout:
 // consumequeue/<topic>/<queue>/<20-digit byte offset>, 20-byte entries
 // (int64 commitlog offset, int32 size, int64 tags code), file k holding
 // entries [k*E, (k+1)*E) for E = ConsumeQueueEntries. Unlike the
@@ -186,16 +245,16 @@
 // scanned forward. A rebuild of the queues from the log (a queue missing
 // or short) checks every record's CRC first, since recovery scanned only
 // from the checkpoint's file: damage there is a CorruptionError, and
-// parseMeta checks every length, so no damaged byte panics.
+// record.Parse checks every length, so no damaged byte panics.
 //
 // # Delayed delivery and retention
 //
-// A goroutine delivers delay-level messages (schedule_service.go): when a
+// A goroutine delivers delay-level messages (storage/schedule): when a
 // SCHEDULE_TOPIC_XXXX entry's delivery time comes on Options.Clock, the
 // message is put again to REAL_TOPIC/REAL_QID without its delay properties.
 // Progress per level lives in config/delayOffset.json, written only after
 // the re-puts it covers are durable: at least once, never early, never
-// lost. Another (retention.go) deletes commitlog files older than
+// lost. Another (storage/retention) deletes commitlog files older than
 // FileReservedTime at DeleteWhen, or at once above DiskCleanPercent, trims
 // the consume queues to match (reads below get ErrOutOfRange), and refuses
 // puts (ErrNotWritable + ErrDiskFull) while the disk is above

@@ -1,6 +1,3 @@
-// Package retention deletes expired commitlog files and watches the disk
-// (RocketMQ CleanCommitLogService, CleanConsumeQueueService and the disk
-// checks of DefaultMessageStore).
 package retention
 
 // Retention and disk watermarks (RocketMQ CleanCommitLogService,

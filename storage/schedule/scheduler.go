@@ -1,6 +1,6 @@
 package schedule
 
-// Package schedule is the delay scheduler: RocketMQ's ScheduleMessageService.
+// The delay scheduler: RocketMQ's ScheduleMessageService.
 //
 // A message put with DELAY = n > 0 is stored on SCHEDULE_TOPIC_XXXX, queue
 // n-1, with REAL_TOPIC and REAL_QID (see divert), and the dispatcher writes
