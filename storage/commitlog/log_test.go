@@ -232,4 +232,5 @@ func TestRecoverCutsTornTail(t *testing.T) {
 		t.Fatal("torn tail not zeroed")
 	}
 }
+
 var testHost = netip.MustParseAddrPort("127.0.0.1:10911")
