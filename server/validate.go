@@ -1,6 +1,8 @@
 package server
 
 import (
+	"github.com/storaged/storaged/storage/record"
+
 	"fmt"
 	"strconv"
 	"strings"
@@ -222,21 +224,27 @@ const (
 	propertyReserved
 )
 
+// checkProperty applies the store's property rule (record.CheckProperty,
+// shared with the store), then the client rule: names RocketMQ reserves
+// (reservedProperty) are not for clients to set.
 func checkProperty(k, v string) propertyFault {
-	switch {
-	case k == "":
+	switch record.CheckProperty(k, v) {
+	case record.PropertyEmptyKey:
 		return propertyEmptyKey
-	case v == "":
+	case record.PropertyEmptyValue:
 		return propertyEmptyValue
-	case hasSeparator(k) || hasSeparator(v):
+	case record.PropertySeparator:
 		return propertySeparator
-	case reservedProperty(k):
+	case record.PropertyStoreOwned:
+		return propertyReserved
+	}
+	if reservedProperty(k) {
 		return propertyReserved
 	}
 	return propertyOK
 }
 
-func hasSeparator(s string) bool { return strings.ContainsAny(s, "\x01\x02") }
+func hasSeparator(s string) bool { return record.HasSeparator(s) }
 
 // validateTopic applies the store's topic name rule (storage.TopicNameProblem:
 // 1-127 bytes of [%|a-zA-Z0-9_-], no percent-encoded byte outside that set)

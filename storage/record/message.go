@@ -192,25 +192,59 @@ type FieldError struct {
 
 func (e *FieldError) Error() string { return "storage: illegal message: " + e.Field + ": " + e.Reason }
 
+// PropertyFault is what makes a property unstorable, in the order the
+// checks apply: the one rule the store (PropertiesLen) and the gRPC edge's
+// validation share. The edge adds its own, stricter, client rules (names
+// RocketMQ reserves for itself) after these.
+type PropertyFault int
+
+// The faults.
+const (
+	PropertyOK         PropertyFault = iota
+	PropertyEmptyKey                 // RocketMQ decoders drop it
+	PropertyEmptyValue               // RocketMQ decoders drop it
+	PropertySeparator                // 0x01 or 0x02 in the key or value would split it
+	PropertyStoreOwned               // __CRC32# or __BATCH#: written by the store only
+)
+
+// CheckProperty returns what makes k=v unstorable, or PropertyOK.
+func CheckProperty(k, v string) PropertyFault {
+	switch {
+	case k == "":
+		return PropertyEmptyKey
+	case v == "":
+		return PropertyEmptyValue
+	case hasSeparator(k) || hasSeparator(v):
+		return PropertySeparator
+	case k == PropertyCRC32 || k == PropertyBatch:
+		return PropertyStoreOwned
+	}
+	return PropertyOK
+}
+
 // PropertiesLen returns the encoded length of props (key 0x01 value 0x02
-// each) or a *FieldError naming the first bad entry.
+// each) or a *FieldError naming the first bad entry (CheckProperty).
 func PropertiesLen(props []Property) (int, *FieldError) {
 	n := 0
 	for i := range props {
 		k, v := props[i].Key, props[i].Value
-		if k == "" || v == "" {
+		switch CheckProperty(k, v) {
+		case PropertyOK:
+		case PropertyEmptyKey, PropertyEmptyValue:
 			return 0, &FieldError{Field: "properties", Reason: "empty property key or value (RocketMQ decoders drop them)"}
-		}
-		if k == PropertyCRC32 || k == PropertyBatch {
+		case PropertyStoreOwned:
 			return 0, &FieldError{Field: "properties", Reason: "property " + k + " is reserved for the store"}
-		}
-		if hasSeparator(k) || hasSeparator(v) {
+		default:
 			return 0, &FieldError{Field: "properties", Reason: "property key or value contains separator byte 0x01 or 0x02"}
 		}
 		n += len(k) + len(v) + 2
 	}
 	return n, nil
 }
+
+// HasSeparator reports whether s holds a property separator byte (0x01 or
+// 0x02): tags and keys become property values.
+func HasSeparator(s string) bool { return hasSeparator(s) }
 
 func hasSeparator(s string) bool {
 	for i := 0; i < len(s); i++ {
