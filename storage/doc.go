@@ -39,6 +39,14 @@
 // log order; a replicated leader can stamp them where it proposes instead.
 // The broker role is a runtime check (SetRole).
 //
+// Every part with a goroutine has one shape: its constructor (New) prepares
+// it and starts nothing, Start runs the goroutine, Stop ends it and waits
+// for it (safe to call twice), Close releases its files; Open starts the
+// parts in dependency order once recovery is done, and Close stops them in
+// reverse. The one exception is the segment allocator, started by
+// segment.NewList and stopped by List.Close, because a list is useless
+// without it. Tests check with goleak that nothing outlives Close.
+//
 // # Files and offsets
 //
 // The commitlog lives in Options.Dir/commitlog as a queue of files of
