@@ -28,7 +28,7 @@ func TestPutResultTimings(t *testing.T) {
 		}
 
 		// WAIT=false: appended, no flush wait.
-		res, err = s.PutMessage(context.Background(), msg("T", "x", Property{PropertyWaitStoreOK, "false"}))
+		res, err = s.PutMessage(context.Background(), msg("T", "x", Property{Key: PropertyWaitStoreOK, Value: "false"}))
 		if err != nil || res.Status != PutOK {
 			t.Fatal(res.Status, err)
 		}

@@ -50,11 +50,11 @@ func appendOne(t *testing.T, l *Log, qo int64, body string) (int64, int) {
 	if ferr := sp.Size(); ferr != nil {
 		t.Fatal(ferr)
 	}
-	at, err := l.Append(sp.Total, nil, func(dst []byte, at int64) { sp.Encode(dst, qo, at, 1) })
+	p, err := l.Append(sp.Total, nil, func(dst []byte, at int64) { sp.Encode(dst, qo, at, 1) })
 	if err != nil {
 		t.Fatal(err)
 	}
-	return at, sp.Total
+	return p.At, sp.Total
 }
 
 // TestAppendRollsAfterBlank: records that do not fit the rest of a file go

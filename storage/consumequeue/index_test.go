@@ -84,12 +84,12 @@ func (f *fixture) put(t *testing.T, topic string, qid int32, tag string) int64 {
 		t.Fatal(ferr)
 	}
 	k := Key{topic, qid}
-	at, err := f.log.Append(sp.Total, nil, func(dst []byte, at int64) { sp.Encode(dst, f.next[k], at, 1) })
+	p, err := f.log.Append(sp.Total, nil, func(dst []byte, at int64) { sp.Encode(dst, f.next[k], at, 1) })
 	if err != nil {
 		t.Fatal(err)
 	}
 	f.next[k]++
-	return at
+	return p.At
 }
 
 // TestIndexFollowsWatermark: a round indexes exactly the records below
