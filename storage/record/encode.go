@@ -12,18 +12,27 @@ import (
 // only fills in what depends on the position (queue offset, physical
 // offset, store time) and the whole-record CRC.
 type Spec struct {
+	// Fields are ordered by size, not by layout, so that a batch's slice of
+	// specs wastes no padding (200 bytes a spec).
 	Topic      string
-	QueueID    int32
-	Flag       int32
 	Body       []byte
-	BodyCRC    uint32 // set by the caller (BodyCRC(Body)), outside the lock
 	Props      []Property
-	SysFlag    int32
-	BornTS     int64
 	BornHost   netip.AddrPort
 	StoreHost  netip.AddrPort
-	Reconsume  int32
+	BornTS     int64
 	PreparedTx int64
+	// BatchCount and BatchBytes: see BatchFirst.
+	BatchCount int
+	BatchBytes int
+	// Set by Size.
+	PropsLen int // encoded properties including the store's own
+	Total    int // whole record
+
+	QueueID   int32
+	Flag      int32
+	BodyCRC   uint32 // set by the caller (BodyCRC(Body)), outside the lock
+	SysFlag   int32
+	Reconsume int32
 	// PropCRC appends the whole-record CRC property (__CRC32#).
 	PropCRC bool
 	// BatchFirst marks the first record of a batch of two or more: it
@@ -31,13 +40,7 @@ type Spec struct {
 	// (every record of the batch, this one included), after the client's
 	// properties and before the CRC property, so the CRC covers it.
 	BatchFirst bool
-	BatchCount int
-	BatchBytes int
-
-	// Set by Size.
-	PropsLen int  // encoded properties including the store's own
-	Total    int  // whole record
-	V2       bool // topic longer than MaxTopicLength: int16 topic length
+	V2         bool // set by Size: topic longer than MaxTopicLength (int16 topic length)
 }
 
 // Size computes PropsLen, Total, V2 and the store-owned sysflag bits. It
