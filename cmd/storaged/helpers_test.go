@@ -28,6 +28,13 @@ import (
 // binary is the storaged binary built by TestMain for the process tests.
 var binary string
 
+// The build stamp of binary.
+const (
+	buildinfoPkg  = "github.com/storaged/storaged/internal/buildinfo"
+	stampVersion  = "v0.0.0-test.1"
+	stampRevision = "0123456789abcdef0123456789abcdef01234567"
+)
+
 func TestMain(m *testing.M) {
 	os.Exit(buildAndRun(m))
 }
@@ -40,7 +47,10 @@ func buildAndRun(m *testing.M) int {
 	}
 	defer os.RemoveAll(dir)
 	binary = filepath.Join(dir, "storaged")
-	args := []string{"build", "-o", binary}
+	// Stamped as a release build is (the Dockerfile's -ldflags -X), so
+	// TestStampedBinary can see the stamp in --version and /metrics.
+	args := []string{"build", "-o", binary, "-ldflags=-X " + buildinfoPkg + ".Version=" + stampVersion +
+		" -X " + buildinfoPkg + ".Revision=" + stampRevision}
 	if raceEnabled {
 		args = append(args, "-race")
 	}

@@ -24,6 +24,10 @@
 //	storaged repair [--data-dir D] [--file-size S] --truncate-at OFFSET
 //	storaged repair [--data-dir D] [--file-size S] --rebuild-checkpoint
 //
+// And a client of the running server (health.go), the image's HEALTHCHECK:
+//
+//	storaged health [-addr HOST:PORT] [-service NAME]   exit 0 when grpc.health.v1 says SERVING
+//
 // When the store refuses to open because acknowledged data is damaged
 // (*storage.CorruptionError), the log and the exit message name the file
 // and offset and the two commands to run; for a corrupt checkpoint
@@ -53,14 +57,12 @@ import (
 	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc/experimental"
 
+	"github.com/storaged/storaged/internal/buildinfo"
 	"github.com/storaged/storaged/internal/logthrottle"
 	"github.com/storaged/storaged/internal/tracing"
 	"github.com/storaged/storaged/server"
 	"github.com/storaged/storaged/storage"
 )
-
-// version is set at build time: -ldflags "-X main.version=...".
-var version = "dev"
 
 // watchInterval is how often the store is polled for the health status
 // (sticky write error, disk above the warning watermark).
@@ -76,6 +78,8 @@ func main() {
 			os.Exit(runCheck(os.Args[2:], os.LookupEnv, os.Stdout, os.Stderr))
 		case "repair":
 			os.Exit(runRepair(os.Args[2:], os.LookupEnv, os.Stdout, os.Stderr))
+		case "health":
+			os.Exit(runHealth(os.Args[2:], os.Stdout, os.Stderr))
 		}
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
@@ -105,7 +109,7 @@ func run(ctx context.Context, args []string, lookupEnv func(string) (string, boo
 		return err
 	}
 	if cfg.Version {
-		fmt.Fprintln(stderr, "storaged", version)
+		fmt.Fprintln(stderr, "storaged", buildinfo.Get())
 		return nil
 	}
 	gogc := gctune.ApplyDefaultGOGC(lookupEnv)
@@ -130,7 +134,7 @@ func newLogger(cfg config, w io.Writer) zerolog.Logger {
 		w = zerolog.ConsoleWriter{Out: w, NoColor: true, TimeFormat: time.RFC3339}
 	}
 	return zerolog.New(w).Level(cfg.LogLevel).With().Timestamp().
-		Str("service", "storaged").Str("version", version).Logger()
+		Str("service", "storaged").Str("version", buildinfo.Get().Version).Logger()
 }
 
 // serve runs the servers and the store until ctx ends, then shuts down in
@@ -142,9 +146,9 @@ func serve(ctx context.Context, cfg config, logger zerolog.Logger) (err error) {
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
-		collectors.NewBuildInfoCollector())
+		collectors.NewBuildInfoCollector(), server.NewBuildInfoCollector(buildinfo.Get()))
 
-	tp, err := tracing.FromEnv(ctx, version)
+	tp, err := tracing.FromEnv(ctx, buildinfo.Get().Version)
 	if err != nil {
 		return usageError{err} // an OTEL_* variable with a value the SDK does not know
 	}

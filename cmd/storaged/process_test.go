@@ -17,6 +17,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	storagedv1 "github.com/storaged/storaged/gen/storaged/v1"
+	"github.com/storaged/storaged/internal/buildinfo"
 	"github.com/storaged/storaged/server"
 	"github.com/storaged/storaged/storage"
 )
@@ -203,7 +204,7 @@ func TestRunInProcess(t *testing.T) {
 	}()
 
 	cfgLine := logs.waitFor(t, "effective configuration")
-	if cfgLine.str("service") != "storaged" || cfgLine.str("version") != version || cfgLine.str("data_dir") != dir ||
+	if cfgLine.str("service") != "storaged" || cfgLine.str("version") != buildinfo.Get().Version || cfgLine.str("data_dir") != dir ||
 		cfgLine.str("flush_mode") != "sync" || cfgLine.str("file_size") != "64KiB" {
 		t.Errorf("effective configuration line: %v", cfgLine)
 	}
