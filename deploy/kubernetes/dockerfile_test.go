@@ -16,7 +16,10 @@ import (
 	"testing"
 )
 
-const dockerfilePath = "../../Dockerfile"
+const (
+	dockerfilePath = "../../Dockerfile"
+	buildinfoPkg   = "github.com/storaged/storaged/internal/buildinfo" // -ldflags -X target of the version stamp
+)
 
 type instruction struct {
 	line int    // first line of the instruction
@@ -156,8 +159,8 @@ func checkDockerfile(text string) problems {
 						if !strings.Contains(seg, "-trimpath") {
 							p.add("Dockerfile line %d: go build of ./cmd/storaged without -trimpath", in.line)
 						}
-						if !strings.Contains(seg, "-X main.version=") {
-							p.add("Dockerfile line %d: go build of ./cmd/storaged without -ldflags -X main.version=", in.line)
+						if !strings.Contains(seg, "-X "+buildinfoPkg+".Version=") {
+							p.add("Dockerfile line %d: go build of ./cmd/storaged without -ldflags -X %s.Version=", in.line, buildinfoPkg)
 						}
 					}
 				}
@@ -225,7 +228,7 @@ func checkDockerfile(text string) problems {
 		}
 	}
 
-	// HEALTHCHECK: exec form, grpc-health-probe on the gRPC port, overall health ("") = liveness.
+	// HEALTHCHECK: exec form, `storaged health` on the gRPC port, overall health ("") = liveness.
 	if hc := final.last("HEALTHCHECK"); hc == nil {
 		p.add("Dockerfile: final stage has no HEALTHCHECK")
 	} else {
@@ -239,8 +242,8 @@ func checkDockerfile(text string) problems {
 		} else if argv, ok := execForm(strings.Join(f[i+1:], " ")); !ok {
 			p.add("Dockerfile line %d: HEALTHCHECK CMD must be exec form (JSON array): the image has no shell", hc.line)
 		} else {
-			if path.Base(argv[0]) != "grpc-health-probe" {
-				p.add("Dockerfile line %d: HEALTHCHECK runs %s, want grpc-health-probe", hc.line, argv[0])
+			if path.Base(argv[0]) != "storaged" || len(argv) < 2 || argv[1] != "health" {
+				p.add("Dockerfile line %d: HEALTHCHECK runs %v, want storaged health", hc.line, argv)
 			}
 			addrOK := false
 			for _, a := range argv[1:] {
@@ -308,8 +311,8 @@ func TestDockerfileChecksCatchMutations(t *testing.T) {
 		user   = "USER 65532:65532\n"
 		expose = "EXPOSE 9090 9091\n"
 		volume = `VOLUME ["/var/lib/storaged"]` + "\n"
-		hcCmd  = `CMD ["/usr/local/bin/grpc-health-probe", "-addr=127.0.0.1:9090", "-connect-timeout=2s", "-rpc-timeout=2s"]`
-		entry  = `ENTRYPOINT ["/usr/local/bin/storaged"]`
+		hcCmd  = `CMD ["/ko-app/storaged", "health", "-addr=127.0.0.1:9090", "-timeout=3s"]`
+		entry  = `ENTRYPOINT ["/ko-app/storaged"]`
 		cgo    = "ENV CGO_ENABLED=0\n"
 	)
 	for _, tc := range []struct {
@@ -327,17 +330,19 @@ func TestDockerfileChecksCatchMutations(t *testing.T) {
 		{"VOLUME elsewhere", volume, "VOLUME /data\n", "does not list the data dir"},
 		{"data dir env", "STORAGED_DATA_DIR=/var/lib/storaged", "STORAGED_DATA_DIR=/data", "STORAGED_DATA_DIR"},
 		{"listen env port", "STORAGED_LISTEN=:9090", "STORAGED_LISTEN=:8080", "STORAGED_LISTEN"},
-		{"HEALTHCHECK shell form", hcCmd, "CMD /usr/local/bin/grpc-health-probe -addr=127.0.0.1:9090", "exec form"},
+		{"HEALTHCHECK shell form", hcCmd, "CMD /ko-app/storaged health -addr=127.0.0.1:9090", "exec form"},
 		{"HEALTHCHECK NONE", "HEALTHCHECK --interval", "HEALTHCHECK NONE\n#", "no CMD"},
 		{"HEALTHCHECK readiness", `"-addr=127.0.0.1:9090"`, `"-addr=127.0.0.1:9090", "-service=storaged.v1.MessageStoreService"`, "overall"},
 		{"HEALTHCHECK metrics port", "-addr=127.0.0.1:9090", "-addr=127.0.0.1:9091", "-addr=HOST:9090"},
-		{"HEALTHCHECK other binary", "/usr/local/bin/grpc-health-probe\"", "/bin/true\"", "want grpc-health-probe"},
+		{"HEALTHCHECK other binary", `"/ko-app/storaged", "health"`, `"/bin/true", "health"`, "want storaged health"},
+		{"HEALTHCHECK not the health command", `"/ko-app/storaged", "health"`, `"/ko-app/storaged", "check"`, "want storaged health"},
 		{"ENTRYPOINT shell form", entry, "ENTRYPOINT /usr/local/bin/storaged", "ENTRYPOINT must be exec form"},
 		{"ENTRYPOINT other binary", entry, `ENTRYPOINT ["/usr/local/bin/grpc-health-probe"]`, "want storaged"},
 		{"cgo not disabled", cgo, "", "without CGO_ENABLED=0"},
 		{"cgo enabled", cgo, "ENV CGO_ENABLED=1\n", "without CGO_ENABLED=0"},
 		{"no trimpath", "go build -trimpath", "go build", "-trimpath"},
-		{"no version ldflag", "-X main.version=${VERSION}", "", "main.version"},
+		{"no version ldflag", "-X github.com/storaged/storaged/internal/buildinfo.Version=${VERSION}", "", "buildinfo.Version"},
+		{"version ldflag to a gone variable", "-X github.com/storaged/storaged/internal/buildinfo.Version=", "-X main.version=", "buildinfo.Version"},
 		{"builds something else", "-o /out/storaged ./cmd/storaged", "-o /out/storaged ./cmd/other", "go build of ./cmd/storaged"},
 		{"runtime base with libc", "FROM gcr.io/distroless/static-debian12:nonroot", "FROM debian:bookworm-slim", "distroless"},
 		{"single stage", "", "", "multi-stage"},
