@@ -92,9 +92,10 @@ func runHealth(args []string, stdout, stderr io.Writer) int {
 	defer conn.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), *timeout)
 	defer cancel()
-	// WaitForReady: a connection refused is retried until the timeout, so a
-	// check racing the listener's start gets its answer, not a fast failure.
-	resp, err := healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{Service: *service}, grpc.WaitForReady(true))
+	// Fail fast (no WaitForReady): the answer comes from the first
+	// connection attempt, so a refused connection or a TLS failure is
+	// reported as such at once; the prober (Docker, Kubernetes) retries.
+	resp, err := healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{Service: *service})
 	if err != nil {
 		fmt.Fprintf(stderr, "storaged health: %s service %q: %v\n", *addr, *service, err)
 		return exitHealthNoAnswer

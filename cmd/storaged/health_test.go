@@ -111,6 +111,32 @@ func TestHealthCommand(t *testing.T) {
 		defer lis.Close()
 		return lis.Addr().String()
 	}()
+	// A listener that accepts and never speaks HTTP/2: only -timeout ends
+	// the check.
+	hungLis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	hungDone := make(chan struct{})
+	var hungConns []net.Conn // closed at the end; only the accept goroutine appends before hungDone
+	go func() {
+		defer close(hungDone)
+		for {
+			c, err := hungLis.Accept()
+			if err != nil {
+				return
+			}
+			hungConns = append(hungConns, c)
+		}
+	}()
+	t.Cleanup(func() {
+		hungLis.Close()
+		<-hungDone
+		for _, c := range hungConns {
+			c.Close()
+		}
+	})
+	hung := hungLis.Addr().String()
 	notPEM := filepath.Join(dir, "not.pem")
 	if err := os.WriteFile(notPEM, []byte("hello"), 0o600); err != nil {
 		t.Fatal(err)
@@ -126,20 +152,21 @@ func TestHealthCommand(t *testing.T) {
 		{"liveness SERVING", []string{"-addr", plain}, exitHealthServing, "status: SERVING\n", ""},
 		{"readiness NOT_SERVING", []string{"-addr", plain, "-service", server.ServiceName}, exitHealthUnhealthy, "status: NOT_SERVING\n", ""},
 		{"unknown service", []string{"-addr", plain, "-service", "nope"}, exitHealthNoAnswer, "", "NotFound"},
-		{"nobody listening", []string{"-addr", closed, "-timeout", "300ms"}, exitHealthNoAnswer, "", "DeadlineExceeded"},
-		{"plaintext to a TLS server", []string{"-addr", withTLS, "-timeout", "300ms"}, exitHealthNoAnswer, "", "storaged health"},
+		{"nobody listening", []string{"-addr", closed}, exitHealthNoAnswer, "", "connection refused"},
+		{"plaintext to a TLS server", []string{"-addr", withTLS}, exitHealthNoAnswer, "", "Unavailable"},
 		{"TLS, CA given", []string{"-addr", withTLS, "-tls", "-tls-ca-cert", certFile}, exitHealthServing, "status: SERVING\n", ""},
-		{"TLS, server name checked", []string{"-addr", withTLS, "-tls", "-tls-ca-cert", certFile, "-tls-server-name", "other.test", "-timeout", "300ms"},
+		{"TLS, server name checked", []string{"-addr", withTLS, "-tls", "-tls-ca-cert", certFile, "-tls-server-name", "other.test"},
 			exitHealthNoAnswer, "", "other.test"},
-		{"TLS, unknown CA", []string{"-addr", withTLS, "-tls", "-timeout", "300ms"}, exitHealthNoAnswer, "", "certificate"},
+		{"TLS, unknown CA", []string{"-addr", withTLS, "-tls"}, exitHealthNoAnswer, "", "unknown authority"},
 		{"TLS, no verify", []string{"-addr", withTLS, "-tls", "-tls-no-verify"}, exitHealthServing, "status: SERVING\n", ""},
-		{"mTLS without a client cert", []string{"-addr", withMTLS, "-tls", "-tls-ca-cert", certFile, "-timeout", "300ms"}, exitHealthNoAnswer, "", "storaged health"},
+		{"mTLS without a client cert", []string{"-addr", withMTLS, "-tls", "-tls-ca-cert", certFile}, exitHealthNoAnswer, "", "Unavailable"},
 		{"mTLS", []string{"-addr", withMTLS, "-tls", "-tls-ca-cert", certFile, "-tls-client-cert", certFile, "-tls-client-key", keyFile},
 			exitHealthServing, "status: SERVING\n", ""},
 		{"client cert without key", []string{"-addr", plain, "-tls", "-tls-client-cert", certFile}, exitUsage, "", "only one of"},
 		{"CA file not PEM", []string{"-addr", plain, "-tls", "-tls-ca-cert", notPEM}, exitUsage, "", "no PEM certificate"},
 		{"CA file missing", []string{"-addr", plain, "-tls", "-tls-ca-cert", filepath.Join(dir, "missing")}, exitUsage, "", "no such file"},
 		{"bad timeout", []string{"-addr", plain, "-timeout", "0s"}, exitUsage, "", "non-positive"},
+		{"hung server: the timeout", []string{"-addr", hung, "-timeout", "200ms"}, exitHealthNoAnswer, "", "DeadlineExceeded"},
 		{"extra argument", []string{"-addr", plain, "now"}, exitUsage, "", "unexpected arguments"},
 		{"unknown flag", []string{"-bogus"}, exitUsage, "", "bogus"},
 		{"help", []string{"-h"}, exitOK, "", "usage: storaged health"},
