@@ -13,10 +13,7 @@ import (
 // TestServeBase pulls the base back from the loopback registry the way ko
 // does (by digest, one platform out of the index).
 func TestServeBase(t *testing.T) {
-	idx, err := Base()
-	if err != nil {
-		t.Fatal(err)
-	}
+	idx := testBase(t)
 	want, _ := idx.Digest()
 	reg, ref, err := ServeBase(t.Context(), "127.0.0.1:0", idx)
 	if err != nil {
@@ -58,11 +55,7 @@ func TestServeBaseAddressInUse(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer lis.Close()
-	idx, err := Base()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, _, err := ServeBase(t.Context(), lis.Addr().String(), idx); err == nil || !strings.Contains(err.Error(), "listener") {
+	if _, _, err := ServeBase(t.Context(), lis.Addr().String(), testBase(t)); err == nil || !strings.Contains(err.Error(), "listener") {
 		t.Errorf("ServeBase on a busy address = %v", err)
 	}
 }
