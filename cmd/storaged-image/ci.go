@@ -100,7 +100,7 @@ func runCI(ctx context.Context, out io.Writer, repo string, keep bool) (err erro
 	for i := range tars {
 		t = time.Now()
 		tars[i] = filepath.Join(work, fmt.Sprintf("storaged-%d.tar", i+1))
-		if err := koBuild(ctx, repo, reg.Addr, baseRef, tars[i]); err != nil {
+		if err := koBuild(ctx, repo, baseRef, tars[i]); err != nil {
 			return err
 		}
 		if sums[i], err = fileSHA256(tars[i]); err != nil {
@@ -250,14 +250,17 @@ func runCI(ctx context.Context, out io.Writer, repo string, keep bool) (err erro
 // koBuild runs the pinned ko (tools/ko/go.mod) on ./cmd/storaged with
 // .ko.yaml, the base taken from the loopback registry by the pinned
 // digest, and writes a tarball instead of pushing.
-func koBuild(ctx context.Context, repo, registry string, base name.Digest, tar string) error {
+func koBuild(ctx context.Context, repo string, base name.Digest, tar string) error {
 	cmd := exec.CommandContext(ctx, "go", "tool", "-modfile="+filepath.Join(repo, "tools", "ko", "go.mod"), "ko", "build",
 		"--bare", "--push=false", "--tarball="+tar, "--platform=linux/"+runtime.GOARCH, "--sbom=none", "./cmd/storaged")
 	cmd.Dir = repo
 	env := slices.DeleteFunc(os.Environ(), func(kv string) bool {
 		return strings.HasPrefix(kv, "KO_") || strings.HasPrefix(kv, "SOURCE_DATE_EPOCH=")
 	})
-	cmd.Env = append(env, "KO_DOCKER_REPO="+registry+"/storaged", "KO_DEFAULTBASEIMAGE="+base.String())
+	// The name in the tarball (docker load tags it storaged:latest); never
+	// pushed, and not the registry's random port, so tarballs of one
+	// checkout are identical across runs too.
+	cmd.Env = append(env, "KO_DOCKER_REPO=storaged", "KO_DEFAULTBASEIMAGE="+base.String())
 	var buf bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &buf, &buf
 	if err := cmd.Run(); err != nil {
