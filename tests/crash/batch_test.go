@@ -75,7 +75,7 @@ func TestKill9Batches(t *testing.T) {
 		cancel()
 		wg.Wait()
 		srv, _ = start(t, dataDir, "async", args...)
-		cut += srv.tornTails.Load()
+		cut += srv.TornTails()
 		seen := verifyBatches(t, srv, producers)
 		for id, n := range acked {
 			if seen[id] != n {

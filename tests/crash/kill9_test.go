@@ -4,28 +4,21 @@
 package crash
 
 import (
-	"bufio"
 	"context"
-	"encoding/json"
 	"fmt"
 	"math/rand/v2"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"sort"
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
-	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	storagedv1 "github.com/storaged/storaged/gen/storaged/v1"
+	"github.com/storaged/storaged/internal/proctest"
 )
 
 var binary string
@@ -35,10 +28,9 @@ func TestMain(m *testing.M) {
 	if err != nil {
 		panic(err)
 	}
-	binary = filepath.Join(dir, "storaged")
-	out, err := exec.Command("go", "build", "-o", binary, "github.com/storaged/storaged/cmd/storaged").CombinedOutput()
+	binary, err = proctest.Build(dir)
 	if err != nil {
-		fmt.Fprintf(os.Stderr, "build storaged: %v\n%s", err, out)
+		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
 	code := m.Run()
@@ -46,13 +38,11 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
+// server is one run of storaged on dataDir (proctest.Process, a run per
+// start so that each restart gets its own connection).
 type server struct {
-	cmd  *exec.Cmd
-	addr string
+	*proctest.Process
 	conn *grpc.ClientConn
-	done chan error
-	// tornTails counts the torn tails its recovery logged cutting.
-	tornTails atomic.Int64
 }
 
 // start runs storaged on a loopback port and waits until the message
@@ -61,71 +51,12 @@ type server struct {
 func start(t *testing.T, dataDir, mode string, extra ...string) (*server, time.Duration) {
 	t.Helper()
 	began := time.Now()
-	cmd := exec.Command(binary, append([]string{"--listen", "127.0.0.1:0", "--metrics-listen", "", "--admin-listen", "", "--data-dir", dataDir,
-		"--flush-mode", mode, "--file-size", "64KiB", "--log-level", "info", "--reflection=false"}, extra...)...)
-	stderr, err := cmd.StderrPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	s := &server{cmd: cmd, done: make(chan error, 1)}
-	addrc := make(chan string, 1)
-	go func() {
-		sc := bufio.NewScanner(stderr)
-		for sc.Scan() {
-			var line struct {
-				GRPC string `json:"grpc"`
-				Msg  string `json:"message"`
-			}
-			if json.Unmarshal(sc.Bytes(), &line) == nil && line.Msg == "listening" && line.GRPC != "" {
-				addrc <- line.GRPC
-			}
-			if strings.HasPrefix(line.Msg, "storage: torn tail") {
-				s.tornTails.Add(1)
-			}
-		}
-		s.done <- cmd.Wait()
-	}()
-	select {
-	case s.addr = <-addrc:
-	case err := <-s.done:
-		t.Fatalf("storaged exited before listening: %v", err)
-	case <-time.After(60 * time.Second):
-		cmd.Process.Kill()
-		t.Fatal("storaged did not start listening within 60 s")
-	}
-	conn, err := grpc.NewClient(s.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	s.conn = conn
-	// Watch health until the store is recovered and serving.
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
-	defer cancel()
-	w, err := healthpb.NewHealthClient(conn).Watch(ctx, &healthpb.HealthCheckRequest{Service: "storaged.v1.MessageStoreService"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for {
-		r, err := w.Recv()
-		if err != nil {
-			t.Fatalf("health watch: %v", err)
-		}
-		if r.Status == healthpb.HealthCheckResponse_SERVING {
-			break
-		}
-	}
-	return s, time.Since(began)
+	p := proctest.Start(t, proctest.Options{Binary: binary, DataDir: dataDir,
+		Flags: append([]string{"--flush-mode", mode, "--file-size", "64KiB"}, extra...)})
+	return &server{Process: p, conn: p.Conn()}, time.Since(began)
 }
 
-func (s *server) kill(t *testing.T) {
-	t.Helper()
-	s.cmd.Process.Signal(syscall.SIGKILL)
-	<-s.done
-	s.conn.Close()
-}
+func (s *server) kill(t *testing.T) { t.Helper(); s.Kill(t) }
 
 type acked struct {
 	queue  int32

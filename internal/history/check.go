@@ -1,0 +1,226 @@
+package history
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"maps"
+	"os"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strconv"
+	"time"
+)
+
+// Record is one message found in a queue at the end of a scenario.
+type Record struct {
+	Offset          int64
+	Value           string
+	CommitLogOffset int64
+}
+
+// Stored is every queue's records, read back after healing.
+type Stored map[int32][]Record
+
+// at finds the record at a queue offset.
+func (s Stored) at(q int32, off int64) (Record, bool) {
+	rs := s[q]
+	i := sort.Search(len(rs), func(i int) bool { return rs[i].Offset >= off })
+	if i < len(rs) && rs[i].Offset == off {
+		return rs[i], true
+	}
+	return Record{}, false
+}
+
+// maxListed bounds how many problems an error spells out.
+const maxListed = 20
+
+func joined(what string, problems []string) error {
+	if len(problems) == 0 {
+		return nil
+	}
+	n := len(problems)
+	if n > maxListed {
+		problems = append(problems[:maxListed:maxListed], fmt.Sprintf("… and %d more", n-maxListed))
+	}
+	errs := []error{fmt.Errorf("%d %s", n, what)}
+	for _, p := range problems {
+		errs = append(errs, errors.New(p))
+	}
+	return errors.Join(errs...)
+}
+
+// Lost checks checker (a): every ok put is stored at its (queue, offset)
+// with its value and, when the server named one, at its commitlog offset
+// (for one replica, this is the check that stored bytes are what the acks
+// say). It returns the number of acked puts.
+func Lost(ops []Op, stored Stored) (acked int, err error) {
+	var problems []string
+	for _, o := range ops {
+		if o.Kind != Put || o.Outcome != OK {
+			continue
+		}
+		acked++
+		r, ok := stored.at(o.Queue, o.Offset)
+		switch {
+		case !ok:
+			problems = append(problems, "lost: "+o.String()+": nothing stored there")
+		case r.Value != o.Value:
+			problems = append(problems, fmt.Sprintf("lost: %s: %q stored there", o, r.Value))
+		case r.CommitLogOffset != o.CommitLogOffset:
+			problems = append(problems, fmt.Sprintf("moved: %s: stored at commitlog %d", o, r.CommitLogOffset))
+		}
+	}
+	return acked, joined("acked puts not stored as acked", problems)
+}
+
+// Duplicates checks checker (c): a value stored k times needs k sends that
+// may have stored it (ok or unknown), and more than one only if one of them
+// was unknown or a retry; a value never sent, or whose every send failed
+// definitely, must not be stored at all. It returns how many extra copies
+// were found (all of them explained when err is nil).
+func Duplicates(ops []Op, stored Stored) (dups int, err error) {
+	type sends struct{ maybe, unknownOrRetry int }
+	by := map[string]*sends{}
+	for _, o := range ops {
+		if o.Kind != Put {
+			continue
+		}
+		s := by[o.Value]
+		if s == nil {
+			s = &sends{}
+			by[o.Value] = s
+		}
+		if o.Outcome != Fail {
+			s.maybe++
+		}
+		if o.Outcome == Unknown || o.Outcome == Pending || o.Attempt > 0 {
+			s.unknownOrRetry++
+		}
+	}
+	count := map[string]int{}
+	where := map[string][]string{}
+	for q, rs := range stored {
+		for _, r := range rs {
+			count[r.Value]++
+			where[r.Value] = append(where[r.Value], fmt.Sprintf("q%d@%d", q, r.Offset))
+		}
+	}
+	var problems []string
+	for _, v := range slices.Sorted(maps.Keys(count)) {
+		k := count[v]
+		s := by[v]
+		switch {
+		case s == nil:
+			problems = append(problems, fmt.Sprintf("unexpected: %q stored at %v, never sent", v, where[v]))
+		case s.maybe == 0:
+			problems = append(problems, fmt.Sprintf("unexpected: %q stored at %v, every send failed definitely", v, where[v]))
+		case k > 1 && (k > s.maybe || s.unknownOrRetry == 0):
+			problems = append(problems, fmt.Sprintf("duplicate: %q stored %d times at %v after %d possible sends (%d unknown or retried)",
+				v, k, where[v], s.maybe, s.unknownOrRetry))
+		}
+		if k > 1 {
+			dups += k - 1
+		}
+	}
+	return dups, joined("stored values no send explains", problems)
+}
+
+// Liveness checks checker (e): at least minPerSec operations finished ok
+// per second of the run, so a scenario whose clients never got through
+// cannot pass. It returns the rate.
+func Liveness(ops []Op, run time.Duration, minPerSec float64) (float64, error) {
+	n := 0
+	for _, o := range ops {
+		if o.Outcome == OK {
+			n++
+		}
+	}
+	rate := float64(n) / run.Seconds()
+	if rate < minPerSec {
+		return rate, fmt.Errorf("liveness: %d ok operations in %v = %.1f/s, below the floor of %.1f/s", n, run, rate, minPerSec)
+	}
+	return rate, nil
+}
+
+// FirstOKAfter is how long after t (history time) the first put began that
+// ended ok, for "writes succeed within 5 s of healing"; false if none did.
+func FirstOKAfter(ops []Op, t int64) (time.Duration, bool) {
+	best := int64(-1)
+	for _, o := range ops {
+		if o.Kind == Put && o.Outcome == OK && o.Return >= t && (best < 0 || o.Return < best) {
+			best = o.Return
+		}
+	}
+	if best < 0 {
+		return 0, false
+	}
+	return time.Duration(best - t), true
+}
+
+// CommitlogSHA256 hashes the commitlog bytes [from, to) of a data dir. The
+// commitlog is a sequence of files named by their first offset (20 digits,
+// RocketMQ's MappedFileQueue naming), so equal hashes over the same range
+// mean byte-identical logs there: checker (b).
+func CommitlogSHA256(dataDir string, from, to int64) (string, error) {
+	dir := filepath.Join(dataDir, "commitlog")
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return "", fmt.Errorf("history: %w", err)
+	}
+	h := sha256.New()
+	pos := from
+	for _, e := range ents {
+		base, err := strconv.ParseInt(e.Name(), 10, 64)
+		if err != nil || len(e.Name()) != 20 {
+			continue // not a segment (.broken copies, temp files)
+		}
+		info, err := e.Info()
+		if err != nil {
+			return "", fmt.Errorf("history: %w", err)
+		}
+		end := base + info.Size()
+		if end <= pos || base >= to {
+			continue
+		}
+		if base > pos {
+			return "", fmt.Errorf("history: commitlog gap: %d..%d missing in %s", pos, base, dir)
+		}
+		f, err := os.Open(filepath.Join(dir, e.Name()))
+		if err != nil {
+			return "", fmt.Errorf("history: %w", err)
+		}
+		n := min(end, to) - pos
+		_, err = io.Copy(h, io.NewSectionReader(f, pos-base, n))
+		f.Close()
+		if err != nil {
+			return "", fmt.Errorf("history: %w", err)
+		}
+		pos += n
+	}
+	if pos < to {
+		return "", fmt.Errorf("history: commitlog ends at %d, before %d, in %s", pos, to, dir)
+	}
+	return hex.EncodeToString(h.Sum(nil)), nil
+}
+
+// Divergent checks checker (b) over replicas' digests of the same range
+// (name → CommitlogSHA256): all must be equal.
+func Divergent(digests map[string]string) error {
+	var first, firstName string
+	var problems []string
+	for _, name := range slices.Sorted(maps.Keys(digests)) {
+		d := digests[name]
+		if firstName == "" {
+			first, firstName = d, name
+			continue
+		}
+		if d != first {
+			problems = append(problems, fmt.Sprintf("%s has %s, %s has %s", name, d, firstName, first))
+		}
+	}
+	return joined("replicas diverge", problems)
+}

@@ -1,0 +1,232 @@
+package history
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// ops builders for hand-made histories (times in arbitrary units).
+func put(id, client int, q int32, v string, call, ret int64, out Outcome, off int64) Op {
+	return Op{ID: id, Client: client, Kind: Put, Queue: q, Value: v, Call: call, Return: ret, Outcome: out, Offset: off,
+		CommitLogOffset: 100 * off}
+}
+
+func read(id, client int, q int32, off int64, call, ret int64, found bool, v string) Op {
+	return Op{ID: id, Client: client, Kind: Read, Queue: q, Offset: off, Call: call, Return: ret, Outcome: OK, Found: found, Value: v}
+}
+
+func rec(off int64, v string) Record {
+	return Record{Offset: off, Value: v, CommitLogOffset: 100 * off}
+}
+
+func TestLost(t *testing.T) {
+	ops := []Op{put(0, 0, 0, "0:0", 0, 1, OK, 0), put(1, 0, 0, "0:1", 2, 3, OK, 1), put(2, 1, 1, "1:0", 0, 5, Unknown, 0)}
+	for _, tc := range []struct {
+		name   string
+		stored Stored
+		want   string // "" = must pass
+	}{
+		{"all there", Stored{0: {rec(0, "0:0"), rec(1, "0:1")}}, ""},
+		{"unknown also there", Stored{0: {rec(0, "0:0"), rec(1, "0:1")}, 1: {rec(0, "1:0")}}, ""},
+		{"lost ack", Stored{0: {rec(0, "0:0")}}, "nothing stored there"},
+		{"other value at the offset", Stored{0: {rec(0, "0:0"), rec(1, "9:9")}}, `"9:9" stored there`},
+		{"moved in the commitlog", Stored{0: {rec(0, "0:0"), {Offset: 1, Value: "0:1", CommitLogOffset: 7}}}, "stored at commitlog 7"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			acked, err := Lost(ops, tc.stored)
+			if acked != 2 {
+				t.Errorf("acked = %d, want 2", acked)
+			}
+			check(t, err, tc.want)
+		})
+	}
+}
+
+func check(t *testing.T, err error, want string) {
+	t.Helper()
+	switch {
+	case want == "" && err != nil:
+		t.Fatalf("want a pass, got %v", err)
+	case want != "" && err == nil:
+		t.Fatalf("want a failure containing %q, got a pass", want)
+	case want != "" && !strings.Contains(err.Error(), want):
+		t.Fatalf("want a failure containing %q, got %v", want, err)
+	}
+}
+
+func TestDuplicates(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		ops    []Op
+		stored Stored
+		dups   int
+		want   string
+	}{
+		{"once", []Op{put(0, 0, 0, "0:0", 0, 1, OK, 0)}, Stored{0: {rec(0, "0:0")}}, 0, ""},
+		{"acked twice without a retry", []Op{put(0, 0, 0, "0:0", 0, 1, OK, 0)},
+			Stored{0: {rec(0, "0:0"), rec(1, "0:0")}}, 1, "duplicate"},
+		{"unknown then retried ok", []Op{put(0, 0, 0, "0:0", 0, 1, Unknown, 0),
+			func() Op { o := put(1, 0, 0, "0:0", 2, 3, OK, 1); o.Attempt = 1; return o }()},
+			Stored{0: {rec(0, "0:0"), rec(1, "0:0")}}, 1, ""},
+		{"three copies from two sends", []Op{put(0, 0, 0, "0:0", 0, 1, Unknown, 0),
+			func() Op { o := put(1, 0, 0, "0:0", 2, 3, OK, 1); o.Attempt = 1; return o }()},
+			Stored{0: {rec(0, "0:0"), rec(1, "0:0"), rec(2, "0:0")}}, 2, "stored 3 times"},
+		{"never sent", nil, Stored{0: {rec(0, "7:7")}}, 0, "never sent"},
+		{"failed definitely, yet stored", []Op{put(0, 0, 0, "0:0", 0, 1, Fail, 0)}, Stored{0: {rec(0, "0:0")}}, 0,
+			"every send failed definitely"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dups, err := Duplicates(tc.ops, tc.stored)
+			if dups != tc.dups {
+				t.Errorf("dups = %d, want %d", dups, tc.dups)
+			}
+			check(t, err, tc.want)
+		})
+	}
+}
+
+func TestLinearizable(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		ops  []Op
+		want string
+	}{
+		{"sequential", []Op{put(0, 0, 0, "a", 0, 1, OK, 0), read(1, 1, 0, 0, 2, 3, true, "a"), read(2, 1, 0, 1, 4, 5, false, "")}, ""},
+		{"concurrent puts in either order", []Op{put(0, 0, 0, "a", 0, 10, OK, 1), put(1, 1, 0, "b", 1, 9, OK, 0),
+			read(2, 2, 0, 1, 11, 12, true, "a")}, ""},
+		{"read concurrent with a put may miss it", []Op{put(0, 0, 0, "a", 0, 10, OK, 0), read(1, 1, 0, 0, 1, 2, false, "")}, ""},
+		{"unknown put seen", []Op{put(0, 0, 0, "a", 0, 1, Unknown, 0), read(1, 1, 0, 0, 5, 6, true, "a")}, ""},
+		{"unknown put never seen", []Op{put(0, 0, 0, "a", 0, 1, Unknown, 0), read(1, 1, 0, 0, 5, 6, false, ""),
+			put(2, 0, 0, "b", 7, 8, OK, 0)}, ""},
+		{"queues are separate", []Op{put(0, 0, 0, "a", 0, 1, OK, 0), put(1, 0, 1, "b", 2, 3, OK, 0)}, ""},
+		{"stale read after an ack", []Op{put(0, 0, 0, "a", 0, 1, OK, 0), read(1, 1, 0, 0, 2, 3, false, "")}, "not linearizable"},
+		{"read of a value never put", []Op{put(0, 0, 0, "a", 0, 1, OK, 0), read(1, 1, 0, 0, 2, 3, true, "z")}, "not linearizable"},
+		{"offset skipped", []Op{put(0, 0, 0, "a", 0, 1, OK, 1)}, "not linearizable"},
+		{"same offset twice", []Op{put(0, 0, 0, "a", 0, 1, OK, 0), put(1, 0, 0, "b", 2, 3, OK, 0)}, "not linearizable"},
+		{"read sees a put that had not started", []Op{read(0, 1, 0, 0, 0, 1, true, "a"), put(1, 0, 0, "a", 2, 3, OK, 0)},
+			"not linearizable"},
+		{"value vanishes", []Op{put(0, 0, 0, "a", 0, 1, OK, 0), read(1, 1, 0, 0, 2, 3, true, "a"), read(2, 1, 0, 0, 4, 5, false, "")},
+			"not linearizable"},
+		{"failed put ignored", []Op{put(0, 0, 0, "a", 0, 1, Fail, 5), read(1, 1, 0, 0, 2, 3, false, "")}, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			err := Linearizable(tc.ops, dir, 10*time.Second)
+			check(t, err, tc.want)
+			if err != nil {
+				path := filepath.Join(dir, "linearizability.html")
+				if !strings.Contains(err.Error(), path) {
+					t.Fatalf("failure %q does not name the visualization %s", err, path)
+				}
+				if b, rerr := os.ReadFile(path); rerr != nil || len(b) == 0 {
+					t.Fatalf("visualization %s: %v (%d bytes)", path, rerr, len(b))
+				}
+			}
+		})
+	}
+}
+
+func TestLiveness(t *testing.T) {
+	ops := make([]Op, 0, 100)
+	for i := range 100 {
+		ops = append(ops, put(i, 0, 0, Value(0, i), 0, 1, OK, int64(i)))
+	}
+	ops = append(ops, put(100, 0, 0, "x", 0, 1, Unknown, 0))
+	if rate, err := Liveness(ops, 10*time.Second, 10); err != nil || rate != 10 {
+		t.Fatalf("100 ok in 10 s at a floor of 10/s: rate %v, %v", rate, err)
+	}
+	_, err := Liveness(ops, 10*time.Second, 11)
+	check(t, err, "below the floor")
+	_, err = Liveness(nil, time.Second, 1)
+	check(t, err, "below the floor") // an idle run fails
+}
+
+func TestFirstOKAfter(t *testing.T) {
+	ops := []Op{put(0, 0, 0, "a", 0, 10, OK, 0), put(1, 0, 0, "b", 20, 50, Unknown, 0), put(2, 0, 0, "c", 60, 70, OK, 1)}
+	if d, ok := FirstOKAfter(ops, 15); !ok || d != 55 {
+		t.Fatalf("FirstOKAfter(15) = %v, %v; want 55, true", d, ok)
+	}
+	if _, ok := FirstOKAfter(ops, 71); ok {
+		t.Fatal("FirstOKAfter past the end found a put")
+	}
+}
+
+func writeSegment(t *testing.T, dir string, base int64, b []byte) {
+	t.Helper()
+	if err := os.MkdirAll(filepath.Join(dir, "commitlog"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	name := filepath.Join(dir, "commitlog", fmt.Sprintf("%020d", base))
+	if err := os.WriteFile(name, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestDivergent(t *testing.T) {
+	a, b, c := t.TempDir(), t.TempDir(), t.TempDir()
+	seg0 := []byte(strings.Repeat("r", 16))
+	writeSegment(t, a, 0, seg0)
+	writeSegment(t, a, 16, []byte("0123456789abcdef"))
+	writeSegment(t, b, 0, seg0)
+	writeSegment(t, b, 16, []byte("0123456789abcdeX")) // differs in its last byte only
+	writeSegment(t, c, 16, []byte("0123456789abcdef")) // retention removed its first file
+	sum := func(dir string, from, to int64) string {
+		t.Helper()
+		d, err := CommitlogSHA256(dir, from, to)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return d
+	}
+	if err := Divergent(map[string]string{"a": sum(a, 4, 31), "b": sum(b, 4, 31)}); err != nil {
+		t.Fatalf("equal up to the differing byte: %v", err)
+	}
+	check(t, Divergent(map[string]string{"a": sum(a, 4, 32), "b": sum(b, 4, 32)}), "replicas diverge")
+	if err := Divergent(map[string]string{"a": sum(a, 16, 32), "c": sum(c, 16, 32)}); err != nil {
+		t.Fatalf("over [minOffset, end) a replica without the first file agrees: %v", err)
+	}
+	if _, err := CommitlogSHA256(c, 0, 32); err == nil {
+		t.Fatal("a range starting before the replica's first file hashed")
+	}
+	if _, err := CommitlogSHA256(a, 0, 40); err == nil {
+		t.Fatal("a range past the end hashed")
+	}
+}
+
+func TestRecorderAndBody(t *testing.T) {
+	r := NewRecorder()
+	var wg sync.WaitGroup
+	for c := range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for s := range 50 {
+				v := Value(c, s)
+				if got := ValueOf(Body(v, 100)); got != v {
+					t.Errorf("ValueOf(Body(%q)) = %q", v, got)
+				}
+				id := r.Invoke(Op{Client: c, Kind: Put, Value: v})
+				r.Finish(id, func(o *Op) { o.Outcome = OK })
+			}
+		}()
+	}
+	wg.Wait()
+	ops := r.Ops()
+	if len(ops) != 200 {
+		t.Fatalf("%d ops recorded, want 200", len(ops))
+	}
+	for i, o := range ops {
+		if o.ID != i || o.Outcome != OK || o.Return < o.Call {
+			t.Fatalf("op %d recorded as %+v", i, o)
+		}
+	}
+}
