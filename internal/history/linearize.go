@@ -128,14 +128,56 @@ var queueModel = porcupine.NondeterministicModel{
 // operations turns a history into porcupine operations: failed operations
 // are left out (they did nothing), so are reads without an answer (they
 // change nothing); unknown and pending puts stay open until after the end.
-func operations(ops []Op) []porcupine.Operation {
+//
+// With the final contents (stored non-nil), an unknown put is resolved as
+// Jepsen does with what was read at the end: a copy of its value that no ok
+// put claims gives it its offset (copies go to unknown sends in call
+// order), and one left without a copy never took effect and is dropped (a
+// read that saw it then fails, since no put wrote its value). This keeps
+// the search linear where thousands of open puts would make it explode;
+// a log never loses a record it took, which Lost and Duplicates check on
+// the same final contents.
+func operations(ops []Op, stored Stored) []porcupine.Operation {
 	var end int64
 	for _, o := range ops {
 		end = max(end, o.Call, o.Return)
 	}
+	resolved := map[int]int64{} // op ID → queue offset of its copy
+	if stored != nil {
+		free := map[string][]int64{} // value → offsets no ok put claims
+		claimed := map[[2]int64]bool{}
+		for _, o := range ops {
+			if o.Kind == Put && o.Outcome == OK {
+				claimed[[2]int64{int64(o.Queue), o.Offset}] = true
+			}
+		}
+		for q, rs := range stored {
+			for _, r := range rs {
+				if !claimed[[2]int64{int64(q), r.Offset}] {
+					free[r.Value] = append(free[r.Value], r.Offset)
+				}
+			}
+		}
+		for _, o := range ops { // ops are in call order
+			if o.Kind == Put && (o.Outcome == Unknown || o.Outcome == Pending) {
+				if offs := free[o.Value]; len(offs) > 0 {
+					resolved[o.ID], free[o.Value] = offs[0], offs[1:]
+				} else {
+					resolved[o.ID] = -1
+				}
+			}
+		}
+	}
 	var h []porcupine.Operation
 	for _, o := range ops {
-		in := input{kind: o.Kind, queue: o.Queue, value: o.Value, offset: o.Offset}
+		if off, ok := resolved[o.ID]; ok {
+			if off >= 0 {
+				h = append(h, porcupine.Operation{ClientId: o.Client, Input: o.input(), Call: o.Call, Return: end + 1,
+					Output: output{offset: off}})
+			}
+			continue
+		}
+		in := o.input()
 		switch {
 		case o.Outcome == OK && o.Kind == Put:
 			h = append(h, porcupine.Operation{ClientId: o.Client, Input: in, Call: o.Call, Return: o.Return,
@@ -151,13 +193,18 @@ func operations(ops []Op) []porcupine.Operation {
 	return h
 }
 
-// Linearizable checks checker (d) with porcupine, partitioned by queue.
-// A history that is not linearizable (or that porcupine could not decide
+func (o Op) input() input {
+	return input{kind: o.Kind, queue: o.Queue, value: o.Value, offset: o.Offset}
+}
+
+// Linearizable checks checker (d) with porcupine, partitioned by queue,
+// with unknown puts resolved against stored (nil: left open, see
+// operations). A history that is not linearizable (or that porcupine could not decide
 // within timeout) is an error naming the HTML visualization written into
 // dir.
-func Linearizable(ops []Op, dir string, timeout time.Duration) error {
+func Linearizable(ops []Op, stored Stored, dir string, timeout time.Duration) error {
 	model := queueModel.ToModel()
-	res, info := porcupine.CheckOperationsVerbose(model, operations(ops), timeout)
+	res, info := porcupine.CheckOperationsVerbose(model, operations(ops, stored), timeout)
 	if res == porcupine.Ok {
 		return nil
 	}

@@ -25,8 +25,12 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/status"
+
+	storagedv1 "github.com/storaged/storaged/gen/storaged/v1"
 )
 
 // StoreService is the health service name that turns SERVING once
@@ -316,4 +320,52 @@ func tail(path string, n int) string {
 		lines = lines[len(lines)-n:]
 	}
 	return string(bytes.Join(lines, []byte("\n")))
+}
+
+// PullQueue reads every message of topic/q from queue offset 0 on through
+// the public API, checks that the offsets are dense, and hands each
+// message to fn in order. A queue that was never written (NotFound) has
+// none.
+func PullQueue(ctx context.Context, client storagedv1.MessageStoreServiceClient, topic string, q int32, fn func(*storagedv1.StoredMessage)) error {
+	for next := int64(0); ; {
+		cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		res, err := client.PullMessages(cctx, &storagedv1.PullMessagesRequest{Topic: topic, QueueId: q, QueueOffset: next, MaxMessages: 1000})
+		cancel()
+		if err != nil {
+			if next == 0 && status.Code(err) == codes.NotFound {
+				return nil
+			}
+			return fmt.Errorf("proctest: pull %s/%d at %d: %w", topic, q, next, err)
+		}
+		for _, m := range res.Messages {
+			if m.QueueOffset != next {
+				return fmt.Errorf("proctest: %s/%d: offset %d where %d was expected (not dense)", topic, q, m.QueueOffset, next)
+			}
+			next++
+			fn(m)
+		}
+		if len(res.Messages) == 0 || next >= res.MaxOffset {
+			return nil
+		}
+	}
+}
+
+// Main is a TestMain for packages that run storaged: it builds the binary
+// once into a temporary dir, stores its path in *binary, runs the tests,
+// removes the dir and exits with the tests' code.
+func Main(m *testing.M, binary *string) {
+	dir, err := os.MkdirTemp("", "storaged-proctest")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	*binary, err = Build(dir)
+	if err != nil {
+		os.RemoveAll(dir)
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
 }

@@ -23,20 +23,7 @@ import (
 
 var binary string
 
-func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "storaged-kill9")
-	if err != nil {
-		panic(err)
-	}
-	binary, err = proctest.Build(dir)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	code := m.Run()
-	os.RemoveAll(dir)
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { proctest.Main(m, &binary) }
 
 // server is one run of storaged on dataDir (proctest.Process, a run per
 // start so that each restart gets its own connection).
@@ -135,31 +122,11 @@ func TestKill9(t *testing.T) {
 		cycles, len(all), recoveries[len(recoveries)/2], recoveries[len(recoveries)*99/100], recoveries[len(recoveries)-1])
 }
 
-// pullQueue reads every message of topic/q from queue offset 0 on through
-// the public API, checks the offsets are dense, and hands each message to
-// fn in order. A queue that was never written (NotFound) has none.
+// pullQueue is proctest.PullQueue failing the test on an error.
 func pullQueue(t *testing.T, client storagedv1.MessageStoreServiceClient, topic string, q int32, fn func(*storagedv1.StoredMessage)) {
 	t.Helper()
-	for next := int64(0); ; {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		res, err := client.PullMessages(ctx, &storagedv1.PullMessagesRequest{Topic: topic, QueueId: q, QueueOffset: next, MaxMessages: 1000})
-		cancel()
-		if err != nil {
-			if next == 0 && strings.Contains(err.Error(), "NotFound") {
-				return
-			}
-			t.Fatalf("pull %s/%d at %d: %v", topic, q, next, err)
-		}
-		for _, m := range res.Messages {
-			if m.QueueOffset != next {
-				t.Fatalf("%s/%d: offset %d where %d was expected (not dense)", topic, q, m.QueueOffset, next)
-			}
-			next++
-			fn(m)
-		}
-		if len(res.Messages) == 0 || next >= res.MaxOffset {
-			return
-		}
+	if err := proctest.PullQueue(context.Background(), client, topic, q, fn); err != nil {
+		t.Fatal(err)
 	}
 }
 
