@@ -24,6 +24,7 @@ import (
 	"testing"
 	"time"
 
+	"go.uber.org/goleak"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
@@ -352,7 +353,8 @@ func PullQueue(ctx context.Context, client storagedv1.MessageStoreServiceClient,
 
 // Main is a TestMain for packages that run storaged: it builds the binary
 // once into a temporary dir, stores its path in *binary, runs the tests,
-// removes the dir and exits with the tests' code.
+// checks that they left no goroutine behind (goleak: client connections,
+// proxies, stderr readers), removes the dir and exits with the tests' code.
 func Main(m *testing.M, binary *string) {
 	dir, err := os.MkdirTemp("", "storaged-proctest")
 	if err != nil {
@@ -366,6 +368,12 @@ func Main(m *testing.M, binary *string) {
 		os.Exit(1)
 	}
 	code := m.Run()
+	if code == 0 {
+		if err := goleak.Find(); err != nil {
+			fmt.Fprintf(os.Stderr, "goleak: %v\n", err)
+			code = 1
+		}
+	}
 	os.RemoveAll(dir)
 	os.Exit(code)
 }
