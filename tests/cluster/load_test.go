@@ -127,7 +127,8 @@ func (w *workload) read(ctx context.Context, client int, q int32, off int64) {
 	id := w.rec.Invoke(history.Op{Client: client, Kind: history.Read, Queue: q, Offset: off})
 	cctx, cancel := context.WithTimeout(ctx, opTimeout)
 	defer cancel()
-	res, err := w.client.PullMessages(cctx, &storagedv1.PullMessagesRequest{Topic: topic, QueueId: q, QueueOffset: off, MaxMessages: 1})
+	res, err := w.client.PullMessages(cctx, &storagedv1.PullMessagesRequest{Topic: topic, QueueId: q, QueueOffset: off, MaxMessages: 1},
+		grpc.WaitForReady(true)) // like puts: no spinning on a down node
 	w.rec.Finish(id, func(o *history.Op) {
 		switch c := status.Code(err); {
 		case err == nil && len(res.Messages) > 0 && res.Messages[0].QueueOffset == off:
