@@ -57,7 +57,18 @@ func (l *Log) TruncateAfter(off int64) error {
 	flushed := min(l.list.Flushed(), off)
 	l.list.Replace(keep, flushed)
 	l.file = nil
-	if len(gone) > 0 {
+	// A file the allocator prepared past the new end must go too (and
+	// durably): left on disk it would sit past a gap once the end moved
+	// back, and Load refuses a gap.
+	next := int64(0)
+	if last := l.list.Last(); last != nil {
+		next = last.End()
+	}
+	discarded, err := l.list.DiscardPrepared(next)
+	if err != nil {
+		return fmt.Errorf("storage: truncate: discard the prepared file: %w", err)
+	}
+	if len(gone) > 0 || discarded {
 		if err := l.list.Unmap(gone); err != nil {
 			return fmt.Errorf("storage: truncate: %w", err)
 		}

@@ -522,3 +522,25 @@ func (q *List) WaitReady(from int64) {
 		a.cond.Wait()
 	}
 }
+
+// DiscardPrepared deletes the file the allocator prepared, if any, unless
+// it starts at from (the offset the next roll takes), and reports whether
+// it deleted one; the caller syncs the directory. A truncation that moves
+// the end back (commitlog.TruncateAfter) needs it: a file prepared beyond
+// the new end would otherwise stay on disk past a gap, which Load refuses.
+func (q *List) DiscardPrepared(from int64) (bool, error) { return q.alloc.discard(from) }
+
+func (a *allocator) discard(from int64) (bool, error) {
+	a.mu.Lock()
+	for a.inflight >= 0 && !a.closed {
+		a.cond.Wait()
+	}
+	m := a.ready
+	if m == nil || m.from == from {
+		a.mu.Unlock()
+		return false, nil
+	}
+	a.ready = nil
+	a.mu.Unlock()
+	return true, m.Remove()
+}
