@@ -1,0 +1,249 @@
+package raftlog
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"testing"
+
+	"go.etcd.io/raft/v3"
+	pb "go.etcd.io/raft/v3/raftpb"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/storaged/storaged/storage/vfs"
+)
+
+// conformanceSequences is the number of random sequences of
+// TestConformance (design §5.2: 10,000), scaled down under -race.
+func conformanceSequences() int {
+	if raceEnabled || testing.Short() {
+		return 500
+	}
+	return 10000
+}
+
+// leader generates entries the way a raft leader and its stamping put
+// path would: terms never below the previous entry's, DATA records stamped
+// for where they go (Place from the end of the previous DATA entry).
+type gen struct {
+	rng  *rand.Rand
+	term uint64
+}
+
+func (g *gen) entries(l *Log, k uint64, n int) []*pb.Entry {
+	end, err := l.NextPos(k-1, 0)
+	if err != nil {
+		panic(err)
+	}
+	prevTerm, err := l.Term(k - 1)
+	if err != nil {
+		panic(err)
+	}
+	if g.rng.IntN(3) == 0 {
+		g.term++
+	}
+	g.term = max(g.term, prevTerm)
+	var out []*pb.Entry
+	for j := 0; j < n; j++ {
+		e := &pb.Entry{Term: proto.Uint64(g.term), Index: proto.Uint64(k + uint64(j))}
+		switch g.rng.IntN(6) {
+		case 0: // EMPTY
+		case 1: // CMD: storaged command bytes (no record magic at +4)
+			e.Data = append([]byte{0, 0, 0, 0, 0xC0, 0xDE, 0, 1}, make([]byte, g.rng.IntN(40))...)
+		case 2: // CONF
+			e.Type = pb.EntryConfChangeV2.Enum()
+			if g.rng.IntN(4) == 0 {
+				e.Type = pb.EntryConfChange.Enum()
+			}
+			e.Data = make([]byte, g.rng.IntN(30))
+			for i := range e.Data {
+				e.Data[i] = byte(g.rng.Uint32())
+			}
+		default: // DATA
+			specs := records(g.rng, 1+g.rng.IntN(3))
+			pos := Place(end, specsLen(specs), testFileSize)
+			e.Data = encodeAt(specs, pos)
+			end = pos + int64(len(e.Data))
+		}
+		out = append(out, e)
+	}
+	return out
+}
+
+// TestConformance runs random sequences of Append (overlapping, so
+// truncating), SetHardState, Sync and restart (close and reopen from the
+// same MemFS) against raft.MemoryStorage, comparing Entries, Term,
+// FirstIndex, LastIndex, InitialState and Snapshot after every step.
+func TestConformance(t *testing.T) {
+	n := conformanceSequences()
+	diffs := 0
+	var c counts
+	for seed := 0; seed < n && diffs == 0; seed++ {
+		if err := conformanceSequence(uint64(seed), &c); err != nil {
+			t.Errorf("seed %d: %v", seed, err)
+			diffs++
+		}
+	}
+	t.Logf("%d sequences, %d with differences; %+v", n, diffs, c)
+	// The suite must exercise what it claims to.
+	if c.Truncations == 0 || c.DataTruncations == 0 || c.Restarts == 0 || c.Blanks == 0 || c.Entries == 0 {
+		t.Errorf("the sequences missed a case: %+v", c)
+	}
+}
+
+type counts struct {
+	Entries, Truncations, DataTruncations, Restarts, Blanks int
+}
+
+func conformanceSequence(seed uint64, c *counts) (err error) {
+	rng := rand.New(rand.NewPCG(seed, 0x5eed))
+	fs := vfs.NewMem()
+	r, err := openReplica(fs)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if cerr := r.close(); err == nil {
+			err = cerr
+		}
+	}()
+	ms := raft.NewMemoryStorage()
+	g := &gen{rng: rng}
+	hs := &pb.HardState{}
+	steps := 10 + rng.IntN(30)
+	for step := 0; step < steps; step++ {
+		last, _ := ms.LastIndex()
+		var what string
+		switch op := rng.IntN(10); {
+		case op < 5: // Append, overlapping a random uncommitted suffix sometimes
+			k := last + 1
+			if last > hs.GetCommit() && rng.IntN(3) == 0 {
+				k = hs.GetCommit() + 1 + rng.Uint64N(last-hs.GetCommit())
+			}
+			ents := g.entries(r.log, k, 1+rng.IntN(5))
+			what = fmt.Sprintf("Append(%d..%d)", k, k+uint64(len(ents))-1)
+			if err := ms.Append(ents); err != nil {
+				return err
+			}
+			before := r.cl.MaxOffset()
+			if err := r.log.Append(ents); err != nil {
+				return fmt.Errorf("step %d %s: %w", step, what, err)
+			}
+			c.Entries += len(ents)
+			if k <= last {
+				c.Truncations++
+				if end, _ := r.log.NextPos(k-1, 0); end < before {
+					c.DataTruncations++
+				}
+			}
+			for _, e := range ents {
+				if u, _ := r.log.unitAt(e.GetIndex()); u.Flags&FlagBlank != 0 {
+					c.Blanks++
+				}
+			}
+		case op < 7: // SetHardState
+			hs = &pb.HardState{Term: proto.Uint64(max(hs.GetTerm(), g.term)), Vote: proto.Uint64(rng.Uint64N(4)),
+				Commit: proto.Uint64(hs.GetCommit() + rng.Uint64N(last-hs.GetCommit()+1))}
+			what = fmt.Sprintf("SetHardState(%v)", hs)
+			ms.SetHardState(hs)
+			if err := r.log.SetHardState(hs); err != nil {
+				return err
+			}
+		case op < 9:
+			what = "Sync"
+			if err := r.log.Sync(); err != nil {
+				return fmt.Errorf("step %d Sync: %w", step, err)
+			}
+		default:
+			what = "restart"
+			c.Restarts++
+			if err := r.log.Sync(); err != nil {
+				return err
+			}
+			if err := r.close(); err != nil {
+				return err
+			}
+			if r, err = openReplica(fs); err != nil {
+				return fmt.Errorf("step %d reopen: %w", step, err)
+			}
+		}
+		if err := compare(ms, r.log, rng); err != nil {
+			return fmt.Errorf("after step %d %s: %w", step, what, err)
+		}
+	}
+	return nil
+}
+
+// compare reports the first difference between want and got.
+func compare(want *raft.MemoryStorage, got *Log, rng *rand.Rand) error {
+	wf, _ := want.FirstIndex()
+	gf, _ := got.FirstIndex()
+	wl, _ := want.LastIndex()
+	gl, _ := got.LastIndex()
+	if wf != gf || wl != gl {
+		return fmt.Errorf("FirstIndex/LastIndex %d/%d, MemoryStorage %d/%d", gf, gl, wf, wl)
+	}
+	whs, wcs, _ := want.InitialState()
+	ghs, gcs, err := got.InitialState()
+	if err != nil {
+		return err
+	}
+	if !proto.Equal(normHS(whs), normHS(ghs)) {
+		return fmt.Errorf("HardState %v, MemoryStorage %v", ghs, whs)
+	}
+	_ = wcs // MemoryStorage has no bootstrap ConfState; ours is raft/meta's
+	if !proto.Equal(gcs, &pb.ConfState{Voters: testMeta.Voters}) {
+		return fmt.Errorf("ConfState %v", gcs)
+	}
+	ws, _ := want.Snapshot()
+	gs, _ := got.Snapshot()
+	if ws.GetMetadata().GetIndex() != gs.GetMetadata().GetIndex() || ws.GetMetadata().GetTerm() != gs.GetMetadata().GetTerm() {
+		return fmt.Errorf("Snapshot %v, MemoryStorage %v", gs.GetMetadata(), ws.GetMetadata())
+	}
+	for i := wf - 1; i <= wl+1; i++ {
+		wt, werr := want.Term(i)
+		gt, gerr := got.Term(i)
+		if wt != gt || !errors.Is(gerr, werr) {
+			return fmt.Errorf("Term(%d) = %d, %v; MemoryStorage %d, %v", i, gt, gerr, wt, werr)
+		}
+	}
+	check := func(lo, hi, maxSize uint64) error {
+		we, werr := want.Entries(lo, hi, maxSize)
+		ge, gerr := got.Entries(lo, hi, maxSize)
+		if !errors.Is(gerr, werr) || len(we) != len(ge) {
+			return fmt.Errorf("Entries(%d, %d, %d): %d entries, %v; MemoryStorage %d, %v", lo, hi, maxSize, len(ge), gerr, len(we), werr)
+		}
+		for j := range we {
+			if err := sameEntry(we[j], ge[j]); err != nil {
+				return fmt.Errorf("Entries(%d, %d, %d)[%d]: %w", lo, hi, maxSize, j, err)
+			}
+		}
+		return nil
+	}
+	if err := check(wf, wl+1, ^uint64(0)); err != nil {
+		return err
+	}
+	if wl >= wf {
+		lo := wf + rng.Uint64N(wl-wf+1)
+		hi := lo + rng.Uint64N(wl+2-lo)
+		if err := check(lo, hi, rng.Uint64N(8000)); err != nil {
+			return err
+		}
+	}
+	return check(wf-1, wf, 0) // below FirstIndex: ErrCompacted on both
+}
+
+func normHS(hs *pb.HardState) *pb.HardState {
+	return &pb.HardState{Term: proto.Uint64(hs.GetTerm()), Vote: proto.Uint64(hs.GetVote()), Commit: proto.Uint64(hs.GetCommit())}
+}
+
+// sameEntry compares what raft sees of an entry (the getters: a missing
+// Type is EntryNormal, a nil Data is empty).
+func sameEntry(w, g *pb.Entry) error {
+	if w.GetIndex() != g.GetIndex() || w.GetTerm() != g.GetTerm() || w.GetType() != g.GetType() || !bytes.Equal(w.GetData(), g.GetData()) {
+		return fmt.Errorf("entry %d/%d %v (%d bytes), MemoryStorage %d/%d %v (%d bytes)",
+			g.GetIndex(), g.GetTerm(), g.GetType(), len(g.GetData()), w.GetIndex(), w.GetTerm(), w.GetType(), len(w.GetData()))
+	}
+	return nil
+}

@@ -1,0 +1,104 @@
+package raftlog
+
+import (
+	"encoding/binary"
+	"fmt"
+
+	pb "go.etcd.io/raft/v3/raftpb"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/storaged/storaged/storage/vfs"
+)
+
+// slotSize is the size of one HardState slot; the file holds two.
+const slotSize = 64
+
+// slot is one HardState slot (design §2.1): {seq, term, vote, commit},
+// zero padding, and the CRC-32C of bytes 0..60 at +60. Slots are written
+// alternately (seq even: slot 0, odd: slot 1) with one fdatasync and no
+// rename; the valid slot with the highest seq wins, so a write torn by a
+// power cut leaves the other, older slot in force.
+type slot struct {
+	Seq, Term, Vote, Commit uint64
+}
+
+func (s slot) encode(dst []byte) {
+	_ = dst[slotSize-1]
+	clear(dst[:slotSize])
+	binary.BigEndian.PutUint64(dst[0:], s.Seq)
+	binary.BigEndian.PutUint64(dst[8:], s.Term)
+	binary.BigEndian.PutUint64(dst[16:], s.Vote)
+	binary.BigEndian.PutUint64(dst[24:], s.Commit)
+	binary.BigEndian.PutUint32(dst[60:], crc32c(dst[:60]))
+}
+
+// decodeSlot reads a slot; ok is false for a zeroed, torn or damaged one.
+func decodeSlot(b []byte) (s slot, ok bool) {
+	if len(b) < slotSize {
+		return slot{}, false
+	}
+	if crc32c(b[:60]) != binary.BigEndian.Uint32(b[60:]) {
+		return slot{}, false
+	}
+	for _, c := range b[32:60] {
+		if c != 0 {
+			return slot{}, false
+		}
+	}
+	s = slot{Seq: binary.BigEndian.Uint64(b[0:]), Term: binary.BigEndian.Uint64(b[8:]),
+		Vote: binary.BigEndian.Uint64(b[16:]), Commit: binary.BigEndian.Uint64(b[24:])}
+	return s, s.Seq != 0
+}
+
+// decodeHardState picks the newest valid slot of the file's bytes; found
+// is false when neither is valid (a new file, or one never synced).
+func decodeHardState(b []byte) (s slot, found bool) {
+	for i := 0; i < 2; i++ {
+		if len(b) < (i+1)*slotSize {
+			break
+		}
+		if c, ok := decodeSlot(b[i*slotSize:]); ok && (!found || c.Seq > s.Seq) {
+			s, found = c, true
+		}
+	}
+	return s, found
+}
+
+// hardStateFile is raft/hardstate.
+type hardStateFile struct {
+	f   vfs.File
+	cur slot // the newest slot on disk (Seq 0: none)
+}
+
+func openHardState(fs vfs.FS, path string) (*hardStateFile, error) {
+	f, err := fs.OpenFile(path, true)
+	if err != nil {
+		return nil, fmt.Errorf("raftlog: open hardstate: %w", err)
+	}
+	buf := make([]byte, 2*slotSize)
+	n, _ := f.ReadAt(buf, 0) // a short file (new, or torn at creation) reads as zeros
+	h := &hardStateFile{f: f}
+	h.cur, _ = decodeHardState(buf[:n])
+	return h, nil
+}
+
+func (h *hardStateFile) hardState() *pb.HardState {
+	return &pb.HardState{Term: proto.Uint64(h.cur.Term), Vote: proto.Uint64(h.cur.Vote), Commit: proto.Uint64(h.cur.Commit)}
+}
+
+// write makes hs durable in the next slot: one write, one sync.
+func (h *hardStateFile) write(term, vote, commit uint64) error {
+	s := slot{Seq: h.cur.Seq + 1, Term: term, Vote: vote, Commit: commit}
+	var buf [slotSize]byte
+	s.encode(buf[:])
+	if _, err := h.f.WriteAt(buf[:], int64(s.Seq%2)*slotSize); err != nil {
+		return fmt.Errorf("raftlog: write hardstate: %w", err)
+	}
+	if err := h.f.Sync(); err != nil {
+		return fmt.Errorf("raftlog: sync hardstate: %w", err)
+	}
+	h.cur = s
+	return nil
+}
+
+func (h *hardStateFile) close() error { return h.f.Close() }

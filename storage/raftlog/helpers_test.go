@@ -1,0 +1,119 @@
+package raftlog
+
+import (
+	"math/rand/v2"
+	"net/netip"
+	"testing"
+	"time"
+
+	"github.com/rs/zerolog"
+	"go.uber.org/goleak"
+
+	"github.com/storaged/storaged/internal/logthrottle"
+	"github.com/storaged/storaged/storage/commitlog"
+	"github.com/storaged/storaged/storage/internal/base"
+	"github.com/storaged/storaged/storage/record"
+	"github.com/storaged/storaged/storage/vfs"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+const (
+	testFileSize = 16 << 10 // small commitlog files: many rolls and blanks
+	testUnits    = 16       // units per index file: many index files
+)
+
+var testHost = netip.MustParseAddrPort("127.0.0.1:10911")
+
+var testMeta = Meta{NodeID: 1, Group: "g1", ClusterUUID: "c0ffee", FileSize: testFileSize, Voters: []uint64{1, 2, 3}}
+
+// replica is a commitlog and the raft log over it, on one file system.
+type replica struct {
+	fs  vfs.FS
+	cl  *commitlog.Log
+	log *Log
+}
+
+// openReplica opens (or recovers) the replica in /d of fs.
+func openReplica(fs vfs.FS) (*replica, error) {
+	nop := zerolog.Nop()
+	if err := fs.MkdirAll("/d/commitlog"); err != nil {
+		return nil, err
+	}
+	cl, err := commitlog.Open(commitlog.Options{FS: fs, Dir: "/d/commitlog", FileSize: testFileSize, RequireCRC: true,
+		Clock: base.SystemClock, Logger: &nop, Throttle: logthrottle.New(time.Second, nil)})
+	if err != nil {
+		return nil, err
+	}
+	if _, err := cl.Recover(0, 0); err != nil {
+		cl.Close()
+		return nil, err
+	}
+	cl.Start()
+	l, err := Open(Options{FS: fs, Dir: "/d/raft", Commitlog: cl, Meta: testMeta, RequireCRC: true, IndexUnits: testUnits})
+	if err != nil {
+		cl.Close()
+		return nil, err
+	}
+	return &replica{fs: fs, cl: cl, log: l}, nil
+}
+
+func mustOpen(t testing.TB, fs vfs.FS) *replica {
+	t.Helper()
+	r, err := openReplica(fs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+// close closes the raft log and the commitlog without syncing: what a
+// kill -9 leaves (MemFS keeps the page cache).
+func (r *replica) close() error {
+	err := r.log.Close()
+	r.cl.WaitPopulated()
+	if cerr := r.cl.Close(); err == nil {
+		err = cerr
+	}
+	return err
+}
+
+// records encodes 1-3 records stamped for commitlog offset at; the
+// caller picks at with Place.
+func records(rng *rand.Rand, n int) []record.Spec {
+	specs := make([]record.Spec, n)
+	for j := range specs {
+		body := make([]byte, 1+rng.IntN(1500))
+		for k := range body {
+			body[k] = byte('a' + rng.IntN(26))
+		}
+		specs[j] = record.Spec{Topic: "T", Body: body, StoreHost: testHost, BornHost: testHost, PropCRC: true}
+		specs[j].BodyCRC = record.BodyCRC(body)
+		if ferr := specs[j].Size(); ferr != nil {
+			panic(ferr)
+		}
+	}
+	return specs
+}
+
+func encodeAt(specs []record.Spec, at int64) []byte {
+	total := 0
+	for _, s := range specs {
+		total += s.Total
+	}
+	b := make([]byte, total)
+	off := 0
+	for i := range specs {
+		specs[i].Encode(b[off:off+specs[i].Total], int64(i), at+int64(off), 1)
+		off += specs[i].Total
+	}
+	return b
+}
+
+func specsLen(specs []record.Spec) int {
+	n := 0
+	for _, s := range specs {
+		n += s.Total
+	}
+	return n
+}

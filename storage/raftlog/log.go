@@ -1,0 +1,680 @@
+package raftlog
+
+import (
+	"errors"
+	"fmt"
+	"path/filepath"
+	"sync"
+
+	"go.etcd.io/raft/v3"
+	pb "go.etcd.io/raft/v3/raftpb"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/storaged/storaged/storage/commitlog"
+	"github.com/storaged/storaged/storage/internal/base"
+	"github.com/storaged/storaged/storage/record"
+	"github.com/storaged/storaged/storage/segment"
+	"github.com/storaged/storaged/storage/vfs"
+)
+
+var _ raft.Storage = (*Log)(nil)
+
+// DefaultIndexUnits is the number of units per index file (32 MiB).
+const DefaultIndexUnits = 1 << 20
+
+// Options configure a Log.
+type Options struct {
+	FS vfs.FS
+	// Dir is the raft directory (the store's Dir/raft).
+	Dir string
+	// Commitlog is the store's commitlog, recovered (commitlog.Recover)
+	// and started: DATA entries are placed into it, and nothing else may
+	// append to it while the Log is open.
+	Commitlog *commitlog.Log
+	// Meta is this replica's identity; bootstrapped when Dir has none,
+	// checked against raft/meta otherwise. FileSize must be the
+	// commitlog's.
+	Meta Meta
+	// RequireCRC: every record of a DATA entry carries the whole-record CRC.
+	RequireCRC bool
+	// Flushed is the checkpoint's flushed commitlog offset: the data below
+	// it was acknowledged durable, so damage there refuses to start. In a
+	// group the checkpoint must take it from DurableEnd, never from the
+	// commitlog's own flushed offset (which runs ahead of the index).
+	Flushed int64
+	// IndexUnits is the number of units per index file (0: DefaultIndexUnits).
+	IndexUnits int
+}
+
+// Errors.
+var (
+	// ErrTruncateCommitted: the entries to replace include a committed
+	// one. Raft never asks for it; if it does, the node must stop.
+	ErrTruncateCommitted = errors.New("raftlog: truncation at or below the commit index")
+	// ErrStopped: an earlier write failed; the Log refuses everything until
+	// it is reopened (storaged's sticky-error rule: a restart recovers).
+	ErrStopped = errors.New("raftlog: stopped after a failed write")
+	// ErrBadEntry: an entry the Log cannot place (a gap, records stamped
+	// for another offset, a payload too big for a unit).
+	ErrBadEntry = errors.New("raftlog: bad entry")
+)
+
+// Log is the raft log of one replica over the commitlog (design §2,
+// Option A): raft.Storage for the RawNode, and the write side the raft
+// loop calls per Ready (Append, SetHardState, Sync).
+//
+// Every method takes one mutex: the raft goroutine is the writer, readers
+// (a snapshot sender, statistics) are rare. Commitlog bytes are read under
+// the commitlog's read guard and copied out.
+type Log struct {
+	opts Options
+	cl   *commitlog.Log
+	meta Meta
+
+	mu      sync.Mutex
+	hs      *hardStateFile
+	pending *pb.HardState // set by SetHardState, written by Sync; nil when on disk
+	idx     *index
+	metaLog vfs.File
+	first   uint64 // FirstIndex
+	last    uint64 // LastIndex
+	dataEnd int64  // commitlog offset past the last DATA entry (Meta.LogBase if none)
+	metaEnd int64  // meta-log offset past the last CONF/CMD payload
+	synced  uint64 // units of indexes ≤ synced are durable (Sync)
+	// syncedEnd is dataEnd at synced: DurableEnd.
+	syncedEnd int64
+	metaDirty bool
+	// hot: entries above it were written by this process; those at or
+	// below it came from disk and get their dataCRC checked on read.
+	hot     uint64
+	stopped error
+	closed  bool
+}
+
+// Open opens (or bootstraps) the raft log in opts.Dir and reconciles it
+// with the commitlog (design §3.4 steps 2-5, see recover.go). Damage to
+// acknowledged entries is a *base.CorruptionError (storage.CorruptionError).
+func Open(opts Options) (*Log, error) {
+	if opts.IndexUnits <= 0 {
+		opts.IndexUnits = DefaultIndexUnits
+	}
+	if opts.Commitlog == nil || opts.FS == nil || opts.Dir == "" {
+		return nil, errors.New("raftlog: Options need FS, Dir and Commitlog")
+	}
+	if opts.Meta.FileSize != opts.Commitlog.FileSize() {
+		return nil, fmt.Errorf("raftlog: Meta.FileSize %d, the commitlog's is %d", opts.Meta.FileSize, opts.Commitlog.FileSize())
+	}
+	if err := opts.FS.MkdirAll(filepath.Join(opts.Dir, "meta-log")); err != nil {
+		return nil, fmt.Errorf("raftlog: %w", err)
+	}
+	want := opts.Meta
+	want.LogBase = opts.Commitlog.MaxOffset()
+	meta, created, err := loadOrBootstrapMeta(opts.FS, opts.Dir, want)
+	if err != nil {
+		return nil, err
+	}
+	l := &Log{opts: opts, cl: opts.Commitlog, meta: meta, first: 1}
+	ok := false
+	defer func() {
+		if !ok {
+			l.closeFiles()
+		}
+	}()
+	if l.hs, err = openHardState(opts.FS, filepath.Join(opts.Dir, "hardstate")); err != nil {
+		return nil, err
+	}
+	if l.metaLog, err = opts.FS.OpenFile(filepath.Join(opts.Dir, "meta-log", indexName(0)), true); err != nil {
+		return nil, fmt.Errorf("raftlog: open meta-log: %w", err)
+	}
+	if created {
+		for _, d := range []string{opts.Dir, filepath.Join(opts.Dir, "meta-log")} {
+			if err := base.SyncDir(opts.FS, d); err != nil {
+				return nil, fmt.Errorf("raftlog: %w", err)
+			}
+		}
+	}
+	if l.idx, err = loadIndex(opts.FS, filepath.Join(opts.Dir, "index"), uint64(opts.IndexUnits)); err != nil {
+		return nil, err
+	}
+	if err := l.recover(); err != nil {
+		return nil, err
+	}
+	ok = true
+	return l, nil
+}
+
+// Meta is raft/meta as on disk.
+func (l *Log) Meta() Meta { return l.meta }
+
+// InitialState implements raft.Storage: the latest HardState (the one set
+// last, written or not) and the bootstrap ConfState of raft/meta.
+// Applied CONF entries are the raft loop's to fold in (phase 2: dynamic
+// membership), as is a snapshot's ConfState once snapshots exist.
+func (l *Log) InitialState() (*pb.HardState, *pb.ConfState, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	hs := l.pending
+	if hs == nil {
+		hs = l.hs.hardState()
+	}
+	return proto.Clone(hs).(*pb.HardState), l.confState(), nil
+}
+
+func (l *Log) confState() *pb.ConfState {
+	return &pb.ConfState{Voters: append([]uint64(nil), l.meta.Voters...), Learners: append([]uint64(nil), l.meta.Learners...)}
+}
+
+// Entries implements raft.Storage: fresh entries [lo, hi), at least one,
+// at most maxSize bytes of proto encoding past the first. DATA bytes are
+// copied out of the commitlog under its read guard (retention may unmap a
+// file while a MsgApp is being marshalled). Every unit's CRC is checked,
+// and the payload CRC of every entry that came from disk rather than from
+// this process's writes, so a damaged record is never shipped.
+func (l *Log) Entries(lo, hi, maxSize uint64) ([]*pb.Entry, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.stopped != nil {
+		return nil, l.stopped
+	}
+	if lo < l.first {
+		return nil, raft.ErrCompacted
+	}
+	if hi > l.last+1 {
+		return nil, fmt.Errorf("raftlog: entries [%d, %d) past the last index %d", lo, hi, l.last)
+	}
+	if l.last < l.first {
+		return nil, raft.ErrUnavailable
+	}
+	var out []*pb.Entry
+	var size uint64
+	for i := lo; i < hi; i++ {
+		e, err := l.entryLocked(i)
+		if err != nil {
+			return nil, err
+		}
+		size += uint64(proto.Size(e))
+		if len(out) > 0 && size > maxSize {
+			break
+		}
+		out = append(out, e)
+	}
+	return out[:len(out):len(out)], nil
+}
+
+// entryLocked reads entry i (first ≤ i ≤ last).
+func (l *Log) entryLocked(i uint64) (*pb.Entry, error) {
+	u, err := l.unitLocked(i)
+	if err != nil {
+		return nil, err
+	}
+	e := &pb.Entry{Term: proto.Uint64(u.Term), Index: proto.Uint64(i)}
+	switch u.Kind {
+	case KindEmpty:
+		return e, nil
+	case KindData:
+		l.cl.ReadLock()
+		b := l.cl.At(u.Pos)
+		if int64(len(b)) >= int64(u.Len) {
+			e.Data = append([]byte(nil), b[:u.Len]...)
+		}
+		l.cl.ReadUnlock()
+		if e.Data == nil {
+			return nil, l.corrupt(i, u, "its commitlog bytes are gone")
+		}
+	case KindConf, KindCmd:
+		e.Data = make([]byte, u.Len)
+		if _, err := l.metaLog.ReadAt(e.Data, u.Pos); err != nil && u.Len > 0 {
+			return nil, fmt.Errorf("raftlog: read meta-log at %d for entry %d: %w", u.Pos, i, err)
+		}
+		if u.Kind == KindConf {
+			t := pb.EntryConfChangeV2
+			if u.Flags&FlagConfV1 != 0 {
+				t = pb.EntryConfChange
+			}
+			e.Type = t.Enum()
+		}
+	}
+	if i <= l.hot && crc32c(e.Data) != u.DataCRC {
+		return nil, l.corrupt(i, u, "payload CRC mismatch")
+	}
+	return e, nil
+}
+
+func (l *Log) corrupt(i uint64, u Unit, why string) error {
+	return &base.CorruptionError{File: "raft/index", Offset: u.Pos, Flushed: l.opts.Flushed,
+		Reason: fmt.Sprintf("raft entry %d (%s, term %d, %d bytes at %d): %s", i, u.Kind, u.Term, u.Len, u.Pos, why)}
+}
+
+// unitAt decodes the unit of index i (tests, tools).
+func (l *Log) unitAt(i uint64) (Unit, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.unitLocked(i)
+}
+
+// unitLocked decodes the unit of index i (first ≤ i ≤ last).
+func (l *Log) unitLocked(i uint64) (Unit, error) {
+	b := l.idx.slot(i)
+	if b == nil {
+		return Unit{}, fmt.Errorf("raftlog: no index file holds entry %d", i)
+	}
+	u, err := DecodeUnit(b)
+	if err != nil {
+		return Unit{}, &base.CorruptionError{File: "raft/index/" + indexName(i-i%l.idx.units), Offset: int64(i),
+			Reason: fmt.Sprintf("unit of raft entry %d: %v", i, err)}
+	}
+	return u, nil
+}
+
+// Term implements raft.Storage. Term(FirstIndex-1) is the base term.
+func (l *Log) Term(i uint64) (uint64, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.stopped != nil {
+		return 0, l.stopped
+	}
+	switch {
+	case i+1 < l.first:
+		return 0, raft.ErrCompacted
+	case i > l.last:
+		return 0, raft.ErrUnavailable
+	case i == l.first-1:
+		return 0, nil // the base; non-zero once snapshots move FirstIndex
+	}
+	u, err := l.unitLocked(i)
+	return u.Term, err
+}
+
+// LastIndex implements raft.Storage.
+func (l *Log) LastIndex() (uint64, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.last, nil
+}
+
+// FirstIndex implements raft.Storage. It is 1 for now: the catch-up window
+// and snapshots (design §3.5) will move it.
+func (l *Log) FirstIndex() (uint64, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.first, nil
+}
+
+// Snapshot implements raft.Storage with the base: index FirstIndex-1, its
+// term, the bootstrap ConfState, no data. Snapshots as verified file
+// transfers (design §3.5) are not built yet; until then raft never needs
+// one, because FirstIndex stays 1 and every follower catches up from the
+// log.
+func (l *Log) Snapshot() (*pb.Snapshot, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return &pb.Snapshot{Metadata: &pb.SnapshotMetadata{Index: proto.Uint64(l.first - 1), Term: proto.Uint64(0),
+		ConfState: l.confState()}}, nil
+}
+
+// SetHardState records hs for the next Sync, which writes it.
+func (l *Log) SetHardState(hs *pb.HardState) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.stopped != nil {
+		return l.stopped
+	}
+	l.pending = proto.Clone(hs).(*pb.HardState)
+	return nil
+}
+
+// classify tells an entry's kind.
+func classify(e *pb.Entry) Kind {
+	switch e.GetType() {
+	case pb.EntryConfChange, pb.EntryConfChangeV2:
+		return KindConf
+	}
+	switch d := e.GetData(); {
+	case len(d) == 0:
+		return KindEmpty
+	case len(d) >= 8 && record.HasMagic(d):
+		return KindData
+	}
+	return KindCmd
+}
+
+// Append writes entries as raft hands them over in Ready.Entries: the
+// indexes must be contiguous and start at most at LastIndex+1; when they
+// start at or below LastIndex, the suffix from there is truncated first
+// (design §2.3). Entries below FirstIndex are ignored, as MemoryStorage
+// does. A DATA entry's records must be stamped for the commitlog offset
+// they go to (their PHYSICALOFFSET fields): the end of the previous DATA
+// entry, or the start of the next file when they do not fit. Both the
+// leader's own entries and a follower's go through here; nothing is
+// durable before Sync.
+//
+// Any error stops the Log (ErrStopped after it): the node must stop, and a
+// restart recovers.
+func (l *Log) Append(ents []*pb.Entry) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.stopped != nil {
+		return l.stopped
+	}
+	for len(ents) > 0 && ents[0].GetIndex() < l.first {
+		ents = ents[1:]
+	}
+	if len(ents) == 0 {
+		return nil
+	}
+	k := ents[0].GetIndex()
+	for j, e := range ents {
+		if e.GetIndex() != k+uint64(j) {
+			return fmt.Errorf("%w: entry %d follows %d", ErrBadEntry, e.GetIndex(), k+uint64(j)-1)
+		}
+	}
+	if k > l.last+1 {
+		return fmt.Errorf("%w: entry %d leaves a gap after the last index %d", ErrBadEntry, k, l.last)
+	}
+	if k <= l.last {
+		if err := l.truncateLocked(k); err != nil {
+			return l.stop(err)
+		}
+	}
+	for _, e := range ents {
+		if err := l.appendLocked(e); err != nil {
+			return l.stop(err)
+		}
+	}
+	return nil
+}
+
+func (l *Log) stop(err error) error {
+	l.stopped = fmt.Errorf("%w: %w", ErrStopped, err)
+	return err
+}
+
+// appendLocked places e at LastIndex+1.
+func (l *Log) appendLocked(e *pb.Entry) error {
+	i := e.GetIndex()
+	data := e.GetData()
+	if int64(len(data)) > int64(^uint32(0)) {
+		return fmt.Errorf("%w: entry %d has %d bytes", ErrBadEntry, i, len(data))
+	}
+	u := Unit{Term: e.GetTerm(), Kind: classify(e), Len: uint32(len(data)), DataCRC: crc32c(data)}
+	if u.Kind == KindEmpty {
+		u.DataCRC = 0
+	}
+	if prev, err := l.termLocked(i - 1); err != nil {
+		return err
+	} else if u.Term < prev {
+		return fmt.Errorf("%w: entry %d has term %d below its predecessor's %d", ErrBadEntry, i, u.Term, prev)
+	}
+	dst, err := l.idx.ensure(i)
+	if err != nil {
+		return err
+	}
+	switch u.Kind {
+	case KindData:
+		if err := l.checkRecords(i, data); err != nil {
+			return err
+		}
+		u.Pos = record.PhysOffset(data)
+		if end := l.cl.MaxOffset(); end != l.dataEnd {
+			return fmt.Errorf("raftlog: the commitlog ends at %d, the raft log's data at %d (something else appended)", end, l.dataEnd)
+		}
+		blank, err := l.cl.PlaceAt(u.Pos, data)
+		if err != nil {
+			return fmt.Errorf("%w: entry %d: %w", ErrBadEntry, i, err)
+		}
+		if blank {
+			u.Flags |= FlagBlank
+		}
+		l.dataEnd = u.Pos + int64(len(data))
+	case KindConf, KindCmd:
+		if e.GetType() == pb.EntryConfChange {
+			u.Flags |= FlagConfV1
+		}
+		u.Pos = l.metaEnd
+		if _, err := l.metaLog.WriteAt(data, u.Pos); err != nil {
+			return fmt.Errorf("raftlog: write meta-log: %w", err)
+		}
+		l.metaEnd += int64(len(data))
+		l.metaDirty = true
+	}
+	u.Encode(dst)
+	l.last = i
+	return nil
+}
+
+// termLocked is Term without the lock; i in [first-1, last].
+func (l *Log) termLocked(i uint64) (uint64, error) {
+	if i+1 == l.first || i == 0 {
+		return 0, nil
+	}
+	u, err := l.unitLocked(i)
+	return u.Term, err
+}
+
+// checkRecords checks that data is whole records stamped for the offsets
+// they will lie at: the records start at PHYSICALOFFSET of the first.
+func (l *Log) checkRecords(i uint64, data []byte) error {
+	pos := record.PhysOffset(data)
+	for off := 0; off < len(data); {
+		h, err := record.Check(data[off:], l.opts.RequireCRC)
+		if err != nil {
+			return fmt.Errorf("%w: entry %d: record at +%d: %w", ErrBadEntry, i, off, err)
+		}
+		if h.PhysOffset != pos+int64(off) {
+			return fmt.Errorf("%w: entry %d: record at +%d stamped for %d, lies at %d", ErrBadEntry, i, off, h.PhysOffset, pos+int64(off))
+		}
+		off += int(h.Total)
+	}
+	return nil
+}
+
+// NextPos is where a DATA entry of n bytes proposed right after entry
+// after (≤ LastIndex) would lie: the end of the last DATA entry up to
+// after, or the start of the next file when n bytes and a blank do not fit
+// the rest of that file (commitlog.Append's roll rule). A leader stamps
+// from its own tail, which it sets from NextPos(LastIndex, ·) once ready.
+func (l *Log) NextPos(after uint64, n int) (int64, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	end, err := l.dataEndAt(after)
+	if err != nil {
+		return 0, err
+	}
+	return Place(end, n, l.meta.FileSize), nil
+}
+
+// Place applies the roll rule: n bytes go at end, or at the next file's
+// start when n plus a blank do not fit the rest of end's file.
+func Place(end int64, n int, fileSize int64) int64 {
+	if int64(n)+record.BlankLen > fileSize-end%fileSize {
+		return end - end%fileSize + fileSize
+	}
+	return end
+}
+
+// dataEndAt is the commitlog offset past the last DATA entry ≤ i.
+func (l *Log) dataEndAt(i uint64) (int64, error) {
+	if i >= l.last {
+		return l.dataEnd, nil
+	}
+	for ; i >= l.first; i-- {
+		u, err := l.unitLocked(i)
+		if err != nil {
+			return 0, err
+		}
+		if u.Kind == KindData {
+			return u.Pos + int64(u.Len), nil
+		}
+	}
+	return l.meta.LogBase, nil
+}
+
+// metaEndAt is the meta-log offset past the last CONF/CMD payload ≤ i.
+func (l *Log) metaEndAt(i uint64) (int64, error) {
+	if i >= l.last {
+		return l.metaEnd, nil
+	}
+	for ; i >= l.first; i-- {
+		u, err := l.unitLocked(i)
+		if err != nil {
+			return 0, err
+		}
+		if u.Kind == KindConf || u.Kind == KindCmd {
+			return u.Pos + int64(u.Len), nil
+		}
+	}
+	return 0, nil
+}
+
+// truncateLocked drops entries k..last durably (design §2.3): (1) k must
+// be above the commit index; (2) the commitlog bytes from the end of the
+// last DATA entry kept are copied to commitlog/<offset>.truncated, (3)
+// zeroed and synced, later files deleted (commitlog.TruncateAfter, which
+// also moves the written and flushed ends back); the meta-log is cut and
+// synced; (4) the units from k on are zeroed and synced. Only then do new
+// entries go in. Steps (5)-(6) of the design (the put path's cached file
+// and the checkpoint) belong to the store and the raft loop: the commitlog
+// resets its own cached file; the checkpoint must be rewritten by the raft
+// loop if its flushed offset lies past DurableEnd.
+func (l *Log) truncateLocked(k uint64) error {
+	commit := l.hs.cur.Commit
+	if l.pending != nil {
+		commit = max(commit, l.pending.GetCommit())
+	}
+	if k <= commit {
+		return fmt.Errorf("%w: entry %d, commit %d", ErrTruncateCommitted, k, commit)
+	}
+	p, err := l.dataEndAt(k - 1)
+	if err != nil {
+		return err
+	}
+	m, err := l.metaEndAt(k - 1)
+	if err != nil {
+		return err
+	}
+	if err := l.cutCommitlog(p, ".truncated"); err != nil {
+		return err
+	}
+	if m < l.metaEnd {
+		if err := l.metaLog.Truncate(m); err != nil {
+			return fmt.Errorf("raftlog: truncate meta-log: %w", err)
+		}
+		if err := l.metaLog.Sync(); err != nil {
+			return fmt.Errorf("raftlog: sync meta-log: %w", err)
+		}
+	}
+	if _, err := l.idx.zeroFrom(k); err != nil {
+		return err
+	}
+	l.last, l.dataEnd, l.metaEnd = k-1, p, m
+	if l.synced > l.last {
+		l.synced, l.syncedEnd = l.last, p
+	}
+	l.hot = min(l.hot, l.last)
+	return nil
+}
+
+// cutCommitlog removes the commitlog from p on, keeping a copy of the
+// bytes in commitlog/<p><suffix>.
+func (l *Log) cutCommitlog(p int64, suffix string) error {
+	end := l.cl.MaxOffset()
+	if end <= p {
+		return nil
+	}
+	var saved []byte
+	l.cl.ReadLock()
+	for off := p; off < end; {
+		b := l.cl.At(off)
+		if len(b) == 0 {
+			break
+		}
+		n := min(int64(len(b)), end-off)
+		saved = append(saved, b[:n]...)
+		off += n
+	}
+	l.cl.ReadUnlock()
+	name := filepath.Join(l.cl.Files().Dir(), segment.FileName(p)+suffix)
+	if err := l.opts.FS.WriteFile(name, saved); err != nil {
+		return fmt.Errorf("raftlog: save the cut commitlog bytes: %w", err)
+	}
+	if err := l.cl.TruncateAfter(p); err != nil {
+		return fmt.Errorf("raftlog: %w", err)
+	}
+	return nil
+}
+
+// Sync makes everything appended and the HardState set so far durable, in
+// the order recovery relies on: the commitlog bytes (one msync of the
+// range not yet synced), the meta-log, the index units, then the HardState
+// (one write into the next slot and one fdatasync) when it changed. Raft
+// may send messages for a Ready only after Sync returns.
+func (l *Log) Sync() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.stopped != nil {
+		return l.stopped
+	}
+	if _, err := l.cl.Sync(0); err != nil {
+		return l.stop(fmt.Errorf("raftlog: sync commitlog: %w", err))
+	}
+	if l.metaDirty {
+		if err := l.metaLog.Sync(); err != nil {
+			return l.stop(fmt.Errorf("raftlog: sync meta-log: %w", err))
+		}
+		l.metaDirty = false
+	}
+	if l.last > l.synced {
+		if err := l.idx.sync(l.synced+1, l.last); err != nil {
+			return l.stop(err)
+		}
+		l.synced, l.syncedEnd = l.last, l.dataEnd
+	}
+	if hs := l.pending; hs != nil {
+		c := l.hs.cur
+		if c.Seq == 0 || hs.GetTerm() != c.Term || hs.GetVote() != c.Vote || hs.GetCommit() != c.Commit {
+			if err := l.hs.write(hs.GetTerm(), hs.GetVote(), hs.GetCommit()); err != nil {
+				return l.stop(err)
+			}
+		}
+		l.pending = nil
+	}
+	return nil
+}
+
+// DurableEnd is the commitlog offset past the last DATA entry whose unit
+// is synced: what a checkpoint in a group may record as flushed.
+func (l *Log) DurableEnd() int64 {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.syncedEnd
+}
+
+// Close releases the Log's files. It syncs nothing (the raft loop syncs
+// per Ready; an unsynced tail is what a crash would lose too), and it does
+// not close the commitlog, which the store owns.
+func (l *Log) Close() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed {
+		return nil
+	}
+	l.closed = true
+	if l.stopped == nil {
+		l.stopped = fmt.Errorf("%w: closed", ErrStopped)
+	}
+	return l.closeFiles()
+}
+
+func (l *Log) closeFiles() error {
+	var errs []error
+	if l.idx != nil {
+		errs = append(errs, l.idx.close())
+	}
+	if l.metaLog != nil {
+		errs = append(errs, l.metaLog.Close())
+	}
+	if l.hs != nil {
+		errs = append(errs, l.hs.close())
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,79 @@
+package raftlog
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"path/filepath"
+	"slices"
+
+	"github.com/storaged/storaged/storage/internal/base"
+	"github.com/storaged/storaged/storage/vfs"
+)
+
+// Meta is raft/meta: who this replica is, fixed at bootstrap. A data dir
+// belongs to one node id of one group for its whole life (etcd-raft: an id
+// is used only once), so Open refuses a Meta that differs from the one on
+// disk.
+type Meta struct {
+	NodeID      uint64 `json:"node_id"`
+	Group       string `json:"group"`
+	ClusterUUID string `json:"cluster_uuid"`
+	FileSize    int64  `json:"file_size"` // the commitlog's file size: entries are placed by it
+	// LogBase is the commitlog offset the first DATA entry goes to (the
+	// written end at bootstrap).
+	LogBase int64 `json:"log_base"`
+	// Voters and Learners are the bootstrap ConfState (static membership,
+	// phase 1): InitialState returns it.
+	Voters   []uint64 `json:"voters,omitempty"`
+	Learners []uint64 `json:"learners,omitempty"`
+}
+
+// ErrMetaMismatch: the data dir belongs to another node, group or cluster,
+// or was made with another file size.
+var ErrMetaMismatch = errors.New("raftlog: raft/meta does not match")
+
+const metaName = "meta"
+
+// loadOrBootstrapMeta reads dir/meta; when it is absent it writes want
+// (atomically, synced). A present meta must equal want in every field
+// but LogBase (which only the bootstrap knows); the one on disk is
+// returned.
+func loadOrBootstrapMeta(fsys vfs.FS, dir string, want Meta) (Meta, bool, error) {
+	b, err := fsys.ReadFile(filepath.Join(dir, metaName))
+	if errors.Is(err, fs.ErrNotExist) {
+		body, err := json.Marshal(want)
+		if err != nil {
+			return Meta{}, false, err
+		}
+		if err := base.WriteAtomic(fsys, dir, metaName, base.Seal(body)); err != nil {
+			return Meta{}, false, fmt.Errorf("raftlog: bootstrap: %w", err)
+		}
+		return want, true, nil
+	}
+	if err != nil {
+		return Meta{}, false, fmt.Errorf("raftlog: read meta: %w", err)
+	}
+	body, ok := base.Unseal(b)
+	if !ok {
+		return Meta{}, false, &base.CorruptionError{File: "raft/meta", Reason: "raft/meta fails its CRC"}
+	}
+	var got Meta
+	if err := json.Unmarshal(body, &got); err != nil {
+		return Meta{}, false, &base.CorruptionError{File: "raft/meta", Reason: err.Error()}
+	}
+	switch {
+	case got.NodeID != want.NodeID:
+		return got, false, fmt.Errorf("%w: the data dir belongs to node %d, not %d (ids are never reused)", ErrMetaMismatch, got.NodeID, want.NodeID)
+	case got.Group != want.Group:
+		return got, false, fmt.Errorf("%w: the data dir belongs to group %q, not %q", ErrMetaMismatch, got.Group, want.Group)
+	case want.ClusterUUID != "" && got.ClusterUUID != want.ClusterUUID:
+		return got, false, fmt.Errorf("%w: cluster %s, not %s", ErrMetaMismatch, got.ClusterUUID, want.ClusterUUID)
+	case got.FileSize != want.FileSize:
+		return got, false, fmt.Errorf("%w: commitlog file size %d, not %d", ErrMetaMismatch, got.FileSize, want.FileSize)
+	case !slices.Equal(got.Voters, want.Voters) || !slices.Equal(got.Learners, want.Learners):
+		return got, false, fmt.Errorf("%w: bootstrap members %v/%v, not %v/%v", ErrMetaMismatch, got.Voters, got.Learners, want.Voters, want.Learners)
+	}
+	return got, false, nil
+}

@@ -1,0 +1,163 @@
+package raftlog
+
+import (
+	"errors"
+	"fmt"
+	"path/filepath"
+
+	"github.com/storaged/storaged/storage/internal/base"
+	"github.com/storaged/storaged/storage/record"
+)
+
+// recover reconciles the index with the commitlog and the meta-log (design
+// §3.4 steps 2-5). The commitlog has been recovered by its own scan
+// (commitlog.Recover: records checked from the checkpoint on, a torn tail
+// past the flushed offset cut). The durable end is the last index whose
+// unit, and every unit before it, holds: unit CRC, term not below its
+// predecessor's, and a payload that is there: a DATA entry's
+// [pos, pos+len) continues the previous DATA entry (or starts the next
+// file behind a blank), lies inside the recovered commitlog, starts with
+// a record whose PHYSICALOFFSET is pos and (past the checkpoint's flushed
+// offset, where the commitlog scan did not vouch for it) matches dataCRC;
+// a CONF/CMD payload continues the meta-log and matches dataCRC.
+//
+// Past the durable end everything is cut, keeping copies: commitlog bytes
+// in commitlog/<offset>.broken, the index units zeroed (and synced), the
+// meta-log cut. A durable end below HardState.Commit (an entry this node
+// acknowledged as part of a quorum is gone: etcd-raft would panic with
+// "tocommit is out of range") or DATA ending below the checkpoint's
+// flushed offset is a *CorruptionError: the node refuses to start and
+// never truncates acknowledged entries.
+func (l *Log) recover() error {
+	metaSize, err := l.opts.FS.Size(filepath.Join(l.opts.Dir, "meta-log", indexName(0)))
+	if err != nil {
+		return fmt.Errorf("raftlog: %w", err)
+	}
+	fileSize := l.meta.FileSize
+	dEnd, mEnd := l.meta.LogBase, int64(0)
+	clMin, clEnd := l.cl.MinOffset(), l.cl.MaxOffset()
+	var prevTerm uint64
+	last := l.first - 1
+	why := ""
+	for i := l.first; ; i++ {
+		b := l.idx.slot(i)
+		if b == nil {
+			break
+		}
+		u, err := DecodeUnit(b)
+		if errors.Is(err, ErrUnitZero) {
+			break
+		}
+		if err != nil {
+			why = fmt.Sprintf("entry %d: %v", i, err)
+			break
+		}
+		if u.Term < prevTerm {
+			why = fmt.Sprintf("entry %d: term %d below its predecessor's %d", i, u.Term, prevTerm)
+			break
+		}
+		if reason := l.checkPayload(u, dEnd, mEnd, metaSize, clMin, clEnd, fileSize); reason != "" {
+			why = fmt.Sprintf("entry %d (%s, term %d, %d bytes at %d): %s", i, u.Kind, u.Term, u.Len, u.Pos, reason)
+			break
+		}
+		switch u.Kind {
+		case KindData:
+			dEnd = u.Pos + int64(u.Len)
+		case KindConf, KindCmd:
+			mEnd = u.Pos + int64(u.Len)
+		}
+		prevTerm, last = u.Term, i
+	}
+	commit := l.hs.cur.Commit
+	if commit > last {
+		reason := fmt.Sprintf("HardState.Commit %d is past the last durable raft entry %d", commit, last)
+		if why != "" {
+			reason += " (" + why + ")"
+		}
+		return &base.CorruptionError{File: "raft/index", Offset: int64(last + 1), Flushed: l.opts.Flushed, Reason: reason}
+	}
+	if dEnd < l.opts.Flushed {
+		reason := fmt.Sprintf("the raft entries end at commitlog offset %d, below the flushed checkpoint", dEnd)
+		if why != "" {
+			reason += " (" + why + ")"
+		}
+		return &base.CorruptionError{File: "raft/index", Offset: dEnd, Flushed: l.opts.Flushed, Reason: reason}
+	}
+	// Cut past the durable end, keeping copies.
+	if err := l.cutCommitlog(dEnd, ".broken"); err != nil {
+		return err
+	}
+	if metaSize > mEnd {
+		if err := l.metaLog.Truncate(mEnd); err != nil {
+			return fmt.Errorf("raftlog: cut meta-log: %w", err)
+		}
+		if err := l.metaLog.Sync(); err != nil {
+			return fmt.Errorf("raftlog: sync meta-log: %w", err)
+		}
+	}
+	if _, err := l.idx.zeroFrom(last + 1); err != nil {
+		return err
+	}
+	// What survived may sit unsynced in the page cache after a kill -9:
+	// make it durable before raft builds on it.
+	if _, err := l.cl.Sync(0); err != nil {
+		return fmt.Errorf("raftlog: sync commitlog: %w", err)
+	}
+	if err := l.idx.sync(l.first, last); err != nil {
+		return err
+	}
+	if err := l.metaLog.Sync(); err != nil {
+		return fmt.Errorf("raftlog: sync meta-log: %w", err)
+	}
+	l.last, l.dataEnd, l.metaEnd = last, dEnd, mEnd
+	l.synced, l.syncedEnd, l.hot = last, dEnd, last
+	return nil
+}
+
+// checkPayload says why u's payload is not there, or "".
+func (l *Log) checkPayload(u Unit, dEnd, mEnd, metaSize, clMin, clEnd, fileSize int64) string {
+	switch u.Kind {
+	case KindEmpty:
+		return ""
+	case KindConf, KindCmd:
+		if u.Pos != mEnd {
+			return fmt.Sprintf("meta-log payload at %d, the previous one ends at %d", u.Pos, mEnd)
+		}
+		if u.Pos+int64(u.Len) > metaSize {
+			return fmt.Sprintf("the meta-log ends at %d", metaSize)
+		}
+		b := make([]byte, u.Len)
+		if _, err := l.metaLog.ReadAt(b, u.Pos); err != nil && u.Len > 0 {
+			return "read meta-log: " + err.Error()
+		}
+		if crc32c(b) != u.DataCRC {
+			return "payload CRC mismatch"
+		}
+		return ""
+	}
+	// DATA.
+	blank := u.Flags&FlagBlank != 0
+	switch {
+	case !blank && u.Pos != dEnd:
+		return fmt.Sprintf("the previous DATA entry ends at %d", dEnd)
+	case blank && (u.Pos%fileSize != 0 || u.Pos != dEnd-dEnd%fileSize+fileSize || dEnd%fileSize == 0):
+		return fmt.Sprintf("a blank cannot take it from %d to %d", dEnd, u.Pos)
+	case u.Pos+int64(u.Len) > clEnd:
+		return fmt.Sprintf("the recovered commitlog ends at %d", clEnd)
+	case u.Pos < clMin:
+		return fmt.Sprintf("the commitlog starts at %d", clMin) // retention and snapshots come later
+	}
+	l.cl.ReadLock()
+	defer l.cl.ReadUnlock()
+	b := l.cl.At(u.Pos)
+	if int64(len(b)) < int64(u.Len) || len(b) < record.PosPhysOffset+8 {
+		return "its bytes cross a file end"
+	}
+	if got := record.PhysOffset(b); got != u.Pos {
+		return fmt.Sprintf("the record there has PHYSICALOFFSET %d", got)
+	}
+	if u.Pos+int64(u.Len) > l.opts.Flushed && crc32c(b[:u.Len]) != u.DataCRC {
+		return "payload CRC mismatch"
+	}
+	return ""
+}
