@@ -109,7 +109,7 @@ func Open(opts Options) (*Log, error) {
 	}
 	want := opts.Meta
 	want.LogBase = opts.Commitlog.MaxOffset()
-	meta, created, err := loadOrBootstrapMeta(opts.FS, opts.Dir, want)
+	meta, _, err := loadOrBootstrapMeta(opts.FS, opts.Dir, want)
 	if err != nil {
 		return nil, err
 	}
@@ -126,15 +126,17 @@ func Open(opts Options) (*Log, error) {
 	if l.metaLog, err = opts.FS.OpenFile(filepath.Join(opts.Dir, "meta-log", indexName(0)), true); err != nil {
 		return nil, fmt.Errorf("raftlog: open meta-log: %w", err)
 	}
-	if created {
-		for _, d := range []string{opts.Dir, filepath.Join(opts.Dir, "meta-log")} {
-			if err := base.SyncDir(opts.FS, d); err != nil {
-				return nil, fmt.Errorf("raftlog: %w", err)
-			}
-		}
-	}
 	if l.idx, err = loadIndex(opts.FS, filepath.Join(opts.Dir, "index"), uint64(opts.IndexUnits)); err != nil {
 		return nil, err
+	}
+	// Make every directory entry durable, on every Open and not only at
+	// bootstrap: a power cut right after bootstrap may have kept raft/meta
+	// but not raft/hardstate's entry, which a later fdatasync of the file
+	// alone would never make durable.
+	for _, d := range []string{filepath.Dir(opts.Dir), opts.Dir, filepath.Join(opts.Dir, "meta-log"), filepath.Join(opts.Dir, "index")} {
+		if err := base.SyncDir(opts.FS, d); err != nil {
+			return nil, fmt.Errorf("raftlog: %w", err)
+		}
 	}
 	if err := l.recover(); err != nil {
 		return nil, err
