@@ -45,7 +45,13 @@ func openReplica(fs vfs.FS) (*replica, error) {
 	if err != nil {
 		return nil, err
 	}
-	if _, err := cl.Recover(0, 0); err != nil {
+	// What the store does: the commit end is acknowledged data too.
+	commitEnd, err := CommitEnd(fs, "/d/raft", testUnits)
+	if err != nil {
+		cl.Close()
+		return nil, err
+	}
+	if _, err := cl.Recover(commitEnd, 0); err != nil {
 		cl.Close()
 		return nil, err
 	}

@@ -1,6 +1,7 @@
 package raftlog
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -9,6 +10,8 @@ import (
 	pb "go.etcd.io/raft/v3/raftpb"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/storaged/storaged/storage/internal/base"
+	"github.com/storaged/storaged/storage/segment"
 	"github.com/storaged/storaged/storage/vfs"
 )
 
@@ -212,13 +215,19 @@ func TestRecoveryRefusesLostCommitted(t *testing.T) {
 				t.Fatal(err)
 			}
 			rec, err := openReplica(fs)
-			var ce interface{ Unwrap() error }
+			var ce *base.CorruptionError
 			if c.corrupt {
 				if err == nil || !errors.As(err, &ce) {
 					rec.close()
 					t.Fatalf("recovery: %v, want a CorruptionError", err)
 				}
 				t.Log(err)
+				// Refused, and nothing acknowledged was cut: entry 5's
+				// bytes are still in the commitlog.
+				b, rerr := fs.ReadFile("/d/commitlog/" + segment.FileName(u.Pos-u.Pos%testFileSize))
+				if off := u.Pos % testFileSize; rerr != nil || int64(len(b)) < off+int64(u.Len) || allZero(b[off:off+int64(u.Len)]) {
+					t.Fatalf("entry 5's commitlog bytes were cut (%v)", rerr)
+				}
 				return
 			}
 			if err != nil {
@@ -227,6 +236,11 @@ func TestRecoveryRefusesLostCommitted(t *testing.T) {
 			defer rec.close()
 			if last, _ := rec.log.LastIndex(); last != 4 {
 				t.Fatalf("recovered last index %d, want 4 (cut at the damaged entry 5)", last)
+			}
+			// The cut bytes are kept for post-mortem.
+			b, err := fs.ReadFile("/d/commitlog/" + segment.FileName(u.Pos) + ".broken")
+			if err != nil || len(b) < int(u.Len) {
+				t.Fatalf("the cut commitlog bytes: %d bytes, %v", len(b), err)
 			}
 		})
 	}
@@ -274,5 +288,50 @@ func TestMetaRefusesAnotherNode(t *testing.T) {
 	}
 	if _, _, err := loadOrBootstrapMeta(fs, "/d/raft", testMeta); err != nil {
 		t.Errorf("the same meta: %v", err)
+	}
+}
+
+// TestTruncateKeepsCopy: the truncated commitlog bytes are kept in
+// commitlog/<offset>.truncated, the suffix is gone from the log, and the
+// new entries take its place.
+func TestTruncateKeepsCopy(t *testing.T) {
+	fs := vfs.NewMem()
+	r := mustOpen(t, fs)
+	defer r.close()
+	g := &gen{rng: rand.New(rand.NewPCG(5, 6)), term: 1}
+	var ents []*pb.Entry
+	for len(ents) < 5 {
+		e := g.entries(r.log, uint64(len(ents))+1, 1)[0]
+		if classify(e) != KindData {
+			continue
+		}
+		if err := r.log.Append([]*pb.Entry{e}); err != nil {
+			t.Fatal(err)
+		}
+		ents = append(ents, e)
+	}
+	if err := r.log.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	u3, _ := r.log.unitAt(3)
+	p, _ := r.log.NextPos(2, 0)
+	g.term = 2
+	repl := g.entries(r.log, 3, 1)
+	if err := r.log.Append(repl); err != nil {
+		t.Fatal(err)
+	}
+	b, err := fs.ReadFile("/d/commitlog/" + segment.FileName(p) + ".truncated")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := b[u3.Pos-p:][:u3.Len]; !bytes.Equal(got, ents[2].GetData()) {
+		t.Fatal("the .truncated copy does not hold entry 3's bytes")
+	}
+	if last, _ := r.log.LastIndex(); last != 3 {
+		t.Fatalf("last index %d after replacing 3..5 by one entry", last)
+	}
+	got, err := r.log.Entries(3, 4, ^uint64(0))
+	if err != nil || sameEntry(repl[0], got[0]) != nil {
+		t.Fatalf("entry 3 after the truncation: %v %v", got, err)
 	}
 }

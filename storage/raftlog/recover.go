@@ -74,7 +74,7 @@ func (l *Log) recover() error {
 		if why != "" {
 			reason += " (" + why + ")"
 		}
-		return &base.CorruptionError{File: "raft/index", Offset: int64(last + 1), Flushed: l.opts.Flushed, Reason: reason}
+		return &base.CorruptionError{File: "raft/index/" + indexName((last+1)-(last+1)%l.idx.units), Offset: dEnd, Flushed: l.opts.Flushed, Reason: reason}
 	}
 	if dEnd < l.opts.Flushed {
 		reason := fmt.Sprintf("the raft entries end at commitlog offset %d, below the flushed checkpoint", dEnd)
@@ -94,6 +94,9 @@ func (l *Log) recover() error {
 		if err := l.metaLog.Sync(); err != nil {
 			return fmt.Errorf("raftlog: sync meta-log: %w", err)
 		}
+	}
+	if err := l.saveUnits(last + 1); err != nil {
+		return err
 	}
 	if _, err := l.idx.zeroFrom(last + 1); err != nil {
 		return err
@@ -160,4 +163,29 @@ func (l *Log) checkPayload(u Unit, dEnd, mEnd, metaSize, clMin, clEnd, fileSize 
 		return "payload CRC mismatch"
 	}
 	return ""
+}
+
+// saveUnits copies the non-zero units from index k on, up to the last
+// non-zero one, to raft/index/<k>.broken before recovery zeroes them.
+func (l *Log) saveUnits(k uint64) error {
+	var saved []byte
+	keep := 0
+	for i := k; ; i++ {
+		b := l.idx.slot(i)
+		if b == nil {
+			break
+		}
+		saved = append(saved, b...)
+		if !allZero(b) {
+			keep = len(saved)
+		}
+	}
+	if keep == 0 {
+		return nil
+	}
+	name := filepath.Join(l.opts.Dir, "index", indexName(k)+".broken")
+	if err := l.opts.FS.WriteFile(name, saved[:keep]); err != nil {
+		return fmt.Errorf("raftlog: save the cut index units: %w", err)
+	}
+	return nil
 }
