@@ -111,6 +111,7 @@ func conformanceSequence(seed uint64, c *counts) (err error) {
 	ms := raft.NewMemoryStorage()
 	g := &gen{rng: rng}
 	hs := &pb.HardState{}
+	syncedHS := hs
 	steps := 10 + rng.IntN(30)
 	for step := 0; step < steps; step++ {
 		last, _ := ms.LastIndex()
@@ -155,11 +156,21 @@ func conformanceSequence(seed uint64, c *counts) (err error) {
 			if err := r.log.Sync(); err != nil {
 				return fmt.Errorf("step %d Sync: %w", step, err)
 			}
+			syncedHS = hs
 		default:
 			what = "restart"
 			c.Restarts++
-			if err := r.log.Sync(); err != nil {
-				return err
+			if rng.IntN(2) == 0 {
+				if err := r.log.Sync(); err != nil {
+					return err
+				}
+				syncedHS = hs
+			} else {
+				// kill -9: the page cache keeps every byte, but a HardState
+				// set since the last Sync was never written.
+				what = "kill -9 and restart"
+				hs = syncedHS
+				ms.SetHardState(hs)
 			}
 			if err := r.close(); err != nil {
 				return err
