@@ -21,6 +21,7 @@
 //	                          END_OF_FILE blank precedes the bytes), CRC-32C
 //	                          of the payload and of the unit
 //	raft/meta-log/<offset>    the payloads of CONF and CMD entries, appended
+//	                          (their CRC-32C is in the unit)
 //
 // A DATA entry is a normal entry whose data are RocketMQ records (magic at
 // +4): its bytes live in the commitlog at the offset the leader stamped
