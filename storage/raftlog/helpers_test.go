@@ -35,7 +35,10 @@ type replica struct {
 }
 
 // openReplica opens (or recovers) the replica in /d of fs.
-func openReplica(fs vfs.FS) (*replica, error) {
+func openReplica(fs vfs.FS) (*replica, error) { return openReplicaAs(fs, testMeta) }
+
+// openReplicaAs opens the replica in /d of fs as the node meta names.
+func openReplicaAs(fs vfs.FS, meta Meta) (*replica, error) {
 	nop := zerolog.Nop()
 	if err := fs.MkdirAll("/d/commitlog"); err != nil {
 		return nil, err
@@ -56,7 +59,7 @@ func openReplica(fs vfs.FS) (*replica, error) {
 		return nil, err
 	}
 	cl.Start()
-	l, err := Open(Options{FS: fs, Dir: "/d/raft", Commitlog: cl, Meta: testMeta, RequireCRC: true, IndexUnits: testUnits})
+	l, err := Open(Options{FS: fs, Dir: "/d/raft", Commitlog: cl, Meta: meta, RequireCRC: true, IndexUnits: testUnits})
 	if err != nil {
 		cl.Close()
 		return nil, err
