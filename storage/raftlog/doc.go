@@ -51,6 +51,10 @@
 //
 // # Recovery
 //
+// The store first reads CommitEnd (the commitlog offset past the last
+// committed DATA entry) and recovers the commitlog with max(checkpoint
+// flushed, CommitEnd) as its flushed offset, so a damaged committed record
+// is refused there, never cut as a torn tail. Then
 // Open reconciles the index with the (already recovered) commitlog (§3.4
 // steps 2-5, recover.go): the durable end is the last unit that holds and
 // whose payload is there; everything past it is cut, keeping copies

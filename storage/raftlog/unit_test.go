@@ -25,8 +25,6 @@ func TestUnitRoundTripAndRejects(t *testing.T) {
 	reseal := func(b []byte) []byte { // fix the unit CRC after editing fields
 		var u [UnitSize]byte
 		copy(u[:], b)
-		tmp := Unit{}
-		_ = tmp
 		crc := crc32c(u[:28])
 		u[28], u[29], u[30], u[31] = byte(crc>>24), byte(crc>>16), byte(crc>>8), byte(crc)
 		return u[:]
