@@ -125,6 +125,10 @@ func TestLinearizable(t *testing.T) {
 			read(1, 1, 0, 0, 2, 3, true, "a"), put(2, 1, 0, "b", 5, 6, OK, 0)}, "not linearizable", Stored{0: {rec(0, "b")}}},
 		{"unknown put stored before an ack it followed", []Op{put(0, 0, 0, "b", 0, 1, OK, 1), put(1, 0, 0, "a", 2, 3, Unknown, 0)},
 			"not linearizable", Stored{0: {rec(0, "a"), rec(1, "b")}}},
+		{"resolved unknown put closed by a read that saw it", []Op{put(0, 0, 0, "a", 0, 1, Unknown, 0),
+			read(1, 1, 0, 0, 2, 3, true, "a"), put(2, 2, 0, "b", 4, 5, OK, 1)}, "", Stored{0: {rec(0, "a"), rec(1, "b")}}},
+		{"resolved unknown put read absent after its proof", []Op{put(0, 0, 0, "a", 0, 1, Unknown, 0),
+			put(1, 2, 0, "b", 2, 3, OK, 1), read(2, 1, 0, 0, 4, 5, false, "")}, "not linearizable", Stored{0: {rec(0, "a"), rec(1, "b")}}},
 		{"failed put ignored", []Op{put(0, 0, 0, "a", 0, 1, Fail, 5), read(1, 1, 0, 0, 2, 3, false, "")}, "", nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

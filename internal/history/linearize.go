@@ -1,9 +1,12 @@
 package history
 
 import (
+	"cmp"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"time"
 
 	"github.com/anishathalye/porcupine"
@@ -168,12 +171,13 @@ func operations(ops []Op, stored Stored) []porcupine.Operation {
 			}
 		}
 	}
+	proof := proofs(ops)
 	var h []porcupine.Operation
 	for _, o := range ops {
 		if off, ok := resolved[o.ID]; ok {
 			if off >= 0 {
-				h = append(h, porcupine.Operation{ClientId: o.Client, Input: o.input(), Call: o.Call, Return: end + 1,
-					Output: output{offset: off}})
+				h = append(h, porcupine.Operation{ClientId: o.Client, Input: o.input(), Call: o.Call,
+					Return: max(o.Call+1, min(end+1, proof(o.Queue, off))), Output: output{offset: off}})
 			}
 			continue
 		}
@@ -191,6 +195,42 @@ func operations(ops []Op, stored Stored) []porcupine.Operation {
 		}
 	}
 	return h
+}
+
+// proofs returns, for a queue offset, the earliest time by which a put
+// there must have taken effect: the return of an ok read that found a
+// message at that offset or later, or of an ok put at a later offset.
+// Closing a resolved unknown put there instead of at the end of the
+// history excludes no valid linearization (its effect precedes that
+// operation's), and keeps porcupine's search short on long histories. A
+// proof earlier than the put's own call (impossible in a linearizable
+// history) closes it just after its call, so that the check fails.
+func proofs(ops []Op) func(q int32, off int64) int64 {
+	type ev struct{ key, ret int64 }
+	by := map[int32][]ev{}
+	for _, o := range ops {
+		switch {
+		case o.Outcome == OK && o.Kind == Read && o.Found:
+			by[o.Queue] = append(by[o.Queue], ev{o.Offset, o.Return})
+		case o.Outcome == OK && o.Kind == Put:
+			by[o.Queue] = append(by[o.Queue], ev{o.Offset - 1, o.Return})
+		}
+	}
+	for q, evs := range by {
+		slices.SortFunc(evs, func(a, b ev) int { return cmp.Compare(a.key, b.key) })
+		for i := len(evs) - 2; i >= 0; i-- { // suffix minimum of returns
+			evs[i].ret = min(evs[i].ret, evs[i+1].ret)
+		}
+		by[q] = evs
+	}
+	return func(q int32, off int64) int64 {
+		evs := by[q]
+		i, _ := slices.BinarySearchFunc(evs, off, func(e ev, t int64) int { return cmp.Compare(e.key, t) })
+		if i == len(evs) {
+			return math.MaxInt64
+		}
+		return evs[i].ret
+	}
 }
 
 func (o Op) input() input {
