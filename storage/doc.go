@@ -27,6 +27,10 @@
 //	storage/schedule      delayed delivery, through schedule.Host
 //	storage/retention     file deletion and disk watermarks, through
 //	                      retention.Host
+//	storage/raftlog       for replication (issue 13): raft.Storage over the
+//	                      commitlog plus a CRC'd index of raft entries,
+//	                      HardState, truncation of the uncommitted suffix;
+//	                      the only package that imports etcd-raft
 //	storage/vfs           the file-system seam (OS, MemFS with power cuts
 //	                      and injected errors)
 //	storage/internal/...  base (shared error values, clock, sealed files),
