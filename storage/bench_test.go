@@ -4,6 +4,7 @@ import (
 	"github.com/storaged/storaged/storage/record"
 
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -122,7 +123,11 @@ func BenchmarkEncodeRecord(b *testing.B) {
 	}
 }
 
-func benchPut(b *testing.B, mode FlushMode, writers int) {
+// benchPut puts 1 KiB messages from writers goroutines; keyed gives each
+// put a fresh UNIQ_KEY (32 hexadecimal characters, as RocketMQ's clients
+// write them), so every put is a first put that the dedup window
+// remembers: the cost an idempotent put adds.
+func benchPut(b *testing.B, mode FlushMode, writers int, keyed bool) {
 	s, err := Open(Options{Dir: b.TempDir(), FileSize: benchFileSize, FlushMode: mode})
 	if err != nil {
 		b.Fatal(err)
@@ -148,12 +153,25 @@ func benchPut(b *testing.B, mode FlushMode, writers int) {
 		if w == 0 {
 			n += b.N % writers
 		}
+		var keys []string
+		if keyed {
+			b.StopTimer()
+			keys = make([]string, n)
+			for i := range keys {
+				keys[i] = fmt.Sprintf("%08X%024X", w, i)
+			}
+			b.StartTimer()
+		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			m := benchMessage()
+			props := m.Properties
 			ctx := context.Background()
 			for i := 0; i < n; i++ {
+				if keyed {
+					m.Properties = append(props[:len(props):len(props)], Property{Key: PropertyUniqKey, Value: keys[i]})
+				}
 				if res, err := s.PutMessage(ctx, m); err != nil || res.Status != PutOK {
 					b.Error(res.Status, err)
 					return
@@ -176,15 +194,23 @@ func benchPut(b *testing.B, mode FlushMode, writers int) {
 
 // BenchmarkPutMessage measures the async put path with a 1 KiB body.
 func BenchmarkPutMessage(b *testing.B) {
-	b.Run("async/writers=1", func(b *testing.B) { benchPut(b, FlushAsync, 1) })
-	b.Run("async/writers=GOMAXPROCS", func(b *testing.B) { benchPut(b, FlushAsync, runtime.GOMAXPROCS(0)) })
+	b.Run("async/writers=1", func(b *testing.B) { benchPut(b, FlushAsync, 1, false) })
+	b.Run("async/writers=GOMAXPROCS", func(b *testing.B) { benchPut(b, FlushAsync, runtime.GOMAXPROCS(0), false) })
+}
+
+// BenchmarkPutMessageKeyed is BenchmarkPutMessage with a fresh UNIQ_KEY
+// on every put (idempotent.go): against BenchmarkPutMessage, what the
+// dedup window costs a put.
+func BenchmarkPutMessageKeyed(b *testing.B) {
+	b.Run("async/writers=1", func(b *testing.B) { benchPut(b, FlushAsync, 1, true) })
+	b.Run("async/writers=GOMAXPROCS", func(b *testing.B) { benchPut(b, FlushAsync, runtime.GOMAXPROCS(0), true) })
 }
 
 // BenchmarkPutMessageSync measures group commit: 64 writers, 1 KiB bodies,
 // each put acknowledged only after the msync covering it.
 func BenchmarkPutMessageSync(b *testing.B) {
-	b.Run("writers=64", func(b *testing.B) { benchPut(b, FlushSync, 64) })
-	b.Run("writers=256", func(b *testing.B) { benchPut(b, FlushSync, 256) })
+	b.Run("writers=64", func(b *testing.B) { benchPut(b, FlushSync, 64, false) })
+	b.Run("writers=256", func(b *testing.B) { benchPut(b, FlushSync, 256, false) })
 }
 
 // BenchmarkPutMessages measures the async batch path: 100 messages of 1 KiB

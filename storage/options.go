@@ -222,6 +222,26 @@ type Options struct {
 	// is rewritten whole on every change).
 	MaxTopics int
 
+	// DedupWindow is how long a put carrying a UNIQ_KEY is remembered
+	// after its store time: a put of the same key (and topic) within it is
+	// answered with the first put's result and stores nothing
+	// (idempotent.go). Default DefaultDedupWindow (10 min); negative
+	// turns deduplication off.
+	DedupWindow time.Duration
+
+	// DedupMaxMessages bounds the messages the dedup window remembers (a
+	// batch counts its messages): past it the oldest keys are forgotten
+	// first, so a client sending fresh keys forever holds a bounded amount
+	// of memory (about 290 bytes a message: TestDedupBytesPerKey). Default
+	// DefaultDedupMaxMessages (262,144: about 72 MiB at the bound).
+	DedupMaxMessages int
+
+	// DedupRebuildBytes bounds how much of the log's tail Open reads to
+	// rebuild the dedup window (the records stored within DedupWindow, at
+	// most this many bytes back, whole files). Default
+	// DefaultDedupRebuildBytes (1 GiB).
+	DedupRebuildBytes int64
+
 	// FS is the file system the store runs on. Default vfs.Default (the OS,
 	// mmap, msync). Tests pass a *vfs.MemFS to simulate power cuts and
 	// inject I/O errors.
@@ -256,6 +276,9 @@ const (
 	DefaultDiskCleanPercent      = 85
 	DefaultDiskWarningPercent    = 90
 	DefaultDiskCheckInterval     = time.Second
+	DefaultDedupWindow           = 10 * time.Minute
+	DefaultDedupMaxMessages      = 1 << 18
+	DefaultDedupRebuildBytes     = 1 << 30
 	minFileSize                  = 4 << 10
 	maxFileSize                  = 1 << 40
 	maxMaxTopics                 = 1000000
@@ -325,6 +348,15 @@ func (o Options) withDefaults() Options {
 	}
 	if o.MaxTopics == 0 {
 		o.MaxTopics = DefaultMaxTopics
+	}
+	if o.DedupWindow == 0 {
+		o.DedupWindow = DefaultDedupWindow
+	}
+	if o.DedupMaxMessages == 0 {
+		o.DedupMaxMessages = DefaultDedupMaxMessages
+	}
+	if o.DedupRebuildBytes == 0 {
+		o.DedupRebuildBytes = DefaultDedupRebuildBytes
 	}
 	if o.StatDisk == nil {
 		o.StatDisk = StatDisk
@@ -410,6 +442,12 @@ func (o Options) resolve() (resolved, error) {
 	}
 	if o.MaxTopics < 1 || o.MaxTopics > maxMaxTopics {
 		errs = append(errs, fmt.Errorf("MaxTopics %d out of range [1, %d]", o.MaxTopics, maxMaxTopics))
+	}
+	if o.DedupWindow > 0 && o.DedupWindow < time.Millisecond {
+		errs = append(errs, fmt.Errorf("DedupWindow %v: at least 1ms, or negative (off)", o.DedupWindow))
+	}
+	if o.DedupMaxMessages < 1 || o.DedupRebuildBytes < 1 {
+		errs = append(errs, fmt.Errorf("DedupMaxMessages (%d) and DedupRebuildBytes (%d) must be positive", o.DedupMaxMessages, o.DedupRebuildBytes))
 	}
 	if o.StoreHost.Port() == 0 {
 		errs = append(errs, fmt.Errorf("StoreHost %s needs a port", o.StoreHost))

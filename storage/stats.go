@@ -95,6 +95,8 @@ type Stats struct {
 	// system at the last check (Disk.Full: puts refused).
 	Retention RetentionStats
 	Disk      DiskStats
+	// Dedup describes the idempotent-put window (idempotent.go).
+	Dedup DedupStats
 }
 
 // Stats returns a snapshot of the store's counters.
@@ -131,5 +133,6 @@ func (s *Store) Stats() Stats {
 	st.Faults = s.faults.Stats()
 	st.Schedule = s.sched.Stats()
 	st.Retention, st.Disk = s.ret.Stats()
+	st.Dedup = s.dedupStats()
 	return st
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/storaged/storaged/internal/logthrottle"
 	"github.com/storaged/storaged/storage/commitlog"
 	"github.com/storaged/storaged/storage/consumequeue"
+	"github.com/storaged/storaged/storage/dedup"
 	"github.com/storaged/storaged/storage/internal/fault"
 	"github.com/storaged/storaged/storage/record"
 	"github.com/storaged/storaged/storage/retention"
@@ -56,6 +57,7 @@ type Store struct {
 	topics   *topicTable // topic configuration (topics.go)
 	seq      sequencer   // queue offsets and store times (sequence.go)
 	pulls    pullStats
+	dedup    *dedup.Window[dedupValue] // idempotent puts (idempotent.go); nil when off
 
 	// role is the broker role (Role), a runtime check: SetRole changes it.
 	role atomic.Uint32
@@ -129,6 +131,7 @@ func Open(opts Options) (*Store, error) {
 		return nil, err
 	}
 	s.adoptTopics()
+	s.openDedup()
 	if !hadTopics {
 		s.opts.Logger.Info().Msg("storage: no topic config yet (new data dir, or one written before topic config existed)")
 	}
@@ -267,7 +270,7 @@ func (s *Store) rejectErr(err error) (PutResult, error) {
 	return s.reject(UnknownError, err)
 }
 
-// PutMessage stores one message.
+// putMessage stores one message (PutMessage, after the dedup window).
 //
 // On success err is nil and the result's Status is PutOK, or
 // FlushDiskTimeout when sync mode did not see the record durable within
@@ -285,7 +288,7 @@ func (s *Store) rejectErr(err error) (PutResult, error) {
 // while waiting for the sync, or the sync failed), err is non-nil, Status is
 // UnknownError and Appended() is true: the message may or may not survive
 // a crash.
-func (s *Store) PutMessage(ctx context.Context, m *Message) (PutResult, error) {
+func (s *Store) putMessage(ctx context.Context, m *Message) (PutResult, error) {
 	if err := s.checkBeforePut(); err != nil {
 		return s.rejectErr(err)
 	}
@@ -348,7 +351,7 @@ func (s *Store) prepare(m *Message) (record.Spec, *ValidationError) {
 	return r, nil
 }
 
-// PutMessages stores a batch: one topic and queue, consecutive queue
+// putMessages stores a batch (PutMessages, after the dedup window): one topic and queue, consecutive queue
 // offsets, all in one commitlog file or not at all. Results and errors are
 // as for PutMessage; Append.Offsets has each message's commitlog offset.
 //
@@ -357,7 +360,7 @@ func (s *Store) prepare(m *Message) (record.Spec, *ValidationError) {
 // whole-record CRC), and recovery cuts a batch that is not whole at its
 // first record. Readers never see part of one: the write position is
 // published once, after the whole batch is copied.
-func (s *Store) PutMessages(ctx context.Context, b *Batch) (PutResult, error) {
+func (s *Store) putMessages(ctx context.Context, b *Batch) (PutResult, error) {
 	if err := s.checkBeforePut(); err != nil {
 		return s.rejectErr(err)
 	}

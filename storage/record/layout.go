@@ -141,6 +141,18 @@ func StoreTimestamp(b []byte) int64 {
 	return int64(binary.BigEndian.Uint64(b[p:]))
 }
 
+// StoreHost is the record's STOREHOST field. REQUIRES: b holds a
+// record's header (MinLen bytes, or 12 more per IPv6 host).
+func StoreHost(b []byte) netip.AddrPort {
+	sys := int32(binary.BigEndian.Uint32(b[PosSysFlag:]))
+	p := PosBornHost + 8 + 8
+	if sys&FlagBornHostV6 != 0 {
+		p += 12
+	}
+	host, _ := getHost(b, p, sys&FlagStoreHostV6 != 0)
+	return host
+}
+
 // CRCPropertyLen and BatchPropertyLen are the bytes the store's own
 // properties add to a record's properties: the whole-record CRC
 // ("__CRC32#" 0x01 ten digits 0x02) and a batch's extent on its first

@@ -84,6 +84,9 @@ func TestGoldenRecords(t *testing.T) {
 			if rec.BornHost != wantBorn || rec.StoreHost.Addr() != s.StoreHost.Addr() {
 				t.Fatalf("hosts: got %v %v want %v %v", rec.BornHost, rec.StoreHost, s.BornHost, s.StoreHost)
 			}
+			if h := StoreHost(want); h != rec.StoreHost || StoreTimestamp(want) != rec.StoreTimestamp {
+				t.Fatalf("StoreHost/StoreTimestamp in place: %v %d, decoded %v %d", h, StoreTimestamp(want), rec.StoreHost, rec.StoreTimestamp)
+			}
 			for _, p := range s.Props {
 				if v, ok := rec.Property(p.Key); !ok || v != p.Value {
 					t.Fatalf("property %s = %q, %v", p.Key, v, ok)

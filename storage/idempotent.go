@@ -1,0 +1,280 @@
+package storage
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/storaged/storaged/flush"
+	"github.com/storaged/storaged/storage/dedup"
+	"github.com/storaged/storaged/storage/record"
+	"github.com/storaged/storaged/storage/segment"
+)
+
+// Idempotent puts: a put whose message carries the UNIQ_KEY property
+// (RocketMQ's client message id; a storaged.v1 client sets it in
+// properties) is stored once per topic within Options.DedupWindow. A
+// retried put of the same key, re-sent by a client or by a proxy that
+// retries on its own after a connection failure, gets the first put's
+// answer (same msgId, offsets, queue offset) and stores nothing; a
+// duplicate arriving while the first is under way waits for its outcome;
+// a first put that stored nothing leaves the key free. The window
+// (storage/dedup) owns its state and lock; this file is the put path's
+// only door to it, and rebuilds it from the log at Open.
+//
+// What is keyed:
+//
+//   - a single message (PutMessage, each PutMessageStream message, a
+//     one-message batch): its UNIQ_KEY on its topic; a delayed message
+//     apart from undelayed ones (its answer names the schedule queue);
+//   - a batch of two or more: as a whole, by its first message's UNIQ_KEY
+//     (RocketMQ clients give every message its own key; a retried batch
+//     repeats them all). The other messages' keys are not looked at, and
+//     a retried batch gets the first batch's whole answer;
+//   - not transactional messages (prepared, commit and rollback records
+//     of one transaction share its key), nor puts without the property.
+//
+// A key is remembered until its store time is DedupWindow old or, when
+// puts with keys outpace the bound, until DedupMaxMessages newer
+// messages pushed it out (Stats.Dedup.Evicted; Stats.Dedup.Oldest is the
+// effective window).
+
+// MaxUniqKeyLength is the longest UNIQ_KEY the store takes (a longer one
+// is MESSAGE_ILLEGAL): the window holds every key it remembers, and
+// RocketMQ's clients write 32 hexadecimal characters.
+const MaxUniqKeyLength = 128
+
+// DedupStats describes the idempotent-put window (storage/dedup.Stats).
+type DedupStats = dedup.Stats
+
+// dedupValue is what the window keeps per put: the append result,
+// without its topic (derived from the key when answering).
+type dedupValue = AppendResult
+
+// PutMessage stores one message; see putMessage for the results. A
+// message with a UNIQ_KEY property is stored once within the dedup window
+// (above): a duplicate is answered with the first put's result, waiting
+// for the durability and visibility its own WAIT asks for, and stores
+// nothing.
+func (s *Store) PutMessage(ctx context.Context, m *Message) (PutResult, error) {
+	if s.dedup == nil || m.SysFlag&record.TransactionMask != TransactionNotType {
+		return s.putMessage(ctx, m)
+	}
+	id, ok := record.Lookup(m.Properties, PropertyUniqKey)
+	if !ok {
+		return s.putMessage(ctx, m)
+	}
+	kind := dedup.Single
+	if record.DelayLevel(m.Properties) > 0 {
+		kind = dedup.Delayed
+	}
+	return s.putOnce(ctx, dedup.Key{Topic: m.Topic, Kind: kind, ID: id}, m.WaitStoreOK(),
+		func() (PutResult, error) { return s.putMessage(ctx, m) })
+}
+
+// PutMessages stores a batch; see putMessages for the results. A batch
+// whose first message carries a UNIQ_KEY is stored once within the dedup
+// window, as a whole (above).
+func (s *Store) PutMessages(ctx context.Context, b *Batch) (PutResult, error) {
+	if s.dedup == nil || len(b.Messages) == 0 || b.SysFlag&record.TransactionMask != TransactionNotType {
+		return s.putMessages(ctx, b)
+	}
+	id, ok := record.Lookup(b.Messages[0].Properties, PropertyUniqKey)
+	if !ok {
+		return s.putMessages(ctx, b)
+	}
+	kind := dedup.Batch
+	if len(b.Messages) == 1 {
+		kind = dedup.Single // stored as a single message would be: the log cannot tell them apart
+	}
+	res, err := s.putOnce(ctx, dedup.Key{Topic: b.Topic, Kind: kind, ID: id}, b.WaitStoreOK(),
+		func() (PutResult, error) { return s.putMessages(ctx, b) })
+	if res.Appended() && res.Append.Offsets == nil {
+		res.Append.Offsets = []int64{res.Append.WroteOffset} // a batch answer has one offset per message
+	}
+	return res, err
+}
+
+// putOnce runs put as the first put of k, or answers k's first put.
+func (s *Store) putOnce(ctx context.Context, k dedup.Key, wait bool, put func() (PutResult, error)) (PutResult, error) {
+	if len(k.ID) > MaxUniqKeyLength {
+		return s.rejectErr(illegal("properties", fmt.Sprintf("%s of %d bytes exceeds the limit of %d", PropertyUniqKey, len(k.ID), MaxUniqKeyLength)))
+	}
+	if err := s.checkBeforePut(); err != nil {
+		return s.rejectErr(err)
+	}
+	first, t, err := s.dedup.Begin(ctx, k, s.opts.Clock.Now().UnixMilli())
+	if err != nil {
+		return s.reject(UnknownError, err) // ctx ended waiting for the first put: nothing stored by this one
+	}
+	if t == nil {
+		first.Topic = k.Topic
+		if k.Kind == dedup.Delayed {
+			first.Topic = ScheduleTopic
+		}
+		return s.awaitDuplicate(ctx, first, wait)
+	}
+	defer t.Abort() // refused, or a panic: the key stays free (a no-op after Commit)
+	res, err := put()
+	if res.Appended() {
+		v := res.Append
+		v.Topic = ""                            // from the key when answering
+		v.LockedAt, v.LockHeld = time.Time{}, 0 // a duplicate appends nothing: no append span
+		t.Commit(v, v.StoreTimestamp, int(v.MsgNum))
+	}
+	return res, err
+}
+
+// awaitDuplicate answers a duplicate of a put stored at a: PUT_OK once a
+// is as durable and readable as the duplicate's WAIT asks (afterAppend's
+// waits, on the duplicate's context), counted in no put statistics.
+func (s *Store) awaitDuplicate(ctx context.Context, a AppendResult, wait bool) (PutResult, error) {
+	out := PutResult{Status: PutOK, Append: a}
+	if !wait {
+		return out, nil
+	}
+	var err error
+	if s.opts.FlushMode == FlushSync {
+		err = s.flusher.Wait(ctx, a.NextOffset())
+	}
+	if err == nil {
+		if werr := s.index.AwaitDispatched(ctx, a.NextOffset()); errors.Is(werr, context.Canceled) || errors.Is(werr, context.DeadlineExceeded) {
+			err = werr
+		}
+	}
+	switch {
+	case err == nil:
+	case errors.Is(err, flush.ErrTimeout):
+		out.Status, err = FlushDiskTimeout, nil
+	case errors.Is(err, flush.ErrSyncFailed):
+		out.Status, err = UnknownError, fmt.Errorf("%w: %w", ErrWriteFailed, err)
+	case errors.Is(err, flush.ErrClosed):
+		out.Status, err = UnknownError, fmt.Errorf("%w: store closed before the sync covered the message", ErrClosed)
+	default: // ctx
+		out.Status = UnknownError
+	}
+	return out, err
+}
+
+// dedupStats returns the window's statistics (zero when it is off).
+func (s *Store) dedupStats() DedupStats {
+	if s.dedup == nil {
+		return DedupStats{}
+	}
+	return s.dedup.Stats(s.opts.Clock.Now().UnixMilli())
+}
+
+// openDedup creates the window (nil when Options.DedupWindow is negative)
+// and fills it from the log: every keyed put stored within the window, in
+// the newest DedupRebuildBytes of the log at most. It runs in Open after
+// recovery, so it sees exactly the records a reader can be served, and
+// before any put. A record that fails its checks ends the rebuild there
+// (logged): the keys after it are not remembered, nothing else changes.
+func (s *Store) openDedup() {
+	if s.opts.DedupWindow < 0 {
+		return
+	}
+	w, err := dedup.New[dedupValue](dedup.Options{Window: s.opts.DedupWindow, MaxMessages: s.opts.DedupMaxMessages})
+	if err != nil { // resolve rules this out
+		panic(err)
+	}
+	s.dedup = w
+	now := s.opts.Clock.Now().UnixMilli()
+	cutoff := now - s.opts.DedupWindow.Milliseconds()
+	files := s.log.Files().Snapshot()
+	if len(files) == 0 {
+		return
+	}
+	// Start at the newest file whose first record is older than the
+	// window (store times never go backwards along the log), or as far
+	// back as DedupRebuildBytes allows.
+	end := files[len(files)-1].End()
+	start := len(files) - 1
+	for start > 0 {
+		if ts, ok := firstStoreTime(files[start]); !ok || ts < cutoff {
+			break
+		}
+		if end-files[start-1].From() > s.opts.DedupRebuildBytes {
+			break
+		}
+		start--
+	}
+	var scanned, added int64
+	for _, f := range files[start:] {
+		data, wrote := f.Data(), f.Wrote()
+		for pos := int64(0); pos < wrote; {
+			b := data[pos:wrote]
+			if record.IsBlank(b) {
+				break
+			}
+			h, err := record.Check(b, false)
+			if err != nil {
+				s.opts.Logger.Warn().Err(err).Int64("offset", f.From()+pos).
+					Msg("storage: idempotent-put window rebuilt up to a damaged record; later keys are not remembered")
+				return
+			}
+			count, size, batch, err := h.Batch()
+			if err != nil || !batch {
+				count, size = 1, int64(h.Total)
+			}
+			size = min(size, wrote-pos) // a batch lies in its file: recovery checked it
+			if s.rebuildEntry(f.From()+pos, data[pos:pos+size], &h, count, cutoff, now) {
+				added++
+			}
+			scanned += size
+			pos += size
+		}
+	}
+	s.opts.Logger.Info().Int64("from", files[start].From()).Int64("bytes_scanned", scanned).Int64("keys", added).
+		Stringer("window", s.opts.DedupWindow).Msg("storage: idempotent-put window rebuilt from the log")
+}
+
+// rebuildEntry adds the put whose records (count of them: a batch, or
+// one) are recs, stored at commitlog offset at, when it is keyed and
+// within the window. h is the first record's header.
+func (s *Store) rebuildEntry(at int64, recs []byte, h *record.Header, count, cutoff, now int64) bool {
+	if h.StoreTS < cutoff || h.Tx() != TransactionNotType {
+		return false
+	}
+	id := h.Property(PropertyUniqKey)
+	if len(id) == 0 || len(id) > MaxUniqKeyLength {
+		return false
+	}
+	topic := string(h.Topic)
+	kind := dedup.Single
+	switch {
+	case count > 1:
+		kind = dedup.Batch
+	case topic == ScheduleTopic:
+		kind = dedup.Delayed
+		realTopic := h.Property(PropertyRealTopic)
+		if len(realTopic) == 0 {
+			return false
+		}
+		topic = string(realTopic)
+	}
+	v := dedupValue{
+		Status: AppendOK, WroteOffset: at, WroteBytes: int32(len(recs)), StoreTimestamp: h.StoreTS,
+		QueueID: h.QueueID, QueueOffset: h.QueueOffset, MsgNum: int32(count), StoreHost: record.StoreHost(recs),
+	}
+	if count > 1 {
+		v.Offsets = make([]int64, 0, count)
+		for p := 0; p+4 <= len(recs) && len(v.Offsets) < int(count); {
+			v.Offsets = append(v.Offsets, at+int64(p))
+			p += int(record.TotalSize(recs[p:]))
+		}
+	}
+	s.dedup.Add(dedup.Key{Topic: topic, Kind: kind, ID: string(id)}, v, h.StoreTS, int(count), now)
+	return true
+}
+
+// firstStoreTime is the store time of f's first record (ok false when f
+// holds none).
+func firstStoreTime(f *segment.File) (int64, bool) {
+	b := f.Data()
+	if f.Wrote() < record.MinLen || record.IsBlank(b) || !record.HasMagic(b) {
+		return 0, false
+	}
+	return record.StoreTimestamp(b), true
+}
