@@ -2,8 +2,10 @@ package server
 
 import (
 	"context"
+	"fmt"
 	"net/netip"
 	"sync"
+	"sync/atomic"
 	"testing"
 
 	"github.com/rs/zerolog"
@@ -63,22 +65,39 @@ func BenchmarkPutMessageStream(b *testing.B) {
 	stream.Recv()
 }
 
-// BenchmarkPutMessageUnary: the same messages as unary calls, 64 at once.
+// BenchmarkPutMessageUnary: the same messages as unary calls, 64 at once;
+// keyed: each with a fresh UNIQ_KEY, so every put is remembered by the
+// dedup window (its cost against unkeyed).
 func BenchmarkPutMessageUnary(b *testing.B) {
-	client := benchClient(b)
-	req := &storagedv1.PutMessageRequest{Message: &storagedv1.Message{Topic: "bench", Body: benchBody}}
-	b.ReportAllocs()
-	b.SetBytes(int64(len(benchBody)))
-	b.SetParallelism(32) // x GOMAXPROCS goroutines
-	b.ResetTimer()
-	b.RunParallel(func(pb *testing.PB) {
-		for pb.Next() {
-			if _, err := client.PutMessage(context.Background(), req); err != nil {
-				b.Error(err)
-				return
-			}
+	for _, keyed := range []bool{false, true} {
+		name := "unkeyed"
+		if keyed {
+			name = "keyed"
 		}
-	})
+		b.Run(name, func(b *testing.B) {
+			client := benchClient(b)
+			var next atomic.Int64
+			b.ReportAllocs()
+			b.SetBytes(int64(len(benchBody)))
+			b.SetParallelism(32) // x GOMAXPROCS goroutines
+			b.ResetTimer()
+			b.RunParallel(func(pb *testing.PB) {
+				req := &storagedv1.PutMessageRequest{Message: &storagedv1.Message{Topic: "bench", Body: benchBody}}
+				if keyed {
+					req.Message.Properties = map[string]string{}
+				}
+				for pb.Next() {
+					if keyed {
+						req.Message.Properties[storage.PropertyUniqKey] = fmt.Sprintf("%032X", next.Add(1))
+					}
+					if _, err := client.PutMessage(context.Background(), req); err != nil {
+						b.Error(err)
+						return
+					}
+				}
+			})
+		})
+	}
 }
 
 // BenchmarkPutMessagesBatch100: PutMessages of 100 × 1 KiB bodies (~110 KB

@@ -304,7 +304,9 @@ func TestErrorMappingEndToEnd(t *testing.T) {
 		{"separator in keys", "message.keys", illegal, msg(func(m *storagedv1.Message) { m.Keys = "a\x01b" })},
 		{"reserved KEYS", `message.properties["KEYS"]`, illegal, msg(func(m *storagedv1.Message) { m.Properties = map[string]string{"KEYS": "k"} })},
 		{"reserved DELAY", `message.properties["DELAY"]`, illegal, msg(func(m *storagedv1.Message) { m.Properties = map[string]string{"DELAY": "3"} })},
-		{"reserved UNIQ_KEY", `message.properties["UNIQ_KEY"]`, illegal, msg(func(m *storagedv1.Message) { m.Properties = map[string]string{"UNIQ_KEY": "u"} })},
+		{"UNIQ_KEY too long", `message.properties["UNIQ_KEY"]`, illegal, msg(func(m *storagedv1.Message) {
+			m.Properties = map[string]string{"UNIQ_KEY": strings.Repeat("u", storage.MaxUniqKeyLength+1)}
+		})},
 		{"reserved __CRC32#", `message.properties["__CRC32#"]`, illegal, msg(func(m *storagedv1.Message) { m.Properties = map[string]string{"__CRC32#": "1"} })},
 		{"reserved TIMER_ prefix", `message.properties["TIMER_DELIVER_MS"]`, illegal, msg(func(m *storagedv1.Message) {
 			m.Properties = map[string]string{"TIMER_DELIVER_MS": "1"}

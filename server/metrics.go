@@ -42,6 +42,8 @@ type StoreCollector struct {
 	retDeletedFiles, retDeletedBytes, retTrimmedFiles *prometheus.Desc
 
 	diskSize, diskAvail, diskUsed, diskUsedPercent, diskFull *prometheus.Desc
+
+	dedupKeys, dedupMessages, dedupHits, dedupEvicted, dedupOldest *prometheus.Desc
 }
 
 var _ prometheus.Collector = (*StoreCollector)(nil)
@@ -111,6 +113,14 @@ func NewStoreCollector(src StatsSource, opts ...CollectorOption) *StoreCollector
 		diskUsedPercent: d("storaged_store_disk_used_percent", "Use of the data directory's file system in percent (df's Use%), at the last disk check; compared with --disk-clean-percent and --disk-warning-percent."),
 		diskFull: d("storaged_store_disk_full",
 			"1 while puts are refused because the disk went above the warning watermark (until usage is back at the clean one), else 0."),
+
+		dedupKeys:     d("storaged_dedup_keys", "UNIQ_KEYs of stored puts remembered by the idempotent-put window (--dedup-window)."),
+		dedupMessages: d("storaged_dedup_messages", "Messages those keys stand for (a batch counts each); bounded by --dedup-max-messages."),
+		dedupHits: d("storaged_dedup_hits_total",
+			"Puts answered from the idempotent-put window: retries of a stored put, which stored nothing."),
+		dedupEvicted: d("storaged_dedup_evicted_total",
+			"Keys forgotten before their window passed because --dedup-max-messages newer messages came: while it grows, retries are recognised only for storaged_dedup_oldest_seconds."),
+		dedupOldest: d("storaged_dedup_oldest_seconds", "Age of the oldest key remembered: the effective dedup window."),
 	}
 	for _, o := range opts {
 		o(c)
@@ -127,6 +137,7 @@ func (c *StoreCollector) Describe(ch chan<- *prometheus.Desc) {
 		c.schedPending, c.schedLag, c.schedDelivered, c.schedSkipped, c.schedRefused,
 		c.retDeletedFiles, c.retDeletedBytes, c.retTrimmedFiles,
 		c.diskSize, c.diskAvail, c.diskUsed, c.diskUsedPercent, c.diskFull,
+		c.dedupKeys, c.dedupMessages, c.dedupHits, c.dedupEvicted, c.dedupOldest,
 	} {
 		ch <- d
 	}
@@ -195,6 +206,12 @@ func (c *StoreCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(c.diskUsedPercent, prometheus.GaugeValue, disk.UsedPercent)
 	}
 	ch <- prometheus.MustNewConstMetric(c.diskFull, prometheus.GaugeValue, boolValue(st.Disk.Full))
+
+	ch <- prometheus.MustNewConstMetric(c.dedupKeys, prometheus.GaugeValue, float64(st.Dedup.Keys))
+	ch <- prometheus.MustNewConstMetric(c.dedupMessages, prometheus.GaugeValue, float64(st.Dedup.Messages))
+	ch <- prometheus.MustNewConstMetric(c.dedupHits, prometheus.CounterValue, float64(st.Dedup.Hits))
+	ch <- prometheus.MustNewConstMetric(c.dedupEvicted, prometheus.CounterValue, float64(st.Dedup.Evicted))
+	ch <- prometheus.MustNewConstMetric(c.dedupOldest, prometheus.GaugeValue, st.Dedup.Oldest.Seconds())
 }
 
 func boolValue(b bool) float64 {

@@ -142,6 +142,14 @@ func TestMetricsEndpoint(t *testing.T) {
 	}}); err != nil {
 		t.Fatal(err)
 	}
+	// A keyed put and its retry: stored once, the retry counted as a dedup
+	// hit only.
+	for range 2 {
+		if _, err := client.PutMessage(ctx, &storagedv1.PutMessageRequest{Message: &storagedv1.Message{Topic: "m", Body: []byte("keyed"),
+			Properties: map[string]string{"UNIQ_KEY": "0A0B0C0D0E0F00000000000000000001"}}}); err != nil {
+			t.Fatal(err)
+		}
+	}
 	// Refused by the store (body above its limit): counted as MESSAGE_ILLEGAL.
 	_, err := client.PutMessage(ctx, &storagedv1.PutMessageRequest{Message: &storagedv1.Message{Topic: "m", Body: make([]byte, testMaxMessageSize+1)}})
 	if codeOf(err) != codes.InvalidArgument {
@@ -155,23 +163,27 @@ func TestMetricsEndpoint(t *testing.T) {
 		labels []string
 		want   float64
 	}{
-		{"storaged_store_puts_total", []string{"status", "PUT_OK"}, 4},
-		{"storaged_store_messages_total", []string{"status", "PUT_OK"}, 5},
+		{"storaged_store_puts_total", []string{"status", "PUT_OK"}, 5},
+		{"storaged_store_messages_total", []string{"status", "PUT_OK"}, 6},
 		{"storaged_store_bytes_total", []string{"status", "PUT_OK"}, float64(s.MaxOffset)},
 		{"storaged_store_puts_total", []string{"status", "MESSAGE_ILLEGAL"}, 1},
 		{"storaged_store_puts_total", []string{"status", "FLUSH_DISK_TIMEOUT"}, 0},
-		{"storaged_store_flush_wait_seconds", nil, 4},
-		{"storaged_store_append_duration_seconds", nil, 4},
+		{"storaged_store_flush_wait_seconds", nil, 5},
+		{"storaged_store_append_duration_seconds", nil, 5},
 		{"storaged_commitlog_max_offset_bytes", nil, float64(s.MaxOffset)},
 		{"storaged_commitlog_flushed_offset_bytes", nil, float64(s.MaxOffset)}, // sync mode: acked means flushed
 		{"storaged_commitlog_flush_lag_bytes", nil, 0},
 		{"storaged_commitlog_min_offset_bytes", nil, 0},
 		{"storaged_commitlog_files", nil, 1},
 		{"storaged_store_writable", nil, 1},
-		{"grpc_server_handled_total", []string{"grpc_method", "PutMessage", "grpc_code", "OK"}, 3},
+		{"grpc_server_handled_total", []string{"grpc_method", "PutMessage", "grpc_code", "OK"}, 5},
 		{"grpc_server_handled_total", []string{"grpc_method", "PutMessages", "grpc_code", "OK"}, 1},
 		{"grpc_server_handled_total", []string{"grpc_method", "PutMessage", "grpc_code", "InvalidArgument"}, 1},
-		{"grpc_server_handling_seconds", []string{"grpc_method", "PutMessage"}, 4},
+		{"grpc_server_handling_seconds", []string{"grpc_method", "PutMessage"}, 6},
+		{"storaged_dedup_hits_total", nil, 1},
+		{"storaged_dedup_keys", nil, 1},
+		{"storaged_dedup_messages", nil, 1},
+		{"storaged_dedup_evicted_total", nil, 0},
 	}
 	for _, c := range checks {
 		if got := value(after, c.name, c.labels...); got != c.want {

@@ -1,6 +1,7 @@
 package server
 
 import (
+	"fmt"
 	"io"
 	"testing"
 	"time"
@@ -106,5 +107,47 @@ func TestMaxPullWaitUnderProxyTimeouts(t *testing.T) {
 		if err != nil || pr.Wait != tc.want {
 			t.Errorf("wait of 1 min with %d options: %v, %v; want %v", len(tc.opts), pr.Wait, err, tc.want)
 		}
+	}
+}
+
+// TestIdempotentPutOverGRPC: a plain storaged.v1 client makes a put
+// idempotent by setting UNIQ_KEY in properties: a retry by PutMessage or
+// on a PutMessageStream gets the first put's msgId and offsets and stores
+// nothing; a batch is keyed by its first entry's UNIQ_KEY.
+func TestIdempotentPutOverGRPC(t *testing.T) {
+	client, st, _ := storeServer(t, nil)
+	ctx := ctxT(t)
+	keyed := &storagedv1.Message{Topic: "I", Body: []byte("once"), Properties: map[string]string{"UNIQ_KEY": "7F0000010F2A18B4AAC2000000000001"}}
+	first, err := client.PutMessage(ctx, &storagedv1.PutMessageRequest{Message: keyed})
+	if err != nil {
+		t.Fatal(err)
+	}
+	again, err := client.PutMessage(ctx, &storagedv1.PutMessageRequest{Message: keyed})
+	if err != nil || again.GetResult().GetMsgId() != first.GetResult().GetMsgId() ||
+		again.GetResult().GetQueueOffset() != first.GetResult().GetQueueOffset() || again.GetStatus() != first.GetStatus() {
+		t.Fatalf("retry: %v, %v; first %v", again, err, first)
+	}
+	stream, err := client.PutMessageStream(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stream.Send(streamMsg(1, keyed))
+	stream.CloseSend()
+	res := recvAll(stream)
+	if ack := res.acks[1]; res.err != nil || ack.GetCode() != 0 || ack.GetResult().GetMsgId() != first.GetResult().GetMsgId() {
+		t.Fatalf("retry on a stream: %v, %v", ack, res.err)
+	}
+	batch := &storagedv1.PutMessagesRequest{Topic: "I", Messages: []*storagedv1.BatchEntry{
+		{Body: []byte("b0"), Properties: map[string]string{"UNIQ_KEY": "batch-1"}}, {Body: []byte("b1"), Properties: map[string]string{"UNIQ_KEY": "batch-1-1"}}}}
+	b1, err := client.PutMessages(ctx, batch)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b2, err := client.PutMessages(ctx, batch)
+	if err != nil || fmt.Sprint(b2.GetResult().GetMsgIds()) != fmt.Sprint(b1.GetResult().GetMsgIds()) {
+		t.Fatalf("batch retry: %v, %v; first %v", b2.GetResult().GetMsgIds(), err, b1.GetResult().GetMsgIds())
+	}
+	if _, maxOff, err := st.QueueInfo("I", 0); err != nil || maxOff != 3 {
+		t.Fatalf("queue I holds %d (%v), want 3: one keyed message, one batch of 2", maxOff, err)
 	}
 }

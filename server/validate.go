@@ -32,7 +32,10 @@ func illegal(field, format string, args ...any) *fieldError {
 // reservedProperties are the property names RocketMQ and the store set
 // themselves (RocketMQ MessageConst, plus the store's own). A client sets the
 // ones that mean something to the store (TAGS, KEYS, DELAY, WAIT) through
-// their dedicated fields; the others must not be forged.
+// their dedicated fields; the others must not be forged. UNIQ_KEY is not
+// among them: it is the client's own message id (RocketMQ producers set
+// it), which a client sets in properties to make its put idempotent
+// (storage/idempotent.go); it is at most storage.MaxUniqKeyLength bytes.
 var reservedProperties = map[string]bool{
 	storage.PropertyKeys:             true,
 	storage.PropertyTags:             true,
@@ -40,7 +43,6 @@ var reservedProperties = map[string]bool{
 	storage.PropertyDelayLevel:       true,
 	storage.PropertyRealTopic:        true,
 	storage.PropertyRealQueueID:      true,
-	storage.PropertyUniqKey:          true,
 	storage.PropertyTranMsg:          true,
 	storage.PropertyInnerNum:         true,
 	storage.PropertyCRC32:            true,
@@ -207,6 +209,8 @@ func validateEntry(p entryPath, tags, keys string, ts *timestamppb.Timestamp, pr
 		return illegal(f, "property values must not be empty (RocketMQ decoders drop them)")
 	case propertySeparator:
 		return illegal(f, "property keys and values must not contain the separator bytes 0x01 or 0x02")
+	case propertyTooLong:
+		return illegal(f, "%s must be at most %d bytes, got %d", first, storage.MaxUniqKeyLength, len(props[first]))
 	default: // propertyReserved
 		return illegal(f, "%q is a reserved system property; use the dedicated field (tags, keys, delay_level, wait_store_ok) or another name", first)
 	}
@@ -222,6 +226,7 @@ const (
 	propertyEmptyValue
 	propertySeparator
 	propertyReserved
+	propertyTooLong
 )
 
 // checkProperty applies the store's property rule (record.CheckProperty,
@@ -240,6 +245,9 @@ func checkProperty(k, v string) propertyFault {
 	}
 	if reservedProperty(k) {
 		return propertyReserved
+	}
+	if k == storage.PropertyUniqKey && len(v) > storage.MaxUniqKeyLength {
+		return propertyTooLong
 	}
 	return propertyOK
 }

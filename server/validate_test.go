@@ -25,14 +25,14 @@ func TestValidateTopic(t *testing.T) {
 }
 
 func TestReservedProperty(t *testing.T) {
-	for _, k := range []string{"KEYS", "TAGS", "WAIT", "DELAY", "REAL_TOPIC", "REAL_QID", "UNIQ_KEY", "TRAN_MSG", "INNER_NUM",
+	for _, k := range []string{"KEYS", "TAGS", "WAIT", "DELAY", "REAL_TOPIC", "REAL_QID", "TRAN_MSG", "INNER_NUM",
 		"INNER_BASE", "CLUSTER", "DUP_INFO", "__CRC32#", "__transactionId__", "__SHARDINGKEY", "__RMQ.TRANSIENT.X", "TIMER_DELIVER_MS",
 		"TIMER_ANYTHING", "MSG_TYPE", "TRACE_ON"} {
 		if !reservedProperty(k) {
 			t.Errorf("%q should be reserved", k)
 		}
 	}
-	for _, k := range []string{"orderId", "keys", "tags", "KEYS2", "my_TIMER_", "_x", "traceparent"} {
+	for _, k := range []string{"orderId", "keys", "tags", "KEYS2", "my_TIMER_", "_x", "traceparent", "UNIQ_KEY"} {
 		if reservedProperty(k) {
 			t.Errorf("%q should be allowed", k)
 		}

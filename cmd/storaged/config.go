@@ -74,6 +74,11 @@ type config struct {
 	MaxPullInflightBytes int64
 	// MaxPullWait caps a long poll's wait (server.WithMaxPullWait).
 	MaxPullWait time.Duration
+
+	// Idempotent puts (storage.Options.DedupWindow, DedupMaxMessages);
+	// DedupWindow 0 turns them off.
+	DedupWindow      time.Duration
+	DedupMaxMessages int
 }
 
 // Defaults. deploy/kubernetes and the Dockerfile rely on the ports and the
@@ -129,6 +134,8 @@ func parseConfig(args []string, lookupEnv func(string) (string, bool), stderr io
 		MaxOpenQueueFiles:    storage.DefaultMaxOpenQueueFiles,
 		MaxPullInflightBytes: server.DefaultMaxPullInflightBytes,
 		MaxPullWait:          server.DefaultMaxPullWait,
+		DedupWindow:          storage.DefaultDedupWindow,
+		DedupMaxMessages:     storage.DefaultDedupMaxMessages,
 	}
 	fs := flag.NewFlagSet("storaged", flag.ContinueOnError)
 	fs.SetOutput(stderr)
@@ -185,6 +192,11 @@ func parseConfig(args []string, lookupEnv func(string) (string, bool), stderr io
 		"bound on the read answers (pulls count their max_bytes) held at once, as a `size`; reads beyond it get RESOURCE_EXHAUSTED with a retry delay")
 	fs.DurationVar(&cfg.MaxPullWait, "max-pull-wait", cfg.MaxPullWait,
 		"longest `duration` a long poll (PullMessages wait) waits; keep it under the request timeout of any proxy in front (Envoy's default: 15s)")
+	fs.DurationVar(&cfg.DedupWindow, "dedup-window", cfg.DedupWindow,
+		"how long a put carrying a UNIQ_KEY property is remembered: a retry of the key on the same topic within this `duration` "+
+			"gets the first put's answer and stores nothing; 0 turns deduplication off")
+	fs.IntVar(&cfg.DedupMaxMessages, "dedup-max-messages", cfg.DedupMaxMessages,
+		"most `messages` the dedup window remembers (about 300 bytes each); past it the oldest keys are forgotten first")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "Usage: storaged [flags]\n\n"+
 			"Every flag has an environment twin: --data-dir is %sDATA_DIR.\n"+
@@ -298,6 +310,12 @@ func (c *config) validate() error {
 	if c.MaxOpenQueueFiles < 1 {
 		errs = append(errs, fmt.Errorf("--max-open-queue-files %d must be at least 1", c.MaxOpenQueueFiles))
 	}
+	if c.DedupWindow < 0 {
+		errs = append(errs, fmt.Errorf("--dedup-window %v must not be negative (0 turns deduplication off)", c.DedupWindow))
+	}
+	if c.DedupMaxMessages < 1 {
+		errs = append(errs, fmt.Errorf("--dedup-max-messages %d must be positive", c.DedupMaxMessages))
+	}
 	if c.MaxPullWait <= 0 {
 		errs = append(errs, fmt.Errorf("--max-pull-wait %v must be positive", c.MaxPullWait))
 	}
@@ -390,6 +408,9 @@ func (c *config) storageOptions(host netip.AddrPort, logger *zerolog.Logger) sto
 		NoAutoCreateTopics: !c.AutoCreateTopics,
 		MaxTopics:          c.MaxTopics,
 		MaxOpenQueueFiles:  c.MaxOpenQueueFiles,
+
+		DedupWindow:      cmp.Or(c.DedupWindow, -1), // 0: off
+		DedupMaxMessages: c.DedupMaxMessages,
 	}
 }
 
@@ -428,6 +449,8 @@ func (c *config) log(l zerolog.Logger) {
 		Int("max_open_queue_files", c.MaxOpenQueueFiles).
 		Str("max_pull_inflight_bytes", formatSize(c.MaxPullInflightBytes)).
 		Stringer("max_pull_wait", c.MaxPullWait).
+		Stringer("dedup_window", c.DedupWindow).
+		Int("dedup_max_messages", c.DedupMaxMessages).
 		Msg("effective configuration")
 }
 

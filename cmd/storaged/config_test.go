@@ -44,6 +44,8 @@ func TestConfigDefaults(t *testing.T) {
 		MaxOpenQueueFiles:    256,
 		MaxPullInflightBytes: 256 << 20,
 		MaxPullWait:          10 * time.Second,
+		DedupWindow:          10 * time.Minute,
+		DedupMaxMessages:     1 << 18,
 	}
 	if cfg != want {
 		t.Errorf("defaults\n got %+v\nwant %+v", cfg, want)
@@ -81,7 +83,8 @@ func TestConfigPrecedence(t *testing.T) {
 	e := env("STORAGED_LISTEN", "127.0.0.1:7000", "STORAGED_DATA_DIR", "/env/data", "STORAGED_FLUSH_MODE", "sync",
 		"STORAGED_FILE_SIZE", "64MiB", "STORAGED_REFLECTION", "false", "STORAGED_SHUTDOWN_TIMEOUT", "9s",
 		"STORAGED_LOG_LEVEL", "debug", "STORAGED_ROLE", "slave", "STORAGED_METRICS_LISTEN", "",
-		"STORAGED_MAX_PULL_INFLIGHT_BYTES", "64MiB", "STORAGED_MAX_PULL_WAIT", "20s")
+		"STORAGED_MAX_PULL_INFLIGHT_BYTES", "64MiB", "STORAGED_MAX_PULL_WAIT", "20s", "STORAGED_DEDUP_WINDOW", "2m",
+		"STORAGED_DEDUP_MAX_MESSAGES", "1000")
 	cfg, err := parseConfig([]string{"--data-dir", "/flag/data", "--file-size=128MiB", "-reflection=true", "--max-pull-wait", "14s"}, e, &bytes.Buffer{})
 	if err != nil {
 		t.Fatal(err)
@@ -101,6 +104,8 @@ func TestConfigPrecedence(t *testing.T) {
 		{"role (env)", cfg.Role, storage.RoleSlave},
 		{"max-pull-inflight-bytes (env)", cfg.MaxPullInflightBytes, int64(64 << 20)},
 		{"max-pull-wait (flag over env)", cfg.MaxPullWait, 14 * time.Second},
+		{"dedup-window (env)", cfg.storageOptions(netip.MustParseAddrPort("127.0.0.1:1"), nil).DedupWindow, 2 * time.Minute},
+		{"dedup-max-messages (env)", cfg.storageOptions(netip.MustParseAddrPort("127.0.0.1:1"), nil).DedupMaxMessages, 1000},
 	}
 	for _, c := range checks {
 		if c.got != c.want {
@@ -247,6 +252,8 @@ func TestConfigErrors(t *testing.T) {
 		{"admin on the data port", []string{"--listen", "127.0.0.1:7000", "--admin-listen", "127.0.0.1:7000"}, nil, "--admin-listen must differ"},
 		{"zero pull inflight bytes", []string{"--max-pull-inflight-bytes", "0"}, nil, "--max-pull-inflight-bytes 0 must be positive"},
 		{"zero pull wait", []string{"--max-pull-wait", "0s"}, nil, "--max-pull-wait 0s must be positive"},
+		{"negative dedup window", []string{"--dedup-window", "-1s"}, nil, "--dedup-window -1s must not be negative"},
+		{"zero dedup bound", []string{"--dedup-max-messages", "0"}, nil, "--dedup-max-messages 0 must be positive"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -357,5 +364,17 @@ func TestConfigMaxConnections(t *testing.T) {
 	parseConfig([]string{"-h"}, env(), &stderr)
 	if !strings.Contains(stderr.String(), "-max-connections") || !strings.Contains(stderr.String(), "RLIMIT_NOFILE") {
 		t.Errorf("usage does not document --max-connections:\n%s", stderr.String())
+	}
+}
+
+// TestConfigDedupOff: --dedup-window 0 turns deduplication off in the
+// store (a negative storage.Options.DedupWindow).
+func TestConfigDedupOff(t *testing.T) {
+	cfg, err := parseConfig([]string{"--dedup-window", "0"}, env(), &bytes.Buffer{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o := cfg.storageOptions(netip.MustParseAddrPort("127.0.0.1:9090"), nil); o.DedupWindow >= 0 {
+		t.Fatalf("storage DedupWindow %v, want negative (off)", o.DedupWindow)
 	}
 }

@@ -79,7 +79,7 @@ var config = template.Must(template.New("haproxy").Parse(`global
 defaults
 	mode http
 	log global
-	option httplog
+	log-format "retries=%rc status=%ST term=%tsc time=%Ta %{+Q}r"
 	timeout connect {{.ConnectTimeout}}
 	timeout client {{.Timeout}}
 	timeout server {{.Timeout}}
@@ -237,36 +237,20 @@ func (p *Proxy) Log() string {
 	return p.log.String()
 }
 
-// Retried counts the log lines of requests haproxy sent more than once:
-// httplog's retries field ("+N" when redispatched, else N) is not 0.
+// Retried counts the requests haproxy sent more than once (its log's
+// retries field, %rc, above 0; "+N" when redispatched).
 func (p *Proxy) Retried() int {
 	n := 0
 	for _, l := range strings.Split(p.Log(), "\n") {
-		// ... actconn/feconn/beconn/srv_conn/retries srv_queue/backend_queue ...
 		for _, f := range strings.Fields(l) {
-			parts := strings.Split(f, "/")
-			if len(parts) == 5 && allDigits(parts[:4]) {
-				if r := strings.TrimPrefix(parts[4], "+"); r != "0" && allDigits([]string{r}) {
+			if r, ok := strings.CutPrefix(f, "retries="); ok {
+				if r = strings.TrimPrefix(r, "+"); r != "0" && r != "" && r != "-1" {
 					n++
 				}
 			}
 		}
 	}
 	return n
-}
-
-func allDigits(ss []string) bool {
-	for _, s := range ss {
-		if s == "" {
-			return false
-		}
-		for _, c := range s {
-			if c < '0' || c > '9' {
-				return false
-			}
-		}
-	}
-	return true
 }
 
 type lockedWriter Proxy

@@ -192,9 +192,15 @@ type Message struct {
 	// User properties, stored in the record's properties section as key 0x01 value 0x02. Keys must be
 	// non-empty and values non-empty; neither may contain the separators \x01 or \x02; keys must not be
 	// a reserved RocketMQ system property name (for example KEYS, TAGS, WAIT, DELAY, REAL_TOPIC,
-	// REAL_QID, UNIQ_KEY, TRAN_MSG, INNER_NUM, INNER_BASE, CLUSTER, DUP_INFO, TIMER_*, __CRC32#): set those
+	// REAL_QID, TRAN_MSG, INNER_NUM, INNER_BASE, CLUSTER, DUP_INFO, TIMER_*, __CRC32#): set those
 	// through the dedicated fields. The encoded properties, including system properties, must not exceed
 	// 32767 bytes (PROPERTIES_SIZE_EXCEEDED).
+	//
+	// UNIQ_KEY (RocketMQ's client message id, at most 128 bytes) makes the put idempotent: a put of the
+	// same UNIQ_KEY on the same topic within the server's dedup window (10 minutes by default) is answered
+	// with the first put's result and stores nothing, so a put may be retried after any error. Give every
+	// message its own key and send the same key on every retry. In a batch, the first entry's UNIQ_KEY
+	// keys the whole batch.
 	Properties    map[string]string `protobuf:"bytes,10,rep,name=properties,proto3" json:"properties,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
