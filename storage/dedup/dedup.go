@@ -251,7 +251,8 @@ func (t *Ticket[V]) Abort() {
 // Add remembers a put found in the log, at time now (Unix ms): the store
 // rebuilding the window at start, oldest record first. It keeps the entry
 // already there for k (the first put of a key is the one retries get) and
-// ignores a put older than the window.
+// ignores a put older than the window. The window keeps k's strings (Begin
+// copies them; Add's caller has just made them).
 func (w *Window[V]) Add(k Key, v V, storeTime int64, weight int, now int64) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -266,10 +267,10 @@ func (w *Window[V]) Add(k Key, v V, storeTime int64, weight int, now int64) {
 		return
 	}
 	if tk == nil {
-		tk = &topicKeys[V]{name: strings.Clone(k.Topic)}
+		tk = &topicKeys[V]{name: k.Topic}
 		w.topics[tk.name] = tk
 	}
-	e := &entry[V]{tk: tk, id: strings.Clone(k.ID), kind: k.Kind, state: committed, weight: int32(max(weight, 1)),
+	e := &entry[V]{tk: tk, id: k.ID, kind: k.Kind, state: committed, weight: int32(max(weight, 1)),
 		storeTime: storeTime, val: v}
 	tk.put(e)
 	w.fifo.push(e)
