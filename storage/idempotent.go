@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/storaged/storaged/flush"
 	"github.com/storaged/storaged/storage/dedup"
 	"github.com/storaged/storaged/storage/record"
 	"github.com/storaged/storaged/storage/segment"
@@ -143,16 +142,8 @@ func (s *Store) awaitDuplicate(ctx context.Context, a AppendResult, wait bool) (
 			err = werr
 		}
 	}
-	switch {
-	case err == nil:
-	case errors.Is(err, flush.ErrTimeout):
-		out.Status, err = FlushDiskTimeout, nil
-	case errors.Is(err, flush.ErrSyncFailed):
-		out.Status, err = UnknownError, fmt.Errorf("%w: %w", ErrWriteFailed, err)
-	case errors.Is(err, flush.ErrClosed):
-		out.Status, err = UnknownError, fmt.Errorf("%w: store closed before the sync covered the message", ErrClosed)
-	default: // ctx
-		out.Status = UnknownError
+	if err != nil {
+		out.Status, err = waitOutcome(err)
 	}
 	return out, err
 }

@@ -527,19 +527,28 @@ func (s *Store) afterAppend(ctx context.Context, res AppendResult, wait bool) (P
 			err = werr
 		}
 	}
-	switch {
-	case err == nil:
-	case errors.Is(err, flush.ErrTimeout):
-		out.Status, err = FlushDiskTimeout, nil
-	case errors.Is(err, flush.ErrSyncFailed):
-		out.Status, err = UnknownError, fmt.Errorf("%w: %w", ErrWriteFailed, err)
-	case errors.Is(err, flush.ErrClosed):
-		out.Status, err = UnknownError, fmt.Errorf("%w: store closed before the sync covered the message", ErrClosed)
-	default: // ctx
-		out.Status = UnknownError
+	if err != nil {
+		out.Status, err = waitOutcome(err)
 	}
 	s.stats.record(out.Status, int(res.MsgNum), int(res.WroteBytes))
 	return out, err
+}
+
+// waitOutcome is the answer to a put whose record is appended but whose
+// wait for the flush or the index ended with err (non-nil): a flush
+// timeout is FLUSH_DISK_TIMEOUT (stored, no error); a failed sync, a
+// closed store or the caller's ctx ending is UNKNOWN_ERROR with an error
+// saying why (stored, durability unknown).
+func waitOutcome(err error) (PutStatus, error) {
+	switch {
+	case errors.Is(err, flush.ErrTimeout):
+		return FlushDiskTimeout, nil
+	case errors.Is(err, flush.ErrSyncFailed):
+		return UnknownError, fmt.Errorf("%w: %w", ErrWriteFailed, err)
+	case errors.Is(err, flush.ErrClosed):
+		return UnknownError, fmt.Errorf("%w: store closed before the sync covered the message", ErrClosed)
+	}
+	return UnknownError, err // ctx
 }
 
 // Close stops taking puts, waits for appends in progress, flushes
