@@ -23,22 +23,14 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 const fileSize = 4096
 
+// openLog opens and recovers the log in fs and starts its allocator.
 func openLog(t *testing.T, fs vfs.FS) *Log {
 	t.Helper()
-	nop := zerolog.Nop()
-	if err := fs.MkdirAll("/d/commitlog"); err != nil {
-		t.Fatal(err)
-	}
-	l, err := Open(Options{FS: fs, Dir: "/d/commitlog", FileSize: fileSize, RequireCRC: true, Clock: base.SystemClock,
-		Logger: &nop, Throttle: logthrottle.New(time.Second, nil)})
-	if err != nil {
-		t.Fatal(err)
-	}
+	l := openLogNoRecover(t, fs)
 	if _, err := l.Recover(0, 0); err != nil {
 		t.Fatal(err)
 	}
 	l.Start()
-	t.Cleanup(func() { l.Close() })
 	return l
 }
 
