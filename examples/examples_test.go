@@ -23,9 +23,9 @@ import (
 	"go.uber.org/goleak"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
-	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	storagedv1 "github.com/storaged/storaged/gen/storaged/v1"
+	"github.com/storaged/storaged/internal/proctest"
 )
 
 // The binaries TestMain builds: storaged itself and the Go example.
@@ -195,19 +195,10 @@ func startStoraged(t *testing.T) string {
 	defer conn.Close()
 	ctx, cancel := context.WithTimeout(t.Context(), startTimeout)
 	defer cancel()
-	w, err := healthpb.NewHealthClient(conn).Watch(ctx, &healthpb.HealthCheckRequest{Service: "storaged.v1.MessageStoreService"})
-	if err != nil {
+	if err := proctest.WaitServing(ctx, conn, proctest.StoreService); err != nil {
 		t.Fatal(err)
 	}
-	for {
-		resp, err := w.Recv()
-		if err != nil {
-			t.Fatalf("health watch: %v", err)
-		}
-		if resp.GetStatus() == healthpb.HealthCheckResponse_SERVING {
-			return addr
-		}
-	}
+	return addr
 }
 
 // event is one line an example prints (examples/README.md, "Output").

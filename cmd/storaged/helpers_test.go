@@ -19,8 +19,8 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
-	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
+	"github.com/storaged/storaged/internal/proctest"
 	"github.com/storaged/storaged/server"
 	"github.com/storaged/storaged/storage"
 )
@@ -226,18 +226,8 @@ func waitServing(t *testing.T, conn *grpc.ClientConn) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(t.Context(), startTimeout)
 	defer cancel()
-	w, err := healthpb.NewHealthClient(conn).Watch(ctx, &healthpb.HealthCheckRequest{Service: server.ServiceName})
-	if err != nil {
+	if err := proctest.WaitServing(ctx, conn, server.ServiceName); err != nil {
 		t.Fatal(err)
-	}
-	for {
-		resp, err := w.Recv()
-		if err != nil {
-			t.Fatalf("health watch: %v", err)
-		}
-		if resp.GetStatus() == healthpb.HealthCheckResponse_SERVING {
-			return
-		}
 	}
 }
 
