@@ -137,3 +137,64 @@ func TestOpenPopulatesTheLastFile(t *testing.T) {
 // testChunk is the allocator's population chunk in these tests: small, so
 // a 64 KiB file takes many chunks.
 const testChunk = 4096
+
+// TestAllocatorLeavesRoomOnANearlyFullDisk: the allocator preallocates the
+// next file ahead of need only while the disk keeps room for it plus the
+// store's small files (prepareRoom). On a nearly full disk the doomed
+// fallocate held every free byte while it ran, so a concurrent checkpoint
+// write failed with ENOSPC and retention, which needs that checkpoint
+// before it deletes, could not free the disk (TestDiskWatermarkOnTmpfs
+// failed so about once in 40 runs under load). The roll then creates the
+// file itself, and a full disk is the put's error.
+func TestAllocatorLeavesRoomOnANearlyFullDisk(t *testing.T) {
+	const fileSize = 64 << 10
+	fs := vfs.NewMem()
+	var mu sync.Mutex
+	avail := uint64(1 << 30)
+	setAvail := func(n uint64) { mu.Lock(); avail = n; mu.Unlock() }
+	var creates []string
+	fs.SetInjector(func(op vfs.Op, path string) error {
+		if op == vfs.OpCreateSegment {
+			mu.Lock()
+			creates = append(creates, filepath.Base(path))
+			mu.Unlock()
+		}
+		return nil
+	})
+	o := Options{Dir: "/d", FS: fs, FileSize: fileSize, MaxMessageSize: 1024, ConsumeQueueEntries: 16,
+		StatDisk: func(string) (DiskUsage, error) {
+			mu.Lock()
+			defer mu.Unlock()
+			return DiskUsage{Size: 2 * avail, Used: avail, Avail: avail}, nil // 50 %: puts go on
+		}}
+	s, err := Open(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	mustPut(t, s, "T", 0, "takes file 0, asks for file 1") // room: file 1 is prepared
+	s.log.Files().WaitReady(fileSize)
+
+	// Just short of the file plus the reserve: file 2 is not prepared.
+	setAvail(fileSize + prepareReserve + 16*20 - 1)
+	body := strings.Repeat("x", 900)
+	for s.log.Files().Last().From() < fileSize {
+		mustPut(t, s, "T", 0, body)
+	}
+	s.log.Files().WaitPopulated()
+	mu.Lock()
+	got := strings.Join(creates, " ")
+	mu.Unlock()
+	if want := fileName(0) + " " + fileName(fileSize); got != want {
+		t.Fatalf("files created on a nearly full disk: %s, want %s (nothing ahead of need)", got, want)
+	}
+	// The roll into file 2 creates it itself, and the puts go on.
+	for s.log.Files().Last().From() < 2*fileSize {
+		mustPut(t, s, "T", 0, body)
+	}
+	setAvail(1 << 30) // room again: the next file is prepared ahead
+	for s.log.Files().Last().From() < 3*fileSize {
+		mustPut(t, s, "T", 0, body)
+	}
+	s.log.Files().WaitReady(4 * fileSize)
+}

@@ -60,20 +60,20 @@ func (h *retentionHost) TrimQueues(minPhys int64) (int, error) { return h.index.
 // durable offset, and, on a master, the first delayed message whose
 // delivery is not yet persisted (a slave does not deliver, so it deletes by
 // time only, as RocketMQ does). When the checkpoint is short of want, it is
-// brought up to date first (a failure there is handled as in the
-// dispatcher: sticky for the commitlog sync, transient otherwise).
+// brought up to date first. A failed commitlog sync there is sticky and
+// returned; any other failure of the checkpoint (ENOSPC writing it on a
+// full disk, above all) is a transient fault the dispatcher retries, and
+// the files below the last checkpoint written may still go: a store that
+// refuses puts for a full disk must be able to free it without writing.
 func (h *retentionHost) DeletableEnd(want int64) (int64, error) {
 	s := (*Store)(h)
 	cpEnd := s.index.LastCheckpoint().Dispatched
 	if cpEnd < want && s.index.Dispatched() > cpEnd {
 		if err := s.index.Checkpoint(); err != nil {
-			// A failed commitlog sync is already sticky (the checkpoint
-			// called fail); any other failure is a transient fault of the
-			// checkpoint, which the dispatcher retries.
-			if !errors.Is(err, ErrWriteFailed) {
-				s.faults.Failed(fault.Checkpoint, err)
+			if errors.Is(err, ErrWriteFailed) {
+				return 0, err // the checkpoint called fail
 			}
-			return 0, err
+			s.faults.Failed(fault.Checkpoint, err)
 		}
 		cpEnd = s.index.LastCheckpoint().Dispatched
 	}

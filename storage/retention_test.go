@@ -15,6 +15,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -484,6 +485,67 @@ func TestDiskWatermarkOnTmpfs(t *testing.T) {
 		t.Fatalf("put after space was freed: %v", err)
 	}
 	t.Logf("tmpfs: retention deleted %d files; disk %.1f%% used; writes resumed", s.Stats().Retention.DeletedFiles, d.UsedPercent)
+}
+
+// TestRetentionDeletesBelowTheLastCheckpointOnAFullDisk: retention brings
+// the checkpoint up to date before it deletes, but on a full disk writing
+// the checkpoint fails (ENOSPC). It then still deletes the expired files
+// below the last checkpoint written, which recovery never needs: a store
+// that refuses puts for a full disk must free it without writing anything.
+// The failed checkpoint is a transient fault, and once it clears the rest
+// goes too; a restart afterwards recovers everything kept.
+func TestRetentionDeletesBelowTheLastCheckpointOnAFullDisk(t *testing.T) {
+	fs := vfs.NewMem()
+	disk := &fakeDisk{pct: 10}
+	clock := newAlarmClock(schedT0)
+	o := Options{Dir: "/d", FS: fs, FileSize: 4096, MaxMessageSize: 2048, ConsumeQueueEntries: 16, Clock: clock,
+		StatDisk: disk.stat, CheckpointInterval: time.Hour}
+	s, err := Open(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { s.Close() }()
+	haltScheduler(s)
+	fill(t, s, "T", 30) // 5 files
+	settle(t, s)
+	if err := s.index.Checkpoint(); err != nil {
+		t.Fatal(err)
+	}
+	cp := s.index.LastCheckpoint().Dispatched
+	last := fill(t, s, "T", 30)
+	settle(t, s)
+
+	fs.SetInjector(failWhere(vfs.OpWriteFile, "checkpoint", fmt.Errorf("%w: %w", vfs.ErrNoSpace, syscall.ENOSPC)))
+	disk.set(99)
+	clock.Advance(73 * time.Hour) // everything has expired
+	s.ret.Round()
+	if f := faultOf(t, s, "checkpoint"); !f.Failing || !strings.Contains(f.Error, "no space") {
+		t.Fatalf("the checkpoint did not fail: %+v", f)
+	}
+	min := s.log.MinOffset()
+	if min == 0 || min > cp {
+		t.Fatalf("with the checkpoint failing: first offset %d, want files deleted up to the last checkpoint %d", min, cp)
+	}
+	if s.WriteErr() != nil {
+		t.Fatalf("a failed checkpoint write turned sticky: %v", s.WriteErr())
+	}
+
+	fs.SetInjector(nil)
+	s.ret.Round()
+	if got := s.log.MinOffset(); got <= cp {
+		t.Fatalf("after the checkpoint recovered: first offset %d, want past %d", got, cp)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if s, err = Open(o); err != nil {
+		t.Fatalf("reopen after deleting on a full disk: %v", err)
+	}
+	haltScheduler(s)
+	tail := last[len(last)-1]
+	if got, err := s.GetMessage(tail.WroteOffset); err != nil || got.QueueOffset != tail.QueueOffset {
+		t.Fatalf("the newest message after reopening: %+v, %v", got, err)
+	}
 }
 
 func TestRetentionOptions(t *testing.T) {

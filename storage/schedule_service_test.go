@@ -49,7 +49,11 @@ func (d *fakeDisk) stat(string) (DiskUsage, error) {
 	if d.err != nil {
 		return DiskUsage{}, d.err
 	}
-	return DiskUsage{Size: 1000, Used: uint64(d.pct * 10), Avail: 1000 - uint64(d.pct*10)}, nil
+	// A 1 TiB disk, so that the allocator's room check (prepareRoom) sees
+	// bytes as a real one would.
+	const size = 1 << 40
+	used := uint64(d.pct / 100 * size)
+	return DiskUsage{Size: size, Used: used, Avail: size - used}, nil
 }
 
 // openSched opens a store on the alarm clock with retention off and disk

@@ -93,7 +93,7 @@ func Open(opts Options) (*Store, error) {
 	s.lockFile = lf
 	s.log, err = commitlog.Open(commitlog.Options{FS: opts.FS, Dir: dir, FileSize: opts.FileSize,
 		RequireCRC: !opts.DisablePropCRC, PopulateChunk: opts.PopulateChunk, Clock: opts.Clock,
-		Logger: opts.Logger, Throttle: s.logLimit})
+		Room: prepareRoom(opts), Logger: opts.Logger, Throttle: s.logLimit})
 	if err != nil {
 		s.cleanup()
 		return nil, err

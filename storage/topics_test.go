@@ -374,7 +374,7 @@ func TestDeleteTopicCrashBeforeCheckpoint(t *testing.T) {
 func deleteCrash(t *testing.T, indexed bool) {
 	fs := vfs.NewMem()
 	o := Options{Dir: "/d", FS: fs, FileSize: 64 << 10, MaxMessageSize: 16 << 10, StatDisk: func(string) (DiskUsage, error) {
-		return DiskUsage{Size: 100, Used: 10, Avail: 90}, nil
+		return DiskUsage{Size: 100 << 30, Used: 10 << 30, Avail: 90 << 30}, nil
 	}}
 	s, err := Open(o)
 	if err != nil {
@@ -471,7 +471,7 @@ func TestTopicConfigCrashImages(t *testing.T) {
 func TestTopicConfigPersistFailureNotSticky(t *testing.T) {
 	fs := vfs.NewMem()
 	o := Options{Dir: "/d", FS: fs, FileSize: 64 << 10, MaxMessageSize: 16 << 10, StatDisk: func(string) (DiskUsage, error) {
-		return DiskUsage{Size: 100, Used: 10, Avail: 90}, nil
+		return DiskUsage{Size: 100 << 30, Used: 10 << 30, Avail: 90 << 30}, nil
 	}}
 	s, err := Open(o)
 	if err != nil {

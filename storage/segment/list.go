@@ -46,6 +46,15 @@ type Options struct {
 	// ObserveSync, if set, is told the duration of every Sync that synced
 	// something.
 	ObserveSync func(time.Duration)
+	// Room, if set, is asked before the allocator preallocates a file of
+	// size bytes ahead of need; false skips it (the roll then creates the
+	// file itself and reports a full disk to its put). Preallocating the
+	// next file on a nearly full disk holds all of the free space for as
+	// long as fallocate runs, and it then fails anyway: every small write
+	// meanwhile (the checkpoint retention needs before it may delete, a
+	// consume-queue file) fails with ENOSPC, and a store refusing puts for
+	// a full disk could not free it.
+	Room func(size int64) bool
 }
 
 // NewList returns the list of the files in dir (none loaded yet: Load)
@@ -58,7 +67,7 @@ func NewList(fs vfs.FS, dir string, fileSize int64, o Options) *List {
 		fs:          fs,
 		dir:         dir,
 		fileSize:    fileSize,
-		alloc:       newAllocator(fs, dir, fileSize, o.PopulateChunk),
+		alloc:       newAllocator(fs, dir, fileSize, o.PopulateChunk, o.Room),
 		observeSync: o.ObserveSync,
 	}
 }
@@ -261,7 +270,8 @@ type allocator struct {
 	// has not finished; cond is broadcast when it drops to 0.
 	unpopulated int
 
-	chunk int64 // population chunk
+	chunk int64                 // population chunk
+	room  func(size int64) bool // Options.Room, nil: always
 
 	reqc   chan int64
 	adoptc chan *File
@@ -269,8 +279,8 @@ type allocator struct {
 	wg     sync.WaitGroup
 }
 
-func newAllocator(fs vfs.FS, dir string, size, chunk int64) *allocator {
-	a := &allocator{fs: fs, dir: dir, size: size, chunk: chunk, inflight: -1, reqc: make(chan int64, 1),
+func newAllocator(fs vfs.FS, dir string, size, chunk int64, room func(int64) bool) *allocator {
+	a := &allocator{fs: fs, dir: dir, size: size, chunk: chunk, room: room, inflight: -1, reqc: make(chan int64, 1),
 		adoptc: make(chan *File, 1), done: make(chan struct{})}
 	a.cond = sync.NewCond(&a.mu)
 	a.wg.Add(1)
@@ -325,7 +335,11 @@ func (a *allocator) loop() {
 // it to todo. Errors are dropped here on purpose: take() then creates the
 // file itself and reports the real error to the put.
 func (a *allocator) create(from int64, todo []*File) []*File {
-	m, err := Create(a.fs, a.dir, from, a.size)
+	var m *File
+	err := errNoRoom
+	if a.room == nil || a.room(a.size) {
+		m, err = Create(a.fs, a.dir, from, a.size)
+	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	a.inflight = -1
@@ -342,6 +356,9 @@ func (a *allocator) create(from int64, todo []*File) []*File {
 	a.ready = m
 	return append(todo, m)
 }
+
+// errNoRoom: Options.Room said no to a file prepared ahead of need.
+var errNoRoom = errors.New("segment: no room to prepare a file ahead")
 
 // adopt has the loop populate m, an existing file the writer will append
 // to (the last file at Open: a restart would otherwise leave the rest of

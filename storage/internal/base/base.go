@@ -118,6 +118,7 @@ func WriteAtomic(fs vfs.FS, dir, name string, data []byte) error {
 	}
 	tmp := filepath.Join(dir, name+".tmp")
 	if err := fs.WriteFile(tmp, data); err != nil {
+		fs.Remove(tmp) // a short write on a full disk holds space; the error is err
 		return fmt.Errorf("write %s: %w", name, err)
 	}
 	if err := fs.Rename(tmp, filepath.Join(dir, name)); err != nil {
