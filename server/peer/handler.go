@@ -1,0 +1,124 @@
+package peer
+
+import (
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	grpcpeer "google.golang.org/grpc/peer"
+	"google.golang.org/grpc/status"
+
+	peerv1 "github.com/storaged/storaged/gen/storaged/peer/v1"
+)
+
+// handler serves storaged.peer.v1.Raft for a Transport.
+type handler struct {
+	peerv1.UnimplementedRaftServer
+	t *Transport
+}
+
+// Send checks each batch's header and steps its messages. A bad header ends
+// the stream with PERMISSION_DENIED (a foreign group, cluster or member: it
+// will not get better by retrying) or INVALID_ARGUMENT (over a bound).
+func (h *handler) Send(st grpc.ClientStreamingServer[peerv1.RaftBatch, peerv1.SendSummary]) error {
+	t := h.t
+	var sum peerv1.SendSummary
+	var from uint64 // fixed by the first batch
+	for {
+		b, err := st.Recv()
+		if errors.Is(err, io.EOF) {
+			return st.SendAndClose(&sum)
+		}
+		if err != nil {
+			return err
+		}
+		if err := h.check(b, from); err != nil {
+			t.log.Warn().Err(err).Uint64("from", b.GetFrom()).Msg("peer batch refused")
+			return err
+		}
+		if from == 0 {
+			if err := h.checkCert(st, b.GetFrom()); err != nil {
+				t.log.Warn().Err(err).Uint64("from", b.GetFrom()).Msg("peer stream refused")
+				return err
+			}
+			from = b.GetFrom()
+		}
+		if a := b.GetFromClientAddr(); a != "" {
+			t.setClientAddr(from, a)
+		}
+		sum.Batches++
+		s := t.getStepper()
+		if s == nil {
+			continue // not attached yet: raft tolerates the loss
+		}
+		for _, m := range b.GetMsgs() {
+			if err := s.StepPeer(m); err != nil {
+				t.log.Debug().Err(err).Uint64("from", from).Msg("peer message not stepped")
+				continue
+			}
+			sum.Msgs++
+			t.received.Add(1)
+		}
+	}
+}
+
+func (h *handler) check(b *peerv1.RaftBatch, from uint64) error {
+	o := &h.t.opts
+	switch {
+	case b.GetGroup() != o.Group:
+		return status.Errorf(codes.PermissionDenied, "peer: batch for group %q, this member is in %q", trunc(b.GetGroup()), o.Group)
+	case b.GetClusterId() != o.ClusterID:
+		return status.Errorf(codes.PermissionDenied, "peer: batch for cluster %q, this member is in %q", trunc(b.GetClusterId()), o.ClusterID)
+	case b.GetTo() != o.ID:
+		return status.Errorf(codes.PermissionDenied, "peer: batch for member %d, this is member %d", b.GetTo(), o.ID)
+	case !h.t.known[b.GetFrom()]:
+		return status.Errorf(codes.PermissionDenied, "peer: batch from member %d, not a peer of member %d", b.GetFrom(), o.ID)
+	case from != 0 && b.GetFrom() != from:
+		return status.Errorf(codes.InvalidArgument, "peer: batch from member %d on member %d's stream", b.GetFrom(), from)
+	case len(b.GetFromClientAddr()) > maxClientAddrLen:
+		return status.Errorf(codes.InvalidArgument, "peer: from_client_addr of %d bytes, at most %d", len(b.GetFromClientAddr()), maxClientAddrLen)
+	case len(b.GetMsgs()) > o.MaxBatchMsgs:
+		return status.Errorf(codes.InvalidArgument, "peer: %d messages in a batch, at most %d", len(b.GetMsgs()), o.MaxBatchMsgs)
+	}
+	// Each message is bounded by MaxRecvMsgSize (the whole batch).
+	return nil
+}
+
+// checkCert, with TLS, requires the client certificate (already verified
+// against the CA) to name the host --raft-peers gives for member from, so
+// one member's certificate cannot speak for another.
+func (h *handler) checkCert(st grpc.ServerStream, from uint64) error {
+	if h.t.opts.TLS == nil {
+		return nil
+	}
+	p, ok := grpcpeer.FromContext(st.Context())
+	if !ok {
+		return status.Error(codes.Unauthenticated, "peer: no peer information")
+	}
+	ti, ok := p.AuthInfo.(credentials.TLSInfo)
+	if !ok || len(ti.State.PeerCertificates) == 0 {
+		return status.Error(codes.Unauthenticated, "peer: no client certificate")
+	}
+	host, _, err := net.SplitHostPort(h.t.opts.Peers[from])
+	if err != nil {
+		return status.Errorf(codes.Internal, "peer: member %d address: %v", from, err)
+	}
+	if err := verifyHost(ti.State.PeerCertificates[0], host); err != nil {
+		return status.Errorf(codes.PermissionDenied, "peer: member %d's certificate: %v", from, err)
+	}
+	return nil
+}
+
+func verifyHost(c *x509.Certificate, host string) error { return c.VerifyHostname(host) }
+
+func trunc(s string) string {
+	if len(s) > 64 {
+		return fmt.Sprintf("%s…", s[:64])
+	}
+	return s
+}

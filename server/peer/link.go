@@ -1,0 +1,208 @@
+package peer
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net"
+	"sync/atomic"
+	"time"
+
+	"github.com/rs/zerolog"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/keepalive"
+
+	peerv1 "github.com/storaged/storaged/gen/storaged/peer/v1"
+)
+
+// link is the outgoing half to one peer: a bounded queue, drained by one
+// goroutine (run) into one client stream at a time.
+type link struct {
+	t    *Transport
+	id   uint64
+	addr string
+	conn *grpc.ClientConn
+	log  zerolog.Logger
+
+	queue       chan []byte
+	queuedBytes atomic.Int64
+	// unreachable is signalled by enqueue when it drops a message; run
+	// reports the peer unreachable, outside the caller's locks.
+	unreachable chan struct{}
+
+	sent, dropped, connects atomic.Uint64
+}
+
+func (t *Transport) newLink(id uint64, addr string) (*link, error) {
+	creds := insecure.NewCredentials()
+	if t.opts.TLS != nil {
+		host, _, _ := net.SplitHostPort(addr) // Validate checked it
+		c := t.opts.TLS.Client.Clone()
+		c.ServerName = host // the peer's certificate must name its --raft-peers host
+		creds = credentials.NewTLS(c)
+	}
+	conn, err := grpc.NewClient("passthrough:///"+addr,
+		grpc.WithTransportCredentials(creds),
+		grpc.WithDefaultCallOptions(grpc.MaxCallSendMsgSize(t.opts.MaxMsgSize), grpc.MaxCallRecvMsgSize(1<<20)),
+		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: t.opts.Keepalive, Timeout: t.opts.Keepalive, PermitWithoutStream: true}),
+	)
+	if err != nil {
+		return nil, err
+	}
+	return &link{
+		t: t, id: id, addr: addr, conn: conn,
+		log:         t.log.With().Uint64("peer", id).Str("peer_addr", addr).Logger(),
+		queue:       make(chan []byte, t.opts.QueueLen),
+		unreachable: make(chan struct{}, 1),
+	}, nil
+}
+
+// enqueue adds msg without blocking, or drops it: too large for one
+// batch, over the queue's byte bound, or the queue is full.
+func (l *link) enqueue(msg []byte) {
+	n := int64(len(msg))
+	if len(msg) > l.t.opts.MaxMsgSize-1024 {
+		l.drop(1)
+		return
+	}
+	if l.queuedBytes.Add(n) > int64(l.t.opts.QueueBytes) {
+		l.queuedBytes.Add(-n)
+		l.drop(1)
+		return
+	}
+	select {
+	case l.queue <- msg:
+	default:
+		l.queuedBytes.Add(-n)
+		l.drop(1)
+	}
+}
+
+func (l *link) drop(n uint64) {
+	l.dropped.Add(n)
+	select {
+	case l.unreachable <- struct{}{}:
+	default:
+	}
+}
+
+func (l *link) reportUnreachable() {
+	if s := l.t.getStepper(); s != nil {
+		s.ReportUnreachable(l.id)
+	}
+}
+
+// run opens a stream, sends batches until it breaks, and opens the next
+// one after a backoff, until ctx ends.
+func (l *link) run(ctx context.Context) {
+	backoff := l.t.opts.MinBackoff
+	for ctx.Err() == nil {
+		start := time.Now()
+		err := l.stream(ctx)
+		if ctx.Err() != nil {
+			return
+		}
+		l.log.Debug().Err(err).Msg("peer stream ended")
+		l.drop(0) // the stream broke: report the peer unreachable
+		if time.Since(start) > l.t.opts.MaxBackoff {
+			backoff = l.t.opts.MinBackoff // it worked for a while: retry soon
+		}
+		if !l.wait(ctx, backoff) {
+			return
+		}
+		backoff = min(2*backoff, l.t.opts.MaxBackoff)
+	}
+}
+
+// reportLoop reports the peer unreachable after drops, on its own
+// goroutine: the link's may be stuck opening a stream to a silent peer.
+func (l *link) reportLoop(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-l.unreachable:
+			l.reportUnreachable()
+		}
+	}
+}
+
+// wait sleeps d or until ctx ends (false).
+func (l *link) wait(ctx context.Context, d time.Duration) bool {
+	timer := time.NewTimer(d)
+	defer timer.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return false
+		case <-timer.C:
+			return true
+		}
+	}
+}
+
+// stream runs one client stream until a send fails or ctx ends.
+func (l *link) stream(ctx context.Context) error {
+	sctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	st, err := peerv1.NewRaftClient(l.conn).Send(sctx)
+	if err != nil {
+		return err
+	}
+	l.connects.Add(1)
+	o := &l.t.opts
+	batch := &peerv1.RaftBatch{Group: o.Group, ClusterId: o.ClusterID, From: o.ID, To: l.id, FromClientAddr: o.ClientAddr}
+	budget := o.MaxMsgSize - 1024 // header and framing
+	var next []byte               // a message that did not fit the previous batch
+	for {
+		first := next
+		next = nil
+		if first == nil {
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case first = <-l.queue:
+				l.queuedBytes.Add(-int64(len(first)))
+			}
+		}
+		msgs := [][]byte{first}
+		size := len(first) + 8
+	fill:
+		for len(msgs) < o.MaxBatchMsgs {
+			select {
+			case m := <-l.queue:
+				l.queuedBytes.Add(-int64(len(m)))
+				if size+len(m)+8 > budget {
+					next = m // starts the next batch
+					break fill
+				}
+				msgs = append(msgs, m)
+				size += len(m) + 8
+			default:
+				break fill
+			}
+		}
+		if err := l.sendBatch(st, batch, msgs); err != nil {
+			if next != nil {
+				l.drop(1)
+			}
+			return err
+		}
+	}
+}
+
+func (l *link) sendBatch(st grpc.ClientStreamingClient[peerv1.RaftBatch, peerv1.SendSummary], batch *peerv1.RaftBatch, msgs [][]byte) error {
+	batch.Msgs = msgs
+	if err := st.Send(batch); err != nil {
+		l.drop(uint64(len(msgs)))
+		if errors.Is(err, io.EOF) {
+			// The server ended the stream: its status says why.
+			_, err = st.CloseAndRecv()
+		}
+		return err
+	}
+	l.sent.Add(uint64(len(msgs)))
+	return nil
+}

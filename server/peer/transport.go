@@ -1,0 +1,382 @@
+// Package peer is the replica-to-replica transport of a replication group:
+// it carries marshalled etcd-raft messages between the storaged processes of
+// one group over the storaged.peer.v1.Raft gRPC service (design
+// replication.md §4).
+//
+// A Transport is both ends. Send queues a message for one peer without
+// blocking; one goroutine per peer drains that queue into a long-lived client
+// stream, reconnecting with backoff. The server side checks every batch's
+// header (group, cluster, this member, a known sender), bounds its size,
+// records the sender's client address (so that a follower can name the
+// leader's address in its "not leader" answers) and hands each message to
+// the Stepper. Raft tolerates loss, so a full queue or a broken stream drops
+// messages and tells raft the peer is unreachable instead of waiting.
+//
+// The store knows nothing of gRPC: it sees the Transport through a one-method
+// interface (Send), and the Transport sees the store through Stepper.
+package peer
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/rs/zerolog"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/keepalive"
+
+	peerv1 "github.com/storaged/storaged/gen/storaged/peer/v1"
+)
+
+// Stepper is what the transport needs from the raft node: hand it a
+// received message, and tell it a peer could not be reached (raft then
+// probes that peer instead of streaming to it). Both may be called from
+// several goroutines at once and must not block for long.
+type Stepper interface {
+	// StepPeer steps one marshalled raftpb.Message. An error refuses that
+	// message only (it is logged and dropped).
+	StepPeer(msg []byte) error
+	// ReportUnreachable says a message to peer id was dropped or its stream
+	// broke.
+	ReportUnreachable(id uint64)
+}
+
+// Defaults of Options.
+const (
+	// DefaultMaxMsgSize bounds one gRPC message (a RaftBatch), both ways:
+	// raft's MaxSizePerMsg (1 MiB) plus the largest entry (4 MiB), rounded
+	// up (replication.md §4).
+	DefaultMaxMsgSize = 16 << 20
+	// DefaultQueueLen bounds the messages waiting for one peer (etcd's
+	// rafthttp uses 4096 for its stream buffer).
+	DefaultQueueLen = 4096
+	// DefaultQueueBytes bounds the bytes waiting for one peer.
+	DefaultQueueBytes = 64 << 20
+	// DefaultMaxBatchMsgs bounds the messages of one RaftBatch, on both sides.
+	DefaultMaxBatchMsgs = 1024
+	// DefaultMinBackoff and DefaultMaxBackoff bound the wait between two
+	// attempts to open a stream to a peer; it doubles on every failure.
+	DefaultMinBackoff = 50 * time.Millisecond
+	DefaultMaxBackoff = 2 * time.Second
+	// DefaultKeepalive is the ping period on an idle connection, and the
+	// wait for its answer, so a dead peer behind a silent network is
+	// noticed without raft traffic.
+	DefaultKeepalive = 5 * time.Second
+	// maxClientAddrLen bounds a batch's from_client_addr.
+	maxClientAddrLen = 256
+	// maxGroupLen bounds the group and cluster names.
+	maxGroupLen = 128
+)
+
+// Options configures a Transport. ID, Peers and a Stepper (New's argument or
+// SetStepper) are required; zero values of the rest take the defaults.
+type Options struct {
+	// Group and ClusterID name the replication group; a batch naming
+	// another group or cluster is refused.
+	Group     string
+	ClusterID string
+	// ID is this member's raft id; Peers maps every member's id to its
+	// peer address (host:port). This member's own entry is optional.
+	ID    uint64
+	Peers map[uint64]string
+	// ClientAddr is this member's client gRPC address, sent in every batch
+	// header.
+	ClientAddr string
+	// TLS, when set, is used for the listener and for every outgoing
+	// stream (see TLSFiles.Load). Nil means plaintext, which New allows only
+	// when every peer address and the listener are loopback.
+	TLS *TLS
+
+	MaxMsgSize   int // bytes of one gRPC message, both ways
+	QueueLen     int // messages waiting per peer
+	QueueBytes   int // bytes waiting per peer
+	MaxBatchMsgs int // messages per batch, both ways
+	MinBackoff   time.Duration
+	MaxBackoff   time.Duration
+	Keepalive    time.Duration
+	Logger       *zerolog.Logger
+}
+
+// TLS holds the two sides of a peer TLS configuration: Server for the
+// listener (RequireAndVerifyClientCert) and Client for outgoing streams.
+// Client's ServerName is set per peer from its address.
+type TLS struct {
+	Server *tls.Config
+	Client *tls.Config
+}
+
+// ErrPlaintextNotLoopback refuses a plaintext transport with a peer or
+// listener address that is not loopback.
+var ErrPlaintextNotLoopback = errors.New("peer: plaintext peer traffic is allowed on loopback addresses only; " +
+	"set --peer-tls-cert, --peer-tls-key and --peer-tls-ca")
+
+func (o *Options) setDefaults() {
+	if o.MaxMsgSize <= 0 {
+		o.MaxMsgSize = DefaultMaxMsgSize
+	}
+	if o.QueueLen <= 0 {
+		o.QueueLen = DefaultQueueLen
+	}
+	if o.QueueBytes <= 0 {
+		o.QueueBytes = DefaultQueueBytes
+	}
+	if o.MaxBatchMsgs <= 0 {
+		o.MaxBatchMsgs = DefaultMaxBatchMsgs
+	}
+	if o.MinBackoff <= 0 {
+		o.MinBackoff = DefaultMinBackoff
+	}
+	if o.MaxBackoff < o.MinBackoff {
+		o.MaxBackoff = max(DefaultMaxBackoff, o.MinBackoff)
+	}
+	if o.Keepalive <= 0 {
+		o.Keepalive = DefaultKeepalive
+	}
+	if o.Logger == nil {
+		l := zerolog.Nop()
+		o.Logger = &l
+	}
+}
+
+// Validate checks the options without a listener.
+func (o *Options) Validate() error {
+	var errs []error
+	if o.ID == 0 {
+		errs = append(errs, errors.New("peer: ID must not be 0"))
+	}
+	if len(o.Group) > maxGroupLen || len(o.ClusterID) > maxGroupLen {
+		errs = append(errs, fmt.Errorf("peer: group and cluster id at most %d bytes", maxGroupLen))
+	}
+	if len(o.ClientAddr) > maxClientAddrLen {
+		errs = append(errs, fmt.Errorf("peer: client address at most %d bytes", maxClientAddrLen))
+	}
+	others := 0
+	for id, addr := range o.Peers {
+		if id == 0 {
+			errs = append(errs, errors.New("peer: peer id 0"))
+		}
+		if _, _, err := net.SplitHostPort(addr); err != nil {
+			errs = append(errs, fmt.Errorf("peer: peer %d address %q: %w", id, addr, err))
+			continue
+		}
+		if id != o.ID {
+			others++
+		}
+		if o.TLS == nil && !IsLoopback(addr) {
+			errs = append(errs, fmt.Errorf("%w (peer %d is %s)", ErrPlaintextNotLoopback, id, addr))
+		}
+	}
+	if others == 0 {
+		errs = append(errs, errors.New("peer: no other peer"))
+	}
+	if o.TLS != nil && (o.TLS.Server == nil || o.TLS.Client == nil) {
+		errs = append(errs, errors.New("peer: TLS needs both its server and client configs"))
+	}
+	return errors.Join(errs...)
+}
+
+// IsLoopback reports whether a host:port address names a loopback host
+// ("localhost" or a loopback IP).
+func IsLoopback(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return false
+	}
+	if strings.EqualFold(host, "localhost") {
+		return true
+	}
+	ip, err := netip.ParseAddr(host)
+	return err == nil && ip.Unmap().IsLoopback()
+}
+
+// Transport sends raft messages to the peers of one group and serves the
+// messages they send. Create it with New; Close stops everything it started.
+type Transport struct {
+	opts    Options
+	log     zerolog.Logger
+	stepper atomic.Pointer[stepperBox]
+	peers   map[uint64]*link // outgoing, by id (not this member)
+	known   map[uint64]bool  // every member but this one
+	srv     *grpc.Server
+	lis     net.Listener
+
+	addrMu      sync.Mutex
+	clientAddrs map[uint64]string // learned from batch headers
+
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+
+	received atomic.Uint64 // messages handed to the stepper
+}
+
+type stepperBox struct{ s Stepper }
+
+// New starts a Transport: it serves storaged.peer.v1.Raft on lis and opens
+// one outgoing stream per other peer. st may be nil and set later with
+// SetStepper (the store and the transport each need the other); until then
+// received messages are dropped, which raft tolerates. New takes ownership
+// of lis: Close closes it.
+func New(lis net.Listener, st Stepper, opts Options) (*Transport, error) {
+	opts.setDefaults()
+	if err := opts.Validate(); err != nil {
+		_ = lis.Close()
+		return nil, err
+	}
+	if opts.TLS == nil {
+		if tcp, ok := lis.Addr().(*net.TCPAddr); !ok || !tcp.IP.IsLoopback() {
+			_ = lis.Close()
+			return nil, fmt.Errorf("%w (listener %v)", ErrPlaintextNotLoopback, lis.Addr())
+		}
+	}
+	t := &Transport{
+		opts:        opts,
+		log:         opts.Logger.With().Str("component", "peer").Uint64("raft_id", opts.ID).Logger(),
+		peers:       make(map[uint64]*link),
+		known:       make(map[uint64]bool),
+		lis:         lis,
+		clientAddrs: make(map[uint64]string),
+	}
+	if st != nil {
+		t.SetStepper(st)
+	}
+	t.ctx, t.cancel = context.WithCancel(context.Background())
+	for id, addr := range opts.Peers {
+		if id == opts.ID {
+			continue
+		}
+		t.known[id] = true
+		l, err := t.newLink(id, addr)
+		if err != nil {
+			t.cancel()
+			for _, l := range t.peers {
+				_ = l.conn.Close()
+			}
+			_ = lis.Close()
+			return nil, err
+		}
+		t.peers[id] = l
+	}
+
+	sopts := []grpc.ServerOption{
+		grpc.MaxRecvMsgSize(opts.MaxMsgSize),
+		grpc.MaxConcurrentStreams(uint32(4 * len(opts.Peers))),
+		grpc.KeepaliveParams(keepalive.ServerParameters{Time: opts.Keepalive, Timeout: opts.Keepalive}),
+		// Peers ping every Keepalive even without a stream; the default
+		// policy (5 min) would answer them with GOAWAY too_many_pings.
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: opts.Keepalive / 2, PermitWithoutStream: true}),
+	}
+	if opts.TLS != nil {
+		sopts = append(sopts, grpc.Creds(credentials.NewTLS(opts.TLS.Server)))
+	}
+	t.srv = grpc.NewServer(sopts...)
+	peerv1.RegisterRaftServer(t.srv, &handler{t: t})
+
+	t.wg.Add(1)
+	go func() {
+		defer t.wg.Done()
+		if err := t.srv.Serve(lis); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
+			t.log.Error().Err(err).Msg("peer listener stopped")
+		}
+	}()
+	for _, l := range t.peers {
+		t.wg.Add(2)
+		go func() {
+			defer t.wg.Done()
+			l.run(t.ctx)
+		}()
+		go func() {
+			defer t.wg.Done()
+			l.reportLoop(t.ctx)
+		}()
+	}
+	return t, nil
+}
+
+// SetStepper sets (or replaces) the raft node messages are stepped into and
+// unreachable peers reported to.
+func (t *Transport) SetStepper(s Stepper) { t.stepper.Store(&stepperBox{s}) }
+
+func (t *Transport) getStepper() Stepper {
+	if b := t.stepper.Load(); b != nil {
+		return b.s
+	}
+	return nil
+}
+
+// Addr is the address the peer service listens on.
+func (t *Transport) Addr() net.Addr { return t.lis.Addr() }
+
+// Send queues msg (a marshalled raftpb.Message) for peer to. It never
+// blocks: a message for an unknown peer is dropped, and so is one that does
+// not fit the peer's queue, which is then reported unreachable (from the
+// peer's goroutine, never from inside Send, so raft may call Send with its
+// own lock held).
+func (t *Transport) Send(to uint64, msg []byte) {
+	l := t.peers[to]
+	if l == nil {
+		return
+	}
+	l.enqueue(msg)
+}
+
+// ClientAddr is the client gRPC address of member id: this member's own
+// from Options, another's as its latest batch header said ("" if none has
+// arrived yet).
+func (t *Transport) ClientAddr(id uint64) string {
+	if id == t.opts.ID {
+		return t.opts.ClientAddr
+	}
+	t.addrMu.Lock()
+	defer t.addrMu.Unlock()
+	return t.clientAddrs[id]
+}
+
+// Stats counts one peer's outgoing traffic.
+type Stats struct {
+	Sent, Dropped uint64 // messages written to a stream; dropped (queue full, too large, stream broken)
+	Connects      uint64 // streams opened
+}
+
+// PeerStats returns the outgoing counters for peer id.
+func (t *Transport) PeerStats(id uint64) Stats {
+	l := t.peers[id]
+	if l == nil {
+		return Stats{}
+	}
+	return Stats{Sent: l.sent.Load(), Dropped: l.dropped.Load(), Connects: l.connects.Load()}
+}
+
+// Received counts the messages handed to the stepper.
+func (t *Transport) Received() uint64 { return t.received.Load() }
+
+// Close stops the outgoing streams and the listener and waits for every
+// goroutine the Transport started. Messages still queued are dropped.
+func (t *Transport) Close() error {
+	t.cancel()
+	// Stop, not GracefulStop: peers' streams are long-lived and would hold
+	// a graceful stop until they end.
+	t.srv.Stop()
+	var errs []error
+	for _, l := range t.peers {
+		if err := l.conn.Close(); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	t.wg.Wait()
+	return errors.Join(errs...)
+}
+
+func (t *Transport) setClientAddr(id uint64, addr string) {
+	t.addrMu.Lock()
+	defer t.addrMu.Unlock()
+	t.clientAddrs[id] = addr
+}

@@ -1,0 +1,257 @@
+package peer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+
+	peerv1 "github.com/storaged/storaged/gen/storaged/peer/v1"
+)
+
+// Every transport of three sends to the other two; each message arrives
+// once, and each receiver learns its senders' client addresses.
+func TestDeliverBetweenThree(t *testing.T) {
+	trs, recs := group(t, 3, nil)
+	const per = 200
+	for i, tr := range trs {
+		for to := uint64(1); to <= 3; to++ {
+			for k := range per {
+				tr.Send(to, fmt.Appendf(nil, "%d->%d #%d", i+1, to, k)) // to self: dropped
+			}
+		}
+	}
+	for i, r := range recs {
+		waitFor(t, fmt.Sprintf("member %d's %d messages", i+1, 2*per), 10*time.Second, func() bool { return r.count() >= 2*per })
+	}
+	for i, r := range recs {
+		if r.count() != 2*per {
+			t.Errorf("member %d got %d messages, want %d", i+1, r.count(), 2*per)
+		}
+		for from := 1; from <= 3; from++ {
+			if from == i+1 {
+				continue
+			}
+			for _, k := range []int{0, per / 2, per - 1} {
+				if m := fmt.Sprintf("%d->%d #%d", from, i+1, k); !r.has(m) {
+					t.Errorf("member %d lacks %q", i+1, m)
+				}
+			}
+			if got, want := trs[i].ClientAddr(uint64(from)), fmt.Sprintf("127.0.0.1:%d", 9000+from); got != want {
+				t.Errorf("member %d: client addr of %d = %q, want %q", i+1, from, got, want)
+			}
+		}
+		if got := trs[i].ClientAddr(uint64(i + 1)); got != fmt.Sprintf("127.0.0.1:%d", 9001+i) {
+			t.Errorf("own client addr %q", got)
+		}
+		if got := trs[i].Received(); got != 2*per {
+			t.Errorf("member %d Received() = %d", i+1, got)
+		}
+	}
+	if s := trs[0].PeerStats(2); s.Sent != per || s.Dropped != 0 || s.Connects != 1 {
+		t.Errorf("stats 1->2: %+v", s)
+	}
+}
+
+// A peer that never answers (a TCP listener that accepts and stays silent)
+// fills the queue: the rest is dropped at once, Send never blocks, and the
+// peer is reported unreachable.
+func TestDropWhenFull(t *testing.T) {
+	silent, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer silent.Close()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := &recorder{}
+	o := testOptions(1, map[uint64]string{1: lis.Addr().String(), 2: silent.Addr().String()})
+	o.QueueLen = 4
+	tr, err := New(lis, rec, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tr.Close()
+	const n = 100
+	for k := range n {
+		tr.Send(2, fmt.Appendf(nil, "m%d", k))
+	}
+	// At most QueueLen queued, and at most one more batch (at most
+	// QueueLen+1 messages) taken by the link goroutine.
+	if s := tr.PeerStats(2); s.Dropped < uint64(n-2*o.QueueLen-1) {
+		t.Fatalf("dropped %d of %d with a queue of %d", s.Dropped, n, o.QueueLen)
+	}
+	waitFor(t, "an unreachable report", 10*time.Second, func() bool { return rec.unreachableCount(2) > 0 })
+	// A message over the batch bound is dropped, never queued.
+	before := tr.PeerStats(2).Dropped
+	tr.Send(2, make([]byte, DefaultMaxMsgSize))
+	if got := tr.PeerStats(2).Dropped; got != before+1 {
+		t.Fatalf("oversized message: dropped %d -> %d", before, got)
+	}
+	// Byte bound: a queue of 1 KiB takes no 2 KiB message.
+	lis2, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	o2 := testOptions(1, map[uint64]string{1: lis2.Addr().String(), 2: silent.Addr().String()})
+	o2.QueueBytes = 1024
+	tr2, err := New(lis2, rec, o2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tr2.Close()
+	tr2.Send(2, make([]byte, 2048))
+	if got := tr2.PeerStats(2).Dropped; got != 1 {
+		t.Fatalf("over the byte bound: dropped %d", got)
+	}
+}
+
+// A peer that restarts on the same address gets messages again: the link
+// reconnects after its stream breaks.
+func TestReconnectAfterPeerRestart(t *testing.T) {
+	lis, peers := listeners(t, 2)
+	r1, r2 := &recorder{}, &recorder{}
+	t1, err := New(lis[0], r1, testOptions(1, peers))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer t1.Close()
+	t2, err := New(lis[1], r2, testOptions(2, peers))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t1.Send(2, []byte("before"))
+	waitFor(t, "the first message", 10*time.Second, func() bool { return r2.has("before") })
+	if err := t2.Close(); err != nil {
+		t.Fatal(err)
+	}
+	var l2 net.Listener
+	waitFor(t, "the port again", 10*time.Second, func() bool {
+		l2, err = net.Listen("tcp", peers[2])
+		return err == nil
+	})
+	r2b := &recorder{}
+	t2b, err := New(l2, r2b, testOptions(2, peers))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer t2b.Close()
+	k := 0
+	waitFor(t, "a message after the restart", 20*time.Second, func() bool {
+		t1.Send(2, fmt.Appendf(nil, "after %d", k))
+		k++
+		return r2b.count() > 0
+	})
+	if s := t1.PeerStats(2); s.Connects < 2 {
+		t.Errorf("connects %d after a restart", s.Connects)
+	}
+	waitFor(t, "unreachable reported for the restart", 10*time.Second, func() bool { return r1.unreachableCount(2) > 0 })
+}
+
+// A client that breaks the header rules is refused with a status naming
+// the rule, and nothing is stepped.
+func TestHeaderChecks(t *testing.T) {
+	trs, recs := group(t, 3, func(o *Options) { o.MaxBatchMsgs = 8 })
+	conn, err := grpc.NewClient("passthrough:///"+trs[0].Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ok := func() *peerv1.RaftBatch {
+		return &peerv1.RaftBatch{Group: "g1", ClusterId: "c1", From: 2, To: 1, Msgs: [][]byte{[]byte("x")}}
+	}
+	for _, tc := range []struct {
+		name string
+		mod  func(*peerv1.RaftBatch)
+		code codes.Code
+		msg  string
+	}{
+		{"group", func(b *peerv1.RaftBatch) { b.Group = "g2" }, codes.PermissionDenied, `group "g2"`},
+		{"cluster", func(b *peerv1.RaftBatch) { b.ClusterId = "other" }, codes.PermissionDenied, `cluster "other"`},
+		{"to", func(b *peerv1.RaftBatch) { b.To = 2 }, codes.PermissionDenied, "for member 2"},
+		{"from unknown", func(b *peerv1.RaftBatch) { b.From = 9 }, codes.PermissionDenied, "from member 9"},
+		{"from self", func(b *peerv1.RaftBatch) { b.From = 1 }, codes.PermissionDenied, "from member 1"},
+		{"too many", func(b *peerv1.RaftBatch) { b.Msgs = make([][]byte, 9) }, codes.InvalidArgument, "9 messages"},
+		{"client addr", func(b *peerv1.RaftBatch) { b.FromClientAddr = strings.Repeat("a", 300) }, codes.InvalidArgument, "from_client_addr"},
+		{"too large", func(b *peerv1.RaftBatch) { b.Msgs = [][]byte{make([]byte, DefaultMaxMsgSize+1)} }, codes.ResourceExhausted, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			st, err := peerv1.NewRaftClient(conn).Send(ctx, grpc.MaxCallSendMsgSize(64<<20))
+			if err != nil {
+				t.Fatal(err)
+			}
+			b := ok()
+			tc.mod(b)
+			_ = st.Send(b) // the error, if any, comes from CloseAndRecv
+			_, err = st.CloseAndRecv()
+			if status.Code(err) != tc.code || !strings.Contains(status.Convert(err).Message(), tc.msg) {
+				t.Fatalf("got %v, want %v containing %q", err, tc.code, tc.msg)
+			}
+		})
+	}
+	if n := recs[0].count(); n != 0 {
+		t.Fatalf("%d messages stepped from refused batches", n)
+	}
+	// A good batch is counted in the summary; a stepper error is not.
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	st, err := peerv1.NewRaftClient(conn).Send(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Send(ok()); err != nil {
+		t.Fatal(err)
+	}
+	sum, err := st.CloseAndRecv()
+	if err != nil || sum.GetBatches() != 1 || sum.GetMsgs() != 1 {
+		t.Fatalf("summary %v, %v", sum, err)
+	}
+}
+
+// Plaintext is refused unless every peer and the listener are loopback.
+func TestPlaintextLoopbackOnly(t *testing.T) {
+	for _, tc := range []struct {
+		peers map[uint64]string
+		ok    bool
+	}{
+		{map[uint64]string{1: "127.0.0.1:1", 2: "127.0.0.2:2", 3: "[::1]:3"}, true},
+		{map[uint64]string{1: "localhost:1", 2: "127.0.0.1:2"}, true},
+		{map[uint64]string{1: "127.0.0.1:1", 2: "10.0.0.2:9191"}, false},
+		{map[uint64]string{1: "127.0.0.1:1", 2: "host2:9191"}, false},
+		{map[uint64]string{1: "127.0.0.1:1", 2: "[::ffff:127.0.0.1]:9191"}, true},
+	} {
+		o := testOptions(1, tc.peers)
+		err := o.Validate()
+		if tc.ok != (err == nil) || (err != nil && !errors.Is(err, ErrPlaintextNotLoopback)) {
+			t.Errorf("%v: %v", tc.peers, err)
+		}
+	}
+	// A listener on every interface is not loopback either.
+	lis := newWildcardListener(t)
+	if _, err := New(lis, nil, testOptions(1, map[uint64]string{1: "127.0.0.1:1", 2: "127.0.0.1:2"})); !errors.Is(err, ErrPlaintextNotLoopback) {
+		t.Fatalf("plaintext on %v: %v", lis.Addr(), err)
+	}
+	for _, o := range []Options{
+		{Peers: map[uint64]string{1: "127.0.0.1:1", 2: "127.0.0.1:2"}},                     // no ID
+		{ID: 1, Peers: map[uint64]string{1: "127.0.0.1:1"}},                                // alone
+		{ID: 1, Peers: map[uint64]string{1: "127.0.0.1:1", 2: "127.0.0.1"}},                // no port
+		{ID: 1, Peers: map[uint64]string{1: "127.0.0.1:1", 0: "127.0.0.1:2"}},              // id 0
+		{ID: 1, Peers: map[uint64]string{1: "127.0.0.1:1", 2: "127.0.0.1:2"}, TLS: &TLS{}}, // half TLS
+	} {
+		if err := o.Validate(); err == nil {
+			t.Errorf("%+v validated", o)
+		}
+	}
+}
