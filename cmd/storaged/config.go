@@ -79,6 +79,9 @@ type config struct {
 	// DedupWindow 0 turns them off.
 	DedupWindow      time.Duration
 	DedupMaxMessages int
+
+	// Replication group (replication.go); zero when standalone.
+	Replication replicationConfig
 }
 
 // Defaults. deploy/kubernetes and the Dockerfile rely on the ports and the
@@ -197,6 +200,7 @@ func parseConfig(args []string, lookupEnv func(string) (string, bool), stderr io
 			"gets the first put's answer and stores nothing; 0 turns deduplication off")
 	fs.IntVar(&cfg.DedupMaxMessages, "dedup-max-messages", cfg.DedupMaxMessages,
 		"most `messages` the dedup window remembers (about 300 bytes each); past it the oldest keys are forgotten first")
+	cfg.Replication.register(fs)
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "Usage: storaged [flags]\n\n"+
 			"Every flag has an environment twin: --data-dir is %sDATA_DIR.\n"+
@@ -231,6 +235,10 @@ func parseConfig(args []string, lookupEnv func(string) (string, bool), stderr io
 	}
 	if fs.NArg() > 0 {
 		return fail(fmt.Errorf("unexpected arguments %q (storaged takes flags only)", fs.Args()))
+	}
+	cfg.Replication.noteSet(fs)
+	if cfg.Replication.group() && !cfg.Replication.flushModeSet {
+		cfg.FlushMode = storage.FlushSync // a group acknowledges only fsynced messages
 	}
 	if err := cfg.validate(); err != nil {
 		return fail(err)
@@ -338,6 +346,7 @@ func (c *config) validate() error {
 			}
 		}
 	}
+	errs = append(errs, c.Replication.validate(c.FlushMode)...)
 	if len(errs) == 0 {
 		// Fail fast on what the store would refuse at Open (file size range,
 		// message size above the file size, …). The store host is only known
@@ -451,6 +460,11 @@ func (c *config) log(l zerolog.Logger) {
 		Stringer("max_pull_wait", c.MaxPullWait).
 		Stringer("dedup_window", c.DedupWindow).
 		Int("dedup_max_messages", c.DedupMaxMessages).
+		Uint64("raft_id", c.Replication.RaftID).
+		Stringer("raft_peers", &c.Replication.RaftPeers).
+		Bool("raft_learner", c.Replication.RaftLearner).
+		Stringer("replication_timeout", c.Replication.ReplicationTimeout).
+		Bool("peer_tls", c.Replication.PeerTLSCert != "").
 		Msg("effective configuration")
 }
 

@@ -6,6 +6,7 @@ import (
 	"flag"
 	"net"
 	"net/netip"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -46,8 +47,9 @@ func TestConfigDefaults(t *testing.T) {
 		MaxPullWait:          10 * time.Second,
 		DedupWindow:          10 * time.Minute,
 		DedupMaxMessages:     1 << 18,
+		Replication:          replicationConfig{ReplicationTimeout: 5 * time.Second},
 	}
-	if cfg != want {
+	if !reflect.DeepEqual(cfg, want) {
 		t.Errorf("defaults\n got %+v\nwant %+v", cfg, want)
 	}
 	// The defaults must make valid storage options.

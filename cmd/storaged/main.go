@@ -112,6 +112,10 @@ func run(ctx context.Context, args []string, lookupEnv func(string) (string, boo
 		fmt.Fprintln(stderr, "storaged", buildinfo.Get())
 		return nil
 	}
+	if cfg.Replication.group() {
+		fmt.Fprintf(stderr, "storaged: %v\n", errGroupPending)
+		return usageError{errGroupPending}
+	}
 	gogc := gctune.ApplyDefaultGOGC(lookupEnv)
 	memLimit := gctune.ApplyDefaultMemoryLimit(lookupEnv, cfg.MaxPullInflightBytes)
 	logger := newLogger(cfg, stderr)

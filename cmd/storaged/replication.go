@@ -1,0 +1,261 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"net"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/storaged/storaged/server/peer"
+	"github.com/storaged/storaged/storage"
+)
+
+// replicationConfig holds the flags of a replication group (design
+// replication.md §1, §4). Without --raft-peers storaged runs standalone
+// and every field stays zero.
+type replicationConfig struct {
+	RaftID             uint64
+	RaftPeers          raftPeers
+	PeerListen         string // "" listens on this member's --raft-peers address
+	RaftLearner        bool
+	ReplicationTimeout time.Duration
+	PeerTLSCert        string
+	PeerTLSKey         string
+	PeerTLSCA          string
+
+	// Which flags the operator set (command line or environment): a group
+	// refuses --role and an explicit --flush-mode async.
+	roleSet, flushModeSet bool
+}
+
+// defaultReplicationTimeout is SyncFlushTimeout's 5 s: a put proposed and
+// not committed within it is answered with an unknown outcome.
+const defaultReplicationTimeout = storage.DefaultSyncFlushTimeout
+
+// errGroupPending refuses to start in group mode: the flags are parsed and
+// validated, but the raft node inside the store is not wired to them yet.
+var errGroupPending = errors.New("--raft-peers: replication flags are parsed and validated, but group mode is not " +
+	"wired into this build yet; run without --raft-peers (standalone)")
+
+func (r *replicationConfig) register(fs *flag.FlagSet) {
+	fs.Func("raft-id", "this member's raft `id` (a positive integer listed in --raft-peers; never reused)", func(s string) error {
+		id, err := parseRaftID(s)
+		r.RaftID = id
+		return err
+	})
+	fs.Var(&r.RaftPeers, "raft-peers",
+		"replication group `members` as id=host:port of their peer listeners, comma separated "+
+			"(1=host1:9191,2=host2:9191,3=host3:9191); empty runs standalone")
+	fs.StringVar(&r.PeerListen, "peer-listen", "",
+		"peer service (storaged.peer.v1.Raft) listen `address` (default: this member's --raft-peers address)")
+	fs.BoolVar(&r.RaftLearner, "raft-learner", false, "join the group as a learner: replicates and serves reads, never votes or leads")
+	fs.DurationVar(&r.ReplicationTimeout, "replication-timeout", defaultReplicationTimeout,
+		"group mode: a put not committed by a majority within this `duration` gets DEADLINE_EXCEEDED with outcome unknown")
+	fs.StringVar(&r.PeerTLSCert, "peer-tls-cert", "", "peer TLS certificate `file` (PEM), presented as server and client; it must name this member's --raft-peers host")
+	fs.StringVar(&r.PeerTLSKey, "peer-tls-key", "", "peer TLS private key `file` (PEM)")
+	fs.StringVar(&r.PeerTLSCA, "peer-tls-ca", "", "CA `file` (PEM) that signs every member's peer certificate; TLS 1.3, client certificates required")
+}
+
+// noteSet records which of the flags that conflict with a group were set.
+func (r *replicationConfig) noteSet(fs *flag.FlagSet) {
+	fs.Visit(func(f *flag.Flag) {
+		switch f.Name {
+		case "role":
+			r.roleSet = true
+		case "flush-mode":
+			r.flushModeSet = true
+		}
+	})
+}
+
+// group reports whether the configuration asks for a replication group.
+func (r *replicationConfig) group() bool { return len(r.RaftPeers) > 0 }
+
+// peerListen is the address the peer service listens on.
+func (r *replicationConfig) peerListen() string {
+	if r.PeerListen != "" {
+		return r.PeerListen
+	}
+	return r.RaftPeers.addr(r.RaftID)
+}
+
+// validate checks the replication flags against each other and against the
+// standalone ones (FlushMode as resolved: a group defaults to sync).
+func (r *replicationConfig) validate(flushMode storage.FlushMode) []error {
+	var errs []error
+	if r.ReplicationTimeout <= 0 {
+		errs = append(errs, fmt.Errorf("--replication-timeout %v must be positive", r.ReplicationTimeout))
+	}
+	tlsSet := r.PeerTLSCert != "" || r.PeerTLSKey != "" || r.PeerTLSCA != ""
+	if !r.group() {
+		var stray []string
+		if r.RaftID != 0 {
+			stray = append(stray, "--raft-id")
+		}
+		if r.PeerListen != "" {
+			stray = append(stray, "--peer-listen")
+		}
+		if r.RaftLearner {
+			stray = append(stray, "--raft-learner")
+		}
+		if tlsSet {
+			stray = append(stray, "--peer-tls-*")
+		}
+		if len(stray) > 0 {
+			errs = append(errs, fmt.Errorf("%s need --raft-peers (without it storaged runs standalone)", strings.Join(stray, ", ")))
+		}
+		return errs
+	}
+	switch {
+	case r.RaftID == 0:
+		errs = append(errs, errors.New("--raft-peers needs --raft-id (this member's id in the list)"))
+	case r.RaftPeers.addr(r.RaftID) == "":
+		errs = append(errs, fmt.Errorf("--raft-id %d is not in --raft-peers (ids %v)", r.RaftID, r.RaftPeers.ids()))
+	}
+	if len(r.RaftPeers) < 2 {
+		errs = append(errs, errors.New("--raft-peers lists one member; a group needs at least 2 (3 or 5 to survive a failure)"))
+	}
+	if r.roleSet {
+		errs = append(errs, errors.New("--role is for standalone master/slave; in a group (--raft-peers) the leader is elected "+
+			"(use --raft-learner for a non-voting replica)"))
+	}
+	if r.flushModeSet && flushMode == storage.FlushAsync {
+		errs = append(errs, errors.New("--flush-mode async is refused with --raft-peers: a replica must fsync before it "+
+			"acknowledges, or it may vote for a leader lacking acknowledged messages"))
+	}
+	if r.PeerListen != "" {
+		if err := checkHostPort(r.PeerListen, true); err != nil {
+			errs = append(errs, fmt.Errorf("--peer-listen: %w", err))
+		}
+	}
+	if tlsSet && (r.PeerTLSCert == "" || r.PeerTLSKey == "" || r.PeerTLSCA == "") {
+		errs = append(errs, errors.New("--peer-tls-cert, --peer-tls-key and --peer-tls-ca go together"))
+	}
+	if !tlsSet {
+		for _, p := range r.RaftPeers {
+			if !peer.IsLoopback(p.addr) {
+				errs = append(errs, fmt.Errorf("--raft-peers member %d at %s is not loopback: set --peer-tls-cert, "+
+					"--peer-tls-key and --peer-tls-ca (plaintext peer traffic is allowed on loopback only)", p.id, p.addr))
+			}
+		}
+		if r.PeerListen != "" && !peer.IsLoopback(r.PeerListen) {
+			errs = append(errs, fmt.Errorf("--peer-listen %s is not loopback: set --peer-tls-cert, --peer-tls-key and "+
+				"--peer-tls-ca (plaintext peer traffic is allowed on loopback only)", r.PeerListen))
+		}
+	}
+	return errs
+}
+
+// raftPeer is one --raft-peers member.
+type raftPeer struct {
+	id   uint64
+	addr string
+}
+
+// raftPeers is the --raft-peers list, in the order given.
+type raftPeers []raftPeer
+
+func (p *raftPeers) String() string {
+	if p == nil {
+		return ""
+	}
+	parts := make([]string, len(*p))
+	for i, m := range *p {
+		parts[i] = strconv.FormatUint(m.id, 10) + "=" + m.addr
+	}
+	return strings.Join(parts, ",")
+}
+
+// Set parses "1=host1:9191,2=host2:9191,3=host3:9191"; the empty string
+// clears the list (standalone).
+func (p *raftPeers) Set(s string) error {
+	var out raftPeers
+	if strings.TrimSpace(s) == "" {
+		*p = nil
+		return nil
+	}
+	for _, part := range strings.Split(s, ",") {
+		part = strings.TrimSpace(part)
+		idStr, addr, ok := strings.Cut(part, "=")
+		if !ok {
+			return fmt.Errorf("member %q: want id=host:port", part)
+		}
+		id, err := parseRaftID(idStr)
+		if err != nil {
+			return fmt.Errorf("member %q: %w", part, err)
+		}
+		if err := checkHostPort(addr, false); err != nil {
+			return fmt.Errorf("member %q: %w", part, err)
+		}
+		if out.addr(id) != "" {
+			return fmt.Errorf("member id %d listed twice", id)
+		}
+		for _, m := range out {
+			if m.addr == addr {
+				return fmt.Errorf("address %s listed for members %d and %d", addr, m.id, id)
+			}
+		}
+		out = append(out, raftPeer{id, addr})
+	}
+	*p = out
+	return nil
+}
+
+func (p raftPeers) addr(id uint64) string {
+	for _, m := range p {
+		if m.id == id {
+			return m.addr
+		}
+	}
+	return ""
+}
+
+func (p raftPeers) ids() []uint64 {
+	ids := make([]uint64, len(p))
+	for i, m := range p {
+		ids[i] = m.id
+	}
+	slices.Sort(ids)
+	return ids
+}
+
+// peerMap is the list as peer.Options.Peers takes it.
+func (p raftPeers) peerMap() map[uint64]string {
+	m := make(map[uint64]string, len(p))
+	for _, x := range p {
+		m[x.id] = x.addr
+	}
+	return m
+}
+
+func parseRaftID(s string) (uint64, error) {
+	id, err := strconv.ParseUint(strings.TrimSpace(s), 10, 64)
+	if err != nil || id == 0 {
+		return 0, fmt.Errorf("raft id %q: want a positive integer", s)
+	}
+	return id, nil
+}
+
+// checkHostPort accepts host:port with a numeric port in 1-65535 (0 too
+// for a listener, to pick a free one) and, for a peer address, a host.
+func checkHostPort(addr string, listen bool) error {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return fmt.Errorf("address %q: %w", addr, err)
+	}
+	n, err := strconv.ParseUint(port, 10, 16)
+	if err != nil || (n == 0 && !listen) {
+		return fmt.Errorf("address %q: port %q is not a number in 1-65535", addr, port)
+	}
+	if host == "" && !listen {
+		return fmt.Errorf("address %q has no host", addr)
+	}
+	if strings.ContainsAny(host, " /") {
+		return fmt.Errorf("address %q: bad host", addr)
+	}
+	return nil
+}
