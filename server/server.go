@@ -113,6 +113,10 @@ type Service struct {
 	// GRPCConfig.TracerProvider.
 	tracer    trace.Tracer
 	exemplars PutExemplars
+
+	// Replication (replica.go): nil when standalone.
+	replicaInfo func() ReplicaInfo
+	clientAddr  func(id uint64) string
 }
 
 // Option configures a Service.

@@ -153,6 +153,71 @@ func (PutMessageStatus) EnumDescriptor() ([]byte, []int) {
 	return file_storaged_v1_message_store_proto_rawDescGZIP(), []int{0}
 }
 
+// ReplicaRole is a server's role in its replication group.
+type ReplicaRole int32
+
+const (
+	// Not set; never sent.
+	ReplicaRole_REPLICA_ROLE_UNSPECIFIED ReplicaRole = 0
+	// No replication group (storaged without --raft-peers): master or slave as --role says.
+	ReplicaRole_REPLICA_ROLE_STANDALONE ReplicaRole = 1
+	// The group's leader: takes puts once ready.
+	ReplicaRole_REPLICA_ROLE_LEADER ReplicaRole = 2
+	// A voting member that is not the leader: refuses puts with UNAVAILABLE and a leader hint.
+	ReplicaRole_REPLICA_ROLE_FOLLOWER ReplicaRole = 3
+	// Campaigning for leadership (raft candidate or pre-candidate).
+	ReplicaRole_REPLICA_ROLE_CANDIDATE ReplicaRole = 4
+	// A non-voting member (--raft-learner): replicates and serves reads, never leads.
+	ReplicaRole_REPLICA_ROLE_LEARNER ReplicaRole = 5
+)
+
+// Enum value maps for ReplicaRole.
+var (
+	ReplicaRole_name = map[int32]string{
+		0: "REPLICA_ROLE_UNSPECIFIED",
+		1: "REPLICA_ROLE_STANDALONE",
+		2: "REPLICA_ROLE_LEADER",
+		3: "REPLICA_ROLE_FOLLOWER",
+		4: "REPLICA_ROLE_CANDIDATE",
+		5: "REPLICA_ROLE_LEARNER",
+	}
+	ReplicaRole_value = map[string]int32{
+		"REPLICA_ROLE_UNSPECIFIED": 0,
+		"REPLICA_ROLE_STANDALONE":  1,
+		"REPLICA_ROLE_LEADER":      2,
+		"REPLICA_ROLE_FOLLOWER":    3,
+		"REPLICA_ROLE_CANDIDATE":   4,
+		"REPLICA_ROLE_LEARNER":     5,
+	}
+)
+
+func (x ReplicaRole) Enum() *ReplicaRole {
+	p := new(ReplicaRole)
+	*p = x
+	return p
+}
+
+func (x ReplicaRole) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (ReplicaRole) Descriptor() protoreflect.EnumDescriptor {
+	return file_storaged_v1_message_store_proto_enumTypes[1].Descriptor()
+}
+
+func (ReplicaRole) Type() protoreflect.EnumType {
+	return &file_storaged_v1_message_store_proto_enumTypes[1]
+}
+
+func (x ReplicaRole) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use ReplicaRole.Descriptor instead.
+func (ReplicaRole) EnumDescriptor() ([]byte, []int) {
+	return file_storaged_v1_message_store_proto_rawDescGZIP(), []int{1}
+}
+
 // Message is one message to append.
 type Message struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1348,6 +1413,253 @@ func (x *GetQueueInfoResponse) GetMaxOffset() int64 {
 	return 0
 }
 
+// GetReplicaInfoRequest is the request of MessageStoreService.GetReplicaInfo.
+type GetReplicaInfoRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetReplicaInfoRequest) Reset() {
+	*x = GetReplicaInfoRequest{}
+	mi := &file_storaged_v1_message_store_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetReplicaInfoRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetReplicaInfoRequest) ProtoMessage() {}
+
+func (x *GetReplicaInfoRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_storaged_v1_message_store_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetReplicaInfoRequest.ProtoReflect.Descriptor instead.
+func (*GetReplicaInfoRequest) Descriptor() ([]byte, []int) {
+	return file_storaged_v1_message_store_proto_rawDescGZIP(), []int{15}
+}
+
+// GetReplicaInfoResponse is the response of MessageStoreService.GetReplicaInfo. In a group, reads on
+// any member see the log up to its commit point; puts go to the leader.
+type GetReplicaInfoResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// This server's role.
+	Role ReplicaRole `protobuf:"varint,1,opt,name=role,proto3,enum=storaged.v1.ReplicaRole" json:"role,omitempty"`
+	// This member's raft id (--raft-id); 0 when standalone.
+	Id uint64 `protobuf:"varint,2,opt,name=id,proto3" json:"id,omitempty"`
+	// The current raft term.
+	Term uint64 `protobuf:"varint,3,opt,name=term,proto3" json:"term,omitempty"`
+	// The leader this member knows of; 0 when none is known.
+	LeaderId uint64 `protobuf:"varint,4,opt,name=leader_id,json=leaderId,proto3" json:"leader_id,omitempty"`
+	// The leader's client address (host:port of its MessageStoreService), learned from its peer
+	// traffic; empty when unknown.
+	LeaderAddr string `protobuf:"bytes,5,opt,name=leader_addr,json=leaderAddr,proto3" json:"leader_addr,omitempty"`
+	// Raft indexes: the highest committed and the highest applied entry.
+	Commit  uint64 `protobuf:"varint,6,opt,name=commit,proto3" json:"commit,omitempty"`
+	Applied uint64 `protobuf:"varint,7,opt,name=applied,proto3" json:"applied,omitempty"`
+	// CommitLog offset one past the last committed record: reads see the log up to here.
+	CommitEnd int64 `protobuf:"varint,8,opt,name=commit_end,json=commitEnd,proto3" json:"commit_end,omitempty"`
+	// On the leader: true once it takes puts (its term's first entry is applied).
+	Ready bool `protobuf:"varint,9,opt,name=ready,proto3" json:"ready,omitempty"`
+	// On the leader: each other member's replication progress. Empty elsewhere.
+	Peers         []*PeerProgress `protobuf:"bytes,10,rep,name=peers,proto3" json:"peers,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetReplicaInfoResponse) Reset() {
+	*x = GetReplicaInfoResponse{}
+	mi := &file_storaged_v1_message_store_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetReplicaInfoResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetReplicaInfoResponse) ProtoMessage() {}
+
+func (x *GetReplicaInfoResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_storaged_v1_message_store_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetReplicaInfoResponse.ProtoReflect.Descriptor instead.
+func (*GetReplicaInfoResponse) Descriptor() ([]byte, []int) {
+	return file_storaged_v1_message_store_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *GetReplicaInfoResponse) GetRole() ReplicaRole {
+	if x != nil {
+		return x.Role
+	}
+	return ReplicaRole_REPLICA_ROLE_UNSPECIFIED
+}
+
+func (x *GetReplicaInfoResponse) GetId() uint64 {
+	if x != nil {
+		return x.Id
+	}
+	return 0
+}
+
+func (x *GetReplicaInfoResponse) GetTerm() uint64 {
+	if x != nil {
+		return x.Term
+	}
+	return 0
+}
+
+func (x *GetReplicaInfoResponse) GetLeaderId() uint64 {
+	if x != nil {
+		return x.LeaderId
+	}
+	return 0
+}
+
+func (x *GetReplicaInfoResponse) GetLeaderAddr() string {
+	if x != nil {
+		return x.LeaderAddr
+	}
+	return ""
+}
+
+func (x *GetReplicaInfoResponse) GetCommit() uint64 {
+	if x != nil {
+		return x.Commit
+	}
+	return 0
+}
+
+func (x *GetReplicaInfoResponse) GetApplied() uint64 {
+	if x != nil {
+		return x.Applied
+	}
+	return 0
+}
+
+func (x *GetReplicaInfoResponse) GetCommitEnd() int64 {
+	if x != nil {
+		return x.CommitEnd
+	}
+	return 0
+}
+
+func (x *GetReplicaInfoResponse) GetReady() bool {
+	if x != nil {
+		return x.Ready
+	}
+	return false
+}
+
+func (x *GetReplicaInfoResponse) GetPeers() []*PeerProgress {
+	if x != nil {
+		return x.Peers
+	}
+	return nil
+}
+
+// PeerProgress is the leader's view of one member's replication.
+type PeerProgress struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The member's raft id.
+	Id uint64 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
+	// Highest raft index known to be in the member's log.
+	Match uint64 `protobuf:"varint,2,opt,name=match,proto3" json:"match,omitempty"`
+	// Next raft index the leader will send it.
+	Next uint64 `protobuf:"varint,3,opt,name=next,proto3" json:"next,omitempty"`
+	// Whether the member answered within the last election timeout.
+	RecentActive bool `protobuf:"varint,4,opt,name=recent_active,json=recentActive,proto3" json:"recent_active,omitempty"`
+	// Whether the member is a learner.
+	Learner       bool `protobuf:"varint,5,opt,name=learner,proto3" json:"learner,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PeerProgress) Reset() {
+	*x = PeerProgress{}
+	mi := &file_storaged_v1_message_store_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PeerProgress) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PeerProgress) ProtoMessage() {}
+
+func (x *PeerProgress) ProtoReflect() protoreflect.Message {
+	mi := &file_storaged_v1_message_store_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PeerProgress.ProtoReflect.Descriptor instead.
+func (*PeerProgress) Descriptor() ([]byte, []int) {
+	return file_storaged_v1_message_store_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *PeerProgress) GetId() uint64 {
+	if x != nil {
+		return x.Id
+	}
+	return 0
+}
+
+func (x *PeerProgress) GetMatch() uint64 {
+	if x != nil {
+		return x.Match
+	}
+	return 0
+}
+
+func (x *PeerProgress) GetNext() uint64 {
+	if x != nil {
+		return x.Next
+	}
+	return 0
+}
+
+func (x *PeerProgress) GetRecentActive() bool {
+	if x != nil {
+		return x.RecentActive
+	}
+	return false
+}
+
+func (x *PeerProgress) GetLearner() bool {
+	if x != nil {
+		return x.Learner
+	}
+	return false
+}
+
 // StoredMessage is a message read back from the CommitLog, with every field of the stored record
 // (RocketMQ MessageExt).
 type StoredMessage struct {
@@ -1399,7 +1711,7 @@ type StoredMessage struct {
 
 func (x *StoredMessage) Reset() {
 	*x = StoredMessage{}
-	mi := &file_storaged_v1_message_store_proto_msgTypes[15]
+	mi := &file_storaged_v1_message_store_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1411,7 +1723,7 @@ func (x *StoredMessage) String() string {
 func (*StoredMessage) ProtoMessage() {}
 
 func (x *StoredMessage) ProtoReflect() protoreflect.Message {
-	mi := &file_storaged_v1_message_store_proto_msgTypes[15]
+	mi := &file_storaged_v1_message_store_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1424,7 +1736,7 @@ func (x *StoredMessage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StoredMessage.ProtoReflect.Descriptor instead.
 func (*StoredMessage) Descriptor() ([]byte, []int) {
-	return file_storaged_v1_message_store_proto_rawDescGZIP(), []int{15}
+	return file_storaged_v1_message_store_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *StoredMessage) GetTopic() string {
@@ -1664,7 +1976,28 @@ const file_storaged_v1_message_store_proto_rawDesc = "" +
 	"\n" +
 	"min_offset\x18\x01 \x01(\x03R\tminOffset\x12\x1d\n" +
 	"\n" +
-	"max_offset\x18\x02 \x01(\x03R\tmaxOffset\"\xd5\x05\n" +
+	"max_offset\x18\x02 \x01(\x03R\tmaxOffset\"\x17\n" +
+	"\x15GetReplicaInfoRequest\"\xc0\x02\n" +
+	"\x16GetReplicaInfoResponse\x12,\n" +
+	"\x04role\x18\x01 \x01(\x0e2\x18.storaged.v1.ReplicaRoleR\x04role\x12\x0e\n" +
+	"\x02id\x18\x02 \x01(\x04R\x02id\x12\x12\n" +
+	"\x04term\x18\x03 \x01(\x04R\x04term\x12\x1b\n" +
+	"\tleader_id\x18\x04 \x01(\x04R\bleaderId\x12\x1f\n" +
+	"\vleader_addr\x18\x05 \x01(\tR\n" +
+	"leaderAddr\x12\x16\n" +
+	"\x06commit\x18\x06 \x01(\x04R\x06commit\x12\x18\n" +
+	"\aapplied\x18\a \x01(\x04R\aapplied\x12\x1d\n" +
+	"\n" +
+	"commit_end\x18\b \x01(\x03R\tcommitEnd\x12\x14\n" +
+	"\x05ready\x18\t \x01(\bR\x05ready\x12/\n" +
+	"\x05peers\x18\n" +
+	" \x03(\v2\x19.storaged.v1.PeerProgressR\x05peers\"\x87\x01\n" +
+	"\fPeerProgress\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x14\n" +
+	"\x05match\x18\x02 \x01(\x04R\x05match\x12\x12\n" +
+	"\x04next\x18\x03 \x01(\x04R\x04next\x12#\n" +
+	"\rrecent_active\x18\x04 \x01(\bR\frecentActive\x12\x18\n" +
+	"\alearner\x18\x05 \x01(\bR\alearner\"\xd5\x05\n" +
 	"\rStoredMessage\x12\x14\n" +
 	"\x05topic\x18\x01 \x01(\tR\x05topic\x12\x19\n" +
 	"\bqueue_id\x18\x02 \x01(\x05R\aqueueId\x12!\n" +
@@ -1711,7 +2044,14 @@ const file_storaged_v1_message_store_proto_rawDesc = "" +
 	"1PUT_MESSAGE_STATUS_LMQ_CONSUME_QUEUE_NUM_EXCEEDED\x10\r\x12/\n" +
 	"+PUT_MESSAGE_STATUS_WHEEL_TIMER_FLOW_CONTROL\x10\x0e\x12.\n" +
 	"*PUT_MESSAGE_STATUS_WHEEL_TIMER_MSG_ILLEGAL\x10\x0f\x12-\n" +
-	")PUT_MESSAGE_STATUS_WHEEL_TIMER_NOT_ENABLE\x10\x102\x94\x04\n" +
+	")PUT_MESSAGE_STATUS_WHEEL_TIMER_NOT_ENABLE\x10\x10*\xb2\x01\n" +
+	"\vReplicaRole\x12\x1c\n" +
+	"\x18REPLICA_ROLE_UNSPECIFIED\x10\x00\x12\x1b\n" +
+	"\x17REPLICA_ROLE_STANDALONE\x10\x01\x12\x17\n" +
+	"\x13REPLICA_ROLE_LEADER\x10\x02\x12\x19\n" +
+	"\x15REPLICA_ROLE_FOLLOWER\x10\x03\x12\x1a\n" +
+	"\x16REPLICA_ROLE_CANDIDATE\x10\x04\x12\x18\n" +
+	"\x14REPLICA_ROLE_LEARNER\x10\x052\xef\x04\n" +
 	"\x13MessageStoreService\x12M\n" +
 	"\n" +
 	"PutMessage\x12\x1e.storaged.v1.PutMessageRequest\x1a\x1f.storaged.v1.PutMessageResponse\x12P\n" +
@@ -1720,7 +2060,8 @@ const file_storaged_v1_message_store_proto_rawDesc = "" +
 	"\n" +
 	"GetMessage\x12\x1e.storaged.v1.GetMessageRequest\x1a\x1f.storaged.v1.GetMessageResponse\x12S\n" +
 	"\fPullMessages\x12 .storaged.v1.PullMessagesRequest\x1a!.storaged.v1.PullMessagesResponse\x12S\n" +
-	"\fGetQueueInfo\x12 .storaged.v1.GetQueueInfoRequest\x1a!.storaged.v1.GetQueueInfoResponseB\xaa\x01\n" +
+	"\fGetQueueInfo\x12 .storaged.v1.GetQueueInfoRequest\x1a!.storaged.v1.GetQueueInfoResponse\x12Y\n" +
+	"\x0eGetReplicaInfo\x12\".storaged.v1.GetReplicaInfoRequest\x1a#.storaged.v1.GetReplicaInfoResponseB\xaa\x01\n" +
 	"\x0fcom.storaged.v1B\x11MessageStoreProtoP\x01Z7github.com/storaged/storaged/gen/storaged/v1;storagedv1\xa2\x02\x03SXX\xaa\x02\vStoraged.V1\xca\x02\vStoraged\\V1\xe2\x02\x17Storaged\\V1\\GPBMetadata\xea\x02\fStoraged::V1b\x06proto3"
 
 var (
@@ -1735,70 +2076,78 @@ func file_storaged_v1_message_store_proto_rawDescGZIP() []byte {
 	return file_storaged_v1_message_store_proto_rawDescData
 }
 
-var file_storaged_v1_message_store_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_storaged_v1_message_store_proto_msgTypes = make([]protoimpl.MessageInfo, 19)
+var file_storaged_v1_message_store_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
+var file_storaged_v1_message_store_proto_msgTypes = make([]protoimpl.MessageInfo, 22)
 var file_storaged_v1_message_store_proto_goTypes = []any{
 	(PutMessageStatus)(0),            // 0: storaged.v1.PutMessageStatus
-	(*Message)(nil),                  // 1: storaged.v1.Message
-	(*PutMessageRequest)(nil),        // 2: storaged.v1.PutMessageRequest
-	(*PutMessagesRequest)(nil),       // 3: storaged.v1.PutMessagesRequest
-	(*BatchEntry)(nil),               // 4: storaged.v1.BatchEntry
-	(*AppendResult)(nil),             // 5: storaged.v1.AppendResult
-	(*PutMessageResponse)(nil),       // 6: storaged.v1.PutMessageResponse
-	(*PutMessagesResponse)(nil),      // 7: storaged.v1.PutMessagesResponse
-	(*PutMessageStreamRequest)(nil),  // 8: storaged.v1.PutMessageStreamRequest
-	(*PutMessageStreamResponse)(nil), // 9: storaged.v1.PutMessageStreamResponse
-	(*GetMessageRequest)(nil),        // 10: storaged.v1.GetMessageRequest
-	(*GetMessageResponse)(nil),       // 11: storaged.v1.GetMessageResponse
-	(*PullMessagesRequest)(nil),      // 12: storaged.v1.PullMessagesRequest
-	(*PullMessagesResponse)(nil),     // 13: storaged.v1.PullMessagesResponse
-	(*GetQueueInfoRequest)(nil),      // 14: storaged.v1.GetQueueInfoRequest
-	(*GetQueueInfoResponse)(nil),     // 15: storaged.v1.GetQueueInfoResponse
-	(*StoredMessage)(nil),            // 16: storaged.v1.StoredMessage
-	nil,                              // 17: storaged.v1.Message.PropertiesEntry
-	nil,                              // 18: storaged.v1.BatchEntry.PropertiesEntry
-	nil,                              // 19: storaged.v1.StoredMessage.PropertiesEntry
-	(*timestamppb.Timestamp)(nil),    // 20: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),      // 21: google.protobuf.Duration
+	(ReplicaRole)(0),                 // 1: storaged.v1.ReplicaRole
+	(*Message)(nil),                  // 2: storaged.v1.Message
+	(*PutMessageRequest)(nil),        // 3: storaged.v1.PutMessageRequest
+	(*PutMessagesRequest)(nil),       // 4: storaged.v1.PutMessagesRequest
+	(*BatchEntry)(nil),               // 5: storaged.v1.BatchEntry
+	(*AppendResult)(nil),             // 6: storaged.v1.AppendResult
+	(*PutMessageResponse)(nil),       // 7: storaged.v1.PutMessageResponse
+	(*PutMessagesResponse)(nil),      // 8: storaged.v1.PutMessagesResponse
+	(*PutMessageStreamRequest)(nil),  // 9: storaged.v1.PutMessageStreamRequest
+	(*PutMessageStreamResponse)(nil), // 10: storaged.v1.PutMessageStreamResponse
+	(*GetMessageRequest)(nil),        // 11: storaged.v1.GetMessageRequest
+	(*GetMessageResponse)(nil),       // 12: storaged.v1.GetMessageResponse
+	(*PullMessagesRequest)(nil),      // 13: storaged.v1.PullMessagesRequest
+	(*PullMessagesResponse)(nil),     // 14: storaged.v1.PullMessagesResponse
+	(*GetQueueInfoRequest)(nil),      // 15: storaged.v1.GetQueueInfoRequest
+	(*GetQueueInfoResponse)(nil),     // 16: storaged.v1.GetQueueInfoResponse
+	(*GetReplicaInfoRequest)(nil),    // 17: storaged.v1.GetReplicaInfoRequest
+	(*GetReplicaInfoResponse)(nil),   // 18: storaged.v1.GetReplicaInfoResponse
+	(*PeerProgress)(nil),             // 19: storaged.v1.PeerProgress
+	(*StoredMessage)(nil),            // 20: storaged.v1.StoredMessage
+	nil,                              // 21: storaged.v1.Message.PropertiesEntry
+	nil,                              // 22: storaged.v1.BatchEntry.PropertiesEntry
+	nil,                              // 23: storaged.v1.StoredMessage.PropertiesEntry
+	(*timestamppb.Timestamp)(nil),    // 24: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),      // 25: google.protobuf.Duration
 }
 var file_storaged_v1_message_store_proto_depIdxs = []int32{
-	20, // 0: storaged.v1.Message.born_timestamp:type_name -> google.protobuf.Timestamp
-	17, // 1: storaged.v1.Message.properties:type_name -> storaged.v1.Message.PropertiesEntry
-	1,  // 2: storaged.v1.PutMessageRequest.message:type_name -> storaged.v1.Message
-	4,  // 3: storaged.v1.PutMessagesRequest.messages:type_name -> storaged.v1.BatchEntry
-	20, // 4: storaged.v1.BatchEntry.born_timestamp:type_name -> google.protobuf.Timestamp
-	18, // 5: storaged.v1.BatchEntry.properties:type_name -> storaged.v1.BatchEntry.PropertiesEntry
-	20, // 6: storaged.v1.AppendResult.store_timestamp:type_name -> google.protobuf.Timestamp
+	24, // 0: storaged.v1.Message.born_timestamp:type_name -> google.protobuf.Timestamp
+	21, // 1: storaged.v1.Message.properties:type_name -> storaged.v1.Message.PropertiesEntry
+	2,  // 2: storaged.v1.PutMessageRequest.message:type_name -> storaged.v1.Message
+	5,  // 3: storaged.v1.PutMessagesRequest.messages:type_name -> storaged.v1.BatchEntry
+	24, // 4: storaged.v1.BatchEntry.born_timestamp:type_name -> google.protobuf.Timestamp
+	22, // 5: storaged.v1.BatchEntry.properties:type_name -> storaged.v1.BatchEntry.PropertiesEntry
+	24, // 6: storaged.v1.AppendResult.store_timestamp:type_name -> google.protobuf.Timestamp
 	0,  // 7: storaged.v1.PutMessageResponse.status:type_name -> storaged.v1.PutMessageStatus
-	5,  // 8: storaged.v1.PutMessageResponse.result:type_name -> storaged.v1.AppendResult
+	6,  // 8: storaged.v1.PutMessageResponse.result:type_name -> storaged.v1.AppendResult
 	0,  // 9: storaged.v1.PutMessagesResponse.status:type_name -> storaged.v1.PutMessageStatus
-	5,  // 10: storaged.v1.PutMessagesResponse.result:type_name -> storaged.v1.AppendResult
-	1,  // 11: storaged.v1.PutMessageStreamRequest.message:type_name -> storaged.v1.Message
+	6,  // 10: storaged.v1.PutMessagesResponse.result:type_name -> storaged.v1.AppendResult
+	2,  // 11: storaged.v1.PutMessageStreamRequest.message:type_name -> storaged.v1.Message
 	0,  // 12: storaged.v1.PutMessageStreamResponse.status:type_name -> storaged.v1.PutMessageStatus
-	5,  // 13: storaged.v1.PutMessageStreamResponse.result:type_name -> storaged.v1.AppendResult
-	16, // 14: storaged.v1.GetMessageResponse.message:type_name -> storaged.v1.StoredMessage
-	21, // 15: storaged.v1.PullMessagesRequest.wait:type_name -> google.protobuf.Duration
-	16, // 16: storaged.v1.PullMessagesResponse.messages:type_name -> storaged.v1.StoredMessage
-	19, // 17: storaged.v1.StoredMessage.properties:type_name -> storaged.v1.StoredMessage.PropertiesEntry
-	20, // 18: storaged.v1.StoredMessage.born_timestamp:type_name -> google.protobuf.Timestamp
-	20, // 19: storaged.v1.StoredMessage.store_timestamp:type_name -> google.protobuf.Timestamp
-	2,  // 20: storaged.v1.MessageStoreService.PutMessage:input_type -> storaged.v1.PutMessageRequest
-	3,  // 21: storaged.v1.MessageStoreService.PutMessages:input_type -> storaged.v1.PutMessagesRequest
-	8,  // 22: storaged.v1.MessageStoreService.PutMessageStream:input_type -> storaged.v1.PutMessageStreamRequest
-	10, // 23: storaged.v1.MessageStoreService.GetMessage:input_type -> storaged.v1.GetMessageRequest
-	12, // 24: storaged.v1.MessageStoreService.PullMessages:input_type -> storaged.v1.PullMessagesRequest
-	14, // 25: storaged.v1.MessageStoreService.GetQueueInfo:input_type -> storaged.v1.GetQueueInfoRequest
-	6,  // 26: storaged.v1.MessageStoreService.PutMessage:output_type -> storaged.v1.PutMessageResponse
-	7,  // 27: storaged.v1.MessageStoreService.PutMessages:output_type -> storaged.v1.PutMessagesResponse
-	9,  // 28: storaged.v1.MessageStoreService.PutMessageStream:output_type -> storaged.v1.PutMessageStreamResponse
-	11, // 29: storaged.v1.MessageStoreService.GetMessage:output_type -> storaged.v1.GetMessageResponse
-	13, // 30: storaged.v1.MessageStoreService.PullMessages:output_type -> storaged.v1.PullMessagesResponse
-	15, // 31: storaged.v1.MessageStoreService.GetQueueInfo:output_type -> storaged.v1.GetQueueInfoResponse
-	26, // [26:32] is the sub-list for method output_type
-	20, // [20:26] is the sub-list for method input_type
-	20, // [20:20] is the sub-list for extension type_name
-	20, // [20:20] is the sub-list for extension extendee
-	0,  // [0:20] is the sub-list for field type_name
+	6,  // 13: storaged.v1.PutMessageStreamResponse.result:type_name -> storaged.v1.AppendResult
+	20, // 14: storaged.v1.GetMessageResponse.message:type_name -> storaged.v1.StoredMessage
+	25, // 15: storaged.v1.PullMessagesRequest.wait:type_name -> google.protobuf.Duration
+	20, // 16: storaged.v1.PullMessagesResponse.messages:type_name -> storaged.v1.StoredMessage
+	1,  // 17: storaged.v1.GetReplicaInfoResponse.role:type_name -> storaged.v1.ReplicaRole
+	19, // 18: storaged.v1.GetReplicaInfoResponse.peers:type_name -> storaged.v1.PeerProgress
+	23, // 19: storaged.v1.StoredMessage.properties:type_name -> storaged.v1.StoredMessage.PropertiesEntry
+	24, // 20: storaged.v1.StoredMessage.born_timestamp:type_name -> google.protobuf.Timestamp
+	24, // 21: storaged.v1.StoredMessage.store_timestamp:type_name -> google.protobuf.Timestamp
+	3,  // 22: storaged.v1.MessageStoreService.PutMessage:input_type -> storaged.v1.PutMessageRequest
+	4,  // 23: storaged.v1.MessageStoreService.PutMessages:input_type -> storaged.v1.PutMessagesRequest
+	9,  // 24: storaged.v1.MessageStoreService.PutMessageStream:input_type -> storaged.v1.PutMessageStreamRequest
+	11, // 25: storaged.v1.MessageStoreService.GetMessage:input_type -> storaged.v1.GetMessageRequest
+	13, // 26: storaged.v1.MessageStoreService.PullMessages:input_type -> storaged.v1.PullMessagesRequest
+	15, // 27: storaged.v1.MessageStoreService.GetQueueInfo:input_type -> storaged.v1.GetQueueInfoRequest
+	17, // 28: storaged.v1.MessageStoreService.GetReplicaInfo:input_type -> storaged.v1.GetReplicaInfoRequest
+	7,  // 29: storaged.v1.MessageStoreService.PutMessage:output_type -> storaged.v1.PutMessageResponse
+	8,  // 30: storaged.v1.MessageStoreService.PutMessages:output_type -> storaged.v1.PutMessagesResponse
+	10, // 31: storaged.v1.MessageStoreService.PutMessageStream:output_type -> storaged.v1.PutMessageStreamResponse
+	12, // 32: storaged.v1.MessageStoreService.GetMessage:output_type -> storaged.v1.GetMessageResponse
+	14, // 33: storaged.v1.MessageStoreService.PullMessages:output_type -> storaged.v1.PullMessagesResponse
+	16, // 34: storaged.v1.MessageStoreService.GetQueueInfo:output_type -> storaged.v1.GetQueueInfoResponse
+	18, // 35: storaged.v1.MessageStoreService.GetReplicaInfo:output_type -> storaged.v1.GetReplicaInfoResponse
+	29, // [29:36] is the sub-list for method output_type
+	22, // [22:29] is the sub-list for method input_type
+	22, // [22:22] is the sub-list for extension type_name
+	22, // [22:22] is the sub-list for extension extendee
+	0,  // [0:22] is the sub-list for field type_name
 }
 
 func init() { file_storaged_v1_message_store_proto_init() }
@@ -1816,8 +2165,8 @@ func file_storaged_v1_message_store_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_storaged_v1_message_store_proto_rawDesc), len(file_storaged_v1_message_store_proto_rawDesc)),
-			NumEnums:      1,
-			NumMessages:   19,
+			NumEnums:      2,
+			NumMessages:   22,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

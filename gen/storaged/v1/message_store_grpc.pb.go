@@ -33,6 +33,7 @@ const (
 	MessageStoreService_GetMessage_FullMethodName       = "/storaged.v1.MessageStoreService/GetMessage"
 	MessageStoreService_PullMessages_FullMethodName     = "/storaged.v1.MessageStoreService/PullMessages"
 	MessageStoreService_GetQueueInfo_FullMethodName     = "/storaged.v1.MessageStoreService/GetQueueInfo"
+	MessageStoreService_GetReplicaInfo_FullMethodName   = "/storaged.v1.MessageStoreService/GetReplicaInfo"
 )
 
 // MessageStoreServiceClient is the client API for MessageStoreService service.
@@ -116,6 +117,11 @@ type MessageStoreServiceClient interface {
 	// GetQueueInfo returns the readable queue offsets of one consume queue. A queue that never received a
 	// message is NOT_FOUND.
 	GetQueueInfo(ctx context.Context, in *GetQueueInfoRequest, opts ...grpc.CallOption) (*GetQueueInfoResponse, error)
+	// GetReplicaInfo describes this server's place in its replication group: its role, the leader it
+	// knows (id and client address, so a client can send puts there), the raft term and indexes, and, on
+	// the leader, each member's progress. A standalone server (no --raft-peers) answers role
+	// REPLICA_ROLE_STANDALONE and nothing else. It never fails once the server is up.
+	GetReplicaInfo(ctx context.Context, in *GetReplicaInfoRequest, opts ...grpc.CallOption) (*GetReplicaInfoResponse, error)
 }
 
 type messageStoreServiceClient struct {
@@ -183,6 +189,16 @@ func (c *messageStoreServiceClient) GetQueueInfo(ctx context.Context, in *GetQue
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(GetQueueInfoResponse)
 	err := c.cc.Invoke(ctx, MessageStoreService_GetQueueInfo_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *messageStoreServiceClient) GetReplicaInfo(ctx context.Context, in *GetReplicaInfoRequest, opts ...grpc.CallOption) (*GetReplicaInfoResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(GetReplicaInfoResponse)
+	err := c.cc.Invoke(ctx, MessageStoreService_GetReplicaInfo_FullMethodName, in, out, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -270,6 +286,11 @@ type MessageStoreServiceServer interface {
 	// GetQueueInfo returns the readable queue offsets of one consume queue. A queue that never received a
 	// message is NOT_FOUND.
 	GetQueueInfo(context.Context, *GetQueueInfoRequest) (*GetQueueInfoResponse, error)
+	// GetReplicaInfo describes this server's place in its replication group: its role, the leader it
+	// knows (id and client address, so a client can send puts there), the raft term and indexes, and, on
+	// the leader, each member's progress. A standalone server (no --raft-peers) answers role
+	// REPLICA_ROLE_STANDALONE and nothing else. It never fails once the server is up.
+	GetReplicaInfo(context.Context, *GetReplicaInfoRequest) (*GetReplicaInfoResponse, error)
 	mustEmbedUnimplementedMessageStoreServiceServer()
 }
 
@@ -297,6 +318,9 @@ func (UnimplementedMessageStoreServiceServer) PullMessages(context.Context, *Pul
 }
 func (UnimplementedMessageStoreServiceServer) GetQueueInfo(context.Context, *GetQueueInfoRequest) (*GetQueueInfoResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method GetQueueInfo not implemented")
+}
+func (UnimplementedMessageStoreServiceServer) GetReplicaInfo(context.Context, *GetReplicaInfoRequest) (*GetReplicaInfoResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method GetReplicaInfo not implemented")
 }
 func (UnimplementedMessageStoreServiceServer) mustEmbedUnimplementedMessageStoreServiceServer() {}
 func (UnimplementedMessageStoreServiceServer) testEmbeddedByValue()                             {}
@@ -416,6 +440,24 @@ func _MessageStoreService_GetQueueInfo_Handler(srv interface{}, ctx context.Cont
 	return interceptor(ctx, in, info, handler)
 }
 
+func _MessageStoreService_GetReplicaInfo_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GetReplicaInfoRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(MessageStoreServiceServer).GetReplicaInfo(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: MessageStoreService_GetReplicaInfo_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(MessageStoreServiceServer).GetReplicaInfo(ctx, req.(*GetReplicaInfoRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // MessageStoreService_ServiceDesc is the grpc.ServiceDesc for MessageStoreService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -442,6 +484,10 @@ var MessageStoreService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "GetQueueInfo",
 			Handler:    _MessageStoreService_GetQueueInfo_Handler,
+		},
+		{
+			MethodName: "GetReplicaInfo",
+			Handler:    _MessageStoreService_GetReplicaInfo_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

@@ -1,0 +1,142 @@
+package server
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"time"
+
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	storagedv1 "github.com/storaged/storaged/gen/storaged/v1"
+)
+
+// ReplicaInfo is a replica's view of its replication group, as
+// GetReplicaInfo reports it. The binary fills it from the store
+// (WithReplication); the server only converts it.
+type ReplicaInfo struct {
+	// Role is one of the Role* constants.
+	Role               string
+	ID, Term, LeaderID uint64
+	Commit, Applied    uint64
+	CommitEnd          int64
+	Ready              bool // the leader takes puts
+	Peers              []PeerProgress
+}
+
+// PeerProgress is the leader's view of one member.
+type PeerProgress struct {
+	ID, Match, Next uint64
+	RecentActive    bool
+	Learner         bool
+}
+
+// Roles of ReplicaInfo.Role.
+const (
+	RoleLeader    = "leader"
+	RoleFollower  = "follower"
+	RoleCandidate = "candidate" // pre-candidates too
+	RoleLearner   = "learner"
+)
+
+// Causes of a "not leader" answer (ErrorInfo metadata "cause").
+const (
+	CauseNotLeader      = "NOT_LEADER"
+	CauseNoLeader       = "NO_LEADER"
+	CauseLeaderNotReady = "LEADER_NOT_READY"
+	CauseTransferring   = "TRANSFERRING"
+)
+
+// retryDelayNoLeader is the RetryInfo of a "not leader" answer while no
+// leader is known: about one election timeout (10 ticks of 100 ms).
+const retryDelayNoLeader = time.Second
+
+// WithReplication makes GetReplicaInfo report info() and lets "not
+// leader" answers name the leader's client address (clientAddr(id), ""
+// when unknown). Without it the service is standalone: GetReplicaInfo
+// answers REPLICA_ROLE_STANDALONE.
+func WithReplication(info func() ReplicaInfo, clientAddr func(id uint64) string) Option {
+	return func(s *Service) {
+		s.replicaInfo = info
+		s.clientAddr = clientAddr
+	}
+}
+
+// GetReplicaInfo implements storagedv1.MessageStoreServiceServer.
+func (s *Service) GetReplicaInfo(context.Context, *storagedv1.GetReplicaInfoRequest) (*storagedv1.GetReplicaInfoResponse, error) {
+	if s.replicaInfo == nil {
+		return &storagedv1.GetReplicaInfoResponse{Role: storagedv1.ReplicaRole_REPLICA_ROLE_STANDALONE}, nil
+	}
+	ri := s.replicaInfo()
+	resp := &storagedv1.GetReplicaInfoResponse{
+		Role: replicaRole(ri.Role), Id: ri.ID, Term: ri.Term, LeaderId: ri.LeaderID, LeaderAddr: s.leaderAddr(ri.LeaderID),
+		Commit: ri.Commit, Applied: ri.Applied, CommitEnd: ri.CommitEnd, Ready: ri.Ready,
+	}
+	for _, p := range ri.Peers {
+		resp.Peers = append(resp.Peers, &storagedv1.PeerProgress{Id: p.ID, Match: p.Match, Next: p.Next,
+			RecentActive: p.RecentActive, Learner: p.Learner})
+	}
+	return resp, nil
+}
+
+func replicaRole(r string) storagedv1.ReplicaRole {
+	switch r {
+	case RoleLeader:
+		return storagedv1.ReplicaRole_REPLICA_ROLE_LEADER
+	case RoleFollower:
+		return storagedv1.ReplicaRole_REPLICA_ROLE_FOLLOWER
+	case RoleCandidate:
+		return storagedv1.ReplicaRole_REPLICA_ROLE_CANDIDATE
+	case RoleLearner:
+		return storagedv1.ReplicaRole_REPLICA_ROLE_LEARNER
+	}
+	return storagedv1.ReplicaRole_REPLICA_ROLE_UNSPECIFIED
+}
+
+func (s *Service) leaderAddr(id uint64) string {
+	if id == 0 || s.clientAddr == nil {
+		return ""
+	}
+	return s.clientAddr(id)
+}
+
+// notLeaderStatus is the answer of a replica that cannot take a put
+// (design replication.md §1): UNAVAILABLE, nothing stored, ErrorInfo
+// SERVICE_NOT_AVAILABLE with metadata cause (NOT_LEADER, NO_LEADER,
+// LEADER_NOT_READY, TRANSFERRING), leader_id, leader_addr and term, and a
+// RetryInfo of 0 when the leader's address is known (retry there now), about
+// one election timeout when not. Not FAILED_PRECONDITION: gRPC clients do
+// not retry that, and this is a retry elsewhere.
+func (s *Service) notLeaderStatus(info *errdetails.ErrorInfo, cause string, leaderID, term uint64) error {
+	addr := s.leaderAddr(leaderID)
+	info.Reason = ReasonUnavailable
+	info.Metadata = map[string]string{
+		"cause":       cause,
+		"leader_id":   strconv.FormatUint(leaderID, 10),
+		"leader_addr": addr,
+		"term":        strconv.FormatUint(term, 10),
+	}
+	delay := retryDelayNoLeader
+	var msg string
+	switch {
+	case addr != "" && (cause == CauseLeaderNotReady || cause == CauseTransferring):
+		// The leader is about to take puts (its term's first entry is being
+		// applied), or leadership is moving: a short wait, then the hint
+		// again.
+		delay = retryDelayBusy
+		msg = fmt.Sprintf("the group's leader, member %d at %s, is not taking puts yet (%s); nothing was stored; retry shortly",
+			leaderID, addr, cause)
+	case addr != "":
+		delay = 0
+		msg = fmt.Sprintf("this replica is not the group's leader (%s); nothing was stored; send the put to the leader, member %d at %s",
+			cause, leaderID, addr)
+	case leaderID != 0:
+		msg = fmt.Sprintf("this replica is not the group's leader (%s); nothing was stored; the leader is member %d (address not known yet)",
+			cause, leaderID)
+	default:
+		msg = fmt.Sprintf("the group has no leader right now (%s); nothing was stored; retry after an election", cause)
+	}
+	return newStatus(codes.Unavailable, msg, info, &errdetails.RetryInfo{RetryDelay: durationpb.New(delay)})
+}

@@ -1,0 +1,103 @@
+package server
+
+import (
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/rs/zerolog"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/protobuf/proto"
+
+	storagedv1 "github.com/storaged/storaged/gen/storaged/v1"
+)
+
+// A standalone server answers GetReplicaInfo with role STANDALONE and
+// nothing else, over real gRPC.
+func TestGetReplicaInfoStandalone(t *testing.T) {
+	c, _, _ := storeServer(t, nil)
+	resp, err := c.GetReplicaInfo(ctxT(t), &storagedv1.GetReplicaInfoRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := &storagedv1.GetReplicaInfoResponse{Role: storagedv1.ReplicaRole_REPLICA_ROLE_STANDALONE}
+	if !proto.Equal(resp, want) {
+		t.Fatalf("got %v, want %v", resp, want)
+	}
+}
+
+// With WithReplication, GetReplicaInfo converts the store's view and names
+// the leader's client address.
+func TestGetReplicaInfoGroup(t *testing.T) {
+	for _, tc := range []struct {
+		role string
+		want storagedv1.ReplicaRole
+	}{
+		{RoleLeader, storagedv1.ReplicaRole_REPLICA_ROLE_LEADER},
+		{RoleFollower, storagedv1.ReplicaRole_REPLICA_ROLE_FOLLOWER},
+		{RoleCandidate, storagedv1.ReplicaRole_REPLICA_ROLE_CANDIDATE},
+		{RoleLearner, storagedv1.ReplicaRole_REPLICA_ROLE_LEARNER},
+		{"bogus", storagedv1.ReplicaRole_REPLICA_ROLE_UNSPECIFIED},
+	} {
+		info := ReplicaInfo{Role: tc.role, ID: 2, Term: 7, LeaderID: 1, Commit: 40, Applied: 39, CommitEnd: 4096, Ready: true,
+			Peers: []PeerProgress{{ID: 3, Match: 38, Next: 39, RecentActive: true, Learner: true}}}
+		addrs := map[uint64]string{1: "127.0.0.1:9090"}
+		c, _, _ := storeServer(t, nil, WithReplication(func() ReplicaInfo { return info }, func(id uint64) string { return addrs[id] }))
+		resp, err := c.GetReplicaInfo(ctxT(t), &storagedv1.GetReplicaInfoRequest{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := &storagedv1.GetReplicaInfoResponse{Role: tc.want, Id: 2, Term: 7, LeaderId: 1, LeaderAddr: "127.0.0.1:9090",
+			Commit: 40, Applied: 39, CommitEnd: 4096, Ready: true,
+			Peers: []*storagedv1.PeerProgress{{Id: 3, Match: 38, Next: 39, RecentActive: true, Learner: true}}}
+		if !proto.Equal(resp, want) {
+			t.Fatalf("%s: got %v, want %v", tc.role, resp, want)
+		}
+	}
+}
+
+// notLeaderStatus: UNAVAILABLE, SERVICE_NOT_AVAILABLE with cause, leader
+// id, address and term; RetryInfo 0 when the leader's address is known,
+// short while it gets ready, about an election timeout when unknown.
+func TestNotLeaderStatus(t *testing.T) {
+	addrs := map[uint64]string{1: "127.0.0.1:9090"}
+	s := New(&fakeStore{}, zerolog.Nop(), WithReplication(func() ReplicaInfo { return ReplicaInfo{} }, func(id uint64) string { return addrs[id] }))
+	standalone := New(&fakeStore{}, zerolog.Nop())
+	for _, tc := range []struct {
+		name     string
+		svc      *Service
+		cause    string
+		leader   uint64
+		addr     string
+		delay    time.Duration
+		contains string
+	}{
+		{"leader known", s, CauseNotLeader, 1, "127.0.0.1:9090", 0, "member 1 at 127.0.0.1:9090"},
+		{"leader address unknown", s, CauseNotLeader, 2, "", retryDelayNoLeader, "address not known yet"},
+		{"no leader", s, CauseNoLeader, 0, "", retryDelayNoLeader, "no leader"},
+		{"not ready", s, CauseLeaderNotReady, 1, "127.0.0.1:9090", retryDelayBusy, "not taking puts yet"},
+		{"transferring", s, CauseTransferring, 1, "127.0.0.1:9090", retryDelayBusy, "not taking puts yet"},
+		{"no address source", standalone, CauseNotLeader, 1, "", retryDelayNoLeader, "address not known yet"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := tc.svc.notLeaderStatus(&errdetails.ErrorInfo{Domain: ErrorDomain}, tc.cause, tc.leader, 5)
+			d := details(t, err)
+			if d.st.Code() != codes.Unavailable || d.info.GetReason() != ReasonUnavailable {
+				t.Fatalf("%v %q", d.st.Code(), d.info.GetReason())
+			}
+			md := d.info.GetMetadata()
+			if md["cause"] != tc.cause || md["leader_addr"] != tc.addr || md["term"] != "5" ||
+				md["leader_id"] != strconv.FormatUint(tc.leader, 10) {
+				t.Fatalf("metadata %v", md)
+			}
+			if d.retry == nil || d.retry.GetRetryDelay().AsDuration() != tc.delay {
+				t.Fatalf("RetryInfo %v, want %v", d.retry, tc.delay)
+			}
+			if !strings.Contains(d.st.Message(), tc.contains) || !strings.Contains(d.st.Message(), "nothing was stored") {
+				t.Fatalf("message %q", d.st.Message())
+			}
+		})
+	}
+}
