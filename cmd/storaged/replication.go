@@ -10,6 +10,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/rs/zerolog"
+
 	"github.com/storaged/storaged/server/peer"
 	"github.com/storaged/storaged/storage"
 )
@@ -258,4 +260,26 @@ func checkHostPort(addr string, listen bool) error {
 		return fmt.Errorf("address %q: bad host", addr)
 	}
 	return nil
+}
+
+// startTransport opens the peer listener and starts the raft transport of
+// this member. clientAddr is this member's client gRPC address, named to
+// the peers so that followers can point clients at the leader. The
+// stepper is attached later (peer.Transport.SetStepper), once the store
+// is open.
+func (r *replicationConfig) startTransport(clientAddr string, logger *zerolog.Logger) (*peer.Transport, error) {
+	var tlsCfg *peer.TLS
+	if r.PeerTLSCert != "" {
+		var err error
+		if tlsCfg, err = peer.LoadTLS(r.PeerTLSCert, r.PeerTLSKey, r.PeerTLSCA); err != nil {
+			return nil, err
+		}
+	}
+	lis, err := net.Listen("tcp", r.peerListen())
+	if err != nil {
+		return nil, fmt.Errorf("--peer-listen: %w", err)
+	}
+	return peer.New(lis, nil, peer.Options{
+		ID: r.RaftID, Peers: r.RaftPeers.peerMap(), ClientAddr: clientAddr, TLS: tlsCfg, Logger: logger,
+	})
 }

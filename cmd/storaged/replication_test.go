@@ -4,10 +4,13 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"net"
 	"reflect"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/rs/zerolog"
 
 	"github.com/storaged/storaged/storage"
 )
@@ -128,5 +131,39 @@ func TestGroupModePending(t *testing.T) {
 	}
 	if !strings.Contains(stderr.String(), "group mode is not wired into this build yet") {
 		t.Fatalf("stderr %q", stderr.String())
+	}
+}
+
+// startTransport listens on this member's peer address and closes
+// cleanly; a bad TLS file is refused before anything listens.
+func TestStartTransport(t *testing.T) {
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	own := lis.Addr().String()
+	lis.Close()
+	cfg, err := parseConfig([]string{"--raft-id", "1", "--raft-peers", "1=" + own + ",2=127.0.0.1:1,3=127.0.0.1:2"}, env(), &bytes.Buffer{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := zerolog.Nop()
+	tr, err := cfg.Replication.startTransport("127.0.0.1:9090", &l)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := tr.Addr().String(); got != own {
+		t.Errorf("peer listener on %s, want %s", got, own)
+	}
+	if got := tr.ClientAddr(1); got != "127.0.0.1:9090" {
+		t.Errorf("own client address %q", got)
+	}
+	if err := tr.Close(); err != nil {
+		t.Fatal(err)
+	}
+	r := cfg.Replication
+	r.PeerTLSCert, r.PeerTLSKey, r.PeerTLSCA = "missing.pem", "missing.pem", "missing.pem"
+	if _, err := r.startTransport("127.0.0.1:9090", &l); err == nil || !strings.Contains(err.Error(), "peer: load TLS key pair") {
+		t.Fatalf("missing TLS files: %v", err)
 	}
 }
