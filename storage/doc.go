@@ -30,7 +30,12 @@
 //	storage/raftlog       for replication (issue 13): raft.Storage over the
 //	                      commitlog plus a CRC'd index of raft entries,
 //	                      HardState, truncation of the uncommitted suffix;
-//	                      the only package that imports etcd-raft
+//	                      with storage/replica, the only packages that
+//	                      import etcd-raft
+//	storage/replica       group mode's raft node: the RawNode, the classic
+//	                      Ready loop on one goroutine, the leader's tail,
+//	                      readiness barrier and put waiters; peers see only
+//	                      marshalled messages (Transport, StepPeer)
 //	storage/vfs           the file-system seam (OS, MemFS with power cuts
 //	                      and injected errors)
 //	storage/internal/...  base (shared error values, clock, sealed files),
@@ -286,4 +291,56 @@
 // id read from disk. DeleteTopic leaves a tombstone (the commitlog offset
 // of the delete) that the dispatcher honours, so no rebuild resurrects a
 // deleted topic's records.
+//
+// # Replication (group mode, storage layer)
+//
+// With Options.Group set the store is one replica of a raft group whose
+// log is its commitlog (design replication.md, Option A; group.go,
+// storage/replica, storage/raftlog). It needs FlushMode sync and Role
+// master (Validate refuses the others: an async replica could forget an
+// entry it acknowledged and elect a leader without it).
+//
+//   - Put path (§3.1): validation and encoding as standalone; then, under
+//     the raft node's lock, on the ready leader only, the records are
+//     stamped (queue offsets from the leader's table, PHYSICALOFFSET from
+//     its tail with the roll rule, store time max(now, last)) and
+//     proposed as one entry (a batch too). The put waits for its entry:
+//     PUT_OK once it commits (on a majority, each member synced its
+//     commitlog range and raft index before acknowledging); a
+//     *NotLeaderError (cause SUPERSEDED, nothing stored) once the commit
+//     passes its position with another entry; FLUSH_SLAVE_TIMEOUT with
+//     ErrReplicationTimeout (outcome unknown) after
+//     GroupOptions.ReplicationTimeout. WAIT=false waits too.
+//   - Refusals, nothing stored: a follower, no leader, a leader not yet
+//     ready or transferring return a *NotLeaderError (ErrNotLeader; cause,
+//     leader id, term); too few recently active followers,
+//     IN_SYNC_REPLICAS_NOT_ENOUGH (ErrInSyncReplicasNotEnough); a proposal
+//     raft drops, OS_PAGE_CACHE_BUSY.
+//   - Raft loop (§3.2, storage/replica): one goroutine started by Open and
+//     stopped by Close; per Ready the leader sends before its own write,
+//     then raftlog Append (truncating an uncommitted suffix), HardState,
+//     one Sync; a follower sends after. Committed DATA entries move the
+//     commit end and answer waiters. A new leader takes puts only after it
+//     applied its own term's first entry, then indexes everything
+//     committed and resets its stamping table from the consume queues.
+//     Ticks come from GroupOptions.Ticks (tests) or a ticker.
+//   - Visibility (§3.3): reads and the dispatcher stop at the commit end on
+//     every replica; followers index committed entries and serve reads
+//     (not linearizable: an absent answer can be stale).
+//   - Recovery (§3.4): Open reads the raft log's commit end before it
+//     recovers the commitlog (damage below it is corruption, never a torn
+//     tail), opens the raft log (which reconciles its index), rebuilds the
+//     consume queues to the commit end and restarts raft with Applied =
+//     the commit index; the checkpoint's flushed offset is
+//     raftlog.DurableEnd.
+//   - Peers: Transport.Send (non-blocking, may drop), Store.StepPeer,
+//     ReportUnreachable, ReplicaInfo; the gRPC transport is the server's.
+//
+// Not built yet: snapshots (retention must not delete files a lagging
+// follower still needs; nothing stops it yet), ReadIndex (linearizable)
+// reads, replicated delay progress (the scheduler runs on the ready leader
+// from its local progress: a new leader may re-deliver), replicated topic
+// config and deletes (DeleteTopic is refused, ErrGroupUnsupported), the
+// dedup window (off in group mode), membership changes, leader transfer,
+// the repair tool.
 package storage

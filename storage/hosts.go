@@ -29,7 +29,9 @@ func (h *scheduleHost) ReadRecord(phys int64) (*record.Record, error) {
 	return (*Store)(h).readRecord(phys)
 }
 func (h *scheduleHost) DurableTo(off int64) error { return (*Store)(h).durableTo(off) }
-func (h *scheduleHost) Delivering() bool          { return (*Store)(h).Role() == RoleMaster }
+func (h *scheduleHost) Delivering() bool {
+	return (*Store)(h).Role() == RoleMaster && (*Store)(h).groupDelivering()
+}
 
 // Redeliver puts a due message back through the put path; refusals by
 // validation or by the topic config can never pass and are marked

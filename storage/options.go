@@ -258,6 +258,12 @@ type Options struct {
 	// Logger receives the store's rare events (slow syncs, rolls, recovery).
 	// Default: a disabled logger.
 	Logger *zerolog.Logger
+
+	// Group, when set, makes the store one replica of a raft group
+	// (group.go, design replication.md): puts only on the elected, ready
+	// leader, acknowledged once committed on a majority. It needs
+	// FlushMode sync and Role master. Nil: a standalone store.
+	Group *GroupOptions
 }
 
 // Defaults of Options.
@@ -374,6 +380,18 @@ func (o Options) withDefaults() Options {
 		nop := zerolog.Nop()
 		o.Logger = &nop
 	}
+	if o.Group != nil {
+		g := *o.Group
+		g.withDefaults(o)
+		o.Group = &g
+		// The window is not replicated yet: a new leader would not know
+		// the keys its predecessor stored.
+		o.DedupWindow = -1
+		// No time-based deletion until snapshots exist: a lagging
+		// follower catches up only from the log (disk watermarks still
+		// apply).
+		o.FileReservedTime = -1
+	}
 	return o
 }
 
@@ -454,6 +472,9 @@ func (o Options) resolve() (resolved, error) {
 	}
 	if o.PopulateChunk < 0 {
 		errs = append(errs, errors.New("PopulateChunk must not be negative"))
+	}
+	if o.Group != nil {
+		errs = append(errs, o.Group.validate(o)...)
 	}
 	if len(errs) > 0 {
 		return resolved{}, fmt.Errorf("storage: invalid options: %w", errors.Join(errs...))

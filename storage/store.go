@@ -58,6 +58,7 @@ type Store struct {
 	seq      sequencer   // queue offsets and store times (sequence.go)
 	pulls    pullStats
 	dedup    *dedup.Window[dedupValue] // idempotent puts (idempotent.go); nil when off
+	group    *groupState               // group mode (group.go); nil when standalone
 
 	// role is the broker role (Role), a runtime check: SetRole changes it.
 	role atomic.Uint32
@@ -114,13 +115,28 @@ func Open(opts Options) (*Store, error) {
 	if abortExists(opts.FS, opts.Dir) {
 		opts.Logger.Warn().Msg("storage: the last run did not close cleanly; recovering from the checkpoint")
 	}
-	scan, err := s.log.Recover(cp.Flushed, cp.Dispatched)
+	flushed := cp.Flushed
+	if opts.Group != nil {
+		if flushed, err = s.groupCommitEnd(cp.Flushed); err != nil {
+			s.cleanup()
+			return nil, err
+		}
+	}
+	scan, err := s.log.Recover(flushed, cp.Dispatched)
 	if err != nil {
 		s.cleanup()
 		return nil, err
 	}
+	var cqLog consumequeue.Log = s.log
+	if opts.Group != nil {
+		if err := s.openGroupLog(cp); err != nil {
+			s.cleanup()
+			return nil, err
+		}
+		cqLog = groupCQLog{s.log, s}
+	}
 	s.seq.lastStoreTS.Store(max(scan.LastTS, cp.StoreTime))
-	s.index = consumequeue.New(s.log, consumequeue.Options{
+	s.index = consumequeue.New(cqLog, consumequeue.Options{
 		FS: opts.FS, Dir: opts.Dir, EntriesPerFile: opts.ConsumeQueueEntries, MaxOpenFiles: opts.MaxOpenQueueFiles,
 		CheckpointInterval: opts.CheckpointInterval, RequireCRC: !opts.DisablePropCRC, AwaitTimeout: opts.SyncFlushTimeout,
 		Watermark: s.visibleEnd, Tombstones: s.topics.tombstones, Delay: s.delayOf, LastStoreTime: s.lastStoreTime,
@@ -155,13 +171,16 @@ func Open(opts Options) (*Store, error) {
 		s.cleanup()
 		return nil, err
 	}
-	s.log.Start()
 	onSync := func(int64) { s.index.Wake() }
-	switch opts.FlushMode {
-	case FlushSync:
+	switch {
+	case s.group != nil:
+		s.flusher = groupFlusher{s} // the raft loop syncs (openGroupLog started the log)
+	case opts.FlushMode == FlushSync:
+		s.log.Start()
 		s.flusher = flush.NewGroupCommit(s.log, flush.GroupCommitOptions{Timeout: opts.SyncFlushTimeout,
 			OnError: s.fail, OnSync: onSync})
 	default:
+		s.log.Start()
 		s.flusher = flush.NewAsync(s.log, flush.AsyncOptions{Interval: opts.FlushInterval,
 			LeastPages: opts.FlushLeastPages, ThoroughInterval: opts.FlushThoroughInterval, OnError: s.fail, OnSync: onSync})
 	}
@@ -170,6 +189,14 @@ func Open(opts Options) (*Store, error) {
 	// the warning watermark refuses writes from the start.
 	s.ret.CheckDisk()
 	s.ret.Start()
+	if s.group != nil {
+		if err := s.startGroup(); err != nil {
+			s.ret.Stop()
+			s.index.Stop()
+			s.cleanup()
+			return nil, err
+		}
+	}
 	s.sched.Start()
 	return s, nil
 }
@@ -178,6 +205,9 @@ func Open(opts Options) (*Store, error) {
 func (s *Store) cleanup() {
 	if s.index != nil {
 		s.index.Close()
+	}
+	if s.group != nil {
+		s.group.rlog.Close()
 	}
 	if s.log != nil {
 		s.log.Close()
@@ -248,6 +278,9 @@ func (s *Store) reject(st PutStatus, err error) (PutResult, error) {
 }
 
 func (s *Store) rejectErr(err error) (PutResult, error) {
+	if st, ok := groupRejectStatus(err); ok {
+		return s.reject(st, err)
+	}
 	var verr *ValidationError
 	switch {
 	case errors.As(err, &verr):
@@ -309,6 +342,9 @@ func (s *Store) putMessage(ctx context.Context, m *Message) (PutResult, error) {
 		return s.rejectErr(ErrBusy)
 	}
 	one := [1]record.Spec{r}
+	if s.group != nil {
+		return s.groupPut(ctx, r.Topic, r.QueueID, r.SysFlag, one[:], false)
+	}
 	res, err := s.appendRecords(r.Topic, r.QueueID, r.SysFlag, one[:], false)
 	if err != nil {
 		return s.rejectErr(err)
@@ -376,6 +412,9 @@ func (s *Store) putMessages(ctx context.Context, b *Batch) (PutResult, error) {
 	}
 	if s.log.Busy(s.opts.PageCacheBusyTimeout) {
 		return s.rejectErr(ErrBusy)
+	}
+	if s.group != nil {
+		return s.groupPut(ctx, b.Topic, b.QueueID, b.SysFlag, specs, true)
 	}
 	res, err := s.appendRecords(b.Topic, b.QueueID, b.SysFlag, specs, true)
 	if err != nil {
@@ -561,6 +600,9 @@ func (s *Store) Close() error {
 	}
 	s.sched.Stop() // persists its progress; needs the flush policy running
 	s.ret.Stop()
+	if s.group != nil {
+		s.group.node.Close() // waiters answered ErrClosed (outcome unknown)
+	}
 	s.log.Drain() // no append in progress after this; new ones see closed
 	var errs []error
 	if err := s.flusher.Close(); err != nil {
@@ -571,7 +613,7 @@ func (s *Store) Close() error {
 	if clean {
 		// Everything is flushed: index it all and checkpoint, so the next
 		// Open has nothing to scan.
-		s.index.Run(s.log.MaxOffset())
+		s.index.Run(s.visibleEnd())
 		if err := s.index.Checkpoint(); err != nil {
 			errs = append(errs, err)
 			clean = false
@@ -586,6 +628,11 @@ func (s *Store) Close() error {
 	}
 	if err := s.index.Close(); err != nil {
 		errs = append(errs, err)
+	}
+	if s.group != nil {
+		if err := s.group.rlog.Close(); err != nil {
+			errs = append(errs, err)
+		}
 	}
 	if err := s.log.Close(); err != nil {
 		errs = append(errs, err)
@@ -603,6 +650,9 @@ func (s *Store) Close() error {
 // dispatcher's watermark: the durable offset in sync mode (visibility
 // never runs ahead of durability), the written offset in async mode.
 func (s *Store) visibleEnd() int64 {
+	if s.group != nil {
+		return s.group.commitEnd.Load() // in a group: the commit end (design §3.3)
+	}
 	if s.opts.FlushMode == FlushSync {
 		return s.log.Flushed()
 	}
@@ -624,6 +674,9 @@ func (s *Store) lastStoreTime() int64 { return s.seq.lastStoreTS.Load() }
 // truncated), and rebuilds the sequencer's queue offsets from them.
 func (s *Store) rebuildQueues(cp consumequeue.Checkpoint) error {
 	end := s.log.MaxOffset()
+	if s.group != nil {
+		end = s.group.commitEnd.Load() // only committed entries are applied
+	}
 	// Entries past the checkpoint were not known durable when it was
 	// written: a power cut may have torn them. Load drops them; the
 	// re-dispatch below writes them again from the commitlog.

@@ -137,6 +137,9 @@ func (s *Store) DeleteTopic(name string) (int64, error) {
 	if err := s.checkAdmin(name); err != nil {
 		return 0, err
 	}
+	if s.group != nil {
+		return 0, fmt.Errorf("%w: DeleteTopic (a delete is not replicated)", ErrGroupUnsupported)
+	}
 	t := s.topics
 	t.wmu.Lock()
 	defer t.wmu.Unlock()

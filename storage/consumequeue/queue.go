@@ -285,6 +285,14 @@ func blockEnd(i, perFile int64) int64 {
 // pending ones. REQUIRES: the dispatcher.
 func (q *Queue) put(queueOffset, phys int64, size int32, tags int64) error {
 	if queueOffset < q.written {
+		// A re-dispatch (recovery from the checkpoint's dispatched
+		// offset): the entry must be the one already there. A different
+		// physical offset is a duplicate queue offset in the log, never
+		// something to swallow (design replication.md §3.3).
+		if p, _, _, ok, err := q.lookup(queueOffset); err == nil && ok && p != phys {
+			return fmt.Errorf("%w: consume queue %s/%d: entry %d re-dispatched at commitlog offset %d, indexed at %d",
+				base.ErrCorrupt, q.topic, q.queueID, queueOffset, phys, p)
+		}
 		return nil
 	}
 	if queueOffset != q.written {

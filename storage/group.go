@@ -1,0 +1,433 @@
+package storage
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/storaged/storaged/storage/commitlog"
+	"github.com/storaged/storaged/storage/consumequeue"
+	"github.com/storaged/storaged/storage/raftlog"
+	"github.com/storaged/storaged/storage/record"
+	"github.com/storaged/storaged/storage/replica"
+)
+
+// Group mode (design replication.md §3): the store is one replica of a
+// raft group whose log is its commitlog (storage/raftlog), driven by
+// storage/replica's raft loop. What changes against a single node:
+//
+//   - puts are stamped (queue offsets, physical offset, store time) and
+//     proposed on the ready leader only, and answered PUT_OK once their
+//     entry commits (on a majority, each member synced); the bytes reach
+//     the commitlog through the raft loop on every replica alike;
+//   - readers and the dispatcher stop at the commit end, not the flushed
+//     end, on the leader and on followers (followers index what commits,
+//     so they serve reads);
+//   - the flush policy is the raft loop itself (one sync per Ready).
+
+// Transport carries marshalled raft messages to peers (replica.Transport):
+// Send must not block and may drop.
+type Transport = replica.Transport
+
+// NotLeaderError: this replica did not take the put and nothing was
+// stored; the cause is NOT_LEADER, NO_LEADER, LEADER_NOT_READY,
+// TRANSFERRING or SUPERSEDED (proposed, then another term's entry
+// committed over its position). It wraps ErrNotLeader.
+type NotLeaderError = replica.NotLeaderError
+
+// ReplicaInfo is a replica's view of its group (Store.ReplicaInfo).
+type ReplicaInfo = replica.Info
+
+// ReplicaPeer is the leader's view of one member.
+type ReplicaPeer = replica.PeerInfo
+
+// Errors of group mode.
+var (
+	// ErrNotLeader is wrapped by every *NotLeaderError.
+	ErrNotLeader = replica.ErrNotLeader
+	// ErrInSyncReplicasNotEnough: the leader has too few recently active
+	// followers (IN_SYNC_REPLICAS_NOT_ENOUGH); nothing stored.
+	ErrInSyncReplicasNotEnough = replica.ErrInSyncReplicasNotEnough
+	// ErrReplicationTimeout: proposed but not committed within
+	// GroupOptions.ReplicationTimeout (FLUSH_SLAVE_TIMEOUT, returned as an
+	// error): the outcome is unknown.
+	ErrReplicationTimeout = replica.ErrReplicationTimeout
+	// ErrNotGroup: a group-mode call on a standalone store.
+	ErrNotGroup = errors.New("storage: the store is not in group mode")
+	// ErrGroupUnsupported: an operation group mode does not replicate yet
+	// (topic deletes).
+	ErrGroupUnsupported = errors.New("storage: not supported in group mode yet")
+)
+
+// GroupOptions put the store in group mode. Phase 1: static membership,
+// the sync path only (FlushMode must be FlushSync, Role RoleMaster).
+type GroupOptions struct {
+	// ID is this replica's raft id (never reused). Required, non-zero.
+	ID uint64
+	// Name is the group's name and ClusterID the cluster's UUID, recorded
+	// in raft/meta at bootstrap and checked on every later Open.
+	Name      string
+	ClusterID string
+	// Peers are the voters (this replica among them unless it is a
+	// learner), Learners the non-voting members: the bootstrap ConfState.
+	Peers    []uint64
+	Learners []uint64
+	// Transport sends to peers. Required.
+	Transport Transport
+	// TickInterval is raft's tick. Default 100 ms (tests 10-50 ms).
+	TickInterval time.Duration
+	// Ticks, when set, replaces the ticker: one raft tick per receive
+	// (a test seam).
+	Ticks <-chan time.Time
+	// ElectionTick (default 10) and HeartbeatTick (default 1) in ticks.
+	ElectionTick  int
+	HeartbeatTick int
+	// ReplicationTimeout is how long a proposed put waits for its commit
+	// before FLUSH_SLAVE_TIMEOUT (outcome unknown). Default
+	// SyncFlushTimeout.
+	ReplicationTimeout time.Duration
+	// IndexUnits is raftlog's units per index file (0: its default; tests
+	// use small files).
+	IndexUnits int
+}
+
+func (g *GroupOptions) withDefaults(o Options) {
+	if g.TickInterval == 0 {
+		g.TickInterval = 100 * time.Millisecond
+	}
+	if g.ElectionTick == 0 {
+		g.ElectionTick = 10
+	}
+	if g.HeartbeatTick == 0 {
+		g.HeartbeatTick = 1
+	}
+	if g.ReplicationTimeout == 0 {
+		g.ReplicationTimeout = o.SyncFlushTimeout
+	}
+}
+
+func (g *GroupOptions) validate(o Options) []error {
+	var errs []error
+	if o.FlushMode != FlushSync {
+		errs = append(errs, errors.New("group mode needs FlushMode sync (an async replica could forget acknowledged entries and elect a leader without them)"))
+	}
+	if o.Role != RoleMaster {
+		errs = append(errs, errors.New("group mode elects its leader: Role slave is not allowed"))
+	}
+	members := append(append([]uint64(nil), g.Peers...), g.Learners...)
+	slices.Sort(members)
+	switch {
+	case g.ID == 0:
+		errs = append(errs, errors.New("Group.ID must be non-zero"))
+	case !slices.Contains(members, g.ID):
+		errs = append(errs, fmt.Errorf("Group.ID %d is not among the peers %v or learners %v", g.ID, g.Peers, g.Learners))
+	}
+	if len(g.Peers) == 0 || slices.Contains(members, 0) || len(slices.Compact(members)) != len(g.Peers)+len(g.Learners) {
+		errs = append(errs, fmt.Errorf("Group.Peers %v / Learners %v: want at least one voter, distinct non-zero ids", g.Peers, g.Learners))
+	}
+	if g.Transport == nil {
+		errs = append(errs, errors.New("Group.Transport is required"))
+	}
+	if g.TickInterval < 0 || g.ReplicationTimeout < 0 || g.ElectionTick < 0 || g.HeartbeatTick < 0 ||
+		(g.ElectionTick > 0 && g.HeartbeatTick > 0 && g.ElectionTick <= g.HeartbeatTick) {
+		errs = append(errs, errors.New("Group: negative durations, or ElectionTick not above HeartbeatTick"))
+	}
+	return errs
+}
+
+// groupState is the store's side of group mode.
+type groupState struct {
+	opts      GroupOptions
+	rlog      *raftlog.Log
+	node      *replica.Node
+	commitEnd atomic.Int64
+
+	mu       sync.Mutex
+	advanced chan struct{} // closed and replaced when commitEnd moves
+}
+
+func (g *groupState) waitChan() <-chan struct{} {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.advanced
+}
+
+func (g *groupState) signal() {
+	g.mu.Lock()
+	close(g.advanced)
+	g.advanced = make(chan struct{})
+	g.mu.Unlock()
+}
+
+// groupCommitEnd is what recovery must treat as acknowledged in group
+// mode: the commit end of the raft log (read before anything is
+// recovered, design §3.4), at least the checkpoint's flushed offset.
+func (s *Store) groupCommitEnd(cpFlushed int64) (int64, error) {
+	g := s.opts.Group
+	ce, err := raftlog.CommitEnd(s.opts.FS, filepath.Join(s.opts.Dir, "raft"), g.IndexUnits)
+	if err != nil {
+		return 0, err
+	}
+	return max(ce, cpFlushed), nil
+}
+
+// openGroupLog opens the raft log over the recovered commitlog (which it
+// starts) and sets the commit end readers stop at.
+func (s *Store) openGroupLog(cp consumequeue.Checkpoint) error {
+	g := s.opts.Group
+	s.log.Start()
+	voters := slices.Sorted(slices.Values(g.Peers))
+	var learners []uint64
+	if len(g.Learners) > 0 {
+		learners = slices.Sorted(slices.Values(g.Learners))
+	}
+	rl, err := raftlog.Open(raftlog.Options{FS: s.opts.FS, Dir: filepath.Join(s.opts.Dir, "raft"), Commitlog: s.log,
+		Meta: raftlog.Meta{NodeID: g.ID, Group: g.Name, ClusterUUID: g.ClusterID, FileSize: s.opts.FileSize,
+			Voters: voters, Learners: learners},
+		RequireCRC: !s.opts.DisablePropCRC, Flushed: cp.Flushed, IndexUnits: g.IndexUnits})
+	if err != nil {
+		return err
+	}
+	ce, err := raftlog.CommitEnd(s.opts.FS, filepath.Join(s.opts.Dir, "raft"), g.IndexUnits)
+	if err != nil {
+		rl.Close()
+		return err
+	}
+	s.group = &groupState{opts: *g, rlog: rl, advanced: make(chan struct{})}
+	s.group.commitEnd.Store(ce)
+	return nil
+}
+
+// startGroup starts the raft node, once everything up to the commit end
+// is indexed: raft hands back only entries above Applied = the commit
+// index (the consume queues were rebuilt up to it).
+func (s *Store) startGroup() error {
+	g := s.group
+	hs, _, err := g.rlog.InitialState()
+	if err != nil {
+		return err
+	}
+	g.node, err = replica.New(replica.Options{ID: g.opts.ID, Log: g.rlog, FileSize: s.opts.FileSize, Applied: hs.GetCommit(),
+		Transport: g.opts.Transport, Host: (*groupHost)(s), Ticks: g.opts.Ticks, TickInterval: g.opts.TickInterval,
+		ElectionTick: g.opts.ElectionTick, HeartbeatTick: g.opts.HeartbeatTick}, g.commitEnd.Load())
+	return err
+}
+
+// groupHost is the store as the raft loop sees it.
+type groupHost Store
+
+var _ replica.Host = (*groupHost)(nil)
+
+func (h *groupHost) Committed(commitEnd, lastTS int64) {
+	s := (*Store)(h)
+	if lastTS > s.seq.lastStoreTS.Load() {
+		s.seq.lastStoreTS.Store(lastTS) // only the raft goroutine and (under the node's lock) Propose write it
+	}
+	if s.group.commitEnd.Load() != commitEnd {
+		s.group.commitEnd.Store(commitEnd)
+		s.index.Wake()
+		s.group.signal()
+	}
+}
+
+func (h *groupHost) BecomeReady(commitEnd int64) error {
+	s := (*Store)(h)
+	s.index.Run(commitEnd)
+	if d := s.index.Dispatched(); d < commitEnd {
+		return fmt.Errorf("storage: indexed up to %d, the commit end is %d", d, commitEnd)
+	}
+	// The stamping table from the consume queues (everything committed is
+	// indexed): a former leader's stamps of a truncated suffix are gone.
+	s.seq.init()
+	for _, k := range s.index.Keys() {
+		if q := s.index.Queue(k.Topic, k.Queue); q != nil {
+			s.seq.set(k, q.Count())
+		}
+	}
+	return nil
+}
+
+func (h *groupHost) Fail(err error) { (*Store)(h).fail(err) }
+
+// groupCQLog is the commitlog as the consume queues see it in group mode.
+// The checkpoint's flushed offset is the commit end: durable here (the
+// raft loop applies only after its Sync), at most raftlog.DurableEnd, and
+// never truncated, unlike the uncommitted suffix between the two, which a
+// new leader may cut (a flushed offset past a truncation would make the
+// next Open call the cut bytes damage). The commitlog is not synced here:
+// the raft loop syncs everything it writes.
+type groupCQLog struct {
+	*commitlog.Log
+	s *Store
+}
+
+func (g groupCQLog) Sync(int) (int64, error) {
+	return min(g.s.group.commitEnd.Load(), g.s.group.rlog.DurableEnd()), nil
+}
+
+// groupFlusher is the flush policy in group mode: the raft loop syncs, so
+// a wait for an offset is a wait for the commit end to pass it.
+type groupFlusher struct{ s *Store }
+
+func (f groupFlusher) Wait(ctx context.Context, off int64) error {
+	g := f.s.group
+	timer := time.NewTimer(g.opts.ReplicationTimeout)
+	defer timer.Stop()
+	for {
+		ch := g.waitChan()
+		if g.commitEnd.Load() >= off {
+			return nil
+		}
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-timer.C:
+			return ErrReplicationTimeout
+		}
+	}
+}
+func (groupFlusher) Wake()        {}
+func (groupFlusher) Close() error { return nil }
+
+// groupPut stamps records on the ready leader, proposes them as one entry
+// and waits for its outcome (design §3.1). A put in group mode always
+// waits for the commit (WAIT=false too): before it the entry may still be
+// truncated.
+func (s *Store) groupPut(ctx context.Context, topic string, queueID, sysFlag int32, specs []record.Spec, batch bool) (PutResult, error) {
+	total := 0
+	for i := range specs {
+		total += specs[i].Total
+	}
+	if !batch {
+		topic, queueID = specs[0].Topic, specs[0].QueueID // after a delay diversion
+	}
+	tx := sysFlag & record.TransactionMask
+	var res AppendResult
+	if batch {
+		res.Offsets = make([]int64, len(specs))
+	}
+	var st sequenced
+	stamp := func(pos int64) ([]byte, func(), error) {
+		if topic != ScheduleTopic && !s.topics.has(topic, queueID) {
+			return nil, nil, fmt.Errorf("%w: %s was deleted", ErrTopicNotFound, topic)
+		}
+		st = s.seq.begin(consumequeue.Key{Topic: topic, Queue: queueID}, tx, s.opts.Clock.Now())
+		buf := make([]byte, total)
+		p := 0
+		for i := range specs {
+			specs[i].Encode(buf[p:], st.queueOffset(i), pos+int64(p), st.storeTS)
+			if batch {
+				res.Offsets[i] = pos + int64(p)
+			}
+			p += specs[i].Total
+		}
+		return buf, func() { s.seq.commit(st, len(specs)) }, nil
+	}
+	w, pos, err := s.group.node.Propose(total, stamp)
+	if err != nil {
+		return s.rejectErr(err)
+	}
+	res.Status, res.WroteOffset, res.WroteBytes, res.StoreTimestamp = AppendOK, pos, int32(total), st.storeTS
+	res.Topic, res.QueueID, res.QueueOffset, res.MsgNum, res.StoreHost = topic, queueID, st.first, int32(len(specs)), s.opts.StoreHost
+	out := PutResult{Status: PutOK, Append: res}
+	start := time.Now()
+	timer := time.NewTimer(s.group.opts.ReplicationTimeout)
+	select {
+	case <-w.Done():
+		err = w.Err()
+	case <-timer.C:
+		s.group.node.Forget(w)
+		err = ErrReplicationTimeout
+	case <-ctx.Done():
+		s.group.node.Forget(w)
+		err = ctx.Err()
+	}
+	timer.Stop()
+	out.FlushWaitStart, out.FlushWait = start, time.Since(start)
+	var nl *NotLeaderError
+	switch {
+	case err == nil:
+		s.stats.putLatency.Observe(out.FlushWait)
+		if werr := s.index.AwaitDispatched(ctx, res.NextOffset()); errors.Is(werr, context.Canceled) || errors.Is(werr, context.DeadlineExceeded) {
+			out.Status, err = UnknownError, werr
+		}
+	case errors.As(err, &nl): // superseded: definitely not stored
+		return s.reject(ServiceNotAvailable, err)
+	case errors.Is(err, ErrReplicationTimeout):
+		out.Status = FlushSlaveTimeout
+	default: // closed, ctx: unknown
+		out.Status = UnknownError
+	}
+	s.stats.record(out.Status, int(res.MsgNum), int(res.WroteBytes))
+	return out, err
+}
+
+// groupRejectStatus maps group-mode refusals (nothing stored) to their
+// status; ok is false for any other error.
+func groupRejectStatus(err error) (PutStatus, bool) {
+	switch {
+	case errors.Is(err, ErrNotLeader):
+		return ServiceNotAvailable, true
+	case errors.Is(err, ErrInSyncReplicasNotEnough):
+		return InSyncReplicasNotEnough, true
+	case errors.Is(err, replica.ErrProposalDropped):
+		return OSPageCacheBusy, true
+	case errors.Is(err, raftlog.ErrStopped):
+		return ServiceNotAvailable, true
+	}
+	return 0, false
+}
+
+// StepPeer hands a marshalled raft message from a peer to this replica
+// (the peer transport calls it). Messages over replica.MaxMessageBytes,
+// undecodable ones, ones for another node or from a non-member are
+// refused (an error wrapping replica.ErrBadMessage). The group name and
+// cluster are the transport's to check: the message does not carry them.
+func (s *Store) StepPeer(msg []byte) error {
+	if s.group == nil {
+		return ErrNotGroup
+	}
+	if s.closed.Load() {
+		return ErrClosed
+	}
+	return s.group.node.StepPeer(msg)
+}
+
+// ErrBadPeerMessage is wrapped by StepPeer's refusals of a message.
+var ErrBadPeerMessage = replica.ErrBadMessage
+
+// ReportUnreachable tells raft that a send to peer id failed (the
+// transport dropped it), so the leader probes instead of streaming.
+func (s *Store) ReportUnreachable(id uint64) {
+	if s.group != nil && !s.closed.Load() {
+		s.group.node.ReportUnreachable(id)
+	}
+}
+
+// Campaign makes this replica start an election now (tests, operators).
+func (s *Store) Campaign() error {
+	if s.group == nil {
+		return ErrNotGroup
+	}
+	return s.group.node.Campaign()
+}
+
+// ReplicaInfo returns the replica's view of its group: role (leader,
+// follower, candidate, learner), term, leader, commit and applied index,
+// commit end, readiness and, on the leader, every member's progress. A
+// standalone store returns Role "standalone" and nothing else.
+func (s *Store) ReplicaInfo() ReplicaInfo {
+	if s.group == nil || s.group.node == nil {
+		return ReplicaInfo{Role: "standalone"}
+	}
+	return s.group.node.Info()
+}
+
+// groupDelivering: only the ready leader runs the delay scheduler.
+func (s *Store) groupDelivering() bool { return s.group == nil || s.group.node.Ready() }

@@ -1,0 +1,481 @@
+package storage
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+)
+
+// testNet is an in-memory network between group members: a fault-injection
+// seam (drop, partition) in place of the peer gRPC transport. Each member
+// has a bounded inbox drained by one goroutine that calls StepPeer; a full
+// inbox drops, as a real transport's bounded queue would.
+type testNet struct {
+	mu     sync.Mutex
+	stores map[uint64]*Store
+	cut    map[uint64]bool // isolated members: nothing in or out
+	inbox  map[uint64]chan []byte
+	stop   chan struct{}
+	wg     sync.WaitGroup
+}
+
+func newTestNet(ids ...uint64) *testNet {
+	n := &testNet{stores: map[uint64]*Store{}, cut: map[uint64]bool{}, inbox: map[uint64]chan []byte{}, stop: make(chan struct{})}
+	for _, id := range ids {
+		ch := make(chan []byte, 4096)
+		n.inbox[id] = ch
+		n.wg.Add(1)
+		go func() {
+			defer n.wg.Done()
+			for {
+				select {
+				case <-n.stop:
+					return
+				case m := <-ch:
+					n.mu.Lock()
+					s, cut := n.stores[id], n.cut[id]
+					n.mu.Unlock()
+					if s != nil && !cut {
+						_ = s.StepPeer(m) // a closed store refuses: a dropped message
+					}
+				}
+			}
+		}()
+	}
+	return n
+}
+
+func (n *testNet) close() {
+	close(n.stop)
+	n.wg.Wait()
+}
+
+func (n *testNet) setCut(id uint64, cut bool) {
+	n.mu.Lock()
+	n.cut[id] = cut
+	n.mu.Unlock()
+}
+
+type testTransport struct {
+	n    *testNet
+	from uint64
+}
+
+func (t testTransport) Send(to uint64, msg []byte) {
+	t.n.mu.Lock()
+	drop := t.n.cut[t.from] || t.n.cut[to]
+	ch := t.n.inbox[to]
+	t.n.mu.Unlock()
+	if drop || ch == nil {
+		return
+	}
+	select {
+	case ch <- msg:
+	default:
+	}
+}
+
+// member is one replica: its store, options and tick channel.
+type member struct {
+	id    uint64
+	opts  Options
+	ticks chan time.Time
+	s     *Store
+}
+
+type testGroup struct {
+	t   testing.TB
+	net *testNet
+	m   map[uint64]*member
+	ids []uint64
+}
+
+func newTestGroup(t testing.TB, replTimeout time.Duration) *testGroup {
+	ids := []uint64{1, 2, 3}
+	g := &testGroup{t: t, net: newTestNet(ids...), m: map[uint64]*member{}, ids: ids}
+	for _, id := range ids {
+		mb := &member{id: id}
+		mb.opts = Options{Dir: t.TempDir(), FileSize: 64 << 10, MaxMessageSize: 16 << 10, FlushMode: FlushSync,
+			Group: &GroupOptions{ID: id, Name: "g1", ClusterID: "c1", Peers: ids, Transport: testTransport{g.net, id},
+				ElectionTick: 10, HeartbeatTick: 1, ReplicationTimeout: replTimeout, IndexUnits: 64}}
+		g.m[id] = mb
+		g.open(id)
+	}
+	t.Cleanup(func() {
+		for _, id := range g.ids {
+			g.closeMember(id)
+		}
+		g.net.close()
+	})
+	return g
+}
+
+func (g *testGroup) open(id uint64) {
+	g.t.Helper()
+	mb := g.m[id]
+	mb.ticks = make(chan time.Time)
+	o := mb.opts
+	gopts := *o.Group
+	gopts.Ticks = mb.ticks
+	o.Group = &gopts
+	s, err := Open(o)
+	if err != nil {
+		g.t.Fatalf("open %d: %v", id, err)
+	}
+	mb.s = s
+	g.net.mu.Lock()
+	g.net.stores[id] = s
+	g.net.mu.Unlock()
+}
+
+func (g *testGroup) closeMember(id uint64) {
+	g.t.Helper()
+	mb := g.m[id]
+	if mb.s == nil {
+		return
+	}
+	g.net.mu.Lock()
+	delete(g.net.stores, id)
+	g.net.mu.Unlock()
+	if err := mb.s.Close(); err != nil {
+		g.t.Errorf("close %d: %v", id, err)
+	}
+	mb.s = nil
+}
+
+// tick gives one raft tick to each of ids.
+func (g *testGroup) tick(ids ...uint64) {
+	for _, id := range ids {
+		if mb := g.m[id]; mb.s != nil {
+			mb.ticks <- time.Time{}
+		}
+	}
+}
+
+// poll waits for cond, ticking ids between looks; it fails after a
+// generous deadline (a hang, not a timing assertion).
+func (g *testGroup) poll(what string, cond func() bool, ids ...uint64) {
+	g.t.Helper()
+	deadline := time.Now().Add(2 * time.Minute)
+	for !cond() {
+		if time.Now().After(deadline) {
+			g.t.Fatalf("timed out waiting for %s", what)
+		}
+		g.tick(ids...)
+		<-time.After(2 * time.Millisecond)
+	}
+}
+
+// readyLeader is the id of a ready leader among ids, or 0.
+func (g *testGroup) readyLeader(ids ...uint64) uint64 {
+	for _, id := range ids {
+		if s := g.m[id].s; s != nil && s.ReplicaInfo().Ready {
+			return id
+		}
+	}
+	return 0
+}
+
+func (g *testGroup) elect(id uint64) {
+	g.t.Helper()
+	if err := g.m[id].s.Campaign(); err != nil {
+		g.t.Fatal(err)
+	}
+	g.poll(fmt.Sprintf("node %d ready", id), func() bool { return g.readyLeader(id) == id })
+}
+
+// converge ticks the leader until every live member knows its commit end.
+func (g *testGroup) converge(leader uint64, ids ...uint64) int64 {
+	g.t.Helper()
+	want := g.m[leader].s.ReplicaInfo().CommitEnd
+	g.poll("followers at the leader's commit end", func() bool {
+		for _, id := range ids {
+			// Known committed and indexed (a follower's dispatcher runs
+			// after the commit reaches it).
+			if s := g.m[id].s; s.ReplicaInfo().CommitEnd != want || s.index.Dispatched() < want {
+				return false
+			}
+		}
+		return true
+	}, leader)
+	return want
+}
+
+// sameBytes checks that the members' commitlogs are byte-identical below end.
+func (g *testGroup) sameBytes(end int64, ids ...uint64) {
+	g.t.Helper()
+	ref := g.m[ids[0]].s
+	for _, id := range ids[1:] {
+		s := g.m[id].s
+		for off := ref.log.MinOffset(); off < end; {
+			a, b := ref.log.At(off), s.log.At(off)
+			n := min(int64(len(a)), end-off)
+			if int64(len(b)) < n || !bytes.Equal(a[:n], b[:n]) {
+				g.t.Fatalf("node %d: commitlog differs from node %d's in [%d, %d)", id, ids[0], off, off+n)
+			}
+			off += n
+			if n == 0 {
+				g.t.Fatalf("no file holds %d below the commit end %d", off, end)
+			}
+		}
+	}
+}
+
+// checkQueue checks that every id serves queue offsets [0, n) of T/0
+// densely, with the bodies in want (by queue offset), by pull and by
+// GetMessage.
+func (g *testGroup) checkQueue(want map[int64]string, n int64, ids ...uint64) {
+	g.t.Helper()
+	for _, id := range ids {
+		s := g.m[id].s
+		var got []*Record
+		for off := int64(0); off < n; {
+			res, err := s.PullMessages(context.Background(), PullRequest{Topic: "T", QueueID: 0, Offset: off, MaxMessages: 64})
+			if err != nil {
+				g.t.Fatalf("node %d: pull at %d: %v", id, off, err)
+			}
+			if len(res.Messages) == 0 {
+				g.t.Fatalf("node %d: nothing at queue offset %d (max %d), want %d", id, off, res.MaxOffset, n)
+			}
+			got = append(got, res.Messages...)
+			off = res.NextOffset
+		}
+		for i, r := range got {
+			if r.QueueOffset != int64(i) {
+				g.t.Fatalf("node %d: message %d has queue offset %d", id, i, r.QueueOffset)
+			}
+			if b, ok := want[int64(i)]; ok && string(r.Body) != b {
+				g.t.Fatalf("node %d: queue offset %d holds %q, want %q", id, i, r.Body, b)
+			}
+			rec, err := s.GetMessage(r.PhysicalOffset)
+			if err != nil || string(rec.Body) != string(r.Body) {
+				g.t.Fatalf("node %d: GetMessage(%d): %v", id, r.PhysicalOffset, err)
+			}
+		}
+		if _, max, err := s.QueueInfo("T", 0); err != nil || max != n {
+			g.t.Fatalf("node %d: queue max %d (%v), want %d", id, max, err, n)
+		}
+	}
+}
+
+func (g *testGroup) put(id uint64, body string) (PutResult, error) {
+	return g.m[id].s.PutMessage(context.Background(), &Message{Topic: "T", QueueID: 0, Body: []byte(body), BornTimestamp: 1,
+		BornHost: DefaultStoreHost})
+}
+
+// TestGroupReplicates is the group-mode core over three real stores on an
+// in-memory network: election, puts (single and batch) acknowledged on
+// commit, byte-identical commitlogs, follower reads, NotLeaderError, a
+// partitioned leader's puts not acknowledged and truncated after a heal,
+// dense queue offsets across leaders, and a restart of all three.
+func TestGroupReplicates(t *testing.T) {
+	g := newTestGroup(t, time.Minute)
+	all := g.ids
+	g.elect(1)
+	want := map[int64]string{}
+	next := int64(0)
+	for i := range 20 {
+		body := fmt.Sprintf("m-%d", i)
+		res, err := g.put(1, body)
+		if err != nil || res.Status != PutOK || res.Append.QueueOffset != next {
+			t.Fatalf("put %d: %v %v at queue offset %d, want %d", i, res.Status, err, res.Append.QueueOffset, next)
+		}
+		want[next] = body
+		next++
+	}
+	b := &Batch{Topic: "T", QueueID: 0, BornHost: DefaultStoreHost}
+	for i := range 5 {
+		b.Messages = append(b.Messages, BatchMessage{Body: []byte(fmt.Sprintf("b-%d", i)), BornTimestamp: 1})
+	}
+	res, err := g.m[1].s.PutMessages(context.Background(), b)
+	if err != nil || res.Status != PutOK || res.Append.QueueOffset != next || res.Append.MsgNum != 5 {
+		t.Fatalf("batch: %v %v at %d", res.Status, err, res.Append.QueueOffset)
+	}
+	for i := range 5 {
+		want[next] = fmt.Sprintf("b-%d", i)
+		next++
+	}
+	end := g.converge(1, all...)
+	g.sameBytes(end, all...)
+	g.checkQueue(want, next, all...)
+
+	// A follower refuses, naming the leader; nothing is stored.
+	_, err = g.put(2, "refused")
+	var nl *NotLeaderError
+	if !errors.As(err, &nl) || !errors.Is(err, ErrNotLeader) || nl.LeaderID != 1 || nl.Cause != "NOT_LEADER" {
+		t.Fatalf("put on a follower: %v", err)
+	}
+	if info := g.m[1].s.ReplicaInfo(); info.Role != "leader" || !info.Ready || len(info.Peers) != 3 || info.CommitEnd != end {
+		t.Fatalf("leader info %+v", info)
+	}
+
+	// Partition the leader away: its puts do not ack.
+	g.net.setCut(1, true)
+	type outcome struct {
+		res PutResult
+		err error
+	}
+	var inflight []chan outcome
+	for i := range 3 {
+		ch := make(chan outcome, 1)
+		inflight = append(inflight, ch)
+		go func() {
+			r, err := g.put(1, fmt.Sprintf("lost-%d", i))
+			ch <- outcome{r, err}
+		}()
+	}
+	// The others elect a new leader (ticks past the old leader's lease).
+	g.poll("a new leader among 2 and 3", func() bool { return g.readyLeader(2, 3) != 0 }, 2, 3)
+	l2 := g.readyLeader(2, 3)
+	for _, ch := range inflight {
+		select {
+		case o := <-ch:
+			t.Fatalf("a partitioned leader's put answered %v %v", o.res.Status, o.err)
+		default:
+		}
+	}
+	for i := range 10 {
+		body := fmt.Sprintf("n-%d", i)
+		res, err := g.put(l2, body)
+		if err != nil || res.Status != PutOK || res.Append.QueueOffset != next {
+			t.Fatalf("put %d on the new leader %d: %v %v at %d, want %d", i, l2, res.Status, err, res.Append.QueueOffset, next)
+		}
+		want[next] = body
+		next++
+	}
+	// Heal: the old leader steps down, its suffix is truncated, its puts
+	// are answered "not stored" (commit passed their positions).
+	g.net.setCut(1, false)
+	for _, ch := range inflight {
+		var o outcome
+		g.poll("the old leader's in-flight put answered", func() bool {
+			select {
+			case o = <-ch:
+				return true
+			default:
+				return false
+			}
+		}, l2)
+		if o.err == nil || o.res.Status == PutOK || !errors.Is(o.err, ErrNotLeader) {
+			t.Fatalf("in-flight put on the old leader: %v %v", o.res.Status, o.err)
+		}
+	}
+	end = g.converge(l2, all...)
+	g.sameBytes(end, all...)
+	g.checkQueue(want, next, all...)
+
+	// Restart all three: same state, and puts continue.
+	for _, id := range all {
+		g.closeMember(id)
+	}
+	for _, id := range all {
+		g.open(id)
+	}
+	for _, id := range all {
+		if ce := g.m[id].s.ReplicaInfo().CommitEnd; ce != end {
+			t.Fatalf("node %d reopened at commit end %d, want %d", id, ce, end)
+		}
+	}
+	g.checkQueue(want, next, all...)
+	g.elect(3)
+	for i := range 5 {
+		body := fmt.Sprintf("r-%d", i)
+		res, err := g.put(3, body)
+		if err != nil || res.Status != PutOK || res.Append.QueueOffset != next {
+			t.Fatalf("put %d after the restart: %v %v at %d, want %d", i, res.Status, err, res.Append.QueueOffset, next)
+		}
+		want[next] = body
+		next++
+	}
+	end = g.converge(3, all...)
+	g.sameBytes(end, all...)
+	g.checkQueue(want, next, all...)
+}
+
+// TestGroupLeaderAlone: a leader whose followers are gone acknowledges
+// nothing: its puts time out with the outcome unknown
+// (FLUSH_SLAVE_TIMEOUT), and once CheckQuorum deposes it they are refused.
+func TestGroupLeaderAlone(t *testing.T) {
+	g := newTestGroup(t, 200*time.Millisecond)
+	g.elect(1)
+	if res, err := g.put(1, "ok"); err != nil || res.Status != PutOK {
+		t.Fatalf("put: %v %v", res.Status, err)
+	}
+	g.net.setCut(2, true)
+	g.net.setCut(3, true)
+	res, err := g.put(1, "unknown")
+	if !errors.Is(err, ErrReplicationTimeout) || res.Status != FlushSlaveTimeout {
+		t.Fatalf("put without followers: %v %v", res.Status, err)
+	}
+	// CheckQuorum: after an election timeout without answers it steps down.
+	g.poll("the lone leader refuses", func() bool {
+		_, err := g.put(1, "refused")
+		return errors.Is(err, ErrNotLeader) || errors.Is(err, ErrInSyncReplicasNotEnough)
+	}, 1)
+	if got := g.m[1].s.ReplicaInfo(); got.Role == "leader" && got.Ready {
+		// InSyncReplicasNotEnough came first; still fine, but it must not ack.
+		t.Logf("leader still ready: %+v", got)
+	}
+	// Whatever happens to the unknown put, the followers never saw it.
+	g.net.setCut(2, false)
+	g.net.setCut(3, false)
+	for _, id := range []uint64{2, 3} {
+		if ce := g.m[id].s.ReplicaInfo().CommitEnd; ce > g.m[1].s.ReplicaInfo().CommitEnd {
+			t.Fatalf("node %d ahead of the old leader", id)
+		}
+	}
+}
+
+func TestGroupOptionsValidate(t *testing.T) {
+	tr := testTransport{}
+	base := Options{Dir: t.TempDir(), FlushMode: FlushSync, Group: &GroupOptions{ID: 1, Peers: []uint64{1, 2, 3}, Transport: tr}}
+	if err := base.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	for name, mod := range map[string]func(o *Options){
+		"async":     func(o *Options) { o.FlushMode = FlushAsync },
+		"slave":     func(o *Options) { o.Role = RoleSlave },
+		"no id":     func(o *Options) { o.Group.ID = 0 },
+		"not peer":  func(o *Options) { o.Group.ID = 4 },
+		"dup peer":  func(o *Options) { o.Group.Peers = []uint64{1, 1, 2} },
+		"no trans":  func(o *Options) { o.Group.Transport = nil },
+		"bad ticks": func(o *Options) { o.Group.ElectionTick, o.Group.HeartbeatTick = 2, 2 },
+	} {
+		o := base
+		gopts := *base.Group
+		o.Group = &gopts
+		mod(&o)
+		if err := o.Validate(); err == nil {
+			t.Errorf("%s: accepted", name)
+		}
+	}
+}
+
+// TestGroupStepPeerRefuses: StepPeer takes only well-formed messages for
+// this node from a member, bounded in size; a standalone store has no peers.
+func TestGroupStepPeerRefuses(t *testing.T) {
+	g := newTestGroup(t, time.Minute)
+	s := g.m[1].s
+	for name, msg := range map[string][]byte{
+		"garbage":  {0xff, 0xff, 0xff},
+		"too big":  make([]byte, 16<<20+1),
+		"other to": {0x08, 0x08, 0x10, 0x02, 0x18, 0x02}, // MsgHeartbeat, To=2, From=2
+		"stranger": {0x08, 0x08, 0x10, 0x01, 0x18, 0x09}, // MsgHeartbeat, To=1, From=9
+		"local":    {0x08, 0x00, 0x10, 0x01, 0x18, 0x02}, // MsgHup
+	} {
+		if err := s.StepPeer(msg); !errors.Is(err, ErrBadPeerMessage) {
+			t.Errorf("%s: %v", name, err)
+		}
+	}
+	solo, _ := openTest(t, nil)
+	if err := solo.StepPeer([]byte{}); !errors.Is(err, ErrNotGroup) {
+		t.Fatalf("standalone StepPeer: %v", err)
+	}
+	if info := solo.ReplicaInfo(); info.Role != "standalone" {
+		t.Fatalf("standalone ReplicaInfo: %+v", info)
+	}
+}

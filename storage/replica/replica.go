@@ -1,0 +1,595 @@
+// Package replica runs one replica of a raft group over the commitlog
+// (design replication.md §3.1-3.2): the etcd-raft RawNode, the classic
+// Ready loop on one goroutine, the leader's tail and readiness barrier,
+// and the waiters of proposed puts. It knows records only as bytes the
+// store stamps; the raft dependency (raft, raftpb) stays inside storage/...
+// and nothing outside sees a raftpb type: peers exchange marshalled
+// messages through Transport and StepPeer.
+package replica
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"log"
+	"slices"
+	"sync"
+	"time"
+
+	"go.etcd.io/raft/v3"
+	pb "go.etcd.io/raft/v3/raftpb"
+	"go.etcd.io/raft/v3/tracker"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/storaged/storaged/storage/raftlog"
+	"github.com/storaged/storaged/storage/record"
+)
+
+// Transport carries marshalled raftpb.Messages to peers. Send must not
+// block and may drop (raft tolerates loss); a transport that finds a peer
+// unreachable should call the store's ReportUnreachable.
+type Transport interface {
+	Send(to uint64, msg []byte)
+}
+
+// MaxMessageBytes bounds a message StepPeer takes: MaxSizePerMsg (1 MiB)
+// of entries plus the largest entry (a 4 MiB batch and its records'
+// headers), rounded up (design §4: the peer service's MaxRecvMsgSize).
+const MaxMessageBytes = 16 << 20
+
+// Causes of a NotLeaderError.
+const (
+	CauseNotLeader      = "NOT_LEADER"
+	CauseNoLeader       = "NO_LEADER"
+	CauseLeaderNotReady = "LEADER_NOT_READY"
+	CauseTransferring   = "TRANSFERRING"
+	// CauseSuperseded: the put was proposed, then an entry of another term
+	// committed over its position: definitely not stored.
+	CauseSuperseded = "SUPERSEDED"
+)
+
+// Errors.
+var (
+	// ErrNotLeader: this replica cannot take the put, and nothing was
+	// stored (a retry at the leader is safe). Wrapped by *NotLeaderError.
+	ErrNotLeader = errors.New("replica: not the ready leader; nothing stored")
+	// ErrInSyncReplicasNotEnough: the leader has too few recently active
+	// followers to commit; nothing was proposed.
+	ErrInSyncReplicasNotEnough = errors.New("replica: too few recently active followers; nothing stored")
+	// ErrProposalDropped: raft dropped the proposal (uncommitted size
+	// limit, a leader transfer); nothing stored, retry soon.
+	ErrProposalDropped = errors.New("replica: proposal dropped by raft; nothing stored")
+	// ErrReplicationTimeout: proposed, not seen committed in time. The
+	// outcome is unknown: the entry may still commit, or be truncated by
+	// the next leader.
+	ErrReplicationTimeout = errors.New("replica: not committed within the replication timeout; outcome unknown")
+	// ErrClosed: the replica stopped while the put waited (outcome unknown).
+	ErrClosed = errors.New("replica: closed while the put waited; outcome unknown")
+	// ErrBadMessage: StepPeer refused a message (undecodable, too big, not
+	// for this node, from a non-member, a local message type).
+	ErrBadMessage = errors.New("replica: bad peer message")
+)
+
+// NotLeaderError says why a replica refused a put (nothing stored) and
+// where the leader is, when known. errors.Is(err, ErrNotLeader) holds.
+type NotLeaderError struct {
+	Cause    string // CauseNotLeader, CauseNoLeader, CauseLeaderNotReady, CauseTransferring, CauseSuperseded
+	LeaderID uint64 // 0 when unknown
+	Term     uint64
+}
+
+func (e *NotLeaderError) Error() string {
+	return fmt.Sprintf("replica: %s (leader %d, term %d); nothing stored", e.Cause, e.LeaderID, e.Term)
+}
+
+// Unwrap implements errors.Unwrap.
+func (e *NotLeaderError) Unwrap() error { return ErrNotLeader }
+
+// Host is the store as the raft loop sees it. Every call comes from the
+// raft goroutine.
+type Host interface {
+	// Committed: the entries up to commitEnd (a commitlog offset) are
+	// committed and durable on this replica; lastStoreTS is the newest
+	// store time among the records just committed (0: none). The store
+	// makes them visible and wakes its dispatcher.
+	Committed(commitEnd, lastStoreTS int64)
+	// BecomeReady is called, with proposals excluded, when this leader
+	// has applied its term's first entry: log end = commit end = commitEnd.
+	// The store indexes up to commitEnd and resets its stamping table
+	// (queue offsets from the consume queues, store time from the log).
+	// An error (the index cannot reach commitEnd yet) leaves the leader
+	// not ready; it is retried at the next tick or commit.
+	BecomeReady(commitEnd int64) error
+	// Fail: a write to the raft log failed; the replica stopped (sticky).
+	Fail(err error)
+}
+
+// Options configure a Node.
+type Options struct {
+	ID       uint64
+	Log      *raftlog.Log
+	FileSize int64 // the commitlog's: the roll rule
+	// Applied is the last index already applied (the store rebuilt its
+	// consume queues up to it at Open).
+	Applied   uint64
+	Transport Transport
+	Host      Host
+	// Ticks drives raft's logical clock: one raft tick per receive. Nil: a
+	// ticker at TickInterval.
+	Ticks         <-chan time.Time
+	TickInterval  time.Duration
+	ElectionTick  int
+	HeartbeatTick int
+	// Logger receives raft's own log lines (nil: discarded).
+	Logger raft.Logger
+}
+
+// Node is one replica's raft node.
+type Node struct {
+	opts Options
+	host Host
+
+	mu      sync.Mutex // raftMu: the RawNode, the tail, the waiters
+	rn      *raft.RawNode
+	soft    raft.SoftState
+	term    uint64
+	ready   bool  // leader with its term's first entry applied
+	ownTerm bool  // leader with an entry of its own term applied (ready once BecomeReady succeeds)
+	tail    int64 // ready leader: commitlog end of the last proposed entry
+	waiters map[key]*Waiter
+	commit  uint64 // commit index applied
+	end     int64  // commitEnd
+	err     error  // sticky
+
+	stop   chan struct{}
+	done   chan struct{}
+	wake   chan struct{}
+	ticker *time.Ticker
+}
+
+type key struct {
+	term uint64
+	pos  int64
+}
+
+// New starts the node's goroutine; Close stops it. commitEnd is the
+// commitlog offset past the last committed DATA entry.
+func New(opts Options, commitEnd int64) (*Node, error) {
+	if opts.ElectionTick == 0 {
+		opts.ElectionTick = 10
+	}
+	if opts.HeartbeatTick == 0 {
+		opts.HeartbeatTick = 1
+	}
+	if opts.Logger == nil {
+		opts.Logger = &raft.DefaultLogger{Logger: log.New(io.Discard, "", 0)}
+	}
+	cfg := &raft.Config{
+		ID: opts.ID, ElectionTick: opts.ElectionTick, HeartbeatTick: opts.HeartbeatTick, Storage: opts.Log,
+		Applied: opts.Applied, MaxSizePerMsg: 1 << 20, MaxInflightMsgs: 256, MaxInflightBytes: 64 << 20,
+		MaxUncommittedEntriesSize: 64 << 20, CheckQuorum: true, PreVote: true, StepDownOnRemoval: true,
+		// Mandatory: a follower would forward bytes it stamped itself.
+		DisableProposalForwarding: true, Logger: opts.Logger,
+	}
+	rn, err := raft.NewRawNode(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("replica: %w", err)
+	}
+	n := &Node{opts: opts, host: opts.Host, rn: rn, waiters: map[key]*Waiter{}, commit: opts.Applied, end: commitEnd,
+		stop: make(chan struct{}), done: make(chan struct{}), wake: make(chan struct{}, 1)}
+	st := rn.BasicStatus()
+	n.soft, n.term = st.SoftState, st.GetTerm()
+	if n.opts.Ticks == nil {
+		iv := opts.TickInterval
+		if iv <= 0 {
+			iv = 100 * time.Millisecond
+		}
+		n.ticker = time.NewTicker(iv)
+		n.opts.Ticks = n.ticker.C
+	}
+	go n.loop()
+	return n, nil
+}
+
+// Close stops the goroutine and answers every waiter with ErrClosed.
+func (n *Node) Close() {
+	select {
+	case <-n.stop:
+		return
+	default:
+	}
+	close(n.stop)
+	<-n.done
+	if n.ticker != nil {
+		n.ticker.Stop()
+	}
+	n.mu.Lock()
+	if n.err == nil {
+		// Refuse every later Step and Propose: the store closes the raft
+		// log next, and raft panics on a storage that fails.
+		n.err = ErrClosed
+	}
+	for k, w := range n.waiters {
+		w.finish(ErrClosed)
+		delete(n.waiters, k)
+	}
+	n.mu.Unlock()
+}
+
+func (n *Node) kick() {
+	select {
+	case n.wake <- struct{}{}:
+	default:
+	}
+}
+
+func (n *Node) loop() {
+	defer close(n.done)
+	for {
+		select {
+		case <-n.stop:
+			return
+		case <-n.opts.Ticks:
+			n.mu.Lock()
+			n.rn.Tick()
+			n.maybeReadyLocked()
+			n.mu.Unlock()
+		case <-n.wake:
+		}
+		for {
+			n.mu.Lock()
+			if n.err != nil || !n.rn.HasReady() {
+				n.mu.Unlock()
+				break
+			}
+			rd := n.rn.Ready()
+			n.mu.Unlock()
+			if err := n.handle(rd); err != nil {
+				n.mu.Lock()
+				n.err = err
+				n.mu.Unlock()
+				n.host.Fail(err)
+				break
+			}
+			select {
+			case <-n.stop:
+				return
+			default:
+			}
+		}
+	}
+}
+
+// handle processes one Ready in the classic order (design §3.2).
+func (n *Node) handle(rd raft.Ready) error {
+	if rd.SoftState != nil {
+		n.mu.Lock()
+		if rd.SoftState.RaftState != raft.StateLeader || rd.SoftState.Lead != n.soft.Lead {
+			n.ready, n.ownTerm = false, false // drop the tail; waiters stay
+		}
+		n.soft = *rd.SoftState
+		n.mu.Unlock()
+	}
+	// The leader writes in parallel with its followers (thesis §10.2.1):
+	// its appends and heartbeats leave before its own write. Everything
+	// else (MsgAppResp, votes: a node may have answered as a follower
+	// earlier in this Ready) waits for the Sync.
+	var early, late []*pb.Message
+	if n.soft.RaftState == raft.StateLeader {
+		for _, m := range rd.Messages {
+			switch m.GetType() {
+			case pb.MsgApp, pb.MsgHeartbeat:
+				early = append(early, m)
+			default:
+				late = append(late, m)
+			}
+		}
+		n.send(early)
+	} else {
+		late = rd.Messages
+	}
+	l := n.opts.Log
+	if err := l.Append(rd.Entries); err != nil {
+		return err
+	}
+	if rd.HardState != nil && !raft.IsEmptyHardState(rd.HardState) {
+		if err := l.SetHardState(rd.HardState); err != nil {
+			return err
+		}
+		n.mu.Lock()
+		n.term = rd.HardState.GetTerm()
+		n.mu.Unlock()
+	}
+	if len(rd.Entries) > 0 || rd.HardState != nil {
+		if err := l.Sync(); err != nil {
+			return err
+		}
+	}
+	n.send(late) // MsgAppResp and votes: only after Sync
+	n.apply(rd.CommittedEntries)
+	n.mu.Lock()
+	n.rn.Advance(rd)
+	n.mu.Unlock()
+	return nil
+}
+
+func (n *Node) send(msgs []*pb.Message) {
+	for _, m := range msgs {
+		b, err := proto.Marshal(m)
+		if err != nil {
+			continue // cannot happen for raft's own messages
+		}
+		n.opts.Transport.Send(m.GetTo(), b)
+	}
+}
+
+// apply walks the committed entries: DATA entries advance commitEnd and
+// answer waiters; a leader's first entry of its own term makes it ready.
+func (n *Node) apply(ents []*pb.Entry) {
+	if len(ents) == 0 {
+		return
+	}
+	var lastTS int64
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	for _, e := range ents {
+		n.commit = e.GetIndex()
+		if d := e.GetData(); e.GetType() == pb.EntryNormal && len(d) >= record.MinLen && record.HasMagic(d) {
+			pos := record.PhysOffset(d)
+			n.end = pos + int64(len(d))
+			lastTS = max(lastTS, lastStoreTS(d))
+			if w, ok := n.waiters[key{e.GetTerm(), pos}]; ok {
+				w.finish(nil)
+				delete(n.waiters, key{e.GetTerm(), pos})
+			}
+		}
+		if n.soft.RaftState == raft.StateLeader && e.GetTerm() == n.term {
+			n.ownTerm = true
+		}
+	}
+	// Commit passed these positions with other entries: never stored.
+	for k, w := range n.waiters {
+		if k.pos < n.end {
+			w.finish(&NotLeaderError{Cause: CauseSuperseded, LeaderID: n.soft.Lead, Term: n.term})
+			delete(n.waiters, k)
+		}
+	}
+	n.host.Committed(n.end, lastTS)
+	n.maybeReadyLocked()
+}
+
+// maybeReadyLocked passes the readiness barrier (design §3.2): a leader
+// that applied its own term's first entry (proposals are refused until
+// now, so log end = commit end) has the store reset its stamping table,
+// then takes puts from the tail = the commit end. REQUIRES: n.mu.
+func (n *Node) maybeReadyLocked() {
+	if n.ready || !n.ownTerm || n.soft.RaftState != raft.StateLeader {
+		return
+	}
+	if err := n.host.BecomeReady(n.end); err != nil {
+		return
+	}
+	n.tail = n.end
+	n.ready = true
+}
+
+// Ready reports whether this replica is the ready leader (it takes puts).
+func (n *Node) Ready() bool {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.ready && n.soft.RaftState == raft.StateLeader && n.err == nil
+}
+
+// lastStoreTS is the store time of the last record of an entry (store
+// times never go backwards along the log).
+func lastStoreTS(d []byte) int64 {
+	var ts int64
+	for off := 0; off+record.MinLen <= len(d); {
+		h, err := record.Parse(d[off:])
+		if err != nil || h.Total <= 0 {
+			break
+		}
+		ts = record.StoreTimestamp(d[off:])
+		off += int(h.Total)
+	}
+	return ts
+}
+
+// Stamp is the store's part of a proposal: it stamps the records for
+// commitlog offset pos and returns their bytes, and a commit func the node
+// calls once the proposal is accepted (the store advances its stamping
+// table then, never for a refused one). Both run under the node's lock.
+type Stamp func(pos int64) (data []byte, commit func(), err error)
+
+// Propose stamps and proposes n bytes of records: only on a ready leader
+// with enough recently active followers and no transfer in progress
+// (else a *NotLeaderError or ErrInSyncReplicasNotEnough, nothing stored).
+// The returned waiter tells the outcome.
+func (n *Node) Propose(size int, stamp Stamp) (*Waiter, int64, error) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if err := n.refusalLocked(); err != nil {
+		return nil, 0, err
+	}
+	pos := raftlog.Place(n.tail, size, n.opts.FileSize)
+	data, commit, err := stamp(pos)
+	if err != nil {
+		return nil, 0, err
+	}
+	if err := n.rn.Propose(data); err != nil {
+		if errors.Is(err, raft.ErrProposalDropped) {
+			return nil, 0, ErrProposalDropped
+		}
+		return nil, 0, fmt.Errorf("replica: propose: %w", err)
+	}
+	commit()
+	n.tail = pos + int64(len(data))
+	w := &Waiter{done: make(chan struct{})}
+	n.waiters[key{n.rn.BasicStatus().GetTerm(), pos}] = w
+	n.kick()
+	return w, pos, nil
+}
+
+// refusalLocked is why this replica takes no put now, or nil.
+func (n *Node) refusalLocked() error {
+	if n.err != nil {
+		return n.err
+	}
+	st := n.rn.BasicStatus()
+	switch {
+	case st.RaftState != raft.StateLeader && st.Lead == raft.None:
+		return &NotLeaderError{Cause: CauseNoLeader, Term: st.GetTerm()}
+	case st.RaftState != raft.StateLeader:
+		return &NotLeaderError{Cause: CauseNotLeader, LeaderID: st.Lead, Term: st.GetTerm()}
+	case st.LeadTransferee != raft.None:
+		return &NotLeaderError{Cause: CauseTransferring, LeaderID: st.LeadTransferee, Term: st.GetTerm()}
+	case !n.ready:
+		return &NotLeaderError{Cause: CauseLeaderNotReady, LeaderID: st.ID, Term: st.GetTerm()}
+	}
+	voters, active := 0, 0
+	n.rn.WithProgress(func(id uint64, typ raft.ProgressType, pr tracker.Progress) {
+		if typ != raft.ProgressTypePeer || id == n.opts.ID {
+			return
+		}
+		if pr.IsLearner {
+			return
+		}
+		voters++
+		if pr.RecentActive {
+			active++
+		}
+	})
+	// A quorum of voters+1 (self) needs quorum-1 followers.
+	if need := (voters+1)/2 + 1 - 1; active < need {
+		return fmt.Errorf("%w: %d of %d followers active, %d needed", ErrInSyncReplicasNotEnough, active, voters, need)
+	}
+	return nil
+}
+
+// Waiter is a proposed put waiting for its outcome.
+type Waiter struct {
+	done chan struct{}
+	err  error
+}
+
+// finish answers the waiter. REQUIRES: the node's lock, at most once.
+func (w *Waiter) finish(err error) {
+	w.err = err
+	close(w.done)
+}
+
+// Done is closed once the outcome is known; Err tells it then: nil
+// (committed), a *NotLeaderError with CauseSuperseded (not stored), or
+// ErrClosed (unknown).
+func (w *Waiter) Done() <-chan struct{} { return w.done }
+
+// Err is the outcome; valid once Done is closed.
+func (w *Waiter) Err() error { return w.err }
+
+// Forget drops a waiter that stopped waiting (timeout, ctx).
+func (n *Node) Forget(w *Waiter) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	for k, v := range n.waiters {
+		if v == w {
+			delete(n.waiters, k)
+		}
+	}
+}
+
+// StepPeer hands a marshalled raftpb.Message from a peer to raft.
+func (n *Node) StepPeer(b []byte) error {
+	if len(b) > MaxMessageBytes {
+		return fmt.Errorf("%w: %d bytes, limit %d", ErrBadMessage, len(b), MaxMessageBytes)
+	}
+	m := &pb.Message{}
+	if err := proto.Unmarshal(b, m); err != nil {
+		return fmt.Errorf("%w: %w", ErrBadMessage, err)
+	}
+	if m.GetTo() != n.opts.ID {
+		return fmt.Errorf("%w: for node %d, this is %d", ErrBadMessage, m.GetTo(), n.opts.ID)
+	}
+	if raft.IsLocalMsg(m.GetType()) || m.GetType() == pb.MsgProp {
+		return fmt.Errorf("%w: message type %v is not a peer's", ErrBadMessage, m.GetType())
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if !slices.Contains(n.members(), m.GetFrom()) {
+		return fmt.Errorf("%w: from %d, not a member", ErrBadMessage, m.GetFrom())
+	}
+	if n.err != nil {
+		return n.err
+	}
+	if err := n.rn.Step(m); err != nil {
+		return fmt.Errorf("replica: step: %w", err)
+	}
+	n.kick()
+	return nil
+}
+
+func (n *Node) members() []uint64 {
+	meta := n.opts.Log.Meta()
+	return append(append([]uint64(nil), meta.Voters...), meta.Learners...)
+}
+
+// ReportUnreachable tells raft that sends to id failed.
+func (n *Node) ReportUnreachable(id uint64) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.rn.ReportUnreachable(id)
+}
+
+// Campaign starts an election now (tests, operators).
+func (n *Node) Campaign() error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	err := n.rn.Campaign()
+	n.kick()
+	return err
+}
+
+// Info is a replica's view of the group.
+type Info struct {
+	ID        uint64
+	Role      string // leader, follower, candidate (pre-candidate too), learner
+	Term      uint64
+	LeaderID  uint64
+	Commit    uint64
+	Applied   uint64
+	CommitEnd int64
+	Ready     bool
+	Peers     []PeerInfo // on the leader
+}
+
+// PeerInfo is the leader's view of one member.
+type PeerInfo struct {
+	ID           uint64
+	Match, Next  uint64
+	RecentActive bool
+	Learner      bool
+}
+
+// Info returns the replica's view of the group.
+func (n *Node) Info() Info {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	st := n.rn.Status()
+	in := Info{ID: n.opts.ID, Term: st.GetTerm(), LeaderID: st.Lead, Commit: st.GetCommit(), Applied: n.commit, CommitEnd: n.end,
+		Ready: n.ready && st.RaftState == raft.StateLeader}
+	switch st.RaftState {
+	case raft.StateLeader:
+		in.Role = "leader"
+	case raft.StateCandidate, raft.StatePreCandidate:
+		in.Role = "candidate"
+	default:
+		in.Role = "follower"
+		if slices.Contains(n.opts.Log.Meta().Learners, n.opts.ID) {
+			in.Role = "learner"
+		}
+	}
+	for id, pr := range st.Progress {
+		in.Peers = append(in.Peers, PeerInfo{ID: id, Match: pr.Match, Next: pr.Next, RecentActive: pr.RecentActive, Learner: pr.IsLearner})
+	}
+	slices.SortFunc(in.Peers, func(a, b PeerInfo) int { return int(a.ID) - int(b.ID) })
+	return in
+}
