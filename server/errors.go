@@ -113,7 +113,10 @@ const (
 //	anything else (sync failed, store closed meanwhile)        → INTERNAL
 //
 // The message says the message may have been stored; ErrorInfo metadata
-// holds msg_id, wrote_offset and queue_offset.
+// holds msg_id, wrote_offset and queue_offset. In group mode a put proposed
+// and not committed within the replication timeout
+// (storage.ErrReplicationTimeout, FLUSH_SLAVE_TIMEOUT) is DEADLINE_EXCEEDED
+// with metadata outcome=unknown.
 //
 // Nothing appended:
 //
@@ -121,6 +124,9 @@ const (
 //	ErrStarting, ErrDraining, ErrClosed, ErrSlave, ErrNotWritable → UNAVAILABLE + RetryInfo
 //	ErrStreamEnding                       → UNAVAILABLE + RetryInfo, cause STREAM_ENDING
 //	storage.ErrBusy (OS_PAGE_CACHE_BUSY)  → UNAVAILABLE + RetryInfo
+//	*storage.NotLeaderError (group mode)  → UNAVAILABLE + RetryInfo, metadata cause, leader_id, leader_addr,
+//	                                        term (notLeaderStatus)
+//	storage.ErrInSyncReplicasNotEnough    → UNAVAILABLE + RetryInfo (IN_SYNC_REPLICAS_NOT_ENOUGH)
 //	storage.ErrWriteFailed (read-only)    → UNAVAILABLE, no RetryInfo: retry on another replica
 //	storage.ErrWriteRetrying              → UNAVAILABLE + RetryInfo, cause WRITE_RETRYING: a background
 //	                                        write is failing and retried; RESOURCE_EXHAUSTED + RetryInfo,
@@ -150,7 +156,13 @@ func (s *Service) putError(ctx context.Context, m method, res storage.PutResult,
 
 	var fe *fieldError
 	var verr *storage.ValidationError
+	var nl *storage.NotLeaderError
 	switch {
+	case errors.As(err, &nl): // group mode: not the ready leader, or superseded; nothing stored
+		return s.notLeaderStatus(info, nl.Cause, nl.LeaderID, nl.Term)
+	case errors.Is(err, storage.ErrInSyncReplicasNotEnough):
+		return unavailable(info, retryDelayUnavailable, "the group's leader has too few recently active followers to commit; "+
+			"nothing was stored; retry shortly")
 	case errors.As(err, &fe):
 		return invalidArgument(info, fe.Field, fe.Reason)
 	case errors.As(err, &verr):
@@ -224,6 +236,9 @@ func (s *Service) putError(ctx context.Context, m method, res storage.PutResult,
 		s.logLimit.Event("put refused: create file", log.Error()).Err(err).Msg("put refused: cannot create the next commitlog file")
 		return unavailable(info, retryDelayUnavailable, "the store could not create its next commitlog file; nothing was stored; retry later")
 	}
+	if reason == storage.OSPageCacheBusy { // group mode: raft dropped the proposal
+		return unavailable(info, retryDelayBusy, "the store is busy (the proposal was dropped); nothing was stored; retry later")
+	}
 	s.logLimit.Event("put failed: unexpected", log.Error()).Err(err).Msg("put failed with an unexpected error")
 	return newStatus(codes.Internal, "internal error; nothing was stored", info)
 }
@@ -243,6 +258,11 @@ func (s *Service) appendedError(ctx context.Context, log zerolog.Logger, res sto
 	}
 	code, why := codes.Internal, "an unexpected error occurred while waiting for the disk flush"
 	switch {
+	case errors.Is(err, storage.ErrReplicationTimeout):
+		// FLUSH_SLAVE_TIMEOUT as an error (design §1): the entry may
+		// still commit, or be truncated by the next leader.
+		info.Metadata["outcome"] = "unknown"
+		code, why = codes.DeadlineExceeded, "it was not committed by a majority of the group within --replication-timeout"
 	case errors.Is(err, context.Canceled):
 		code, why = codes.Canceled, "the call was cancelled while waiting for the disk flush"
 	case errors.Is(err, context.DeadlineExceeded):

@@ -1,6 +1,8 @@
 package server
 
 import (
+	"errors"
+	"fmt"
 	"strconv"
 	"strings"
 	"testing"
@@ -12,6 +14,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	storagedv1 "github.com/storaged/storaged/gen/storaged/v1"
+	"github.com/storaged/storaged/storage"
 )
 
 // A standalone server answers GetReplicaInfo with role STANDALONE and
@@ -97,6 +100,62 @@ func TestNotLeaderStatus(t *testing.T) {
 			}
 			if !strings.Contains(d.st.Message(), tc.contains) || !strings.Contains(d.st.Message(), "nothing was stored") {
 				t.Fatalf("message %q", d.st.Message())
+			}
+		})
+	}
+}
+
+// TestPutErrorsGroupMode: the store's group-mode refusals reach a client
+// over real gRPC as the design says.
+func TestPutErrorsGroupMode(t *testing.T) {
+	appended := storage.AppendResult{Status: storage.AppendOK, WroteOffset: 64, WroteBytes: 100, MsgNum: 1, Offsets: []int64{64}, StoreHost: testStoreHost}
+	for _, tc := range []struct {
+		name   string
+		res    storage.PutResult
+		err    error
+		code   codes.Code
+		reason string
+		md     map[string]string
+		delay  time.Duration // -1: no RetryInfo
+	}{
+		{"follower", storage.PutResult{Status: storage.ServiceNotAvailable},
+			&storage.NotLeaderError{Cause: CauseNotLeader, LeaderID: 1, Term: 4}, codes.Unavailable, ReasonUnavailable,
+			map[string]string{"cause": "NOT_LEADER", "leader_id": "1", "leader_addr": "127.0.0.1:9090", "term": "4"}, 0},
+		{"no leader", storage.PutResult{Status: storage.ServiceNotAvailable},
+			&storage.NotLeaderError{Cause: CauseNoLeader, Term: 4}, codes.Unavailable, ReasonUnavailable,
+			map[string]string{"cause": "NO_LEADER", "leader_id": "0", "leader_addr": "", "term": "4"}, retryDelayNoLeader},
+		{"superseded", storage.PutResult{Status: storage.ServiceNotAvailable},
+			fmt.Errorf("wrapped: %w", &storage.NotLeaderError{Cause: "SUPERSEDED", LeaderID: 1, Term: 5}), codes.Unavailable, ReasonUnavailable,
+			map[string]string{"cause": "SUPERSEDED", "leader_id": "1", "leader_addr": "127.0.0.1:9090", "term": "5"}, 0},
+		{"in-sync replicas", storage.PutResult{Status: storage.InSyncReplicasNotEnough}, storage.ErrInSyncReplicasNotEnough,
+			codes.Unavailable, storage.InSyncReplicasNotEnough.String(), nil, retryDelayUnavailable},
+		{"proposal dropped", storage.PutResult{Status: storage.OSPageCacheBusy}, errors.New("replica: proposal dropped by raft; nothing stored"),
+			codes.Unavailable, storage.OSPageCacheBusy.String(), nil, retryDelayBusy},
+		{"replication timeout", storage.PutResult{Status: storage.FlushSlaveTimeout, Append: appended}, storage.ErrReplicationTimeout,
+			codes.DeadlineExceeded, storage.FlushSlaveTimeout.String(), map[string]string{"outcome": "unknown", "stored": "unknown"}, -1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			addrs := map[uint64]string{1: "127.0.0.1:9090"}
+			svc := New(&fakeStore{res: tc.res, err: tc.err}, zerologNop(),
+				WithReplication(func() ReplicaInfo { return ReplicaInfo{} }, func(id uint64) string { return addrs[id] }))
+			srv := startServer(t, svc, GRPCConfig{})
+			srv.SetServing(true)
+			c := storagedv1.NewMessageStoreServiceClient(dial(t, srv.addr, nil))
+			_, err := c.PutMessage(ctxT(t), &storagedv1.PutMessageRequest{Message: &storagedv1.Message{Topic: "t", Body: []byte("b")}})
+			d := details(t, err)
+			if d.st.Code() != tc.code || d.info.GetReason() != tc.reason {
+				t.Fatalf("%v %q (%q), want %v %q", d.st.Code(), d.info.GetReason(), d.st.Message(), tc.code, tc.reason)
+			}
+			for k, v := range tc.md {
+				if got, ok := d.info.GetMetadata()[k]; !ok || got != v {
+					t.Errorf("metadata %s = %q, want %q (all %v)", k, got, v, d.info.GetMetadata())
+				}
+			}
+			switch {
+			case tc.delay < 0 && d.retry != nil:
+				t.Errorf("RetryInfo %v on an unknown outcome", d.retry)
+			case tc.delay >= 0 && (d.retry == nil || d.retry.GetRetryDelay().AsDuration() != tc.delay):
+				t.Errorf("RetryInfo %v, want %v", d.retry, tc.delay)
 			}
 		})
 	}
