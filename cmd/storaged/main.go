@@ -112,10 +112,6 @@ func run(ctx context.Context, args []string, lookupEnv func(string) (string, boo
 		fmt.Fprintln(stderr, "storaged", buildinfo.Get())
 		return nil
 	}
-	if cfg.Replication.group() {
-		fmt.Fprintf(stderr, "storaged: %v\n", errGroupPending)
-		return usageError{errGroupPending}
-	}
 	gogc := gctune.ApplyDefaultGOGC(lookupEnv)
 	memLimit := gctune.ApplyDefaultMemoryLimit(lookupEnv, cfg.MaxPullInflightBytes)
 	logger := newLogger(cfg, stderr)
@@ -175,8 +171,13 @@ func serve(ctx context.Context, cfg config, logger zerolog.Logger) (err error) {
 	}
 
 	var store server.DeferredStore
-	svc := server.New(&store, logger, server.WithMaxPullInflightBytes(cfg.MaxPullInflightBytes),
-		server.WithMaxMessageSize(int(cfg.MaxMessageSize)), server.WithMaxPullWait(cfg.MaxPullWait))
+	svcOpts := []server.Option{server.WithMaxPullInflightBytes(cfg.MaxPullInflightBytes),
+		server.WithMaxMessageSize(int(cfg.MaxMessageSize)), server.WithMaxPullWait(cfg.MaxPullWait)}
+	var group groupRuntime // group mode: the transport and the open store, for GetReplicaInfo and leader hints
+	if cfg.Replication.group() {
+		svcOpts = append(svcOpts, group.serverOption(cfg.Replication.RaftID))
+	}
+	svc := server.New(&store, logger, svcOpts...)
 	gs, err := server.NewGRPCServer(svc, server.GRPCConfig{
 		Logger:         logger,
 		MaxMessageSize: int(cfg.MaxMessageSize),
@@ -291,12 +292,29 @@ func serve(ctx context.Context, cfg config, logger zerolog.Logger) (err error) {
 				logger.Info().Msg("store closed after its final flush")
 			}
 		}
+		if tr := group.transport.Load(); tr != nil { // after the store: its raft loop sends until Close
+			if terr := tr.Close(); terr != nil {
+				err = errors.Join(err, fmt.Errorf("peer transport: %w", terr))
+			}
+		}
 		logger.Info().Bool("graceful", graceful).Msg("shutdown complete")
 	}()
 
 	storeLog := logger.With().Str("component", "storage").Logger()
 	start := time.Now()
-	st, err = storage.Open(cfg.storageOptions(host, &storeLog))
+	opts := cfg.storageOptions(host, &storeLog)
+	if cfg.Replication.group() {
+		peerLog := logger.With().Str("component", "peer").Logger()
+		tr, terr := cfg.Replication.startTransport(host.String(), &peerLog)
+		if terr != nil {
+			return terr
+		}
+		group.transport.Store(tr)
+		opts.Group = cfg.Replication.groupOptions(tr)
+		logger.Info().Str("peer", tr.Addr().String()).Uint64("raft_id", cfg.Replication.RaftID).
+			Stringer("raft_peers", &cfg.Replication.RaftPeers).Msg("peer transport listening")
+	}
+	st, err = storage.Open(opts)
 	if err != nil {
 		if errors.Is(err, storage.ErrLocked) {
 			return fmt.Errorf("data dir %s is in use by another storaged process (%w)", cfg.DataDir, err)
@@ -331,6 +349,10 @@ func serve(ctx context.Context, cfg config, logger zerolog.Logger) (err error) {
 	}
 	store.Set(st)
 	admin.Set(st)
+	if tr := group.transport.Load(); tr != nil {
+		group.store.Store(st)
+		tr.SetStepper(st)
+	}
 	reg.MustRegister(server.NewStoreCollector(st, server.WithPutExemplars(svc.Exemplars())))
 	stats := st.Stats()
 	logger.Info().Stringer("recovery", time.Since(start)).Int64("max_offset", stats.MaxOffset).Int("files", stats.Files).

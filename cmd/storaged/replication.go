@@ -1,6 +1,8 @@
 package main
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"flag"
 	"fmt"
@@ -8,10 +10,12 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/rs/zerolog"
 
+	"github.com/storaged/storaged/server"
 	"github.com/storaged/storaged/server/peer"
 	"github.com/storaged/storaged/storage"
 )
@@ -38,10 +42,9 @@ type replicationConfig struct {
 // not committed within it is answered with an unknown outcome.
 const defaultReplicationTimeout = storage.DefaultSyncFlushTimeout
 
-// errGroupPending refuses to start in group mode: the flags are parsed and
-// validated, but the raft node inside the store is not wired to them yet.
-var errGroupPending = errors.New("--raft-peers: replication flags are parsed and validated, but group mode is not " +
-	"wired into this build yet; run without --raft-peers (standalone)")
+// groupName is the group name every member records and checks (phase 1
+// runs one group per process; --raft-group comes with several).
+const groupName = "default"
 
 func (r *replicationConfig) register(fs *flag.FlagSet) {
 	fs.Func("raft-id", "this member's raft `id` (a positive integer listed in --raft-peers; never reused)", func(s string) error {
@@ -120,6 +123,10 @@ func (r *replicationConfig) validate(flushMode storage.FlushMode) []error {
 	}
 	if len(r.RaftPeers) < 2 {
 		errs = append(errs, errors.New("--raft-peers lists one member; a group needs at least 2 (3 or 5 to survive a failure)"))
+	}
+	if r.RaftLearner {
+		errs = append(errs, errors.New("--raft-learner is not supported yet: every member must know a learner from the "+
+			"first start, and --raft-peers cannot mark one"))
 	}
 	if r.roleSet {
 		errs = append(errs, errors.New("--role is for standalone master/slave; in a group (--raft-peers) the leader is elected "+
@@ -280,6 +287,61 @@ func (r *replicationConfig) startTransport(clientAddr string, logger *zerolog.Lo
 		return nil, fmt.Errorf("--peer-listen: %w", err)
 	}
 	return peer.New(lis, nil, peer.Options{
-		ID: r.RaftID, Peers: r.RaftPeers.peerMap(), ClientAddr: clientAddr, TLS: tlsCfg, Logger: logger,
+		Group: groupName, ClusterID: r.clusterID(), ID: r.RaftID, Peers: r.RaftPeers.peerMap(), ClientAddr: clientAddr, TLS: tlsCfg, Logger: logger,
 	})
+}
+
+// clusterID identifies the group's membership in the peer handshake and in
+// raft/meta: a digest of the sorted member ids, so a member started with
+// another --raft-peers membership is refused by its peers and by its own
+// data dir. Addresses may change between starts; ids may not.
+func (r *replicationConfig) clusterID() string {
+	ids := r.RaftPeers.ids()
+	parts := make([]string, len(ids))
+	for i, id := range ids {
+		parts[i] = strconv.FormatUint(id, 10)
+	}
+	sum := sha256.Sum256([]byte("storaged-group/" + strings.Join(parts, ",")))
+	return hex.EncodeToString(sum[:16])
+}
+
+// groupOptions makes the store a member of the group, sending through tr.
+func (r *replicationConfig) groupOptions(tr storage.Transport) *storage.GroupOptions {
+	return &storage.GroupOptions{
+		ID: r.RaftID, Name: groupName, ClusterID: r.clusterID(), Peers: r.RaftPeers.ids(),
+		Transport: tr, ReplicationTimeout: r.ReplicationTimeout,
+	}
+}
+
+// groupRuntime holds what the service reads in group mode once it exists:
+// the transport (the members' client addresses) and the open store.
+type groupRuntime struct {
+	transport atomic.Pointer[peer.Transport]
+	store     atomic.Pointer[storage.Store]
+}
+
+// serverOption feeds GetReplicaInfo and the leader hints of refused puts.
+// Before the store is open GetReplicaInfo says only this member's id.
+func (g *groupRuntime) serverOption(id uint64) server.Option {
+	info := func() server.ReplicaInfo {
+		st := g.store.Load()
+		if st == nil {
+			return server.ReplicaInfo{ID: id}
+		}
+		ri := st.ReplicaInfo()
+		out := server.ReplicaInfo{Role: ri.Role, ID: ri.ID, Term: ri.Term, LeaderID: ri.LeaderID, Commit: ri.Commit,
+			Applied: ri.Applied, CommitEnd: ri.CommitEnd, Ready: ri.Ready}
+		for _, p := range ri.Peers {
+			out.Peers = append(out.Peers, server.PeerProgress{ID: p.ID, Match: p.Match, Next: p.Next,
+				RecentActive: p.RecentActive, Learner: p.Learner})
+		}
+		return out
+	}
+	addr := func(id uint64) string {
+		if tr := g.transport.Load(); tr != nil {
+			return tr.ClientAddr(id)
+		}
+		return ""
+	}
+	return server.WithReplication(info, addr)
 }

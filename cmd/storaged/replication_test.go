@@ -2,7 +2,6 @@ package main
 
 import (
 	"bytes"
-	"context"
 	"errors"
 	"net"
 	"reflect"
@@ -20,14 +19,14 @@ const peers3 = "1=127.0.0.1:9191,2=127.0.0.1:9192,3=127.0.0.1:9193"
 // TestReplicationFlags: the group flags and their environment twins parse
 // into replicationConfig; a group defaults to --flush-mode sync.
 func TestReplicationFlags(t *testing.T) {
-	cfg, err := parseConfig([]string{"--raft-id", "2", "--raft-peers", peers3, "--raft-learner", "--replication-timeout", "3s",
+	cfg, err := parseConfig([]string{"--raft-id", "2", "--raft-peers", peers3, "--replication-timeout", "3s",
 		"--peer-listen", "127.0.0.1:0"}, env(), &bytes.Buffer{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	r := cfg.Replication
 	want := raftPeers{{1, "127.0.0.1:9191"}, {2, "127.0.0.1:9192"}, {3, "127.0.0.1:9193"}}
-	if r.RaftID != 2 || !reflect.DeepEqual(r.RaftPeers, want) || !r.RaftLearner || r.ReplicationTimeout != 3*time.Second ||
+	if r.RaftID != 2 || !reflect.DeepEqual(r.RaftPeers, want) || r.ReplicationTimeout != 3*time.Second ||
 		r.peerListen() != "127.0.0.1:0" || !r.group() {
 		t.Fatalf("replication config %+v", r)
 	}
@@ -96,6 +95,8 @@ func TestReplicationFlagErrors(t *testing.T) {
 			"--peer-tls-cert, --peer-tls-key and --peer-tls-ca go together"},
 		{"timeout", []string{"--raft-id", "1", "--raft-peers", peers3, "--replication-timeout", "0s"}, nil,
 			"--replication-timeout 0s must be positive"},
+		{"learner with peers", []string{"--raft-id", "1", "--raft-peers", peers3, "--raft-learner"}, nil,
+			"--raft-learner is not supported yet"},
 		{"id without peers", []string{"--raft-id", "1"}, nil, "--raft-id need --raft-peers"},
 		{"learner, listen and tls without peers", []string{"--raft-learner", "--peer-listen", "127.0.0.1:1", "--peer-tls-ca", "ca.pem"}, nil,
 			"--peer-listen, --raft-learner, --peer-tls-* need --raft-peers"},
@@ -116,21 +117,6 @@ func TestReplicationFlagErrors(t *testing.T) {
 	if _, err := parseConfig([]string{"--raft-id", "1", "--raft-peers", "1=host1:9191,2=host2:9191,3=host3:9191", "--peer-listen", ":9191",
 		"--peer-tls-cert", "c.pem", "--peer-tls-key", "k.pem", "--peer-tls-ca", "ca.pem"}, env(), &bytes.Buffer{}); err != nil {
 		t.Fatalf("with peer TLS: %v", err)
-	}
-}
-
-// TestGroupModePending: a valid group configuration is refused at start
-// (exit status 2) with a message saying group mode is not wired yet, never
-// run standalone by mistake.
-func TestGroupModePending(t *testing.T) {
-	var stderr bytes.Buffer
-	err := run(context.Background(), []string{"--raft-id", "1", "--raft-peers", peers3, "--data-dir", t.TempDir()}, env(), &stderr)
-	var uerr usageError
-	if !errors.As(err, &uerr) || !errors.Is(err, errGroupPending) {
-		t.Fatalf("run: %v", err)
-	}
-	if !strings.Contains(stderr.String(), "group mode is not wired into this build yet") {
-		t.Fatalf("stderr %q", stderr.String())
 	}
 }
 
