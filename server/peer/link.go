@@ -10,6 +10,7 @@ import (
 
 	"github.com/rs/zerolog"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/keepalive"
@@ -47,6 +48,13 @@ func (t *Transport) newLink(id uint64, addr string) (*link, error) {
 		grpc.WithTransportCredentials(creds),
 		grpc.WithDefaultCallOptions(grpc.MaxCallSendMsgSize(t.opts.MaxMsgSize), grpc.MaxCallRecvMsgSize(1<<20)),
 		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: t.opts.Keepalive, Timeout: t.opts.Keepalive, PermitWithoutStream: true}),
+		// gRPC's own reconnect backoff grows to 120 s by default: a peer
+		// down for a few minutes would then stay unreached for up to two
+		// minutes after it is back. Bound it like the stream's.
+		grpc.WithConnectParams(grpc.ConnectParams{
+			Backoff:           backoff.Config{BaseDelay: t.opts.MinBackoff, Multiplier: 1.6, Jitter: 0.2, MaxDelay: t.opts.MaxBackoff},
+			MinConnectTimeout: t.opts.Keepalive,
+		}),
 	)
 	if err != nil {
 		return nil, err
