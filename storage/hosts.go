@@ -80,6 +80,9 @@ func (h *retentionHost) DeletableEnd(want int64) (int64, error) {
 		cpEnd = s.index.LastCheckpoint().Dispatched
 	}
 	limit := min(cpEnd, s.log.Flushed())
+	// Consumer offsets whose latest record lies in a file about to go are
+	// written again first (consumer_offsets.go); what cannot be stays.
+	limit = min(limit, s.rewriteOffsets(min(want, limit)))
 	if s.sched != nil && s.Role() == RoleMaster {
 		limit = min(limit, s.sched.ProtectedFrom())
 	}

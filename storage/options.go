@@ -222,6 +222,12 @@ type Options struct {
 	// is rewritten whole on every change).
 	MaxTopics int
 
+	// MaxConsumerOffsets bounds the (consumer group, topic, queue) keys of
+	// committed offsets (consumer_offsets.go): a commit of one more is
+	// refused with ErrTooManyOffsets. Default DefaultMaxConsumerOffsets
+	// (100,000, ~100 bytes of memory each); 1 to 10,000,000.
+	MaxConsumerOffsets int
+
 	// DedupWindow is how long a put carrying a UNIQ_KEY is remembered
 	// after its store time: a put of the same key (and topic) within it is
 	// answered with the first put's result and stores nothing
@@ -355,6 +361,9 @@ func (o Options) withDefaults() Options {
 	if o.MaxTopics == 0 {
 		o.MaxTopics = DefaultMaxTopics
 	}
+	if o.MaxConsumerOffsets == 0 {
+		o.MaxConsumerOffsets = DefaultMaxConsumerOffsets
+	}
 	if o.DedupWindow == 0 {
 		o.DedupWindow = DefaultDedupWindow
 	}
@@ -460,6 +469,9 @@ func (o Options) resolve() (resolved, error) {
 	}
 	if o.MaxTopics < 1 || o.MaxTopics > maxMaxTopics {
 		errs = append(errs, fmt.Errorf("MaxTopics %d out of range [1, %d]", o.MaxTopics, maxMaxTopics))
+	}
+	if o.MaxConsumerOffsets < 1 || o.MaxConsumerOffsets > 10000000 {
+		errs = append(errs, fmt.Errorf("MaxConsumerOffsets %d out of range [1, 10000000]", o.MaxConsumerOffsets))
 	}
 	if o.DedupWindow > 0 && o.DedupWindow < time.Millisecond {
 		errs = append(errs, fmt.Errorf("DedupWindow %v: at least 1ms, or negative (off)", o.DedupWindow))

@@ -55,7 +55,7 @@ func (s *Store) GetMessage(off int64) (*Record, error) {
 	if err != nil {
 		return nil, err
 	}
-	if !s.provenRecord(rec, off) {
+	if !s.provenRecord(rec, off) || HiddenTopic(rec.Topic) { // the store's own records are not served
 		return nil, fmt.Errorf("commitlog offset %d: %w", off, ErrNoRecord)
 	}
 	return rec, nil
@@ -185,7 +185,7 @@ func (s *Store) QueueInfo(topic string, queueID int32) (minOff, maxOff int64, er
 		return 0, 0, ErrClosed
 	}
 	q := s.index.Queue(topic, queueID)
-	if q == nil {
+	if q == nil || HiddenTopic(topic) {
 		return 0, 0, fmt.Errorf("%w: %s/%d", ErrQueueNotFound, topic, queueID)
 	}
 	return q.Min(), q.Count(), nil
@@ -196,6 +196,9 @@ func (s *Store) Queues() []QueueID {
 	keys := s.index.Keys()
 	out := make([]QueueID, 0, len(keys))
 	for _, k := range keys {
+		if HiddenTopic(k.Topic) {
+			continue
+		}
 		out = append(out, QueueID{Topic: k.Topic, QueueID: k.Queue})
 	}
 	return out
@@ -297,7 +300,7 @@ func (s *Store) PullMessages(ctx context.Context, req PullRequest) (PullResult, 
 // entries, and returns how many it read.
 func (s *Store) pullOnce(req PullRequest, budget int) (PullResult, int, error) {
 	q := s.index.Queue(req.Topic, req.QueueID)
-	if q == nil {
+	if q == nil || HiddenTopic(req.Topic) { // the store's own state is read through its calls
 		return PullResult{}, 0, fmt.Errorf("%w: %s/%d", ErrQueueNotFound, req.Topic, req.QueueID)
 	}
 	res := PullResult{MinOffset: q.Min(), MaxOffset: q.Count(), NextOffset: req.Offset}

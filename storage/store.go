@@ -15,6 +15,7 @@ import (
 	"github.com/storaged/storaged/storage/consumequeue"
 	"github.com/storaged/storaged/storage/dedup"
 	"github.com/storaged/storaged/storage/internal/fault"
+	"github.com/storaged/storaged/storage/offsets"
 	"github.com/storaged/storaged/storage/record"
 	"github.com/storaged/storaged/storage/retention"
 	"github.com/storaged/storaged/storage/schedule"
@@ -59,6 +60,7 @@ type Store struct {
 	pulls    pullStats
 	dedup    *dedup.Window[dedupValue] // idempotent puts (idempotent.go); nil when off
 	group    *groupState               // group mode (group.go); nil when standalone
+	offsets  *offsets.Table            // consumer offsets (consumer_offsets.go)
 
 	// role is the broker role (Role), a runtime check: SetRole changes it.
 	role atomic.Uint32
@@ -148,6 +150,10 @@ func Open(opts Options) (*Store, error) {
 	}
 	s.adoptTopics()
 	s.openDedup()
+	if err := s.openOffsets(); err != nil {
+		s.cleanup()
+		return nil, err
+	}
 	if !hadTopics {
 		s.opts.Logger.Info().Msg("storage: no topic config yet (new data dir, or one written before topic config existed)")
 	}
@@ -499,7 +505,7 @@ func (s *Store) appendRecords(topic string, queueID, sysFlag int32, specs []reco
 	}
 	var st sequenced
 	admit := func(now time.Time) error {
-		if topic != ScheduleTopic && !s.topics.has(topic, queueID) { // deleted since admit
+		if topic != ScheduleTopic && topic != OffsetTopic && !s.topics.has(topic, queueID) { // deleted since admit
 			return fmt.Errorf("%w: %s was deleted", ErrTopicNotFound, topic)
 		}
 		st = s.seq.begin(consumequeue.Key{Topic: topic, Queue: queueID}, tx, now)

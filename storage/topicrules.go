@@ -29,6 +29,10 @@ import (
 //     BenchmarkTest and RMQ_SYS_TRACE_TOPIC stay writable by puts, as in
 //     RocketMQ (trace data is sent by clients).
 //
+// storaged adds RMQ_SYS_CONSUMER_OFFSET (OffsetTopic), the consumer offset
+// records: clients can neither put to it nor read it (HiddenTopic): its
+// records are the store's state, served through the offset calls.
+//
 // Retry (%RETRY%group) and dead-letter (%DLQ%group) topics are ordinary
 // topics here, writable as in RocketMQ.
 
@@ -44,6 +48,7 @@ var notAllowedSendTopics = map[string]bool{
 	"TRANS_CHECK_MAX_TIME_TOPIC":  true,
 	"SELF_TEST_TOPIC":             true,
 	"OFFSET_MOVED_EVENT":          true,
+	OffsetTopic:                   true, // storaged's: consumer offset records (consumer_offsets.go)
 }
 
 // systemOnlyTopics are the rest of RocketMQ's SYSTEM_TOPIC_SET: writable,
@@ -60,6 +65,10 @@ var systemOnlyTopics = map[string]bool{
 func NotAllowedSendTopic(topic string) bool {
 	return notAllowedSendTopics[topic] || strings.HasPrefix(topic, SystemTopicPrefix)
 }
+
+// HiddenTopic reports whether clients may not read topic: the store's own
+// state (OffsetTopic), read through CommitOffset/GetOffset only.
+func HiddenTopic(topic string) bool { return topic == OffsetTopic }
 
 // SystemTopic reports whether topic is a system topic (RocketMQ
 // TopicValidator.isSystemTopic): the admin calls refuse to create, update

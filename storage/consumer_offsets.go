@@ -1,0 +1,373 @@
+package storage
+
+// Consumer-group offsets (issue 17, point 1): the committed queue offset of
+// every (group, topic, queue), kept in the commitlog itself.
+//
+// A commit is a record of the system topic OffsetTopic (queue 0), appended
+// through the put path: it is as durable as an acknowledged put (sync
+// mode: fsynced before CommitOffset returns), it is recovered, checked and
+// indexed like any record, and whatever carries the commitlog (recovery,
+// replication: the Raft log is the commitlog) carries the offsets with no
+// state of their own. The table in memory (storage/offsets) is rebuilt at
+// Open by replaying that topic's consume queue in log order, the last
+// record of a key winning.
+//
+// Retention deletes whole commitlog files, offset records included. So
+// that the latest value of every key outlives its record's file, retention
+// asks the store, before it deletes files below an offset (DeletableEnd),
+// to write again every latest value whose record lies below it
+// (rewriteOffsets: records of up to offsets.MaxEntries entries) and to make
+// them durable; only then are the old files deleted. When that cannot be
+// done (the store is read-only, a slave), the files holding a latest value
+// are kept: retention stops below the oldest one. A compaction by copy, as
+// Kafka's log cleaner does for __consumer_offsets, but only of the live
+// values in the files about to go.
+//
+// The cost of Open is one record read per offset record in the retained
+// log (a consumer committing once a second per queue writes 86,400 records
+// a day per queue); a snapshot pointer that lets Open start past them is
+// not built yet.
+//
+// Validation (RocketMQ Validators.checkGroup and the broker's offset
+// checks): a group is 1-255 bytes of [%|a-zA-Z0-9_-]; the topic must exist
+// in the topic table (not a reserved topic) with the queue id below its
+// queue count; the offset must lie within the queue's readable offsets
+// [min, max] (max itself means "consumed everything"). storaged refuses an
+// offset outside that range with a *RangeError instead of clamping it, so
+// a client bug is visible; a committed offset may later fall below min when
+// retention trims the queue, and GetOffset returns it as committed (the
+// pull then answers OUT_OF_RANGE with the bounds to reset to). At most
+// Options.MaxConsumerOffsets keys exist (ErrTooManyOffsets beyond).
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/storaged/storaged/storage/offsets"
+	"github.com/storaged/storaged/storage/record"
+)
+
+const (
+	// OffsetTopic is the system topic of consumer offset records. Clients
+	// can neither put to it nor read it (topicrules.go).
+	OffsetTopic = "RMQ_SYS_CONSUMER_OFFSET"
+	// MaxGroupLength bounds a consumer group name (RocketMQ
+	// Validators.CHARACTER_MAX_LENGTH).
+	MaxGroupLength = 255
+	// DefaultMaxConsumerOffsets bounds the (group, topic, queue) keys.
+	DefaultMaxConsumerOffsets = 100000
+)
+
+var (
+	// ErrOffsetNotFound: no offset was ever committed for that group,
+	// topic and queue (RocketMQ QUERY_NOT_FOUND).
+	ErrOffsetNotFound = errors.New("storage: no offset committed for this consumer group and queue")
+	// ErrTooManyOffsets: the commit would add a key beyond
+	// Options.MaxConsumerOffsets. Nothing was stored.
+	ErrTooManyOffsets = offsets.ErrTooMany
+	// ErrOffsetNotDurable: the commit was appended but its durability was
+	// not confirmed (sync mode: no sync covered it within SyncFlushTimeout,
+	// or the wait ended). It may or may not survive a crash; committing the
+	// same offset again is harmless.
+	ErrOffsetNotDurable = errors.New("storage: offset commit appended, durability not confirmed")
+)
+
+// GroupProblem returns why group is not a valid consumer group name, or "".
+func GroupProblem(group string) string {
+	switch {
+	case group == "":
+		return "consumer group is required"
+	case len(group) > MaxGroupLength:
+		return fmt.Sprintf("consumer group is %d bytes long, limit %d", len(group), MaxGroupLength)
+	}
+	for i := 0; i < len(group); i++ {
+		if !record.TopicByte(group[i]) {
+			return fmt.Sprintf("consumer group must contain only the characters [%%|a-zA-Z0-9_-]; byte %d is %q", i, group[i])
+		}
+	}
+	return ""
+}
+
+// checkOffsetKey validates group, topic and queue id for the offset calls.
+func (s *Store) checkOffsetKey(group, topic string, queueID int32) error {
+	if s.closed.Load() {
+		return ErrClosed
+	}
+	if p := GroupProblem(group); p != "" {
+		return illegal("consumer_group", p)
+	}
+	if p := TopicNameProblem(topic); p != "" {
+		return illegal("topic", p)
+	}
+	if queueID < 0 {
+		return illegal("queue_id", "queue id must not be negative")
+	}
+	n, ok := s.topics.get(topic)
+	if !ok {
+		return fmt.Errorf("%w: %s", ErrTopicNotFound, topic)
+	}
+	if queueID >= n {
+		return illegal("queue_id", fmt.Sprintf("queue id %d is out of range: topic %s has %d queues (ids 0-%d)", queueID, topic, n, n-1))
+	}
+	return nil
+}
+
+// queueBounds is [min, max] of a queue, [0, 0] for one never written.
+func (s *Store) queueBounds(topic string, queueID int32) (int64, int64) {
+	if q := s.index.Queue(topic, queueID); q != nil {
+		return q.Min(), q.Count()
+	}
+	return 0, 0
+}
+
+// CommitOffset records offset as group's committed offset of topic/queueID
+// (RocketMQ ConsumerOffsetManager.commitOffset), durably as an
+// acknowledged put: it returns nil only once the record is appended and,
+// in sync mode, fsynced. Errors: *ValidationError (group, topic, queue id),
+// ErrTopicNotFound, *RangeError (offset outside [min, max]: wraps
+// ErrOutOfRange), ErrTooManyOffsets, the put path's refusals (ErrClosed,
+// ErrSlave, ErrNotWritable, ErrWriteFailed, ErrBusy: nothing stored), and
+// ErrOffsetNotDurable (appended, durability unknown).
+func (s *Store) CommitOffset(ctx context.Context, group, topic string, queueID int32, offset int64) error {
+	if err := s.checkOffsetKey(group, topic, queueID); err != nil {
+		return err
+	}
+	if lo, hi := s.queueBounds(topic, queueID); offset < lo || offset > hi {
+		return &RangeError{What: "committed offset", Offset: offset, Min: lo, Max: hi + 1}
+	}
+	if err := s.checkBeforePut(); err != nil {
+		return err
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	k := offsets.Key{Group: group, Topic: topic, Queue: queueID}
+	t := s.offsets
+	t.Mu.Lock()
+	if err := t.Admit(k); err != nil {
+		t.Mu.Unlock()
+		return err
+	}
+	res, err := s.appendOffsets([]offsets.Entry{{Key: k, Offset: offset}})
+	if err != nil {
+		t.Mu.Unlock()
+		return err
+	}
+	t.Set(k, offset, res.WroteOffset)
+	t.Mu.Unlock()
+	out, err := s.afterAppend(ctx, res, true)
+	if err != nil || out.Status != PutOK {
+		return fmt.Errorf("%w: %s: %w", ErrOffsetNotDurable, out.Status, err)
+	}
+	return nil
+}
+
+// appendOffsets appends one offset record holding es. REQUIRES: s.offsets.Mu.
+func (s *Store) appendOffsets(es []offsets.Entry) (AppendResult, error) {
+	spec := record.Spec{
+		Topic: OffsetTopic, QueueID: 0, Body: offsets.Encode(es), BornTS: s.opts.Clock.Now().UnixMilli(),
+		BornHost: s.opts.StoreHost, StoreHost: s.opts.StoreHost, PropCRC: !s.opts.DisablePropCRC,
+	}
+	if ferr := spec.Size(); ferr != nil {
+		return AppendResult{}, fieldError(ferr)
+	}
+	spec.BodyCRC = record.BodyCRC(spec.Body)
+	if s.log.Busy(s.opts.PageCacheBusyTimeout) {
+		return AppendResult{}, ErrBusy
+	}
+	one := [1]record.Spec{spec}
+	return s.appendRecords(OffsetTopic, 0, 0, one[:], false)
+}
+
+// GetOffset returns group's committed offset of topic/queueID
+// (RocketMQ queryOffset). Errors: *ValidationError, ErrTopicNotFound,
+// ErrOffsetNotFound, ErrClosed.
+//
+// It answers what was appended: in sync mode a value whose CommitOffset
+// has not returned yet may be seen, and a power cut before its sync may
+// take it back (as it may any unacknowledged commit).
+func (s *Store) GetOffset(group, topic string, queueID int32) (int64, error) {
+	if err := s.checkOffsetKey(group, topic, queueID); err != nil {
+		return 0, err
+	}
+	off, ok := s.offsets.Get(offsets.Key{Group: group, Topic: topic, Queue: queueID})
+	if !ok {
+		return 0, fmt.Errorf("%w: group %s, %s/%d", ErrOffsetNotFound, group, topic, queueID)
+	}
+	return off, nil
+}
+
+// GetOffsetByTime returns the first queue offset of topic/queueID whose
+// message was stored at or after t (RocketMQ getOffsetInQueueByTime with
+// BoundaryType.LOWER), by binary search over the consume queue and the
+// records' store times, which never decrease in log order: O(log n)
+// record reads. A time before the first readable message gives the
+// queue's min offset; a time after the last gives its max (the offset the
+// next message will get), so a consumer reset there reads only what comes
+// next. Errors: *ValidationError, ErrTopicNotFound, ErrQueueNotFound (no
+// message ever stored in the queue), ErrCorrupt, ErrClosed.
+func (s *Store) GetOffsetByTime(topic string, queueID int32, t time.Time) (int64, error) {
+	if s.closed.Load() {
+		return 0, ErrClosed
+	}
+	if p := TopicNameProblem(topic); p != "" {
+		return 0, illegal("topic", p)
+	}
+	if queueID < 0 {
+		return 0, illegal("queue_id", "queue id must not be negative")
+	}
+	if _, ok := s.topics.get(topic); !ok {
+		return 0, fmt.Errorf("%w: %s", ErrTopicNotFound, topic)
+	}
+	q := s.index.Queue(topic, queueID)
+	if q == nil {
+		return 0, fmt.Errorf("%w: %s/%d", ErrQueueNotFound, topic, queueID)
+	}
+	ms := t.UnixMilli()
+	lo, hi := q.Min(), q.Count() // the answer is in [lo, hi]
+	for lo < hi {
+		mid := lo + (hi-lo)/2
+		ts, err := s.storeTimeAt(topic, queueID, mid)
+		if errors.Is(err, ErrOutOfRange) && mid < q.Min() { // retention trimmed it meanwhile
+			lo = q.Min()
+			continue
+		}
+		if err != nil {
+			return 0, err
+		}
+		if ts >= ms {
+			hi = mid
+		} else {
+			lo = mid + 1
+		}
+	}
+	return lo, nil
+}
+
+// storeTimeAt is the store time of the message at queue offset off.
+func (s *Store) storeTimeAt(topic string, queueID int32, off int64) (int64, error) {
+	q := s.index.Queue(topic, queueID)
+	if q == nil {
+		return 0, fmt.Errorf("%w: %s/%d", ErrQueueNotFound, topic, queueID)
+	}
+	phys, _, _, ok, err := q.Lookup(off)
+	if err != nil {
+		return 0, err
+	}
+	if !ok {
+		return 0, &RangeError{What: "queue offset", Offset: off, Min: q.Min(), Max: q.Count()}
+	}
+	rec, err := s.readRecord(phys)
+	if errors.Is(err, ErrNoRecord) {
+		err = fmt.Errorf("%w: consume queue %s/%d entry %d: %w", ErrCorrupt, topic, queueID, off, err)
+	}
+	if err != nil {
+		return 0, err
+	}
+	if rec.Topic != topic || rec.QueueID != queueID || rec.QueueOffset != off {
+		return 0, fmt.Errorf("%w: consume queue %s/%d entry %d points at a record of %s/%d offset %d",
+			ErrCorrupt, topic, queueID, off, rec.Topic, rec.QueueID, rec.QueueOffset)
+	}
+	return rec.StoreTimestamp, nil
+}
+
+// openOffsets rebuilds the offset table at Open from the offset topic's
+// consume queue, in log order. A record that fails its checks is
+// ErrCorrupt: Open refuses rather than serve an older offset.
+func (s *Store) openOffsets() error {
+	s.offsets = offsets.New(s.opts.MaxConsumerOffsets)
+	q := s.index.Queue(OffsetTopic, 0)
+	if q == nil {
+		return nil
+	}
+	for off := q.Min(); off < q.Count(); off++ {
+		phys, _, _, ok, err := q.Lookup(off)
+		if err != nil {
+			return err
+		}
+		if !ok {
+			break
+		}
+		if phys < s.log.MinOffset() {
+			continue // its file is gone (retention trims queues lazily); its values were rewritten past it
+		}
+		rec, err := s.readRecord(phys)
+		if err != nil {
+			return fmt.Errorf("storage: consumer offsets: record %d: %w", off, err)
+		}
+		es, err := offsets.Decode(rec.Body)
+		if err != nil {
+			return fmt.Errorf("%w: consumer offsets: record at commitlog offset %d: %w", ErrCorrupt, phys, err)
+		}
+		for _, e := range es {
+			s.offsets.Set(e.Key, e.Offset, phys)
+		}
+	}
+	if n := s.offsets.Len(); n > s.opts.MaxConsumerOffsets {
+		s.opts.Logger.Warn().Int("offsets", n).Int("max", s.opts.MaxConsumerOffsets).
+			Msg("storage: more consumer offsets than the limit; new keys are refused until the limit is raised")
+	}
+	return nil
+}
+
+// rewriteOffsets writes again every latest offset whose record lies below
+// end and waits until the copies are durable, so that retention may delete
+// the files below end (see the top of this file). Keys of topics deleted
+// since are dropped instead. It returns the lowest commitlog offset that
+// must stay: end when everything below it was rewritten.
+func (s *Store) rewriteOffsets(end int64) int64 {
+	t := s.offsets
+	if t == nil {
+		return end
+	}
+	keep := func() int64 {
+		if at, ok := t.OldestAt(); ok && at < end {
+			return at
+		}
+		return end
+	}
+	if s.closed.Load() || s.Role() != RoleMaster || s.WriteErr() != nil {
+		return keep()
+	}
+	t.Mu.Lock()
+	es := t.Below(end)
+	live := es[:0]
+	for _, e := range es {
+		if _, ok := s.topics.get(e.Key.Topic); ok {
+			live = append(live, e)
+		} else {
+			t.Delete(e.Key)
+		}
+	}
+	var last int64
+	for len(live) > 0 {
+		n := 0
+		for n < len(live) && n < offsets.MaxEntries && offsets.EncodedLen(live[:n+1]) <= 256<<10 {
+			n++
+		}
+		res, err := s.appendOffsets(live[:n])
+		if err != nil {
+			t.Mu.Unlock()
+			s.opts.Logger.Warn().Err(err).Msg("storage: consumer offsets not rewritten; retention keeps the files holding them")
+			return keep()
+		}
+		for _, e := range live[:n] {
+			t.Set(e.Key, e.Offset, res.WroteOffset)
+		}
+		last = res.NextOffset()
+		live = live[n:]
+	}
+	t.Mu.Unlock()
+	if last > 0 {
+		if err := s.durableTo(last); err != nil {
+			s.opts.Logger.Warn().Err(err).Msg("storage: rewritten consumer offsets not durable; retention keeps the files holding them")
+			// The table now points at the copies: nothing below end is
+			// known to be safe to delete.
+			return min(end, s.log.MinOffset())
+		}
+	}
+	return keep()
+}
+
