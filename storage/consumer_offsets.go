@@ -370,4 +370,3 @@ func (s *Store) rewriteOffsets(end int64) int64 {
 	}
 	return keep()
 }
-
