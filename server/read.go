@@ -186,7 +186,7 @@ func (s *Service) pull(ctx context.Context, pr storage.PullRequest) (storage.Pul
 // the wait: at most maxPullWait, and ending pullDeadlineMargin before the
 // call's deadline.
 func (s *Service) toPullRequest(ctx context.Context, req *storagedv1.PullMessagesRequest) (storage.PullRequest, error) {
-	if fe := validateTopic("topic", req.GetTopic()); fe != nil {
+	if fe := validateReadTopic("topic", req.GetTopic()); fe != nil {
 		return storage.PullRequest{}, badRead(fe.Field, fe.Reason)
 	}
 	if req.GetQueueId() < 0 {
@@ -242,7 +242,7 @@ func (s *Service) toPullRequest(ctx context.Context, req *storagedv1.PullMessage
 
 // GetQueueInfo implements storagedv1.MessageStoreServiceServer.
 func (s *Service) GetQueueInfo(_ context.Context, req *storagedv1.GetQueueInfoRequest) (*storagedv1.GetQueueInfoResponse, error) {
-	if fe := validateTopic("topic", req.GetTopic()); fe != nil {
+	if fe := validateReadTopic("topic", req.GetTopic()); fe != nil {
 		return nil, badRead(fe.Field, fe.Reason)
 	}
 	if req.GetQueueId() < 0 {

@@ -265,6 +265,19 @@ func validateTopic(field, t string) *fieldError {
 	return nil
 }
 
+// validateReadTopic is validateTopic plus the topics clients may not read
+// (storage.HiddenTopic: the consumer offset records, read through
+// GetOffset).
+func validateReadTopic(field, t string) *fieldError {
+	if fe := validateTopic(field, t); fe != nil {
+		return fe
+	}
+	if storage.HiddenTopic(t) {
+		return illegal(field, "topic %s holds the store's consumer offsets; read them with GetOffset", t)
+	}
+	return nil
+}
+
 // validateSendTopic is validateTopic plus the reserved topics clients may
 // not write (storage.NotAllowedSendTopic, RocketMQ
 // TopicValidator.isNotAllowedSendTopic): MESSAGE_ILLEGAL.

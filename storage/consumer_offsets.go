@@ -129,7 +129,8 @@ func (s *Store) queueBounds(topic string, queueID int32) (int64, int64) {
 // ErrTopicNotFound, *RangeError (offset outside [min, max]: wraps
 // ErrOutOfRange), ErrTooManyOffsets, the put path's refusals (ErrClosed,
 // ErrSlave, ErrNotWritable, ErrWriteFailed, ErrBusy: nothing stored), and
-// ErrOffsetNotDurable (appended, durability unknown).
+// *NotDurableError wrapping ErrOffsetNotDurable (appended,
+// durability unknown).
 func (s *Store) CommitOffset(ctx context.Context, group, topic string, queueID int32, offset int64) error {
 	if err := s.checkOffsetKey(group, topic, queueID); err != nil {
 		return err
@@ -159,9 +160,33 @@ func (s *Store) CommitOffset(ctx context.Context, group, topic string, queueID i
 	t.Mu.Unlock()
 	out, err := s.afterAppend(ctx, res, true)
 	if err != nil || out.Status != PutOK {
-		return fmt.Errorf("%w: %s: %w", ErrOffsetNotDurable, out.Status, err)
+		return &NotDurableError{Status: out.Status, Err: err}
 	}
 	return nil
+}
+
+// NotDurableError is an offset commit appended whose durability was not
+// confirmed: Status is FlushDiskTimeout (no sync covered it in time, Err
+// nil) or UnknownError (the wait ended: Err says why). It wraps
+// ErrOffsetNotDurable.
+type NotDurableError struct {
+	Status PutStatus
+	Err    error
+}
+
+func (e *NotDurableError) Error() string {
+	if e.Err == nil {
+		return fmt.Sprintf("%v: %s", ErrOffsetNotDurable, e.Status)
+	}
+	return fmt.Sprintf("%v: %s: %v", ErrOffsetNotDurable, e.Status, e.Err)
+}
+
+// Unwrap implements errors.Unwrap.
+func (e *NotDurableError) Unwrap() []error {
+	if e.Err == nil {
+		return []error{ErrOffsetNotDurable}
+	}
+	return []error{ErrOffsetNotDurable, e.Err}
 }
 
 // appendOffsets appends one offset record holding es. REQUIRES: s.offsets.Mu.

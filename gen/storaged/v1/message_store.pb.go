@@ -1660,6 +1660,338 @@ func (x *PeerProgress) GetLearner() bool {
 	return false
 }
 
+// CommitOffsetRequest is the request of MessageStoreService.CommitOffset.
+type CommitOffsetRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Consumer group. Required: 1-255 bytes of [%|a-zA-Z0-9_-] (RocketMQ's rule).
+	ConsumerGroup string `protobuf:"bytes,1,opt,name=consumer_group,json=consumerGroup,proto3" json:"consumer_group,omitempty"`
+	// Topic consumed. Required; must exist.
+	Topic string `protobuf:"bytes,2,opt,name=topic,proto3" json:"topic,omitempty"`
+	// Queue of the topic. Must not be negative and must be below the topic's queue count.
+	QueueId int32 `protobuf:"varint,3,opt,name=queue_id,json=queueId,proto3" json:"queue_id,omitempty"`
+	// Queue offset of the next message the group will consume, within the queue's
+	// [min_offset, max_offset].
+	Offset        int64 `protobuf:"varint,4,opt,name=offset,proto3" json:"offset,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CommitOffsetRequest) Reset() {
+	*x = CommitOffsetRequest{}
+	mi := &file_storaged_v1_message_store_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CommitOffsetRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CommitOffsetRequest) ProtoMessage() {}
+
+func (x *CommitOffsetRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_storaged_v1_message_store_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CommitOffsetRequest.ProtoReflect.Descriptor instead.
+func (*CommitOffsetRequest) Descriptor() ([]byte, []int) {
+	return file_storaged_v1_message_store_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *CommitOffsetRequest) GetConsumerGroup() string {
+	if x != nil {
+		return x.ConsumerGroup
+	}
+	return ""
+}
+
+func (x *CommitOffsetRequest) GetTopic() string {
+	if x != nil {
+		return x.Topic
+	}
+	return ""
+}
+
+func (x *CommitOffsetRequest) GetQueueId() int32 {
+	if x != nil {
+		return x.QueueId
+	}
+	return 0
+}
+
+func (x *CommitOffsetRequest) GetOffset() int64 {
+	if x != nil {
+		return x.Offset
+	}
+	return 0
+}
+
+// CommitOffsetResponse is the response of MessageStoreService.CommitOffset: an OK answer means the
+// commit is stored (durably, with sync flush).
+type CommitOffsetResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CommitOffsetResponse) Reset() {
+	*x = CommitOffsetResponse{}
+	mi := &file_storaged_v1_message_store_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CommitOffsetResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CommitOffsetResponse) ProtoMessage() {}
+
+func (x *CommitOffsetResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_storaged_v1_message_store_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CommitOffsetResponse.ProtoReflect.Descriptor instead.
+func (*CommitOffsetResponse) Descriptor() ([]byte, []int) {
+	return file_storaged_v1_message_store_proto_rawDescGZIP(), []int{19}
+}
+
+// GetOffsetRequest is the request of MessageStoreService.GetOffset.
+type GetOffsetRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Consumer group, as for CommitOffsetRequest.
+	ConsumerGroup string `protobuf:"bytes,1,opt,name=consumer_group,json=consumerGroup,proto3" json:"consumer_group,omitempty"`
+	// Topic consumed.
+	Topic string `protobuf:"bytes,2,opt,name=topic,proto3" json:"topic,omitempty"`
+	// Queue of the topic.
+	QueueId       int32 `protobuf:"varint,3,opt,name=queue_id,json=queueId,proto3" json:"queue_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetOffsetRequest) Reset() {
+	*x = GetOffsetRequest{}
+	mi := &file_storaged_v1_message_store_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetOffsetRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetOffsetRequest) ProtoMessage() {}
+
+func (x *GetOffsetRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_storaged_v1_message_store_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetOffsetRequest.ProtoReflect.Descriptor instead.
+func (*GetOffsetRequest) Descriptor() ([]byte, []int) {
+	return file_storaged_v1_message_store_proto_rawDescGZIP(), []int{20}
+}
+
+func (x *GetOffsetRequest) GetConsumerGroup() string {
+	if x != nil {
+		return x.ConsumerGroup
+	}
+	return ""
+}
+
+func (x *GetOffsetRequest) GetTopic() string {
+	if x != nil {
+		return x.Topic
+	}
+	return ""
+}
+
+func (x *GetOffsetRequest) GetQueueId() int32 {
+	if x != nil {
+		return x.QueueId
+	}
+	return 0
+}
+
+// GetOffsetResponse is the response of MessageStoreService.GetOffset.
+type GetOffsetResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The committed queue offset.
+	Offset        int64 `protobuf:"varint,1,opt,name=offset,proto3" json:"offset,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetOffsetResponse) Reset() {
+	*x = GetOffsetResponse{}
+	mi := &file_storaged_v1_message_store_proto_msgTypes[21]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetOffsetResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetOffsetResponse) ProtoMessage() {}
+
+func (x *GetOffsetResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_storaged_v1_message_store_proto_msgTypes[21]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetOffsetResponse.ProtoReflect.Descriptor instead.
+func (*GetOffsetResponse) Descriptor() ([]byte, []int) {
+	return file_storaged_v1_message_store_proto_rawDescGZIP(), []int{21}
+}
+
+func (x *GetOffsetResponse) GetOffset() int64 {
+	if x != nil {
+		return x.Offset
+	}
+	return 0
+}
+
+// GetOffsetByTimeRequest is the request of MessageStoreService.GetOffsetByTime.
+type GetOffsetByTimeRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Topic of the consume queue. Required; must exist.
+	Topic string `protobuf:"bytes,1,opt,name=topic,proto3" json:"topic,omitempty"`
+	// Queue of the topic. Must not be negative.
+	QueueId int32 `protobuf:"varint,2,opt,name=queue_id,json=queueId,proto3" json:"queue_id,omitempty"`
+	// The time looked for, compared with the store time (milliseconds) of the messages. Required.
+	Time          *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=time,proto3" json:"time,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetOffsetByTimeRequest) Reset() {
+	*x = GetOffsetByTimeRequest{}
+	mi := &file_storaged_v1_message_store_proto_msgTypes[22]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetOffsetByTimeRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetOffsetByTimeRequest) ProtoMessage() {}
+
+func (x *GetOffsetByTimeRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_storaged_v1_message_store_proto_msgTypes[22]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetOffsetByTimeRequest.ProtoReflect.Descriptor instead.
+func (*GetOffsetByTimeRequest) Descriptor() ([]byte, []int) {
+	return file_storaged_v1_message_store_proto_rawDescGZIP(), []int{22}
+}
+
+func (x *GetOffsetByTimeRequest) GetTopic() string {
+	if x != nil {
+		return x.Topic
+	}
+	return ""
+}
+
+func (x *GetOffsetByTimeRequest) GetQueueId() int32 {
+	if x != nil {
+		return x.QueueId
+	}
+	return 0
+}
+
+func (x *GetOffsetByTimeRequest) GetTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Time
+	}
+	return nil
+}
+
+// GetOffsetByTimeResponse is the response of MessageStoreService.GetOffsetByTime.
+type GetOffsetByTimeResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The first queue offset stored at or after the time, or max_offset when none is.
+	Offset        int64 `protobuf:"varint,1,opt,name=offset,proto3" json:"offset,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetOffsetByTimeResponse) Reset() {
+	*x = GetOffsetByTimeResponse{}
+	mi := &file_storaged_v1_message_store_proto_msgTypes[23]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetOffsetByTimeResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetOffsetByTimeResponse) ProtoMessage() {}
+
+func (x *GetOffsetByTimeResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_storaged_v1_message_store_proto_msgTypes[23]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetOffsetByTimeResponse.ProtoReflect.Descriptor instead.
+func (*GetOffsetByTimeResponse) Descriptor() ([]byte, []int) {
+	return file_storaged_v1_message_store_proto_rawDescGZIP(), []int{23}
+}
+
+func (x *GetOffsetByTimeResponse) GetOffset() int64 {
+	if x != nil {
+		return x.Offset
+	}
+	return 0
+}
+
 // StoredMessage is a message read back from the CommitLog, with every field of the stored record
 // (RocketMQ MessageExt).
 type StoredMessage struct {
@@ -1711,7 +2043,7 @@ type StoredMessage struct {
 
 func (x *StoredMessage) Reset() {
 	*x = StoredMessage{}
-	mi := &file_storaged_v1_message_store_proto_msgTypes[18]
+	mi := &file_storaged_v1_message_store_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1723,7 +2055,7 @@ func (x *StoredMessage) String() string {
 func (*StoredMessage) ProtoMessage() {}
 
 func (x *StoredMessage) ProtoReflect() protoreflect.Message {
-	mi := &file_storaged_v1_message_store_proto_msgTypes[18]
+	mi := &file_storaged_v1_message_store_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1736,7 +2068,7 @@ func (x *StoredMessage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StoredMessage.ProtoReflect.Descriptor instead.
 func (*StoredMessage) Descriptor() ([]byte, []int) {
-	return file_storaged_v1_message_store_proto_rawDescGZIP(), []int{18}
+	return file_storaged_v1_message_store_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *StoredMessage) GetTopic() string {
@@ -1997,7 +2329,25 @@ const file_storaged_v1_message_store_proto_rawDesc = "" +
 	"\x05match\x18\x02 \x01(\x04R\x05match\x12\x12\n" +
 	"\x04next\x18\x03 \x01(\x04R\x04next\x12#\n" +
 	"\rrecent_active\x18\x04 \x01(\bR\frecentActive\x12\x18\n" +
-	"\alearner\x18\x05 \x01(\bR\alearner\"\xd5\x05\n" +
+	"\alearner\x18\x05 \x01(\bR\alearner\"\x85\x01\n" +
+	"\x13CommitOffsetRequest\x12%\n" +
+	"\x0econsumer_group\x18\x01 \x01(\tR\rconsumerGroup\x12\x14\n" +
+	"\x05topic\x18\x02 \x01(\tR\x05topic\x12\x19\n" +
+	"\bqueue_id\x18\x03 \x01(\x05R\aqueueId\x12\x16\n" +
+	"\x06offset\x18\x04 \x01(\x03R\x06offset\"\x16\n" +
+	"\x14CommitOffsetResponse\"j\n" +
+	"\x10GetOffsetRequest\x12%\n" +
+	"\x0econsumer_group\x18\x01 \x01(\tR\rconsumerGroup\x12\x14\n" +
+	"\x05topic\x18\x02 \x01(\tR\x05topic\x12\x19\n" +
+	"\bqueue_id\x18\x03 \x01(\x05R\aqueueId\"+\n" +
+	"\x11GetOffsetResponse\x12\x16\n" +
+	"\x06offset\x18\x01 \x01(\x03R\x06offset\"y\n" +
+	"\x16GetOffsetByTimeRequest\x12\x14\n" +
+	"\x05topic\x18\x01 \x01(\tR\x05topic\x12\x19\n" +
+	"\bqueue_id\x18\x02 \x01(\x05R\aqueueId\x12.\n" +
+	"\x04time\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\"1\n" +
+	"\x17GetOffsetByTimeResponse\x12\x16\n" +
+	"\x06offset\x18\x01 \x01(\x03R\x06offset\"\xd5\x05\n" +
 	"\rStoredMessage\x12\x14\n" +
 	"\x05topic\x18\x01 \x01(\tR\x05topic\x12\x19\n" +
 	"\bqueue_id\x18\x02 \x01(\x05R\aqueueId\x12!\n" +
@@ -2051,7 +2401,7 @@ const file_storaged_v1_message_store_proto_rawDesc = "" +
 	"\x13REPLICA_ROLE_LEADER\x10\x02\x12\x19\n" +
 	"\x15REPLICA_ROLE_FOLLOWER\x10\x03\x12\x1a\n" +
 	"\x16REPLICA_ROLE_CANDIDATE\x10\x04\x12\x18\n" +
-	"\x14REPLICA_ROLE_LEARNER\x10\x052\xef\x04\n" +
+	"\x14REPLICA_ROLE_LEARNER\x10\x052\xee\x06\n" +
 	"\x13MessageStoreService\x12M\n" +
 	"\n" +
 	"PutMessage\x12\x1e.storaged.v1.PutMessageRequest\x1a\x1f.storaged.v1.PutMessageResponse\x12P\n" +
@@ -2061,7 +2411,10 @@ const file_storaged_v1_message_store_proto_rawDesc = "" +
 	"GetMessage\x12\x1e.storaged.v1.GetMessageRequest\x1a\x1f.storaged.v1.GetMessageResponse\x12S\n" +
 	"\fPullMessages\x12 .storaged.v1.PullMessagesRequest\x1a!.storaged.v1.PullMessagesResponse\x12S\n" +
 	"\fGetQueueInfo\x12 .storaged.v1.GetQueueInfoRequest\x1a!.storaged.v1.GetQueueInfoResponse\x12Y\n" +
-	"\x0eGetReplicaInfo\x12\".storaged.v1.GetReplicaInfoRequest\x1a#.storaged.v1.GetReplicaInfoResponseB\xaa\x01\n" +
+	"\x0eGetReplicaInfo\x12\".storaged.v1.GetReplicaInfoRequest\x1a#.storaged.v1.GetReplicaInfoResponse\x12S\n" +
+	"\fCommitOffset\x12 .storaged.v1.CommitOffsetRequest\x1a!.storaged.v1.CommitOffsetResponse\x12J\n" +
+	"\tGetOffset\x12\x1d.storaged.v1.GetOffsetRequest\x1a\x1e.storaged.v1.GetOffsetResponse\x12\\\n" +
+	"\x0fGetOffsetByTime\x12#.storaged.v1.GetOffsetByTimeRequest\x1a$.storaged.v1.GetOffsetByTimeResponseB\xaa\x01\n" +
 	"\x0fcom.storaged.v1B\x11MessageStoreProtoP\x01Z7github.com/storaged/storaged/gen/storaged/v1;storagedv1\xa2\x02\x03SXX\xaa\x02\vStoraged.V1\xca\x02\vStoraged\\V1\xe2\x02\x17Storaged\\V1\\GPBMetadata\xea\x02\fStoraged::V1b\x06proto3"
 
 var (
@@ -2077,7 +2430,7 @@ func file_storaged_v1_message_store_proto_rawDescGZIP() []byte {
 }
 
 var file_storaged_v1_message_store_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_storaged_v1_message_store_proto_msgTypes = make([]protoimpl.MessageInfo, 22)
+var file_storaged_v1_message_store_proto_msgTypes = make([]protoimpl.MessageInfo, 28)
 var file_storaged_v1_message_store_proto_goTypes = []any{
 	(PutMessageStatus)(0),            // 0: storaged.v1.PutMessageStatus
 	(ReplicaRole)(0),                 // 1: storaged.v1.ReplicaRole
@@ -2099,21 +2452,27 @@ var file_storaged_v1_message_store_proto_goTypes = []any{
 	(*GetReplicaInfoRequest)(nil),    // 17: storaged.v1.GetReplicaInfoRequest
 	(*GetReplicaInfoResponse)(nil),   // 18: storaged.v1.GetReplicaInfoResponse
 	(*PeerProgress)(nil),             // 19: storaged.v1.PeerProgress
-	(*StoredMessage)(nil),            // 20: storaged.v1.StoredMessage
-	nil,                              // 21: storaged.v1.Message.PropertiesEntry
-	nil,                              // 22: storaged.v1.BatchEntry.PropertiesEntry
-	nil,                              // 23: storaged.v1.StoredMessage.PropertiesEntry
-	(*timestamppb.Timestamp)(nil),    // 24: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),      // 25: google.protobuf.Duration
+	(*CommitOffsetRequest)(nil),      // 20: storaged.v1.CommitOffsetRequest
+	(*CommitOffsetResponse)(nil),     // 21: storaged.v1.CommitOffsetResponse
+	(*GetOffsetRequest)(nil),         // 22: storaged.v1.GetOffsetRequest
+	(*GetOffsetResponse)(nil),        // 23: storaged.v1.GetOffsetResponse
+	(*GetOffsetByTimeRequest)(nil),   // 24: storaged.v1.GetOffsetByTimeRequest
+	(*GetOffsetByTimeResponse)(nil),  // 25: storaged.v1.GetOffsetByTimeResponse
+	(*StoredMessage)(nil),            // 26: storaged.v1.StoredMessage
+	nil,                              // 27: storaged.v1.Message.PropertiesEntry
+	nil,                              // 28: storaged.v1.BatchEntry.PropertiesEntry
+	nil,                              // 29: storaged.v1.StoredMessage.PropertiesEntry
+	(*timestamppb.Timestamp)(nil),    // 30: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),      // 31: google.protobuf.Duration
 }
 var file_storaged_v1_message_store_proto_depIdxs = []int32{
-	24, // 0: storaged.v1.Message.born_timestamp:type_name -> google.protobuf.Timestamp
-	21, // 1: storaged.v1.Message.properties:type_name -> storaged.v1.Message.PropertiesEntry
+	30, // 0: storaged.v1.Message.born_timestamp:type_name -> google.protobuf.Timestamp
+	27, // 1: storaged.v1.Message.properties:type_name -> storaged.v1.Message.PropertiesEntry
 	2,  // 2: storaged.v1.PutMessageRequest.message:type_name -> storaged.v1.Message
 	5,  // 3: storaged.v1.PutMessagesRequest.messages:type_name -> storaged.v1.BatchEntry
-	24, // 4: storaged.v1.BatchEntry.born_timestamp:type_name -> google.protobuf.Timestamp
-	22, // 5: storaged.v1.BatchEntry.properties:type_name -> storaged.v1.BatchEntry.PropertiesEntry
-	24, // 6: storaged.v1.AppendResult.store_timestamp:type_name -> google.protobuf.Timestamp
+	30, // 4: storaged.v1.BatchEntry.born_timestamp:type_name -> google.protobuf.Timestamp
+	28, // 5: storaged.v1.BatchEntry.properties:type_name -> storaged.v1.BatchEntry.PropertiesEntry
+	30, // 6: storaged.v1.AppendResult.store_timestamp:type_name -> google.protobuf.Timestamp
 	0,  // 7: storaged.v1.PutMessageResponse.status:type_name -> storaged.v1.PutMessageStatus
 	6,  // 8: storaged.v1.PutMessageResponse.result:type_name -> storaged.v1.AppendResult
 	0,  // 9: storaged.v1.PutMessagesResponse.status:type_name -> storaged.v1.PutMessageStatus
@@ -2121,33 +2480,40 @@ var file_storaged_v1_message_store_proto_depIdxs = []int32{
 	2,  // 11: storaged.v1.PutMessageStreamRequest.message:type_name -> storaged.v1.Message
 	0,  // 12: storaged.v1.PutMessageStreamResponse.status:type_name -> storaged.v1.PutMessageStatus
 	6,  // 13: storaged.v1.PutMessageStreamResponse.result:type_name -> storaged.v1.AppendResult
-	20, // 14: storaged.v1.GetMessageResponse.message:type_name -> storaged.v1.StoredMessage
-	25, // 15: storaged.v1.PullMessagesRequest.wait:type_name -> google.protobuf.Duration
-	20, // 16: storaged.v1.PullMessagesResponse.messages:type_name -> storaged.v1.StoredMessage
+	26, // 14: storaged.v1.GetMessageResponse.message:type_name -> storaged.v1.StoredMessage
+	31, // 15: storaged.v1.PullMessagesRequest.wait:type_name -> google.protobuf.Duration
+	26, // 16: storaged.v1.PullMessagesResponse.messages:type_name -> storaged.v1.StoredMessage
 	1,  // 17: storaged.v1.GetReplicaInfoResponse.role:type_name -> storaged.v1.ReplicaRole
 	19, // 18: storaged.v1.GetReplicaInfoResponse.peers:type_name -> storaged.v1.PeerProgress
-	23, // 19: storaged.v1.StoredMessage.properties:type_name -> storaged.v1.StoredMessage.PropertiesEntry
-	24, // 20: storaged.v1.StoredMessage.born_timestamp:type_name -> google.protobuf.Timestamp
-	24, // 21: storaged.v1.StoredMessage.store_timestamp:type_name -> google.protobuf.Timestamp
-	3,  // 22: storaged.v1.MessageStoreService.PutMessage:input_type -> storaged.v1.PutMessageRequest
-	4,  // 23: storaged.v1.MessageStoreService.PutMessages:input_type -> storaged.v1.PutMessagesRequest
-	9,  // 24: storaged.v1.MessageStoreService.PutMessageStream:input_type -> storaged.v1.PutMessageStreamRequest
-	11, // 25: storaged.v1.MessageStoreService.GetMessage:input_type -> storaged.v1.GetMessageRequest
-	13, // 26: storaged.v1.MessageStoreService.PullMessages:input_type -> storaged.v1.PullMessagesRequest
-	15, // 27: storaged.v1.MessageStoreService.GetQueueInfo:input_type -> storaged.v1.GetQueueInfoRequest
-	17, // 28: storaged.v1.MessageStoreService.GetReplicaInfo:input_type -> storaged.v1.GetReplicaInfoRequest
-	7,  // 29: storaged.v1.MessageStoreService.PutMessage:output_type -> storaged.v1.PutMessageResponse
-	8,  // 30: storaged.v1.MessageStoreService.PutMessages:output_type -> storaged.v1.PutMessagesResponse
-	10, // 31: storaged.v1.MessageStoreService.PutMessageStream:output_type -> storaged.v1.PutMessageStreamResponse
-	12, // 32: storaged.v1.MessageStoreService.GetMessage:output_type -> storaged.v1.GetMessageResponse
-	14, // 33: storaged.v1.MessageStoreService.PullMessages:output_type -> storaged.v1.PullMessagesResponse
-	16, // 34: storaged.v1.MessageStoreService.GetQueueInfo:output_type -> storaged.v1.GetQueueInfoResponse
-	18, // 35: storaged.v1.MessageStoreService.GetReplicaInfo:output_type -> storaged.v1.GetReplicaInfoResponse
-	29, // [29:36] is the sub-list for method output_type
-	22, // [22:29] is the sub-list for method input_type
-	22, // [22:22] is the sub-list for extension type_name
-	22, // [22:22] is the sub-list for extension extendee
-	0,  // [0:22] is the sub-list for field type_name
+	30, // 19: storaged.v1.GetOffsetByTimeRequest.time:type_name -> google.protobuf.Timestamp
+	29, // 20: storaged.v1.StoredMessage.properties:type_name -> storaged.v1.StoredMessage.PropertiesEntry
+	30, // 21: storaged.v1.StoredMessage.born_timestamp:type_name -> google.protobuf.Timestamp
+	30, // 22: storaged.v1.StoredMessage.store_timestamp:type_name -> google.protobuf.Timestamp
+	3,  // 23: storaged.v1.MessageStoreService.PutMessage:input_type -> storaged.v1.PutMessageRequest
+	4,  // 24: storaged.v1.MessageStoreService.PutMessages:input_type -> storaged.v1.PutMessagesRequest
+	9,  // 25: storaged.v1.MessageStoreService.PutMessageStream:input_type -> storaged.v1.PutMessageStreamRequest
+	11, // 26: storaged.v1.MessageStoreService.GetMessage:input_type -> storaged.v1.GetMessageRequest
+	13, // 27: storaged.v1.MessageStoreService.PullMessages:input_type -> storaged.v1.PullMessagesRequest
+	15, // 28: storaged.v1.MessageStoreService.GetQueueInfo:input_type -> storaged.v1.GetQueueInfoRequest
+	17, // 29: storaged.v1.MessageStoreService.GetReplicaInfo:input_type -> storaged.v1.GetReplicaInfoRequest
+	20, // 30: storaged.v1.MessageStoreService.CommitOffset:input_type -> storaged.v1.CommitOffsetRequest
+	22, // 31: storaged.v1.MessageStoreService.GetOffset:input_type -> storaged.v1.GetOffsetRequest
+	24, // 32: storaged.v1.MessageStoreService.GetOffsetByTime:input_type -> storaged.v1.GetOffsetByTimeRequest
+	7,  // 33: storaged.v1.MessageStoreService.PutMessage:output_type -> storaged.v1.PutMessageResponse
+	8,  // 34: storaged.v1.MessageStoreService.PutMessages:output_type -> storaged.v1.PutMessagesResponse
+	10, // 35: storaged.v1.MessageStoreService.PutMessageStream:output_type -> storaged.v1.PutMessageStreamResponse
+	12, // 36: storaged.v1.MessageStoreService.GetMessage:output_type -> storaged.v1.GetMessageResponse
+	14, // 37: storaged.v1.MessageStoreService.PullMessages:output_type -> storaged.v1.PullMessagesResponse
+	16, // 38: storaged.v1.MessageStoreService.GetQueueInfo:output_type -> storaged.v1.GetQueueInfoResponse
+	18, // 39: storaged.v1.MessageStoreService.GetReplicaInfo:output_type -> storaged.v1.GetReplicaInfoResponse
+	21, // 40: storaged.v1.MessageStoreService.CommitOffset:output_type -> storaged.v1.CommitOffsetResponse
+	23, // 41: storaged.v1.MessageStoreService.GetOffset:output_type -> storaged.v1.GetOffsetResponse
+	25, // 42: storaged.v1.MessageStoreService.GetOffsetByTime:output_type -> storaged.v1.GetOffsetByTimeResponse
+	33, // [33:43] is the sub-list for method output_type
+	23, // [23:33] is the sub-list for method input_type
+	23, // [23:23] is the sub-list for extension type_name
+	23, // [23:23] is the sub-list for extension extendee
+	0,  // [0:23] is the sub-list for field type_name
 }
 
 func init() { file_storaged_v1_message_store_proto_init() }
@@ -2166,7 +2532,7 @@ func file_storaged_v1_message_store_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_storaged_v1_message_store_proto_rawDesc), len(file_storaged_v1_message_store_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   22,
+			NumMessages:   28,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -34,6 +34,9 @@ const (
 	MessageStoreService_PullMessages_FullMethodName     = "/storaged.v1.MessageStoreService/PullMessages"
 	MessageStoreService_GetQueueInfo_FullMethodName     = "/storaged.v1.MessageStoreService/GetQueueInfo"
 	MessageStoreService_GetReplicaInfo_FullMethodName   = "/storaged.v1.MessageStoreService/GetReplicaInfo"
+	MessageStoreService_CommitOffset_FullMethodName     = "/storaged.v1.MessageStoreService/CommitOffset"
+	MessageStoreService_GetOffset_FullMethodName        = "/storaged.v1.MessageStoreService/GetOffset"
+	MessageStoreService_GetOffsetByTime_FullMethodName  = "/storaged.v1.MessageStoreService/GetOffsetByTime"
 )
 
 // MessageStoreServiceClient is the client API for MessageStoreService service.
@@ -122,6 +125,42 @@ type MessageStoreServiceClient interface {
 	// the leader, each member's progress. A standalone server (no --raft-peers) answers role
 	// REPLICA_ROLE_STANDALONE and nothing else. It never fails once the server is up.
 	GetReplicaInfo(ctx context.Context, in *GetReplicaInfoRequest, opts ...grpc.CallOption) (*GetReplicaInfoResponse, error)
+	// CommitOffset records a consumer group's committed offset of one queue (RocketMQ
+	// UPDATE_CONSUMER_OFFSET): the queue offset of the next message the group will consume. The commit
+	// is a record of the reserved system topic RMQ_SYS_CONSUMER_OFFSET in the CommitLog, stored as
+	// durably as an acknowledged put (with sync flush, fsynced before the answer) and carried by
+	// recovery and replication like any record; a later commit replaces it. Committing the same offset
+	// again is harmless, so a commit whose answer was lost may simply be sent again.
+	//
+	// Errors (google.rpc.ErrorInfo, domain "storaged"):
+	//   - INVALID_ARGUMENT, reason "INVALID_REQUEST", BadRequest on consumer_group (1-255 bytes of
+	//     [%|a-zA-Z0-9_-]), topic or queue_id (negative, or not below the topic's queue count).
+	//   - NOT_FOUND, reason "TOPIC_NOT_EXIST": the topic does not exist (reserved topics never do).
+	//   - OUT_OF_RANGE, reason "OFFSET_OUT_OF_RANGE", metadata "offset", "min_offset", "max_offset": the
+	//     offset is outside the queue's [min_offset, max_offset] (max_offset itself is allowed: "consumed
+	//     everything"). storaged refuses instead of clamping. Nothing was stored.
+	//   - RESOURCE_EXHAUSTED, reason "SYSTEM_BUSY", metadata cause "TOO_MANY_CONSUMER_OFFSETS": the
+	//     store holds as many (group, topic, queue) offsets as it may; nothing was stored.
+	//   - UNAVAILABLE, reason "SERVICE_NOT_AVAILABLE" (with RetryInfo): the store takes no writes now
+	//     (starting, closing, slave, read-only, disk full); nothing was stored.
+	//   - UNAVAILABLE, reason "FLUSH_DISK_TIMEOUT" or "UNKNOWN_ERROR", metadata stored "unknown": the
+	//     commit was appended but its durability was not confirmed; send it again.
+	CommitOffset(ctx context.Context, in *CommitOffsetRequest, opts ...grpc.CallOption) (*CommitOffsetResponse, error)
+	// GetOffset returns a consumer group's committed offset of one queue (RocketMQ
+	// QUERY_CONSUMER_OFFSET). NOT_FOUND with reason "QUERY_NOT_FOUND" when the group never committed
+	// one for that queue (RocketMQ's answer, after which a consumer starts from its
+	// ConsumeFromWhere); INVALID_ARGUMENT and TOPIC_NOT_EXIST as for CommitOffset. The offset may lie
+	// below the queue's min_offset when retention has trimmed the queue since the commit: a pull there
+	// answers OUT_OF_RANGE with the bounds to go on from.
+	GetOffset(ctx context.Context, in *GetOffsetRequest, opts ...grpc.CallOption) (*GetOffsetResponse, error)
+	// GetOffsetByTime returns the first queue offset whose message was stored at or after time
+	// (RocketMQ getOffsetInQueueByTime, boundary LOWER), found by binary search over the consume queue
+	// and the records' store times (which never decrease within a queue): a time before the first
+	// readable message gives min_offset, a time after the last gives max_offset (the offset the next
+	// message will get). It is how a group resets its offsets to a time: GetOffsetByTime, then
+	// CommitOffset. NOT_FOUND "QUEUE_NOT_FOUND" for a queue that never received a message;
+	// TOPIC_NOT_EXIST and INVALID_ARGUMENT as above.
+	GetOffsetByTime(ctx context.Context, in *GetOffsetByTimeRequest, opts ...grpc.CallOption) (*GetOffsetByTimeResponse, error)
 }
 
 type messageStoreServiceClient struct {
@@ -199,6 +238,36 @@ func (c *messageStoreServiceClient) GetReplicaInfo(ctx context.Context, in *GetR
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(GetReplicaInfoResponse)
 	err := c.cc.Invoke(ctx, MessageStoreService_GetReplicaInfo_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *messageStoreServiceClient) CommitOffset(ctx context.Context, in *CommitOffsetRequest, opts ...grpc.CallOption) (*CommitOffsetResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(CommitOffsetResponse)
+	err := c.cc.Invoke(ctx, MessageStoreService_CommitOffset_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *messageStoreServiceClient) GetOffset(ctx context.Context, in *GetOffsetRequest, opts ...grpc.CallOption) (*GetOffsetResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(GetOffsetResponse)
+	err := c.cc.Invoke(ctx, MessageStoreService_GetOffset_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *messageStoreServiceClient) GetOffsetByTime(ctx context.Context, in *GetOffsetByTimeRequest, opts ...grpc.CallOption) (*GetOffsetByTimeResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(GetOffsetByTimeResponse)
+	err := c.cc.Invoke(ctx, MessageStoreService_GetOffsetByTime_FullMethodName, in, out, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -291,6 +360,42 @@ type MessageStoreServiceServer interface {
 	// the leader, each member's progress. A standalone server (no --raft-peers) answers role
 	// REPLICA_ROLE_STANDALONE and nothing else. It never fails once the server is up.
 	GetReplicaInfo(context.Context, *GetReplicaInfoRequest) (*GetReplicaInfoResponse, error)
+	// CommitOffset records a consumer group's committed offset of one queue (RocketMQ
+	// UPDATE_CONSUMER_OFFSET): the queue offset of the next message the group will consume. The commit
+	// is a record of the reserved system topic RMQ_SYS_CONSUMER_OFFSET in the CommitLog, stored as
+	// durably as an acknowledged put (with sync flush, fsynced before the answer) and carried by
+	// recovery and replication like any record; a later commit replaces it. Committing the same offset
+	// again is harmless, so a commit whose answer was lost may simply be sent again.
+	//
+	// Errors (google.rpc.ErrorInfo, domain "storaged"):
+	//   - INVALID_ARGUMENT, reason "INVALID_REQUEST", BadRequest on consumer_group (1-255 bytes of
+	//     [%|a-zA-Z0-9_-]), topic or queue_id (negative, or not below the topic's queue count).
+	//   - NOT_FOUND, reason "TOPIC_NOT_EXIST": the topic does not exist (reserved topics never do).
+	//   - OUT_OF_RANGE, reason "OFFSET_OUT_OF_RANGE", metadata "offset", "min_offset", "max_offset": the
+	//     offset is outside the queue's [min_offset, max_offset] (max_offset itself is allowed: "consumed
+	//     everything"). storaged refuses instead of clamping. Nothing was stored.
+	//   - RESOURCE_EXHAUSTED, reason "SYSTEM_BUSY", metadata cause "TOO_MANY_CONSUMER_OFFSETS": the
+	//     store holds as many (group, topic, queue) offsets as it may; nothing was stored.
+	//   - UNAVAILABLE, reason "SERVICE_NOT_AVAILABLE" (with RetryInfo): the store takes no writes now
+	//     (starting, closing, slave, read-only, disk full); nothing was stored.
+	//   - UNAVAILABLE, reason "FLUSH_DISK_TIMEOUT" or "UNKNOWN_ERROR", metadata stored "unknown": the
+	//     commit was appended but its durability was not confirmed; send it again.
+	CommitOffset(context.Context, *CommitOffsetRequest) (*CommitOffsetResponse, error)
+	// GetOffset returns a consumer group's committed offset of one queue (RocketMQ
+	// QUERY_CONSUMER_OFFSET). NOT_FOUND with reason "QUERY_NOT_FOUND" when the group never committed
+	// one for that queue (RocketMQ's answer, after which a consumer starts from its
+	// ConsumeFromWhere); INVALID_ARGUMENT and TOPIC_NOT_EXIST as for CommitOffset. The offset may lie
+	// below the queue's min_offset when retention has trimmed the queue since the commit: a pull there
+	// answers OUT_OF_RANGE with the bounds to go on from.
+	GetOffset(context.Context, *GetOffsetRequest) (*GetOffsetResponse, error)
+	// GetOffsetByTime returns the first queue offset whose message was stored at or after time
+	// (RocketMQ getOffsetInQueueByTime, boundary LOWER), found by binary search over the consume queue
+	// and the records' store times (which never decrease within a queue): a time before the first
+	// readable message gives min_offset, a time after the last gives max_offset (the offset the next
+	// message will get). It is how a group resets its offsets to a time: GetOffsetByTime, then
+	// CommitOffset. NOT_FOUND "QUEUE_NOT_FOUND" for a queue that never received a message;
+	// TOPIC_NOT_EXIST and INVALID_ARGUMENT as above.
+	GetOffsetByTime(context.Context, *GetOffsetByTimeRequest) (*GetOffsetByTimeResponse, error)
 	mustEmbedUnimplementedMessageStoreServiceServer()
 }
 
@@ -321,6 +426,15 @@ func (UnimplementedMessageStoreServiceServer) GetQueueInfo(context.Context, *Get
 }
 func (UnimplementedMessageStoreServiceServer) GetReplicaInfo(context.Context, *GetReplicaInfoRequest) (*GetReplicaInfoResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method GetReplicaInfo not implemented")
+}
+func (UnimplementedMessageStoreServiceServer) CommitOffset(context.Context, *CommitOffsetRequest) (*CommitOffsetResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method CommitOffset not implemented")
+}
+func (UnimplementedMessageStoreServiceServer) GetOffset(context.Context, *GetOffsetRequest) (*GetOffsetResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method GetOffset not implemented")
+}
+func (UnimplementedMessageStoreServiceServer) GetOffsetByTime(context.Context, *GetOffsetByTimeRequest) (*GetOffsetByTimeResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method GetOffsetByTime not implemented")
 }
 func (UnimplementedMessageStoreServiceServer) mustEmbedUnimplementedMessageStoreServiceServer() {}
 func (UnimplementedMessageStoreServiceServer) testEmbeddedByValue()                             {}
@@ -458,6 +572,60 @@ func _MessageStoreService_GetReplicaInfo_Handler(srv interface{}, ctx context.Co
 	return interceptor(ctx, in, info, handler)
 }
 
+func _MessageStoreService_CommitOffset_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(CommitOffsetRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(MessageStoreServiceServer).CommitOffset(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: MessageStoreService_CommitOffset_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(MessageStoreServiceServer).CommitOffset(ctx, req.(*CommitOffsetRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _MessageStoreService_GetOffset_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GetOffsetRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(MessageStoreServiceServer).GetOffset(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: MessageStoreService_GetOffset_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(MessageStoreServiceServer).GetOffset(ctx, req.(*GetOffsetRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _MessageStoreService_GetOffsetByTime_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GetOffsetByTimeRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(MessageStoreServiceServer).GetOffsetByTime(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: MessageStoreService_GetOffsetByTime_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(MessageStoreServiceServer).GetOffsetByTime(ctx, req.(*GetOffsetByTimeRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // MessageStoreService_ServiceDesc is the grpc.ServiceDesc for MessageStoreService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -488,6 +656,18 @@ var MessageStoreService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "GetReplicaInfo",
 			Handler:    _MessageStoreService_GetReplicaInfo_Handler,
+		},
+		{
+			MethodName: "CommitOffset",
+			Handler:    _MessageStoreService_CommitOffset_Handler,
+		},
+		{
+			MethodName: "GetOffset",
+			Handler:    _MessageStoreService_GetOffset_Handler,
+		},
+		{
+			MethodName: "GetOffsetByTime",
+			Handler:    _MessageStoreService_GetOffsetByTime_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{
