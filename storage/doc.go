@@ -27,6 +27,8 @@
 //	storage/schedule      delayed delivery, through schedule.Host
 //	storage/retention     file deletion and disk watermarks, through
 //	                      retention.Host
+//	storage/offsets       the consumer offset table and the codec of its
+//	                      records (consumer_offsets.go)
 //	storage/raftlog       for replication (issue 13): raft.Storage over the
 //	                      commitlog plus a CRC'd index of raft entries,
 //	                      HardState, truncation of the uncommitted suffix;
@@ -343,4 +345,16 @@
 // config and deletes (DeleteTopic is refused, ErrGroupUnsupported), the
 // dedup window (off in group mode), membership changes, leader transfer,
 // the repair tool.
+//
+// # Consumer offsets
+//
+// Committed offsets per (consumer group, topic, queue) are records of the
+// system topic RMQ_SYS_CONSUMER_OFFSET (consumer_offsets.go, table and
+// record codec in storage/offsets): CommitOffset appends one through the
+// put path (durable as an acknowledged put), Open rebuilds the table by
+// replaying that topic's consume queue, and retention, before it deletes a
+// file, writes again the latest value of every key whose record lies in it
+// (DeletableEnd), keeping the file when it cannot. Clients can neither put
+// to that topic nor read it (HiddenTopic). GetOffsetByTime binary-searches
+// a queue by store time.
 package storage

@@ -68,6 +68,8 @@ type config struct {
 	AutoCreateTopics  bool
 	MaxTopics         int
 	MaxOpenQueueFiles int
+	// MaxConsumerOffsets bounds the committed (group, topic, queue) offsets.
+	MaxConsumerOffsets int
 
 	// MaxPullInflightBytes bounds the read answers held at once
 	// (server.WithMaxPullInflightBytes).
@@ -134,6 +136,7 @@ func parseConfig(args []string, lookupEnv func(string) (string, bool), stderr io
 		DefaultQueues:        storage.DefaultQueues,
 		AutoCreateTopics:     true,
 		MaxTopics:            storage.DefaultMaxTopics,
+		MaxConsumerOffsets:   storage.DefaultMaxConsumerOffsets,
 		MaxOpenQueueFiles:    storage.DefaultMaxOpenQueueFiles,
 		MaxPullInflightBytes: server.DefaultMaxPullInflightBytes,
 		MaxPullWait:          server.DefaultMaxPullWait,
@@ -189,6 +192,8 @@ func parseConfig(args []string, lookupEnv func(string) (string, bool), stderr io
 		"a put to an unknown topic creates it; false refuses it (NOT_FOUND, TOPIC_NOT_EXIST) until the admin service creates it")
 	fs.IntVar(&cfg.MaxTopics, "max-topics", cfg.MaxTopics,
 		"most `topics` the store holds; creating more is refused (RESOURCE_EXHAUSTED)")
+	fs.IntVar(&cfg.MaxConsumerOffsets, "max-consumer-offsets", cfg.MaxConsumerOffsets,
+		"most committed (consumer group, topic, queue) `offsets` the store holds (1-10000000); a commit of one more is refused (RESOURCE_EXHAUSTED)")
 	fs.IntVar(&cfg.MaxOpenQueueFiles, "max-open-queue-files", cfg.MaxOpenQueueFiles,
 		"`count` of consume-queue files kept open at once; the least recently used idle one is closed beyond it")
 	fs.Var((*sizeValue)(&cfg.MaxPullInflightBytes), "max-pull-inflight-bytes",
@@ -312,6 +317,9 @@ func (c *config) validate() error {
 	if c.MaxTopics < 1 {
 		errs = append(errs, fmt.Errorf("--max-topics %d must be positive", c.MaxTopics))
 	}
+	if c.MaxConsumerOffsets < 1 || c.MaxConsumerOffsets > 10000000 {
+		errs = append(errs, fmt.Errorf("--max-consumer-offsets %d out of range [1, 10000000]", c.MaxConsumerOffsets))
+	}
 	if c.AdminListen != "" && c.AdminListen == c.Listen && !strings.HasSuffix(c.Listen, ":0") {
 		errs = append(errs, errors.New("--admin-listen must differ from --listen"))
 	}
@@ -416,6 +424,7 @@ func (c *config) storageOptions(host netip.AddrPort, logger *zerolog.Logger) sto
 		DefaultQueues:      c.DefaultQueues,
 		NoAutoCreateTopics: !c.AutoCreateTopics,
 		MaxTopics:          c.MaxTopics,
+		MaxConsumerOffsets: c.MaxConsumerOffsets,
 		MaxOpenQueueFiles:  c.MaxOpenQueueFiles,
 
 		DedupWindow:      cmp.Or(c.DedupWindow, -1), // 0: off
@@ -455,6 +464,7 @@ func (c *config) log(l zerolog.Logger) {
 		Int("default_queues", c.DefaultQueues).
 		Bool("auto_create_topics", c.AutoCreateTopics).
 		Int("max_topics", c.MaxTopics).
+		Int("max_consumer_offsets", c.MaxConsumerOffsets).
 		Int("max_open_queue_files", c.MaxOpenQueueFiles).
 		Str("max_pull_inflight_bytes", formatSize(c.MaxPullInflightBytes)).
 		Stringer("max_pull_wait", c.MaxPullWait).

@@ -41,7 +41,7 @@ func TestConfigDefaults(t *testing.T) {
 		FileReservedTime: 72 * time.Hour, DeleteWhen: "04", DiskCleanPercent: 85, DiskWarningPercent: 90,
 		DiskCheckInterval: time.Second, DelayLevels: "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h",
 		CheckpointInterval: time.Second, MaxConnections: defaultMaxConnections(),
-		DefaultQueues: 8, AutoCreateTopics: true, MaxTopics: 10000,
+		DefaultQueues: 8, AutoCreateTopics: true, MaxTopics: 10000, MaxConsumerOffsets: 100000,
 		MaxOpenQueueFiles:    256,
 		MaxPullInflightBytes: 256 << 20,
 		MaxPullWait:          10 * time.Second,
