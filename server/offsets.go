@@ -35,6 +35,10 @@ var (
 // offset committed for that group and queue.
 const ReasonQueryNotFound = "QUERY_NOT_FOUND"
 
+// ReasonNotSupported is RocketMQ's ResponseCode.REQUEST_CODE_NOT_SUPPORTED:
+// a call this server does not serve in its mode (a replication group).
+const ReasonNotSupported = "REQUEST_CODE_NOT_SUPPORTED"
+
 const (
 	methodCommitOffset    method = "CommitOffset"
 	methodGetOffset       method = "GetOffset"
@@ -173,6 +177,9 @@ func (s *Service) offsetError(m method, err error) error {
 			"the commit was appended but its durability was not confirmed; commit again (commits are idempotent)")
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
 		return s.readError(m, err)
+	case errors.Is(err, storage.ErrGroupUnsupported):
+		return newStatus(codes.Unimplemented, "consumer offsets are not replicated yet: a replication group does not take commits",
+			info(ReasonNotSupported))
 	case errors.Is(err, storage.ErrBusy):
 		return unavailable(info(storage.OSPageCacheBusy.String()), retryDelayBusy, "the store is busy; nothing was stored; retry")
 	case errors.Is(err, storage.ErrSlave):

@@ -38,6 +38,11 @@ package storage
 // retention trims the queue, and GetOffset returns it as committed (the
 // pull then answers OUT_OF_RANGE with the bounds to reset to). At most
 // Options.MaxConsumerOffsets keys exist (ErrTooManyOffsets beyond).
+//
+// Group mode (Options.Group) refuses CommitOffset with ErrGroupUnsupported
+// for now: the records would replicate (they are commitlog records), but
+// followers do not apply them to their tables as they commit, and the
+// retention rewrite does not go through raft; both are left to build.
 
 import (
 	"context"
@@ -134,6 +139,12 @@ func (s *Store) queueBounds(topic string, queueID int32) (int64, int64) {
 func (s *Store) CommitOffset(ctx context.Context, group, topic string, queueID int32, offset int64) error {
 	if err := s.checkOffsetKey(group, topic, queueID); err != nil {
 		return err
+	}
+	if s.group != nil {
+		// The table is updated where the record is appended; a follower
+		// would have to apply committed offset records as they arrive,
+		// which is not built yet. Refused rather than half replicated.
+		return fmt.Errorf("%w: CommitOffset (offset records are not applied on followers yet)", ErrGroupUnsupported)
 	}
 	if lo, hi := s.queueBounds(topic, queueID); offset < lo || offset > hi {
 		return &RangeError{What: "committed offset", Offset: offset, Min: lo, Max: hi + 1}
@@ -353,8 +364,8 @@ func (s *Store) rewriteOffsets(end int64) int64 {
 		}
 		return end
 	}
-	if s.closed.Load() || s.Role() != RoleMaster || s.WriteErr() != nil {
-		return keep()
+	if s.closed.Load() || s.Role() != RoleMaster || s.WriteErr() != nil || s.group != nil {
+		return keep() // group mode: a rewrite would have to go through raft (not built)
 	}
 	t.Mu.Lock()
 	es := t.Below(end)

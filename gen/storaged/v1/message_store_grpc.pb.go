@@ -145,6 +145,8 @@ type MessageStoreServiceClient interface {
 	//     (starting, closing, slave, read-only, disk full); nothing was stored.
 	//   - UNAVAILABLE, reason "FLUSH_DISK_TIMEOUT" or "UNKNOWN_ERROR", metadata stored "unknown": the
 	//     commit was appended but its durability was not confirmed; send it again.
+	//   - UNIMPLEMENTED, reason "REQUEST_CODE_NOT_SUPPORTED": the server runs in a replication group,
+	//     which does not replicate consumer offsets yet.
 	CommitOffset(ctx context.Context, in *CommitOffsetRequest, opts ...grpc.CallOption) (*CommitOffsetResponse, error)
 	// GetOffset returns a consumer group's committed offset of one queue (RocketMQ
 	// QUERY_CONSUMER_OFFSET). NOT_FOUND with reason "QUERY_NOT_FOUND" when the group never committed
@@ -380,6 +382,8 @@ type MessageStoreServiceServer interface {
 	//     (starting, closing, slave, read-only, disk full); nothing was stored.
 	//   - UNAVAILABLE, reason "FLUSH_DISK_TIMEOUT" or "UNKNOWN_ERROR", metadata stored "unknown": the
 	//     commit was appended but its durability was not confirmed; send it again.
+	//   - UNIMPLEMENTED, reason "REQUEST_CODE_NOT_SUPPORTED": the server runs in a replication group,
+	//     which does not replicate consumer offsets yet.
 	CommitOffset(context.Context, *CommitOffsetRequest) (*CommitOffsetResponse, error)
 	// GetOffset returns a consumer group's committed offset of one queue (RocketMQ
 	// QUERY_CONSUMER_OFFSET). NOT_FOUND with reason "QUERY_NOT_FOUND" when the group never committed
