@@ -100,7 +100,7 @@ func newTestGroup(t testing.TB, replTimeout time.Duration) *testGroup {
 	g := &testGroup{t: t, net: newTestNet(ids...), m: map[uint64]*member{}, ids: ids}
 	for _, id := range ids {
 		mb := &member{id: id}
-		mb.opts = Options{Dir: t.TempDir(), FileSize: 64 << 10, MaxMessageSize: 16 << 10, FlushMode: FlushSync,
+		mb.opts = Options{Dir: t.TempDir(), FileSize: 64 << 10, MaxMessageSize: 16 << 10, FlushMode: FlushSync, DelayLevels: "1s 1h",
 			Group: &GroupOptions{ID: id, Name: "g1", ClusterID: "c1", Peers: ids, Transport: testTransport{g.net, id},
 				ElectionTick: 10, HeartbeatTick: 1, ReplicationTimeout: replTimeout, IndexUnits: 64}}
 		g.m[id] = mb
@@ -467,6 +467,36 @@ func TestGroupLeaderAlone(t *testing.T) {
 			t.Fatalf("node %d at commit end %d, node 1 at %d", id, ce, want)
 		}
 	}
+}
+
+// TestGroupDelayedDelivery: a delayed message is diverted to the
+// schedule topic on the leader, replicated as such, and delivered once, by
+// the ready leader's scheduler through the propose path, to every replica.
+func TestGroupDelayedDelivery(t *testing.T) {
+	g := newTestGroup(t, time.Minute)
+	g.elect(2)
+	m := &Message{Topic: "D", Body: []byte("later"), BornTimestamp: 1, BornHost: DefaultStoreHost,
+		Properties: []Property{{Key: PropertyDelayLevel, Value: "1"}}}
+	res, err := g.m[2].s.PutMessage(context.Background(), m)
+	if err != nil || res.Status != PutOK || res.Append.Topic != ScheduleTopic || res.Append.QueueID != 0 {
+		t.Fatalf("delayed put: %v %v %+v", res.Status, err, res.Append)
+	}
+	g.poll("the delayed message delivered on every replica", func() bool {
+		for _, id := range g.ids {
+			if _, max, err := g.m[id].s.QueueInfo("D", 0); err != nil || max != 1 {
+				return false
+			}
+		}
+		return true
+	}, 2)
+	for _, id := range g.ids {
+		r, err := g.m[id].s.PullMessages(context.Background(), PullRequest{Topic: "D", QueueID: 0})
+		if err != nil || len(r.Messages) != 1 || string(r.Messages[0].Body) != "later" {
+			t.Fatalf("node %d: pull D/0: %v %d", id, err, len(r.Messages))
+		}
+	}
+	g.converge(2, g.ids...)
+	g.sameBytes(g.m[2].s.ReplicaInfo().CommitEnd, g.ids...)
 }
 
 func TestGroupOptionsValidate(t *testing.T) {
