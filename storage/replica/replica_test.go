@@ -1,0 +1,163 @@
+package replica
+
+import (
+	"errors"
+	"net/netip"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/rs/zerolog"
+	"go.uber.org/goleak"
+
+	"github.com/storaged/storaged/internal/logthrottle"
+	"github.com/storaged/storaged/storage/commitlog"
+	"github.com/storaged/storaged/storage/internal/base"
+	"github.com/storaged/storaged/storage/raftlog"
+	"github.com/storaged/storaged/storage/record"
+	"github.com/storaged/storaged/storage/vfs"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+const fileSize = 16 << 10
+
+var host = netip.MustParseAddrPort("127.0.0.1:10911")
+
+// fakeHost records what the raft loop tells the store.
+type fakeHost struct {
+	mu        sync.Mutex
+	commitEnd int64
+	ready     int
+	failed    error
+}
+
+func (h *fakeHost) Committed(end, _ int64) { h.mu.Lock(); h.commitEnd = end; h.mu.Unlock() }
+func (h *fakeHost) BecomeReady(int64) error {
+	h.mu.Lock()
+	h.ready++
+	h.mu.Unlock()
+	return nil
+}
+func (h *fakeHost) Fail(err error) { h.mu.Lock(); h.failed = err; h.mu.Unlock() }
+
+type nopTransport struct{}
+
+func (nopTransport) Send(uint64, []byte) {}
+
+// open makes a commitlog and a raft log on a MemFS for node id of voters.
+func open(t *testing.T, id uint64, voters []uint64) (*commitlog.Log, *raftlog.Log) {
+	t.Helper()
+	fs := vfs.NewMem()
+	nop := zerolog.Nop()
+	if err := fs.MkdirAll("/d/commitlog"); err != nil {
+		t.Fatal(err)
+	}
+	cl, err := commitlog.Open(commitlog.Options{FS: fs, Dir: "/d/commitlog", FileSize: fileSize, RequireCRC: true,
+		Clock: base.SystemClock, Logger: &nop, Throttle: logthrottle.New(time.Second, nil)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cl.Recover(0, 0); err != nil {
+		t.Fatal(err)
+	}
+	cl.Start()
+	rl, err := raftlog.Open(raftlog.Options{FS: fs, Dir: "/d/raft", Commitlog: cl, RequireCRC: true, IndexUnits: 16,
+		Meta: raftlog.Meta{NodeID: id, Group: "g", ClusterUUID: "c", FileSize: fileSize, Voters: voters}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		rl.Close()
+		cl.WaitPopulated()
+		cl.Close()
+	})
+	return cl, rl
+}
+
+func stampOne(body string) Stamp {
+	return func(pos int64) ([]byte, func(), error) {
+		s := record.Spec{Topic: "T", Body: []byte(body), StoreHost: host, BornHost: host, PropCRC: true}
+		s.BodyCRC = record.BodyCRC(s.Body)
+		if ferr := s.Size(); ferr != nil {
+			return nil, nil, ferr
+		}
+		b := make([]byte, s.Total)
+		s.Encode(b, 0, pos, 1)
+		return b, func() {}, nil
+	}
+}
+
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(time.Minute)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		<-time.After(time.Millisecond)
+	}
+}
+
+// TestSingleVoter: a one-voter group elects itself, passes the readiness
+// barrier, commits a proposal (its waiter answers nil) and refuses after
+// Close; a waiter pending at Close is answered ErrClosed.
+func TestSingleVoter(t *testing.T) {
+	_, rl := open(t, 1, []uint64{1})
+	h := &fakeHost{}
+	ticks := make(chan time.Time)
+	n, err := New(Options{ID: 1, Log: rl, FileSize: fileSize, Transport: nopTransport{}, Host: h, Ticks: ticks}, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.Close()
+	if _, _, err := n.Propose(10, stampOne("x")); !errors.Is(err, ErrNotLeader) {
+		t.Fatalf("propose before the election: %v", err)
+	}
+	if err := n.Campaign(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "ready", n.Ready)
+	w, pos, err := n.Propose(100, stampOne("hello"))
+	if err != nil || pos != 0 {
+		t.Fatalf("propose: %v at %d", err, pos)
+	}
+	<-w.Done()
+	if w.Err() != nil {
+		t.Fatalf("committed proposal: %v", w.Err())
+	}
+	if info := n.Info(); info.Role != "leader" || !info.Ready || info.CommitEnd <= 0 || info.Commit < 2 {
+		t.Fatalf("info %+v", info)
+	}
+	h.mu.Lock()
+	if h.ready != 1 || h.commitEnd != n.Info().CommitEnd {
+		t.Fatalf("host saw ready %d, commit end %d", h.ready, h.commitEnd)
+	}
+	h.mu.Unlock()
+	n.Close()
+	if _, _, err := n.Propose(10, stampOne("late")); !errors.Is(err, ErrClosed) {
+		t.Fatalf("propose after Close: %v", err)
+	}
+}
+
+// TestFollowerRefuses: a member of a three-voter group that never
+// hears from its peers has no leader; a proposal is refused with
+// NO_LEADER; an undecodable or misaddressed message is refused.
+func TestFollowerRefuses(t *testing.T) {
+	_, rl := open(t, 2, []uint64{1, 2, 3})
+	n, err := New(Options{ID: 2, Log: rl, FileSize: fileSize, Transport: nopTransport{}, Host: &fakeHost{}, Ticks: make(chan time.Time)}, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.Close()
+	var nl *NotLeaderError
+	if _, _, err := n.Propose(10, stampOne("x")); !errors.As(err, &nl) || nl.Cause != CauseNoLeader {
+		t.Fatalf("propose without a leader: %v", err)
+	}
+	if err := n.StepPeer([]byte{0xff}); !errors.Is(err, ErrBadMessage) {
+		t.Fatalf("garbage: %v", err)
+	}
+	if info := n.Info(); info.Role != "follower" || info.Ready || len(info.Peers) != 0 {
+		t.Fatalf("info %+v", info)
+	}
+}
