@@ -240,6 +240,18 @@ func TestConsumerOffsetsSurviveRetention(t *testing.T) {
 	}
 	wantOffset(t, s, "g", "T", 0, 3)
 	wantOffset(t, s, "h", "T", 0, 40)
+	// GetOffsetByTime on a trimmed queue: before the first kept message is
+	// the new min; the later burst starts after the 80 h jump.
+	lo, hi, err := s.QueueInfo("T", 0)
+	if err != nil || lo == 0 {
+		t.Fatalf("queue T/0 [%d, %d) %v: retention trimmed nothing", lo, hi, err)
+	}
+	if got, err := s.GetOffsetByTime("T", 0, schedT0.Add(-time.Hour)); err != nil || got != lo {
+		t.Fatalf("GetOffsetByTime before the first kept = %d, %v; want %d", got, err, lo)
+	}
+	if got, err := s.GetOffsetByTime("T", 0, schedT0.Add(time.Hour)); err != nil || got != 36 {
+		t.Fatalf("GetOffsetByTime at T0+1h = %d, %v; want 36 (the first of the later burst)", got, err)
+	}
 	s.Close()
 	s2, err := Open(o)
 	if err != nil {
