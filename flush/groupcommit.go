@@ -61,7 +61,7 @@ type GroupCommit struct {
 	waiters sync.Pool
 
 	// Counters for Stats.
-	syncs, released, gathers, gaveUp, short, gatherNanos atomic.Int64
+	syncs, released, atOnce, gathers, gaveUp, short, gatherNanos atomic.Int64
 
 	kick      chan struct{} // cap 1: wakes the loop
 	done      chan struct{} // closed by Close: the loop ends
@@ -101,6 +101,7 @@ func NewGroupCommit(s Syncer, opts GroupCommitOptions) *GroupCommit {
 // offset. Only nil means durable.
 func (g *GroupCommit) Wait(ctx context.Context, offset int64) error {
 	if g.durable.Load() >= offset {
+		g.atOnce.Add(1)
 		return nil
 	}
 	w := g.waiters.Get().(*waiter)
@@ -280,6 +281,7 @@ const (
 type GroupCommitStats struct {
 	Syncs    int64         // successful syncs
 	Released int64         // waiters answered nil by them
+	AtOnce   int64         // Waits answered nil at once: a sync had covered the offset already
 	Gathered int64         // waits of up to a sync that saw their whole group arrive
 	GaveUp   int64         // waits of up to a sync that ran out without it
 	Short    int64         // waits of half a sync (after a GaveUp) that ran out
@@ -288,7 +290,7 @@ type GroupCommitStats struct {
 
 // Stats returns the counters. Safe to call at any time.
 func (g *GroupCommit) Stats() GroupCommitStats {
-	return GroupCommitStats{Syncs: g.syncs.Load(), Released: g.released.Load(), Gathered: g.gathers.Load(),
+	return GroupCommitStats{Syncs: g.syncs.Load(), Released: g.released.Load(), AtOnce: g.atOnce.Load(), Gathered: g.gathers.Load(),
 		GaveUp: g.gaveUp.Load(), Short: g.short.Load(), Gather: time.Duration(g.gatherNanos.Load())}
 }
 
@@ -342,16 +344,21 @@ func (g *GroupCommit) commit() (released, early int) {
 	}
 	// A waiter enqueues after its append, so Sync(0) always covers it; keep
 	// any that it did not (a Syncer that syncs less) for the next round.
+	// Counted before answering, so that a caller who has its answer finds
+	// itself in Stats.
 	var left []*waiter
 	for _, w := range batch {
 		if w.offset <= durable {
-			w.ch <- nil
+			batch[released] = w
 			released++
 		} else {
 			left = append(left, w)
 		}
 	}
 	g.released.Add(int64(released))
+	for _, w := range batch[:released] {
+		w.ch <- nil
+	}
 	g.mu.Lock()
 	early = len(g.pending)
 	g.pending = append(g.pending, left...)

@@ -44,6 +44,8 @@ type StoreCollector struct {
 	diskSize, diskAvail, diskUsed, diskUsedPercent, diskFull *prometheus.Desc
 
 	dedupKeys, dedupMessages, dedupHits, dedupEvicted, dedupOldest *prometheus.Desc
+
+	gcSyncs, gcWaiters, gcAtOnce, gcGathers, gcGather *prometheus.Desc
 }
 
 var _ prometheus.Collector = (*StoreCollector)(nil)
@@ -121,6 +123,15 @@ func NewStoreCollector(src StatsSource, opts ...CollectorOption) *StoreCollector
 		dedupEvicted: d("storaged_dedup_evicted_total",
 			"Keys forgotten before their window passed because --dedup-max-messages newer messages came: while it grows, retries are recognised only for storaged_dedup_oldest_seconds."),
 		dedupOldest: d("storaged_dedup_oldest_seconds", "Age of the oldest key remembered: the effective dedup window."),
+
+		gcSyncs: d("storaged_group_commit_syncs_total", "Successful syncs of the sync-mode group commit (--flush-mode sync only)."),
+		gcWaiters: d("storaged_group_commit_waiters_total",
+			"Waits (sync-mode puts) answered by those syncs; divided by storaged_group_commit_syncs_total, the mean group size."),
+		gcAtOnce: d("storaged_group_commit_already_durable_total",
+			"Waits answered at once because a sync had already covered their bytes; with storaged_group_commit_waiters_total, every successful wait of a sync-mode put."),
+		gcGathers: d("storaged_group_commit_gathers_total",
+			"Waits before a sync for the group the last sync released: outcome complete (the whole group came within a sync), gave_up (it did not), short (a half-sync wait after a gave_up ran out).", "outcome"),
+		gcGather: d("storaged_group_commit_gather_seconds_total", "Time the group commit spent waiting for groups before its syncs."),
 	}
 	for _, o := range opts {
 		o(c)
@@ -138,6 +149,7 @@ func (c *StoreCollector) Describe(ch chan<- *prometheus.Desc) {
 		c.retDeletedFiles, c.retDeletedBytes, c.retTrimmedFiles,
 		c.diskSize, c.diskAvail, c.diskUsed, c.diskUsedPercent, c.diskFull,
 		c.dedupKeys, c.dedupMessages, c.dedupHits, c.dedupEvicted, c.dedupOldest,
+		c.gcSyncs, c.gcWaiters, c.gcAtOnce, c.gcGathers, c.gcGather,
 	} {
 		ch <- d
 	}
@@ -212,6 +224,17 @@ func (c *StoreCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(c.dedupHits, prometheus.CounterValue, float64(st.Dedup.Hits))
 	ch <- prometheus.MustNewConstMetric(c.dedupEvicted, prometheus.CounterValue, float64(st.Dedup.Evicted))
 	ch <- prometheus.MustNewConstMetric(c.dedupOldest, prometheus.GaugeValue, st.Dedup.Oldest.Seconds())
+
+	// Sync mode only: in async mode there is no group commit to count.
+	if gc := st.GroupCommit; gc != nil {
+		ch <- prometheus.MustNewConstMetric(c.gcSyncs, prometheus.CounterValue, float64(gc.Syncs))
+		ch <- prometheus.MustNewConstMetric(c.gcWaiters, prometheus.CounterValue, float64(gc.Released))
+		ch <- prometheus.MustNewConstMetric(c.gcAtOnce, prometheus.CounterValue, float64(gc.AtOnce))
+		ch <- prometheus.MustNewConstMetric(c.gcGathers, prometheus.CounterValue, float64(gc.Gathered), "complete")
+		ch <- prometheus.MustNewConstMetric(c.gcGathers, prometheus.CounterValue, float64(gc.GaveUp), "gave_up")
+		ch <- prometheus.MustNewConstMetric(c.gcGathers, prometheus.CounterValue, float64(gc.Short), "short")
+		ch <- prometheus.MustNewConstMetric(c.gcGather, prometheus.CounterValue, gc.Gather.Seconds())
+	}
 }
 
 func boolValue(b bool) float64 {

@@ -4,6 +4,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/storaged/storaged/flush"
 	"github.com/storaged/storaged/storage/internal/fault"
 	"github.com/storaged/storaged/storage/internal/hist"
 	"github.com/storaged/storaged/storage/retention"
@@ -23,6 +24,10 @@ type (
 	ScheduleStats      = schedule.Stats
 	ScheduleLevelStats = schedule.LevelStats
 )
+
+// GroupCommitStats count what the sync-mode group commit did
+// (flush.GroupCommit.Stats).
+type GroupCommitStats = flush.GroupCommitStats
 
 // RetentionStats count what retention deleted; DiskStats describe the data
 // dir's file system; DiskUsage is what Options.StatDisk reports.
@@ -97,6 +102,9 @@ type Stats struct {
 	Disk      DiskStats
 	// Dedup describes the idempotent-put window (idempotent.go).
 	Dedup DedupStats
+	// GroupCommit counts the group commit's syncs, the waiters they
+	// answered and its waits for the group; nil in async mode.
+	GroupCommit *GroupCommitStats
 }
 
 // Stats returns a snapshot of the store's counters.
@@ -134,5 +142,9 @@ func (s *Store) Stats() Stats {
 	st.Schedule = s.sched.Stats()
 	st.Retention, st.Disk = s.ret.Stats()
 	st.Dedup = s.dedupStats()
+	if gc, ok := s.flusher.(*flush.GroupCommit); ok {
+		g := gc.Stats()
+		st.GroupCommit = &g
+	}
 	return st
 }
