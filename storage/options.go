@@ -261,6 +261,13 @@ type Options struct {
 	// (segment.DefaultPopulateChunk); tests use small chunks.
 	PopulateChunk int64
 
+	// Populate is how the allocator faults new commitlog files in ahead of
+	// the writer: vfs.PopulateWrite (the default: MADV_POPULATE_WRITE, no
+	// fault on the put path), PopulateRead, PopulateWillNeed or
+	// PopulateOff (vfs.PopulateMode; BENCHMARKS.md "Allocator population
+	// and sync-mode msync" has the A/B).
+	Populate vfs.PopulateMode
+
 	// Logger receives the store's rare events (slow syncs, rolls, recovery).
 	// Default: a disabled logger.
 	Logger *zerolog.Logger
@@ -487,6 +494,9 @@ func (o Options) resolve() (resolved, error) {
 	}
 	if o.Group != nil {
 		errs = append(errs, o.Group.validate(o)...)
+	}
+	if o.Populate > vfs.PopulateOff {
+		errs = append(errs, fmt.Errorf("Populate %v unknown", o.Populate))
 	}
 	if len(errs) > 0 {
 		return resolved{}, fmt.Errorf("storage: invalid options: %w", errors.Join(errs...))

@@ -95,7 +95,7 @@ func Open(opts Options) (*Store, error) {
 	}
 	s.lockFile = lf
 	s.log, err = commitlog.Open(commitlog.Options{FS: opts.FS, Dir: dir, FileSize: opts.FileSize,
-		RequireCRC: !opts.DisablePropCRC, PopulateChunk: opts.PopulateChunk, Clock: opts.Clock,
+		RequireCRC: !opts.DisablePropCRC, PopulateChunk: opts.PopulateChunk, Populate: opts.Populate, Clock: opts.Clock,
 		Room: prepareRoom(opts), Logger: opts.Logger, Throttle: s.logLimit})
 	if err != nil {
 		s.cleanup()

@@ -118,12 +118,13 @@ func (m *File) Sync(lo, hi int64) error {
 	return nil
 }
 
-// populate faults bytes [lo, hi) in for writing unless the file is closed.
-func (m *File) populate(lo, hi int64) {
+// populate faults bytes [lo, hi) in the way how says unless the file is
+// closed.
+func (m *File) populate(lo, hi int64, how vfs.PopulateMode) {
 	m.popMu.Lock()
 	defer m.popMu.Unlock()
 	if m.seg != nil {
-		m.seg.Populate(lo, hi)
+		m.seg.Populate(lo, hi, how)
 	}
 }
 

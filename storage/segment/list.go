@@ -43,6 +43,10 @@ type Options struct {
 	// PopulateChunk is how much of a file the allocator faults in at a
 	// time; 0 means DefaultPopulateChunk.
 	PopulateChunk int64
+	// Populate is how the allocator faults files in (vfs.PopulateMode);
+	// the zero value is vfs.PopulateWrite. With vfs.PopulateOff it
+	// populates nothing.
+	Populate vfs.PopulateMode
 	// ObserveSync, if set, is told the duration of every Sync that synced
 	// something.
 	ObserveSync func(time.Duration)
@@ -67,7 +71,7 @@ func NewList(fs vfs.FS, dir string, fileSize int64, o Options) *List {
 		fs:          fs,
 		dir:         dir,
 		fileSize:    fileSize,
-		alloc:       newAllocator(fs, dir, fileSize, o.PopulateChunk, o.Room),
+		alloc:       newAllocator(fs, dir, fileSize, o.PopulateChunk, o.Populate, o.Room),
 		observeSync: o.ObserveSync,
 	}
 }
@@ -271,6 +275,7 @@ type allocator struct {
 	unpopulated int
 
 	chunk int64                 // population chunk
+	how   vfs.PopulateMode      // Options.Populate
 	room  func(size int64) bool // Options.Room, nil: always
 
 	reqc   chan int64
@@ -279,8 +284,8 @@ type allocator struct {
 	wg     sync.WaitGroup
 }
 
-func newAllocator(fs vfs.FS, dir string, size, chunk int64, room func(int64) bool) *allocator {
-	a := &allocator{fs: fs, dir: dir, size: size, chunk: chunk, room: room, inflight: -1, reqc: make(chan int64, 1),
+func newAllocator(fs vfs.FS, dir string, size, chunk int64, how vfs.PopulateMode, room func(int64) bool) *allocator {
+	a := &allocator{fs: fs, dir: dir, size: size, chunk: chunk, how: how, room: room, inflight: -1, reqc: make(chan int64, 1),
 		adoptc: make(chan *File, 1), done: make(chan struct{})}
 	a.cond = sync.NewCond(&a.mu)
 	a.wg.Add(1)
@@ -319,8 +324,11 @@ func (a *allocator) loop() {
 			m := todo[0]
 			// What the writer has passed needs no populating.
 			at = max(at, m.wrote.Load()&^(PageSize-1))
+			if a.how == vfs.PopulateOff {
+				at = m.size
+			}
 			if at < m.size {
-				m.populate(at, min(at+a.chunk, m.size))
+				m.populate(at, min(at+a.chunk, m.size), a.how)
 				at += a.chunk
 			}
 			if at >= m.size {

@@ -344,7 +344,7 @@ func (s *memSegment) Sync(lo, hi int64) error {
 
 // Populate changes nothing in memory. It reports OpPopulate to the
 // injector, outside the file system's lock, so a test can hold it up.
-func (s *memSegment) Populate(lo, hi int64) {
+func (s *memSegment) Populate(lo, hi int64, _ PopulateMode) {
 	s.m.mu.Lock()
 	in := s.m.inject
 	s.m.mu.Unlock()

@@ -148,8 +148,21 @@ func (s *osSegment) Sync(lo, hi int64) error {
 // those that no put has overwritten within dirty_expire_centisecs, as
 // RocketMQ's warmMappedFile does on purpose. Syncs only ever cover the
 // range written.
-func (s *osSegment) Populate(lo, hi int64) {
-	_ = unix.Madvise(s.data[lo&^(pageSize-1):hi], unix.MADV_POPULATE_WRITE)
+//
+// PopulateRead and PopulateWillNeed leave the pages clean (nothing for
+// writeback until a put writes them); they are there for the A/B of
+// BENCHMARKS.md ("Allocator population and sync-mode msync").
+func (s *osSegment) Populate(lo, hi int64, how PopulateMode) {
+	advice := unix.MADV_POPULATE_WRITE
+	switch how {
+	case PopulateRead:
+		advice = unix.MADV_POPULATE_READ
+	case PopulateWillNeed:
+		advice = unix.MADV_WILLNEED
+	case PopulateOff:
+		return
+	}
+	_ = unix.Madvise(s.data[lo&^(pageSize-1):hi], advice)
 }
 
 func (s *osSegment) Close() error {

@@ -1,0 +1,90 @@
+package storage
+
+import (
+	"context"
+	"strconv"
+	"sync"
+	"testing"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/storaged/storaged/storage/vfs"
+)
+
+// BenchmarkSyncPutPopulate is the A/B of the allocator's population
+// against sync-mode puts (issue 16; BENCHMARKS.md "Allocator population
+// and sync-mode msync"): writers goroutines put 1 KiB messages into a
+// fresh store with 1 GiB files, each put acknowledged after the msync
+// covering it, while the allocator populates the rest of the first file
+// and the next one in the way the variant says. Unlike benchPut it does
+// not wait for population to finish first: the overlap is what is
+// measured. Run it with a fixed -benchtime (e.g. 40000x: one store per
+// run) and interleave the variants from a shell loop, one -bench pattern
+// per run, so each ratio compares runs seconds apart.
+func BenchmarkSyncPutPopulate(b *testing.B) {
+	variants := []struct {
+		name  string
+		how   vfs.PopulateMode
+		chunk int64
+	}{
+		{"write", vfs.PopulateWrite, 0},
+		{"write4m", vfs.PopulateWrite, 4 << 20},
+		{"read", vfs.PopulateRead, 0},
+		{"willneed", vfs.PopulateWillNeed, 0},
+		{"off", vfs.PopulateOff, 0},
+	}
+	for _, v := range variants {
+		for _, writers := range []int{16, 64} {
+			b.Run(v.name+"/writers="+strconv.Itoa(writers), func(b *testing.B) {
+				benchSyncPopulate(b, v.how, v.chunk, writers)
+			})
+		}
+	}
+}
+
+func benchSyncPopulate(b *testing.B, how vfs.PopulateMode, chunk int64, writers int) {
+	// Whatever an earlier run left dirty is written back now, not during
+	// this one.
+	unix.Sync()
+	s, err := Open(Options{Dir: b.TempDir(), FileSize: benchFileSize, FlushMode: FlushSync,
+		Populate: how, PopulateChunk: chunk})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer s.Close()
+	// One put first: it waits for the allocator to create the first file.
+	if _, err := s.PutMessage(context.Background(), benchMessage()); err != nil {
+		b.Fatal(err)
+	}
+	b.SetBytes(1024)
+	b.ResetTimer()
+	var wg sync.WaitGroup
+	per := b.N / writers
+	for w := range writers {
+		n := per
+		if w == 0 {
+			n += b.N % writers
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			m := benchMessage()
+			ctx := context.Background()
+			for range n {
+				if res, err := s.PutMessage(ctx, m); err != nil || res.Status != PutOK {
+					b.Error(res.Status, err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	b.StopTimer()
+	st := s.Stats()
+	b.ReportMetric(float64(st.PutLatency.Quantile(0.99).Microseconds()), "p99-flushwait-us")
+	if n := st.SyncLatency.Count(); n > 0 {
+		b.ReportMetric(float64(b.N)/float64(n), "msgs/sync")
+		b.ReportMetric(float64(st.SyncLatency.Sum.Microseconds())/float64(n), "us/sync")
+		b.ReportMetric(float64(st.SyncLatency.Quantile(0.99).Microseconds()), "p99-sync-us")
+	}
+}
