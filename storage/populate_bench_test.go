@@ -42,6 +42,20 @@ func BenchmarkSyncPutPopulate(b *testing.B) {
 	}
 }
 
+// BenchmarkSyncPutPopulated is BenchmarkSyncPutPopulate once population
+// has finished (WaitPopulated before the timer): the rest of a file's
+// life, where a mode that leaves pages unmapped or read-only pays a fault
+// per page on the put path instead.
+func BenchmarkSyncPutPopulated(b *testing.B) {
+	for _, how := range []vfs.PopulateMode{vfs.PopulateWrite, vfs.PopulateRead, vfs.PopulateWillNeed, vfs.PopulateOff} {
+		for _, writers := range []int{16, 64} {
+			b.Run(how.String()+"/writers="+strconv.Itoa(writers), func(b *testing.B) {
+				benchPopulateSettled(b, FlushSync, how, 0, writers, true)
+			})
+		}
+	}
+}
+
 // BenchmarkAsyncPutPopulate is the other side of that A/B: async puts
 // into a fresh store while its file is populated, where a put that finds
 // its page not yet faulted in takes the fault inside the append lock.
@@ -52,6 +66,12 @@ func BenchmarkAsyncPutPopulate(b *testing.B) {
 }
 
 func benchPopulate(b *testing.B, mode FlushMode, how vfs.PopulateMode, chunk int64, writers int) {
+	benchPopulateSettled(b, mode, how, chunk, writers, false)
+}
+
+// benchPopulateSettled: settled waits for the allocator's population to
+// finish before the timer starts.
+func benchPopulateSettled(b *testing.B, mode FlushMode, how vfs.PopulateMode, chunk int64, writers int, settled bool) {
 	// Whatever an earlier run left dirty is written back now, not during
 	// this one.
 	unix.Sync()
@@ -64,6 +84,9 @@ func benchPopulate(b *testing.B, mode FlushMode, how vfs.PopulateMode, chunk int
 	// One put first: it waits for the allocator to create the first file.
 	if _, err := s.PutMessage(context.Background(), benchMessage()); err != nil {
 		b.Fatal(err)
+	}
+	if settled {
+		s.log.WaitPopulated()
 	}
 	b.SetBytes(1024)
 	b.ResetTimer()
