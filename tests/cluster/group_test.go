@@ -23,8 +23,9 @@ import (
 // Clients dial the nodes directly (no client proxies yet), and peer links
 // have no proxies yet either: Proxy returns nil.
 type group struct {
-	nodes []*proctest.Process
-	names map[*proctest.Process]string
+	nodes     []*proctest.Process
+	names     map[*proctest.Process]string
+	peerAddrs []string // the members' --raft-peers addresses, by id-1
 }
 
 // freePorts reserves n loopback ports for the peer listeners (listen on
@@ -55,7 +56,7 @@ func newGroup(t *testing.T, flags ...string) *group {
 	for i, a := range peerAddrs {
 		peers = append(peers, fmt.Sprintf("%d=%s", i+1, a))
 	}
-	g := &group{names: map[*proctest.Process]string{}}
+	g := &group{names: map[*proctest.Process]string{}, peerAddrs: peerAddrs}
 	dir := t.TempDir()
 	for i := range 3 {
 		name := fmt.Sprintf("n%d", i+1)
