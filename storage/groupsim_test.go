@@ -1,0 +1,787 @@
+package storage
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"testing/cryptotest"
+	"testing/synctest"
+	"time"
+
+	"github.com/storaged/storaged/storage/record"
+	"github.com/storaged/storaged/storage/replica"
+	"github.com/storaged/storaged/storage/vfs"
+)
+
+// The deterministic simulation of a replicated group (design
+// replication.md §5.1, issue 13/14): three stores in group mode on
+// vfs.MemFS, raft ticks given by the driver, and a seeded in-memory
+// network (the Transport seam) that holds every message until the driver
+// delivers, duplicates, drops or reorders it, or cuts a link. A seeded
+// driver (math/rand/v2) picks the steps: Put, PutBatch, Tick(node),
+// Deliver(k), Drop(k), Partition/Heal, Crash(node) (a MemFS.Crash power-cut
+// image and a reopen), CrashAll (a coordinated power loss), Restart (a
+// clean Close and Open) and clock jumps (backwards too).
+//
+// Determinism: each seed runs in a synctest bubble and every step ends with
+// synctest.Wait, so the raft loops, dispatchers and put goroutines are all
+// blocked before the next decision; only one raft loop has work per step,
+// so the network queue's order is a function of the seed; raft's election
+// jitter (crypto/rand) is made deterministic with cryptotest.SetGlobalRandom;
+// the store clock is the driver's. A failing seed replays with
+// -sim.seed=N (and -sim.steps as it ran).
+//
+// Checks after every step: committed bytes (commitlog bytes below each
+// replica's commit end) identical across replicas and incarnations (one
+// reference history every replica must match), every record in it
+// decodes, queue offsets dense and unique per queue, store times
+// non-decreasing in log order, every PUT_OK at its (queue, offset) in the
+// committed log with its body, nothing readable past any replica's commit
+// end (QueueInfo, a pull at the first uncommitted queue offset,
+// GetMessage at the commit end). After a coordinated crash of all three
+// and at the end of a run, the network heals and the group must converge
+// (a ready leader, every replica at its commit end and indexed) at a
+// commit end no lower than the highest seen before: no acknowledged
+// message lost.
+var (
+	simSeeds = flag.Int("sim.seeds", 20, "TestGroupSim: seeds to run (1..N)")
+	simSteps = flag.Int("sim.steps", 2000, "TestGroupSim: steps per seed")
+	simSeed  = flag.Uint64("sim.seed", 0, "TestGroupSim: run only this seed (replay)")
+)
+
+func TestGroupSim(t *testing.T) {
+	seeds := make([]uint64, 0, *simSeeds)
+	if *simSeed != 0 {
+		seeds = append(seeds, *simSeed)
+	} else {
+		for i := 1; i <= *simSeeds; i++ {
+			seeds = append(seeds, uint64(i))
+		}
+	}
+	for _, seed := range seeds {
+		t.Run(fmt.Sprintf("seed=%d", seed), func(t *testing.T) {
+			cryptotest.SetGlobalRandom(t, seed)
+			synctest.Test(t, func(t *testing.T) {
+				sim := newGroupSim(t, seed)
+				defer sim.closeAll()
+				sim.run(*simSteps)
+				if t.Failed() {
+					t.Logf("replay: go test ./storage -run 'TestGroupSim' -sim.seed=%d -sim.steps=%d", seed, *simSteps)
+				}
+			})
+		})
+	}
+}
+
+const (
+	simTopic    = "T"
+	simQueues   = 3
+	simFileSize = 16 << 10
+	simMaxQueue = 2000 // in-flight messages; past it the network drops (a full transport queue)
+)
+
+// simClock is the stores' clock: the driver moves it (backwards too).
+type simClock struct{ ms atomic.Int64 }
+
+func (c *simClock) Now() time.Time { return time.UnixMilli(c.ms.Load()) }
+
+type simMsg struct {
+	from, to uint64
+	b        []byte
+}
+
+// simNet holds every message sent until the driver delivers or drops it.
+type simNet struct {
+	mu    sync.Mutex
+	q     []simMsg
+	cut   map[[2]uint64]bool // directed links that drop
+	drops int
+}
+
+func (n *simNet) send(from, to uint64, b []byte) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.cut[[2]uint64{from, to}] || len(n.q) >= simMaxQueue {
+		n.drops++
+		return
+	}
+	n.q = append(n.q, simMsg{from, to, b})
+}
+
+func (n *simNet) take(k int, keep bool) simMsg {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	m := n.q[k]
+	if !keep {
+		n.q = slices.Delete(n.q, k, k+1)
+	}
+	return m
+}
+
+func (n *simNet) len() int {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return len(n.q)
+}
+
+type simTransport struct {
+	n    *simNet
+	from uint64
+}
+
+func (t simTransport) Send(to uint64, b []byte) { t.n.send(t.from, to, b) }
+
+type simNode struct {
+	id    uint64
+	fs    *vfs.MemFS
+	s     *Store
+	ticks chan time.Time
+	inc   int   // incarnation
+	seen  int64 // committed bytes of this incarnation checked against the reference
+}
+
+type simPut struct {
+	node   uint64
+	queue  int32
+	bodies [][]byte
+	batch  bool
+	done   chan struct{}
+	res    PutResult
+	err    error
+}
+
+type simRec struct {
+	off, end int64
+	queue    int32
+	qoff     int64
+}
+
+type groupSim struct {
+	t     *testing.T
+	seed  uint64
+	rng   *rand.Rand
+	net   *simNet
+	clock *simClock
+	ids   []uint64
+	nodes map[uint64]*simNode
+
+	ref     []byte            // the committed history every replica must match
+	walked  int64             // ref parsed up to here
+	recs    []simRec          // records of ref in log order
+	qends   map[int32][]int64 // per queue: end offsets of its records, in order
+	lastTS  int64             // store time of the last record walked
+	pending []*simPut         // puts not answered yet
+	acked   int               // PUT_OKs checked
+	stats   map[string]int    // steps taken, by kind
+	outcome map[string]int    // put outcomes, by kind
+	log     []string          // the last steps, for a failure report
+	step    int
+}
+
+func newGroupSim(t *testing.T, seed uint64) *groupSim {
+	g := &groupSim{t: t, seed: seed, rng: rand.New(rand.NewPCG(seed, 0x5eed)), net: &simNet{cut: map[[2]uint64]bool{}},
+		clock: &simClock{}, ids: []uint64{1, 2, 3}, nodes: map[uint64]*simNode{}, qends: map[int32][]int64{},
+		stats: map[string]int{}, outcome: map[string]int{}}
+	g.clock.ms.Store(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC).UnixMilli())
+	for _, id := range g.ids {
+		n := &simNode{id: id, fs: vfs.NewMem()}
+		g.nodes[id] = n
+		g.open(n)
+	}
+	synctest.Wait()
+	return g
+}
+
+func (g *groupSim) options(n *simNode) Options {
+	return Options{Dir: "/n", FS: n.fs, FileSize: simFileSize, MaxMessageSize: 4 << 10, ConsumeQueueEntries: 64,
+		FlushMode: FlushSync, Clock: g.clock,
+		Group: &GroupOptions{ID: n.id, Name: "g", ClusterID: "c", Peers: g.ids, Transport: simTransport{g.net, n.id},
+			Ticks: n.ticks, ElectionTick: 10, HeartbeatTick: 1, ReplicationTimeout: time.Hour, IndexUnits: 64}}
+}
+
+func (g *groupSim) open(n *simNode) {
+	g.t.Helper()
+	n.ticks = make(chan time.Time)
+	s, err := Open(g.options(n))
+	if err != nil {
+		g.fatalf("open node %d (incarnation %d): %v", n.id, n.inc+1, err)
+	}
+	n.s, n.inc, n.seen = s, n.inc+1, 0
+}
+
+func (g *groupSim) closeNode(n *simNode) {
+	if n.s == nil {
+		return
+	}
+	s := n.s
+	n.s = nil // deliveries to it drop from now on
+	_ = s.Close()
+	synctest.Wait()
+}
+
+func (g *groupSim) closeAll() {
+	for _, id := range g.ids {
+		g.closeNode(g.nodes[id])
+	}
+	synctest.Wait()
+}
+
+func (g *groupSim) fatalf(format string, args ...any) {
+	g.t.Helper()
+	tail := g.log[max(len(g.log)-40, 0):]
+	g.t.Fatalf("seed %d step %d: %s\nlast steps:\n  %s\nreplay: go test ./storage -run TestGroupSim -sim.seed=%d -sim.steps=%d",
+		g.seed, g.step, fmt.Sprintf(format, args...), joinLines(tail), g.seed, *simSteps)
+}
+
+func joinLines(s []string) string {
+	var b bytes.Buffer
+	for i, l := range s {
+		if i > 0 {
+			b.WriteString("\n  ")
+		}
+		b.WriteString(l)
+	}
+	return b.String()
+}
+
+func (g *groupSim) note(format string, args ...any) {
+	g.log = append(g.log, fmt.Sprintf("%d: ", g.step)+fmt.Sprintf(format, args...))
+	if len(g.log) > 200 {
+		g.log = g.log[100:]
+	}
+}
+
+// leader is a node that says it is the ready leader, or 0.
+func (g *groupSim) leader() uint64 {
+	for _, id := range g.ids {
+		if n := g.nodes[id]; n.s != nil && n.s.ReplicaInfo().Ready {
+			return id
+		}
+	}
+	return 0
+}
+
+func (g *groupSim) run(steps int) {
+	for g.step = 1; g.step <= steps; g.step++ {
+		g.doStep()
+		g.settle()
+		g.check()
+	}
+	g.converge("end of run")
+	g.t.Logf("seed %d: %d steps %v; puts %v; %d PUT_OK checked, committed %d bytes, %d records, %d network drops",
+		g.seed, steps, g.stats, g.outcome, g.acked, len(g.ref), len(g.recs), g.net.drops)
+	if g.outcome["ok"] == 0 {
+		g.fatalf("no put was acknowledged: the run tested nothing")
+	}
+}
+
+func (g *groupSim) doStep() {
+	r := g.rng.IntN(1000)
+	switch {
+	case r < 180:
+		g.put(g.pick(true), false)
+	case r < 230:
+		g.put(g.pick(true), true)
+	case r < 250:
+		g.put(g.pick(false), g.rng.IntN(2) == 0)
+	case r < 500:
+		g.tick(g.ids[g.rng.IntN(len(g.ids))])
+	case r < 540:
+		for _, id := range g.ids {
+			g.tick(id)
+		}
+	case r < 850:
+		g.deliver(g.rng.IntN(100) < 8)
+	case r < 880:
+		g.deliverAll()
+	case r < 900:
+		if l := g.net.len(); l > 0 {
+			k := g.rng.IntN(l)
+			m := g.net.take(k, false)
+			g.count("drop")
+			g.note("drop %d->%d", m.from, m.to)
+		}
+	case r < 920:
+		g.partition()
+	case r < 945:
+		g.heal()
+	case r < 960:
+		g.moveClock()
+	case r < 975:
+		g.crash(g.ids[g.rng.IntN(len(g.ids))])
+	case r < 995:
+		g.restart(g.ids[g.rng.IntN(len(g.ids))])
+	default:
+		g.crashAll()
+	}
+}
+
+// settle lets the bubble's fake time pass a little (the dispatcher's
+// 1 ms pause between rounds, the stores' tickers) and waits until every
+// goroutine is blocked again. No decision depends on it: raft ticks are
+// the driver's, the store clock is simClock.
+func (g *groupSim) settle() {
+	time.Sleep(2 * time.Millisecond)
+	synctest.Wait()
+}
+
+func (g *groupSim) count(kind string) { g.stats[kind]++ }
+
+// pick is the ready leader (when leader is set and there is one), else any node.
+func (g *groupSim) pick(leader bool) uint64 {
+	if leader {
+		if l := g.leader(); l != 0 {
+			return l
+		}
+	}
+	return g.ids[g.rng.IntN(len(g.ids))]
+}
+
+func (g *groupSim) body() []byte {
+	n := g.rng.IntN(600)
+	if g.rng.IntN(20) == 0 {
+		n = 2000 + g.rng.IntN(1500)
+	}
+	b := fmt.Appendf(nil, "s%d-%d-", g.seed, g.step)
+	for len(b) < n {
+		b = append(b, byte(g.rng.Uint32()))
+	}
+	return b
+}
+
+func (g *groupSim) put(id uint64, batch bool) {
+	n := g.nodes[id]
+	if n.s == nil {
+		return
+	}
+	p := &simPut{node: id, queue: int32(g.rng.IntN(simQueues)), batch: batch, done: make(chan struct{})}
+	k := 1
+	if batch {
+		k = 1 + g.rng.IntN(5)
+	}
+	total := 0
+	for range k {
+		b := g.body()
+		if batch && total+len(b) > 4000 { // MaxMessageSize bounds a batch's bodies
+			b = b[:min(len(b), max(4000-total, 16))]
+		}
+		total += len(b)
+		p.bodies = append(p.bodies, b)
+	}
+	g.count(map[bool]string{false: "put", true: "batch"}[batch])
+	g.note("put node %d queue %d x%d", id, p.queue, k)
+	s := n.s
+	go func() {
+		defer close(p.done)
+		if batch {
+			b := &Batch{Topic: simTopic, QueueID: p.queue, BornHost: DefaultStoreHost}
+			for _, body := range p.bodies {
+				b.Messages = append(b.Messages, BatchMessage{Body: body, BornTimestamp: 1})
+			}
+			p.res, p.err = s.PutMessages(context.Background(), b)
+		} else {
+			p.res, p.err = s.PutMessage(context.Background(), &Message{Topic: simTopic, QueueID: p.queue, Body: p.bodies[0],
+				BornTimestamp: 1, BornHost: DefaultStoreHost})
+		}
+	}()
+	g.pending = append(g.pending, p)
+}
+
+func (g *groupSim) tick(id uint64) {
+	n := g.nodes[id]
+	if n.s == nil {
+		return
+	}
+	g.count("tick")
+	n.ticks <- time.Time{}
+	synctest.Wait() // the tick's Ready handled before the next decision
+}
+
+// deliver hands one message, chosen at random (a reorder), to its
+// destination; dup keeps a copy in flight (a duplicate).
+func (g *groupSim) deliver(dup bool) {
+	l := g.net.len()
+	if l == 0 {
+		return
+	}
+	k := g.rng.IntN(l)
+	if g.rng.IntN(2) == 0 {
+		k = g.rng.IntN(min(l, 4)) // mostly near the head: progress
+	}
+	m := g.net.take(k, dup)
+	g.count(map[bool]string{false: "deliver", true: "duplicate"}[dup])
+	g.step1(m)
+}
+
+func (g *groupSim) step1(m simMsg) {
+	n := g.nodes[m.to]
+	if n.s == nil {
+		return
+	}
+	if g.net.isCut(m.from, m.to) {
+		return // cut while in flight
+	}
+	if err := n.s.StepPeer(m.b); errors.Is(err, ErrBadPeerMessage) {
+		g.fatalf("node %d refused a message from %d: %v", m.to, m.from, err)
+	}
+	synctest.Wait()
+}
+
+func (n *simNet) isCut(from, to uint64) bool {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.cut[[2]uint64{from, to}]
+}
+
+// deliverAll delivers every message in flight in order (a calm network),
+// and what those produce, up to a bound.
+func (g *groupSim) deliverAll() {
+	g.count("deliverAll")
+	for i := 0; i < 3*simMaxQueue && g.net.len() > 0; i++ {
+		g.step1(g.net.take(0, false))
+	}
+}
+
+func (g *groupSim) partition() {
+	g.count("partition")
+	g.net.mu.Lock()
+	defer g.net.mu.Unlock()
+	a := g.ids[g.rng.IntN(len(g.ids))]
+	switch g.rng.IntN(3) {
+	case 0: // isolate a
+		for _, b := range g.ids {
+			if b != a {
+				g.net.cut[[2]uint64{a, b}], g.net.cut[[2]uint64{b, a}] = true, true
+			}
+		}
+		g.note("isolate %d", a)
+	case 1: // one way: a hears nobody
+		for _, b := range g.ids {
+			if b != a {
+				g.net.cut[[2]uint64{b, a}] = true
+			}
+		}
+		g.note("deafen %d", a)
+	default: // one link
+		b := g.ids[(slices.Index(g.ids, a)+1+g.rng.IntN(len(g.ids)-1))%len(g.ids)]
+		g.net.cut[[2]uint64{a, b}], g.net.cut[[2]uint64{b, a}] = true, true
+		g.note("cut %d-%d", a, b)
+	}
+}
+
+func (g *groupSim) heal() {
+	g.count("heal")
+	g.net.mu.Lock()
+	clear(g.net.cut)
+	g.net.mu.Unlock()
+	g.note("heal")
+}
+
+// moveClock moves the store clock: mostly forward, sometimes back (the
+// stamped store times must still never go backwards along the log).
+func (g *groupSim) moveClock() {
+	g.count("clock")
+	d := int64(g.rng.IntN(5000))
+	if g.rng.IntN(4) == 0 {
+		d = -d
+	}
+	g.clock.ms.Add(d)
+	g.note("clock %+dms", d)
+}
+
+// crash cuts node id's power: the store is dropped and reopened on the
+// image a power cut would leave (vfs.MemFS.Crash).
+func (g *groupSim) crash(id uint64) {
+	n := g.nodes[id]
+	if n.s == nil {
+		return
+	}
+	g.count("crash")
+	g.note("crash %d", id)
+	img := n.fs.Crash(rand.New(rand.NewPCG(g.seed, uint64(g.step))))
+	g.closeNode(n) // the old incarnation writes only to the discarded file system now
+	n.fs = img
+	g.open(n)
+}
+
+func (g *groupSim) restart(id uint64) {
+	n := g.nodes[id]
+	if n.s == nil {
+		return
+	}
+	g.count("restart")
+	g.note("restart %d", id)
+	g.closeNode(n)
+	g.open(n)
+}
+
+// crashAll is a coordinated power loss: every node's image at the same
+// instant; then the group must come back with every acknowledged message.
+func (g *groupSim) crashAll() {
+	g.count("crashAll")
+	g.note("crash all")
+	before := int64(len(g.ref))
+	imgs := map[uint64]*vfs.MemFS{}
+	for _, id := range g.ids {
+		imgs[id] = g.nodes[id].fs.Crash(rand.New(rand.NewPCG(g.seed, uint64(g.step)<<8|id)))
+	}
+	for _, id := range g.ids {
+		g.closeNode(g.nodes[id])
+	}
+	for _, id := range g.ids {
+		n := g.nodes[id]
+		n.fs = imgs[id]
+		g.open(n)
+	}
+	synctest.Wait()
+	g.converge("after a coordinated crash")
+	if ce := g.nodes[g.leader()].s.ReplicaInfo().CommitEnd; ce < before {
+		g.fatalf("after a coordinated crash the group converged at commit end %d, below the %d committed before: acknowledged messages lost", ce, before)
+	}
+}
+
+// converge heals the network and runs it calmly (every node ticked, every
+// message delivered in order) until a ready leader has every replica at
+// its commit end, indexed.
+func (g *groupSim) converge(why string) {
+	g.heal()
+	for round := 0; round < 400; round++ {
+		g.check()
+		if g.converged() {
+			g.checkIndexed()
+			return
+		}
+		for _, id := range g.ids {
+			g.tick(id)
+		}
+		g.deliverAll()
+		g.settle()
+	}
+	var infos []string
+	for _, id := range g.ids {
+		s := g.nodes[id].s
+		in := s.ReplicaInfo()
+		infos = append(infos, fmt.Sprintf("node %d %s term %d commit %d commit end %d dispatched %d", id, in.Role, in.Term, in.Commit, in.CommitEnd, s.index.Dispatched()))
+	}
+	g.fatalf("%s: the group did not converge in 400 calm rounds (history %d bytes): %v", why, len(g.ref), infos)
+}
+
+func (g *groupSim) converged() bool {
+	l := g.leader()
+	if l == 0 {
+		return false
+	}
+	want := g.nodes[l].s.ReplicaInfo().CommitEnd
+	for _, id := range g.ids {
+		s := g.nodes[id].s
+		if s.ReplicaInfo().CommitEnd != want || s.index.Dispatched() < want {
+			return false
+		}
+	}
+	return want >= int64(len(g.ref))
+}
+
+// checkIndexed: once converged, every replica serves every committed
+// record of every queue (followers index what commits).
+func (g *groupSim) checkIndexed() {
+	for _, id := range g.ids {
+		s := g.nodes[id].s
+		for q := int32(0); q < simQueues; q++ {
+			_, mx, err := s.QueueInfo(simTopic, q)
+			if want := int64(len(g.qends[q])); (err != nil && want > 0) || (err == nil && mx != want) {
+				g.fatalf("converged, node %d queue %d: max offset %d (%v), want %d", id, q, mx, err, want)
+			}
+		}
+	}
+}
+
+// check runs the invariants over the state the last step left.
+func (g *groupSim) check() {
+	g.t.Helper()
+	for _, id := range g.ids {
+		g.checkCommitted(g.nodes[id])
+	}
+	g.walk()
+	for _, id := range g.ids {
+		g.checkNotPastCommit(g.nodes[id])
+	}
+	g.answer()
+}
+
+// checkCommitted compares node n's committed bytes with the reference
+// history, extending it where n is ahead.
+func (g *groupSim) checkCommitted(n *simNode) {
+	if n.s == nil {
+		return
+	}
+	ce := n.s.group.commitEnd.Load()
+	for off := n.seen; off < ce; {
+		b := n.s.log.At(off)
+		if len(b) == 0 {
+			g.fatalf("node %d: no commitlog file holds offset %d below its commit end %d", n.id, off, ce)
+		}
+		b = b[:min(int64(len(b)), ce-off)]
+		if have := int64(len(g.ref)) - off; have > 0 {
+			k := min(have, int64(len(b)))
+			if i := mismatch(g.ref[off:off+k], b[:k]); i >= 0 {
+				g.fatalf("node %d (incarnation %d): committed byte %d differs from the committed history (commit end %d, history %d bytes)",
+					n.id, n.inc, off+int64(i), ce, len(g.ref))
+			}
+		}
+		if e := off + int64(len(b)); e > int64(len(g.ref)) {
+			g.ref = append(g.ref, b[int64(len(g.ref))-off:]...)
+		}
+		off += int64(len(b))
+	}
+	n.seen = max(n.seen, ce)
+}
+
+func mismatch(a, b []byte) int {
+	if bytes.Equal(a, b) {
+		return -1
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return i
+		}
+	}
+	return len(a)
+}
+
+// walk parses the new part of the history: records decode, queue offsets
+// are dense per queue, store times never go back, physical offsets are
+// where the records are.
+func (g *groupSim) walk() {
+	for g.walked < int64(len(g.ref)) {
+		off := g.walked
+		b := g.ref[off:]
+		fileEnd := (off/simFileSize + 1) * simFileSize
+		if !record.HasMagic(b) {
+			// The rest of the file is padding (a blank or zeros): the next
+			// entry was placed at the next file.
+			if fileEnd > int64(len(g.ref)) {
+				g.fatalf("history: no record at %d, yet the history goes on to %d inside the file", off, len(g.ref))
+			}
+			g.walked = fileEnd
+			continue
+		}
+		r, size, err := record.Decode(b)
+		if err != nil {
+			g.fatalf("history: committed record at %d: %v", off, err)
+		}
+		if off+int64(size) > fileEnd {
+			g.fatalf("history: record at %d crosses its file's end", off)
+		}
+		if r.PhysicalOffset != off {
+			g.fatalf("history: record at %d says physical offset %d", off, r.PhysicalOffset)
+		}
+		if r.Topic != simTopic || r.QueueID < 0 || r.QueueID >= simQueues {
+			g.fatalf("history: record at %d for %s/%d", off, r.Topic, r.QueueID)
+		}
+		if want := int64(len(g.qends[r.QueueID])); r.QueueOffset != want {
+			g.fatalf("history: record at %d has queue offset %d in queue %d, want %d (dense, unique)", off, r.QueueOffset, r.QueueID, want)
+		}
+		if r.StoreTimestamp < g.lastTS {
+			g.fatalf("history: record at %d has store time %d, before the previous record's %d", off, r.StoreTimestamp, g.lastTS)
+		}
+		g.lastTS = r.StoreTimestamp
+		end := off + int64(size)
+		g.qends[r.QueueID] = append(g.qends[r.QueueID], end)
+		g.recs = append(g.recs, simRec{off: off, end: end, queue: r.QueueID, qoff: r.QueueOffset})
+		g.walked = end
+	}
+}
+
+// countBelow is how many records of queue q end at or below end.
+func (g *groupSim) countBelow(q int32, end int64) int64 {
+	ends := g.qends[q]
+	return int64(sort.Search(len(ends), func(i int) bool { return ends[i] > end }))
+}
+
+// checkNotPastCommit: nothing past n's commit end is readable on n.
+func (g *groupSim) checkNotPastCommit(n *simNode) {
+	if n.s == nil {
+		return
+	}
+	ce := n.s.group.commitEnd.Load()
+	for q := int32(0); q < simQueues; q++ {
+		limit := g.countBelow(q, ce)
+		_, mx, err := n.s.QueueInfo(simTopic, q)
+		if err == nil && mx > limit {
+			g.fatalf("node %d: queue %d max offset %d, only %d committed below its commit end %d", n.id, q, mx, limit, ce)
+		}
+		res, err := n.s.PullMessages(context.Background(), PullRequest{Topic: simTopic, QueueID: q, Offset: limit, MaxMessages: 4})
+		if err == nil && len(res.Messages) > 0 {
+			g.fatalf("node %d: a pull at queue %d offset %d (past its %d committed) returned %d messages", n.id, q, limit, limit, len(res.Messages))
+		}
+	}
+	if r, err := n.s.GetMessage(ce); err == nil {
+		g.fatalf("node %d: GetMessage at its commit end %d returned a record (queue %d offset %d)", n.id, ce, r.QueueID, r.QueueOffset)
+	}
+}
+
+// answer checks every put answered since the last look.
+func (g *groupSim) answer() {
+	keep := g.pending[:0]
+	for _, p := range g.pending {
+		select {
+		case <-p.done:
+			g.checkAnswer(p)
+		default:
+			keep = append(keep, p)
+		}
+	}
+	clear(g.pending[len(keep):])
+	g.pending = keep
+}
+
+func (g *groupSim) checkAnswer(p *simPut) {
+	var nl *NotLeaderError
+	switch {
+	case p.err == nil && p.res.Status == PutOK:
+		g.outcome["ok"]++
+	case p.err == nil:
+		g.fatalf("put on node %d answered %v without an error", p.node, p.res.Status)
+	case errors.As(p.err, &nl), errors.Is(p.err, ErrInSyncReplicasNotEnough):
+		g.outcome["refused"]++
+		return
+	case errors.Is(p.err, ErrClosed), errors.Is(p.err, replica.ErrClosed), errors.Is(p.err, ErrReplicationTimeout):
+		g.outcome["unknown"]++
+		return
+	default:
+		g.outcome["other: "+p.err.Error()]++
+		return
+	}
+	a := p.res.Append
+	end := a.WroteOffset + int64(a.WroteBytes)
+	if a.MsgNum != int32(len(p.bodies)) || a.Topic != simTopic || a.QueueID != p.queue {
+		g.fatalf("PUT_OK on node %d: %d messages for %s/%d, sent %d for %s/%d", p.node, a.MsgNum, a.Topic, a.QueueID, len(p.bodies), simTopic, p.queue)
+	}
+	if end > int64(len(g.ref)) {
+		g.fatalf("PUT_OK on node %d at [%d, %d): past every replica's commit end (history %d bytes)", p.node, a.WroteOffset, end, len(g.ref))
+	}
+	off := a.WroteOffset
+	for i, body := range p.bodies {
+		r, size, err := record.Decode(g.ref[off:])
+		if err != nil {
+			g.fatalf("PUT_OK on node %d: message %d at %d: %v", p.node, i, off, err)
+		}
+		if r.QueueID != p.queue || r.QueueOffset != a.QueueOffset+int64(i) || !bytes.Equal(r.Body, body) {
+			g.fatalf("PUT_OK on node %d: message %d at %d is queue %d offset %d (%d bytes), acknowledged as queue %d offset %d (%d bytes)",
+				p.node, i, off, r.QueueID, r.QueueOffset, len(r.Body), p.queue, a.QueueOffset+int64(i), len(body))
+		}
+		off += int64(size)
+	}
+	if off != end {
+		g.fatalf("PUT_OK on node %d: records end at %d, acknowledged [%d, %d)", p.node, off, a.WroteOffset, end)
+	}
+	g.acked++
+}
