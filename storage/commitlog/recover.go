@@ -64,7 +64,7 @@ func Scan(files []*segment.File, from int64, requireCRC bool) ScanResult {
 				r.End = f.From() + pos
 				break
 			}
-			h, err := record.Check(b, requireCRC)
+			h, err := record.CheckFrame(b, requireCRC) // Check's checks, reading only what the scan needs
 			if err == nil && h.PhysOffset != f.From()+pos {
 				err = record.Corrupt("PHYSICALOFFSET %d, record lies at %d (stale bytes)", h.PhysOffset, f.From()+pos)
 			}
@@ -326,7 +326,7 @@ func IsBoundary(files []*segment.File, off int64) (bool, int64) {
 			if record.IsBlank(b) {
 				return false, -1
 			}
-			h, err := record.Check(b, false)
+			h, err := record.CheckFrame(b, false)
 			if err != nil {
 				return false, -1
 			}

@@ -2,10 +2,8 @@ package record
 
 import (
 	"bytes"
-	"encoding/binary"
 	"errors"
 	"fmt"
-	"hash/crc32"
 	"net/netip"
 	"strings"
 )
@@ -58,96 +56,16 @@ type Header struct {
 	bornHostAt, storeHostAt int
 }
 
-// Parse walks the record at the start of b and checks every length against
-// TOTALSIZE and b: the magic, the fields summing to the total size exactly.
-// It checks no CRC (see Check) and never panics or allocates on success;
-// every error wraps ErrCorrupt.
+// Parse walks the record at the start of b (walk) and reads every field:
+// the magic and every length are checked against TOTALSIZE and b, the
+// fields summing to the total size exactly. It checks no CRC (see Check)
+// and never panics or allocates on success; every error wraps ErrCorrupt.
 func Parse(b []byte) (Header, error) {
-	be := binary.BigEndian
-	if len(b) < 8 {
-		return Header{}, Corrupt("%d bytes is too short for a record header", len(b))
+	s, err := walk(b)
+	if err != nil {
+		return Header{}, err
 	}
-	total := int(int32(be.Uint32(b[PosTotalSize:])))
-	magic := be.Uint32(b[PosMagic:])
-	if magic != MagicV1 && magic != MagicV2 {
-		if magic == MagicBlank {
-			return Header{}, Corrupt("blank record where a message was expected")
-		}
-		return Header{}, Corrupt("bad magic code 0x%08X", magic)
-	}
-	if total < MinLen || total > len(b) {
-		return Header{}, Corrupt("total size %d out of range [%d, %d]", total, MinLen, len(b))
-	}
-	b = b[:total]
-	h := Header{
-		Total: int32(total), Magic: magic,
-		BodyCRC:     be.Uint32(b[PosBodyCRC:]),
-		QueueID:     int32(be.Uint32(b[PosQueueID:])),
-		Flag:        int32(be.Uint32(b[PosFlag:])),
-		QueueOffset: int64(be.Uint64(b[PosQueueOffset:])),
-		PhysOffset:  int64(be.Uint64(b[PosPhysOffset:])),
-		SysFlag:     int32(be.Uint32(b[PosSysFlag:])),
-		BornTS:      int64(be.Uint64(b[PosBornTS:])),
-		bornHostAt:  PosBornHost,
-	}
-	p := PosBornHost + 8
-	if h.SysFlag&FlagBornHostV6 != 0 {
-		p += 12
-	}
-	// MinLen covers the IPv4 header; each IPv6 host adds 12 bytes.
-	if p+8+8+4+8 > total {
-		return Header{}, Corrupt("header overruns total size %d", total)
-	}
-	h.StoreTS = int64(be.Uint64(b[p:]))
-	p += 8
-	h.storeHostAt = p
-	p += 8
-	if h.SysFlag&FlagStoreHostV6 != 0 {
-		p += 12
-	}
-	if p+4+8+4 > total {
-		return Header{}, Corrupt("header overruns total size %d", total)
-	}
-	h.Reconsume = int32(be.Uint32(b[p:]))
-	p += 4
-	h.PreparedTx = int64(be.Uint64(b[p:]))
-	p += 8
-	bodyLen := int(int32(be.Uint32(b[p:])))
-	p += 4
-	if bodyLen < 0 || bodyLen > total-p {
-		return Header{}, Corrupt("body length %d overruns total size %d", bodyLen, total)
-	}
-	h.Body = b[p : p+bodyLen : p+bodyLen]
-	p += bodyLen
-	var topicLen int
-	if magic == MagicV2 {
-		if p+2 > total {
-			return Header{}, Corrupt("topic length overruns record")
-		}
-		topicLen = int(be.Uint16(b[p:]))
-		p += 2
-	} else {
-		if p+1 > total {
-			return Header{}, Corrupt("topic length overruns record")
-		}
-		topicLen = int(b[p])
-		p++
-	}
-	if topicLen > total-p {
-		return Header{}, Corrupt("topic length %d overruns record", topicLen)
-	}
-	h.Topic = b[p : p+topicLen : p+topicLen]
-	p += topicLen
-	if p+2 > total {
-		return Header{}, Corrupt("properties length overruns record")
-	}
-	propLen := int(be.Uint16(b[p:]))
-	p += 2
-	if p+propLen != total {
-		return Header{}, Corrupt("field lengths sum to %d, total size says %d", p+propLen, total)
-	}
-	h.Props = b[p:total:total]
-	return h, nil
+	return s.header(b), nil
 }
 
 // Property finds key in the record's properties as ParseProperties reads
@@ -157,46 +75,26 @@ func (h *Header) Property(key string) []byte { return propertyIn(h.Props, key) }
 // Tx is the record's transaction type (sysflag bits 2-3).
 func (h *Header) Tx() int32 { return h.SysFlag & TransactionMask }
 
-// hasCRC reports whether the record ends with a whole-record CRC property.
-func (h *Header) hasCRC() bool {
-	return len(h.Props) >= crcPropLen && hasCRCProperty(h.Props[len(h.Props)-crcPropLen:])
+// endsWithCRC reports whether a record's properties end with the
+// whole-record CRC property.
+func endsWithCRC(props []byte) bool {
+	return len(props) >= crcPropLen && hasCRCProperty(props[len(props)-crcPropLen:])
 }
 
 // Check parses the record at the start of b (Parse) and verifies it: the
 // whole-record CRC when present, else the body CRC. With requireCRC a
 // record without the whole-record CRC property is corrupt. It is what
-// recovery and reads run on every record; it does not allocate on success.
+// reads and the dispatcher run on every record (recovery's scan runs
+// CheckFrame, the same checks); it does not allocate on success.
 func Check(b []byte, requireCRC bool) (Header, error) {
-	h, err := Parse(b)
+	s, err := walk(b)
 	if err != nil {
 		return Header{}, err
 	}
-	// The whole-record CRC, when present, is the record's last 20 bytes.
-	// When the store writes it (requireCRC), a record without it is
-	// corrupt: otherwise a flipped bit in the property name would turn the
-	// check off.
-	hasCRC := h.hasCRC()
-	if requireCRC && !hasCRC {
-		return Header{}, Corrupt("missing %s property", PropertyCRC32)
+	if err := verify(b, &s, requireCRC); err != nil {
+		return Header{}, err
 	}
-	total := int(h.Total)
-	if hasCRC {
-		tail := b[total-crcPropLen : total]
-		stored, ok := parseCRCDigits(tail[len(PropertyCRC32)+1 : len(PropertyCRC32)+11])
-		if !ok {
-			return Header{}, Corrupt("malformed %s property", PropertyCRC32)
-		}
-		if got := crc32.Checksum(b[:total-crcPropLen], crcTable) & 0x7fffffff; got != stored {
-			return Header{}, Corrupt("record CRC %d, stored %d", got, stored)
-		}
-		// The record CRC covers the body and its stored CRC, both as
-		// written; checking the body CRC again would only repeat the work.
-		return h, nil
-	}
-	if got := BodyCRC(h.Body); got != h.BodyCRC {
-		return Header{}, Corrupt("body CRC %d, stored %d", got, h.BodyCRC)
-	}
-	return h, nil
+	return s.header(b), nil
 }
 
 // Batch returns the extent the record carries in PropertyBatch: the record
@@ -208,9 +106,11 @@ func Check(b []byte, requireCRC bool) (Header, error) {
 // it. A property that is there but malformed is an error: with the
 // whole-record CRC on, the record was written that way, which the store
 // never does.
-func (h *Header) Batch() (count, bytes int64, ok bool, err error) {
-	props := h.Props
-	if h.hasCRC() {
+func (h *Header) Batch() (count, bytes int64, ok bool, err error) { return batchOf(h.Props, h.Total) }
+
+// batchOf is Batch for a record's properties and total size.
+func batchOf(props []byte, total int32) (count, bytes int64, ok bool, err error) {
+	if endsWithCRC(props) {
 		props = props[:len(props)-crcPropLen]
 	}
 	if len(props) < batchPropLen {
@@ -227,7 +127,7 @@ func (h *Header) Batch() (count, bytes int64, ok bool, err error) {
 	v := e[len(PropertyBatch)+1 : batchPropLen-1]
 	c, okc := parseDigits(v[:batchDigits])
 	n, okn := parseDigits(v[batchDigits+1:])
-	if !okc || !okn || v[batchDigits] != ',' || c < 1 || n < int64(h.Total) {
+	if !okc || !okn || v[batchDigits] != ',' || c < 1 || n < int64(total) {
 		return 0, 0, false, Corrupt("malformed %s property %q", PropertyBatch, v)
 	}
 	return c, n, true, nil
@@ -290,13 +190,17 @@ func DecodeStrict(b []byte) (*Record, int, error) { return decode(b, true) }
 func DecodeChecked(b []byte, requireCRC bool) (*Record, int, error) { return decode(b, requireCRC) }
 
 func decode(b []byte, requireCRC bool) (*Record, int, error) {
-	h, err := Check(b, requireCRC)
+	s, err := walk(b)
 	if err != nil {
 		return nil, 0, err
 	}
-	n := int(h.Total)
-	raw := append([]byte(nil), b[:n]...) // one copy; Body aliases it
-	h, _ = Parse(raw)                    // cannot fail: the same bytes passed
+	if err := verify(b, &s, requireCRC); err != nil {
+		return nil, 0, err
+	}
+	// One copy; the fields are read from it at the positions the one walk
+	// found (the bytes are the same), and Body aliases it.
+	raw := append([]byte(nil), b[:s.total]...)
+	h := s.header(raw)
 	r := &Record{
 		Raw: raw, TotalSize: h.Total, Magic: h.Magic, BodyCRC: h.BodyCRC, QueueID: h.QueueID, Flag: h.Flag,
 		QueueOffset: h.QueueOffset, PhysicalOffset: h.PhysOffset, SysFlag: h.SysFlag, BornTimestamp: h.BornTS,
@@ -307,7 +211,7 @@ func decode(b []byte, requireCRC bool) (*Record, int, error) {
 	r.StoreHost, _ = getHost(raw, h.storeHostAt, h.SysFlag&FlagStoreHostV6 != 0)
 	r.Properties = ParseProperties(r.PropertiesRaw)
 	_, r.HasPropCRC = r.Property(PropertyCRC32)
-	return r, n, nil
+	return r, s.total, nil
 }
 
 // ParseProperties splits "k\x01v\x02…" the way RocketMQ's
