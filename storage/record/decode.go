@@ -60,12 +60,11 @@ type Header struct {
 // the magic and every length are checked against TOTALSIZE and b, the
 // fields summing to the total size exactly. It checks no CRC (see Check)
 // and never panics or allocates on success; every error wraps ErrCorrupt.
-func Parse(b []byte) (Header, error) {
-	s, err := walk(b)
-	if err != nil {
+func Parse(b []byte) (h Header, err error) {
+	if _, err := walk(b, &h); err != nil {
 		return Header{}, err
 	}
-	return s.header(b), nil
+	return h, nil
 }
 
 // Property finds key in the record's properties as ParseProperties reads
@@ -86,15 +85,15 @@ func endsWithCRC(props []byte) bool {
 // record without the whole-record CRC property is corrupt. It is what
 // reads and the dispatcher run on every record (recovery's scan runs
 // CheckFrame, the same checks); it does not allocate on success.
-func Check(b []byte, requireCRC bool) (Header, error) {
-	s, err := walk(b)
+func Check(b []byte, requireCRC bool) (h Header, err error) {
+	s, err := walk(b, &h)
 	if err != nil {
 		return Header{}, err
 	}
 	if err := verify(b, &s, requireCRC); err != nil {
 		return Header{}, err
 	}
-	return s.header(b), nil
+	return h, nil
 }
 
 // Batch returns the extent the record carries in PropertyBatch: the record
@@ -190,17 +189,19 @@ func DecodeStrict(b []byte) (*Record, int, error) { return decode(b, true) }
 func DecodeChecked(b []byte, requireCRC bool) (*Record, int, error) { return decode(b, requireCRC) }
 
 func decode(b []byte, requireCRC bool) (*Record, int, error) {
-	s, err := walk(b)
+	var h Header
+	s, err := walk(b, &h)
 	if err != nil {
 		return nil, 0, err
 	}
 	if err := verify(b, &s, requireCRC); err != nil {
 		return nil, 0, err
 	}
-	// One copy; the fields are read from it at the positions the one walk
-	// found (the bytes are the same), and Body aliases it.
+	// One copy, after the checks; the fixed fields were read by the walk,
+	// and the slices are moved onto the copy at the offsets the walk found
+	// (the bytes are the same). Body aliases it.
 	raw := append([]byte(nil), b[:s.total]...)
-	h := s.header(raw)
+	s.slices(raw, &h)
 	r := &Record{
 		Raw: raw, TotalSize: h.Total, Magic: h.Magic, BodyCRC: h.BodyCRC, QueueID: h.QueueID, Flag: h.Flag,
 		QueueOffset: h.QueueOffset, PhysicalOffset: h.PhysOffset, SysFlag: h.SysFlag, BornTimestamp: h.BornTS,

@@ -69,7 +69,8 @@ func FuzzCheckFrame(f *testing.F) {
 			return
 		}
 		if fr.Total != h.Total || fr.Total != p.Total || fr.PhysOffset != h.PhysOffset || fr.StoreTS != h.StoreTS ||
-			!bytes.Equal(fr.Props, h.Props) || len(h.Props) > 0 && &fr.Props[0] != &h.Props[0] {
+			!bytes.Equal(fr.Props, h.Props) || len(h.Props) > 0 && &fr.Props[0] != &h.Props[0] ||
+			cap(fr.Props) != len(fr.Props) || cap(h.Props) != len(h.Props) || cap(h.Body) != len(h.Body) || cap(h.Topic) != len(h.Topic) {
 			t.Fatalf("CheckFrame %+v, Check %+v", fr, h)
 		}
 		fc, fb, fok, fe := fr.Batch()

@@ -7,9 +7,9 @@ import (
 
 // span is where the variable-position parts of a record lie, as walk found
 // them: positions from the record's start. It holds what the layout walk
-// reads (the magic, the sysflag's host bits and the lengths) and nothing
-// else, so the readers that need a few fields (a scan, Decode's copy) do
-// not pay for reading all of them.
+// reads in its light mode (the magic, the sysflag's host bits and the
+// lengths), enough for a scan to read the few fields it needs and for
+// Decode to slice its copy without walking it again.
 type span struct {
 	total       int
 	magic       uint32
@@ -26,11 +26,14 @@ type span struct {
 // walk is the one walk over the record layout (spec §2) that Parse, Check,
 // CheckFrame and Decode share: it checks the magic and every length
 // against TOTALSIZE and b, the fields summing to the total size exactly,
-// and says where each variable part lies. It checks no CRC (verify does)
-// and never panics or allocates on success; every error wraps ErrCorrupt
-// and names the first length that does not fit, the same way for every
-// caller.
-func walk(b []byte) (span, error) {
+// and says where each variable part lies. With h it also reads every field
+// into h as it passes them (the full mode: Parse, Check, Decode); without,
+// only the lengths, the magic and the host bits (CheckFrame, recovery's
+// scan). It checks no CRC (verify does) and never panics or allocates on
+// success; every error wraps ErrCorrupt and names the first length that
+// does not fit, the same way in both modes. On error h is left partly
+// filled: callers return a zero Header.
+func walk(b []byte, h *Header) (span, error) {
 	be := binary.BigEndian
 	if len(b) < 8 {
 		return span{}, Corrupt("%d bytes is too short for a record header", len(b))
@@ -48,6 +51,16 @@ func walk(b []byte) (span, error) {
 	}
 	b = b[:total]
 	s := span{total: total, magic: magic, sys: int32(be.Uint32(b[PosSysFlag:]))}
+	if h != nil {
+		h.Total, h.Magic, h.SysFlag = int32(total), magic, s.sys
+		h.BodyCRC = be.Uint32(b[PosBodyCRC:])
+		h.QueueID = int32(be.Uint32(b[PosQueueID:]))
+		h.Flag = int32(be.Uint32(b[PosFlag:]))
+		h.QueueOffset = int64(be.Uint64(b[PosQueueOffset:]))
+		h.PhysOffset = int64(be.Uint64(b[PosPhysOffset:]))
+		h.BornTS = int64(be.Uint64(b[PosBornTS:]))
+		h.bornHostAt = PosBornHost
+	}
 	p := PosBornHost + 8
 	if s.sys&FlagBornHostV6 != 0 {
 		p += 12
@@ -57,6 +70,10 @@ func walk(b []byte) (span, error) {
 		return span{}, Corrupt("header overruns total size %d", total)
 	}
 	s.storeTSAt = p
+	if h != nil {
+		h.StoreTS = int64(be.Uint64(b[p:]))
+		h.storeHostAt = p + 8
+	}
 	p += 8 + 8
 	if s.sys&FlagStoreHostV6 != 0 {
 		p += 12
@@ -65,6 +82,10 @@ func walk(b []byte) (span, error) {
 		return span{}, Corrupt("header overruns total size %d", total)
 	}
 	s.reconsumeAt = p
+	if h != nil {
+		h.Reconsume = int32(be.Uint32(b[p:]))
+		h.PreparedTx = int64(be.Uint64(b[p+4:]))
+	}
 	p += 4 + 8
 	bodyLen := int(int32(be.Uint32(b[p:])))
 	p += 4
@@ -101,7 +122,20 @@ func walk(b []byte) (span, error) {
 		return span{}, Corrupt("field lengths sum to %d, total size says %d", p+propLen, total)
 	}
 	s.propsAt = p
+	if h != nil {
+		s.slices(b, h)
+	}
 	return s, nil
+}
+
+// slices points h's Body, Topic and Props into b at the positions s
+// holds: the record walk found them in, or a copy of its bytes (Decode).
+// REQUIRES: s = walk(b) or walk of the same bytes.
+func (s *span) slices(b []byte, h *Header) {
+	b = b[:s.total]
+	h.Body = b[s.bodyAt : s.bodyAt+s.bodyLen : s.bodyAt+s.bodyLen]
+	h.Topic = b[s.topicAt : s.topicAt+s.topicLen : s.topicAt+s.topicLen]
+	h.Props = b[s.propsAt:s.total:s.total]
 }
 
 // verify checks the CRCs of the record s was walked from: the whole-record
@@ -137,31 +171,6 @@ func verify(b []byte, s *span, requireCRC bool) error {
 	return nil
 }
 
-// header reads every field of the record s was walked from. The slices
-// alias b. REQUIRES: s = walk(b).
-func (s *span) header(b []byte) Header {
-	be := binary.BigEndian
-	b = b[:s.total]
-	return Header{
-		Total: int32(s.total), Magic: s.magic,
-		BodyCRC:     be.Uint32(b[PosBodyCRC:]),
-		QueueID:     int32(be.Uint32(b[PosQueueID:])),
-		Flag:        int32(be.Uint32(b[PosFlag:])),
-		QueueOffset: int64(be.Uint64(b[PosQueueOffset:])),
-		PhysOffset:  int64(be.Uint64(b[PosPhysOffset:])),
-		SysFlag:     s.sys,
-		BornTS:      int64(be.Uint64(b[PosBornTS:])),
-		StoreTS:     int64(be.Uint64(b[s.storeTSAt:])),
-		Reconsume:   int32(be.Uint32(b[s.reconsumeAt:])),
-		PreparedTx:  int64(be.Uint64(b[s.reconsumeAt+4:])),
-		Body:        b[s.bodyAt : s.bodyAt+s.bodyLen : s.bodyAt+s.bodyLen],
-		Topic:       b[s.topicAt : s.topicAt+s.topicLen : s.topicAt+s.topicLen],
-		Props:       b[s.propsAt:s.total:s.total],
-		bornHostAt:  PosBornHost,
-		storeHostAt: s.storeTSAt + 8,
-	}
-}
-
 // Frame is what a scan of the log reads of a checked record: its length,
 // where it says it lies, its store time and its properties (for the batch
 // extent). CheckFrame fills it without reading the other fields.
@@ -176,7 +185,7 @@ type Frame struct {
 // the boundary walk): the same walk, the same checks and errors, without
 // filling a whole Header per record.
 func CheckFrame(b []byte, requireCRC bool) (Frame, error) {
-	s, err := walk(b)
+	s, err := walk(b, nil)
 	if err != nil {
 		return Frame{}, err
 	}
