@@ -438,6 +438,16 @@ func TestRetentionSoak(t *testing.T) {
 // watermark, checks writes stop, lets retention free it and checks they
 // resume.
 func TestDiskWatermarkOnTmpfs(t *testing.T) {
+	for _, offsets := range []bool{false, true} {
+		t.Run(fmt.Sprintf("consumer-offsets=%v", offsets), func(t *testing.T) { diskWatermarkOnTmpfs(t, offsets) })
+	}
+}
+
+// diskWatermarkOnTmpfs fills a real 8 MiB tmpfs until puts are refused,
+// lets everything expire and checks that retention frees the disk. With
+// offsets, a consumer offset committed first lies in the oldest file, so
+// retention must rewrite it (into the nearly full disk) before it deletes.
+func diskWatermarkOnTmpfs(t *testing.T, offsets bool) {
 	dir := t.TempDir()
 	if out, err := exec.Command("mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", dir).CombinedOutput(); err != nil {
 		t.Skipf("cannot mount a tmpfs (needs root and mount(8)): %v: %s; the watermark path is covered through Options.StatDisk", err, out)
@@ -457,6 +467,14 @@ func TestDiskWatermarkOnTmpfs(t *testing.T) {
 	defer s.Close() // before the umount
 	haltScheduler(s)
 	body := strings.Repeat("t", 32<<10)
+	if offsets {
+		if _, err := s.PutMessage(context.Background(), msg("T", "first")); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.CommitOffset(context.Background(), "G", "T", 0, 1); err != nil {
+			t.Fatal(err)
+		}
+	}
 	puts := 0
 	var refused error
 	for puts < 1000 {
@@ -483,6 +501,11 @@ func TestDiskWatermarkOnTmpfs(t *testing.T) {
 	}
 	if _, err := s.PutMessage(context.Background(), msg("T", body)); err != nil {
 		t.Fatalf("put after space was freed: %v", err)
+	}
+	if offsets {
+		if got, err := s.GetOffset("G", "T", 0); err != nil || got != 1 {
+			t.Fatalf("the committed offset after retention freed its file: %d, %v", got, err)
+		}
 	}
 	t.Logf("tmpfs: retention deleted %d files; disk %.1f%% used; writes resumed", s.Stats().Retention.DeletedFiles, d.UsedPercent)
 }
