@@ -153,3 +153,46 @@ func TestStartTransport(t *testing.T) {
 		t.Fatalf("missing TLS files: %v", err)
 	}
 }
+
+// FuzzRaftPeers: parsing --raft-peers never panics, and what it accepts
+// prints back to a list that parses to the same members.
+func FuzzRaftPeers(f *testing.F) {
+	for _, s := range []string{peers3, "1=host1:9191,2=host2:9191", "1=[::1]:1,2=localhost:2", "", "1=", "=:", "1=a:1,1=b:2",
+		"18446744073709551615=h:65535", "1=h:0", " 1 = h:1 , 2=h:2"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		var p raftPeers
+		if err := p.Set(s); err != nil {
+			return
+		}
+		var q raftPeers
+		if err := q.Set(p.String()); err != nil {
+			t.Fatalf("%q parsed to %q, which does not parse: %v", s, p.String(), err)
+		}
+		if !reflect.DeepEqual(p, q) {
+			t.Fatalf("%q: %v, then %v", s, p, q)
+		}
+		for _, m := range p {
+			if m.id == 0 || checkHostPort(m.addr, false) != nil {
+				t.Fatalf("%q: accepted member %v", s, m)
+			}
+		}
+	})
+}
+
+// TestGroupPeerPortInUse: a member whose peer address is taken stops at
+// start with an error naming --peer-listen, before it opens the store.
+func TestGroupPeerPortInUse(t *testing.T) {
+	busy, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer busy.Close()
+	var stderr bytes.Buffer
+	err = run(t.Context(), []string{"--raft-id", "1", "--raft-peers", "1=" + busy.Addr().String() + ",2=127.0.0.1:1,3=127.0.0.1:2",
+		"--data-dir", t.TempDir(), "--listen", "127.0.0.1:0", "--metrics-listen", "", "--admin-listen", ""}, env(), &stderr)
+	if err == nil || !strings.Contains(err.Error(), "--peer-listen") || !strings.Contains(err.Error(), "address already in use") {
+		t.Fatalf("run with a busy peer port: %v", err)
+	}
+}
