@@ -368,6 +368,16 @@ func (s *Store) groupPut(ctx context.Context, topic string, queueID, sysFlag int
 	return out, err
 }
 
+// groupRefusal is why a group-mode store refuses a put now (not the
+// ready leader, too few active followers), or nil; standalone, nil.
+// Checked before the topic is admitted, so a follower creates no topic.
+func (s *Store) groupRefusal() error {
+	if s.group == nil {
+		return nil
+	}
+	return s.group.node.Refusal()
+}
+
 // groupRejectStatus maps group-mode refusals (nothing stored) to their
 // status; ok is false for any other error.
 func groupRejectStatus(err error) (PutStatus, bool) {

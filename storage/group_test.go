@@ -319,6 +319,11 @@ func TestGroupReplicates(t *testing.T) {
 	if !errors.As(err, &nl) || !errors.Is(err, ErrNotLeader) || nl.LeaderID != 1 || nl.Cause != "NOT_LEADER" {
 		t.Fatalf("put on a follower: %v", err)
 	}
+	if _, err := g.m[2].s.PutMessage(context.Background(), &Message{Topic: "Fresh", Body: []byte("x"), BornHost: DefaultStoreHost}); !errors.Is(err, ErrNotLeader) {
+		t.Fatalf("put of a new topic on a follower: %v", err)
+	} else if _, err := g.m[2].s.Topic("Fresh"); !errors.Is(err, ErrTopicNotFound) {
+		t.Fatalf("a refused put created its topic on the follower: %v", err)
+	}
 	if info := g.m[1].s.ReplicaInfo(); info.Role != "leader" || !info.Ready || len(info.Peers) != 3 || info.CommitEnd != end {
 		t.Fatalf("leader info %+v", info)
 	}

@@ -331,6 +331,9 @@ func (s *Store) putMessage(ctx context.Context, m *Message) (PutResult, error) {
 	if err := s.checkBeforePut(); err != nil {
 		return s.rejectErr(err)
 	}
+	if err := s.groupRefusal(); err != nil {
+		return s.rejectErr(err)
+	}
 	if err := ctx.Err(); err != nil {
 		return s.reject(UnknownError, err)
 	}
@@ -404,6 +407,9 @@ func (s *Store) prepare(m *Message) (record.Spec, *ValidationError) {
 // published once, after the whole batch is copied.
 func (s *Store) putMessages(ctx context.Context, b *Batch) (PutResult, error) {
 	if err := s.checkBeforePut(); err != nil {
+		return s.rejectErr(err)
+	}
+	if err := s.groupRefusal(); err != nil {
 		return s.rejectErr(err)
 	}
 	if err := ctx.Err(); err != nil {

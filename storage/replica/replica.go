@@ -430,6 +430,15 @@ func (n *Node) Propose(size int, stamp Stamp) (*Waiter, int64, error) {
 	return w, pos, nil
 }
 
+// Refusal is why this replica would refuse a put now, or nil: the check
+// Propose makes, for a caller that wants to refuse before doing anything
+// else (the store, before it auto-creates a topic).
+func (n *Node) Refusal() error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.refusalLocked()
+}
+
 // refusalLocked is why this replica takes no put now, or nil.
 func (n *Node) refusalLocked() error {
 	if n.err != nil {
