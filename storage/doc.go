@@ -333,8 +333,10 @@
 //     recovers the commitlog (damage below it is corruption, never a torn
 //     tail), opens the raft log (which reconciles its index), rebuilds the
 //     consume queues to the commit end and restarts raft with Applied =
-//     the commit index; the checkpoint's flushed offset is
-//     raftlog.DurableEnd.
+//     the commit index (not a checkpoint field: the queues are rebuilt to
+//     exactly that index). The checkpoint's flushed offset is the commit
+//     end (at most raftlog.DurableEnd): never truncated, unlike the
+//     durable but uncommitted suffix a new leader may cut.
 //   - Peers: Transport.Send (non-blocking, may drop), Store.StepPeer,
 //     ReportUnreachable, ReplicaInfo; the gRPC transport is the server's.
 //
