@@ -354,6 +354,9 @@ func serve(ctx context.Context, cfg config, logger zerolog.Logger) (err error) {
 		tr.SetStepper(st)
 	}
 	reg.MustRegister(server.NewStoreCollector(st, server.WithPutExemplars(svc.Exemplars())))
+	if cfg.Replication.group() {
+		reg.MustRegister(server.NewReplicaCollector(group.info(cfg.Replication.RaftID)))
+	}
 	stats := st.Stats()
 	logger.Info().Stringer("recovery", time.Since(start)).Int64("max_offset", stats.MaxOffset).Int("files", stats.Files).
 		Str("flush_mode", st.FlushMode().String()).Msg("store open")

@@ -7,6 +7,7 @@ import (
 	"flag"
 	"fmt"
 	"net"
+	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -47,8 +48,9 @@ const defaultReplicationTimeout = storage.DefaultSyncFlushTimeout
 const groupName = "default"
 
 func (r *replicationConfig) register(fs *flag.FlagSet) {
-	fs.Func("raft-id", "this member's raft `id` (a positive integer listed in --raft-peers; never reused)", func(s string) error {
-		id, err := parseRaftID(s)
+	fs.Func("raft-id", "this member's raft `id`: a positive integer listed in --raft-peers, or \"ordinal\" for a "+
+		"StatefulSet pod (the host name's -N suffix plus 1)", func(s string) error {
+		id, err := parseRaftIDFlag(s, os.Hostname)
 		r.RaftID = id
 		return err
 	})
@@ -241,6 +243,26 @@ func (p raftPeers) peerMap() map[uint64]string {
 	return m
 }
 
+// parseRaftIDFlag is --raft-id: an id, or "ordinal", which derives it from
+// the host name of a StatefulSet pod (name-N is member N+1), so that one
+// pod template serves every member: Kubernetes gives each pod a stable
+// name and ordinal, and the chart lists the members 1..replicas by them.
+func parseRaftIDFlag(s string, hostname func() (string, error)) (uint64, error) {
+	if strings.TrimSpace(s) != "ordinal" {
+		return parseRaftID(s)
+	}
+	h, err := hostname()
+	if err != nil {
+		return 0, fmt.Errorf("raft id ordinal: %w", err)
+	}
+	i := strings.LastIndexByte(h, '-')
+	n, err := strconv.ParseUint(h[i+1:], 10, 32)
+	if i < 0 || err != nil {
+		return 0, fmt.Errorf("raft id ordinal: host name %q does not end in -N (a StatefulSet pod's ordinal)", h)
+	}
+	return n + 1, nil
+}
+
 func parseRaftID(s string) (uint64, error) {
 	id, err := strconv.ParseUint(strings.TrimSpace(s), 10, 64)
 	if err != nil || id == 0 {
@@ -321,9 +343,21 @@ type groupRuntime struct {
 }
 
 // serverOption feeds GetReplicaInfo and the leader hints of refused puts.
-// Before the store is open GetReplicaInfo says only this member's id.
 func (g *groupRuntime) serverOption(id uint64) server.Option {
-	info := func() server.ReplicaInfo {
+	addr := func(id uint64) string {
+		if tr := g.transport.Load(); tr != nil {
+			return tr.ClientAddr(id)
+		}
+		return ""
+	}
+	return server.WithReplication(g.info(id), addr)
+}
+
+// info is the member's view of its group for GetReplicaInfo and the
+// storaged_raft_* metrics. Before the store is open it says only this
+// member's id.
+func (g *groupRuntime) info(id uint64) func() server.ReplicaInfo {
+	return func() server.ReplicaInfo {
 		st := g.store.Load()
 		if st == nil {
 			return server.ReplicaInfo{ID: id}
@@ -337,11 +371,4 @@ func (g *groupRuntime) serverOption(id uint64) server.Option {
 		}
 		return out
 	}
-	addr := func(id uint64) string {
-		if tr := g.transport.Load(); tr != nil {
-			return tr.ClientAddr(id)
-		}
-		return ""
-	}
-	return server.WithReplication(info, addr)
 }

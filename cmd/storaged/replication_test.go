@@ -196,3 +196,32 @@ func TestGroupPeerPortInUse(t *testing.T) {
 		t.Fatalf("run with a busy peer port: %v", err)
 	}
 }
+
+// TestRaftIDOrdinal: --raft-id ordinal is a StatefulSet pod's ordinal + 1,
+// from its host name; anything else is an id as before.
+func TestRaftIDOrdinal(t *testing.T) {
+	for _, c := range []struct {
+		flag, host string
+		want       uint64
+		err        string
+	}{
+		{"ordinal", "storaged-0", 1, ""},
+		{"ordinal", "my-store-12", 13, ""},
+		{" ordinal ", "storaged-2", 3, ""},
+		{"ordinal", "storaged", 0, `host name "storaged" does not end in -N`},
+		{"ordinal", "storaged-x", 0, `does not end in -N`},
+		{"ordinal", "storaged-", 0, `does not end in -N`},
+		{"ordinal", "storaged-99999999999", 0, `does not end in -N`},
+		{"4", "storaged-0", 4, ""},
+		{"0", "storaged-0", 0, `want a positive integer`},
+	} {
+		got, err := parseRaftIDFlag(c.flag, func() (string, error) { return c.host, nil })
+		if got != c.want || (err == nil) != (c.err == "") || (err != nil && !strings.Contains(err.Error(), c.err)) {
+			t.Errorf("--raft-id %q on host %q: %d, %v; want %d, %q", c.flag, c.host, got, err, c.want, c.err)
+		}
+	}
+	if _, err := parseRaftIDFlag("ordinal", func() (string, error) { return "", errors.New("no uts") }); err == nil ||
+		!strings.Contains(err.Error(), "no uts") {
+		t.Errorf("host name failure: %v", err)
+	}
+}

@@ -171,11 +171,33 @@ func TestChartRenderings(t *testing.T) {
 				t.Errorf("ServiceMonitor selects Services %v, want only the headless one (each pod once, ready or not)", picked)
 			}
 		}},
-		{"replication placeholder", []string{"replication.enabled=true", "replicas=3", "flush.mode=sync", "monitoring.prometheusRule.enabled=true"},
+		{"replication", []string{"replication.enabled=true", "replicas=3", "flush.mode=sync", "monitoring.prometheusRule.enabled=true",
+			"replication.tlsSecretName=storaged-peer-tls"},
 			k8scheck.Mesh{}, func(t *testing.T, o *k8scheck.Objects) {
 				want := "1=storaged-0.storaged-headless.store.svc:9093,2=storaged-1.storaged-headless.store.svc:9093,3=storaged-2.storaged-headless.store.svc:9093"
-				if e := env(container(t, o)); e["STORAGED_RAFT_PEERS"] != want || e["STORAGED_PEER_LISTEN"] != ":9093" {
-					t.Errorf("STORAGED_RAFT_PEERS %q, STORAGED_PEER_LISTEN %q; want %q and :9093", e["STORAGED_RAFT_PEERS"], e["STORAGED_PEER_LISTEN"], want)
+				e := env(container(t, o))
+				if e["STORAGED_RAFT_PEERS"] != want || e["STORAGED_PEER_LISTEN"] != ":9093" || e["STORAGED_RAFT_ID"] != "ordinal" {
+					t.Errorf("STORAGED_RAFT_PEERS %q, STORAGED_PEER_LISTEN %q, STORAGED_RAFT_ID %q; want %q, :9093, ordinal",
+						e["STORAGED_RAFT_PEERS"], e["STORAGED_PEER_LISTEN"], e["STORAGED_RAFT_ID"], want)
+				}
+				sts := o.StatefulSets[0]
+				if sts.Spec.PodManagementPolicy != "Parallel" {
+					t.Errorf("podManagementPolicy %q: a group's pods must start together", sts.Spec.PodManagementPolicy)
+				}
+				var secret string
+				for _, v := range sts.Spec.Template.Spec.Volumes {
+					if v.Secret != nil {
+						secret = v.Secret.SecretName
+					}
+				}
+				mounted := false
+				for _, m := range container(t, o).VolumeMounts {
+					mounted = mounted || (m.Name == "peer-tls" && m.MountPath+"/tls.crt" == e["STORAGED_PEER_TLS_CERT"] &&
+						m.MountPath+"/ca.crt" == e["STORAGED_PEER_TLS_CA"] && m.MountPath+"/tls.key" == e["STORAGED_PEER_TLS_KEY"])
+				}
+				if secret != "storaged-peer-tls" || !mounted {
+					t.Errorf("peer TLS: secret %q mounted %v (env %q %q %q)", secret, mounted,
+						e["STORAGED_PEER_TLS_CERT"], e["STORAGED_PEER_TLS_KEY"], e["STORAGED_PEER_TLS_CA"])
 				}
 				found := false
 				for _, r := range o.PrometheusRules[0].Spec.Groups[0].Rules {
@@ -211,6 +233,7 @@ func TestChartRefuses(t *testing.T) {
 		{"two monitors", "enable one", renderArgs("monitoring.podMonitor.enabled=true", "monitoring.serviceMonitor.enabled=true")},
 		{"replication with one replica", "replicas >= 3", renderArgs("replication.enabled=true", "flush.mode=sync")},
 		{"replication async", "flush.mode sync", renderArgs("replication.enabled=true", "replicas=3")},
+		{"replication without peer TLS", "replication.tlsSecretName", renderArgs("replication.enabled=true", "replicas=3", "flush.mode=sync")},
 		{"old kubernetes", "kubeVersion", []string{"template", release, chartDir, "--kube-version", "1.29.0"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -1,0 +1,66 @@
+package server
+
+import (
+	"strconv"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// ReplicaCollector exports a group member's view of its replication group
+// (ReplicaInfo) as Prometheus gauges: what an operator alerts on (no
+// leader, a follower falling behind) and what a dashboard plots. It reads
+// info at every scrape, so the values are never staler than the scrape.
+type ReplicaCollector struct {
+	info func() ReplicaInfo
+
+	hasLeader, isLeader, ready, term, commit, applied, commitEnd *prometheus.Desc
+	peerMatch, peerActive                                        *prometheus.Desc
+}
+
+// NewReplicaCollector returns the collector of info (the binary registers
+// it in group mode only).
+func NewReplicaCollector(info func() ReplicaInfo) *ReplicaCollector {
+	d := func(name, help string, labels ...string) *prometheus.Desc {
+		return prometheus.NewDesc("storaged_raft_"+name, help, labels, nil)
+	}
+	return &ReplicaCollector{
+		info:       info,
+		hasLeader:  d("has_leader", "1 while this member knows a leader of its group, 0 while none is elected or it is cut off."),
+		isLeader:   d("is_leader", "1 while this member is the group's leader."),
+		ready:      d("ready", "1 while this member is the leader and takes puts (past its term's first entry)."),
+		term:       d("term", "This member's raft term."),
+		commit:     d("commit_index", "The highest raft index this member knows committed."),
+		applied:    d("applied_index", "The highest raft index this member applied (indexed for reads)."),
+		commitEnd:  d("commit_end_offset", "The commitlog offset past the last committed entry: readers see nothing past it."),
+		peerMatch:  d("peer_match_index", "On the leader: the highest raft index known replicated on each member.", "peer"),
+		peerActive: d("peer_recent_active", "On the leader: 1 when the member was heard from within an election timeout.", "peer"),
+	}
+}
+
+// Describe implements prometheus.Collector.
+func (c *ReplicaCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{c.hasLeader, c.isLeader, c.ready, c.term, c.commit, c.applied, c.commitEnd,
+		c.peerMatch, c.peerActive} {
+		ch <- d
+	}
+}
+
+// Collect implements prometheus.Collector.
+func (c *ReplicaCollector) Collect(ch chan<- prometheus.Metric) {
+	ri := c.info()
+	g := func(d *prometheus.Desc, v float64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
+	}
+	g(c.hasLeader, boolValue(ri.LeaderID != 0))
+	g(c.isLeader, boolValue(ri.Role == RoleLeader))
+	g(c.ready, boolValue(ri.Ready))
+	g(c.term, float64(ri.Term))
+	g(c.commit, float64(ri.Commit))
+	g(c.applied, float64(ri.Applied))
+	g(c.commitEnd, float64(ri.CommitEnd))
+	for _, p := range ri.Peers {
+		id := strconv.FormatUint(p.ID, 10)
+		g(c.peerMatch, float64(p.Match), id)
+		g(c.peerActive, boolValue(p.RecentActive), id)
+	}
+}

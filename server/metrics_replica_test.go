@@ -1,0 +1,56 @@
+package server
+
+import (
+	"maps"
+	"slices"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// gauges gathers reg into name{peer} → value.
+func gauges(t *testing.T, reg *prometheus.Registry) map[string]float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]float64{}
+	for _, mf := range mfs {
+		for _, m := range mf.GetMetric() {
+			name := mf.GetName()
+			for _, l := range m.GetLabel() {
+				name += "{" + l.GetName() + "=" + l.GetValue() + "}"
+			}
+			out[name] = m.GetGauge().GetValue()
+		}
+	}
+	return out
+}
+
+// TestReplicaCollector: the storaged_raft_* gauges say what ReplicaInfo
+// says at scrape time, per peer on the leader.
+func TestReplicaCollector(t *testing.T) {
+	ri := ReplicaInfo{Role: RoleLeader, ID: 1, Term: 7, LeaderID: 1, Commit: 42, Applied: 41, CommitEnd: 9000, Ready: true,
+		Peers: []PeerProgress{{ID: 2, Match: 42, RecentActive: true}, {ID: 3, Match: 30}}}
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(NewReplicaCollector(func() ReplicaInfo { return ri }))
+	want := map[string]float64{
+		"storaged_raft_has_leader": 1, "storaged_raft_is_leader": 1, "storaged_raft_ready": 1, "storaged_raft_term": 7,
+		"storaged_raft_commit_index": 42, "storaged_raft_applied_index": 41, "storaged_raft_commit_end_offset": 9000,
+		"storaged_raft_peer_match_index{peer=2}": 42, "storaged_raft_peer_match_index{peer=3}": 30,
+		"storaged_raft_peer_recent_active{peer=2}": 1, "storaged_raft_peer_recent_active{peer=3}": 0,
+	}
+	if got := gauges(t, reg); !maps.Equal(got, want) {
+		t.Fatalf("leader:\n got %v\nwant %v", got, want)
+	}
+	// A follower that lost its leader: has_leader drops to 0, no peer series.
+	ri = ReplicaInfo{Role: RoleFollower, ID: 2, Term: 8, Commit: 42, Applied: 42, CommitEnd: 9000}
+	want = map[string]float64{
+		"storaged_raft_has_leader": 0, "storaged_raft_is_leader": 0, "storaged_raft_ready": 0, "storaged_raft_term": 8,
+		"storaged_raft_commit_index": 42, "storaged_raft_applied_index": 42, "storaged_raft_commit_end_offset": 9000,
+	}
+	if got := gauges(t, reg); !maps.Equal(got, want) {
+		t.Fatalf("follower without a leader:\n got %v\nwant %v", slices.Sorted(maps.Keys(got)), want)
+	}
+}
