@@ -189,14 +189,17 @@ type groupSim struct {
 	outcome map[string]int    // put outcomes, by kind
 	log     []string          // the last steps, for a failure report
 	step    int
-	calm    bool // even seeds: a quarter of the faults, longer healthy spells, more puts in flight
+	bodies  int             // bodies made: each starts with its number, "m<n>|"
+	stored  map[string]bool // body keys in the history
+	refused map[string]bool // body keys of puts answered "nothing stored"
+	calm    bool            // even seeds: a quarter of the faults, longer healthy spells, more puts in flight
 }
 
 func newGroupSim(t *testing.T, seed uint64) *groupSim {
 	g := &groupSim{t: t, seed: seed, rng: rand.New(rand.NewPCG(seed, 0x5eed)), net: &simNet{cut: map[[2]uint64]bool{}},
 		clock: &simClock{}, ids: []uint64{1, 2, 3}, nodes: map[uint64]*simNode{}, qends: map[int32][]int64{},
-		qstarts: map[int32][]int64{},
-		stats:   map[string]int{}, outcome: map[string]int{}}
+		qstarts: map[int32][]int64{}, stored: map[string]bool{}, refused: map[string]bool{},
+		stats: map[string]int{}, outcome: map[string]int{}}
 	g.calm = seed%2 == 0
 	g.clock.ms.Store(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC).UnixMilli())
 	for _, id := range g.ids {
@@ -361,7 +364,8 @@ func (g *groupSim) body() []byte {
 	if g.rng.IntN(20) == 0 {
 		n = 2000 + g.rng.IntN(1500)
 	}
-	b := fmt.Appendf(nil, "s%d-%d-", g.seed, g.step)
+	g.bodies++
+	b := fmt.Appendf(nil, "m%d|s%d-%d-", g.bodies, g.seed, g.step)
 	for len(b) < n {
 		b = append(b, byte(g.rng.Uint32()))
 	}
@@ -720,12 +724,31 @@ func (g *groupSim) walk() {
 			g.fatalf("history: record at %d has store time %d, before the previous record's %d", off, r.StoreTimestamp, g.lastTS)
 		}
 		g.lastTS = r.StoreTimestamp
+		k := bodyKey(r.Body)
+		switch {
+		case k == "":
+			g.fatalf("history: record at %d has a body the driver did not make", off)
+		case g.stored[k]:
+			g.fatalf("history: body %s stored twice (the second at %d)", k, off)
+		case g.refused[k]:
+			g.fatalf("history: body %s stored at %d, its put was answered nothing stored", k, off)
+		}
+		g.stored[k] = true
 		end := off + int64(size)
 		g.qends[r.QueueID] = append(g.qends[r.QueueID], end)
 		g.qstarts[r.QueueID] = append(g.qstarts[r.QueueID], off)
 		g.recs = append(g.recs, simRec{off: off, end: end, queue: r.QueueID, qoff: r.QueueOffset})
 		g.walked = end
 	}
+}
+
+// bodyKey is the "m<n>" a driver's body starts with, or "".
+func bodyKey(b []byte) string {
+	i := bytes.IndexByte(b, '|')
+	if i < 2 || b[0] != 'm' {
+		return ""
+	}
+	return string(b[:i])
 }
 
 // countBelow is how many records of queue q end at or below end.
@@ -779,7 +802,18 @@ func (g *groupSim) checkAnswer(p *simPut) {
 	case p.err == nil:
 		g.fatalf("put on node %d answered %v without an error", p.node, p.res.Status)
 	case errors.As(p.err, &nl), errors.Is(p.err, ErrInSyncReplicasNotEnough):
+		// Nothing stored, ever: not in the history now, nor later (walk).
 		g.outcome["refused"]++
+		if nl != nil && nl.Cause == replica.CauseSuperseded {
+			g.outcome["superseded"]++
+		}
+		for _, b := range p.bodies {
+			k := bodyKey(b)
+			if g.stored[k] {
+				g.fatalf("put on node %d answered %v (nothing stored), yet body %s is in the history", p.node, p.err, k)
+			}
+			g.refused[k] = true
+		}
 		return
 	case errors.Is(p.err, ErrClosed), errors.Is(p.err, replica.ErrClosed):
 		g.outcome["unknown"]++
