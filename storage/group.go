@@ -300,41 +300,20 @@ func (groupFlusher) Close() error { return nil }
 // waits for the commit (WAIT=false too): before it the entry may still be
 // truncated.
 func (s *Store) groupPut(ctx context.Context, topic string, queueID, sysFlag int32, specs []record.Spec, batch bool) (PutResult, error) {
-	total := 0
-	for i := range specs {
-		total += specs[i].Total
-	}
-	if !batch {
-		topic, queueID = specs[0].Topic, specs[0].QueueID // after a delay diversion
-	}
-	tx := sysFlag & record.TransactionMask
-	var res AppendResult
-	if batch {
-		res.Offsets = make([]int64, len(specs))
-	}
-	var st sequenced
+	b := s.stampBatch(topic, queueID, sysFlag, specs, batch)
 	stamp := func(pos int64) ([]byte, func(), error) {
-		if topic != ScheduleTopic && !s.topics.has(topic, queueID) {
-			return nil, nil, fmt.Errorf("%w: %s was deleted", ErrTopicNotFound, topic)
+		if err := b.admit(s.opts.Clock.Now()); err != nil {
+			return nil, nil, err
 		}
-		st = s.seq.begin(consumequeue.Key{Topic: topic, Queue: queueID}, tx, s.opts.Clock.Now())
-		buf := make([]byte, total)
-		p := 0
-		for i := range specs {
-			specs[i].Encode(buf[p:], st.queueOffset(i), pos+int64(p), st.storeTS)
-			if batch {
-				res.Offsets[i] = pos + int64(p)
-			}
-			p += specs[i].Total
-		}
-		return buf, func() { s.seq.commit(st, len(specs)) }, nil
+		buf := make([]byte, b.total)
+		b.encode(buf, pos)
+		return buf, b.commit, nil
 	}
-	w, pos, err := s.group.node.Propose(total, stamp)
+	w, pos, err := s.group.node.Propose(b.total, stamp)
 	if err != nil {
 		return s.rejectErr(err)
 	}
-	res.Status, res.WroteOffset, res.WroteBytes, res.StoreTimestamp = AppendOK, pos, int32(total), st.storeTS
-	res.Topic, res.QueueID, res.QueueOffset, res.MsgNum, res.StoreHost = topic, queueID, st.first, int32(len(specs)), s.opts.StoreHost
+	res := b.result(pos)
 	out := PutResult{Status: PutOK, Append: res}
 	start := time.Now()
 	timer := time.NewTimer(s.group.opts.ReplicationTimeout)

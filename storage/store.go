@@ -497,45 +497,80 @@ func (s *Store) prepareBatch(b *Batch) ([]record.Spec, *ValidationError) {
 // under its append lock. It returns the append result, or an error when
 // nothing was appended.
 func (s *Store) appendRecords(topic string, queueID, sysFlag int32, specs []record.Spec, batch bool) (AppendResult, error) {
-	total := 0
-	for i := range specs {
-		total += specs[i].Total
-	}
-	if !batch {
-		topic, queueID = specs[0].Topic, specs[0].QueueID // after a delay diversion
-	}
-	tx := sysFlag & record.TransactionMask
-	var res AppendResult
-	if batch {
-		res.Offsets = make([]int64, len(specs))
-	}
-	var st sequenced
-	admit := func(now time.Time) error {
-		if topic != ScheduleTopic && topic != OffsetTopic && !s.topics.has(topic, queueID) { // deleted since admit
-			return fmt.Errorf("%w: %s was deleted", ErrTopicNotFound, topic)
-		}
-		st = s.seq.begin(consumequeue.Key{Topic: topic, Queue: queueID}, tx, now)
-		return nil
-	}
+	b := s.stampBatch(topic, queueID, sysFlag, specs, batch)
+	admit := func(now time.Time) error { return b.admit(now) }
 	encode := func(dst []byte, at int64) {
-		p := 0
-		for i := range specs {
-			specs[i].Encode(dst[p:], st.queueOffset(i), at+int64(p), st.storeTS)
-			if batch {
-				res.Offsets[i] = at + int64(p)
-			}
-			p += specs[i].Total
-		}
-		s.seq.commit(st, len(specs))
+		b.encode(dst, at)
+		b.commit()
 	}
-	placed, err := s.log.Append(total, admit, encode)
+	placed, err := s.log.Append(b.total, admit, encode)
 	if err != nil {
 		return AppendResult{}, err
 	}
-	res.Status, res.WroteOffset, res.WroteBytes, res.StoreTimestamp = AppendOK, placed.At, int32(total), st.storeTS
-	res.LockedAt, res.LockHeld = placed.LockedAt, placed.LockHeld
-	res.Topic, res.QueueID, res.QueueOffset, res.MsgNum, res.StoreHost = topic, queueID, st.first, int32(len(specs)), s.opts.StoreHost
-	return res, nil
+	b.res.LockedAt, b.res.LockHeld = placed.LockedAt, placed.LockHeld
+	return b.result(placed.At), nil
+}
+
+// stamped is one put's records on their way into the log: the queue they
+// go to and how each is stamped (queue offsets and store time from the
+// sequencer, physical offsets from where they land). The standalone append
+// (inside the commitlog's callbacks) and the group-mode proposal (inside
+// the raft node's stamp) both run admit, encode and commit, in that order.
+type stamped struct {
+	s           *Store
+	topic       string
+	queueID, tx int32
+	specs       []record.Spec
+	batch       bool
+	total       int
+	st          sequenced
+	res         AppendResult
+}
+
+func (s *Store) stampBatch(topic string, queueID, sysFlag int32, specs []record.Spec, batch bool) stamped {
+	b := stamped{s: s, topic: topic, queueID: queueID, tx: sysFlag & record.TransactionMask, specs: specs, batch: batch}
+	for i := range specs {
+		b.total += specs[i].Total
+	}
+	if !batch {
+		b.topic, b.queueID = specs[0].Topic, specs[0].QueueID // after a delay diversion
+	} else {
+		b.res.Offsets = make([]int64, len(specs))
+	}
+	return b
+}
+
+// admit checks the queue still exists (it may have been deleted since the
+// put was admitted) and takes the queue offsets and store time.
+func (b *stamped) admit(now time.Time) error {
+	if b.topic != ScheduleTopic && b.topic != OffsetTopic && !b.s.topics.has(b.topic, b.queueID) {
+		return fmt.Errorf("%w: %s was deleted", ErrTopicNotFound, b.topic)
+	}
+	b.st = b.s.seq.begin(consumequeue.Key{Topic: b.topic, Queue: b.queueID}, b.tx, now)
+	return nil
+}
+
+// encode writes the records at commitlog offset at into dst.
+func (b *stamped) encode(dst []byte, at int64) {
+	p := 0
+	for i := range b.specs {
+		b.specs[i].Encode(dst[p:], b.st.queueOffset(i), at+int64(p), b.st.storeTS)
+		if b.batch {
+			b.res.Offsets[i] = at + int64(p)
+		}
+		p += b.specs[i].Total
+	}
+}
+
+// commit advances the queue's offsets past the records (sequence.go).
+func (b *stamped) commit() { b.s.seq.commit(b.st, len(b.specs)) }
+
+// result is the append result of records placed at commitlog offset at.
+func (b *stamped) result(at int64) AppendResult {
+	res := b.res
+	res.Status, res.WroteOffset, res.WroteBytes, res.StoreTimestamp = AppendOK, at, int32(b.total), b.st.storeTS
+	res.Topic, res.QueueID, res.QueueOffset, res.MsgNum, res.StoreHost = b.topic, b.queueID, b.st.first, int32(len(b.specs)), b.s.opts.StoreHost
+	return res
 }
 
 // afterAppend applies the flush policy, waits until the message is
