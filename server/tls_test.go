@@ -1,107 +1,32 @@
 package server
 
 import (
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
-	"math/big"
-	"net"
-	"os"
 	"path/filepath"
 	"testing"
-	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 
 	storagedv1 "github.com/storaged/storaged/gen/storaged/v1"
+	"github.com/storaged/storaged/internal/testcert"
 )
-
-// testCA is a certificate authority made for one test.
-type testCA struct {
-	cert *x509.Certificate
-	key  *ecdsa.PrivateKey
-	pem  []byte
-}
-
-var serial int64
-
-func newCA(t *testing.T, name string) *testCA {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	serial++
-	tmpl := &x509.Certificate{
-		SerialNumber:          big.NewInt(serial),
-		Subject:               pkix.Name{CommonName: name},
-		NotBefore:             time.Now().Add(-time.Hour),
-		NotAfter:              time.Now().Add(time.Hour),
-		IsCA:                  true,
-		BasicConstraintsValid: true,
-		KeyUsage:              x509.KeyUsageCertSign,
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cert, err := x509.ParseCertificate(der)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return &testCA{cert: cert, key: key, pem: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})}
-}
 
 // issue returns a PEM certificate and key signed by ca, for a server on
 // 127.0.0.1 or for a client.
-func (ca *testCA) issue(t *testing.T, name string, server bool) (certPEM, keyPEM []byte) {
+func issue(t *testing.T, ca *testcert.CA, name string, server bool) (certPEM, keyPEM []byte) {
 	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	serial++
-	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(serial),
-		Subject:      pkix.Name{CommonName: name},
-		NotBefore:    time.Now().Add(-time.Hour),
-		NotAfter:     time.Now().Add(time.Hour),
-		KeyUsage:     x509.KeyUsageDigitalSignature,
-		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
-	}
 	if server {
-		tmpl.ExtKeyUsage = []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}
-		tmpl.IPAddresses = []net.IP{net.ParseIP("127.0.0.1")}
+		return ca.Issue(t, testcert.Leaf{Name: name, Usage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}, IPs: []string{"127.0.0.1"}})
 	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, &key.PublicKey, ca.key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	kder, err := x509.MarshalECPrivateKey(key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kder})
+	return ca.Issue(t, testcert.Leaf{Name: name, Usage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}})
 }
 
-func writeFile(t *testing.T, dir, name string, data []byte) string {
-	t.Helper()
-	p := filepath.Join(dir, name)
-	if err := os.WriteFile(p, data, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	return p
-}
-
-func clientTLS(t *testing.T, ca *testCA, certPEM, keyPEM []byte) credentials.TransportCredentials {
+func clientTLS(t *testing.T, ca *testcert.CA, certPEM, keyPEM []byte) credentials.TransportCredentials {
 	t.Helper()
 	pool := x509.NewCertPool()
-	pool.AddCert(ca.cert)
+	pool.AddCert(ca.Cert)
 	cfg := &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}
 	if certPEM != nil {
 		pair, err := tls.X509KeyPair(certPEM, keyPEM)
@@ -115,14 +40,14 @@ func clientTLS(t *testing.T, ca *testCA, certPEM, keyPEM []byte) credentials.Tra
 
 func TestTLSAndMTLS(t *testing.T) {
 	dir := t.TempDir()
-	ca := newCA(t, "storaged test CA")
-	other := newCA(t, "someone else's CA")
-	srvCert, srvKey := ca.issue(t, "storaged", true)
-	certFile := writeFile(t, dir, "server.crt", srvCert)
-	keyFile := writeFile(t, dir, "server.key", srvKey)
-	caFile := writeFile(t, dir, "ca.crt", ca.pem)
-	cliCert, cliKey := ca.issue(t, "client", false)
-	strangerCert, strangerKey := other.issue(t, "stranger", false)
+	ca := testcert.NewCA(t, "storaged test CA")
+	other := testcert.NewCA(t, "someone else's CA")
+	srvCert, srvKey := issue(t, ca, "storaged", true)
+	certFile := testcert.WriteFile(t, dir, "server.crt", srvCert)
+	keyFile := testcert.WriteFile(t, dir, "server.key", srvKey)
+	caFile := testcert.WriteFile(t, dir, "ca.crt", ca.PEM)
+	cliCert, cliKey := issue(t, ca, "client", false)
+	strangerCert, strangerKey := issue(t, other, "stranger", false)
 
 	put := func(t *testing.T, addr string, creds credentials.TransportCredentials) error {
 		t.Helper()
@@ -148,7 +73,7 @@ func TestTLSAndMTLS(t *testing.T) {
 			t.Errorf("plaintext client against TLS: %v, want Unavailable", err)
 		}
 		pool := x509.NewCertPool()
-		pool.AddCert(ca.cert)
+		pool.AddCert(ca.Cert)
 		tls12 := credentials.NewTLS(&tls.Config{RootCAs: pool, MaxVersion: tls.VersionTLS12})
 		if err := put(t, srv.addr, tls12); codeOf(err) != codes.Unavailable {
 			t.Errorf("TLS 1.2 client: %v, want Unavailable", err)
@@ -187,8 +112,8 @@ func TestTLSAndMTLS(t *testing.T) {
 			"cert without key":   {certFile, "", ""},
 			"CA without cert":    {"", "", caFile},
 			"missing file":       {filepath.Join(dir, "nope"), keyFile, ""},
-			"key does not match": {certFile, writeFile(t, dir, "other.key", strangerKey), ""},
-			"CA not PEM":         {certFile, keyFile, writeFile(t, dir, "junk", []byte("junk"))},
+			"key does not match": {certFile, testcert.WriteFile(t, dir, "other.key", strangerKey), ""},
+			"CA not PEM":         {certFile, keyFile, testcert.WriteFile(t, dir, "junk", []byte("junk"))},
 		} {
 			if _, err := LoadTLSConfig(args[0], args[1], args[2]); err == nil {
 				t.Errorf("%s: no error", name)

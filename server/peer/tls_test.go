@@ -2,14 +2,7 @@ package peer
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
-	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
-	"math/big"
 	"net"
 	"os"
 	"path/filepath"
@@ -24,67 +17,14 @@ import (
 	"google.golang.org/grpc/status"
 
 	peerv1 "github.com/storaged/storaged/gen/storaged/peer/v1"
+	"github.com/storaged/storaged/internal/testcert"
 )
 
-type testCA struct {
-	cert *x509.Certificate
-	key  *ecdsa.PrivateKey
-	pool *x509.CertPool
-	pem  []byte
-}
-
-func newCA(t *testing.T, name string) *testCA {
+// leaf issues a member certificate from ca, for server and client use,
+// naming ips; it returns the tls.Certificate and its cert and key PEM.
+func leaf(t *testing.T, ca *testcert.CA, ips ...string) (tls.Certificate, []byte, []byte) {
 	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: name},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign,
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cert, err := x509.ParseCertificate(der)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pool := x509.NewCertPool()
-	pool.AddCert(cert)
-	return &testCA{cert: cert, key: key, pool: pool, pem: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})}
-}
-
-// leaf issues a certificate for both server and client use, naming ips and
-// dns names; it returns the tls.Certificate and its cert and key PEM.
-func (ca *testCA) leaf(t *testing.T, ips []string, dns []string) (tls.Certificate, []byte, []byte) {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber: big.NewInt(time.Now().UnixNano()), Subject: pkix.Name{CommonName: "member"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		KeyUsage:    x509.KeyUsageDigitalSignature,
-		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
-		DNSNames:    dns,
-	}
-	for _, ip := range ips {
-		tmpl.IPAddresses = append(tmpl.IPAddresses, net.ParseIP(ip))
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, &key.PublicKey, ca.key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	kder, err := x509.MarshalECPrivateKey(key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	certPEM := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})
-	keyPEM := pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kder})
+	certPEM, keyPEM := ca.Issue(t, testcert.Leaf{Name: "member", Usage: testcert.Both, IPs: ips})
 	c, err := tls.X509KeyPair(certPEM, keyPEM)
 	if err != nil {
 		t.Fatal(err)
@@ -98,9 +38,9 @@ func (ca *testCA) leaf(t *testing.T, ips []string, dns []string) (tls.Certificat
 // client, and a client whose certificate does not name the member it
 // claims to be, are all refused and step nothing.
 func TestMutualTLS(t *testing.T) {
-	ca := newCA(t, "group ca")
+	ca := testcert.NewCA(t, "group ca")
 	dir := t.TempDir()
-	_, certPEM, keyPEM := ca.leaf(t, []string{"127.0.0.1"}, nil)
+	_, certPEM, keyPEM := leaf(t, ca, "127.0.0.1")
 	write := func(name string, b []byte) string {
 		p := filepath.Join(dir, name)
 		if err := os.WriteFile(p, b, 0o600); err != nil {
@@ -108,7 +48,7 @@ func TestMutualTLS(t *testing.T) {
 		}
 		return p
 	}
-	tlsCfg, err := LoadTLS(write("cert.pem", certPEM), write("key.pem", keyPEM), write("ca.pem", ca.pem))
+	tlsCfg, err := LoadTLS(write("cert.pem", certPEM), write("key.pem", keyPEM), write("ca.pem", ca.PEM))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -153,9 +93,9 @@ func TestMutualTLS(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	wrongCA := newCA(t, "other ca")
-	wrongCert, _, _ := wrongCA.leaf(t, []string{"127.0.0.1"}, nil)
-	goodCert, _, _ := ca.leaf(t, []string{"127.0.0.1"}, nil)
+	wrongCA := testcert.NewCA(t, "other ca")
+	wrongCert, _, _ := leaf(t, wrongCA, "127.0.0.1")
+	goodCert, _, _ := leaf(t, ca, "127.0.0.1")
 	for _, tc := range []struct {
 		name  string
 		creds credentials.TransportCredentials
@@ -164,12 +104,12 @@ func TestMutualTLS(t *testing.T) {
 		msg   string
 	}{
 		{"wrong CA", credentials.NewTLS(&tls.Config{MinVersion: tls.VersionTLS13, Certificates: []tls.Certificate{wrongCert},
-			RootCAs: ca.pool, ServerName: "127.0.0.1"}), 1, codes.Unavailable, ""},
-		{"no client cert", credentials.NewTLS(&tls.Config{MinVersion: tls.VersionTLS13, RootCAs: ca.pool,
+			RootCAs: ca.Pool(), ServerName: "127.0.0.1"}), 1, codes.Unavailable, ""},
+		{"no client cert", credentials.NewTLS(&tls.Config{MinVersion: tls.VersionTLS13, RootCAs: ca.Pool(),
 			ServerName: "127.0.0.1"}), 1, codes.Unavailable, ""},
 		{"plaintext", insecure.NewCredentials(), 1, codes.Unavailable, ""},
 		{"cert not naming the member", credentials.NewTLS(&tls.Config{MinVersion: tls.VersionTLS13, Certificates: []tls.Certificate{goodCert},
-			RootCAs: ca.pool, ServerName: "127.0.0.1"}), 3, codes.PermissionDenied, "member 3's certificate"},
+			RootCAs: ca.Pool(), ServerName: "127.0.0.1"}), 3, codes.PermissionDenied, "member 3's certificate"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			conn, err := grpc.NewClient("passthrough:///"+t2.Addr().String(), grpc.WithTransportCredentials(tc.creds))
