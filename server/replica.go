@@ -49,6 +49,13 @@ const (
 	CauseTransferring   = "TRANSFERRING"
 )
 
+// retryDelayLeaderMoving is the RetryInfo of LEADER_NOT_READY and
+// TRANSFERRING: a new leader applies its term's first entry within one
+// commit round, and a leadership transfer on a healthy group finishes in
+// one election round (no election timeout), both tens of milliseconds;
+// the client asks again and follows the hint then.
+const retryDelayLeaderMoving = 50 * time.Millisecond
+
 // retryDelayNoLeader is the RetryInfo of a "not leader" answer while no
 // leader is known: about one election timeout (10 ticks of 100 ms).
 const retryDelayNoLeader = time.Second
@@ -125,7 +132,7 @@ func (s *Service) notLeaderStatus(info *errdetails.ErrorInfo, cause string, lead
 		// The leader is about to take puts (its term's first entry is being
 		// applied), or leadership is moving: a short wait, then the hint
 		// again.
-		delay = retryDelayBusy
+		delay = retryDelayLeaderMoving
 		msg = fmt.Sprintf("the group's leader, member %d at %s, is not taking puts yet (%s); nothing was stored; retry shortly",
 			leaderID, addr, cause)
 	case addr != "":

@@ -80,8 +80,8 @@ func TestNotLeaderStatus(t *testing.T) {
 		{"leader known", s, CauseNotLeader, 1, "127.0.0.1:9090", 0, "member 1 at 127.0.0.1:9090"},
 		{"leader address unknown", s, CauseNotLeader, 2, "", retryDelayNoLeader, "address not known yet"},
 		{"no leader", s, CauseNoLeader, 0, "", retryDelayNoLeader, "no leader"},
-		{"not ready", s, CauseLeaderNotReady, 1, "127.0.0.1:9090", retryDelayBusy, "not taking puts yet"},
-		{"transferring", s, CauseTransferring, 1, "127.0.0.1:9090", retryDelayBusy, "not taking puts yet"},
+		{"not ready", s, CauseLeaderNotReady, 1, "127.0.0.1:9090", retryDelayLeaderMoving, "not taking puts yet"},
+		{"transferring", s, CauseTransferring, 1, "127.0.0.1:9090", retryDelayLeaderMoving, "not taking puts yet"},
 		{"no address source", standalone, CauseNotLeader, 1, "", retryDelayNoLeader, "address not known yet"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -40,6 +40,15 @@ type Transport = replica.Transport
 // committed over its position). It wraps ErrNotLeader.
 type NotLeaderError = replica.NotLeaderError
 
+// Causes of a NotLeaderError (NotLeaderError.Cause).
+const (
+	CauseNotLeader      = replica.CauseNotLeader
+	CauseNoLeader       = replica.CauseNoLeader
+	CauseLeaderNotReady = replica.CauseLeaderNotReady
+	CauseTransferring   = replica.CauseTransferring
+	CauseSuperseded     = replica.CauseSuperseded
+)
+
 // ReplicaInfo is a replica's view of its group (Store.ReplicaInfo).
 type ReplicaInfo = replica.Info
 
@@ -397,6 +406,35 @@ func (s *Store) ReportUnreachable(id uint64) {
 	if s.group != nil && !s.closed.Load() {
 		s.group.node.ReportUnreachable(id)
 	}
+}
+
+// Errors of TransferLeadership (see there).
+var (
+	ErrNoTransferee    = replica.ErrNoTransferee
+	ErrTransferTimeout = replica.ErrTransferTimeout
+)
+
+// TransferLeadership is for a stopping replica (storaged on SIGTERM,
+// design §4): on the leader it refuses puts from now on with TRANSFERRING
+// (UNAVAILABLE, nothing stored), hands leadership to the recently active
+// voter with the highest match and waits, at most two election timeouts
+// or until ctx ends, until another member leads; it returns that member's
+// id. The new leader campaigns at once (raft's MsgTimeoutNow), so the
+// group takes puts again after one election round instead of an election
+// timeout. Puts proposed before are committed by the new leader and
+// answered here once this replica learns the commit. On a follower it
+// returns the known leader (0: none) at once. ErrNoTransferee: no
+// follower was active (the leader just stops); ErrTransferTimeout:
+// leadership did not move in time.
+func (s *Store) TransferLeadership(ctx context.Context) (uint64, error) {
+	if s.group == nil {
+		return 0, ErrNotGroup
+	}
+	if s.closed.Load() {
+		return 0, ErrClosed
+	}
+	g := s.group.opts
+	return s.group.node.TransferLeadership(2*time.Duration(g.ElectionTick)*g.TickInterval, ctx.Done())
 }
 
 // Campaign makes this replica start an election now (tests, operators).

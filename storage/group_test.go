@@ -544,6 +544,87 @@ func TestGroupLearner(t *testing.T) {
 	}
 }
 
+// TestGroupTransferLeadership: a stopping leader hands leadership to the
+// recently active voter with the highest match, which campaigns at once
+// (no tick runs: no election timeout passes); the old leader then names
+// the new one, which takes puts, and every acked put is there. While a
+// transfer cannot finish (its target cut off), puts are refused with
+// TRANSFERRING and nothing is stored.
+func TestGroupTransferLeadership(t *testing.T) {
+	// The wait is two election timeouts of TickInterval; ticks are manual
+	// here, so the wall-clock bound is only a hang guard.
+	g := newTestGroupWith(t, time.Minute, nil, func(o *Options) { o.Group.TickInterval = time.Minute })
+	g.elect(1)
+	want := map[int64]string{}
+	put := func(id uint64, i int) {
+		t.Helper()
+		body := fmt.Sprintf("m-%d", i)
+		res, err := g.put(id, body)
+		if err != nil || res.Status != PutOK || res.Append.QueueOffset != int64(i) {
+			t.Fatalf("put %d to %d: %v %v at %d", i, id, res.Status, err, res.Append.QueueOffset)
+		}
+		want[int64(i)] = body
+	}
+	for i := range 5 {
+		put(1, i)
+	}
+	g.converge(1, g.ids...)
+	// Node 2 falls behind (still recently active: no quorum check runs
+	// without ticks), so node 3 has the highest match.
+	g.net.setCut(2, true)
+	for i := 5; i < 10; i++ {
+		put(1, i)
+	}
+	g.net.setCut(2, false)
+	to, err := g.m[1].s.TransferLeadership(context.Background())
+	if err != nil || to != 3 {
+		t.Fatalf("TransferLeadership: leader %d, %v; want 3 (the highest match)", to, err)
+	}
+	var nl *NotLeaderError
+	if _, err := g.put(1, "to the old leader"); !errors.As(err, &nl) || nl.Cause != CauseNotLeader || nl.LeaderID != 3 {
+		t.Fatalf("put to the old leader: %v, want NOT_LEADER naming 3", err)
+	}
+	g.poll("node 3 ready", func() bool { return g.readyLeader(3) == 3 })
+	for i := 10; i < 15; i++ {
+		put(3, i)
+	}
+	end := g.converge(3, g.ids...)
+	g.sameBytes(end, g.ids...)
+	g.checkQueue(want, 15, g.ids...)
+
+	// A transfer that cannot finish: both followers cut off after the
+	// leader last heard from them.
+	g.net.setCut(1, true)
+	g.net.setCut(2, true)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		_, err := g.m[3].s.TransferLeadership(ctx)
+		done <- err
+	}()
+	s := g.m[3].s
+	g.poll("TRANSFERRING", func() bool { return errors.As(s.groupRefusal(), &nl) && nl.Cause == CauseTransferring })
+	maxOff := s.log.MaxOffset()
+	res, err := g.put(3, "during the transfer")
+	if !errors.As(err, &nl) || nl.Cause != CauseTransferring || res.Status != ServiceNotAvailable || res.Appended() {
+		t.Fatalf("put during the transfer: %v %v, want TRANSFERRING, nothing appended", res.Status, err)
+	}
+	if _, max, err := s.QueueInfo("T", 0); err != nil || max != 15 || s.log.MaxOffset() != maxOff {
+		t.Fatalf("after the refused put: queue max %d (%v), commitlog end %d -> %d", max, err, maxOff, s.log.MaxOffset())
+	}
+	cancel()
+	if err := <-done; !errors.Is(err, ErrTransferTimeout) {
+		t.Fatalf("TransferLeadership with its target cut off: %v", err)
+	}
+	if role := s.ReplicaInfo().Role; role != "leader" {
+		t.Fatalf("node 3 is %s after a transfer that never reached its target", role)
+	}
+	// A follower has nothing to hand over.
+	if lead, err := g.m[2].s.TransferLeadership(context.Background()); err != nil || lead != 3 {
+		t.Fatalf("TransferLeadership on a follower: %d %v", lead, err)
+	}
+}
+
 func TestGroupOptionsValidate(t *testing.T) {
 	tr := testTransport{}
 	base := Options{Dir: t.TempDir(), FlushMode: FlushSync, Group: &GroupOptions{ID: 1, Peers: []uint64{1, 2, 3}, Transport: tr}}

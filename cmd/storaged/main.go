@@ -9,7 +9,12 @@
 // above --disk-warning-percent it is NOT_SERVING (puts RESOURCE_EXHAUSTED)
 // until usage is back at --disk-clean-percent.
 //
-// SIGTERM or SIGINT drains: every health status NOT_SERVING, GracefulStop
+// SIGTERM or SIGINT drains. In a replication group a leader first hands
+// leadership to its most up-to-date active follower and waits (at most two
+// election timeouts) for it to lead, refusing puts meanwhile with
+// UNAVAILABLE cause TRANSFERRING, so the group takes writes again after
+// one election round instead of an election timeout; a follower just
+// stops. Then: every health status NOT_SERVING, GracefulStop
 // bounded by --shutdown-timeout (then Stop), the store's final flush and
 // close, exit 0. A second signal during the drain kills the process.
 //
@@ -376,6 +381,9 @@ func serve(ctx context.Context, cfg config, logger zerolog.Logger) (err error) {
 	select {
 	case <-ctx.Done():
 		logger.Info().Msg("signal received")
+		if cfg.Replication.group() {
+			transferLeadership(st, logger)
+		}
 		return nil
 	case serr := <-grpcDone:
 		grpcDone <- nil // for the deferred drain
@@ -391,5 +399,23 @@ func serve(ctx context.Context, cfg config, logger zerolog.Logger) (err error) {
 			aerr = errors.New("stopped")
 		}
 		return fmt.Errorf("admin server stopped unexpectedly: %w", aerr)
+	}
+}
+
+// transferLeadership is a group member's first step on SIGTERM (design
+// replication.md §4): a leader hands over before the drain, so the group
+// is not left leaderless for an election timeout; puts in flight are
+// committed by the new leader and answered during the drain. A failure is
+// logged, and the shutdown goes on: the others elect a leader the slow
+// way.
+func transferLeadership(st *storage.Store, logger zerolog.Logger) {
+	began := time.Now()
+	was := st.ReplicaInfo()
+	lead, err := st.TransferLeadership(context.Background())
+	switch {
+	case err != nil:
+		logger.Warn().Err(err).Stringer("took", time.Since(began)).Msg("leadership transfer failed; stopping anyway")
+	case was.Role == "leader":
+		logger.Info().Uint64("new_leader", lead).Stringer("took", time.Since(began)).Msg("leadership transferred")
 	}
 }

@@ -140,6 +140,13 @@ type Node struct {
 	commit  uint64 // commit index applied
 	end     int64  // commitEnd
 	err     error  // sticky
+	// leaving: TransferLeadership runs (the process is stopping); while
+	// this node leads, puts are refused with TRANSFERRING, also after raft
+	// gave up a transfer. Cleared when the node stops leading.
+	leaving bool
+	// softChanged is closed and replaced when the raft state or the
+	// leader changes (TransferLeadership waits on it).
+	softChanged chan struct{}
 
 	stop   chan struct{}
 	done   chan struct{}
@@ -176,7 +183,7 @@ func New(opts Options, commitEnd int64) (*Node, error) {
 		return nil, fmt.Errorf("replica: %w", err)
 	}
 	n := &Node{opts: opts, host: opts.Host, rn: rn, waiters: map[key]*Waiter{}, commit: opts.Applied, end: commitEnd,
-		stop: make(chan struct{}), done: make(chan struct{}), wake: make(chan struct{}, 1)}
+		softChanged: make(chan struct{}), stop: make(chan struct{}), done: make(chan struct{}), wake: make(chan struct{}, 1)}
 	st := rn.BasicStatus()
 	n.soft, n.term = st.SoftState, st.GetTerm()
 	if n.opts.Ticks == nil {
@@ -267,7 +274,12 @@ func (n *Node) handle(rd raft.Ready) error {
 		if rd.SoftState.RaftState != raft.StateLeader || rd.SoftState.Lead != n.soft.Lead {
 			n.ready, n.ownTerm = false, false // drop the tail; waiters stay
 		}
+		if rd.SoftState.RaftState != raft.StateLeader {
+			n.leaving = false
+		}
 		n.soft = *rd.SoftState
+		close(n.softChanged)
+		n.softChanged = make(chan struct{})
 		n.mu.Unlock()
 	}
 	// The leader writes in parallel with its followers (thesis §10.2.1):
@@ -450,7 +462,7 @@ func (n *Node) refusalLocked() error {
 		return &NotLeaderError{Cause: CauseNoLeader, Term: st.GetTerm()}
 	case st.RaftState != raft.StateLeader:
 		return &NotLeaderError{Cause: CauseNotLeader, LeaderID: st.Lead, Term: st.GetTerm()}
-	case st.LeadTransferee != raft.None:
+	case st.LeadTransferee != raft.None || n.leaving:
 		return &NotLeaderError{Cause: CauseTransferring, LeaderID: st.LeadTransferee, Term: st.GetTerm()}
 	case !n.ready:
 		return &NotLeaderError{Cause: CauseLeaderNotReady, LeaderID: st.ID, Term: st.GetTerm()}
@@ -546,6 +558,74 @@ func (n *Node) ReportUnreachable(id uint64) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	n.rn.ReportUnreachable(id)
+}
+
+// ErrNoTransferee: TransferLeadership found no recently active voter to
+// hand leadership to; the node refuses puts (TRANSFERRING) and stops as
+// it is.
+var ErrNoTransferee = errors.New("replica: no recently active voter to transfer leadership to")
+
+// ErrTransferTimeout: leadership did not move within the wait.
+var ErrTransferTimeout = errors.New("replica: leadership did not move in time")
+
+// TransferLeadership is a stopping leader's last act (design §4
+// "SIGTERM"): from now on this node refuses puts with TRANSFERRING
+// (nothing stored; raft itself drops proposals while a transfer runs),
+// hands leadership to the recently active voter with the highest Match
+// (the one that needs the fewest entries before raft sends it
+// MsgTimeoutNow, so it campaigns at once instead of after an election
+// timeout), and waits until another member leads, the stop channel is
+// closed, or wait has passed. Puts proposed before it stay waiters: the
+// new leader commits them, and this node, a follower now, answers them
+// when it learns the commit. It returns the new leader's id; on a node
+// that does not lead, the leader it knows (0: none) and nil at once.
+func (n *Node) TransferLeadership(wait time.Duration, stop <-chan struct{}) (uint64, error) {
+	n.mu.Lock()
+	if n.err != nil {
+		n.mu.Unlock()
+		return 0, n.err
+	}
+	st := n.rn.Status()
+	if st.RaftState != raft.StateLeader {
+		n.mu.Unlock()
+		return st.Lead, nil
+	}
+	n.leaving = true
+	var to, match uint64
+	for id, pr := range st.Progress {
+		if id == n.opts.ID || pr.IsLearner || !pr.RecentActive {
+			continue
+		}
+		if to == 0 || pr.Match > match || (pr.Match == match && id < to) {
+			to, match = id, pr.Match
+		}
+	}
+	if to == 0 {
+		n.mu.Unlock()
+		return 0, ErrNoTransferee
+	}
+	n.rn.TransferLeader(to)
+	n.kick()
+	n.mu.Unlock()
+	timer := time.NewTimer(wait)
+	defer timer.Stop()
+	for {
+		n.mu.Lock()
+		lead, changed := n.soft.Lead, n.softChanged
+		n.mu.Unlock()
+		if lead != raft.None && lead != n.opts.ID {
+			return lead, nil
+		}
+		select {
+		case <-changed:
+		case <-timer.C:
+			return 0, fmt.Errorf("%w: transferring to %d, still %d after %v", ErrTransferTimeout, to, lead, wait)
+		case <-stop:
+			return 0, fmt.Errorf("%w: transferring to %d, given up", ErrTransferTimeout, to)
+		case <-n.done:
+			return 0, ErrClosed
+		}
+	}
 }
 
 // Campaign starts an election now (tests, operators).
