@@ -179,7 +179,46 @@ func parseDigits(b []byte) (int64, bool) {
 	return n, true
 }
 
+// parseCRCDigits reads the ten ASCII digits putCRCDigits writes (least
+// significant first). Every record read or scanned runs it, so the digits
+// are checked and combined eight at a time in a word (SWAR) rather than in
+// a loop of ten compares and multiplies: recovery's scan spent about a
+// twentieth of its instructions here. FuzzParseCRCDigits holds it to the
+// plain loop (parseCRCDigitsLoop).
 func parseCRCDigits(b []byte) (uint32, bool) {
+	_ = b[9]
+	// b[2:10] little-endian: byte k is the digit of weight 10^(k+2).
+	w := binary.LittleEndian.Uint64(b[2:])
+	const (
+		ones   = 0x0101010101010101
+		zeros  = 0x30 * ones
+		high   = 0xF0 * ones
+		sixes  = 0x06 * ones
+		lowOf2 = 0x00FF00FF00FF00FF
+		lowOf4 = 0x0000FFFF0000FFFF
+	)
+	// Every byte is in '0'..'9': its high nibble is 3, and adding 6
+	// leaves it 3 (a low nibble of 10..15 would carry into it).
+	if w&high != zeros || (w+sixes)&high != zeros {
+		return 0, false
+	}
+	if b[0] < '0' || b[0] > '9' || b[1] < '0' || b[1] > '9' {
+		return 0, false
+	}
+	w -= zeros
+	w = w&lowOf2 + (w>>8)&lowOf2*10                     // pairs: two digits in each 16 bits
+	w = w&lowOf4 + (w>>16)&lowOf4*100                   // four digits in each 32 bits
+	w = w&0xFFFFFFFF + (w>>32)*10000                    // the eight digits
+	c := w*100 + uint64(b[1]-'0')*10 + uint64(b[0]-'0') // at most 9,999,999,999: no overflow
+	if c > 0x7fffffff {
+		return 0, false
+	}
+	return uint32(c), true
+}
+
+// parseCRCDigitsLoop is parseCRCDigits written plainly, the reference its
+// fuzz test holds it to.
+func parseCRCDigitsLoop(b []byte) (uint32, bool) {
 	var c uint64
 	for i := 9; i >= 0; i-- {
 		if b[i] < '0' || b[i] > '9' {
