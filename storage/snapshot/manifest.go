@@ -1,0 +1,199 @@
+package snapshot
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"slices"
+
+	"github.com/storaged/storaged/storage/internal/base"
+)
+
+// Version is the manifest format this package writes and reads.
+const Version = 1
+
+// Bounds a manifest must respect: a decoder never allocates more than
+// MaxManifestBytes allows, and a receiver never stages more files than
+// MaxFiles.
+const (
+	// MaxManifestBytes bounds an encoded manifest (the MsgSnap's Data).
+	MaxManifestBytes = 8 << 20
+	// MaxFiles bounds the files of one snapshot (1 GiB files: 64 TiB).
+	MaxFiles = 1 << 16
+	// MaxQueues bounds the consume queues a manifest lists.
+	MaxQueues = 1 << 18
+	// MaxTopicLen is RocketMQ's topic length limit.
+	MaxTopicLen = 127
+	// MaxFileSize bounds the commitlog file size a manifest may declare.
+	MaxFileSize = 1 << 40
+)
+
+// ErrBadManifest: a manifest that does not decode or breaks a rule.
+var ErrBadManifest = errors.New("snapshot: bad manifest")
+
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+// CRC is the CRC-32C (Castagnoli) the manifest and the chunks carry.
+func CRC(b []byte) uint32 { return crc32.Checksum(b, castagnoli) }
+
+// Manifest describes a snapshot at raft index Index (design §3.5).
+type Manifest struct {
+	Version int    `json:"version"`
+	Index   uint64 `json:"index"` // S, the applied index the snapshot is taken at
+	Term    uint64 `json:"term"`  // Term(S)
+	// FileSize is the commitlog file size; the receiver's must be the same.
+	FileSize int64 `json:"file_size"`
+	// MinOffset is the start of the oldest file kept; End the commit end at
+	// S (the commitlog offset past the last DATA entry up to S).
+	MinOffset int64 `json:"min_offset"`
+	End       int64 `json:"end"`
+	// LastStoreTS is the newest store time of the records below End (0:
+	// none); the receiver's scan must find the same.
+	LastStoreTS int64 `json:"last_store_ts"`
+	// Files are the commitlog files from MinOffset on, in order: every one
+	// but the last sealed and whole (Size = FileSize), the last holding
+	// the bytes up to End.
+	Files []File `json:"files"`
+	// Queues are the consume queues at S, sorted by topic and queue.
+	Queues []Queue `json:"queues"`
+}
+
+// File is one commitlog file of a snapshot: the commitlog offset of its
+// first byte, how many bytes of it are sent, and their CRC-32C.
+type File struct {
+	From int64  `json:"from"`
+	Size int64  `json:"size"`
+	CRC  uint32 `json:"crc32c"`
+}
+
+// Queue is one consume queue at S: First is the queue offset of its first
+// message at or past MinOffset (Next when retention removed them all),
+// Next the offset its next message takes. The receiver's queue starts at
+// First (RocketMQ's fill-pre-blank), and its rebuild must reach Next.
+type Queue struct {
+	Topic string `json:"topic"`
+	Queue int32  `json:"queue"`
+	First int64  `json:"first"`
+	Next  int64  `json:"next"`
+}
+
+// Bytes is the sum of the file bytes the snapshot transfers.
+func (m *Manifest) Bytes() int64 {
+	var n int64
+	for _, f := range m.Files {
+		n += f.Size
+	}
+	return n
+}
+
+// Check reports why m breaks the rules, or nil: the version; a file size
+// within bounds; MinOffset on a file boundary and End not below it; the
+// files contiguous from MinOffset, exactly as many as reach End, every one
+// but the last whole and the last ending at End; queues sorted, unique,
+// with sane names and 0 ≤ First ≤ Next.
+func (m *Manifest) Check() error {
+	bad := func(format string, args ...any) error {
+		return fmt.Errorf("%w: %s", ErrBadManifest, fmt.Sprintf(format, args...))
+	}
+	switch {
+	case m.Version != Version:
+		return bad("version %d, want %d", m.Version, Version)
+	case m.FileSize <= 0 || m.FileSize > MaxFileSize:
+		return bad("file size %d", m.FileSize)
+	case m.MinOffset < 0 || m.MinOffset%m.FileSize != 0:
+		return bad("min offset %d is not a file start", m.MinOffset)
+	case m.End < m.MinOffset:
+		return bad("end %d below the min offset %d", m.End, m.MinOffset)
+	case m.Index == 0 || m.Term == 0:
+		return bad("index %d, term %d: a snapshot is of an index with a term", m.Index, m.Term)
+	case m.LastStoreTS < 0:
+		return bad("last store time %d", m.LastStoreTS)
+	case len(m.Files) > MaxFiles:
+		return bad("%d files, at most %d", len(m.Files), MaxFiles)
+	case len(m.Queues) > MaxQueues:
+		return bad("%d queues, at most %d", len(m.Queues), MaxQueues)
+	}
+	want := (m.End - m.MinOffset + m.FileSize - 1) / m.FileSize
+	if int64(len(m.Files)) != want {
+		return bad("%d files from %d to %d, want %d", len(m.Files), m.MinOffset, m.End, want)
+	}
+	for i, f := range m.Files {
+		from := m.MinOffset + int64(i)*m.FileSize
+		size := m.FileSize
+		if i == len(m.Files)-1 {
+			size = m.End - from
+		}
+		if f.From != from || f.Size != size {
+			return bad("file %d is [%d, +%d), want [%d, +%d)", i, f.From, f.Size, from, size)
+		}
+	}
+	for i, q := range m.Queues {
+		if q.Topic == "" || len(q.Topic) > MaxTopicLen || q.Queue < 0 || q.First < 0 || q.First > q.Next {
+			return bad("queue %q/%d: first %d, next %d", trunc(q.Topic), q.Queue, q.First, q.Next)
+		}
+		if i > 0 && cmpQueue(m.Queues[i-1], q) >= 0 {
+			return bad("queues not sorted and unique at %q/%d", trunc(q.Topic), q.Queue)
+		}
+	}
+	return nil
+}
+
+func cmpQueue(a, b Queue) int {
+	if c := bytes.Compare([]byte(a.Topic), []byte(b.Topic)); c != 0 {
+		return c
+	}
+	return int(a.Queue) - int(b.Queue)
+}
+
+// SortQueues sorts qs as Check wants them.
+func SortQueues(qs []Queue) { slices.SortFunc(qs, cmpQueue) }
+
+func trunc(s string) string {
+	if len(s) > 64 {
+		return s[:64] + "…"
+	}
+	return s
+}
+
+// Encode checks m and encodes it: JSON sealed with a CRC (base.Seal).
+func (m *Manifest) Encode() ([]byte, error) {
+	if err := m.Check(); err != nil {
+		return nil, err
+	}
+	body, err := json.Marshal(m)
+	if err != nil {
+		return nil, fmt.Errorf("snapshot: encode manifest: %w", err)
+	}
+	b := base.Seal(body)
+	if len(b) > MaxManifestBytes {
+		return nil, fmt.Errorf("%w: %d bytes encoded, at most %d", ErrBadManifest, len(b), MaxManifestBytes)
+	}
+	return b, nil
+}
+
+// Decode decodes and checks a manifest. Input over MaxManifestBytes, a
+// wrong seal, unknown fields or a broken rule are ErrBadManifest.
+func Decode(b []byte) (Manifest, error) {
+	if len(b) > MaxManifestBytes {
+		return Manifest{}, fmt.Errorf("%w: %d bytes, at most %d", ErrBadManifest, len(b), MaxManifestBytes)
+	}
+	body, ok := base.Unseal(b)
+	if !ok {
+		return Manifest{}, fmt.Errorf("%w: the seal's CRC does not match", ErrBadManifest)
+	}
+	var m Manifest
+	d := json.NewDecoder(bytes.NewReader(body))
+	d.DisallowUnknownFields()
+	if err := d.Decode(&m); err != nil {
+		return Manifest{}, fmt.Errorf("%w: %w", ErrBadManifest, err)
+	}
+	if d.More() {
+		return Manifest{}, fmt.Errorf("%w: trailing data", ErrBadManifest)
+	}
+	if err := m.Check(); err != nil {
+		return Manifest{}, err
+	}
+	return m, nil
+}
