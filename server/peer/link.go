@@ -34,6 +34,9 @@ type link struct {
 	unreachable chan struct{}
 
 	sent, dropped, connects atomic.Uint64
+
+	snapshotting                 atomic.Bool // a snapshot to this peer is in flight
+	snapshotsSent, snapshotBytes atomic.Uint64
 }
 
 func (t *Transport) newLink(id uint64, addr string) (*link, error) {

@@ -29,6 +29,7 @@ import (
 	"time"
 
 	"github.com/rs/zerolog"
+	"golang.org/x/time/rate"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/keepalive"
@@ -102,6 +103,9 @@ type Options struct {
 	MinBackoff   time.Duration
 	MaxBackoff   time.Duration
 	Keepalive    time.Duration
+	// SnapshotRate bounds the snapshot bytes sent per second, over all
+	// peers (0: DefaultSnapshotRate).
+	SnapshotRate int
 	Logger       *zerolog.Logger
 }
 
@@ -139,6 +143,9 @@ func (o *Options) setDefaults() {
 	}
 	if o.Keepalive <= 0 {
 		o.Keepalive = DefaultKeepalive
+	}
+	if o.SnapshotRate <= 0 {
+		o.SnapshotRate = DefaultSnapshotRate
 	}
 	if o.Logger == nil {
 		l := zerolog.Nop()
@@ -216,6 +223,10 @@ type Transport struct {
 	wg     sync.WaitGroup
 
 	received atomic.Uint64 // messages handed to the stepper
+
+	snapRate          *rate.Limiter // snapshot bytes sent, over all peers
+	receiving         atomic.Bool   // an InstallSnapshot is being received
+	snapshotsReceived atomic.Uint64
 }
 
 type stepperBox struct{ s Stepper }
@@ -244,6 +255,7 @@ func New(lis net.Listener, st Stepper, opts Options) (*Transport, error) {
 		known:       make(map[uint64]bool),
 		lis:         lis,
 		clientAddrs: make(map[uint64]string),
+		snapRate:    newSnapshotLimiter(opts.SnapshotRate),
 	}
 	if st != nil {
 		t.SetStepper(st)

@@ -172,6 +172,177 @@ func (x *SendSummary) GetMsgs() uint64 {
 	return 0
 }
 
+// SnapshotChunk is one message of an InstallSnapshot stream: the header and the MsgSnap in chunk 0, file
+// bytes in every later one.
+type SnapshotChunk struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// group, cluster_id, from and to are the header, as in RaftBatch; set in chunk 0 only.
+	Group     string `protobuf:"bytes,1,opt,name=group,proto3" json:"group,omitempty"`
+	ClusterId string `protobuf:"bytes,2,opt,name=cluster_id,json=clusterId,proto3" json:"cluster_id,omitempty"`
+	From      uint64 `protobuf:"varint,3,opt,name=from,proto3" json:"from,omitempty"`
+	To        uint64 `protobuf:"varint,4,opt,name=to,proto3" json:"to,omitempty"`
+	// message is the marshalled raftpb.Message of type MsgSnap; set in chunk 0 only.
+	Message []byte `protobuf:"bytes,5,opt,name=message,proto3" json:"message,omitempty"`
+	// file is the commitlog offset of the first byte of the file the data belongs to.
+	File int64 `protobuf:"varint,6,opt,name=file,proto3" json:"file,omitempty"`
+	// offset is the position of data within that file.
+	Offset int64 `protobuf:"varint,7,opt,name=offset,proto3" json:"offset,omitempty"`
+	// data are the file's bytes [offset, offset + len(data)), at most 4 MiB.
+	Data []byte `protobuf:"bytes,8,opt,name=data,proto3" json:"data,omitempty"`
+	// crc32c is the CRC-32C (Castagnoli) of data.
+	Crc32C        uint32 `protobuf:"varint,9,opt,name=crc32c,proto3" json:"crc32c,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SnapshotChunk) Reset() {
+	*x = SnapshotChunk{}
+	mi := &file_storaged_peer_v1_raft_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SnapshotChunk) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SnapshotChunk) ProtoMessage() {}
+
+func (x *SnapshotChunk) ProtoReflect() protoreflect.Message {
+	mi := &file_storaged_peer_v1_raft_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SnapshotChunk.ProtoReflect.Descriptor instead.
+func (*SnapshotChunk) Descriptor() ([]byte, []int) {
+	return file_storaged_peer_v1_raft_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *SnapshotChunk) GetGroup() string {
+	if x != nil {
+		return x.Group
+	}
+	return ""
+}
+
+func (x *SnapshotChunk) GetClusterId() string {
+	if x != nil {
+		return x.ClusterId
+	}
+	return ""
+}
+
+func (x *SnapshotChunk) GetFrom() uint64 {
+	if x != nil {
+		return x.From
+	}
+	return 0
+}
+
+func (x *SnapshotChunk) GetTo() uint64 {
+	if x != nil {
+		return x.To
+	}
+	return 0
+}
+
+func (x *SnapshotChunk) GetMessage() []byte {
+	if x != nil {
+		return x.Message
+	}
+	return nil
+}
+
+func (x *SnapshotChunk) GetFile() int64 {
+	if x != nil {
+		return x.File
+	}
+	return 0
+}
+
+func (x *SnapshotChunk) GetOffset() int64 {
+	if x != nil {
+		return x.Offset
+	}
+	return 0
+}
+
+func (x *SnapshotChunk) GetData() []byte {
+	if x != nil {
+		return x.Data
+	}
+	return nil
+}
+
+func (x *SnapshotChunk) GetCrc32C() uint32 {
+	if x != nil {
+		return x.Crc32C
+	}
+	return 0
+}
+
+// SnapshotResult says what the receiver took.
+type SnapshotResult struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// bytes is the number of file bytes staged and verified.
+	Bytes uint64 `protobuf:"varint,1,opt,name=bytes,proto3" json:"bytes,omitempty"`
+	// chunks is the number of file chunks received.
+	Chunks        uint64 `protobuf:"varint,2,opt,name=chunks,proto3" json:"chunks,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SnapshotResult) Reset() {
+	*x = SnapshotResult{}
+	mi := &file_storaged_peer_v1_raft_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SnapshotResult) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SnapshotResult) ProtoMessage() {}
+
+func (x *SnapshotResult) ProtoReflect() protoreflect.Message {
+	mi := &file_storaged_peer_v1_raft_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SnapshotResult.ProtoReflect.Descriptor instead.
+func (*SnapshotResult) Descriptor() ([]byte, []int) {
+	return file_storaged_peer_v1_raft_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *SnapshotResult) GetBytes() uint64 {
+	if x != nil {
+		return x.Bytes
+	}
+	return 0
+}
+
+func (x *SnapshotResult) GetChunks() uint64 {
+	if x != nil {
+		return x.Chunks
+	}
+	return 0
+}
+
 var File_storaged_peer_v1_raft_proto protoreflect.FileDescriptor
 
 const file_storaged_peer_v1_raft_proto_rawDesc = "" +
@@ -187,9 +358,24 @@ const file_storaged_peer_v1_raft_proto_rawDesc = "" +
 	"\x04msgs\x18\x06 \x03(\fR\x04msgs\";\n" +
 	"\vSendSummary\x12\x18\n" +
 	"\abatches\x18\x01 \x01(\x04R\abatches\x12\x12\n" +
-	"\x04msgs\x18\x02 \x01(\x04R\x04msgs2L\n" +
+	"\x04msgs\x18\x02 \x01(\x04R\x04msgs\"\xda\x01\n" +
+	"\rSnapshotChunk\x12\x14\n" +
+	"\x05group\x18\x01 \x01(\tR\x05group\x12\x1d\n" +
+	"\n" +
+	"cluster_id\x18\x02 \x01(\tR\tclusterId\x12\x12\n" +
+	"\x04from\x18\x03 \x01(\x04R\x04from\x12\x0e\n" +
+	"\x02to\x18\x04 \x01(\x04R\x02to\x12\x18\n" +
+	"\amessage\x18\x05 \x01(\fR\amessage\x12\x12\n" +
+	"\x04file\x18\x06 \x01(\x03R\x04file\x12\x16\n" +
+	"\x06offset\x18\a \x01(\x03R\x06offset\x12\x12\n" +
+	"\x04data\x18\b \x01(\fR\x04data\x12\x16\n" +
+	"\x06crc32c\x18\t \x01(\rR\x06crc32c\">\n" +
+	"\x0eSnapshotResult\x12\x14\n" +
+	"\x05bytes\x18\x01 \x01(\x04R\x05bytes\x12\x16\n" +
+	"\x06chunks\x18\x02 \x01(\x04R\x06chunks2\xa4\x01\n" +
 	"\x04Raft\x12D\n" +
-	"\x04Send\x12\x1b.storaged.peer.v1.RaftBatch\x1a\x1d.storaged.peer.v1.SendSummary(\x01B\xbd\x01\n" +
+	"\x04Send\x12\x1b.storaged.peer.v1.RaftBatch\x1a\x1d.storaged.peer.v1.SendSummary(\x01\x12V\n" +
+	"\x0fInstallSnapshot\x12\x1f.storaged.peer.v1.SnapshotChunk\x1a .storaged.peer.v1.SnapshotResult(\x01B\xbd\x01\n" +
 	"\x14com.storaged.peer.v1B\tRaftProtoP\x01Z8github.com/storaged/storaged/gen/storaged/peer/v1;peerv1\xa2\x02\x03SPX\xaa\x02\x10Storaged.Peer.V1\xca\x02\x10Storaged\\Peer\\V1\xe2\x02\x1cStoraged\\Peer\\V1\\GPBMetadata\xea\x02\x12Storaged::Peer::V1b\x06proto3"
 
 var (
@@ -204,16 +390,20 @@ func file_storaged_peer_v1_raft_proto_rawDescGZIP() []byte {
 	return file_storaged_peer_v1_raft_proto_rawDescData
 }
 
-var file_storaged_peer_v1_raft_proto_msgTypes = make([]protoimpl.MessageInfo, 2)
+var file_storaged_peer_v1_raft_proto_msgTypes = make([]protoimpl.MessageInfo, 4)
 var file_storaged_peer_v1_raft_proto_goTypes = []any{
-	(*RaftBatch)(nil),   // 0: storaged.peer.v1.RaftBatch
-	(*SendSummary)(nil), // 1: storaged.peer.v1.SendSummary
+	(*RaftBatch)(nil),      // 0: storaged.peer.v1.RaftBatch
+	(*SendSummary)(nil),    // 1: storaged.peer.v1.SendSummary
+	(*SnapshotChunk)(nil),  // 2: storaged.peer.v1.SnapshotChunk
+	(*SnapshotResult)(nil), // 3: storaged.peer.v1.SnapshotResult
 }
 var file_storaged_peer_v1_raft_proto_depIdxs = []int32{
 	0, // 0: storaged.peer.v1.Raft.Send:input_type -> storaged.peer.v1.RaftBatch
-	1, // 1: storaged.peer.v1.Raft.Send:output_type -> storaged.peer.v1.SendSummary
-	1, // [1:2] is the sub-list for method output_type
-	0, // [0:1] is the sub-list for method input_type
+	2, // 1: storaged.peer.v1.Raft.InstallSnapshot:input_type -> storaged.peer.v1.SnapshotChunk
+	1, // 2: storaged.peer.v1.Raft.Send:output_type -> storaged.peer.v1.SendSummary
+	3, // 3: storaged.peer.v1.Raft.InstallSnapshot:output_type -> storaged.peer.v1.SnapshotResult
+	2, // [2:4] is the sub-list for method output_type
+	0, // [0:2] is the sub-list for method input_type
 	0, // [0:0] is the sub-list for extension type_name
 	0, // [0:0] is the sub-list for extension extendee
 	0, // [0:0] is the sub-list for field type_name
@@ -230,7 +420,7 @@ func file_storaged_peer_v1_raft_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_storaged_peer_v1_raft_proto_rawDesc), len(file_storaged_peer_v1_raft_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   2,
+			NumMessages:   4,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -23,7 +23,8 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	Raft_Send_FullMethodName = "/storaged.peer.v1.Raft/Send"
+	Raft_Send_FullMethodName            = "/storaged.peer.v1.Raft/Send"
+	Raft_InstallSnapshot_FullMethodName = "/storaged.peer.v1.Raft/InstallSnapshot"
 )
 
 // RaftClient is the client API for Raft service.
@@ -43,6 +44,19 @@ type RaftClient interface {
 	// buf:lint:ignore RPC_REQUEST_STANDARD_NAME
 	// buf:lint:ignore RPC_RESPONSE_STANDARD_NAME
 	Send(ctx context.Context, opts ...grpc.CallOption) (grpc.ClientStreamingClient[RaftBatch, SendSummary], error)
+	// InstallSnapshot carries one snapshot to a member that fell behind what the sender's raft log still
+	// holds (design replication.md §3.5: a snapshot is a file transfer). Chunk 0 holds the header (group,
+	// cluster, both members) and the marshalled MsgSnap, whose snapshot data is the manifest; every later
+	// chunk holds bytes of one commitlog file, in file and offset order, with their CRC-32C. The receiver
+	// stages the files in a directory of its own, checks every chunk against the manifest and every record
+	// of the staged files, and syncs them before it hands the MsgSnap to raft. A refusal ends the stream
+	// with an error status (PERMISSION_DENIED for a foreign header, INVALID_ARGUMENT for a bad chunk or
+	// manifest, RESOURCE_EXHAUSTED when a snapshot is already being received, DATA_LOSS when the staged
+	// records do not verify), and the staging directory is discarded: nothing the receiver stored changes.
+	// The result is sent once the receiver has taken the snapshot.
+	// buf:lint:ignore RPC_REQUEST_STANDARD_NAME
+	// buf:lint:ignore RPC_RESPONSE_STANDARD_NAME
+	InstallSnapshot(ctx context.Context, opts ...grpc.CallOption) (grpc.ClientStreamingClient[SnapshotChunk, SnapshotResult], error)
 }
 
 type raftClient struct {
@@ -66,6 +80,19 @@ func (c *raftClient) Send(ctx context.Context, opts ...grpc.CallOption) (grpc.Cl
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type Raft_SendClient = grpc.ClientStreamingClient[RaftBatch, SendSummary]
 
+func (c *raftClient) InstallSnapshot(ctx context.Context, opts ...grpc.CallOption) (grpc.ClientStreamingClient[SnapshotChunk, SnapshotResult], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &Raft_ServiceDesc.Streams[1], Raft_InstallSnapshot_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[SnapshotChunk, SnapshotResult]{ClientStream: stream}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Raft_InstallSnapshotClient = grpc.ClientStreamingClient[SnapshotChunk, SnapshotResult]
+
 // RaftServer is the server API for Raft service.
 // All implementations must embed UnimplementedRaftServer
 // for forward compatibility.
@@ -83,6 +110,19 @@ type RaftServer interface {
 	// buf:lint:ignore RPC_REQUEST_STANDARD_NAME
 	// buf:lint:ignore RPC_RESPONSE_STANDARD_NAME
 	Send(grpc.ClientStreamingServer[RaftBatch, SendSummary]) error
+	// InstallSnapshot carries one snapshot to a member that fell behind what the sender's raft log still
+	// holds (design replication.md §3.5: a snapshot is a file transfer). Chunk 0 holds the header (group,
+	// cluster, both members) and the marshalled MsgSnap, whose snapshot data is the manifest; every later
+	// chunk holds bytes of one commitlog file, in file and offset order, with their CRC-32C. The receiver
+	// stages the files in a directory of its own, checks every chunk against the manifest and every record
+	// of the staged files, and syncs them before it hands the MsgSnap to raft. A refusal ends the stream
+	// with an error status (PERMISSION_DENIED for a foreign header, INVALID_ARGUMENT for a bad chunk or
+	// manifest, RESOURCE_EXHAUSTED when a snapshot is already being received, DATA_LOSS when the staged
+	// records do not verify), and the staging directory is discarded: nothing the receiver stored changes.
+	// The result is sent once the receiver has taken the snapshot.
+	// buf:lint:ignore RPC_REQUEST_STANDARD_NAME
+	// buf:lint:ignore RPC_RESPONSE_STANDARD_NAME
+	InstallSnapshot(grpc.ClientStreamingServer[SnapshotChunk, SnapshotResult]) error
 	mustEmbedUnimplementedRaftServer()
 }
 
@@ -95,6 +135,9 @@ type UnimplementedRaftServer struct{}
 
 func (UnimplementedRaftServer) Send(grpc.ClientStreamingServer[RaftBatch, SendSummary]) error {
 	return status.Error(codes.Unimplemented, "method Send not implemented")
+}
+func (UnimplementedRaftServer) InstallSnapshot(grpc.ClientStreamingServer[SnapshotChunk, SnapshotResult]) error {
+	return status.Error(codes.Unimplemented, "method InstallSnapshot not implemented")
 }
 func (UnimplementedRaftServer) mustEmbedUnimplementedRaftServer() {}
 func (UnimplementedRaftServer) testEmbeddedByValue()              {}
@@ -124,6 +167,13 @@ func _Raft_Send_Handler(srv interface{}, stream grpc.ServerStream) error {
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type Raft_SendServer = grpc.ClientStreamingServer[RaftBatch, SendSummary]
 
+func _Raft_InstallSnapshot_Handler(srv interface{}, stream grpc.ServerStream) error {
+	return srv.(RaftServer).InstallSnapshot(&grpc.GenericServerStream[SnapshotChunk, SnapshotResult]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Raft_InstallSnapshotServer = grpc.ClientStreamingServer[SnapshotChunk, SnapshotResult]
+
 // Raft_ServiceDesc is the grpc.ServiceDesc for Raft service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -135,6 +185,11 @@ var Raft_ServiceDesc = grpc.ServiceDesc{
 		{
 			StreamName:    "Send",
 			Handler:       _Raft_Send_Handler,
+			ClientStreams: true,
+		},
+		{
+			StreamName:    "InstallSnapshot",
+			Handler:       _Raft_InstallSnapshot_Handler,
 			ClientStreams: true,
 		},
 	},
