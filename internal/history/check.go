@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"maps"
+	"math"
 	"os"
 	"path/filepath"
 	"slices"
@@ -223,4 +224,75 @@ func Divergent(digests map[string]string) error {
 		}
 	}
 	return joined("replicas diverge", problems)
+}
+
+// WeakReads holds the reads marked Weak (served by any replica without
+// ReadIndex, so possibly stale) to the rule a follower read can keep
+// (replication design §5.4 d): an ok read that found a message found the
+// value the healed leader stores at that offset, never another (the
+// committed prefix never changes), and the value of a put that had been
+// invoked before the read returned, never one not yet sent. A weak read
+// that found nothing proves nothing and is not checked.
+func WeakReads(ops []Op, stored Stored) (checked int, err error) {
+	firstCall := map[string]int64{}
+	for _, o := range ops {
+		if o.Kind != Put {
+			continue
+		}
+		if c, ok := firstCall[o.Value]; !ok || o.Call < c {
+			firstCall[o.Value] = o.Call
+		}
+	}
+	var problems []string
+	for _, o := range ops {
+		if o.Kind != Read || !o.Weak || o.Outcome != OK || !o.Found {
+			continue
+		}
+		checked++
+		r, ok := stored.at(o.Queue, o.Offset)
+		switch call, sent := firstCall[o.Value]; {
+		case !ok:
+			problems = append(problems, fmt.Sprintf("%s: nothing stored there at the end", o))
+		case r.Value != o.Value:
+			problems = append(problems, fmt.Sprintf("%s: %q stored there at the end", o, r.Value))
+		case !sent:
+			problems = append(problems, fmt.Sprintf("%s: a value never sent", o))
+		case call > o.Return:
+			problems = append(problems, fmt.Sprintf("%s: read before its put was invoked (at %v)", o, time.Duration(call)))
+		}
+	}
+	return checked, joined("weak reads that no replica may serve", problems)
+}
+
+// Percentile is the p-th percentile (0 < p ≤ 100, nearest rank) of ds, 0
+// for none.
+func Percentile(ds []time.Duration, p float64) time.Duration {
+	if len(ds) == 0 {
+		return 0
+	}
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	i := int(math.Ceil(p/100*float64(len(s)))) - 1
+	return s[min(max(i, 0), len(s)-1)]
+}
+
+// Unavailability is, for each fault started at a time in faults (history
+// time), how long writes were unavailable: from the fault to the return
+// of the first ok put invoked at or after it. A fault after which no put
+// succeeded is left out (the liveness checks catch a group that never
+// recovers).
+func Unavailability(ops []Op, faults []int64) []time.Duration {
+	var ds []time.Duration
+	for _, f := range faults {
+		best := int64(-1)
+		for _, o := range ops {
+			if o.Kind == Put && o.Outcome == OK && o.Call >= f && (best < 0 || o.Return < best) {
+				best = o.Return
+			}
+		}
+		if best >= 0 {
+			ds = append(ds, time.Duration(best-f))
+		}
+	}
+	return ds
 }

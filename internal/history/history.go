@@ -70,6 +70,10 @@ type Op struct {
 	Offset int64
 	// Found: an ok Read found a message at Offset.
 	Found bool
+	// Weak marks a Read served by any replica up to its own commit point
+	// (a follower read, no ReadIndex): it may be stale, so it is left out
+	// of the linearizability check and held to WeakReads' rule instead.
+	Weak bool
 	// CommitLogOffset is where an ok put's record starts in the commitlog.
 	CommitLogOffset int64
 	// Attempt counts the sends of the same Value (0 for the first);
@@ -93,6 +97,9 @@ func (o Op) String() string {
 	case Read:
 		s += fmt.Sprintf(" @%d", o.Offset)
 		if o.Outcome == OK {
+			if o.Weak {
+				s += " (weak)"
+			}
 			if o.Found {
 				s += " -> " + o.Value
 			} else {

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -241,5 +242,70 @@ func TestRecorderAndBody(t *testing.T) {
 		if o.ID != i || o.Outcome != OK || o.Return < o.Call {
 			t.Fatalf("op %d recorded as %+v", i, o)
 		}
+	}
+}
+
+func weak(o Op) Op { o.Weak = true; return o }
+
+func TestWeakReads(t *testing.T) {
+	stored := Stored{0: {rec(0, "a"), rec(1, "b")}}
+	ops := []Op{put(0, 0, 0, "a", 10, 20, OK, 0), put(1, 0, 0, "b", 30, 40, Unknown, 0)}
+	for _, tc := range []struct {
+		name    string
+		read    Op
+		checked int
+		want    string
+	}{
+		{"the stored value", weak(read(2, 1, 0, 0, 15, 16, true, "a")), 1, ""},
+		{"an unknown put's stored value", weak(read(2, 1, 0, 1, 35, 36, true, "b")), 1, ""},
+		{"stale absent", weak(read(2, 1, 0, 1, 50, 51, false, "")), 0, ""},
+		{"another value at the offset", weak(read(2, 1, 0, 1, 50, 51, true, "a")), 1, `"b" stored there`},
+		{"past the final end", weak(read(2, 1, 0, 2, 50, 51, true, "b")), 1, "nothing stored there"},
+		{"read before its put was sent", weak(read(2, 1, 0, 1, 5, 6, true, "b")), 1, "before its put was invoked"},
+		{"never sent", weak(read(2, 1, 0, 0, 50, 51, true, "z")), 1, `"a" stored there`},
+		{"a strong read is not this checker's", read(2, 1, 0, 0, 50, 51, true, "z"), 0, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			n, err := WeakReads(append(slices.Clone(ops), tc.read), stored)
+			if n != tc.checked {
+				t.Errorf("checked %d reads, want %d", n, tc.checked)
+			}
+			check(t, err, tc.want)
+		})
+	}
+	// A stored value nobody sent, read by a follower.
+	_, err := WeakReads([]Op{weak(read(0, 1, 0, 0, 5, 6, true, "z"))}, Stored{0: {rec(0, "z")}})
+	check(t, err, "never sent")
+}
+
+func TestWeakReadsLeftOutOfLinearizability(t *testing.T) {
+	// A stale follower read after an ack: not linearizable as a strong
+	// read, allowed as a weak one.
+	ops := []Op{put(0, 0, 0, "a", 0, 1, OK, 0), weak(read(1, 1, 0, 0, 2, 3, false, ""))}
+	if err := Linearizable(ops, nil, t.TempDir(), 10*time.Second); err != nil {
+		t.Fatalf("a stale weak read failed the linearizability check: %v", err)
+	}
+	ops[1].Weak = false
+	check(t, Linearizable(ops, nil, t.TempDir(), 10*time.Second), "not linearizable")
+}
+
+func TestUnavailabilityAndPercentile(t *testing.T) {
+	ops := []Op{put(0, 0, 0, "a", 0, 10, OK, 0), put(1, 0, 0, "b", 20, 30, Unknown, 0), put(2, 1, 0, "c", 25, 90, OK, 1),
+		put(3, 0, 0, "d", 40, 60, OK, 2), put(4, 0, 0, "e", 100, 110, Fail, 3)}
+	got := Unavailability(ops, []int64{15, 35, 95})
+	if want := []time.Duration{45, 25}; !slices.Equal(got, want) {
+		t.Fatalf("Unavailability = %v, want %v (the fault at 95 has no ok put after it)", got, want)
+	}
+	ds := []time.Duration{5, 1, 4, 2, 3}
+	for _, tc := range []struct {
+		p    float64
+		want time.Duration
+	}{{50, 3}, {99, 5}, {100, 5}, {1, 1}} {
+		if got := Percentile(ds, tc.p); got != tc.want {
+			t.Errorf("Percentile(%v, %v) = %v, want %v", ds, tc.p, got, tc.want)
+		}
+	}
+	if Percentile(nil, 50) != 0 {
+		t.Error("Percentile of nothing is not 0")
 	}
 }

@@ -186,7 +186,7 @@ func operations(ops []Op, stored Stored) []porcupine.Operation {
 		case o.Outcome == OK && o.Kind == Put:
 			h = append(h, porcupine.Operation{ClientId: o.Client, Input: in, Call: o.Call, Return: o.Return,
 				Output: output{offset: o.Offset}})
-		case o.Outcome == OK && o.Kind == Read:
+		case o.Outcome == OK && o.Kind == Read && !o.Weak:
 			h = append(h, porcupine.Operation{ClientId: o.Client, Input: in, Call: o.Call, Return: o.Return,
 				Output: output{offset: o.Offset, found: o.Found, value: o.Value}})
 		case o.Kind == Put && (o.Outcome == Unknown || o.Outcome == Pending):
@@ -210,7 +210,7 @@ func proofs(ops []Op) func(q int32, off int64) int64 {
 	by := map[int32][]ev{}
 	for _, o := range ops {
 		switch {
-		case o.Outcome == OK && o.Kind == Read && o.Found:
+		case o.Outcome == OK && o.Kind == Read && o.Found && !o.Weak:
 			by[o.Queue] = append(by[o.Queue], ev{o.Offset, o.Return})
 		case o.Outcome == OK && o.Kind == Put:
 			by[o.Queue] = append(by[o.Queue], ev{o.Offset - 1, o.Return})
