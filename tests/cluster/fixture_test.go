@@ -1,14 +1,23 @@
 // Package cluster runs fault scenarios against real storaged processes on
 // 127.0.0.1 (replication design §5.3–5.4, issue 14): clients put and read
-// through an in-test TCP proxy (internal/nemesis) while a nemesis kills,
-// pauses or cuts off a node; afterwards every fault is healed, everything
-// is read back, and the history is checked (internal/history): nothing
-// acked lost or moved, no unexplained duplicate, linearizable per queue
-// (porcupine), and a minimum rate of successful operations.
+// while a nemesis kills, pauses, stops or cuts off nodes; afterwards every
+// fault is healed, everything is read back, and the history is checked
+// (internal/history): nothing acked lost or moved, no unexplained
+// duplicate, linearizable per queue (porcupine), and a minimum rate of
+// successful operations.
 //
-// Today the fixture is one standalone node; a replicated group slots in
-// as another Fixture (Nodes, Leader, Proxy per directed link) and its
-// nemeses as more table entries.
+// TestScenarios runs against one standalone node behind a client proxy.
+// TestGroupScenarios runs against a replication group of 3 whose every
+// directed peer link goes through its own proxy (group_test.go): kill -9
+// of a random node and of the leader (chased), SIGSTOP of the leader,
+// leader isolation, minority/majority splits, a bridge, one-way partitions,
+// flapping links and a rolling SIGTERM restart. Writers follow the
+// leaders' hints and resend only puts refused with "nothing stored";
+// readers read from any member (follower reads, held to the weaker rule of
+// history.WeakReads). After the heal the members must agree byte for byte
+// on the commitlog up to the commit end and on every consume queue.
+// TestGroupLong (-cluster.long, 5 members by default) and TestGroupCatchUp
+// (-cluster.catchup) run by hand (RELIABILITY.md).
 package cluster
 
 import (

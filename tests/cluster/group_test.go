@@ -6,6 +6,7 @@ import (
 	"net"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -18,14 +19,25 @@ import (
 	"github.com/storaged/storaged/internal/proctest"
 )
 
-// group is the Fixture of a 3-member replication group: three storaged
+// group is the Fixture of a replication group of 3 (or 5) storaged
 // processes on 127.0.0.1 with --raft-peers, each with its own data dir.
-// Clients dial the nodes directly (no client proxies yet), and peer links
-// have no proxies yet either: Proxy returns nil.
+// Every directed peer link goes through its own nemesis proxy: member i is
+// started with a --raft-peers list in which member j's address is the
+// proxy i->j, which forwards to j's real --peer-listen. The cluster id
+// digests only the member ids and the peer handshake checks ids, group and
+// cluster (plus, with TLS, the certificate against the listed host, which
+// stays 127.0.0.1), so each member may see its own list of addresses.
+// Clients dial the members directly.
 type group struct {
 	nodes     []*proctest.Process
 	names     map[*proctest.Process]string
-	peerAddrs []string // the members' --raft-peers addresses, by id-1
+	peerAddrs []string // the members' real peer listeners, by id-1
+	// proxies[i][j] carries member i+1's raft traffic to member j+1
+	// (Tx: i's messages; Rx: the stream's acks back); nil for i == j.
+	proxies [][]*nemesis.Proxy
+
+	mu  sync.Mutex
+	cut map[[2]int]bool // links cut by Cut, reset again by Mend and Heal
 }
 
 // freePorts reserves n loopback ports for the peer listeners (listen on
@@ -49,20 +61,44 @@ func freePorts(t *testing.T, n int) []string {
 	return addrs
 }
 
-func newGroup(t *testing.T, flags ...string) *group {
+// newGroup starts a group of 3 with proxied peer links.
+func newGroup(t *testing.T, flags ...string) *group { return newGroupN(t, 3, 1, flags...) }
+
+// newGroupN starts a group of n members (ids 1..n); seed seeds the
+// proxies' delay jitter.
+func newGroupN(t *testing.T, n int, seed uint64, flags ...string) *group {
 	t.Helper()
-	peerAddrs := freePorts(t, 3)
-	var peers []string
-	for i, a := range peerAddrs {
-		peers = append(peers, fmt.Sprintf("%d=%s", i+1, a))
+	peerAddrs := freePorts(t, n)
+	g := &group{names: map[*proctest.Process]string{}, peerAddrs: peerAddrs, cut: map[[2]int]bool{}}
+	g.proxies = make([][]*nemesis.Proxy, n)
+	for i := range n {
+		g.proxies[i] = make([]*nemesis.Proxy, n)
+		for j := range n {
+			if i == j {
+				continue
+			}
+			p, err := nemesis.New(nemesis.Options{Target: peerAddrs[j], Seed: seed*1000 + uint64(i*n+j)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { p.Close() })
+			g.proxies[i][j] = p
+		}
 	}
-	g := &group{names: map[*proctest.Process]string{}, peerAddrs: peerAddrs}
 	dir := t.TempDir()
-	for i := range 3 {
+	for i := range n {
+		var peers []string
+		for j := range n {
+			addr := peerAddrs[j]
+			if j != i {
+				addr = g.proxies[i][j].Addr()
+			}
+			peers = append(peers, fmt.Sprintf("%d=%s", j+1, addr))
+		}
 		name := fmt.Sprintf("n%d", i+1)
 		p := proctest.Start(t, proctest.Options{Binary: binary, Name: name, DataDir: filepath.Join(dir, name),
 			Flags: append([]string{"--raft-id", fmt.Sprint(i + 1), "--raft-peers", strings.Join(peers, ","),
-				"--file-size", "256KiB"}, flags...)})
+				"--peer-listen", peerAddrs[i], "--file-size", "256KiB"}, flags...)})
 		g.nodes = append(g.nodes, p)
 		g.names[p] = name
 	}
@@ -72,13 +108,97 @@ func newGroup(t *testing.T, flags ...string) *group {
 func (g *group) Nodes() []*proctest.Process            { return g.nodes }
 func (g *group) Name(p *proctest.Process) string       { return g.names[p] }
 func (g *group) ClientAddr(p *proctest.Process) string { return p.Addr() }
-func (g *group) Proxy(a, b string) *nemesis.Proxy      { return nil }
 
-// Leader waits (30 s at most) for one running node to report itself the
+// Proxy is the directed peer link from member a to member b (names n1,
+// n2, ...); clients have no proxies in a group (nil).
+func (g *group) Proxy(a, b string) *nemesis.Proxy {
+	i, j := g.index(a), g.index(b)
+	if i < 0 || j < 0 || i == j {
+		return nil
+	}
+	return g.proxies[i][j]
+}
+
+func (g *group) index(name string) int {
+	for i, p := range g.nodes {
+		if g.names[p] == name {
+			return i
+		}
+	}
+	return -1
+}
+
+// Cut drops everything on the directed link from member i to member j
+// (indexes into Nodes): i's raft messages no longer reach j, while j's
+// still reach i over the link j->i. The proxy blackholes both directions
+// of the link's TCP connections (their acks too) and resets the live ones,
+// so no connection carries a gap: the proxy drops bytes mid-stream, which
+// TCP never does, and a plaintext HTTP/2 stream resumed after a gap would
+// parse garbage. Mend resets them again.
+func (g *group) Cut(i, j int) {
+	p := g.proxies[i][j]
+	p.BlackholeTx()
+	p.BlackholeRx()
+	p.ResetConns()
+	g.mu.Lock()
+	g.cut[[2]int{i, j}] = true
+	g.mu.Unlock()
+}
+
+// Mend undoes Cut (and any other fault on the link).
+func (g *group) Mend(i, j int) {
+	p := g.proxies[i][j]
+	p.Heal()
+	p.ResetConns()
+	g.mu.Lock()
+	delete(g.cut, [2]int{i, j})
+	g.mu.Unlock()
+}
+
+// Partition cuts every link between the two sides, both ways.
+func (g *group) Partition(a, b []int) {
+	for _, i := range a {
+		for _, j := range b {
+			g.Cut(i, j)
+			g.Cut(j, i)
+		}
+	}
+}
+
+// MendAll mends every cut link.
+func (g *group) MendAll() {
+	g.mu.Lock()
+	var links [][2]int
+	for l := range g.cut {
+		links = append(links, l)
+	}
+	g.mu.Unlock()
+	for _, l := range links {
+		g.Mend(l[0], l[1])
+	}
+}
+
+// info asks member p for its GetReplicaInfo (nil if it does not answer
+// within a second: down, paused, busy).
+func info(p *proctest.Process) *storagedv1.GetReplicaInfoResponse {
+	conn := p.Conn()
+	if conn == nil {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	ri, err := storagedv1.NewMessageStoreServiceClient(conn).GetReplicaInfo(ctx, &storagedv1.GetReplicaInfoRequest{})
+	if err != nil {
+		return nil
+	}
+	return ri
+}
+
+// Leader waits (60 s at most) for one running node to report itself the
 // ready leader.
 func (g *group) Leader(t testing.TB) *proctest.Process {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
+	deadline := time.Now().Add(60 * time.Second)
 	tick := time.NewTicker(20 * time.Millisecond)
 	defer tick.Stop()
 	for {
@@ -86,22 +206,21 @@ func (g *group) Leader(t testing.TB) *proctest.Process {
 			if !p.Running() {
 				continue
 			}
-			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-			ri, err := storagedv1.NewMessageStoreServiceClient(p.Conn()).GetReplicaInfo(ctx, &storagedv1.GetReplicaInfoRequest{})
-			cancel()
-			if err == nil && ri.GetRole() == storagedv1.ReplicaRole_REPLICA_ROLE_LEADER && ri.GetReady() {
+			if ri := info(p); ri != nil && ri.GetRole() == storagedv1.ReplicaRole_REPLICA_ROLE_LEADER && ri.GetReady() {
 				return p
 			}
 		}
 		if time.Now().After(deadline) {
-			t.Fatal("no ready leader within 30 s")
+			t.Fatal("no ready leader within 60 s")
 		}
 		<-tick.C
 	}
 }
 
+// Heal mends every link, resumes paused members and restarts killed ones.
 func (g *group) Heal(t testing.TB) {
 	t.Helper()
+	g.MendAll()
 	for _, p := range g.nodes {
 		if !p.Running() {
 			p.Restart(t)

@@ -1,0 +1,535 @@
+package cluster
+
+import (
+	"bytes"
+	"context"
+	"flag"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"slices"
+	"testing"
+	"time"
+
+	storagedv1 "github.com/storaged/storaged/gen/storaged/v1"
+	"github.com/storaged/storaged/internal/history"
+	"github.com/storaged/storaged/internal/proctest"
+)
+
+// long runs TestGroupLong: mixed nemeses for this long on -cluster.nodes
+// members (RELIABILITY.md, "Long runs by hand").
+var (
+	long      = flag.Duration("cluster.long", 0, "run TestGroupLong: mixed group nemeses for this long (0: skip)")
+	longNodes = flag.Int("cluster.nodes", 5, "members of TestGroupLong's group (3 or 5)")
+	catchUp   = flag.Duration("cluster.catchup", 0, "run TestGroupCatchUp: a follower cut off for this long under load (0: skip)")
+)
+
+// A groupNemesis injects faults into g until ctx ends, noting in log when
+// each fault starts (log.starts, for write unavailability) and ends.
+type groupNemesis func(ctx context.Context, t *testing.T, g *group, rng *rand.Rand, rec *history.Recorder, log *groupFaults)
+
+type groupFaults struct {
+	n      int
+	starts []int64
+	heals  []int64
+}
+
+func (f *groupFaults) start(rec *history.Recorder) { f.n++; f.starts = append(f.starts, rec.Now()) }
+func (f *groupFaults) heal(rec *history.Recorder)  { f.heals = append(f.heals, rec.Now()) }
+
+type groupScenario struct {
+	name     string
+	nodes    int
+	duration time.Duration // CI run
+	seed     uint64
+	// minOKPerSec is the liveness floor: ok operations per second of the
+	// run, faults included (see RELIABILITY.md for what runs reach).
+	minOKPerSec float64
+	nemesis     groupNemesis
+}
+
+func (g *group) indexOf(p *proctest.Process) int { return slices.Index(g.nodes, p) }
+
+// others is every member index but the given ones.
+func (g *group) others(not ...int) []int {
+	var o []int
+	for i := range g.nodes {
+		if !slices.Contains(not, i) {
+			o = append(o, i)
+		}
+	}
+	return o
+}
+
+// restartDown restarts every member that is not running.
+func (g *group) restartDown(t *testing.T) {
+	for _, p := range g.nodes {
+		if !p.Running() {
+			p.Restart(t)
+		}
+	}
+}
+
+// The nemeses, each a loop of fault, hold, heal, hold until ctx ends.
+var (
+	kill9Random groupNemesis = func(ctx context.Context, t *testing.T, g *group, rng *rand.Rand, rec *history.Recorder, log *groupFaults) {
+		for hold(ctx, between(rng, time.Second, 2*time.Second)) {
+			n := g.nodes[rng.IntN(len(g.nodes))]
+			n.Kill(t)
+			log.start(rec)
+			hold(ctx, between(rng, time.Second, 3*time.Second))
+			n.Restart(t)
+			log.heal(rec)
+		}
+	}
+	// Kafka's hard_bounce, chased: kill -9 whoever leads, bring it back
+	// quickly, kill the next leader.
+	leaderChase groupNemesis = func(ctx context.Context, t *testing.T, g *group, rng *rand.Rand, rec *history.Recorder, log *groupFaults) {
+		for hold(ctx, between(rng, 500*time.Millisecond, 1500*time.Millisecond)) {
+			g.Leader(t).Kill(t)
+			log.start(rec)
+			hold(ctx, between(rng, 200*time.Millisecond, time.Second))
+			g.restartDown(t)
+			log.heal(rec)
+		}
+	}
+	// SIGSTOP the leader for 1-3 s: CheckQuorum must depose it once the
+	// others elect, and whatever it acks after SIGCONT must be committed.
+	pauseLeader groupNemesis = func(ctx context.Context, t *testing.T, g *group, rng *rand.Rand, rec *history.Recorder, log *groupFaults) {
+		for hold(ctx, between(rng, time.Second, 2*time.Second)) {
+			n := g.Leader(t)
+			n.Pause(t)
+			log.start(rec)
+			hold(ctx, between(rng, time.Second, 3*time.Second))
+			n.Resume(t)
+			log.heal(rec)
+		}
+	}
+	isolateLeader groupNemesis = func(ctx context.Context, t *testing.T, g *group, rng *rand.Rand, rec *history.Recorder, log *groupFaults) {
+		for hold(ctx, between(rng, time.Second, 2*time.Second)) {
+			l := g.indexOf(g.Leader(t))
+			g.Partition([]int{l}, g.others(l))
+			log.start(rec)
+			hold(ctx, between(rng, 2*time.Second, 5*time.Second))
+			g.MendAll()
+			log.heal(rec)
+		}
+	}
+	// A random minority (one of 3, two of 5) cut off from the majority,
+	// the leader on either side.
+	splitRandom groupNemesis = func(ctx context.Context, t *testing.T, g *group, rng *rand.Rand, rec *history.Recorder, log *groupFaults) {
+		for hold(ctx, between(rng, time.Second, 2*time.Second)) {
+			perm := rng.Perm(len(g.nodes))
+			minority := perm[:(len(g.nodes)-1)/2]
+			g.Partition(minority, g.others(minority...))
+			log.start(rec)
+			hold(ctx, between(rng, 2*time.Second, 5*time.Second))
+			g.MendAll()
+			log.heal(rec)
+		}
+	}
+	// A bridge: two halves that cannot reach each other, and one member
+	// (the bridge) that reaches both (Jepsen's bridge nemesis).
+	bridge groupNemesis = func(ctx context.Context, t *testing.T, g *group, rng *rand.Rand, rec *history.Recorder, log *groupFaults) {
+		for hold(ctx, between(rng, time.Second, 2*time.Second)) {
+			perm := rng.Perm(len(g.nodes))
+			half := (len(g.nodes) - 1) / 2 // perm[half] is the bridge
+			g.Partition(perm[:half], perm[half+1:])
+			log.start(rec)
+			hold(ctx, between(rng, 2*time.Second, 5*time.Second))
+			g.MendAll()
+			log.heal(rec)
+		}
+	}
+	// One-way partitions around the leader: its messages reach no one
+	// (the others elect; it hears their votes), or nothing reaches it
+	// (CheckQuorum deposes it while the others still hear it), or its
+	// link to one follower only.
+	oneWay groupNemesis = func(ctx context.Context, t *testing.T, g *group, rng *rand.Rand, rec *history.Recorder, log *groupFaults) {
+		for hold(ctx, between(rng, time.Second, 2*time.Second)) {
+			l := g.indexOf(g.Leader(t))
+			rest := g.others(l)
+			switch rng.IntN(3) {
+			case 0:
+				for _, j := range rest {
+					g.Cut(l, j)
+				}
+			case 1:
+				for _, j := range rest {
+					g.Cut(j, l)
+				}
+			case 2:
+				g.Cut(l, rest[rng.IntN(len(rest))])
+			}
+			log.start(rec)
+			hold(ctx, between(rng, 2*time.Second, 5*time.Second))
+			g.MendAll()
+			log.heal(rec)
+		}
+	}
+	// Flapping links: every 100-400 ms one directed link is cut or
+	// mended; every few seconds all are mended so the group can commit.
+	flapping groupNemesis = func(ctx context.Context, t *testing.T, g *group, rng *rand.Rand, rec *history.Recorder, log *groupFaults) {
+		for hold(ctx, between(rng, 500*time.Millisecond, time.Second)) {
+			log.start(rec)
+			for end := time.Now().Add(between(rng, 2*time.Second, 4*time.Second)); time.Now().Before(end); {
+				if !hold(ctx, between(rng, 100*time.Millisecond, 400*time.Millisecond)) {
+					break
+				}
+				i := rng.IntN(len(g.nodes))
+				j := g.others(i)[rng.IntN(len(g.nodes)-1)]
+				g.mu.Lock()
+				isCut := g.cut[[2]int{i, j}]
+				g.mu.Unlock()
+				if isCut {
+					g.Mend(i, j)
+				} else {
+					g.Cut(i, j)
+				}
+			}
+			g.MendAll()
+			log.heal(rec)
+		}
+	}
+	// A rolling SIGTERM restart under load: each member in turn, the
+	// leader included, drains and exits, then restarts on its data dir.
+	// It holds with or without leadership transfer on SIGTERM.
+	rollingRestart groupNemesis = func(ctx context.Context, t *testing.T, g *group, rng *rand.Rand, rec *history.Recorder, log *groupFaults) {
+		for i := 0; hold(ctx, between(rng, 500*time.Millisecond, 1500*time.Millisecond)); i = (i + 1) % len(g.nodes) {
+			n := g.nodes[i]
+			log.start(rec)
+			if err := n.Term(t, 60*time.Second); err != nil {
+				t.Errorf("%s: SIGTERM: exit %v", g.Name(n), err)
+			}
+			n.Restart(t)
+			log.heal(rec)
+		}
+	}
+)
+
+var groupScenarios = []groupScenario{
+	{name: "kill9-random", seed: 11, nemesis: kill9Random},
+	{name: "leader-chase", seed: 12, nemesis: leaderChase},
+	{name: "pause-leader", seed: 13, nemesis: pauseLeader},
+	{name: "isolate-leader", seed: 14, nemesis: isolateLeader},
+	{name: "split-minority", seed: 15, nemesis: splitRandom},
+	{name: "bridge", seed: 16, nemesis: bridge},
+	{name: "one-way", seed: 17, nemesis: oneWay},
+	{name: "flapping", seed: 18, nemesis: flapping},
+	{name: "rolling-restart", seed: 19, nemesis: rollingRestart},
+}
+
+// groupDuration is each group scenario's CI run: 9 of them, plus a group
+// start and the checks each, keep the package within its budget.
+const groupDuration = 20 * time.Second
+
+// groupMinOKPerSec is the liveness floor of a group scenario, faults
+// included; see RELIABILITY.md for what runs reach on the 2-core machine.
+const groupMinOKPerSec = 50
+
+// TestGroupScenarios runs every group nemesis against a fresh group of 3
+// under load, then heals and checks (package doc).
+func TestGroupScenarios(t *testing.T) {
+	if testing.Short() {
+		t.Skip("process scenarios skipped in -short mode")
+	}
+	for _, sc := range groupScenarios {
+		t.Run(sc.name, func(t *testing.T) {
+			if sc.nodes == 0 {
+				sc.nodes = 3
+			}
+			if sc.duration == 0 {
+				sc.duration = groupDuration
+			}
+			if sc.minOKPerSec == 0 {
+				sc.minOKPerSec = groupMinOKPerSec
+			}
+			runGroup(t, sc)
+		})
+	}
+}
+
+// TestGroupLong is the long form (by hand): every group nemesis in turn,
+// in a random order, for -cluster.long on -cluster.nodes members, checked
+// once at the end.
+func TestGroupLong(t *testing.T) {
+	if *long == 0 {
+		t.Skip("the long form runs by hand: -cluster.long 30m [-cluster.nodes 5]")
+	}
+	mixed := func(ctx context.Context, t *testing.T, g *group, rng *rand.Rand, rec *history.Recorder, log *groupFaults) {
+		for ctx.Err() == nil {
+			sc := groupScenarios[rng.IntN(len(groupScenarios))]
+			sctx, cancel := context.WithTimeout(ctx, between(rng, 20*time.Second, 60*time.Second))
+			t.Logf("%v: %s", time.Duration(rec.Now()).Round(time.Second), sc.name)
+			sc.nemesis(sctx, t, g, rng, rec, log)
+			cancel()
+			g.Heal(t)
+		}
+	}
+	seed := uint64(time.Now().UnixNano())
+	runGroup(t, groupScenario{name: "long-mixed", nodes: *longNodes, duration: *long, seed: seed, minOKPerSec: groupMinOKPerSec, nemesis: mixed})
+}
+
+// TestGroupCatchUp (by hand) cuts one follower off for -cluster.catchup
+// under load, heals, and reports how long it takes to apply what the
+// leader committed meanwhile.
+func TestGroupCatchUp(t *testing.T) {
+	if *catchUp == 0 {
+		t.Skip("runs by hand: -cluster.catchup 60s")
+	}
+	var caughtUp time.Duration
+	nem := func(ctx context.Context, t *testing.T, g *group, rng *rand.Rand, rec *history.Recorder, log *groupFaults) {
+		l := g.indexOf(g.Leader(t))
+		f := g.others(l)[0]
+		g.Partition([]int{f}, g.others(f))
+		log.start(rec)
+		hold(ctx, *catchUp)
+		target := info(g.nodes[l]).GetCommit()
+		g.MendAll()
+		log.heal(rec)
+		began := time.Now()
+		waitFor(t, 5*time.Minute, fmt.Sprintf("%s to apply index %d", g.Name(g.nodes[f]), target), func() bool {
+			ri := info(g.nodes[f])
+			return ri != nil && ri.GetApplied() >= target
+		})
+		caughtUp = time.Since(began)
+		t.Logf("catch-up: %s applied the %d entries' commit point %d in %v after the heal", g.Name(g.nodes[f]), target, target,
+			caughtUp.Round(time.Millisecond))
+		<-ctx.Done()
+	}
+	runGroup(t, groupScenario{name: "catch-up", nodes: 3, duration: *catchUp + 30*time.Second, seed: 21,
+		minOKPerSec: groupMinOKPerSec, nemesis: nem})
+}
+
+// waitFor polls cond every 50 ms until it holds, failing the test after
+// limit (a bound on a hang, not a timed assertion).
+func waitFor(t *testing.T, limit time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(limit)
+	tick := time.NewTicker(50 * time.Millisecond)
+	defer tick.Stop()
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("waited %v for %s", limit, what)
+		}
+		<-tick.C
+	}
+}
+
+// maxTerm is the highest term any answering member reports.
+func (g *group) maxTerm() uint64 {
+	var term uint64
+	for _, p := range g.nodes {
+		if ri := info(p); ri != nil {
+			term = max(term, ri.GetTerm())
+		}
+	}
+	return term
+}
+
+// runGroup drives one group scenario: load and nemesis for the duration,
+// heal, writes again, quiescence, read back from every member, check.
+func runGroup(t *testing.T, sc groupScenario) {
+	seed, dur := sc.seed, sc.duration
+	if *seedFlag != 0 {
+		seed = *seedFlag
+	}
+	if *soak > 0 && sc.name != "long-mixed" {
+		dur = *soak
+	}
+	t.Logf("%s: %d members, seed %d, %v (-cluster.seed %d replays the nemesis schedule, not the timings)", sc.name, sc.nodes, seed, dur, seed)
+	g := newGroupN(t, sc.nodes, seed, "--replication-timeout", groupReplicationTimeout)
+	rng := rand.New(rand.NewPCG(seed, 0))
+	leader := g.Leader(t)
+	term0 := g.maxTerm()
+	rec := history.NewRecorder()
+	load := newGroupLoad(t, g, rec)
+	const producers, readers = 16, 2
+	ctx, cancel := context.WithTimeout(context.Background(), dur)
+	defer cancel()
+	began := time.Now()
+	load.start(ctx, seed, g.indexOf(leader), producers, readers)
+	var log groupFaults
+	sc.nemesis(ctx, t, g, rng, rec, &log)
+	cancel()
+	load.wait()
+	ran := time.Since(began)
+	g.Heal(t)
+	healed := rec.Now()
+
+	// Liveness after the heal: writers that follow hints get a put
+	// through. The bound only ends a hang; the time is reported.
+	final, stop := context.WithTimeout(context.Background(), 60*time.Second)
+	defer stop()
+	after := &groupLoad{rec: rec, clients: load.clients, byAddr: load.byAddr}
+	target := 0
+	for seq := 0; ; seq++ {
+		out, next, delay := after.put(final, producers+readers, target, 0, history.Value(producers+readers, seq), 0)
+		if out == history.OK {
+			break
+		}
+		if final.Err() != nil {
+			t.Fatalf("no put succeeded within 60 s of the final heal")
+		}
+		target = next
+		hold(final, delay)
+	}
+	afterHeal, _ := history.FirstOKAfter(rec.Ops(), healed)
+	term1 := g.maxTerm()
+
+	ops := rec.Ops()
+	stored, commitEnd, divergence := groupReadBack(t, g)
+	var failed bool
+	report := func(err error) {
+		if err != nil {
+			failed = true
+			t.Error(err)
+		}
+	}
+	acked, lostErr := history.Lost(ops, stored)
+	report(lostErr)
+	lost := "0"
+	if lostErr != nil {
+		lost = "some (above)"
+	}
+	divergent := "0"
+	if divergence != nil {
+		divergent = "some (above)"
+	}
+	dups, err := history.Duplicates(ops, stored)
+	report(err)
+	report(divergence)
+	weakReads, err := history.WeakReads(ops, stored)
+	report(err)
+	rate, err := history.Liveness(ops, ran, sc.minOKPerSec)
+	report(err)
+	dir := filepath.Join(artifacts(t), "porcupine")
+	linErr := history.Linearizable(ops, stored, dir, max(60*time.Second, dur))
+	report(linErr)
+
+	unknown, unknownStored, refused := 0, 0, 0
+	have := map[string]bool{}
+	for _, rs := range stored {
+		for _, r := range rs {
+			have[r.Value] = true
+		}
+	}
+	for _, o := range ops {
+		switch {
+		case o.Kind == history.Put && o.Outcome == history.Unknown:
+			unknown++
+			if have[o.Value] {
+				unknownStored++
+			}
+		case o.Kind == history.Put && o.Outcome == history.Fail:
+			refused++
+		}
+	}
+	elections := term1 - term0
+	if log.n == 0 || unknown+refused == 0 && elections == 0 {
+		report(fmt.Errorf("the nemesis had no effect: %d faults, %d unknown and %d refused puts, %d elections", log.n, unknown, refused, elections))
+	}
+	unavail := history.Unavailability(ops, log.starts)
+	t.Logf("%s: %d faults; %d ops in %v, %.0f ok/s (floor %.0f); acked %d, lost %s, divergent %s, unknown %d (%d found stored), "+
+		"refused %d, duplicates %d, weak reads checked %d, linearizable %v, elections %d (term %d -> %d); "+
+		"write unavailability after a fault p50 %v p99 %v (n=%d); first ok after the final heal %v; commit end %d",
+		sc.name, log.n, len(ops), ran.Round(time.Millisecond), rate, sc.minOKPerSec, acked, lost, divergent, unknown, unknownStored,
+		refused, dups, weakReads, linErr == nil, elections, term0, term1,
+		history.Percentile(unavail, 50).Round(time.Millisecond), history.Percentile(unavail, 99).Round(time.Millisecond), len(unavail),
+		afterHeal.Round(time.Millisecond), commitEnd)
+	if failed {
+		for _, n := range g.nodes {
+			t.Logf("%s: data dir %s, stderr %s", g.Name(n), n.DataDir(), n.StderrPath())
+		}
+	}
+}
+
+// artifacts is where a test leaves files for a human: $TEST_ARTIFACTS/<test>
+// when set (CI keeps it), else the test's temp dir.
+func artifacts(t *testing.T) string {
+	if d := os.Getenv("TEST_ARTIFACTS"); d != "" {
+		return filepath.Join(d, filepath.FromSlash(t.Name()))
+	}
+	return t.TempDir()
+}
+
+// groupReadBack waits for quiescence (every member applied the same
+// commit point), then reads every queue of every member and compares:
+// the consume queues must hold the same (offset, value, commitlog offset)
+// everywhere, and the commitlog files the same bytes over [0, commit end).
+// It returns the leader's queues, for the history checks.
+func groupReadBack(t *testing.T, g *group) (history.Stored, int64, error) {
+	t.Helper()
+	leader := g.Leader(t)
+	var commitEnd int64
+	waitFor(t, 60*time.Second, "every member to apply the leader's commit point", func() bool {
+		lri := info(leader)
+		if lri == nil {
+			return false
+		}
+		for _, p := range g.nodes {
+			ri := info(p)
+			if ri == nil || ri.GetCommit() != lri.GetCommit() || ri.GetApplied() != ri.GetCommit() || ri.GetCommitEnd() != lri.GetCommitEnd() {
+				return false
+			}
+		}
+		commitEnd = lri.GetCommitEnd()
+		return true
+	})
+	per := map[*proctest.Process]history.Stored{}
+	for _, n := range g.nodes {
+		s := history.Stored{}
+		client := storagedv1.NewMessageStoreServiceClient(n.Conn())
+		for q := int32(0); q < queues; q++ {
+			err := proctest.PullQueue(context.Background(), client, topic, q, func(m *storagedv1.StoredMessage) {
+				s[q] = append(s[q], history.Record{Offset: m.QueueOffset, Value: history.ValueOf(m.Body), CommitLogOffset: m.CommitLogOffset})
+			})
+			if err != nil {
+				t.Fatalf("%s: %v", g.Name(n), err)
+			}
+		}
+		per[n] = s
+	}
+	digests := map[string]string{}
+	var problems []error
+	for _, n := range g.nodes {
+		d, err := history.CommitlogSHA256(n.DataDir(), 0, commitEnd)
+		if err != nil {
+			t.Fatalf("%s: %v", g.Name(n), err)
+		}
+		digests[g.Name(n)] = d
+		if err := sameQueues(per[leader], per[n]); err != nil {
+			problems = append(problems, fmt.Errorf("consume queues: %s differs from the leader %s: %w", g.Name(n), g.Name(leader), err))
+		}
+	}
+	if err := history.Divergent(digests); err != nil {
+		problems = append(problems, fmt.Errorf("commitlog over [0, %d): %w", commitEnd, err))
+	}
+	var err error
+	if len(problems) > 0 {
+		var b bytes.Buffer
+		for _, p := range problems {
+			fmt.Fprintln(&b, p)
+		}
+		err = fmt.Errorf("divergent: %s", b.String())
+	}
+	return per[leader], commitEnd, err
+}
+
+func sameQueues(a, b history.Stored) error {
+	for q := int32(0); q < queues; q++ {
+		ra, rb := a[q], b[q]
+		for i := range max(len(ra), len(rb)) {
+			switch {
+			case i >= len(ra):
+				return fmt.Errorf("queue %d: %d records, the leader %d", q, len(rb), len(ra))
+			case i >= len(rb):
+				return fmt.Errorf("queue %d: %d records, the leader %d", q, len(rb), len(ra))
+			case ra[i] != rb[i]:
+				return fmt.Errorf("queue %d offset %d: %+v, the leader %+v", q, ra[i].Offset, rb[i], ra[i])
+			}
+		}
+	}
+	return nil
+}
