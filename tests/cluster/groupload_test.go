@@ -38,7 +38,7 @@ const (
 type groupLoad struct {
 	rec     *history.Recorder
 	clients []storagedv1.MessageStoreServiceClient // by member index
-	byAddr  map[string]int                          // client address -> member index
+	byAddr  map[string]int                         // client address -> member index
 	acked   [queues]atomic.Int64
 	wg      sync.WaitGroup
 }
