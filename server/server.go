@@ -32,6 +32,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc"
 
+	rocketmqv2 "github.com/storaged/storaged/gen/apache/rocketmq/v2"
 	storagedv1 "github.com/storaged/storaged/gen/storaged/v1"
 	"github.com/storaged/storaged/internal/logthrottle"
 	"github.com/storaged/storaged/storage"
@@ -209,9 +210,12 @@ func (s *Service) Exemplars() *PutExemplars { return &s.exemplars }
 // it before GracefulStop. Calling it again is harmless.
 func (s *Service) Drain() { s.drain() }
 
-// Register registers the service on r.
+// Register registers the service on r: storaged.v1.MessageStoreService and,
+// on the same port, Apache RocketMQ 5's client protocol
+// (apache.rocketmq.v2.MessagingService, rocketmq.go) over the same store.
 func (s *Service) Register(r grpc.ServiceRegistrar) {
 	storagedv1.RegisterMessageStoreServiceServer(r, s)
+	rocketmqv2.RegisterMessagingServiceServer(r, &rocketMQ{svc: s})
 }
 
 // PutMessage implements storagedv1.MessageStoreServiceServer.

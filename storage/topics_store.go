@@ -92,6 +92,27 @@ func (s *Store) Topic(name string) (TopicInfo, error) {
 	return s.topicInfo(TopicConfig{Name: name, Queues: n}), nil
 }
 
+// RouteQueues returns how many queues a client may address in topic, for a
+// route answer (the RocketMQ protocol's QueryRoute): the topic's queue
+// count (exists true), or, for a topic that does not exist while
+// auto-creation is on, the count its first put will create it with
+// (exists false), as RocketMQ's broker answers an unknown topic with its
+// default route when autoCreateTopicEnable is on. A topic that does not
+// exist with auto-creation off is ErrTopicNotFound. The name is not checked
+// here: the caller checks it with the rules of what it serves.
+func (s *Store) RouteQueues(topic string) (queues int32, exists bool, err error) {
+	if s.closed.Load() {
+		return 0, false, ErrClosed
+	}
+	if n, ok := s.topics.get(topic); ok {
+		return n, true, nil
+	}
+	if !s.topics.autoCreate {
+		return 0, false, fmt.Errorf("%w: %s (topic auto-creation is off: create it through the admin service)", ErrTopicNotFound, topic)
+	}
+	return s.topics.defaultQueues, false, nil
+}
+
 // Topics lists up to limit topics (at most MaxListTopics; 0 means that)
 // whose names sort after after, in name order, and reports whether more
 // follow (continue from the last name returned).

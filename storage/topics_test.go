@@ -699,3 +699,40 @@ func TestTopicCreatesGroupCommitted(t *testing.T) {
 		t.Fatalf("after ENOSPC cleared: %v", err)
 	}
 }
+
+// TestRouteQueues: an existing topic answers its own queue count; an
+// unknown one the count its first put creates it with while auto-creation
+// is on (and that put then creates exactly that many), ErrTopicNotFound
+// while it is off; a closed store ErrClosed.
+func TestRouteQueues(t *testing.T) {
+	s, _ := openTest(t, func(o *Options) { o.DefaultQueues = 3 })
+	if _, err := s.CreateTopic("Made", 5); err != nil {
+		t.Fatal(err)
+	}
+	if n, exists, err := s.RouteQueues("Made"); err != nil || !exists || n != 5 {
+		t.Fatalf("existing topic: %d %v %v", n, exists, err)
+	}
+	n, exists, err := s.RouteQueues("Later")
+	if err != nil || exists || n != 3 {
+		t.Fatalf("unknown topic, auto-creation on: %d %v %v", n, exists, err)
+	}
+	m := msg("Later", "x")
+	m.QueueID = n - 1
+	if _, err := s.PutMessage(context.Background(), m); err != nil {
+		t.Fatalf("put to the last routed queue: %v", err)
+	}
+	if got, exists, err := s.RouteQueues("Later"); err != nil || !exists || got != n {
+		t.Fatalf("after the creating put: %d %v %v", got, exists, err)
+	}
+
+	off, _ := openTest(t, func(o *Options) { o.NoAutoCreateTopics = true })
+	if _, _, err := off.RouteQueues("Later"); !errors.Is(err, ErrTopicNotFound) {
+		t.Fatalf("unknown topic, auto-creation off: %v", err)
+	}
+	if err := off.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := off.RouteQueues("Later"); !errors.Is(err, ErrClosed) {
+		t.Fatalf("closed store: %v", err)
+	}
+}

@@ -1,0 +1,193 @@
+// Package rocketmqsdk runs Apache's official RocketMQ 5 Node.js SDK
+// (npm rocketmq-client-nodejs, pinned by package-lock.json, installed by
+// .ci/run) unchanged against a real storaged process, and checks what it
+// reports against what storaged holds, read back through storaged.v1.
+package rocketmqsdk
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	storagedv1 "github.com/storaged/storaged/gen/storaged/v1"
+	"github.com/storaged/storaged/internal/proctest"
+)
+
+var binary string
+
+func TestMain(m *testing.M) { proctest.Main(m, &binary) }
+
+// sdkTimeout bounds one run of the SDK script (startup, ten sends with
+// their retries, shutdown) on a loaded machine.
+const sdkTimeout = 2 * time.Minute
+
+// line is one line producer.js prints.
+type line struct {
+	Kind      string            `json:"kind"`
+	Body      string            `json:"body"`
+	Tag       string            `json:"tag"`
+	Keys      []string          `json:"keys"`
+	Group     string            `json:"group"`
+	Props     map[string]string `json:"props"`
+	MessageID string            `json:"messageId"`
+	Offset    int64             `json:"offset"`
+	Error     string            `json:"error"`
+	Code      int               `json:"code"`
+	Message   string            `json:"message"`
+}
+
+// need fails the test under CI=true and skips it otherwise when a
+// prerequisite is missing.
+func need(t *testing.T, ok bool, what string) {
+	t.Helper()
+	if ok {
+		return
+	}
+	if os.Getenv("CI") == "true" {
+		t.Fatalf("%s (CI=true: .ci/run installs it)", what)
+	}
+	t.Skipf("%s; skipped outside CI", what)
+}
+
+// nodeSDK returns the node binary, after checking that the SDK is
+// installed next to this test.
+func nodeSDK(t *testing.T) string {
+	t.Helper()
+	node, err := exec.LookPath("node")
+	need(t, err == nil, "node is not on PATH (Debian: apt-get install nodejs npm)")
+	_, err = os.Stat(filepath.Join("node_modules", "rocketmq-client-nodejs", "package.json"))
+	need(t, err == nil, "tests/rocketmq-sdk/node_modules lacks rocketmq-client-nodejs: run npm ci in tests/rocketmq-sdk")
+	return node
+}
+
+// runProducer runs producer.js against addr and returns what it printed.
+func runProducer(t *testing.T, node, addr string, args ...string) []line {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), sdkTimeout)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, node, append([]string{"producer.js", "--endpoints", addr}, args...)...)
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("producer.js: %v\nstdout:\n%s\nstderr:\n%s", err, stdout.String(), stderr.String())
+	}
+	var lines []line
+	sc := bufio.NewScanner(&stdout)
+	for sc.Scan() {
+		var l line
+		if err := json.Unmarshal(sc.Bytes(), &l); err != nil {
+			t.Fatalf("producer.js printed %q: %v", sc.Text(), err)
+		}
+		lines = append(lines, l)
+	}
+	return lines
+}
+
+// TestNodeSDKProducer: the SDK's Producer starts against storaged (route
+// of a topic that does not exist yet, settings over Telemetry), sends a
+// normal, a tagged (tag, keys, user properties) and FIFO messages of two
+// message groups, and sees three sends refused with the exceptions that
+// say why. Every receipt's messageId is a stored record's msgId whose
+// topic, body, tag, keys, properties, message group and queue offset are
+// what was sent; each group's messages are in one queue in send order; and
+// the topic holds exactly the messages with receipts.
+func TestNodeSDKProducer(t *testing.T) {
+	node := nodeSDK(t)
+	p := proctest.Start(t, proctest.Options{Binary: binary, DataDir: t.TempDir()})
+	const topic = "SdkOrders"
+	lines := runProducer(t, node, p.Addr(), "--topic", topic)
+
+	var kinds []string
+	for _, l := range lines {
+		kinds = append(kinds, l.Kind)
+	}
+	want := []string{"normal", "tagged", "fifo", "fifo", "fifo", "fifo", "fifo", "timer", "reserved-property", "bad-tag"}
+	if !slices.Equal(kinds, want) {
+		t.Fatalf("producer.js printed kinds %v, want %v", kinds, want)
+	}
+	refused := map[string]struct {
+		name string
+		code int
+	}{
+		"timer":             {"TypeError", 0},                // the route accepts NORMAL and FIFO only: the SDK refuses it itself
+		"reserved-property": {"BadRequestException", 40007}, // ILLEGAL_MESSAGE_PROPERTY_KEY
+		"bad-tag":           {"BadRequestException", 40004}, // ILLEGAL_MESSAGE_TAG
+	}
+	client := storagedv1.NewMessageStoreServiceClient(p.Conn())
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	groupQueue := map[string]int32{}
+	groupNext := map[string]int64{}
+	sent := map[string]bool{}
+	for _, l := range lines {
+		if r, ok := refused[l.Kind]; ok {
+			if l.Error != r.name || l.Code != r.code || l.MessageID != "" {
+				t.Errorf("%s: got error %q code %d (%s), want %s code %d", l.Kind, l.Error, l.Code, l.Message, r.name, r.code)
+			}
+			continue
+		}
+		if l.Error != "" || l.MessageID == "" {
+			t.Fatalf("%s %q: not stored: %s %d %s", l.Kind, l.Body, l.Error, l.Code, l.Message)
+		}
+		sent[l.Body] = true
+		res, err := client.GetMessage(ctx, &storagedv1.GetMessageRequest{Locator: &storagedv1.GetMessageRequest_MsgId{MsgId: l.MessageID}})
+		if err != nil {
+			t.Fatalf("%s %q: GetMessage(%s): %v", l.Kind, l.Body, l.MessageID, err)
+		}
+		m := res.GetMessage()
+		if m.GetTopic() != topic || string(m.GetBody()) != l.Body || m.GetMsgId() != l.MessageID || m.GetQueueOffset() != l.Offset {
+			t.Errorf("%s: stored %s %q msgId %s offset %d, sent %s %q, receipt %s offset %d", l.Kind,
+				m.GetTopic(), m.GetBody(), m.GetMsgId(), m.GetQueueOffset(), topic, l.Body, l.MessageID, l.Offset)
+		}
+		if m.GetTags() != l.Tag || m.GetKeys() != strings.Join(l.Keys, " ") {
+			t.Errorf("%s %q: stored tags %q keys %q, sent tag %q keys %q", l.Kind, l.Body, m.GetTags(), m.GetKeys(), l.Tag, l.Keys)
+		}
+		props := m.GetProperties()
+		for k, v := range l.Props {
+			if props[k] != v {
+				t.Errorf("%s %q: property %s = %q, sent %q", l.Kind, l.Body, k, props[k], v)
+			}
+		}
+		if props["__SHARDINGKEY"] != l.Group {
+			t.Errorf("%s %q: __SHARDINGKEY %q, sent group %q", l.Kind, l.Body, props["__SHARDINGKEY"], l.Group)
+		}
+		if len(props["UNIQ_KEY"]) != 34 { // the SDK's message id: 17 bytes in hex
+			t.Errorf("%s %q: UNIQ_KEY %q is not the SDK's message id", l.Kind, l.Body, props["UNIQ_KEY"])
+		}
+		if l.Group != "" {
+			q, seen := groupQueue[l.Group]
+			if seen && q != m.GetQueueId() {
+				t.Errorf("group %s: %q in queue %d, earlier ones in %d", l.Group, l.Body, m.GetQueueId(), q)
+			}
+			if seen && m.GetQueueOffset() <= groupNext[l.Group] {
+				t.Errorf("group %s: %q at offset %d, not after the previous one (%d)", l.Group, l.Body, m.GetQueueOffset(), groupNext[l.Group])
+			}
+			groupQueue[l.Group], groupNext[l.Group] = m.GetQueueId(), m.GetQueueOffset()
+		}
+	}
+
+	// The topic holds exactly the messages with receipts: a refused send
+	// (and the SDK's retries of it) stored nothing.
+	stored := map[string]int{}
+	for q := int32(0); q < 8; q++ { // the route of a new topic: storaged's default 8 queues
+		if err := proctest.PullQueue(ctx, client, topic, q, func(m *storagedv1.StoredMessage) { stored[string(m.GetBody())]++ }); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if len(stored) != len(sent) {
+		t.Errorf("the topic holds %d distinct bodies, %d were sent with receipts: %v", len(stored), len(sent), stored)
+	}
+	for b, n := range stored {
+		if !sent[b] || n != 1 {
+			t.Errorf("stored %q %d times; sent with a receipt: %v", b, n, sent[b])
+		}
+	}
+}
