@@ -117,7 +117,7 @@ func TestNodeSDKProducer(t *testing.T) {
 		name string
 		code int
 	}{
-		"timer":             {"TypeError", 0},                // the route accepts NORMAL and FIFO only: the SDK refuses it itself
+		"timer":             {"TypeError", 0},               // the route accepts NORMAL and FIFO only: the SDK refuses it itself
 		"reserved-property": {"BadRequestException", 40007}, // ILLEGAL_MESSAGE_PROPERTY_KEY
 		"bad-tag":           {"BadRequestException", 40004}, // ILLEGAL_MESSAGE_TAG
 	}
