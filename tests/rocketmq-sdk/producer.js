@@ -3,12 +3,13 @@
 // producer against storaged: rocketmq_sdk_test.go runs it and checks what
 // it prints against what storaged holds (read back through storaged.v1).
 //
-//   node producer.js --endpoints 127.0.0.1:PORT --topic T [--count N]
+//   node producer.js --endpoints 127.0.0.1:PORT --topic T [--count N [--inflight K]]
 //
 // Prints one JSON line per send: {"kind", "body", "tag", "keys", "group",
 // "props", "messageId", "offset"} for a receipt, {"kind", "error", "code"}
 // for a send the SDK or the server refused. With --count N it sends N
-// small messages and prints {"kind":"bench","count","ms"} instead.
+// messages of 1 KiB, K at a time (default 1), and prints
+// {"kind":"bench","count","inflight","ms"} instead (BENCHMARKS.md).
 
 const { format } = require('node:util');
 const { Producer } = require('rocketmq-client-nodejs');
@@ -41,6 +42,7 @@ async function main() {
   const endpoints = arg('endpoints');
   const topic = arg('topic');
   const count = Number(arg('count', '0'));
+  const inflight = Math.max(1, Number(arg('inflight', '1')));
   if (!endpoints || !topic) throw new Error('usage: node producer.js --endpoints host:port --topic T [--count N]');
   // topic given at start: the SDK queries the route and waits for the
   // server's answer to its settings on the telemetry stream.
@@ -49,9 +51,16 @@ async function main() {
   try {
     if (count > 0) {
       const body = Buffer.alloc(1024, 'x');
+      let next = 0;
+      const worker = async () => {
+        while (next < count) {
+          next++;
+          await producer.send({ topic, body });
+        }
+      };
       const began = Date.now();
-      for (let i = 0; i < count; i++) await producer.send({ topic, body });
-      out({ kind: 'bench', count, ms: Date.now() - began });
+      await Promise.all(Array.from({ length: inflight }, worker));
+      out({ kind: 'bench', count, inflight, ms: Date.now() - began });
       return;
     }
     await send(producer, 'normal', { topic, body: Buffer.from('normal-0') });
