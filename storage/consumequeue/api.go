@@ -210,3 +210,24 @@ func (q *Queue) trimBelow(minPhys int64) (int, error) {
 	}
 	return n, errors.Join(errs...)
 }
+
+// FirstAtOrAbove is the queue offset of the first entry whose message lies
+// at or above commitlog offset minPhys, or Count when there is none: where
+// a copy of this queue starts whose commitlog begins at minPhys (a
+// snapshot's per-queue first offset, design replication.md §3.5). Entries
+// are in commitlog order, so it is a binary search.
+func (q *Queue) FirstAtOrAbove(minPhys int64) (int64, error) {
+	lo, hi := q.min.Load(), q.count.Load()
+	var err error
+	i := sort.Search(int(hi-lo), func(i int) bool {
+		phys, _, _, ok, lerr := q.lookup(lo + int64(i))
+		if lerr != nil && err == nil {
+			err = lerr
+		}
+		return !ok || phys >= minPhys
+	})
+	if err != nil {
+		return 0, err
+	}
+	return lo + int64(i), nil
+}

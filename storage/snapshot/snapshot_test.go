@@ -389,3 +389,23 @@ func FuzzDecodeManifest(f *testing.F) {
 		}
 	})
 }
+
+// TestLastStoreTS: the store time of the last record below an end inside
+// the last file, and an error for a range the source does not hold.
+func TestLastStoreTS(t *testing.T) {
+	src := newSource(t, vfs.NewMem(), "/src", 10)
+	end := src.log.MaxOffset()
+	last := end - end%fileSize
+	if ts, err := LastStoreTS(src.log, last, end); err != nil || ts != src.lastT {
+		t.Fatalf("LastStoreTS: %d %v, want %d", ts, err, src.lastT)
+	}
+	if ts, err := LastStoreTS(src.log, last, last); err != nil || ts != 0 {
+		t.Fatalf("empty range: %d %v", ts, err)
+	}
+	if _, err := LastStoreTS(src.log, last, last+fileSize+1); !errors.Is(err, ErrGone) {
+		t.Fatalf("past the file: %v, want ErrGone", err)
+	}
+	if _, err := LastStoreTS(src.log, last, end-1); err == nil {
+		t.Fatal("an end inside a record was accepted")
+	}
+}

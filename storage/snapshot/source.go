@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"hash/crc32"
+
+	"github.com/storaged/storaged/storage/record"
 )
 
 // Source is the commitlog as the sender reads it (commitlog.Log): At
@@ -108,4 +110,28 @@ func Read(src Source, m *Manifest, chunkBytes int, send func(Chunk) error) error
 		}
 	}
 	return nil
+}
+
+// LastStoreTS is the store time of the last record in [from, end), one
+// file's records from its start (from) to the commit end: store times
+// never go backwards along the log, so it is the newest below end. 0 when
+// the range is empty.
+func LastStoreTS(src Source, from, end int64) (int64, error) {
+	src.ReadLock()
+	defer src.ReadUnlock()
+	b := src.At(from)
+	if int64(len(b)) < end-from {
+		return 0, fmt.Errorf("%w: [%d, %d)", ErrGone, from, end)
+	}
+	b = b[:end-from]
+	var ts int64
+	for off := 0; off < len(b); {
+		h, err := record.Parse(b[off:])
+		if err != nil || h.Total <= 0 || off+int(h.Total) > len(b) {
+			return 0, fmt.Errorf("snapshot: no record at commitlog offset %d below the end %d: %v", from+int64(off), end, err)
+		}
+		ts = record.StoreTimestamp(b[off:])
+		off += int(h.Total)
+	}
+	return ts, nil
 }
