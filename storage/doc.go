@@ -340,8 +340,19 @@
 //   - Peers: Transport.Send (non-blocking, may drop), Store.StepPeer,
 //     ReportUnreachable, ReplicaInfo; the gRPC transport is the server's.
 //
-// Not built yet: snapshots (retention must not delete files a lagging
-// follower still needs; nothing stops it yet), ReadIndex (linearizable)
+// Snapshots (§3.5) are being built as file transfers: SnapshotManifest
+// describes a replica at its applied index (files with CRC-32C, commit
+// end, newest store time, per-queue first offsets), storage/snapshot
+// reads the files in CRC'd chunks and stages and verifies them on the
+// receiver (every record scanned before anything else changes), and the
+// server's peer transport carries them (InstallSnapshot). Not wired yet:
+// raft never asks for a snapshot (FirstIndex stays 1, there is no
+// catch-up window), the install (atomic swap into the commitlog, raft log
+// reset to a base at S, consume queues starting at their first offsets)
+// is not written, and retention stays off in group mode except under disk
+// pressure, whose deletions a lagging follower cannot recover from yet.
+//
+// Not built yet: ReadIndex (linearizable)
 // reads, replicated delay progress (the scheduler runs on the ready leader
 // from its local progress: a new leader may re-deliver), replicated topic
 // config and deletes (DeleteTopic is refused, ErrGroupUnsupported), the
