@@ -231,3 +231,33 @@ func (q *Queue) FirstAtOrAbove(minPhys int64) (int64, error) {
 	}
 	return lo + int64(i), nil
 }
+
+// StartAt creates the empty queue topic/qid starting at queue offset
+// first: the dispatcher's first entry for it must be first, and offsets
+// below it are never served. Its first file is written at once with blank
+// entries before first (RocketMQ's fill-pre-blank), so that a reload finds
+// where it starts even while it holds no entry; the next checkpoint syncs
+// the file and records the queue's count. A snapshot's receiver starts
+// each queue of the manifest so (design replication.md §3.5), since the
+// messages below first were deleted before the snapshot was taken.
+// REQUIRES: before Start; the queue must not exist yet.
+func (d *Index) StartAt(topic string, qid int32, first int64) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	k := Key{topic, qid}
+	if _, ok := d.queues[k]; ok {
+		return fmt.Errorf("storage: consume queue %s/%d exists already", topic, qid)
+	}
+	if first < 0 {
+		return fmt.Errorf("storage: consume queue %s/%d cannot start at %d", topic, qid, first)
+	}
+	q := newQueue(d.files, d.root, topic, qid, d.opts.EntriesPerFile)
+	q.min.Store(first)
+	q.count.Store(first)
+	q.written, q.tailFirst = first, first
+	if err := q.startAt(first); err != nil {
+		return err
+	}
+	d.queues[k] = q
+	return nil
+}

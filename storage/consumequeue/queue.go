@@ -158,6 +158,9 @@ func loadQueue(cache *cqFiles, root, topic string, queueID int32, entriesPerFile
 		return q, nil
 	}
 	q.min.Store(q.files[0].first)
+	if err := q.skipBlanks(end); err != nil {
+		return nil, err
+	}
 	if end < want {
 		if end, err = q.scanValid(end, commitlogEnd); err != nil {
 			return nil, err
@@ -178,7 +181,7 @@ func loadQueue(cache *cqFiles, root, topic string, queueID int32, entriesPerFile
 // damaged queue is scanned; it is rebuilt from there.
 func (q *Queue) scanValid(end, commitlogEnd int64) (int64, error) {
 	buf := make([]byte, cqBlockEntries*cqEntrySize)
-	for i := q.files[0].first; i < end; {
+	for i := q.min.Load(); i < end; {
 		n := min(blockEnd(i, q.entries), end) - i
 		if err := q.readEntries(buf[:n*cqEntrySize], i); err != nil {
 			return 0, err
@@ -199,7 +202,7 @@ func (q *Queue) scanValid(end, commitlogEnd int64) (int64, error) {
 // restart reads one block per queue, not the whole file.
 func (q *Queue) validEnd(end, commitlogEnd int64) (int64, error) {
 	buf := q.cache.loadBuf[:]
-	for first := q.files[0].first; end > first; {
+	for first := q.min.Load(); end > first; {
 		lo := max(blockStart(end-1, q.entries), first)
 		b := buf[:(end-lo)*cqEntrySize]
 		if err := q.readEntries(b, lo); err != nil {
@@ -263,6 +266,51 @@ func (q *Queue) truncate(end int64) error {
 		return nil
 	}
 	return q.cut(end)
+}
+
+// A blank entry (RocketMQ ConsumeQueue.fillPreBlank): commitlog offset 0,
+// size MaxInt32, tags code 0. It only ever precedes a queue's first entry
+// in its first file, when the queue starts at k > 0 (StartAt).
+const blankSize = 1<<31 - 1
+
+func encodeBlank(b []byte) {
+	binary.BigEndian.PutUint64(b, 0)
+	binary.BigEndian.PutUint32(b[8:], blankSize)
+	binary.BigEndian.PutUint64(b[12:], 0)
+}
+
+func isBlank(off int64, size int32, tags int64) bool {
+	return off == 0 && size == blankSize && tags == 0
+}
+
+// skipBlanks moves min past the blank entries at the start of the first
+// file (a queue started at k > 0): they are a prefix of that file, so a
+// binary search over it finds k. end is the queue's end as the files'
+// sizes give it. REQUIRES: load.
+func (q *Queue) skipBlanks(end int64) error {
+	first := q.files[0].first
+	hi := min(end, first+q.entries)
+	if hi <= first {
+		return nil
+	}
+	var e [cqEntrySize]byte
+	var err error
+	blank := func(i int64) bool {
+		if rerr := q.readEntries(e[:], i); rerr != nil {
+			err = rerr
+			return false
+		}
+		return isBlank(decodeCQ(e[:]))
+	}
+	if !blank(first) {
+		return err
+	}
+	n := sort.Search(int(hi-first), func(j int) bool { return !blank(first + int64(j)) })
+	if err != nil {
+		return err
+	}
+	q.min.Store(first + int64(n))
+	return nil
 }
 
 func decodeCQ(b []byte) (off int64, size int32, tags int64) {
@@ -394,7 +442,7 @@ func (q *Queue) fileFor(i int64) (*cqFile, error) {
 	q.cache.dirs[q.dir] = true // the new file's entry
 	q.mu.Lock()
 	if len(q.files) == 0 {
-		q.min.Store(first)
+		q.min.Store(max(q.min.Load(), first)) // a queue started at k > first (StartAt) starts at k
 	}
 	q.files = append(q.files, cf)
 	q.mu.Unlock()
@@ -747,3 +795,27 @@ func Dir(root, topic string, queueID int32) string { return cqDir(root, topic, q
 
 // DecodeEntry decodes a 20-byte consume-queue entry.
 func DecodeEntry(b []byte) (phys int64, size int32, tags int64) { return decodeCQ(b) }
+
+// startAt writes the queue's first file: blank entries from the file's
+// first entry up to first (none when first starts a file; the file is
+// created empty then), so that a reload finds the queue starting at first
+// even before any entry is written. REQUIRES: a new queue, before Start.
+func (q *Queue) startAt(first int64) error {
+	cf, err := q.fileFor(first)
+	if err != nil {
+		return err
+	}
+	blanks := make([]byte, (first-cf.first)*cqEntrySize)
+	for i := 0; i < len(blanks); i += cqEntrySize {
+		encodeBlank(blanks[i:])
+	}
+	err = q.cache.with(cf, true, func(f vfs.File) error {
+		_, err := f.WriteAt(blanks, 0)
+		return err
+	})
+	if err != nil {
+		return q.ioErr("write", cf, err)
+	}
+	q.cache.markDirty(cf)
+	return nil
+}
