@@ -175,14 +175,20 @@ func (g *groupState) signal() {
 
 // groupCommitEnd is what recovery must treat as acknowledged in group
 // mode: the commit end of the raft log (read before anything is
-// recovered, design §3.4), at least the checkpoint's flushed offset.
-func (s *Store) groupCommitEnd(cpFlushed int64) (int64, error) {
+// recovered, design §3.4), at least the checkpoint's flushed offset; and
+// the synced extents past it, where only a torn write may be cut.
+func (s *Store) groupCommitEnd(cpFlushed int64) (int64, commitlog.Synced, error) {
 	g := s.opts.Group
-	ce, err := raftlog.CommitEnd(s.opts.FS, filepath.Join(s.opts.Dir, "raft"), g.IndexUnits)
+	dir := filepath.Join(s.opts.Dir, "raft")
+	ce, err := raftlog.CommitEnd(s.opts.FS, dir, g.IndexUnits)
 	if err != nil {
-		return 0, err
+		return 0, nil, err
 	}
-	return max(ce, cpFlushed), nil
+	synced, err := raftlog.SyncedData(s.opts.FS, dir, g.IndexUnits)
+	if err != nil {
+		return 0, nil, err
+	}
+	return max(ce, cpFlushed), synced, nil
 }
 
 // openGroupLog opens the raft log over the recovered commitlog (which it

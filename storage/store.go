@@ -118,13 +118,19 @@ func Open(opts Options) (*Store, error) {
 		opts.Logger.Warn().Msg("storage: the last run did not close cleanly; recovering from the checkpoint")
 	}
 	flushed := cp.Flushed
+	var synced commitlog.Synced
 	if opts.Group != nil {
-		if flushed, err = s.groupCommitEnd(cp.Flushed); err != nil {
+		if flushed, synced, err = s.groupCommitEnd(cp.Flushed); err != nil {
 			s.cleanup()
 			return nil, err
 		}
 	}
-	scan, err := s.log.Recover(flushed, cp.Dispatched)
+	var scan commitlog.ScanResult
+	if synced != nil {
+		scan, err = s.log.RecoverGroup(flushed, cp.Dispatched, synced)
+	} else {
+		scan, err = s.log.Recover(flushed, cp.Dispatched)
+	}
 	if err != nil {
 		s.cleanup()
 		return nil, err

@@ -162,6 +162,48 @@ func AllZero(b []byte) bool {
 //
 // What survived is synced, so it counts as durable from now on.
 func (l *Log) Recover(flushed, dispatched int64) (ScanResult, error) {
+	return l.recover(flushed, dispatched, nil)
+}
+
+// SectorSize is the unit of atomic writes the torn-write rule assumes
+// (etcd's wal minSectorSize): a power cut leaves each 512 B sector of a
+// page either old or new.
+const SectorSize = 512
+
+// Synced says whether commitlog offset off lies inside bytes a replica
+// wrote and vouched for (a raft index unit that holds: its entry's bytes
+// were copied before the unit was written), and where those bytes end.
+type Synced func(off int64) (end int64, ok bool)
+
+// RecoverGroup is Recover for a replica of a raft group (design
+// replication.md §3.4): past the flushed offset too, a bad record is cut
+// as a torn tail only if it is torn. It is corruption, a
+// *CorruptionError, when synced vouches for the bytes at the scan's stop
+// (a raft unit that holds was written after them, so a kill -9 did not
+// interrupt their copy) and no 512 B sector of them, from there to the
+// end synced gives, is all zero (a power cut leaves unwritten sectors
+// zero: the log's files are zero before they are written, and truncation
+// zeroes and syncs). A replica that cut such bytes could forget an entry
+// it acknowledged and vote for a leader lacking it.
+func (l *Log) RecoverGroup(flushed, dispatched int64, synced Synced) (ScanResult, error) {
+	return l.recover(flushed, dispatched, synced)
+}
+
+// HasZeroSector reports whether b, which starts at file offset off, has a
+// sector-aligned chunk (or the partial chunk at either end) of only zero
+// bytes: etcd's isTornEntry rule.
+func HasZeroSector(b []byte, off int64) bool {
+	for len(b) > 0 {
+		n := min(int64(len(b)), SectorSize-off%SectorSize)
+		if AllZero(b[:n]) {
+			return true
+		}
+		b, off = b[n:], off+n
+	}
+	return false
+}
+
+func (l *Log) recover(flushed, dispatched int64, synced Synced) (ScanResult, error) {
 	files := l.list.Snapshot()
 	if len(files) == 0 {
 		if flushed > 0 {
@@ -189,6 +231,11 @@ func (l *Log) Recover(flushed, dispatched int64) (ScanResult, error) {
 			name = "commitlog/" + f.Name()
 		}
 		return r, &base.CorruptionError{File: name, Offset: end, Flushed: flushed, Reason: reason}
+	}
+	if r.Bad && synced != nil {
+		if err := l.checkTorn(r, synced, flushed); err != nil {
+			return r, err
+		}
 	}
 	keep, err := l.cutAfter(files, end)
 	if err != nil {
@@ -339,4 +386,26 @@ func IsBoundary(files []*segment.File, off int64) (bool, int64) {
 	}
 	last := files[len(files)-1]
 	return off == last.End(), -1
+}
+
+// checkTorn refuses to cut the bad bytes at r.End when they are synced
+// and not torn (RecoverGroup).
+func (l *Log) checkTorn(r ScanResult, synced Synced, flushed int64) error {
+	hi, ok := synced(r.End)
+	if !ok {
+		return nil // no unit vouches for them: their copy may have been cut short
+	}
+	f := l.list.Find(r.End)
+	if f == nil {
+		return nil
+	}
+	pos := r.End - f.From()
+	n := min(hi-r.End, f.Size()-pos)
+	if n <= 0 || HasZeroSector(f.Data()[pos:pos+n], pos) {
+		return nil
+	}
+	return &base.CorruptionError{File: "commitlog/" + f.Name(), Offset: r.End, Flushed: flushed,
+		Reason: fmt.Sprintf("%s; past the commit point, but a raft index unit vouches for the %d bytes from here and "+
+			"no 512 B sector of them is zero, so this is damage to synced data, not a torn write: a replica must not cut "+
+			"entries it may have acknowledged (storaged replica repair --from PEER fetches them)", r.BadReason, n)}
 }

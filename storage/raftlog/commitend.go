@@ -7,6 +7,7 @@ import (
 	"io/fs"
 	"path/filepath"
 
+	"github.com/storaged/storaged/storage/commitlog"
 	"github.com/storaged/storaged/storage/internal/base"
 	"github.com/storaged/storaged/storage/vfs"
 )
@@ -63,4 +64,58 @@ func CommitEnd(fsys vfs.FS, dir string, indexUnits int) (int64, error) {
 		}
 	}
 	return meta.LogBase, nil
+}
+
+// SyncedData reads, before anything is recovered, the commitlog extents
+// of the DATA entries past HardState.Commit whose units hold, up to the
+// first zero unit (a damaged unit is skipped, not an end: recover calls
+// it corruption when units that hold follow it). Their bytes were copied
+// into the commitlog before their unit was written, so a kill -9 never
+// leaves them half copied; commitlog.RecoverGroup cuts damage in them only
+// when it is torn by a power cut (an all-zero sector). The extents are
+// as many as the uncommitted entries (bounded by raft's
+// MaxUncommittedEntriesSize).
+func SyncedData(fsys vfs.FS, dir string, indexUnits int) (commitlog.Synced, error) {
+	if indexUnits <= 0 {
+		indexUnits = DefaultIndexUnits
+	}
+	if _, err := fsys.ReadFile(filepath.Join(dir, metaName)); errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	} else if err != nil {
+		return nil, fmt.Errorf("raftlog: read meta: %w", err)
+	}
+	hsb, err := fsys.ReadFile(filepath.Join(dir, "hardstate"))
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return nil, fmt.Errorf("raftlog: read hardstate: %w", err)
+	}
+	hs, _ := decodeHardState(hsb)
+	x, err := loadIndex(fsys, filepath.Join(dir, "index"), uint64(indexUnits))
+	if err != nil {
+		return nil, err
+	}
+	defer x.close()
+	type extent struct{ lo, hi int64 }
+	var ext []extent
+	for i := hs.Commit + 1; ; i++ {
+		b := x.slot(i)
+		if b == nil {
+			break
+		}
+		u, err := DecodeUnit(b)
+		if errors.Is(err, ErrUnitZero) {
+			break
+		}
+		if err != nil || u.Kind != KindData || u.Len == 0 {
+			continue
+		}
+		ext = append(ext, extent{u.Pos, u.Pos + int64(u.Len)})
+	}
+	return func(off int64) (int64, bool) {
+		for _, e := range ext {
+			if off >= e.lo && off < e.hi {
+				return e.hi, true
+			}
+		}
+		return 0, false
+	}, nil
 }

@@ -54,7 +54,17 @@ func openReplicaAs(fs vfs.FS, meta Meta) (*replica, error) {
 		cl.Close()
 		return nil, err
 	}
-	if _, err := cl.Recover(commitEnd, 0); err != nil {
+	synced, err := SyncedData(fs, "/d/raft", testUnits)
+	if err != nil {
+		cl.Close()
+		return nil, err
+	}
+	if synced == nil {
+		_, err = cl.Recover(commitEnd, 0)
+	} else {
+		_, err = cl.RecoverGroup(commitEnd, 0, synced)
+	}
+	if err != nil {
 		cl.Close()
 		return nil, err
 	}

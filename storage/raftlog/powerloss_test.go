@@ -5,11 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"testing"
 
 	pb "go.etcd.io/raft/v3/raftpb"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/storaged/storaged/storage/commitlog"
 	"github.com/storaged/storaged/storage/internal/base"
 	"github.com/storaged/storaged/storage/segment"
 	"github.com/storaged/storaged/storage/vfs"
@@ -169,19 +171,40 @@ func powerLossRun(seed uint64) (midSync bool, extra, truncations int, err error)
 
 // TestRecoveryRefusesLostCommitted: a damaged unit or record below the
 // commit index, or a HardState commit past the log, is a CorruptionError;
-// the same damage above the commit index is a torn tail, cut.
+// above the commit index too, unless the damage is torn (design §3.4): a
+// record with an all-zero 512 B sector (what a power cut leaves of an
+// unsynced page), or the last unit (the only one a kill -9 can leave
+// half written). Torn damage is cut, keeping a copy.
 func TestRecoveryRefusesLostCommitted(t *testing.T) {
+	flipUnit := func(r *replica, u Unit, i uint64) { r.log.idx.slot(i)[3] ^= 1 }
+	flipRecord := func(r *replica, u Unit, i uint64) { r.cl.At(u.Pos)[u.Len-1] ^= 1 }
+	// tearRecord zeroes the entry's bytes from a sector boundary past its
+	// first 100 bytes to its end: the sectors a power cut did not write.
+	tearRecord := func(r *replica, u Unit, i uint64) {
+		from := u.Pos + 100
+		from += (commitlog.SectorSize - from%commitlog.SectorSize) % commitlog.SectorSize
+		if from >= u.Pos+int64(u.Len) {
+			from = u.Pos + 100
+		}
+		b := r.cl.At(from)
+		clear(b[:u.Pos+int64(u.Len)-from])
+	}
 	cases := []struct {
 		name    string
 		commit  uint64
+		at      uint64 // the entry damaged
 		damage  func(r *replica, u Unit, i uint64)
 		corrupt bool
 	}{
-		{"unit bit flip below commit", 6, func(r *replica, u Unit, i uint64) { r.log.idx.slot(i)[3] ^= 1 }, true},
-		{"unit bit flip above commit", 3, func(r *replica, u Unit, i uint64) { r.log.idx.slot(i)[3] ^= 1 }, false},
-		{"record bit flip below commit", 6, func(r *replica, u Unit, i uint64) { r.cl.At(u.Pos)[u.Len-1] ^= 1 }, true},
-		{"record bit flip above commit", 3, func(r *replica, u Unit, i uint64) { r.cl.At(u.Pos)[u.Len-1] ^= 1 }, false},
-		{"unit zeroed below commit", 6, func(r *replica, u Unit, i uint64) { clear(r.log.idx.slot(i)) }, true},
+		{"unit bit flip below commit", 6, 5, flipUnit, true},
+		{"unit bit flip above commit", 3, 5, flipUnit, true},
+		{"last unit torn above commit", 3, 8, flipUnit, false},
+		{"record bit flip below commit", 6, 5, flipRecord, true},
+		{"record bit flip above commit", 3, 5, flipRecord, true},
+		{"last record bit flip above commit", 3, 8, flipRecord, true},
+		{"record torn above commit", 3, 5, tearRecord, false},
+		{"record torn below commit", 6, 5, tearRecord, true},
+		{"unit zeroed below commit", 6, 5, func(r *replica, u Unit, i uint64) { clear(r.log.idx.slot(i)) }, true},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -206,11 +229,11 @@ func TestRecoveryRefusesLostCommitted(t *testing.T) {
 			if err := r.log.Sync(); err != nil {
 				t.Fatal(err)
 			}
-			u, err := r.log.unitAt(5)
+			u, err := r.log.unitAt(c.at)
 			if err != nil {
 				t.Fatal(err)
 			}
-			c.damage(r, u, 5)
+			c.damage(r, u, c.at)
 			if err := r.close(); err != nil {
 				t.Fatal(err)
 			}
@@ -221,12 +244,22 @@ func TestRecoveryRefusesLostCommitted(t *testing.T) {
 					rec.close()
 					t.Fatalf("recovery: %v, want a CorruptionError", err)
 				}
+				if ce.File == "" || !strings.Contains(err.Error(), fmt.Sprint(ce.Offset)) {
+					t.Fatalf("the error names no file or offset: %v", err)
+				}
 				t.Log(err)
-				// Refused, and nothing acknowledged was cut: entry 5's
+				// Refused, and nothing acknowledged was cut: the entry's
 				// bytes are still in the commitlog.
 				b, rerr := fs.ReadFile("/d/commitlog/" + segment.FileName(u.Pos-u.Pos%testFileSize))
 				if off := u.Pos % testFileSize; rerr != nil || int64(len(b)) < off+int64(u.Len) || allZero(b[off:off+int64(u.Len)]) {
-					t.Fatalf("entry 5's commitlog bytes were cut (%v)", rerr)
+					t.Fatalf("entry %d's commitlog bytes were cut (%v)", c.at, rerr)
+				}
+				// Refused again on the next attempt: the first did not cut it either.
+				if rec, err := openReplica(fs); !errors.As(err, &ce) {
+					if err == nil {
+						rec.close()
+					}
+					t.Fatalf("second recovery: %v, want a CorruptionError", err)
 				}
 				return
 			}
@@ -234,12 +267,15 @@ func TestRecoveryRefusesLostCommitted(t *testing.T) {
 				t.Fatalf("recovery: %v", err)
 			}
 			defer rec.close()
-			if last, _ := rec.log.LastIndex(); last != 4 {
-				t.Fatalf("recovered last index %d, want 4 (cut at the damaged entry 5)", last)
+			if last, _ := rec.log.LastIndex(); last != c.at-1 {
+				t.Fatalf("recovered last index %d, want %d (cut at the damaged entry %d)", last, c.at-1, c.at)
+			}
+			if c.at == 8 {
+				return // the unit was cut; the bytes are past the recovered end
 			}
 			// The cut bytes are kept for post-mortem.
 			b, err := fs.ReadFile("/d/commitlog/" + segment.FileName(u.Pos) + ".broken")
-			if err != nil || len(b) < int(u.Len) {
+			if err != nil || len(b) == 0 {
 				t.Fatalf("the cut commitlog bytes: %d bytes, %v", len(b), err)
 			}
 		})

@@ -50,6 +50,16 @@ func (l *Log) recover() error {
 		}
 		if err != nil {
 			why = fmt.Sprintf("entry %d: %v", i, err)
+			if j, ok := l.holdsAfter(i); ok && i > l.hs.cur.Commit {
+				// A kill -9 tears only the unit being written, the last
+				// one; a power cut leaves each 32 B unit (inside one
+				// sector) old or new. A damaged unit with units that hold
+				// after it is damage to synced, possibly acknowledged
+				// entries (design §3.4): never cut them.
+				return &base.CorruptionError{File: "raft/index/" + indexName(i-i%l.idx.units), Offset: dEnd, Flushed: l.opts.Flushed,
+					Reason: fmt.Sprintf("%s, past the commit index %d but followed by entry %d whose unit holds: damage to synced "+
+						"entries, not a torn write (storaged replica repair --from PEER fetches them)", why, l.hs.cur.Commit, j)}
+			}
 			break
 		}
 		if u.Term < prevTerm {
@@ -188,4 +198,20 @@ func (l *Log) saveUnits(k uint64) error {
 		return fmt.Errorf("raftlog: save the cut index units: %w", err)
 	}
 	return nil
+}
+
+// holdsAfter finds a unit that holds after index i, before the first zero
+// unit.
+func (l *Log) holdsAfter(i uint64) (uint64, bool) {
+	for j := i + 1; ; j++ {
+		b := l.idx.slot(j)
+		if b == nil {
+			return 0, false
+		}
+		if _, err := DecodeUnit(b); err == nil {
+			return j, true
+		} else if errors.Is(err, ErrUnitZero) {
+			return 0, false
+		}
+	}
 }

@@ -160,6 +160,11 @@ type CorruptionError struct {
 }
 
 func (e *CorruptionError) Error() string {
+	if e.Offset >= e.Flushed && e.Flushed > 0 {
+		// A replica's synced damage past the checkpoint (design §3.4).
+		return fmt.Sprintf("storage: corrupt record at commitlog offset %d in %s (past the flushed checkpoint %d): %s",
+			e.Offset, e.File, e.Flushed, e.Reason)
+	}
 	return fmt.Sprintf("storage: corrupt record at commitlog offset %d in %s (below the flushed checkpoint %d): %s",
 		e.Offset, e.File, e.Flushed, e.Reason)
 }
