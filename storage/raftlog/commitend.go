@@ -9,6 +9,7 @@ import (
 
 	"github.com/storaged/storaged/storage/commitlog"
 	"github.com/storaged/storaged/storage/internal/base"
+	"github.com/storaged/storaged/storage/record"
 	"github.com/storaged/storaged/storage/vfs"
 )
 
@@ -74,7 +75,8 @@ func CommitEnd(fsys vfs.FS, dir string, indexUnits int) (int64, error) {
 // leaves them half copied; commitlog.RecoverGroup cuts damage in them only
 // when it is torn by a power cut (an all-zero sector). The extents are
 // as many as the uncommitted entries (bounded by raft's
-// MaxUncommittedEntriesSize).
+// MaxUncommittedEntriesSize). The 8 B END_OF_FILE blank a synced entry's
+// roll wrote counts as synced too.
 func SyncedData(fsys vfs.FS, dir string, indexUnits int) (commitlog.Synced, error) {
 	if indexUnits <= 0 {
 		indexUnits = DefaultIndexUnits
@@ -83,6 +85,10 @@ func SyncedData(fsys vfs.FS, dir string, indexUnits int) (commitlog.Synced, erro
 		return nil, nil
 	} else if err != nil {
 		return nil, fmt.Errorf("raftlog: read meta: %w", err)
+	}
+	dEnd, err := CommitEnd(fsys, dir, indexUnits)
+	if err != nil {
+		return nil, err
 	}
 	hsb, err := fsys.ReadFile(filepath.Join(dir, "hardstate"))
 	if err != nil && !errors.Is(err, fs.ErrNotExist) {
@@ -108,7 +114,12 @@ func SyncedData(fsys vfs.FS, dir string, indexUnits int) (commitlog.Synced, erro
 		if err != nil || u.Kind != KindData || u.Len == 0 {
 			continue
 		}
+		if u.Flags&FlagBlank != 0 && u.Pos > dEnd {
+			// The END_OF_FILE blank before it was written with it.
+			ext = append(ext, extent{dEnd, min(dEnd+record.BlankLen, u.Pos)})
+		}
 		ext = append(ext, extent{u.Pos, u.Pos + int64(u.Len)})
+		dEnd = u.Pos + int64(u.Len)
 	}
 	return func(off int64) (int64, bool) {
 		for _, e := range ext {
