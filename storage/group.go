@@ -464,3 +464,71 @@ func (s *Store) ReplicaInfo() ReplicaInfo {
 
 // groupDelivering: only the ready leader runs the delay scheduler.
 func (s *Store) groupDelivering() bool { return s.group == nil || s.group.node.Ready() }
+
+// RaftRange is a run of raft entries as a peer's range repair reads them
+// (Store.ReadRaftRange, RepairReplica).
+type RaftRange = raftlog.Range
+
+// RaftRangeEntry is one entry of a RaftRange: unit and payload.
+type RaftRangeEntry = raftlog.RangeEntry
+
+// ReplicaRepairReport is what RepairReplica found and did.
+type ReplicaRepairReport = raftlog.RepairReport
+
+// ErrReplicaRepair wraps RepairReplica's refusals to take a peer's entry.
+var ErrReplicaRepair = raftlog.ErrRepair
+
+// ReadRaftRange copies up to maxBytes of payload (one entry at least) of
+// the synced raft entries [lo, hi), each checked against its unit, for a
+// peer repairing its copy (the FetchRange peer RPC). A damaged entry here
+// is an error wrapping ErrCorrupt.
+func (s *Store) ReadRaftRange(lo, hi uint64, maxBytes int) (RaftRange, error) {
+	if s.group == nil {
+		return RaftRange{}, ErrNotGroup
+	}
+	if s.closed.Load() {
+		return RaftRange{}, ErrClosed
+	}
+	return s.group.rlog.ReadRange(lo, hi, maxBytes)
+}
+
+// RepairReplica repairs the raft log of a stopped group member in
+// opts.Dir from a peer, offline (storaged replica repair --from, design
+// §3.4): the entries whose unit or payload fails its CRC are fetched with
+// fetch (which may return fewer entries than asked, none where the peer's
+// log ends), taken only when they are the same entries by raft's Log
+// Matching rule, checked record by record and rewritten in place, synced.
+// The data dir is locked meanwhile. Afterwards the member starts and
+// rejoins as usual.
+func RepairReplica(opts Options, fetch func(lo, hi uint64) (RaftRange, error)) (ReplicaRepairReport, error) {
+	opts = opts.withDefaults()
+	if err := opts.Validate(); err != nil {
+		return ReplicaRepairReport{}, err
+	}
+	lf, err := lockDir(opts.FS, opts.Dir)
+	if err != nil {
+		return ReplicaRepairReport{}, err
+	}
+	defer lf.Close()
+	l, err := openOffline(opts)
+	if err != nil {
+		return ReplicaRepairReport{}, err
+	}
+	defer l.Close()
+	units := 0
+	if opts.Group != nil {
+		units = opts.Group.IndexUnits
+	}
+	return raftlog.Repair(raftlog.RepairOptions{FS: opts.FS, Dir: filepath.Join(opts.Dir, "raft"), Commitlog: l,
+		IndexUnits: units, RequireCRC: !opts.DisablePropCRC, Fetch: fetch})
+}
+
+// ReplicaMeta is a group member's identity as its data dir records it.
+type ReplicaMeta = raftlog.Meta
+
+// ReadReplicaMeta reads the group identity (node id, group, cluster) of
+// the data dir in opts.Dir, offline.
+func ReadReplicaMeta(opts Options) (ReplicaMeta, error) {
+	opts = opts.withDefaults()
+	return raftlog.ReadMeta(opts.FS, filepath.Join(opts.Dir, "raft"))
+}

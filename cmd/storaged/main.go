@@ -28,6 +28,8 @@
 //	storaged check  [--data-dir D] [--file-size S]    verify the commitlog, print a JSON report (exit 1 on damage)
 //	storaged repair [--data-dir D] [--file-size S] --truncate-at OFFSET
 //	storaged repair [--data-dir D] [--file-size S] --rebuild-checkpoint
+//	storaged replica repair --from ID=HOST:PORT [--data-dir D] [--file-size S]
+//	                                                  re-fetch a group member's damaged raft entries from a peer
 //
 // And a client of the running server (health.go), the image's HEALTHCHECK:
 //
@@ -83,6 +85,8 @@ func main() {
 			os.Exit(runCheck(os.Args[2:], os.LookupEnv, os.Stdout, os.Stderr))
 		case "repair":
 			os.Exit(runRepair(os.Args[2:], os.LookupEnv, os.Stdout, os.Stderr))
+		case "replica":
+			os.Exit(runReplica(os.Args[2:], os.LookupEnv, os.Stdout, os.Stderr))
 		case "health":
 			os.Exit(runHealth(os.Args[2:], os.Stdout, os.Stderr))
 		}
@@ -325,6 +329,18 @@ func serve(ctx context.Context, cfg config, logger zerolog.Logger) (err error) {
 			return fmt.Errorf("data dir %s is in use by another storaged process (%w)", cfg.DataDir, err)
 		}
 		var cerr *storage.CorruptionError
+		if errors.As(err, &cerr) && cfg.Replication.group() {
+			o := offlineFlags{dataDir: cfg.DataDir, fileSize: cfg.FileSize}
+			repair := fmt.Sprintf("storaged replica repair %s --from %s", o.args(), cfg.Replication.repairSource())
+			logger.Error().Str("file", cerr.File).Int64("offset", cerr.Offset).Int64("flushed", cerr.Flushed).
+				Str("reason", cerr.Reason).Str("repair", repair).
+				Msg("this replica's acknowledged raft entries are damaged: refusing to start (a replica that cut them could " +
+					"elect a leader lacking them); run storaged replica repair --from a healthy member")
+			return fmt.Errorf("damaged raft entry data in %s at commitlog offset %d (%s): this member will not cut entries "+
+				"it may have acknowledged, since the group could then lose them; with this member stopped, run `%s` "+
+				"(the leader is the best source) to fetch the damaged entries from a healthy member, then start it again: %w",
+				cerr.File, cerr.Offset, cerr.Reason, repair, err)
+		}
 		if errors.As(err, &cerr) {
 			o := offlineFlags{dataDir: cfg.DataDir, fileSize: cfg.FileSize}
 			check := "storaged check " + o.args()
@@ -357,6 +373,7 @@ func serve(ctx context.Context, cfg config, logger zerolog.Logger) (err error) {
 	if tr := group.transport.Load(); tr != nil {
 		group.store.Store(st)
 		tr.SetStepper(st)
+		tr.SetRanger(storeRanger{st})
 	}
 	reg.MustRegister(server.NewStoreCollector(st, server.WithPutExemplars(svc.Exemplars())))
 	if cfg.Replication.group() {

@@ -372,3 +372,29 @@ func (g *groupRuntime) info(id uint64) func() server.ReplicaInfo {
 		return out
 	}
 }
+
+// repairSource is the --from a refused start suggests: the first other
+// member of --raft-peers.
+func (r *replicationConfig) repairSource() string {
+	for _, p := range r.RaftPeers {
+		if p.id != r.RaftID {
+			return fmt.Sprintf("%d=%s", p.id, p.addr)
+		}
+	}
+	return "ID=HOST:PORT"
+}
+
+// storeRanger serves the FetchRange peer RPC from the store.
+type storeRanger struct{ st *storage.Store }
+
+func (s storeRanger) ReadRange(lo, hi uint64, maxBytes int) (peer.Range, error) {
+	r, err := s.st.ReadRaftRange(lo, hi, maxBytes)
+	if errors.Is(err, storage.ErrCorrupt) {
+		err = fmt.Errorf("%w: %w", peer.ErrDamaged, err)
+	}
+	out := peer.Range{Commit: r.Commit, Last: r.Last}
+	for _, e := range r.Entries {
+		out.Entries = append(out.Entries, peer.RangeEntry{Index: e.Index, Unit: e.Unit, Data: e.Data})
+	}
+	return out, err
+}

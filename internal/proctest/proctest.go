@@ -310,6 +310,45 @@ func (p *Process) Term(t testing.TB, timeout time.Duration) error {
 	}
 }
 
+// StartRefused runs the process (it must not be running) with its usual
+// arguments and expects it to exit on its own within timeout without ever
+// serving, as a store that refuses to open does: it returns the exit
+// error (non-nil) and what that run wrote to stderr, stderr first. The test fails if
+// the process exits 0 or is still running at timeout (it is then killed).
+func (p *Process) StartRefused(t testing.TB, timeout time.Duration) (string, error) {
+	t.Helper()
+	p.mu.Lock()
+	if p.cmd != nil {
+		p.mu.Unlock()
+		t.Fatalf("%s: start while running", p.opts.Name)
+	}
+	addr := p.addr
+	p.starts++
+	p.mu.Unlock()
+	args := append([]string{"--listen", addr, "--metrics-listen", "", "--admin-listen", "", "--data-dir", p.opts.DataDir,
+		"--log-level", "info", "--reflection=false"}, p.opts.Flags...)
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	var stderr bytes.Buffer
+	cmd := exec.CommandContext(ctx, p.opts.Binary, args...)
+	cmd.Stderr = &stderr
+	err := cmd.Run()
+	if f, ferr := os.OpenFile(p.stderr, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644); ferr == nil {
+		fmt.Fprintf(f, "---- start %d (expected to be refused)\n%s", p.starts, stderr.Bytes())
+		f.Close()
+	}
+	switch {
+	case ctx.Err() != nil:
+		t.Fatalf("%s: still running %v after a start that should have been refused", p.opts.Name, timeout)
+	case err == nil:
+		t.Fatalf("%s: exited 0, want a refused start", p.opts.Name)
+	}
+	return stderr.String(), err
+}
+
+// Flags are the process's flags (Options.Flags).
+func (p *Process) Flags() []string { return append([]string(nil), p.opts.Flags...) }
+
 // tail returns the last n lines of a file, for failure messages.
 func tail(path string, n int) string {
 	b, err := os.ReadFile(path)

@@ -77,3 +77,19 @@ func loadOrBootstrapMeta(fsys vfs.FS, dir string, want Meta) (Meta, bool, error)
 	}
 	return got, false, nil
 }
+
+// ReadMeta reads raft/meta from the raft directory dir, offline (the
+// repair tool names its group, cluster and id from it). A dir never
+// bootstrapped is an error wrapping fs.ErrNotExist.
+func ReadMeta(fsys vfs.FS, dir string) (Meta, error) {
+	b, err := fsys.ReadFile(filepath.Join(dir, metaName))
+	if err != nil {
+		return Meta{}, fmt.Errorf("raftlog: read meta: %w", err)
+	}
+	body, ok := base.Unseal(b)
+	var m Meta
+	if !ok || json.Unmarshal(body, &m) != nil {
+		return Meta{}, &base.CorruptionError{File: "raft/meta", Reason: "raft/meta is damaged"}
+	}
+	return m, nil
+}

@@ -343,6 +343,221 @@ func (x *SnapshotResult) GetChunks() uint64 {
 	return 0
 }
 
+// FetchRangeRequest asks for the raft entries [lo, hi).
+type FetchRangeRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// group, cluster_id, from and to are the header, as in RaftBatch: from is the repairing member.
+	Group     string `protobuf:"bytes,1,opt,name=group,proto3" json:"group,omitempty"`
+	ClusterId string `protobuf:"bytes,2,opt,name=cluster_id,json=clusterId,proto3" json:"cluster_id,omitempty"`
+	From      uint64 `protobuf:"varint,3,opt,name=from,proto3" json:"from,omitempty"`
+	To        uint64 `protobuf:"varint,4,opt,name=to,proto3" json:"to,omitempty"`
+	// lo is the first raft index wanted (at least 1), hi the index past the last one.
+	Lo            uint64 `protobuf:"varint,5,opt,name=lo,proto3" json:"lo,omitempty"`
+	Hi            uint64 `protobuf:"varint,6,opt,name=hi,proto3" json:"hi,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FetchRangeRequest) Reset() {
+	*x = FetchRangeRequest{}
+	mi := &file_storaged_peer_v1_raft_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FetchRangeRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FetchRangeRequest) ProtoMessage() {}
+
+func (x *FetchRangeRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_storaged_peer_v1_raft_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FetchRangeRequest.ProtoReflect.Descriptor instead.
+func (*FetchRangeRequest) Descriptor() ([]byte, []int) {
+	return file_storaged_peer_v1_raft_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *FetchRangeRequest) GetGroup() string {
+	if x != nil {
+		return x.Group
+	}
+	return ""
+}
+
+func (x *FetchRangeRequest) GetClusterId() string {
+	if x != nil {
+		return x.ClusterId
+	}
+	return ""
+}
+
+func (x *FetchRangeRequest) GetFrom() uint64 {
+	if x != nil {
+		return x.From
+	}
+	return 0
+}
+
+func (x *FetchRangeRequest) GetTo() uint64 {
+	if x != nil {
+		return x.To
+	}
+	return 0
+}
+
+func (x *FetchRangeRequest) GetLo() uint64 {
+	if x != nil {
+		return x.Lo
+	}
+	return 0
+}
+
+func (x *FetchRangeRequest) GetHi() uint64 {
+	if x != nil {
+		return x.Hi
+	}
+	return 0
+}
+
+// RangeChunk is consecutive entries of a FetchRange stream.
+type RangeChunk struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// commit is the serving member's commit index, last its last synced index.
+	Commit uint64 `protobuf:"varint,1,opt,name=commit,proto3" json:"commit,omitempty"`
+	Last   uint64 `protobuf:"varint,2,opt,name=last,proto3" json:"last,omitempty"`
+	// entries are consecutive, from the next index wanted.
+	Entries       []*RangeEntry `protobuf:"bytes,3,rep,name=entries,proto3" json:"entries,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RangeChunk) Reset() {
+	*x = RangeChunk{}
+	mi := &file_storaged_peer_v1_raft_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RangeChunk) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RangeChunk) ProtoMessage() {}
+
+func (x *RangeChunk) ProtoReflect() protoreflect.Message {
+	mi := &file_storaged_peer_v1_raft_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RangeChunk.ProtoReflect.Descriptor instead.
+func (*RangeChunk) Descriptor() ([]byte, []int) {
+	return file_storaged_peer_v1_raft_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *RangeChunk) GetCommit() uint64 {
+	if x != nil {
+		return x.Commit
+	}
+	return 0
+}
+
+func (x *RangeChunk) GetLast() uint64 {
+	if x != nil {
+		return x.Last
+	}
+	return 0
+}
+
+func (x *RangeChunk) GetEntries() []*RangeEntry {
+	if x != nil {
+		return x.Entries
+	}
+	return nil
+}
+
+// RangeEntry is one raft entry as it lies on the serving member's disk.
+type RangeEntry struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// index is the raft index.
+	Index uint64 `protobuf:"varint,1,opt,name=index,proto3" json:"index,omitempty"`
+	// unit is the entry's 32 B index unit (term, position, length, kind, flags, CRCs).
+	Unit []byte `protobuf:"bytes,2,opt,name=unit,proto3" json:"unit,omitempty"`
+	// data is the payload: the commitlog bytes of a DATA entry, the meta-log bytes of a CONF or CMD entry,
+	// empty for an EMPTY entry.
+	Data          []byte `protobuf:"bytes,3,opt,name=data,proto3" json:"data,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RangeEntry) Reset() {
+	*x = RangeEntry{}
+	mi := &file_storaged_peer_v1_raft_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RangeEntry) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RangeEntry) ProtoMessage() {}
+
+func (x *RangeEntry) ProtoReflect() protoreflect.Message {
+	mi := &file_storaged_peer_v1_raft_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RangeEntry.ProtoReflect.Descriptor instead.
+func (*RangeEntry) Descriptor() ([]byte, []int) {
+	return file_storaged_peer_v1_raft_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *RangeEntry) GetIndex() uint64 {
+	if x != nil {
+		return x.Index
+	}
+	return 0
+}
+
+func (x *RangeEntry) GetUnit() []byte {
+	if x != nil {
+		return x.Unit
+	}
+	return nil
+}
+
+func (x *RangeEntry) GetData() []byte {
+	if x != nil {
+		return x.Data
+	}
+	return nil
+}
+
 var File_storaged_peer_v1_raft_proto protoreflect.FileDescriptor
 
 const file_storaged_peer_v1_raft_proto_rawDesc = "" +
@@ -372,10 +587,30 @@ const file_storaged_peer_v1_raft_proto_rawDesc = "" +
 	"\x06crc32c\x18\t \x01(\rR\x06crc32c\">\n" +
 	"\x0eSnapshotResult\x12\x14\n" +
 	"\x05bytes\x18\x01 \x01(\x04R\x05bytes\x12\x16\n" +
-	"\x06chunks\x18\x02 \x01(\x04R\x06chunks2\xa4\x01\n" +
+	"\x06chunks\x18\x02 \x01(\x04R\x06chunks\"\x8c\x01\n" +
+	"\x11FetchRangeRequest\x12\x14\n" +
+	"\x05group\x18\x01 \x01(\tR\x05group\x12\x1d\n" +
+	"\n" +
+	"cluster_id\x18\x02 \x01(\tR\tclusterId\x12\x12\n" +
+	"\x04from\x18\x03 \x01(\x04R\x04from\x12\x0e\n" +
+	"\x02to\x18\x04 \x01(\x04R\x02to\x12\x0e\n" +
+	"\x02lo\x18\x05 \x01(\x04R\x02lo\x12\x0e\n" +
+	"\x02hi\x18\x06 \x01(\x04R\x02hi\"p\n" +
+	"\n" +
+	"RangeChunk\x12\x16\n" +
+	"\x06commit\x18\x01 \x01(\x04R\x06commit\x12\x12\n" +
+	"\x04last\x18\x02 \x01(\x04R\x04last\x126\n" +
+	"\aentries\x18\x03 \x03(\v2\x1c.storaged.peer.v1.RangeEntryR\aentries\"J\n" +
+	"\n" +
+	"RangeEntry\x12\x14\n" +
+	"\x05index\x18\x01 \x01(\x04R\x05index\x12\x12\n" +
+	"\x04unit\x18\x02 \x01(\fR\x04unit\x12\x12\n" +
+	"\x04data\x18\x03 \x01(\fR\x04data2\xf7\x01\n" +
 	"\x04Raft\x12D\n" +
 	"\x04Send\x12\x1b.storaged.peer.v1.RaftBatch\x1a\x1d.storaged.peer.v1.SendSummary(\x01\x12V\n" +
-	"\x0fInstallSnapshot\x12\x1f.storaged.peer.v1.SnapshotChunk\x1a .storaged.peer.v1.SnapshotResult(\x01B\xbd\x01\n" +
+	"\x0fInstallSnapshot\x12\x1f.storaged.peer.v1.SnapshotChunk\x1a .storaged.peer.v1.SnapshotResult(\x01\x12Q\n" +
+	"\n" +
+	"FetchRange\x12#.storaged.peer.v1.FetchRangeRequest\x1a\x1c.storaged.peer.v1.RangeChunk0\x01B\xbd\x01\n" +
 	"\x14com.storaged.peer.v1B\tRaftProtoP\x01Z8github.com/storaged/storaged/gen/storaged/peer/v1;peerv1\xa2\x02\x03SPX\xaa\x02\x10Storaged.Peer.V1\xca\x02\x10Storaged\\Peer\\V1\xe2\x02\x1cStoraged\\Peer\\V1\\GPBMetadata\xea\x02\x12Storaged::Peer::V1b\x06proto3"
 
 var (
@@ -390,23 +625,29 @@ func file_storaged_peer_v1_raft_proto_rawDescGZIP() []byte {
 	return file_storaged_peer_v1_raft_proto_rawDescData
 }
 
-var file_storaged_peer_v1_raft_proto_msgTypes = make([]protoimpl.MessageInfo, 4)
+var file_storaged_peer_v1_raft_proto_msgTypes = make([]protoimpl.MessageInfo, 7)
 var file_storaged_peer_v1_raft_proto_goTypes = []any{
-	(*RaftBatch)(nil),      // 0: storaged.peer.v1.RaftBatch
-	(*SendSummary)(nil),    // 1: storaged.peer.v1.SendSummary
-	(*SnapshotChunk)(nil),  // 2: storaged.peer.v1.SnapshotChunk
-	(*SnapshotResult)(nil), // 3: storaged.peer.v1.SnapshotResult
+	(*RaftBatch)(nil),         // 0: storaged.peer.v1.RaftBatch
+	(*SendSummary)(nil),       // 1: storaged.peer.v1.SendSummary
+	(*SnapshotChunk)(nil),     // 2: storaged.peer.v1.SnapshotChunk
+	(*SnapshotResult)(nil),    // 3: storaged.peer.v1.SnapshotResult
+	(*FetchRangeRequest)(nil), // 4: storaged.peer.v1.FetchRangeRequest
+	(*RangeChunk)(nil),        // 5: storaged.peer.v1.RangeChunk
+	(*RangeEntry)(nil),        // 6: storaged.peer.v1.RangeEntry
 }
 var file_storaged_peer_v1_raft_proto_depIdxs = []int32{
-	0, // 0: storaged.peer.v1.Raft.Send:input_type -> storaged.peer.v1.RaftBatch
-	2, // 1: storaged.peer.v1.Raft.InstallSnapshot:input_type -> storaged.peer.v1.SnapshotChunk
-	1, // 2: storaged.peer.v1.Raft.Send:output_type -> storaged.peer.v1.SendSummary
-	3, // 3: storaged.peer.v1.Raft.InstallSnapshot:output_type -> storaged.peer.v1.SnapshotResult
-	2, // [2:4] is the sub-list for method output_type
-	0, // [0:2] is the sub-list for method input_type
-	0, // [0:0] is the sub-list for extension type_name
-	0, // [0:0] is the sub-list for extension extendee
-	0, // [0:0] is the sub-list for field type_name
+	6, // 0: storaged.peer.v1.RangeChunk.entries:type_name -> storaged.peer.v1.RangeEntry
+	0, // 1: storaged.peer.v1.Raft.Send:input_type -> storaged.peer.v1.RaftBatch
+	2, // 2: storaged.peer.v1.Raft.InstallSnapshot:input_type -> storaged.peer.v1.SnapshotChunk
+	4, // 3: storaged.peer.v1.Raft.FetchRange:input_type -> storaged.peer.v1.FetchRangeRequest
+	1, // 4: storaged.peer.v1.Raft.Send:output_type -> storaged.peer.v1.SendSummary
+	3, // 5: storaged.peer.v1.Raft.InstallSnapshot:output_type -> storaged.peer.v1.SnapshotResult
+	5, // 6: storaged.peer.v1.Raft.FetchRange:output_type -> storaged.peer.v1.RangeChunk
+	4, // [4:7] is the sub-list for method output_type
+	1, // [1:4] is the sub-list for method input_type
+	1, // [1:1] is the sub-list for extension type_name
+	1, // [1:1] is the sub-list for extension extendee
+	0, // [0:1] is the sub-list for field type_name
 }
 
 func init() { file_storaged_peer_v1_raft_proto_init() }
@@ -420,7 +661,7 @@ func file_storaged_peer_v1_raft_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_storaged_peer_v1_raft_proto_rawDesc), len(file_storaged_peer_v1_raft_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   4,
+			NumMessages:   7,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -25,6 +25,7 @@ const _ = grpc.SupportPackageIsVersion9
 const (
 	Raft_Send_FullMethodName            = "/storaged.peer.v1.Raft/Send"
 	Raft_InstallSnapshot_FullMethodName = "/storaged.peer.v1.Raft/InstallSnapshot"
+	Raft_FetchRange_FullMethodName      = "/storaged.peer.v1.Raft/FetchRange"
 )
 
 // RaftClient is the client API for Raft service.
@@ -57,6 +58,19 @@ type RaftClient interface {
 	// buf:lint:ignore RPC_REQUEST_STANDARD_NAME
 	// buf:lint:ignore RPC_RESPONSE_STANDARD_NAME
 	InstallSnapshot(ctx context.Context, opts ...grpc.CallOption) (grpc.ClientStreamingClient[SnapshotChunk, SnapshotResult], error)
+	// FetchRange serves the raft entries [lo, hi) of the receiver's log to a member repairing damaged
+	// entries offline (`storaged replica repair --from`, design replication.md §3.4): each entry's 32 B index
+	// unit as on disk and its payload (the commitlog bytes of a DATA entry), streamed in chunks of at most
+	// 1 MiB of payload (one entry at least). Only synced entries are served, each checked against its unit's
+	// CRCs first: a damaged entry ends the stream with DATA_LOSS. The request header is checked as Send's
+	// (PERMISSION_DENIED for a foreign group, cluster or member, and with TLS the client certificate must
+	// name the requesting member's --raft-peers host); hi - lo is at most 65,536 entries (INVALID_ARGUMENT
+	// beyond). Entries are the same on two members exactly when their index and term are (raft's Log
+	// Matching), so the caller compares units before it takes bytes. The stream ends early, without an
+	// error, where the receiver's log ends.
+	// buf:lint:ignore RPC_REQUEST_STANDARD_NAME
+	// buf:lint:ignore RPC_RESPONSE_STANDARD_NAME
+	FetchRange(ctx context.Context, in *FetchRangeRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[RangeChunk], error)
 }
 
 type raftClient struct {
@@ -93,6 +107,25 @@ func (c *raftClient) InstallSnapshot(ctx context.Context, opts ...grpc.CallOptio
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type Raft_InstallSnapshotClient = grpc.ClientStreamingClient[SnapshotChunk, SnapshotResult]
 
+func (c *raftClient) FetchRange(ctx context.Context, in *FetchRangeRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[RangeChunk], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &Raft_ServiceDesc.Streams[2], Raft_FetchRange_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[FetchRangeRequest, RangeChunk]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Raft_FetchRangeClient = grpc.ServerStreamingClient[RangeChunk]
+
 // RaftServer is the server API for Raft service.
 // All implementations must embed UnimplementedRaftServer
 // for forward compatibility.
@@ -123,6 +156,19 @@ type RaftServer interface {
 	// buf:lint:ignore RPC_REQUEST_STANDARD_NAME
 	// buf:lint:ignore RPC_RESPONSE_STANDARD_NAME
 	InstallSnapshot(grpc.ClientStreamingServer[SnapshotChunk, SnapshotResult]) error
+	// FetchRange serves the raft entries [lo, hi) of the receiver's log to a member repairing damaged
+	// entries offline (`storaged replica repair --from`, design replication.md §3.4): each entry's 32 B index
+	// unit as on disk and its payload (the commitlog bytes of a DATA entry), streamed in chunks of at most
+	// 1 MiB of payload (one entry at least). Only synced entries are served, each checked against its unit's
+	// CRCs first: a damaged entry ends the stream with DATA_LOSS. The request header is checked as Send's
+	// (PERMISSION_DENIED for a foreign group, cluster or member, and with TLS the client certificate must
+	// name the requesting member's --raft-peers host); hi - lo is at most 65,536 entries (INVALID_ARGUMENT
+	// beyond). Entries are the same on two members exactly when their index and term are (raft's Log
+	// Matching), so the caller compares units before it takes bytes. The stream ends early, without an
+	// error, where the receiver's log ends.
+	// buf:lint:ignore RPC_REQUEST_STANDARD_NAME
+	// buf:lint:ignore RPC_RESPONSE_STANDARD_NAME
+	FetchRange(*FetchRangeRequest, grpc.ServerStreamingServer[RangeChunk]) error
 	mustEmbedUnimplementedRaftServer()
 }
 
@@ -138,6 +184,9 @@ func (UnimplementedRaftServer) Send(grpc.ClientStreamingServer[RaftBatch, SendSu
 }
 func (UnimplementedRaftServer) InstallSnapshot(grpc.ClientStreamingServer[SnapshotChunk, SnapshotResult]) error {
 	return status.Error(codes.Unimplemented, "method InstallSnapshot not implemented")
+}
+func (UnimplementedRaftServer) FetchRange(*FetchRangeRequest, grpc.ServerStreamingServer[RangeChunk]) error {
+	return status.Error(codes.Unimplemented, "method FetchRange not implemented")
 }
 func (UnimplementedRaftServer) mustEmbedUnimplementedRaftServer() {}
 func (UnimplementedRaftServer) testEmbeddedByValue()              {}
@@ -174,6 +223,17 @@ func _Raft_InstallSnapshot_Handler(srv interface{}, stream grpc.ServerStream) er
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type Raft_InstallSnapshotServer = grpc.ClientStreamingServer[SnapshotChunk, SnapshotResult]
 
+func _Raft_FetchRange_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(FetchRangeRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(RaftServer).FetchRange(m, &grpc.GenericServerStream[FetchRangeRequest, RangeChunk]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Raft_FetchRangeServer = grpc.ServerStreamingServer[RangeChunk]
+
 // Raft_ServiceDesc is the grpc.ServiceDesc for Raft service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -191,6 +251,11 @@ var Raft_ServiceDesc = grpc.ServiceDesc{
 			StreamName:    "InstallSnapshot",
 			Handler:       _Raft_InstallSnapshot_Handler,
 			ClientStreams: true,
+		},
+		{
+			StreamName:    "FetchRange",
+			Handler:       _Raft_FetchRange_Handler,
+			ServerStreams: true,
 		},
 	},
 	Metadata: "storaged/peer/v1/raft.proto",
