@@ -211,8 +211,8 @@ type Transport struct {
 	log     zerolog.Logger
 	stepper atomic.Pointer[stepperBox]
 	ranger  atomic.Pointer[rangerBox] // FetchRange's store
-	peers   map[uint64]*link // outgoing, by id (not this member)
-	known   map[uint64]bool  // every member but this one
+	peers   map[uint64]*link          // outgoing, by id (not this member)
+	known   map[uint64]bool           // every member but this one
 	srv     *grpc.Server
 	lis     net.Listener
 
