@@ -10,6 +10,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/rs/zerolog"
+
 	"github.com/storaged/storaged/storage/commitlog"
 	"github.com/storaged/storaged/storage/consumequeue"
 	"github.com/storaged/storaged/storage/raftlog"
@@ -66,6 +68,10 @@ var (
 	// GroupOptions.ReplicationTimeout (FLUSH_SLAVE_TIMEOUT, returned as an
 	// error): the outcome is unknown.
 	ErrReplicationTimeout = replica.ErrReplicationTimeout
+	// ErrLostEntries: this replica's leader counts entries as
+	// acknowledged here that its log no longer holds (a rolled-back data
+	// dir); the replica stopped (the store's sticky write error wraps it).
+	ErrLostEntries = replica.ErrLostEntries
 	// ErrNotGroup: a group-mode call on a standalone store.
 	ErrNotGroup = errors.New("storage: the store is not in group mode")
 	// ErrGroupUnsupported: an operation group mode does not replicate yet
@@ -229,7 +235,8 @@ func (s *Store) startGroup() error {
 	}
 	g.node, err = replica.New(replica.Options{ID: g.opts.ID, Log: g.rlog, FileSize: s.opts.FileSize, Applied: hs.GetCommit(),
 		Transport: g.opts.Transport, Host: (*groupHost)(s), Ticks: g.opts.Ticks, TickInterval: g.opts.TickInterval,
-		ElectionTick: g.opts.ElectionTick, HeartbeatTick: g.opts.HeartbeatTick}, g.commitEnd.Load())
+		ElectionTick: g.opts.ElectionTick, HeartbeatTick: g.opts.HeartbeatTick,
+		Logger: raftLogger{s.opts.Logger.With().Str("component", "raft").Uint64("raft_id", g.opts.ID).Logger()}}, g.commitEnd.Load())
 	return err
 }
 
@@ -531,4 +538,32 @@ type ReplicaMeta = raftlog.Meta
 func ReadReplicaMeta(opts Options) (ReplicaMeta, error) {
 	opts = opts.withDefaults()
 	return raftlog.ReadMeta(opts.FS, filepath.Join(opts.Dir, "raft"))
+}
+
+// raftLogger is etcd-raft's Logger over the store's: elections, leader
+// changes and this package's own notes at info and above (raft's debug
+// lines are dropped).
+type raftLogger struct{ l zerolog.Logger }
+
+func (r raftLogger) Debug(...any)             {}
+func (r raftLogger) Debugf(string, ...any)    {}
+func (r raftLogger) Info(v ...any)            { r.l.Info().Msg(fmt.Sprint(v...)) }
+func (r raftLogger) Infof(f string, v ...any) { r.l.Info().Msgf(f, v...) }
+func (r raftLogger) Warning(v ...any)         { r.l.Warn().Msg(fmt.Sprint(v...)) }
+func (r raftLogger) Warningf(f string, v ...any) {
+	r.l.Warn().Msgf(f, v...)
+}
+func (r raftLogger) Error(v ...any)            { r.l.Error().Msg(fmt.Sprint(v...)) }
+func (r raftLogger) Errorf(f string, v ...any) { r.l.Error().Msgf(f, v...) }
+func (r raftLogger) Fatal(v ...any)            { r.Panic(v...) }
+func (r raftLogger) Fatalf(f string, v ...any) { r.Panicf(f, v...) }
+func (r raftLogger) Panic(v ...any) {
+	s := fmt.Sprint(v...)
+	r.l.Error().Msg(s)
+	panic(s)
+}
+func (r raftLogger) Panicf(f string, v ...any) {
+	s := fmt.Sprintf(f, v...)
+	r.l.Error().Msg(s)
+	panic(s)
 }

@@ -3,6 +3,7 @@ package raftlog
 import (
 	"errors"
 	"fmt"
+	"io/fs"
 	"path/filepath"
 	"sync"
 
@@ -89,6 +90,7 @@ type Log struct {
 	hot     uint64
 	stopped error
 	closed  bool
+	joining bool // the joining marker is there (Joining)
 }
 
 // Open opens (or bootstraps) the raft log in opts.Dir and reconciles it
@@ -114,6 +116,11 @@ func Open(opts Options) (*Log, error) {
 		return nil, err
 	}
 	l := &Log{opts: opts, cl: opts.Commitlog, meta: meta, first: 1}
+	if _, err := opts.FS.Size(filepath.Join(opts.Dir, joiningName)); err == nil {
+		l.joining = true
+	} else if !errors.Is(err, fs.ErrNotExist) {
+		return nil, fmt.Errorf("raftlog: %w", err)
+	}
 	ok := false
 	defer func() {
 		if !ok {

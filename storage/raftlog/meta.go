@@ -36,6 +36,42 @@ var ErrMetaMismatch = errors.New("raftlog: raft/meta does not match")
 
 const metaName = "meta"
 
+// joiningName marks a raft dir bootstrapped empty that has not yet caught
+// up with a leader (Log.Joining). A member whose data dir was wiped (or
+// lost) comes back through a bootstrap like a new one: it has forgotten
+// its votes and the entries it acknowledged, so until it holds entries
+// and has applied up to the highest commit index a leader told it, it
+// must not vote for a candidate that has a log (its empty log would let a
+// candidate lacking entries it helped commit win; issue 14). The marker
+// survives restarts until then.
+const joiningName = "joining"
+
+// Joining reports whether this replica was bootstrapped empty and has not
+// caught up with a leader since (see joiningName).
+func (l *Log) Joining() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.joining
+}
+
+// Joined records, durably, that this replica has caught up with a leader
+// once: the joining marker is removed (and the directory synced).
+func (l *Log) Joined() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if !l.joining {
+		return nil
+	}
+	if err := l.opts.FS.Remove(filepath.Join(l.opts.Dir, joiningName)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("raftlog: remove the joining marker: %w", err)
+	}
+	if err := base.SyncDir(l.opts.FS, l.opts.Dir); err != nil {
+		return fmt.Errorf("raftlog: %w", err)
+	}
+	l.joining = false
+	return nil
+}
+
 // loadOrBootstrapMeta reads dir/meta; when it is absent it writes want
 // (atomically, synced). A present meta must equal want in every field
 // but LogBase (which only the bootstrap knows); the one on disk is
@@ -46,6 +82,11 @@ func loadOrBootstrapMeta(fsys vfs.FS, dir string, want Meta) (Meta, bool, error)
 		body, err := json.Marshal(want)
 		if err != nil {
 			return Meta{}, false, err
+		}
+		// The joining marker goes first: a dir with raft/meta and without
+		// the marker is a member that has caught up once.
+		if err := base.WriteAtomic(fsys, dir, joiningName, []byte("bootstrapped empty; removed once caught up with a leader\n")); err != nil {
+			return Meta{}, false, fmt.Errorf("raftlog: bootstrap: %w", err)
 		}
 		if err := base.WriteAtomic(fsys, dir, metaName, base.Seal(body)); err != nil {
 			return Meta{}, false, fmt.Errorf("raftlog: bootstrap: %w", err)

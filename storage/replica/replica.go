@@ -68,6 +68,13 @@ var (
 	// ErrBadMessage: StepPeer refused a message (undecodable, too big, not
 	// for this node, from a non-member, a local message type).
 	ErrBadMessage = errors.New("replica: bad peer message")
+	// ErrLostEntries: the leader says this replica acknowledged entries
+	// its log no longer holds (its data dir was rolled back: restored from
+	// an old copy, or a disk that lied about a sync). The replica stops
+	// rather than serve or vote with a log that forgot acknowledged
+	// entries (etcd-raft itself would panic: "Was the raft log corrupted,
+	// truncated, or lost?").
+	ErrLostEntries = errors.New("replica: this replica's raft log lost entries it acknowledged")
 )
 
 // NotLeaderError says why a replica refused a put (nothing stored) and
@@ -147,6 +154,16 @@ type Node struct {
 	// softChanged is closed and replaced when the raft state or the
 	// leader changes (TransferLeadership waits on it).
 	softChanged chan struct{}
+	// joining: bootstrapped empty and not caught up yet (raftlog's
+	// joining marker): vote requests from candidates with a log are
+	// dropped until the log holds entries and the applied index reached
+	// seenCommit, the highest commit index a leader's MsgApp carried.
+	joining    bool
+	seenCommit uint64
+	// lostTerm is the term in which this leader last handed leadership
+	// away because a follower had lost entries it acknowledged.
+	lostTerm uint64
+	withheld uint64 // vote requests dropped while joining
 
 	stop   chan struct{}
 	done   chan struct{}
@@ -183,7 +200,11 @@ func New(opts Options, commitEnd int64) (*Node, error) {
 		return nil, fmt.Errorf("replica: %w", err)
 	}
 	n := &Node{opts: opts, host: opts.Host, rn: rn, waiters: map[key]*Waiter{}, commit: opts.Applied, end: commitEnd,
-		softChanged: make(chan struct{}), stop: make(chan struct{}), done: make(chan struct{}), wake: make(chan struct{}, 1)}
+		softChanged: make(chan struct{}), stop: make(chan struct{}), done: make(chan struct{}), wake: make(chan struct{}, 1),
+		joining: opts.Log.Joining()}
+	if n.joining {
+		opts.Logger.Infof("replica %d: bootstrapped empty: it votes only for candidates without a log until it has caught up with a leader", opts.ID)
+	}
 	st := rn.BasicStatus()
 	n.soft, n.term = st.SoftState, st.GetTerm()
 	if n.opts.Ticks == nil {
@@ -321,8 +342,29 @@ func (n *Node) handle(rd raft.Ready) error {
 	n.apply(rd.CommittedEntries)
 	n.mu.Lock()
 	n.rn.Advance(rd)
+	joined := n.joining && n.caughtUpLocked()
 	n.mu.Unlock()
+	if joined {
+		if err := n.opts.Log.Joined(); err != nil {
+			return err
+		}
+		n.mu.Lock()
+		n.joining = false
+		n.mu.Unlock()
+		n.opts.Logger.Infof("replica %d: caught up with the leader (applied %d): it votes again", n.opts.ID, n.commit)
+	}
 	return nil
+}
+
+// caughtUpLocked: this replica holds entries and has applied up to the
+// highest commit index a leader told it. A replica bootstrapped empty may
+// have acknowledged entries in an earlier life (a wiped data dir); every
+// entry committed with such an acknowledgement is at or below the commit
+// index of the leader it next hears from, so once it holds that much its
+// own log's up-to-date check protects them again. REQUIRES: n.mu.
+func (n *Node) caughtUpLocked() bool {
+	last, err := n.opts.Log.LastIndex()
+	return err == nil && last > 0 && n.commit >= n.seenCommit
 }
 
 func (n *Node) send(msgs []*pb.Message) {
@@ -534,18 +576,104 @@ func (n *Node) StepPeer(b []byte) error {
 		return fmt.Errorf("%w: message type %v is not a peer's", ErrBadMessage, m.GetType())
 	}
 	n.mu.Lock()
-	defer n.mu.Unlock()
 	if !slices.Contains(n.members(), m.GetFrom()) {
+		n.mu.Unlock()
 		return fmt.Errorf("%w: from %d, not a member", ErrBadMessage, m.GetFrom())
 	}
 	if n.err != nil {
+		n.mu.Unlock()
 		return n.err
 	}
-	if err := n.rn.Step(m); err != nil {
+	if skip, lost := n.screenLocked(m); lost != nil {
+		n.err = lost
+		n.mu.Unlock()
+		n.host.Fail(lost)
+		return lost
+	} else if skip {
+		n.mu.Unlock()
+		return nil
+	}
+	err := n.rn.Step(m)
+	n.mu.Unlock()
+	if err != nil {
 		return fmt.Errorf("replica: step: %w", err)
 	}
 	n.kick()
 	return nil
+}
+
+// screenLocked looks at a peer's message before raft does (issue 14: a
+// member that lost its log). It returns skip to drop the message, or an
+// error wrapping ErrLostEntries that stops this replica.
+//
+//   - A replica bootstrapped empty and not caught up (joining) drops vote
+//     requests from candidates that have a log: it may have acknowledged
+//     entries in an earlier life that such a candidate lacks. Candidates
+//     without a log (a new group's first election) get its vote as usual.
+//   - A heartbeat whose commit index is past this replica's last index
+//     says the leader counts entries this replica no longer holds (the
+//     leader sends min(match, commit)). Joining, the replica drops it and
+//     waits for a leader that probes it from scratch; otherwise its data
+//     dir was rolled back, and it stops (etcd-raft would panic).
+//   - On the leader, a rejected append whose hint is below the follower's
+//     match says the follower lost entries it acknowledged. Raft never
+//     moves a match index back, so this leader could not catch it up: it
+//     hands leadership to the most caught-up active follower (once per
+//     term), whose fresh progress probes the member from its real end.
+//
+// REQUIRES: n.mu.
+func (n *Node) screenLocked(m *pb.Message) (skip bool, lost error) {
+	switch m.GetType() {
+	case pb.MsgApp:
+		n.seenCommit = max(n.seenCommit, m.GetCommit())
+	case pb.MsgVote, pb.MsgPreVote:
+		if n.joining && m.GetIndex() > 0 && !n.caughtUpLocked() {
+			n.withheld++
+			n.opts.Logger.Infof("replica %d: joining: no vote for candidate %d (term %d, last index %d) before catching up",
+				n.opts.ID, m.GetFrom(), m.GetTerm(), m.GetIndex())
+			return true, nil
+		}
+	case pb.MsgHeartbeat:
+		last, err := n.opts.Log.LastIndex()
+		if err != nil || m.GetCommit() <= last {
+			return false, nil
+		}
+		if n.joining {
+			return true, nil
+		}
+		return true, fmt.Errorf("%w: leader %d counts entries up to %d as acknowledged here, the log ends at %d: the data dir "+
+			"was rolled back (restored from an old copy?); wipe it to rejoin as an empty member, or restore the latest copy",
+			ErrLostEntries, m.GetFrom(), m.GetCommit(), last)
+	case pb.MsgAppResp:
+		if !m.GetReject() || n.soft.RaftState != raft.StateLeader || n.lostTerm == n.term {
+			return false, nil
+		}
+		from := m.GetFrom()
+		var match, best, bestMatch uint64
+		n.rn.WithProgress(func(id uint64, typ raft.ProgressType, pr tracker.Progress) {
+			switch {
+			case id == from:
+				match = pr.Match
+			case id != n.opts.ID && typ == raft.ProgressTypePeer && pr.RecentActive && pr.Match >= bestMatch:
+				best, bestMatch = id, pr.Match
+			}
+		})
+		if m.GetIndex() < match || m.GetRejectHint() >= match {
+			return false, nil // a stale rejection, or one raft handles
+		}
+		if best == 0 {
+			n.opts.Logger.Warningf("replica %d: member %d lost entries it acknowledged (its log ends at %d, match %d); "+
+				"no other active follower to hand leadership to", n.opts.ID, from, m.GetRejectHint(), match)
+			return false, nil
+		}
+		n.lostTerm = n.term
+		n.opts.Logger.Warningf("replica %d: member %d lost entries it acknowledged (its log ends at %d, match %d): "+
+			"handing leadership to member %d so that a new leader catches it up from its real end", n.opts.ID, from,
+			m.GetRejectHint(), match, best)
+		n.rn.TransferLeader(best)
+		n.kick()
+	}
+	return false, nil
 }
 
 func (n *Node) members() []uint64 {
@@ -648,6 +776,11 @@ type Info struct {
 	CommitEnd int64
 	Ready     bool
 	Peers     []PeerInfo // on the leader
+	// Joining: bootstrapped empty, not caught up with a leader yet; it
+	// withholds its vote from candidates that have a log. VotesWithheld
+	// counts the vote requests it dropped so.
+	Joining       bool
+	VotesWithheld uint64
 }
 
 // PeerInfo is the leader's view of one member.
@@ -664,7 +797,7 @@ func (n *Node) Info() Info {
 	defer n.mu.Unlock()
 	st := n.rn.Status()
 	in := Info{ID: n.opts.ID, Term: st.GetTerm(), LeaderID: st.Lead, Commit: st.GetCommit(), Applied: n.commit, CommitEnd: n.end,
-		Ready: n.ready && st.RaftState == raft.StateLeader}
+		Ready: n.ready && st.RaftState == raft.StateLeader, Joining: n.joining, VotesWithheld: n.withheld}
 	switch st.RaftState {
 	case raft.StateLeader:
 		in.Role = "leader"
