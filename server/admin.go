@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"net"
+	"strconv"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -26,6 +28,8 @@ type AdminStore interface {
 	Topic(name string) (storage.TopicInfo, error)
 	Topics(after string, limit int) ([]storage.TopicInfo, bool, error)
 	DeleteTopic(name string) (int64, error)
+	ConsumerGroups(after string, limit int) ([]storage.ConsumerGroupInfo, bool, error)
+	ConsumerGroup(group string, after storage.ConsumerQueueKey, limit int) (storage.ConsumerGroupInfo, []storage.ConsumerQueue, bool, error)
 }
 
 var _ AdminStore = (*storage.Store)(nil)
@@ -112,6 +116,80 @@ func (a *AdminService) DeleteTopic(_ context.Context, req *storagedv1.DeleteTopi
 		a.log.Warn().Err(err).Str("topic", req.GetName()).Msg("topic deleted; its consume-queue files were not all removed")
 	}
 	return &storagedv1.DeleteTopicResponse{DeletedAtOffset: at}, nil
+}
+
+// ListConsumerGroups implements storagedv1.AdminServiceServer. The page
+// token is the last group name of the previous page.
+func (a *AdminService) ListConsumerGroups(_ context.Context, req *storagedv1.ListConsumerGroupsRequest) (*storagedv1.ListConsumerGroupsResponse, error) {
+	if req.GetPageSize() < 0 {
+		return nil, badAdmin("page_size", "page size must not be negative")
+	}
+	if tok := req.GetPageToken(); tok != "" && storage.GroupProblem(tok) != "" {
+		return nil, badAdmin("page_token", "not a page token this service returned")
+	}
+	gs, more, err := a.store.ConsumerGroups(req.GetPageToken(), int(req.GetPageSize()))
+	if err != nil {
+		return nil, a.adminError("ListConsumerGroups", err)
+	}
+	resp := &storagedv1.ListConsumerGroupsResponse{Groups: make([]*storagedv1.ConsumerGroupSummary, len(gs))}
+	for i, g := range gs {
+		resp.Groups[i] = groupProto(g)
+	}
+	if more && len(gs) > 0 {
+		resp.NextPageToken = gs[len(gs)-1].Name
+	}
+	return resp, nil
+}
+
+// GetConsumerGroup implements storagedv1.AdminServiceServer. The page
+// token is "TOPIC/QUEUE" of the last queue of the previous page (a topic
+// name holds no '/').
+func (a *AdminService) GetConsumerGroup(_ context.Context, req *storagedv1.GetConsumerGroupRequest) (*storagedv1.GetConsumerGroupResponse, error) {
+	if p := storage.GroupProblem(req.GetName()); p != "" {
+		return nil, badAdmin("name", p)
+	}
+	if req.GetPageSize() < 0 {
+		return nil, badAdmin("page_size", "page size must not be negative")
+	}
+	var after storage.ConsumerQueueKey
+	if tok := req.GetPageToken(); tok != "" {
+		k, ok := parseQueueToken(tok)
+		if !ok {
+			return nil, badAdmin("page_token", "not a page token this service returned")
+		}
+		after = k
+	}
+	info, qs, more, err := a.store.ConsumerGroup(req.GetName(), after, int(req.GetPageSize()))
+	if err != nil {
+		return nil, a.adminError("GetConsumerGroup", err)
+	}
+	resp := &storagedv1.GetConsumerGroupResponse{Group: groupProto(info), Queues: make([]*storagedv1.ConsumerQueueProgress, len(qs))}
+	for i, q := range qs {
+		resp.Queues[i] = &storagedv1.ConsumerQueueProgress{Topic: q.Topic, QueueId: q.QueueID,
+			CommittedOffset: q.Committed, MinOffset: q.Min, MaxOffset: q.Max, Lag: q.Lag}
+	}
+	if more && len(qs) > 0 {
+		last := qs[len(qs)-1]
+		resp.NextPageToken = last.Topic + "/" + strconv.FormatInt(int64(last.QueueID), 10)
+	}
+	return resp, nil
+}
+
+// parseQueueToken reads GetConsumerGroup's page token.
+func parseQueueToken(tok string) (storage.ConsumerQueueKey, bool) {
+	i := strings.LastIndexByte(tok, '/')
+	if i < 0 || storage.TopicNameProblem(tok[:i]) != "" {
+		return storage.ConsumerQueueKey{}, false
+	}
+	q, err := strconv.ParseInt(tok[i+1:], 10, 32)
+	if err != nil || q < 0 {
+		return storage.ConsumerQueueKey{}, false
+	}
+	return storage.ConsumerQueueKey{Topic: tok[:i], QueueID: int32(q)}, true
+}
+
+func groupProto(g storage.ConsumerGroupInfo) *storagedv1.ConsumerGroupSummary {
+	return &storagedv1.ConsumerGroupSummary{Name: g.Name, QueueCount: int32(g.Queues), Lag: g.Lag}
 }
 
 func topicProto(t storage.TopicInfo) *storagedv1.Topic {
@@ -227,4 +305,22 @@ func (d *DeferredAdminStore) DeleteTopic(name string) (int64, error) {
 		return 0, err
 	}
 	return s.DeleteTopic(name)
+}
+
+// ConsumerGroups implements AdminStore.
+func (d *DeferredAdminStore) ConsumerGroups(after string, limit int) ([]storage.ConsumerGroupInfo, bool, error) {
+	s, err := d.get()
+	if err != nil {
+		return nil, false, err
+	}
+	return s.ConsumerGroups(after, limit)
+}
+
+// ConsumerGroup implements AdminStore.
+func (d *DeferredAdminStore) ConsumerGroup(group string, after storage.ConsumerQueueKey, limit int) (storage.ConsumerGroupInfo, []storage.ConsumerQueue, bool, error) {
+	s, err := d.get()
+	if err != nil {
+		return storage.ConsumerGroupInfo{}, nil, false, err
+	}
+	return s.ConsumerGroup(group, after, limit)
 }

@@ -61,6 +61,9 @@ const (
 	ReasonTopicNotExist = "TOPIC_NOT_EXIST"
 	// ReasonTopicExist: CreateTopic on an existing topic (ALREADY_EXISTS).
 	ReasonTopicExist = "TOPIC_EXIST"
+	// ReasonGroupNotExist: GetConsumerGroup of a group that never committed
+	// an offset (RocketMQ ResponseCode.SUBSCRIPTION_GROUP_NOT_EXIST).
+	ReasonGroupNotExist = "SUBSCRIPTION_GROUP_NOT_EXIST"
 	// ReasonQueueCountLowered: UpdateTopic with fewer queues
 	// (FAILED_PRECONDITION).
 	ReasonQueueCountLowered = "QUEUE_COUNT_LOWERED"
@@ -376,6 +379,8 @@ func (a *AdminService) adminError(m string, err error) error {
 		return badAdmin(field, verr.Reason)
 	case errors.Is(err, storage.ErrTopicNotFound):
 		return newStatus(codes.NotFound, "topic does not exist", info(ReasonTopicNotExist))
+	case errors.Is(err, storage.ErrConsumerGroupNotFound):
+		return newStatus(codes.NotFound, "no such consumer group: it has committed no offset", info(ReasonGroupNotExist))
 	case errors.Is(err, storage.ErrTopicExists):
 		return newStatus(codes.AlreadyExists, "topic already exists (UpdateTopic raises its queue count)", info(ReasonTopicExist))
 	case errors.Is(err, storage.ErrQueuesLowered):

@@ -375,7 +375,8 @@ func serve(ctx context.Context, cfg config, logger zerolog.Logger) (err error) {
 		tr.SetStepper(st)
 		tr.SetRanger(storeRanger{st})
 	}
-	reg.MustRegister(server.NewStoreCollector(st, server.WithPutExemplars(svc.Exemplars())))
+	reg.MustRegister(server.NewStoreCollector(st, server.WithPutExemplars(svc.Exemplars())),
+		server.NewConsumerCollector(st, server.DefaultLagMetricGroups))
 	if cfg.Replication.group() {
 		reg.MustRegister(server.NewReplicaCollector(group.info(cfg.Replication.RaftID)))
 	}

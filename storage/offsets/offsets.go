@@ -118,6 +118,20 @@ func (t *Table) Below(end int64) []Entry {
 	return out
 }
 
+// Entries returns every key's committed offset, sorted by key (group,
+// then topic, then queue): what the admin calls and the lag metrics read.
+// It copies the table, O(keys log keys); the table is bounded (New's max).
+func (t *Table) Entries() []Entry {
+	t.rmu.RLock()
+	out := make([]Entry, 0, len(t.m))
+	for k, e := range t.m {
+		out = append(out, Entry{Key: k, Offset: e.offset, At: e.at})
+	}
+	t.rmu.RUnlock()
+	sort.Slice(out, func(i, j int) bool { return less(out[i].Key, out[j].Key) })
+	return out
+}
+
 // OldestAt is the lowest commitlog offset holding a latest value, and
 // false when the table is empty.
 func (t *Table) OldestAt() (int64, bool) {

@@ -650,6 +650,399 @@ func (x *DeleteTopicResponse) GetDeletedAtOffset() int64 {
 	return 0
 }
 
+// ConsumerGroupSummary is one consumer group's totals.
+type ConsumerGroupSummary struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Consumer group name: ^[%|a-zA-Z0-9_-]+$, at most 255 bytes.
+	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// Number of (topic, queue) pairs the group committed an offset for.
+	QueueCount int32 `protobuf:"varint,2,opt,name=queue_count,json=queueCount,proto3" json:"queue_count,omitempty"`
+	// Sum of the group's lag over those queues (ConsumerQueueProgress.lag).
+	Lag           int64 `protobuf:"varint,3,opt,name=lag,proto3" json:"lag,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ConsumerGroupSummary) Reset() {
+	*x = ConsumerGroupSummary{}
+	mi := &file_storaged_v1_admin_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ConsumerGroupSummary) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ConsumerGroupSummary) ProtoMessage() {}
+
+func (x *ConsumerGroupSummary) ProtoReflect() protoreflect.Message {
+	mi := &file_storaged_v1_admin_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ConsumerGroupSummary.ProtoReflect.Descriptor instead.
+func (*ConsumerGroupSummary) Descriptor() ([]byte, []int) {
+	return file_storaged_v1_admin_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *ConsumerGroupSummary) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *ConsumerGroupSummary) GetQueueCount() int32 {
+	if x != nil {
+		return x.QueueCount
+	}
+	return 0
+}
+
+func (x *ConsumerGroupSummary) GetLag() int64 {
+	if x != nil {
+		return x.Lag
+	}
+	return 0
+}
+
+// ConsumerQueueProgress is a consumer group's progress on one queue.
+type ConsumerQueueProgress struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Topic name.
+	Topic string `protobuf:"bytes,1,opt,name=topic,proto3" json:"topic,omitempty"`
+	// Queue id.
+	QueueId int32 `protobuf:"varint,2,opt,name=queue_id,json=queueId,proto3" json:"queue_id,omitempty"`
+	// The group's committed offset: the next queue offset it will consume.
+	CommittedOffset int64 `protobuf:"varint,3,opt,name=committed_offset,json=committedOffset,proto3" json:"committed_offset,omitempty"`
+	// The queue's readable offsets, [min_offset, max_offset) (RocketMQ's broker offset is max_offset).
+	MinOffset int64 `protobuf:"varint,4,opt,name=min_offset,json=minOffset,proto3" json:"min_offset,omitempty"`
+	// One past the queue's largest offset: the offset the next message gets.
+	MaxOffset int64 `protobuf:"varint,5,opt,name=max_offset,json=maxOffset,proto3" json:"max_offset,omitempty"`
+	// Messages not yet consumed: max_offset - committed_offset, never below 0 (RocketMQ's diff).
+	Lag           int64 `protobuf:"varint,6,opt,name=lag,proto3" json:"lag,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ConsumerQueueProgress) Reset() {
+	*x = ConsumerQueueProgress{}
+	mi := &file_storaged_v1_admin_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ConsumerQueueProgress) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ConsumerQueueProgress) ProtoMessage() {}
+
+func (x *ConsumerQueueProgress) ProtoReflect() protoreflect.Message {
+	mi := &file_storaged_v1_admin_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ConsumerQueueProgress.ProtoReflect.Descriptor instead.
+func (*ConsumerQueueProgress) Descriptor() ([]byte, []int) {
+	return file_storaged_v1_admin_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *ConsumerQueueProgress) GetTopic() string {
+	if x != nil {
+		return x.Topic
+	}
+	return ""
+}
+
+func (x *ConsumerQueueProgress) GetQueueId() int32 {
+	if x != nil {
+		return x.QueueId
+	}
+	return 0
+}
+
+func (x *ConsumerQueueProgress) GetCommittedOffset() int64 {
+	if x != nil {
+		return x.CommittedOffset
+	}
+	return 0
+}
+
+func (x *ConsumerQueueProgress) GetMinOffset() int64 {
+	if x != nil {
+		return x.MinOffset
+	}
+	return 0
+}
+
+func (x *ConsumerQueueProgress) GetMaxOffset() int64 {
+	if x != nil {
+		return x.MaxOffset
+	}
+	return 0
+}
+
+func (x *ConsumerQueueProgress) GetLag() int64 {
+	if x != nil {
+		return x.Lag
+	}
+	return 0
+}
+
+// ListConsumerGroupsRequest is the request of AdminService.ListConsumerGroups.
+type ListConsumerGroupsRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Maximum groups to return: 0 means 100, larger values are lowered to 100.
+	PageSize int32 `protobuf:"varint,1,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
+	// next_page_token of the previous response; empty for the first page.
+	PageToken     string `protobuf:"bytes,2,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListConsumerGroupsRequest) Reset() {
+	*x = ListConsumerGroupsRequest{}
+	mi := &file_storaged_v1_admin_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListConsumerGroupsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListConsumerGroupsRequest) ProtoMessage() {}
+
+func (x *ListConsumerGroupsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_storaged_v1_admin_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListConsumerGroupsRequest.ProtoReflect.Descriptor instead.
+func (*ListConsumerGroupsRequest) Descriptor() ([]byte, []int) {
+	return file_storaged_v1_admin_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *ListConsumerGroupsRequest) GetPageSize() int32 {
+	if x != nil {
+		return x.PageSize
+	}
+	return 0
+}
+
+func (x *ListConsumerGroupsRequest) GetPageToken() string {
+	if x != nil {
+		return x.PageToken
+	}
+	return ""
+}
+
+// ListConsumerGroupsResponse is the response of AdminService.ListConsumerGroups.
+type ListConsumerGroupsResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Groups in name order.
+	Groups []*ConsumerGroupSummary `protobuf:"bytes,1,rep,name=groups,proto3" json:"groups,omitempty"`
+	// Token for the next page; empty when this is the last page.
+	NextPageToken string `protobuf:"bytes,2,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListConsumerGroupsResponse) Reset() {
+	*x = ListConsumerGroupsResponse{}
+	mi := &file_storaged_v1_admin_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListConsumerGroupsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListConsumerGroupsResponse) ProtoMessage() {}
+
+func (x *ListConsumerGroupsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_storaged_v1_admin_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListConsumerGroupsResponse.ProtoReflect.Descriptor instead.
+func (*ListConsumerGroupsResponse) Descriptor() ([]byte, []int) {
+	return file_storaged_v1_admin_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *ListConsumerGroupsResponse) GetGroups() []*ConsumerGroupSummary {
+	if x != nil {
+		return x.Groups
+	}
+	return nil
+}
+
+func (x *ListConsumerGroupsResponse) GetNextPageToken() string {
+	if x != nil {
+		return x.NextPageToken
+	}
+	return ""
+}
+
+// GetConsumerGroupRequest is the request of AdminService.GetConsumerGroup.
+type GetConsumerGroupRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Consumer group name. Required.
+	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// Maximum queues to return: 0 means 1000, larger values are lowered to 1000.
+	PageSize int32 `protobuf:"varint,2,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
+	// next_page_token of the previous response; empty for the first page.
+	PageToken     string `protobuf:"bytes,3,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetConsumerGroupRequest) Reset() {
+	*x = GetConsumerGroupRequest{}
+	mi := &file_storaged_v1_admin_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetConsumerGroupRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetConsumerGroupRequest) ProtoMessage() {}
+
+func (x *GetConsumerGroupRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_storaged_v1_admin_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetConsumerGroupRequest.ProtoReflect.Descriptor instead.
+func (*GetConsumerGroupRequest) Descriptor() ([]byte, []int) {
+	return file_storaged_v1_admin_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *GetConsumerGroupRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *GetConsumerGroupRequest) GetPageSize() int32 {
+	if x != nil {
+		return x.PageSize
+	}
+	return 0
+}
+
+func (x *GetConsumerGroupRequest) GetPageToken() string {
+	if x != nil {
+		return x.PageToken
+	}
+	return ""
+}
+
+// GetConsumerGroupResponse is the response of AdminService.GetConsumerGroup.
+type GetConsumerGroupResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The group's totals over all its queues (not only this page).
+	Group *ConsumerGroupSummary `protobuf:"bytes,1,opt,name=group,proto3" json:"group,omitempty"`
+	// The group's queues in (topic, queue id) order.
+	Queues []*ConsumerQueueProgress `protobuf:"bytes,2,rep,name=queues,proto3" json:"queues,omitempty"`
+	// Token for the next page; empty when this is the last page.
+	NextPageToken string `protobuf:"bytes,3,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetConsumerGroupResponse) Reset() {
+	*x = GetConsumerGroupResponse{}
+	mi := &file_storaged_v1_admin_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetConsumerGroupResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetConsumerGroupResponse) ProtoMessage() {}
+
+func (x *GetConsumerGroupResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_storaged_v1_admin_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetConsumerGroupResponse.ProtoReflect.Descriptor instead.
+func (*GetConsumerGroupResponse) Descriptor() ([]byte, []int) {
+	return file_storaged_v1_admin_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *GetConsumerGroupResponse) GetGroup() *ConsumerGroupSummary {
+	if x != nil {
+		return x.Group
+	}
+	return nil
+}
+
+func (x *GetConsumerGroupResponse) GetQueues() []*ConsumerQueueProgress {
+	if x != nil {
+		return x.Queues
+	}
+	return nil
+}
+
+func (x *GetConsumerGroupResponse) GetNextPageToken() string {
+	if x != nil {
+		return x.NextPageToken
+	}
+	return ""
+}
+
 var File_storaged_v1_admin_proto protoreflect.FileDescriptor
 
 const file_storaged_v1_admin_proto_rawDesc = "" +
@@ -692,14 +1085,46 @@ const file_storaged_v1_admin_proto_rawDesc = "" +
 	"\x12DeleteTopicRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\"A\n" +
 	"\x13DeleteTopicResponse\x12*\n" +
-	"\x11deleted_at_offset\x18\x01 \x01(\x03R\x0fdeletedAtOffset2\x9c\x03\n" +
+	"\x11deleted_at_offset\x18\x01 \x01(\x03R\x0fdeletedAtOffset\"]\n" +
+	"\x14ConsumerGroupSummary\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1f\n" +
+	"\vqueue_count\x18\x02 \x01(\x05R\n" +
+	"queueCount\x12\x10\n" +
+	"\x03lag\x18\x03 \x01(\x03R\x03lag\"\xc3\x01\n" +
+	"\x15ConsumerQueueProgress\x12\x14\n" +
+	"\x05topic\x18\x01 \x01(\tR\x05topic\x12\x19\n" +
+	"\bqueue_id\x18\x02 \x01(\x05R\aqueueId\x12)\n" +
+	"\x10committed_offset\x18\x03 \x01(\x03R\x0fcommittedOffset\x12\x1d\n" +
+	"\n" +
+	"min_offset\x18\x04 \x01(\x03R\tminOffset\x12\x1d\n" +
+	"\n" +
+	"max_offset\x18\x05 \x01(\x03R\tmaxOffset\x12\x10\n" +
+	"\x03lag\x18\x06 \x01(\x03R\x03lag\"W\n" +
+	"\x19ListConsumerGroupsRequest\x12\x1b\n" +
+	"\tpage_size\x18\x01 \x01(\x05R\bpageSize\x12\x1d\n" +
+	"\n" +
+	"page_token\x18\x02 \x01(\tR\tpageToken\"\x7f\n" +
+	"\x1aListConsumerGroupsResponse\x129\n" +
+	"\x06groups\x18\x01 \x03(\v2!.storaged.v1.ConsumerGroupSummaryR\x06groups\x12&\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"i\n" +
+	"\x17GetConsumerGroupRequest\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1b\n" +
+	"\tpage_size\x18\x02 \x01(\x05R\bpageSize\x12\x1d\n" +
+	"\n" +
+	"page_token\x18\x03 \x01(\tR\tpageToken\"\xb7\x01\n" +
+	"\x18GetConsumerGroupResponse\x127\n" +
+	"\x05group\x18\x01 \x01(\v2!.storaged.v1.ConsumerGroupSummaryR\x05group\x12:\n" +
+	"\x06queues\x18\x02 \x03(\v2\".storaged.v1.ConsumerQueueProgressR\x06queues\x12&\n" +
+	"\x0fnext_page_token\x18\x03 \x01(\tR\rnextPageToken2\xe4\x04\n" +
 	"\fAdminService\x12P\n" +
 	"\vCreateTopic\x12\x1f.storaged.v1.CreateTopicRequest\x1a .storaged.v1.CreateTopicResponse\x12P\n" +
 	"\vUpdateTopic\x12\x1f.storaged.v1.UpdateTopicRequest\x1a .storaged.v1.UpdateTopicResponse\x12G\n" +
 	"\bGetTopic\x12\x1c.storaged.v1.GetTopicRequest\x1a\x1d.storaged.v1.GetTopicResponse\x12M\n" +
 	"\n" +
 	"ListTopics\x12\x1e.storaged.v1.ListTopicsRequest\x1a\x1f.storaged.v1.ListTopicsResponse\x12P\n" +
-	"\vDeleteTopic\x12\x1f.storaged.v1.DeleteTopicRequest\x1a .storaged.v1.DeleteTopicResponseB\xa3\x01\n" +
+	"\vDeleteTopic\x12\x1f.storaged.v1.DeleteTopicRequest\x1a .storaged.v1.DeleteTopicResponse\x12e\n" +
+	"\x12ListConsumerGroups\x12&.storaged.v1.ListConsumerGroupsRequest\x1a'.storaged.v1.ListConsumerGroupsResponse\x12_\n" +
+	"\x10GetConsumerGroup\x12$.storaged.v1.GetConsumerGroupRequest\x1a%.storaged.v1.GetConsumerGroupResponseB\xa3\x01\n" +
 	"\x0fcom.storaged.v1B\n" +
 	"AdminProtoP\x01Z7github.com/storaged/storaged/gen/storaged/v1;storagedv1\xa2\x02\x03SXX\xaa\x02\vStoraged.V1\xca\x02\vStoraged\\V1\xe2\x02\x17Storaged\\V1\\GPBMetadata\xea\x02\fStoraged::V1b\x06proto3"
 
@@ -715,20 +1140,26 @@ func file_storaged_v1_admin_proto_rawDescGZIP() []byte {
 	return file_storaged_v1_admin_proto_rawDescData
 }
 
-var file_storaged_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 12)
+var file_storaged_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 18)
 var file_storaged_v1_admin_proto_goTypes = []any{
-	(*Topic)(nil),               // 0: storaged.v1.Topic
-	(*QueueOffsets)(nil),        // 1: storaged.v1.QueueOffsets
-	(*CreateTopicRequest)(nil),  // 2: storaged.v1.CreateTopicRequest
-	(*CreateTopicResponse)(nil), // 3: storaged.v1.CreateTopicResponse
-	(*UpdateTopicRequest)(nil),  // 4: storaged.v1.UpdateTopicRequest
-	(*UpdateTopicResponse)(nil), // 5: storaged.v1.UpdateTopicResponse
-	(*GetTopicRequest)(nil),     // 6: storaged.v1.GetTopicRequest
-	(*GetTopicResponse)(nil),    // 7: storaged.v1.GetTopicResponse
-	(*ListTopicsRequest)(nil),   // 8: storaged.v1.ListTopicsRequest
-	(*ListTopicsResponse)(nil),  // 9: storaged.v1.ListTopicsResponse
-	(*DeleteTopicRequest)(nil),  // 10: storaged.v1.DeleteTopicRequest
-	(*DeleteTopicResponse)(nil), // 11: storaged.v1.DeleteTopicResponse
+	(*Topic)(nil),                      // 0: storaged.v1.Topic
+	(*QueueOffsets)(nil),               // 1: storaged.v1.QueueOffsets
+	(*CreateTopicRequest)(nil),         // 2: storaged.v1.CreateTopicRequest
+	(*CreateTopicResponse)(nil),        // 3: storaged.v1.CreateTopicResponse
+	(*UpdateTopicRequest)(nil),         // 4: storaged.v1.UpdateTopicRequest
+	(*UpdateTopicResponse)(nil),        // 5: storaged.v1.UpdateTopicResponse
+	(*GetTopicRequest)(nil),            // 6: storaged.v1.GetTopicRequest
+	(*GetTopicResponse)(nil),           // 7: storaged.v1.GetTopicResponse
+	(*ListTopicsRequest)(nil),          // 8: storaged.v1.ListTopicsRequest
+	(*ListTopicsResponse)(nil),         // 9: storaged.v1.ListTopicsResponse
+	(*DeleteTopicRequest)(nil),         // 10: storaged.v1.DeleteTopicRequest
+	(*DeleteTopicResponse)(nil),        // 11: storaged.v1.DeleteTopicResponse
+	(*ConsumerGroupSummary)(nil),       // 12: storaged.v1.ConsumerGroupSummary
+	(*ConsumerQueueProgress)(nil),      // 13: storaged.v1.ConsumerQueueProgress
+	(*ListConsumerGroupsRequest)(nil),  // 14: storaged.v1.ListConsumerGroupsRequest
+	(*ListConsumerGroupsResponse)(nil), // 15: storaged.v1.ListConsumerGroupsResponse
+	(*GetConsumerGroupRequest)(nil),    // 16: storaged.v1.GetConsumerGroupRequest
+	(*GetConsumerGroupResponse)(nil),   // 17: storaged.v1.GetConsumerGroupResponse
 }
 var file_storaged_v1_admin_proto_depIdxs = []int32{
 	1,  // 0: storaged.v1.Topic.queues:type_name -> storaged.v1.QueueOffsets
@@ -736,21 +1167,28 @@ var file_storaged_v1_admin_proto_depIdxs = []int32{
 	0,  // 2: storaged.v1.UpdateTopicResponse.topic:type_name -> storaged.v1.Topic
 	0,  // 3: storaged.v1.GetTopicResponse.topic:type_name -> storaged.v1.Topic
 	0,  // 4: storaged.v1.ListTopicsResponse.topics:type_name -> storaged.v1.Topic
-	2,  // 5: storaged.v1.AdminService.CreateTopic:input_type -> storaged.v1.CreateTopicRequest
-	4,  // 6: storaged.v1.AdminService.UpdateTopic:input_type -> storaged.v1.UpdateTopicRequest
-	6,  // 7: storaged.v1.AdminService.GetTopic:input_type -> storaged.v1.GetTopicRequest
-	8,  // 8: storaged.v1.AdminService.ListTopics:input_type -> storaged.v1.ListTopicsRequest
-	10, // 9: storaged.v1.AdminService.DeleteTopic:input_type -> storaged.v1.DeleteTopicRequest
-	3,  // 10: storaged.v1.AdminService.CreateTopic:output_type -> storaged.v1.CreateTopicResponse
-	5,  // 11: storaged.v1.AdminService.UpdateTopic:output_type -> storaged.v1.UpdateTopicResponse
-	7,  // 12: storaged.v1.AdminService.GetTopic:output_type -> storaged.v1.GetTopicResponse
-	9,  // 13: storaged.v1.AdminService.ListTopics:output_type -> storaged.v1.ListTopicsResponse
-	11, // 14: storaged.v1.AdminService.DeleteTopic:output_type -> storaged.v1.DeleteTopicResponse
-	10, // [10:15] is the sub-list for method output_type
-	5,  // [5:10] is the sub-list for method input_type
-	5,  // [5:5] is the sub-list for extension type_name
-	5,  // [5:5] is the sub-list for extension extendee
-	0,  // [0:5] is the sub-list for field type_name
+	12, // 5: storaged.v1.ListConsumerGroupsResponse.groups:type_name -> storaged.v1.ConsumerGroupSummary
+	12, // 6: storaged.v1.GetConsumerGroupResponse.group:type_name -> storaged.v1.ConsumerGroupSummary
+	13, // 7: storaged.v1.GetConsumerGroupResponse.queues:type_name -> storaged.v1.ConsumerQueueProgress
+	2,  // 8: storaged.v1.AdminService.CreateTopic:input_type -> storaged.v1.CreateTopicRequest
+	4,  // 9: storaged.v1.AdminService.UpdateTopic:input_type -> storaged.v1.UpdateTopicRequest
+	6,  // 10: storaged.v1.AdminService.GetTopic:input_type -> storaged.v1.GetTopicRequest
+	8,  // 11: storaged.v1.AdminService.ListTopics:input_type -> storaged.v1.ListTopicsRequest
+	10, // 12: storaged.v1.AdminService.DeleteTopic:input_type -> storaged.v1.DeleteTopicRequest
+	14, // 13: storaged.v1.AdminService.ListConsumerGroups:input_type -> storaged.v1.ListConsumerGroupsRequest
+	16, // 14: storaged.v1.AdminService.GetConsumerGroup:input_type -> storaged.v1.GetConsumerGroupRequest
+	3,  // 15: storaged.v1.AdminService.CreateTopic:output_type -> storaged.v1.CreateTopicResponse
+	5,  // 16: storaged.v1.AdminService.UpdateTopic:output_type -> storaged.v1.UpdateTopicResponse
+	7,  // 17: storaged.v1.AdminService.GetTopic:output_type -> storaged.v1.GetTopicResponse
+	9,  // 18: storaged.v1.AdminService.ListTopics:output_type -> storaged.v1.ListTopicsResponse
+	11, // 19: storaged.v1.AdminService.DeleteTopic:output_type -> storaged.v1.DeleteTopicResponse
+	15, // 20: storaged.v1.AdminService.ListConsumerGroups:output_type -> storaged.v1.ListConsumerGroupsResponse
+	17, // 21: storaged.v1.AdminService.GetConsumerGroup:output_type -> storaged.v1.GetConsumerGroupResponse
+	15, // [15:22] is the sub-list for method output_type
+	8,  // [8:15] is the sub-list for method input_type
+	8,  // [8:8] is the sub-list for extension type_name
+	8,  // [8:8] is the sub-list for extension extendee
+	0,  // [0:8] is the sub-list for field type_name
 }
 
 func init() { file_storaged_v1_admin_proto_init() }
@@ -764,7 +1202,7 @@ func file_storaged_v1_admin_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_storaged_v1_admin_proto_rawDesc), len(file_storaged_v1_admin_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   12,
+			NumMessages:   18,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

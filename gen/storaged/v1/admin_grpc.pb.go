@@ -23,18 +23,20 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	AdminService_CreateTopic_FullMethodName = "/storaged.v1.AdminService/CreateTopic"
-	AdminService_UpdateTopic_FullMethodName = "/storaged.v1.AdminService/UpdateTopic"
-	AdminService_GetTopic_FullMethodName    = "/storaged.v1.AdminService/GetTopic"
-	AdminService_ListTopics_FullMethodName  = "/storaged.v1.AdminService/ListTopics"
-	AdminService_DeleteTopic_FullMethodName = "/storaged.v1.AdminService/DeleteTopic"
+	AdminService_CreateTopic_FullMethodName        = "/storaged.v1.AdminService/CreateTopic"
+	AdminService_UpdateTopic_FullMethodName        = "/storaged.v1.AdminService/UpdateTopic"
+	AdminService_GetTopic_FullMethodName           = "/storaged.v1.AdminService/GetTopic"
+	AdminService_ListTopics_FullMethodName         = "/storaged.v1.AdminService/ListTopics"
+	AdminService_DeleteTopic_FullMethodName        = "/storaged.v1.AdminService/DeleteTopic"
+	AdminService_ListConsumerGroups_FullMethodName = "/storaged.v1.AdminService/ListConsumerGroups"
+	AdminService_GetConsumerGroup_FullMethodName   = "/storaged.v1.AdminService/GetConsumerGroup"
 )
 
 // AdminServiceClient is the client API for AdminService service.
 //
 // For semantics around ctx use and closing/ending streaming RPCs, please refer to https://pkg.go.dev/google.golang.org/grpc/?tab=doc#ClientConn.NewStream.
 //
-// AdminService manages topics.
+// AdminService manages topics and shows consumer groups and their lag.
 //
 // Every topic has a queue count: a put names a queue_id in [0, queue_count). A put to an unknown topic
 // creates it with the server's default queue count (--default-queues, 8) unless auto-creation is off
@@ -75,6 +77,15 @@ type AdminServiceClient interface {
 	// A topic created again under the same name starts at queue offset 0. A put racing the delete is
 	// refused or lands after it.
 	DeleteTopic(ctx context.Context, in *DeleteTopicRequest, opts ...grpc.CallOption) (*DeleteTopicResponse, error)
+	// ListConsumerGroups returns the consumer groups in name order, each with its total lag, at most
+	// page_size (at most 100) groups per call. storaged knows a group by its committed offsets
+	// (MessageStoreService.CommitOffset): a group appears with its first commit.
+	ListConsumerGroups(ctx context.Context, in *ListConsumerGroupsRequest, opts ...grpc.CallOption) (*ListConsumerGroupsResponse, error)
+	// GetConsumerGroup returns one group's progress on each queue it committed an offset for
+	// (RocketMQ's mqadmin consumerProgress), in (topic, queue) order, at most page_size (at most 1000)
+	// queues per call. NOT_FOUND, reason "SUBSCRIPTION_GROUP_NOT_EXIST", for a group that never
+	// committed an offset.
+	GetConsumerGroup(ctx context.Context, in *GetConsumerGroupRequest, opts ...grpc.CallOption) (*GetConsumerGroupResponse, error)
 }
 
 type adminServiceClient struct {
@@ -135,11 +146,31 @@ func (c *adminServiceClient) DeleteTopic(ctx context.Context, in *DeleteTopicReq
 	return out, nil
 }
 
+func (c *adminServiceClient) ListConsumerGroups(ctx context.Context, in *ListConsumerGroupsRequest, opts ...grpc.CallOption) (*ListConsumerGroupsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListConsumerGroupsResponse)
+	err := c.cc.Invoke(ctx, AdminService_ListConsumerGroups_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminServiceClient) GetConsumerGroup(ctx context.Context, in *GetConsumerGroupRequest, opts ...grpc.CallOption) (*GetConsumerGroupResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(GetConsumerGroupResponse)
+	err := c.cc.Invoke(ctx, AdminService_GetConsumerGroup_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // AdminServiceServer is the server API for AdminService service.
 // All implementations must embed UnimplementedAdminServiceServer
 // for forward compatibility.
 //
-// AdminService manages topics.
+// AdminService manages topics and shows consumer groups and their lag.
 //
 // Every topic has a queue count: a put names a queue_id in [0, queue_count). A put to an unknown topic
 // creates it with the server's default queue count (--default-queues, 8) unless auto-creation is off
@@ -180,6 +211,15 @@ type AdminServiceServer interface {
 	// A topic created again under the same name starts at queue offset 0. A put racing the delete is
 	// refused or lands after it.
 	DeleteTopic(context.Context, *DeleteTopicRequest) (*DeleteTopicResponse, error)
+	// ListConsumerGroups returns the consumer groups in name order, each with its total lag, at most
+	// page_size (at most 100) groups per call. storaged knows a group by its committed offsets
+	// (MessageStoreService.CommitOffset): a group appears with its first commit.
+	ListConsumerGroups(context.Context, *ListConsumerGroupsRequest) (*ListConsumerGroupsResponse, error)
+	// GetConsumerGroup returns one group's progress on each queue it committed an offset for
+	// (RocketMQ's mqadmin consumerProgress), in (topic, queue) order, at most page_size (at most 1000)
+	// queues per call. NOT_FOUND, reason "SUBSCRIPTION_GROUP_NOT_EXIST", for a group that never
+	// committed an offset.
+	GetConsumerGroup(context.Context, *GetConsumerGroupRequest) (*GetConsumerGroupResponse, error)
 	mustEmbedUnimplementedAdminServiceServer()
 }
 
@@ -204,6 +244,12 @@ func (UnimplementedAdminServiceServer) ListTopics(context.Context, *ListTopicsRe
 }
 func (UnimplementedAdminServiceServer) DeleteTopic(context.Context, *DeleteTopicRequest) (*DeleteTopicResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method DeleteTopic not implemented")
+}
+func (UnimplementedAdminServiceServer) ListConsumerGroups(context.Context, *ListConsumerGroupsRequest) (*ListConsumerGroupsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListConsumerGroups not implemented")
+}
+func (UnimplementedAdminServiceServer) GetConsumerGroup(context.Context, *GetConsumerGroupRequest) (*GetConsumerGroupResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method GetConsumerGroup not implemented")
 }
 func (UnimplementedAdminServiceServer) mustEmbedUnimplementedAdminServiceServer() {}
 func (UnimplementedAdminServiceServer) testEmbeddedByValue()                      {}
@@ -316,6 +362,42 @@ func _AdminService_DeleteTopic_Handler(srv interface{}, ctx context.Context, dec
 	return interceptor(ctx, in, info, handler)
 }
 
+func _AdminService_ListConsumerGroups_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListConsumerGroupsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).ListConsumerGroups(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_ListConsumerGroups_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).ListConsumerGroups(ctx, req.(*ListConsumerGroupsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _AdminService_GetConsumerGroup_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GetConsumerGroupRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).GetConsumerGroup(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_GetConsumerGroup_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).GetConsumerGroup(ctx, req.(*GetConsumerGroupRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // AdminService_ServiceDesc is the grpc.ServiceDesc for AdminService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -342,6 +424,14 @@ var AdminService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "DeleteTopic",
 			Handler:    _AdminService_DeleteTopic_Handler,
+		},
+		{
+			MethodName: "ListConsumerGroups",
+			Handler:    _AdminService_ListConsumerGroups_Handler,
+		},
+		{
+			MethodName: "GetConsumerGroup",
+			Handler:    _AdminService_GetConsumerGroup_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},
