@@ -66,9 +66,33 @@ func (s *Service) PullMessages(ctx context.Context, req *storagedv1.PullMessages
 	if err != nil {
 		return nil, err
 	}
-	r, err := s.inflight.reserve(s.pullReservation(pr))
+	res, r, err := s.pullRecords(ctx, pr)
 	if err != nil {
 		return nil, s.readError(methodPullMessages, err)
+	}
+	resp := &storagedv1.PullMessagesResponse{
+		Messages:   make([]*storagedv1.StoredMessage, len(res.Messages)),
+		NextOffset: res.NextOffset,
+		MinOffset:  res.MinOffset,
+		MaxOffset:  res.MaxOffset,
+	}
+	for i, rec := range res.Messages {
+		if resp.Messages[i], err = toStoredMessage(rec, req.GetIncludeRaw()); err != nil {
+			r.release()
+			return nil, s.readError(methodPullMessages, err)
+		}
+	}
+	defer s.inflight.hold(resp, r)()
+	return resp, nil
+}
+
+// pullRecords is a pull under the in-flight read limit (see PullMessages):
+// the records and the reservation that holds their bytes, which the caller
+// releases once they are sent. On error nothing is held.
+func (s *Service) pullRecords(ctx context.Context, pr storage.PullRequest) (storage.PullResult, *reservation, error) {
+	r, err := s.inflight.reserve(s.pullReservation(pr))
+	if err != nil {
+		return storage.PullResult{}, nil, err
 	}
 	wait := pr.Wait
 	pr.Wait = 0
@@ -85,23 +109,10 @@ func (s *Service) PullMessages(ctx context.Context, req *storagedv1.PullMessages
 		if r != nil {
 			r.release()
 		}
-		return nil, s.readError(methodPullMessages, err)
+		return res, nil, err
 	}
 	r.shrink(recordBytes(res.Messages))
-	resp := &storagedv1.PullMessagesResponse{
-		Messages:   make([]*storagedv1.StoredMessage, len(res.Messages)),
-		NextOffset: res.NextOffset,
-		MinOffset:  res.MinOffset,
-		MaxOffset:  res.MaxOffset,
-	}
-	for i, rec := range res.Messages {
-		if resp.Messages[i], err = toStoredMessage(rec, req.GetIncludeRaw()); err != nil {
-			r.release()
-			return nil, s.readError(methodPullMessages, err)
-		}
-	}
-	defer s.inflight.hold(resp, r)()
-	return resp, nil
+	return res, r, nil
 }
 
 // pullWoken is the waiting part of a long poll: it waits (s.pull) for one
@@ -218,10 +229,7 @@ func (s *Service) toPullRequest(ctx context.Context, req *storagedv1.PullMessage
 			return storage.PullRequest{}, badRead("wait", "wait must not be negative")
 		}
 	}
-	wait = min(wait, s.maxPullWait)
-	if dl, ok := ctx.Deadline(); ok && wait > 0 {
-		wait = max(min(wait, time.Until(dl)-pullDeadlineMargin), 0)
-	}
+	wait = s.boundWait(ctx, wait)
 	n, b := int(req.GetMaxMessages()), int(req.GetMaxBytes())
 	if n == 0 {
 		n = DefaultPullMessages
@@ -238,6 +246,16 @@ func (s *Service) toPullRequest(ctx context.Context, req *storagedv1.PullMessage
 		Tags:        req.GetTags(),
 		Wait:        wait,
 	}, nil
+}
+
+// boundWait bounds a long poll's wait: at most the server's maximum, and
+// ending pullDeadlineMargin before the call's deadline.
+func (s *Service) boundWait(ctx context.Context, wait time.Duration) time.Duration {
+	wait = min(wait, s.maxPullWait)
+	if dl, ok := ctx.Deadline(); ok && wait > 0 {
+		wait = max(min(wait, time.Until(dl)-pullDeadlineMargin), 0)
+	}
+	return wait
 }
 
 // GetQueueInfo implements storagedv1.MessageStoreServiceServer.

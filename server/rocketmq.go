@@ -26,7 +26,8 @@ import (
 // Node.js) produce to storaged unchanged, the way they talk to a RocketMQ
 // proxy. This file has the session calls (QueryRoute, Heartbeat,
 // Telemetry, NotifyClientTermination) and the calls not served;
-// rocketmq_send.go has SendMessage and the status mapping.
+// rocketmq_send.go has SendMessage and the status mapping,
+// rocketmq_offsets.go the offset calls, rocketmq_pull.go PullMessage.
 //
 // The protocol's own error convention holds: a call the server answered has
 // gRPC status OK and its outcome in the response's apache.rocketmq.v2.Status
@@ -127,7 +128,7 @@ func v2Status(code rocketmqv2.Code, format string, args ...any) *rocketmqv2.Stat
 const (
 	notServedPOP = "storaged does not serve POP consumption (SimpleConsumer, PushConsumer: " +
 		"ReceiveMessage, AckMessage, ChangeInvisibleDuration, ForwardMessageToDeadLetterQueue) yet; " +
-		"read with storaged.v1 PullMessages and keep offsets with CommitOffset"
+		"consume with a pull consumer (PullMessage, UpdateOffset) or storaged.v1 PullMessages and CommitOffset"
 	notServedTransaction = "storaged stores no transactional half messages: send the message without a transaction"
 	notServedTimer       = "storaged has no timer messages (delivery at a timestamp) yet: it cannot promise " +
 		"never to deliver early, so it refuses the message; send it without a delivery timestamp"

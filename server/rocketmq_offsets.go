@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 
-	"google.golang.org/grpc"
-
 	rocketmqv2 "github.com/storaged/storaged/gen/apache/rocketmq/v2"
 	"github.com/storaged/storaged/storage"
 )
@@ -156,12 +154,4 @@ func (r *rocketMQ) inRoute(topic string, qid int32) error {
 		return storage.ErrQueueNotFound
 	}
 	return nil
-}
-
-// PullMessage implements rocketmqv2.MessagingServiceServer: not served yet
-// (storaged.v1 PullMessages reads a queue by offset).
-func (r *rocketMQ) PullMessage(_ *rocketmqv2.PullMessageRequest, stream grpc.ServerStreamingServer[rocketmqv2.PullMessageResponse]) error {
-	return stream.Send(&rocketmqv2.PullMessageResponse{Content: &rocketmqv2.PullMessageResponse_Status{
-		Status: v2Status(rocketmqv2.Code_UNSUPPORTED, "storaged does not serve the RocketMQ PullMessage call yet; "+
-			"read the queue with storaged.v1 PullMessages")}})
 }

@@ -2,6 +2,8 @@ package server
 
 import (
 	"context"
+	"crypto/md5"
+	"encoding/hex"
 	"errors"
 	"io"
 	"strings"
@@ -634,20 +636,6 @@ func TestRocketMQUnsupported(t *testing.T) {
 			}
 			return r.GetStatus(), nil
 		},
-		"PullMessage": func() (*rocketmqv2.Status, error) {
-			s, err := e.rmq.PullMessage(ctx, &rocketmqv2.PullMessageRequest{})
-			if err != nil {
-				return nil, err
-			}
-			r, err := s.Recv()
-			if err != nil {
-				return nil, err
-			}
-			if _, err := s.Recv(); err != io.EOF {
-				return nil, errors.New("the stream goes on after the status")
-			}
-			return r.GetStatus(), nil
-		},
 	}
 	for name, call := range calls {
 		st, err := call()
@@ -810,4 +798,171 @@ func FuzzRocketMQSend(f *testing.F) {
 			t.Fatalf("accepted %d body bytes", total)
 		}
 	})
+}
+
+// pull runs one PullMessage and returns its status, messages and next
+// offset, checking the stream's shape: a status first, the messages, then
+// the next offset, then the end.
+func (e *rmqEnv) pull(t *testing.T, req *rocketmqv2.PullMessageRequest) (*rocketmqv2.Status, []*rocketmqv2.Message, int64, bool) {
+	t.Helper()
+	s, err := e.rmq.PullMessage(ctxT(t), req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var (
+		st      *rocketmqv2.Status
+		msgs    []*rocketmqv2.Message
+		next    int64
+		hasNext bool
+	)
+	for i := 0; ; i++ {
+		r, err := s.Recv()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		switch c := r.GetContent().(type) {
+		case *rocketmqv2.PullMessageResponse_Status:
+			if i != 0 {
+				t.Fatalf("status at position %d", i)
+			}
+			st = c.Status
+		case *rocketmqv2.PullMessageResponse_Message:
+			if st == nil || hasNext {
+				t.Fatalf("message at position %d, before the status or after the next offset", i)
+			}
+			msgs = append(msgs, c.Message)
+		case *rocketmqv2.PullMessageResponse_NextOffset:
+			if st == nil || hasNext {
+				t.Fatalf("next offset at position %d", i)
+			}
+			next, hasNext = c.NextOffset, true
+		}
+	}
+	if st == nil {
+		t.Fatal("no status")
+	}
+	return st, msgs, next, hasNext
+}
+
+// TestRocketMQPullMessage: a pull consumer reads what was sent (through
+// either protocol) with its tags, keys, group, properties and a body
+// digest both SDKs accept; filters by tag; long-polls; and is told where
+// to go on when its offset is outside the queue.
+func TestRocketMQPullMessage(t *testing.T) {
+	e := rmqServer(t, nil)
+	if _, err := e.store.CreateTopic("Orders", 2); err != nil {
+		t.Fatal(err)
+	}
+	grp := &rocketmqv2.SystemProperties{MessageGroup: proto.String("g")}
+	var q int32
+	for i, tag := range []string{"A", "B", "A"} {
+		sp := proto.Clone(grp).(*rocketmqv2.SystemProperties)
+		sp.Tag, sp.Keys = proto.String(tag), []string{"k" + tag, "x"}
+		m := rmqMsg("Orders", "body-"+string(rune('0'+i)), sp)
+		m.UserProperties = map[string]string{"n": string(rune('0' + i))}
+		r := e.send(t, m)
+		wantCode(t, "send", r.GetStatus(), rocketmqv2.Code_OK)
+		q = e.stored(t, r.GetEntries()[0]).GetQueueId()
+	}
+	mq := func(id int32) *rocketmqv2.MessageQueue { return &rocketmqv2.MessageQueue{Topic: res("Orders"), Id: id} }
+
+	st, msgs, next, ok := e.pull(t, &rocketmqv2.PullMessageRequest{Group: res("G"), MessageQueue: mq(q), BatchSize: 10})
+	wantCode(t, "pull", st, rocketmqv2.Code_OK)
+	if len(msgs) != 3 || !ok || next != 3 {
+		t.Fatalf("pull: %d messages, next %d (%v)", len(msgs), next, ok)
+	}
+	for i, m := range msgs {
+		sp := m.GetSystemProperties()
+		tag := []string{"A", "B", "A"}[i]
+		sum := md5.Sum(m.GetBody())
+		v1, err := e.v1.GetMessage(ctxT(t), &storagedv1.GetMessageRequest{Locator: &storagedv1.GetMessageRequest_MsgId{MsgId: sp.GetMessageId()}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if string(m.GetBody()) != "body-"+string(rune('0'+i)) || m.GetTopic().GetName() != "Orders" || sp.GetTag() != tag ||
+			strings.Join(sp.GetKeys(), ",") != "k"+tag+",x" || sp.GetMessageGroup() != "g" || sp.GetMessageType() != rocketmqv2.MessageType_FIFO ||
+			sp.GetQueueId() != q || sp.GetQueueOffset() != int64(i) || sp.GetDeliveryAttempt() != 1 ||
+			sp.GetBodyDigest().GetType() != rocketmqv2.DigestType_MD5 || sp.GetBodyDigest().GetChecksum() != strings.ToUpper(hex.EncodeToString(sum[:])) ||
+			len(m.GetUserProperties()) != 1 || m.GetUserProperties()["n"] != string(rune('0'+i)) ||
+			string(v1.GetMessage().GetBody()) != string(m.GetBody()) {
+			t.Errorf("message %d: %v", i, m)
+		}
+	}
+
+	// A tag filter: only the A messages; the next offset past the scan.
+	st, msgs, next, _ = e.pull(t, &rocketmqv2.PullMessageRequest{Group: res("G"), MessageQueue: mq(q),
+		FilterExpression: &rocketmqv2.FilterExpression{Type: rocketmqv2.FilterType_TAG, Expression: " A || C "}})
+	wantCode(t, "filtered", st, rocketmqv2.Code_OK)
+	if len(msgs) != 2 || msgs[0].GetSystemProperties().GetTag() != "A" || msgs[1].GetSystemProperties().GetTag() != "A" || next != 3 {
+		t.Errorf("filter A || C: %d messages, next %d", len(msgs), next)
+	}
+	// From the end: nothing new.
+	st, msgs, next, _ = e.pull(t, &rocketmqv2.PullMessageRequest{Group: res("G"), MessageQueue: mq(q), Offset: 3})
+	wantCode(t, "at the end", st, rocketmqv2.Code_MESSAGE_NOT_FOUND)
+	if len(msgs) != 0 || next != 3 {
+		t.Errorf("at the end: %d messages, next %d", len(msgs), next)
+	}
+	// Past the end: ILLEGAL_OFFSET, go on from the end.
+	st, _, next, ok = e.pull(t, &rocketmqv2.PullMessageRequest{Group: res("G"), MessageQueue: mq(q), Offset: 9})
+	wantCode(t, "past the end", st, rocketmqv2.Code_ILLEGAL_OFFSET)
+	if !ok || next != 3 {
+		t.Errorf("past the end: next %d (%v), want 3", next, ok)
+	}
+	// The other queue never received a message: empty, from 0.
+	st, _, next, ok = e.pull(t, &rocketmqv2.PullMessageRequest{Group: res("G"), MessageQueue: mq(1 - q)})
+	wantCode(t, "empty queue", st, rocketmqv2.Code_MESSAGE_NOT_FOUND)
+	if !ok || next != 0 {
+		t.Errorf("empty queue: next %d (%v)", next, ok)
+	}
+
+	// A long poll answers with the message sent meanwhile.
+	got := make(chan []*rocketmqv2.Message, 1)
+	pctx := ctxT(t)
+	go func() {
+		s, err := e.rmq.PullMessage(pctx, &rocketmqv2.PullMessageRequest{Group: res("G"), MessageQueue: mq(q), Offset: 3,
+			LongPollingTimeout: durationpb.New(8 * time.Second)})
+		var msgs []*rocketmqv2.Message
+		for err == nil {
+			var r *rocketmqv2.PullMessageResponse
+			if r, err = s.Recv(); err == nil && r.GetMessage() != nil {
+				msgs = append(msgs, r.GetMessage())
+			}
+		}
+		got <- msgs
+	}()
+	// Whether the poll is already waiting when the message arrives or not,
+	// it answers with the message (its first read finds it otherwise).
+	wantCode(t, "send while polling", e.send(t, rmqMsg("Orders", "late", grp)).GetStatus(), rocketmqv2.Code_OK)
+	if msgs := <-got; len(msgs) != 1 || string(msgs[0].GetBody()) != "late" {
+		t.Errorf("long poll got %v", msgs)
+	}
+
+	for _, c := range []struct {
+		name string
+		req  *rocketmqv2.PullMessageRequest
+		want rocketmqv2.Code
+	}{
+		{"no group", &rocketmqv2.PullMessageRequest{MessageQueue: mq(q)}, rocketmqv2.Code_ILLEGAL_CONSUMER_GROUP},
+		{"no queue", &rocketmqv2.PullMessageRequest{Group: res("G")}, rocketmqv2.Code_BAD_REQUEST},
+		{"offsets topic", &rocketmqv2.PullMessageRequest{Group: res("G"), MessageQueue: &rocketmqv2.MessageQueue{Topic: res(storage.OffsetTopic)}}, rocketmqv2.Code_ILLEGAL_TOPIC},
+		{"negative offset", &rocketmqv2.PullMessageRequest{Group: res("G"), MessageQueue: mq(q), Offset: -1}, rocketmqv2.Code_ILLEGAL_OFFSET},
+		{"negative batch", &rocketmqv2.PullMessageRequest{Group: res("G"), MessageQueue: mq(q), BatchSize: -1}, rocketmqv2.Code_BAD_REQUEST},
+		{"SQL filter", &rocketmqv2.PullMessageRequest{Group: res("G"), MessageQueue: mq(q),
+			FilterExpression: &rocketmqv2.FilterExpression{Type: rocketmqv2.FilterType_SQL, Expression: "a > 1"}}, rocketmqv2.Code_UNSUPPORTED},
+		{"empty tag", &rocketmqv2.PullMessageRequest{Group: res("G"), MessageQueue: mq(q),
+			FilterExpression: &rocketmqv2.FilterExpression{Type: rocketmqv2.FilterType_TAG, Expression: "A || "}}, rocketmqv2.Code_ILLEGAL_FILTER_EXPRESSION},
+		{"too many tags", &rocketmqv2.PullMessageRequest{Group: res("G"), MessageQueue: mq(q),
+			FilterExpression: &rocketmqv2.FilterExpression{Expression: strings.Repeat("t||", MaxPullTags) + "t"}}, rocketmqv2.Code_ILLEGAL_FILTER_EXPRESSION},
+		{"negative poll", &rocketmqv2.PullMessageRequest{Group: res("G"), MessageQueue: mq(q), LongPollingTimeout: durationpb.New(-time.Second)}, rocketmqv2.Code_ILLEGAL_POLLING_TIME},
+		{"queue beyond the route", &rocketmqv2.PullMessageRequest{Group: res("G"), MessageQueue: mq(5)}, rocketmqv2.Code_NOT_FOUND},
+	} {
+		st, msgs, _, _ := e.pull(t, c.req)
+		wantCode(t, c.name, st, c.want)
+		if len(msgs) != 0 {
+			t.Errorf("%s: %d messages", c.name, len(msgs))
+		}
+	}
 }

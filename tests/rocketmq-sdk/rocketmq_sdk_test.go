@@ -191,3 +191,37 @@ func TestNodeSDKProducer(t *testing.T) {
 		}
 	}
 }
+
+// TestNodeSDKSimpleConsumerUnsupported: the SDK's SimpleConsumer starts
+// against storaged (its route and settings are answered), and its first
+// receive fails with the SDK's UnsupportedException (code 50500, the
+// API's UNSUPPORTED) naming what to use instead: POP consumption is not
+// built yet, and the SDK says so rather than failing obscurely.
+func TestNodeSDKSimpleConsumerUnsupported(t *testing.T) {
+	node := nodeSDK(t)
+	p := proctest.Start(t, proctest.Options{Binary: binary, DataDir: t.TempDir()})
+	ctx, cancel := context.WithTimeout(t.Context(), sdkTimeout)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, node, "consumer.js", "--endpoints", p.Addr(), "--topic", "SdkOrders", "--group", "SdkGroup")
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("consumer.js: %v\nstdout:\n%s\nstderr:\n%s", err, stdout.String(), stderr.String())
+	}
+	var lines []line
+	sc := bufio.NewScanner(&stdout)
+	for sc.Scan() {
+		var l line
+		if err := json.Unmarshal(sc.Bytes(), &l); err != nil {
+			t.Fatalf("consumer.js printed %q: %v", sc.Text(), err)
+		}
+		lines = append(lines, l)
+	}
+	if len(lines) != 2 || lines[0].Kind != "started" || lines[1].Kind != "receive" {
+		t.Fatalf("consumer.js printed %+v, want started then receive", lines)
+	}
+	r := lines[1]
+	if r.Error != "UnsupportedException" || r.Code != 50500 || !strings.Contains(r.Message, "PullMessage") {
+		t.Errorf("receive: %s code %d %q, want UnsupportedException 50500 naming what to use", r.Error, r.Code, r.Message)
+	}
+}
