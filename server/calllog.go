@@ -19,6 +19,7 @@ import (
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 
+	rocketmqv2 "github.com/storaged/storaged/gen/apache/rocketmq/v2"
 	"github.com/storaged/storaged/internal/logthrottle"
 )
 
@@ -66,7 +67,7 @@ const (
 func (c callLog) unary(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
 	start := time.Now()
 	resp, err := handler(ctx, req)
-	c.finished(ctx, info.FullMethod, interceptors.Unary, start, err)
+	c.finished(ctx, info.FullMethod, interceptors.Unary, start, err, rocketMQFailure(resp))
 	return resp, err
 }
 
@@ -80,13 +81,39 @@ func (c callLog) stream(srv any, ss grpc.ServerStream, info *grpc.StreamServerIn
 	case !info.IsClientStream && info.IsServerStream:
 		typ = interceptors.ServerStream
 	}
-	c.finished(ss.Context(), info.FullMethod, typ, start, err)
+	c.finished(ss.Context(), info.FullMethod, typ, start, err, nil)
 	return err
 }
 
+// rocketMQFailure is the Status of a RocketMQ protocol answer that reports
+// a failure, nil for any other answer. That protocol answers its failures
+// with gRPC status OK and the outcome in the body (rocketmq.go), which the
+// call log would otherwise log as successes.
+func rocketMQFailure(resp any) *rocketmqv2.Status {
+	r, ok := resp.(interface{ GetStatus() *rocketmqv2.Status })
+	if !ok {
+		return nil
+	}
+	switch st := r.GetStatus(); st.GetCode() {
+	case rocketmqv2.Code_OK, rocketmqv2.Code_MULTIPLE_RESULTS:
+		return nil
+	default:
+		return st
+	}
+}
+
+// Fields of a RocketMQ protocol failure (rocketMQFailure).
+const (
+	rocketMQCodeKey    = "rocketmq.code"
+	rocketMQMessageKey = "rocketmq.message"
+)
+
 // finished logs the line of a call that started at start and ended with
-// err, if its level is enabled.
-func (c callLog) finished(ctx context.Context, fullMethod string, typ interceptors.GRPCType, start time.Time, err error) {
+// err, if its level is enabled. A RocketMQ protocol call answered with a
+// failure status (rmq, err nil) is logged at info level when the request
+// was refused (4xx codes) and at warn level when the server failed (5xx),
+// with the status's code and message.
+func (c callLog) finished(ctx context.Context, fullMethod string, typ interceptors.GRPCType, start time.Time, err error, rmq *rocketmqv2.Status) {
 	service, method := splitMethod(fullMethod)
 	if service == healthpb.Health_ServiceDesc.ServiceName {
 		return
@@ -96,6 +123,15 @@ func (c callLog) finished(ctx context.Context, fullMethod string, typ intercepto
 	}
 	code := status.Code(err)
 	level := zerologLevel(codeToLevel(code))
+	if err != nil {
+		rmq = nil
+	}
+	if rmq != nil {
+		level = zerolog.InfoLevel
+		if rmq.GetCode() >= rocketmqv2.Code_INTERNAL_ERROR {
+			level = zerolog.WarnLevel
+		}
+	}
 	ev := c.log.WithLevel(level)
 	if ev == nil { // level disabled: nothing is built
 		return
@@ -103,6 +139,9 @@ func (c callLog) finished(ctx context.Context, fullMethod string, typ intercepto
 	var reason string
 	if err != nil {
 		reason = errorReason(err)
+	}
+	if rmq != nil {
+		reason = rmq.GetCode().String()
 	}
 	if level >= zerolog.WarnLevel && c.limit != nil {
 		if ev = c.limit.Event(fullMethod+" "+code.String()+" "+reason, ev); ev == nil {
@@ -124,6 +163,9 @@ func (c callLog) finished(ctx context.Context, fullMethod string, typ intercepto
 		fields = append(fields, deadlineKey, d.Format(time.RFC3339))
 	}
 	fields = append(fields, codeKey, code.String())
+	if rmq != nil {
+		fields = append(fields, rocketMQCodeKey, rmq.GetCode().String(), rocketMQMessageKey, rmq.GetMessage())
+	}
 	if err != nil {
 		fields = append(fields, errorKey, fmt.Sprintf("%v", err))
 		if reason != "" {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/md5"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"io"
 	"strings"
@@ -963,6 +964,46 @@ func TestRocketMQPullMessage(t *testing.T) {
 		wantCode(t, c.name, st, c.want)
 		if len(msgs) != 0 {
 			t.Errorf("%s: %d messages", c.name, len(msgs))
+		}
+	}
+}
+
+// TestRocketMQCallLog: a RocketMQ call answered with a failure status
+// (gRPC OK) is logged as the failure it is: info for a refused request,
+// warn for a server failure, with the protocol's code and message; a
+// served call stays at debug level.
+func TestRocketMQCallLog(t *testing.T) {
+	var logs syncBuffer
+	st, _ := openStore(t, nil)
+	var deferred DeferredStore // never set: the store is "starting"
+	cfg := GRPCConfig{Logger: zerolog.New(&logs).Level(zerolog.InfoLevel)}
+	ok := rocketmqv2.NewMessagingServiceClient(dial(t, startServer(t, New(st, zerolog.Nop()), cfg).addr, nil))
+	starting := rocketmqv2.NewMessagingServiceClient(dial(t, startServer(t, New(&deferred, zerolog.Nop()), cfg).addr, nil))
+	ctx := ctxT(t)
+	send := func(c rocketmqv2.MessagingServiceClient, m *rocketmqv2.Message) {
+		if _, err := c.SendMessage(ctx, &rocketmqv2.SendMessageRequest{Messages: []*rocketmqv2.Message{m}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	send(ok, rmqMsg("Orders", "fine", nil))
+	send(ok, rmqMsg("Orders", "x", &rocketmqv2.SystemProperties{Tag: proto.String("a|b")}))
+	send(starting, rmqMsg("Orders", "x", nil))
+	var lines []map[string]any
+	for _, l := range strings.Split(strings.TrimSpace(logs.String()), "\n") {
+		var m map[string]any
+		if err := json.Unmarshal([]byte(l), &m); err != nil {
+			t.Fatalf("log line %q: %v", l, err)
+		}
+		if m["grpc.method"] == "SendMessage" {
+			lines = append(lines, m)
+		}
+	}
+	if len(lines) != 2 {
+		t.Fatalf("SendMessage lines at info and above: %v, want the two failures", lines)
+	}
+	for i, want := range []struct{ level, code string }{{"info", "ILLEGAL_MESSAGE_TAG"}, {"warn", "INTERNAL_SERVER_ERROR"}} {
+		if lines[i]["level"] != want.level || lines[i]["rocketmq.code"] != want.code || lines[i]["grpc.code"] != "OK" || lines[i]["rocketmq.message"] == "" {
+			t.Errorf("line %d: %v, want level %s rocketmq.code %s", i, lines[i], want.level, want.code)
 		}
 	}
 }
