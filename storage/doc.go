@@ -336,7 +336,26 @@
 //     the commit index (not a checkpoint field: the queues are rebuilt to
 //     exactly that index). The checkpoint's flushed offset is the commit
 //     end (at most raftlog.DurableEnd): never truncated, unlike the
-//     durable but uncommitted suffix a new leader may cut.
+//     durable but uncommitted suffix a new leader may cut. Past the commit
+//     end a replica may have acknowledged entries too, so there the
+//     commitlog is recovered with commitlog.RecoverGroup: a bad record a
+//     raft unit vouches for (raftlog.SyncedData) is cut only when torn (an
+//     all-zero 512 B sector, etcd's isTornEntry rule), and the raft log
+//     cuts a bad unit only when it is the last one; other damage is a
+//     *CorruptionError naming file and offset.
+//   - Repair (§3.4): RepairReplica, offline, fetches the damaged entries
+//     from a peer (the server's FetchRange peer RPC, which reads
+//     ReadRaftRange), takes them only when raft's Log Matching makes them
+//     the same entries, checks every record, rewrites them in place
+//     (raftlog.Repair); the cmd is `storaged replica repair --from`.
+//   - An empty data dir (issue 14): a member bootstrapped empty is joining
+//     (raft/joining) until it holds entries and applied up to the highest
+//     commit a leader told it; meanwhile it withholds its vote from
+//     candidates with a log (it may have acknowledged entries they lack).
+//     A leader whose follower rejects below its match (a wiped member)
+//     hands leadership on, so a fresh leader catches it up from index 1; a
+//     member whose leader counts entries past its log (a rolled-back dir)
+//     stops with ErrLostEntries.
 //   - Peers: Transport.Send (non-blocking, may drop), Store.StepPeer,
 //     ReportUnreachable, ReplicaInfo; the gRPC transport is the server's.
 //
@@ -356,8 +375,7 @@
 // reads, replicated delay progress (the scheduler runs on the ready leader
 // from its local progress: a new leader may re-deliver), replicated topic
 // config and deletes (DeleteTopic is refused, ErrGroupUnsupported), the
-// dedup window (off in group mode), membership changes, leader transfer,
-// the repair tool.
+// dedup window (off in group mode), membership changes.
 //
 // # Consumer offsets
 //

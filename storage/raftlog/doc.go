@@ -61,6 +61,35 @@
 // (.broken); damage below max(HardState.Commit, the checkpoint's flushed
 // offset) is a *CorruptionError and the replica refuses to start.
 //
+// Past the commit index a replica may have acknowledged entries too, so
+// damage there is cut only when it is torn: the store recovers the
+// commitlog with commitlog.RecoverGroup and SyncedData (the extents of
+// the uncommitted entries whose units hold: their bytes were copied before
+// the unit was written, so a kill -9 never leaves them half copied), which
+// cuts a bad record there only when one of its 512 B sectors is all zero
+// (etcd's isTornEntry rule: a power cut leaves unwritten sectors zero, as
+// the files are zero before they are written and truncation zeroes and
+// syncs); and recover cuts a bad unit only when no unit that holds follows
+// it (a kill -9 tears only the unit being written). Anything else is a
+// *CorruptionError.
+//
+// # Repair
+//
+// Repair (repair.go) is the offline way past such an error: it fetches the
+// damaged entries from a peer (ReadRange serves them there), takes one
+// only when raft's Log Matching makes it the same entry (an identical
+// unit; or an identical unit of a later entry this replica still holds;
+// or committed on both sides), checks its records and rewrites payload
+// then unit in place, synced.
+//
+// # Joining
+//
+// A raft dir bootstrapped empty carries raft/joining until the replica has
+// caught up with a leader once (Joining, Joined; the replica package
+// withholds votes meanwhile): a member whose data dir was wiped comes
+// back through a bootstrap and must not vote with a log that forgot
+// entries it acknowledged.
+//
 // # What it must never do
 //
 //   - truncate at or below the commit index (ErrTruncateCommitted), or
@@ -77,8 +106,7 @@
 //
 // Snapshots (FirstIndex stays 1, Snapshot returns the base: index 0,
 // term 0, the bootstrap ConfState), retention of raft index files and of
-// the meta-log, the catch-up window, the torn-sector rule of etcd's
-// isTornEntry (past the checkpoint every bad unit counts as torn), and
-// the checkpoint's raft fields (§3.6: the raft loop must record
+// the meta-log, the catch-up window, repair of raft/meta or raft/hardstate,
+// and the checkpoint's raft fields (§3.6: the raft loop must record
 // DurableEnd, not the commitlog's flushed offset, as flushed).
 package raftlog
