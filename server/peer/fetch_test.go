@@ -4,7 +4,12 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -12,23 +17,25 @@ import (
 	"google.golang.org/grpc/status"
 
 	peerv1 "github.com/storaged/storaged/gen/storaged/peer/v1"
+	"github.com/storaged/storaged/internal/testcert"
 )
 
 // sliceRanger serves n entries whose payload is 600 KiB each (so two do
 // not fit one chunk); entry damaged (if non-zero) is damaged.
 type sliceRanger struct {
-	n, damaged uint64
-	calls      int
+	n       uint64
+	damaged atomic.Uint64
+	calls   atomic.Int64 // the server's goroutines write, the test reads
 }
 
 func payload(i uint64) []byte { return bytes.Repeat([]byte{byte(i)}, 600<<10) }
 
 func (s *sliceRanger) ReadRange(lo, hi uint64, maxBytes int) (Range, error) {
-	s.calls++
+	s.calls.Add(1)
 	out := Range{Commit: s.n - 1, Last: s.n}
 	size := 0
 	for i := lo; i < hi && i <= s.n; i++ {
-		if i == s.damaged {
+		if i == s.damaged.Load() {
 			return out, fmt.Errorf("%w: entry %d", ErrDamaged, i)
 		}
 		if len(out.Entries) > 0 && size+len(payload(i)) > maxBytes {
@@ -74,14 +81,14 @@ func TestFetchRange(t *testing.T) {
 			t.Fatalf("entry %d: index %d, %d unit bytes, %d data bytes", i, e.Index, len(e.Unit), len(e.Data))
 		}
 	}
-	if r.calls < 4 {
-		t.Fatalf("%d reads for 4 entries of 600 KiB: the chunks are not bounded by %d bytes", r.calls, FetchChunkBytes)
+	if r.calls.Load() < 4 {
+		t.Fatalf("%d reads for 4 entries of 600 KiB: the chunks are not bounded by %d bytes", r.calls.Load(), FetchChunkBytes)
 	}
 	if got, err := client(nil).Fetch(ctx, 9, 12); err != nil || len(got.Entries) != 0 || got.Last != 5 {
 		t.Fatalf("past the end: %d entries, last %d, %v; want none, last 5", len(got.Entries), got.Last, err)
 	}
 
-	r.damaged = 3
+	r.damaged.Store(3)
 	for name, c := range map[string]struct {
 		mod    func(*FetchOptions)
 		lo, hi uint64
@@ -122,4 +129,59 @@ func peerv1Client(t *testing.T, addr string) peerv1.RaftClient {
 
 func fetchReq(lo, hi uint64) *peerv1.FetchRangeRequest {
 	return &peerv1.FetchRangeRequest{Group: "g1", ClusterId: "c1", From: 1, To: 2, Lo: lo, Hi: hi}
+}
+
+// TestFetchRangeTLS: over peer mTLS, a member fetches with its own
+// certificate; a client whose certificate does not name the member it
+// claims to be, and a plaintext client, are refused and read nothing.
+func TestFetchRangeTLS(t *testing.T) {
+	ca := testcert.NewCA(t, "group ca")
+	dir := t.TempDir()
+	_, certPEM, keyPEM := leaf(t, ca, "127.0.0.1")
+	write := func(name string, b []byte) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	tlsCfg, err := LoadTLS(write("cert.pem", certPEM), write("key.pem", keyPEM), write("ca.pem", ca.PEM))
+	if err != nil {
+		t.Fatal(err)
+	}
+	lis, peers := listeners(t, 2)
+	lis[0].Close()
+	peers[3] = "localhost:1" // member 3's certificate would have to name "localhost"
+	o := testOptions(2, peers)
+	o.TLS = tlsCfg
+	tr, err := New(lis[1], &recorder{}, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tr.Close()
+	r := &sliceRanger{n: 3}
+	tr.SetRanger(r)
+	fetch := func(from uint64, tls *TLS) (Range, error) {
+		c, err := NewRangeClient(FetchOptions{Addr: peers[2], TLS: tls, Group: "g1", ClusterID: "c1", From: from, To: 2})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		return c.Fetch(ctx, 1, 4)
+	}
+	if got, err := fetch(1, tlsCfg); err != nil || len(got.Entries) != 3 {
+		t.Fatalf("member 1 over TLS: %d entries, %v", len(got.Entries), err)
+	}
+	calls := r.calls.Load()
+	if _, err := fetch(3, tlsCfg); status.Code(err) != codes.PermissionDenied || !strings.Contains(err.Error(), "member 3's certificate") {
+		t.Fatalf("a certificate not naming member 3: %v, want PERMISSION_DENIED", err)
+	}
+	if _, err := fetch(1, nil); status.Code(err) != codes.Unavailable {
+		t.Fatalf("plaintext: %v, want UNAVAILABLE", err)
+	}
+	if r.calls.Load() != calls {
+		t.Fatal("a refused client read entries")
+	}
 }
