@@ -208,6 +208,13 @@ func TestOfflineUsage(t *testing.T) {
 		{[]string{"repair", "--truncate-at", "x"}, exitUsage, "non-negative"},
 		{[]string{"check", "-h"}, exitOK, "Usage: storaged check"},
 		{[]string{"repair", "-h"}, exitOK, "Usage: storaged repair"},
+		{[]string{"replica"}, exitUsage, "Usage: storaged replica repair"},
+		{[]string{"replica", "mend"}, exitUsage, "Usage: storaged replica repair"},
+		{[]string{"replica", "repair", "-h"}, exitOK, "Usage: storaged replica repair"},
+		{[]string{"replica", "repair", "--data-dir", t.TempDir()}, exitUsage, "--from ID=HOST:PORT is required"},
+		{[]string{"replica", "repair", "--from", "2"}, exitUsage, "want id=host:port"},
+		{[]string{"replica", "repair", "--from", "2=127.0.0.1:1", "--peer-tls-cert", "c.pem"}, exitUsage, "go together"},
+		{[]string{"replica", "repair", "--data-dir", t.TempDir(), "--from", "2=127.0.0.1:1"}, exitCantRead, "not a replication group member's"},
 	} {
 		code, _, stderr := runBinary(t, tc.args...)
 		if code != tc.code || !strings.Contains(stderr, tc.want) {
