@@ -160,6 +160,7 @@ type Node struct {
 	// seenCommit, the highest commit index a leader's MsgApp carried.
 	joining    bool
 	seenCommit uint64
+	seenApp    bool // a leader's MsgApp arrived since this process started
 	// lostTerm is the term in which this leader last handed leadership
 	// away because a follower had lost entries it acknowledged.
 	lostTerm uint64
@@ -362,9 +363,17 @@ func (n *Node) handle(rd raft.Ready) error {
 // entry committed with such an acknowledgement is at or below the commit
 // index of the leader it next hears from, so once it holds that much its
 // own log's up-to-date check protects them again. REQUIRES: n.mu.
+//
+// The highest commit index seen is not persisted, so after a restart a
+// joining replica waits for a leader's MsgApp again (it may have been
+// halfway through catching up). A leader is caught up by definition: it
+// won a vote with a log at least as up to date as a majority's.
 func (n *Node) caughtUpLocked() bool {
 	last, err := n.opts.Log.LastIndex()
-	return err == nil && last > 0 && n.commit >= n.seenCommit
+	if err != nil || last == 0 {
+		return false
+	}
+	return n.soft.RaftState == raft.StateLeader || (n.seenApp && n.commit >= n.seenCommit)
 }
 
 func (n *Node) send(msgs []*pb.Message) {
@@ -626,6 +635,7 @@ func (n *Node) screenLocked(m *pb.Message) (skip bool, lost error) {
 	switch m.GetType() {
 	case pb.MsgApp:
 		n.seenCommit = max(n.seenCommit, m.GetCommit())
+		n.seenApp = true
 	case pb.MsgVote, pb.MsgPreVote:
 		if n.joining && m.GetIndex() > 0 && !n.caughtUpLocked() {
 			n.withheld++

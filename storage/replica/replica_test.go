@@ -8,7 +8,9 @@ import (
 	"time"
 
 	"github.com/rs/zerolog"
+	pb "go.etcd.io/raft/v3/raftpb"
 	"go.uber.org/goleak"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/storaged/storaged/internal/logthrottle"
 	"github.com/storaged/storaged/storage/commitlog"
@@ -159,5 +161,99 @@ func TestFollowerRefuses(t *testing.T) {
 	}
 	if info := n.Info(); info.Role != "follower" || info.Ready || len(info.Peers) != 0 {
 		t.Fatalf("info %+v", info)
+	}
+}
+
+// recTransport records what the node sends.
+type recTransport struct {
+	mu   sync.Mutex
+	msgs []*pb.Message
+}
+
+func (r *recTransport) Send(_ uint64, b []byte) {
+	m := &pb.Message{}
+	if proto.Unmarshal(b, m) == nil {
+		r.mu.Lock()
+		r.msgs = append(r.msgs, m)
+		r.mu.Unlock()
+	}
+}
+
+func (r *recTransport) has(typ pb.MessageType) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, m := range r.msgs {
+		if m.GetType() == typ {
+			return true
+		}
+	}
+	return false
+}
+
+func step(t *testing.T, n *Node, m *pb.Message) {
+	t.Helper()
+	b, err := proto.Marshal(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := n.StepPeer(b); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestJoiningWithholdsVotes: a replica bootstrapped empty (its raft dir has
+// the joining marker) that already holds entries but has heard from no
+// leader since it started (it may have been halfway through catching up)
+// answers no vote request from a candidate with a log; after a leader's
+// append brings it to that leader's commit index it has caught up: the
+// marker is gone and it answers votes again.
+func TestJoiningWithholdsVotes(t *testing.T) {
+	_, rl := open(t, 2, []uint64{1, 2, 3})
+	if !rl.Joining() {
+		t.Fatal("a raft dir bootstrapped empty is not joining")
+	}
+	var ents []*pb.Entry
+	for i := uint64(1); i <= 3; i++ {
+		ents = append(ents, &pb.Entry{Term: proto.Uint64(1), Index: proto.Uint64(i)})
+	}
+	if err := rl.Append(ents); err != nil {
+		t.Fatal(err)
+	}
+	if err := rl.SetHardState(&pb.HardState{Term: proto.Uint64(1)}); err != nil {
+		t.Fatal(err)
+	}
+	if err := rl.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	tr := &recTransport{}
+	ticks := make(chan time.Time)
+	n, err := New(Options{ID: 2, Log: rl, FileSize: fileSize, Transport: tr, Host: &fakeHost{}, Ticks: ticks}, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.Close()
+	vote := func(term uint64) *pb.Message {
+		return &pb.Message{Type: pb.MsgVote.Enum(), From: proto.Uint64(3), To: proto.Uint64(2), Term: proto.Uint64(term),
+			Index: proto.Uint64(3), LogTerm: proto.Uint64(1)}
+	}
+	step(t, n, vote(2))
+	if info := n.Info(); !info.Joining || info.VotesWithheld != 1 || info.Term != 1 {
+		t.Fatalf("after a vote request while joining: %+v, want joining, 1 withheld, term unchanged", info)
+	}
+	// Leader 1's append at term 3: nothing new, commit 3.
+	step(t, n, &pb.Message{Type: pb.MsgApp.Enum(), From: proto.Uint64(1), To: proto.Uint64(2), Term: proto.Uint64(3),
+		Index: proto.Uint64(3), LogTerm: proto.Uint64(1), Commit: proto.Uint64(3)})
+	waitFor(t, "caught up", func() bool { return !n.Info().Joining })
+	if rl.Joining() {
+		t.Fatal("the joining marker survived catching up")
+	}
+	// Past the leader's lease (CheckQuorum ignores votes within it).
+	for range 30 {
+		ticks <- time.Time{}
+	}
+	step(t, n, vote(5))
+	waitFor(t, "a vote answer", func() bool { return tr.has(pb.MsgVoteResp) })
+	if info := n.Info(); info.VotesWithheld != 1 {
+		t.Fatalf("after catching up: %+v, want no more withheld votes", info)
 	}
 }
