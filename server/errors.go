@@ -162,7 +162,7 @@ func (s *Service) putError(ctx context.Context, m method, res storage.PutResult,
 	var nl *storage.NotLeaderError
 	switch {
 	case errors.As(err, &nl): // group mode: not the ready leader, or superseded; nothing stored
-		return s.notLeaderStatus(info, nl.Cause, nl.LeaderID, nl.Term)
+		return s.notLeaderStatus(info, nl.Cause, nl.LeaderID, nl.Term, "put")
 	case errors.Is(err, storage.ErrInSyncReplicasNotEnough):
 		return unavailable(info, retryDelayUnavailable, "the group's leader has too few recently active followers to commit; "+
 			"nothing was stored; retry shortly")
@@ -298,9 +298,33 @@ func (s *Service) appendedError(ctx context.Context, log zerolog.Logger, res sto
 //	ErrReadBusy (in-flight read limit)    → RESOURCE_EXHAUSTED (SYSTEM_BUSY, cause PULL_INFLIGHT_BYTES) + RetryInfo
 //	ctx ended                             → CANCELLED / DEADLINE_EXCEEDED
 //	anything else                         → INTERNAL (logged; no paths in the message)
+//
+// A linearizable read (storage.Store.ReadBarrier) also refuses, nothing read:
+//
+//	*storage.NotLeaderError               → UNAVAILABLE + RetryInfo, as a refused put (notLeaderStatus)
+//	storage.ErrReadIndexTimeout           → UNAVAILABLE (SERVICE_NOT_AVAILABLE, cause READ_INDEX_TIMEOUT) + RetryInfo
+//	storage.ErrReadIndexBusy              → RESOURCE_EXHAUSTED (SYSTEM_BUSY, cause READ_INDEX_WAITERS) + RetryInfo
+//	storage.ErrWriteFailed                → UNAVAILABLE (cause READ_ONLY), no RetryInfo: ask another replica
 func (s *Service) readError(m method, err error) error {
 	var re *storage.RangeError
+	var nl *storage.NotLeaderError
 	switch {
+	case errors.As(err, &nl):
+		return s.notLeaderStatus(&errdetails.ErrorInfo{Domain: ErrorDomain}, nl.Cause, nl.LeaderID, nl.Term, "read")
+	case errors.Is(err, storage.ErrReadIndexTimeout):
+		return unavailable(&errdetails.ErrorInfo{Reason: ReasonUnavailable, Domain: ErrorDomain,
+			Metadata: map[string]string{"cause": "READ_INDEX_TIMEOUT"}}, retryDelayUnavailable,
+			"this leader could not confirm with a quorum of its group that it still leads, within the replication timeout; "+
+				"nothing was read; retry (a new leader may be elected meanwhile)")
+	case errors.Is(err, storage.ErrReadIndexBusy):
+		return newStatus(codes.ResourceExhausted, "too many linearizable reads are waiting for the leader's quorum check; "+
+			"nothing was read; retry after the delay", &errdetails.ErrorInfo{Reason: ReasonSystemBusy, Domain: ErrorDomain,
+			Metadata: map[string]string{"cause": "READ_INDEX_WAITERS"}},
+			&errdetails.RetryInfo{RetryDelay: durationpb.New(retryDelayReadBusy)})
+	case errors.Is(err, storage.ErrWriteFailed):
+		return newStatus(codes.Unavailable, "this replica stopped after a failed disk write and serves no linearizable read; "+
+			"nothing was read; ask another replica", &errdetails.ErrorInfo{Reason: ReasonUnavailable, Domain: ErrorDomain,
+			Metadata: map[string]string{"cause": "READ_ONLY"}})
 	case errors.As(err, &re):
 		info := &errdetails.ErrorInfo{Reason: ReasonOffsetOutOfRange, Domain: ErrorDomain, Metadata: map[string]string{
 			"offset":     strconv.FormatInt(re.Offset, 10),

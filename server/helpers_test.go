@@ -188,7 +188,11 @@ type fakeStore struct {
 	err     error
 	panic   any
 	readErr error
+	// barrierErr is ReadBarrier's answer (a linearizable read's refusal).
+	barrierErr error
 }
+
+func (f *fakeStore) ReadBarrier(context.Context) error { return f.barrierErr }
 
 func (f *fakeStore) readError() error {
 	if f.readErr != nil {

@@ -66,6 +66,14 @@ func (s *Service) PullMessages(ctx context.Context, req *storagedv1.PullMessages
 	if err != nil {
 		return nil, err
 	}
+	// Linearizable: the leadership check runs once, before the first
+	// look; every later look (a long poll's) reads a newer commit point of
+	// the same replica, so the whole call stays linearizable.
+	if req.GetLinearizable() {
+		if err := s.store.ReadBarrier(ctx); err != nil {
+			return nil, s.readError(methodPullMessages, err)
+		}
+	}
 	res, r, err := s.pullRecords(ctx, pr)
 	if err != nil {
 		return nil, s.readError(methodPullMessages, err)
@@ -259,12 +267,17 @@ func (s *Service) boundWait(ctx context.Context, wait time.Duration) time.Durati
 }
 
 // GetQueueInfo implements storagedv1.MessageStoreServiceServer.
-func (s *Service) GetQueueInfo(_ context.Context, req *storagedv1.GetQueueInfoRequest) (*storagedv1.GetQueueInfoResponse, error) {
+func (s *Service) GetQueueInfo(ctx context.Context, req *storagedv1.GetQueueInfoRequest) (*storagedv1.GetQueueInfoResponse, error) {
 	if fe := validateReadTopic("topic", req.GetTopic()); fe != nil {
 		return nil, badRead(fe.Field, fe.Reason)
 	}
 	if req.GetQueueId() < 0 {
 		return nil, badRead("queue_id", "queue id must not be negative")
+	}
+	if req.GetLinearizable() {
+		if err := s.store.ReadBarrier(ctx); err != nil {
+			return nil, s.readError(methodGetQueueInfo, err)
+		}
 	}
 	lo, hi, err := s.store.QueueInfo(req.GetTopic(), req.GetQueueId())
 	if err != nil {

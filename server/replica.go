@@ -109,14 +109,15 @@ func (s *Service) leaderAddr(id uint64) string {
 	return s.clientAddr(id)
 }
 
-// notLeaderStatus is the answer of a replica that cannot take a put
-// (design replication.md §1): UNAVAILABLE, nothing stored, ErrorInfo
-// SERVICE_NOT_AVAILABLE with metadata cause (NOT_LEADER, NO_LEADER,
-// LEADER_NOT_READY, TRANSFERRING), leader_id, leader_addr and term, and a
-// RetryInfo of 0 when the leader's address is known (retry there now), about
-// one election timeout when not. Not FAILED_PRECONDITION: gRPC clients do
-// not retry that, and this is a retry elsewhere.
-func (s *Service) notLeaderStatus(info *errdetails.ErrorInfo, cause string, leaderID, term uint64) error {
+// notLeaderStatus is the answer of a replica that cannot take a put, or
+// serve a linearizable read (op "put" or "read"; design replication.md
+// §1): UNAVAILABLE, nothing stored or read, ErrorInfo SERVICE_NOT_AVAILABLE
+// with metadata cause (NOT_LEADER, NO_LEADER, LEADER_NOT_READY,
+// TRANSFERRING), leader_id, leader_addr and term, and a RetryInfo of 0 when
+// the leader's address is known (retry there now), about one election
+// timeout when not. Not FAILED_PRECONDITION: gRPC clients do not retry
+// that, and this is a retry elsewhere.
+func (s *Service) notLeaderStatus(info *errdetails.ErrorInfo, cause string, leaderID, term uint64, op string) error {
 	addr := s.leaderAddr(leaderID)
 	info.Reason = ReasonUnavailable
 	info.Metadata = map[string]string{
@@ -124,6 +125,10 @@ func (s *Service) notLeaderStatus(info *errdetails.ErrorInfo, cause string, lead
 		"leader_id":   strconv.FormatUint(leaderID, 10),
 		"leader_addr": addr,
 		"term":        strconv.FormatUint(term, 10),
+	}
+	nothing, takes := "nothing was stored", "taking puts"
+	if op == "read" {
+		nothing, takes = "nothing was read", "serving linearizable reads"
 	}
 	delay := retryDelayNoLeader
 	var msg string
@@ -133,17 +138,17 @@ func (s *Service) notLeaderStatus(info *errdetails.ErrorInfo, cause string, lead
 		// applied), or leadership is moving: a short wait, then the hint
 		// again.
 		delay = retryDelayLeaderMoving
-		msg = fmt.Sprintf("the group's leader, member %d at %s, is not taking puts yet (%s); nothing was stored; retry shortly",
-			leaderID, addr, cause)
+		msg = fmt.Sprintf("the group's leader, member %d at %s, is not %s yet (%s); %s; retry shortly",
+			leaderID, addr, takes, cause, nothing)
 	case addr != "":
 		delay = 0
-		msg = fmt.Sprintf("this replica is not the group's leader (%s); nothing was stored; send the put to the leader, member %d at %s",
-			cause, leaderID, addr)
+		msg = fmt.Sprintf("this replica is not the group's leader (%s); %s; send the %s to the leader, member %d at %s",
+			cause, nothing, op, leaderID, addr)
 	case leaderID != 0:
-		msg = fmt.Sprintf("this replica is not the group's leader (%s); nothing was stored; the leader is member %d (address not known yet)",
-			cause, leaderID)
+		msg = fmt.Sprintf("this replica is not the group's leader (%s); %s; the leader is member %d (address not known yet)",
+			cause, nothing, leaderID)
 	default:
-		msg = fmt.Sprintf("the group has no leader right now (%s); nothing was stored; retry after an election", cause)
+		msg = fmt.Sprintf("the group has no leader right now (%s); %s; retry after an election", cause, nothing)
 	}
 	return newStatus(codes.Unavailable, msg, info, &errdetails.RetryInfo{RetryDelay: durationpb.New(delay)})
 }

@@ -85,7 +85,7 @@ func TestNotLeaderStatus(t *testing.T) {
 		{"no address source", standalone, CauseNotLeader, 1, "", retryDelayNoLeader, "address not known yet"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			err := tc.svc.notLeaderStatus(&errdetails.ErrorInfo{Domain: ErrorDomain}, tc.cause, tc.leader, 5)
+			err := tc.svc.notLeaderStatus(&errdetails.ErrorInfo{Domain: ErrorDomain}, tc.cause, tc.leader, 5, "put")
 			d := details(t, err)
 			if d.st.Code() != codes.Unavailable || d.info.GetReason() != ReasonUnavailable {
 				t.Fatalf("%v %q", d.st.Code(), d.info.GetReason())

@@ -49,6 +49,9 @@ type Store interface {
 	GetMessageByID(msgID string) (*storage.Record, error)
 	PullMessages(ctx context.Context, req storage.PullRequest) (storage.PullResult, error)
 	QueueInfo(topic string, queueID int32) (minOffset, maxOffset int64, err error)
+	// ReadBarrier makes the reads after it linearizable (the requests'
+	// linearizable field): see storage.Store.ReadBarrier.
+	ReadBarrier(ctx context.Context) error
 }
 
 var _ Store = (*storage.Store)(nil)
@@ -317,4 +320,12 @@ func (d *DeferredStore) QueueInfo(topic string, queueID int32) (minOffset, maxOf
 		return b.s.QueueInfo(topic, queueID)
 	}
 	return 0, 0, ErrStarting
+}
+
+// ReadBarrier implements Store.
+func (d *DeferredStore) ReadBarrier(ctx context.Context) error {
+	if b := d.p.Load(); b != nil {
+		return b.s.ReadBarrier(ctx)
+	}
+	return ErrStarting
 }

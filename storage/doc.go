@@ -322,13 +322,33 @@
 //     stopped by Close; per Ready the leader sends before its own write,
 //     then raftlog Append (truncating an uncommitted suffix), HardState,
 //     one Sync; a follower sends after. Committed DATA entries move the
-//     commit end and answer waiters. A new leader takes puts only after it
+//     commit end (the store learns it first: Committed), then answer
+//     their waiters, so a PUT_OK is indexed once AwaitDispatched returns
+//     (it used to be answered before the store knew the new commit end:
+//     the index wait then gave up at once, and a read right after a PUT_OK
+//     could miss it). A new leader takes puts only after it
 //     applied its own term's first entry, then indexes everything
 //     committed and resets its stamping table from the consume queues.
 //     Ticks come from GroupOptions.Ticks (tests) or a ticker.
 //   - Visibility (§3.3): reads and the dispatcher stop at the commit end on
 //     every replica; followers index committed entries and serve reads
 //     (not linearizable: an absent answer can be stale).
+//   - Linearizable reads (§3.3): Store.ReadBarrier, then any read. Only
+//     the ready leader passes it: it registers with the raft loop, which
+//     gives all the readers registered since its last pass one raft
+//     ReadIndex (ReadOnlySafe: a heartbeat round of its term acknowledged
+//     by a quorum, after the reads began), matches the Ready's ReadStates
+//     by request context, and answers each batch once the applied index
+//     reaches its read index, with the commit end; the barrier then waits
+//     for the consume queues to cover that end. Refusals (nothing read, a
+//     retry is safe): the put's *NotLeaderError on a follower, a learner,
+//     without a leader, on a leader not ready, and for every waiting read
+//     when the leader loses its leadership (raft forgets its pending
+//     requests); ErrReadIndexTimeout after ReplicationTimeout (a leader cut
+//     off from its quorum never answers with a stale state);
+//     ErrReadIndexBusy beyond GroupOptions.MaxReadWaiters (4096). Standalone
+//     the barrier passes at once: a PUT_OK is indexed before it is
+//     answered, and nobody else writes.
 //   - Recovery (§3.4): Open reads the raft log's commit end before it
 //     recovers the commitlog (damage below it is corruption, never a torn
 //     tail), opens the raft log (which reconciles its index), rebuilds the
@@ -371,8 +391,7 @@
 // is not written, and retention stays off in group mode except under disk
 // pressure, whose deletions a lagging follower cannot recover from yet.
 //
-// Not built yet: ReadIndex (linearizable)
-// reads, replicated delay progress (the scheduler runs on the ready leader
+// Not built yet: replicated delay progress (the scheduler runs on the ready leader
 // from its local progress: a new leader may re-deliver), replicated topic
 // config and deletes (DeleteTopic is refused, ErrGroupUnsupported), the
 // dedup window (off in group mode), membership changes.

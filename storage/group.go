@@ -72,6 +72,14 @@ var (
 	// acknowledged here that its log no longer holds (a rolled-back data
 	// dir); the replica stopped (the store's sticky write error wraps it).
 	ErrLostEntries = replica.ErrLostEntries
+	// ErrReadIndexTimeout: a linearizable read's leadership check (raft
+	// ReadIndex) did not complete within GroupOptions.ReplicationTimeout
+	// (a leader cut off from its quorum, a slow index); nothing was read,
+	// a retry is safe.
+	ErrReadIndexTimeout = replica.ErrReadIndexTimeout
+	// ErrReadIndexBusy: GroupOptions.MaxReadWaiters linearizable reads
+	// wait already; nothing was read, retry shortly.
+	ErrReadIndexBusy = replica.ErrReadIndexBusy
 	// ErrNotGroup: a group-mode call on a standalone store.
 	ErrNotGroup = errors.New("storage: the store is not in group mode")
 	// ErrGroupUnsupported: an operation group mode does not replicate yet
@@ -109,6 +117,10 @@ type GroupOptions struct {
 	// IndexUnits is raftlog's units per index file (0: its default; tests
 	// use small files).
 	IndexUnits int
+	// MaxReadWaiters bounds the linearizable reads (ReadBarrier) waiting
+	// for their leadership check at once; beyond it ErrReadIndexBusy.
+	// Default replica.DefaultMaxReadWaiters (4096).
+	MaxReadWaiters int
 }
 
 func (g *GroupOptions) withDefaults(o Options) {
@@ -123,6 +135,9 @@ func (g *GroupOptions) withDefaults(o Options) {
 	}
 	if g.ReplicationTimeout == 0 {
 		g.ReplicationTimeout = o.SyncFlushTimeout
+	}
+	if g.MaxReadWaiters == 0 {
+		g.MaxReadWaiters = replica.DefaultMaxReadWaiters
 	}
 }
 
@@ -148,7 +163,7 @@ func (g *GroupOptions) validate(o Options) []error {
 	if g.Transport == nil {
 		errs = append(errs, errors.New("Group.Transport is required"))
 	}
-	if g.TickInterval < 0 || g.ReplicationTimeout < 0 || g.ElectionTick < 0 || g.HeartbeatTick < 0 ||
+	if g.TickInterval < 0 || g.ReplicationTimeout < 0 || g.ElectionTick < 0 || g.HeartbeatTick < 0 || g.MaxReadWaiters < 0 ||
 		(g.ElectionTick > 0 && g.HeartbeatTick > 0 && g.ElectionTick <= g.HeartbeatTick) {
 		errs = append(errs, errors.New("Group: negative durations, or ElectionTick not above HeartbeatTick"))
 	}
@@ -235,7 +250,7 @@ func (s *Store) startGroup() error {
 	}
 	g.node, err = replica.New(replica.Options{ID: g.opts.ID, Log: g.rlog, FileSize: s.opts.FileSize, Applied: hs.GetCommit(),
 		Transport: g.opts.Transport, Host: (*groupHost)(s), Ticks: g.opts.Ticks, TickInterval: g.opts.TickInterval,
-		ElectionTick: g.opts.ElectionTick, HeartbeatTick: g.opts.HeartbeatTick,
+		ElectionTick: g.opts.ElectionTick, HeartbeatTick: g.opts.HeartbeatTick, MaxReadWaiters: g.opts.MaxReadWaiters,
 		Logger: raftLogger{s.opts.Logger.With().Str("component", "raft").Uint64("raft_id", g.opts.ID).Logger()}}, g.commitEnd.Load())
 	return err
 }
@@ -467,6 +482,60 @@ func (s *Store) ReplicaInfo() ReplicaInfo {
 		return ReplicaInfo{Role: "standalone"}
 	}
 	return s.group.node.Info()
+}
+
+// ReadBarrier makes the reads that follow it linearizable: once it
+// returns nil, every read this store serves (QueueInfo, PullMessages,
+// GetMessage) sees every put acknowledged before ReadBarrier was called,
+// and never an older state. Standalone, that holds already (a put is
+// indexed before its PUT_OK, and nobody else writes), so it returns nil
+// at once (ErrClosed once closed).
+//
+// In group mode only the ready leader passes it (design replication.md
+// §3.3): it confirms with a quorum that it still leads (raft ReadIndex,
+// one request for all the reads that arrived together), waits until it
+// has applied the commit index of that moment, then until its consume
+// queues cover the commit end. Every refusal means nothing was read and
+// a retry is safe: a *NotLeaderError (follower, learner, no leader, a
+// leader not ready, or one that lost the leadership meanwhile: the same
+// answer as a refused put, with the leader's id when known),
+// ErrReadIndexTimeout (not confirmed within ReplicationTimeout: a leader
+// cut off from its quorum answers this, never a stale state, until
+// CheckQuorum deposes it), ErrReadIndexBusy (MaxReadWaiters reads wait
+// already), ctx's error, ErrClosed, or ErrWriteFailed (the replica
+// stopped after a failed write).
+func (s *Store) ReadBarrier(ctx context.Context) error {
+	if s.closed.Load() {
+		return ErrClosed
+	}
+	if s.group == nil {
+		return nil
+	}
+	end, err := s.group.node.ReadIndex(ctx, s.group.opts.ReplicationTimeout)
+	var nl *NotLeaderError
+	switch {
+	case err == nil:
+	case errors.As(err, &nl), errors.Is(err, ErrReadIndexTimeout), errors.Is(err, ErrReadIndexBusy),
+		errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+		return err
+	case errors.Is(err, replica.ErrClosed):
+		return ErrClosed
+	default: // the raft loop stopped on a failed write (sticky)
+		return fmt.Errorf("%w: %w", ErrWriteFailed, err)
+	}
+	// The commit end is visible to the dispatcher already (Committed runs
+	// before reads are answered): index up to it, bounded like a put's
+	// wait. A wait that cannot finish is not a stale answer: refuse.
+	if err := s.index.AwaitDispatched(ctx, end); err != nil {
+		if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+			return err
+		}
+		if s.closed.Load() {
+			return ErrClosed
+		}
+		return fmt.Errorf("%w: the index did not reach the commit end %d: %w", ErrReadIndexTimeout, end, err)
+	}
+	return nil
 }
 
 // groupDelivering: only the ready leader runs the delay scheduler.

@@ -448,6 +448,11 @@ func TestGroupLeaderAlone(t *testing.T) {
 	if !errors.Is(err, ErrReplicationTimeout) || res.Status != FlushSlaveTimeout {
 		t.Fatalf("put without followers: %v %v", res.Status, err)
 	}
+	// A linearizable read cannot confirm the leadership: refused after
+	// the replication timeout, nothing read.
+	if err := g.m[1].s.ReadBarrier(context.Background()); !errors.Is(err, ErrReadIndexTimeout) {
+		t.Fatalf("a linearizable read on a leader without followers: %v", err)
+	}
 	// CheckQuorum, on the leader's ticks: the first check after the cut
 	// (10 ticks) finds the followers active from before and resets their
 	// activity; from then on puts are refused with nothing proposed.
@@ -716,4 +721,146 @@ func BenchmarkGroupPut(b *testing.B) {
 			}
 		}
 	})
+}
+
+// readMax is a linearizable QueueInfo of T/0 on id: the barrier, then the
+// queue's max offset (0 for a queue not created yet).
+func (g *testGroup) readMax(ctx context.Context, id uint64) (int64, error) {
+	s := g.m[id].s
+	if err := s.ReadBarrier(ctx); err != nil {
+		return 0, err
+	}
+	_, max, err := s.QueueInfo("T", 0)
+	if errors.Is(err, ErrQueueNotFound) {
+		return 0, nil
+	}
+	return max, err
+}
+
+// TestGroupLinearizableRead: a linearizable read (ReadBarrier, then the
+// read) is served only by the ready leader after it confirmed its
+// leadership: on the leader it sees every acknowledged put; followers
+// refuse naming the leader; a leader cut off from its peers never passes
+// the barrier while the others elect a new leader that takes more puts
+// (it would answer without them), its waiting reads are refused when it
+// steps down, and afterwards it refuses naming the new leader.
+func TestGroupLinearizableRead(t *testing.T) {
+	g := newTestGroup(t, time.Minute)
+	g.elect(1)
+	ctx := context.Background()
+	acked := int64(0)
+	for i := range 10 {
+		if res, err := g.put(1, fmt.Sprintf("m-%d", i)); err != nil || res.Status != PutOK {
+			t.Fatalf("put %d: %v %v", i, res.Status, err)
+		}
+		acked++
+		if max, err := g.readMax(ctx, 1); err != nil || max != acked {
+			t.Fatalf("linearizable read after %d acked puts: max %d, %v", acked, max, err)
+		}
+	}
+	for _, id := range []uint64{2, 3} {
+		var nl *NotLeaderError
+		if _, err := g.readMax(ctx, id); !errors.As(err, &nl) || nl.Cause != "NOT_LEADER" || nl.LeaderID != 1 || nl.Term == 0 {
+			t.Fatalf("linearizable read on follower %d: %v", id, err)
+		}
+	}
+
+	// Cut the leader off. A read that waits there must not pass.
+	g.net.setCut(1, true)
+	type answer struct {
+		max int64
+		err error
+	}
+	pending := make(chan answer, 1)
+	go func() {
+		max, err := g.readMax(ctx, 1)
+		pending <- answer{max, err}
+	}()
+	g.poll("the cut leader's read waiting", func() bool { return g.m[1].s.group.node.ReadsWaiting() == 1 })
+	g.poll("a new leader among 2 and 3", func() bool { return g.readyLeader(2, 3) != 0 }, 2, 3)
+	l2 := g.readyLeader(2, 3)
+	for i := range 5 {
+		if res, err := g.put(l2, fmt.Sprintf("n-%d", i)); err != nil || res.Status != PutOK {
+			t.Fatalf("put %d on the new leader: %v %v", i, res.Status, err)
+		}
+		acked++
+	}
+	if max, err := g.readMax(ctx, l2); err != nil || max != acked {
+		t.Fatalf("linearizable read on the new leader: max %d, %v; want %d", max, err, acked)
+	}
+	// The old leader still believes it leads (it had no ticks): a read
+	// there, bounded by its deadline, must fail, never miss the new puts.
+	if info := g.m[1].s.ReplicaInfo(); info.Role != "leader" {
+		t.Fatalf("the cut leader already stepped down: %+v", info)
+	}
+	short, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+	max, err := g.readMax(short, 1)
+	cancel()
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("a linearizable read on the cut leader answered max %d, %v (the group acked %d)", max, err, acked)
+	}
+	select {
+	case a := <-pending:
+		t.Fatalf("the cut leader's waiting read answered max %d, %v", a.max, a.err)
+	default:
+	}
+	// CheckQuorum deposes it (its ticks); its waiting read is refused.
+	var a answer
+	g.poll("the cut leader's waiting read answered", func() bool {
+		select {
+		case a = <-pending:
+			return true
+		default:
+			return false
+		}
+	}, 1)
+	var nl *NotLeaderError
+	if !errors.As(a.err, &nl) {
+		t.Fatalf("the deposed leader's waiting read: max %d, %v", a.max, a.err)
+	}
+	if n := g.m[1].s.group.node.ReadsWaiting(); n != 0 {
+		t.Fatalf("%d reads still waiting on the deposed leader", n)
+	}
+	// Healed, it follows and refuses naming the new leader.
+	g.net.setCut(1, false)
+	g.converge(l2, g.ids...)
+	g.poll("the old leader knows the new one", func() bool { return g.m[1].s.ReplicaInfo().LeaderID == l2 }, l2)
+	if _, err := g.readMax(ctx, 1); !errors.As(err, &nl) || nl.Cause != "NOT_LEADER" || nl.LeaderID != l2 {
+		t.Fatalf("linearizable read on the old leader after the heal: %v", err)
+	}
+	if max, err := g.readMax(ctx, l2); err != nil || max != acked {
+		t.Fatalf("linearizable read on the new leader: max %d, %v; want %d", max, err, acked)
+	}
+}
+
+// TestGroupLinearizableReadBounds: beyond MaxReadWaiters a linearizable
+// read is refused at once (ErrReadIndexBusy); the waiting ones end with
+// their context; a standalone store's barrier passes at once.
+func TestGroupLinearizableReadBounds(t *testing.T) {
+	g := newTestGroupWith(t, time.Minute, nil, func(o *Options) { o.Group.MaxReadWaiters = 2 })
+	g.elect(1)
+	g.net.setCut(2, true)
+	g.net.setCut(3, true)
+	ctx, cancel := context.WithCancel(context.Background())
+	errs := make(chan error, 2)
+	for range 2 {
+		go func() { errs <- g.m[1].s.ReadBarrier(ctx) }()
+	}
+	g.poll("two reads waiting", func() bool { return g.m[1].s.group.node.ReadsWaiting() == 2 })
+	if err := g.m[1].s.ReadBarrier(context.Background()); !errors.Is(err, ErrReadIndexBusy) {
+		t.Fatalf("a third read over the bound of 2: %v", err)
+	}
+	cancel()
+	for range 2 {
+		if err := <-errs; !errors.Is(err, context.Canceled) {
+			t.Fatalf("a waiting read without its followers: %v", err)
+		}
+	}
+	if n := g.m[1].s.group.node.ReadsWaiting(); n != 0 {
+		t.Fatalf("%d reads still counted after their callers gave up", n)
+	}
+	solo, _ := openTest(t, nil)
+	if err := solo.ReadBarrier(context.Background()); err != nil {
+		t.Fatalf("standalone ReadBarrier: %v", err)
+	}
 }

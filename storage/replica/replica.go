@@ -8,6 +8,8 @@
 package replica
 
 import (
+	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -75,7 +77,21 @@ var (
 	// entries (etcd-raft itself would panic: "Was the raft log corrupted,
 	// truncated, or lost?").
 	ErrLostEntries = errors.New("replica: this replica's raft log lost entries it acknowledged")
+	// ErrReadIndexTimeout: a linearizable read's ReadIndex was not
+	// confirmed by a quorum (or not applied) within its bound; nothing was
+	// read, a retry is safe. A partitioned leader answers this until
+	// CheckQuorum deposes it, then NotLeaderError.
+	ErrReadIndexTimeout = errors.New("replica: the leader could not confirm its leadership in time; nothing read")
+	// ErrReadIndexBusy: MaxReadWaiters linearizable reads already wait for
+	// their ReadIndex; nothing read, retry shortly.
+	ErrReadIndexBusy = errors.New("replica: too many linearizable reads waiting; nothing read")
 )
+
+// DefaultMaxReadWaiters bounds the linearizable reads waiting for their
+// ReadIndex at once (Options.MaxReadWaiters): each holds a goroutine of
+// its caller and a few words here; beyond it a read is refused
+// (ErrReadIndexBusy) rather than queued without bound.
+const DefaultMaxReadWaiters = 4096
 
 // NotLeaderError says why a replica refused a put (nothing stored) and
 // where the leader is, when known. errors.Is(err, ErrNotLeader) holds.
@@ -127,6 +143,9 @@ type Options struct {
 	TickInterval  time.Duration
 	ElectionTick  int
 	HeartbeatTick int
+	// MaxReadWaiters bounds the linearizable reads waiting at once (0:
+	// DefaultMaxReadWaiters).
+	MaxReadWaiters int
 	// Logger receives raft's own log lines (nil: discarded).
 	Logger raft.Logger
 }
@@ -165,6 +184,7 @@ type Node struct {
 	// away because a follower had lost entries it acknowledged.
 	lostTerm uint64
 	withheld uint64 // vote requests dropped while joining
+	reads    reads  // linearizable reads waiting for their ReadIndex
 
 	stop   chan struct{}
 	done   chan struct{}
@@ -186,6 +206,9 @@ func New(opts Options, commitEnd int64) (*Node, error) {
 	if opts.HeartbeatTick == 0 {
 		opts.HeartbeatTick = 1
 	}
+	if opts.MaxReadWaiters <= 0 {
+		opts.MaxReadWaiters = DefaultMaxReadWaiters
+	}
 	if opts.Logger == nil {
 		opts.Logger = &raft.DefaultLogger{Logger: log.New(io.Discard, "", 0)}
 	}
@@ -201,6 +224,7 @@ func New(opts Options, commitEnd int64) (*Node, error) {
 		return nil, fmt.Errorf("replica: %w", err)
 	}
 	n := &Node{opts: opts, host: opts.Host, rn: rn, waiters: map[key]*Waiter{}, commit: opts.Applied, end: commitEnd,
+		reads:       reads{batches: map[uint64]*readBatch{}},
 		softChanged: make(chan struct{}), stop: make(chan struct{}), done: make(chan struct{}), wake: make(chan struct{}, 1),
 		joining: opts.Log.Joining()}
 	if n.joining {
@@ -242,6 +266,7 @@ func (n *Node) Close() {
 		w.finish(ErrClosed)
 		delete(n.waiters, k)
 	}
+	n.failReadsLocked(ErrClosed)
 	n.mu.Unlock()
 }
 
@@ -265,6 +290,9 @@ func (n *Node) loop() {
 			n.mu.Unlock()
 		case <-n.wake:
 		}
+		n.mu.Lock()
+		n.issueReadsLocked()
+		n.mu.Unlock()
 		for {
 			n.mu.Lock()
 			if n.err != nil || !n.rn.HasReady() {
@@ -276,6 +304,7 @@ func (n *Node) loop() {
 			if err := n.handle(rd); err != nil {
 				n.mu.Lock()
 				n.err = err
+				n.failReadsLocked(err)
 				n.mu.Unlock()
 				n.host.Fail(err)
 				break
@@ -295,6 +324,9 @@ func (n *Node) handle(rd raft.Ready) error {
 		n.mu.Lock()
 		if rd.SoftState.RaftState != raft.StateLeader || rd.SoftState.Lead != n.soft.Lead {
 			n.ready, n.ownTerm = false, false // drop the tail; waiters stay
+			// Raft forgets a deposed leader's pending ReadIndex requests
+			// (reset): answer their reads now, nothing read.
+			n.failReadsLocked(lostLeadership(rd.SoftState, n.opts.ID, n.rn.BasicStatus().GetTerm()))
 		}
 		if rd.SoftState.RaftState != raft.StateLeader {
 			n.leaving = false
@@ -342,6 +374,9 @@ func (n *Node) handle(rd raft.Ready) error {
 	n.send(late) // MsgAppResp and votes: only after Sync
 	n.apply(rd.CommittedEntries)
 	n.mu.Lock()
+	if len(rd.ReadStates) > 0 {
+		n.readStatesLocked(rd.ReadStates)
+	}
 	n.rn.Advance(rd)
 	joined := n.joining && n.caughtUpLocked()
 	n.mu.Unlock()
@@ -392,7 +427,10 @@ func (n *Node) apply(ents []*pb.Entry) {
 	if len(ents) == 0 {
 		return
 	}
-	var lastTS int64
+	var (
+		lastTS int64
+		done   []*Waiter
+	)
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	for _, e := range ents {
@@ -402,13 +440,20 @@ func (n *Node) apply(ents []*pb.Entry) {
 			n.end = pos + int64(len(d))
 			lastTS = max(lastTS, lastStoreTS(d))
 			if w, ok := n.waiters[key{e.GetTerm(), pos}]; ok {
-				w.finish(nil)
+				done = append(done, w)
 				delete(n.waiters, key{e.GetTerm(), pos})
 			}
 		}
 		if n.soft.RaftState == raft.StateLeader && e.GetTerm() == n.term {
 			n.ownTerm = true
 		}
+	}
+	// The store first learns the commit end, then the putters hear PUT_OK:
+	// a putter woken earlier would find its record not yet visible, be
+	// answered before the index covered it (read your writes broken).
+	n.host.Committed(n.end, lastTS)
+	for _, w := range done {
+		w.finish(nil)
 	}
 	// Commit passed these positions with other entries: never stored.
 	for k, w := range n.waiters {
@@ -417,7 +462,7 @@ func (n *Node) apply(ents []*pb.Entry) {
 			delete(n.waiters, k)
 		}
 	}
-	n.host.Committed(n.end, lastTS)
+	n.serveReadsLocked()
 	n.maybeReadyLocked()
 }
 
@@ -595,6 +640,7 @@ func (n *Node) StepPeer(b []byte) error {
 	}
 	if skip, lost := n.screenLocked(m); lost != nil {
 		n.err = lost
+		n.failReadsLocked(lost)
 		n.mu.Unlock()
 		n.host.Fail(lost)
 		return lost
@@ -824,4 +870,237 @@ func (n *Node) Info() Info {
 	}
 	slices.SortFunc(in.Peers, func(a, b PeerInfo) int { return int(a.ID) - int(b.ID) })
 	return in
+}
+
+// Linearizable reads (design replication.md §3.3). A read on the leader
+// is linearizable once the leader has confirmed, after the read began,
+// that it still leads (a quorum answered a heartbeat of its term: raft's
+// ReadIndex, ReadOnlySafe) and has applied up to the commit index it had
+// then: every put acknowledged before the read began is at or below that
+// index. Readers register (ReadIndex); the raft goroutine gives every
+// reader registered since its last pass one ReadIndex with a fresh request
+// context (a batch), matches the Ready's ReadStates to the batches, and
+// answers a batch once the applied index reaches its read index, with the
+// commit end then (the store waits for its index to cover it). A
+// follower, a node without a leader and a leader not ready refuse at once
+// (NotLeaderError, nothing read); losing the leadership answers every
+// waiting read the same way, since raft drops the pending requests.
+
+// reads holds the linearizable reads waiting. REQUIRES: the node's lock.
+type reads struct {
+	queued  []*ReadWaiter         // registered, not yet in a ReadIndex
+	batches map[uint64]*readBatch // by request context
+	seq     uint64                // the last request context issued
+	waiting int                   // unanswered readers, queued or batched
+}
+
+// readBatch is the readers of one ReadIndex request.
+type readBatch struct {
+	index   uint64 // the read index, once its ReadState came
+	known   bool
+	waiters []*ReadWaiter
+}
+
+// ReadWaiter is one linearizable read waiting for its read index.
+type ReadWaiter struct {
+	done     chan struct{}
+	finished bool   // answered (done closed); REQUIRES: the node's lock
+	batch    uint64 // its batch's request context; 0 while queued
+	end      int64
+	err      error
+}
+
+func (w *ReadWaiter) finish(end int64, err error) {
+	w.end, w.err, w.finished = end, err, true
+	close(w.done)
+}
+
+// lostLeadership is the answer of the reads waiting on a leader whose
+// soft state just changed to ss.
+func lostLeadership(ss *raft.SoftState, self, term uint64) error {
+	switch {
+	case ss.Lead == raft.None:
+		return &NotLeaderError{Cause: CauseNoLeader, Term: term}
+	case ss.Lead == self: // a new leadership of this node: not ready yet
+		return &NotLeaderError{Cause: CauseLeaderNotReady, LeaderID: self, Term: term}
+	}
+	return &NotLeaderError{Cause: CauseNotLeader, LeaderID: ss.Lead, Term: term}
+}
+
+// readRefusalLocked is why this replica serves no linearizable read now
+// (not the ready leader: a *NotLeaderError; stopped: the sticky error), or
+// nil. Unlike a put, a read does not check the followers' recent activity:
+// the ReadIndex round is that check. REQUIRES: n.mu.
+func (n *Node) readRefusalLocked() error {
+	if n.err != nil {
+		return n.err
+	}
+	st := n.rn.BasicStatus()
+	switch {
+	case st.RaftState != raft.StateLeader && st.Lead == raft.None:
+		return &NotLeaderError{Cause: CauseNoLeader, Term: st.GetTerm()}
+	case st.RaftState != raft.StateLeader:
+		return &NotLeaderError{Cause: CauseNotLeader, LeaderID: st.Lead, Term: st.GetTerm()}
+	case !n.ready:
+		return &NotLeaderError{Cause: CauseLeaderNotReady, LeaderID: st.ID, Term: st.GetTerm()}
+	}
+	return nil
+}
+
+// ReadIndex waits until a linearizable read may be served here: this node
+// is the ready leader, confirmed its leadership by a quorum after the call
+// began, and applied everything committed at that point. It returns the
+// commit end then: the caller serves the read once its index covers it.
+// Refusals (nothing read, a retry is safe): a *NotLeaderError (follower,
+// learner, no leader, leader not ready, or leadership lost meanwhile),
+// ErrReadIndexBusy (MaxReadWaiters reads wait already),
+// ErrReadIndexTimeout (not confirmed within timeout), ctx's error, or the
+// node's sticky error (ErrClosed once closed).
+func (n *Node) ReadIndex(ctx context.Context, timeout time.Duration) (int64, error) {
+	n.mu.Lock()
+	if err := n.readRefusalLocked(); err != nil {
+		n.mu.Unlock()
+		return 0, err
+	}
+	if n.reads.waiting >= n.opts.MaxReadWaiters {
+		n.mu.Unlock()
+		return 0, fmt.Errorf("%w: %d waiting", ErrReadIndexBusy, n.reads.waiting)
+	}
+	w := &ReadWaiter{done: make(chan struct{})}
+	n.reads.queued = append(n.reads.queued, w)
+	n.reads.waiting++
+	n.mu.Unlock()
+	n.kick()
+	timer := time.NewTimer(timeout)
+	defer timer.Stop()
+	var err error
+	select {
+	case <-w.done:
+		return w.end, w.err
+	case <-timer.C:
+		err = ErrReadIndexTimeout
+	case <-ctx.Done():
+		err = ctx.Err()
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if w.finished { // answered meanwhile
+		return w.end, w.err
+	}
+	n.abandonReadLocked(w, err)
+	return 0, err
+}
+
+// abandonReadLocked answers w with err and drops its batch once no reader
+// waits for it (raft may never confirm it: a partitioned leader).
+func (n *Node) abandonReadLocked(w *ReadWaiter, err error) {
+	w.finish(0, err)
+	n.reads.waiting--
+	if w.batch == 0 {
+		return // still queued: issueReadsLocked skips it
+	}
+	b := n.reads.batches[w.batch]
+	if b == nil {
+		return
+	}
+	for _, o := range b.waiters {
+		if !o.finished {
+			return
+		}
+	}
+	delete(n.reads.batches, w.batch)
+}
+
+// issueReadsLocked gives the readers queued since the last pass one
+// ReadIndex request, or refuses them when this node cannot serve them now.
+func (n *Node) issueReadsLocked() {
+	if len(n.reads.queued) == 0 {
+		return
+	}
+	q := n.reads.queued
+	n.reads.queued = nil
+	if err := n.readRefusalLocked(); err != nil {
+		for _, w := range q {
+			if !w.finished {
+				w.finish(0, err)
+				n.reads.waiting--
+			}
+		}
+		return
+	}
+	b := &readBatch{}
+	n.reads.seq++
+	for _, w := range q {
+		if !w.finished {
+			w.batch = n.reads.seq
+			b.waiters = append(b.waiters, w)
+		}
+	}
+	if len(b.waiters) == 0 {
+		return
+	}
+	n.reads.batches[n.reads.seq] = b
+	var rctx [8]byte
+	binary.BigEndian.PutUint64(rctx[:], n.reads.seq)
+	n.rn.ReadIndex(rctx[:])
+}
+
+// readStatesLocked records the read indexes raft confirmed, then serves
+// the batches already applied. A ReadState whose batch is gone (its
+// readers gave up, or were answered at a step-down) is ignored.
+func (n *Node) readStatesLocked(rss []raft.ReadState) {
+	for _, rs := range rss {
+		if len(rs.RequestCtx) != 8 {
+			continue
+		}
+		if b := n.reads.batches[binary.BigEndian.Uint64(rs.RequestCtx)]; b != nil {
+			b.index, b.known = rs.Index, true
+		}
+	}
+	n.serveReadsLocked()
+}
+
+// serveReadsLocked answers the batches whose read index is applied, with
+// the commit end: the store has been told it (Committed) already.
+func (n *Node) serveReadsLocked() {
+	for id, b := range n.reads.batches {
+		if !b.known || b.index > n.commit {
+			continue
+		}
+		for _, w := range b.waiters {
+			if !w.finished {
+				w.finish(n.end, nil)
+				n.reads.waiting--
+			}
+		}
+		delete(n.reads.batches, id)
+	}
+}
+
+// failReadsLocked answers every waiting read with err (nothing read).
+func (n *Node) failReadsLocked(err error) {
+	for _, w := range n.reads.queued {
+		if !w.finished {
+			w.finish(0, err)
+			n.reads.waiting--
+		}
+	}
+	n.reads.queued = nil
+	for id, b := range n.reads.batches {
+		for _, w := range b.waiters {
+			if !w.finished {
+				w.finish(0, err)
+				n.reads.waiting--
+			}
+		}
+		delete(n.reads.batches, id)
+	}
+}
+
+// ReadsWaiting is how many linearizable reads wait for their read index
+// (tests, metrics).
+func (n *Node) ReadsWaiting() int {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.reads.waiting
 }

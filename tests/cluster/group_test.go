@@ -288,6 +288,15 @@ func TestGroupFailover(t *testing.T) {
 		info.GetMetadata()["leader_addr"] != leader.Addr() {
 		t.Fatalf("follower's refusal %v: ErrorInfo %v, want SERVICE_NOT_AVAILABLE, NOT_LEADER, leader_addr %s", err, info, leader.Addr())
 	}
+	// A linearizable read: the follower refuses it the same way, the
+	// leader serves it with every acked put.
+	_, err = linearMax(follower)
+	if st := status.Convert(err); st.Code() != codes.Unavailable || !strings.Contains(fmt.Sprint(st.Details()), leader.Addr()) {
+		t.Fatalf("linearizable read on follower %s: %v %v, want UNAVAILABLE naming %s", g.Name(follower), err, st.Details(), leader.Addr())
+	}
+	if max, err := linearMax(leader); err != nil || max != int64(len(acked)) {
+		t.Fatalf("linearizable read on the leader: max %d, %v; want %d", max, err, len(acked))
+	}
 
 	// kill -9 the leader; a new one takes puts.
 	leader.Kill(t)
@@ -307,12 +316,24 @@ func TestGroupFailover(t *testing.T) {
 		acked[off] = body
 	}
 	checkAcked(t, g.Name(newLeader), newLeader, acked)
+	if max, err := linearMax(newLeader); err != nil || max != int64(len(acked)) {
+		t.Fatalf("linearizable read on the new leader: max %d, %v; want %d", max, err, len(acked))
+	}
 
 	// The killed node comes back and catches up.
 	g.Heal(t)
 	for _, p := range g.nodes {
 		waitAcked(t, g.Name(p), p, acked)
 	}
+}
+
+// linearMax is a linearizable GetQueueInfo of queue 0 of the test topic on p.
+func linearMax(p *proctest.Process) (int64, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	qi, err := storagedv1.NewMessageStoreServiceClient(p.Conn()).GetQueueInfo(ctx,
+		&storagedv1.GetQueueInfoRequest{Topic: "Group", Linearizable: true})
+	return qi.GetMaxOffset(), err
 }
 
 // readAll pulls queue 0 of the test topic from p.

@@ -1136,7 +1136,23 @@ type PullMessagesRequest struct {
 	// on from where it stopped.
 	Wait *durationpb.Duration `protobuf:"bytes,7,opt,name=wait,proto3" json:"wait,omitempty"`
 	// When true, each StoredMessage.raw carries the record's bytes as stored in the CommitLog.
-	IncludeRaw    bool `protobuf:"varint,8,opt,name=include_raw,json=includeRaw,proto3" json:"include_raw,omitempty"`
+	IncludeRaw bool `protobuf:"varint,8,opt,name=include_raw,json=includeRaw,proto3" json:"include_raw,omitempty"`
+	// When true, the answer is linearizable: it reflects every put acknowledged (PUT_OK) before this call
+	// began, on any member of the group, and never an older state. In a replication group only the ready
+	// leader serves it, after confirming with a quorum that it still leads (raft ReadIndex); any other
+	// member, a member without a leader, or a leader not ready yet answers exactly as it refuses a put:
+	// UNAVAILABLE, reason "SERVICE_NOT_AVAILABLE", metadata cause (NOT_LEADER, NO_LEADER,
+	// LEADER_NOT_READY), leader_id, leader_addr, term, and a RetryInfo. A leader that cannot confirm its
+	// leadership within the replication timeout (cut off from its quorum) answers UNAVAILABLE, reason
+	// "SERVICE_NOT_AVAILABLE", cause "READ_INDEX_TIMEOUT", never a stale answer; beyond the server's bound
+	// of waiting linearizable reads it answers RESOURCE_EXHAUSTED, reason "SYSTEM_BUSY", cause
+	// "READ_INDEX_WAITERS", with a RetryInfo. Each of these read nothing: retry (at leader_addr when given).
+	// Without it (the default) any member answers from its own commit point, which may lag the leader's:
+	// what it returns was committed, but a message or offset it does not show may exist already. A
+	// standalone server (no --raft-peers) is linearizable either way and ignores the field.
+	// With a wait (long polling), the leadership check runs once, before the first look; every later look
+	// reads this leader's newer commit point, so the whole call stays linearizable.
+	Linearizable  bool `protobuf:"varint,9,opt,name=linearizable,proto3" json:"linearizable,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1227,6 +1243,13 @@ func (x *PullMessagesRequest) GetIncludeRaw() bool {
 	return false
 }
 
+func (x *PullMessagesRequest) GetLinearizable() bool {
+	if x != nil {
+		return x.Linearizable
+	}
+	return false
+}
+
 // PullMessagesResponse is the response of MessageStoreService.PullMessages.
 type PullMessagesResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1308,7 +1331,21 @@ type GetQueueInfoRequest struct {
 	// Topic of the consume queue. Required.
 	Topic string `protobuf:"bytes,1,opt,name=topic,proto3" json:"topic,omitempty"`
 	// Queue of the topic. Must not be negative.
-	QueueId       int32 `protobuf:"varint,2,opt,name=queue_id,json=queueId,proto3" json:"queue_id,omitempty"`
+	QueueId int32 `protobuf:"varint,2,opt,name=queue_id,json=queueId,proto3" json:"queue_id,omitempty"`
+	// When true, the answer is linearizable: it reflects every put acknowledged (PUT_OK) before this call
+	// began, on any member of the group, and never an older state. In a replication group only the ready
+	// leader serves it, after confirming with a quorum that it still leads (raft ReadIndex); any other
+	// member, a member without a leader, or a leader not ready yet answers exactly as it refuses a put:
+	// UNAVAILABLE, reason "SERVICE_NOT_AVAILABLE", metadata cause (NOT_LEADER, NO_LEADER,
+	// LEADER_NOT_READY), leader_id, leader_addr, term, and a RetryInfo. A leader that cannot confirm its
+	// leadership within the replication timeout (cut off from its quorum) answers UNAVAILABLE, reason
+	// "SERVICE_NOT_AVAILABLE", cause "READ_INDEX_TIMEOUT", never a stale answer; beyond the server's bound
+	// of waiting linearizable reads it answers RESOURCE_EXHAUSTED, reason "SYSTEM_BUSY", cause
+	// "READ_INDEX_WAITERS", with a RetryInfo. Each of these read nothing: retry (at leader_addr when given).
+	// Without it (the default) any member answers from its own commit point, which may lag the leader's:
+	// what it returns was committed, but a message or offset it does not show may exist already. A
+	// standalone server (no --raft-peers) is linearizable either way and ignores the field.
+	Linearizable  bool `protobuf:"varint,3,opt,name=linearizable,proto3" json:"linearizable,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1355,6 +1392,13 @@ func (x *GetQueueInfoRequest) GetQueueId() int32 {
 		return x.QueueId
 	}
 	return 0
+}
+
+func (x *GetQueueInfoRequest) GetLinearizable() bool {
+	if x != nil {
+		return x.Linearizable
+	}
+	return false
 }
 
 // GetQueueInfoResponse is the response of MessageStoreService.GetQueueInfo.
@@ -2282,7 +2326,7 @@ const file_storaged_v1_message_store_proto_rawDesc = "" +
 	"includeRawB\t\n" +
 	"\alocator\"J\n" +
 	"\x12GetMessageResponse\x124\n" +
-	"\amessage\x18\x01 \x01(\v2\x1a.storaged.v1.StoredMessageR\amessage\"\x8d\x02\n" +
+	"\amessage\x18\x01 \x01(\v2\x1a.storaged.v1.StoredMessageR\amessage\"\xb1\x02\n" +
 	"\x13PullMessagesRequest\x12\x14\n" +
 	"\x05topic\x18\x01 \x01(\tR\x05topic\x12\x19\n" +
 	"\bqueue_id\x18\x02 \x01(\x05R\aqueueId\x12!\n" +
@@ -2292,7 +2336,8 @@ const file_storaged_v1_message_store_proto_rawDesc = "" +
 	"\x04tags\x18\x06 \x03(\tR\x04tags\x12-\n" +
 	"\x04wait\x18\a \x01(\v2\x19.google.protobuf.DurationR\x04wait\x12\x1f\n" +
 	"\vinclude_raw\x18\b \x01(\bR\n" +
-	"includeRaw\"\xad\x01\n" +
+	"includeRaw\x12\"\n" +
+	"\flinearizable\x18\t \x01(\bR\flinearizable\"\xad\x01\n" +
 	"\x14PullMessagesResponse\x126\n" +
 	"\bmessages\x18\x01 \x03(\v2\x1a.storaged.v1.StoredMessageR\bmessages\x12\x1f\n" +
 	"\vnext_offset\x18\x02 \x01(\x03R\n" +
@@ -2300,10 +2345,11 @@ const file_storaged_v1_message_store_proto_rawDesc = "" +
 	"\n" +
 	"min_offset\x18\x03 \x01(\x03R\tminOffset\x12\x1d\n" +
 	"\n" +
-	"max_offset\x18\x04 \x01(\x03R\tmaxOffset\"F\n" +
+	"max_offset\x18\x04 \x01(\x03R\tmaxOffset\"j\n" +
 	"\x13GetQueueInfoRequest\x12\x14\n" +
 	"\x05topic\x18\x01 \x01(\tR\x05topic\x12\x19\n" +
-	"\bqueue_id\x18\x02 \x01(\x05R\aqueueId\"T\n" +
+	"\bqueue_id\x18\x02 \x01(\x05R\aqueueId\x12\"\n" +
+	"\flinearizable\x18\x03 \x01(\bR\flinearizable\"T\n" +
 	"\x14GetQueueInfoResponse\x12\x1d\n" +
 	"\n" +
 	"min_offset\x18\x01 \x01(\x03R\tminOffset\x12\x1d\n" +

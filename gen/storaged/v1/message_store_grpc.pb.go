@@ -116,9 +116,13 @@ type MessageStoreServiceClient interface {
 	// none of the limit while it waits. One call reads at most 4096 consume-queue entries (waiting
 	// included) and answers with next_offset past them, with or without matches: continue from
 	// next_offset. A consume-queue entry that disagrees with its record (size, tags code) is DATA_LOSS.
+	// In a replication group any member answers from its own commit point; linearizable: true makes only
+	// the ready leader answer, with every put acknowledged before the call (see the field).
 	PullMessages(ctx context.Context, in *PullMessagesRequest, opts ...grpc.CallOption) (*PullMessagesResponse, error)
 	// GetQueueInfo returns the readable queue offsets of one consume queue. A queue that never received a
-	// message is NOT_FOUND.
+	// message is NOT_FOUND. In a replication group any member answers from its own commit point;
+	// linearizable: true makes only the ready leader answer, with every put acknowledged before the call
+	// (see the field).
 	GetQueueInfo(ctx context.Context, in *GetQueueInfoRequest, opts ...grpc.CallOption) (*GetQueueInfoResponse, error)
 	// GetReplicaInfo describes this server's place in its replication group: its role, the leader it
 	// knows (id and client address, so a client can send puts there), the raft term and indexes, and, on
@@ -353,9 +357,13 @@ type MessageStoreServiceServer interface {
 	// none of the limit while it waits. One call reads at most 4096 consume-queue entries (waiting
 	// included) and answers with next_offset past them, with or without matches: continue from
 	// next_offset. A consume-queue entry that disagrees with its record (size, tags code) is DATA_LOSS.
+	// In a replication group any member answers from its own commit point; linearizable: true makes only
+	// the ready leader answer, with every put acknowledged before the call (see the field).
 	PullMessages(context.Context, *PullMessagesRequest) (*PullMessagesResponse, error)
 	// GetQueueInfo returns the readable queue offsets of one consume queue. A queue that never received a
-	// message is NOT_FOUND.
+	// message is NOT_FOUND. In a replication group any member answers from its own commit point;
+	// linearizable: true makes only the ready leader answer, with every put acknowledged before the call
+	// (see the field).
 	GetQueueInfo(context.Context, *GetQueueInfoRequest) (*GetQueueInfoResponse, error)
 	// GetReplicaInfo describes this server's place in its replication group: its role, the leader it
 	// knows (id and client address, so a client can send puts there), the raft term and indexes, and, on
