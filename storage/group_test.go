@@ -296,6 +296,10 @@ func TestGroupReplicates(t *testing.T) {
 		}
 		want[next] = body
 		next++
+		// Read your writes on the leader: a PUT_OK is indexed already.
+		if _, max, err := g.m[1].s.QueueInfo("T", 0); err != nil || max != next {
+			t.Fatalf("after PUT_OK %d the leader's queue max is %d (%v), want %d", i, max, err, next)
+		}
 	}
 	b := &Batch{Topic: "T", QueueID: 0, BornHost: DefaultStoreHost}
 	for i := range 5 {
