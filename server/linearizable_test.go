@@ -35,7 +35,7 @@ func TestLinearizableReadRefusals(t *testing.T) {
 			map[string]string{"cause": "NO_LEADER", "leader_id": "0", "leader_addr": "", "term": "4"}, retryDelayNoLeader},
 		{"leader not ready", fmt.Errorf("wrapped: %w", &storage.NotLeaderError{Cause: CauseLeaderNotReady, LeaderID: 1, Term: 6}),
 			codes.Unavailable, ReasonUnavailable,
-			map[string]string{"cause": "LEADER_NOT_READY", "leader_id": "1", "leader_addr": "127.0.0.1:9090", "term": "6"}, retryDelayBusy},
+			map[string]string{"cause": "LEADER_NOT_READY", "leader_id": "1", "leader_addr": "127.0.0.1:9090", "term": "6"}, retryDelayLeaderMoving},
 		{"read index timeout", fmt.Errorf("%w: slow", storage.ErrReadIndexTimeout), codes.Unavailable, ReasonUnavailable,
 			map[string]string{"cause": "READ_INDEX_TIMEOUT"}, retryDelayUnavailable},
 		{"waiters bound", storage.ErrReadIndexBusy, codes.ResourceExhausted, ReasonSystemBusy,
