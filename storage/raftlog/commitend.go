@@ -42,15 +42,19 @@ func CommitEnd(fsys vfs.FS, dir string, indexUnits int) (int64, error) {
 		return 0, fmt.Errorf("raftlog: read hardstate: %w", err)
 	}
 	hs, _ := decodeHardState(hsb)
-	if hs.Commit == 0 {
-		return meta.LogBase, nil
+	lb, err := readBase(fsys, dir, meta)
+	if err != nil {
+		return 0, err
 	}
-	x, err := loadIndex(fsys, filepath.Join(dir, "index"), uint64(indexUnits))
+	if hs.Commit <= lb.Index {
+		return lb.DataEnd, nil
+	}
+	x, err := loadIndex(fsys, filepath.Join(dir, "index"), uint64(indexUnits), lb.Index+1)
 	if err != nil {
 		return 0, err
 	}
 	defer x.close()
-	for i := hs.Commit; i >= 1; i-- {
+	for i := hs.Commit; i > lb.Index; i-- {
 		b := x.slot(i)
 		if b == nil {
 			return 0, &base.CorruptionError{File: "raft/index", Reason: fmt.Sprintf("no index file holds committed entry %d (commit %d)", i, hs.Commit)}
@@ -64,7 +68,7 @@ func CommitEnd(fsys vfs.FS, dir string, indexUnits int) (int64, error) {
 			return u.Pos + int64(u.Len), nil
 		}
 	}
-	return meta.LogBase, nil
+	return lb.DataEnd, nil
 }
 
 // SyncedData reads, before anything is recovered, the commitlog extents
@@ -81,10 +85,20 @@ func SyncedData(fsys vfs.FS, dir string, indexUnits int) (commitlog.Synced, erro
 	if indexUnits <= 0 {
 		indexUnits = DefaultIndexUnits
 	}
-	if _, err := fsys.ReadFile(filepath.Join(dir, metaName)); errors.Is(err, fs.ErrNotExist) {
+	mb, err := fsys.ReadFile(filepath.Join(dir, metaName))
+	if errors.Is(err, fs.ErrNotExist) {
 		return nil, nil
 	} else if err != nil {
 		return nil, fmt.Errorf("raftlog: read meta: %w", err)
+	}
+	body, ok := base.Unseal(mb)
+	var meta Meta
+	if !ok || json.Unmarshal(body, &meta) != nil {
+		return nil, &base.CorruptionError{File: "raft/meta", Reason: "raft/meta is damaged"}
+	}
+	lb, err := readBase(fsys, dir, meta)
+	if err != nil {
+		return nil, err
 	}
 	dEnd, err := CommitEnd(fsys, dir, indexUnits)
 	if err != nil {
@@ -95,7 +109,7 @@ func SyncedData(fsys vfs.FS, dir string, indexUnits int) (commitlog.Synced, erro
 		return nil, fmt.Errorf("raftlog: read hardstate: %w", err)
 	}
 	hs, _ := decodeHardState(hsb)
-	x, err := loadIndex(fsys, filepath.Join(dir, "index"), uint64(indexUnits))
+	x, err := loadIndex(fsys, filepath.Join(dir, "index"), uint64(indexUnits), lb.Index+1)
 	if err != nil {
 		return nil, err
 	}

@@ -87,13 +87,15 @@ func TestConformance(t *testing.T) {
 	}
 	t.Logf("%d sequences, %d with differences; %+v", n, diffs, c)
 	// The suite must exercise what it claims to.
-	if c.Truncations == 0 || c.DataTruncations == 0 || c.Restarts == 0 || c.Blanks == 0 || c.Entries == 0 {
+	if c.Truncations == 0 || c.DataTruncations == 0 || c.Restarts == 0 || c.Blanks == 0 || c.Entries == 0 || c.Compactions == 0 ||
+		c.IndexFilesDropped == 0 {
 		t.Errorf("the sequences missed a case: %+v", c)
 	}
 }
 
 type counts struct {
 	Entries, Truncations, DataTruncations, Restarts, Blanks int
+	Compactions, IndexFilesDropped                          int
 }
 
 func conformanceSequence(seed uint64, c *counts) (err error) {
@@ -104,6 +106,9 @@ func conformanceSequence(seed uint64, c *counts) (err error) {
 		return err
 	}
 	defer func() {
+		if r == nil {
+			return // a reopen failed: its error is err
+		}
 		if cerr := r.close(); err == nil {
 			err = cerr
 		}
@@ -116,7 +121,7 @@ func conformanceSequence(seed uint64, c *counts) (err error) {
 	for step := 0; step < steps; step++ {
 		last, _ := ms.LastIndex()
 		var what string
-		switch op := rng.IntN(10); {
+		switch op := rng.IntN(11); {
 		case op < 5: // Append, overlapping a random uncommitted suffix sometimes
 			k := last + 1
 			if last > hs.GetCommit() && rng.IntN(3) == 0 {
@@ -157,7 +162,31 @@ func conformanceSequence(seed uint64, c *counts) (err error) {
 				return fmt.Errorf("step %d Sync: %w", step, err)
 			}
 			syncedHS = hs
-		default:
+		case op == 10: // Compact up to a durably committed index, as raft's owner would
+			first, _ := ms.FirstIndex()
+			commit := syncedHS.GetCommit()
+			if commit < first {
+				what = "no Compact (nothing durably committed past FirstIndex)"
+				break
+			}
+			i := first + rng.Uint64N(commit-first+1)
+			what = fmt.Sprintf("Compact(%d)", i)
+			if _, err := ms.CreateSnapshot(i, nil, nil); err != nil {
+				return err
+			}
+			if err := ms.Compact(i); err != nil {
+				return err
+			}
+			files := len(r.log.idx.files)
+			if err := r.log.Compact(i); err != nil {
+				return fmt.Errorf("step %d %s: %w", step, what, err)
+			}
+			c.Compactions++
+			c.IndexFilesDropped += files - len(r.log.idx.files)
+			if err := r.log.Compact(i); !errors.Is(err, raft.ErrCompacted) {
+				return fmt.Errorf("step %d %s again: %v, want ErrCompacted", step, what, err)
+			}
+		case op == 9:
 			what = "restart"
 			c.Restarts++
 			if rng.IntN(2) == 0 {

@@ -17,19 +17,36 @@ type indexFile struct {
 	seg   vfs.Segment
 }
 
-// index is the run of index files. The first file starts at index 0,
-// whose unit stays zero: the base (FirstIndex-1, term 0) until snapshots
-// move FirstIndex.
+// index is the run of index files from the one holding FirstIndex on
+// (the first file starts at index 0, whose unit stays zero, until Compact
+// moves FirstIndex and drops the files below it).
 type index struct {
 	fs    vfs.FS
 	dir   string
 	units uint64 // units per file
 	files []*indexFile
+	stale []uint64 // files below FirstIndex's that loadIndex skipped
+}
+
+// removeStale deletes the files loadIndex skipped below FirstIndex's.
+func (x *index) removeStale() error {
+	for _, first := range x.stale {
+		if err := x.fs.Remove(filepath.Join(x.dir, indexName(first))); err != nil {
+			return fmt.Errorf("raftlog: remove a compacted index file: %w", err)
+		}
+	}
+	x.stale = nil
+	return nil
 }
 
 func indexName(first uint64) string { return fmt.Sprintf("%020d", first) }
 
-func loadIndex(fs vfs.FS, dir string, units uint64) (*index, error) {
+// loadIndex maps the contiguous run of index files from the one holding
+// index from (FirstIndex) on. Files wholly below it are left over from a
+// Compact that a crash stopped before it deleted them: they are skipped
+// (stale), and Open deletes them (removeStale); the read-only tools leave
+// them.
+func loadIndex(fs vfs.FS, dir string, units uint64, from uint64) (*index, error) {
 	x := &index{fs: fs, dir: dir, units: units}
 	if err := fs.MkdirAll(dir); err != nil {
 		return nil, fmt.Errorf("raftlog: %w", err)
@@ -50,8 +67,13 @@ func loadIndex(fs vfs.FS, dir string, units uint64) (*index, error) {
 		firsts = append(firsts, n)
 	}
 	slices.Sort(firsts)
+	start := from - from%units
+	for len(firsts) > 0 && firsts[0] < start {
+		x.stale = append(x.stale, firsts[0])
+		firsts = firsts[1:]
+	}
 	for i, first := range firsts {
-		if first != uint64(i)*units {
+		if first != start+uint64(i)*units {
 			// A file after a gap (or of another unit count) can hold
 			// nothing the run before it reaches: leave it, recovery ends
 			// the log before the gap.
@@ -69,7 +91,10 @@ func loadIndex(fs vfs.FS, dir string, units uint64) (*index, error) {
 
 // slot returns the unit bytes of index i, or nil when no file holds it.
 func (x *index) slot(i uint64) []byte {
-	n := i / x.units
+	if len(x.files) == 0 || i < x.files[0].first {
+		return nil
+	}
+	n := (i - x.files[0].first) / x.units
 	if n >= uint64(len(x.files)) {
 		return nil
 	}
@@ -79,8 +104,14 @@ func (x *index) slot(i uint64) []byte {
 
 // ensure creates files until one holds index i.
 func (x *index) ensure(i uint64) ([]byte, error) {
-	for uint64(len(x.files)) <= i/x.units {
-		first := uint64(len(x.files)) * x.units
+	for x.slot(i) == nil {
+		first := i - i%x.units // the first file of a compacted log
+		if n := len(x.files); n > 0 {
+			if i < x.files[0].first {
+				return nil, fmt.Errorf("raftlog: entry %d is below the first index file %d", i, x.files[0].first)
+			}
+			first = x.files[n-1].first + x.units
+		}
 		seg, err := x.fs.CreateSegment(filepath.Join(x.dir, indexName(first)), int64(x.units*UnitSize))
 		if err != nil {
 			return nil, fmt.Errorf("raftlog: create index file: %w", err)
@@ -128,6 +159,28 @@ func (x *index) zeroFrom(k uint64) (bool, error) {
 		}
 	}
 	return changed, nil
+}
+
+// dropBelow unmaps and deletes the index files wholly below index first
+// (Compact), then syncs the directory.
+func (x *index) dropBelow(first uint64) error {
+	n := 0
+	for n < len(x.files) && x.files[n].first+x.units <= first {
+		n++
+	}
+	if n == 0 {
+		return nil
+	}
+	for _, f := range x.files[:n] {
+		if err := f.seg.Close(); err != nil {
+			return fmt.Errorf("raftlog: close a compacted index file: %w", err)
+		}
+		if err := x.fs.Remove(filepath.Join(x.dir, indexName(f.first))); err != nil {
+			return fmt.Errorf("raftlog: remove a compacted index file: %w", err)
+		}
+	}
+	x.files = append([]*indexFile(nil), x.files[n:]...)
+	return base.SyncDir(x.fs, x.dir)
 }
 
 func (x *index) close() error {

@@ -77,11 +77,12 @@ type Log struct {
 	pending *pb.HardState // set by SetHardState, written by Sync; nil when on disk
 	idx     *index
 	metaLog vfs.File
-	first   uint64 // FirstIndex
-	last    uint64 // LastIndex
-	dataEnd int64  // commitlog offset past the last DATA entry (Meta.LogBase if none)
-	metaEnd int64  // meta-log offset past the last CONF/CMD payload
-	synced  uint64 // units of indexes ≤ synced are durable (Sync)
+	base    logBase // raft/base: FirstIndex-1 and where the data up to it ends
+	first   uint64  // FirstIndex = base.Index+1
+	last    uint64  // LastIndex
+	dataEnd int64   // commitlog offset past the last DATA entry (Meta.LogBase if none)
+	metaEnd int64   // meta-log offset past the last CONF/CMD payload
+	synced  uint64  // units of indexes ≤ synced are durable (Sync)
 	// syncedEnd is dataEnd at synced: DurableEnd.
 	syncedEnd int64
 	metaDirty bool
@@ -115,7 +116,11 @@ func Open(opts Options) (*Log, error) {
 	if err != nil {
 		return nil, err
 	}
-	l := &Log{opts: opts, cl: opts.Commitlog, meta: meta, first: 1}
+	lb, err := readBase(opts.FS, opts.Dir, meta)
+	if err != nil {
+		return nil, err
+	}
+	l := &Log{opts: opts, cl: opts.Commitlog, meta: meta, base: lb, first: lb.Index + 1}
 	if _, err := opts.FS.Size(filepath.Join(opts.Dir, joiningName)); err == nil {
 		l.joining = true
 	} else if !errors.Is(err, fs.ErrNotExist) {
@@ -133,7 +138,10 @@ func Open(opts Options) (*Log, error) {
 	if l.metaLog, err = opts.FS.OpenFile(filepath.Join(opts.Dir, "meta-log", indexName(0)), true); err != nil {
 		return nil, fmt.Errorf("raftlog: open meta-log: %w", err)
 	}
-	if l.idx, err = loadIndex(opts.FS, filepath.Join(opts.Dir, "index"), uint64(opts.IndexUnits)); err != nil {
+	if l.idx, err = loadIndex(opts.FS, filepath.Join(opts.Dir, "index"), uint64(opts.IndexUnits), l.first); err != nil {
+		return nil, err
+	}
+	if err := l.idx.removeStale(); err != nil {
 		return nil, err
 	}
 	// Make every directory entry durable, on every Open and not only at
@@ -288,7 +296,7 @@ func (l *Log) Term(i uint64) (uint64, error) {
 	case i > l.last:
 		return 0, raft.ErrUnavailable
 	case i == l.first-1:
-		return 0, nil // the base; non-zero once snapshots move FirstIndex
+		return l.base.Term, nil // the base (0 until Compact moves FirstIndex)
 	}
 	u, err := l.unitLocked(i)
 	return u.Term, err
@@ -301,8 +309,8 @@ func (l *Log) LastIndex() (uint64, error) {
 	return l.last, nil
 }
 
-// FirstIndex implements raft.Storage. It is 1 for now: the catch-up window
-// and snapshots (design §3.5) will move it.
+// FirstIndex implements raft.Storage: 1 until Compact moves it up (design
+// §3.5: the catch-up window, retention).
 func (l *Log) FirstIndex() (uint64, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -310,14 +318,14 @@ func (l *Log) FirstIndex() (uint64, error) {
 }
 
 // Snapshot implements raft.Storage with the base: index FirstIndex-1, its
-// term, the bootstrap ConfState, no data. Snapshots as verified file
-// transfers (design §3.5) are not built yet; until then raft never needs
-// one, because FirstIndex stays 1 and every follower catches up from the
-// log.
+// term, the bootstrap ConfState, no data. The data of a snapshot (the
+// manifest of the commitlog files up to the base, design §3.5) is the
+// sender's to build, off the raft goroutine; nothing installs one yet, so
+// nothing calls Compact outside tests.
 func (l *Log) Snapshot() (*pb.Snapshot, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return &pb.Snapshot{Metadata: &pb.SnapshotMetadata{Index: proto.Uint64(l.first - 1), Term: proto.Uint64(0),
+	return &pb.Snapshot{Metadata: &pb.SnapshotMetadata{Index: proto.Uint64(l.first - 1), Term: proto.Uint64(l.base.Term),
 		ConfState: l.confState()}}, nil
 }
 
@@ -454,7 +462,7 @@ func (l *Log) appendLocked(e *pb.Entry) error {
 // termLocked is Term without the lock; i in [first-1, last].
 func (l *Log) termLocked(i uint64) (uint64, error) {
 	if i+1 == l.first || i == 0 {
-		return 0, nil
+		return l.base.Term, nil
 	}
 	u, err := l.unitLocked(i)
 	return u.Term, err
@@ -515,7 +523,7 @@ func (l *Log) dataEndAt(i uint64) (int64, error) {
 			return u.Pos + int64(u.Len), nil
 		}
 	}
-	return l.meta.LogBase, nil
+	return l.base.DataEnd, nil
 }
 
 // metaEndAt is the meta-log offset past the last CONF/CMD payload ≤ i.
@@ -532,7 +540,7 @@ func (l *Log) metaEndAt(i uint64) (int64, error) {
 			return u.Pos + int64(u.Len), nil
 		}
 	}
-	return 0, nil
+	return l.base.MetaEnd, nil
 }
 
 // truncateLocked drops entries k..last durably (design §2.3): (1) k must

@@ -34,9 +34,9 @@ func (l *Log) recover() error {
 		return fmt.Errorf("raftlog: %w", err)
 	}
 	fileSize := l.meta.FileSize
-	dEnd, mEnd := l.meta.LogBase, int64(0)
+	dEnd, mEnd := l.base.DataEnd, l.base.MetaEnd
 	clMin, clEnd := l.cl.MinOffset(), l.cl.MaxOffset()
-	var prevTerm uint64
+	prevTerm := l.base.Term
 	last := l.first - 1
 	why := ""
 	for i := l.first; ; i++ {

@@ -168,7 +168,11 @@ func Repair(o RepairOptions) (RepairReport, error) {
 	if !ok || json.Unmarshal(body, &meta) != nil {
 		return rep, fmt.Errorf("%w: raft/meta is damaged", ErrRepair)
 	}
-	x, err := loadIndex(o.FS, filepath.Join(o.Dir, "index"), uint64(o.IndexUnits))
+	lb, err := readBase(o.FS, o.Dir, meta)
+	if err != nil {
+		return rep, err
+	}
+	x, err := loadIndex(o.FS, filepath.Join(o.Dir, "index"), uint64(o.IndexUnits), lb.Index+1)
 	if err != nil {
 		return rep, err
 	}
@@ -178,7 +182,7 @@ func Repair(o RepairOptions) (RepairReport, error) {
 		return rep, fmt.Errorf("raftlog: open meta-log: %w", err)
 	}
 	defer metaLog.Close()
-	r := &repairer{o: o, x: x, metaLog: metaLog, commit: hs.Commit, logBase: meta.LogBase}
+	r := &repairer{o: o, x: x, metaLog: metaLog, commit: hs.Commit, logBase: lb.DataEnd, first: lb.Index + 1}
 	r.find()
 	rep.Entries, rep.Damaged = r.last, r.damaged
 	// A blank after a damaged unit is found once that unit is back: a
@@ -242,18 +246,19 @@ type repairer struct {
 	x       *index
 	metaLog vfs.File
 	commit  uint64
-	logBase int64
+	logBase int64  // the commitlog offset the walk starts at (raft/base's data end)
+	first   uint64 // FirstIndex (raft/base's index + 1)
 	last    uint64 // the last index whose unit holds (or commit, if above)
 	damaged []Damage
 }
 
-// find walks the units from index 1 to the last one that holds (or the
+// find walks the units from FirstIndex to the last one that holds (or the
 // commit index) and records the damaged entries.
 func (r *repairer) find() {
 	var cand []Damage
-	r.last = 0
+	r.last = r.first - 1
 	dEnd := r.logBase
-	for i := uint64(1); ; i++ {
+	for i := r.first; ; i++ {
 		b := r.x.slot(i)
 		if b == nil {
 			break
