@@ -379,17 +379,20 @@
 //   - Peers: Transport.Send (non-blocking, may drop), Store.StepPeer,
 //     ReportUnreachable, ReplicaInfo; the gRPC transport is the server's.
 //
-// Snapshots (§3.5) are being built as file transfers: SnapshotManifest
-// describes a replica at its applied index (files with CRC-32C, commit
-// end, newest store time, per-queue first offsets), storage/snapshot
-// reads the files in CRC'd chunks and stages and verifies them on the
-// receiver (every record scanned before anything else changes), and the
-// server's peer transport carries them (InstallSnapshot). Not wired yet:
-// raft never asks for a snapshot (FirstIndex stays 1, there is no
-// catch-up window), the install (atomic swap into the commitlog, raft log
-// reset to a base at S, consume queues starting at their first offsets)
-// is not written, and retention stays off in group mode except under disk
-// pressure, whose deletions a lagging follower cannot recover from yet.
+// Snapshots (§3.5) are being built as file transfers (group_snapshot.go):
+// raftlog.Compact moves FirstIndex up (raft/base); raft's MsgSnap for a
+// follower behind it leaves the raft loop through Host.SendSnapshot, and
+// the transport's SendSnapshot streams the manifest (files with CRC-32C,
+// commit end, newest store time, per-queue first offsets) and the files,
+// which retention does not delete meanwhile; the receiver stages them and
+// verifies every chunk and record before anything else changes
+// (storage/snapshot; server/peer's InstallSnapshot). Not built: the
+// install (atomic swap into the commitlog, raft log reset to a base at S,
+// consume queues started at their first offsets, consumequeue.StartAt),
+// so StepPeer refuses every MsgSnap, nothing outside tests compacts the
+// raft log, there is no --raft-catchup-window, and retention stays off in
+// group mode except under disk pressure, whose deletions a lagging
+// follower cannot recover from yet.
 //
 // Not built yet: replicated delay progress (the scheduler runs on the ready leader
 // from its local progress: a new leader may re-deliver), replicated topic

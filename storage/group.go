@@ -176,6 +176,9 @@ type groupState struct {
 	rlog      *raftlog.Log
 	node      *replica.Node
 	commitEnd atomic.Int64
+	// pins counts the snapshots being sent: while any is, retention
+	// deletes no commitlog file (their manifests name them).
+	pins atomic.Int64
 
 	mu       sync.Mutex
 	advanced chan struct{} // closed and replaced when commitEnd moves

@@ -1,24 +1,29 @@
 package storage
 
 import (
+	"errors"
 	"fmt"
 	"slices"
 
+	"github.com/storaged/storaged/storage/replica"
 	"github.com/storaged/storaged/storage/snapshot"
 )
 
 // Snapshots (design replication.md §3.5) are file transfers: a follower
-// that fell behind what the leader's raft log still holds gets the
-// leader's commitlog files from the oldest one kept up to the commit end
-// at the leader's applied index S, described by a manifest
-// (storage/snapshot). What is built so far: the manifest of a replica's
-// state (SnapshotManifest), the sender's chunk reader and the receiver's
-// verified staging (storage/snapshot), and the peer transport's
-// InstallSnapshot stream (server/peer). Not yet: raft never asks for a
-// snapshot, because FirstIndex stays 1 and retention stays off in group
-// mode, and the install (the atomic swap of the staged files into the
-// commitlog, the raft log's reset to a base at S, the consume queues
-// rebuilt from per-queue first offsets) is not written.
+// that fell behind what the leader's raft log still holds (FirstIndex,
+// moved up by raftlog.Compact) gets the leader's commitlog files from the
+// oldest one kept up to the commit end at the snapshot's index, described
+// by a manifest (storage/snapshot). Built: the manifest (manifestAt), the
+// sending side (raft's MsgSnap leaves the raft loop through
+// groupHost.SendSnapshot; the transport's SendSnapshot streams the files,
+// pinned against retention, and the outcome is reported to raft), the
+// receiver's verified staging (storage/snapshot) and the peer transport's
+// InstallSnapshot stream (server/peer). Not built: the install (the atomic
+// swap of the staged files into the commitlog, the raft log's reset to a
+// base at the snapshot, the consume queues started at their first offsets
+// with consumequeue.StartAt), so StepPeer refuses every MsgSnap and
+// nothing outside tests calls Compact: in production FirstIndex stays 1
+// and raft never sends a snapshot.
 
 // SnapshotManifest returns the manifest of a snapshot of this replica at
 // its applied index S: the commitlog files from the oldest one kept to the
@@ -32,24 +37,30 @@ func (s *Store) SnapshotManifest() (snapshot.Manifest, error) {
 	if s.group == nil || s.group.node == nil {
 		return snapshot.Manifest{}, ErrNotGroup
 	}
-	if s.closed.Load() {
-		return snapshot.Manifest{}, ErrClosed
-	}
 	info := s.group.node.Info() // applied index and its commit end, read together
 	term, err := s.group.rlog.Term(info.Applied)
 	if err != nil {
 		return snapshot.Manifest{}, fmt.Errorf("storage: snapshot at %d: %w", info.Applied, err)
 	}
+	return s.manifestAt(info.Applied, term, info.CommitEnd)
+}
+
+// manifestAt builds the manifest of a snapshot at raft index index of
+// term term, whose commit end is end.
+func (s *Store) manifestAt(index, term uint64, end int64) (snapshot.Manifest, error) {
+	if s.closed.Load() {
+		return snapshot.Manifest{}, ErrClosed
+	}
 	fileSize := s.opts.FileSize
-	minOff, end := s.log.MinOffset(), info.CommitEnd
+	minOff := s.log.MinOffset()
 	if end < minOff {
-		minOff = end - end%fileSize
+		return snapshot.Manifest{}, fmt.Errorf("storage: snapshot at %d ends at %d, below the oldest commitlog file at %d", index, end, minOff)
 	}
 	if d := s.index.Dispatched(); d < minOff {
 		return snapshot.Manifest{}, fmt.Errorf("storage: snapshot: indexed up to %d, below the oldest file at %d", d, minOff)
 	}
-	m := snapshot.Manifest{Version: snapshot.Version, Index: info.Applied, Term: term, FileSize: fileSize,
-		MinOffset: minOff, End: end}
+	m := snapshot.Manifest{Version: snapshot.Version, Index: index, Term: term, FileSize: fileSize, MinOffset: minOff, End: end}
+	var err error
 	if m.Files, err = snapshot.Files(s.log, fileSize, minOff, end); err != nil {
 		return snapshot.Manifest{}, err
 	}
@@ -75,4 +86,76 @@ func (s *Store) SnapshotManifest() (snapshot.Manifest, error) {
 		return snapshot.Manifest{}, err
 	}
 	return m, nil
+}
+
+// SnapshotSender is implemented by a Transport that carries snapshots
+// (server/peer's): SendSnapshot must not block, and must call s.Done once.
+type SnapshotSender interface {
+	SendSnapshot(to uint64, s snapshot.Outgoing)
+}
+
+// ErrNoSnapshotTransport: raft needs to send a snapshot and the transport
+// carries none.
+var ErrNoSnapshotTransport = errors.New("storage: the transport carries no snapshots")
+
+// SendSnapshot is raft's MsgSnap for peer to, handed over by the raft loop
+// (replica.Host): the snapshot goes out through the transport's
+// SendSnapshot, never through Send. The commitlog files stay pinned
+// (retention deletes none) until it is done, and its outcome is reported
+// to raft.
+func (h *groupHost) SendSnapshot(to uint64, msg []byte, index, term uint64) {
+	s := (*Store)(h)
+	ss, ok := s.group.opts.Transport.(SnapshotSender)
+	if !ok {
+		s.opts.Logger.Warn().Err(ErrNoSnapshotTransport).Uint64("peer", to).Msg("storage: snapshot not sent")
+		s.group.node.ReportSnapshot(to, false)
+		return
+	}
+	s.group.pins.Add(1)
+	ss.SendSnapshot(to, &outgoingSnapshot{s: s, to: to, msg: msg, index: index, term: term})
+}
+
+// outgoingSnapshot is one snapshot on its way (snapshot.Outgoing).
+type outgoingSnapshot struct {
+	s            *Store
+	to           uint64
+	msg          []byte
+	index, term  uint64
+	m            snapshot.Manifest
+	built, ended bool
+}
+
+func (o *outgoingSnapshot) Message() ([]byte, error) {
+	end, err := o.s.group.rlog.DataEndAt(o.index)
+	if err != nil {
+		return nil, err
+	}
+	if o.m, err = o.s.manifestAt(o.index, o.term, end); err != nil {
+		return nil, err
+	}
+	data, err := o.m.Encode()
+	if err != nil {
+		return nil, err
+	}
+	o.built = true
+	return replica.SnapshotMessage(o.msg, data)
+}
+
+func (o *outgoingSnapshot) Read(chunkBytes int, send func(file, offset int64, data []byte, crc uint32) error) error {
+	if !o.built {
+		return errors.New("storage: snapshot read before its message")
+	}
+	return snapshot.Read(o.s.log, &o.m, chunkBytes, func(c snapshot.Chunk) error { return send(c.File, c.Offset, c.Data, c.CRC) })
+}
+
+func (o *outgoingSnapshot) Done(err error) {
+	if o.ended {
+		return
+	}
+	o.ended = true
+	o.s.group.pins.Add(-1)
+	if err != nil {
+		o.s.opts.Logger.Warn().Err(err).Uint64("peer", o.to).Uint64("index", o.index).Msg("storage: snapshot not taken")
+	}
+	o.s.group.node.ReportSnapshot(o.to, err == nil)
 }

@@ -6,8 +6,11 @@ import (
 	"fmt"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
+
+	"github.com/storaged/storaged/storage/replica"
 
 	"github.com/storaged/storaged/storage/segment"
 	"github.com/storaged/storaged/storage/snapshot"
@@ -134,4 +137,172 @@ func TestQueueFirstAtOrAbove(t *testing.T) {
 			t.Errorf("FirstAtOrAbove(%d) = %d %v, want %d", tc.at, got, err, tc.want)
 		}
 	}
+}
+
+// snapSink is a snapshot transport for tests: each snapshot is staged
+// into a real snapshot.Stage and verified, then refused (nothing installs
+// one yet), one at a time, on a goroutine Close waits for.
+type snapSink struct {
+	testTransport
+	dir      string
+	fileSize int64
+
+	mu       sync.Mutex
+	busy     bool
+	staged   []snapshot.Manifest
+	bytes    []int64
+	refusals int
+	wg       sync.WaitGroup
+}
+
+var errNoInstall = errors.New("test: the receiver does not install snapshots")
+
+func (k *snapSink) SendSnapshot(to uint64, o snapshot.Outgoing) {
+	k.mu.Lock()
+	if k.busy {
+		k.mu.Unlock()
+		o.Done(errors.New("test: one snapshot at a time"))
+		return
+	}
+	k.busy = true
+	k.mu.Unlock()
+	k.wg.Add(1)
+	go func() {
+		defer k.wg.Done()
+		err := k.stage(to, o)
+		k.mu.Lock()
+		k.busy = false
+		if err != nil {
+			k.refusals++
+		}
+		k.mu.Unlock()
+		if err == nil {
+			err = errNoInstall
+		}
+		o.Done(err)
+	}()
+}
+
+func (k *snapSink) stage(to uint64, o snapshot.Outgoing) error {
+	msg, err := o.Message()
+	if err != nil {
+		return err
+	}
+	from, dst, index, term, data, err := replica.SnapshotOf(msg)
+	if err != nil {
+		return err
+	}
+	m, err := snapshot.Decode(data)
+	if err != nil {
+		return err
+	}
+	if from != 1 || dst != to || m.Index != index || m.Term != term {
+		return fmt.Errorf("MsgSnap %d->%d at %d/%d carries a manifest at %d/%d", from, dst, index, term, m.Index, m.Term)
+	}
+	st, err := snapshot.NewStage(snapshot.StageOptions{FS: vfs.Default, Dir: filepath.Join(k.dir, fmt.Sprint(len(k.staged))),
+		FileSize: k.fileSize, MaxBytes: 1 << 30, RequireCRC: true}, m)
+	if err != nil {
+		return err
+	}
+	if err := o.Read(0, func(file, off int64, b []byte, crc uint32) error {
+		return st.Write(snapshot.Chunk{File: file, Offset: off, Data: b, CRC: crc})
+	}); err != nil {
+		st.Discard()
+		return err
+	}
+	if err := st.Finish(); err != nil {
+		st.Discard()
+		return err
+	}
+	k.mu.Lock()
+	k.staged = append(k.staged, m)
+	k.bytes = append(k.bytes, st.Written())
+	k.mu.Unlock()
+	return nil
+}
+
+// TestGroupSnapshotSend: a follower that was down while the leader
+// compacted its raft log past what the follower holds gets raft's MsgSnap
+// as a file transfer: the leader builds the manifest at its log's base
+// (the index, the commit end there, the files, the queues), streams the
+// files through the transport's SendSnapshot with the files pinned
+// against retention, and reports the outcome to raft; the staged copy
+// verifies and is byte-identical to the leader's commitlog. (The
+// follower cannot install it yet: the transfer is refused, raft sends it
+// again later, and the group keeps committing on the other two.)
+func TestGroupSnapshotSend(t *testing.T) {
+	sink := &snapSink{dir: t.TempDir(), fileSize: 64 << 10}
+	t.Cleanup(sink.wg.Wait) // after the group's cleanup (LIFO) has closed the stores
+	g := newTestGroupWith(t, time.Minute, nil, func(o *Options) {
+		if o.Group.ID == 1 {
+			sink.testTransport = o.Group.Transport.(testTransport)
+			o.Group.Transport = sink
+		}
+	})
+	g.elect(1)
+	body := strings.Repeat("c", 6000)
+	put := func(i int) {
+		t.Helper()
+		if res, err := g.put(1, fmt.Sprintf("%04d%s", i, body)); err != nil || res.Status != PutOK {
+			t.Fatalf("put %d: %v %v", i, res.Status, err)
+		}
+	}
+	for i := range 10 {
+		put(i)
+	}
+	g.converge(1, g.ids...)
+	g.closeMember(3)
+	for i := 10; i < 40; i++ {
+		put(i)
+	}
+	g.converge(1, 1, 2)
+	leader := g.m[1].s
+	var base uint64
+	g.poll("the leader compacts its log to its durable commit", func() bool {
+		base = leader.ReplicaInfo().Commit
+		return leader.group.rlog.Compact(base) == nil
+	}, 1)
+	if f, _ := leader.group.rlog.FirstIndex(); f != base+1 {
+		t.Fatalf("FirstIndex %d after Compact(%d)", f, base)
+	}
+	baseEnd, err := leader.group.rlog.DataEndAt(base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	g.open(3)
+	g.poll("a snapshot staged for node 3", func() bool {
+		sink.mu.Lock()
+		defer sink.mu.Unlock()
+		return len(sink.staged) > 0
+	}, 1, 3)
+	took := time.Since(start)
+	sink.mu.Lock()
+	m, staged, refusals := sink.staged[0], sink.bytes[0], sink.refusals
+	sink.mu.Unlock()
+	if refusals != 0 {
+		t.Fatalf("%d snapshots failed to stage", refusals)
+	}
+	if m.Index != base || m.End != baseEnd || m.MinOffset != 0 || len(m.Files) < 3 || staged != m.End {
+		t.Fatalf("manifest at %d ending at %d from %d, %d files, %d bytes staged; want index %d, end %d from 0, >= 3 files",
+			m.Index, m.End, m.MinOffset, len(m.Files), staged, base, baseEnd)
+	}
+	if len(m.Queues) != 1 || m.Queues[0].First != 0 || m.Queues[0].Next < 40 {
+		t.Fatalf("queues %+v", m.Queues)
+	}
+	for _, f := range m.Files {
+		got, err := vfs.Default.ReadFile(filepath.Join(sink.dir, "0", segment.FileName(f.From)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		leader.log.ReadLock()
+		want := append([]byte(nil), leader.log.At(f.From)[:f.Size]...)
+		leader.log.ReadUnlock()
+		if !bytes.Equal(got[:f.Size], want) {
+			t.Fatalf("staged file %d differs from the leader's", f.From)
+		}
+	}
+	t.Logf("snapshot at index %d: %d files, %d bytes staged and verified %v after node 3 restarted", m.Index, len(m.Files), staged, took)
+	// The group still commits on nodes 1 and 2 while node 3 waits.
+	put(40)
 }

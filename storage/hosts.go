@@ -86,5 +86,8 @@ func (h *retentionHost) DeletableEnd(want int64) (int64, error) {
 	if s.sched != nil && s.Role() == RoleMaster {
 		limit = min(limit, s.sched.ProtectedFrom())
 	}
+	if s.group != nil && s.group.pins.Load() > 0 {
+		limit = min(limit, s.log.MinOffset()) // a snapshot being sent names every file
+	}
 	return limit, nil
 }

@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	peerv1 "github.com/storaged/storaged/gen/storaged/peer/v1"
+	"github.com/storaged/storaged/storage/snapshot"
 )
 
 // Snapshots travel out of band of the raft messages (design §3.5): raft's
@@ -38,19 +39,10 @@ var ErrSnapshotInFlight = errors.New("peer: a snapshot to this peer is already i
 // ErrUnknownPeer: SendSnapshot to a member this transport does not know.
 var ErrUnknownPeer = errors.New("peer: unknown peer")
 
-// OutgoingSnapshot is a snapshot the store sends to one peer.
-type OutgoingSnapshot interface {
-	// Message is the marshalled raftpb.Message of type MsgSnap.
-	Message() []byte
-	// Read calls send for every chunk of file bytes, in order, and stops
-	// at send's first error (snapshot.Read). data is reused after send
-	// returns.
-	Read(chunkBytes int, send func(file, offset int64, data []byte, crc uint32) error) error
-	// Done is called exactly once, from the sending goroutine, with the
-	// outcome: nil once the receiver took the snapshot. The store reports
-	// it to raft (ReportSnapshot) and unpins the files.
-	Done(err error)
-}
+// OutgoingSnapshot is a snapshot the store sends to one peer: Message
+// (the MsgSnap, its data the manifest), Read (the file chunks), Done (the
+// outcome, which the store reports to raft and which unpins the files).
+type OutgoingSnapshot = snapshot.Outgoing
 
 // SnapshotReceiver is implemented by a Stepper that takes snapshots.
 type SnapshotReceiver interface {
@@ -107,7 +99,11 @@ func (l *link) sendSnapshot(ctx context.Context, s OutgoingSnapshot) error {
 		return err
 	}
 	o := &t.opts
-	head := &peerv1.SnapshotChunk{Group: o.Group, ClusterId: o.ClusterID, From: o.ID, To: l.id, Message: s.Message()}
+	msg, err := s.Message()
+	if err != nil {
+		return err
+	}
+	head := &peerv1.SnapshotChunk{Group: o.Group, ClusterId: o.ClusterID, From: o.ID, To: l.id, Message: msg}
 	if err := st.Send(head); err != nil {
 		return closeErr(st, err)
 	}

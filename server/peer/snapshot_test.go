@@ -86,13 +86,7 @@ func newOutgoing(src *commitlog.Log, m snapshot.Manifest) *outgoing {
 	return &outgoing{src: src, m: m, done: make(chan error, 1)}
 }
 
-func (o *outgoing) Message() []byte {
-	b, err := o.m.Encode()
-	if err != nil {
-		panic(err)
-	}
-	return b
-}
+func (o *outgoing) Message() ([]byte, error) { return o.m.Encode() }
 
 func (o *outgoing) Read(chunkBytes int, send func(file, offset int64, data []byte, crc uint32) error) error {
 	i := 0
@@ -370,7 +364,10 @@ func TestSnapshotHeaderChecks(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer conn.Close()
-	msg := newOutgoing(src, m).Message()
+	msg, err := newOutgoing(src, m).Message()
+	if err != nil {
+		t.Fatal(err)
+	}
 	good := func() *peerv1.SnapshotChunk {
 		return &peerv1.SnapshotChunk{Group: "g1", ClusterId: "c1", From: 1, To: 2, Message: msg}
 	}

@@ -114,3 +114,15 @@ func (l *Log) Base() (index, term uint64, dataEnd int64) {
 	defer l.mu.Unlock()
 	return l.base.Index, l.base.Term, l.base.DataEnd
 }
+
+// DataEndAt is the commitlog offset past the last DATA entry at or below
+// index i (FirstIndex-1 ≤ i ≤ LastIndex): the commit end a snapshot at i
+// covers.
+func (l *Log) DataEndAt(i uint64) (int64, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if i+1 < l.first || i > l.last {
+		return 0, fmt.Errorf("raftlog: no entry %d (first %d, last %d)", i, l.first, l.last)
+	}
+	return l.dataEndAt(i)
+}

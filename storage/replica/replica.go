@@ -125,6 +125,13 @@ type Host interface {
 	BecomeReady(commitEnd int64) error
 	// Fail: a write to the raft log failed; the replica stopped (sticky).
 	Fail(err error)
+	// SendSnapshot hands over raft's MsgSnap for peer to (marshalled, at
+	// raft index index of term term, its data empty): snapshots travel
+	// out of band of Transport (design §3.5), and the store builds their
+	// data, the manifest, off the raft goroutine. The store must call
+	// ReportSnapshot(to, ok) once the transfer ended, whatever happened;
+	// it must not block.
+	SendSnapshot(to uint64, msg []byte, index, term uint64)
 }
 
 // Options configure a Node.
@@ -354,6 +361,10 @@ func (n *Node) handle(rd raft.Ready) error {
 	} else {
 		late = rd.Messages
 	}
+	if !raft.IsEmptySnap(rd.Snapshot) {
+		// StepPeer refuses every MsgSnap, so raft cannot have restored one.
+		return fmt.Errorf("replica: raft restored a snapshot at %d, and installing one is not built", rd.Snapshot.GetMetadata().GetIndex())
+	}
 	l := n.opts.Log
 	if err := l.Append(rd.Entries); err != nil {
 		return err
@@ -417,8 +428,58 @@ func (n *Node) send(msgs []*pb.Message) {
 		if err != nil {
 			continue // cannot happen for raft's own messages
 		}
+		if m.GetType() == pb.MsgSnap {
+			md := m.GetSnapshot().GetMetadata()
+			n.host.SendSnapshot(m.GetTo(), b, md.GetIndex(), md.GetTerm())
+			continue
+		}
 		n.opts.Transport.Send(m.GetTo(), b)
 	}
+}
+
+// ReportSnapshot tells raft how the snapshot sent to peer id ended: ok, it
+// took it (raft waits for its MsgAppResp to move on), or not (raft probes
+// the peer again, and sends a new snapshot if it still needs one).
+func (n *Node) ReportSnapshot(id uint64, ok bool) {
+	st := raft.SnapshotFailure
+	if ok {
+		st = raft.SnapshotFinish
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.err != nil {
+		return
+	}
+	n.rn.ReportSnapshot(id, st)
+	n.kick()
+}
+
+// SnapshotMessage returns msg, a marshalled MsgSnap, with its snapshot
+// data set to data (the manifest).
+func SnapshotMessage(msg, data []byte) ([]byte, error) {
+	m := &pb.Message{}
+	if err := proto.Unmarshal(msg, m); err != nil || m.GetType() != pb.MsgSnap || m.GetSnapshot() == nil {
+		return nil, fmt.Errorf("%w: not a MsgSnap (%v)", ErrBadMessage, err)
+	}
+	m.Snapshot.Data = data
+	return proto.Marshal(m)
+}
+
+// SnapshotOf decodes a marshalled MsgSnap: who sent it to whom, the raft
+// index and term it is taken at, and its data (the manifest).
+func SnapshotOf(msg []byte) (from, to, index, term uint64, data []byte, err error) {
+	if len(msg) > MaxMessageBytes {
+		return 0, 0, 0, 0, nil, fmt.Errorf("%w: %d bytes", ErrBadMessage, len(msg))
+	}
+	m := &pb.Message{}
+	if err := proto.Unmarshal(msg, m); err != nil {
+		return 0, 0, 0, 0, nil, fmt.Errorf("%w: %w", ErrBadMessage, err)
+	}
+	if m.GetType() != pb.MsgSnap || m.GetSnapshot() == nil {
+		return 0, 0, 0, 0, nil, fmt.Errorf("%w: a %v, not a MsgSnap", ErrBadMessage, m.GetType())
+	}
+	md := m.GetSnapshot().GetMetadata()
+	return m.GetFrom(), m.GetTo(), md.GetIndex(), md.GetTerm(), m.GetSnapshot().GetData(), nil
 }
 
 // apply walks the committed entries: DATA entries advance commitEnd and
@@ -628,6 +689,12 @@ func (n *Node) StepPeer(b []byte) error {
 	}
 	if raft.IsLocalMsg(m.GetType()) || m.GetType() == pb.MsgProp {
 		return fmt.Errorf("%w: message type %v is not a peer's", ErrBadMessage, m.GetType())
+	}
+	if m.GetType() == pb.MsgSnap {
+		// A snapshot reaches raft only after its files are staged and
+		// verified (InstallSnapshot), and installing one is not built:
+		// raft would take its index as applied over data that is not here.
+		return fmt.Errorf("%w: a MsgSnap comes only through the snapshot install, which is not built yet", ErrBadMessage)
 	}
 	n.mu.Lock()
 	if !slices.Contains(n.members(), m.GetFrom()) {

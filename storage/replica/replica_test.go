@@ -41,7 +41,8 @@ func (h *fakeHost) BecomeReady(int64) error {
 	h.mu.Unlock()
 	return nil
 }
-func (h *fakeHost) Fail(err error) { h.mu.Lock(); h.failed = err; h.mu.Unlock() }
+func (h *fakeHost) Fail(err error)                              { h.mu.Lock(); h.failed = err; h.mu.Unlock() }
+func (h *fakeHost) SendSnapshot(uint64, []byte, uint64, uint64) {}
 
 type nopTransport struct{}
 
@@ -158,6 +159,28 @@ func TestFollowerRefuses(t *testing.T) {
 	}
 	if err := n.StepPeer([]byte{0xff}); !errors.Is(err, ErrBadMessage) {
 		t.Fatalf("garbage: %v", err)
+	}
+	// A MsgSnap comes only through the (verified) snapshot install.
+	snap, err := proto.Marshal(&pb.Message{Type: pb.MsgSnap.Enum(), From: proto.Uint64(1), To: proto.Uint64(2), Term: proto.Uint64(5),
+		Snapshot: &pb.Snapshot{Metadata: &pb.SnapshotMetadata{Index: proto.Uint64(100), Term: proto.Uint64(5),
+			ConfState: &pb.ConfState{Voters: []uint64{1, 2, 3}}}, Data: []byte("m")}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := n.StepPeer(snap); !errors.Is(err, ErrBadMessage) {
+		t.Fatalf("a MsgSnap through StepPeer: %v, want ErrBadMessage", err)
+	}
+	from, to, index, term, data, err := SnapshotOf(snap)
+	if err != nil || from != 1 || to != 2 || index != 100 || term != 5 || string(data) != "m" {
+		t.Fatalf("SnapshotOf: %d %d %d %d %q %v", from, to, index, term, data, err)
+	}
+	if b, err := SnapshotMessage(snap, []byte("manifest")); err != nil {
+		t.Fatal(err)
+	} else if _, _, _, _, data, err := SnapshotOf(b); err != nil || string(data) != "manifest" {
+		t.Fatalf("SnapshotMessage: %q %v", data, err)
+	}
+	if _, _, _, _, _, err := SnapshotOf([]byte{0xff}); !errors.Is(err, ErrBadMessage) {
+		t.Fatalf("SnapshotOf garbage: %v", err)
 	}
 	if info := n.Info(); info.Role != "follower" || info.Ready || len(info.Peers) != 0 {
 		t.Fatalf("info %+v", info)

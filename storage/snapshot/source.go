@@ -135,3 +135,18 @@ func LastStoreTS(src Source, from, end int64) (int64, error) {
 	}
 	return ts, nil
 }
+
+// Outgoing is a snapshot on its way to one peer, as the store hands it
+// to the peer transport (server/peer's SendSnapshot). The transport calls
+// Message, then Read, from its own goroutine, and Done exactly once.
+type Outgoing interface {
+	// Message is the marshalled raftpb.Message of type MsgSnap whose
+	// snapshot data is the encoded manifest (built here, off the raft
+	// goroutine: it reads every file for its CRC).
+	Message() ([]byte, error)
+	// Read calls send for every chunk of file bytes, in order (Read), and
+	// stops at send's first error. data is reused after send returns.
+	Read(chunkBytes int, send func(file, offset int64, data []byte, crc uint32) error) error
+	// Done tells the outcome: nil once the receiver took the snapshot.
+	Done(err error)
+}
