@@ -390,9 +390,9 @@
 // install (atomic swap into the commitlog, raft log reset to a base at S,
 // consume queues started at their first offsets, consumequeue.StartAt),
 // so StepPeer refuses every MsgSnap, nothing outside tests compacts the
-// raft log, there is no --raft-catchup-window, and retention stays off in
-// group mode except under disk pressure, whose deletions a lagging
-// follower cannot recover from yet.
+// raft log, there is no --raft-catchup-window, and retention deletes
+// nothing in group mode (Options forces FileReservedTime -1; the disk
+// watermarks only refuse puts).
 //
 // Not built yet: replicated delay progress (the scheduler runs on the ready leader
 // from its local progress: a new leader may re-deliver), replicated topic
