@@ -79,7 +79,7 @@ func (r *recorder) has(m string) bool {
 }
 
 // listeners opens n loopback listeners and the peer map naming them 1..n.
-func listeners(t *testing.T, n int) ([]net.Listener, map[uint64]string) {
+func listeners(t testing.TB, n int) ([]net.Listener, map[uint64]string) {
 	t.Helper()
 	lis := make([]net.Listener, n)
 	peers := make(map[uint64]string, n)

@@ -44,10 +44,10 @@ type Stage struct {
 	opts StageOptions
 	m    Manifest
 
-	cur     int           // index into m.Files of the file being received
-	off     int64         // next offset expected in it
-	crc     uint32        // running CRC of the current file
-	seg     *segment.File // the current file, created at its first chunk
+	cur     int         // index into m.Files of the file being received
+	off     int64       // next offset expected in it
+	crc     uint32      // running CRC of the current file
+	seg     vfs.Segment // the current file, created at its first chunk
 	written int64
 	err     error // sticky: the first refusal
 	done    bool
@@ -119,13 +119,15 @@ func (s *Stage) write(c Chunk) error {
 		return fmt.Errorf("%w: file %d offset %d: CRC %08x, the chunk says %08x", ErrBadChunk, c.File, c.Offset, CRC(c.Data), c.CRC)
 	}
 	if s.seg == nil {
-		seg, err := segment.Create(s.opts.FS, s.opts.Dir, f.From, s.m.FileSize)
+		// Not segment.Create: it syncs the directory per file, and Finish
+		// syncs it once for all of them.
+		seg, err := s.opts.FS.CreateSegment(filepath.Join(s.opts.Dir, segment.FileName(f.From)), s.m.FileSize)
 		if err != nil {
-			return fmt.Errorf("snapshot: stage file %d: %w", f.From, err)
+			return fmt.Errorf("snapshot: stage file %d: %w", f.From, base.WrapNoSpace(err))
 		}
 		s.seg, s.crc = seg, 0
 	}
-	copy(s.seg.Data()[c.Offset:], c.Data)
+	copy(s.seg.Bytes()[c.Offset:], c.Data)
 	s.crc = crc32.Update(s.crc, castagnoli, c.Data)
 	s.off += int64(len(c.Data))
 	s.written += int64(len(c.Data))
@@ -135,11 +137,11 @@ func (s *Stage) write(c Chunk) error {
 	if s.crc != f.CRC {
 		return fmt.Errorf("%w: file %d: CRC %08x, the manifest says %08x", ErrBadChunk, f.From, s.crc, f.CRC)
 	}
-	if err := s.seg.Sync(0, s.m.FileSize); err != nil {
-		return fmt.Errorf("snapshot: %w", err)
+	if err := s.seg.Sync(0, f.Size); err != nil {
+		return fmt.Errorf("snapshot: sync staged file %d: %w", f.From, err)
 	}
 	if err := s.seg.Close(); err != nil {
-		return fmt.Errorf("snapshot: %w", err)
+		return fmt.Errorf("snapshot: close staged file %d: %w", f.From, err)
 	}
 	s.seg, s.cur, s.off = nil, s.cur+1, 0
 	return nil
