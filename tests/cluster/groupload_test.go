@@ -34,7 +34,9 @@ const (
 // only after a refusal that says nothing was stored; a put of unknown
 // outcome is never resent (the next message goes out instead). Readers
 // read single offsets near each queue's acked end from a random member:
-// follower reads, recorded Weak (replication design §5.4 d).
+// follower reads, recorded Weak (replication design §5.4 d). Strong
+// readers read the same way with linearizable: true from the member they
+// believe leads, following hints like the writers.
 type groupLoad struct {
 	rec     *history.Recorder
 	clients []storagedv1.MessageStoreServiceClient // by member index
@@ -56,7 +58,7 @@ func newGroupLoad(t testing.TB, g *group, rec *history.Recorder) *groupLoad {
 
 // start runs producers writers and readers readers until ctx ends; leader
 // is the member index writers try first.
-func (l *groupLoad) start(ctx context.Context, seed uint64, leader, producers, readers int) {
+func (l *groupLoad) start(ctx context.Context, seed uint64, leader, producers, readers, strongReaders int) {
 	for p := range producers {
 		l.wg.Add(1)
 		go func() {
@@ -91,9 +93,57 @@ func (l *groupLoad) start(ctx context.Context, seed uint64, leader, producers, r
 			}
 		}()
 	}
+	for r := range strongReaders {
+		l.wg.Add(1)
+		go func() {
+			defer l.wg.Done()
+			rng := rand.New(rand.NewPCG(seed, uint64(readers+r)))
+			target := leader
+			for hold(ctx, between(rng, 5*time.Millisecond, 15*time.Millisecond)) {
+				q := int32(rng.IntN(queues))
+				off := max(0, l.acked[q].Load()-3+rng.Int64N(5))
+				next, delay := l.strongRead(ctx, producers+readers+r, target, q, off)
+				target = next
+				hold(ctx, delay)
+			}
+		}()
+	}
 }
 
 func (l *groupLoad) wait() { l.wg.Wait() }
+
+// strongRead asks member target for the message at (q, off) with
+// linearizable: true (served by the ready leader after ReadIndex; checked
+// by porcupine). A refusal is recorded as a failed read (it read nothing);
+// like a writer, the reader then follows the leader hint or tries the
+// next member.
+func (l *groupLoad) strongRead(ctx context.Context, client, target int, q int32, off int64) (next int, delay time.Duration) {
+	id := l.rec.Invoke(history.Op{Client: client, Kind: history.Read, Queue: q, Offset: off})
+	cctx, cancel := context.WithTimeout(ctx, groupOpTimeout)
+	defer cancel()
+	res, err := l.clients[target].PullMessages(cctx, &storagedv1.PullMessagesRequest{Topic: topic, QueueId: q, QueueOffset: off,
+		MaxMessages: 1, Linearizable: true})
+	next = target
+	l.rec.Finish(id, func(o *history.Op) {
+		switch c := status.Code(err); {
+		case err == nil && len(res.Messages) > 0 && res.Messages[0].QueueOffset == off:
+			o.Outcome, o.Found, o.Value = history.OK, true, history.ValueOf(res.Messages[0].Body)
+		case err == nil, c == codes.OutOfRange, c == codes.NotFound:
+			o.Outcome = history.OK
+		default:
+			o.Outcome, o.Err = history.Fail, c.String()
+			if _, addr, d := refusal(err); addr != "" {
+				if i, ok := l.byAddr[addr]; ok && i != target {
+					next = i
+					return
+				}
+				delay = d
+			}
+			next, delay = (target+1)%len(l.clients), max(delay, 20*time.Millisecond)
+		}
+	})
+	return next, delay
+}
 
 // refusal reports whether err says that nothing was stored and the put
 // may be sent again (to the leader it names, if any): the group's

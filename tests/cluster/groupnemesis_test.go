@@ -345,11 +345,11 @@ func runGroup(t *testing.T, sc groupScenario) {
 	term0 := g.maxTerm()
 	rec := history.NewRecorder()
 	load := newGroupLoad(t, g, rec)
-	const producers, readers = 16, 2
+	const producers, readers, strongReaders = 16, 2, 2
 	ctx, cancel := context.WithTimeout(context.Background(), dur)
 	defer cancel()
 	began := time.Now()
-	load.start(ctx, seed, g.indexOf(leader), producers, readers)
+	load.start(ctx, seed, g.indexOf(leader), producers, readers, strongReaders)
 	var log groupFaults
 	sc.nemesis(ctx, t, g, rng, rec, &log)
 	cancel()
@@ -365,7 +365,7 @@ func runGroup(t *testing.T, sc groupScenario) {
 	after := &groupLoad{rec: rec, clients: load.clients, byAddr: load.byAddr}
 	target := 0
 	for seq := 0; ; seq++ {
-		out, next, delay := after.put(final, producers+readers, target, 0, history.Value(producers+readers, seq), 0)
+		out, next, delay := after.put(final, producers+readers+strongReaders, target, 0, history.Value(producers+readers+strongReaders, seq), 0)
 		if out == history.OK {
 			break
 		}
@@ -408,7 +408,7 @@ func runGroup(t *testing.T, sc groupScenario) {
 	linErr := history.Linearizable(ops, stored, dir, max(60*time.Second, dur))
 	report(linErr)
 
-	unknown, unknownStored, refused := 0, 0, 0
+	unknown, unknownStored, refused, strong, strongFound := 0, 0, 0, 0, 0
 	have := map[string]bool{}
 	for _, rs := range stored {
 		for _, r := range rs {
@@ -424,6 +424,11 @@ func runGroup(t *testing.T, sc groupScenario) {
 			}
 		case o.Kind == history.Put && o.Outcome == history.Fail:
 			refused++
+		case o.Kind == history.Read && !o.Weak && o.Outcome == history.OK:
+			strong++
+			if o.Found {
+				strongFound++
+			}
 		}
 	}
 	elections := term1 - term0
@@ -432,10 +437,10 @@ func runGroup(t *testing.T, sc groupScenario) {
 	}
 	unavail := history.Unavailability(ops, log.starts)
 	t.Logf("%s: %d faults; %d ops in %v, %.0f ok/s (floor %.0f); acked %d, lost %s, divergent %s, unknown %d (%d found stored), "+
-		"refused %d, duplicates %d, weak reads checked %d, linearizable %v, elections %d (term %d -> %d); "+
+		"refused %d, duplicates %d, weak reads checked %d, linearizable reads %d (%d found), linearizable %v, elections %d (term %d -> %d); "+
 		"write unavailability after a fault p50 %v p99 %v (n=%d); first ok after the final heal %v; commit end %d",
 		sc.name, log.n, len(ops), ran.Round(time.Millisecond), rate, sc.minOKPerSec, acked, lost, divergent, unknown, unknownStored,
-		refused, dups, weakReads, linErr == nil, elections, term0, term1,
+		refused, dups, weakReads, strong, strongFound, linErr == nil, elections, term0, term1,
 		history.Percentile(unavail, 50).Round(time.Millisecond), history.Percentile(unavail, 99).Round(time.Millisecond), len(unavail),
 		afterHeal.Round(time.Millisecond), commitEnd)
 	if failed {
