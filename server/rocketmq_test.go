@@ -1007,3 +1007,33 @@ func TestRocketMQCallLog(t *testing.T) {
 		}
 	}
 }
+
+// FuzzRocketMQTagFilter: a filter expression never panics the parser, and
+// what it accepts is what the pull's tag filter takes: at most MaxPullTags
+// tags, each non-empty, trimmed, without the "||" separator, or no filter.
+func FuzzRocketMQTagFilter(f *testing.F) {
+	for _, s := range []string{"", "*", "A", " A || B ", "A||", "||", "a|b", strings.Repeat("t||", 70)} {
+		f.Add(int32(rocketmqv2.FilterType_TAG), s)
+	}
+	f.Add(int32(rocketmqv2.FilterType_SQL), "a > 1")
+	f.Fuzz(func(t *testing.T, typ int32, expr string) {
+		tags, st := tagFilter(&rocketmqv2.FilterExpression{Type: rocketmqv2.FilterType(typ), Expression: expr})
+		if st != nil {
+			if tags != nil || st.GetCode() == rocketmqv2.Code_OK || st.GetMessage() == "" {
+				t.Fatalf("refusal %v with tags %q", st, tags)
+			}
+			return
+		}
+		if len(tags) > MaxPullTags {
+			t.Fatalf("%d tags accepted", len(tags))
+		}
+		for _, tag := range tags {
+			if tag == "" || tag == "*" || strings.Contains(tag, "||") || strings.TrimSpace(tag) != tag {
+				t.Fatalf("tag %q accepted from %q", tag, expr)
+			}
+		}
+		if tags == nil && strings.TrimSpace(expr) != "" && strings.TrimSpace(expr) != "*" {
+			t.Fatalf("no filter from %q", expr)
+		}
+	})
+}

@@ -18,6 +18,12 @@
 // bytes. PutMessageStream (stream.go) answers each streamed message with what
 // PutMessage would have said, with a bounded window per stream.
 //
+// rocketmq.go (and rocketmq_send.go, rocketmq_offsets.go, rocketmq_pull.go)
+// serves Apache RocketMQ 5's client protocol, apache.rocketmq.v2, on the
+// same store and port, mapping its calls onto the same put, pull and
+// offset paths and its outcomes onto that protocol's status codes through
+// the same error classification (grpcToV2).
+//
 // grpcserver.go assembles the *grpc.Server (interceptors, health,
 // reflection, keepalive, TLS) and metrics.go exports the store's counters to
 // Prometheus.
