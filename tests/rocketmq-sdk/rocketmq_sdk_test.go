@@ -9,6 +9,8 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -104,7 +106,13 @@ func TestNodeSDKProducer(t *testing.T) {
 	p := proctest.Start(t, proctest.Options{Binary: binary, DataDir: t.TempDir()})
 	const topic = "SdkOrders"
 	lines := runProducer(t, node, p.Addr(), "--topic", topic)
+	checkProduced(t, storagedv1.NewMessageStoreServiceClient(p.Conn()), topic, lines)
+}
 
+// checkProduced checks what producer.js printed for topic against what the
+// store behind client holds (TestNodeSDKProducer says what).
+func checkProduced(t *testing.T, client storagedv1.MessageStoreServiceClient, topic string, lines []line) {
+	t.Helper()
 	var kinds []string
 	for _, l := range lines {
 		kinds = append(kinds, l.Kind)
@@ -121,7 +129,6 @@ func TestNodeSDKProducer(t *testing.T) {
 		"reserved-property": {"BadRequestException", 40007}, // ILLEGAL_MESSAGE_PROPERTY_KEY
 		"bad-tag":           {"BadRequestException", 40004}, // ILLEGAL_MESSAGE_TAG
 	}
-	client := storagedv1.NewMessageStoreServiceClient(p.Conn())
 	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
 	defer cancel()
 	groupQueue := map[string]int32{}
@@ -223,5 +230,98 @@ func TestNodeSDKSimpleConsumerUnsupported(t *testing.T) {
 	r := lines[1]
 	if r.Error != "UnsupportedException" || r.Code != 50500 || !strings.Contains(r.Message, "PullMessage") {
 		t.Errorf("receive: %s code %d %q, want UnsupportedException 50500 naming what to use", r.Error, r.Code, r.Message)
+	}
+}
+
+// TestNodeSDKProducerGroup: the SDK is given a follower of a 3-member
+// replication group as its endpoint. The follower's route names the
+// leader's client address, so the SDK sends there, and every send is
+// acknowledged as committed by the group and read back from the leader
+// exactly as in TestNodeSDKProducer.
+func TestNodeSDKProducerGroup(t *testing.T) {
+	node := nodeSDK(t)
+	nodes := startGroup(t, 3)
+	leader := waitLeader(t, nodes)
+	var follower *proctest.Process
+	for _, p := range nodes {
+		if p != leader {
+			follower = p
+			break
+		}
+	}
+	// The follower routes to the leader once it knows the leader's client
+	// address (the peers exchange them); before that it would route to
+	// itself and refuse the sends.
+	deadline := time.Now().Add(60 * time.Second)
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		ctx, cancel := context.WithTimeout(t.Context(), time.Second)
+		ri, err := storagedv1.NewMessageStoreServiceClient(follower.Conn()).GetReplicaInfo(ctx, &storagedv1.GetReplicaInfoRequest{})
+		cancel()
+		if err == nil && ri.GetLeaderAddr() == leader.Addr() {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the follower does not name the leader's address %s within 60 s: %v %v", leader.Addr(), ri, err)
+		}
+		<-tick.C
+	}
+	const topic = "SdkGroupOrders"
+	lines := runProducer(t, node, follower.Addr(), "--topic", topic)
+	checkProduced(t, storagedv1.NewMessageStoreServiceClient(leader.Conn()), topic, lines)
+}
+
+// startGroup starts n storaged processes as one replication group on
+// loopback (ids 1..n).
+func startGroup(t *testing.T, n int) []*proctest.Process {
+	t.Helper()
+	var peerAddrs []string
+	var ls []net.Listener
+	for range n { // reserve the peer ports: every member must know them all before any starts
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		ls = append(ls, l)
+		peerAddrs = append(peerAddrs, l.Addr().String())
+	}
+	for _, l := range ls {
+		l.Close()
+	}
+	var peers []string
+	for i, a := range peerAddrs {
+		peers = append(peers, fmt.Sprintf("%d=%s", i+1, a))
+	}
+	dir := t.TempDir()
+	var nodes []*proctest.Process
+	for i := range n {
+		name := fmt.Sprintf("n%d", i+1)
+		nodes = append(nodes, proctest.Start(t, proctest.Options{Binary: binary, Name: name, DataDir: filepath.Join(dir, name),
+			Flags: []string{"--raft-id", fmt.Sprint(i + 1), "--raft-peers", strings.Join(peers, ","), "--peer-listen", peerAddrs[i]}}))
+	}
+	return nodes
+}
+
+// waitLeader polls the members' GetReplicaInfo (60 s at most) until one
+// reports itself the ready leader.
+func waitLeader(t *testing.T, nodes []*proctest.Process) *proctest.Process {
+	t.Helper()
+	deadline := time.Now().Add(60 * time.Second)
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		for _, p := range nodes {
+			ctx, cancel := context.WithTimeout(t.Context(), time.Second)
+			ri, err := storagedv1.NewMessageStoreServiceClient(p.Conn()).GetReplicaInfo(ctx, &storagedv1.GetReplicaInfoRequest{})
+			cancel()
+			if err == nil && ri.GetRole() == storagedv1.ReplicaRole_REPLICA_ROLE_LEADER && ri.GetReady() {
+				return p
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no ready leader within 60 s")
+		}
+		<-tick.C
 	}
 }
