@@ -309,9 +309,9 @@ func clientID(ctx context.Context) string {
 // report started. storaged answers each Settings with the settings the
 // client must use (settingsReply), ignores the reports a client sends about
 // commands (storaged sends none), and answers anything else with a
-// BAD_REQUEST status. The stream stays open until the client ends it or the
-// server drains (the SDKs then open a new one, on another server if their
-// connection moved).
+// BAD_REQUEST status. The stream stays open until the client ends it, the
+// server drains, or its connection nears its age limit (the SDKs then open
+// a new one, on another server if their connection moved).
 //
 // Receiving runs on a goroutine of its own so that the handler can return
 // on drain while a Recv is blocked; it ends when the handler returns (the
@@ -320,6 +320,18 @@ func (r *rocketMQ) Telemetry(stream grpc.BidiStreamingServer[rocketmqv2.Telemetr
 	if clientID(stream.Context()) == "" {
 		return stream.Send(&rocketmqv2.TelemetryCommand{Status: v2Status(rocketmqv2.Code_CLIENT_ID_REQUIRED,
 			"the %s header is required (1-%d bytes)", clientIDHeader, maxClientIDLength)})
+	}
+	// On a connection served by GRPCServer the stream ends with OK at its
+	// soft end (streamlife.go), before the connection's age limit would cut
+	// it with an error: the SDKs then reopen it on their new connection.
+	// Nothing is under way on this stream, so there is no hard end.
+	var endC <-chan struct{}
+	if l := r.svc.life; l != nil {
+		if soft, _, ok := l.schedule(stream.Context(), l.now()); ok {
+			c, release := l.at(soft)
+			defer release()
+			endC = c
+		}
 	}
 	cmds := make(chan *rocketmqv2.TelemetryCommand)
 	recvErr := make(chan error, 1)
@@ -353,6 +365,8 @@ func (r *rocketMQ) Telemetry(stream grpc.BidiStreamingServer[rocketmqv2.Telemetr
 			}
 			return err
 		case <-r.svc.draining.Done():
+			return nil
+		case <-endC:
 			return nil
 		}
 	}

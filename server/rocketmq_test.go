@@ -24,6 +24,7 @@ import (
 	storagedv1 "github.com/storaged/storaged/gen/storaged/v1"
 	"github.com/storaged/storaged/storage"
 	"github.com/storaged/storaged/storage/record"
+	"github.com/storaged/storaged/storage/storagetest"
 )
 
 // rmqEnv is a real store served on 127.0.0.1:0, with clients of both
@@ -1036,4 +1037,31 @@ func FuzzRocketMQTagFilter(f *testing.F) {
 			t.Fatalf("no filter from %q", expr)
 		}
 	})
+}
+
+// TestRocketMQTelemetryEndsBeforeConnectionAge: on a test clock, a
+// Telemetry stream answers settings until its soft end and then ends with
+// OK, before the connection's age limit would cut it with an error.
+func TestRocketMQTelemetryEndsBeforeConnectionAge(t *testing.T) {
+	born := time.Now()
+	clock := storagetest.NewClock(born)
+	st, _ := openStore(t, nil)
+	const age, grace = time.Hour, 40 * time.Second // grpc-go's real age limit never comes
+	srv := startServer(t, New(st, zerolog.Nop()), GRPCConfig{Clock: clock, MaxConnectionAge: age, MaxConnectionAgeGrace: grace})
+	e := &rmqEnv{rmq: rocketmqv2.NewMessagingServiceClient(dial(t, srv.addr, nil))}
+	s := e.telemetry(t, "client-1")
+	producer := rocketmqv2.ClientType_PRODUCER
+	settings := settingsCmd(&rocketmqv2.Settings{ClientType: &producer,
+		PubSub: &rocketmqv2.Settings_Publishing{Publishing: &rocketmqv2.Publishing{}}})
+	if err := s.Send(settings); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := s.Recv(); err != nil || got.GetSettings() == nil {
+		t.Fatalf("before the soft end: %v %v", got, err)
+	}
+	clock.WaitPending(t, 1) // the stream waits for its soft end
+	clock.Set(born.Add(age - age/10 + grace/2))
+	if got, err := s.Recv(); err != io.EOF {
+		t.Fatalf("at the soft end: %v %v, want the stream's OK end", got, err)
+	}
 }
