@@ -26,15 +26,28 @@ const logger = { info() {}, debug() {}, warn(...a) { line('warn', a); }, error(.
 
 function out(o) { process.stdout.write(JSON.stringify(o) + '\n'); }
 
+// HA_NOT_AVAILABLE: a replication group's leader could not commit now
+// (nothing was stored). The SDK retries it at once, within a millisecond;
+// an application waits a little and sends again, as this does.
+const HA_NOT_AVAILABLE = 50002;
+
 async function send(producer, kind, msg) {
-  try {
-    const r = await producer.send(msg);
-    out({
-      kind, body: msg.body.toString(), tag: msg.tag || '', keys: msg.keys || [], group: msg.messageGroup || '',
-      props: msg.properties ? Object.fromEntries(msg.properties) : {}, messageId: r.messageId, offset: Number(r.offset),
-    });
-  } catch (err) {
-    out({ kind, error: err.name || String(err), code: typeof err.code === 'number' ? err.code : 0, message: String(err.message) });
+  for (let haRetries = 0; ; haRetries++) {
+    try {
+      const r = await producer.send(msg);
+      out({
+        kind, body: msg.body.toString(), tag: msg.tag || '', keys: msg.keys || [], group: msg.messageGroup || '',
+        props: msg.properties ? Object.fromEntries(msg.properties) : {}, messageId: r.messageId, offset: Number(r.offset), haRetries,
+      });
+      return;
+    } catch (err) {
+      if (err.code === HA_NOT_AVAILABLE && haRetries < 20) {
+        await new Promise(resolve => setTimeout(resolve, 250));
+        continue;
+      }
+      out({ kind, error: err.name || String(err), code: typeof err.code === 'number' ? err.code : 0, message: String(err.message), haRetries });
+      return;
+    }
   }
 }
 
