@@ -346,7 +346,7 @@ func (s *Store) groupPut(ctx context.Context, topic string, queueID, sysFlag int
 			return nil, nil, err
 		}
 		buf := make([]byte, b.total)
-		b.encode(buf, pos)
+		b.encode(specs, buf, pos)
 		return buf, b.commit, nil
 	}
 	w, pos, err := s.group.node.Propose(b.total, stamp)

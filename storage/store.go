@@ -356,10 +356,10 @@ func (s *Store) putMessage(ctx context.Context, m *Message) (PutResult, error) {
 	if s.log.Busy(s.opts.PageCacheBusyTimeout) {
 		return s.rejectErr(ErrBusy)
 	}
-	one := [1]record.Spec{r}
-	if s.group != nil {
-		return s.groupPut(ctx, r.Topic, r.QueueID, r.SysFlag, one[:], false)
+	if s.group != nil { // its own slice: the proposal keeps it past this call
+		return s.groupPut(ctx, r.Topic, r.QueueID, r.SysFlag, []record.Spec{r}, false)
 	}
+	one := [1]record.Spec{r} // on the stack: the standalone put allocates nothing
 	res, err := s.appendRecords(r.Topic, r.QueueID, r.SysFlag, one[:], false)
 	if err != nil {
 		return s.rejectErr(err)
@@ -506,7 +506,7 @@ func (s *Store) appendRecords(topic string, queueID, sysFlag int32, specs []reco
 	b := s.stampBatch(topic, queueID, sysFlag, specs, batch)
 	admit := func(now time.Time) error { return b.admit(now) }
 	encode := func(dst []byte, at int64) {
-		b.encode(dst, at)
+		b.encode(specs, dst, at)
 		b.commit()
 	}
 	placed, err := s.log.Append(b.total, admit, encode)
@@ -522,11 +522,16 @@ func (s *Store) appendRecords(topic string, queueID, sysFlag int32, specs []reco
 // sequencer, physical offsets from where they land). The standalone append
 // (inside the commitlog's callbacks) and the group-mode proposal (inside
 // the raft node's stamp) both run admit, encode and commit, in that order.
+//
+// The specs themselves are not in it: encode takes them. stamped reaches
+// the heap through admit (its topic may become a map key) and the result,
+// and Go's escape analysis does not tell fields apart, so specs held here
+// would move a put's one spec (on its caller's stack) to the heap.
 type stamped struct {
 	s           *Store
 	topic       string
 	queueID, tx int32
-	specs       []record.Spec
+	n           int // records
 	batch       bool
 	total       int
 	st          sequenced
@@ -534,7 +539,7 @@ type stamped struct {
 }
 
 func (s *Store) stampBatch(topic string, queueID, sysFlag int32, specs []record.Spec, batch bool) stamped {
-	b := stamped{s: s, topic: topic, queueID: queueID, tx: sysFlag & record.TransactionMask, specs: specs, batch: batch}
+	b := stamped{s: s, topic: topic, queueID: queueID, tx: sysFlag & record.TransactionMask, n: len(specs), batch: batch}
 	for i := range specs {
 		b.total += specs[i].Total
 	}
@@ -556,26 +561,27 @@ func (b *stamped) admit(now time.Time) error {
 	return nil
 }
 
-// encode writes the records at commitlog offset at into dst.
-func (b *stamped) encode(dst []byte, at int64) {
+// encode writes specs (those stampBatch was given) at commitlog offset at
+// into dst.
+func (b *stamped) encode(specs []record.Spec, dst []byte, at int64) {
 	p := 0
-	for i := range b.specs {
-		b.specs[i].Encode(dst[p:], b.st.queueOffset(i), at+int64(p), b.st.storeTS)
+	for i := range specs {
+		specs[i].Encode(dst[p:], b.st.queueOffset(i), at+int64(p), b.st.storeTS)
 		if b.batch {
 			b.res.Offsets[i] = at + int64(p)
 		}
-		p += b.specs[i].Total
+		p += specs[i].Total
 	}
 }
 
 // commit advances the queue's offsets past the records (sequence.go).
-func (b *stamped) commit() { b.s.seq.commit(b.st, len(b.specs)) }
+func (b *stamped) commit() { b.s.seq.commit(b.st, b.n) }
 
 // result is the append result of records placed at commitlog offset at.
 func (b *stamped) result(at int64) AppendResult {
 	res := b.res
 	res.Status, res.WroteOffset, res.WroteBytes, res.StoreTimestamp = AppendOK, at, int32(b.total), b.st.storeTS
-	res.Topic, res.QueueID, res.QueueOffset, res.MsgNum, res.StoreHost = b.topic, b.queueID, b.st.first, int32(len(b.specs)), b.s.opts.StoreHost
+	res.Topic, res.QueueID, res.QueueOffset, res.MsgNum, res.StoreHost = b.topic, b.queueID, b.st.first, int32(b.n), b.s.opts.StoreHost
 	return res
 }
 
