@@ -11,6 +11,7 @@ import (
 	"github.com/storaged/storaged/storage/commitlog"
 	"github.com/storaged/storaged/storage/consumequeue"
 	"github.com/storaged/storaged/storage/internal/base"
+	"github.com/storaged/storaged/storage/raftlog"
 )
 
 // CheckReport is what Check found in a data dir.
@@ -104,6 +105,11 @@ func Repair(opts Options, truncateAt int64) error {
 	opts = opts.withDefaults()
 	if err := opts.Validate(); err != nil {
 		return err
+	}
+	if IsReplicaDir(opts) {
+		return fmt.Errorf("%w: repair: the data dir belongs to a member of a replication group (it has raft/meta): cutting "+
+			"its log would drop entries it may have acknowledged, and the group could lose them; fetch the damaged entries "+
+			"from another member instead (storaged replica repair --from ID=HOST:PORT)", ErrGroupUnsupported)
 	}
 	rep, err := Check(opts)
 	if err != nil {
@@ -205,7 +211,18 @@ func RebuildCheckpoint(opts Options) (string, error) {
 	if err := opts.FS.RemoveAll(filepath.Join(opts.Dir, "consumequeue")); err != nil {
 		return "", fmt.Errorf("storage: repair: drop consume queues: %w", err)
 	}
-	if err := consumequeue.WriteCheckpoint(opts.FS, opts.Dir, consumequeue.Checkpoint{Flushed: rep.End, Queues: map[string]int64{}}); err != nil {
+	// A group member's checkpoint must never call flushed what a new leader
+	// may still truncate (design §3.6): its flushed offset is the commit
+	// end of its raft log, not the end of the valid commitlog.
+	flushed := rep.End
+	if IsReplicaDir(opts) {
+		ce, err := raftlog.CommitEnd(opts.FS, filepath.Join(opts.Dir, "raft"), 0)
+		if err != nil {
+			return "", err
+		}
+		flushed = min(flushed, ce)
+	}
+	if err := consumequeue.WriteCheckpoint(opts.FS, opts.Dir, consumequeue.Checkpoint{Flushed: flushed, Queues: map[string]int64{}}); err != nil {
 		return "", err
 	}
 	return aside, nil
@@ -234,4 +251,12 @@ func openOffline(opts Options) (*commitlog.Log, error) {
 	return commitlog.Open(commitlog.Options{FS: opts.FS, Dir: filepath.Join(opts.Dir, "commitlog"), FileSize: opts.FileSize,
 		RequireCRC: !opts.DisablePropCRC, Clock: opts.Clock, Logger: opts.Logger,
 		Throttle: logthrottle.New(logthrottle.DefaultInterval, nil)})
+}
+
+// IsReplicaDir reports whether the data dir in opts.Dir belongs to a
+// replication group member (it has raft/meta, whatever its state).
+func IsReplicaDir(opts Options) bool {
+	opts = opts.withDefaults()
+	_, err := opts.FS.Size(filepath.Join(opts.Dir, "raft", "meta"))
+	return err == nil
 }

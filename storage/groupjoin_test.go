@@ -6,6 +6,8 @@ import (
 	"os"
 	"testing"
 	"time"
+
+	"github.com/storaged/storaged/storage/consumequeue"
 )
 
 // TestGroupWipedFollowerWithholdsVote (issue 14): entries committed by
@@ -175,4 +177,55 @@ func TestGroupRolledBackFollowerStops(t *testing.T) {
 		t.Fatalf("close of the stopped member: %v", err)
 	}
 	g.m[2].s = nil
+}
+
+// TestGroupOfflineToolsKeepUncommitted: on a group member's data dir the
+// standalone cut (Repair --truncate-at) is refused, and a rebuilt
+// checkpoint calls flushed only the raft log's commit end, not the end of
+// the valid commitlog: an uncommitted entry the member holds may still be
+// truncated by the next leader, and a flushed offset past it would make
+// the next start call that truncation damage.
+func TestGroupOfflineToolsKeepUncommitted(t *testing.T) {
+	g := newTestGroup(t, 200*time.Millisecond)
+	g.elect(1)
+	if res, err := g.put(1, "committed"); err != nil || res.Status != PutOK {
+		t.Fatalf("put: %v %v", res.Status, err)
+	}
+	g.converge(1, 1, 2, 3)
+	committedEnd := g.m[1].s.ReplicaInfo().CommitEnd
+	g.net.setCut(1, true)
+	if res, err := g.put(1, "never committed"); !errors.Is(err, ErrReplicationTimeout) {
+		t.Fatalf("put on the cut-off leader: %v %v", res.Status, err)
+	}
+	g.closeMember(1)
+	opts := g.m[1].opts
+	opts.Group = nil // what the offline tools see: flags only
+	if err := Repair(opts, committedEnd); !errors.Is(err, ErrGroupUnsupported) {
+		t.Fatalf("Repair --truncate-at on a member's dir: %v", err)
+	}
+	rep, err := Check(opts)
+	if err != nil || rep.End <= committedEnd {
+		t.Fatalf("check: %+v %v; want the uncommitted entry past %d", rep, err, committedEnd)
+	}
+	if _, err := RebuildCheckpoint(opts); err != nil {
+		t.Fatal(err)
+	}
+	cp, _, err := consumequeue.ReadCheckpoint(opts.withDefaults().FS, opts.Dir)
+	if err != nil || cp.Flushed != committedEnd {
+		t.Fatalf("rebuilt checkpoint flushed %d (%v), want the commit end %d (the valid log ends at %d)", cp.Flushed, err, committedEnd, rep.End)
+	}
+	// Members 2 and 3 elect, commit over the entry; member 1 comes back,
+	// truncates it, and starts again afterwards.
+	var leader uint64
+	g.poll("a leader among 2 and 3", func() bool { leader = g.readyLeader(2, 3); return leader != 0 }, 2, 3)
+	res, err := g.put(leader, "new")
+	if err != nil || res.Status != PutOK {
+		t.Fatalf("put on the new leader: %v %v", res.Status, err)
+	}
+	g.open(1)
+	g.net.setCut(1, false)
+	end := g.converge(leader, 1, 2, 3)
+	g.sameBytes(end, 1, 2, 3)
+	g.closeMember(1)
+	g.open(1)
 }

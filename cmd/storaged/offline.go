@@ -135,6 +135,10 @@ func runCheck(args []string, lookupEnv func(string) (string, bool), stdout, stde
 		out.DamageOffset = &off
 		out.DamageFile = fmt.Sprintf("commitlog/%020d", off/o.fileSize*o.fileSize)
 		out.Repair = fmt.Sprintf("storaged repair %s --truncate-at %d", o.args(), off)
+		if storage.IsReplicaDir(o.options()) {
+			// A group member never cuts entries it may have acknowledged.
+			out.Repair = fmt.Sprintf("storaged replica repair %s --from ID=HOST:PORT", o.args())
+		}
 	} else if out.CheckpointDamage != "" {
 		out.Repair = fmt.Sprintf("storaged repair %s --rebuild-checkpoint", o.args())
 	}
@@ -156,6 +160,13 @@ func runCheck(args []string, lookupEnv func(string) (string, bool), stdout, stde
 		}
 	}
 	if out.Damaged {
+		if storage.IsReplicaDir(o.options()) {
+			fmt.Fprintf(stderr, "storaged check: damage at commitlog offset %d in %s: %s\n"+
+				"This data dir belongs to a replication group member: do not cut its log. With it stopped, fetch the damaged\n"+
+				"entries from another member (its id and peer address, the leader is best):\n  %s\n",
+				rep.DamageOffset, out.DamageFile, rep.Damage, out.Repair)
+			return exitDamage
+		}
 		fmt.Fprintf(stderr, "storaged check: damage at commitlog offset %d in %s: %s\n"+
 			"To cut the log there (the bytes from there on are kept in .broken files, not served), stop storaged and run:\n  %s\n",
 			rep.DamageOffset, out.DamageFile, rep.Damage, out.Repair)

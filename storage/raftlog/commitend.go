@@ -20,10 +20,10 @@ import (
 // record of a committed entry is a CorruptionError there and is never cut
 // as a torn tail (design §3.4: a replica never truncates acknowledged
 // entries). A damaged unit at or below the commit index is a
-// *CorruptionError too. indexUnits is Options.IndexUnits (0: the default).
+// *CorruptionError too. indexUnits is Options.IndexUnits (0: read from the first index file).
 func CommitEnd(fsys vfs.FS, dir string, indexUnits int) (int64, error) {
 	if indexUnits <= 0 {
-		indexUnits = DefaultIndexUnits
+		indexUnits = detectUnits(fsys, dir)
 	}
 	b, err := fsys.ReadFile(filepath.Join(dir, metaName))
 	if errors.Is(err, fs.ErrNotExist) {
@@ -83,7 +83,7 @@ func CommitEnd(fsys vfs.FS, dir string, indexUnits int) (int64, error) {
 // roll wrote counts as synced too.
 func SyncedData(fsys vfs.FS, dir string, indexUnits int) (commitlog.Synced, error) {
 	if indexUnits <= 0 {
-		indexUnits = DefaultIndexUnits
+		indexUnits = detectUnits(fsys, dir)
 	}
 	mb, err := fsys.ReadFile(filepath.Join(dir, metaName))
 	if errors.Is(err, fs.ErrNotExist) {
@@ -143,4 +143,15 @@ func SyncedData(fsys vfs.FS, dir string, indexUnits int) (commitlog.Synced, erro
 		}
 		return 0, false
 	}, nil
+}
+
+// detectUnits is the units per index file of the raft dir dir, from the
+// size of its first index file (the offline tools do not know the
+// IndexUnits the member ran with); DefaultIndexUnits when there is none.
+func detectUnits(fsys vfs.FS, dir string) int {
+	n, err := fsys.Size(filepath.Join(dir, "index", indexName(0)))
+	if err != nil || n <= 0 || n%UnitSize != 0 {
+		return DefaultIndexUnits
+	}
+	return int(n / UnitSize)
 }

@@ -97,7 +97,7 @@ type RepairOptions struct {
 	// Commitlog is the store's commitlog opened offline (commitlog.Open,
 	// neither recovered nor started), with the data dir locked.
 	Commitlog *commitlog.Log
-	// IndexUnits is Options.IndexUnits (0: the default).
+	// IndexUnits is Options.IndexUnits (0: read from the first index file).
 	IndexUnits int
 	// RequireCRC: every record carries the whole-record CRC.
 	RequireCRC bool
@@ -144,7 +144,7 @@ var ErrRepair = errors.New("raftlog: repair")
 // nothing of that entry is written.
 func Repair(o RepairOptions) (RepairReport, error) {
 	if o.IndexUnits <= 0 {
-		o.IndexUnits = DefaultIndexUnits
+		o.IndexUnits = detectUnits(o.FS, o.Dir)
 	}
 	if o.MaxDamaged <= 0 {
 		o.MaxDamaged = 1 << 20

@@ -144,6 +144,30 @@ func TestGroupBitFlipRepair(t *testing.T) {
 		}
 	}
 
+	// The offline tools say the same: check points at replica repair, and
+	// the standalone cut refuses a member's data dir.
+	runTool := func(args ...string) (int, string, string) {
+		cmd := exec.Command(binary, args...)
+		var stdout, stderr bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &stdout, &stderr
+		err := cmd.Run()
+		code := 0
+		if ee, ok := err.(*exec.ExitError); ok {
+			code = ee.ExitCode()
+		} else if err != nil {
+			t.Fatal(err)
+		}
+		return code, stdout.String(), stderr.String()
+	}
+	dirArgs := []string{"--data-dir", follower.DataDir(), "--file-size", "256KiB"}
+	if code, out, _ := runTool(append([]string{"check"}, dirArgs...)...); code != 1 || !strings.Contains(out, "storaged replica repair") {
+		t.Fatalf("storaged check of the damaged member: exit %d, %s; want 1 and the replica repair advice", code, out)
+	}
+	if code, _, errOut := runTool(append([]string{"repair", "--truncate-at", fmt.Sprint(rec)}, dirArgs...)...); code != 1 ||
+		!strings.Contains(errOut, "replication group") {
+		t.Fatalf("storaged repair --truncate-at on a member's dir: exit %d, %s; want a refusal", code, errOut)
+	}
+
 	// The other two keep serving puts.
 	for k := 40; k < 60; k++ {
 		g.putAcked(t, acked, fmt.Sprintf("flip-%04d-%s", k, strings.Repeat("y", 300)))
