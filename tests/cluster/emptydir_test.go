@@ -21,8 +21,12 @@ import (
 func TestGroupEmptyDirFollower(t *testing.T) {
 	g := newGroup(t)
 	acked := map[int64]string{}
+	rc := newReadCheck() // every background read checked, the wiped member's too
+	stopReads := rc.run(g)
+	t.Cleanup(func() { stopReads() })
+	put := func(body string) { t.Helper(); rc.put(t, g, acked, body) }
 	for k := range 30 {
-		g.putAcked(t, acked, fmt.Sprintf("empty-%04d", k))
+		put(fmt.Sprintf("empty-%04d", k))
 	}
 	leader := g.Leader(t)
 	var follower *proctest.Process
@@ -40,11 +44,16 @@ func TestGroupEmptyDirFollower(t *testing.T) {
 	}
 	follower.Restart(t)
 	for k := 30; k < 40; k++ {
-		g.putAcked(t, acked, fmt.Sprintf("empty-%04d", k))
+		put(fmt.Sprintf("empty-%04d", k))
 	}
 	for _, p := range g.nodes {
 		waitAcked(t, g.Name(p), p, acked)
 		noWrongRead(t, g.Name(p), p, acked)
+	}
+	if reads, bad := stopReads(); bad != "" {
+		t.Fatal(bad)
+	} else if reads == 0 {
+		t.Fatal("the background reader read nothing")
 	}
 	if !follower.Running() {
 		t.Fatalf("%s exited after rejoining empty", name)

@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -96,8 +97,14 @@ func TestGroupBitFlipRepair(t *testing.T) {
 	const fileSize = 256 << 10
 	g := newGroup(t)
 	acked := map[int64]string{}
+	// Every read of the whole test, from every running member, is checked
+	// against what was sent and acknowledged (readCheck).
+	rc := newReadCheck()
+	stopReads := rc.run(g)
+	t.Cleanup(func() { stopReads() }) // a failed test stops it too
+	put := func(body string) { t.Helper(); rc.put(t, g, acked, body) }
 	for k := range 40 {
-		g.putAcked(t, acked, fmt.Sprintf("flip-%04d-%s", k, strings.Repeat("x", 300)))
+		put(fmt.Sprintf("flip-%04d-%s", k, strings.Repeat("x", 300)))
 	}
 	leader := g.Leader(t)
 	var follower *proctest.Process
@@ -170,7 +177,7 @@ func TestGroupBitFlipRepair(t *testing.T) {
 
 	// The other two keep serving puts.
 	for k := 40; k < 60; k++ {
-		g.putAcked(t, acked, fmt.Sprintf("flip-%04d-%s", k, strings.Repeat("y", 300)))
+		put(fmt.Sprintf("flip-%04d-%s", k, strings.Repeat("y", 300)))
 	}
 
 	// Repair from the leader.
@@ -198,7 +205,7 @@ func TestGroupBitFlipRepair(t *testing.T) {
 	// It starts, rejoins and catches up; nobody served a wrong body.
 	follower.Restart(t)
 	for k := 60; k < 70; k++ {
-		g.putAcked(t, acked, fmt.Sprintf("flip-%04d-%s", k, strings.Repeat("z", 300)))
+		put(fmt.Sprintf("flip-%04d-%s", k, strings.Repeat("z", 300)))
 	}
 	for _, p := range g.nodes {
 		waitAcked(t, g.Name(p), p, acked)
@@ -224,8 +231,100 @@ func TestGroupBitFlipRepair(t *testing.T) {
 		}
 		<-tick.C
 	}
+	if reads, bad := stopReads(); bad != "" {
+		t.Fatal(bad)
+	} else if reads == 0 {
+		t.Fatal("the background reader read nothing")
+	} else {
+		t.Logf("%d messages read in the background from the members, all as sent and acknowledged", reads)
+	}
 	want := commitlogPrefix(t, leader, li.GetCommitEnd(), fileSize)
 	if got := commitlogPrefix(t, follower, li.GetCommitEnd(), fileSize); !bytes.Equal(got, want) {
 		t.Fatalf("%s's committed commitlog bytes [0, %d) differ from the leader's", name, li.GetCommitEnd())
+	}
+}
+
+// readCheck reads the test queue from every running member in the
+// background and checks each message: its body was sent, and where the
+// put was acknowledged, it is that put's body at that offset.
+type readCheck struct {
+	mu    sync.Mutex
+	sent  map[string]bool
+	acked map[int64]string
+	bad   string
+	reads int
+}
+
+func newReadCheck() *readCheck {
+	return &readCheck{sent: map[string]bool{}, acked: map[int64]string{}}
+}
+
+func (r *readCheck) send(body string) { r.mu.Lock(); r.sent[body] = true; r.mu.Unlock() }
+
+func (r *readCheck) ack(off int64, body string) { r.mu.Lock(); r.acked[off] = body; r.mu.Unlock() }
+
+// put sends body to the leader until it is acknowledged (g.putAcked) and
+// records it in acked and in r.
+func (r *readCheck) put(t *testing.T, g *group, acked map[int64]string, body string) {
+	t.Helper()
+	r.send(body)
+	one := map[int64]string{}
+	g.putAcked(t, one, body)
+	for off, b := range one {
+		if prev, dup := acked[off]; dup {
+			t.Fatalf("queue offset %d acked twice (%q, then %q)", off, prev, b)
+		}
+		r.ack(off, b)
+		acked[off] = b
+	}
+}
+
+// run starts the reader; the function it returns stops it and says how
+// many messages it read and the first wrong one ("" if none).
+func (r *readCheck) run(g *group) func() (int, string) {
+	stop, done := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(done)
+		pace := time.NewTicker(20 * time.Millisecond) // a round of reads at most every 20 ms: the machine is shared
+		defer pace.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-pace.C:
+			}
+			for _, p := range g.nodes {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				if !p.Running() || p.Conn() == nil {
+					continue
+				}
+				got, err := readAll(p)
+				if err != nil {
+					continue // a member stopping or starting
+				}
+				r.mu.Lock()
+				for off, body := range got {
+					r.reads++
+					if want, ok := r.acked[off]; (ok && want != body) || !r.sent[body] {
+						if r.bad == "" {
+							r.bad = fmt.Sprintf("%s served offset %d = %.40q (acknowledged there: %.40q)", g.Name(p), off, body, want)
+						}
+					}
+				}
+				r.mu.Unlock()
+			}
+		}
+	}()
+	var once sync.Once
+	return func() (int, string) {
+		once.Do(func() { close(stop) })
+		<-done
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		return r.reads, r.bad
 	}
 }
