@@ -384,9 +384,12 @@
 // follower behind it leaves the raft loop through Host.SendSnapshot, and
 // the transport's SendSnapshot streams the manifest (files with CRC-32C,
 // commit end, newest store time, per-queue first offsets) and the files,
-// which retention does not delete meanwhile; the receiver stages them and
-// verifies every chunk and record before anything else changes
-// (storage/snapshot; server/peer's InstallSnapshot). Not built: the
+// which retention does not delete meanwhile; the receiver
+// (Store.ReceiveSnapshot) checks the MsgSnap against itself, stages the
+// files in <data dir>/snapshot.tmp and verifies every chunk and record
+// before anything else changes (storage/snapshot; server/peer's
+// InstallSnapshot), then discards the verified copy
+// (snapshot.ErrNotInstalled, UNIMPLEMENTED to the sender). Not built: the
 // install (atomic swap into the commitlog, raft log reset to a base at S,
 // consume queues started at their first offsets, consumequeue.StartAt),
 // so StepPeer refuses every MsgSnap, nothing outside tests compacts the

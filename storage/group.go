@@ -179,6 +179,8 @@ type groupState struct {
 	// pins counts the snapshots being sent: while any is, retention
 	// deletes no commitlog file (their manifests name them).
 	pins atomic.Int64
+	// receiving: a snapshot is being staged (ReceiveSnapshot).
+	receiving atomic.Bool
 
 	mu       sync.Mutex
 	advanced chan struct{} // closed and replaced when commitEnd moves
@@ -220,6 +222,11 @@ func (s *Store) groupCommitEnd(cpFlushed int64) (int64, commitlog.Synced, error)
 func (s *Store) openGroupLog(cp consumequeue.Checkpoint) error {
 	g := s.opts.Group
 	s.log.Start()
+	// A snapshot staged when the last run stopped was never installed
+	// (installing is not built): it is garbage.
+	if err := s.opts.FS.RemoveAll(filepath.Join(s.opts.Dir, snapshotDir)); err != nil {
+		return fmt.Errorf("storage: remove a stale snapshot staging dir: %w", err)
+	}
 	voters := slices.Sorted(slices.Values(g.Peers))
 	var learners []uint64
 	if len(g.Learners) > 0 {

@@ -3,6 +3,7 @@ package storage
 import (
 	"errors"
 	"fmt"
+	"path/filepath"
 	"slices"
 
 	"github.com/storaged/storaged/storage/replica"
@@ -17,7 +18,9 @@ import (
 // sending side (raft's MsgSnap leaves the raft loop through
 // groupHost.SendSnapshot; the transport's SendSnapshot streams the files,
 // pinned against retention, and the outcome is reported to raft), the
-// receiver's verified staging (storage/snapshot) and the peer transport's
+// receiving side up to a verified copy (ReceiveSnapshot: the MsgSnap
+// checked against this replica and its manifest, the files staged in
+// <data dir>/snapshot.tmp by snapshot.Stage) and the peer transport's
 // InstallSnapshot stream (server/peer). Not built: the install (the atomic
 // swap of the staged files into the commitlog, the raft log's reset to a
 // base at the snapshot, the consume queues started at their first offsets
@@ -158,4 +161,99 @@ func (o *outgoingSnapshot) Done(err error) {
 		o.s.opts.Logger.Warn().Err(err).Uint64("peer", o.to).Uint64("index", o.index).Msg("storage: snapshot not taken")
 	}
 	o.s.group.node.ReportSnapshot(o.to, err == nil)
+}
+
+// snapshotDir is the staging directory of an incoming snapshot, inside
+// the data dir so that an install is a rename.
+const snapshotDir = "snapshot.tmp"
+
+// ErrBadSnapshot wraps the reasons ReceiveSnapshot refuses a snapshot.
+var ErrBadSnapshot = errors.New("storage: snapshot refused")
+
+// ReceiveSnapshot starts receiving a snapshot from member from (server/peer's
+// SnapshotReceiver): msg is raft's MsgSnap, its data the manifest. It is
+// refused unless it is a MsgSnap from that member, a member of the group,
+// to this replica, whose manifest is at the MsgSnap's index and term, of
+// this replica's commitlog file size, past this replica's commit index and
+// within the disk the data dir has free; one at a time. The files are
+// staged in <data dir>/snapshot.tmp and verified (snapshot.Stage); since
+// installing is not built, Finish then discards the verified copy and
+// returns snapshot.ErrNotInstalled: nothing this replica stored changes.
+func (s *Store) ReceiveSnapshot(from uint64, msg []byte) (snapshot.Incoming, error) {
+	if s.group == nil || s.group.node == nil {
+		return nil, ErrNotGroup
+	}
+	if s.closed.Load() {
+		return nil, ErrClosed
+	}
+	sfrom, to, index, term, data, err := replica.SnapshotOf(msg)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrBadSnapshot, err)
+	}
+	meta := s.group.rlog.Meta()
+	members := append(append([]uint64(nil), meta.Voters...), meta.Learners...)
+	switch {
+	case to != s.group.opts.ID:
+		return nil, fmt.Errorf("%w: for member %d, this is %d", ErrBadSnapshot, to, s.group.opts.ID)
+	case sfrom != from || from == s.group.opts.ID || !slices.Contains(members, from):
+		return nil, fmt.Errorf("%w: from member %d on member %d's stream", ErrBadSnapshot, sfrom, from)
+	}
+	m, err := snapshot.Decode(data)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrBadSnapshot, err)
+	}
+	if m.Index != index || m.Term != term {
+		return nil, fmt.Errorf("%w: a manifest at %d/%d in a MsgSnap at %d/%d", ErrBadSnapshot, m.Index, m.Term, index, term)
+	}
+	if c := s.group.node.Info().Commit; index <= c {
+		return nil, fmt.Errorf("%w: at index %d, this replica has committed up to %d", ErrBadSnapshot, index, c)
+	}
+	room := int64(0)
+	if u, err := s.opts.StatDisk(s.opts.Dir); err == nil {
+		room = int64(u.Avail) - s.opts.FileSize // keep a file's worth for the log itself
+	}
+	if !s.group.receiving.CompareAndSwap(false, true) {
+		return nil, fmt.Errorf("%w: a snapshot is already being received", ErrBadSnapshot)
+	}
+	st, err := snapshot.NewStage(snapshot.StageOptions{FS: s.opts.FS, Dir: filepath.Join(s.opts.Dir, snapshotDir),
+		FileSize: s.opts.FileSize, MaxBytes: max(room, 1), RequireCRC: !s.opts.DisablePropCRC}, m)
+	if err != nil {
+		s.group.receiving.Store(false)
+		return nil, fmt.Errorf("%w: %w", ErrBadSnapshot, err)
+	}
+	return &incomingSnapshot{s: s, st: st}, nil
+}
+
+// incomingSnapshot is one snapshot being staged (snapshot.Incoming).
+type incomingSnapshot struct {
+	s    *Store
+	st   *snapshot.Stage
+	done bool
+}
+
+func (in *incomingSnapshot) Write(file, offset int64, data []byte, crc uint32) error {
+	return in.st.Write(snapshot.Chunk{File: file, Offset: offset, Data: data, CRC: crc})
+}
+
+func (in *incomingSnapshot) Finish() error {
+	err := in.st.Finish()
+	if err == nil {
+		m := in.st.Manifest()
+		in.s.opts.Logger.Info().Uint64("index", m.Index).Int("files", len(m.Files)).Int64("bytes", in.st.Written()).
+			Msg("storage: snapshot staged and verified; installing is not built, discarded")
+		err = snapshot.ErrNotInstalled
+	}
+	in.Discard()
+	return err
+}
+
+func (in *incomingSnapshot) Discard() {
+	if in.done {
+		return
+	}
+	in.done = true
+	if err := in.st.Discard(); err != nil {
+		in.s.opts.Logger.Warn().Err(err).Msg("storage: could not remove the snapshot staging dir")
+	}
+	in.s.group.receiving.Store(false)
 }

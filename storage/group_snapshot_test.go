@@ -10,6 +10,9 @@ import (
 	"testing"
 	"time"
 
+	pb "go.etcd.io/raft/v3/raftpb"
+	"google.golang.org/protobuf/proto"
+
 	"github.com/storaged/storaged/storage/replica"
 
 	"github.com/storaged/storaged/storage/segment"
@@ -305,4 +308,159 @@ func TestGroupSnapshotSend(t *testing.T) {
 	t.Logf("snapshot at index %d: %d files, %d bytes staged and verified %v after node 3 restarted", m.Index, len(m.Files), staged, took)
 	// The group still commits on nodes 1 and 2 while node 3 waits.
 	put(40)
+}
+
+// TestGroupSnapshotReceive: node 3, restarted behind the leader's
+// compacted raft log, is handed the leader's snapshot through
+// ReceiveSnapshot: it stages it in its data dir and verifies every chunk
+// and record, then (installing is not built) discards it with
+// snapshot.ErrNotInstalled, its commitlog and raft state untouched. It
+// refuses a MsgSnap for another member, from a member other than the
+// stream's, whose manifest is at another index, or at an index it has
+// committed already, a second snapshot while one is staged, and a bad
+// chunk (staging dir gone); a stale staging dir is removed at Open.
+func TestGroupSnapshotReceive(t *testing.T) {
+	sink := &snapSink{dir: t.TempDir(), fileSize: 64 << 10}
+	t.Cleanup(sink.wg.Wait)
+	g := newTestGroupWith(t, time.Minute, nil, func(o *Options) {
+		if o.Group.ID == 1 {
+			sink.testTransport = o.Group.Transport.(testTransport)
+			o.Group.Transport = sink
+		}
+	})
+	g.elect(1)
+	body := strings.Repeat("r", 6000)
+	for i := range 40 {
+		if i == 10 {
+			g.converge(1, g.ids...)
+			g.closeMember(3)
+		}
+		if res, err := g.put(1, fmt.Sprintf("%04d%s", i, body)); err != nil || res.Status != PutOK {
+			t.Fatalf("put %d: %v %v", i, res.Status, err)
+		}
+	}
+	g.converge(1, 1, 2)
+	leader := g.m[1].s
+	var base uint64
+	g.poll("the leader compacts its log", func() bool {
+		base = leader.ReplicaInfo().Commit
+		return leader.group.rlog.Compact(base) == nil
+	}, 1)
+	baseTerm, err := leader.group.rlog.Term(base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A stale staging dir left by a crash is removed at Open.
+	stale := filepath.Join(g.m[3].opts.Dir, "snapshot.tmp")
+	if err := vfs.Default.MkdirAll(stale); err != nil {
+		t.Fatal(err)
+	}
+	g.open(3)
+	if _, err := vfs.Default.ReadDir(stale); err == nil {
+		t.Fatal("a stale snapshot staging dir survived Open")
+	}
+	node3 := g.m[3].s
+	snapOf := func(from, to, index, term uint64) *outgoingSnapshot {
+		msg, err := proto.Marshal(&pb.Message{Type: pb.MsgSnap.Enum(), From: proto.Uint64(from), To: proto.Uint64(to),
+			Term: proto.Uint64(leader.ReplicaInfo().Term), Snapshot: &pb.Snapshot{Metadata: &pb.SnapshotMetadata{
+				Index: proto.Uint64(index), Term: proto.Uint64(term), ConfState: &pb.ConfState{Voters: []uint64{1, 2, 3}}}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return &outgoingSnapshot{s: leader, to: to, msg: msg, index: index, term: term}
+	}
+	message := func(o *outgoingSnapshot) []byte {
+		b, err := o.Message()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	before := node3.log.MaxOffset()
+	infoBefore := node3.ReplicaInfo()
+
+	good := snapOf(1, 3, base, baseTerm)
+	in, err := node3.ReceiveSnapshot(1, message(good))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := node3.ReceiveSnapshot(1, message(good)); !errors.Is(err, ErrBadSnapshot) {
+		t.Fatalf("a second snapshot while one is staged: %v", err)
+	}
+	var n int64
+	if err := good.Read(0, func(file, off int64, b []byte, crc uint32) error {
+		n += int64(len(b))
+		return in.Write(file, off, b, crc)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := in.Finish(); !errors.Is(err, snapshot.ErrNotInstalled) {
+		t.Fatalf("Finish: %v, want ErrNotInstalled after the verification", err)
+	}
+	if n != good.m.Bytes() || n == 0 {
+		t.Fatalf("%d bytes streamed, the manifest has %d", n, good.m.Bytes())
+	}
+	if _, err := vfs.Default.ReadDir(stale); err == nil {
+		t.Fatal("the staging dir survived Finish")
+	}
+	if node3.log.MaxOffset() != before || node3.ReplicaInfo().Commit != infoBefore.Commit {
+		t.Fatalf("node 3 changed: commitlog end %d -> %d, commit %d -> %d", before, node3.log.MaxOffset(), infoBefore.Commit, node3.ReplicaInfo().Commit)
+	}
+
+	// A bad chunk: refused, and the staging dir goes.
+	in, err = node3.ReceiveSnapshot(1, message(good))
+	if err != nil {
+		t.Fatal(err)
+	}
+	i := 0
+	err = good.Read(0, func(file, off int64, b []byte, crc uint32) error {
+		if i++; i == 2 {
+			crc ^= 1
+		}
+		return in.Write(file, off, b, crc)
+	})
+	if !errors.Is(err, snapshot.ErrBadChunk) {
+		t.Fatalf("a chunk with a wrong CRC: %v", err)
+	}
+	in.Discard()
+	if _, err := vfs.Default.ReadDir(stale); err == nil {
+		t.Fatal("the staging dir survived a refused chunk")
+	}
+
+	wrongIndex, err := replica.SnapshotMessage(snapOf(1, 3, base+1, baseTerm).msg, mustEncode(t, good.m))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A consistent snapshot at index 1, which node 3 has committed.
+	old := good.m
+	old.Index, old.Term = 1, infoBefore.Term
+	stale1, err := replica.SnapshotMessage(snapOf(1, 3, 1, old.Term).msg, mustEncode(t, old))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, tc := range map[string]struct {
+		from uint64
+		msg  []byte
+		why  string
+	}{
+		"for member 2":              {1, message(snapOf(1, 2, base, baseTerm)), "for member 2"},
+		"from another member":       {2, message(good), "from member 1 on member 2's stream"},
+		"from itself":               {3, message(snapOf(3, 3, base, baseTerm)), "from member 3"},
+		"manifest at another index": {1, wrongIndex, "a manifest at"},
+		"already committed":         {1, stale1, "has committed up to"},
+		"garbage":                   {1, []byte{0xff, 0x01}, "bad peer message"},
+	} {
+		if _, err := node3.ReceiveSnapshot(tc.from, tc.msg); !errors.Is(err, ErrBadSnapshot) || !strings.Contains(err.Error(), tc.why) {
+			t.Errorf("%s: %v, want ErrBadSnapshot saying %q", name, err, tc.why)
+		}
+	}
+}
+
+func mustEncode(t *testing.T, m snapshot.Manifest) []byte {
+	t.Helper()
+	b, err := m.Encode()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
 }

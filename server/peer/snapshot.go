@@ -51,18 +51,12 @@ type SnapshotReceiver interface {
 	ReceiveSnapshot(from uint64, msg []byte) (IncomingSnapshot, error)
 }
 
-// IncomingSnapshot is one snapshot being received.
-type IncomingSnapshot interface {
-	// Write takes the next chunk; an error refuses the snapshot.
-	Write(file, offset int64, data []byte, crc uint32) error
-	// Finish is called after the last chunk: verify, sync, hand the MsgSnap
-	// to raft. An error refuses the snapshot.
-	Finish() error
-	// Discard drops a snapshot that was refused or cut off: nothing stored
-	// before it may change. Called at most once, never after a Finish that
-	// succeeded.
-	Discard()
-}
+// IncomingSnapshot is one snapshot being received: Write per chunk (an
+// error refuses the snapshot), Finish after the last one (verify, sync,
+// hand the MsgSnap to raft; an error refuses it), or Discard (at most
+// once, never after a Finish that succeeded) when it was refused or cut
+// off: nothing stored before it may change.
+type IncomingSnapshot = snapshot.Incoming
 
 // SendSnapshot sends s to peer to on a goroutine of the Transport and
 // calls s.Done with the outcome. It never blocks. A second snapshot to a
@@ -192,6 +186,9 @@ func (h *handler) InstallSnapshot(st grpc.ClientStreamingServer[peerv1.SnapshotC
 		res.Chunks++
 	}
 	if err := in.Finish(); err != nil {
+		if errors.Is(err, snapshot.ErrNotInstalled) {
+			return status.Errorf(codes.Unimplemented, "peer: %v", err)
+		}
 		t.log.Warn().Err(err).Uint64("from", head.GetFrom()).Msg("snapshot did not verify; discarded")
 		return status.Errorf(codes.DataLoss, "peer: snapshot refused: %v", err)
 	}

@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -123,9 +124,10 @@ func (o *outgoing) wait(t testing.TB) error {
 // dir; the message is the manifest itself.
 type stager struct {
 	recorder
-	dir      string
-	fileSize int64         // 0: snapFileSize
-	seen     chan struct{} // closed at the first chunk
+	dir          string
+	notInstalled atomic.Bool   // Finish verifies, then answers snapshot.ErrNotInstalled
+	fileSize     int64         // 0: snapFileSize
+	seen         chan struct{} // closed at the first chunk
 
 	mu                                    sync.Mutex
 	finished, discarded, received, chunks int
@@ -169,6 +171,9 @@ func (in *incoming) Write(file, offset int64, data []byte, crc uint32) error {
 func (in *incoming) Finish() error {
 	if err := in.st.Finish(); err != nil {
 		return err
+	}
+	if in.s.notInstalled.Load() {
+		return snapshot.ErrNotInstalled
 	}
 	in.s.mu.Lock()
 	defer in.s.mu.Unlock()
@@ -285,11 +290,13 @@ func TestSnapshotRefused(t *testing.T) {
 			return nil
 		}, codes.InvalidArgument, nil},
 		{"sender stops halfway", nil, codes.OK, errStop},
+		{"verified, not installed", nil, codes.Unimplemented, nil},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			src, m, _ := snapSource(t, 60)
 			t1, t2, recv := snapPair(t, nil)
+			recv.notInstalled.Store(tc.code == codes.Unimplemented)
 			out := newOutgoing(src, m)
 			out.mutate = tc.mutate
 			if tc.want == errStop {

@@ -208,3 +208,16 @@ func (s *Stage) Discard() error {
 	errs = append(errs, s.opts.FS.RemoveAll(s.opts.Dir))
 	return errors.Join(errs...)
 }
+
+// Incoming is a snapshot being received, as the peer transport feeds it
+// (server/peer's IncomingSnapshot): Write per chunk, then Finish, or
+// Discard when the stream breaks or a chunk is refused.
+type Incoming interface {
+	Write(file, offset int64, data []byte, crc uint32) error
+	Finish() error
+	Discard()
+}
+
+// ErrNotInstalled: the snapshot verified, but this replica cannot install
+// one yet (design §3.5's atomic swap is not built); it was discarded.
+var ErrNotInstalled = errors.New("snapshot: installing a snapshot is not built yet; the verified copy was discarded")
