@@ -245,9 +245,14 @@ func (q *List) Sync(minPages int) (int64, error) {
 	return durable, nil
 }
 
-// close unmaps every file and stops the allocator. It does not sync.
+// close unmaps every file and stops the allocator. It does not sync. It
+// waits for the readers inside the guard (ReadLock), as retention's Unmap
+// does: a reader that started before Close (a pull, a snapshot being
+// sent) never touches an unmapped file, and one after finds no file.
 func (q *List) Close() error {
 	errs := []error{q.alloc.close()}
+	q.guard.Lock()
+	defer q.guard.Unlock()
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	for _, m := range q.files {
