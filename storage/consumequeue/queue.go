@@ -745,11 +745,16 @@ func (c *cqFiles) acquire(cf *cqFile, create bool) (vfs.File, error) {
 	return f, nil
 }
 
+// release ends a use of cf. The last user closes it when it is gone, or
+// when the cache is over its limit: acquire opens past the limit when
+// every open file is in use (a checkpoint syncs up to syncParallelism
+// files at once, readers and the dispatcher hold theirs), and without this
+// the excess stayed open until the next open of another file.
 func (c *cqFiles) release(cf *cqFile) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	cf.refs--
-	if cf.refs == 0 && cf.gone && cf.f != nil {
+	if cf.refs == 0 && cf.f != nil && (cf.gone || c.open > c.limit) {
 		c.closeLocked(cf)
 	}
 }
