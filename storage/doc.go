@@ -397,8 +397,26 @@
 // nothing in group mode (Options forces FileReservedTime -1; the disk
 // watermarks only refuse puts).
 //
-// Not built yet: replicated delay progress (the scheduler runs on the ready leader
-// from its local progress: a new leader may re-deliver), replicated topic
+// Delay progress is replicated (§3.5): only the ready leader's scheduler
+// delivers (its re-puts go through the propose path and wait for their
+// commit); after each round that delivered it proposes a CMD entry
+// {level → next queue offset} (delaycmd.go; raftlog keeps it in its
+// meta-log), which the log places after the re-puts it covers. Every
+// replica applies it (Host.ApplyCmd → Store.DelayProgress) and recovers
+// it at Open from the last such entry at or below the commit index
+// (raftlog.LastCmd: raft never hands those back). A scheduler that sees a
+// new leadership (schedule.Host.Epoch = the term its replica became the
+// ready leader in) resumes from the replicated progress before it
+// delivers, and a progress command is proposed only in the leadership it
+// was computed in (replica.ProposeCmd refuses another term's): a
+// failover repeats at most the deliveries since the last committed
+// command (≤ 256 per level, one round), never drops one.
+// config/delayOffset.json stays as a local cache the leader no longer
+// trusts; retention's undelivered-delay protection still reads it (on a
+// follower it lags, so it protects more). A group that delivered before
+// this (no command in its log) redelivers its schedule queues once.
+//
+// Not built yet: replicated topic
 // config and deletes (DeleteTopic is refused, ErrGroupUnsupported), the
 // dedup window (off in group mode), membership changes.
 //

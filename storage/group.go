@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"path/filepath"
 	"slices"
 	"sync"
@@ -184,6 +185,14 @@ type groupState struct {
 
 	mu       sync.Mutex
 	advanced chan struct{} // closed and replaced when commitEnd moves
+
+	// delayMu guards the delay progress replicated in the log (design
+	// §3.5): level → next queue offset, from the last committed progress
+	// command (recovered at Open from the raft log, then applied by the
+	// raft goroutine), and that command's raft index.
+	delayMu    sync.Mutex
+	delayProg  map[int]int64
+	delayIndex uint64
 }
 
 func (g *groupState) waitChan() <-chan struct{} {
@@ -258,6 +267,18 @@ func (s *Store) startGroup() error {
 	if err != nil {
 		return err
 	}
+	// The replicated delay progress: raft hands back no entry at or below
+	// the commit index, so the last progress command there is read from
+	// the log itself.
+	if b, idx, err := g.rlog.LastCmd(hs.GetCommit(), isDelayProgress); err != nil {
+		return err
+	} else if b != nil {
+		p, err := decodeDelayProgress(b)
+		if err != nil {
+			return fmt.Errorf("storage: the delay progress command at raft index %d: %w", idx, err)
+		}
+		g.setDelayProgress(p, idx)
+	}
 	g.node, err = replica.New(replica.Options{ID: g.opts.ID, Log: g.rlog, FileSize: s.opts.FileSize, Applied: hs.GetCommit(),
 		Transport: g.opts.Transport, Host: (*groupHost)(s), Ticks: g.opts.Ticks, TickInterval: g.opts.TickInterval,
 		ElectionTick: g.opts.ElectionTick, HeartbeatTick: g.opts.HeartbeatTick, MaxReadWaiters: g.opts.MaxReadWaiters,
@@ -300,6 +321,80 @@ func (h *groupHost) BecomeReady(commitEnd int64) error {
 }
 
 func (h *groupHost) Fail(err error) { (*Store)(h).fail(err) }
+
+// ApplyCmd applies a committed command: the delay progress. A command
+// this version does not know, or one that does not decode, is logged and
+// skipped (the progress then lags: deliveries repeat, none is lost).
+func (h *groupHost) ApplyCmd(index uint64, data []byte) {
+	s := (*Store)(h)
+	if !isDelayProgress(data) {
+		s.opts.Logger.Warn().Uint64("raft_index", index).Int("bytes", len(data)).Msg("storage: unknown group command skipped")
+		return
+	}
+	p, err := decodeDelayProgress(data)
+	if err != nil {
+		s.opts.Logger.Error().Err(err).Uint64("raft_index", index).Msg("storage: bad delay progress command skipped")
+		return
+	}
+	s.group.setDelayProgress(p, index)
+}
+
+// setDelayProgress records the replicated delay progress of the command
+// at index (never moving a level back: commands only grow it).
+func (g *groupState) setDelayProgress(p map[int]int64, index uint64) {
+	g.delayMu.Lock()
+	defer g.delayMu.Unlock()
+	if g.delayProg == nil {
+		g.delayProg = map[int]int64{}
+	}
+	for level, off := range p {
+		g.delayProg[level] = max(g.delayProg[level], off)
+	}
+	g.delayIndex = max(g.delayIndex, index)
+}
+
+// groupDelayProgress is the replicated delay progress (a copy); ok is
+// false standalone.
+func (s *Store) groupDelayProgress() (map[int]int64, bool) {
+	if s.group == nil {
+		return nil, false
+	}
+	g := s.group
+	g.delayMu.Lock()
+	defer g.delayMu.Unlock()
+	return maps.Clone(g.delayProg), true
+}
+
+// DelayProgress is the delay progress replicated in the group's log
+// (level → next queue offset of its schedule queue) and the raft index of
+// the command that set it last (0: none yet); standalone, nil and 0.
+func (s *Store) DelayProgress() (map[int]int64, uint64) {
+	if s.group == nil {
+		return nil, 0
+	}
+	g := s.group
+	g.delayMu.Lock()
+	defer g.delayMu.Unlock()
+	return maps.Clone(g.delayProg), g.delayIndex
+}
+
+// groupEpoch is the term in which this replica became the ready leader
+// (0: not the ready leader, or standalone).
+func (s *Store) groupEpoch() uint64 {
+	if s.group == nil || s.group.node == nil {
+		return 0
+	}
+	return s.group.node.ReadyTerm()
+}
+
+// groupProposeProgress proposes the delay progress as a command, on the
+// ready leader of epoch only; standalone it does nothing.
+func (s *Store) groupProposeProgress(epoch uint64, next []int64) error {
+	if s.group == nil {
+		return nil
+	}
+	return s.group.node.ProposeCmd(epoch, encodeDelayProgress(next))
+}
 
 // groupCQLog is the commitlog as the consume queues see it in group mode.
 // The checkpoint's flushed offset is the commit end: durable here (the

@@ -32,6 +32,11 @@ func (h *scheduleHost) DurableTo(off int64) error { return (*Store)(h).durableTo
 func (h *scheduleHost) Delivering() bool {
 	return (*Store)(h).Role() == RoleMaster && (*Store)(h).groupDelivering()
 }
+func (h *scheduleHost) Epoch() uint64                     { return (*Store)(h).groupEpoch() }
+func (h *scheduleHost) Replicated() (map[int]int64, bool) { return (*Store)(h).groupDelayProgress() }
+func (h *scheduleHost) ProposeProgress(e uint64, n []int64) error {
+	return (*Store)(h).groupProposeProgress(e, n)
+}
 
 // Redeliver puts a due message back through the put path; refusals by
 // validation or by the topic config can never pass and are marked

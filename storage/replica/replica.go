@@ -123,6 +123,11 @@ type Host interface {
 	// An error (the index cannot reach commitEnd yet) leaves the leader
 	// not ready; it is retried at the next tick or commit.
 	BecomeReady(commitEnd int64) error
+	// ApplyCmd applies a committed CMD entry (a normal entry that is
+	// neither empty nor records: a storaged command, ProposeCmd), in log
+	// order, on every replica. It runs under the node's lock: it must not
+	// call the node.
+	ApplyCmd(index uint64, data []byte)
 	// Fail: a write to the raft log failed; the replica stopped (sticky).
 	Fail(err error)
 	// SendSnapshot hands over raft's MsgSnap for peer to (marshalled, at
@@ -192,6 +197,8 @@ type Node struct {
 	lostTerm uint64
 	withheld uint64 // vote requests dropped while joining
 	reads    reads  // linearizable reads waiting for their ReadIndex
+	// readyTerm is the term in which this node last became ready.
+	readyTerm uint64
 
 	stop   chan struct{}
 	done   chan struct{}
@@ -504,6 +511,8 @@ func (n *Node) apply(ents []*pb.Entry) {
 				done = append(done, w)
 				delete(n.waiters, key{e.GetTerm(), pos})
 			}
+		} else if e.GetType() == pb.EntryNormal && len(d) > 0 {
+			n.host.ApplyCmd(e.GetIndex(), d)
 		}
 		if n.soft.RaftState == raft.StateLeader && e.GetTerm() == n.term {
 			n.ownTerm = true
@@ -540,6 +549,48 @@ func (n *Node) maybeReadyLocked() {
 	}
 	n.tail = n.end
 	n.ready = true
+	n.readyTerm = n.term
+}
+
+// ReadyTerm is the term in which this replica became the ready leader,
+// or 0 when it is not the ready leader: a caller that acted on state of
+// one leadership (the delay scheduler's progress) tells a later one apart.
+func (n *Node) ReadyTerm() uint64 {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if !n.ready || n.soft.RaftState != raft.StateLeader || n.err != nil {
+		return 0
+	}
+	return n.readyTerm
+}
+
+// ProposeCmd proposes a storaged command (a CMD entry, applied by every
+// replica through Host.ApplyCmd) on the ready leader of term readyTerm
+// only (ReadyTerm): a command computed in an earlier leadership is
+// refused (a *NotLeaderError), since what it covers may have been cut.
+// It does not wait for the commit: a lost command is superseded by the
+// next one. data must not look like records (record.HasMagic) nor be
+// empty.
+func (n *Node) ProposeCmd(readyTerm uint64, data []byte) error {
+	if len(data) < 8 || record.HasMagic(data) {
+		return fmt.Errorf("replica: a command must not be empty nor look like records")
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if err := n.readRefusalLocked(); err != nil {
+		return err
+	}
+	if n.readyTerm != readyTerm {
+		return &NotLeaderError{Cause: CauseNotLeader, LeaderID: n.soft.Lead, Term: n.term}
+	}
+	if err := n.rn.Propose(data); err != nil {
+		if errors.Is(err, raft.ErrProposalDropped) {
+			return ErrProposalDropped
+		}
+		return fmt.Errorf("replica: propose: %w", err)
+	}
+	n.kick()
+	return nil
 }
 
 // Ready reports whether this replica is the ready leader (it takes puts).

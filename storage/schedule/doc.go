@@ -13,4 +13,11 @@
 // durable: at least once), never size memory by a queue id read from disk
 // (only the delay table's levels are served), and never deliver while the
 // host says it is not Delivering (a slave or a follower).
+//
+// In a replicated group the progress that counts is the group's: when the
+// host's Epoch changes (a new leadership of this replica) the scheduler
+// resumes from Host.Replicated before it delivers, and after each round
+// that delivered it hands its progress to Host.ProposeProgress for that
+// epoch (a command in the raft log, after the re-puts it covers). Its own
+// file is then a cache. Standalone the epoch stays 0 and none of this runs.
 package schedule

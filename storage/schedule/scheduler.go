@@ -133,6 +133,21 @@ type Host interface {
 	// Delivering reports whether this store delivers now (a master; a
 	// slave or a follower does not: its re-puts would be refused).
 	Delivering() bool
+	// Epoch names the current leadership in a replicated group (the term
+	// in which this replica became the ready leader; 0 when it is not, and
+	// always 0 standalone). When it changes, the scheduler resumes from
+	// Replicated before it delivers: its own progress may count re-puts a
+	// later leader cut.
+	Epoch() uint64
+	// Replicated is the progress replicated in the group's log (level →
+	// next queue offset, from the last committed progress command; absent
+	// levels are at 0); ok is false standalone.
+	Replicated() (progress map[int]int64, ok bool)
+	// ProposeProgress proposes next (per level, 1-based by index+1) as the
+	// replicated progress, on the leader of epoch only; standalone it does
+	// nothing. Called after a round's re-puts were committed, so the
+	// command follows them in the log.
+	ProposeProgress(epoch uint64, next []int64) error
 }
 
 // ErrUndeliverable marks a re-put the store refuses for good (validation,
@@ -168,6 +183,13 @@ type Scheduler struct {
 	// progress failed (a transient fault, faults.go); zero when the last
 	// write succeeded. Guarded by mu.
 	retryPersist time.Time
+
+	// epoch is the host's Epoch the progress belongs to (0: standalone,
+	// or not yet a group leader); unproposed: progress moved in this epoch
+	// and the host has not taken a ProposeProgress for it yet. Guarded by
+	// mu.
+	epoch      uint64
+	unproposed bool
 
 	next      []atomic.Int64 // per queue id: next queue offset to deliver; written under mu
 	capped    []cappedHead   // per queue id: guarded by mu
@@ -339,6 +361,15 @@ func (sc *Scheduler) round() roundResult {
 		res.at = sc.opts.Clock.Now()
 		return res
 	}
+	if e := sc.host.Epoch(); e != sc.epoch {
+		// A new leadership (replicated group): resume from the progress
+		// the group committed, never from this replica's own.
+		if p, ok := sc.host.Replicated(); ok {
+			sc.resumeLocked(p)
+		}
+		sc.epoch, sc.unproposed = e, false
+	}
+	defer sc.proposeLocked()
 	for {
 		res.at = sc.opts.Clock.Now()
 		nowMS := res.at.UnixMilli()
@@ -412,7 +443,7 @@ func (sc *Scheduler) deliverLevelLocked(qid int, nowMS int64) (moved int, nextDu
 		}
 		off++
 		sc.next[qid].Store(off)
-		sc.dirty = true
+		sc.dirty, sc.unproposed = true, true
 		moved++
 	}
 	return moved, nextDue, nil
@@ -421,6 +452,47 @@ func (sc *Scheduler) deliverLevelLocked(qid int, nowMS int64) (moved int, nextDu
 // cappedHead is the cap on the delivery times of a level (see capLocked):
 // every entry below queue offset end is delivered at the clock's at (Unix
 // ms) at the latest.
+// resumeLocked sets the progress to p (level → next queue offset, absent
+// levels at 0), clamped to each schedule queue's [min, max] as New does.
+// REQUIRES: sc.mu.
+func (sc *Scheduler) resumeLocked(p map[int]int64) {
+	for qid := range sc.levels {
+		off := p[qid+1]
+		lo, hi := int64(0), int64(0)
+		if q := sc.host.Queue(record.ScheduleTopic, int32(qid)); q != nil {
+			lo, hi = q.Min(), q.Count()
+		}
+		off = max(min(off, hi), lo)
+		if off != sc.next[qid].Load() {
+			sc.opts.Logger.Info().Int("level", qid+1).Int64("from", sc.next[qid].Load()).Int64("to", off).
+				Msg("storage: delay progress resumed from the group's replicated progress")
+		}
+		sc.next[qid].Store(off)
+		sc.capped[qid] = cappedHead{}
+	}
+	sc.dirty = true
+}
+
+// proposeLocked hands the progress to the host for replication when it
+// moved in this epoch (a group leader; standalone the epoch is 0 and it
+// does nothing). A refused proposal is tried again after the next round.
+// REQUIRES: sc.mu.
+func (sc *Scheduler) proposeLocked() {
+	if sc.epoch == 0 || !sc.unproposed {
+		return
+	}
+	next := make([]int64, sc.levels)
+	for qid := range next {
+		next[qid] = sc.next[qid].Load()
+	}
+	if err := sc.host.ProposeProgress(sc.epoch, next); err != nil {
+		sc.opts.Throttle.Event("storage: delay progress proposal", sc.opts.Logger.Debug()).Err(err).
+			Msg("storage: delay progress not proposed; tried again after the next round")
+		return
+	}
+	sc.unproposed = false
+}
+
 type cappedHead struct {
 	end, at int64
 	set     bool

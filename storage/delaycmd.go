@@ -1,0 +1,86 @@
+package storage
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+)
+
+// Group-mode commands (design replication.md §2.1, §3.5): raft entries
+// that are not records, kept by raftlog as CMD entries in its meta-log and
+// applied by every replica in log order. Layout, big-endian:
+//
+//	0  u32 total length (the entry's length)
+//	4  u32 cmdMagic: never a record magic, so raftlog classifies it CMD
+//	8  u8  kind
+//	9  the kind's payload
+//
+// cmdDelayProgress: u16 count, then count × {u16 level (1-based), i64 next
+// queue offset of that level's schedule queue}, levels strictly
+// increasing, offsets not negative. The leader's scheduler proposes one
+// after each round that delivered, so it follows in the log the re-puts
+// it covers; a new leader resumes from the last one committed.
+const (
+	cmdMagic         uint32 = 0x53444D43 // "SDMC"
+	cmdHeader               = 9
+	cmdDelayProgress byte   = 1
+	// maxCmdLevels bounds a decoded progress command (the delay table's
+	// levels; RocketMQ's has 18).
+	maxCmdLevels = 1024
+)
+
+// errBadCmd: a command entry that does not decode (a replica applies only
+// what its leader encoded; a bad one is corruption or a newer format).
+var errBadCmd = errors.New("storage: bad group command")
+
+// encodeDelayProgress encodes next (level → next queue offset) for the
+// levels 1..len(next).
+func encodeDelayProgress(next []int64) []byte {
+	b := make([]byte, cmdHeader+2+10*len(next))
+	binary.BigEndian.PutUint32(b[0:], uint32(len(b)))
+	binary.BigEndian.PutUint32(b[4:], cmdMagic)
+	b[8] = cmdDelayProgress
+	binary.BigEndian.PutUint16(b[9:], uint16(len(next)))
+	for i, off := range next {
+		p := cmdHeader + 2 + 10*i
+		binary.BigEndian.PutUint16(b[p:], uint16(i+1))
+		binary.BigEndian.PutUint64(b[p+2:], uint64(off))
+	}
+	return b
+}
+
+// isDelayProgress tells whether b is a delay progress command (its header
+// only; decodeDelayProgress checks the rest).
+func isDelayProgress(b []byte) bool {
+	return len(b) >= cmdHeader && binary.BigEndian.Uint32(b[4:]) == cmdMagic && b[8] == cmdDelayProgress
+}
+
+// decodeDelayProgress decodes a delay progress command into level → next
+// queue offset.
+func decodeDelayProgress(b []byte) (map[int]int64, error) {
+	if !isDelayProgress(b) {
+		return nil, fmt.Errorf("%w: not a delay progress command", errBadCmd)
+	}
+	if n := binary.BigEndian.Uint32(b[0:]); int64(n) != int64(len(b)) {
+		return nil, fmt.Errorf("%w: length field %d, entry %d bytes", errBadCmd, n, len(b))
+	}
+	if len(b) < cmdHeader+2 {
+		return nil, fmt.Errorf("%w: %d bytes, no count", errBadCmd, len(b))
+	}
+	count := int(binary.BigEndian.Uint16(b[cmdHeader:]))
+	if count > maxCmdLevels || len(b) != cmdHeader+2+10*count {
+		return nil, fmt.Errorf("%w: %d levels in %d bytes", errBadCmd, count, len(b))
+	}
+	out := make(map[int]int64, count)
+	last := 0
+	for i := range count {
+		p := cmdHeader + 2 + 10*i
+		level := int(binary.BigEndian.Uint16(b[p:]))
+		off := int64(binary.BigEndian.Uint64(b[p+2:]))
+		if level <= last || off < 0 {
+			return nil, fmt.Errorf("%w: level %d (after %d) at offset %d", errBadCmd, level, last, off)
+		}
+		out[level], last = off, level
+	}
+	return out, nil
+}
