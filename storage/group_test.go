@@ -505,6 +505,9 @@ func TestGroupDelayedDelivery(t *testing.T) {
 	if err != nil || res.Status != PutOK || res.Append.Topic != ScheduleTopic || res.Append.QueueID != 0 {
 		t.Fatalf("delayed put: %v %v %+v", res.Status, err, res.Append)
 	}
+	// Every member is ticked: a leader that steps down under load is
+	// replaced (a follower never ticked refuses every vote, in its lease
+	// forever), and the new leader resumes from the replicated progress.
 	g.poll("the delayed message delivered on every replica", func() bool {
 		for _, id := range g.ids {
 			if _, max, err := g.m[id].s.QueueInfo("D", 0); err != nil || max != 1 {
@@ -512,15 +515,17 @@ func TestGroupDelayedDelivery(t *testing.T) {
 			}
 		}
 		return true
-	}, 2)
+	}, g.ids...)
 	for _, id := range g.ids {
 		r, err := g.m[id].s.PullMessages(context.Background(), PullRequest{Topic: "D", QueueID: 0})
 		if err != nil || len(r.Messages) != 1 || string(r.Messages[0].Body) != "later" {
 			t.Fatalf("node %d: pull D/0: %v %d", id, err, len(r.Messages))
 		}
 	}
-	g.converge(2, g.ids...)
-	g.sameBytes(g.m[2].s.ReplicaInfo().CommitEnd, g.ids...)
+	g.poll("a ready leader", func() bool { return g.readyLeader(g.ids...) != 0 }, g.ids...)
+	l := g.readyLeader(g.ids...)
+	g.converge(l, g.ids...)
+	g.sameBytes(g.m[l].s.ReplicaInfo().CommitEnd, g.ids...)
 }
 
 // TestGroupLearner: a learner replicates and serves reads, says it is a
@@ -913,8 +918,9 @@ func TestGroupDelayProgressReplicated(t *testing.T) {
 	for i := range 10 {
 		delayed(1, fmt.Sprintf("a-%d", i))
 	}
-	// Delivered by node 1 (1 s later), its progress committed and applied
-	// on every replica.
+	// Delivered (1 s later), its progress committed and applied on every
+	// replica. Every member is ticked: a leader that steps down under load
+	// is replaced (a follower never ticked would refuse every vote).
 	g.poll("the first batch delivered and its progress replicated", func() bool {
 		for _, id := range g.ids {
 			if p, idx := g.m[id].s.DelayProgress(); p[1] != 10 || idx == 0 {
@@ -922,25 +928,42 @@ func TestGroupDelayProgressReplicated(t *testing.T) {
 			}
 		}
 		return true
-	}, 1)
+	}, g.ids...)
 	for _, id := range g.ids {
 		if got := g.pullBodies(id); len(got) != 10 {
 			t.Fatalf("node %d: %d bodies delivered, want 10: %v", id, len(got), got)
 		}
 	}
-	// Five more, then cut node 1 off before they are due (1 s: node 1's
-	// scheduler may still deliver them, but alone it commits nothing).
+	// Five more, then cut the leader off before they are due (1 s: it may
+	// still deliver them, but alone it commits nothing).
+	g.poll("a ready leader", func() bool { return g.readyLeader(g.ids...) != 0 }, g.ids...)
+	l1 := g.readyLeader(g.ids...)
 	for i := range 5 {
-		delayed(1, fmt.Sprintf("b-%d", i))
+		delayed(l1, fmt.Sprintf("b-%d", i))
 	}
-	g.converge(1, g.ids...)
-	g.net.setCut(1, true)
-	g.poll("a new leader among 2 and 3", func() bool { return g.readyLeader(2, 3) != 0 }, 2, 3)
-	l2 := g.readyLeader(2, 3)
-	g.poll("the new leader delivered the rest", func() bool {
-		p, _ := g.m[l2].s.DelayProgress()
-		return p[1] == 15
-	}, l2)
+	g.converge(l1, g.ids...)
+	g.net.setCut(l1, true)
+	var rest []uint64
+	for _, id := range g.ids {
+		if id != l1 {
+			rest = append(rest, id)
+		}
+	}
+	g.poll("a new leader", func() bool { return g.readyLeader(rest...) != 0 }, rest...)
+	g.poll("the rest delivered", func() bool {
+		p, _ := g.m[rest[0]].s.DelayProgress()
+		q, _ := g.m[rest[1]].s.DelayProgress()
+		return p[1] == 15 && q[1] == 15
+	}, rest...)
+	l2 := g.readyLeader(rest...)
+	if l2 == 0 {
+		l2 = rest[0] // between leaders: any live member holds what committed
+	}
+	g.poll("the live members at one commit end", func() bool {
+		a, b := g.m[rest[0]].s, g.m[rest[1]].s
+		ca, cb := a.ReplicaInfo().CommitEnd, b.ReplicaInfo().CommitEnd
+		return ca == cb && a.index.Dispatched() >= ca && b.index.Dispatched() >= cb
+	}, rest...)
 	got := g.pullBodies(l2)
 	for i := range 10 {
 		if n := got[fmt.Sprintf("a-%d", i)]; n != 1 {
@@ -956,9 +979,12 @@ func TestGroupDelayProgressReplicated(t *testing.T) {
 	}
 	// Heal; every replica converges on the same deliveries and progress,
 	// and recovers that progress from its raft log on a restart.
-	g.net.setCut(1, false)
-	g.converge(l2, g.ids...)
-	want := g.pullBodies(l2)
+	g.net.setCut(l1, false)
+	g.poll("the old leader steps down", func() bool { return g.m[l1].s.ReplicaInfo().Role != "leader" }, g.ids...)
+	g.poll("a ready leader after the heal", func() bool { return g.readyLeader(g.ids...) != 0 }, g.ids...)
+	l3 := g.readyLeader(g.ids...)
+	g.converge(l3, g.ids...)
+	want := g.pullBodies(l3)
 	for _, id := range g.ids {
 		g.closeMember(id)
 	}
