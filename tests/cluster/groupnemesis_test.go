@@ -255,7 +255,7 @@ func TestGroupScenarios(t *testing.T) {
 // once at the end.
 func TestGroupLong(t *testing.T) {
 	if *long == 0 {
-		t.Skip("the long form runs by hand: -cluster.long 30m [-cluster.nodes 5]")
+		t.Skip("the long form runs by hand: go test ./tests/cluster -run TestGroupLong -args -cluster.long=30m -cluster.nodes=5")
 	}
 	mixed := func(ctx context.Context, t *testing.T, g *group, rng *rand.Rand, rec *history.Recorder, log *groupFaults) {
 		for ctx.Err() == nil {
@@ -276,12 +276,13 @@ func TestGroupLong(t *testing.T) {
 // leader committed meanwhile.
 func TestGroupCatchUp(t *testing.T) {
 	if *catchUp == 0 {
-		t.Skip("runs by hand: -cluster.catchup 60s")
+		t.Skip("runs by hand: go test ./tests/cluster -run TestGroupCatchUp -args -cluster.catchup=60s")
 	}
 	var caughtUp time.Duration
 	nem := func(ctx context.Context, t *testing.T, g *group, rng *rand.Rand, rec *history.Recorder, log *groupFaults) {
 		l := g.indexOf(g.Leader(t))
 		f := g.others(l)[0]
+		from := info(g.nodes[f]).GetApplied()
 		g.Partition([]int{f}, g.others(f))
 		log.start(rec)
 		hold(ctx, *catchUp)
@@ -294,8 +295,8 @@ func TestGroupCatchUp(t *testing.T) {
 			return ri != nil && ri.GetApplied() >= target
 		})
 		caughtUp = time.Since(began)
-		t.Logf("catch-up: %s applied the %d entries' commit point %d in %v after the heal", g.Name(g.nodes[f]), target, target,
-			caughtUp.Round(time.Millisecond))
+		t.Logf("catch-up: %s, cut off at applied index %d, applied the leader's commit index %d at the heal (%d entries behind) %v after the heal",
+			g.Name(g.nodes[f]), from, target, target-from, caughtUp.Round(time.Millisecond))
 		<-ctx.Done()
 	}
 	runGroup(t, groupScenario{name: "catch-up", nodes: 3, duration: *catchUp + 30*time.Second, seed: 21,
