@@ -3,8 +3,11 @@ package cluster
 import (
 	"context"
 	"fmt"
+	"math/rand/v2"
 	"net"
+	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -40,23 +43,45 @@ type group struct {
 	cut map[[2]int]bool // links cut by Cut, reset again by Mend and Heal
 }
 
-// freePorts reserves n loopback ports for the peer listeners (listen on
-// :0, note the port, close). The members must know each other's addresses
-// before any starts.
+// freePorts picks n free loopback ports for the members' listeners, which
+// must be known before any member starts and are reused across restarts.
+// They come from below the kernel's ephemeral range
+// (net.ipv4.ip_local_port_range), so no listener on :0 (a proxy, another
+// member's) and no outgoing connection's source port can take one while
+// its member is down or not started yet: with ports from :0 that happened
+// (a member's client listener got the peer port just released for
+// another, which then failed to start: "address already in use").
 func freePorts(t *testing.T, n int) []string {
 	t.Helper()
-	var addrs []string
-	var ls []net.Listener
-	for range n {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
+	lo := 32768 // Linux's default start of the ephemeral range
+	if b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
+		if f := strings.Fields(string(b)); len(f) == 2 {
+			if v, err := strconv.Atoi(f[0]); err == nil {
+				lo = v
+			}
 		}
-		ls = append(ls, l)
-		addrs = append(addrs, l.Addr().String())
 	}
-	for _, l := range ls {
+	if lo <= 10000 {
+		t.Fatalf("the ephemeral port range starts at %d: no room below it for the members' listeners", lo)
+	}
+	var addrs []string
+	seen := map[int]bool{}
+	for tries := 0; len(addrs) < n; tries++ {
+		if tries > 1000 {
+			t.Fatalf("no %d free ports in [10000, %d)", n, lo)
+		}
+		port := 10000 + rand.IntN(lo-10000)
+		if seen[port] {
+			continue
+		}
+		seen[port] = true
+		addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+		l, err := net.Listen("tcp", addr)
+		if err != nil {
+			continue // taken
+		}
 		l.Close()
+		addrs = append(addrs, addr)
 	}
 	return addrs
 }
@@ -68,7 +93,8 @@ func newGroup(t *testing.T, flags ...string) *group { return newGroupN(t, 3, 1, 
 // proxies' delay jitter.
 func newGroupN(t *testing.T, n int, seed uint64, flags ...string) *group {
 	t.Helper()
-	peerAddrs := freePorts(t, n)
+	ports := freePorts(t, 2*n)
+	peerAddrs, clientAddrs := ports[:n], ports[n:]
 	g := &group{names: map[*proctest.Process]string{}, peerAddrs: peerAddrs, cut: map[[2]int]bool{}}
 	g.proxies = make([][]*nemesis.Proxy, n)
 	for i := range n {
@@ -96,7 +122,7 @@ func newGroupN(t *testing.T, n int, seed uint64, flags ...string) *group {
 			peers = append(peers, fmt.Sprintf("%d=%s", j+1, addr))
 		}
 		name := fmt.Sprintf("n%d", i+1)
-		p := proctest.Start(t, proctest.Options{Binary: binary, Name: name, DataDir: filepath.Join(dir, name),
+		p := proctest.Start(t, proctest.Options{Binary: binary, Name: name, DataDir: filepath.Join(dir, name), Listen: clientAddrs[i],
 			Flags: append([]string{"--raft-id", fmt.Sprint(i + 1), "--raft-peers", strings.Join(peers, ","),
 				"--peer-listen", peerAddrs[i], "--file-size", "256KiB"}, flags...)})
 		g.nodes = append(g.nodes, p)
