@@ -9,6 +9,7 @@ import (
 
 	"google.golang.org/grpc/codes"
 
+	"github.com/storaged/storaged/client"
 	storagedv1 "github.com/storaged/storaged/gen/storaged/v1"
 	"github.com/storaged/storaged/storage"
 )
@@ -96,6 +97,12 @@ func TestPutErrorMapping(t *testing.T) {
 			d.want(t, tc.code, tc.reason, tc.retry)
 			if !strings.Contains(d.st.Message(), tc.msg) {
 				t.Errorf("message %q does not contain %q", d.st.Message(), tc.msg)
+			}
+			// The client helper retries exactly the refusals that stored
+			// nothing: UNAVAILABLE, never an appended put.
+			if ns := client.Classify(err).NothingStored; ns != (tc.code == codes.Unavailable && !tc.appended) ||
+				(ns && !strings.Contains(d.st.Message(), "nothing was stored")) {
+				t.Errorf("client.Classify: NothingStored %v for %v %q", ns, tc.code, d.st.Message())
 			}
 			if strings.Contains(d.st.Message(), "/var/lib") {
 				t.Errorf("message leaks a path: %q", d.st.Message())

@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/storaged/storaged/client"
 	storagedv1 "github.com/storaged/storaged/gen/storaged/v1"
 	"github.com/storaged/storaged/storage"
 )
@@ -150,6 +151,12 @@ func TestPutErrorsGroupMode(t *testing.T) {
 				if got, ok := d.info.GetMetadata()[k]; !ok || got != v {
 					t.Errorf("metadata %s = %q, want %q (all %v)", k, got, v, d.info.GetMetadata())
 				}
+			}
+			// Over the wire, the client helper's verdict: retry exactly the
+			// refusals, at the leader they name.
+			if v := client.Classify(err); v.NothingStored != (tc.code == codes.Unavailable) || v.LeaderAddr != tc.md["leader_addr"] ||
+				v.HasRetryDelay != (tc.delay >= 0) || (tc.delay >= 0 && v.RetryDelay != tc.delay) {
+				t.Errorf("client.Classify: %+v", v)
 			}
 			switch {
 			case tc.delay < 0 && d.retry != nil:

@@ -948,7 +948,7 @@ type Info struct {
 	Commit    uint64
 	Applied   uint64
 	CommitEnd int64
-	Ready     bool
+	Ready     bool       // the leader takes puts (not while it transfers leadership)
 	Peers     []PeerInfo // on the leader
 	// Joining: bootstrapped empty, not caught up with a leader yet; it
 	// withholds its vote from candidates that have a log. VotesWithheld
@@ -971,7 +971,7 @@ func (n *Node) Info() Info {
 	defer n.mu.Unlock()
 	st := n.rn.Status()
 	in := Info{ID: n.opts.ID, Term: st.GetTerm(), LeaderID: st.Lead, Commit: st.GetCommit(), Applied: n.commit, CommitEnd: n.end,
-		Ready: n.ready && st.RaftState == raft.StateLeader, Joining: n.joining, VotesWithheld: n.withheld}
+		Ready: n.ready && st.RaftState == raft.StateLeader && !n.leaving && st.LeadTransferee == raft.None, Joining: n.joining, VotesWithheld: n.withheld}
 	switch st.RaftState {
 	case raft.StateLeader:
 		in.Role = "leader"

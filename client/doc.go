@@ -1,0 +1,30 @@
+// Package client holds Go helpers for storaged clients. LeaderTracker
+// sends puts to the ready leader of a replication group (design
+// replication.md §1): given the members' client addresses, it remembers
+// the leader, follows the leader_addr hints of refusals, finds the leader
+// with GetReplicaInfo when no hint helps, and retries a put only when
+// storaged said nothing was stored (Classify), with bounded attempts and a
+// bounded, jittered backoff that honours the server's RetryInfo.
+//
+// What a put's error means for the message:
+//
+//   - nil: the message is stored (PUT_OK: committed on a majority of the
+//     group, each member having synced it);
+//   - an error Classify calls NothingStored: every attempt was refused
+//     before anything was stored (the attempts ran out, or ctx ended);
+//   - anything else: the outcome is unknown; the message may be stored.
+//     Retrying it may store it twice (no idempotent-producer dedupe in
+//     group mode yet).
+//
+// A put is never sent to a member only named as the leader by another:
+// the tracker sends it where a member itself answered that it is the
+// ready leader, or to the member that took the last put. So a dead leader
+// costs the puts in flight to it (unknown outcomes), not one per put until
+// the followers notice.
+//
+//	t, err := client.New(client.Options{Addrs: []string{"10.0.0.1:8080", "10.0.0.2:8080", "10.0.0.3:8080"},
+//		DialOptions: []grpc.DialOption{grpc.WithTransportCredentials(creds)}})
+//	...
+//	defer t.Close()
+//	resp, err := t.PutMessage(ctx, &storagedv1.PutMessageRequest{Message: msg})
+package client

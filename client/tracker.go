@@ -1,0 +1,419 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
+	"google.golang.org/grpc/connectivity"
+	"google.golang.org/grpc/credentials/insecure"
+
+	storagedv1 "github.com/storaged/storaged/gen/storaged/v1"
+)
+
+// Limits on Options.
+const (
+	// MaxMembers bounds Options.Addrs (a group has 3 or 5 members).
+	MaxMembers = 16
+	// MaxAttemptsLimit bounds Options.MaxAttempts.
+	MaxAttemptsLimit = 100
+)
+
+// Errors.
+var (
+	// ErrNoLeader: no member said it is the ready leader within the
+	// attempts; nothing was sent to a leader by the last attempt.
+	ErrNoLeader = errors.New("client: no ready leader found")
+	// ErrClosed: the tracker is closed.
+	ErrClosed = errors.New("client: closed")
+)
+
+// Options configure a LeaderTracker. Zero values take the defaults.
+type Options struct {
+	// Addrs are the members' client gRPC addresses (host:port). Required,
+	// at most MaxMembers.
+	Addrs []string
+	// DialOptions are used for every connection, after the tracker's own:
+	// plaintext (insecure credentials, for loopback: pass TLS credentials
+	// otherwise) and a reconnect backoff capped at 1 s (gRPC's default
+	// grows to 120 s, and a restarted member may be the next leader).
+	DialOptions []grpc.DialOption
+	// MaxAttempts bounds the calls one put makes (puts and leader
+	// lookups without a usable answer count alike). Default 10.
+	MaxAttempts int
+	// InitialBackoff is the first wait after a refusal that carries no
+	// RetryInfo or a failed leader lookup; it doubles up to MaxBackoff,
+	// with jitter. Defaults 25 ms and 1 s.
+	InitialBackoff, MaxBackoff time.Duration
+	// MaxRetryDelay caps a server's RetryInfo. Default 5 s.
+	MaxRetryDelay time.Duration
+	// ProbeTimeout bounds each GetReplicaInfo of a leader lookup. Default 1 s.
+	ProbeTimeout time.Duration
+	// MaxHintedAddrs bounds the connections to leader addresses learnt from
+	// refusals that are not in Addrs (a member's advertised address may
+	// differ from the one dialled). Default 8; beyond it such hints are
+	// ignored and the leader is looked up through Addrs.
+	MaxHintedAddrs int
+}
+
+func (o *Options) withDefaults() {
+	if o.MaxAttempts == 0 {
+		o.MaxAttempts = 10
+	}
+	if o.InitialBackoff == 0 {
+		o.InitialBackoff = 25 * time.Millisecond
+	}
+	if o.MaxBackoff == 0 {
+		o.MaxBackoff = time.Second
+	}
+	if o.MaxRetryDelay == 0 {
+		o.MaxRetryDelay = 5 * time.Second
+	}
+	if o.ProbeTimeout == 0 {
+		o.ProbeTimeout = time.Second
+	}
+	if o.MaxHintedAddrs == 0 {
+		o.MaxHintedAddrs = 8
+	}
+	o.DialOptions = append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithConnectParams(grpc.ConnectParams{Backoff: backoff.Config{BaseDelay: 50 * time.Millisecond, Multiplier: 1.6,
+			Jitter: 0.2, MaxDelay: time.Second}, MinConnectTimeout: time.Second})}, o.DialOptions...)
+}
+
+func (o *Options) validate() error {
+	var errs []error
+	if len(o.Addrs) == 0 || len(o.Addrs) > MaxMembers {
+		errs = append(errs, fmt.Errorf("client: %d member addresses, want 1 to %d", len(o.Addrs), MaxMembers))
+	}
+	if slices.Contains(o.Addrs, "") {
+		errs = append(errs, errors.New("client: an empty member address"))
+	}
+	if o.MaxAttempts < 1 || o.MaxAttempts > MaxAttemptsLimit {
+		errs = append(errs, fmt.Errorf("client: MaxAttempts %d, want 1 to %d", o.MaxAttempts, MaxAttemptsLimit))
+	}
+	if o.InitialBackoff < 0 || o.MaxBackoff < o.InitialBackoff || o.MaxRetryDelay < 0 || o.ProbeTimeout < 0 || o.MaxHintedAddrs < 0 {
+		errs = append(errs, errors.New("client: negative durations or limits, or MaxBackoff below InitialBackoff"))
+	}
+	return errors.Join(errs...)
+}
+
+// LeaderTracker sends puts to the ready leader of a storaged replication
+// group (design replication.md §1). It remembers the leader; after a
+// refusal it follows the leader_addr hint, or asks every member
+// (GetReplicaInfo) which one is the ready leader, and retries the put
+// there, but only a put storaged refused with nothing stored (Classify).
+// A put whose outcome is unknown (a broken connection, a deadline, a
+// replication timeout) comes back to the caller as it failed, and the
+// next put looks the leader up again. Safe for concurrent use; one lookup
+// runs at a time and the others wait for its answer.
+type LeaderTracker struct {
+	opts    Options
+	members []string
+
+	mu      sync.Mutex
+	conns   map[string]*grpc.ClientConn
+	hinted  int    // connections to addresses outside members
+	leader  string // "" until a lookup finds one; cleared on doubt
+	lookup  *lookupCall
+	closed  bool
+
+	ctx    context.Context // cancelled by Close: cuts lookups and waits short
+	cancel context.CancelFunc
+	wg     sync.WaitGroup // lookups in flight
+}
+
+// lookupCall is one leader lookup in flight; done is closed with addr
+// (or err) set.
+type lookupCall struct {
+	done chan struct{}
+	addr string
+	err  error
+}
+
+// New returns a tracker over the members' addresses. Connections are made
+// lazily; Close closes them.
+func New(opts Options) (*LeaderTracker, error) {
+	opts.withDefaults()
+	if err := opts.validate(); err != nil {
+		return nil, err
+	}
+	t := &LeaderTracker{opts: opts, members: slices.Clone(opts.Addrs), conns: map[string]*grpc.ClientConn{}}
+	t.ctx, t.cancel = context.WithCancel(context.Background())
+	for _, a := range t.members {
+		if _, ok := t.conns[a]; ok {
+			continue
+		}
+		c, err := grpc.NewClient(a, opts.DialOptions...)
+		if err != nil {
+			t.Close()
+			return nil, fmt.Errorf("client: %s: %w", a, err)
+		}
+		t.conns[a] = c
+	}
+	return t, nil
+}
+
+// Close stops the lookups, waits for them and closes every connection;
+// calls in flight fail.
+func (t *LeaderTracker) Close() error {
+	t.mu.Lock()
+	if t.closed {
+		t.mu.Unlock()
+		return nil
+	}
+	t.closed = true
+	t.cancel()
+	t.mu.Unlock()
+	t.wg.Wait()
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	var errs []error
+	for _, c := range t.conns {
+		errs = append(errs, c.Close())
+	}
+	return errors.Join(errs...)
+}
+
+// Leader is the address puts go to now ("" until known).
+func (t *LeaderTracker) Leader() string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.leader
+}
+
+// PutMessage sends a put to the leader, retrying refusals that stored
+// nothing. The error is the last call's, wrapped (status.Code and
+// Classify see through it).
+func (t *LeaderTracker) PutMessage(ctx context.Context, req *storagedv1.PutMessageRequest, opts ...grpc.CallOption) (*storagedv1.PutMessageResponse, error) {
+	var resp *storagedv1.PutMessageResponse
+	err := t.Do(ctx, func(ctx context.Context, c storagedv1.MessageStoreServiceClient) error {
+		var err error
+		resp, err = c.PutMessage(ctx, req, opts...)
+		return err
+	})
+	return resp, err
+}
+
+// PutMessages is PutMessage for a batch (one entry, all or nothing).
+func (t *LeaderTracker) PutMessages(ctx context.Context, req *storagedv1.PutMessagesRequest, opts ...grpc.CallOption) (*storagedv1.PutMessagesResponse, error) {
+	var resp *storagedv1.PutMessagesResponse
+	err := t.Do(ctx, func(ctx context.Context, c storagedv1.MessageStoreServiceClient) error {
+		var err error
+		resp, err = c.PutMessages(ctx, req, opts...)
+		return err
+	})
+	return resp, err
+}
+
+// Do runs call against the leader with the put retry rule: call may be
+// run again, at the same or another member, only after an error Classify
+// says stored nothing. call must make exactly one RPC.
+func (t *LeaderTracker) Do(ctx context.Context, call func(context.Context, storagedv1.MessageStoreServiceClient) error) error {
+	backoff := t.opts.InitialBackoff
+	var hint string
+	var last error
+	for attempt := 1; ; attempt++ {
+		addr, conn, err := t.target(ctx, hint)
+		hint = ""
+		var delay time.Duration
+		grow := false // the wait is our backoff (not the server's RetryInfo): it doubles
+		if err != nil {
+			if ctx.Err() != nil || errors.Is(err, ErrClosed) {
+				return errors.Join(err, last)
+			}
+			last, delay, grow = err, backoff, true // no ready leader yet: an election
+		} else {
+			err = call(ctx, storagedv1.NewMessageStoreServiceClient(conn))
+			if err == nil {
+				return nil
+			}
+			v := Classify(err)
+			if !v.NothingStored {
+				t.doubt(addr) // the next put looks the leader up first
+				return fmt.Errorf("client: put at %s (attempt %d), outcome unknown unless the status says otherwise: %w", addr, attempt, err)
+			}
+			last = fmt.Errorf("client: put refused at %s (attempt %d), nothing stored: %w", addr, attempt, err)
+			t.doubt(addr)
+			switch {
+			case v.LeaderAddr != "" && v.LeaderAddr != addr && v.HasRetryDelay && v.RetryDelay == 0:
+				hint = v.LeaderAddr // a redirect: at once
+			case v.HasRetryDelay:
+				hint, delay = v.LeaderAddr, min(v.RetryDelay, t.opts.MaxRetryDelay)
+			default:
+				hint, delay, grow = v.LeaderAddr, backoff, true
+			}
+		}
+		if attempt >= t.opts.MaxAttempts {
+			return last
+		}
+		if delay > 0 {
+			if grow {
+				backoff = min(2*backoff, t.opts.MaxBackoff)
+			}
+			// Jitter: +-25 %, so that many clients refused together do
+			// not come back together.
+			delay += time.Duration(rand.Int64N(int64(delay)/2+1)) - delay/4
+			timer := time.NewTimer(delay)
+			select {
+			case <-timer.C:
+			case <-ctx.Done():
+				timer.Stop()
+				return errors.Join(ctx.Err(), last)
+			case <-t.ctx.Done():
+				timer.Stop()
+				return errors.Join(ErrClosed, last)
+			}
+		}
+	}
+}
+
+// doubt forgets addr as the leader (another goroutine may have found a
+// newer one meanwhile: that one stays).
+func (t *LeaderTracker) doubt(addr string) {
+	t.mu.Lock()
+	if t.leader == addr {
+		t.leader = ""
+	}
+	t.mu.Unlock()
+}
+
+// target is the leader's address and connection: the known leader, or
+// the result of a lookup (one at a time; hint is tried first).
+func (t *LeaderTracker) target(ctx context.Context, hint string) (string, *grpc.ClientConn, error) {
+	t.mu.Lock()
+	if t.closed {
+		t.mu.Unlock()
+		return "", nil, ErrClosed
+	}
+	if t.leader != "" {
+		addr, c := t.leader, t.conns[t.leader]
+		if c.GetState() != connectivity.TransientFailure {
+			t.mu.Unlock()
+			return addr, c, nil
+		}
+		// The connection is down (the leader died or restarts): a put
+		// would fail with an unknown outcome; look the leader up instead.
+		t.leader = ""
+	}
+	lc := t.lookup
+	if lc == nil {
+		lc = &lookupCall{done: make(chan struct{})}
+		t.lookup = lc
+		if hint != "" {
+			hint = t.connLocked(hint)
+		}
+		t.wg.Add(1)
+		go t.runLookup(lc, hint)
+	}
+	t.mu.Unlock()
+	select {
+	case <-lc.done:
+	case <-ctx.Done():
+		return "", nil, ctx.Err()
+	}
+	if lc.err != nil {
+		return "", nil, lc.err
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closed {
+		return "", nil, ErrClosed
+	}
+	return lc.addr, t.conns[lc.addr], nil
+}
+
+// connLocked makes sure a hinted address has a connection, within
+// MaxHintedAddrs; it returns addr, or "" when over the limit.
+// REQUIRES: t.mu.
+func (t *LeaderTracker) connLocked(addr string) string {
+	if _, ok := t.conns[addr]; ok {
+		return addr
+	}
+	if t.hinted >= t.opts.MaxHintedAddrs {
+		return ""
+	}
+	c, err := grpc.NewClient(addr, t.opts.DialOptions...)
+	if err != nil {
+		return ""
+	}
+	t.conns[addr] = c
+	t.hinted++
+	return addr
+}
+
+// runLookup finds the ready leader: the hinted address if it says so
+// itself, else the member that does (the highest term wins if two claim
+// it, as a deposed leader may not know yet). A member that only names
+// the leader is not enough: a dead leader is named until the others time
+// it out, and a put sent to it would end with an unknown outcome.
+func (t *LeaderTracker) runLookup(lc *lookupCall, hint string) {
+	defer t.wg.Done()
+	defer func() {
+		t.mu.Lock()
+		if lc.err == nil && !t.closed {
+			t.leader = lc.addr
+		}
+		t.lookup = nil
+		t.mu.Unlock()
+		close(lc.done)
+	}()
+	if hint != "" {
+		if ri, err := t.probe(hint); err == nil && isReadyLeader(ri) {
+			lc.addr = hint
+			return
+		}
+	}
+	t.mu.Lock()
+	addrs := slices.Clone(t.members)
+	t.mu.Unlock()
+	type answer struct {
+		addr string
+		ri   *storagedv1.GetReplicaInfoResponse
+	}
+	answers := make(chan answer, len(addrs))
+	for _, a := range addrs {
+		go func() {
+			ri, err := t.probe(a)
+			if err != nil {
+				ri = nil
+			}
+			answers <- answer{a, ri}
+		}()
+	}
+	var best answer
+	for range addrs {
+		a := <-answers
+		if isReadyLeader(a.ri) && (best.ri == nil || a.ri.GetTerm() > best.ri.GetTerm()) {
+			best = a
+		}
+	}
+	if best.ri == nil {
+		lc.err = ErrNoLeader
+		return
+	}
+	lc.addr = best.addr
+}
+
+func isReadyLeader(ri *storagedv1.GetReplicaInfoResponse) bool {
+	return ri != nil && ri.GetRole() == storagedv1.ReplicaRole_REPLICA_ROLE_LEADER && ri.GetReady()
+}
+
+// probe asks addr for its replica info, within ProbeTimeout.
+func (t *LeaderTracker) probe(addr string) (*storagedv1.GetReplicaInfoResponse, error) {
+	t.mu.Lock()
+	c := t.conns[addr]
+	closed := t.closed
+	t.mu.Unlock()
+	if closed || c == nil {
+		return nil, ErrClosed
+	}
+	ctx, cancel := context.WithTimeout(t.ctx, t.opts.ProbeTimeout)
+	defer cancel()
+	return storagedv1.NewMessageStoreServiceClient(c).GetReplicaInfo(ctx, &storagedv1.GetReplicaInfoRequest{})
+}

@@ -1,0 +1,218 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"net"
+	"sync"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	storagedv1 "github.com/storaged/storaged/gen/storaged/v1"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// scripted is a MessageStoreService on a real gRPC server that answers
+// GetReplicaInfo with its role and each put with the next scripted error
+// (nil: PUT_OK; past the script, the last entry): the fault-injection
+// seam for the exact statuses a client must tell apart. Real storaged
+// processes are in tests/cluster.
+type scripted struct {
+	storagedv1.UnimplementedMessageStoreServiceServer
+	addr string
+
+	mu     sync.Mutex
+	role   storagedv1.ReplicaRole
+	ready  bool
+	term   uint64
+	script []error
+	puts   int
+}
+
+func startScripted(t *testing.T) *scripted {
+	t.Helper()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &scripted{addr: lis.Addr().String(), role: storagedv1.ReplicaRole_REPLICA_ROLE_FOLLOWER}
+	srv := grpc.NewServer()
+	storagedv1.RegisterMessageStoreServiceServer(srv, s)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = srv.Serve(lis)
+	}()
+	t.Cleanup(func() {
+		srv.Stop()
+		<-done
+	})
+	return s
+}
+
+func (s *scripted) set(role storagedv1.ReplicaRole, ready bool, term uint64, script ...error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.role, s.ready, s.term, s.script = role, ready, term, script
+}
+
+func (s *scripted) putCount() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.puts
+}
+
+func (s *scripted) GetReplicaInfo(context.Context, *storagedv1.GetReplicaInfoRequest) (*storagedv1.GetReplicaInfoResponse, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return &storagedv1.GetReplicaInfoResponse{Role: s.role, Ready: s.ready, Term: s.term}, nil
+}
+
+func (s *scripted) PutMessage(context.Context, *storagedv1.PutMessageRequest) (*storagedv1.PutMessageResponse, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.puts++
+	var err error
+	if len(s.script) > 0 {
+		err = s.script[min(s.puts, len(s.script))-1]
+	}
+	if err != nil {
+		return nil, err
+	}
+	return &storagedv1.PutMessageResponse{Status: storagedv1.PutMessageStatus_PUT_MESSAGE_STATUS_PUT_OK}, nil
+}
+
+const leader = storagedv1.ReplicaRole_REPLICA_ROLE_LEADER
+
+func newTracker(t *testing.T, opts Options, members ...*scripted) *LeaderTracker {
+	t.Helper()
+	for _, m := range members {
+		opts.Addrs = append(opts.Addrs, m.addr)
+	}
+	if opts.InitialBackoff == 0 {
+		opts.InitialBackoff = time.Millisecond
+	}
+	tr, err := New(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { tr.Close() })
+	return tr
+}
+
+func put(tr *LeaderTracker) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	_, err := tr.PutMessage(ctx, &storagedv1.PutMessageRequest{Message: &storagedv1.Message{Topic: "T", Body: []byte("b")}})
+	return err
+}
+
+// TestTrackerFollowsHint: a deposed leader that still claims the role is
+// found first (higher term); its refusal names the real leader, which is
+// asked and then takes the put and the next ones.
+func TestTrackerFollowsHint(t *testing.T) {
+	a, b, c := startScripted(t), startScripted(t), startScripted(t)
+	a.set(leader, true, 5, statusErr(codes.Unavailable,
+		info("SERVICE_NOT_AVAILABLE", map[string]string{"cause": "NOT_LEADER", "leader_addr": b.addr}), retry(0)))
+	b.set(leader, true, 4)
+	tr := newTracker(t, Options{}, a, b, c)
+	for range 3 {
+		if err := put(tr); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if a.putCount() != 1 || b.putCount() != 3 || c.putCount() != 0 || tr.Leader() != b.addr {
+		t.Fatalf("puts a=%d b=%d c=%d, leader %s (b is %s)", a.putCount(), b.putCount(), c.putCount(), tr.Leader(), b.addr)
+	}
+}
+
+// TestTrackerRetryRule: a put is retried only after storaged's own
+// nothing-stored refusals; one that may have stored the message comes
+// back after exactly one call, with its status.
+func TestTrackerRetryRule(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		err   error
+		puts  int // calls the leader sees
+		code  codes.Code
+		retry bool
+	}{
+		{"in-sync replicas, then OK", statusErr(codes.Unavailable, info("IN_SYNC_REPLICAS_NOT_ENOUGH", nil), retry(time.Millisecond)), 2, codes.OK, true},
+		{"busy without RetryInfo, then OK", statusErr(codes.Unavailable, info("OS_PAGE_CACHE_BUSY", nil)), 2, codes.OK, true},
+		{"superseded, then OK", statusErr(codes.Unavailable, info("SERVICE_NOT_AVAILABLE", map[string]string{"cause": "SUPERSEDED"}), retry(0)), 2, codes.OK, true},
+		{"replication timeout", statusErr(codes.DeadlineExceeded, info("FLUSH_SLAVE_TIMEOUT", map[string]string{"outcome": "unknown"})), 1, codes.DeadlineExceeded, false},
+		{"cancelled", statusErr(codes.Canceled, info("UNKNOWN_ERROR", nil)), 1, codes.Canceled, false},
+		{"internal", statusErr(codes.Internal, info("UNKNOWN_ERROR", map[string]string{"stored": "unknown"})), 1, codes.Internal, false},
+		{"bare UNAVAILABLE", status.Error(codes.Unavailable, "upstream connect error"), 1, codes.Unavailable, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := startScripted(t)
+			s.set(leader, true, 1, tc.err, nil)
+			tr := newTracker(t, Options{}, s)
+			err := put(tr)
+			if status.Code(err) != tc.code || s.putCount() != tc.puts {
+				t.Fatalf("put: %v after %d calls, want %v after %d", err, s.putCount(), tc.code, tc.puts)
+			}
+			if err != nil && Classify(err).NothingStored {
+				t.Fatalf("an unknown outcome came back as nothing stored: %v", err)
+			}
+		})
+	}
+}
+
+// TestTrackerBounded: refusals forever end after MaxAttempts calls, with
+// the last refusal (nothing stored); no ready leader anywhere ends with
+// ErrNoLeader and no put sent.
+func TestTrackerBounded(t *testing.T) {
+	s := startScripted(t)
+	s.set(leader, true, 1, statusErr(codes.Unavailable, info("OS_PAGE_CACHE_BUSY", nil), retry(time.Millisecond)))
+	tr := newTracker(t, Options{MaxAttempts: 4}, s)
+	if err := put(tr); !Classify(err).NothingStored || s.putCount() != 4 {
+		t.Fatalf("put: %v after %d calls, want a refusal after 4", err, s.putCount())
+	}
+
+	f1, f2 := startScripted(t), startScripted(t)
+	f2.set(leader, false, 3) // elected, not ready: no put yet
+	tr2 := newTracker(t, Options{MaxAttempts: 3}, f1, f2)
+	if err := put(tr2); !errors.Is(err, ErrNoLeader) || f1.putCount()+f2.putCount() != 0 {
+		t.Fatalf("put without a ready leader: %v, %d puts sent", err, f1.putCount()+f2.putCount())
+	}
+}
+
+// TestTrackerClose: Close ends a put waiting out a long RetryInfo.
+func TestTrackerClose(t *testing.T) {
+	s := startScripted(t)
+	s.set(leader, true, 1, statusErr(codes.Unavailable, info("IN_SYNC_REPLICAS_NOT_ENOUGH", nil), retry(time.Hour)))
+	tr := newTracker(t, Options{MaxRetryDelay: time.Hour}, s)
+	done := make(chan error, 1)
+	go func() { done <- put(tr) }()
+	deadline := time.Now().Add(30 * time.Second)
+	for s.putCount() == 0 && time.Now().Before(deadline) {
+		<-time.After(time.Millisecond)
+	}
+	tr.Close()
+	if err := <-done; !errors.Is(err, ErrClosed) {
+		t.Fatalf("put after Close: %v", err)
+	}
+}
+
+func TestOptionsValidate(t *testing.T) {
+	for name, o := range map[string]Options{
+		"no addrs":     {},
+		"empty addr":   {Addrs: []string{""}},
+		"too many":     {Addrs: make([]string, MaxMembers+1)},
+		"attempts":     {Addrs: []string{"a:1"}, MaxAttempts: MaxAttemptsLimit + 1},
+		"backoff":      {Addrs: []string{"a:1"}, InitialBackoff: time.Second, MaxBackoff: time.Millisecond},
+		"negative cap": {Addrs: []string{"a:1"}, MaxRetryDelay: -1},
+	} {
+		if _, err := New(o); err == nil {
+			t.Errorf("%s: accepted", name)
+		}
+	}
+}

@@ -1,0 +1,207 @@
+package cluster
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/storaged/storaged/client"
+	storagedv1 "github.com/storaged/storaged/gen/storaged/v1"
+	"github.com/storaged/storaged/internal/proctest"
+)
+
+// writers put through a client.LeaderTracker from several goroutines
+// until stopped, recording every acked put (queue offset → body) and when
+// it was acked.
+type writers struct {
+	tr   *client.LeaderTracker
+	stop chan struct{}
+	wg   sync.WaitGroup
+
+	mu      sync.Mutex
+	acked   map[int64]string
+	ackedAt []time.Time
+	unknown  int // outcome unknown (the message may be stored)
+	refused  int // refused with nothing stored after the client's attempts
+	unknowns []error
+	bad      []error // an OK answer without PUT_OK: a group acks only PUT_OK
+}
+
+func startWriters(t *testing.T, g *group, n int) *writers {
+	t.Helper()
+	var addrs []string
+	for _, p := range g.nodes {
+		addrs = append(addrs, p.Addr())
+	}
+	tr, err := client.New(client.Options{Addrs: addrs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := &writers{tr: tr, stop: make(chan struct{}), acked: map[int64]string{}}
+	for i := range n {
+		w.wg.Add(1)
+		go func() {
+			defer w.wg.Done()
+			for seq := 0; ; seq++ {
+				select {
+				case <-w.stop:
+					return
+				default:
+				}
+				body := fmt.Sprintf("w%d-%d", i, seq)
+				ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+				resp, err := tr.PutMessage(ctx, &storagedv1.PutMessageRequest{Message: &storagedv1.Message{Topic: "Group", Body: []byte(body)}})
+				cancel()
+				w.mu.Lock()
+				switch {
+				case err == nil && resp.GetStatus() == storagedv1.PutMessageStatus_PUT_MESSAGE_STATUS_PUT_OK:
+					w.acked[resp.GetResult().GetQueueOffset()] = body
+					w.ackedAt = append(w.ackedAt, time.Now())
+				case err == nil:
+					w.bad = append(w.bad, fmt.Errorf("put %s: status %v", body, resp.GetStatus()))
+				case client.Classify(err).NothingStored || errors.Is(err, client.ErrNoLeader):
+					w.refused++
+				default:
+					w.unknown++
+					if len(w.unknowns) < 5 {
+						w.unknowns = append(w.unknowns, err)
+					}
+				}
+				w.mu.Unlock()
+			}
+		}()
+	}
+	t.Cleanup(w.close)
+	return w
+}
+
+func (w *writers) close() {
+	select {
+	case <-w.stop:
+		return
+	default:
+	}
+	close(w.stop)
+	w.wg.Wait()
+	w.tr.Close()
+}
+
+func (w *writers) ackCount() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return len(w.ackedAt)
+}
+
+// waitAcks waits until n more puts are acked than when it was called
+// (60 s at most: a hang, not a timing assertion).
+func (w *writers) waitAcks(t *testing.T, n int) {
+	t.Helper()
+	want := w.ackCount() + n
+	deadline := time.Now().Add(60 * time.Second)
+	for w.ackCount() < want {
+		if time.Now().After(deadline) {
+			w.mu.Lock()
+			defer w.mu.Unlock()
+			t.Fatalf("writes stalled: %d acked, want %d (unknown %d, refused %d, e.g. %v)", len(w.ackedAt), want, w.unknown, w.refused, w.unknowns)
+		}
+		<-time.After(10 * time.Millisecond)
+	}
+}
+
+// gap is the longest time without an ack from since on (the write
+// unavailability around a fault at since).
+func (w *writers) gap(since time.Time) time.Duration {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	ts := slices.Clone(w.ackedAt)
+	slices.SortFunc(ts, func(a, b time.Time) int { return a.Compare(b) })
+	var longest time.Duration
+	prev := since
+	for _, at := range ts {
+		if at.Before(since) {
+			prev = at
+			continue
+		}
+		longest = max(longest, at.Sub(prev))
+		prev = at
+	}
+	return longest
+}
+
+// checkStored stops the writers and checks, on every member, that every
+// acked put is readable at its queue offset with its body.
+func (w *writers) checkStored(t *testing.T, g *group) {
+	t.Helper()
+	w.close()
+	if len(w.bad) > 0 {
+		t.Fatalf("unexpected put answers: %v", w.bad)
+	}
+	for _, p := range g.nodes {
+		waitAcked(t, g.Name(p), p, w.acked)
+	}
+	t.Logf("acked %d, unknown outcome %d (e.g. %v), refused (nothing stored) %d", len(w.acked), w.unknown, w.unknowns, w.refused)
+}
+
+func (g *group) idOf(p *proctest.Process) int { return slices.Index(g.nodes, p) + 1 }
+
+// TestGroupClientKill: writers keep writing through client.LeaderTracker
+// while the leader is killed with -9: the tracker finds the new leader
+// and writes resume; every acked put is stored on every member once the
+// killed node is back. Puts in flight at the kill may end unknown.
+func TestGroupClientKill(t *testing.T) {
+	g := newGroup(t)
+	g.Leader(t)
+	w := startWriters(t, g, 4)
+	w.waitAcks(t, 100)
+	for round := range 2 {
+		leader := g.Leader(t)
+		killed := time.Now()
+		leader.Kill(t)
+		w.waitAcks(t, 100)
+		t.Logf("round %d: kill -9 of %s: longest time without an ack %v", round, g.Name(leader), w.gap(killed))
+		leader.Restart(t)
+		w.waitAcks(t, 50)
+	}
+	w.checkStored(t, g)
+}
+
+// TestGroupSIGTERMTransfer: SIGTERM of the leader under load: it hands
+// leadership over (its log names the new leader, so the group did not wait
+// for an election timeout) and exits cleanly; the writers move to the new
+// leader; the stopped node restarts and rejoins; every acked put is
+// stored on every member.
+func TestGroupSIGTERMTransfer(t *testing.T) {
+	g := newGroup(t)
+	g.Leader(t)
+	w := startWriters(t, g, 4)
+	w.waitAcks(t, 100)
+	for round := range 2 {
+		leader := g.Leader(t)
+		stopped := time.Now()
+		if err := leader.Term(t, 30*time.Second); err != nil {
+			t.Fatalf("%s after SIGTERM: %v", g.Name(leader), err)
+		}
+		w.waitAcks(t, 100)
+		gap := w.gap(stopped)
+		newLeader := g.Leader(t)
+		b, err := os.ReadFile(leader.StderrPath())
+		if err != nil {
+			t.Fatal(err)
+		}
+		runs := strings.Split(string(b), "---- start ")
+		if last := runs[len(runs)-1]; !strings.Contains(last, `"new_leader":`+fmt.Sprint(g.idOf(newLeader))) ||
+			!strings.Contains(last, `"message":"leadership transferred"`) {
+			t.Fatalf("%s's log does not say it transferred leadership to %s (id %d):\n%s", g.Name(leader), g.Name(newLeader), g.idOf(newLeader), last)
+		}
+		t.Logf("round %d: SIGTERM of %s, leadership to %s: longest time without an ack %v", round, g.Name(leader), g.Name(newLeader), gap)
+		leader.Restart(t)
+		w.waitAcks(t, 50)
+	}
+	w.checkStored(t, g)
+}
