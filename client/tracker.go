@@ -116,12 +116,12 @@ type LeaderTracker struct {
 	opts    Options
 	members []string
 
-	mu      sync.Mutex
-	conns   map[string]*grpc.ClientConn
-	hinted  int    // connections to addresses outside members
-	leader  string // "" until a lookup finds one; cleared on doubt
-	lookup  *lookupCall
-	closed  bool
+	mu     sync.Mutex
+	conns  map[string]*grpc.ClientConn
+	hinted int    // connections to addresses outside members
+	leader string // "" until a lookup finds one; cleared on doubt
+	lookup *lookupCall
+	closed bool
 
 	ctx    context.Context // cancelled by Close: cuts lookups and waits short
 	cancel context.CancelFunc

@@ -24,9 +24,9 @@ type writers struct {
 	stop chan struct{}
 	wg   sync.WaitGroup
 
-	mu      sync.Mutex
-	acked   map[int64]string
-	ackedAt []time.Time
+	mu       sync.Mutex
+	acked    map[int64]string
+	ackedAt  []time.Time
 	unknown  int // outcome unknown (the message may be stored)
 	refused  int // refused with nothing stored after the client's attempts
 	unknowns []error
