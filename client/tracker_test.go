@@ -33,6 +33,7 @@ type scripted struct {
 	term   uint64
 	script []error
 	puts   int
+	probes int
 }
 
 func startScripted(t *testing.T) *scripted {
@@ -68,9 +69,16 @@ func (s *scripted) putCount() int {
 	return s.puts
 }
 
+func (s *scripted) probeCount() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.probes
+}
+
 func (s *scripted) GetReplicaInfo(context.Context, *storagedv1.GetReplicaInfoRequest) (*storagedv1.GetReplicaInfoResponse, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.probes++
 	return &storagedv1.GetReplicaInfoResponse{Role: s.role, Ready: s.ready, Term: s.term}, nil
 }
 
@@ -185,20 +193,21 @@ func TestTrackerBounded(t *testing.T) {
 	}
 }
 
-// TestTrackerClose: Close ends a put waiting out a long RetryInfo.
+// TestTrackerClose: Close ends a put waiting out a long backoff (no
+// member is the leader, so nothing is sent and the only answer is
+// ErrClosed).
 func TestTrackerClose(t *testing.T) {
 	s := startScripted(t)
-	s.set(leader, true, 1, statusErr(codes.Unavailable, info("IN_SYNC_REPLICAS_NOT_ENOUGH", nil), retry(time.Hour)))
-	tr := newTracker(t, Options{MaxRetryDelay: time.Hour}, s)
+	tr := newTracker(t, Options{InitialBackoff: time.Hour, MaxBackoff: time.Hour}, s)
 	done := make(chan error, 1)
 	go func() { done <- put(tr) }()
 	deadline := time.Now().Add(30 * time.Second)
-	for s.putCount() == 0 && time.Now().Before(deadline) {
+	for s.probeCount() == 0 && time.Now().Before(deadline) {
 		<-time.After(time.Millisecond)
 	}
 	tr.Close()
-	if err := <-done; !errors.Is(err, ErrClosed) {
-		t.Fatalf("put after Close: %v", err)
+	if err := <-done; !errors.Is(err, ErrClosed) || s.putCount() != 0 {
+		t.Fatalf("put after Close: %v (%d puts sent)", err, s.putCount())
 	}
 }
 
