@@ -44,13 +44,17 @@ type Options struct {
 	// otherwise) and a reconnect backoff capped at 1 s (gRPC's default
 	// grows to 120 s, and a restarted member may be the next leader).
 	DialOptions []grpc.DialOption
-	// MaxAttempts bounds the calls one put makes (puts and leader
-	// lookups without a usable answer count alike). Default 10.
+	// MaxAttempts bounds the calls one put makes. Default 10.
 	MaxAttempts int
 	// InitialBackoff is the first wait after a refusal that carries no
-	// RetryInfo or a failed leader lookup; it doubles up to MaxBackoff,
-	// with jitter. Defaults 25 ms and 1 s.
+	// RetryInfo; it doubles up to MaxBackoff, with jitter. Defaults 25 ms
+	// and 1 s.
 	InitialBackoff, MaxBackoff time.Duration
+	// LookupInterval is the wait between leader lookups that find no ready
+	// leader (an election or a transfer runs), LeaderWait their bound per
+	// put. Defaults 20 ms and 5 s (an election after a leader dies takes
+	// one to two election timeouts, 1-2 s by default, plus a round).
+	LookupInterval, LeaderWait time.Duration
 	// MaxRetryDelay caps a server's RetryInfo. Default 5 s.
 	MaxRetryDelay time.Duration
 	// ProbeTimeout bounds each GetReplicaInfo of a leader lookup. Default 1 s.
@@ -71,6 +75,12 @@ func (o *Options) withDefaults() {
 	}
 	if o.MaxBackoff == 0 {
 		o.MaxBackoff = time.Second
+	}
+	if o.LookupInterval == 0 {
+		o.LookupInterval = 20 * time.Millisecond
+	}
+	if o.LeaderWait == 0 {
+		o.LeaderWait = 5 * time.Second
 	}
 	if o.MaxRetryDelay == 0 {
 		o.MaxRetryDelay = 5 * time.Second
@@ -97,7 +107,8 @@ func (o *Options) validate() error {
 	if o.MaxAttempts < 1 || o.MaxAttempts > MaxAttemptsLimit {
 		errs = append(errs, fmt.Errorf("client: MaxAttempts %d, want 1 to %d", o.MaxAttempts, MaxAttemptsLimit))
 	}
-	if o.InitialBackoff < 0 || o.MaxBackoff < o.InitialBackoff || o.MaxRetryDelay < 0 || o.ProbeTimeout < 0 || o.MaxHintedAddrs < 0 {
+	if o.InitialBackoff < 0 || o.MaxBackoff < o.InitialBackoff || o.MaxRetryDelay < 0 || o.ProbeTimeout < 0 || o.MaxHintedAddrs < 0 ||
+		o.LookupInterval < 0 || o.LeaderWait < 0 {
 		errs = append(errs, errors.New("client: negative durations or limits, or MaxBackoff below InitialBackoff"))
 	}
 	return errors.Join(errs...)
@@ -214,21 +225,36 @@ func (t *LeaderTracker) PutMessages(ctx context.Context, req *storagedv1.PutMess
 // Do runs call against the leader with the put retry rule: call may be
 // run again, at the same or another member, only after an error Classify
 // says stored nothing. call must make exactly one RPC.
+//
+// Two bounds: at most MaxAttempts calls, and, while no member says it is
+// the ready leader (an election, a transfer), lookups every
+// LookupInterval for at most LeaderWait in all.
 func (t *LeaderTracker) Do(ctx context.Context, call func(context.Context, storagedv1.MessageStoreServiceClient) error) error {
 	backoff := t.opts.InitialBackoff
 	var hint string
 	var last error
-	for attempt := 1; ; attempt++ {
+	var leaderDeadline time.Time // set at the first lookup that finds no ready leader
+	for attempt := 0; ; {
 		addr, conn, err := t.target(ctx, hint)
 		hint = ""
 		var delay time.Duration
-		grow := false // the wait is our backoff (not the server's RetryInfo): it doubles
-		if err != nil {
-			if ctx.Err() != nil || errors.Is(err, ErrClosed) {
-				return errors.Join(err, last)
+		switch {
+		case errors.Is(err, ErrNoLeader):
+			now := time.Now()
+			if leaderDeadline.IsZero() {
+				leaderDeadline = now.Add(t.opts.LeaderWait)
 			}
-			last, delay, grow = err, backoff, true // no ready leader yet: an election
-		} else {
+			if now.After(leaderDeadline) {
+				return errors.Join(fmt.Errorf("client: no ready leader within %v", t.opts.LeaderWait), err, last)
+			}
+			// Polled at a short, fixed interval: the group takes puts as
+			// soon as a leader is ready, and a backoff grown during the
+			// election would only add to the time without writes.
+			delay = t.opts.LookupInterval
+		case err != nil: // ctx ended, closed
+			return errors.Join(err, last)
+		default:
+			attempt++
 			err = call(ctx, storagedv1.NewMessageStoreServiceClient(conn))
 			if err == nil {
 				return nil
@@ -240,22 +266,20 @@ func (t *LeaderTracker) Do(ctx context.Context, call func(context.Context, stora
 			}
 			last = fmt.Errorf("client: put refused at %s (attempt %d), nothing stored: %w", addr, attempt, err)
 			t.doubt(addr)
+			if attempt >= t.opts.MaxAttempts {
+				return last
+			}
 			switch {
 			case v.LeaderAddr != "" && v.LeaderAddr != addr && v.HasRetryDelay && v.RetryDelay == 0:
 				hint = v.LeaderAddr // a redirect: at once
 			case v.HasRetryDelay:
 				hint, delay = v.LeaderAddr, min(v.RetryDelay, t.opts.MaxRetryDelay)
 			default:
-				hint, delay, grow = v.LeaderAddr, backoff, true
-			}
-		}
-		if attempt >= t.opts.MaxAttempts {
-			return last
-		}
-		if delay > 0 {
-			if grow {
+				hint, delay = v.LeaderAddr, backoff
 				backoff = min(2*backoff, t.opts.MaxBackoff)
 			}
+		}
+		if delay > 0 {
 			// Jitter: +-25 %, so that many clients refused together do
 			// not come back together.
 			delay += time.Duration(rand.Int64N(int64(delay)/2+1)) - delay/4
@@ -348,10 +372,11 @@ func (t *LeaderTracker) connLocked(addr string) string {
 }
 
 // runLookup finds the ready leader: the hinted address if it says so
-// itself, else the member that does (the highest term wins if two claim
-// it, as a deposed leader may not know yet). A member that only names
-// the leader is not enough: a dead leader is named until the others time
-// it out, and a put sent to it would end with an unknown outcome.
+// itself, else the first member that does. A member that only names the
+// leader is not enough: a dead leader is named until the others time it
+// out, and a put sent to it would end with an unknown outcome. (A
+// deposed leader that still believes it leads refuses puts without a
+// quorum of active followers, or its puts time out: unknown, never acked.)
 func (t *LeaderTracker) runLookup(lc *lookupCall, hint string) {
 	defer t.wg.Done()
 	defer func() {
@@ -364,7 +389,7 @@ func (t *LeaderTracker) runLookup(lc *lookupCall, hint string) {
 		close(lc.done)
 	}()
 	if hint != "" {
-		if ri, err := t.probe(hint); err == nil && isReadyLeader(ri) {
+		if ri, err := t.probe(t.ctx, hint); err == nil && isReadyLeader(ri) {
 			lc.addr = hint
 			return
 		}
@@ -372,40 +397,36 @@ func (t *LeaderTracker) runLookup(lc *lookupCall, hint string) {
 	t.mu.Lock()
 	addrs := slices.Clone(t.members)
 	t.mu.Unlock()
-	type answer struct {
-		addr string
-		ri   *storagedv1.GetReplicaInfoResponse
-	}
-	answers := make(chan answer, len(addrs))
+	ctx, cancel := context.WithCancel(t.ctx)
+	defer cancel()
+	leaders := make(chan string, len(addrs))
 	for _, a := range addrs {
 		go func() {
-			ri, err := t.probe(a)
-			if err != nil {
-				ri = nil
+			ri, err := t.probe(ctx, a)
+			if err != nil || !isReadyLeader(ri) {
+				a = ""
 			}
-			answers <- answer{a, ri}
+			leaders <- a
 		}()
 	}
-	var best answer
+	lc.err = ErrNoLeader
 	for range addrs {
-		a := <-answers
-		if isReadyLeader(a.ri) && (best.ri == nil || a.ri.GetTerm() > best.ri.GetTerm()) {
-			best = a
+		if a := <-leaders; a != "" && lc.err != nil {
+			lc.addr, lc.err = a, nil
+			cancel() // the others' answers no longer matter
 		}
 	}
-	if best.ri == nil {
-		lc.err = ErrNoLeader
-		return
-	}
-	lc.addr = best.addr
 }
 
 func isReadyLeader(ri *storagedv1.GetReplicaInfoResponse) bool {
 	return ri != nil && ri.GetRole() == storagedv1.ReplicaRole_REPLICA_ROLE_LEADER && ri.GetReady()
 }
 
-// probe asks addr for its replica info, within ProbeTimeout.
-func (t *LeaderTracker) probe(addr string) (*storagedv1.GetReplicaInfoResponse, error) {
+// probe asks addr for its replica info, within ProbeTimeout. A
+// connection in transient failure (the member was down) is woken first:
+// its reconnect backoff may have grown while the member restarted, and it
+// may be the next leader.
+func (t *LeaderTracker) probe(ctx context.Context, addr string) (*storagedv1.GetReplicaInfoResponse, error) {
 	t.mu.Lock()
 	c := t.conns[addr]
 	closed := t.closed
@@ -413,7 +434,10 @@ func (t *LeaderTracker) probe(addr string) (*storagedv1.GetReplicaInfoResponse, 
 	if closed || c == nil {
 		return nil, ErrClosed
 	}
-	ctx, cancel := context.WithTimeout(t.ctx, t.opts.ProbeTimeout)
+	if c.GetState() == connectivity.TransientFailure {
+		c.ResetConnectBackoff()
+	}
+	ctx, cancel := context.WithTimeout(ctx, t.opts.ProbeTimeout)
 	defer cancel()
 	return storagedv1.NewMessageStoreServiceClient(c).GetReplicaInfo(ctx, &storagedv1.GetReplicaInfoRequest{})
 }

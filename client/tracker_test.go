@@ -34,6 +34,7 @@ type scripted struct {
 	script []error
 	puts   int
 	probes int
+	onPut  func() // called after each put, with s.mu held (it may set another scripted)
 }
 
 func startScripted(t *testing.T) *scripted {
@@ -85,6 +86,9 @@ func (s *scripted) GetReplicaInfo(context.Context, *storagedv1.GetReplicaInfoReq
 func (s *scripted) PutMessage(context.Context, *storagedv1.PutMessageRequest) (*storagedv1.PutMessageResponse, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.onPut != nil {
+		defer s.onPut()
+	}
 	s.puts++
 	var err error
 	if len(s.script) > 0 {
@@ -121,14 +125,14 @@ func put(tr *LeaderTracker) error {
 	return err
 }
 
-// TestTrackerFollowsHint: a deposed leader that still claims the role is
-// found first (higher term); its refusal names the real leader, which is
-// asked and then takes the put and the next ones.
+// TestTrackerFollowsHint: a leader is found and takes the first put,
+// but leadership has just moved: its refusal names the new leader, which
+// is asked and then takes the put and the next ones.
 func TestTrackerFollowsHint(t *testing.T) {
 	a, b, c := startScripted(t), startScripted(t), startScripted(t)
 	a.set(leader, true, 5, statusErr(codes.Unavailable,
 		info("SERVICE_NOT_AVAILABLE", map[string]string{"cause": "NOT_LEADER", "leader_addr": b.addr}), retry(0)))
-	b.set(leader, true, 4)
+	a.onPut = func() { b.set(leader, true, 6) }
 	tr := newTracker(t, Options{}, a, b, c)
 	for range 3 {
 		if err := put(tr); err != nil {
@@ -175,8 +179,8 @@ func TestTrackerRetryRule(t *testing.T) {
 }
 
 // TestTrackerBounded: refusals forever end after MaxAttempts calls, with
-// the last refusal (nothing stored); no ready leader anywhere ends with
-// ErrNoLeader and no put sent.
+// the last refusal (nothing stored); no ready leader anywhere ends after
+// LeaderWait with ErrNoLeader and no put sent.
 func TestTrackerBounded(t *testing.T) {
 	s := startScripted(t)
 	s.set(leader, true, 1, statusErr(codes.Unavailable, info("OS_PAGE_CACHE_BUSY", nil), retry(time.Millisecond)))
@@ -187,18 +191,17 @@ func TestTrackerBounded(t *testing.T) {
 
 	f1, f2 := startScripted(t), startScripted(t)
 	f2.set(leader, false, 3) // elected, not ready: no put yet
-	tr2 := newTracker(t, Options{MaxAttempts: 3}, f1, f2)
+	tr2 := newTracker(t, Options{LookupInterval: time.Millisecond, LeaderWait: 50 * time.Millisecond}, f1, f2)
 	if err := put(tr2); !errors.Is(err, ErrNoLeader) || f1.putCount()+f2.putCount() != 0 {
 		t.Fatalf("put without a ready leader: %v, %d puts sent", err, f1.putCount()+f2.putCount())
 	}
 }
 
-// TestTrackerClose: Close ends a put waiting out a long backoff (no
-// member is the leader, so nothing is sent and the only answer is
-// ErrClosed).
+// TestTrackerClose: Close ends a put waiting for a leader (no member is
+// the leader, so nothing is sent and the only answer is ErrClosed).
 func TestTrackerClose(t *testing.T) {
 	s := startScripted(t)
-	tr := newTracker(t, Options{InitialBackoff: time.Hour, MaxBackoff: time.Hour}, s)
+	tr := newTracker(t, Options{LookupInterval: time.Hour, LeaderWait: 2 * time.Hour}, s)
 	done := make(chan error, 1)
 	go func() { done <- put(tr) }()
 	deadline := time.Now().Add(30 * time.Second)

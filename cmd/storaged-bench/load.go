@@ -75,16 +75,23 @@ func (g *generator) queue() int32 {
 // ends or ctx is cancelled, writes a progress line per second to progress,
 // and returns the summary of the measured phase.
 func runLoad(ctx context.Context, cfg loadConfig, conns []*grpc.ClientConn, progress io.Writer) (*Summary, error) {
+	var clients []storagedv1.MessageStoreServiceClient
+	for _, c := range conns {
+		clients = append(clients, storagedv1.NewMessageStoreServiceClient(c))
+	}
+	return runLoadClients(ctx, cfg, clients, progress)
+}
+
+// runLoadClients is runLoad over clients (the r3 target's route puts
+// through a client.LeaderTracker).
+func runLoadClients(ctx context.Context, cfg loadConfig, clients []storagedv1.MessageStoreServiceClient, progress io.Writer) (*Summary, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
-	if len(conns) == 0 {
+	if len(clients) == 0 {
 		return nil, fmt.Errorf("no connections")
 	}
-	g := &generator{cfg: cfg, body: randomBody(cfg.BodySize)}
-	for _, c := range conns {
-		g.clients = append(g.clients, storagedv1.NewMessageStoreServiceClient(c))
-	}
+	g := &generator{cfg: cfg, body: randomBody(cfg.BodySize), clients: clients}
 	workers := cfg.Concurrency
 	if cfg.Method == methodStream {
 		workers = cfg.Streams

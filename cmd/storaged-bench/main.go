@@ -10,6 +10,7 @@
 //	storaged-bench floor --listen 127.0.0.1:0       serve the no-op server until SIGTERM
 //	storaged-bench matrix --storaged BIN [flags]    floor, async and sync side by side, N runs each
 //	storaged-bench limits --storaged BIN [flags]    issue 11's hostile-client figures (see limits.go)
+//	storaged-bench failover --storaged BIN [flags]  write unavailability of a local r3 group per leader kill or SIGTERM
 //	storaged-bench chart --in results.json --out chart.png
 //	storaged-bench report --in results.json           the results as a Markdown table
 //	storaged-bench pullmem --storaged BIN [flags]   server memory of concurrent maximal pulls
@@ -124,6 +125,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	case "limits":
 		leanGC()
 		return runLimitsCommand(ctx, args, stdout, stderr)
+	case "failover":
+		leanGC()
+		return runFailoverCommand(ctx, args, stdout, stderr)
 	case "chart":
 		return runChartCommand(args, stderr)
 	case "report":
@@ -134,7 +138,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	case "syncprim":
 		return runSyncPrimCommand(args, stdout, stderr)
 	default:
-		err := fmt.Errorf("unknown subcommand %q (run, floor, matrix, limits, chart, report, pullmem, syncprim)", cmd)
+		err := fmt.Errorf("unknown subcommand %q (run, floor, matrix, limits, failover, chart, report, pullmem, syncprim)", cmd)
 		fmt.Fprintln(stderr, "storaged-bench:", err)
 		return usageError{err}
 	}

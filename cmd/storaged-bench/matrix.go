@@ -28,8 +28,9 @@ const defaultCases = "unary-c1,unary-c4,unary-c16,unary-c64,unary-c256,batch100-
 // Targets of the matrix. floor, bare and edge are this binary's floor
 // subcommand; async and sync are storaged with that --flush-mode, and
 // base-async and base-sync the same with the --base binary (an A/B of two
-// storaged builds in one run); the peers are in peers.go.
-var knownTargets = append([]string{"floor", "bare", "edge", "async", "sync", "base-async", "base-sync"}, peerTargets...)
+// storaged builds in one run); r3 is a local group of three storaged
+// (group.go); the peers are in peers.go.
+var knownTargets = append([]string{"floor", "bare", "edge", "async", "sync", "base-async", "base-sync", targetR3}, peerTargets...)
 
 // storagedTarget reports whether t is a storaged process, and with which
 // --flush-mode.
@@ -227,7 +228,8 @@ func parseMatrixOptions(args []string, stderr io.Writer) (matrixOptions, []caseS
 	fs.StringVar(&o.peers.redisServer, "redis-server", "", "redis-server `binary` (targets redis-everysec, redis-always)")
 	fs.StringVar(&o.peers.redisBenchmark, "redis-benchmark", "", "redis-benchmark `binary` that loads the Redis targets")
 	fs.StringVar(&o.storagedArgs, "storaged-args", "", "extra storaged `flags`, space-separated (e.g. \"--file-size 256MiB\")")
-	fs.StringVar(&o.targets, "targets", o.targets, "comma-separated `targets`: floor, bare, edge (no-op servers), async, sync (storaged)")
+	fs.StringVar(&o.targets, "targets", o.targets, "comma-separated `targets`: floor, bare, edge (no-op servers), async, sync (storaged), "+
+		"r3 (a local group of three storaged, loaded through client.LeaderTracker; unary and batch cases only)")
 	fs.StringVar(&o.cases, "cases", o.cases, "comma-separated `cases`: unary-cN, batchB-cN (B per call), stream-sS-cN (S streams, N in flight each)")
 	fs.IntVar(&o.runs, "runs", o.runs, "runs of each case on each target (the median is reported)")
 	fs.StringVar(&o.dataRoot, "data-root", os.TempDir(), "`directory` for the temporary storaged data dirs")
@@ -272,7 +274,7 @@ func parseMatrixOptions(args []string, stderr io.Writer) (matrixOptions, []caseS
 		if !slices.Contains(knownTargets, t) {
 			return fail(fmt.Errorf("unknown target %q (want %s)", t, strings.Join(knownTargets, ", ")))
 		}
-		if (t == "async" || t == "sync") && o.storaged == "" {
+		if (t == "async" || t == "sync" || t == targetR3) && o.storaged == "" {
 			return fail(fmt.Errorf("target %s needs --storaged", t))
 		}
 		if strings.HasPrefix(t, "base-") && o.base == "" {
@@ -312,6 +314,7 @@ func runMatrixCommand(ctx context.Context, args []string, stdout, stderr io.Writ
 	}
 
 	procs := map[string]*proc{}
+	groups := map[string]*benchGroup{}
 	defer func() {
 		for _, t := range targets {
 			if p := procs[t]; p != nil {
@@ -319,9 +322,23 @@ func runMatrixCommand(ctx context.Context, args []string, stdout, stderr io.Writ
 					fmt.Fprintln(stderr, "storaged-bench matrix: stop:", err)
 				}
 			}
+			if g := groups[t]; g != nil {
+				if err := g.Stop(); err != nil {
+					fmt.Fprintln(stderr, "storaged-bench matrix: stop:", err)
+				}
+			}
 		}
 	}()
 	for _, t := range targets {
+		if t == targetR3 {
+			g, err := startGroup(ctx, o.storaged, o.dataRoot, o.storagedArgs, logw)
+			if err != nil {
+				return err
+			}
+			groups[t] = g
+			fmt.Fprintf(stderr, "%s: %s --raft-peers %s (grpc %s)\n", t, o.storaged, g.peers, strings.Join(g.addrs(), ", "))
+			continue
+		}
 		var bin string
 		var pargs []string
 		var cleanup func()
@@ -386,20 +403,34 @@ func runMatrixCommand(ctx context.Context, args []string, stdout, stderr io.Writ
 		res.Cases = append(res.Cases, cr)
 		for run := range o.runs {
 			for _, t := range targets {
-				p := procs[t]
+				p, grp := procs[t], groups[t]
 				cfg := o.load
 				cfg.Method, cfg.BatchSize, cfg.Concurrency, cfg.Streams = c.Method, c.BatchSize, c.Concurrency, c.Streams
-				cfg.Label, cfg.MetricsURL = t, p.metricsURL()
+				cfg.Label = t
+				var pids []int
+				if grp != nil {
+					// The leader's heap; the CPU of all three members.
+					lead, err := grp.leader(ctx)
+					if err != nil {
+						return err
+					}
+					cfg.MetricsURL, pids = grp.members[lead].metricsURL(), grp.pids()
+					p = &proc{name: t} // no flusher metrics, no peer
+				} else {
+					cfg.MetricsURL, pids = p.metricsURL(), []int{p.cmd.Process.Pid}
+				}
 				fmt.Fprintf(stderr, "%s run %d/%d on %s ... ", c.Name, run+1, o.runs, t)
-				pid := p.cmd.Process.Pid
 				m0, t0 := p.storeMetrics(ctx), time.Now()
-				srv0, err1 := procCPU(pid)
+				srv0, err1 := procsCPU(pids)
 				cli0, err2 := procCPU(os.Getpid())
 				var s *Summary
 				var err error
-				if p.peer != nil {
+				switch {
+				case grp != nil:
+					s, err = grp.load(ctx, c, cfg)
+				case p.peer != nil:
 					s, err = p.peer.load(ctx, c, cfg)
-				} else {
+				default:
 					s, err = loadOnce(ctx, cfg, p.grpc)
 				}
 				if err != nil && p.peer != nil && ctx.Err() == nil {
@@ -414,10 +445,10 @@ func runMatrixCommand(ctx context.Context, args []string, stdout, stderr io.Writ
 					return fmt.Errorf("%s on %s: %w", c.Name, t, err)
 				}
 				if s == nil {
-					fmt.Fprintln(stderr, "no such case for this peer")
+					fmt.Fprintln(stderr, "no such case for this target")
 					continue
 				}
-				srv1, err3 := procCPU(pid)
+				srv1, err3 := procsCPU(pids)
 				cli1, err4 := procCPU(os.Getpid())
 				if m0 != nil {
 					if m1 := p.storeMetrics(ctx); m1 != nil {

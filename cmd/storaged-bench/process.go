@@ -127,6 +127,22 @@ func waitServing(ctx context.Context, addr string) error {
 	}
 }
 
+// running reports whether the process has not exited.
+func (p *proc) running() bool {
+	select {
+	case <-p.exited:
+		return false
+	default:
+		return true
+	}
+}
+
+// kill sends SIGKILL and waits for the exit.
+func (p *proc) kill() {
+	p.cmd.Process.Kill()
+	<-p.exited
+}
+
 // metricsURL is the Prometheus endpoint of the process ("" without one).
 func (p *proc) metricsURL() string {
 	if p.metrics == "" {

@@ -15,6 +15,19 @@ import (
 	"github.com/prometheus/procfs"
 )
 
+// procsCPU is the CPU time of several processes together.
+func procsCPU(pids []int) (time.Duration, error) {
+	var sum time.Duration
+	for _, pid := range pids {
+		d, err := procCPU(pid)
+		if err != nil {
+			return 0, err
+		}
+		sum += d
+	}
+	return sum, nil
+}
+
 // procCPU returns the CPU time (user + system) process pid has used: utime
 // + stime of /proc/PID/stat, read by prometheus/procfs (in clock ticks of
 // 10 ms: USER_HZ, 100 on Linux).

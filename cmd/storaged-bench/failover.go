@@ -1,0 +1,292 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"slices"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/storaged/storaged/client"
+	storagedv1 "github.com/storaged/storaged/gen/storaged/v1"
+)
+
+// The failover subcommand measures how long a local r3 group takes no
+// writes when its leader goes away (issue 13's targets: kill -9, writes
+// accepted again within 2.5 s p99; SIGTERM with leadership transfer,
+// at most 0.5 s without writes). Writers put through
+// client.LeaderTracker without pause; each round signals the current
+// leader, waits until writes flow again and --settle has passed, restarts
+// the stopped member on its data dir, lets it catch up for --settle, and
+// records the longest time between two consecutive acks from the signal
+// on (an ack before the signal opens the first interval).
+
+type failoverOptions struct {
+	storaged     string
+	storagedArgs string
+	signal       string
+	rounds       int
+	writers      int
+	bodySize     int
+	settle       time.Duration
+	dataRoot     string
+	out          string
+	logPath      string
+}
+
+// FailoverResult is the JSON the failover subcommand writes.
+type FailoverResult struct {
+	Date     string      `json:"date"`
+	Machine  MachineInfo `json:"machine"`
+	Command  string      `json:"command"`
+	Signal   string      `json:"signal"`
+	Writers  int         `json:"writers"`
+	BodySize int         `json:"body_size"`
+	// GapsMs are the rounds' longest times without an ack, from the signal on.
+	GapsMs        []float64 `json:"gaps_ms"`
+	P50Ms         float64   `json:"p50_ms"`
+	P99Ms         float64   `json:"p99_ms"`
+	MaxMs         float64   `json:"max_ms"`
+	Acked         int64     `json:"acked"`
+	Unknown       int64     `json:"unknown"`        // outcome unknown (puts in flight at a kill)
+	Refused       int64     `json:"refused"`        // nothing stored after the client's attempts
+	HostLoad1     []float64 `json:"host_load1"`     // per round, at its end
+	LeaderChanges []string  `json:"leader_changes"` // n1->n2 per round
+}
+
+func parseFailoverOptions(args []string, stderr io.Writer) (failoverOptions, error) {
+	o := failoverOptions{signal: "kill", rounds: 10, writers: 16, bodySize: 1024, settle: 2 * time.Second,
+		dataRoot: os.TempDir(), out: "failover.json"}
+	fs := flag.NewFlagSet("storaged-bench failover", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.StringVar(&o.storaged, "storaged", "", "storaged `binary` (required)")
+	fs.StringVar(&o.storagedArgs, "storaged-args", "", "extra storaged `flags`, space-separated")
+	fs.StringVar(&o.signal, "signal", o.signal, "how the leader goes: kill (SIGKILL) or term (SIGTERM: leadership transfer)")
+	fs.IntVar(&o.rounds, "rounds", o.rounds, "leader failures to measure")
+	fs.IntVar(&o.writers, "writers", o.writers, "concurrent unary writers")
+	fs.IntVar(&o.bodySize, "body-size", o.bodySize, "message body size in `bytes`")
+	fs.DurationVar(&o.settle, "settle", o.settle, "load after writes resume, and after the restart, before the next round")
+	fs.StringVar(&o.dataRoot, "data-root", o.dataRoot, "`directory` for the members' temporary data dirs")
+	fs.StringVar(&o.out, "out", o.out, "results JSON `file` (- for stdout)")
+	fs.StringVar(&o.logPath, "log", "", "server logs `file` (default: --out with .log)")
+	if err := parseFlags(fs, args); err != nil {
+		return o, err
+	}
+	var errs []error
+	if o.storaged == "" {
+		errs = append(errs, errors.New("--storaged is required"))
+	}
+	if o.signal != "kill" && o.signal != "term" {
+		errs = append(errs, fmt.Errorf("--signal %q: want kill or term", o.signal))
+	}
+	if o.rounds < 1 || o.rounds > 1000 || o.writers < 1 || o.writers > 1024 || o.bodySize < 0 || o.bodySize > 4<<20 || o.settle < 0 {
+		errs = append(errs, errors.New("--rounds 1-1000, --writers 1-1024, --body-size 0-4MiB, --settle >= 0"))
+	}
+	if fs.NArg() > 0 {
+		errs = append(errs, fmt.Errorf("unexpected arguments %q", fs.Args()))
+	}
+	if err := errors.Join(errs...); err != nil {
+		fmt.Fprintln(stderr, "storaged-bench failover:", err)
+		return o, usageError{err}
+	}
+	if o.logPath == "" {
+		o.logPath = strings.TrimSuffix(o.out, ".json") + ".log"
+		if o.out == "-" {
+			o.logPath = "failover.log"
+		}
+	}
+	return o, nil
+}
+
+// ackLog records when puts were acked.
+type ackLog struct {
+	mu      sync.Mutex
+	at      []time.Time // since the last reset
+	acked   int64
+	unknown int64
+	refused int64
+}
+
+func (a *ackLog) add(err error) {
+	now := time.Now()
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	switch {
+	case err == nil:
+		a.acked++
+		a.at = append(a.at, now)
+	case client.Classify(err).NothingStored || errors.Is(err, client.ErrNoLeader):
+		a.refused++
+	default:
+		a.unknown++
+	}
+}
+
+// mark drops the acks before the last one: the log then holds the last
+// ack before the signal and everything after.
+func (a *ackLog) mark() {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if n := len(a.at); n > 1 {
+		a.at = append(a.at[:0], a.at[n-1])
+	}
+}
+
+// gap is the longest interval between consecutive acks since mark, and
+// the number of acks after since.
+func (a *ackLog) gap(since time.Time) (time.Duration, int) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	var longest time.Duration
+	after := 0
+	for i, t := range a.at {
+		if i > 0 {
+			longest = max(longest, t.Sub(a.at[i-1]))
+		}
+		if t.After(since) {
+			after++
+		}
+	}
+	if len(a.at) > 0 && a.at[0].After(since) { // no ack before the signal
+		longest = max(longest, a.at[0].Sub(since))
+	}
+	return longest, after
+}
+
+func runFailoverCommand(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	o, err := parseFailoverOptions(args, stderr)
+	if err != nil {
+		return err
+	}
+	logf, err := os.Create(o.logPath)
+	if err != nil {
+		return err
+	}
+	defer logf.Close()
+	g, err := startGroup(ctx, o.storaged, o.dataRoot, o.storagedArgs, &lockedWriter{w: logf})
+	if err != nil {
+		return err
+	}
+	defer g.Stop()
+	tr, err := client.New(client.Options{Addrs: g.addrs()})
+	if err != nil {
+		return err
+	}
+	defer tr.Close()
+
+	acks := &ackLog{}
+	wctx, stop := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	body := randomBody(o.bodySize)
+	for i := range o.writers {
+		wg.Go(func() {
+			req := &storagedv1.PutMessageRequest{Message: &storagedv1.Message{Topic: "Failover", QueueId: int32(i % 4), Body: body}}
+			for wctx.Err() == nil {
+				cctx, cancel := context.WithTimeout(wctx, 30*time.Second)
+				_, err := tr.PutMessage(cctx, req)
+				cancel()
+				if wctx.Err() != nil {
+					return
+				}
+				acks.add(err)
+			}
+		})
+	}
+	defer func() {
+		stop()
+		wg.Wait()
+	}()
+
+	res := &FailoverResult{Date: time.Now().UTC().Format(time.RFC3339), Machine: machineInfo(),
+		Command: "storaged-bench failover " + strings.Join(args, " "), Signal: o.signal, Writers: o.writers, BodySize: o.bodySize}
+	if err := hold(ctx, o.settle); err != nil {
+		return err
+	}
+	for round := range o.rounds {
+		lead, err := g.leader(ctx)
+		if err != nil {
+			return err
+		}
+		p := g.members[lead]
+		acks.mark()
+		signalled := time.Now()
+		if o.signal == "kill" {
+			p.kill()
+		} else {
+			p.cmd.Process.Signal(syscall.SIGTERM)
+		}
+		// Writes flow again: the writers got acks after the signal, and
+		// settle has passed since the new leader was found.
+		next, err := g.leaderOtherThan(ctx, lead)
+		if err != nil {
+			return err
+		}
+		if err := hold(ctx, o.settle); err != nil {
+			return err
+		}
+		gap, after := acks.gap(signalled)
+		if after == 0 {
+			return fmt.Errorf("round %d: no ack in %v after the leader %s went away", round+1, time.Since(signalled), p.name)
+		}
+		if o.signal == "term" {
+			// Wait for the drain's exit: a second SIGTERM (Stop) would
+			// kill the process.
+			t := time.NewTimer(procStopTimeout)
+			select {
+			case <-p.exited:
+			case <-t.C:
+			}
+			t.Stop()
+			if err := p.Stop(); err != nil {
+				fmt.Fprintf(stderr, "round %d: %s after SIGTERM: %v\n", round+1, p.name, err)
+			}
+		}
+		res.GapsMs = append(res.GapsMs, float64(gap.Microseconds())/1000)
+		res.LeaderChanges = append(res.LeaderChanges, fmt.Sprintf("%s->%s", p.name, g.members[next].name))
+		res.HostLoad1 = append(res.HostLoad1, loadAverage())
+		fmt.Fprintf(stderr, "round %d/%d: %s of %s, leader now %s: %v without an ack\n", round+1, o.rounds, o.signal, p.name,
+			g.members[next].name, gap.Round(time.Millisecond))
+		if err := g.start(ctx, lead); err != nil {
+			return err
+		}
+		if err := hold(ctx, o.settle); err != nil {
+			return err
+		}
+	}
+	acks.mu.Lock()
+	res.Acked, res.Unknown, res.Refused = acks.acked, acks.unknown, acks.refused
+	acks.mu.Unlock()
+	s := slices.Sorted(slices.Values(res.GapsMs))
+	res.P50Ms, res.P99Ms, res.MaxMs = quantile(s, 0.50), quantile(s, 0.99), s[len(s)-1]
+	fmt.Fprintf(stderr, "%d rounds of %s: without an ack p50 %.0f ms, p99 %.0f ms, max %.0f ms; acked %d, unknown %d, refused %d\n",
+		o.rounds, o.signal, res.P50Ms, res.P99Ms, res.MaxMs, res.Acked, res.Unknown, res.Refused)
+	return writeJSON(o.out, stdout, res)
+}
+
+// quantile of sorted values, nearest rank (with 10 values, p99 is the max).
+func quantile(sorted []float64, q float64) float64 {
+	if len(sorted) == 0 {
+		return 0
+	}
+	i := int(math.Ceil(q*float64(len(sorted)))) - 1
+	return sorted[min(max(i, 0), len(sorted)-1)]
+}
+
+// hold waits d or until ctx ends.
+func hold(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
