@@ -472,7 +472,7 @@ func (c *config) log(l zerolog.Logger) {
 		Int("dedup_max_messages", c.DedupMaxMessages).
 		Uint64("raft_id", c.Replication.RaftID).
 		Stringer("raft_peers", &c.Replication.RaftPeers).
-		Bool("raft_learner", c.Replication.RaftLearner).
+		Bool("raft_learner", c.Replication.RaftLearner).Stringer("raft_learners", &c.Replication.RaftLearners).
 		Stringer("replication_timeout", c.Replication.ReplicationTimeout).
 		Bool("peer_tls", c.Replication.PeerTLSCert != "").
 		Msg("effective configuration")

@@ -29,6 +29,7 @@ type replicationConfig struct {
 	RaftPeers          raftPeers
 	PeerListen         string // "" listens on this member's --raft-peers address
 	RaftLearner        bool
+	RaftLearners       raftIDs // ids of --raft-peers that are learners, the same list on every member
 	ReplicationTimeout time.Duration
 	PeerTLSCert        string
 	PeerTLSKey         string
@@ -59,7 +60,10 @@ func (r *replicationConfig) register(fs *flag.FlagSet) {
 			"(1=host1:9191,2=host2:9191,3=host3:9191); empty runs standalone")
 	fs.StringVar(&r.PeerListen, "peer-listen", "",
 		"peer service (storaged.peer.v1.Raft) listen `address` (default: this member's --raft-peers address)")
-	fs.BoolVar(&r.RaftLearner, "raft-learner", false, "join the group as a learner: replicates and serves reads, never votes or leads")
+	fs.BoolVar(&r.RaftLearner, "raft-learner", false, "this member is a learner (replicates and serves reads, never votes or leads); "+
+		"its id must be in --raft-learners")
+	fs.Var(&r.RaftLearners, "raft-learners", "`ids` of --raft-peers members that are learners (non-voting replicas), comma "+
+		"separated, the same list on every member; empty: every member votes")
 	fs.DurationVar(&r.ReplicationTimeout, "replication-timeout", defaultReplicationTimeout,
 		"group mode: a put not committed by a majority within this `duration` gets DEADLINE_EXCEEDED with outcome unknown")
 	fs.StringVar(&r.PeerTLSCert, "peer-tls-cert", "", "peer TLS certificate `file` (PEM), presented as server and client; it must name this member's --raft-peers host")
@@ -109,6 +113,9 @@ func (r *replicationConfig) validate(flushMode storage.FlushMode) []error {
 		if r.RaftLearner {
 			stray = append(stray, "--raft-learner")
 		}
+		if len(r.RaftLearners) > 0 {
+			stray = append(stray, "--raft-learners")
+		}
 		if tlsSet {
 			stray = append(stray, "--peer-tls-*")
 		}
@@ -126,13 +133,21 @@ func (r *replicationConfig) validate(flushMode storage.FlushMode) []error {
 	if len(r.RaftPeers) < 2 {
 		errs = append(errs, errors.New("--raft-peers lists one member; a group needs at least 2 (3 or 5 to survive a failure)"))
 	}
-	if r.RaftLearner {
-		errs = append(errs, errors.New("--raft-learner is not supported yet: every member must know a learner from the "+
-			"first start, and --raft-peers cannot mark one"))
+	for _, id := range r.RaftLearners {
+		if r.RaftPeers.addr(id) == "" {
+			errs = append(errs, fmt.Errorf("--raft-learners %d is not in --raft-peers (ids %v)", id, r.RaftPeers.ids()))
+		}
+	}
+	if len(r.voters()) == 0 {
+		errs = append(errs, errors.New("--raft-learners lists every member: a group needs at least one voter"))
+	}
+	if r.RaftLearner && r.RaftID != 0 && !slices.Contains(r.RaftLearners, r.RaftID) {
+		errs = append(errs, fmt.Errorf("--raft-learner: add this member's id %d to --raft-learners, on every member "+
+			"(each member must know the learners from the first start)", r.RaftID))
 	}
 	if r.roleSet {
 		errs = append(errs, errors.New("--role is for standalone master/slave; in a group (--raft-peers) the leader is elected "+
-			"(use --raft-learner for a non-voting replica)"))
+			"(use --raft-learners for non-voting replicas)"))
 	}
 	if r.flushModeSet && flushMode == storage.FlushAsync {
 		errs = append(errs, errors.New("--flush-mode async is refused with --raft-peers: a replica must fsync before it "+
@@ -243,6 +258,53 @@ func (p raftPeers) peerMap() map[uint64]string {
 	return m
 }
 
+// raftIDs is the --raft-learners list: distinct positive ids, sorted.
+type raftIDs []uint64
+
+func (l *raftIDs) String() string {
+	if l == nil {
+		return ""
+	}
+	parts := make([]string, len(*l))
+	for i, id := range *l {
+		parts[i] = strconv.FormatUint(id, 10)
+	}
+	return strings.Join(parts, ",")
+}
+
+// Set parses "4" or "4,5"; the empty string clears the list.
+func (l *raftIDs) Set(s string) error {
+	var out raftIDs
+	if strings.TrimSpace(s) == "" {
+		*l = nil
+		return nil
+	}
+	for _, part := range strings.Split(s, ",") {
+		id, err := parseRaftID(part)
+		if err != nil {
+			return err
+		}
+		if slices.Contains(out, id) {
+			return fmt.Errorf("id %d listed twice", id)
+		}
+		out = append(out, id)
+	}
+	slices.Sort(out)
+	*l = out
+	return nil
+}
+
+// voters are the --raft-peers ids that are not learners.
+func (r *replicationConfig) voters() []uint64 {
+	var v []uint64
+	for _, id := range r.RaftPeers.ids() {
+		if !slices.Contains(r.RaftLearners, id) {
+			v = append(v, id)
+		}
+	}
+	return v
+}
+
 // parseRaftIDFlag is --raft-id: an id, or "ordinal", which derives it from
 // the host name of a StatefulSet pod (name-N is member N+1), so that one
 // pod template serves every member: Kubernetes gives each pod a stable
@@ -314,23 +376,29 @@ func (r *replicationConfig) startTransport(clientAddr string, logger *zerolog.Lo
 }
 
 // clusterID identifies the group's membership in the peer handshake and in
-// raft/meta: a digest of the sorted member ids, so a member started with
-// another --raft-peers membership is refused by its peers and by its own
-// data dir. Addresses may change between starts; ids may not.
+// raft/meta: a digest of the sorted member ids (and of the learners, when
+// there are any: a group without learners keeps the digest it had before
+// learners existed), so a member started with another --raft-peers or
+// --raft-learners membership is refused by its peers and by its own data
+// dir. Addresses may change between starts; ids and roles may not.
 func (r *replicationConfig) clusterID() string {
 	ids := r.RaftPeers.ids()
 	parts := make([]string, len(ids))
 	for i, id := range ids {
 		parts[i] = strconv.FormatUint(id, 10)
 	}
-	sum := sha256.Sum256([]byte("storaged-group/" + strings.Join(parts, ",")))
+	key := "storaged-group/" + strings.Join(parts, ",")
+	if len(r.RaftLearners) > 0 {
+		key += "/learners/" + r.RaftLearners.String()
+	}
+	sum := sha256.Sum256([]byte(key))
 	return hex.EncodeToString(sum[:16])
 }
 
 // groupOptions makes the store a member of the group, sending through tr.
 func (r *replicationConfig) groupOptions(tr storage.Transport) *storage.GroupOptions {
 	return &storage.GroupOptions{
-		ID: r.RaftID, Name: groupName, ClusterID: r.clusterID(), Peers: r.RaftPeers.ids(),
+		ID: r.RaftID, Name: groupName, ClusterID: r.clusterID(), Peers: r.voters(), Learners: slices.Clone(r.RaftLearners),
 		Transport: tr, ReplicationTimeout: r.ReplicationTimeout,
 	}
 }

@@ -50,6 +50,42 @@ func TestReplicationFlags(t *testing.T) {
 		t.Fatalf("from the environment: %+v", r)
 	}
 
+	// Learners: the same list on every member; a learner may say so.
+	peers4 := peers3 + ",4=127.0.0.1:9194"
+	for _, args := range [][]string{
+		{"--raft-id", "4", "--raft-peers", peers4, "--raft-learners", "4"},
+		{"--raft-id", "4", "--raft-peers", peers4, "--raft-learners", "4", "--raft-learner"},
+		{"--raft-id", "1", "--raft-peers", peers4, "--raft-learners", "4"},
+	} {
+		cfg, err := parseConfig(args, env(), &bytes.Buffer{})
+		if err != nil {
+			t.Fatalf("%v: %v", args, err)
+		}
+		g := cfg.Replication.groupOptions(nil)
+		if !reflect.DeepEqual(g.Peers, []uint64{1, 2, 3}) || !reflect.DeepEqual(g.Learners, []uint64{4}) {
+			t.Fatalf("%v: voters %v, learners %v", args, g.Peers, g.Learners)
+		}
+	}
+	cfg, err = parseConfig([]string{"--raft-id", "1", "--raft-peers", peers4, "--raft-learners", "4"}, env(), &bytes.Buffer{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg3, err := parseConfig([]string{"--raft-id", "1", "--raft-peers", peers3}, env(), &bytes.Buffer{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	all4, err := parseConfig([]string{"--raft-id", "1", "--raft-peers", peers4}, env(), &bytes.Buffer{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The learners are part of the membership digest; a group without
+	// them keeps the digest of before.
+	// (94067b9f… is the digest data dirs of groups 1,2,3 recorded before.)
+	if id := cfg.Replication.clusterID(); id == all4.Replication.clusterID() || id == cfg3.Replication.clusterID() ||
+		cfg3.Replication.clusterID() != "94067b9f5089fa4a79da33d5aa4fd6f2" {
+		t.Fatalf("cluster ids: with learner %s, 4 voters %s, 3 voters %s", id, all4.Replication.clusterID(), cfg3.Replication.clusterID())
+	}
+
 	// Standalone: nothing changes.
 	cfg, err = parseConfig(nil, env(), &bytes.Buffer{})
 	if err != nil || cfg.Replication.group() || cfg.FlushMode != storage.FlushAsync {
@@ -95,11 +131,18 @@ func TestReplicationFlagErrors(t *testing.T) {
 			"--peer-tls-cert, --peer-tls-key and --peer-tls-ca go together"},
 		{"timeout", []string{"--raft-id", "1", "--raft-peers", peers3, "--replication-timeout", "0s"}, nil,
 			"--replication-timeout 0s must be positive"},
-		{"learner with peers", []string{"--raft-id", "1", "--raft-peers", peers3, "--raft-learner"}, nil,
-			"--raft-learner is not supported yet"},
+		{"learner not listed", []string{"--raft-id", "1", "--raft-peers", peers3, "--raft-learner"}, nil,
+			"--raft-learner: add this member's id 1 to --raft-learners"},
+		{"learners not members", []string{"--raft-id", "1", "--raft-peers", peers3, "--raft-learners", "3,4"}, nil,
+			"--raft-learners 4 is not in --raft-peers (ids [1 2 3])"},
+		{"learners only", []string{"--raft-id", "1", "--raft-peers", "1=127.0.0.1:1,2=127.0.0.1:2", "--raft-learners", "1,2"}, nil,
+			"a group needs at least one voter"},
+		{"learners twice", []string{"--raft-id", "1", "--raft-peers", peers3, "--raft-learners", "3,3"}, nil, "id 3 listed twice"},
+		{"learners bad id", []string{"--raft-id", "1", "--raft-peers", peers3, "--raft-learners", "x"}, nil, `raft id "x"`},
 		{"id without peers", []string{"--raft-id", "1"}, nil, "--raft-id need --raft-peers"},
 		{"learner, listen and tls without peers", []string{"--raft-learner", "--peer-listen", "127.0.0.1:1", "--peer-tls-ca", "ca.pem"}, nil,
 			"--peer-listen, --raft-learner, --peer-tls-* need --raft-peers"},
+		{"learners without peers", []string{"--raft-learners", "4"}, nil, "--raft-learners need --raft-peers"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var stderr bytes.Buffer

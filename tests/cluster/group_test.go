@@ -17,6 +17,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/storaged/storaged/client"
 	storagedv1 "github.com/storaged/storaged/gen/storaged/v1"
 	"github.com/storaged/storaged/internal/nemesis"
 	"github.com/storaged/storaged/internal/proctest"
@@ -93,6 +94,12 @@ func newGroup(t *testing.T, flags ...string) *group { return newGroupN(t, 3, 1, 
 // proxies' delay jitter.
 func newGroupN(t *testing.T, n int, seed uint64, flags ...string) *group {
 	t.Helper()
+	return newGroupWith(t, n, seed, nil, flags...)
+}
+
+// newGroupWith is newGroupN with flags for one member: perMember(id).
+func newGroupWith(t *testing.T, n int, seed uint64, perMember func(id int) []string, flags ...string) *group {
+	t.Helper()
 	ports := freePorts(t, 2*n)
 	peerAddrs, clientAddrs := ports[:n], ports[n:]
 	g := &group{names: map[*proctest.Process]string{}, peerAddrs: peerAddrs, cut: map[[2]int]bool{}}
@@ -111,6 +118,12 @@ func newGroupN(t *testing.T, n int, seed uint64, flags ...string) *group {
 			g.proxies[i][j] = p
 		}
 	}
+	member := func(id int) []string {
+		if perMember == nil {
+			return nil
+		}
+		return perMember(id)
+	}
 	dir := t.TempDir()
 	for i := range n {
 		var peers []string
@@ -123,8 +136,8 @@ func newGroupN(t *testing.T, n int, seed uint64, flags ...string) *group {
 		}
 		name := fmt.Sprintf("n%d", i+1)
 		p := proctest.Start(t, proctest.Options{Binary: binary, Name: name, DataDir: filepath.Join(dir, name), Listen: clientAddrs[i],
-			Flags: append([]string{"--raft-id", fmt.Sprint(i + 1), "--raft-peers", strings.Join(peers, ","),
-				"--peer-listen", peerAddrs[i], "--file-size", "256KiB"}, flags...)})
+			Flags: append(append([]string{"--raft-id", fmt.Sprint(i + 1), "--raft-peers", strings.Join(peers, ","),
+				"--peer-listen", peerAddrs[i], "--file-size", "256KiB"}, flags...), member(i+1)...)})
 		g.nodes = append(g.nodes, p)
 		g.names[p] = name
 	}
@@ -411,5 +424,69 @@ func waitAcked(t *testing.T, name string, p *proctest.Process, acked map[int64]s
 			t.Fatalf("%s: after 30 s, %d acked messages missing (%v)", name, len(miss), err)
 		}
 		<-tick.C
+	}
+}
+
+func replicaInfo(t *testing.T, p *proctest.Process) *storagedv1.GetReplicaInfoResponse {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	ri, err := storagedv1.NewMessageStoreServiceClient(p.Conn()).GetReplicaInfo(ctx, &storagedv1.GetReplicaInfoRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ri
+}
+
+// TestGroupLearnerProcess: three voters and a learner (--raft-learners 4
+// on every member, --raft-learner on the learner): the learner replicates
+// and serves every acked message, says it is a learner, refuses puts
+// naming the leader's address, and stays a learner when the leader is
+// killed and the voters elect another.
+func TestGroupLearnerProcess(t *testing.T) {
+	g := newGroupWith(t, 4, 1, func(id int) []string {
+		if id == 4 {
+			return []string{"--raft-learner"}
+		}
+		return nil
+	}, "--raft-learners", "4")
+	learner := g.nodes[3]
+	acked := map[int64]string{}
+	for round := range 2 {
+		leader := g.Leader(t)
+		if leader == learner {
+			t.Fatal("the learner leads")
+		}
+		for k := range 20 {
+			body := fmt.Sprintf("r%d-%d", round, k)
+			off, err := putTo(leader, body)
+			if err != nil {
+				t.Fatalf("put to the leader %s: %v", g.Name(leader), err)
+			}
+			acked[off] = body
+		}
+		waitAcked(t, "learner", learner, acked)
+		ri := replicaInfo(t, learner)
+		if ri.GetRole() != storagedv1.ReplicaRole_REPLICA_ROLE_LEARNER || ri.GetLeaderAddr() != leader.Addr() {
+			t.Fatalf("learner's replica info: %v, want LEARNER naming %s", ri, leader.Addr())
+		}
+		var learnerSeen bool
+		for _, pr := range replicaInfo(t, leader).GetPeers() {
+			learnerSeen = learnerSeen || (pr.GetId() == 4 && pr.GetLearner())
+		}
+		if !learnerSeen {
+			t.Fatalf("the leader's progress does not list member 4 as a learner: %v", replicaInfo(t, leader).GetPeers())
+		}
+		_, err := putTo(learner, "to the learner")
+		if v := client.Classify(err); !v.NothingStored || v.Cause != "NOT_LEADER" || v.LeaderAddr != leader.Addr() {
+			t.Fatalf("put to the learner: %v, want NOT_LEADER naming %s", err, leader.Addr())
+		}
+		if round == 0 {
+			leader.Kill(t) // two voters of three remain: a quorum
+		}
+	}
+	g.Heal(t)
+	for _, p := range g.nodes {
+		waitAcked(t, g.Name(p), p, acked)
 	}
 }
