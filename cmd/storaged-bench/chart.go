@@ -35,6 +35,7 @@ var seriesColors = map[string]color.RGBA{
 	"nats-always":    {197, 176, 213, 255},
 	"redis-everysec": {140, 86, 75, 255},
 	"redis-always":   {196, 156, 148, 255},
+	targetR3:         {128, 0, 64, 255}, // a deep red: sync, three times
 }
 
 // otherColors are the rest of matplotlib's tab10 palette, then greys.

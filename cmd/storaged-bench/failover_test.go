@@ -1,0 +1,69 @@
+package main
+
+import (
+	"errors"
+	"io"
+	"testing"
+	"time"
+)
+
+func TestFailoverOptions(t *testing.T) {
+	if _, err := parseFailoverOptions([]string{"--storaged", "bin", "--signal", "term", "--rounds", "10"}, io.Discard); err != nil {
+		t.Fatal(err)
+	}
+	for name, args := range map[string][]string{
+		"no binary":  {"--signal", "kill"},
+		"bad signal": {"--storaged", "bin", "--signal", "hup"},
+		"no rounds":  {"--storaged", "bin", "--rounds", "0"},
+		"writers":    {"--storaged", "bin", "--writers", "5000"},
+		"extra":      {"--storaged", "bin", "x"},
+	} {
+		var uerr usageError
+		if _, err := parseFailoverOptions(args, io.Discard); !errors.As(err, &uerr) {
+			t.Errorf("%s: %v, want a usage error", name, err)
+		}
+	}
+	if _, _, _, err := parseMatrixOptions([]string{"--targets", "r3"}, io.Discard); err == nil {
+		t.Error("matrix --targets r3 without --storaged: accepted")
+	}
+}
+
+// TestAckLogGap: the longest interval between consecutive acks from the
+// last ack before the signal on.
+func TestAckLogGap(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	at := func(ms ...int) []time.Time {
+		var out []time.Time
+		for _, m := range ms {
+			out = append(out, t0.Add(time.Duration(m)*time.Millisecond))
+		}
+		return out
+	}
+	for _, tc := range []struct {
+		name  string
+		acks  []time.Time
+		want  time.Duration
+		after int
+	}{
+		{"steady", at(-2, -1, 1, 2, 3), 2 * time.Millisecond, 3},
+		{"a hole after the signal", at(-1, 5, 900, 901), 895 * time.Millisecond, 3},
+		{"no ack before", at(300, 301), 300 * time.Millisecond, 2},
+		{"nothing after", at(-5, -1), 4 * time.Millisecond, 0},
+	} {
+		a := &ackLog{at: tc.acks}
+		if got, after := a.gap(t0); got != tc.want || after != tc.after {
+			t.Errorf("%s: gap %v with %d after, want %v with %d", tc.name, got, after, tc.want, tc.after)
+		}
+	}
+	a := &ackLog{at: at(-3, -2, -1)}
+	a.mark()
+	if len(a.at) != 1 || !a.at[0].Equal(t0.Add(-time.Millisecond)) {
+		t.Fatalf("mark kept %v", a.at)
+	}
+	if q := quantile([]float64{1, 2, 3, 4, 5, 6, 7, 8, 9, 10}, 0.99); q != 10 {
+		t.Fatalf("p99 of 10 values: %v", q)
+	}
+	if q := quantile([]float64{1, 2, 3, 4, 5, 6, 7, 8, 9, 10}, 0.5); q != 5 {
+		t.Fatalf("p50 of 10 values: %v", q)
+	}
+}
