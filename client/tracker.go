@@ -317,12 +317,15 @@ func (t *LeaderTracker) target(ctx context.Context, hint string) (string, *grpc.
 	}
 	if t.leader != "" {
 		addr, c := t.leader, t.conns[t.leader]
-		if c.GetState() != connectivity.TransientFailure {
+		if c.GetState() == connectivity.Ready {
 			t.mu.Unlock()
 			return addr, c, nil
 		}
-		// The connection is down (the leader died or restarts): a put
-		// would fail with an unknown outcome; look the leader up instead.
+		// The connection is not up (the leader died or restarts, or the
+		// connection broke and went idle): a put would have to connect
+		// first and, if that failed, would end as a bare UNAVAILABLE,
+		// an unknown outcome. Look the leader up instead: a probe is
+		// safe to fail.
 		t.leader = ""
 	}
 	lc := t.lookup
