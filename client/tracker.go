@@ -226,12 +226,18 @@ func (t *LeaderTracker) PutMessages(ctx context.Context, req *storagedv1.PutMess
 // run again, at the same or another member, only after an error Classify
 // says stored nothing. call must make exactly one RPC.
 //
-// Two bounds: at most MaxAttempts calls, and, while no member says it is
-// the ready leader (an election, a transfer), lookups every
-// LookupInterval for at most LeaderWait in all.
+// After a refusal the leader is looked up again (the refusal's hint
+// first). The refusal's RetryInfo (or, without one, the backoff) is when
+// the same member may be asked again: a member that stepped down names no
+// leader and suggests about an election timeout, but the put goes to
+// whichever member says it is the ready leader first, at once. Bounds: at
+// most MaxAttempts calls, and, while no member says it is the ready
+// leader (an election, a transfer), lookups every LookupInterval for at
+// most LeaderWait in all.
 func (t *LeaderTracker) Do(ctx context.Context, call func(context.Context, storagedv1.MessageStoreServiceClient) error) error {
 	backoff := t.opts.InitialBackoff
-	var hint string
+	var hint, refusedBy string
+	var notBefore time.Time // refusedBy is not asked again before
 	var last error
 	var leaderDeadline time.Time // set at the first lookup that finds no ready leader
 	for attempt := 0; ; {
@@ -250,9 +256,11 @@ func (t *LeaderTracker) Do(ctx context.Context, call func(context.Context, stora
 			// Polled at a short, fixed interval: the group takes puts as
 			// soon as a leader is ready, and a backoff grown during the
 			// election would only add to the time without writes.
-			delay = t.opts.LookupInterval
+			delay = jitter(t.opts.LookupInterval)
 		case err != nil: // ctx ended, closed
 			return errors.Join(err, last)
+		case addr == refusedBy && time.Now().Before(notBefore):
+			delay = time.Until(notBefore) // the same member: honour its RetryInfo
 		default:
 			attempt++
 			err = call(ctx, storagedv1.NewMessageStoreServiceClient(conn))
@@ -260,29 +268,26 @@ func (t *LeaderTracker) Do(ctx context.Context, call func(context.Context, stora
 				return nil
 			}
 			v := Classify(err)
+			t.doubt(addr) // the next call looks the leader up first
 			if !v.NothingStored {
-				t.doubt(addr) // the next put looks the leader up first
 				return fmt.Errorf("client: put at %s (attempt %d), outcome unknown unless the status says otherwise: %w", addr, attempt, err)
 			}
 			last = fmt.Errorf("client: put refused at %s (attempt %d), nothing stored: %w", addr, attempt, err)
-			t.doubt(addr)
 			if attempt >= t.opts.MaxAttempts {
 				return last
 			}
-			switch {
-			case v.LeaderAddr != "" && v.LeaderAddr != addr && v.HasRetryDelay && v.RetryDelay == 0:
-				hint = v.LeaderAddr // a redirect: at once
-			case v.HasRetryDelay:
-				hint, delay = v.LeaderAddr, min(v.RetryDelay, t.opts.MaxRetryDelay)
-			default:
-				hint, delay = v.LeaderAddr, backoff
+			wait := backoff
+			if v.HasRetryDelay {
+				wait = min(v.RetryDelay, t.opts.MaxRetryDelay)
+			} else {
 				backoff = min(2*backoff, t.opts.MaxBackoff)
+			}
+			refusedBy, notBefore = addr, time.Now().Add(jitter(wait))
+			if v.LeaderAddr != addr {
+				hint = v.LeaderAddr
 			}
 		}
 		if delay > 0 {
-			// Jitter: +-25 %, so that many clients refused together do
-			// not come back together.
-			delay += time.Duration(rand.Int64N(int64(delay)/2+1)) - delay/4
 			timer := time.NewTimer(delay)
 			select {
 			case <-timer.C:
@@ -295,6 +300,15 @@ func (t *LeaderTracker) Do(ctx context.Context, call func(context.Context, stora
 			}
 		}
 	}
+}
+
+// jitter is d +-25 %, so that many clients refused together do not come
+// back together.
+func jitter(d time.Duration) time.Duration {
+	if d <= 0 {
+		return 0
+	}
+	return d + time.Duration(rand.Int64N(int64(d)/2+1)) - d/4
 }
 
 // doubt forgets addr as the leader (another goroutine may have found a

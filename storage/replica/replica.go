@@ -199,6 +199,14 @@ type Node struct {
 	reads    reads  // linearizable reads waiting for their ReadIndex
 	// readyTerm is the term in which this node last became ready.
 	readyTerm uint64
+	// ticks counts raft ticks; heard[id] is the tick count when a message
+	// from member id last arrived. A follower heard within ElectionTick
+	// ticks is active for the in-sync check of refusalLocked: a sliding
+	// window, where raft's RecentActive is cleared for every follower at
+	// each CheckQuorum (every election timeout) and would refuse puts with
+	// IN_SYNC_REPLICAS_NOT_ENOUGH until the next response arrived.
+	ticks uint64
+	heard map[uint64]uint64
 
 	stop   chan struct{}
 	done   chan struct{}
@@ -239,7 +247,7 @@ func New(opts Options, commitEnd int64) (*Node, error) {
 	}
 	n := &Node{opts: opts, host: opts.Host, rn: rn, waiters: map[key]*Waiter{}, commit: opts.Applied, end: commitEnd,
 		reads:       reads{batches: map[uint64]*readBatch{}},
-		softChanged: make(chan struct{}), stop: make(chan struct{}), done: make(chan struct{}), wake: make(chan struct{}, 1),
+		softChanged: make(chan struct{}), heard: map[uint64]uint64{}, stop: make(chan struct{}), done: make(chan struct{}), wake: make(chan struct{}, 1),
 		joining: opts.Log.Joining()}
 	if n.joining {
 		opts.Logger.Infof("replica %d: bootstrapped empty: it votes only for candidates without a log until it has caught up with a leader", opts.ID)
@@ -299,6 +307,7 @@ func (n *Node) loop() {
 			return
 		case <-n.opts.Ticks:
 			n.mu.Lock()
+			n.ticks++
 			n.rn.Tick()
 			n.maybeReadyLocked()
 			n.mu.Unlock()
@@ -684,11 +693,12 @@ func (n *Node) refusalLocked() error {
 			return
 		}
 		voters++
-		if pr.RecentActive {
+		if last, ok := n.heard[id]; ok && n.ticks-last < uint64(n.opts.ElectionTick) {
 			active++
 		}
 	})
-	// A quorum of voters+1 (self) needs quorum-1 followers.
+	// A quorum of voters+1 (self) needs quorum-1 followers, each heard
+	// from within the last election timeout (n.heard).
 	if need := (voters+1)/2 + 1 - 1; active < need {
 		return fmt.Errorf("%w: %d of %d followers active, %d needed", ErrInSyncReplicasNotEnough, active, voters, need)
 	}
@@ -756,6 +766,7 @@ func (n *Node) StepPeer(b []byte) error {
 		n.mu.Unlock()
 		return n.err
 	}
+	n.heard[m.GetFrom()] = n.ticks
 	if skip, lost := n.screenLocked(m); lost != nil {
 		n.err = lost
 		n.failReadsLocked(lost)
