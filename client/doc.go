@@ -3,8 +3,13 @@
 // replication.md §1): given the members' client addresses, it remembers
 // the leader, follows the leader_addr hints of refusals, finds the leader
 // with GetReplicaInfo when no hint helps, and retries a put only when
-// storaged said nothing was stored (Classify), with bounded attempts and a
-// bounded, jittered backoff that honours the server's RetryInfo.
+// storaged said nothing was stored (Classify). Everything is bounded: at
+// most MaxAttempts calls per put; while no member is the ready leader
+// (an election, a transfer), lookups every LookupInterval for at most
+// LeaderWait; a member that refused is asked again only after its
+// RetryInfo (or a jittered backoff without one), while a put goes at once
+// to another member that says it is the ready leader; connections to
+// hinted addresses outside the member list at most MaxHintedAddrs.
 //
 // What a put's error means for the message:
 //
