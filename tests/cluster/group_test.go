@@ -427,11 +427,10 @@ func waitAcked(t *testing.T, name string, p *proctest.Process, acked map[int64]s
 	}
 }
 
-func replicaInfo(t *testing.T, p *proctest.Process) *storagedv1.GetReplicaInfoResponse {
+// mustReplicaInfo is replicaInfo that fails the test on an error.
+func mustReplicaInfo(t *testing.T, p *proctest.Process) *storagedv1.GetReplicaInfoResponse {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	ri, err := storagedv1.NewMessageStoreServiceClient(p.Conn()).GetReplicaInfo(ctx, &storagedv1.GetReplicaInfoRequest{})
+	ri, err := replicaInfo(p)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -486,16 +485,16 @@ func TestGroupLearnerProcess(t *testing.T) {
 			t.Fatalf("the leader is %s, the tracker sends to %s (the learner is %s)", leader.Addr(), tr.Leader(), learner.Addr())
 		}
 		waitAcked(t, "learner", learner, acked)
-		ri := replicaInfo(t, learner)
+		ri := mustReplicaInfo(t, learner)
 		if ri.GetRole() != storagedv1.ReplicaRole_REPLICA_ROLE_LEARNER || ri.GetLeaderAddr() != leader.Addr() {
 			t.Fatalf("learner's replica info: %v, want LEARNER naming %s", ri, leader.Addr())
 		}
 		var learnerSeen bool
-		for _, pr := range replicaInfo(t, leader).GetPeers() {
+		for _, pr := range mustReplicaInfo(t, leader).GetPeers() {
 			learnerSeen = learnerSeen || (pr.GetId() == 4 && pr.GetLearner())
 		}
 		if !learnerSeen {
-			t.Fatalf("the leader's progress does not list member 4 as a learner: %v", replicaInfo(t, leader).GetPeers())
+			t.Fatalf("the leader's progress does not list member 4 as a learner: %v", mustReplicaInfo(t, leader).GetPeers())
 		}
 		_, err = putTo(learner, "to the learner")
 		if v := client.Classify(err); !v.NothingStored || v.Cause != "NOT_LEADER" || v.LeaderAddr != leader.Addr() {
