@@ -194,12 +194,15 @@ func TestGroupSIGTERMTransfer(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		// The stopping leader saw another member lead before it exited: the
+		// transfer finished (the group did not wait for an election
+		// timeout). Leadership may have moved on since, under load.
 		runs := strings.Split(string(b), "---- start ")
-		if last := runs[len(runs)-1]; !strings.Contains(last, `"new_leader":`+fmt.Sprint(g.idOf(newLeader))) ||
-			!strings.Contains(last, `"message":"leadership transferred"`) {
-			t.Fatalf("%s's log does not say it transferred leadership to %s (id %d):\n%s", g.Name(leader), g.Name(newLeader), g.idOf(newLeader), last)
+		last := runs[len(runs)-1]
+		if !strings.Contains(last, `"message":"leadership transferred"`) || strings.Contains(last, fmt.Sprintf(`"new_leader":%d,`, g.idOf(leader))) {
+			t.Fatalf("%s's log does not say it transferred leadership:\n%s", g.Name(leader), last)
 		}
-		t.Logf("round %d: SIGTERM of %s, leadership to %s: longest time without an ack %v", round, g.Name(leader), g.Name(newLeader), gap)
+		t.Logf("round %d: SIGTERM of %s, leader now %s: longest time without an ack %v", round, g.Name(leader), g.Name(newLeader), gap)
 		leader.Restart(t)
 		w.waitAcks(t, 50)
 	}
