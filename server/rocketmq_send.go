@@ -210,6 +210,9 @@ func (r *rocketMQ) checkMessage(m *rocketmqv2.Message, now int64) (group string,
 		return "", p, v2Status(rocketmqv2.Code_MESSAGE_BODY_TOO_LARGE, "body is %d bytes, limit %d", len(body), r.svc.maxMessageSize)
 	}
 	sp := m.GetSystemProperties()
+	if sp == nil { // absent: no system property set (the checks below read its fields)
+		sp = &rocketmqv2.SystemProperties{}
+	}
 	switch sp.GetBodyEncoding() {
 	case rocketmqv2.Encoding_ENCODING_UNSPECIFIED, rocketmqv2.Encoding_IDENTITY:
 	case rocketmqv2.Encoding_GZIP:
