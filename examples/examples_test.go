@@ -26,6 +26,7 @@ import (
 
 	storagedv1 "github.com/storaged/storaged/gen/storaged/v1"
 	"github.com/storaged/storaged/internal/proctest"
+	"github.com/storaged/storaged/internal/testenv"
 )
 
 // The binaries TestMain builds: storaged itself and the Go example.
@@ -85,10 +86,10 @@ func TestClientExamples(t *testing.T) {
 	t.Run("node", func(t *testing.T) {
 		t.Parallel()
 		node, err := exec.LookPath("node")
-		need(t, err == nil, "node is not on PATH (Debian: apt-get install nodejs npm)")
+		testenv.Need(t, err == nil, "node is not on PATH (Debian: apt-get install nodejs npm)")
 		for _, pkg := range []string{"@grpc/grpc-js", "@grpc/proto-loader", "protobufjs", "google-proto-files"} {
 			_, err := os.Stat(filepath.Join("node", "node_modules", pkg, "package.json"))
-			need(t, err == nil, "examples/node/node_modules lacks "+pkg+": run npm ci in examples/node")
+			testenv.Need(t, err == nil, "examples/node/node_modules lacks "+pkg+": run npm ci in examples/node")
 		}
 		runExample(t, client, addr, "ExampleNode", "node", node, "node/example.js", "--addr", addr, "--topic", "ExampleNode")
 	})
@@ -99,30 +100,17 @@ func TestClientExamples(t *testing.T) {
 		const python = "/usr/bin/python3"
 		const pkgs = "apt-get install python3-grpcio python3-protobuf protobuf-compiler protobuf-compiler-grpc libprotobuf-dev golang-github-gogo-googleapis-dev"
 		_, err := os.Stat(python)
-		need(t, err == nil, python+" is missing: "+pkgs)
+		testenv.Need(t, err == nil, python+" is missing: "+pkgs)
 		out, err := exec.Command(python, "-c", "import grpc, google.protobuf").CombinedOutput()
-		need(t, err == nil, fmt.Sprintf("%s lacks grpc or protobuf (%s): %s", python, bytes.TrimSpace(out), pkgs))
+		testenv.Need(t, err == nil, fmt.Sprintf("%s lacks grpc or protobuf (%s): %s", python, bytes.TrimSpace(out), pkgs))
 		for _, tool := range []string{"protoc", "grpc_python_plugin"} {
 			_, err := exec.LookPath(tool)
-			need(t, err == nil, tool+" is not on PATH: "+pkgs)
+			testenv.Need(t, err == nil, tool+" is not on PATH: "+pkgs)
 		}
 		_, err = os.Stat("/usr/share/gocode/src/github.com/gogo/googleapis/google/rpc/error_details.proto")
-		need(t, err == nil, "googleapis' google/rpc protos are missing: "+pkgs)
+		testenv.Need(t, err == nil, "googleapis' google/rpc protos are missing: "+pkgs)
 		runExample(t, client, addr, "ExamplePython", "python", python, "python/example.py", "--addr", addr, "--topic", "ExamplePython")
 	})
-}
-
-// need fails the test under CI=true and skips it otherwise when a
-// prerequisite is missing.
-func need(t *testing.T, ok bool, what string) {
-	t.Helper()
-	if ok {
-		return
-	}
-	if os.Getenv("CI") == "true" {
-		t.Fatalf("%s (CI=true: .ci/run installs it)", what)
-	}
-	t.Skipf("%s; skipped outside CI", what)
 }
 
 // startStoraged starts the real binary on 127.0.0.1:0 with a fresh data dir,

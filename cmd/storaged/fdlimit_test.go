@@ -2,8 +2,8 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"net"
-	"os"
 	"os/exec"
 	"strconv"
 	"strings"
@@ -15,6 +15,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	storagedv1 "github.com/storaged/storaged/gen/storaged/v1"
+	"github.com/storaged/storaged/internal/testenv"
 )
 
 // TestIdleConnectionsCannotExhaustFds runs the real binary under
@@ -34,10 +35,7 @@ import (
 func TestIdleConnectionsCannotExhaustFds(t *testing.T) {
 	prlimit, err := exec.LookPath("prlimit")
 	if err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("prlimit (util-linux) is needed for this test in CI: %v", err)
-		}
-		t.Skipf("no prlimit: %v", err)
+		testenv.Need(t, false, fmt.Sprintf("prlimit (util-linux) is not installed: %v", err))
 	}
 	const nofile, idle, queues = 128, 150, 20
 	for _, tc := range []struct {

@@ -16,6 +16,8 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/static"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 	"github.com/google/go-containerregistry/pkg/v1/types"
+
+	"github.com/storaged/storaged/internal/testenv"
 )
 
 // layerOf builds a gzip layer from tar headers (data for regular files).
@@ -189,12 +191,7 @@ func TestUnpackErrors(t *testing.T) {
 // TestUnpackOwners: with owners, files and directories get the header's
 // uid/gid (the data dir must be 65532's in the unpacked image).
 func TestUnpackOwners(t *testing.T) {
-	if os.Geteuid() != 0 {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("CI runs as root; chown needs it")
-		}
-		t.Skip("chown needs root")
-	}
+	testenv.Need(t, os.Geteuid() == 0, "chown needs root (CI runs as root)")
 	img := imageOf(t, layerOf(t,
 		tarFile{tar.Header{Name: "data/", Typeflag: tar.TypeDir, Mode: 0o755, Uid: UID, Gid: GID}, ""},
 		tarFile{tar.Header{Name: "data/f", Typeflag: tar.TypeReg, Mode: 0o600, Uid: 123, Gid: 456}, "x"},

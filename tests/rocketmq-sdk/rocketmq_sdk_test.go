@@ -21,6 +21,7 @@ import (
 
 	storagedv1 "github.com/storaged/storaged/gen/storaged/v1"
 	"github.com/storaged/storaged/internal/proctest"
+	"github.com/storaged/storaged/internal/testenv"
 )
 
 var binary string
@@ -49,27 +50,14 @@ type line struct {
 	HARetries int `json:"haRetries"`
 }
 
-// need fails the test under CI=true and skips it otherwise when a
-// prerequisite is missing.
-func need(t *testing.T, ok bool, what string) {
-	t.Helper()
-	if ok {
-		return
-	}
-	if os.Getenv("CI") == "true" {
-		t.Fatalf("%s (CI=true: .ci/run installs it)", what)
-	}
-	t.Skipf("%s; skipped outside CI", what)
-}
-
 // nodeSDK returns the node binary, after checking that the SDK is
 // installed next to this test.
 func nodeSDK(t *testing.T) string {
 	t.Helper()
 	node, err := exec.LookPath("node")
-	need(t, err == nil, "node is not on PATH (Debian: apt-get install nodejs npm)")
+	testenv.Need(t, err == nil, "node is not on PATH (Debian: apt-get install nodejs npm)")
 	_, err = os.Stat(filepath.Join("node_modules", "rocketmq-client-nodejs", "package.json"))
-	need(t, err == nil, "tests/rocketmq-sdk/node_modules lacks rocketmq-client-nodejs: run npm ci in tests/rocketmq-sdk")
+	testenv.Need(t, err == nil, "tests/rocketmq-sdk/node_modules lacks rocketmq-client-nodejs: run npm ci in tests/rocketmq-sdk")
 	return node
 }
 
