@@ -50,7 +50,7 @@ func (l *Log) recover() error {
 		}
 		if err != nil {
 			why = fmt.Sprintf("entry %d: %v", i, err)
-			if j, ok := l.holdsAfter(i); ok && i > l.hs.cur.Commit {
+			if j, ok := holdsAfter(l.idx, i); ok && i > l.hs.cur.Commit {
 				// A kill -9 tears only the unit being written, the last
 				// one; a power cut leaves each 32 B unit (inside one
 				// sector) old or new. A damaged unit with units that hold
@@ -200,11 +200,11 @@ func (l *Log) saveUnits(k uint64) error {
 	return nil
 }
 
-// holdsAfter finds a unit that holds after index i, before the first zero
-// unit.
-func (l *Log) holdsAfter(i uint64) (uint64, bool) {
+// holdsAfter finds a unit of x that holds after index i, before the first
+// zero unit: recovery and the offline repair both ask it.
+func holdsAfter(x *index, i uint64) (uint64, bool) {
 	for j := i + 1; ; j++ {
-		b := l.idx.slot(j)
+		b := x.slot(j)
 		if b == nil {
 			return 0, false
 		}

@@ -265,7 +265,7 @@ func (r *repairer) find() {
 		}
 		u, err := DecodeUnit(b)
 		if errors.Is(err, ErrUnitZero) && i > r.commit {
-			if _, ok := r.holdsAfter(i); !ok {
+			if _, ok := holdsAfter(r.x, i); !ok {
 				break
 			}
 		}
@@ -296,20 +296,6 @@ func (r *repairer) find() {
 			break // a torn last unit: recovery cuts it
 		}
 		r.damaged = append(r.damaged, d)
-	}
-}
-
-func (r *repairer) holdsAfter(i uint64) (uint64, bool) {
-	for j := i + 1; ; j++ {
-		b := r.x.slot(j)
-		if b == nil {
-			return 0, false
-		}
-		if _, err := DecodeUnit(b); err == nil {
-			return j, true
-		} else if errors.Is(err, ErrUnitZero) {
-			return 0, false
-		}
 	}
 }
 
@@ -349,7 +335,7 @@ func (r *repairer) repair(d Damage) (int64, uint64, error) {
 	_, uerr := DecodeUnit(local)
 	anchor := i
 	if uerr != nil {
-		if j, ok := r.holdsAfter(i); ok {
+		if j, ok := holdsAfter(r.x, i); ok {
 			anchor = j
 		} else {
 			anchor = 0 // no later unit holds: only a commit on both sides identifies the entry
