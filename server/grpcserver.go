@@ -44,6 +44,8 @@ const (
 	DefaultMaxConcurrentStreams  = 1024
 	DefaultMaxConnectionAge      = 10 * time.Minute
 	DefaultMaxConnectionAgeGrace = 30 * time.Second
+	// DefaultStreamWorkers is GRPCConfig.StreamWorkers' default.
+	DefaultStreamWorkers = 64
 	// KeepaliveMinTime is the shortest client ping interval the server
 	// tolerates; clients that ping more often get GOAWAY "too_many_pings".
 	KeepaliveMinTime = 10 * time.Second
@@ -113,6 +115,15 @@ type GRPCConfig struct {
 	// exemplars of the latency histograms. Nil (the default) installs none
 	// of it.
 	TracerProvider trace.TracerProvider
+	// StreamWorkers is how many goroutines serve calls and are kept for
+	// the next ones (grpc.NumStreamWorkers); a call that finds none idle
+	// gets a goroutine of its own, as without workers. Why: a goroutine
+	// per call starts on a small stack and grows it in every call (the
+	// interceptors and the put path are deep), which cost 6 % of the
+	// server's CPU in sync-mode unary puts (runtime.newstack/copystack,
+	// BENCHMARKS.md); a kept worker keeps its grown stack. Default
+	// DefaultStreamWorkers; negative: none.
+	StreamWorkers int
 }
 
 // GRPCServer is the assembled gRPC server: the MessageStoreService, health
@@ -196,6 +207,9 @@ func (cfg GRPCConfig) withDefaults() GRPCConfig {
 	if cfg.MaxConnectionAgeGrace <= 0 {
 		cfg.MaxConnectionAgeGrace = DefaultMaxConnectionAgeGrace
 	}
+	if cfg.StreamWorkers == 0 {
+		cfg.StreamWorkers = DefaultStreamWorkers
+	}
 	return cfg
 }
 
@@ -227,6 +241,9 @@ func serverOptions(cfg GRPCConfig, reads *inflight) ([]grpc.ServerOption, *grpcp
 		}),
 		grpc.ChainUnaryInterceptor(unary...),
 		grpc.ChainStreamInterceptor(stream...),
+	}
+	if cfg.StreamWorkers > 0 {
+		opts = append(opts, grpc.NumStreamWorkers(uint32(cfg.StreamWorkers)))
 	}
 	if cfg.TLS != nil {
 		opts = append(opts, grpc.Creds(credentials.NewTLS(cfg.TLS)))

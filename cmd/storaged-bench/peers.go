@@ -255,8 +255,13 @@ func (p *peer) runClient(ctx context.Context, c caseSpec, bodySize int, n int64)
 		} else {
 			args = append(args, "sync")
 		}
+		// --maxbytes: natscli's default stream limit (1 GB) is smaller than
+		// a run of batches at 750 k msgs/s; the stream is purged every run,
+		// so room for the run's messages twice over is enough.
+		maxBytes := max(1<<30, 2*n*int64(bodySize+128))
 		args = append(args, "storaged.bench", "--clients", strconv.Itoa(c.Concurrency), "--size", strconv.Itoa(bodySize),
-			"--msgs", strconv.FormatInt(n, 10), "--create", "--purge", "--storage", "file", "--replicas", "1", "--no-progress")
+			"--msgs", strconv.FormatInt(n, 10), "--maxbytes", strconv.FormatInt(maxBytes, 10),
+			"--create", "--purge", "--storage", "file", "--replicas", "1", "--no-progress")
 		cmd = exec.CommandContext(ctx, p.bins.nats, args...)
 		parse = parseNatsBench
 	} else {

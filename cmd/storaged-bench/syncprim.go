@@ -40,13 +40,16 @@ import (
 //	            storaged's allocator does: dirty zero pages)
 //	prewritten  zeros written and fsynced first: written extents, so a
 //	            sync writes data only
+//	grown       nothing: every append extends the file, so a sync also
+//	            commits the new size (Redis's AOF, NATS's message blocks);
+//	            pwrite only, since a mapping cannot grow with the file
 //
 // Every case has its own file; the cases take turns, one append each, so
 // that noise from other jobs falls on all of them alike.
 
 var (
 	syncPrimitives = []string{"msync", "fdatasync", "pwrite"}
-	syncFileKinds  = []string{"fallocated", "populated", "prewritten"}
+	syncFileKinds  = []string{"fallocated", "populated", "prewritten", "grown"}
 )
 
 type syncPrimOptions struct {
@@ -92,7 +95,7 @@ func parseSyncPrimOptions(args []string, stderr io.Writer) (syncPrimOptions, err
 	sizes := fs.String("sizes", "4Ki,16Ki,64Ki,256Ki,1Mi", "comma-separated append `sizes` (Ki, Mi suffixes)")
 	fs.IntVar(&o.iterations, "iterations", o.iterations, "appends + syncs per case")
 	prims := fs.String("primitives", strings.Join(syncPrimitives, ","), "comma-separated `primitives`: msync, fdatasync, pwrite")
-	kinds := fs.String("files", strings.Join(syncFileKinds, ","), "comma-separated file `preparations`: fallocated, populated, prewritten")
+	kinds := fs.String("files", strings.Join(syncFileKinds, ","), "comma-separated file `preparations`: fallocated, populated, prewritten, grown (pwrite only)")
 	fs.StringVar(&o.out, "out", "", "results JSON `file` (default: none)")
 	if err := parseFlags(fs, args); err != nil {
 		return o, err
@@ -161,6 +164,9 @@ func runSyncPrimCommand(args []string, stdout, stderr io.Writer) error {
 	for _, size := range o.sizes {
 		for _, kind := range o.kinds {
 			for _, prim := range o.primitives {
+				if kind == "grown" && prim != "pwrite" {
+					continue
+				}
 				c := &syncPrimCase{Primitive: prim, File: kind, Size: size, hist: hdrhistogram.New(1, int64(10*time.Second/time.Microsecond), 3)}
 				path := filepath.Join(dir, fmt.Sprintf("%s-%s-%d", kind, prim, size))
 				if err := c.open(path, size*int64(o.iterations)); err != nil {
@@ -205,6 +211,9 @@ func (c *syncPrimCase) open(path string, size int64) error {
 		return err
 	}
 	c.f = f
+	if c.File == "grown" {
+		return f.Sync() // the directory entry; the file grows with each append
+	}
 	if err := unix.Fallocate(int(f.Fd()), 0, 0, size); err != nil {
 		return fmt.Errorf("fallocate: %w", err)
 	}
