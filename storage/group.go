@@ -18,6 +18,7 @@ import (
 	"github.com/storaged/storaged/storage/raftlog"
 	"github.com/storaged/storaged/storage/record"
 	"github.com/storaged/storaged/storage/replica"
+	"github.com/storaged/storaged/storage/snapshot"
 )
 
 // Group mode (design replication.md §3): the store is one replica of a
@@ -122,7 +123,23 @@ type GroupOptions struct {
 	// for their leadership check at once; beyond it ErrReadIndexBusy.
 	// Default replica.DefaultMaxReadWaiters (4096).
 	MaxReadWaiters int
+	// CatchUpWindow bounds, in commitlog bytes below the commit end, how
+	// far back the leader keeps files that expired (FileReservedTime) for
+	// a follower still catching up from the raft log: a follower further
+	// behind gets a snapshot instead (design §3.5). Bytes, not entries:
+	// retention deletes files, and catching up from the log costs reads
+	// of cold pages on the raft goroutine in proportion to bytes (an entry
+	// is one message or a 4 MiB batch). Default DefaultCatchUpWindow.
+	CatchUpWindow int64
+
+	// installHook, if set (tests), is told each step of a snapshot
+	// install as it completes: the crash points of the install tests.
+	installHook func(step string)
 }
+
+// DefaultCatchUpWindow is GroupOptions.CatchUpWindow's default (design
+// §3.5: 4 GiB, about a minute of a saturated disk here).
+const DefaultCatchUpWindow = 4 << 30
 
 func (g *GroupOptions) withDefaults(o Options) {
 	if g.TickInterval == 0 {
@@ -139,6 +156,9 @@ func (g *GroupOptions) withDefaults(o Options) {
 	}
 	if g.MaxReadWaiters == 0 {
 		g.MaxReadWaiters = replica.DefaultMaxReadWaiters
+	}
+	if g.CatchUpWindow == 0 {
+		g.CatchUpWindow = DefaultCatchUpWindow
 	}
 }
 
@@ -164,6 +184,9 @@ func (g *GroupOptions) validate(o Options) []error {
 	if g.Transport == nil {
 		errs = append(errs, errors.New("Group.Transport is required"))
 	}
+	if g.CatchUpWindow < 0 {
+		errs = append(errs, fmt.Errorf("Group.CatchUpWindow %d must not be negative", g.CatchUpWindow))
+	}
 	if g.TickInterval < 0 || g.ReplicationTimeout < 0 || g.ElectionTick < 0 || g.HeartbeatTick < 0 || g.MaxReadWaiters < 0 ||
 		(g.ElectionTick > 0 && g.HeartbeatTick > 0 && g.ElectionTick <= g.HeartbeatTick) {
 		errs = append(errs, errors.New("Group: negative durations, or ElectionTick not above HeartbeatTick"))
@@ -182,6 +205,10 @@ type groupState struct {
 	pins atomic.Int64
 	// receiving: a snapshot is being staged (ReceiveSnapshot).
 	receiving atomic.Bool
+	// staged is the verified snapshot whose MsgSnap is being stepped into
+	// raft (incomingSnapshot.Finish): the raft loop installs it.
+	stagedMu sync.Mutex
+	staged   *snapshot.Stage
 
 	mu       sync.Mutex
 	advanced chan struct{} // closed and replaced when commitEnd moves
@@ -231,8 +258,9 @@ func (s *Store) groupCommitEnd(cpFlushed int64) (int64, commitlog.Synced, error)
 func (s *Store) openGroupLog(cp consumequeue.Checkpoint) error {
 	g := s.opts.Group
 	s.log.Start()
-	// A snapshot staged when the last run stopped was never installed
-	// (installing is not built): it is garbage.
+	// A snapshot staged when the last run stopped was never installed (an
+	// install it started has its journal, and rollForwardInstall has used
+	// the staged files already): it is garbage.
 	if err := s.opts.FS.RemoveAll(filepath.Join(s.opts.Dir, snapshotDir)); err != nil {
 		return fmt.Errorf("storage: remove a stale snapshot staging dir: %w", err)
 	}

@@ -18,15 +18,14 @@ import (
 // sending side (raft's MsgSnap leaves the raft loop through
 // groupHost.SendSnapshot; the transport's SendSnapshot streams the files,
 // pinned against retention, and the outcome is reported to raft), the
-// receiving side up to a verified copy (ReceiveSnapshot: the MsgSnap
-// checked against this replica and its manifest, the files staged in
-// <data dir>/snapshot.tmp by snapshot.Stage) and the peer transport's
-// InstallSnapshot stream (server/peer). Not built: the install (the atomic
-// swap of the staged files into the commitlog, the raft log's reset to a
-// base at the snapshot, the consume queues started at their first offsets
-// with consumequeue.StartAt), so StepPeer refuses every MsgSnap and
-// nothing outside tests calls Compact: in production FirstIndex stays 1
-// and raft never sends a snapshot.
+// receiving side (ReceiveSnapshot: the MsgSnap checked against this
+// replica and its manifest, the files staged in <data dir>/snapshot.tmp
+// and verified by snapshot.Stage, then the MsgSnap stepped into raft,
+// which restores it; the raft loop installs it: group_install.go) and the
+// peer transport's InstallSnapshot stream (server/peer). StepPeer refuses
+// a MsgSnap that comes without its files. Retention compacts the raft log
+// before it deletes files (retentionHost.BeforeDelete), which is what
+// makes raft send a snapshot to a follower behind it.
 
 // SnapshotManifest returns the manifest of a snapshot of this replica at
 // its applied index S: the commitlog files from the oldest one kept to the
@@ -128,8 +127,19 @@ type outgoingSnapshot struct {
 	built, ended bool
 }
 
+// Message builds the manifest and the MsgSnap carrying it. The snapshot
+// is taken at this replica's applied index when that is past raft's
+// (the log's base, FirstIndex-1): the base's own data may lie in files
+// retention has just deleted (it compacts to the deletion point), and a
+// later committed index costs the follower fewer entries afterwards.
 func (o *outgoingSnapshot) Message() ([]byte, error) {
-	end, err := o.s.group.rlog.DataEndAt(o.index)
+	g := o.s.group
+	if applied := g.node.Info().Applied; applied > o.index {
+		if term, err := g.rlog.Term(applied); err == nil {
+			o.index, o.term = applied, term
+		}
+	}
+	end, err := g.rlog.DataEndAt(o.index)
 	if err != nil {
 		return nil, err
 	}
@@ -141,7 +151,7 @@ func (o *outgoingSnapshot) Message() ([]byte, error) {
 		return nil, err
 	}
 	o.built = true
-	return replica.SnapshotMessage(o.msg, data)
+	return replica.SnapshotMessageAt(o.msg, o.index, o.term, data)
 }
 
 func (o *outgoingSnapshot) Read(chunkBytes int, send func(file, offset int64, data []byte, crc uint32) error) error {
@@ -174,17 +184,24 @@ var ErrBadSnapshot = errors.New("storage: snapshot refused")
 // SnapshotReceiver): msg is raft's MsgSnap, its data the manifest. It is
 // refused unless it is a MsgSnap from that member, a member of the group,
 // to this replica, whose manifest is at the MsgSnap's index and term, of
-// this replica's commitlog file size, past this replica's commit index and
-// within the disk the data dir has free; one at a time. The files are
-// staged in <data dir>/snapshot.tmp and verified (snapshot.Stage); since
-// installing is not built, Finish then discards the verified copy and
-// returns snapshot.ErrNotInstalled: nothing this replica stored changes.
+// this replica's commitlog file size, past this replica's commit index,
+// holding at least one file and within the disk the data dir has free;
+// one at a time. The files are staged in <data dir>/snapshot.tmp and
+// verified (snapshot.Stage); Finish then steps the MsgSnap into raft and
+// returns once the raft loop has installed it (group_install.go), or
+// found it not needed. Until the install's journal is written nothing
+// this replica stored changes.
 func (s *Store) ReceiveSnapshot(from uint64, msg []byte) (snapshot.Incoming, error) {
 	if s.group == nil || s.group.node == nil {
 		return nil, ErrNotGroup
 	}
 	if s.closed.Load() {
 		return nil, ErrClosed
+	}
+	if err := s.WriteErr(); err != nil {
+		// Stopped, maybe by an install that failed: its staging dir must
+		// stay for the restart to finish it.
+		return nil, err
 	}
 	sfrom, to, index, term, data, err := replica.SnapshotOf(msg)
 	if err != nil {
@@ -208,6 +225,9 @@ func (s *Store) ReceiveSnapshot(from uint64, msg []byte) (snapshot.Incoming, err
 	if c := s.group.node.Info().Commit; index <= c {
 		return nil, fmt.Errorf("%w: at index %d, this replica has committed up to %d", ErrBadSnapshot, index, c)
 	}
+	if len(m.Files) == 0 {
+		return nil, fmt.Errorf("%w: a snapshot without a commitlog file (ends at %d)", ErrBadSnapshot, m.End)
+	}
 	room := int64(0)
 	if u, err := s.opts.StatDisk(s.opts.Dir); err == nil {
 		room = int64(u.Avail) - s.opts.FileSize // keep a file's worth for the log itself
@@ -221,13 +241,14 @@ func (s *Store) ReceiveSnapshot(from uint64, msg []byte) (snapshot.Incoming, err
 		s.group.receiving.Store(false)
 		return nil, fmt.Errorf("%w: %w", ErrBadSnapshot, err)
 	}
-	return &incomingSnapshot{s: s, st: st}, nil
+	return &incomingSnapshot{s: s, st: st, msg: msg}, nil
 }
 
 // incomingSnapshot is one snapshot being staged (snapshot.Incoming).
 type incomingSnapshot struct {
 	s    *Store
 	st   *snapshot.Stage
+	msg  []byte // the MsgSnap
 	done bool
 }
 
@@ -235,16 +256,38 @@ func (in *incomingSnapshot) Write(file, offset int64, data []byte, crc uint32) e
 	return in.st.Write(snapshot.Chunk{File: file, Offset: offset, Data: data, CRC: crc})
 }
 
+// Finish verifies the staged files, hands them to the raft loop and steps
+// the MsgSnap into raft; it returns once raft has dealt with it: installed
+// (nil), not needed (nil: raft ignored a stale snapshot, the staged files
+// are removed), or the install's error (the replica stopped; the staging
+// dir stays for the restart, which finishes the install when its journal
+// was written and removes the dir otherwise).
 func (in *incomingSnapshot) Finish() error {
-	err := in.st.Finish()
-	if err == nil {
-		m := in.st.Manifest()
-		in.s.opts.Logger.Info().Uint64("index", m.Index).Int("files", len(m.Files)).Int64("bytes", in.st.Written()).
-			Msg("storage: snapshot staged and verified; installing is not built, discarded")
-		err = snapshot.ErrNotInstalled
+	if err := in.st.Finish(); err != nil {
+		in.Discard()
+		return err
+	}
+	g := in.s.group
+	m := in.st.Manifest()
+	g.stagedMu.Lock()
+	g.staged = in.st
+	g.stagedMu.Unlock()
+	installed, err := g.node.StepSnapshot(in.msg)
+	g.stagedMu.Lock()
+	g.staged = nil
+	g.stagedMu.Unlock()
+	log := in.s.opts.Logger
+	switch {
+	case err != nil:
+		in.done = true
+		g.receiving.Store(false)
+		log.Error().Err(err).Uint64("index", m.Index).Msg("storage: snapshot not installed")
+		return err
+	case !installed:
+		log.Info().Uint64("index", m.Index).Msg("storage: snapshot staged and verified, not needed by raft (stale); discarded")
 	}
 	in.Discard()
-	return err
+	return nil
 }
 
 func (in *incomingSnapshot) Discard() {

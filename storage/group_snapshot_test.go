@@ -312,13 +312,14 @@ func TestGroupSnapshotSend(t *testing.T) {
 
 // TestGroupSnapshotReceive: node 3, restarted behind the leader's
 // compacted raft log, is handed the leader's snapshot through
-// ReceiveSnapshot: it stages it in its data dir and verifies every chunk
-// and record, then (installing is not built) discards it with
-// snapshot.ErrNotInstalled, its commitlog and raft state untouched. It
-// refuses a MsgSnap for another member, from a member other than the
-// stream's, whose manifest is at another index, or at an index it has
-// committed already, a second snapshot while one is staged, and a bad
-// chunk (staging dir gone); a stale staging dir is removed at Open.
+// ReceiveSnapshot. It refuses a MsgSnap for another member, from a member
+// other than the stream's, whose manifest is at another index, or at an
+// index it has committed already, a second snapshot while one is staged,
+// and a bad chunk (staging dir gone, nothing changed); a stale staging dir
+// is removed at Open. The good snapshot it stages in its data dir,
+// verifies, steps into raft and installs: its commitlog is then the
+// leader's up to the snapshot's end, its raft log starts past the
+// snapshot's index, and the staging dir and the install journal are gone.
 func TestGroupSnapshotReceive(t *testing.T) {
 	sink := &snapSink{dir: t.TempDir(), fileSize: 64 << 10}
 	t.Cleanup(sink.wg.Wait)
@@ -387,31 +388,7 @@ func TestGroupSnapshotReceive(t *testing.T) {
 	if _, err := node3.ReceiveSnapshot(1, message(good)); !errors.Is(err, ErrBadSnapshot) {
 		t.Fatalf("a second snapshot while one is staged: %v", err)
 	}
-	var n int64
-	if err := good.Read(0, func(file, off int64, b []byte, crc uint32) error {
-		n += int64(len(b))
-		return in.Write(file, off, b, crc)
-	}); err != nil {
-		t.Fatal(err)
-	}
-	if err := in.Finish(); !errors.Is(err, snapshot.ErrNotInstalled) {
-		t.Fatalf("Finish: %v, want ErrNotInstalled after the verification", err)
-	}
-	if n != good.m.Bytes() || n == 0 {
-		t.Fatalf("%d bytes streamed, the manifest has %d", n, good.m.Bytes())
-	}
-	if _, err := vfs.Default.ReadDir(stale); err == nil {
-		t.Fatal("the staging dir survived Finish")
-	}
-	if node3.log.MaxOffset() != before || node3.ReplicaInfo().Commit != infoBefore.Commit {
-		t.Fatalf("node 3 changed: commitlog end %d -> %d, commit %d -> %d", before, node3.log.MaxOffset(), infoBefore.Commit, node3.ReplicaInfo().Commit)
-	}
-
 	// A bad chunk: refused, and the staging dir goes.
-	in, err = node3.ReceiveSnapshot(1, message(good))
-	if err != nil {
-		t.Fatal(err)
-	}
 	i := 0
 	err = good.Read(0, func(file, off int64, b []byte, crc uint32) error {
 		if i++; i == 2 {
@@ -426,8 +403,11 @@ func TestGroupSnapshotReceive(t *testing.T) {
 	if _, err := vfs.Default.ReadDir(stale); err == nil {
 		t.Fatal("the staging dir survived a refused chunk")
 	}
+	if node3.log.MaxOffset() != before || node3.ReplicaInfo().Commit != infoBefore.Commit {
+		t.Fatalf("node 3 changed: commitlog end %d -> %d, commit %d -> %d", before, node3.log.MaxOffset(), infoBefore.Commit, node3.ReplicaInfo().Commit)
+	}
 
-	wrongIndex, err := replica.SnapshotMessage(snapOf(1, 3, base+1, baseTerm).msg, mustEncode(t, good.m))
+	wrongIndex, err := replica.SnapshotMessage(snapOf(1, 3, good.index+1, baseTerm).msg, mustEncode(t, good.m))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -452,6 +432,48 @@ func TestGroupSnapshotReceive(t *testing.T) {
 	} {
 		if _, err := node3.ReceiveSnapshot(tc.from, tc.msg); !errors.Is(err, ErrBadSnapshot) || !strings.Contains(err.Error(), tc.why) {
 			t.Errorf("%s: %v, want ErrBadSnapshot saying %q", name, err, tc.why)
+		}
+	}
+
+	// The good one, whole: staged, verified and installed.
+	good = snapOf(1, 3, base, baseTerm)
+	in, err = node3.ReceiveSnapshot(1, message(good))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var n int64
+	if err := good.Read(0, func(file, off int64, b []byte, crc uint32) error {
+		n += int64(len(b))
+		return in.Write(file, off, b, crc)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := in.Finish(); err != nil {
+		t.Fatalf("Finish: %v", err)
+	}
+	if n != good.m.Bytes() || n == 0 {
+		t.Fatalf("%d bytes streamed, the manifest has %d", n, good.m.Bytes())
+	}
+	for _, name := range []string{stale, filepath.Join(g.m[3].opts.Dir, installJournal)} {
+		if _, err := vfs.Default.Size(name); err == nil {
+			t.Fatalf("%s survived the install", name)
+		}
+	}
+	if f, _ := node3.group.rlog.FirstIndex(); f < good.m.Index+1 {
+		t.Fatalf("node 3's raft log starts at %d after installing a snapshot at %d", f, good.m.Index)
+	}
+	if ce := node3.ReplicaInfo().CommitEnd; ce < good.m.End {
+		t.Fatalf("node 3's commit end %d is below the snapshot's %d", ce, good.m.End)
+	}
+	for _, f := range good.m.Files {
+		node3.log.ReadLock()
+		got := append([]byte(nil), node3.log.At(f.From)[:f.Size]...)
+		node3.log.ReadUnlock()
+		leader.log.ReadLock()
+		want := append([]byte(nil), leader.log.At(f.From)[:f.Size]...)
+		leader.log.ReadUnlock()
+		if !bytes.Equal(got, want) {
+			t.Fatalf("node 3's file %d differs from the leader's after the install", f.From)
 		}
 	}
 }

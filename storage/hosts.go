@@ -3,6 +3,7 @@ package storage
 import (
 	"context"
 	"errors"
+	"fmt"
 
 	"github.com/storaged/storaged/storage/consumequeue"
 	"github.com/storaged/storaged/storage/internal/fault"
@@ -91,8 +92,56 @@ func (h *retentionHost) DeletableEnd(want int64) (int64, error) {
 	if s.sched != nil && s.Role() == RoleMaster {
 		limit = min(limit, s.sched.ProtectedFrom())
 	}
-	if s.group != nil && s.group.pins.Load() > 0 {
-		limit = min(limit, s.log.MinOffset()) // a snapshot being sent names every file
+	if s.group != nil {
+		if s.group.pins.Load() > 0 {
+			limit = min(limit, s.log.MinOffset()) // a snapshot being sent names every file
+		}
+		limit = min(limit, s.groupKeepFrom())
 	}
 	return limit, nil
+}
+
+// BeforeDelete compacts a replica's raft log past the entries whose data
+// lies in the files about to go (design §3.5): raft then never asks for
+// them (Entries would find their bytes gone), and a follower that still
+// needs them gets a snapshot. Standalone, nothing refers to the files.
+func (h *retentionHost) BeforeDelete(end int64) error {
+	s := (*Store)(h)
+	if s.group == nil {
+		return nil
+	}
+	if s.group.node == nil {
+		return fmt.Errorf("storage: the raft node is not running")
+	}
+	return s.group.rlog.CompactBelow(end, s.group.node.Info().Applied)
+}
+
+// groupKeepFrom is the commitlog offset retention keeps from in group
+// mode, whatever FileReservedTime says: on the leader, the data its
+// slowest follower still needs from the raft log (the data end at its
+// match index), but no more than CatchUpWindow bytes below the commit end
+// (a follower further behind gets a snapshot); on any other replica the
+// commit end, so nothing more than time-based retention (a follower that
+// becomes leader sends snapshots to what it no longer holds).
+func (s *Store) groupKeepFrom() int64 {
+	g := s.group
+	ce := g.commitEnd.Load()
+	if g.node == nil {
+		return ce
+	}
+	info := g.node.Info()
+	if info.Role != "leader" {
+		return ce
+	}
+	first, _ := g.rlog.FirstIndex()
+	need := ce
+	for _, p := range info.Peers {
+		if p.ID == g.opts.ID || p.Match+1 < first {
+			continue // itself, or a follower that needs a snapshot already
+		}
+		if end, err := g.rlog.DataEndAt(p.Match); err == nil {
+			need = min(need, end)
+		}
+	}
+	return max(need, ce-g.opts.CatchUpWindow)
 }

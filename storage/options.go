@@ -403,10 +403,6 @@ func (o Options) withDefaults() Options {
 		// The window is not replicated yet: a new leader would not know
 		// the keys its predecessor stored.
 		o.DedupWindow = -1
-		// No time-based deletion until snapshots exist: a lagging
-		// follower catches up only from the log (disk watermarks still
-		// apply).
-		o.FileReservedTime = -1
 	}
 	return o
 }

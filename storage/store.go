@@ -19,6 +19,7 @@ import (
 	"github.com/storaged/storaged/storage/record"
 	"github.com/storaged/storaged/storage/retention"
 	"github.com/storaged/storaged/storage/schedule"
+	"github.com/storaged/storaged/storage/snapshot"
 	"github.com/storaged/storaged/storage/vfs"
 )
 
@@ -62,6 +63,10 @@ type Store struct {
 	group    *groupState               // group mode (group.go); nil when standalone
 	offsets  *offsets.Table            // consumer offsets (consumer_offsets.go)
 
+	// installing is the manifest of a snapshot install Open finishes
+	// (group_install.go), nil otherwise; Open's own.
+	installing *snapshot.Manifest
+
 	// role is the broker role (Role), a runtime check: SetRole changes it.
 	role atomic.Uint32
 
@@ -94,6 +99,12 @@ func Open(opts Options) (*Store, error) {
 		return nil, err
 	}
 	s.lockFile = lf
+	// A snapshot install a crash interrupted is finished before anything
+	// reads the commitlog or the raft log (group_install.go).
+	if s.installing, err = s.rollForwardInstall(); err != nil {
+		s.cleanup()
+		return nil, err
+	}
 	s.log, err = commitlog.Open(commitlog.Options{FS: opts.FS, Dir: dir, FileSize: opts.FileSize,
 		RequireCRC: !opts.DisablePropCRC, PopulateChunk: opts.PopulateChunk, Populate: opts.Populate, Clock: opts.Clock,
 		Room: prepareRoom(opts), Logger: opts.Logger, Throttle: s.logLimit})
@@ -154,6 +165,12 @@ func Open(opts Options) (*Store, error) {
 		s.cleanup()
 		return nil, err
 	}
+	if s.installing != nil {
+		if err := s.completeInstall(); err != nil {
+			s.cleanup()
+			return nil, err
+		}
+	}
 	s.adoptTopics()
 	s.openDedup()
 	if err := s.openOffsets(); err != nil {
@@ -200,15 +217,16 @@ func Open(opts Options) (*Store, error) {
 	// Know the disk before the first put: a store opened on a disk above
 	// the warning watermark refuses writes from the start.
 	s.ret.CheckDisk()
-	s.ret.Start()
 	if s.group != nil {
+		// Before retention runs: in a group it asks the raft node what
+		// followers still need (groupKeepFrom).
 		if err := s.startGroup(); err != nil {
-			s.ret.Stop()
 			s.index.Stop()
 			s.cleanup()
 			return nil, err
 		}
 	}
+	s.ret.Start()
 	s.sched.Start()
 	return s, nil
 }
@@ -742,6 +760,11 @@ func (s *Store) rebuildQueues(cp consumequeue.Checkpoint) error {
 	want := func(topic string, qid int32) int64 { return s.checkpointCount(cp, topic, qid) }
 	if err := s.index.Load(end, want); err != nil {
 		return err
+	}
+	if s.installing != nil {
+		if err := s.startInstalledQueues(s.installing); err != nil {
+			return err
+		}
 	}
 	s.dropDeletedQueues()
 	from := min(cp.Dispatched, end)

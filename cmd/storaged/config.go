@@ -474,6 +474,7 @@ func (c *config) log(l zerolog.Logger) {
 		Stringer("raft_peers", &c.Replication.RaftPeers).
 		Bool("raft_learner", c.Replication.RaftLearner).Stringer("raft_learners", &c.Replication.RaftLearners).
 		Stringer("replication_timeout", c.Replication.ReplicationTimeout).
+		Stringer("raft_catchup_window", &c.Replication.CatchUpWindow).
 		Bool("peer_tls", c.Replication.PeerTLSCert != "").
 		Msg("effective configuration")
 }

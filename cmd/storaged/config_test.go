@@ -47,7 +47,7 @@ func TestConfigDefaults(t *testing.T) {
 		MaxPullWait:          10 * time.Second,
 		DedupWindow:          10 * time.Minute,
 		DedupMaxMessages:     1 << 18,
-		Replication:          replicationConfig{ReplicationTimeout: 5 * time.Second},
+		Replication:          replicationConfig{ReplicationTimeout: 5 * time.Second, CatchUpWindow: sizeValue(storage.DefaultCatchUpWindow)},
 	}
 	if !reflect.DeepEqual(cfg, want) {
 		t.Errorf("defaults\n got %+v\nwant %+v", cfg, want)

@@ -31,9 +31,13 @@ type replicationConfig struct {
 	RaftLearner        bool
 	RaftLearners       raftIDs // ids of --raft-peers that are learners, the same list on every member
 	ReplicationTimeout time.Duration
-	PeerTLSCert        string
-	PeerTLSKey         string
-	PeerTLSCA          string
+	// CatchUpWindow is --raft-catchup-window: how far below the commit end
+	// (bytes of commitlog) the leader keeps expired files for a follower
+	// catching up from the raft log; one further behind gets a snapshot.
+	CatchUpWindow sizeValue
+	PeerTLSCert   string
+	PeerTLSKey    string
+	PeerTLSCA     string
 
 	// Which flags the operator set (command line or environment): a group
 	// refuses --role and an explicit --flush-mode async.
@@ -66,6 +70,10 @@ func (r *replicationConfig) register(fs *flag.FlagSet) {
 		"separated, the same list on every member; empty: every member votes")
 	fs.DurationVar(&r.ReplicationTimeout, "replication-timeout", defaultReplicationTimeout,
 		"group mode: a put not committed by a majority within this `duration` gets DEADLINE_EXCEEDED with outcome unknown")
+	r.CatchUpWindow = sizeValue(storage.DefaultCatchUpWindow)
+	fs.Var(&r.CatchUpWindow, "raft-catchup-window", "group mode: the leader keeps commitlog files that retention would delete "+
+		"(--file-reserved-time) while a follower still catching up from the raft log needs them, at most this `size` below the "+
+		"commit end (KiB, MiB, GiB); a follower further behind gets a snapshot (a file transfer) instead")
 	fs.StringVar(&r.PeerTLSCert, "peer-tls-cert", "", "peer TLS certificate `file` (PEM), presented as server and client; it must name this member's --raft-peers host")
 	fs.StringVar(&r.PeerTLSKey, "peer-tls-key", "", "peer TLS private key `file` (PEM)")
 	fs.StringVar(&r.PeerTLSCA, "peer-tls-ca", "", "CA `file` (PEM) that signs every member's peer certificate; TLS 1.3, client certificates required")
@@ -100,6 +108,9 @@ func (r *replicationConfig) validate(flushMode storage.FlushMode) []error {
 	var errs []error
 	if r.ReplicationTimeout <= 0 {
 		errs = append(errs, fmt.Errorf("--replication-timeout %v must be positive", r.ReplicationTimeout))
+	}
+	if r.CatchUpWindow <= 0 {
+		errs = append(errs, fmt.Errorf("--raft-catchup-window %v must be positive", r.CatchUpWindow.String()))
 	}
 	tlsSet := r.PeerTLSCert != "" || r.PeerTLSKey != "" || r.PeerTLSCA != ""
 	if !r.group() {
@@ -399,7 +410,7 @@ func (r *replicationConfig) clusterID() string {
 func (r *replicationConfig) groupOptions(tr storage.Transport) *storage.GroupOptions {
 	return &storage.GroupOptions{
 		ID: r.RaftID, Name: groupName, ClusterID: r.clusterID(), Peers: r.voters(), Learners: slices.Clone(r.RaftLearners),
-		Transport: tr, ReplicationTimeout: r.ReplicationTimeout,
+		Transport: tr, ReplicationTimeout: r.ReplicationTimeout, CatchUpWindow: int64(r.CatchUpWindow),
 	}
 }
 

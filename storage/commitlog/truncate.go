@@ -106,3 +106,32 @@ func (l *Log) Rewrite(off int64, b []byte) error {
 	}
 	return nil
 }
+
+// Install replaces the whole log with a snapshot's files (design
+// replication.md §3.5): swap moves them into the directory and deletes
+// every other commitlog file, durably; end is the snapshot's commit end,
+// where the next append goes (its bytes were synced before the swap).
+// Appends wait meanwhile, no reader is inside a file while the files
+// change (segment.List.Reload), and a file the allocator prepared for the
+// old end is discarded first. An error leaves the log unusable: the
+// caller must stop, and a restart finishes the install.
+func (l *Log) Install(swap func() error, end int64) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed {
+		return base.ErrClosed
+	}
+	if _, err := l.list.DiscardPrepared(-1); err != nil {
+		return fmt.Errorf("storage: install: discard the prepared file: %w", err)
+	}
+	l.file = nil
+	if err := l.list.Reload(swap, end); err != nil {
+		return fmt.Errorf("storage: install the snapshot's files: %w", err)
+	}
+	last := l.list.Last()
+	if !last.Full() {
+		l.list.Adopt(last)
+	}
+	l.list.Prepare(last.End())
+	return nil
+}

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	iofs "io/fs"
+	"math"
 	"path/filepath"
 	"sort"
 
@@ -259,5 +260,80 @@ func (d *Index) StartAt(topic string, qid int32, first int64) error {
 		return err
 	}
 	d.queues[k] = q
+	return nil
+}
+
+// Jump moves the index onto a snapshot's commitlog at run time (design
+// replication.md §3.5: a replica installs a snapshot whose oldest file
+// starts at minPhys). swap, which replaces the commitlog's files, runs
+// first, with no dispatch round and no checkpoint running (they read the
+// files); an error from it is returned as is. The records below minPhys
+// are gone then, so dispatching
+// goes on from minPhys when it was below. A queue of starts whose count
+// is below its start there (the leader deleted its entries in between
+// before it took the snapshot) is dropped, files and all, and started
+// again at that offset (StartAt's blank prefix); a queue missing here
+// with a start above 0 is started so. Every other queue keeps its
+// entries: the committed prefix of a group's log is the same on every
+// replica, and this replica indexed only committed records. A reader
+// still holding a dropped queue finds its files gone (an error, never a
+// wrong entry). The next checkpoint is written whatever it finds, since
+// queues changed under the same counts. REQUIRES: the dispatcher does not
+// run ahead of the commit end, which the caller has not moved yet.
+func (d *Index) Jump(minPhys int64, starts map[Key]int64, swap func() error) error {
+	d.cpMu.Lock()
+	defer d.cpMu.Unlock()
+	d.runMu.Lock()
+	defer d.unlockRun()
+	if err := swap(); err != nil {
+		return err
+	}
+	d.lastCP = Checkpoint{Flushed: -1}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	fs := d.opts.FS
+	for k, first := range starts {
+		q := d.queues[k]
+		if first < 0 || (q != nil && q.Count() >= first) || (q == nil && first == 0) {
+			continue
+		}
+		if q != nil {
+			var errs []error
+			for _, cf := range q.dropFilesBelow(math.MaxInt64) {
+				errs = append(errs, cf.remove())
+			}
+			errs = append(errs, q.close())
+			ents, err := fs.ReadDir(q.dir)
+			if err != nil && !errors.Is(err, iofs.ErrNotExist) {
+				errs = append(errs, err)
+			}
+			for _, e := range ents {
+				if !e.IsDir {
+					if err := fs.Remove(filepath.Join(q.dir, e.Name)); err != nil && !errors.Is(err, iofs.ErrNotExist) {
+						errs = append(errs, err)
+					}
+				}
+			}
+			if len(ents) > 0 {
+				errs = append(errs, base.SyncDir(fs, q.dir))
+			}
+			delete(d.queues, k)
+			if err := errors.Join(errs...); err != nil {
+				return fmt.Errorf("storage: drop consume queue %s/%d for a snapshot: %w", k.Topic, k.Queue, err)
+			}
+		}
+		nq := newQueue(d.files, d.root, k.Topic, k.Queue, d.opts.EntriesPerFile)
+		nq.min.Store(first)
+		nq.count.Store(first)
+		nq.written, nq.tailFirst = first, first
+		if err := nq.startAt(first); err != nil {
+			return err
+		}
+		d.queues[k] = nq
+	}
+	if d.next < minPhys {
+		d.next = minPhys
+		d.dispatched.Store(minPhys)
+	}
 	return nil
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io/fs"
 	"path/filepath"
+	"strconv"
 
 	"go.etcd.io/raft/v3"
 
@@ -125,4 +126,172 @@ func (l *Log) DataEndAt(i uint64) (int64, error) {
 		return 0, fmt.Errorf("raftlog: no entry %d (first %d, last %d)", i, l.first, l.last)
 	}
 	return l.dataEndAt(i)
+}
+
+// InstallBase resets the raft log in the raft directory dir to a base at
+// a snapshot's index (design replication.md §3.5; raft.MemoryStorage's
+// ApplySnapshot): FirstIndex becomes index+1, Term(index) is term, and
+// the commitlog data up to the base ends at dataEnd, where the next DATA
+// entry goes. In order, each step synced and each idempotent, so that a
+// store finishing an interrupted install reruns them all: (1) the
+// HardState's commit is raised to index and its term to term (raft
+// requires commit ≥ FirstIndex-1 at restart; a term raised forgets the
+// older term's vote, as raft's becomeFollower does); (2) raft/base is
+// written; (3) the meta-log is emptied (the CONF/CMD payloads it held lie
+// at or below the base); (4) every index file is deleted. The commitlog
+// is the caller's to swap first. step, if set, is told each step done (a
+// test seam for crash points). Nothing may have the files open.
+func InstallBase(fsys vfs.FS, dir string, index, term uint64, dataEnd int64, step func(string)) error {
+	if step == nil {
+		step = func(string) {}
+	}
+	hs, err := openHardState(fsys, filepath.Join(dir, "hardstate"))
+	if err != nil {
+		return err
+	}
+	if c := hs.cur; c.Commit < index || c.Term < term {
+		t, v := c.Term, c.Vote
+		if term > t {
+			t, v = term, 0
+		}
+		err = hs.write(t, v, max(c.Commit, index))
+	}
+	if cerr := hs.close(); err == nil && cerr != nil {
+		err = fmt.Errorf("raftlog: close hardstate: %w", cerr)
+	}
+	if err != nil {
+		return err
+	}
+	step("raftlog: hardstate")
+	if err := writeBase(fsys, dir, logBase{Index: index, Term: term, DataEnd: dataEnd}); err != nil {
+		return err
+	}
+	step("raftlog: base")
+	if err := fsys.MkdirAll(filepath.Join(dir, "meta-log")); err != nil {
+		return fmt.Errorf("raftlog: %w", err)
+	}
+	ml, err := fsys.OpenFile(filepath.Join(dir, "meta-log", indexName(0)), true)
+	if err != nil {
+		return fmt.Errorf("raftlog: open meta-log: %w", err)
+	}
+	err = ml.Truncate(0)
+	if err == nil {
+		err = ml.Sync()
+	}
+	if cerr := ml.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return fmt.Errorf("raftlog: empty the meta-log: %w", err)
+	}
+	step("raftlog: meta-log")
+	idir := filepath.Join(dir, "index")
+	if err := fsys.MkdirAll(idir); err != nil {
+		return fmt.Errorf("raftlog: %w", err)
+	}
+	ents, err := fsys.ReadDir(idir)
+	if err != nil {
+		return fmt.Errorf("raftlog: %w", err)
+	}
+	for _, e := range ents {
+		if e.IsDir || len(e.Name) != 20 {
+			continue
+		}
+		if _, err := strconv.ParseUint(e.Name, 10, 64); err != nil {
+			continue
+		}
+		if err := fsys.Remove(filepath.Join(idir, e.Name)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return fmt.Errorf("raftlog: remove index file %s: %w", e.Name, err)
+		}
+	}
+	if err := base.SyncDir(fsys, idir); err != nil {
+		return fmt.Errorf("raftlog: %w", err)
+	}
+	step("raftlog: index")
+	return nil
+}
+
+// InstallSnapshot is InstallBase on the open log, raft's ApplySnapshot:
+// the log's files are closed, reset on disk, and opened again, and
+// FirstIndex-1 = LastIndex = index, Term(index) = term, the data and
+// durable ends dataEnd (the commitlog must have been swapped to the
+// snapshot's files already: its end is dataEnd). An error stops the log.
+func (l *Log) InstallSnapshot(index, term uint64, dataEnd int64, step func(string)) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.stopped != nil {
+		return l.stopped
+	}
+	if end := l.cl.MaxOffset(); end != dataEnd {
+		return l.stop(fmt.Errorf("raftlog: install a snapshot ending at %d over a commitlog ending at %d", dataEnd, end))
+	}
+	if index+1 < l.first {
+		return l.stop(fmt.Errorf("raftlog: install a snapshot at %d below the base %d", index, l.first-1))
+	}
+	err := l.closeFiles()
+	l.idx, l.metaLog, l.hs = nil, nil, nil
+	if err != nil {
+		return l.stop(err)
+	}
+	if err := InstallBase(l.opts.FS, l.opts.Dir, index, term, dataEnd, step); err != nil {
+		return l.stop(err)
+	}
+	if l.hs, err = openHardState(l.opts.FS, filepath.Join(l.opts.Dir, "hardstate")); err != nil {
+		return l.stop(err)
+	}
+	if l.metaLog, err = l.opts.FS.OpenFile(filepath.Join(l.opts.Dir, "meta-log", indexName(0)), true); err != nil {
+		return l.stop(fmt.Errorf("raftlog: open meta-log: %w", err))
+	}
+	if l.idx, err = loadIndex(l.opts.FS, filepath.Join(l.opts.Dir, "index"), uint64(l.opts.IndexUnits), index+1); err != nil {
+		return l.stop(err)
+	}
+	l.base = logBase{Index: index, Term: term, DataEnd: dataEnd}
+	l.first, l.last = index+1, index
+	l.dataEnd, l.metaEnd, l.metaDirty = dataEnd, 0, false
+	l.synced, l.syncedEnd, l.hot = index, dataEnd, index
+	if l.pending != nil && l.pending.GetCommit() < index {
+		l.pending = nil // superseded by the HardState InstallBase wrote
+	}
+	return nil
+}
+
+// CompactBelow drops the entries whose commitlog data lies below off,
+// because retention is about to delete the files below off (design
+// §3.5): Compact(i) for i the index before the first DATA entry at or
+// past off (every entry when there is none), as far as entries are
+// durably committed and applied (at most applied: raft reads the entries
+// it has not handed out yet from the log). A DATA entry below off past
+// that bound (it cannot be: retention keeps what is not indexed, and only
+// applied entries are) is ErrCompactUncommitted, and the files must stay.
+// Entries at or below FirstIndex-1 are gone already: nothing to do.
+func (l *Log) CompactBelow(off int64, applied uint64) error {
+	l.mu.Lock()
+	if l.stopped != nil {
+		l.mu.Unlock()
+		return l.stopped
+	}
+	limit := min(l.hs.cur.Commit, l.synced, applied)
+	i := l.last
+	for j := l.first; j <= l.last; j++ {
+		u, err := l.unitLocked(j)
+		if err != nil {
+			l.mu.Unlock()
+			return err
+		}
+		if u.Kind == KindData && u.Pos >= off {
+			i = j - 1
+			break
+		}
+		if u.Kind == KindData && j > limit {
+			l.mu.Unlock()
+			return fmt.Errorf("%w: entry %d holds data at %d, below %d, commit %d on disk", ErrCompactUncommitted, j, u.Pos, off, limit)
+		}
+	}
+	i = min(i, limit)
+	first := l.first
+	l.mu.Unlock()
+	if i < first {
+		return nil
+	}
+	return l.Compact(i)
 }

@@ -137,6 +137,15 @@ type Host interface {
 	// ReportSnapshot(to, ok) once the transfer ended, whatever happened;
 	// it must not block.
 	SendSnapshot(to uint64, msg []byte, index, term uint64)
+	// InstallSnapshot installs the snapshot raft restored at raft index
+	// index of term term (design §3.5, ApplySnapshot): the store swaps in
+	// the files it staged and verified for it (StepSnapshot), resets the
+	// raft log to a base at index and its consume queues, durably, and
+	// returns the commit end at index and the newest store time below it.
+	// It runs before the Ready's entries are appended and before any of
+	// its messages leave (the MsgAppResp that acknowledges the snapshot).
+	// An error stops the replica; a restart finishes the install.
+	InstallSnapshot(index, term uint64) (commitEnd, lastStoreTS int64, err error)
 }
 
 // Options configure a Node.
@@ -207,6 +216,9 @@ type Node struct {
 	// IN_SYNC_REPLICAS_NOT_ENOUGH until the next response arrived.
 	ticks uint64
 	heard map[uint64]uint64
+	// snap is the staged snapshot stepped into raft (StepSnapshot), waiting
+	// for the next Ready to tell whether raft restored it.
+	snap *snapWait
 
 	stop   chan struct{}
 	done   chan struct{}
@@ -289,6 +301,7 @@ func (n *Node) Close() {
 		delete(n.waiters, k)
 	}
 	n.failReadsLocked(ErrClosed)
+	n.failSnapLocked(ErrClosed)
 	n.mu.Unlock()
 }
 
@@ -323,13 +336,23 @@ func (n *Node) loop() {
 				break
 			}
 			rd := n.rn.Ready()
+			sw := n.snap // raft's answer to a stepped snapshot is in this Ready
+			n.snap = nil
 			n.mu.Unlock()
-			if err := n.handle(rd); err != nil {
+			err := n.handle(rd)
+			if err != nil {
 				n.mu.Lock()
 				n.err = err
 				n.failReadsLocked(err)
+				n.failSnapLocked(err)
 				n.mu.Unlock()
 				n.host.Fail(err)
+			}
+			if sw != nil { // after a failure is sticky: the caller sees the node stopped
+				installed := !raft.IsEmptySnap(rd.Snapshot) && rd.Snapshot.GetMetadata().GetIndex() == sw.index
+				sw.done <- snapResult{installed: installed && err == nil, err: err}
+			}
+			if err != nil {
 				break
 			}
 			select {
@@ -378,8 +401,25 @@ func (n *Node) handle(rd raft.Ready) error {
 		late = rd.Messages
 	}
 	if !raft.IsEmptySnap(rd.Snapshot) {
-		// StepPeer refuses every MsgSnap, so raft cannot have restored one.
-		return fmt.Errorf("replica: raft restored a snapshot at %d, and installing one is not built", rd.Snapshot.GetMetadata().GetIndex())
+		// Only StepSnapshot steps a MsgSnap, once the store has its files
+		// staged and verified: install them before the entries that follow
+		// the snapshot and before the MsgAppResp that acknowledges it.
+		md := rd.Snapshot.GetMetadata()
+		end, lastTS, err := n.host.InstallSnapshot(md.GetIndex(), md.GetTerm())
+		if err != nil {
+			return fmt.Errorf("replica: install the snapshot at %d: %w", md.GetIndex(), err)
+		}
+		n.mu.Lock()
+		n.commit, n.end = md.GetIndex(), end
+		// This replica's own proposals from an earlier leadership: the
+		// snapshot may or may not hold them, and their entries will not
+		// be seen applied.
+		for k, w := range n.waiters {
+			w.finish(fmt.Errorf("%w: a snapshot replaced this replica's log", ErrReplicationTimeout))
+			delete(n.waiters, k)
+		}
+		n.mu.Unlock()
+		n.host.Committed(end, lastTS)
 	}
 	l := n.opts.Log
 	if err := l.Append(rd.Entries); err != nil {
@@ -753,9 +793,9 @@ func (n *Node) StepPeer(b []byte) error {
 	}
 	if m.GetType() == pb.MsgSnap {
 		// A snapshot reaches raft only after its files are staged and
-		// verified (InstallSnapshot), and installing one is not built:
-		// raft would take its index as applied over data that is not here.
-		return fmt.Errorf("%w: a MsgSnap comes only through the snapshot install, which is not built yet", ErrBadMessage)
+		// verified (StepSnapshot): raft would take its index as applied
+		// over data that is not here.
+		return fmt.Errorf("%w: a MsgSnap comes only with its files (the InstallSnapshot stream)", ErrBadMessage)
 	}
 	n.mu.Lock()
 	if !slices.Contains(n.members(), m.GetFrom()) {
@@ -770,6 +810,7 @@ func (n *Node) StepPeer(b []byte) error {
 	if skip, lost := n.screenLocked(m); lost != nil {
 		n.err = lost
 		n.failReadsLocked(lost)
+		n.failSnapLocked(lost)
 		n.mu.Unlock()
 		n.host.Fail(lost)
 		return lost
@@ -1232,4 +1273,103 @@ func (n *Node) ReadsWaiting() int {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	return n.reads.waiting
+}
+
+// snapWait is a snapshot stepped into raft, waiting for the raft loop.
+type snapWait struct {
+	index uint64
+	done  chan snapResult // buffered: the raft loop never blocks on it
+}
+
+type snapResult struct {
+	installed bool
+	err       error
+}
+
+// failSnapLocked answers a waiting StepSnapshot with err. REQUIRES: n.mu.
+func (n *Node) failSnapLocked(err error) {
+	if n.snap != nil {
+		n.snap.done <- snapResult{err: err}
+		n.snap = nil
+	}
+}
+
+// ErrSnapshotBusy: another snapshot is being stepped into raft.
+var ErrSnapshotBusy = errors.New("replica: a snapshot is being installed already")
+
+// StepSnapshot steps a marshalled MsgSnap whose files the store has
+// staged and verified (design §3.5, etcd's SaveDBFrom before Process) and
+// waits until raft has dealt with it: restored, then installed by the raft
+// loop through Host.InstallSnapshot (installed true, err its outcome), or
+// not needed (raft ignored a stale term, or this replica has committed the
+// index, or holds it with the same term and just commits up to it:
+// installed false, err nil; the staged files are of no use then). Refused
+// like StepPeer: a message too big, undecodable, not a MsgSnap, not for
+// this node, from a non-member (ErrBadMessage).
+func (n *Node) StepSnapshot(b []byte) (installed bool, err error) {
+	if len(b) > MaxMessageBytes {
+		return false, fmt.Errorf("%w: %d bytes, limit %d", ErrBadMessage, len(b), MaxMessageBytes)
+	}
+	m := &pb.Message{}
+	if err := proto.Unmarshal(b, m); err != nil {
+		return false, fmt.Errorf("%w: %w", ErrBadMessage, err)
+	}
+	if m.GetType() != pb.MsgSnap || m.GetSnapshot() == nil || m.GetTo() != n.opts.ID {
+		return false, fmt.Errorf("%w: a %v for node %d, want a MsgSnap for %d", ErrBadMessage, m.GetType(), m.GetTo(), n.opts.ID)
+	}
+	n.mu.Lock()
+	if !slices.Contains(n.members(), m.GetFrom()) || m.GetFrom() == n.opts.ID {
+		n.mu.Unlock()
+		return false, fmt.Errorf("%w: from %d, not a peer", ErrBadMessage, m.GetFrom())
+	}
+	if n.err != nil {
+		err := n.err
+		n.mu.Unlock()
+		return false, err
+	}
+	if n.snap != nil {
+		n.mu.Unlock()
+		return false, ErrSnapshotBusy
+	}
+	n.heard[m.GetFrom()] = n.ticks
+	// A leader's snapshot tells a joining replica what is committed, as
+	// its appends do.
+	idx := m.GetSnapshot().GetMetadata().GetIndex()
+	n.seenCommit, n.seenApp = max(n.seenCommit, idx), true
+	if err := n.rn.Step(m); err != nil {
+		n.mu.Unlock()
+		return false, fmt.Errorf("replica: step: %w", err)
+	}
+	if !n.rn.HasReady() {
+		n.mu.Unlock()
+		return false, nil // ignored (a stale term): nothing to install
+	}
+	w := &snapWait{index: idx, done: make(chan snapResult, 1)}
+	n.snap = w
+	n.mu.Unlock()
+	n.kick()
+	select {
+	case r := <-w.done:
+		return r.installed, r.err
+	case <-n.done:
+		return false, ErrClosed
+	}
+}
+
+// SnapshotMessageAt returns msg, a marshalled MsgSnap, taken at raft index
+// index of term term instead of raft's own (a sender may ship a later,
+// committed index than the log's base: the follower then needs fewer
+// entries after it), with its data set to data (the manifest).
+func SnapshotMessageAt(msg []byte, index, term uint64, data []byte) ([]byte, error) {
+	m := &pb.Message{}
+	if err := proto.Unmarshal(msg, m); err != nil || m.GetType() != pb.MsgSnap || m.GetSnapshot() == nil {
+		return nil, fmt.Errorf("%w: not a MsgSnap (%v)", ErrBadMessage, err)
+	}
+	md := m.GetSnapshot().GetMetadata()
+	if md == nil || index < md.GetIndex() {
+		return nil, fmt.Errorf("%w: a snapshot moved back from %d to %d", ErrBadMessage, md.GetIndex(), index)
+	}
+	md.Index, md.Term = proto.Uint64(index), proto.Uint64(term)
+	m.Snapshot.Data = data
+	return proto.Marshal(m)
 }

@@ -2,7 +2,9 @@ package replica
 
 import (
 	"errors"
+	"fmt"
 	"net/netip"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -44,6 +46,9 @@ func (h *fakeHost) BecomeReady(int64) error {
 }
 func (h *fakeHost) Fail(err error)                              { h.mu.Lock(); h.failed = err; h.mu.Unlock() }
 func (h *fakeHost) SendSnapshot(uint64, []byte, uint64, uint64) {}
+func (h *fakeHost) InstallSnapshot(index, _ uint64) (int64, int64, error) {
+	return 0, 0, fmt.Errorf("fakeHost: no snapshot is staged for %d", index)
+}
 
 type nopTransport struct{}
 
@@ -279,5 +284,70 @@ func TestJoiningWithholdsVotes(t *testing.T) {
 	waitFor(t, "a vote answer", func() bool { return tr.has(pb.MsgVoteResp) })
 	if info := n.Info(); info.VotesWithheld != 1 {
 		t.Fatalf("after catching up: %+v, want no more withheld votes", info)
+	}
+}
+
+// TestStepSnapshot: StepSnapshot refuses what is not a MsgSnap to this
+// node from a peer (ErrBadMessage); a MsgSnap that raft restores (this
+// node's log is empty, the snapshot at 100) is handed to
+// Host.InstallSnapshot at its index before anything else, and the
+// install's error comes back to the caller and stops the node (sticky).
+// SnapshotMessageAt moves a MsgSnap to a later index, never back.
+func TestStepSnapshot(t *testing.T) {
+	_, rl := open(t, 2, []uint64{1, 2, 3})
+	h := &fakeHost{}
+	n, err := New(Options{ID: 2, Log: rl, FileSize: fileSize, Transport: nopTransport{}, Host: h, Ticks: make(chan time.Time)}, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.Close()
+	mk := func(typ pb.MessageType, from, to uint64) []byte {
+		t.Helper()
+		m := &pb.Message{Type: typ.Enum(), From: proto.Uint64(from), To: proto.Uint64(to), Term: proto.Uint64(5)}
+		if typ == pb.MsgSnap {
+			m.Snapshot = &pb.Snapshot{Metadata: &pb.SnapshotMetadata{Index: proto.Uint64(100), Term: proto.Uint64(5),
+				ConfState: &pb.ConfState{Voters: []uint64{1, 2, 3}}}, Data: []byte("m")}
+		}
+		b, err := proto.Marshal(m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	for name, b := range map[string][]byte{
+		"garbage":         {0xff},
+		"an append":       mk(pb.MsgApp, 1, 2),
+		"for node 3":      mk(pb.MsgSnap, 1, 3),
+		"from a stranger": mk(pb.MsgSnap, 9, 2),
+		"from itself":     mk(pb.MsgSnap, 2, 2),
+	} {
+		if installed, err := n.StepSnapshot(b); installed || !errors.Is(err, ErrBadMessage) {
+			t.Errorf("%s: %v %v, want ErrBadMessage", name, installed, err)
+		}
+	}
+	installed, err := n.StepSnapshot(mk(pb.MsgSnap, 1, 2))
+	if installed || err == nil || !strings.Contains(err.Error(), "no snapshot is staged for 100") {
+		t.Fatalf("a restored snapshot whose install fails: %v %v", installed, err)
+	}
+	h.mu.Lock()
+	failed := h.failed
+	h.mu.Unlock()
+	if failed == nil {
+		t.Fatal("the failed install did not stop the node")
+	}
+	if _, err := n.StepSnapshot(mk(pb.MsgSnap, 1, 2)); err == nil {
+		t.Fatal("a stopped node took a snapshot")
+	}
+
+	snap := mk(pb.MsgSnap, 1, 2)
+	b, err := SnapshotMessageAt(snap, 120, 6, []byte("manifest"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, index, term, data, err := SnapshotOf(b); err != nil || index != 120 || term != 6 || string(data) != "manifest" {
+		t.Fatalf("SnapshotMessageAt: %d %d %q %v", index, term, data, err)
+	}
+	if _, err := SnapshotMessageAt(snap, 99, 5, nil); !errors.Is(err, ErrBadMessage) {
+		t.Fatalf("a snapshot moved back: %v", err)
 	}
 }

@@ -115,6 +115,11 @@ type Host interface {
 	// (the checkpoint's dispatched offset, brought up to want if it can be;
 	// the durable end; the first delayed message not yet delivered).
 	DeletableEnd(want int64) (int64, error)
+	// BeforeDelete is told that the commitlog files below end are about to
+	// be deleted: what still refers to their bytes lets go of them first
+	// (a replica's raft log compacts its entries away). An error keeps the
+	// files.
+	BeforeDelete(end int64) error
 	// TrimQueues drops the consume-queue entries below commitlog offset
 	// minPhys and returns the queue files deleted.
 	TrimQueues(minPhys int64) (int, error)
@@ -271,6 +276,14 @@ func (r *Retention) Round() {
 	}
 }
 
+// Exclusive runs fn with no round running (a snapshot install replaces
+// the files retention deletes from) and returns its error.
+func (r *Retention) Exclusive(fn func() error) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return fn()
+}
+
 // CheckDisk reads the disk usage and turns the put refusal on above the
 // warning watermark, off at or below the clean one.
 func (r *Retention) CheckDisk() {
@@ -340,6 +353,9 @@ func (r *Retention) deleteExpired(now time.Time) (int, error) {
 	}
 	if n == 0 {
 		return 0, nil
+	}
+	if err := r.host.BeforeDelete(files[n-1].End()); err != nil {
+		return 0, err
 	}
 	gone := r.opts.Files.RemoveFirst(n)
 	if len(gone) != n || gone[0] != files[0] {

@@ -510,6 +510,49 @@ func (q *List) Replace(files []*File, flushed int64) {
 	q.flushedWhere.Store(flushed)
 }
 
+// Reload replaces every file of the list with what the directory holds
+// once swap has run: a snapshot's install (design replication.md §3.5)
+// renames the snapshot's files in and deletes the others. With no sync
+// running, no reader inside any mapping (the guard's write side) and the
+// list locked, it unmaps every file, runs swap, maps the directory anew
+// and sets the ends: every file whole except the one holding end, which
+// is written and durable up to end (the snapshot's files were synced
+// before the swap). The caller holds off appends and has discarded the
+// allocator's prepared file (DiscardPrepared). On an error the list may
+// be empty: the caller must stop (a restart finishes the install).
+func (q *List) Reload(swap func() error, end int64) error {
+	q.syncMu.Lock()
+	defer q.syncMu.Unlock()
+	q.guard.Lock()
+	defer q.guard.Unlock()
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	var errs []error
+	for _, m := range q.files {
+		errs = append(errs, m.Close())
+	}
+	q.files = nil
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	if err := swap(); err != nil {
+		return err
+	}
+	if err := q.Load(); err != nil {
+		return err
+	}
+	n := len(q.files)
+	if n == 0 || q.files[n-1].from >= end || q.files[n-1].End() < end {
+		return fmt.Errorf("storage: after the swap the commitlog files do not end at %d", end)
+	}
+	for _, m := range q.files {
+		pos := min(m.size, end-m.from)
+		m.SetPositions(pos, pos)
+	}
+	q.flushedWhere.Store(end)
+	return nil
+}
+
 // Dir is the directory of the files.
 func (q *List) Dir() string { return q.dir }
 

@@ -1,0 +1,277 @@
+package storage
+
+import (
+	"errors"
+	"fmt"
+	iofs "io/fs"
+	"path/filepath"
+
+	"github.com/storaged/storaged/storage/consumequeue"
+	"github.com/storaged/storaged/storage/internal/base"
+	"github.com/storaged/storaged/storage/raftlog"
+	"github.com/storaged/storaged/storage/segment"
+	"github.com/storaged/storaged/storage/snapshot"
+	"github.com/storaged/storaged/storage/vfs"
+)
+
+// Installing a snapshot (design replication.md §3.5) replaces a
+// follower's commitlog with the leader's files from the snapshot's oldest
+// one to its commit end, resets the raft log to a base at the snapshot's
+// index and moves the consume queues onto the new files. It touches three
+// things a crash may leave half done, so it runs under a journal:
+//
+//  1. the files are staged and verified in snapshot.tmp (ReceiveSnapshot)
+//     and the MsgSnap is stepped into raft; raft restores it, and the raft
+//     loop calls InstallSnapshot before it appends anything after it;
+//  2. snapshot.install, the manifest sealed, is written atomically: from
+//     here on Open finishes the install (rollForwardInstall), before it
+//     the old state stands and Open removes snapshot.tmp;
+//  3. the staged files are renamed into commitlog/ and every other
+//     commitlog file is deleted, the directory synced, each file's CRC
+//     checked against the manifest (installFiles);
+//  4. the raft log is reset to a base at the snapshot's index:
+//     HardState commit ≥ S, raft/base, meta-log emptied, index files gone
+//     (raftlog.InstallBase);
+//  5. the consume queues jump onto the new files (consumequeue.Jump: a
+//     queue whose entries the leader deleted starts at its manifest's
+//     first offset), and a checkpoint makes that durable;
+//  6. snapshot.install and snapshot.tmp are removed.
+//
+// Every step is idempotent, and the roll-forward at Open reruns 3 and 4,
+// then rebuilds the consume queues from the new files (removing the old
+// ones, starting each queue of the manifest at its first offset) and
+// checkpoints before it removes the journal. So a crash at any point
+// leaves, after Open, either the old state or the installed one, never a
+// mix. Readers never see past the commit point meanwhile: the commit end
+// moves to the snapshot's only after step 5, and the bytes below the old
+// commit end are the same in the old and the new files (committed
+// prefixes are byte-identical).
+
+// installJournal is the install's journal in the data dir (see above).
+const installJournal = "snapshot.install"
+
+// groupHost.InstallSnapshot is replica.Host's: the raft loop restored the
+// snapshot at index of term, staged by ReceiveSnapshot.
+func (h *groupHost) InstallSnapshot(index, term uint64) (int64, int64, error) {
+	s := (*Store)(h)
+	g := s.group
+	g.stagedMu.Lock()
+	st := g.staged
+	g.staged = nil
+	g.stagedMu.Unlock()
+	if st == nil {
+		return 0, 0, fmt.Errorf("storage: raft restored a snapshot at %d, and none is staged", index)
+	}
+	m := st.Manifest()
+	if m.Index != index || m.Term != term {
+		return 0, 0, fmt.Errorf("storage: raft restored a snapshot at %d/%d, the staged one is at %d/%d", index, term, m.Index, m.Term)
+	}
+	if err := s.installSnapshot(m, st.Dir()); err != nil {
+		return 0, 0, err
+	}
+	return m.End, m.LastStoreTS, nil
+}
+
+// installStep tells the test seam a step of the install is done.
+func (s *Store) installStep(step string) {
+	if s.opts.Group != nil && s.opts.Group.installHook != nil {
+		s.opts.Group.installHook(step)
+	}
+}
+
+// installSnapshot runs steps 2-6 on the open store (the raft goroutine).
+func (s *Store) installSnapshot(m snapshot.Manifest, stage string) error {
+	fsys, g := s.opts.FS, s.group
+	s.installStep("staged")
+	b, err := m.Encode()
+	if err != nil {
+		return err
+	}
+	if err := base.WriteAtomic(fsys, s.opts.Dir, installJournal, b); err != nil {
+		return fmt.Errorf("storage: write the snapshot install journal: %w", err)
+	}
+	s.installStep("journal")
+	clDir := filepath.Join(s.opts.Dir, "commitlog")
+	// No retention round and no dispatch round or checkpoint runs while
+	// the files change: they read (and delete) them.
+	err = s.ret.Exclusive(func() error {
+		err := s.index.Jump(m.MinOffset, queueStarts(m), func() error {
+			if err := s.log.Install(func() error { return installFiles(fsys, stage, clDir, m, s.installStep) }, m.End); err != nil {
+				return err
+			}
+			s.installStep("commitlog")
+			return g.rlog.InstallSnapshot(m.Index, m.Term, m.End, s.installStep)
+		})
+		if err != nil {
+			return err
+		}
+		_, err = s.index.TrimBelow(m.MinOffset)
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	s.installStep("queues")
+	// The snapshot is committed: its end is visible from now on (the raft
+	// loop tells Committed the same right after).
+	if lastTS := m.LastStoreTS; lastTS > s.seq.lastStoreTS.Load() {
+		s.seq.lastStoreTS.Store(lastTS)
+	}
+	g.commitEnd.Store(m.End)
+	s.index.Wake()
+	g.signal()
+	if err := s.index.Checkpoint(); err != nil {
+		return fmt.Errorf("storage: checkpoint after a snapshot install: %w", err)
+	}
+	s.installStep("checkpoint")
+	if err := finishInstall(fsys, s.opts.Dir); err != nil {
+		return err
+	}
+	s.installStep("done")
+	s.opts.Logger.Info().Uint64("index", m.Index).Int64("min_offset", m.MinOffset).Int64("end", m.End).
+		Int("files", len(m.Files)).Int64("bytes", m.Bytes()).Msg("storage: snapshot installed")
+	return nil
+}
+
+// queueStarts is the manifest's queues as consumequeue.Jump takes them.
+func queueStarts(m snapshot.Manifest) map[consumequeue.Key]int64 {
+	out := make(map[consumequeue.Key]int64, len(m.Queues))
+	for _, q := range m.Queues {
+		out[consumequeue.Key{Topic: q.Topic, Queue: q.Queue}] = q.First
+	}
+	return out
+}
+
+// finishInstall removes the journal and the staging dir, durably: the
+// install is complete.
+func finishInstall(fsys vfs.FS, dir string) error {
+	if err := fsys.Remove(filepath.Join(dir, installJournal)); err != nil && !errors.Is(err, iofs.ErrNotExist) {
+		return fmt.Errorf("storage: remove the snapshot install journal: %w", err)
+	}
+	if err := fsys.RemoveAll(filepath.Join(dir, snapshotDir)); err != nil {
+		return fmt.Errorf("storage: remove the snapshot staging dir: %w", err)
+	}
+	return base.SyncDir(fsys, dir)
+}
+
+// installFiles is step 3: it moves the manifest's files from the staging
+// dir into the commitlog dir (a file no longer staged was moved by an
+// earlier, interrupted run), deletes every other commitlog file, syncs
+// the directory and checks each file's bytes against the manifest's CRC.
+// A file that is neither staged nor right in the commitlog is a
+// *CorruptionError.
+func installFiles(fsys vfs.FS, stage, clDir string, m snapshot.Manifest, step func(string)) error {
+	want := make(map[string]bool, len(m.Files))
+	for _, f := range m.Files {
+		name := segment.FileName(f.From)
+		want[name] = true
+		_, err := fsys.Size(filepath.Join(stage, name))
+		switch {
+		case err == nil:
+			if err := fsys.Rename(filepath.Join(stage, name), filepath.Join(clDir, name)); err != nil {
+				return fmt.Errorf("storage: install snapshot file %s: %w", name, err)
+			}
+			step("rename " + name)
+		case !errors.Is(err, iofs.ErrNotExist):
+			return fmt.Errorf("storage: install snapshot file %s: %w", name, err)
+		}
+	}
+	ents, err := fsys.ReadDir(clDir)
+	if err != nil {
+		return fmt.Errorf("storage: install snapshot: %w", err)
+	}
+	for _, e := range ents {
+		if _, ok := segment.ParseFileName(e.Name); ok && !e.IsDir && !want[e.Name] {
+			if err := fsys.Remove(filepath.Join(clDir, e.Name)); err != nil && !errors.Is(err, iofs.ErrNotExist) {
+				return fmt.Errorf("storage: install snapshot: remove %s: %w", e.Name, err)
+			}
+		}
+	}
+	step("remove old files")
+	if err := base.SyncDir(fsys, clDir); err != nil {
+		return fmt.Errorf("storage: install snapshot: %w", err)
+	}
+	step("sync commitlog dir")
+	for _, f := range m.Files {
+		name := segment.FileName(f.From)
+		seg, err := fsys.OpenSegment(filepath.Join(clDir, name), m.FileSize)
+		if err != nil {
+			return &CorruptionError{File: "commitlog/" + name, Offset: f.From,
+				Reason: fmt.Sprintf("a file of the snapshot being installed (journal %s) is missing: %v", installJournal, err)}
+		}
+		crc := snapshot.CRC(seg.Bytes()[:f.Size])
+		seg.Close()
+		if crc != f.CRC {
+			return &CorruptionError{File: "commitlog/" + name, Offset: f.From,
+				Reason: fmt.Sprintf("a file of the snapshot being installed has CRC %08x, the manifest says %08x", crc, f.CRC)}
+		}
+	}
+	return nil
+}
+
+// rollForwardInstall finishes an install a crash interrupted (Open, with
+// the data dir locked, before anything else is opened): with a journal,
+// steps 3 and 4 again, then the consume queues and their checkpoint are
+// removed, to be rebuilt from the new files with each queue of the
+// manifest started at its first offset (rebuildQueues, then
+// completeInstall). It returns the journal's manifest, or nil without one.
+func (s *Store) rollForwardInstall() (*snapshot.Manifest, error) {
+	fsys, dir := s.opts.FS, s.opts.Dir
+	b, err := fsys.ReadFile(filepath.Join(dir, installJournal))
+	if errors.Is(err, iofs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("storage: read the snapshot install journal: %w", err)
+	}
+	m, err := snapshot.Decode(b)
+	if err != nil {
+		return nil, &CorruptionError{File: installJournal, Reason: fmt.Sprintf("the snapshot install journal: %v", err)}
+	}
+	if s.opts.Group == nil {
+		return nil, fmt.Errorf("storage: the data dir holds an unfinished snapshot install (%s); open it as a group member", installJournal)
+	}
+	if m.FileSize != s.opts.FileSize {
+		return nil, fmt.Errorf("storage: the unfinished snapshot install has file size %d, the store %d", m.FileSize, s.opts.FileSize)
+	}
+	s.opts.Logger.Warn().Uint64("index", m.Index).Msg("storage: finishing a snapshot install the last run did not complete")
+	if err := installFiles(fsys, filepath.Join(dir, snapshotDir), filepath.Join(dir, "commitlog"), m, func(string) {}); err != nil {
+		return nil, err
+	}
+	if err := raftlog.InstallBase(fsys, filepath.Join(dir, "raft"), m.Index, m.Term, m.End, nil); err != nil {
+		return nil, err
+	}
+	if err := fsys.RemoveAll(filepath.Join(dir, "consumequeue")); err != nil {
+		return nil, fmt.Errorf("storage: remove the consume queues for a rebuild: %w", err)
+	}
+	if err := fsys.Remove(filepath.Join(dir, consumequeue.CheckpointName)); err != nil && !errors.Is(err, iofs.ErrNotExist) {
+		return nil, fmt.Errorf("storage: remove the checkpoint for a rebuild: %w", err)
+	}
+	if err := base.SyncDir(fsys, dir); err != nil {
+		return nil, err
+	}
+	return &m, nil
+}
+
+// startInstalledQueues starts each queue of an install being finished at
+// its first offset, before the rebuild dispatches into them.
+func (s *Store) startInstalledQueues(m *snapshot.Manifest) error {
+	for _, q := range m.Queues {
+		if q.First == 0 || s.index.Queue(q.Topic, q.Queue) != nil {
+			continue
+		}
+		if err := s.index.StartAt(q.Topic, q.Queue, q.First); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// completeInstall checkpoints the rebuilt consume queues and removes the
+// journal: the install rolled forward at Open is complete.
+func (s *Store) completeInstall() error {
+	if err := s.index.Checkpoint(); err != nil {
+		return fmt.Errorf("storage: checkpoint after finishing a snapshot install: %w", err)
+	}
+	return finishInstall(s.opts.FS, s.opts.Dir)
+}
