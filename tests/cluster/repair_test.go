@@ -302,7 +302,7 @@ func (r *readCheck) run(g *group) func() (int, string) {
 				if !p.Running() || p.Conn() == nil {
 					continue
 				}
-				got, err := readAll(p)
+				got, err := readKept(p) // from the first offset retention kept
 				if err != nil {
 					continue // a member stopping or starting
 				}
