@@ -379,23 +379,42 @@
 //   - Peers: Transport.Send (non-blocking, may drop), Store.StepPeer,
 //     ReportUnreachable, ReplicaInfo; the gRPC transport is the server's.
 //
-// Snapshots (§3.5) are being built as file transfers (group_snapshot.go):
-// raftlog.Compact moves FirstIndex up (raft/base); raft's MsgSnap for a
-// follower behind it leaves the raft loop through Host.SendSnapshot, and
-// the transport's SendSnapshot streams the manifest (files with CRC-32C,
-// commit end, newest store time, per-queue first offsets) and the files,
-// which retention does not delete meanwhile; the receiver
+// Retention and snapshots (§3.5). Retention is time-based per replica
+// (FileReservedTime and DeleteWhen as standalone). Before it deletes
+// files a replica compacts its raft log past the entries whose bytes they
+// hold (retention.Host.BeforeDelete → raftlog.CompactBelow: FirstIndex
+// moves up, raft/base records it); on the leader it also keeps what its
+// slowest follower still needs from the log, at most
+// GroupOptions.CatchUpWindow bytes below the commit end
+// (--raft-catchup-window, default 4 GiB; bytes because retention deletes
+// files and catching up from the log costs cold reads on the raft
+// goroutine per byte). A follower behind FirstIndex gets raft's MsgSnap,
+// a file transfer (group_snapshot.go): it leaves the raft loop through
+// Host.SendSnapshot, the manifest is taken at the leader's applied index
+// (files with CRC-32C, commit end, newest store time, per-queue first
+// offsets) and the transport's SendSnapshot streams it and the files,
+// which retention does not delete meanwhile. The receiver
 // (Store.ReceiveSnapshot) checks the MsgSnap against itself, stages the
 // files in <data dir>/snapshot.tmp and verifies every chunk and record
-// before anything else changes (storage/snapshot; server/peer's
-// InstallSnapshot), then discards the verified copy
-// (snapshot.ErrNotInstalled, UNIMPLEMENTED to the sender). Not built: the
-// install (atomic swap into the commitlog, raft log reset to a base at S,
-// consume queues started at their first offsets, consumequeue.StartAt),
-// so StepPeer refuses every MsgSnap, nothing outside tests compacts the
-// raft log, there is no --raft-catchup-window, and retention deletes
-// nothing in group mode (Options forces FileReservedTime -1; the disk
-// watermarks only refuse puts).
+// (storage/snapshot; server/peer's InstallSnapshot), then steps the
+// MsgSnap into raft (replica.Node.StepSnapshot; StepPeer refuses a MsgSnap
+// without its files). The raft loop installs what raft restored before
+// anything after it (group_install.go): under a journal
+// (snapshot.install), the staged files renamed into the commitlog and the
+// others deleted (commitlog.Log.Install), the raft log reset to a base at
+// the snapshot's index (raftlog.InstallBase: HardState commit ≥ S,
+// raft/base, meta-log emptied, index files gone), the consume queues
+// moved onto the new files (consumequeue.Jump: a queue whose messages the
+// leader deleted starts at the manifest's first offset with RocketMQ's
+// fill-pre-blank), a checkpoint, then the journal removed. Open finishes
+// an install whose journal it finds (rollForwardInstall) and removes a
+// staging dir without one, so a crash leaves the old state or the
+// installed one. Readers stop at the commit end throughout: it moves to
+// the snapshot's end only once the queues point at the new files, and the
+// bytes below the old commit end are the same in both. Not carried by a
+// snapshot: the delay progress (the last progress command at or below its
+// index; a member may redeliver what is still in its schedule queues, at
+// least once as always) and the topic config.
 //
 // Delay progress is replicated (§3.5): only the ready leader's scheduler
 // delivers (its re-puts go through the propose path and wait for their

@@ -104,9 +104,11 @@
 //
 // # Not built yet
 //
-// Snapshots (FirstIndex stays 1, Snapshot returns the base: index 0,
-// term 0, the bootstrap ConfState), retention of raft index files and of
-// the meta-log, the catch-up window, repair of raft/meta or raft/hardstate,
+// Snapshot returns the base (FirstIndex-1, its term, the bootstrap
+// ConfState, no data: the sender builds the manifest; InstallSnapshot and
+// InstallBase reset the log to a snapshot's base; CompactBelow is
+// retention's compaction). Not built: dropping the meta-log's payloads
+// below the base on a plain Compact, repair of raft/meta or raft/hardstate,
 // and the checkpoint's raft fields (§3.6: the raft loop must record
 // DurableEnd, not the commitlog's flushed offset, as flushed).
 package raftlog
