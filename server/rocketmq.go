@@ -27,7 +27,10 @@ import (
 // proxy. This file has the session calls (QueryRoute, Heartbeat,
 // Telemetry, NotifyClientTermination) and the calls not served;
 // rocketmq_send.go has SendMessage and the status mapping,
-// rocketmq_offsets.go the offset calls, rocketmq_pull.go PullMessage.
+// rocketmq_offsets.go the offset calls, rocketmq_pull.go PullMessage,
+// rocketmq_pop.go POP consumption (ReceiveMessage, AckMessage,
+// ChangeInvisibleDuration, ForwardMessageToDeadLetterQueue,
+// QueryAssignment).
 //
 // The protocol's own error convention holds: a call the server answered has
 // gRPC status OK and its outcome in the response's apache.rocketmq.v2.Status
@@ -70,9 +73,10 @@ const (
 	// producerMaxAttempts is the send attempts a producer gets when its own
 	// settings name none (the SDKs' default: 3).
 	producerMaxAttempts = 3
-	// consumerMaxAttempts is a consumer group's delivery attempts
-	// (RocketMQ's default maxReconsumeTimes + 1).
-	consumerMaxAttempts = 17
+	// consumerMaxAttempts is a consumer group's delivery attempts by
+	// default (RocketMQ's default maxReconsumeTimes 16, + 1): see
+	// WithConsumerMaxAttempts.
+	consumerMaxAttempts = storage.DefaultPopMaxAttempts
 	// receiveBatchSize is a push consumer's receive batch.
 	receiveBatchSize = 32
 )
@@ -110,6 +114,9 @@ type rocketMQ struct {
 	// next spreads messages without a message group over a topic's queues
 	// (round robin, as the proxy's write selector).
 	next atomic.Uint32
+	// attempts are the groups' max delivery attempts their clients'
+	// settings named (rocketmq_pop.go).
+	attempts groupAttempts
 }
 
 var _ rocketmqv2.MessagingServiceServer = (*rocketMQ)(nil)
@@ -126,9 +133,6 @@ func v2Status(code rocketmqv2.Code, format string, args ...any) *rocketmqv2.Stat
 // Why the calls storaged does not serve are not served (README.md, "Use the
 // RocketMQ clients").
 const (
-	notServedPOP = "storaged does not serve POP consumption (SimpleConsumer, PushConsumer: " +
-		"ReceiveMessage, AckMessage, ChangeInvisibleDuration, ForwardMessageToDeadLetterQueue) yet; " +
-		"consume with a pull consumer (PullMessage, UpdateOffset) or storaged.v1 PullMessages and CommitOffset"
 	notServedTransaction = "storaged stores no transactional half messages: send the message without a transaction"
 	notServedTimer       = "storaged has no timer messages (delivery at a timestamp) yet: it cannot promise " +
 		"never to deliver early, so it refuses the message; send it without a delivery timestamp"
@@ -410,7 +414,7 @@ func (r *rocketMQ) settingsReply(in *rocketmqv2.Settings) (*rocketmqv2.Settings,
 		RequestTimeout: in.GetRequestTimeout(),
 		Metric:         &rocketmqv2.Metric{On: false},
 	}
-	attempts := int32(consumerMaxAttempts)
+	var attempts int32
 	if t == rocketmqv2.ClientType_PRODUCER {
 		pub := in.GetPublishing()
 		if pub == nil {
@@ -433,6 +437,9 @@ func (r *rocketMQ) settingsReply(in *rocketmqv2.Settings) (*rocketmqv2.Settings,
 		if n := len(sub.GetSubscriptions()); n > maxSubscriptions {
 			return nil, v2Status(rocketmqv2.Code_BAD_REQUEST, "subscription settings name %d subscriptions, limit %d", n, maxSubscriptions)
 		}
+		// The group's max attempts: what its client names, else the
+		// server's; a receive of the group dead-letters by it.
+		attempts = r.attempts.set(sub.GetGroup().GetName(), in.GetBackoffPolicy().GetMaxAttempts(), r.svc.consumerMaxAttempts)
 		out.PubSub = &rocketmqv2.Settings_Subscription{Subscription: &rocketmqv2.Subscription{
 			Group:              sub.GetGroup(),
 			Subscriptions:      sub.GetSubscriptions(),
@@ -448,36 +455,6 @@ func (r *rocketMQ) settingsReply(in *rocketmqv2.Settings) (*rocketmqv2.Settings,
 }
 
 // The calls storaged does not serve: each answers UNSUPPORTED with why.
-
-// QueryAssignment implements rocketmqv2.MessagingServiceServer: push
-// consumers ask it, then receive by POP, which is not served.
-func (r *rocketMQ) QueryAssignment(context.Context, *rocketmqv2.QueryAssignmentRequest) (*rocketmqv2.QueryAssignmentResponse, error) {
-	return &rocketmqv2.QueryAssignmentResponse{Status: v2Status(rocketmqv2.Code_UNSUPPORTED, notServedPOP)}, nil
-}
-
-// ReceiveMessage implements rocketmqv2.MessagingServiceServer: one
-// UNSUPPORTED status, then the stream ends.
-func (r *rocketMQ) ReceiveMessage(_ *rocketmqv2.ReceiveMessageRequest, stream grpc.ServerStreamingServer[rocketmqv2.ReceiveMessageResponse]) error {
-	return stream.Send(&rocketmqv2.ReceiveMessageResponse{Content: &rocketmqv2.ReceiveMessageResponse_Status{
-		Status: v2Status(rocketmqv2.Code_UNSUPPORTED, notServedPOP)}})
-}
-
-// AckMessage implements rocketmqv2.MessagingServiceServer (POP: not served).
-func (r *rocketMQ) AckMessage(context.Context, *rocketmqv2.AckMessageRequest) (*rocketmqv2.AckMessageResponse, error) {
-	return &rocketmqv2.AckMessageResponse{Status: v2Status(rocketmqv2.Code_UNSUPPORTED, notServedPOP)}, nil
-}
-
-// ForwardMessageToDeadLetterQueue implements
-// rocketmqv2.MessagingServiceServer (POP: not served).
-func (r *rocketMQ) ForwardMessageToDeadLetterQueue(context.Context, *rocketmqv2.ForwardMessageToDeadLetterQueueRequest) (*rocketmqv2.ForwardMessageToDeadLetterQueueResponse, error) {
-	return &rocketmqv2.ForwardMessageToDeadLetterQueueResponse{Status: v2Status(rocketmqv2.Code_UNSUPPORTED, notServedPOP)}, nil
-}
-
-// ChangeInvisibleDuration implements rocketmqv2.MessagingServiceServer
-// (POP: not served).
-func (r *rocketMQ) ChangeInvisibleDuration(context.Context, *rocketmqv2.ChangeInvisibleDurationRequest) (*rocketmqv2.ChangeInvisibleDurationResponse, error) {
-	return &rocketmqv2.ChangeInvisibleDurationResponse{Status: v2Status(rocketmqv2.Code_UNSUPPORTED, notServedPOP)}, nil
-}
 
 // EndTransaction implements rocketmqv2.MessagingServiceServer: no half
 // message is ever stored.

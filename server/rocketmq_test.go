@@ -596,22 +596,6 @@ func TestRocketMQUnsupported(t *testing.T) {
 	e := rmqServer(t, nil)
 	ctx := ctxT(t)
 	calls := map[string]func() (*rocketmqv2.Status, error){
-		"QueryAssignment": func() (*rocketmqv2.Status, error) {
-			r, err := e.rmq.QueryAssignment(ctx, &rocketmqv2.QueryAssignmentRequest{})
-			return r.GetStatus(), err
-		},
-		"AckMessage": func() (*rocketmqv2.Status, error) {
-			r, err := e.rmq.AckMessage(ctx, &rocketmqv2.AckMessageRequest{})
-			return r.GetStatus(), err
-		},
-		"ForwardMessageToDeadLetterQueue": func() (*rocketmqv2.Status, error) {
-			r, err := e.rmq.ForwardMessageToDeadLetterQueue(ctx, &rocketmqv2.ForwardMessageToDeadLetterQueueRequest{})
-			return r.GetStatus(), err
-		},
-		"ChangeInvisibleDuration": func() (*rocketmqv2.Status, error) {
-			r, err := e.rmq.ChangeInvisibleDuration(ctx, &rocketmqv2.ChangeInvisibleDurationRequest{})
-			return r.GetStatus(), err
-		},
 		"EndTransaction": func() (*rocketmqv2.Status, error) {
 			r, err := e.rmq.EndTransaction(ctx, &rocketmqv2.EndTransactionRequest{})
 			return r.GetStatus(), err
@@ -623,20 +607,6 @@ func TestRocketMQUnsupported(t *testing.T) {
 		"SyncLiteSubscription": func() (*rocketmqv2.Status, error) {
 			r, err := e.rmq.SyncLiteSubscription(ctx, &rocketmqv2.SyncLiteSubscriptionRequest{})
 			return r.GetStatus(), err
-		},
-		"ReceiveMessage": func() (*rocketmqv2.Status, error) {
-			s, err := e.rmq.ReceiveMessage(ctx, &rocketmqv2.ReceiveMessageRequest{})
-			if err != nil {
-				return nil, err
-			}
-			r, err := s.Recv()
-			if err != nil {
-				return nil, err
-			}
-			if _, err := s.Recv(); err != io.EOF {
-				return nil, errors.New("the stream goes on after the status")
-			}
-			return r.GetStatus(), nil
 		},
 	}
 	for name, call := range calls {

@@ -105,10 +105,13 @@ type Service struct {
 	logLimit         *logthrottle.Throttle // the repeating error lines of errors.go
 	maxBatchMessages int
 	maxPullWait      time.Duration
-	streamWindow     int
-	now              func() int64 // Unix ms; the default born timestamp
-	maxMessageSize   int          // the store's; a read reserves room for one record of it
-	inflight         *inflight    // bytes of read answers in flight
+	// consumerMaxAttempts is a consumer group's POP delivery attempts
+	// when its client names none (rocketmq_pop.go).
+	consumerMaxAttempts int32
+	streamWindow        int
+	now                 func() int64 // Unix ms; the default born timestamp
+	maxMessageSize      int          // the store's; a read reserves room for one record of it
+	inflight            *inflight    // bytes of read answers in flight
 	// life ends PutMessageStreams before their connection's age limit
 	// (streamlife.go); set by NewGRPCServer, nil without it.
 	life *streamLife
@@ -152,6 +155,19 @@ func WithMaxPullWait(d time.Duration) Option {
 	}
 }
 
+// WithConsumerMaxAttempts sets the delivery attempts of a RocketMQ
+// consumer group whose client's settings name none (default 17: RocketMQ's
+// 16 retries): a message received that many times without an ack goes to
+// the group's dead-letter topic. n outside [1, storage.MaxPopAttempts]
+// keeps the default.
+func WithConsumerMaxAttempts(n int) Option {
+	return func(s *Service) {
+		if n >= 1 && n <= storage.MaxPopAttempts {
+			s.consumerMaxAttempts = int32(n)
+		}
+	}
+}
+
 // WithStreamWindow sets how many messages of one PutMessageStream may be
 // outstanding (default DefaultStreamWindow). n <= 0 keeps the default.
 func WithStreamWindow(n int) Option {
@@ -190,15 +206,16 @@ func WithMaxMessageSize(n int) Option {
 // failures to logger.
 func New(store Store, logger zerolog.Logger, opts ...Option) *Service {
 	s := &Service{
-		store:            store,
-		log:              logger,
-		logLimit:         logthrottle.New(logthrottle.DefaultInterval, nil),
-		maxBatchMessages: DefaultMaxBatchMessages,
-		maxPullWait:      DefaultMaxPullWait,
-		streamWindow:     DefaultStreamWindow,
-		now:              unixMilliNow,
-		maxMessageSize:   storage.DefaultMaxMessageSize,
-		inflight:         newInflight(DefaultMaxPullInflightBytes),
+		store:               store,
+		log:                 logger,
+		logLimit:            logthrottle.New(logthrottle.DefaultInterval, nil),
+		maxBatchMessages:    DefaultMaxBatchMessages,
+		maxPullWait:         DefaultMaxPullWait,
+		consumerMaxAttempts: consumerMaxAttempts,
+		streamWindow:        DefaultStreamWindow,
+		now:                 unixMilliNow,
+		maxMessageSize:      storage.DefaultMaxMessageSize,
+		inflight:            newInflight(DefaultMaxPullInflightBytes),
 	}
 	s.draining, s.drain = context.WithCancel(context.Background())
 	for _, o := range opts {

@@ -29,6 +29,9 @@
 //	                      retention.Host
 //	storage/offsets       the consumer offset table and the codec of its
 //	                      records (consumer_offsets.go)
+//	storage/pop           POP consumption state (cursors, messages in
+//	                      flight, their deadline heaps), the codec of its
+//	                      records and of receipt handles (pop.go)
 //	storage/raftlog       for replication (issue 13): raft.Storage over the
 //	                      commitlog plus a CRC'd index of raft entries,
 //	                      HardState, truncation of the uncommitted suffix;
@@ -450,4 +453,40 @@
 // (DeletableEnd), keeping the file when it cannot. Clients can neither put
 // to that topic nor read it (HiddenTopic). GetOffsetByTime binary-searches
 // a queue by store time.
+//
+// # POP consumption
+//
+// RocketMQ 5's SimpleConsumer model (pop.go; table and codecs in
+// storage/pop). The state is, per (group, topic, queue), the next offset
+// to pop, and per message in flight its invisible deadline and a
+// generation; it lives only in the records of the system topic
+// RMQ_SYS_POP_STATE (queue 0), appended through the put path under the
+// table's lock, and is rebuilt at Open by replaying them in log order. A
+// record body (big-endian, storage/pop's Encode) is
+//
+//	u8 version (1) | u16 ops | ops × { u8 kind (1 Set, 2 Drop) |
+//	u8 len, group | u8 len, topic | i32 queue | i64 cursor (-1: unchanged) |
+//	u16 items | items × { i64 queue offset, i64 deadline (Unix ms), u64 generation } }
+//
+// Set moves the cursor and puts items in flight (a receive; a change of
+// invisible duration with a new generation; a restatement before
+// retention); Drop takes items out when their generation matches (an ack;
+// a message moved to %RETRY%<group> or %DLQ%<group>). A receive, ack or
+// change answers once its record is durable (sync; written, async), so a
+// restart neither loses an ack nor forgets a message handed out. A receipt
+// handle is base64url of { u8 version 1, u8 flags (bit 0: from the retry
+// topic), i32 queue, i64 queue offset, u64 generation, u32 CRC-32C }: a
+// damaged handle fails its check, one of an earlier delivery its
+// generation. Redelivery copies the message to %RETRY%<group> (reconsume
+// times + 1, RETRY_TOPIC and ORIGIN_MESSAGE_ID set) before the original's
+// Drop, in that log order (a crash between them delivers twice, never
+// loses); past the group's max attempts the copy goes to %DLQ%<group>.
+// Due messages are moved by the group's next receive (at most 64 a call).
+// Memory: one map entry and heap slot per message in flight, bounded in
+// all and per group (Options.MaxPopInflight, MaxPopInflightPerGroup), and
+// one cursor per popped queue (MaxConsumerOffsets); every operation is
+// O(log n) in the group's messages in flight, never a scan of the log.
+// Retention restates the live state whose record lies in a file about to
+// go (rewritePop), as for offsets. Group mode refuses POP
+// (ErrGroupUnsupported): followers do not apply these records yet.
 package storage

@@ -89,6 +89,7 @@ func (h *retentionHost) DeletableEnd(want int64) (int64, error) {
 	// Consumer offsets whose latest record lies in a file about to go are
 	// written again first (consumer_offsets.go); what cannot be stays.
 	limit = min(limit, s.rewriteOffsets(min(want, limit)))
+	limit = min(limit, s.rewritePop(min(want, limit))) // POP state likewise (pop.go)
 	if s.sched != nil && s.Role() == RoleMaster {
 		limit = min(limit, s.sched.ProtectedFrom())
 	}

@@ -228,6 +228,15 @@ type Options struct {
 	// (100,000, ~100 bytes of memory each); 1 to 10,000,000.
 	MaxConsumerOffsets int
 
+	// MaxPopInflight and MaxPopInflightPerGroup bound the POP messages in
+	// flight (received, not yet acknowledged nor redelivered: pop.go), in
+	// all and per consumer group; a receive beyond them is refused with
+	// ErrTooManyInflight. Defaults DefaultMaxPopInflight (200,000, ~150
+	// bytes of memory each) and DefaultMaxPopInflightPerGroup (20,000);
+	// 1 to 10,000,000, the group's at most the total.
+	MaxPopInflight         int
+	MaxPopInflightPerGroup int
+
 	// DedupWindow is how long a put carrying a UNIQ_KEY is remembered
 	// after its store time: a put of the same key (and topic) within it is
 	// answered with the first put's result and stores nothing
@@ -371,6 +380,12 @@ func (o Options) withDefaults() Options {
 	if o.MaxConsumerOffsets == 0 {
 		o.MaxConsumerOffsets = DefaultMaxConsumerOffsets
 	}
+	if o.MaxPopInflight == 0 {
+		o.MaxPopInflight = DefaultMaxPopInflight
+	}
+	if o.MaxPopInflightPerGroup == 0 {
+		o.MaxPopInflightPerGroup = min(DefaultMaxPopInflightPerGroup, o.MaxPopInflight)
+	}
 	if o.DedupWindow == 0 {
 		o.DedupWindow = DefaultDedupWindow
 	}
@@ -475,6 +490,12 @@ func (o Options) resolve() (resolved, error) {
 	}
 	if o.MaxConsumerOffsets < 1 || o.MaxConsumerOffsets > 10000000 {
 		errs = append(errs, fmt.Errorf("MaxConsumerOffsets %d out of range [1, 10000000]", o.MaxConsumerOffsets))
+	}
+	if o.MaxPopInflight < 1 || o.MaxPopInflight > 10000000 {
+		errs = append(errs, fmt.Errorf("MaxPopInflight %d out of range [1, 10000000]", o.MaxPopInflight))
+	}
+	if o.MaxPopInflightPerGroup < 1 || o.MaxPopInflightPerGroup > o.MaxPopInflight {
+		errs = append(errs, fmt.Errorf("MaxPopInflightPerGroup %d out of range [1, MaxPopInflight %d]", o.MaxPopInflightPerGroup, o.MaxPopInflight))
 	}
 	if o.DedupWindow > 0 && o.DedupWindow < time.Millisecond {
 		errs = append(errs, fmt.Errorf("DedupWindow %v: at least 1ms, or negative (off)", o.DedupWindow))

@@ -16,6 +16,7 @@ import (
 	"github.com/storaged/storaged/storage/dedup"
 	"github.com/storaged/storaged/storage/internal/fault"
 	"github.com/storaged/storaged/storage/offsets"
+	"github.com/storaged/storaged/storage/pop"
 	"github.com/storaged/storaged/storage/record"
 	"github.com/storaged/storaged/storage/retention"
 	"github.com/storaged/storaged/storage/schedule"
@@ -62,6 +63,8 @@ type Store struct {
 	dedup    *dedup.Window[dedupValue] // idempotent puts (idempotent.go); nil when off
 	group    *groupState               // group mode (group.go); nil when standalone
 	offsets  *offsets.Table            // consumer offsets (consumer_offsets.go)
+	pop      *pop.Table                // POP consumption state (pop.go)
+	popTurn  atomic.Uint32             // the queue a receive starts at (pop.go)
 
 	// installing is the manifest of a snapshot install Open finishes
 	// (group_install.go), nil otherwise; Open's own.
@@ -174,6 +177,10 @@ func Open(opts Options) (*Store, error) {
 	s.adoptTopics()
 	s.openDedup()
 	if err := s.openOffsets(); err != nil {
+		s.cleanup()
+		return nil, err
+	}
+	if err := s.openPop(); err != nil {
 		s.cleanup()
 		return nil, err
 	}
@@ -572,7 +579,7 @@ func (s *Store) stampBatch(topic string, queueID, sysFlag int32, specs []record.
 // admit checks the queue still exists (it may have been deleted since the
 // put was admitted) and takes the queue offsets and store time.
 func (b *stamped) admit(now time.Time) error {
-	if b.topic != ScheduleTopic && b.topic != OffsetTopic && !b.s.topics.has(b.topic, b.queueID) {
+	if b.topic != ScheduleTopic && b.topic != OffsetTopic && b.topic != PopTopic && !b.s.topics.has(b.topic, b.queueID) {
 		return fmt.Errorf("%w: %s was deleted", ErrTopicNotFound, b.topic)
 	}
 	b.st = b.s.seq.begin(consumequeue.Key{Topic: b.topic, Queue: b.queueID}, b.tx, now)

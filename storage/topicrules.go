@@ -30,8 +30,9 @@ import (
 //     RocketMQ (trace data is sent by clients).
 //
 // storaged adds RMQ_SYS_CONSUMER_OFFSET (OffsetTopic), the consumer offset
-// records: clients can neither put to it nor read it (HiddenTopic): its
-// records are the store's state, served through the offset calls.
+// records, and RMQ_SYS_POP_STATE (PopTopic), the POP consumption state:
+// clients can neither put to them nor read them (HiddenTopic): their
+// records are the store's state, served through the offset and POP calls.
 //
 // Retry (%RETRY%group) and dead-letter (%DLQ%group) topics are ordinary
 // topics here, writable as in RocketMQ.
@@ -49,6 +50,7 @@ var notAllowedSendTopics = map[string]bool{
 	"SELF_TEST_TOPIC":             true,
 	"OFFSET_MOVED_EVENT":          true,
 	OffsetTopic:                   true, // storaged's: consumer offset records (consumer_offsets.go)
+	PopTopic:                      true, // storaged's: POP consumption state records (pop.go)
 }
 
 // systemOnlyTopics are the rest of RocketMQ's SYSTEM_TOPIC_SET: writable,
@@ -67,8 +69,8 @@ func NotAllowedSendTopic(topic string) bool {
 }
 
 // HiddenTopic reports whether clients may not read topic: the store's own
-// state (OffsetTopic), read through CommitOffset/GetOffset only.
-func HiddenTopic(topic string) bool { return topic == OffsetTopic }
+// state (OffsetTopic, PopTopic), read through its calls only.
+func HiddenTopic(topic string) bool { return topic == OffsetTopic || topic == PopTopic }
 
 // SystemTopic reports whether topic is a system topic (RocketMQ
 // TopicValidator.isSystemTopic): the admin calls refuse to create, update

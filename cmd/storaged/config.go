@@ -76,6 +76,9 @@ type config struct {
 	MaxPullInflightBytes int64
 	// MaxPullWait caps a long poll's wait (server.WithMaxPullWait).
 	MaxPullWait time.Duration
+	// ConsumerMaxAttempts is a RocketMQ consumer group's POP delivery
+	// attempts when its client names none (server.WithConsumerMaxAttempts).
+	ConsumerMaxAttempts int
 
 	// Idempotent puts (storage.Options.DedupWindow, DedupMaxMessages);
 	// DedupWindow 0 turns them off.
@@ -140,6 +143,7 @@ func parseConfig(args []string, lookupEnv func(string) (string, bool), stderr io
 		MaxOpenQueueFiles:    storage.DefaultMaxOpenQueueFiles,
 		MaxPullInflightBytes: server.DefaultMaxPullInflightBytes,
 		MaxPullWait:          server.DefaultMaxPullWait,
+		ConsumerMaxAttempts:  storage.DefaultPopMaxAttempts,
 		DedupWindow:          storage.DefaultDedupWindow,
 		DedupMaxMessages:     storage.DefaultDedupMaxMessages,
 	}
@@ -200,6 +204,9 @@ func parseConfig(args []string, lookupEnv func(string) (string, bool), stderr io
 		"bound on the read answers (pulls count their max_bytes) held at once, as a `size`; reads beyond it get RESOURCE_EXHAUSTED with a retry delay")
 	fs.DurationVar(&cfg.MaxPullWait, "max-pull-wait", cfg.MaxPullWait,
 		"longest `duration` a long poll (PullMessages wait) waits; keep it under the request timeout of any proxy in front (Envoy's default: 15s)")
+	fs.IntVar(&cfg.ConsumerMaxAttempts, "consumer-max-attempts", cfg.ConsumerMaxAttempts,
+		"delivery `attempts` of a RocketMQ consumer group (POP: SimpleConsumer, PushConsumer) whose client names none; "+
+			"a message received that many times without an ack goes to %DLQ%<group> (1-1000)")
 	fs.DurationVar(&cfg.DedupWindow, "dedup-window", cfg.DedupWindow,
 		"how long a put carrying a UNIQ_KEY property is remembered: a retry of the key on the same topic within this `duration` "+
 			"gets the first put's answer and stores nothing; 0 turns deduplication off")
@@ -335,6 +342,9 @@ func (c *config) validate() error {
 	if c.MaxPullWait <= 0 {
 		errs = append(errs, fmt.Errorf("--max-pull-wait %v must be positive", c.MaxPullWait))
 	}
+	if c.ConsumerMaxAttempts < 1 || c.ConsumerMaxAttempts > storage.MaxPopAttempts {
+		errs = append(errs, fmt.Errorf("--consumer-max-attempts %d out of range [1, %d]", c.ConsumerMaxAttempts, storage.MaxPopAttempts))
+	}
 	if c.MaxPullInflightBytes <= 0 {
 		errs = append(errs, fmt.Errorf("--max-pull-inflight-bytes %d must be positive", c.MaxPullInflightBytes))
 	}
@@ -468,6 +478,7 @@ func (c *config) log(l zerolog.Logger) {
 		Int("max_open_queue_files", c.MaxOpenQueueFiles).
 		Str("max_pull_inflight_bytes", formatSize(c.MaxPullInflightBytes)).
 		Stringer("max_pull_wait", c.MaxPullWait).
+		Int("consumer_max_attempts", c.ConsumerMaxAttempts).
 		Stringer("dedup_window", c.DedupWindow).
 		Int("dedup_max_messages", c.DedupMaxMessages).
 		Uint64("raft_id", c.Replication.RaftID).

@@ -45,6 +45,7 @@ func TestConfigDefaults(t *testing.T) {
 		MaxOpenQueueFiles:    256,
 		MaxPullInflightBytes: 256 << 20,
 		MaxPullWait:          10 * time.Second,
+		ConsumerMaxAttempts:  17,
 		DedupWindow:          10 * time.Minute,
 		DedupMaxMessages:     1 << 18,
 		Replication:          replicationConfig{ReplicationTimeout: 5 * time.Second, CatchUpWindow: sizeValue(storage.DefaultCatchUpWindow)},

@@ -48,6 +48,8 @@ type line struct {
 	// HARetries counts the sends producer.js repeated after
 	// HA_NOT_AVAILABLE (a group's leader could not commit; nothing stored).
 	HARetries int `json:"haRetries"`
+	// Attempt is a delivery attempt consumer.js saw.
+	Attempt int `json:"attempt"`
 }
 
 // nodeSDK returns the node binary, after checking that the SDK is
@@ -195,22 +197,17 @@ func checkProduced(t *testing.T, client storagedv1.MessageStoreServiceClient, to
 	}
 }
 
-// TestNodeSDKSimpleConsumerUnsupported: the SDK's SimpleConsumer starts
-// against storaged (its route and settings are answered), and its first
-// receive fails with the SDK's UnsupportedException (code 50500, the
-// API's UNSUPPORTED) naming what to use instead: POP consumption is not
-// built yet, and the SDK says so rather than failing obscurely.
-func TestNodeSDKSimpleConsumerUnsupported(t *testing.T) {
-	node := nodeSDK(t)
-	p := proctest.Start(t, proctest.Options{Binary: binary, DataDir: t.TempDir()})
+// runConsumer runs consumer.js against addr in mode and returns what it
+// printed, failing unless it ended with {"kind":"done"}.
+func runConsumer(t *testing.T, node, addr, topic, group, mode string, count int) []line {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(t.Context(), sdkTimeout)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, node, "consumer.js", "--endpoints", p.Addr(), "--topic", "SdkOrders", "--group", "SdkGroup")
+	cmd := exec.CommandContext(ctx, node, "consumer.js", "--endpoints", addr, "--topic", topic, "--group", group,
+		"--mode", mode, "--count", fmt.Sprint(count))
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	if err := cmd.Run(); err != nil {
-		t.Fatalf("consumer.js: %v\nstdout:\n%s\nstderr:\n%s", err, stdout.String(), stderr.String())
-	}
+	err := cmd.Run()
 	var lines []line
 	sc := bufio.NewScanner(&stdout)
 	for sc.Scan() {
@@ -220,12 +217,143 @@ func TestNodeSDKSimpleConsumerUnsupported(t *testing.T) {
 		}
 		lines = append(lines, l)
 	}
-	if len(lines) != 2 || lines[0].Kind != "started" || lines[1].Kind != "receive" {
-		t.Fatalf("consumer.js printed %+v, want started then receive", lines)
+	if err != nil || len(lines) == 0 || lines[len(lines)-1].Kind != "done" {
+		t.Fatalf("consumer.js --mode %s: %v\nstdout:\n%s\nstderr:\n%s", mode, err, stdout.String(), stderr.String())
 	}
-	r := lines[1]
-	if r.Error != "UnsupportedException" || r.Code != 50500 || !strings.Contains(r.Message, "PullMessage") {
-		t.Errorf("receive: %s code %d %q, want UnsupportedException 50500 naming what to use", r.Error, r.Code, r.Message)
+	return lines[:len(lines)-1]
+}
+
+// putBodies stores one message per body in topic through storaged.v1 and
+// returns each body's msgId.
+func putBodies(t *testing.T, p *proctest.Process, topic string, bodies ...string) map[string]string {
+	t.Helper()
+	client := storagedv1.NewMessageStoreServiceClient(p.Conn())
+	ids := map[string]string{}
+	for i, b := range bodies {
+		ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+		res, err := client.PutMessage(ctx, &storagedv1.PutMessageRequest{Message: &storagedv1.Message{Topic: topic, QueueId: int32(i % 4), Body: []byte(b)}})
+		cancel()
+		if err != nil {
+			t.Fatalf("put %s: %v", b, err)
+		}
+		ids[b] = res.GetResult().GetMsgId()
+	}
+	return ids
+}
+
+// TestNodeSDKSimpleConsumer: the SDK's SimpleConsumer against a storaged
+// whose groups get 3 delivery attempts. It receives the six messages sent
+// (attempt 1, the msgId they were stored with); acks s0 and s1, which are
+// never delivered again; changes s2's invisible duration and sees it once
+// more (attempt 2) before acking it; never acks s3-s5, and sees each again
+// with attempts 2 and 3, never a fourth time; and a second SimpleConsumer
+// reading %DLQ%<group> gets exactly s3-s5 (the store's DLQ topic holds
+// them too, read back through storaged.v1).
+func TestNodeSDKSimpleConsumer(t *testing.T) {
+	node := nodeSDK(t)
+	p := proctest.Start(t, proctest.Options{Binary: binary, DataDir: t.TempDir(), Flags: []string{"--consumer-max-attempts", "3"}})
+	const topic, group = "SdkSimple", "SdkGroup"
+	ids := putBodies(t, p, topic, "s0", "s1", "s2", "s3", "s4", "s5")
+	lines := runConsumer(t, node, p.Addr(), topic, group, "simple", 6)
+	attempts := map[string][]int{}
+	var dlq []string
+	for _, l := range lines {
+		switch l.Kind {
+		case "received":
+			attempts[l.Body] = append(attempts[l.Body], l.Attempt)
+			if l.MessageID != ids[l.Body] {
+				t.Errorf("%s attempt %d: messageId %s, stored as %s", l.Body, l.Attempt, l.MessageID, ids[l.Body])
+			}
+		case "dlq":
+			dlq = append(dlq, l.Body)
+			if l.MessageID == "" {
+				t.Errorf("DLQ %s: no messageId", l.Body)
+			}
+		case "acked", "changed":
+		default:
+			t.Errorf("consumer.js printed %+v", l)
+		}
+	}
+	want := map[string][]int{"s0": {1}, "s1": {1}, "s2": {1, 2}, "s3": {1, 2, 3}, "s4": {1, 2, 3}, "s5": {1, 2, 3}}
+	for b, w := range want {
+		if !slices.Equal(attempts[b], w) {
+			t.Errorf("%s delivered with attempts %v, want %v", b, attempts[b], w)
+		}
+	}
+	slices.Sort(dlq)
+	if !slices.Equal(dlq, []string{"s3", "s4", "s5"}) {
+		t.Errorf("the DLQ reader got %v, want [s3 s4 s5]", dlq)
+	}
+	var stored []string
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	if err := proctest.PullQueue(ctx, storagedv1.NewMessageStoreServiceClient(p.Conn()), "%DLQ%"+group, 0,
+		func(m *storagedv1.StoredMessage) { stored = append(stored, string(m.GetBody())) }); err != nil {
+		t.Fatal(err)
+	}
+	slices.Sort(stored)
+	if !slices.Equal(stored, []string{"s3", "s4", "s5"}) {
+		t.Errorf("%%DLQ%%%s holds %v, want [s3 s4 s5]", group, stored)
+	}
+}
+
+// TestNodeSDKPushConsumer: the SDK's PushConsumer (QueryAssignment, then
+// receives with auto_renew, acks after its listener) consumes the ten
+// messages of a topic, each once, at its first attempt.
+func TestNodeSDKPushConsumer(t *testing.T) {
+	node := nodeSDK(t)
+	p := proctest.Start(t, proctest.Options{Binary: binary, DataDir: t.TempDir(), Flags: []string{"--max-pull-wait", "2s"}})
+	const topic = "SdkPush"
+	var bodies []string
+	for i := range 10 {
+		bodies = append(bodies, fmt.Sprintf("p%d", i))
+	}
+	ids := putBodies(t, p, topic, bodies...)
+	lines := runConsumer(t, node, p.Addr(), topic, "SdkPushGroup", "push", len(bodies))
+	seen := map[string]int{}
+	for _, l := range lines {
+		if l.Kind != "consumed" {
+			t.Errorf("consumer.js printed %+v", l)
+			continue
+		}
+		seen[l.Body]++
+		if l.Attempt != 1 || l.MessageID != ids[l.Body] {
+			t.Errorf("%s: attempt %d messageId %s (stored as %s)", l.Body, l.Attempt, l.MessageID, ids[l.Body])
+		}
+	}
+	for _, b := range bodies {
+		if seen[b] != 1 {
+			t.Errorf("%s consumed %d times", b, seen[b])
+		}
+	}
+}
+
+// TestNodeSDKConsumerKill: a SimpleConsumer receives k0 and k1 and acks
+// k0 only; storaged is killed (SIGKILL) before k1 is acked and restarted
+// on its data dir. A new consumer of the group then gets k1 again, at
+// attempt 2 with its msgId, and k0 not: both were in flight with the same
+// invisible deadline, so a k0 not acked would have come back in the same
+// receive.
+func TestNodeSDKConsumerKill(t *testing.T) {
+	node := nodeSDK(t)
+	p := proctest.Start(t, proctest.Options{Binary: binary, DataDir: t.TempDir()})
+	const topic, group = "SdkKill", "SdkKillGroup"
+	ids := putBodies(t, p, topic, "k0", "k1")
+	first := runConsumer(t, node, p.Addr(), topic, group, "receive", 2)
+	acked := 0
+	for _, l := range first {
+		if l.Kind == "acked" {
+			acked++
+		}
+	}
+	if len(first) != 3 || acked != 1 {
+		t.Fatalf("first consumer printed %+v, want two receives and the ack of k0", first)
+	}
+	p.Kill(t)
+	p.Restart(t)
+	again := runConsumer(t, node, p.Addr(), topic, group, "drain", 0)
+	if len(again) != 2 || again[0].Kind != "received" || again[0].Body != "k1" || again[0].Attempt != 2 || again[0].MessageID != ids["k1"] {
+		t.Fatalf("after the restart the consumer printed %+v, want k1 alone at attempt 2 with msgId %s", again, ids["k1"])
 	}
 }
 

@@ -1,0 +1,865 @@
+package storage
+
+// POP consumption (issue 17, point 2): RocketMQ 5's SimpleConsumer model.
+// A consumer group receives messages of a topic with an invisible
+// duration; each comes with a receipt handle; a message not acknowledged
+// within its invisible duration becomes visible again with its delivery
+// attempt counted, through the group's retry topic %RETRY%<group>, and
+// past the group's max attempts it goes to the group's dead-letter topic
+// %DLQ%<group> instead.
+//
+// State. For every (group, topic, queue) the next queue offset to pop (the
+// cursor), and for every message in flight its invisible deadline and
+// generation (storage/pop). Every change is a record of the system topic
+// PopTopic (queue 0) appended through the put path under the table's lock,
+// so the log order of the records is the order of the changes (as for the
+// consumer offsets, consumer_offsets.go, and RocketMQ 5's REVIVE topic of
+// checkpoints and acks): a pop appends the new cursor and the messages put
+// in flight; an ack, a move to the retry or dead-letter topic, drops them;
+// a change of invisible duration puts the message in flight again with a
+// new generation. The table is rebuilt at Open by replaying the topic in
+// log order. A receive, an ack and a change answer only once their record
+// is durable (sync mode; written in async mode, as a put): a restart
+// neither loses an acknowledged ack nor forgets a message handed out.
+//
+// Redelivery, as RocketMQ's revive service: when a message's deadline has
+// passed, a copy is appended to %RETRY%<group> (queue 0, created with one
+// queue when first needed) with its reconsume times + 1 and the properties
+// RETRY_TOPIC (the original topic) and ORIGIN_MESSAGE_ID (the original
+// msgId), then the original is dropped, in one critical section and in
+// that log order: a crash between them keeps the copy and the original in
+// flight, so the message is delivered again (at least once), never lost.
+// A receive pops the group's retry topic first, then the topic's queues
+// (from a queue that turns each call). A message whose delivery attempts
+// (reconsume times + 1) have reached the group's max attempts goes to
+// %DLQ%<group> instead, which no receive pops: it is an ordinary topic,
+// read with any consumer. Due messages are moved by the group's next
+// receive (at most maxRevive a call), not by a background goroutine: a
+// group nobody receives for keeps its expired messages in flight, which
+// is what it would see anyway.
+//
+// Where a group starts on a queue it never popped: at its committed
+// consumer offset (CommitOffset) when it has one, else at the queue's
+// first retained message (RocketMQ's CONSUME_FROM_FIRST_OFFSET).
+//
+// Bounds: messages in flight in total and per group
+// (Options.MaxPopInflight, MaxPopInflightPerGroup: a receive beyond them
+// gets ErrTooManyInflight), queue cursors (MaxConsumerOffsets), a
+// receive's batch (MaxPopBatch), its entry scan (MaxPullScan), its
+// invisible duration ([MinPopInvisible, MaxPopInvisible]), an ack's
+// handles (MaxPopAckEntries).
+//
+// Retention: before it deletes files, the live state whose latest record
+// lies in them is written again (rewritePop), as for consumer offsets.
+//
+// Group mode refuses every POP call with ErrGroupUnsupported: the records
+// would replicate, but followers do not apply them yet.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"reflect"
+	"time"
+
+	"github.com/storaged/storaged/storage/consumequeue"
+	"github.com/storaged/storaged/storage/offsets"
+	"github.com/storaged/storaged/storage/pop"
+	"github.com/storaged/storaged/storage/record"
+)
+
+const (
+	// PopTopic is the system topic of POP state records. Clients can
+	// neither put to it nor read it (topicrules.go).
+	PopTopic = "RMQ_SYS_POP_STATE"
+	// RetryTopicPrefix and DLQTopicPrefix make a group's retry and
+	// dead-letter topics (RocketMQ MixAll.RETRY_GROUP_TOPIC_PREFIX,
+	// DLQ_GROUP_TOPIC_PREFIX).
+	RetryTopicPrefix = "%RETRY%"
+	DLQTopicPrefix   = "%DLQ%"
+	// PropertyRetryTopic is the original topic of a retry or dead-letter
+	// copy (RocketMQ MessageConst.PROPERTY_RETRY_TOPIC).
+	PropertyRetryTopic = "RETRY_TOPIC"
+	// PropertyOriginMessageID is the original msgId of a copy (RocketMQ
+	// MessageConst.PROPERTY_ORIGIN_MESSAGE_ID).
+	PropertyOriginMessageID = "ORIGIN_MESSAGE_ID"
+
+	// MaxPopBatch bounds the messages of one receive (the RocketMQ proxy's
+	// default receive batch bound).
+	MaxPopBatch = 32
+	// MinPopInvisible and MaxPopInvisible bound an invisible duration
+	// (MaxPopInvisible: the RocketMQ proxy's 12 hours).
+	MinPopInvisible = time.Second
+	MaxPopInvisible = 12 * time.Hour
+	// MaxPopAckEntries bounds the handles of one ack.
+	MaxPopAckEntries = 1024
+	// DefaultPopMaxAttempts is a group's delivery attempts when the
+	// request names none: RocketMQ's 16 retries after the first delivery.
+	DefaultPopMaxAttempts = 17
+	// MaxPopAttempts bounds a group's max attempts.
+	MaxPopAttempts = 1000
+	// DefaultMaxPopInflight and DefaultMaxPopInflightPerGroup are the
+	// defaults of Options.MaxPopInflight and MaxPopInflightPerGroup.
+	DefaultMaxPopInflight         = 200000
+	DefaultMaxPopInflightPerGroup = 20000
+	// maxRevive bounds the due messages one receive moves.
+	maxRevive = 64
+)
+
+var (
+	// ErrTooManyInflight: the group or the store has as many messages in
+	// flight as it may; ack some first. Nothing was popped.
+	ErrTooManyInflight = pop.ErrTooManyInflight
+	// ErrInvalidHandle: a receipt handle is malformed, of another group
+	// or topic, or of a delivery that is over (acknowledged, renewed,
+	// moved to the retry or dead-letter topic).
+	ErrInvalidHandle = errors.New("storage: invalid receipt handle")
+	// ErrPopNotDurable: the change was appended but its durability was
+	// not confirmed (as ErrOffsetNotDurable).
+	ErrPopNotDurable = errors.New("storage: POP state change appended, durability not confirmed")
+)
+
+// RetryTopic and DLQTopic are group's retry and dead-letter topics.
+func RetryTopic(group string) string { return RetryTopicPrefix + group }
+
+// DLQTopic is group's dead-letter topic.
+func DLQTopic(group string) string { return DLQTopicPrefix + group }
+
+// PopRequest is one receive.
+type PopRequest struct {
+	Group, Topic string
+	// Tags, if not empty, keeps only messages whose TAGS is one of them
+	// (the group's retry topic is not filtered). Messages skipped are
+	// consumed for the group.
+	Tags []string
+	// MaxMessages is 1 to MaxPopBatch.
+	MaxMessages int
+	// Invisible is how long the messages stay invisible unless
+	// acknowledged: MinPopInvisible to MaxPopInvisible.
+	Invisible time.Duration
+	// Wait is how long to wait for a message when none is visible.
+	Wait time.Duration
+	// MaxAttempts is the group's delivery attempts before a message goes
+	// to its dead-letter topic: 0 means DefaultPopMaxAttempts.
+	MaxAttempts int
+}
+
+// PopMessage is one message received.
+type PopMessage struct {
+	Record *Record
+	// Topic is the topic the message was sent to (for a retry copy, its
+	// RETRY_TOPIC); MsgID the msgId it was stored with first.
+	Topic, MsgID string
+	// Handle is the receipt handle; Attempt the delivery attempt (1 the
+	// first); Deadline when it becomes visible again.
+	Handle   string
+	Attempt  int32
+	Deadline time.Time
+}
+
+// checkPopGroup validates a group and the topics named after it.
+func (s *Store) checkPop(group, topic string) error {
+	if s.closed.Load() {
+		return ErrClosed
+	}
+	if p := GroupProblem(group); p != "" {
+		return illegal("consumer_group", p)
+	}
+	// Only the length: the percent rule of TopicNameProblem would refuse
+	// a group starting with two hex digits ("%DLQ%ab…" decodes), and
+	// these names are made here, not sent.
+	if n := len(DLQTopic(group)); n > MaxTopicLength { // the longer of the two
+		return illegal("consumer_group", fmt.Sprintf("consumer group %s is too long for its dead-letter topic (%d bytes, limit %d)", group, n, MaxTopicLength))
+	}
+	if p := TopicNameProblem(topic); p != "" {
+		return illegal("topic", p)
+	}
+	if HiddenTopic(topic) || NotAllowedSendTopic(topic) {
+		return illegal("topic", fmt.Sprintf("topic %s is a system topic of the store", topic))
+	}
+	if s.group != nil {
+		return fmt.Errorf("%w: POP consumption (its state records are not applied on followers yet)", ErrGroupUnsupported)
+	}
+	return nil
+}
+
+// PopReceive pops up to req.MaxMessages visible messages of req.Topic (and
+// of the group's retry topic) for req.Group and puts them in flight for
+// req.Invisible, waiting up to req.Wait for one. It first moves the
+// group's due messages to the retry or dead-letter topic. Errors:
+// *ValidationError, ErrTopicNotFound (the topic does not exist and would
+// not be created by a put), ErrTooManyInflight, ErrGroupUnsupported, the
+// put path's refusals (nothing popped), *PopNotDurableError (popped, the
+// state's durability unknown: the messages become visible again after
+// their invisible duration), ErrCorrupt, ErrClosed, ctx's error.
+func (s *Store) PopReceive(ctx context.Context, req PopRequest) ([]PopMessage, error) {
+	if err := s.checkPop(req.Group, req.Topic); err != nil {
+		return nil, err
+	}
+	switch {
+	case req.MaxMessages < 1 || req.MaxMessages > MaxPopBatch:
+		return nil, illegal("batch_size", fmt.Sprintf("batch size %d out of range [1, %d]", req.MaxMessages, MaxPopBatch))
+	case req.Invisible < MinPopInvisible || req.Invisible > MaxPopInvisible:
+		return nil, illegal("invisible_duration", fmt.Sprintf("invisible duration %v out of range [%v, %v]", req.Invisible, MinPopInvisible, MaxPopInvisible))
+	case req.MaxAttempts < 0 || req.MaxAttempts > MaxPopAttempts:
+		return nil, illegal("max_attempts", fmt.Sprintf("max attempts %d out of range [1, %d]", req.MaxAttempts, MaxPopAttempts))
+	}
+	if req.MaxAttempts == 0 {
+		req.MaxAttempts = DefaultPopMaxAttempts
+	}
+	var deadline <-chan time.Time
+	if req.Wait > 0 {
+		t := time.NewTimer(req.Wait)
+		defer t.Stop()
+		deadline = t.C
+	}
+	for {
+		if err := s.checkBeforePut(); err != nil {
+			return nil, err
+		}
+		queues, ok := s.topics.get(req.Topic) // again each round: it may be created meanwhile
+		if !ok {
+			if s.opts.NoAutoCreateTopics {
+				return nil, fmt.Errorf("%w: %s", ErrTopicNotFound, req.Topic)
+			}
+			queues = int32(s.opts.DefaultQueues) // a put would create it so: wait for its queues
+		}
+		// Register before looking, so that what arrives between the look
+		// and the wait wakes it (as PullMessages).
+		var cases []reflect.SelectCase
+		var releases []func()
+		if deadline != nil {
+			add := func(k consumequeue.Key) {
+				ch, release := s.index.WaitAdvance(k)
+				releases = append(releases, release)
+				cases = append(cases, reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(ch)})
+			}
+			add(consumequeue.Key{Topic: RetryTopic(req.Group), Queue: 0})
+			for q := range queues {
+				add(consumequeue.Key{Topic: req.Topic, Queue: q})
+			}
+		}
+		release := func() {
+			for _, r := range releases {
+				r()
+			}
+		}
+		if err := s.popRevive(ctx, req.Group, req.MaxAttempts); err != nil {
+			release()
+			return nil, err
+		}
+		msgs, err := s.popOnce(ctx, req, queues)
+		if err != nil || len(msgs) > 0 || deadline == nil {
+			release()
+			return msgs, err
+		}
+		var stopDue func()
+		s.pop.Mu.Lock()
+		next, due := s.pop.NextDeadline(req.Group)
+		s.pop.Mu.Unlock()
+		if due {
+			ch, stop := s.clockAt(time.UnixMilli(next))
+			stopDue = stop
+			cases = append(cases, reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(ch)})
+		}
+		fixed := len(cases)
+		cases = append(cases,
+			reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(deadline)},
+			reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(ctx.Done())},
+			reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(s.index.Done())})
+		chosen, _, _ := reflect.Select(cases)
+		release()
+		if stopDue != nil {
+			stopDue()
+		}
+		switch chosen - fixed {
+		case 0:
+			return nil, nil
+		case 1:
+			return nil, ctx.Err()
+		case 2:
+			return nil, ErrClosed
+		}
+	}
+}
+
+// clockAt returns a channel that fires once the store's clock reaches t:
+// through the clock when it is a TimerClock (tests), else a real timer,
+// re-armed at most a second ahead so that a wall-clock jump delays it by
+// at most that. stop releases it.
+func (s *Store) clockAt(t time.Time) (<-chan struct{}, func()) {
+	if tc, ok := s.opts.Clock.(TimerClock); ok {
+		return tc.At(t), func() {}
+	}
+	d := min(max(t.Sub(s.opts.Clock.Now()), 0), time.Second)
+	ch := make(chan struct{})
+	timer := time.AfterFunc(d, func() { close(ch) })
+	return ch, func() { timer.Stop() }
+}
+
+// popOnce pops without waiting: the group's retry topic, then the
+// topic's queues from the one after the last call's first.
+func (s *Store) popOnce(ctx context.Context, req PopRequest, queues int32) ([]PopMessage, error) {
+	t := s.pop
+	now := s.opts.Clock.Now()
+	deadline := now.Add(req.Invisible).UnixMilli()
+	t.Mu.Lock()
+	room := min(req.MaxMessages, t.Room(req.Group))
+	if room == 0 {
+		t.Mu.Unlock()
+		return nil, fmt.Errorf("%w: group %s has %d in flight (limits: %d a group, %d in all)", ErrTooManyInflight,
+			req.Group, t.Inflight(req.Group), s.opts.MaxPopInflightPerGroup, s.opts.MaxPopInflight)
+	}
+	var (
+		ops    []pop.Op
+		picked []PopMessage
+		budget = MaxPullScan
+	)
+	scan := func(topic string, qid int32, tags []string) error {
+		q := s.index.Queue(topic, qid)
+		if q == nil {
+			return nil
+		}
+		k := pop.QueueKey{Group: req.Group, Topic: topic, Queue: qid}
+		cur, ok := t.Cursor(k)
+		if !ok {
+			if err := t.AdmitCursor(k); err != nil {
+				return err
+			}
+			cur = q.Min()
+			if topic == req.Topic {
+				if off, ok := s.offsets.Get(offsets.Key{Group: req.Group, Topic: topic, Queue: qid}); ok {
+					cur = off
+				}
+			}
+		}
+		cur = min(max(cur, q.Min()), q.Count())
+		if cur == q.Count() {
+			return nil
+		}
+		res, scanned, err := s.pullOnce(PullRequest{Topic: topic, QueueID: qid, Offset: cur, MaxMessages: room - len(picked),
+			MaxBytes: 1 << 30, Tags: tags}, budget)
+		budget -= scanned
+		if err != nil {
+			return err
+		}
+		op := pop.Op{Kind: pop.Set, Key: k, Cursor: res.NextOffset}
+		for _, rec := range res.Messages {
+			it := pop.Item{Offset: rec.QueueOffset, Deadline: deadline, Gen: t.NextGen()}
+			op.Items = append(op.Items, it)
+			picked = append(picked, s.popMessage(rec, req.Group, it))
+		}
+		if len(op.Items) == 0 {
+			t.Advance(k, res.NextOffset)
+			return nil
+		}
+		ops = append(ops, op)
+		return nil
+	}
+	err := scan(RetryTopic(req.Group), 0, nil)
+	if queues > 0 {
+		first := int32(s.popTurn.Add(1) % uint32(queues))
+		for i := int32(0); err == nil && i < queues && len(picked) < room && budget > 0; i++ {
+			err = scan(req.Topic, (first+i)%queues, req.Tags)
+		}
+	}
+	if len(ops) == 0 {
+		t.Mu.Unlock()
+		return nil, err // err may be set with nothing popped: return it
+	}
+	// What was popped before an error is handed out; the error waits for
+	// the next call.
+	res, aerr := s.appendPop(ops)
+	if aerr != nil {
+		t.Mu.Unlock()
+		return nil, aerr
+	}
+	for _, op := range ops {
+		t.Apply(op, res.WroteOffset)
+	}
+	t.Mu.Unlock()
+	if err := s.popDurable(ctx, res); err != nil {
+		return nil, err
+	}
+	for i := range picked {
+		picked[i].Deadline = time.UnixMilli(deadline)
+	}
+	return picked, nil
+}
+
+// popMessage is rec, popped as it, as a receive hands it out.
+func (s *Store) popMessage(rec *Record, group string, it pop.Item) PopMessage {
+	m := PopMessage{Record: rec, Topic: rec.Topic, MsgID: MsgID(rec.StoreHost, rec.PhysicalOffset), Attempt: rec.ReconsumeTimes + 1}
+	retry := rec.Topic == RetryTopic(group)
+	if retry {
+		if t, ok := rec.Property(PropertyRetryTopic); ok {
+			m.Topic = t
+		}
+		if id, ok := rec.Property(PropertyOriginMessageID); ok {
+			m.MsgID = id
+		}
+	}
+	m.Handle = pop.EncodeHandle(pop.Handle{Retry: retry, Queue: rec.QueueID, Offset: rec.QueueOffset, Gen: it.Gen})
+	return m
+}
+
+// appendPop appends one POP state record holding ops. REQUIRES: s.pop.Mu.
+func (s *Store) appendPop(ops []pop.Op) (AppendResult, error) {
+	if err := s.checkBeforePut(); err != nil {
+		return AppendResult{}, err
+	}
+	spec := record.Spec{
+		Topic: PopTopic, QueueID: 0, Body: pop.Encode(ops), BornTS: s.opts.Clock.Now().UnixMilli(),
+		BornHost: s.opts.StoreHost, StoreHost: s.opts.StoreHost, PropCRC: !s.opts.DisablePropCRC,
+	}
+	if ferr := spec.Size(); ferr != nil {
+		return AppendResult{}, fieldError(ferr)
+	}
+	spec.BodyCRC = record.BodyCRC(spec.Body)
+	if s.log.Busy(s.opts.PageCacheBusyTimeout) {
+		return AppendResult{}, ErrBusy
+	}
+	one := [1]record.Spec{spec}
+	return s.appendRecords(PopTopic, 0, 0, one[:], false)
+}
+
+// PopNotDurableError is a POP change appended whose durability was not
+// confirmed (as NotDurableError for offsets). It wraps ErrPopNotDurable.
+type PopNotDurableError struct {
+	Status PutStatus
+	Err    error
+}
+
+func (e *PopNotDurableError) Error() string {
+	if e.Err == nil {
+		return fmt.Sprintf("%v: %s", ErrPopNotDurable, e.Status)
+	}
+	return fmt.Sprintf("%v: %s: %v", ErrPopNotDurable, e.Status, e.Err)
+}
+
+// Unwrap implements errors.Unwrap.
+func (e *PopNotDurableError) Unwrap() []error {
+	if e.Err == nil {
+		return []error{ErrPopNotDurable}
+	}
+	return []error{ErrPopNotDurable, e.Err}
+}
+
+// popDurable waits until the record of res (and all before it: copies to
+// the retry and dead-letter topics) is durable and indexed, as a put.
+func (s *Store) popDurable(ctx context.Context, res AppendResult) error {
+	out, err := s.afterAppend(ctx, res, true)
+	if err != nil || out.Status != PutOK {
+		return &PopNotDurableError{Status: out.Status, Err: err}
+	}
+	return nil
+}
+
+// popRevive moves up to maxRevive of group's due messages to its retry
+// topic, or its dead-letter topic past maxAttempts, and drops them from
+// flight.
+func (s *Store) popRevive(ctx context.Context, group string, maxAttempts int) error {
+	t := s.pop
+	t.Mu.Lock()
+	due := t.Due(group, s.opts.Clock.Now().UnixMilli(), maxRevive)
+	if len(due) == 0 {
+		t.Mu.Unlock()
+		return nil
+	}
+	var (
+		drops   = map[pop.QueueKey]*pop.Op{}
+		order   []pop.QueueKey
+		copyErr error
+	)
+	for _, k := range due {
+		_, gen, _ := t.Get(k)
+		rec, err := s.popRecord(k)
+		switch {
+		case err == nil:
+			target := RetryTopic(group)
+			reconsume := rec.ReconsumeTimes + 1
+			if int(rec.ReconsumeTimes)+1 >= maxAttempts {
+				target, reconsume = DLQTopic(group), rec.ReconsumeTimes
+			}
+			if _, err := s.appendCopy(target, rec, group, reconsume); err != nil {
+				copyErr = err
+			}
+		case errors.Is(err, ErrOutOfRange), errors.Is(err, ErrQueueNotFound), errors.Is(err, ErrCorrupt):
+			// Retention deleted it, its topic was deleted, or it is
+			// damaged: there is nothing left to deliver.
+			s.opts.Logger.Warn().Err(err).Str("group", group).Str("topic", k.Topic).Int32("queue", k.Queue).
+				Int64("offset", k.Offset).Msg("storage: POP message in flight cannot be read; dropped")
+		default:
+			copyErr = err
+		}
+		if copyErr != nil {
+			break
+		}
+		op := drops[k.QueueKey]
+		if op == nil {
+			op = &pop.Op{Kind: pop.Drop, Key: k.QueueKey, Cursor: pop.NoCursor}
+			drops[k.QueueKey] = op
+			order = append(order, k.QueueKey)
+		}
+		op.Items = append(op.Items, pop.Item{Offset: k.Offset, Gen: gen})
+	}
+	if len(order) == 0 {
+		t.Mu.Unlock()
+		return copyErr
+	}
+	ops := make([]pop.Op, len(order))
+	for i, k := range order {
+		ops[i] = *drops[k]
+	}
+	res, err := s.appendPop(ops)
+	if err != nil {
+		// The copies are appended, the originals still in flight: they
+		// are moved again later (delivered twice, never lost).
+		t.Mu.Unlock()
+		return err
+	}
+	for _, op := range ops {
+		t.Apply(op, res.WroteOffset)
+	}
+	t.Mu.Unlock()
+	if err := s.popDurable(ctx, res); err != nil {
+		return err
+	}
+	return copyErr
+}
+
+// popRecord reads the message in flight k and checks it is k's.
+func (s *Store) popRecord(k pop.Key) (*Record, error) {
+	q := s.index.Queue(k.Topic, k.Queue)
+	if q == nil {
+		return nil, fmt.Errorf("%w: %s/%d", ErrQueueNotFound, k.Topic, k.Queue)
+	}
+	phys, _, _, ok, err := q.Lookup(k.Offset)
+	if err != nil {
+		return nil, err
+	}
+	if !ok {
+		return nil, &RangeError{What: "queue offset", Offset: k.Offset, Min: q.Min(), Max: q.Count()}
+	}
+	rec, err := s.readRecord(phys)
+	if errors.Is(err, ErrNoRecord) {
+		err = fmt.Errorf("%w: consume queue %s/%d entry %d: %w", ErrCorrupt, k.Topic, k.Queue, k.Offset, err)
+	}
+	if err != nil {
+		return nil, err
+	}
+	if rec.Topic != k.Topic || rec.QueueID != k.Queue || rec.QueueOffset != k.Offset {
+		return nil, fmt.Errorf("%w: consume queue %s/%d entry %d points at a record of %s/%d offset %d",
+			ErrCorrupt, k.Topic, k.Queue, k.Offset, rec.Topic, rec.QueueID, rec.QueueOffset)
+	}
+	return rec, nil
+}
+
+// appendCopy appends a copy of rec to target (a group's retry or
+// dead-letter topic, queue 0, created with one queue when missing) with
+// reconsume times reconsume and the original topic and msgId as
+// properties. REQUIRES: s.pop.Mu (the drop of the original follows it in
+// the log).
+func (s *Store) appendCopy(target string, rec *Record, group string, reconsume int32) (AppendResult, error) {
+	if !s.topics.has(target, 0) {
+		if _, err := s.topics.create(target, 1, true); err != nil {
+			return AppendResult{}, err
+		}
+	}
+	origTopic, origID := rec.Topic, MsgID(rec.StoreHost, rec.PhysicalOffset)
+	if rec.Topic == RetryTopic(group) {
+		if v, ok := rec.Property(PropertyRetryTopic); ok {
+			origTopic = v
+		}
+		if v, ok := rec.Property(PropertyOriginMessageID); ok {
+			origID = v
+		}
+	}
+	props := make([]Property, 0, len(rec.Properties)+2)
+	for _, p := range rec.Properties {
+		switch p.Key {
+		case PropertyCRC32, PropertyBatch, PropertyInnerNum, PropertyRetryTopic, PropertyOriginMessageID:
+			continue // the store's own, or set below
+		}
+		props = append(props, p)
+	}
+	props = append(props, Property{Key: PropertyRetryTopic, Value: origTopic}, Property{Key: PropertyOriginMessageID, Value: origID})
+	spec := record.Spec{
+		Topic: target, QueueID: 0, Flag: rec.Flag, Body: rec.Body, Props: props,
+		SysFlag: rec.SysFlag &^ (record.TransactionMask | FlagInnerBatch), BornTS: rec.BornTimestamp, BornHost: rec.BornHost,
+		StoreHost: s.opts.StoreHost, Reconsume: reconsume, PropCRC: !s.opts.DisablePropCRC,
+	}
+	if ferr := spec.Size(); ferr != nil {
+		return AppendResult{}, fieldError(ferr)
+	}
+	spec.BodyCRC = record.BodyCRC(spec.Body)
+	if err := s.checkBeforePut(); err != nil {
+		return AppendResult{}, err
+	}
+	one := [1]record.Spec{spec}
+	return s.appendRecords(target, 0, spec.SysFlag, one[:], false)
+}
+
+// handleKey is the message in flight a handle names, for group and the
+// topic a request names.
+func handleKey(group, topic, handle string) (pop.Key, pop.Handle, error) {
+	h, err := pop.DecodeHandle(handle)
+	if err != nil {
+		return pop.Key{}, h, fmt.Errorf("%w: %w", ErrInvalidHandle, err)
+	}
+	if h.Retry {
+		topic = RetryTopic(group)
+	}
+	return pop.Key{QueueKey: pop.QueueKey{Group: group, Topic: topic, Queue: h.Queue}, Offset: h.Offset}, h, nil
+}
+
+// errHandleOver is the error of a handle whose delivery is over.
+func errHandleOver(k pop.Key) error {
+	return fmt.Errorf("%w: no message of group %s in flight at %s/%d offset %d with this handle "+
+		"(acknowledged, its invisible duration changed, or redelivered since)", ErrInvalidHandle, k.Group, k.Topic, k.Queue, k.Offset)
+}
+
+// PopAck acknowledges the messages named by handles (received by group
+// from topic): they are never delivered again. It returns one error per
+// handle (nil: acknowledged; ErrInvalidHandle: not in flight with that
+// handle) and an error for the call (nothing acknowledged, or
+// *PopNotDurableError). A handle repeated in one call is acknowledged
+// once and answered nil each time.
+func (s *Store) PopAck(ctx context.Context, group, topic string, handles []string) ([]error, error) {
+	if err := s.checkPop(group, topic); err != nil {
+		return nil, err
+	}
+	if len(handles) == 0 || len(handles) > MaxPopAckEntries {
+		return nil, illegal("entries", fmt.Sprintf("an ack names 1 to %d receipt handles, got %d", MaxPopAckEntries, len(handles)))
+	}
+	errs := make([]error, len(handles))
+	t := s.pop
+	t.Mu.Lock()
+	drops := map[pop.QueueKey]*pop.Op{}
+	var order []pop.QueueKey
+	seen := map[pop.Key]uint64{}
+	for i, hs := range handles {
+		k, h, err := handleKey(group, topic, hs)
+		if err != nil {
+			errs[i] = err
+			continue
+		}
+		if g, ok := seen[k]; ok && g == h.Gen {
+			continue
+		}
+		if _, gen, ok := t.Get(k); !ok || gen != h.Gen {
+			errs[i] = errHandleOver(k)
+			continue
+		}
+		seen[k] = h.Gen
+		op := drops[k.QueueKey]
+		if op == nil {
+			op = &pop.Op{Kind: pop.Drop, Key: k.QueueKey, Cursor: pop.NoCursor}
+			drops[k.QueueKey] = op
+			order = append(order, k.QueueKey)
+		}
+		op.Items = append(op.Items, pop.Item{Offset: k.Offset, Gen: h.Gen})
+	}
+	if len(order) == 0 {
+		t.Mu.Unlock()
+		return errs, nil
+	}
+	var res AppendResult
+	for len(order) > 0 { // at most MaxOps queues a record
+		n := min(len(order), pop.MaxOps)
+		ops := make([]pop.Op, 0, n)
+		for _, k := range order[:n] {
+			ops = append(ops, *drops[k])
+		}
+		order = order[n:]
+		var err error
+		if res, err = s.appendPop(ops); err != nil {
+			t.Mu.Unlock()
+			return nil, err
+		}
+		for _, op := range ops {
+			t.Apply(op, res.WroteOffset)
+		}
+	}
+	t.Mu.Unlock()
+	return errs, s.popDurable(ctx, res)
+}
+
+// PopChangeInvisible puts the message named by handle in flight again for
+// d from now (a nack with a delay, or more time to process it) and returns
+// its new handle; the old one is no longer good. Errors as PopAck's.
+func (s *Store) PopChangeInvisible(ctx context.Context, group, topic, handle string, d time.Duration) (PopMessage, error) {
+	if err := s.checkPop(group, topic); err != nil {
+		return PopMessage{}, err
+	}
+	if d < 0 || d > MaxPopInvisible {
+		return PopMessage{}, illegal("invisible_duration", fmt.Sprintf("invisible duration %v out of range [0, %v]", d, MaxPopInvisible))
+	}
+	k, h, err := handleKey(group, topic, handle)
+	if err != nil {
+		return PopMessage{}, err
+	}
+	t := s.pop
+	t.Mu.Lock()
+	if _, gen, ok := t.Get(k); !ok || gen != h.Gen {
+		t.Mu.Unlock()
+		return PopMessage{}, errHandleOver(k)
+	}
+	it := pop.Item{Offset: k.Offset, Deadline: s.opts.Clock.Now().Add(d).UnixMilli(), Gen: t.NextGen()}
+	op := pop.Op{Kind: pop.Set, Key: k.QueueKey, Cursor: pop.NoCursor, Items: []pop.Item{it}}
+	res, err := s.appendPop([]pop.Op{op})
+	if err != nil {
+		t.Mu.Unlock()
+		return PopMessage{}, err
+	}
+	t.Apply(op, res.WroteOffset)
+	t.Mu.Unlock()
+	if err := s.popDurable(ctx, res); err != nil {
+		return PopMessage{}, err
+	}
+	h.Gen = it.Gen
+	return PopMessage{Handle: pop.EncodeHandle(h), Deadline: time.UnixMilli(it.Deadline)}, nil
+}
+
+// PopForwardDLQ moves the message named by handle to the group's
+// dead-letter topic now, and drops it from flight (the client gave up on
+// it). Errors as PopAck's.
+func (s *Store) PopForwardDLQ(ctx context.Context, group, topic, handle string) error {
+	if err := s.checkPop(group, topic); err != nil {
+		return err
+	}
+	k, h, err := handleKey(group, topic, handle)
+	if err != nil {
+		return err
+	}
+	t := s.pop
+	t.Mu.Lock()
+	if _, gen, ok := t.Get(k); !ok || gen != h.Gen {
+		t.Mu.Unlock()
+		return errHandleOver(k)
+	}
+	rec, err := s.popRecord(k)
+	if err != nil {
+		t.Mu.Unlock()
+		return err
+	}
+	if _, err := s.appendCopy(DLQTopic(group), rec, group, rec.ReconsumeTimes); err != nil {
+		t.Mu.Unlock()
+		return err
+	}
+	op := pop.Op{Kind: pop.Drop, Key: k.QueueKey, Cursor: pop.NoCursor, Items: []pop.Item{{Offset: k.Offset, Gen: h.Gen}}}
+	res, err := s.appendPop([]pop.Op{op})
+	if err != nil {
+		t.Mu.Unlock()
+		return err
+	}
+	t.Apply(op, res.WroteOffset)
+	t.Mu.Unlock()
+	return s.popDurable(ctx, res)
+}
+
+// PopInflight returns the messages in flight of group ("" for all).
+func (s *Store) PopInflight(group string) int {
+	s.pop.Mu.Lock()
+	defer s.pop.Mu.Unlock()
+	return s.pop.Inflight(group)
+}
+
+// openPop rebuilds the POP state at Open from PopTopic's consume queue, in
+// log order. A record that fails its checks is ErrCorrupt: Open refuses
+// rather than forget a message in flight.
+func (s *Store) openPop() error {
+	s.pop = pop.New(pop.Limits{Inflight: s.opts.MaxPopInflight, InflightPerGroup: s.opts.MaxPopInflightPerGroup,
+		Cursors: s.opts.MaxConsumerOffsets})
+	q := s.index.Queue(PopTopic, 0)
+	if q == nil {
+		s.pop.SeedGen(uint64(max(s.opts.Clock.Now().UnixMilli(), 0)) << 20)
+		return nil
+	}
+	for off := q.Min(); off < q.Count(); off++ {
+		phys, _, _, ok, err := q.Lookup(off)
+		if err != nil {
+			return err
+		}
+		if !ok {
+			break
+		}
+		if phys < s.log.MinOffset() {
+			continue // its file is gone; its live state was rewritten past it
+		}
+		rec, err := s.readRecord(phys)
+		if err != nil {
+			return fmt.Errorf("storage: POP state: record %d: %w", off, err)
+		}
+		ops, err := pop.Decode(rec.Body)
+		if err != nil {
+			return fmt.Errorf("%w: POP state: record at commitlog offset %d: %w", ErrCorrupt, phys, err)
+		}
+		for _, op := range ops {
+			s.pop.Apply(op, phys)
+		}
+	}
+	// Above every generation of this run's records and, by the clock, of
+	// records retention deleted (pop.Table.SeedGen).
+	s.pop.SeedGen(uint64(max(s.opts.Clock.Now().UnixMilli(), 0)) << 20)
+	return nil
+}
+
+// rewritePop writes again the live POP state whose latest record lies
+// below end and waits until the copies are durable, so that retention may
+// delete the files below end (as rewriteOffsets). Cursors of topics
+// deleted since are dropped. It returns the lowest commitlog offset that
+// must stay.
+func (s *Store) rewritePop(end int64) int64 {
+	t := s.pop
+	if t == nil {
+		return end
+	}
+	keep := func() int64 {
+		t.Mu.Lock()
+		defer t.Mu.Unlock()
+		if at, ok := t.OldestAt(); ok && at < end {
+			return at
+		}
+		return end
+	}
+	if s.closed.Load() || s.Role() != RoleMaster || s.WriteErr() != nil || s.group != nil {
+		return keep()
+	}
+	t.Mu.Lock()
+	for _, k := range t.Cursors() {
+		if _, ok := s.topics.get(k.Topic); !ok {
+			t.DropCursor(k)
+		}
+	}
+	ops := t.Below(end)
+	var last int64
+	for len(ops) > 0 {
+		n := 0
+		for n < len(ops) && n < pop.MaxOps && pop.EncodedLen(ops[:n+1]) <= 256<<10 {
+			n++
+		}
+		n = max(n, 1)
+		res, err := s.appendPop(ops[:n])
+		if err != nil {
+			t.Mu.Unlock()
+			s.opts.Logger.Warn().Err(err).Msg("storage: POP state not rewritten; retention keeps the files holding it")
+			return keep()
+		}
+		for _, op := range ops[:n] {
+			t.Apply(op, res.WroteOffset)
+		}
+		last = res.NextOffset()
+		ops = ops[n:]
+	}
+	t.Mu.Unlock()
+	if last > 0 {
+		if err := s.durableTo(last); err != nil {
+			s.opts.Logger.Warn().Err(err).Msg("storage: rewritten POP state not durable; retention keeps the files holding it")
+			// The table now points at the copies: nothing below end is
+			// known to be safe to delete.
+			return min(end, s.log.MinOffset())
+		}
+	}
+	return keep()
+}
