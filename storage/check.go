@@ -248,6 +248,11 @@ func setAsideCheckpoint(opts Options, why string) (string, error) {
 // openOffline maps the commitlog of opts.Dir for the offline tools; the
 // caller holds the data dir lock.
 func openOffline(opts Options) (*commitlog.Log, error) {
+	// A group member stopped in the middle of a snapshot install: its
+	// commitlog is half old, half the snapshot's until a start finishes it.
+	if _, err := opts.FS.Size(filepath.Join(opts.Dir, installJournal)); err == nil {
+		return nil, fmt.Errorf("%w (%s in %s)", ErrInstallPending, installJournal, opts.Dir)
+	}
 	return commitlog.Open(commitlog.Options{FS: opts.FS, Dir: filepath.Join(opts.Dir, "commitlog"), FileSize: opts.FileSize,
 		RequireCRC: !opts.DisablePropCRC, Clock: opts.Clock, Logger: opts.Logger,
 		Throttle: logthrottle.New(logthrottle.DefaultInterval, nil)})

@@ -50,6 +50,10 @@ import (
 // installJournal is the install's journal in the data dir (see above).
 const installJournal = "snapshot.install"
 
+// ErrInstallPending: the offline tools refuse a data dir whose snapshot
+// install a crash interrupted; starting the member finishes it.
+var ErrInstallPending = errors.New("storage: a snapshot install is unfinished in this data dir; start the member once to finish it")
+
 // groupHost.InstallSnapshot is replica.Host's: the raft loop restored the
 // snapshot at index of term, staged by ReceiveSnapshot.
 func (h *groupHost) InstallSnapshot(index, term uint64) (int64, int64, error) {

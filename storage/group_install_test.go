@@ -337,6 +337,7 @@ func TestGroupSnapshotInstall(t *testing.T) {
 // 1, the old commit end, the old bytes and queue) or the installed one
 // (raft log from the snapshot's index, its commit end, the leader's
 // bytes and queue), never a mix; no committed message it holds is lost.
+// The offline check refuses an image with the journal (ErrInstallPending).
 func TestGroupSnapshotInstallCrash(t *testing.T) {
 	fs3 := vfs.NewMem()
 	type image struct {
@@ -394,6 +395,12 @@ func TestGroupSnapshotInstallCrash(t *testing.T) {
 		gopts.Ticks, gopts.installHook = make(chan time.Time), nil
 		o.Group, o.FS = &gopts, im.fs
 		o.FileReservedTime = -1 // the image as it opens, nothing deleted after
+		if _, err := im.fs.Size(filepath.Join(o.Dir, installJournal)); err == nil {
+			// The offline tools leave a half-installed dir alone.
+			if _, err := Check(o); !errors.Is(err, ErrInstallPending) {
+				t.Fatalf("%s: storaged check of a dir with an unfinished install: %v", what, err)
+			}
+		}
 		s, err := Open(o)
 		if err != nil {
 			t.Fatalf("%s: Open: %v", what, err)
