@@ -4,6 +4,8 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+
+	"github.com/storaged/storaged/storage/timers"
 )
 
 // Group-mode commands (design replication.md §2.1, §3.5): raft entries
@@ -20,10 +22,19 @@ import (
 // increasing, offsets not negative. The leader's scheduler proposes one
 // after each round that delivered, so it follows in the log the re-puts
 // it covers; a new leader resumes from the last one committed.
+//
+// cmdTimerProgress: u8 version (1), then i64 Low, i64 Ingested, i64 DueMS,
+// i64 Phys (storage/timers.Progress). The leader's timer service proposes
+// one after each round that delivered or recalled, after the re-puts it
+// covers committed; a new leader rebuilds its due index from the last one
+// committed.
 const (
 	cmdMagic         uint32 = 0x53444D43 // "SDMC"
 	cmdHeader               = 9
 	cmdDelayProgress byte   = 1
+	cmdTimerProgress byte   = 2
+	timerCmdVersion  byte   = 1
+	timerCmdLen             = cmdHeader + 1 + 4*8
 	// maxCmdLevels bounds a decoded progress command (the delay table's
 	// levels; RocketMQ's has 18).
 	maxCmdLevels = 1024
@@ -83,4 +94,45 @@ func decodeDelayProgress(b []byte) (map[int]int64, error) {
 		out[level], last = off, level
 	}
 	return out, nil
+}
+
+// encodeTimerProgress encodes the timer service's progress.
+func encodeTimerProgress(p timers.Progress) []byte {
+	b := make([]byte, timerCmdLen)
+	binary.BigEndian.PutUint32(b[0:], uint32(len(b)))
+	binary.BigEndian.PutUint32(b[4:], cmdMagic)
+	b[8] = cmdTimerProgress
+	b[9] = timerCmdVersion
+	for i, v := range []int64{p.Low, p.Ingested, p.DueMS, p.Phys} {
+		binary.BigEndian.PutUint64(b[10+8*i:], uint64(v))
+	}
+	return b
+}
+
+// isTimerProgress tells whether b is a timer progress command (its header
+// only; decodeTimerProgress checks the rest).
+func isTimerProgress(b []byte) bool {
+	return len(b) >= cmdHeader && binary.BigEndian.Uint32(b[4:]) == cmdMagic && b[8] == cmdTimerProgress
+}
+
+// decodeTimerProgress decodes a timer progress command.
+func decodeTimerProgress(b []byte) (timers.Progress, error) {
+	if !isTimerProgress(b) {
+		return timers.Progress{}, fmt.Errorf("%w: not a timer progress command", errBadCmd)
+	}
+	if len(b) != timerCmdLen || int64(binary.BigEndian.Uint32(b[0:])) != int64(len(b)) {
+		return timers.Progress{}, fmt.Errorf("%w: timer progress of %d bytes (length field %d), want %d", errBadCmd, len(b), binary.BigEndian.Uint32(b[0:]), timerCmdLen)
+	}
+	if b[9] != timerCmdVersion {
+		return timers.Progress{}, fmt.Errorf("%w: timer progress version %d (this build reads %d)", errBadCmd, b[9], timerCmdVersion)
+	}
+	var v [4]int64
+	for i := range v {
+		v[i] = int64(binary.BigEndian.Uint64(b[10+8*i:]))
+	}
+	p := timers.Progress{Low: v[0], Ingested: v[1], DueMS: v[2], Phys: v[3]}
+	if err := p.Check(); err != nil {
+		return timers.Progress{}, fmt.Errorf("%w: %w", errBadCmd, err)
+	}
+	return p, nil
 }

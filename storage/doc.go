@@ -25,6 +25,8 @@
 //	                      index under replication), the checkpoint, long
 //	                      polls, read-your-writes
 //	storage/schedule      delayed delivery, through schedule.Host
+//	storage/timers        timer messages (delivery at a time) and their
+//	                      recall, through timers.Host (timer_messages.go)
 //	storage/retention     file deletion and disk watermarks, through
 //	                      retention.Host
 //	storage/offsets       the consumer offset table and the codec of its
@@ -283,6 +285,30 @@
 // DiskWarningPercent. Both wait on the clock through TimerClock when it has
 // one, so tests with a fake clock never sleep.
 //
+// # Timer messages
+//
+// A message with TIMER_DELIVER_MS, TIMER_DELAY_SEC or TIMER_DELAY_MS and no
+// delay level (RocketMQ 5's TimerMessageStore; timer_messages.go) due
+// after the clock is diverted in prepare to rmq_sys_wheel_timer queue 0
+// with TIMER_OUT_MS (its delivery time) and REAL_TOPIC/REAL_QID; a time not
+// in the future is stored as it is; one more than Options.TimerMaxDelay
+// ahead, or a value that is not an integer, is WHEEL_TIMER_MSG_ILLEGAL; a
+// put while Options.MaxTimerMessages are pending is WHEEL_TIMER_FLOW_CONTROL
+// (ErrTimerFull). The dispatcher writes the delivery time as the entry's
+// tags code. storage/timers keeps the pending ones in a B-tree by (delivery
+// time, commitlog offset), bounded by MaxTimerMessages, and its goroutine
+// puts each back to its topic (Redeliver, as the scheduler) once the clock
+// reads its time. RecallTimer appends a recall record (TIMER_DEL_UNIQKEY)
+// to the same queue and waits for it to be durable (committed) before it
+// takes the message out. The progress (oldest pending queue offset, and
+// the smallest pending key among the entries read) is config/
+// timerProgress.json, written once the re-puts it covers are durable, or in
+// a group a CMD entry (delaycmd.go) the ready leader proposes; Open, or a
+// new leadership, rebuilds the index from the timer queue from that point,
+// applying recall records: at least once, never early, never lost. Retention
+// keeps the files from the oldest timer record the persisted progress has
+// not resolved.
+//
 // # Topics
 //
 // Every topic has a queue count (topics.go, RocketMQ TopicConfigManager),
@@ -433,6 +459,11 @@
 // was computed in (replica.ProposeCmd refuses another term's): a
 // failover repeats at most the deliveries since the last committed
 // command (≤ 256 per level, one round), never drops one.
+// The timer service's progress is replicated the same way (a
+// cmdTimerProgress command; Store.TimerProgress), and a replica that
+// becomes the ready leader rebuilds its due index from the last committed
+// one before it delivers or answers a recall; recall records are
+// replicated like any put.
 // config/delayOffset.json stays as a local cache the leader no longer
 // trusts; retention's undelivered-delay protection still reads it (on a
 // follower it lags, so it protects more). A group that delivered before

@@ -19,6 +19,7 @@ import (
 	"github.com/storaged/storaged/storage/record"
 	"github.com/storaged/storaged/storage/replica"
 	"github.com/storaged/storaged/storage/snapshot"
+	"github.com/storaged/storaged/storage/timers"
 )
 
 // Group mode (design replication.md §3): the store is one replica of a
@@ -220,6 +221,10 @@ type groupState struct {
 	delayMu    sync.Mutex
 	delayProg  map[int]int64
 	delayIndex uint64
+	// timerProg is the timer progress replicated in the log (the last
+	// committed command; timerIndex its raft index); guarded by delayMu.
+	timerProg  timers.Progress
+	timerIndex uint64
 }
 
 func (g *groupState) waitChan() <-chan struct{} {
@@ -307,6 +312,15 @@ func (s *Store) startGroup() error {
 		}
 		g.setDelayProgress(p, idx)
 	}
+	if b, idx, err := g.rlog.LastCmd(hs.GetCommit(), isTimerProgress); err != nil {
+		return err
+	} else if b != nil {
+		p, err := decodeTimerProgress(b)
+		if err != nil {
+			return fmt.Errorf("storage: the timer progress command at raft index %d: %w", idx, err)
+		}
+		g.setTimerProgress(p, idx)
+	}
 	g.node, err = replica.New(replica.Options{ID: g.opts.ID, Log: g.rlog, FileSize: s.opts.FileSize, Applied: hs.GetCommit(),
 		Transport: g.opts.Transport, Host: (*groupHost)(s), Ticks: g.opts.Ticks, TickInterval: g.opts.TickInterval,
 		ElectionTick: g.opts.ElectionTick, HeartbeatTick: g.opts.HeartbeatTick, MaxReadWaiters: g.opts.MaxReadWaiters,
@@ -350,11 +364,21 @@ func (h *groupHost) BecomeReady(commitEnd int64) error {
 
 func (h *groupHost) Fail(err error) { (*Store)(h).fail(err) }
 
-// ApplyCmd applies a committed command: the delay progress. A command
-// this version does not know, or one that does not decode, is logged and
-// skipped (the progress then lags: deliveries repeat, none is lost).
+// ApplyCmd applies a committed command: the delay or the timer progress.
+// A command this version does not know, or one that does not decode, is
+// logged and skipped (the progress then lags: deliveries repeat, none is
+// lost).
 func (h *groupHost) ApplyCmd(index uint64, data []byte) {
 	s := (*Store)(h)
+	if isTimerProgress(data) {
+		p, err := decodeTimerProgress(data)
+		if err != nil {
+			s.opts.Logger.Error().Err(err).Uint64("raft_index", index).Msg("storage: bad timer progress command skipped")
+			return
+		}
+		s.group.setTimerProgress(p, index)
+		return
+	}
 	if !isDelayProgress(data) {
 		s.opts.Logger.Warn().Uint64("raft_index", index).Int("bytes", len(data)).Msg("storage: unknown group command skipped")
 		return
@@ -379,6 +403,51 @@ func (g *groupState) setDelayProgress(p map[int]int64, index uint64) {
 		g.delayProg[level] = max(g.delayProg[level], off)
 	}
 	g.delayIndex = max(g.delayIndex, index)
+}
+
+// setTimerProgress records the replicated timer progress of the command
+// at index. Commands apply in log order, and each leader proposes only
+// after resuming from the last committed one, so the last is the one.
+func (g *groupState) setTimerProgress(p timers.Progress, index uint64) {
+	g.delayMu.Lock()
+	defer g.delayMu.Unlock()
+	if index >= g.timerIndex {
+		g.timerProg, g.timerIndex = p, index
+	}
+}
+
+// groupTimerProgress is the replicated timer progress; ok is false
+// standalone.
+func (s *Store) groupTimerProgress() (timers.Progress, bool) {
+	if s.group == nil {
+		return timers.Progress{}, false
+	}
+	g := s.group
+	g.delayMu.Lock()
+	defer g.delayMu.Unlock()
+	return g.timerProg, true
+}
+
+// TimerProgress is the timer progress replicated in the group's log and
+// the raft index of the command that set it last (0: none yet);
+// standalone, the zero progress and 0.
+func (s *Store) TimerProgress() (TimerProgress, uint64) {
+	if s.group == nil {
+		return TimerProgress{}, 0
+	}
+	g := s.group
+	g.delayMu.Lock()
+	defer g.delayMu.Unlock()
+	return g.timerProg, g.timerIndex
+}
+
+// groupProposeTimerProgress proposes the timer progress as a command, on
+// the ready leader of epoch only; standalone it does nothing.
+func (s *Store) groupProposeTimerProgress(epoch uint64, p timers.Progress) error {
+	if s.group == nil {
+		return nil
+	}
+	return s.group.node.ProposeCmd(epoch, encodeTimerProgress(p))
 }
 
 // groupDelayProgress is the replicated delay progress (a copy); ok is

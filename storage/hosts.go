@@ -91,7 +91,7 @@ func (h *retentionHost) DeletableEnd(want int64) (int64, error) {
 	limit = min(limit, s.rewriteOffsets(min(want, limit)))
 	limit = min(limit, s.rewritePop(min(want, limit))) // POP state likewise (pop.go)
 	if s.sched != nil && s.Role() == RoleMaster {
-		limit = min(limit, s.sched.ProtectedFrom())
+		limit = min(limit, s.sched.ProtectedFrom(), s.timerProtectedFrom())
 	}
 	if s.group != nil {
 		if s.group.pins.Load() > 0 {

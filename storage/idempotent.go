@@ -67,6 +67,8 @@ func (s *Store) PutMessage(ctx context.Context, m *Message) (PutResult, error) {
 	kind := dedup.Single
 	if record.DelayLevel(m.Properties) > 0 {
 		kind = dedup.Delayed
+	} else if hasTimerProperty(m.Properties) {
+		kind = dedup.Timer // stored on the timer topic, or on its own when due already
 	}
 	return s.putOnce(ctx, dedup.Key{Topic: m.Topic, Kind: kind, ID: id}, m.WaitStoreOK(),
 		func() (PutResult, error) { return s.putMessage(ctx, m) })
@@ -108,7 +110,9 @@ func (s *Store) putOnce(ctx context.Context, k dedup.Key, wait bool, put func() 
 		return s.reject(UnknownError, err) // ctx ended waiting for the first put: nothing stored by this one
 	}
 	if t == nil {
-		first.Topic = k.Topic
+		if first.Topic == "" { // kept only when it is not the key's (TimerTopic)
+			first.Topic = k.Topic
+		}
 		if k.Kind == dedup.Delayed {
 			first.Topic = ScheduleTopic
 		}
@@ -118,7 +122,9 @@ func (s *Store) putOnce(ctx context.Context, k dedup.Key, wait bool, put func() 
 	res, err := put()
 	if res.Appended() {
 		v := res.Append
-		v.Topic = ""                            // from the key when answering
+		if v.Topic != TimerTopic {
+			v.Topic = "" // from the key when answering (a timer message due already is on its own topic)
+		}
 		v.LockedAt, v.LockHeld = time.Time{}, 0 // a duplicate appends nothing: no append span
 		t.Commit(v, v.StoreTimestamp, int(v.MsgNum))
 	}
@@ -244,6 +250,15 @@ func (s *Store) rebuildEntry(at int64, recs []byte, h *record.Header, count, cut
 			return false
 		}
 		topic = string(realTopic)
+	case topic == TimerTopic:
+		realTopic := h.Property(PropertyRealTopic)
+		if len(realTopic) == 0 || h.Property(PropertyTimerDelUniqKey) != nil {
+			return false // a recall record is no put of a client
+		}
+		kind, topic = dedup.Timer, string(realTopic)
+	case h.Property(PropertyDelayLevel) == nil && (h.Property(PropertyTimerDeliverMS) != nil ||
+		h.Property(PropertyTimerDelaySec) != nil || h.Property(PropertyTimerDelayMS) != nil):
+		kind = dedup.Timer // a timer message due when it was put, stored on its topic
 	}
 	v := dedupValue{
 		Status: AppendOK, WroteOffset: at, WroteBytes: int32(len(recs)), StoreTimestamp: h.StoreTS,
@@ -255,6 +270,9 @@ func (s *Store) rebuildEntry(at int64, recs []byte, h *record.Header, count, cut
 			v.Offsets = append(v.Offsets, at+int64(p))
 			p += int(record.TotalSize(recs[p:]))
 		}
+	}
+	if kind == dedup.Timer && string(h.Topic) == TimerTopic {
+		v.Topic = TimerTopic
 	}
 	s.dedup.Add(dedup.Key{Topic: topic, Kind: kind, ID: string(id)}, v, h.StoreTS, int(count), now)
 	return true

@@ -13,6 +13,7 @@ import (
 	"github.com/storaged/storaged/storage/consumequeue"
 	"github.com/storaged/storaged/storage/retention"
 	"github.com/storaged/storaged/storage/schedule"
+	"github.com/storaged/storaged/storage/timers"
 	"github.com/storaged/storaged/storage/vfs"
 )
 
@@ -237,6 +238,17 @@ type Options struct {
 	MaxPopInflight         int
 	MaxPopInflightPerGroup int
 
+	// MaxTimerMessages bounds the timer messages waiting for their time
+	// (storage/timers' due index): a timer put beyond it is refused with
+	// WHEEL_TIMER_FLOW_CONTROL (ErrTimerFull). Default
+	// DefaultMaxTimerMessages (1,048,576; about 50 bytes of index each).
+	MaxTimerMessages int
+
+	// TimerMaxDelay is how far ahead a timer message may be due (RocketMQ
+	// timerMaxDelaySec): one due later is refused with
+	// WHEEL_TIMER_MSG_ILLEGAL. Default DefaultTimerMaxDelay (3 days).
+	TimerMaxDelay time.Duration
+
 	// DedupWindow is how long a put carrying a UNIQ_KEY is remembered
 	// after its store time: a put of the same key (and topic) within it is
 	// answered with the first put's result and stores nothing
@@ -304,6 +316,8 @@ const (
 	DefaultDiskCleanPercent      = 85
 	DefaultDiskWarningPercent    = 90
 	DefaultDiskCheckInterval     = time.Second
+	DefaultMaxTimerMessages      = timers.DefaultMaxPending
+	DefaultTimerMaxDelay         = 259200 * time.Second // RocketMQ timerMaxDelaySec
 	DefaultDedupWindow           = 10 * time.Minute
 	DefaultDedupMaxMessages      = 1 << 18
 	DefaultDedupRebuildBytes     = 1 << 30
@@ -385,6 +399,12 @@ func (o Options) withDefaults() Options {
 	}
 	if o.MaxPopInflightPerGroup == 0 {
 		o.MaxPopInflightPerGroup = min(DefaultMaxPopInflightPerGroup, o.MaxPopInflight)
+	}
+	if o.MaxTimerMessages == 0 {
+		o.MaxTimerMessages = DefaultMaxTimerMessages
+	}
+	if o.TimerMaxDelay == 0 {
+		o.TimerMaxDelay = DefaultTimerMaxDelay
 	}
 	if o.DedupWindow == 0 {
 		o.DedupWindow = DefaultDedupWindow
@@ -496,6 +516,12 @@ func (o Options) resolve() (resolved, error) {
 	}
 	if o.MaxPopInflightPerGroup < 1 || o.MaxPopInflightPerGroup > o.MaxPopInflight {
 		errs = append(errs, fmt.Errorf("MaxPopInflightPerGroup %d out of range [1, MaxPopInflight %d]", o.MaxPopInflightPerGroup, o.MaxPopInflight))
+	}
+	if o.MaxTimerMessages < 1 || o.MaxTimerMessages > 1<<26 {
+		errs = append(errs, fmt.Errorf("MaxTimerMessages %d out of range [1, %d]", o.MaxTimerMessages, 1<<26))
+	}
+	if o.TimerMaxDelay < time.Second || o.TimerMaxDelay > 366*24*time.Hour {
+		errs = append(errs, fmt.Errorf("TimerMaxDelay %v out of range [1s, 366 days]", o.TimerMaxDelay))
 	}
 	if o.DedupWindow > 0 && o.DedupWindow < time.Millisecond {
 		errs = append(errs, fmt.Errorf("DedupWindow %v: at least 1ms, or negative (off)", o.DedupWindow))

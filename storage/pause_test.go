@@ -24,6 +24,9 @@ func (s *Store) crash() {
 	if s.sched != nil {
 		s.sched.Stop()
 	}
+	if s.timers != nil {
+		s.timers.Halt() // no persist: a killed process writes nothing more
+	}
 	if s.ret != nil {
 		s.ret.Stop()
 	}

@@ -311,8 +311,9 @@ func (s *Store) pullOnce(req PullRequest, budget int) (PullResult, int, error) {
 	for _, t := range req.Tags {
 		codes = append(codes, TagsCode(t))
 	}
-	// The schedule topic's tags code is a delivery time, not a tag hash.
-	checkTags := req.Topic != ScheduleTopic
+	// The schedule and timer topics' tags codes are delivery times, not
+	// tag hashes.
+	checkTags := req.Topic != ScheduleTopic && req.Topic != TimerTopic
 	bytes, scanned := 0, 0
 	defer func() { s.pulls.scanned.Add(uint64(scanned)) }()
 	for off := req.Offset; off < res.MaxOffset && len(res.Messages) < req.MaxMessages && scanned < budget; off++ {

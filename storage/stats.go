@@ -96,6 +96,9 @@ type Stats struct {
 	// Schedule describes the delay scheduler: pending messages and lag per
 	// level.
 	Schedule ScheduleStats
+	// Timers describes the timer store: pending timer messages, the
+	// index's bound, lag, deliveries and recalls.
+	Timers TimerStats
 	// Retention counts what retention deleted; Disk is the data dir's file
 	// system at the last check (Disk.Full: puts refused).
 	Retention RetentionStats
@@ -140,6 +143,7 @@ func (s *Store) Stats() Stats {
 	}
 	st.Faults = s.faults.Stats()
 	st.Schedule = s.sched.Stats()
+	st.Timers = s.timers.Stats()
 	st.Retention, st.Disk = s.ret.Stats()
 	st.Dedup = s.dedupStats()
 	if gc, ok := s.flusher.(*flush.GroupCommit); ok {

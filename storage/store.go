@@ -21,6 +21,7 @@ import (
 	"github.com/storaged/storaged/storage/retention"
 	"github.com/storaged/storaged/storage/schedule"
 	"github.com/storaged/storaged/storage/snapshot"
+	"github.com/storaged/storaged/storage/timers"
 	"github.com/storaged/storaged/storage/vfs"
 )
 
@@ -56,6 +57,7 @@ type Store struct {
 	flusher  flusher
 	index    *consumequeue.Index
 	sched    *schedule.Scheduler
+	timers   *timers.Service // timer messages (timer_messages.go, storage/timers)
 	ret      *retention.Retention
 	topics   *topicTable // topic configuration (topics.go)
 	seq      sequencer   // queue offsets and store times (sequence.go)
@@ -203,6 +205,13 @@ func Open(opts Options) (*Store, error) {
 		s.cleanup()
 		return nil, err
 	}
+	if s.timers, err = timers.New((*timerHost)(s), timers.Options{
+		FS: opts.FS, Dir: filepath.Join(opts.Dir, "config"), MaxPending: opts.MaxTimerMessages, PersistEvery: opts.CheckpointInterval,
+		Clock: opts.Clock, Logger: opts.Logger, Throttle: s.logLimit, Faults: s.faults, Group: opts.Group != nil,
+	}); err != nil {
+		s.cleanup()
+		return nil, err
+	}
 	if err := createAbort(opts.FS, opts.Dir); err != nil {
 		s.cleanup()
 		return nil, err
@@ -235,6 +244,7 @@ func Open(opts Options) (*Store, error) {
 	}
 	s.ret.Start()
 	s.sched.Start()
+	s.timers.Start()
 	return s, nil
 }
 
@@ -332,6 +342,8 @@ func (s *Store) rejectErr(err error) (PutResult, error) {
 		return s.reject(MessageIllegal, err)
 	case errors.Is(err, ErrTooManyTopics):
 		return s.reject(LMQConsumeQueueNumExceeded, err)
+	case errors.Is(err, ErrTimerFull):
+		return s.reject(WheelTimerFlowControl, err)
 	case errors.Is(err, ErrTopicConfig):
 		return s.reject(ServiceNotAvailable, err)
 	case errors.Is(err, ErrClosed), errors.Is(err, ErrSlave), errors.Is(err, ErrWriteFailed), errors.Is(err, ErrNotWritable):
@@ -374,6 +386,11 @@ func (s *Store) putMessage(ctx context.Context, m *Message) (PutResult, error) {
 	}
 	if err := s.topics.admit(m.Topic, m.QueueID); err != nil { // the topic named, before a delay diversion
 		return s.rejectErr(err)
+	}
+	if r.Topic == TimerTopic {
+		if err := s.timerAdmit(); err != nil {
+			return s.rejectErr(err)
+		}
 	}
 	if int64(r.Total)+BlankLen > s.opts.FileSize {
 		return s.rejectErr(illegal("body", fmt.Sprintf("record of %d bytes cannot fit a commitlog file of %d bytes", r.Total, s.opts.FileSize)))
@@ -418,6 +435,8 @@ func (s *Store) prepare(m *Message) (record.Spec, *ValidationError) {
 	if tx := m.SysFlag & record.TransactionMask; tx == TransactionNotType || tx == TransactionCommitType {
 		if level := record.DelayLevel(m.Properties); level > 0 {
 			schedule.Divert(&r, level, len(s.resolved.delayLevels))
+		} else if verr := s.divertTimer(&r); verr != nil {
+			return record.Spec{}, verr
 		}
 	}
 	if ferr := r.Size(); ferr != nil {
@@ -480,6 +499,8 @@ func (s *Store) prepareBatch(b *Batch) ([]record.Spec, *ValidationError) {
 		return nil, illegal("sys_flag", "inner batches are not supported")
 	case record.DelayLevel(b.Properties) > 0:
 		return nil, illegal("batch", "a batch must not have a delay level")
+	case hasTimerProperty(b.Properties):
+		return nil, illegal("batch", "a batch must not have a delivery time (timer property)")
 	}
 	specs := make([]record.Spec, len(b.Messages))
 	bodies, total := 0, 0
@@ -490,6 +511,9 @@ func (s *Store) prepareBatch(b *Batch) ([]record.Spec, *ValidationError) {
 		}
 		if record.DelayLevel(bm.Properties) > 0 {
 			return nil, illegal("batch", fmt.Sprintf("message %d: a batch must not have a delay level", i))
+		}
+		if hasTimerProperty(bm.Properties) {
+			return nil, illegal("batch", fmt.Sprintf("message %d: a batch must not have a delivery time (timer property)", i))
 		}
 		bodies += len(bm.Body)
 		specs[i] = record.Spec{
@@ -579,7 +603,7 @@ func (s *Store) stampBatch(topic string, queueID, sysFlag int32, specs []record.
 // admit checks the queue still exists (it may have been deleted since the
 // put was admitted) and takes the queue offsets and store time.
 func (b *stamped) admit(now time.Time) error {
-	if b.topic != ScheduleTopic && b.topic != OffsetTopic && b.topic != PopTopic && !b.s.topics.has(b.topic, b.queueID) {
+	if b.topic != ScheduleTopic && b.topic != OffsetTopic && b.topic != PopTopic && b.topic != TimerTopic && !b.s.topics.has(b.topic, b.queueID) {
 		return fmt.Errorf("%w: %s was deleted", ErrTopicNotFound, b.topic)
 	}
 	b.st = b.s.seq.begin(consumequeue.Key{Topic: b.topic, Queue: b.queueID}, b.tx, now)
@@ -682,7 +706,8 @@ func (s *Store) Close() error {
 	if !s.closed.CompareAndSwap(false, true) {
 		return nil
 	}
-	s.sched.Stop() // persists its progress; needs the flush policy running
+	s.timers.Stop() // persists its progress; needs the flush policy running
+	s.sched.Stop()  // the same
 	s.ret.Stop()
 	if s.group != nil {
 		s.group.node.Close() // waiters answered ErrClosed (outcome unknown)

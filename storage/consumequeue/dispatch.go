@@ -339,9 +339,14 @@ func (d *Index) dispatchRecords(end int64) error {
 			}
 			q := d.queueFor(topic, h.QueueID)
 			var tags int64
-			if topic == record.ScheduleTopic {
+			switch topic {
+			case record.ScheduleTopic:
 				tags = d.deliverAt(h.StoreTS, int(h.QueueID)+1)
-			} else {
+			case record.TimerTopic:
+				// The delivery time (or the recall marker): the timer
+				// service rebuilds its due index from the entries alone.
+				tags = record.TimerTagsCode(&h)
+			default:
 				tags = record.TagsCodeBytes(h.Property(record.PropertyTags))
 			}
 			had := q.pending()

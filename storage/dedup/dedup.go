@@ -43,6 +43,9 @@ const (
 	// Batch is a batch of two or more messages, keyed by its first
 	// message's key.
 	Batch
+	// Timer is a single message with a timer property (a delivery time)
+	// and no delay level; its Key.Topic is the topic it is delivered to.
+	Timer
 
 	numKinds
 )

@@ -30,6 +30,47 @@ const (
 // = level - 1 (RocketMQ TopicValidator.RMQ_SYS_SCHEDULE_TOPIC).
 const ScheduleTopic = "SCHEDULE_TOPIC_XXXX"
 
+// Timer messages (RocketMQ 5 TimerMessageStore, MessageConst): a message
+// with TIMER_DELIVER_MS (Unix ms), TIMER_DELAY_SEC or TIMER_DELAY_MS and
+// no delay level is stored on TimerTopic, queue 0, with TIMER_OUT_MS (its
+// delivery time, Unix ms) and REAL_TOPIC/REAL_QID, until it is due. A
+// recall is a record on the same queue carrying TIMER_DEL_UNIQKEY.
+const (
+	PropertyTimerDeliverMS  = "TIMER_DELIVER_MS"
+	PropertyTimerDelaySec   = "TIMER_DELAY_SEC"
+	PropertyTimerDelayMS    = "TIMER_DELAY_MS"
+	PropertyTimerOutMS      = "TIMER_OUT_MS"
+	PropertyTimerDelUniqKey = "TIMER_DEL_UNIQKEY"
+	// TimerTopic is RocketMQ 5's timer topic (TimerMessageStore.TIMER_TOPIC).
+	TimerTopic = "rmq_sys_wheel_timer"
+	// TimerRecallTags is the consume-queue tags code of a recall record on
+	// TimerTopic; a timer record's is its delivery time, never negative.
+	TimerRecallTags int64 = -1
+)
+
+// TimerTagsCode is the consume-queue tags code of a record on TimerTopic:
+// TimerRecallTags for a recall record, else its delivery time
+// (TIMER_OUT_MS), 0 when that does not parse (due at once: the timer
+// service then finds it undeliverable and skips it). The dispatcher runs
+// it for every timer record, so it does not allocate.
+func TimerTagsCode(h *Header) int64 {
+	if h.Property(PropertyTimerDelUniqKey) != nil {
+		return TimerRecallTags
+	}
+	v := h.Property(PropertyTimerOutMS)
+	if len(v) == 0 || len(v) > 18 {
+		return 0
+	}
+	var n int64
+	for _, c := range v {
+		if c < '0' || c > '9' {
+			return 0
+		}
+		n = n*10 + int64(c-'0')
+	}
+	return n
+}
+
 // Transaction types carried in sysflag bits 2-3.
 const (
 	TransactionNotType      int32 = 0x0

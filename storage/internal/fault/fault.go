@@ -48,10 +48,11 @@ const (
 	ConsumeQueue                // a consume-queue entry or file: the dispatcher goroutine
 	DelayProgress               // config/delayOffset.json: the scheduler goroutine
 	TopicConfig                 // config/topics.json: per call, never failing (Set.Noted)
+	TimerProgress               // config/timerProgress.json: the timer service goroutine
 	NumSources
 )
 
-var SourceNames = [NumSources]string{"checkpoint", "consume_queue", "delay_progress", "topic_config"}
+var SourceNames = [NumSources]string{"checkpoint", "consume_queue", "delay_progress", "topic_config", "timer_progress"}
 
 func (f Source) String() string { return SourceNames[f] }
 
