@@ -68,10 +68,10 @@ func toMessage(req *storagedv1.PutMessageRequest, now int64, born netip.AddrPort
 }
 
 // messageWithProps is a storage message with room for the system
-// properties (TAGS, KEYS, DELAY, WAIT) a message can get.
+// properties (TAGS, KEYS, DELAY, WAIT, TIMER_DELIVER_MS) a message can get.
 type messageWithProps struct {
 	msg   storage.Message
-	props [4]storage.Property
+	props [5]storage.Property
 }
 
 // fillMessage validates pm and converts it into dst, appending the
@@ -86,6 +86,9 @@ func fillMessage(dst *storage.Message, props []storage.Property, pm *storagedv1.
 	}
 	if pm.WaitStoreOk != nil && !pm.GetWaitStoreOk() {
 		props = append(props, storage.Property{Key: storage.PropertyWaitStoreOK, Value: "false"})
+	}
+	if at := pm.GetDeliverAt(); at != nil {
+		props = append(props, storage.Property{Key: storage.PropertyTimerDeliverMS, Value: strconv.FormatInt(at.AsTime().UnixMilli(), 10)})
 	}
 	*dst = storage.Message{
 		Topic:         pm.GetTopic(),

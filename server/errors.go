@@ -218,6 +218,10 @@ func (s *Service) putError(ctx context.Context, m method, res storage.PutResult,
 		s.logLimit.Event("put refused: disk full", log.Error()).Err(err).Msg("put refused: disk full")
 		info.Metadata = map[string]string{"cause": "DISK_FULL"}
 		return newStatus(codes.ResourceExhausted, "no space left on the store's disk; nothing was stored", info)
+	case errors.Is(err, storage.ErrTimerFull):
+		return newStatus(codes.ResourceExhausted, "the store holds its maximum of pending timer messages (--max-timer-messages); "+
+			"nothing was stored; retry once some are delivered", info,
+			&errdetails.RetryInfo{RetryDelay: durationpb.New(retryDelayBusy)})
 	case errors.Is(err, storage.ErrBusy):
 		return unavailable(info, retryDelayBusy, "the store is busy (OS page cache busy); nothing was stored; retry later")
 	case errors.Is(err, storage.ErrWriteFailed):

@@ -38,6 +38,9 @@ type StoreCollector struct {
 
 	schedPending, schedLag, schedDelivered *prometheus.Desc
 	schedSkipped, schedRefused             *prometheus.Desc
+	timerPending, timerNotRead, timerLag   *prometheus.Desc
+	timerDelivered, timerRecalled          *prometheus.Desc
+	timerSkipped, timerRefused             *prometheus.Desc
 
 	retDeletedFiles, retDeletedBytes, retTrimmedFiles *prometheus.Desc
 
@@ -90,7 +93,7 @@ func NewStoreCollector(src StatsSource, opts ...CollectorOption) *StoreCollector
 		writable: d("storaged_store_writable", "1 when the store takes writes (open, master, no failed sync, no background write failing, disk not above the warning watermark), else 0."),
 
 		writeFaults: d("storaged_store_write_faults_total",
-			"Failed writes by source: background writes the store retries (checkpoint, consume_queue, delay_progress) and topic-table writes, which refuse the call that needed them (topic_config): ENOSPC, EMFILE, I/O errors.", "source"),
+			"Failed writes by source: background writes the store retries (checkpoint, consume_queue, delay_progress, timer_progress) and topic-table writes, which refuse the call that needed them (topic_config): ENOSPC, EMFILE, I/O errors.", "source"),
 		writeFaulting: d("storaged_store_write_fault_active",
 			"1 while the background write is failing and retried (puts refused, health NOT_SERVING), else 0.", "source"),
 
@@ -104,6 +107,19 @@ func NewStoreCollector(src StatsSource, opts ...CollectorOption) *StoreCollector
 			"Delayed messages that could never be delivered and were passed over (logged at error level)."),
 		schedRefused: d("storaged_schedule_refused_total",
 			"Deliveries the store refused for a passing reason (not writable, busy); they are retried."),
+
+		timerPending: d("storaged_timer_pending_messages",
+			"Timer messages in the timer store's due index, waiting for their delivery time (at most --max-timer-messages)."),
+		timerNotRead: d("storaged_timer_unread_entries",
+			"Entries of the timer queue not read into the due index yet (the index full, or dispatched since the last round)."),
+		timerLag: d("storaged_timer_lag_seconds",
+			"How long the earliest pending timer message has been due; 0 when none is due."),
+		timerDelivered: d("storaged_timer_delivered_total", "Timer messages delivered to their topic since the store opened."),
+		timerRecalled:  d("storaged_timer_recalled_total", "Timer messages recalled (RecallMessage) since the store opened."),
+		timerSkipped: d("storaged_timer_skipped_total",
+			"Timer messages that could never be delivered and were passed over (logged at error level)."),
+		timerRefused: d("storaged_timer_refused_total",
+			"Timer deliveries the store refused for a passing reason (not writable, busy); they are retried."),
 
 		retDeletedFiles: d("storaged_retention_deleted_files_total", "Expired commitlog files deleted by retention since the store opened."),
 		retDeletedBytes: d("storaged_retention_deleted_bytes_total", "Bytes of the commitlog files deleted by retention since the store opened."),
@@ -146,6 +162,7 @@ func (c *StoreCollector) Describe(ch chan<- *prometheus.Desc) {
 		c.flushLag, c.dispatchLag, c.tornTails, c.files, c.rolls, c.minOffset, c.maxOffset, c.flushedOffset, c.writable,
 		c.writeFaults, c.writeFaulting,
 		c.schedPending, c.schedLag, c.schedDelivered, c.schedSkipped, c.schedRefused,
+		c.timerPending, c.timerNotRead, c.timerLag, c.timerDelivered, c.timerRecalled, c.timerSkipped, c.timerRefused,
 		c.retDeletedFiles, c.retDeletedBytes, c.retTrimmedFiles,
 		c.diskSize, c.diskAvail, c.diskUsed, c.diskUsedPercent, c.diskFull,
 		c.dedupKeys, c.dedupMessages, c.dedupHits, c.dedupEvicted, c.dedupOldest,
@@ -203,6 +220,14 @@ func (c *StoreCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	ch <- prometheus.MustNewConstMetric(c.schedSkipped, prometheus.CounterValue, float64(st.Schedule.Skipped))
 	ch <- prometheus.MustNewConstMetric(c.schedRefused, prometheus.CounterValue, float64(st.Schedule.Refused))
+	tm := st.Timers
+	ch <- prometheus.MustNewConstMetric(c.timerPending, prometheus.GaugeValue, float64(tm.Pending))
+	ch <- prometheus.MustNewConstMetric(c.timerNotRead, prometheus.GaugeValue, float64(tm.NotRead))
+	ch <- prometheus.MustNewConstMetric(c.timerLag, prometheus.GaugeValue, tm.Lag.Seconds())
+	ch <- prometheus.MustNewConstMetric(c.timerDelivered, prometheus.CounterValue, float64(tm.Delivered))
+	ch <- prometheus.MustNewConstMetric(c.timerRecalled, prometheus.CounterValue, float64(tm.Recalled))
+	ch <- prometheus.MustNewConstMetric(c.timerSkipped, prometheus.CounterValue, float64(tm.Skipped))
+	ch <- prometheus.MustNewConstMetric(c.timerRefused, prometheus.CounterValue, float64(tm.Refused))
 
 	ch <- prometheus.MustNewConstMetric(c.retDeletedFiles, prometheus.CounterValue, float64(st.Retention.DeletedFiles))
 	ch <- prometheus.MustNewConstMetric(c.retDeletedBytes, prometheus.CounterValue, float64(st.Retention.DeletedBytes))

@@ -134,9 +134,7 @@ func v2Status(code rocketmqv2.Code, format string, args ...any) *rocketmqv2.Stat
 // RocketMQ clients").
 const (
 	notServedTransaction = "storaged stores no transactional half messages: send the message without a transaction"
-	notServedTimer       = "storaged has no timer messages (delivery at a timestamp) yet: it cannot promise " +
-		"never to deliver early, so it refuses the message; send it without a delivery timestamp"
-	notServedLite = "storaged has no lite topics"
+	notServedLite        = "storaged has no lite topics"
 )
 
 // checkTopic checks a topic resource: a name storaged takes (the store's
@@ -226,7 +224,7 @@ func (r *rocketMQ) QueryRoute(_ context.Context, req *rocketmqv2.QueryRouteReque
 	mqs := make([]*rocketmqv2.MessageQueue, n) // n ≤ storage.MaxQueues
 	for i := range mqs {
 		mqs[i] = &rocketmqv2.MessageQueue{Topic: res, Id: int32(i), Permission: rocketmqv2.Permission_READ_WRITE, Broker: broker,
-			AcceptMessageTypes: []rocketmqv2.MessageType{rocketmqv2.MessageType_NORMAL, rocketmqv2.MessageType_FIFO}}
+			AcceptMessageTypes: []rocketmqv2.MessageType{rocketmqv2.MessageType_NORMAL, rocketmqv2.MessageType_FIFO, rocketmqv2.MessageType_DELAY}}
 	}
 	return &rocketmqv2.QueryRouteResponse{Status: okStatus(), MessageQueues: mqs}, nil
 }
@@ -460,12 +458,6 @@ func (r *rocketMQ) settingsReply(in *rocketmqv2.Settings) (*rocketmqv2.Settings,
 // message is ever stored.
 func (r *rocketMQ) EndTransaction(context.Context, *rocketmqv2.EndTransactionRequest) (*rocketmqv2.EndTransactionResponse, error) {
 	return &rocketmqv2.EndTransactionResponse{Status: v2Status(rocketmqv2.Code_UNSUPPORTED, notServedTransaction)}, nil
-}
-
-// RecallMessage implements rocketmqv2.MessagingServiceServer: no timer
-// message is ever stored.
-func (r *rocketMQ) RecallMessage(context.Context, *rocketmqv2.RecallMessageRequest) (*rocketmqv2.RecallMessageResponse, error) {
-	return &rocketmqv2.RecallMessageResponse{Status: v2Status(rocketmqv2.Code_UNSUPPORTED, notServedTimer)}, nil
 }
 
 // SyncLiteSubscription implements rocketmqv2.MessagingServiceServer.

@@ -5,6 +5,7 @@ import (
 	"crypto/md5"
 	"encoding/hex"
 	"errors"
+	"strconv"
 	"strings"
 	"time"
 
@@ -194,6 +195,11 @@ func toV2Message(rec *storage.Record) *rocketmqv2.Message {
 			v := p.Value
 			sp.MessageGroup = &v
 			sp.MessageType = rocketmqv2.MessageType_FIFO
+		case storage.PropertyTimerOutMS: // a delivered timer message: its delivery time, as the proxy answers it
+			if ms, err := strconv.ParseInt(p.Value, 10, 64); err == nil && ms > 0 {
+				sp.DeliveryTimestamp = timestamppb.New(time.UnixMilli(ms))
+				sp.MessageType = rocketmqv2.MessageType_DELAY
+			}
 		default:
 			if p.Key == storage.PropertyUniqKey || reservedProperty(p.Key) || p.Key == storage.PropertyCRC32 || p.Key == storage.PropertyBatch {
 				continue

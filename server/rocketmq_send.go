@@ -32,19 +32,27 @@ import (
 //	                                FNV-1a of the group modulo the topic's queues, so a group
 //	                                stays in one queue, in send order
 //	system_properties.born_timestamp → the born timestamp (now when unset)
+//	system_properties.delivery_timestamp → TIMER_DELIVER_MS (Unix ms), as the RocketMQ proxy
+//	                                sets it: a timer message (storage/timers), stored on the
+//	                                timer topic until then and delivered to its topic at that
+//	                                time or later, never earlier; a time not in the future is
+//	                                delivered at once; one more than the store's maximum timer
+//	                                delay ahead is ILLEGAL_DELIVERY_TIME. Type DELAY or
+//	                                unspecified, no message group, one message per send
 //	user_properties               → properties (RocketMQ's reserved names refused)
 //	the connection's peer address → the born host
 //
 // A message without a group goes to the next queue in turn (the client's
 // queue_id is not used, as the RocketMQ proxy does not: the Node.js SDK
-// names queue 0 for every message). Refused, nothing stored:
-// delivery_timestamp and DELAY (timer messages are not built, and
-// storaged does not deliver early), TRANSACTION (no half messages), LITE
-// and PRIORITY, GZIP bodies: UNSUPPORTED. The route lists NORMAL and FIFO
-// only, so SDKs that validate message types refuse the others themselves.
+// names queue 0 for every message). Refused, nothing stored: TRANSACTION
+// (no half messages), LITE and PRIORITY, GZIP bodies: UNSUPPORTED. The
+// route lists NORMAL, FIFO and DELAY only, so SDKs that validate message
+// types refuse the others themselves.
 //
 // The answer has one entry per message. message_id is the stored record's
-// msgId (storaged.v1 GetMessage takes it), offset its queue offset. A put
+// msgId (storaged.v1 GetMessage takes it; for a timer message the timer
+// topic's record), offset its queue offset, recall_handle for a timer
+// message the handle RecallMessage takes (rocketmq_recall.go). A put
 // that was stored but whose durability is degraded or unknown answers the
 // persistence timeout codes with the msgId set (the SDK retries; the
 // UNIQ_KEY makes the retry return the stored message).
@@ -65,6 +73,7 @@ type sendMessage struct {
 	body  []byte
 	props []storage.Property
 	born  int64
+	due   int64 // delivery_timestamp in Unix ms; 0 when none
 }
 
 // SendMessage implements rocketmqv2.MessagingServiceServer.
@@ -118,6 +127,9 @@ func (r *rocketMQ) SendMessage(ctx context.Context, req *rocketmqv2.SendMessageR
 		if i < len(ids) {
 			e.MessageId = ids[i]
 			e.Offset = res.Append.QueueOffset + int64(i)
+			if res.Append.Topic == storage.TimerTopic && plan[i].due > 0 {
+				e.RecallHandle = encodeRecallHandle(recallHandle{Topic: topic, Broker: BrokerName, DueMS: plan[i].due, MsgID: ids[i]})
+			}
 		}
 		resp.Entries[i] = e
 	}
@@ -189,6 +201,9 @@ func (r *rocketMQ) checkSend(msgs []*rocketmqv2.Message) (topic, group string, p
 		} else if g != group {
 			return "", "", nil, v2Status(rocketmqv2.Code_ILLEGAL_MESSAGE_GROUP, "messages[%d]: message group %q differs from messages[0]'s %q: a send of several messages goes to one queue", i, g, group)
 		}
+		if p.due > 0 && len(msgs) > 1 {
+			return "", "", nil, v2Status(rocketmqv2.Code_BAD_REQUEST, "messages[%d]: a send of several messages cannot carry delivery timestamps; send timer messages one by one", i)
+		}
 		total += len(p.body)
 		if total > s.maxMessageSize {
 			return "", "", nil, v2Status(rocketmqv2.Code_MESSAGE_BODY_TOO_LARGE, "the bodies of a send sum to more than %d bytes (at messages[%d])", s.maxMessageSize, i)
@@ -220,8 +235,11 @@ func (r *rocketMQ) checkMessage(m *rocketmqv2.Message, now int64) (group string,
 	default:
 		return "", p, v2Status(rocketmqv2.Code_BAD_REQUEST, "body encoding %d is unknown", int32(sp.GetBodyEncoding()))
 	}
-	if sp.DeliveryTimestamp != nil {
-		return "", p, v2Status(rocketmqv2.Code_UNSUPPORTED, notServedTimer)
+	if ts := sp.GetDeliveryTimestamp(); ts != nil {
+		if err := ts.CheckValid(); err != nil || ts.GetSeconds() < 0 {
+			return "", p, v2Status(rocketmqv2.Code_ILLEGAL_DELIVERY_TIME, "delivery timestamp is not a time at or after 1970-01-01")
+		}
+		p.due = max(ts.AsTime().UnixMilli(), 1)
 	}
 	if sp.LiteTopic != nil {
 		return "", p, v2Status(rocketmqv2.Code_UNSUPPORTED, notServedLite)
@@ -241,12 +259,23 @@ func (r *rocketMQ) checkMessage(m *rocketmqv2.Message, now int64) (group string,
 		if group != "" {
 			return "", p, v2Status(rocketmqv2.Code_MESSAGE_PROPERTY_CONFLICT_WITH_TYPE, "a NORMAL message has no message group; send it as FIFO")
 		}
+		if p.due > 0 {
+			return "", p, v2Status(rocketmqv2.Code_MESSAGE_PROPERTY_CONFLICT_WITH_TYPE, "a NORMAL message has no delivery timestamp; send it as DELAY")
+		}
 	case rocketmqv2.MessageType_FIFO:
 		if group == "" {
 			return "", p, v2Status(rocketmqv2.Code_ILLEGAL_MESSAGE_GROUP, "a FIFO message needs a message group")
 		}
+		if p.due > 0 {
+			return "", p, v2Status(rocketmqv2.Code_MESSAGE_PROPERTY_CONFLICT_WITH_TYPE, "a FIFO message has no delivery timestamp")
+		}
 	case rocketmqv2.MessageType_DELAY:
-		return "", p, v2Status(rocketmqv2.Code_UNSUPPORTED, notServedTimer)
+		if p.due == 0 {
+			return "", p, v2Status(rocketmqv2.Code_MESSAGE_PROPERTY_CONFLICT_WITH_TYPE, "a DELAY message needs a delivery timestamp")
+		}
+		if group != "" {
+			return "", p, v2Status(rocketmqv2.Code_MESSAGE_PROPERTY_CONFLICT_WITH_TYPE, "a DELAY message has no message group")
+		}
 	case rocketmqv2.MessageType_TRANSACTION:
 		return "", p, v2Status(rocketmqv2.Code_UNSUPPORTED, notServedTransaction)
 	case rocketmqv2.MessageType_LITE:
@@ -279,7 +308,13 @@ func (r *rocketMQ) checkMessage(m *rocketmqv2.Message, now int64) (group string,
 		props = append(props, storage.Property{Key: storage.PropertyUniqKey, Value: id})
 	}
 	if group != "" {
+		if p.due > 0 {
+			return "", p, v2Status(rocketmqv2.Code_MESSAGE_PROPERTY_CONFLICT_WITH_TYPE, "a message with a message group has no delivery timestamp")
+		}
 		props = append(props, storage.Property{Key: propertyShardingKey, Value: group})
+	}
+	if p.due > 0 {
+		props = append(props, storage.Property{Key: storage.PropertyTimerDeliverMS, Value: strconv.FormatInt(p.due, 10)})
 	}
 	if st := checkUserProperties(m.GetUserProperties()); st != nil {
 		return "", p, st
@@ -293,7 +328,7 @@ func (r *rocketMQ) checkMessage(m *rocketmqv2.Message, now int64) (group string,
 		}
 		born = ts.AsTime().UnixMilli()
 	}
-	return group, sendMessage{body: body, props: props, born: born}, nil
+	return group, sendMessage{body: body, props: props, born: born, due: p.due}, nil
 }
 
 // checkMessageGroup applies the RocketMQ proxy's rule: not blank, at most
@@ -405,7 +440,8 @@ func (r *rocketMQ) storeStatus(err error) *rocketmqv2.Status {
 // offsetError: the one place each cause is classified) into the RocketMQ
 // protocol's Code, keeping its message and naming its storaged reason:
 //
-//	INVALID_ARGUMENT                  → BAD_REQUEST (PROPERTIES_SIZE_EXCEEDED: MESSAGE_PROPERTIES_TOO_LARGE)
+//	INVALID_ARGUMENT                  → BAD_REQUEST (PROPERTIES_SIZE_EXCEEDED: MESSAGE_PROPERTIES_TOO_LARGE,
+//	                                    WHEEL_TIMER_MSG_ILLEGAL: ILLEGAL_DELIVERY_TIME)
 //	NOT_FOUND TOPIC_NOT_EXIST         → TOPIC_NOT_FOUND; QUERY_NOT_FOUND → OFFSET_NOT_FOUND; else NOT_FOUND
 //	OUT_OF_RANGE                      → ILLEGAL_OFFSET
 //	RESOURCE_EXHAUSTED                → TOO_MANY_REQUESTS (the SDKs back off)
@@ -430,8 +466,11 @@ func grpcToV2(err error) *rocketmqv2.Status {
 	switch st.Code() {
 	case codes.InvalidArgument:
 		code = rocketmqv2.Code_BAD_REQUEST
-		if reason == storage.PropertiesSizeExceeded.String() {
+		switch reason {
+		case storage.PropertiesSizeExceeded.String():
 			code = rocketmqv2.Code_MESSAGE_PROPERTIES_TOO_LARGE
+		case storage.WheelTimerMsgIllegal.String():
+			code = rocketmqv2.Code_ILLEGAL_DELIVERY_TIME
 		}
 	case codes.NotFound:
 		switch reason {

@@ -85,8 +85,8 @@ func TestRocketMQQueryRoute(t *testing.T) {
 			b := mq.GetBroker()
 			if mq.GetId() != int32(i) || mq.GetTopic().GetName() != c.topic || mq.GetPermission() != rocketmqv2.Permission_READ_WRITE ||
 				b.GetName() != BrokerName || b.GetId() != 0 || !proto.Equal(b.GetEndpoints(), access()) ||
-				len(mq.GetAcceptMessageTypes()) != 2 || mq.GetAcceptMessageTypes()[0] != rocketmqv2.MessageType_NORMAL ||
-				mq.GetAcceptMessageTypes()[1] != rocketmqv2.MessageType_FIFO {
+				len(mq.GetAcceptMessageTypes()) != 3 || mq.GetAcceptMessageTypes()[0] != rocketmqv2.MessageType_NORMAL ||
+				mq.GetAcceptMessageTypes()[1] != rocketmqv2.MessageType_FIFO || mq.GetAcceptMessageTypes()[2] != rocketmqv2.MessageType_DELAY {
 				t.Errorf("%s queue %d: %v", c.topic, i, mq)
 			}
 		}
@@ -326,10 +326,23 @@ func TestRocketMQSendRefused(t *testing.T) {
 			rmqMsg("Orders", "x", sp(func(p *rocketmqv2.SystemProperties) { p.MessageGroup = proto.String("g1") })),
 			rmqMsg("Orders", "x", sp(func(p *rocketmqv2.SystemProperties) { p.MessageGroup = proto.String("g2") })),
 		}, rocketmqv2.Code_ILLEGAL_MESSAGE_GROUP},
-		{"delivery timestamp", []*rocketmqv2.Message{rmqMsg("Orders", "x", sp(func(p *rocketmqv2.SystemProperties) {
-			p.DeliveryTimestamp = timestamppb.New(time.Now().Add(time.Hour))
-		}))}, rocketmqv2.Code_UNSUPPORTED},
-		{"DELAY", []*rocketmqv2.Message{rmqMsg("Orders", "x", sp(func(p *rocketmqv2.SystemProperties) { p.MessageType = rocketmqv2.MessageType_DELAY }))}, rocketmqv2.Code_UNSUPPORTED},
+		{"delivery beyond the maximum delay", []*rocketmqv2.Message{rmqMsg("Orders", "x", sp(func(p *rocketmqv2.SystemProperties) {
+			p.DeliveryTimestamp = timestamppb.New(time.Now().Add(4 * 24 * time.Hour))
+		}))}, rocketmqv2.Code_ILLEGAL_DELIVERY_TIME},
+		{"delivery before 1970", []*rocketmqv2.Message{rmqMsg("Orders", "x", sp(func(p *rocketmqv2.SystemProperties) {
+			p.DeliveryTimestamp = &timestamppb.Timestamp{Seconds: -1}
+		}))}, rocketmqv2.Code_ILLEGAL_DELIVERY_TIME},
+		{"DELAY without a delivery timestamp", []*rocketmqv2.Message{rmqMsg("Orders", "x", sp(func(p *rocketmqv2.SystemProperties) { p.MessageType = rocketmqv2.MessageType_DELAY }))}, rocketmqv2.Code_MESSAGE_PROPERTY_CONFLICT_WITH_TYPE},
+		{"NORMAL with a delivery timestamp", []*rocketmqv2.Message{rmqMsg("Orders", "x", sp(func(p *rocketmqv2.SystemProperties) {
+			p.MessageType, p.DeliveryTimestamp = rocketmqv2.MessageType_NORMAL, timestamppb.New(time.Now().Add(time.Hour))
+		}))}, rocketmqv2.Code_MESSAGE_PROPERTY_CONFLICT_WITH_TYPE},
+		{"a group with a delivery timestamp", []*rocketmqv2.Message{rmqMsg("Orders", "x", sp(func(p *rocketmqv2.SystemProperties) {
+			p.MessageGroup, p.DeliveryTimestamp = proto.String("g"), timestamppb.New(time.Now().Add(time.Hour))
+		}))}, rocketmqv2.Code_MESSAGE_PROPERTY_CONFLICT_WITH_TYPE},
+		{"two timer messages in a send", []*rocketmqv2.Message{
+			rmqMsg("Orders", "x", sp(func(p *rocketmqv2.SystemProperties) { p.DeliveryTimestamp = timestamppb.New(time.Now().Add(time.Hour)) })),
+			rmqMsg("Orders", "y", sp(func(p *rocketmqv2.SystemProperties) { p.DeliveryTimestamp = timestamppb.New(time.Now().Add(time.Hour)) })),
+		}, rocketmqv2.Code_BAD_REQUEST},
 		{"TRANSACTION", []*rocketmqv2.Message{rmqMsg("Orders", "x", sp(func(p *rocketmqv2.SystemProperties) { p.MessageType = rocketmqv2.MessageType_TRANSACTION }))}, rocketmqv2.Code_UNSUPPORTED},
 		{"LITE", []*rocketmqv2.Message{rmqMsg("Orders", "x", sp(func(p *rocketmqv2.SystemProperties) { p.LiteTopic = proto.String("l") }))}, rocketmqv2.Code_UNSUPPORTED},
 		{"PRIORITY", []*rocketmqv2.Message{rmqMsg("Orders", "x", sp(func(p *rocketmqv2.SystemProperties) { p.Priority = proto.Int32(1) }))}, rocketmqv2.Code_UNSUPPORTED},
@@ -598,10 +611,6 @@ func TestRocketMQUnsupported(t *testing.T) {
 	calls := map[string]func() (*rocketmqv2.Status, error){
 		"EndTransaction": func() (*rocketmqv2.Status, error) {
 			r, err := e.rmq.EndTransaction(ctx, &rocketmqv2.EndTransactionRequest{})
-			return r.GetStatus(), err
-		},
-		"RecallMessage": func() (*rocketmqv2.Status, error) {
-			r, err := e.rmq.RecallMessage(ctx, &rocketmqv2.RecallMessageRequest{})
 			return r.GetStatus(), err
 		},
 		"SyncLiteSubscription": func() (*rocketmqv2.Status, error) {

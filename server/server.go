@@ -257,7 +257,12 @@ func (s *Service) PutMessage(ctx context.Context, req *storagedv1.PutMessageRequ
 	if err != nil {
 		return nil, s.putError(ctx, methodPutMessage, res, err)
 	}
-	return toPutMessageResponse(&res), nil
+	resp := toPutMessageResponse(&res)
+	if at := req.GetMessage().GetDeliverAt(); at != nil && res.Append.Topic == storage.TimerTopic {
+		resp.RecallHandle = encodeRecallHandle(recallHandle{Topic: req.GetMessage().GetTopic(), Broker: BrokerName,
+			DueMS: at.AsTime().UnixMilli(), MsgID: resp.GetResult().GetMsgId()})
+	}
+	return resp, nil
 }
 
 // PutMessages implements storagedv1.MessageStoreServiceServer.

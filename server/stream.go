@@ -244,7 +244,7 @@ var itemPool = sync.Pool{New: func() any { return new(streamItem) }}
 func (it *streamItem) release() {
 	it.req.Reset()
 	it.msg = storage.Message{}
-	it.props = [4]storage.Property{}
+	clear(it.props[:])
 	itemPool.Put(it)
 }
 

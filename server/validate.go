@@ -125,6 +125,14 @@ func validateMessage(m *storagedv1.Message) *fieldError {
 	if m.GetDelayLevel() < 0 {
 		return illegal(p+".delay_level", "delay level must not be negative, got %d", m.GetDelayLevel())
 	}
+	if at := m.GetDeliverAt(); at != nil {
+		if err := at.CheckValid(); err != nil {
+			return illegal(p+".deliver_at", "invalid timestamp: %v", err)
+		}
+		if at.GetSeconds() < 0 {
+			return illegal(p+".deliver_at", "delivery time must not be before 1970-01-01")
+		}
+	}
 	return validateEntry(entryPath{index: -1}, m.GetTags(), m.GetKeys(), m.GetBornTimestamp(), m.GetProperties())
 }
 

@@ -70,6 +70,10 @@ type config struct {
 	MaxOpenQueueFiles int
 	// MaxConsumerOffsets bounds the committed (group, topic, queue) offsets.
 	MaxConsumerOffsets int
+	// MaxTimerMessages bounds the pending timer messages; TimerMaxDelay
+	// how far ahead one may be due.
+	MaxTimerMessages int
+	TimerMaxDelay    time.Duration
 
 	// MaxPullInflightBytes bounds the read answers held at once
 	// (server.WithMaxPullInflightBytes).
@@ -140,6 +144,8 @@ func parseConfig(args []string, lookupEnv func(string) (string, bool), stderr io
 		AutoCreateTopics:     true,
 		MaxTopics:            storage.DefaultMaxTopics,
 		MaxConsumerOffsets:   storage.DefaultMaxConsumerOffsets,
+		MaxTimerMessages:     storage.DefaultMaxTimerMessages,
+		TimerMaxDelay:        storage.DefaultTimerMaxDelay,
 		MaxOpenQueueFiles:    storage.DefaultMaxOpenQueueFiles,
 		MaxPullInflightBytes: server.DefaultMaxPullInflightBytes,
 		MaxPullWait:          server.DefaultMaxPullWait,
@@ -198,6 +204,10 @@ func parseConfig(args []string, lookupEnv func(string) (string, bool), stderr io
 		"most `topics` the store holds; creating more is refused (RESOURCE_EXHAUSTED)")
 	fs.IntVar(&cfg.MaxConsumerOffsets, "max-consumer-offsets", cfg.MaxConsumerOffsets,
 		"most committed (consumer group, topic, queue) `offsets` the store holds (1-10000000); a commit of one more is refused (RESOURCE_EXHAUSTED)")
+	fs.IntVar(&cfg.MaxTimerMessages, "max-timer-messages", cfg.MaxTimerMessages,
+		"most timer messages (delivery at a time) waiting at once (1-67108864); a timer put beyond it is refused (RESOURCE_EXHAUSTED, WHEEL_TIMER_FLOW_CONTROL)")
+	fs.DurationVar(&cfg.TimerMaxDelay, "timer-max-delay", cfg.TimerMaxDelay,
+		"how far ahead a timer message may be due (RocketMQ timerMaxDelaySec; 1s-8784h); later is refused (INVALID_ARGUMENT, WHEEL_TIMER_MSG_ILLEGAL)")
 	fs.IntVar(&cfg.MaxOpenQueueFiles, "max-open-queue-files", cfg.MaxOpenQueueFiles,
 		"`count` of consume-queue files kept open at once; the least recently used idle one is closed beyond it")
 	fs.Var((*sizeValue)(&cfg.MaxPullInflightBytes), "max-pull-inflight-bytes",
@@ -327,6 +337,12 @@ func (c *config) validate() error {
 	if c.MaxConsumerOffsets < 1 || c.MaxConsumerOffsets > 10000000 {
 		errs = append(errs, fmt.Errorf("--max-consumer-offsets %d out of range [1, 10000000]", c.MaxConsumerOffsets))
 	}
+	if c.MaxTimerMessages < 1 || c.MaxTimerMessages > 1<<26 {
+		errs = append(errs, fmt.Errorf("--max-timer-messages %d out of range [1, %d]", c.MaxTimerMessages, 1<<26))
+	}
+	if c.TimerMaxDelay < time.Second || c.TimerMaxDelay > 366*24*time.Hour {
+		errs = append(errs, fmt.Errorf("--timer-max-delay %v out of range [1s, 8784h]", c.TimerMaxDelay))
+	}
 	if c.AdminListen != "" && c.AdminListen == c.Listen && !strings.HasSuffix(c.Listen, ":0") {
 		errs = append(errs, errors.New("--admin-listen must differ from --listen"))
 	}
@@ -436,6 +452,8 @@ func (c *config) storageOptions(host netip.AddrPort, logger *zerolog.Logger) sto
 		MaxTopics:          c.MaxTopics,
 		MaxConsumerOffsets: c.MaxConsumerOffsets,
 		MaxOpenQueueFiles:  c.MaxOpenQueueFiles,
+		MaxTimerMessages:   c.MaxTimerMessages,
+		TimerMaxDelay:      c.TimerMaxDelay,
 
 		DedupWindow:      cmp.Or(c.DedupWindow, -1), // 0: off
 		DedupMaxMessages: c.DedupMaxMessages,
@@ -475,6 +493,8 @@ func (c *config) log(l zerolog.Logger) {
 		Bool("auto_create_topics", c.AutoCreateTopics).
 		Int("max_topics", c.MaxTopics).
 		Int("max_consumer_offsets", c.MaxConsumerOffsets).
+		Int("max_timer_messages", c.MaxTimerMessages).
+		Stringer("timer_max_delay", c.TimerMaxDelay).
 		Int("max_open_queue_files", c.MaxOpenQueueFiles).
 		Str("max_pull_inflight_bytes", formatSize(c.MaxPullInflightBytes)).
 		Stringer("max_pull_wait", c.MaxPullWait).

@@ -266,7 +266,16 @@ type Message struct {
 	// with the first put's result and stores nothing, so a put may be retried after any error. Give every
 	// message its own key and send the same key on every retry. In a batch, the first entry's UNIQ_KEY
 	// keys the whole batch.
-	Properties    map[string]string `protobuf:"bytes,10,rep,name=properties,proto3" json:"properties,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	Properties map[string]string `protobuf:"bytes,10,rep,name=properties,proto3" json:"properties,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// Delivery time of a timer message (RocketMQ 5 TimerMessageStore; the TIMER_DELIVER_MS property,
+	// millisecond precision). Absent, or not after the store's clock: delivered at once, as any
+	// message. Later: stored on the system topic rmq_sys_wheel_timer (queue 0, with TIMER_OUT_MS,
+	// REAL_TOPIC and REAL_QID) and put to topic/queue_id once the store's clock reads this time or
+	// later, never earlier; the delivered message keeps TIMER_OUT_MS. More than the server's maximum
+	// timer delay ahead (default 3 days) is INVALID_ARGUMENT "WHEEL_TIMER_MSG_ILLEGAL"; while the
+	// server holds its maximum of pending timer messages, RESOURCE_EXHAUSTED "WHEEL_TIMER_FLOW_CONTROL".
+	// A delay_level wins over it (RocketMQ). PutMessage answers a recall_handle for it.
+	DeliverAt     *timestamppb.Timestamp `protobuf:"bytes,11,opt,name=deliver_at,json=deliverAt,proto3" json:"deliver_at,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -367,6 +376,13 @@ func (x *Message) GetBornTimestamp() *timestamppb.Timestamp {
 func (x *Message) GetProperties() map[string]string {
 	if x != nil {
 		return x.Properties
+	}
+	return nil
+}
+
+func (x *Message) GetDeliverAt() *timestamppb.Timestamp {
+	if x != nil {
+		return x.DeliverAt
 	}
 	return nil
 }
@@ -698,7 +714,11 @@ type PutMessageResponse struct {
 	// Outcome of the append: PUT_OK or a stored-but-degraded status.
 	Status PutMessageStatus `protobuf:"varint,1,opt,name=status,proto3,enum=storaged.v1.PutMessageStatus" json:"status,omitempty"`
 	// Where the message was written. Always set.
-	Result        *AppendResult `protobuf:"bytes,2,opt,name=result,proto3" json:"result,omitempty"`
+	Result *AppendResult `protobuf:"bytes,2,opt,name=result,proto3" json:"result,omitempty"`
+	// For a timer message stored to be delivered later (Message.deliver_at): the handle RecallMessage
+	// takes, RocketMQ 5.3's format (base64url of "v1 <topic> <broker> <delivery ms> <msg_id>"). Empty
+	// otherwise.
+	RecallHandle  string `protobuf:"bytes,3,opt,name=recall_handle,json=recallHandle,proto3" json:"recall_handle,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -745,6 +765,13 @@ func (x *PutMessageResponse) GetResult() *AppendResult {
 		return x.Result
 	}
 	return nil
+}
+
+func (x *PutMessageResponse) GetRecallHandle() string {
+	if x != nil {
+		return x.RecallHandle
+	}
+	return ""
 }
 
 // PutMessagesResponse is the response of MessageStoreService.PutMessages, with the same shape and rules as
@@ -2036,6 +2063,107 @@ func (x *GetOffsetByTimeResponse) GetOffset() int64 {
 	return 0
 }
 
+// RecallMessageRequest is the request of MessageStoreService.RecallMessage.
+type RecallMessageRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Topic the timer message is for (its REAL_TOPIC). Required; must be the handle's.
+	Topic string `protobuf:"bytes,1,opt,name=topic,proto3" json:"topic,omitempty"`
+	// The recall_handle PutMessage answered. Required; at most 512 bytes.
+	RecallHandle  string `protobuf:"bytes,2,opt,name=recall_handle,json=recallHandle,proto3" json:"recall_handle,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RecallMessageRequest) Reset() {
+	*x = RecallMessageRequest{}
+	mi := &file_storaged_v1_message_store_proto_msgTypes[24]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RecallMessageRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RecallMessageRequest) ProtoMessage() {}
+
+func (x *RecallMessageRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_storaged_v1_message_store_proto_msgTypes[24]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RecallMessageRequest.ProtoReflect.Descriptor instead.
+func (*RecallMessageRequest) Descriptor() ([]byte, []int) {
+	return file_storaged_v1_message_store_proto_rawDescGZIP(), []int{24}
+}
+
+func (x *RecallMessageRequest) GetTopic() string {
+	if x != nil {
+		return x.Topic
+	}
+	return ""
+}
+
+func (x *RecallMessageRequest) GetRecallHandle() string {
+	if x != nil {
+		return x.RecallHandle
+	}
+	return ""
+}
+
+// RecallMessageResponse is the response of MessageStoreService.RecallMessage.
+type RecallMessageResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Offset msgId of the recalled timer message's record (its PutMessage result's msg_id).
+	MsgId         string `protobuf:"bytes,1,opt,name=msg_id,json=msgId,proto3" json:"msg_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RecallMessageResponse) Reset() {
+	*x = RecallMessageResponse{}
+	mi := &file_storaged_v1_message_store_proto_msgTypes[25]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RecallMessageResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RecallMessageResponse) ProtoMessage() {}
+
+func (x *RecallMessageResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_storaged_v1_message_store_proto_msgTypes[25]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RecallMessageResponse.ProtoReflect.Descriptor instead.
+func (*RecallMessageResponse) Descriptor() ([]byte, []int) {
+	return file_storaged_v1_message_store_proto_rawDescGZIP(), []int{25}
+}
+
+func (x *RecallMessageResponse) GetMsgId() string {
+	if x != nil {
+		return x.MsgId
+	}
+	return ""
+}
+
 // StoredMessage is a message read back from the CommitLog, with every field of the stored record
 // (RocketMQ MessageExt).
 type StoredMessage struct {
@@ -2087,7 +2215,7 @@ type StoredMessage struct {
 
 func (x *StoredMessage) Reset() {
 	*x = StoredMessage{}
-	mi := &file_storaged_v1_message_store_proto_msgTypes[24]
+	mi := &file_storaged_v1_message_store_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2099,7 +2227,7 @@ func (x *StoredMessage) String() string {
 func (*StoredMessage) ProtoMessage() {}
 
 func (x *StoredMessage) ProtoReflect() protoreflect.Message {
-	mi := &file_storaged_v1_message_store_proto_msgTypes[24]
+	mi := &file_storaged_v1_message_store_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2112,7 +2240,7 @@ func (x *StoredMessage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StoredMessage.ProtoReflect.Descriptor instead.
 func (*StoredMessage) Descriptor() ([]byte, []int) {
-	return file_storaged_v1_message_store_proto_rawDescGZIP(), []int{24}
+	return file_storaged_v1_message_store_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *StoredMessage) GetTopic() string {
@@ -2252,7 +2380,7 @@ var File_storaged_v1_message_store_proto protoreflect.FileDescriptor
 
 const file_storaged_v1_message_store_proto_rawDesc = "" +
 	"\n" +
-	"\x1fstoraged/v1/message_store.proto\x12\vstoraged.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xae\x03\n" +
+	"\x1fstoraged/v1/message_store.proto\x12\vstoraged.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xe9\x03\n" +
 	"\aMessage\x12\x14\n" +
 	"\x05topic\x18\x01 \x01(\tR\x05topic\x12\x19\n" +
 	"\bqueue_id\x18\x02 \x01(\x05R\aqueueId\x12\x12\n" +
@@ -2267,7 +2395,9 @@ const file_storaged_v1_message_store_proto_rawDesc = "" +
 	"\n" +
 	"properties\x18\n" +
 	" \x03(\v2$.storaged.v1.Message.PropertiesEntryR\n" +
-	"properties\x1a=\n" +
+	"properties\x129\n" +
+	"\n" +
+	"deliver_at\x18\v \x01(\v2\x1a.google.protobuf.TimestampR\tdeliverAt\x1a=\n" +
 	"\x0fPropertiesEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01B\x10\n" +
@@ -2300,10 +2430,11 @@ const file_storaged_v1_message_store_proto_rawDesc = "" +
 	"\fqueue_offset\x18\x05 \x01(\x03R\vqueueOffset\x12C\n" +
 	"\x0fstore_timestamp\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\x0estoreTimestamp\x12#\n" +
 	"\rmessage_count\x18\a \x01(\x05R\fmessageCount\x12\x17\n" +
-	"\amsg_ids\x18\b \x03(\tR\x06msgIds\"~\n" +
+	"\amsg_ids\x18\b \x03(\tR\x06msgIds\"\xa3\x01\n" +
 	"\x12PutMessageResponse\x125\n" +
 	"\x06status\x18\x01 \x01(\x0e2\x1d.storaged.v1.PutMessageStatusR\x06status\x121\n" +
-	"\x06result\x18\x02 \x01(\v2\x19.storaged.v1.AppendResultR\x06result\"\x7f\n" +
+	"\x06result\x18\x02 \x01(\v2\x19.storaged.v1.AppendResultR\x06result\x12#\n" +
+	"\rrecall_handle\x18\x03 \x01(\tR\frecallHandle\"\x7f\n" +
 	"\x13PutMessagesResponse\x125\n" +
 	"\x06status\x18\x01 \x01(\x0e2\x1d.storaged.v1.PutMessageStatusR\x06status\x121\n" +
 	"\x06result\x18\x02 \x01(\v2\x19.storaged.v1.AppendResultR\x06result\"h\n" +
@@ -2393,7 +2524,12 @@ const file_storaged_v1_message_store_proto_rawDesc = "" +
 	"\bqueue_id\x18\x02 \x01(\x05R\aqueueId\x12.\n" +
 	"\x04time\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\"1\n" +
 	"\x17GetOffsetByTimeResponse\x12\x16\n" +
-	"\x06offset\x18\x01 \x01(\x03R\x06offset\"\xd5\x05\n" +
+	"\x06offset\x18\x01 \x01(\x03R\x06offset\"Q\n" +
+	"\x14RecallMessageRequest\x12\x14\n" +
+	"\x05topic\x18\x01 \x01(\tR\x05topic\x12#\n" +
+	"\rrecall_handle\x18\x02 \x01(\tR\frecallHandle\".\n" +
+	"\x15RecallMessageResponse\x12\x15\n" +
+	"\x06msg_id\x18\x01 \x01(\tR\x05msgId\"\xd5\x05\n" +
 	"\rStoredMessage\x12\x14\n" +
 	"\x05topic\x18\x01 \x01(\tR\x05topic\x12\x19\n" +
 	"\bqueue_id\x18\x02 \x01(\x05R\aqueueId\x12!\n" +
@@ -2447,7 +2583,7 @@ const file_storaged_v1_message_store_proto_rawDesc = "" +
 	"\x13REPLICA_ROLE_LEADER\x10\x02\x12\x19\n" +
 	"\x15REPLICA_ROLE_FOLLOWER\x10\x03\x12\x1a\n" +
 	"\x16REPLICA_ROLE_CANDIDATE\x10\x04\x12\x18\n" +
-	"\x14REPLICA_ROLE_LEARNER\x10\x052\xee\x06\n" +
+	"\x14REPLICA_ROLE_LEARNER\x10\x052\xc6\a\n" +
 	"\x13MessageStoreService\x12M\n" +
 	"\n" +
 	"PutMessage\x12\x1e.storaged.v1.PutMessageRequest\x1a\x1f.storaged.v1.PutMessageResponse\x12P\n" +
@@ -2460,7 +2596,8 @@ const file_storaged_v1_message_store_proto_rawDesc = "" +
 	"\x0eGetReplicaInfo\x12\".storaged.v1.GetReplicaInfoRequest\x1a#.storaged.v1.GetReplicaInfoResponse\x12S\n" +
 	"\fCommitOffset\x12 .storaged.v1.CommitOffsetRequest\x1a!.storaged.v1.CommitOffsetResponse\x12J\n" +
 	"\tGetOffset\x12\x1d.storaged.v1.GetOffsetRequest\x1a\x1e.storaged.v1.GetOffsetResponse\x12\\\n" +
-	"\x0fGetOffsetByTime\x12#.storaged.v1.GetOffsetByTimeRequest\x1a$.storaged.v1.GetOffsetByTimeResponseB\xaa\x01\n" +
+	"\x0fGetOffsetByTime\x12#.storaged.v1.GetOffsetByTimeRequest\x1a$.storaged.v1.GetOffsetByTimeResponse\x12V\n" +
+	"\rRecallMessage\x12!.storaged.v1.RecallMessageRequest\x1a\".storaged.v1.RecallMessageResponseB\xaa\x01\n" +
 	"\x0fcom.storaged.v1B\x11MessageStoreProtoP\x01Z7github.com/storaged/storaged/gen/storaged/v1;storagedv1\xa2\x02\x03SXX\xaa\x02\vStoraged.V1\xca\x02\vStoraged\\V1\xe2\x02\x17Storaged\\V1\\GPBMetadata\xea\x02\fStoraged::V1b\x06proto3"
 
 var (
@@ -2476,7 +2613,7 @@ func file_storaged_v1_message_store_proto_rawDescGZIP() []byte {
 }
 
 var file_storaged_v1_message_store_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_storaged_v1_message_store_proto_msgTypes = make([]protoimpl.MessageInfo, 28)
+var file_storaged_v1_message_store_proto_msgTypes = make([]protoimpl.MessageInfo, 30)
 var file_storaged_v1_message_store_proto_goTypes = []any{
 	(PutMessageStatus)(0),            // 0: storaged.v1.PutMessageStatus
 	(ReplicaRole)(0),                 // 1: storaged.v1.ReplicaRole
@@ -2504,62 +2641,67 @@ var file_storaged_v1_message_store_proto_goTypes = []any{
 	(*GetOffsetResponse)(nil),        // 23: storaged.v1.GetOffsetResponse
 	(*GetOffsetByTimeRequest)(nil),   // 24: storaged.v1.GetOffsetByTimeRequest
 	(*GetOffsetByTimeResponse)(nil),  // 25: storaged.v1.GetOffsetByTimeResponse
-	(*StoredMessage)(nil),            // 26: storaged.v1.StoredMessage
-	nil,                              // 27: storaged.v1.Message.PropertiesEntry
-	nil,                              // 28: storaged.v1.BatchEntry.PropertiesEntry
-	nil,                              // 29: storaged.v1.StoredMessage.PropertiesEntry
-	(*timestamppb.Timestamp)(nil),    // 30: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),      // 31: google.protobuf.Duration
+	(*RecallMessageRequest)(nil),     // 26: storaged.v1.RecallMessageRequest
+	(*RecallMessageResponse)(nil),    // 27: storaged.v1.RecallMessageResponse
+	(*StoredMessage)(nil),            // 28: storaged.v1.StoredMessage
+	nil,                              // 29: storaged.v1.Message.PropertiesEntry
+	nil,                              // 30: storaged.v1.BatchEntry.PropertiesEntry
+	nil,                              // 31: storaged.v1.StoredMessage.PropertiesEntry
+	(*timestamppb.Timestamp)(nil),    // 32: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),      // 33: google.protobuf.Duration
 }
 var file_storaged_v1_message_store_proto_depIdxs = []int32{
-	30, // 0: storaged.v1.Message.born_timestamp:type_name -> google.protobuf.Timestamp
-	27, // 1: storaged.v1.Message.properties:type_name -> storaged.v1.Message.PropertiesEntry
-	2,  // 2: storaged.v1.PutMessageRequest.message:type_name -> storaged.v1.Message
-	5,  // 3: storaged.v1.PutMessagesRequest.messages:type_name -> storaged.v1.BatchEntry
-	30, // 4: storaged.v1.BatchEntry.born_timestamp:type_name -> google.protobuf.Timestamp
-	28, // 5: storaged.v1.BatchEntry.properties:type_name -> storaged.v1.BatchEntry.PropertiesEntry
-	30, // 6: storaged.v1.AppendResult.store_timestamp:type_name -> google.protobuf.Timestamp
-	0,  // 7: storaged.v1.PutMessageResponse.status:type_name -> storaged.v1.PutMessageStatus
-	6,  // 8: storaged.v1.PutMessageResponse.result:type_name -> storaged.v1.AppendResult
-	0,  // 9: storaged.v1.PutMessagesResponse.status:type_name -> storaged.v1.PutMessageStatus
-	6,  // 10: storaged.v1.PutMessagesResponse.result:type_name -> storaged.v1.AppendResult
-	2,  // 11: storaged.v1.PutMessageStreamRequest.message:type_name -> storaged.v1.Message
-	0,  // 12: storaged.v1.PutMessageStreamResponse.status:type_name -> storaged.v1.PutMessageStatus
-	6,  // 13: storaged.v1.PutMessageStreamResponse.result:type_name -> storaged.v1.AppendResult
-	26, // 14: storaged.v1.GetMessageResponse.message:type_name -> storaged.v1.StoredMessage
-	31, // 15: storaged.v1.PullMessagesRequest.wait:type_name -> google.protobuf.Duration
-	26, // 16: storaged.v1.PullMessagesResponse.messages:type_name -> storaged.v1.StoredMessage
-	1,  // 17: storaged.v1.GetReplicaInfoResponse.role:type_name -> storaged.v1.ReplicaRole
-	19, // 18: storaged.v1.GetReplicaInfoResponse.peers:type_name -> storaged.v1.PeerProgress
-	30, // 19: storaged.v1.GetOffsetByTimeRequest.time:type_name -> google.protobuf.Timestamp
-	29, // 20: storaged.v1.StoredMessage.properties:type_name -> storaged.v1.StoredMessage.PropertiesEntry
-	30, // 21: storaged.v1.StoredMessage.born_timestamp:type_name -> google.protobuf.Timestamp
-	30, // 22: storaged.v1.StoredMessage.store_timestamp:type_name -> google.protobuf.Timestamp
-	3,  // 23: storaged.v1.MessageStoreService.PutMessage:input_type -> storaged.v1.PutMessageRequest
-	4,  // 24: storaged.v1.MessageStoreService.PutMessages:input_type -> storaged.v1.PutMessagesRequest
-	9,  // 25: storaged.v1.MessageStoreService.PutMessageStream:input_type -> storaged.v1.PutMessageStreamRequest
-	11, // 26: storaged.v1.MessageStoreService.GetMessage:input_type -> storaged.v1.GetMessageRequest
-	13, // 27: storaged.v1.MessageStoreService.PullMessages:input_type -> storaged.v1.PullMessagesRequest
-	15, // 28: storaged.v1.MessageStoreService.GetQueueInfo:input_type -> storaged.v1.GetQueueInfoRequest
-	17, // 29: storaged.v1.MessageStoreService.GetReplicaInfo:input_type -> storaged.v1.GetReplicaInfoRequest
-	20, // 30: storaged.v1.MessageStoreService.CommitOffset:input_type -> storaged.v1.CommitOffsetRequest
-	22, // 31: storaged.v1.MessageStoreService.GetOffset:input_type -> storaged.v1.GetOffsetRequest
-	24, // 32: storaged.v1.MessageStoreService.GetOffsetByTime:input_type -> storaged.v1.GetOffsetByTimeRequest
-	7,  // 33: storaged.v1.MessageStoreService.PutMessage:output_type -> storaged.v1.PutMessageResponse
-	8,  // 34: storaged.v1.MessageStoreService.PutMessages:output_type -> storaged.v1.PutMessagesResponse
-	10, // 35: storaged.v1.MessageStoreService.PutMessageStream:output_type -> storaged.v1.PutMessageStreamResponse
-	12, // 36: storaged.v1.MessageStoreService.GetMessage:output_type -> storaged.v1.GetMessageResponse
-	14, // 37: storaged.v1.MessageStoreService.PullMessages:output_type -> storaged.v1.PullMessagesResponse
-	16, // 38: storaged.v1.MessageStoreService.GetQueueInfo:output_type -> storaged.v1.GetQueueInfoResponse
-	18, // 39: storaged.v1.MessageStoreService.GetReplicaInfo:output_type -> storaged.v1.GetReplicaInfoResponse
-	21, // 40: storaged.v1.MessageStoreService.CommitOffset:output_type -> storaged.v1.CommitOffsetResponse
-	23, // 41: storaged.v1.MessageStoreService.GetOffset:output_type -> storaged.v1.GetOffsetResponse
-	25, // 42: storaged.v1.MessageStoreService.GetOffsetByTime:output_type -> storaged.v1.GetOffsetByTimeResponse
-	33, // [33:43] is the sub-list for method output_type
-	23, // [23:33] is the sub-list for method input_type
-	23, // [23:23] is the sub-list for extension type_name
-	23, // [23:23] is the sub-list for extension extendee
-	0,  // [0:23] is the sub-list for field type_name
+	32, // 0: storaged.v1.Message.born_timestamp:type_name -> google.protobuf.Timestamp
+	29, // 1: storaged.v1.Message.properties:type_name -> storaged.v1.Message.PropertiesEntry
+	32, // 2: storaged.v1.Message.deliver_at:type_name -> google.protobuf.Timestamp
+	2,  // 3: storaged.v1.PutMessageRequest.message:type_name -> storaged.v1.Message
+	5,  // 4: storaged.v1.PutMessagesRequest.messages:type_name -> storaged.v1.BatchEntry
+	32, // 5: storaged.v1.BatchEntry.born_timestamp:type_name -> google.protobuf.Timestamp
+	30, // 6: storaged.v1.BatchEntry.properties:type_name -> storaged.v1.BatchEntry.PropertiesEntry
+	32, // 7: storaged.v1.AppendResult.store_timestamp:type_name -> google.protobuf.Timestamp
+	0,  // 8: storaged.v1.PutMessageResponse.status:type_name -> storaged.v1.PutMessageStatus
+	6,  // 9: storaged.v1.PutMessageResponse.result:type_name -> storaged.v1.AppendResult
+	0,  // 10: storaged.v1.PutMessagesResponse.status:type_name -> storaged.v1.PutMessageStatus
+	6,  // 11: storaged.v1.PutMessagesResponse.result:type_name -> storaged.v1.AppendResult
+	2,  // 12: storaged.v1.PutMessageStreamRequest.message:type_name -> storaged.v1.Message
+	0,  // 13: storaged.v1.PutMessageStreamResponse.status:type_name -> storaged.v1.PutMessageStatus
+	6,  // 14: storaged.v1.PutMessageStreamResponse.result:type_name -> storaged.v1.AppendResult
+	28, // 15: storaged.v1.GetMessageResponse.message:type_name -> storaged.v1.StoredMessage
+	33, // 16: storaged.v1.PullMessagesRequest.wait:type_name -> google.protobuf.Duration
+	28, // 17: storaged.v1.PullMessagesResponse.messages:type_name -> storaged.v1.StoredMessage
+	1,  // 18: storaged.v1.GetReplicaInfoResponse.role:type_name -> storaged.v1.ReplicaRole
+	19, // 19: storaged.v1.GetReplicaInfoResponse.peers:type_name -> storaged.v1.PeerProgress
+	32, // 20: storaged.v1.GetOffsetByTimeRequest.time:type_name -> google.protobuf.Timestamp
+	31, // 21: storaged.v1.StoredMessage.properties:type_name -> storaged.v1.StoredMessage.PropertiesEntry
+	32, // 22: storaged.v1.StoredMessage.born_timestamp:type_name -> google.protobuf.Timestamp
+	32, // 23: storaged.v1.StoredMessage.store_timestamp:type_name -> google.protobuf.Timestamp
+	3,  // 24: storaged.v1.MessageStoreService.PutMessage:input_type -> storaged.v1.PutMessageRequest
+	4,  // 25: storaged.v1.MessageStoreService.PutMessages:input_type -> storaged.v1.PutMessagesRequest
+	9,  // 26: storaged.v1.MessageStoreService.PutMessageStream:input_type -> storaged.v1.PutMessageStreamRequest
+	11, // 27: storaged.v1.MessageStoreService.GetMessage:input_type -> storaged.v1.GetMessageRequest
+	13, // 28: storaged.v1.MessageStoreService.PullMessages:input_type -> storaged.v1.PullMessagesRequest
+	15, // 29: storaged.v1.MessageStoreService.GetQueueInfo:input_type -> storaged.v1.GetQueueInfoRequest
+	17, // 30: storaged.v1.MessageStoreService.GetReplicaInfo:input_type -> storaged.v1.GetReplicaInfoRequest
+	20, // 31: storaged.v1.MessageStoreService.CommitOffset:input_type -> storaged.v1.CommitOffsetRequest
+	22, // 32: storaged.v1.MessageStoreService.GetOffset:input_type -> storaged.v1.GetOffsetRequest
+	24, // 33: storaged.v1.MessageStoreService.GetOffsetByTime:input_type -> storaged.v1.GetOffsetByTimeRequest
+	26, // 34: storaged.v1.MessageStoreService.RecallMessage:input_type -> storaged.v1.RecallMessageRequest
+	7,  // 35: storaged.v1.MessageStoreService.PutMessage:output_type -> storaged.v1.PutMessageResponse
+	8,  // 36: storaged.v1.MessageStoreService.PutMessages:output_type -> storaged.v1.PutMessagesResponse
+	10, // 37: storaged.v1.MessageStoreService.PutMessageStream:output_type -> storaged.v1.PutMessageStreamResponse
+	12, // 38: storaged.v1.MessageStoreService.GetMessage:output_type -> storaged.v1.GetMessageResponse
+	14, // 39: storaged.v1.MessageStoreService.PullMessages:output_type -> storaged.v1.PullMessagesResponse
+	16, // 40: storaged.v1.MessageStoreService.GetQueueInfo:output_type -> storaged.v1.GetQueueInfoResponse
+	18, // 41: storaged.v1.MessageStoreService.GetReplicaInfo:output_type -> storaged.v1.GetReplicaInfoResponse
+	21, // 42: storaged.v1.MessageStoreService.CommitOffset:output_type -> storaged.v1.CommitOffsetResponse
+	23, // 43: storaged.v1.MessageStoreService.GetOffset:output_type -> storaged.v1.GetOffsetResponse
+	25, // 44: storaged.v1.MessageStoreService.GetOffsetByTime:output_type -> storaged.v1.GetOffsetByTimeResponse
+	27, // 45: storaged.v1.MessageStoreService.RecallMessage:output_type -> storaged.v1.RecallMessageResponse
+	35, // [35:46] is the sub-list for method output_type
+	24, // [24:35] is the sub-list for method input_type
+	24, // [24:24] is the sub-list for extension type_name
+	24, // [24:24] is the sub-list for extension extendee
+	0,  // [0:24] is the sub-list for field type_name
 }
 
 func init() { file_storaged_v1_message_store_proto_init() }
@@ -2578,7 +2720,7 @@ func file_storaged_v1_message_store_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_storaged_v1_message_store_proto_rawDesc), len(file_storaged_v1_message_store_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   28,
+			NumMessages:   30,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -37,6 +37,7 @@ const (
 	MessageStoreService_CommitOffset_FullMethodName     = "/storaged.v1.MessageStoreService/CommitOffset"
 	MessageStoreService_GetOffset_FullMethodName        = "/storaged.v1.MessageStoreService/GetOffset"
 	MessageStoreService_GetOffsetByTime_FullMethodName  = "/storaged.v1.MessageStoreService/GetOffsetByTime"
+	MessageStoreService_RecallMessage_FullMethodName    = "/storaged.v1.MessageStoreService/RecallMessage"
 )
 
 // MessageStoreServiceClient is the client API for MessageStoreService service.
@@ -167,6 +168,14 @@ type MessageStoreServiceClient interface {
 	// CommitOffset. NOT_FOUND "QUEUE_NOT_FOUND" for a queue that never received a message;
 	// TOPIC_NOT_EXIST and INVALID_ARGUMENT as above.
 	GetOffsetByTime(ctx context.Context, in *GetOffsetByTimeRequest, opts ...grpc.CallOption) (*GetOffsetByTimeResponse, error)
+	// RecallMessage withdraws a pending timer message (one put with Message.deliver_at in the future)
+	// by the recall_handle its PutMessage answered (RocketMQ 5.3 RecallMessage): once it returns OK the
+	// message is never delivered, across restarts and failovers too (the recall is a record in the
+	// commit log, durable or committed before the answer). NOT_FOUND "TIMER_MESSAGE_NOT_PENDING" when
+	// the message is no longer pending (delivered, recalled) or never was; INVALID_ARGUMENT
+	// "INVALID_REQUEST" for a handle that does not decode or names another topic or broker; the put's
+	// refusals otherwise (a follower: UNAVAILABLE with the leader hint).
+	RecallMessage(ctx context.Context, in *RecallMessageRequest, opts ...grpc.CallOption) (*RecallMessageResponse, error)
 }
 
 type messageStoreServiceClient struct {
@@ -274,6 +283,16 @@ func (c *messageStoreServiceClient) GetOffsetByTime(ctx context.Context, in *Get
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(GetOffsetByTimeResponse)
 	err := c.cc.Invoke(ctx, MessageStoreService_GetOffsetByTime_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *messageStoreServiceClient) RecallMessage(ctx context.Context, in *RecallMessageRequest, opts ...grpc.CallOption) (*RecallMessageResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(RecallMessageResponse)
+	err := c.cc.Invoke(ctx, MessageStoreService_RecallMessage_FullMethodName, in, out, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -408,6 +427,14 @@ type MessageStoreServiceServer interface {
 	// CommitOffset. NOT_FOUND "QUEUE_NOT_FOUND" for a queue that never received a message;
 	// TOPIC_NOT_EXIST and INVALID_ARGUMENT as above.
 	GetOffsetByTime(context.Context, *GetOffsetByTimeRequest) (*GetOffsetByTimeResponse, error)
+	// RecallMessage withdraws a pending timer message (one put with Message.deliver_at in the future)
+	// by the recall_handle its PutMessage answered (RocketMQ 5.3 RecallMessage): once it returns OK the
+	// message is never delivered, across restarts and failovers too (the recall is a record in the
+	// commit log, durable or committed before the answer). NOT_FOUND "TIMER_MESSAGE_NOT_PENDING" when
+	// the message is no longer pending (delivered, recalled) or never was; INVALID_ARGUMENT
+	// "INVALID_REQUEST" for a handle that does not decode or names another topic or broker; the put's
+	// refusals otherwise (a follower: UNAVAILABLE with the leader hint).
+	RecallMessage(context.Context, *RecallMessageRequest) (*RecallMessageResponse, error)
 	mustEmbedUnimplementedMessageStoreServiceServer()
 }
 
@@ -447,6 +474,9 @@ func (UnimplementedMessageStoreServiceServer) GetOffset(context.Context, *GetOff
 }
 func (UnimplementedMessageStoreServiceServer) GetOffsetByTime(context.Context, *GetOffsetByTimeRequest) (*GetOffsetByTimeResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method GetOffsetByTime not implemented")
+}
+func (UnimplementedMessageStoreServiceServer) RecallMessage(context.Context, *RecallMessageRequest) (*RecallMessageResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method RecallMessage not implemented")
 }
 func (UnimplementedMessageStoreServiceServer) mustEmbedUnimplementedMessageStoreServiceServer() {}
 func (UnimplementedMessageStoreServiceServer) testEmbeddedByValue()                             {}
@@ -638,6 +668,24 @@ func _MessageStoreService_GetOffsetByTime_Handler(srv interface{}, ctx context.C
 	return interceptor(ctx, in, info, handler)
 }
 
+func _MessageStoreService_RecallMessage_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(RecallMessageRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(MessageStoreServiceServer).RecallMessage(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: MessageStoreService_RecallMessage_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(MessageStoreServiceServer).RecallMessage(ctx, req.(*RecallMessageRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // MessageStoreService_ServiceDesc is the grpc.ServiceDesc for MessageStoreService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -680,6 +728,10 @@ var MessageStoreService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "GetOffsetByTime",
 			Handler:    _MessageStoreService_GetOffsetByTime_Handler,
+		},
+		{
+			MethodName: "RecallMessage",
+			Handler:    _MessageStoreService_RecallMessage_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

@@ -1615,8 +1615,9 @@ func (x *Digest) GetChecksum() string {
 
 // The properties RocketMQ defines for every message. On a send storaged reads tag, keys, message_id
 // (stored as the UNIQ_KEY property: a retried send is stored once), message_type, born_timestamp,
-// delivery_timestamp (refused: timer messages are not built) and message_group (stored as the
-// __SHARDINGKEY property; it picks the queue). On a read it fills what the record holds.
+// delivery_timestamp (a timer message: stored as TIMER_DELIVER_MS and delivered at that time) and
+// message_group (stored as the __SHARDINGKEY property; it picks the queue). On a read it fills what
+// the record holds (delivery_timestamp from TIMER_OUT_MS for a delivered timer message).
 type SystemProperties struct {
 	state                               protoimpl.MessageState `protogen:"open.v1"`
 	Tag                                 *string                `protobuf:"bytes,1,opt,name=tag,proto3,oneof" json:"tag,omitempty"`

@@ -2501,7 +2501,7 @@ func (x *QueryOffsetResponse) GetOffset() int64 {
 	return 0
 }
 
-// Withdraws a pending timer message: not served (timer messages are not built).
+// Withdraws a pending timer message by the recall_handle its send answered (RocketMQ 5.3's format).
 type RecallMessageRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Topic         *Resource              `protobuf:"bytes,1,opt,name=topic,proto3" json:"topic,omitempty"`
