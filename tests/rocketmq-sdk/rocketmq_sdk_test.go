@@ -50,6 +50,9 @@ type line struct {
 	HARetries int `json:"haRetries"`
 	// Attempt is a delivery attempt consumer.js saw.
 	Attempt int `json:"attempt"`
+	// RecallHandle and DeliverAt (Unix ms) of a timer message.
+	RecallHandle string `json:"recallHandle"`
+	DeliverAt    int64  `json:"deliverAt"`
 }
 
 // nodeSDK returns the node binary, after checking that the SDK is
@@ -115,7 +118,7 @@ func checkProduced(t *testing.T, client storagedv1.MessageStoreServiceClient, to
 	for _, l := range lines {
 		kinds = append(kinds, l.Kind)
 	}
-	want := []string{"normal", "tagged", "fifo", "fifo", "fifo", "fifo", "fifo", "timer", "reserved-property", "bad-tag"}
+	want := []string{"normal", "tagged", "fifo", "fifo", "fifo", "fifo", "fifo", "reserved-property", "bad-tag"}
 	if !slices.Equal(kinds, want) {
 		t.Fatalf("producer.js printed kinds %v, want %v", kinds, want)
 	}
@@ -123,7 +126,6 @@ func checkProduced(t *testing.T, client storagedv1.MessageStoreServiceClient, to
 		name string
 		code int
 	}{
-		"timer":             {"TypeError", 0},               // the route accepts NORMAL and FIFO only: the SDK refuses it itself
 		"reserved-property": {"BadRequestException", 40007}, // ILLEGAL_MESSAGE_PROPERTY_KEY
 		"bad-tag":           {"BadRequestException", 40004}, // ILLEGAL_MESSAGE_TAG
 	}
@@ -463,5 +465,75 @@ func waitLeader(t *testing.T, nodes []*proctest.Process) *proctest.Process {
 			t.Fatal("no ready leader within 60 s")
 		}
 		<-tick.C
+	}
+}
+
+// TestNodeSDKTimer: the SDK sends timer messages (deliveryTimestamp) and
+// gets recall handles; storaged holds them on its timer topic and puts
+// them to their topic only once their time has come, never before (a
+// real storaged process on the wall clock); the one the SDK recalled (the
+// recall answered OK, a second recall refused) never arrives, although it
+// was due before the other. The consumer side reads the topic through
+// storaged.v1 PullMessages (the SDK has no pull consumer; its
+// SimpleConsumer is POP).
+func TestNodeSDKTimer(t *testing.T) {
+	node := nodeSDK(t)
+	p := proctest.Start(t, proctest.Options{Binary: binary, DataDir: t.TempDir()})
+	const topic, delay = "SdkTimers", 4000
+	lines := runProducer(t, node, p.Addr(), "--topic", topic, "--timers", fmt.Sprint(delay))
+	var kinds []string
+	for _, l := range lines {
+		kinds = append(kinds, l.Kind)
+	}
+	if !slices.Equal(kinds, []string{"timer", "timer", "recall", "recall"}) {
+		t.Fatalf("producer.js printed %+v", lines)
+	}
+	timer, recalled := lines[0], lines[1]
+	for _, l := range lines[:2] {
+		if l.Error != "" || l.MessageID == "" || l.RecallHandle == "" || l.DeliverAt == 0 {
+			t.Fatalf("timer send %q: %+v", l.Body, l)
+		}
+	}
+	if lines[2].Error != "" || lines[2].MessageID != recalled.MessageID {
+		t.Fatalf("recall: %+v, want message id %s", lines[2], recalled.MessageID)
+	}
+	if lines[3].Error == "" || !strings.Contains(lines[3].Message, "40401") {
+		t.Fatalf("second recall: %+v, want MESSAGE_NOT_FOUND (40401)", lines[3])
+	}
+	client := storagedv1.NewMessageStoreServiceClient(p.Conn())
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	res, err := client.GetMessage(ctx, &storagedv1.GetMessageRequest{Locator: &storagedv1.GetMessageRequest_MsgId{MsgId: timer.MessageID}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m := res.GetMessage(); m.GetTopic() != "rmq_sys_wheel_timer" || m.GetProperties()["REAL_TOPIC"] != topic ||
+		m.GetProperties()["TIMER_OUT_MS"] != fmt.Sprint(timer.DeliverAt) {
+		t.Fatalf("the timer message is stored as %s %v", m.GetTopic(), m.GetProperties())
+	}
+	// Poll the topic until timer-0 arrives: every look before its time
+	// finds nothing, and what arrives was stored at its time or later.
+	arrived := map[string]*storagedv1.StoredMessage{}
+	for len(arrived) == 0 || arrived["timer-0"] == nil {
+		if ctx.Err() != nil {
+			t.Fatalf("timer-0 (due %d) not delivered within a minute; arrived %v", timer.DeliverAt, arrived)
+		}
+		for q := int32(0); q < 8; q++ {
+			if err := proctest.PullQueue(ctx, client, topic, q, func(m *storagedv1.StoredMessage) { arrived[string(m.GetBody())] = m }); err != nil {
+				t.Fatal(err)
+			}
+		}
+		pulledBy := time.Now().UnixMilli()
+		if m := arrived["timer-0"]; m == nil && len(arrived) > 0 || m != nil && pulledBy < timer.DeliverAt {
+			t.Fatalf("readable by %d, before the delivery time %d: %v", pulledBy, timer.DeliverAt, arrived)
+		}
+		<-time.After(50 * time.Millisecond) // a poll interval, not a wait for the outcome
+	}
+	m := arrived["timer-0"]
+	if st := m.GetStoreTimestamp().AsTime().UnixMilli(); st < timer.DeliverAt || m.GetProperties()["TIMER_OUT_MS"] != fmt.Sprint(timer.DeliverAt) {
+		t.Fatalf("timer-0 stored at %d, due %d: %v", st, timer.DeliverAt, m.GetProperties())
+	}
+	if len(arrived) != 1 {
+		t.Fatalf("arrived %v: the recalled message (due %d, before timer-0) was delivered", arrived, recalled.DeliverAt)
 	}
 }
