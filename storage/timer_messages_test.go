@@ -45,8 +45,8 @@ func putTimer(t testing.TB, s *Store, topic string, qid int32, body string, due 
 	return res.Append
 }
 
-// bodies returns the bodies readable on topic/qid.
-func bodies(t testing.TB, s *Store, topic string, qid int32) []string {
+// timerBodies returns the bodies readable on topic/qid.
+func timerBodies(t testing.TB, s *Store, topic string, qid int32) []string {
 	t.Helper()
 	settle(t, s)
 	var out []string
@@ -90,7 +90,7 @@ func TestTimerNeverEarly(t *testing.T) {
 		readable := func() int {
 			n := 0
 			for q := int32(0); q < 3; q++ {
-				n += len(bodies(t, s, "Real", q))
+				n += len(timerBodies(t, s, "Real", q))
 			}
 			return n
 		}
@@ -152,7 +152,7 @@ func TestTimerGoroutineFollowsClock(t *testing.T) {
 	settle(t, s)
 	clock.Advance(time.Second)
 	waitVisible(t, s, "Real", 0, 2)
-	if got := bodies(t, s, "Real", 0); !slices.Equal(got, []string{"later", "sooner"}) {
+	if got := timerBodies(t, s, "Real", 0); !slices.Equal(got, []string{"later", "sooner"}) {
 		t.Fatalf("delivered %q", got)
 	}
 }
@@ -285,7 +285,7 @@ func TestTimerRecall(t *testing.T) {
 		defer s2.Close()
 		haltTimers(s2)
 		timerRounds(s2)
-		got := bodies(t, s2, "Real", 0)
+		got := timerBodies(t, s2, "Real", 0)
 		if slices.Contains(got, "drop") || slices.Contains(got, "overdue") || !slices.Contains(got, "keep") || !slices.Contains(got, "early") {
 			t.Fatalf("after the restart: %q", got)
 		}
@@ -361,7 +361,7 @@ func TestTimerRestartNeverLost(t *testing.T) {
 				}
 				haltTimers(s2)
 				timerRounds(s2)
-				for _, b := range bodies(t, s2, "Real", 0) {
+				for _, b := range timerBodies(t, s2, "Real", 0) {
 					i, _ := strconv.Atoi(b)
 					if dues[i].After(now) {
 						t.Fatalf("%s seed %d: message %d due %v readable at %v", name, seed, i, dues[i], now)
@@ -369,7 +369,7 @@ func TestTimerRestartNeverLost(t *testing.T) {
 				}
 				c2.Set(schedT0.Add(time.Hour))
 				timerRounds(s2)
-				timerCheck(t, bodies(t, s2, "Real", 0), n)
+				timerCheck(t, timerBodies(t, s2, "Real", 0), n)
 				if err := s2.Close(); err != nil {
 					t.Fatal(err)
 				}
@@ -390,7 +390,7 @@ func TestTimerRestartNeverLost(t *testing.T) {
 		images("after unpersisted deliveries", later)
 		clock.Set(schedT0.Add(time.Hour))
 		timerRounds(s)
-		if dups := timerCheck(t, bodies(t, s, "Real", 0), n); dups != 0 {
+		if dups := timerCheck(t, timerBodies(t, s, "Real", 0), n); dups != 0 {
 			t.Fatalf("%d delivered twice without a restart", dups)
 		}
 	})
@@ -425,7 +425,7 @@ func TestTimerIndexBounded(t *testing.T) {
 	}
 	o.Clock.(*alarmClock).Set(schedT0.Add(time.Hour))
 	timerRounds(s2)
-	if dups := timerCheck(t, bodies(t, s2, "Real", 0), n); dups != 0 {
+	if dups := timerCheck(t, timerBodies(t, s2, "Real", 0), n); dups != 0 {
 		t.Fatalf("%d twice", dups)
 	}
 }
@@ -627,7 +627,7 @@ func TestTimerModelPowerCuts(t *testing.T) {
 			check := func(when string) {
 				t.Helper()
 				now := clock.Now()
-				for _, b := range bodies(t, s, "Real", 0) {
+				for _, b := range timerBodies(t, s, "Real", 0) {
 					i, _ := strconv.Atoi(b)
 					if m := model[i]; m.due.After(now) || m.recalled {
 						t.Fatalf("%s: message %d (due %v, recalled %v) readable at %v", when, i, m.due, m.recalled, now)
@@ -686,7 +686,7 @@ func TestTimerModelPowerCuts(t *testing.T) {
 			timerRounds(s)
 			check("at the end")
 			got := map[string]bool{}
-			for _, b := range bodies(t, s, "Real", 0) {
+			for _, b := range timerBodies(t, s, "Real", 0) {
 				got[b] = true
 			}
 			for i, m := range model {
