@@ -368,7 +368,10 @@
 //     ReadIndex (ReadOnlySafe: a heartbeat round of its term acknowledged
 //     by a quorum, after the reads began), matches the Ready's ReadStates
 //     by request context, and answers each batch once the applied index
-//     reaches its read index, with the commit end; the barrier then waits
+//     reaches its read index, with the commit end (before the Sync of the
+//     Ready that carries the ReadStates: the round owes nothing to it;
+//     followers answer heartbeats before their own Sync too, as
+//     etcd-raft's asynchronous-write mode does); the barrier then waits
 //     for the consume queues to cover that end. Refusals (nothing read, a
 //     retry is safe): the put's *NotLeaderError on a follower, a learner,
 //     without a leader, on a leader not ready, and for every waiting read

@@ -326,11 +326,13 @@ func (n *Node) loop() {
 			n.mu.Unlock()
 		case <-n.wake:
 		}
-		n.mu.Lock()
-		n.issueReadsLocked()
-		n.mu.Unlock()
 		for {
 			n.mu.Lock()
+			// Reads registered while the last Ready was handled go into
+			// the next one: under a steady write load Readys follow each
+			// other without a pause, and reads issued only when the loop
+			// ran dry waited for that.
+			n.issueReadsLocked()
 			if n.err != nil || !n.rn.HasReady() {
 				n.mu.Unlock()
 				break
@@ -382,23 +384,16 @@ func (n *Node) handle(rd raft.Ready) error {
 		n.softChanged = make(chan struct{})
 		n.mu.Unlock()
 	}
-	// The leader writes in parallel with its followers (thesis §10.2.1):
-	// its appends and heartbeats leave before its own write. Everything
-	// else (MsgAppResp, votes: a node may have answered as a follower
-	// earlier in this Ready) waits for the Sync.
-	var early, late []*pb.Message
-	if n.soft.RaftState == raft.StateLeader {
-		for _, m := range rd.Messages {
-			switch m.GetType() {
-			case pb.MsgApp, pb.MsgHeartbeat:
-				early = append(early, m)
-			default:
-				late = append(late, m)
-			}
-		}
-		n.send(early)
-	} else {
-		late = rd.Messages
+	early, late := splitMessages(n.soft.RaftState == raft.StateLeader, rd.Messages)
+	n.send(early)
+	if len(rd.ReadStates) > 0 {
+		// A read index is confirmed by a quorum's heartbeat answers, which
+		// owe nothing to this Ready's own write: a batch whose index is
+		// applied already is answered now, not after the Sync (apply
+		// answers the others once it reaches their index).
+		n.mu.Lock()
+		n.readStatesLocked(rd.ReadStates)
+		n.mu.Unlock()
 	}
 	if !raft.IsEmptySnap(rd.Snapshot) {
 		// Only StepSnapshot steps a MsgSnap, once the store has its files
@@ -441,9 +436,6 @@ func (n *Node) handle(rd raft.Ready) error {
 	n.send(late) // MsgAppResp and votes: only after Sync
 	n.apply(rd.CommittedEntries)
 	n.mu.Lock()
-	if len(rd.ReadStates) > 0 {
-		n.readStatesLocked(rd.ReadStates)
-	}
 	n.rn.Advance(rd)
 	joined := n.joining && n.caughtUpLocked()
 	n.mu.Unlock()
@@ -457,6 +449,27 @@ func (n *Node) handle(rd raft.Ready) error {
 		n.opts.Logger.Infof("replica %d: caught up with the leader (applied %d): it votes again", n.opts.ID, n.commit)
 	}
 	return nil
+}
+
+// splitMessages divides a Ready's messages into those sent before its
+// write (early) and those sent only after the Sync (late). The leader
+// writes in parallel with its followers (thesis §10.2.1): its appends and
+// heartbeats leave first. A heartbeat answer vouches for nothing on disk
+// and leaves first in every role, as etcd-raft's own asynchronous-write
+// mode sends it (raft.send holds back only MsgAppResp, MsgVoteResp and
+// MsgPreVoteResp): a leader's ReadIndex round then waits for no
+// follower's disk. Everything else (MsgAppResp, votes: a node may have
+// answered as a follower earlier in this Ready) waits for the Sync.
+func splitMessages(leader bool, msgs []*pb.Message) (early, late []*pb.Message) {
+	for _, m := range msgs {
+		switch t := m.GetType(); {
+		case t == pb.MsgHeartbeatResp, leader && (t == pb.MsgApp || t == pb.MsgHeartbeat):
+			early = append(early, m)
+		default:
+			late = append(late, m)
+		}
+	}
+	return early, late
 }
 
 // caughtUpLocked: this replica holds entries and has applied up to the

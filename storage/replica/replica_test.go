@@ -351,3 +351,45 @@ func TestStepSnapshot(t *testing.T) {
 		t.Fatalf("a snapshot moved back: %v", err)
 	}
 }
+
+// TestSplitMessages: only the answers that vouch for durable state
+// (MsgAppResp, votes) wait for a Ready's Sync (raft.send's rule for its
+// asynchronous-write mode); a heartbeat answer leaves before it in every
+// role, so a leader's ReadIndex round waits for no follower's disk; a
+// leader's appends and heartbeats leave before its own write.
+func TestSplitMessages(t *testing.T) {
+	all := []pb.MessageType{pb.MsgApp, pb.MsgHeartbeat, pb.MsgHeartbeatResp, pb.MsgAppResp, pb.MsgVote, pb.MsgVoteResp,
+		pb.MsgPreVote, pb.MsgPreVoteResp, pb.MsgTimeoutNow, pb.MsgSnap, pb.MsgReadIndex, pb.MsgReadIndexResp}
+	for _, tc := range []struct {
+		leader bool
+		early  []pb.MessageType
+	}{
+		{leader: true, early: []pb.MessageType{pb.MsgApp, pb.MsgHeartbeat, pb.MsgHeartbeatResp}},
+		{leader: false, early: []pb.MessageType{pb.MsgHeartbeatResp}},
+	} {
+		var msgs []*pb.Message
+		for _, typ := range all {
+			msgs = append(msgs, &pb.Message{Type: typ.Enum()})
+		}
+		early, late := splitMessages(tc.leader, msgs)
+		var gotEarly []pb.MessageType
+		for _, m := range early {
+			gotEarly = append(gotEarly, m.GetType())
+		}
+		if len(early)+len(late) != len(all) || len(gotEarly) != len(tc.early) {
+			t.Fatalf("leader %v: early %v, %d late; want early %v, the other %d late", tc.leader, gotEarly, len(late), tc.early, len(all)-len(tc.early))
+		}
+		for i := range gotEarly {
+			if gotEarly[i] != tc.early[i] {
+				t.Fatalf("leader %v: early %v, want %v", tc.leader, gotEarly, tc.early)
+			}
+		}
+		for _, m := range late {
+			for _, e := range tc.early {
+				if m.GetType() == e {
+					t.Fatalf("leader %v: %v late", tc.leader, e)
+				}
+			}
+		}
+	}
+}
