@@ -162,6 +162,50 @@ func FirstOKAfter(ops []Op, t int64) (time.Duration, bool) {
 	return time.Duration(best - t), true
 }
 
+// WritesAfterHeals checks the liveness rule (e), "writes succeed within
+// `within` of healing": for each heal (history time), how long until the
+// first put that returned ok at or after it. Only a heal that stayed
+// healed for `within` (no fault of starts began in that time, and the
+// history went on until end) is held to the bound: a heal followed sooner
+// by the next fault may see no write before it, which says nothing about
+// recovery. A held heal with no ok put within the bound is an error. It
+// returns the time for every heal an ok put followed, in heal order, and
+// how many heals were held to the bound.
+func WritesAfterHeals(ops []Op, heals, starts []int64, end int64, within time.Duration) (ds []time.Duration, held int, err error) {
+	var rets []int64 // returns of ok puts, sorted
+	for _, o := range ops {
+		if o.Kind == Put && o.Outcome == OK {
+			rets = append(rets, o.Return)
+		}
+	}
+	slices.Sort(rets)
+	var problems []string
+	for _, h := range heals {
+		first := int64(-1)
+		if i, _ := slices.BinarySearch(rets, h); i < len(rets) {
+			first = rets[i]
+			ds = append(ds, time.Duration(first-h))
+		}
+		healedUntil := end
+		for _, s := range starts {
+			if s >= h && s < healedUntil {
+				healedUntil = s
+			}
+		}
+		if time.Duration(healedUntil-h) < within {
+			continue
+		}
+		held++
+		switch {
+		case first < 0:
+			problems = append(problems, fmt.Sprintf("healed at %v: no put succeeded after it", time.Duration(h)))
+		case time.Duration(first-h) > within:
+			problems = append(problems, fmt.Sprintf("healed at %v: the first put succeeded %v later, over %v", time.Duration(h), time.Duration(first-h), within))
+		}
+	}
+	return ds, held, joined("heals without a write within the liveness bound", problems)
+}
+
 // CommitlogSHA256 hashes the commitlog bytes [from, to) of a data dir. The
 // commitlog is a sequence of files named by their first offset (20 digits,
 // RocketMQ's MappedFileQueue naming), so equal hashes over the same range

@@ -174,6 +174,36 @@ func TestFirstOKAfter(t *testing.T) {
 	}
 }
 
+// TestWritesAfterHeals: a heal that stayed healed for the bound is held to
+// it (an ok put returned within it), one cut short by the next fault or by
+// the end of the history is only measured.
+func TestWritesAfterHeals(t *testing.T) {
+	ops := []Op{put(0, 0, 0, "a", 0, 10, OK, 0), put(1, 0, 0, "b", 20, 50, Unknown, 0), put(2, 0, 0, "c", 60, 70, OK, 1),
+		put(3, 0, 0, "d", 70, 200, OK, 2), put(4, 0, 0, "e", 70, 120, Fail, 3)}
+	for _, tc := range []struct {
+		name          string
+		heals, starts []int64
+		end           int64
+		within        time.Duration
+		want          []time.Duration
+		held          int
+		fails         bool
+	}{
+		{name: "in time", heals: []int64{5, 55}, end: 300, within: 20, want: []time.Duration{5, 15}, held: 2},
+		{name: "late", heals: []int64{15}, end: 300, within: 20, want: []time.Duration{55}, held: 1, fails: true},
+		{name: "late, cut short by a fault", heals: []int64{15}, starts: []int64{30}, end: 300, within: 20, want: []time.Duration{55}},
+		{name: "a fault before the heal does not cut it", heals: []int64{15}, starts: []int64{10}, end: 300, within: 20,
+			want: []time.Duration{55}, held: 1, fails: true},
+		{name: "late, cut short by the end", heals: []int64{75}, end: 90, within: 20, want: []time.Duration{125}},
+		{name: "nothing after it", heals: []int64{250}, end: 300, within: 20, held: 1, fails: true},
+	} {
+		ds, held, err := WritesAfterHeals(ops, tc.heals, tc.starts, tc.end, tc.within)
+		if !slices.Equal(ds, tc.want) || held != tc.held || (err != nil) != tc.fails {
+			t.Errorf("%s: %v, %d held, %v; want %v, %d held, failing %v", tc.name, ds, held, err, tc.want, tc.held, tc.fails)
+		}
+	}
+}
+
 func writeSegment(t *testing.T, dir string, base int64, b []byte) {
 	t.Helper()
 	if err := os.MkdirAll(filepath.Join(dir, "commitlog"), 0o755); err != nil {
