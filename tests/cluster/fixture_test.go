@@ -11,11 +11,15 @@
 // directed peer link goes through its own proxy (group_test.go): kill -9
 // of a random node and of the leader (chased), SIGSTOP of the leader,
 // leader isolation, minority/majority splits, a bridge, one-way partitions,
-// flapping links and a rolling SIGTERM restart. Writers follow the
-// leaders' hints and resend only puts refused with "nothing stored";
-// readers read from any member (follower reads, held to the weaker rule of
-// history.WeakReads). After the heal the members must agree byte for byte
-// on the commitlog up to the commit end and on every consume queue.
+// flapping links and a rolling SIGTERM restart, each for 30 s. Writers
+// put through client.LeaderTracker, which finds the leader and retries
+// only refusals that stored nothing; linearizable readers read through it
+// too; follower readers read from any member (held to the weaker rule of
+// history.WeakReads). The last 5 s of every scenario run healed under the
+// same load: writes must succeed within 5 s of the final heal, and of
+// every heal that stayed healed that long. After the heal the members must
+// agree byte for byte on the commitlog up to the commit end and on every
+// consume queue.
 // TestGroupLong (-cluster.long, 5 members by default) and TestGroupCatchUp
 // (-cluster.catchup) run by hand (RELIABILITY.md).
 package cluster

@@ -48,8 +48,54 @@ func dial(t testing.TB, addr string) *grpc.ClientConn {
 type workload struct {
 	rec    *history.Recorder
 	client storagedv1.MessageStoreServiceClient
-	acked  [queues]atomic.Int64 // one past the highest acked queue offset
+	acked  ackedEnds
 	wg     sync.WaitGroup
+}
+
+// ackedEnds is, per queue, one past the highest acked queue offset: where
+// readers read, racing with the puts.
+type ackedEnds [queues]atomic.Int64
+
+func (a *ackedEnds) ack(q int32, off int64) {
+	for {
+		cur := a[q].Load()
+		if cur > off || a[q].CompareAndSwap(cur, off+1) {
+			return
+		}
+	}
+}
+
+// near is an offset around queue q's acked end.
+func (a *ackedEnds) near(q int32, rng *rand.Rand) int64 { return max(0, a[q].Load()-3+rng.Int64N(5)) }
+
+// finishPut records a put's answer on o: ok with its offsets for PUT_OK,
+// else the error's code (or the status) and the outcome notOK.
+func finishPut(o *history.Op, res *storagedv1.PutMessageResponse, err error, notOK history.Outcome) {
+	switch {
+	case err != nil:
+		o.Outcome, o.Err = notOK, status.Code(err).String()
+	case res.Status != storagedv1.PutMessageStatus_PUT_MESSAGE_STATUS_PUT_OK:
+		// Standalone: stored, not known durable; never expected in a
+		// group. Not an ack.
+		o.Outcome, o.Err = notOK, res.Status.String()
+	default:
+		o.Outcome, o.Offset, o.CommitLogOffset = history.OK, res.Result.QueueOffset, res.Result.WroteOffset
+	}
+}
+
+// finishRead records the answer to a read of offset off on o: found, or
+// absent (past the end: OUT_OF_RANGE, or NOT_FOUND for a queue not created
+// yet; an empty answer below the end is recorded absent too, and the
+// checks then flag it), else the error's code and the outcome failed.
+func finishRead(o *history.Op, off int64, res *storagedv1.PullMessagesResponse, err error, failed history.Outcome) {
+	switch c := status.Code(err); {
+	case err == nil && len(res.Messages) > 0 && res.Messages[0].QueueOffset == off:
+		o.Outcome, o.Found, o.Value = history.OK, true, history.ValueOf(res.Messages[0].Body)
+	case err == nil, c == codes.OutOfRange, c == codes.NotFound:
+		o.Outcome = history.OK
+	default:
+		o.Outcome, o.Err = failed, c.String()
+	}
 }
 
 func startLoad(ctx context.Context, rec *history.Recorder, conn *grpc.ClientConn, seed uint64, producers, readers int) *workload {
@@ -75,8 +121,7 @@ func startLoad(ctx context.Context, rec *history.Recorder, conn *grpc.ClientConn
 			rng := rand.New(rand.NewPCG(seed, uint64(r)))
 			for ctx.Err() == nil {
 				q := int32(rng.IntN(queues))
-				off := max(0, w.acked[q].Load()-3+rng.Int64N(5))
-				w.read(ctx, producers+r, q, off)
+				w.read(ctx, producers+r, q, w.acked.near(q, rng))
 			}
 		}()
 	}
@@ -97,26 +142,13 @@ func (w *workload) put(ctx context.Context, client int, q int32, value string, a
 	defer cancel()
 	res, err := w.client.PutMessage(cctx, &storagedv1.PutMessageRequest{Message: &storagedv1.Message{
 		Topic: topic, QueueId: q, Body: history.Body(value, bodySize)}}, grpc.WaitForReady(true))
-	out := history.Unknown
+	var out history.Outcome
 	w.rec.Finish(id, func(o *history.Op) {
-		switch {
-		case err != nil:
-			o.Err = status.Code(err).String()
-		case res.Status != storagedv1.PutMessageStatus_PUT_MESSAGE_STATUS_PUT_OK:
-			o.Err = res.Status.String() // stored, not known durable: not an ack
-		default:
-			out = history.OK
-			o.Offset, o.CommitLogOffset = res.Result.QueueOffset, res.Result.WroteOffset
-		}
-		o.Outcome = out
+		finishPut(o, res, err, history.Unknown)
+		out = o.Outcome
 	})
 	if out == history.OK {
-		for {
-			cur := w.acked[q].Load()
-			if cur > res.Result.QueueOffset || w.acked[q].CompareAndSwap(cur, res.Result.QueueOffset+1) {
-				break
-			}
-		}
+		w.acked.ack(q, res.Result.QueueOffset)
 	}
 	return out
 }
@@ -129,16 +161,5 @@ func (w *workload) read(ctx context.Context, client int, q int32, off int64) {
 	defer cancel()
 	res, err := w.client.PullMessages(cctx, &storagedv1.PullMessagesRequest{Topic: topic, QueueId: q, QueueOffset: off, MaxMessages: 1},
 		grpc.WaitForReady(true)) // like puts: no spinning on a down node
-	w.rec.Finish(id, func(o *history.Op) {
-		switch c := status.Code(err); {
-		case err == nil && len(res.Messages) > 0 && res.Messages[0].QueueOffset == off:
-			o.Outcome, o.Found, o.Value = history.OK, true, history.ValueOf(res.Messages[0].Body)
-		case err == nil, c == codes.OutOfRange, c == codes.NotFound:
-			// Absent. An empty answer below max_offset is recorded as
-			// absent too, and the linearizability check then flags it.
-			o.Outcome = history.OK
-		default:
-			o.Outcome, o.Err = history.Unknown, c.String()
-		}
-	})
+	w.rec.Finish(id, func(o *history.Op) { finishRead(o, off, res, err, history.Unknown) })
 }

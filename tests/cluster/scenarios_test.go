@@ -3,9 +3,7 @@ package cluster
 import (
 	"context"
 	"flag"
-	"fmt"
 	"math/rand/v2"
-	"path/filepath"
 	"testing"
 	"time"
 
@@ -22,15 +20,9 @@ var soak = flag.Duration("cluster.soak", 0, "run each tests/cluster scenario for
 // timings stay the machine's).
 var seedFlag = flag.Uint64("cluster.seed", 0, "seed for every scenario (0: each scenario's own)")
 
-// faults is what a nemesis did, in history time, for the report.
-type faults struct {
-	n     int
-	heals []int64
-}
-
-// A nemesis injects faults into f until ctx ends, noting each heal; the
-// fixture's Heal undoes whatever is left at the end.
-type nemesisFunc func(ctx context.Context, t *testing.T, f Fixture, rng *rand.Rand, rec *history.Recorder, log *faults)
+// A nemesis injects faults into f until ctx ends, noting each fault and
+// heal; the fixture's Heal undoes whatever is left at the end.
+type nemesisFunc func(ctx context.Context, t *testing.T, f Fixture, rng *rand.Rand, rec *history.Recorder, log *faultLog)
 
 type scenario struct {
 	name     string
@@ -66,17 +58,17 @@ var scenarios = []scenario{
 		// kill -9 of the leader under load, then a restart on the same
 		// data dir and port: acked puts survive, unknown ones may or not.
 		name: "kill9-leader", duration: 12 * time.Second, seed: 1, minOKPerSec: 50,
-		nemesis: func(ctx context.Context, t *testing.T, f Fixture, rng *rand.Rand, rec *history.Recorder, log *faults) {
+		nemesis: func(ctx context.Context, t *testing.T, f Fixture, rng *rand.Rand, rec *history.Recorder, log *faultLog) {
 			for hold(ctx, between(rng, 500*time.Millisecond, 1500*time.Millisecond)) {
 				f.Leader(t).Kill(t)
-				log.n++
+				log.start(rec)
 				hold(ctx, between(rng, 0, 500*time.Millisecond))
 				for _, n := range f.Nodes() {
 					if !n.Running() {
 						n.Restart(t)
 					}
 				}
-				log.heals = append(log.heals, rec.Now())
+				log.heal(rec)
 			}
 		},
 	},
@@ -84,14 +76,14 @@ var scenarios = []scenario{
 		// SIGSTOP of the leader for 1–3 s, longer than a put's deadline:
 		// puts in flight end unknown, then complete or not on SIGCONT.
 		name: "pause-leader", duration: 12 * time.Second, seed: 2, minOKPerSec: 50,
-		nemesis: func(ctx context.Context, t *testing.T, f Fixture, rng *rand.Rand, rec *history.Recorder, log *faults) {
+		nemesis: func(ctx context.Context, t *testing.T, f Fixture, rng *rand.Rand, rec *history.Recorder, log *faultLog) {
 			for hold(ctx, between(rng, 500*time.Millisecond, 1500*time.Millisecond)) {
 				n := f.Leader(t)
 				n.Pause(t)
-				log.n++
+				log.start(rec)
 				hold(ctx, between(rng, time.Second, 3*time.Second))
 				n.Resume(t)
-				log.heals = append(log.heals, rec.Now())
+				log.heal(rec)
 			}
 		},
 	},
@@ -100,7 +92,7 @@ var scenarios = []scenario{
 		// only, or responses only) for 1–2 s: puts time out unknown; the
 		// heal resets the connections, whose HTTP/2 framing lost bytes.
 		name: "blackhole-client-link", duration: 12 * time.Second, seed: 3, minOKPerSec: 50,
-		nemesis: func(ctx context.Context, t *testing.T, f Fixture, rng *rand.Rand, rec *history.Recorder, log *faults) {
+		nemesis: func(ctx context.Context, t *testing.T, f Fixture, rng *rand.Rand, rec *history.Recorder, log *faultLog) {
 			for hold(ctx, between(rng, 500*time.Millisecond, 1500*time.Millisecond)) {
 				leader := f.Leader(t)
 				p := f.Proxy(Client, f.Name(leader))
@@ -113,11 +105,11 @@ var scenarios = []scenario{
 				case 2:
 					p.BlackholeRx()
 				}
-				log.n++
+				log.start(rec)
 				hold(ctx, between(rng, time.Second, 2*time.Second))
 				p.Heal()
 				p.ResetConns()
-				log.heals = append(log.heals, rec.Now())
+				log.heal(rec)
 			}
 		},
 	},
@@ -135,103 +127,35 @@ func TestScenarios(t *testing.T) {
 }
 
 // run drives one scenario on a fixture: load and nemesis for the
-// duration, heal, a put that must succeed, read back, check.
+// duration, the final heal healedWithin before its end (the load goes on),
+// read back, check.
 func run(t *testing.T, sc scenario, f Fixture) {
-	seed, dur := sc.seed, sc.duration
-	if *seedFlag != 0 {
-		seed = *seedFlag
-	}
-	if *soak > 0 {
-		dur = *soak
-	}
-	t.Logf("%s: seed %d, %v (-cluster.seed %d replays the nemesis schedule and read offsets, not the timings)", sc.name, seed, dur, seed)
+	seed, dur := scenarioRun(t, sc.name, sc.seed, sc.duration, true)
 	rng := rand.New(rand.NewPCG(seed, 0))
 	rec := history.NewRecorder()
 	conn := dial(t, f.ClientAddr(f.Leader(t)))
 	const producers, readers = 4, 2
-	ctx, cancel := context.WithTimeout(context.Background(), dur)
+	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	began := time.Now()
 	w := startLoad(ctx, rec, conn, seed, producers, readers)
-	var log faults
-	sc.nemesis(ctx, t, f, rng, rec, &log)
-	cancel()
-	w.wait()
-	ran := time.Since(began)
-	f.Heal(t)
-	healed := rec.Now()
-
-	// Liveness after the heal: a put must get through (the deadline only
-	// bounds a hang; no time is asserted).
-	final := &workload{rec: rec, client: storagedv1.NewMessageStoreServiceClient(conn)}
-	deadline, stop := context.WithTimeout(context.Background(), 60*time.Second)
-	defer stop()
-	for seq := 0; final.put(deadline, producers+readers, 0, history.Value(producers+readers, seq), 0) != history.OK; seq++ {
-		if deadline.Err() != nil {
-			t.Fatalf("no put succeeded within 60 s of the final heal")
-		}
-	}
-	afterHeal, _ := history.FirstOKAfter(rec.Ops(), healed)
+	log, end, ran := drive(t, f, rec, dur, func(ctx context.Context, log *faultLog) { sc.nemesis(ctx, t, f, rng, rec, log) },
+		func() { cancel(); w.wait() })
 
 	ops := rec.Ops()
 	stored, digests := readBack(t, f)
-	var failed bool
-	report := func(err error) {
-		if err != nil {
-			failed = true
-			t.Error(err)
-		}
-	}
-	acked, lostErr := history.Lost(ops, stored)
-	report(lostErr)
-	lost := "0"
-	if lostErr != nil {
-		lost = "some (above)"
-	}
-	dups, err := history.Duplicates(ops, stored)
-	report(err)
-	report(history.Divergent(digests))
-	rate, err := history.Liveness(ops, ran, sc.minOKPerSec)
-	report(err)
 	// porcupine's budget grows with the run (a soak records millions of ops).
-	report(history.Linearizable(ops, stored, filepath.Join(t.TempDir(), "porcupine"), max(60*time.Second, dur)))
-
-	unknown, unknownStored := 0, 0
-	have := map[string]bool{}
-	for _, rs := range stored {
-		for _, r := range rs {
-			have[r.Value] = true
-		}
-	}
-	var reads int
-	for _, o := range ops {
-		switch {
-		case o.Kind == history.Put && o.Outcome == history.Unknown:
-			unknown++
-			if have[o.Value] {
-				unknownStored++
-			}
-		case o.Kind == history.Read && o.Outcome == history.OK:
-			reads++
-		}
-	}
-	if log.n == 0 || unknown == 0 {
-		report(fmt.Errorf("the nemesis had no effect: %d faults, %d unknown puts", log.n, unknown))
-	}
-	var worst time.Duration
-	for _, h := range log.heals {
-		if d, ok := history.FirstOKAfter(ops, h); ok {
-			worst = max(worst, d)
-		}
+	fig := checkHistory(t, ops, stored, history.Divergent(digests), log, end, ran, sc.minOKPerSec, max(60*time.Second, dur))
+	if log.n == 0 || fig.unknown == 0 {
+		fig.failed = true
+		t.Errorf("the nemesis had no effect: %d faults, %d unknown puts", log.n, fig.unknown)
 	}
 	t.Logf("%s: %d faults; %d ops in %v, %.0f ok/s (floor %.0f); acked %d, lost %s, unknown %d (%d found stored), "+
-		"duplicates %d, reads %d, linearizable %v; first ok after a heal: worst %v, after the final heal %v",
-		sc.name, log.n, len(ops), ran.Round(time.Millisecond), rate, sc.minOKPerSec, acked, lost, unknown, unknownStored, dups, reads,
-		!failed, worst.Round(time.Millisecond), afterHeal.Round(time.Millisecond))
-	if failed {
-		for _, n := range f.Nodes() {
-			t.Logf("%s: data dir %s, stderr %s", f.Name(n), n.DataDir(), n.StderrPath())
-		}
+		"duplicates %d, reads %d, linearizable %v; first ok after a heal: p50 %v, max %v (%d of %d heals held to %v), after the final heal %v",
+		sc.name, log.n, len(ops), ran.Round(time.Millisecond), fig.rate, sc.minOKPerSec, fig.acked, fig.lost, fig.unknown, fig.unknownStored,
+		fig.duplicates, fig.reads, fig.linearizable, fig.afterHealP50.Round(time.Millisecond), fig.afterHealMax.Round(time.Millisecond),
+		fig.healsHeld, fig.heals, healedWithin, fig.afterFinal.Round(time.Millisecond))
+	if fig.failed {
+		logDirs(t, f)
 	}
 }
 
