@@ -234,3 +234,53 @@ func TestAdminServiceEndToEnd(t *testing.T) {
 		details(t, err).want(t, codes.Unavailable, ReasonUnavailable, true)
 	})
 }
+
+// groupAdminStore is an AdminStore whose topic changes fail with err (a
+// replication group's refusals); embedding the interface leaves the other
+// calls unimplemented (they are not called).
+type groupAdminStore struct {
+	AdminStore
+	err error
+}
+
+func (g groupAdminStore) CreateTopic(string, int32) (storage.TopicConfig, error) {
+	return storage.TopicConfig{}, g.err
+}
+
+func (g groupAdminStore) UpdateTopic(string, int32) (storage.TopicConfig, error) {
+	return storage.TopicConfig{}, g.err
+}
+
+// TestAdminGroupRefusals: a replication group's refusals of a topic
+// change reach the client: a follower's with the leader's id, a change
+// not seen applied in time as an unknown outcome.
+func TestAdminGroupRefusals(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		err  error
+		code codes.Code
+		md   map[string]string
+	}{
+		{"follower", &storage.NotLeaderError{Cause: CauseNotLeader, LeaderID: 3, Term: 7}, codes.Unavailable,
+			map[string]string{"cause": "NOT_LEADER", "leader_id": "3", "term": "7"}},
+		{"timeout", fmt.Errorf("%w: %w", storage.ErrTopicConfig, storage.ErrTopicChangeTimeout), codes.DeadlineExceeded,
+			map[string]string{"outcome": "unknown"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := startAdmin(t, groupAdminStore{err: tc.err})
+			_, err1 := c.CreateTopic(ctxT(t), &storagedv1.CreateTopicRequest{Name: "T", QueueCount: 8})
+			_, err2 := c.UpdateTopic(ctxT(t), &storagedv1.UpdateTopicRequest{Name: "T", QueueCount: 9})
+			for _, err := range []error{err1, err2} {
+				d := details(t, err)
+				if d.st.Code() != tc.code || d.info.GetReason() != ReasonUnavailable {
+					t.Fatalf("%v %q (%q), want %v %s", d.st.Code(), d.info.GetReason(), d.st.Message(), tc.code, ReasonUnavailable)
+				}
+				for k, v := range tc.md {
+					if got := d.info.GetMetadata()[k]; got != v {
+						t.Errorf("metadata %s = %q, want %q (all %v)", k, got, v, d.info.GetMetadata())
+					}
+				}
+			}
+		})
+	}
+}

@@ -389,9 +389,13 @@ func (s *Service) readError(m method, err error) error {
 //	storage.ErrTooManyTopics              → RESOURCE_EXHAUSTED, LMQ_CONSUME_QUEUE_NUM_EXCEEDED, cause TOO_MANY_TOPICS
 //	storage.ErrTopicConfig                → UNAVAILABLE + RetryInfo, cause TOPIC_CONFIG_NOT_PERSISTED
 //	ErrStarting, storage.ErrClosed, ErrSlave → UNAVAILABLE + RetryInfo
+//	*storage.NotLeaderError (a group)     → UNAVAILABLE + RetryInfo, SERVICE_NOT_AVAILABLE, metadata cause,
+//	                                        leader_id, term: nothing changed; send it to the leader
+//	storage.ErrTopicChangeTimeout (a group) → DEADLINE_EXCEEDED, metadata outcome unknown: retry
 //	anything else                         → INTERNAL (logged)
 func (a *AdminService) adminError(m string, err error) error {
 	var verr *storage.ValidationError
+	var nl *storage.NotLeaderError
 	info := func(reason string) *errdetails.ErrorInfo {
 		return &errdetails.ErrorInfo{Reason: reason, Domain: ErrorDomain}
 	}
@@ -418,6 +422,17 @@ func (a *AdminService) adminError(m string, err error) error {
 		i := info(ReasonTooManyTopics)
 		i.Metadata = map[string]string{"cause": "TOO_MANY_TOPICS"}
 		return newStatus(codes.ResourceExhausted, "the store holds the most topics it may (--max-topics); delete topics first", i)
+	case errors.As(err, &nl):
+		i := info(ReasonUnavailable)
+		i.Metadata = map[string]string{"cause": nl.Cause, "leader_id": strconv.FormatUint(nl.LeaderID, 10),
+			"term": strconv.FormatUint(nl.Term, 10)}
+		return unavailable(i, retryDelayUnavailable, fmt.Sprintf("this member is not the group's ready leader (%s; leader %d): "+
+			"nothing changed; send the call to the leader", nl.Cause, nl.LeaderID))
+	case errors.Is(err, storage.ErrTopicChangeTimeout):
+		i := info(ReasonUnavailable)
+		i.Metadata = map[string]string{"outcome": "unknown"}
+		return newStatus(codes.DeadlineExceeded, "the change was proposed to the group but not seen applied within "+
+			"--replication-timeout; it may still apply; retry (creates and raises are idempotent)", i)
 	case errors.Is(err, storage.ErrTopicConfig):
 		i := info(ReasonUnavailable)
 		i.Metadata = map[string]string{"cause": "TOPIC_CONFIG_NOT_PERSISTED"}

@@ -35,10 +35,6 @@ var (
 // offset committed for that group and queue.
 const ReasonQueryNotFound = "QUERY_NOT_FOUND"
 
-// ReasonNotSupported is RocketMQ's ResponseCode.REQUEST_CODE_NOT_SUPPORTED:
-// a call this server does not serve in its mode (a replication group).
-const ReasonNotSupported = "REQUEST_CODE_NOT_SUPPORTED"
-
 const (
 	methodCommitOffset    method = "CommitOffset"
 	methodGetOffset       method = "GetOffset"
@@ -68,14 +64,22 @@ func (s *Service) CommitOffset(ctx context.Context, req *storagedv1.CommitOffset
 	return &storagedv1.CommitOffsetResponse{}, nil
 }
 
-// GetOffset implements storagedv1.MessageStoreServiceServer.
-func (s *Service) GetOffset(_ context.Context, req *storagedv1.GetOffsetRequest) (*storagedv1.GetOffsetResponse, error) {
+// GetOffset implements storagedv1.MessageStoreServiceServer. In a
+// replication group any member answers from the offsets it has applied
+// (committed there), or, with linearizable, the ready leader after its
+// quorum check (storage.Store.ReadBarrier), as GetQueueInfo does.
+func (s *Service) GetOffset(ctx context.Context, req *storagedv1.GetOffsetRequest) (*storagedv1.GetOffsetResponse, error) {
 	st, err := s.offsetStore()
 	if err != nil {
 		return nil, err
 	}
 	if err := checkOffsetKey(req.GetConsumerGroup(), req.GetTopic(), req.GetQueueId()); err != nil {
 		return nil, err
+	}
+	if req.GetLinearizable() {
+		if err := s.store.ReadBarrier(ctx); err != nil {
+			return nil, s.readError(methodGetOffset, err)
+		}
 	}
 	off, err := st.GetOffset(req.GetConsumerGroup(), req.GetTopic(), req.GetQueueId())
 	if err != nil {
@@ -84,8 +88,9 @@ func (s *Service) GetOffset(_ context.Context, req *storagedv1.GetOffsetRequest)
 	return &storagedv1.GetOffsetResponse{Offset: off}, nil
 }
 
-// GetOffsetByTime implements storagedv1.MessageStoreServiceServer.
-func (s *Service) GetOffsetByTime(_ context.Context, req *storagedv1.GetOffsetByTimeRequest) (*storagedv1.GetOffsetByTimeResponse, error) {
+// GetOffsetByTime implements storagedv1.MessageStoreServiceServer
+// (linearizable as GetOffset).
+func (s *Service) GetOffsetByTime(ctx context.Context, req *storagedv1.GetOffsetByTimeRequest) (*storagedv1.GetOffsetByTimeResponse, error) {
 	st, err := s.offsetStore()
 	if err != nil {
 		return nil, err
@@ -101,6 +106,11 @@ func (s *Service) GetOffsetByTime(_ context.Context, req *storagedv1.GetOffsetBy
 	}
 	if err := req.GetTime().CheckValid(); err != nil {
 		return nil, badRead("time", err.Error())
+	}
+	if req.GetLinearizable() {
+		if err := s.store.ReadBarrier(ctx); err != nil {
+			return nil, s.readError(methodGetOffsetByTime, err)
+		}
 	}
 	off, err := st.GetOffsetByTime(req.GetTopic(), req.GetQueueId(), req.GetTime().AsTime())
 	if err != nil {
@@ -132,7 +142,11 @@ func checkOffsetKey(group, topic string, queueID int32) error {
 //	storage.ErrOffsetNotFound      → NOT_FOUND, QUERY_NOT_FOUND
 //	committed offset *RangeError   → OUT_OF_RANGE, OFFSET_OUT_OF_RANGE, bounds inclusive
 //	storage.ErrTooManyOffsets      → RESOURCE_EXHAUSTED, SYSTEM_BUSY, cause TOO_MANY_CONSUMER_OFFSETS
-//	storage.ErrOffsetNotDurable    → UNAVAILABLE, FLUSH_DISK_TIMEOUT/UNKNOWN_ERROR, stored unknown
+//	storage.ErrOffsetNotDurable    → UNAVAILABLE, FLUSH_DISK_TIMEOUT/UNKNOWN_ERROR, stored unknown;
+//	  in a group, not seen committed in time (ErrReplicationTimeout) → DEADLINE_EXCEEDED,
+//	  FLUSH_SLAVE_TIMEOUT, stored and outcome unknown (as a put)
+//	*storage.NotLeaderError        → UNAVAILABLE + RetryInfo and the leader hint (notLeaderStatus)
+//	storage.ErrInSyncReplicasNotEnough → UNAVAILABLE + RetryInfo, IN_SYNC_REPLICAS_NOT_ENOUGH
 //	storage.ErrBusy                → UNAVAILABLE, OS_PAGE_CACHE_BUSY + RetryInfo
 //	write refusals (closed, slave, not writable, write failed) → UNAVAILABLE + RetryInfo
 //	the rest                       → readError (QUEUE_NOT_FOUND, DATA_LOSS, INTERNAL, …)
@@ -140,6 +154,7 @@ func (s *Service) offsetError(m method, err error) error {
 	var (
 		verr *storage.ValidationError
 		re   *storage.RangeError
+		nl   *storage.NotLeaderError
 	)
 	info := func(reason string, kv ...string) *errdetails.ErrorInfo {
 		i := &errdetails.ErrorInfo{Reason: reason, Domain: ErrorDomain}
@@ -154,6 +169,15 @@ func (s *Service) offsetError(m method, err error) error {
 	switch {
 	case errors.As(err, &verr):
 		return badRead(verr.Field, verr.Reason)
+	case errors.As(err, &nl) && m == methodCommitOffset: // group mode: nothing stored
+		return s.notLeaderStatus(info(""), nl.Cause, nl.LeaderID, nl.Term, "put")
+	case errors.Is(err, storage.ErrInSyncReplicasNotEnough):
+		return unavailable(info(storage.InSyncReplicasNotEnough.String()), retryDelayUnavailable,
+			"the group's leader has too few recently active followers to commit; nothing was stored; retry shortly")
+	case errors.Is(err, storage.ErrOffsetNotDurable) && errors.Is(err, storage.ErrReplicationTimeout):
+		return newStatus(codes.DeadlineExceeded, "the commit was proposed but not committed by a majority of the group within "+
+			"--replication-timeout; it may still commit; commit again (commits are idempotent)",
+			info(storage.FlushSlaveTimeout.String(), "stored", "unknown", "outcome", "unknown"))
 	case errors.Is(err, storage.ErrTopicNotFound):
 		return newStatus(codes.NotFound, "topic does not exist", info(ReasonTopicNotExist))
 	case errors.Is(err, storage.ErrOffsetNotFound):
@@ -177,9 +201,6 @@ func (s *Service) offsetError(m method, err error) error {
 			"the commit was appended but its durability was not confirmed; commit again (commits are idempotent)")
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
 		return s.readError(m, err)
-	case errors.Is(err, storage.ErrGroupUnsupported):
-		return newStatus(codes.Unimplemented, "consumer offsets are not replicated yet: a replication group does not take commits",
-			info(ReasonNotSupported))
 	case errors.Is(err, storage.ErrBusy):
 		return unavailable(info(storage.OSPageCacheBusy.String()), retryDelayBusy, "the store is busy; nothing was stored; retry")
 	case errors.Is(err, storage.ErrSlave):

@@ -426,7 +426,11 @@ func TestRocketMQStatusMapping(t *testing.T) {
 		{"unexpected", s.putError(ctx, methodSendMessage, storage.PutResult{}, errors.New("boom")), rocketmqv2.Code_INTERNAL_SERVER_ERROR},
 		{"offset not found", s.offsetError(methodGetOffset, storage.ErrOffsetNotFound), rocketmqv2.Code_OFFSET_NOT_FOUND},
 		{"offset out of range", s.offsetError(methodCommitOffset, &storage.RangeError{What: "committed offset", Offset: 9, Min: 0, Max: 3}), rocketmqv2.Code_ILLEGAL_OFFSET},
-		{"group mode offsets", s.offsetError(methodCommitOffset, storage.ErrGroupUnsupported), rocketmqv2.Code_UNSUPPORTED},
+		{"commit on a follower", s.offsetError(methodCommitOffset, &storage.NotLeaderError{Cause: CauseNotLeader, LeaderID: 1, Term: 2}),
+			rocketmqv2.Code_HA_NOT_AVAILABLE},
+		{"commit in-sync replicas", s.offsetError(methodCommitOffset, storage.ErrInSyncReplicasNotEnough), rocketmqv2.Code_HA_NOT_AVAILABLE},
+		{"commit replication timeout", s.offsetError(methodCommitOffset,
+			&storage.NotDurableError{Status: storage.FlushSlaveTimeout, Err: storage.ErrReplicationTimeout}), rocketmqv2.Code_SLAVE_PERSISTENCE_TIMEOUT},
 	} {
 		got := grpcToV2(c.err)
 		if got.GetCode() != c.want || !strings.Contains(got.GetMessage(), status.Convert(c.err).Message()) {

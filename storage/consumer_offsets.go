@@ -3,25 +3,34 @@ package storage
 // Consumer-group offsets (issue 17, point 1): the committed queue offset of
 // every (group, topic, queue), kept in the commitlog itself.
 //
-// A commit is a record of the system topic OffsetTopic (queue 0), appended
-// through the put path: it is as durable as an acknowledged put (sync
-// mode: fsynced before CommitOffset returns), it is recovered, checked and
-// indexed like any record, and whatever carries the commitlog (recovery,
+// A commit is a record of the system topic OffsetTopic (queue 0), written
+// through the put path (putSystem): it is as durable as an acknowledged
+// put (sync mode: fsynced before CommitOffset returns; in a replication
+// group: committed on a majority), it is recovered, checked and indexed
+// like any record, and whatever carries the commitlog (recovery,
 // replication: the Raft log is the commitlog) carries the offsets with no
-// state of their own. The table in memory (storage/offsets) is rebuilt at
-// Open by replaying that topic's consume queue in log order, the last
-// record of a key winning.
+// state of their own. The table in memory (storage/offsets) changes only
+// by applying those records as they are indexed (sysrecords.go: never an
+// uncommitted entry of a group, which a new leader may truncate), and Open
+// rebuilds it by replaying the topic's consume queue with the same rule,
+// so every replica holds the same table at the same log position and a
+// restart rebuilds the table it had.
 //
 // Retention deletes whole commitlog files, offset records included. So
 // that the latest value of every key outlives its record's file, retention
 // asks the store, before it deletes files below an offset (DeletableEnd),
 // to write again every latest value whose record lies below it
-// (rewriteOffsets: records of up to offsets.MaxEntries entries) and to make
-// them durable; only then are the old files deleted. When that cannot be
-// done (the store is read-only, a slave), the files holding a latest value
-// are kept: retention stops below the oldest one. A compaction by copy, as
-// Kafka's log cleaner does for __consumer_offsets, but only of the live
-// values in the files about to go.
+// (rewriteOffsets: records of up to offsets.MaxEntries entries, each
+// naming the record it copies) and to make them durable and applied; only
+// then are the old files deleted. A commit that reaches the log between
+// the rewrite's reading of the table and its record wins (offsets.Apply:
+// a rewrite never overwrites a newer value). When the rewrite cannot be
+// done (the store is read-only, a slave, a group member that is not the
+// ready leader), the files holding a latest value are kept: retention
+// stops below the oldest one, until the leader's rewrite is applied here.
+// A compaction by copy, as Kafka's log cleaner does for
+// __consumer_offsets, but only of the live values in the files about to
+// go.
 //
 // The cost of Open is one record read per offset record in the retained
 // log (a consumer committing once a second per queue writes 86,400 records
@@ -39,10 +48,12 @@ package storage
 // pull then answers OUT_OF_RANGE with the bounds to reset to). At most
 // Options.MaxConsumerOffsets keys exist (ErrTooManyOffsets beyond).
 //
-// Group mode (Options.Group) refuses CommitOffset with ErrGroupUnsupported
-// for now: the records would replicate (they are commitlog records), but
-// followers do not apply them to their tables as they commit, and the
-// retention rewrite does not go through raft; both are left to build.
+// In a replication group (Options.Group) the checks run on the ready
+// leader (a follower refuses a commit with a *NotLeaderError, nothing
+// stored), and every replica applies the committed records. A replica
+// whose topic table lacks the topic (created through another member by a
+// version before topic replication, grouptopics.go) takes a queue it has
+// indexed messages of as existing.
 
 import (
 	"context"
@@ -78,7 +89,7 @@ var (
 	ErrTooManyOffsets = offsets.ErrTooMany
 	// ErrOffsetNotDurable: the commit was appended but its durability was
 	// not confirmed (sync mode: no sync covered it within SyncFlushTimeout,
-	// or the wait ended). It may or may not survive a crash; committing the
+	// or the wait ended; a group: not seen committed in time). It may or may not survive a crash; committing the
 	// same offset again is harmless.
 	ErrOffsetNotDurable = errors.New("storage: offset commit appended, durability not confirmed")
 )
@@ -114,6 +125,9 @@ func (s *Store) checkOffsetKey(group, topic string, queueID int32) error {
 		return illegal("queue_id", "queue id must not be negative")
 	}
 	n, ok := s.topics.get(topic)
+	if !ok && s.group != nil && s.index.Queue(topic, queueID) != nil {
+		return nil // a queue with committed messages (see the top of this file)
+	}
 	if !ok {
 		return fmt.Errorf("%w: %s", ErrTopicNotFound, topic)
 	}
@@ -133,57 +147,59 @@ func (s *Store) queueBounds(topic string, queueID int32) (int64, int64) {
 
 // CommitOffset records offset as group's committed offset of topic/queueID
 // (RocketMQ ConsumerOffsetManager.commitOffset), durably as an
-// acknowledged put: it returns nil only once the record is appended and,
-// in sync mode, fsynced. Errors: *ValidationError (group, topic, queue id),
+// acknowledged put: it returns nil only once the record is stored (in sync
+// mode fsynced; in a group committed on a majority) and, unless indexing
+// is stalled (a failing consume-queue write: the put path's
+// AwaitDispatched gives up), applied to this store's table, so a GetOffset
+// here after it sees the commit. Errors: *ValidationError (group, topic, queue id),
 // ErrTopicNotFound, *RangeError (offset outside [min, max]: wraps
 // ErrOutOfRange), ErrTooManyOffsets, the put path's refusals (ErrClosed,
-// ErrSlave, ErrNotWritable, ErrWriteFailed, ErrBusy: nothing stored), and
-// *NotDurableError wrapping ErrOffsetNotDurable (appended,
-// durability unknown).
+// ErrSlave, ErrNotWritable, ErrWriteFailed, ErrBusy; in a group a
+// *NotLeaderError, ErrInSyncReplicasNotEnough: nothing stored), and
+// *NotDurableError wrapping ErrOffsetNotDurable (appended, outcome
+// unknown; in a group it also wraps ErrReplicationTimeout when the commit
+// was not seen committed in time).
 func (s *Store) CommitOffset(ctx context.Context, group, topic string, queueID int32, offset int64) error {
-	if err := s.checkOffsetKey(group, topic, queueID); err != nil {
-		return err
+	_, err := s.commitOffset(ctx, group, topic, queueID, offset)
+	return err
+}
+
+// commitOffset is CommitOffset; it also returns where the record went
+// (tests check it against the log).
+func (s *Store) commitOffset(ctx context.Context, group, topic string, queueID int32, offset int64) (AppendResult, error) {
+	if s.closed.Load() {
+		return AppendResult{}, ErrClosed
 	}
-	if s.group != nil {
-		// The table is updated where the record is appended; a follower
-		// would have to apply committed offset records as they arrive,
-		// which is not built yet. Refused rather than half replicated.
-		return fmt.Errorf("%w: CommitOffset (offset records are not applied on followers yet)", ErrGroupUnsupported)
+	if err := s.groupRefusal(); err != nil { // a follower answers with its leader before anything else
+		return AppendResult{}, err
+	}
+	if err := s.checkOffsetKey(group, topic, queueID); err != nil {
+		return AppendResult{}, err
 	}
 	if lo, hi := s.queueBounds(topic, queueID); offset < lo || offset > hi {
-		return &RangeError{What: "committed offset", Offset: offset, Min: lo, Max: hi + 1}
-	}
-	if err := s.checkBeforePut(); err != nil {
-		return err
-	}
-	if err := ctx.Err(); err != nil {
-		return err
+		return AppendResult{}, &RangeError{What: "committed offset", Offset: offset, Min: lo, Max: hi + 1}
 	}
 	k := offsets.Key{Group: group, Topic: topic, Queue: queueID}
-	t := s.offsets
-	t.Mu.Lock()
-	if err := t.Admit(k); err != nil {
-		t.Mu.Unlock()
-		return err
-	}
-	res, err := s.appendOffsets([]offsets.Entry{{Key: k, Offset: offset}})
+	release, err := s.offsets.Reserve(k)
 	if err != nil {
-		t.Mu.Unlock()
-		return err
+		return AppendResult{}, err
 	}
-	t.Set(k, offset, res.WroteOffset)
-	t.Mu.Unlock()
-	out, err := s.afterAppend(ctx, res, true)
-	if err != nil || out.Status != PutOK {
-		return &NotDurableError{Status: out.Status, Err: err}
+	defer release()
+	out, err := s.putSystem(ctx, OffsetTopic, offsets.Encode([]offsets.Entry{{Key: k, Offset: offset}}), false)
+	switch {
+	case !out.Appended():
+		return AppendResult{}, err // refused: nothing stored
+	case err != nil || out.Status != PutOK:
+		return out.Append, &NotDurableError{Status: out.Status, Err: err}
 	}
-	return nil
+	return out.Append, nil
 }
 
 // NotDurableError is an offset commit appended whose durability was not
 // confirmed: Status is FlushDiskTimeout (no sync covered it in time, Err
-// nil) or UnknownError (the wait ended: Err says why). It wraps
-// ErrOffsetNotDurable.
+// nil), FlushSlaveTimeout (a group: not seen committed within the
+// replication timeout, Err ErrReplicationTimeout) or UnknownError (the
+// wait ended: Err says why). It wraps ErrOffsetNotDurable and Err.
 type NotDurableError struct {
 	Status PutStatus
 	Err    error
@@ -204,39 +220,28 @@ func (e *NotDurableError) Unwrap() []error {
 	return []error{ErrOffsetNotDurable, e.Err}
 }
 
-// appendOffsets appends one offset record holding es. REQUIRES: s.offsets.Mu.
-func (s *Store) appendOffsets(es []offsets.Entry) (AppendResult, error) {
-	spec := record.Spec{
-		Topic: OffsetTopic, QueueID: 0, Body: offsets.Encode(es), BornTS: s.opts.Clock.Now().UnixMilli(),
-		BornHost: s.opts.StoreHost, StoreHost: s.opts.StoreHost, PropCRC: !s.opts.DisablePropCRC,
-	}
-	if ferr := spec.Size(); ferr != nil {
-		return AppendResult{}, fieldError(ferr)
-	}
-	spec.BodyCRC = record.BodyCRC(spec.Body)
-	if s.log.Busy(s.opts.PageCacheBusyTimeout) {
-		return AppendResult{}, ErrBusy
-	}
-	one := [1]record.Spec{spec}
-	return s.appendRecords(OffsetTopic, 0, 0, one[:], false)
-}
-
 // GetOffset returns group's committed offset of topic/queueID
 // (RocketMQ queryOffset). Errors: *ValidationError, ErrTopicNotFound,
 // ErrOffsetNotFound, ErrClosed.
 //
-// It answers what was appended: in sync mode a value whose CommitOffset
-// has not returned yet may be seen, and a power cut before its sync may
-// take it back (as it may any unacknowledged commit).
+// It answers what this store has applied: a commit that is stored (sync
+// mode: durable; in a group: committed) and indexed here. On a follower
+// that may lag the leader (ReadBarrier first for a linearizable answer).
 func (s *Store) GetOffset(group, topic string, queueID int32) (int64, error) {
-	if err := s.checkOffsetKey(group, topic, queueID); err != nil {
-		return 0, err
+	kerr := s.checkOffsetKey(group, topic, queueID)
+	if kerr != nil && (s.group == nil || !errors.Is(kerr, ErrTopicNotFound)) {
+		return 0, kerr
 	}
+	// In a group the topic table is this replica's own (not replicated
+	// yet): a replica may hold offsets of a topic it never saw created.
 	off, ok := s.offsets.Get(offsets.Key{Group: group, Topic: topic, Queue: queueID})
-	if !ok {
-		return 0, fmt.Errorf("%w: group %s, %s/%d", ErrOffsetNotFound, group, topic, queueID)
+	switch {
+	case ok:
+		return off, nil
+	case kerr != nil:
+		return 0, kerr
 	}
-	return off, nil
+	return 0, fmt.Errorf("%w: group %s, %s/%d", ErrOffsetNotFound, group, topic, queueID)
 }
 
 // GetOffsetByTime returns the first queue offset of topic/queueID whose
@@ -258,10 +263,10 @@ func (s *Store) GetOffsetByTime(topic string, queueID int32, t time.Time) (int64
 	if queueID < 0 {
 		return 0, illegal("queue_id", "queue id must not be negative")
 	}
-	if _, ok := s.topics.get(topic); !ok {
+	q := s.index.Queue(topic, queueID)
+	if _, ok := s.topics.get(topic); !ok && (s.group == nil || q == nil) {
 		return 0, fmt.Errorf("%w: %s", ErrTopicNotFound, topic)
 	}
-	q := s.index.Queue(topic, queueID)
 	if q == nil {
 		return 0, fmt.Errorf("%w: %s/%d", ErrQueueNotFound, topic, queueID)
 	}
@@ -314,36 +319,21 @@ func (s *Store) storeTimeAt(topic string, queueID int32, off int64) (int64, erro
 }
 
 // openOffsets rebuilds the offset table at Open from the offset topic's
-// consume queue, in log order. A record that fails its checks is
-// ErrCorrupt: Open refuses rather than serve an older offset.
+// consume queue, in log order, with the rule the live table follows
+// (offsets.Table.Apply). A record that fails its checks is ErrCorrupt:
+// Open refuses rather than serve an older offset.
 func (s *Store) openOffsets() error {
 	s.offsets = offsets.New(s.opts.MaxConsumerOffsets)
-	q := s.index.Queue(OffsetTopic, 0)
-	if q == nil {
-		return nil
-	}
-	for off := q.Min(); off < q.Count(); off++ {
-		phys, _, _, ok, err := q.Lookup(off)
-		if err != nil {
-			return err
-		}
-		if !ok {
-			break
-		}
-		if phys < s.log.MinOffset() {
-			continue // its file is gone (retention trims queues lazily); its values were rewritten past it
-		}
-		rec, err := s.readRecord(phys)
-		if err != nil {
-			return fmt.Errorf("storage: consumer offsets: record %d: %w", off, err)
-		}
+	err := s.replaySystem(OffsetTopic, 0, func(phys int64, rec *Record) error {
 		es, err := offsets.Decode(rec.Body)
 		if err != nil {
 			return fmt.Errorf("%w: consumer offsets: record at commitlog offset %d: %w", ErrCorrupt, phys, err)
 		}
-		for _, e := range es {
-			s.offsets.Set(e.Key, e.Offset, phys)
-		}
+		s.offsets.Apply(es, phys)
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("storage: consumer offsets: %w", err)
 	}
 	if n := s.offsets.Len(); n > s.opts.MaxConsumerOffsets {
 		s.opts.Logger.Warn().Int("offsets", n).Int("max", s.opts.MaxConsumerOffsets).
@@ -352,11 +342,32 @@ func (s *Store) openOffsets() error {
 	return nil
 }
 
+// applyOffsetRecord is the offset topic's applier (sysrecords.go): the
+// record at phys, indexed just now, changes the table. One that does not
+// decode is logged and skipped; Open would refuse it (openOffsets), so a
+// restart shows the damage rather than serving around it.
+func (s *Store) applyOffsetRecord(phys int64, rec []byte) {
+	body, err := systemRecordBody(rec)
+	var es []offsets.Entry
+	if err == nil {
+		es, err = offsets.Decode(body)
+	}
+	if err != nil {
+		s.logLimit.Event("bad offset record", s.opts.Logger.Error()).Err(err).Int64("commitlog_offset", phys).
+			Msg("storage: a consumer offset record does not decode; skipped (the next Open refuses it)")
+		return
+	}
+	s.offsets.Apply(es, phys)
+}
+
 // rewriteOffsets writes again every latest offset whose record lies below
-// end and waits until the copies are durable, so that retention may delete
-// the files below end (see the top of this file). Keys of topics deleted
-// since are dropped instead. It returns the lowest commitlog offset that
-// must stay: end when everything below it was rewritten.
+// end and waits until the copies are stored and applied, so that
+// retention may delete the files below end (see the top of this file).
+// Standalone, keys of topics deleted since are dropped instead. It returns
+// the lowest commitlog offset that must stay: end when everything below it
+// was rewritten. In a group only the ready leader writes (through raft);
+// every other replica keeps what its table still needs, which moves once
+// the leader's rewrite is applied here.
 func (s *Store) rewriteOffsets(end int64) int64 {
 	t := s.offsets
 	if t == nil {
@@ -368,14 +379,17 @@ func (s *Store) rewriteOffsets(end int64) int64 {
 		}
 		return end
 	}
-	if s.closed.Load() || s.Role() != RoleMaster || s.WriteErr() != nil || s.group != nil {
-		return keep() // group mode: a rewrite would have to go through raft (not built)
+	if s.closed.Load() || s.Role() != RoleMaster || s.WriteErr() != nil || s.groupRefusal() != nil {
+		return keep()
 	}
-	t.Mu.Lock()
 	es := t.Below(end)
 	live := es[:0]
 	for _, e := range es {
-		if _, ok := s.topics.get(e.Key.Topic); ok {
+		// Standalone, a deleted topic's keys are dropped here. In a group
+		// topics cannot be deleted (and the table is the same on every
+		// replica only if it changes through the log): every key stays.
+		if _, ok := s.topics.get(e.Key.Topic); ok || s.group != nil {
+			e.Rewrite, e.From = true, e.At
 			live = append(live, e)
 		} else {
 			t.Delete(e.Key)
@@ -387,20 +401,18 @@ func (s *Store) rewriteOffsets(end int64) int64 {
 		for n < len(live) && n < offsets.MaxEntries && offsets.EncodedLen(live[:n+1]) <= 256<<10 {
 			n++
 		}
-		res, err := s.appendOffsets(live[:n])
-		if err != nil {
-			t.Mu.Unlock()
-			s.opts.Logger.Warn().Err(err).Msg("storage: consumer offsets not rewritten; retention keeps the files holding them")
+		out, err := s.putSystem(context.Background(), OffsetTopic, offsets.Encode(live[:n]), true)
+		if err != nil || out.Status != PutOK {
+			s.opts.Logger.Warn().Err(err).Stringer("status", out.Status).
+				Msg("storage: consumer offsets not rewritten; retention keeps the files holding them")
 			return keep()
 		}
-		for _, e := range live[:n] {
-			t.Set(e.Key, e.Offset, res.WroteOffset)
-		}
-		last = res.NextOffset()
+		last = out.Append.NextOffset()
 		live = live[n:]
 	}
-	t.Mu.Unlock()
-	if last > 0 {
+	if last > 0 && s.group == nil {
+		// Async mode answered once the copies were written: make them
+		// durable before a file they replace goes.
 		if err := s.durableTo(last); err != nil {
 			s.opts.Logger.Warn().Err(err).Msg("storage: rewritten consumer offsets not durable; retention keeps the files holding them")
 			// The table now points at the copies: nothing below end is

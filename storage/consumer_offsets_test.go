@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/storaged/storaged/storage/offsets"
 	"github.com/storaged/storaged/storage/vfs"
 )
 
@@ -373,4 +374,54 @@ func TestConsumerOffsetsPowerLoss(t *testing.T) {
 		s2.Close()
 	}
 	wg.Wait()
+}
+
+// TestConsumerOffsetsStaleRewrite: a rewrite whose source a newer commit
+// superseded (a commit that reached the log between the rewrite's read of
+// the table and its record) changes nothing, live and after a restart
+// (offsets.Table.Apply's rule, the same at Open as when indexing).
+func TestConsumerOffsetsStaleRewrite(t *testing.T) {
+	for _, mode := range []FlushMode{FlushAsync, FlushSync} {
+		t.Run(mode.String(), func(t *testing.T) {
+			s, o := openTest(t, func(o *Options) { o.FlushMode = mode })
+			fill(t, s, "T", 6)
+			ctx := context.Background()
+			first, err := s.commitOffset(ctx, "g", "T", 0, 2)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := s.commitOffset(ctx, "g", "T", 0, 5); err != nil {
+				t.Fatal(err)
+			}
+			k := offsets.Key{Group: "g", Topic: "T", Queue: 0}
+			stale := offsets.Encode([]offsets.Entry{{Key: k, Offset: 2, Rewrite: true, From: first.WroteOffset}})
+			if out, err := s.putSystem(ctx, OffsetTopic, stale, true); err != nil || out.Status != PutOK {
+				t.Fatalf("stale rewrite: %v %v", out.Status, err)
+			}
+			wantOffset(t, s, "g", "T", 0, 5)
+			// A rewrite of the latest value applies: the key moves to it.
+			fresh, err := s.commitOffset(ctx, "g", "T", 0, 6)
+			if err != nil {
+				t.Fatal(err)
+			}
+			cur := offsets.Encode([]offsets.Entry{{Key: k, Offset: 6, Rewrite: true, From: fresh.WroteOffset}})
+			out, err := s.putSystem(ctx, OffsetTopic, cur, true)
+			if err != nil || out.Status != PutOK {
+				t.Fatalf("rewrite: %v %v", out.Status, err)
+			}
+			if at, _ := s.offsets.OldestAt(); at != out.Append.WroteOffset {
+				t.Fatalf("after a rewrite of the latest value the key's record is at %d, want the rewrite's %d", at, out.Append.WroteOffset)
+			}
+			s.Close()
+			s2, err := Open(o)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer s2.Close()
+			wantOffset(t, s2, "g", "T", 0, 6)
+			if at, _ := s2.offsets.OldestAt(); at != out.Append.WroteOffset {
+				t.Fatalf("after a restart the key's record is at %d, want the rewrite's %d", at, out.Append.WroteOffset)
+			}
+		})
+	}
 }

@@ -28,6 +28,12 @@ import (
 // one after each round that delivered or recalled, after the re-puts it
 // covers committed; a new leader rebuilds its due index from the last one
 // committed.
+//
+// cmdTopic: u16 name length, the topic's name, i32 queue count: create the
+// topic with that many queues, or raise its count to it (never lower it:
+// every replica applies max(current, count), so concurrent creates and
+// raises of one topic commute). The leader proposes one for CreateTopic,
+// UpdateTopic and a put's auto-create, and answers once it applied it.
 const (
 	cmdMagic         uint32 = 0x53444D43 // "SDMC"
 	cmdHeader               = 9
@@ -35,6 +41,7 @@ const (
 	cmdTimerProgress byte   = 2
 	timerCmdVersion  byte   = 1
 	timerCmdLen             = cmdHeader + 1 + 4*8
+	cmdTopic         byte   = 3
 	// maxCmdLevels bounds a decoded progress command (the delay table's
 	// levels; RocketMQ's has 18).
 	maxCmdLevels = 1024
@@ -135,4 +142,46 @@ func decodeTimerProgress(b []byte) (timers.Progress, error) {
 		return timers.Progress{}, fmt.Errorf("%w: %w", errBadCmd, err)
 	}
 	return p, nil
+}
+
+// encodeTopicCmd encodes a topic command (name valid, queues in range: the
+// caller checked them).
+func encodeTopicCmd(name string, queues int32) []byte {
+	b := make([]byte, cmdHeader+2+len(name)+4)
+	binary.BigEndian.PutUint32(b[0:], uint32(len(b)))
+	binary.BigEndian.PutUint32(b[4:], cmdMagic)
+	b[8] = cmdTopic
+	binary.BigEndian.PutUint16(b[9:], uint16(len(name)))
+	copy(b[11:], name)
+	binary.BigEndian.PutUint32(b[11+len(name):], uint32(queues))
+	return b
+}
+
+// isTopicCmd tells whether b is a topic command (its header only).
+func isTopicCmd(b []byte) bool {
+	return len(b) >= cmdHeader && binary.BigEndian.Uint32(b[4:]) == cmdMagic && b[8] == cmdTopic
+}
+
+// decodeTopicCmd decodes a topic command; the name and count are checked
+// as CreateTopic checks them.
+func decodeTopicCmd(b []byte) (string, int32, error) {
+	if !isTopicCmd(b) {
+		return "", 0, fmt.Errorf("%w: not a topic command", errBadCmd)
+	}
+	if n := binary.BigEndian.Uint32(b[0:]); int64(n) != int64(len(b)) || len(b) < cmdHeader+2 {
+		return "", 0, fmt.Errorf("%w: length field %d, entry %d bytes", errBadCmd, n, len(b))
+	}
+	l := int(binary.BigEndian.Uint16(b[cmdHeader:]))
+	if len(b) != cmdHeader+2+l+4 {
+		return "", 0, fmt.Errorf("%w: a %d-byte name in %d bytes", errBadCmd, l, len(b))
+	}
+	name := string(b[cmdHeader+2 : cmdHeader+2+l])
+	queues := int32(binary.BigEndian.Uint32(b[cmdHeader+2+l:]))
+	if p := TopicNameProblem(name); p != "" || NotAllowedSendTopic(name) {
+		return "", 0, fmt.Errorf("%w: topic %q: %s", errBadCmd, name, p)
+	}
+	if verr := checkQueues(queues); verr != nil {
+		return "", 0, fmt.Errorf("%w: topic %s: %v", errBadCmd, name, verr)
+	}
+	return name, queues, nil
 }

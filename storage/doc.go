@@ -29,8 +29,9 @@
 //	                      recall, through timers.Host (timer_messages.go)
 //	storage/retention     file deletion and disk watermarks, through
 //	                      retention.Host
-//	storage/offsets       the consumer offset table and the codec of its
-//	                      records (consumer_offsets.go)
+//	storage/offsets       the consumer offset table, its apply rule and the
+//	                      codec of its records (consumer_offsets.go,
+//	                      applied through sysrecords.go's hook)
 //	storage/pop           POP consumption state (cursors, messages in
 //	                      flight, their deadline heaps), the codec of its
 //	                      records and of receipt handles (pop.go)
@@ -472,21 +473,72 @@
 // follower it lags, so it protects more). A group that delivered before
 // this (no command in its log) redelivers its schedule queues once.
 //
-// Not built yet: replicated topic
-// config and deletes (DeleteTopic is refused, ErrGroupUnsupported), the
-// dedup window (off in group mode), membership changes.
+// Consumer offsets are replicated as system records (below): a commit is
+// proposed on the ready leader and acknowledged once committed, every
+// replica applies it as it commits, and GetOffset on a follower serves
+// its applied table (ReadBarrier first for a linearizable answer).
+//
+// Topic creates and raises are replicated (grouptopics.go): CreateTopic,
+// UpdateTopic and a put's auto-create are proposed on the ready leader as
+// CMD entries, applied by every replica in log order (the count becomes
+// max(current, asked), so racing changes commute) and answered once the
+// leader applied them; a follower refuses them (*NotLeaderError).
+// config/topics.json records the raft index of the last command it holds
+// and Open replays the committed ones after it (raftlog.Cmds).
+//
+// Not built yet: replicated topic deletes (DeleteTopic is refused,
+// ErrGroupUnsupported), membership changes. A topic created before this
+// (a data dir of an older version) is known only where it was created or
+// adopted from the consume queues at Open; the offset calls take a queue
+// a replica has indexed as existing.
+//
+// Idempotent puts (idempotent.go): the ready leader keeps the dedup
+// window and remembers a key once its put committed (PUT_OK; an unknown
+// outcome leaves the key free); a member that becomes the ready leader
+// rebuilds its window from the committed log first (BecomeReady, the
+// scan Open does, up to the commit end), so a retry after a failover is
+// answered with the first put's result. Followers refuse keyed puts as
+// any put.
+//
+// # System records
+//
+// State the store keeps for itself lives in records of system topics in
+// the commitlog (sysrecords.go), so recovery and replication carry it
+// with nothing of its own. Such state changes only through one hook:
+// consumequeue.Options.Apply names an applier per system topic, and the
+// dispatcher hands it each record of that topic as it indexes it, once,
+// in log order (Index.StartApplyingPaused; a record indexed again after a
+// failed round is not handed again). Indexing stops at the visible end,
+// so the state follows what is committed in a group (never an
+// uncommitted entry, which a new leader may truncate), what is durable in
+// sync mode, what is written in async mode; every replica holds the same
+// state at the same log position. A write of such state is a put of one
+// record (putSystem: on the ready leader in a group, answered once
+// committed and indexed), never applied where it is written. Open
+// rebuilds the state by replaying the topic's consume queue
+// (replaySystem), then starts the hook (openSystemState; a snapshot
+// install that replaces the log calls it again). Appliers are quick,
+// never call back into the index, never refuse a record that decodes,
+// and read nothing but their records and the state those built (not the
+// clock, the topic table or the role), or replicas drift apart. Consumer
+// offsets are the first user; POP checkpoints and acks are meant to be
+// the next.
 //
 // # Consumer offsets
 //
 // Committed offsets per (consumer group, topic, queue) are records of the
 // system topic RMQ_SYS_CONSUMER_OFFSET (consumer_offsets.go, table and
-// record codec in storage/offsets): CommitOffset appends one through the
-// put path (durable as an acknowledged put), Open rebuilds the table by
-// replaying that topic's consume queue, and retention, before it deletes a
-// file, writes again the latest value of every key whose record lies in it
-// (DeletableEnd), keeping the file when it cannot. Clients can neither put
-// to that topic nor read it (HiddenTopic). GetOffsetByTime binary-searches
-// a queue by store time.
+// record codec in storage/offsets): CommitOffset writes one (putSystem;
+// durable as an acknowledged put, committed on a majority in a group) and
+// the table applies it when it is indexed; Open rebuilds the table by
+// replaying that topic's consume queue with the same rule. Retention,
+// before it deletes a file, writes again the latest value of every key
+// whose record lies in it (DeletableEnd; a rewrite record names the record
+// it copies, and never overwrites a newer commit), keeping the file when
+// it cannot (in a group only the ready leader rewrites; the others keep
+// the files until its rewrite is applied). Clients can neither put to
+// that topic nor read it (HiddenTopic). GetOffsetByTime binary-searches a
+// queue by store time.
 //
 // # POP consumption
 //

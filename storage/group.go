@@ -321,6 +321,12 @@ func (s *Store) startGroup() error {
 		}
 		g.setTimerProgress(p, idx)
 	}
+	// The replicated topic table (grouptopics.go): commands committed after
+	// the table on disk, then changes through the log from now on.
+	if err := s.replayTopicCmds(hs.GetCommit()); err != nil {
+		return err
+	}
+	s.topics.replicate = s.replicateTopic
 	g.node, err = replica.New(replica.Options{ID: g.opts.ID, Log: g.rlog, FileSize: s.opts.FileSize, Applied: hs.GetCommit(),
 		Transport: g.opts.Transport, Host: (*groupHost)(s), Ticks: g.opts.Ticks, TickInterval: g.opts.TickInterval,
 		ElectionTick: g.opts.ElectionTick, HeartbeatTick: g.opts.HeartbeatTick, MaxReadWaiters: g.opts.MaxReadWaiters,
@@ -359,6 +365,12 @@ func (h *groupHost) BecomeReady(commitEnd int64) error {
 			s.seq.set(k, q.Count())
 		}
 	}
+	// The keys of every put committed so far, whichever leader took it
+	// (idempotent.go): a retry sent here after a failover is answered,
+	// not stored again.
+	if s.dedup.Load() != nil {
+		s.dedup.Store(s.buildDedup(commitEnd))
+	}
 	return nil
 }
 
@@ -377,6 +389,10 @@ func (h *groupHost) ApplyCmd(index uint64, data []byte) {
 			return
 		}
 		s.group.setTimerProgress(p, index)
+		return
+	}
+	if isTopicCmd(data) {
+		s.applyTopicCmd(index, data) // grouptopics.go
 		return
 	}
 	if !isDelayProgress(data) {

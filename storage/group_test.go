@@ -703,24 +703,6 @@ func TestGroupStepPeerRefuses(t *testing.T) {
 	}
 }
 
-// TestGroupRefusesCommitOffset: consumer offsets are not replicated yet;
-// a commit in group mode is refused and stores nothing.
-func TestGroupRefusesCommitOffset(t *testing.T) {
-	g := newTestGroup(t, 2*time.Second)
-	g.elect(1)
-	if res, err := g.put(1, "m"); err != nil || res.Status != PutOK {
-		t.Fatalf("put: %v %v", res.Status, err)
-	}
-	s := g.m[1].s
-	end := s.log.MaxOffset()
-	if err := s.CommitOffset(context.Background(), "g", "T", 0, 0); !errors.Is(err, ErrGroupUnsupported) {
-		t.Fatalf("CommitOffset in group mode: %v", err)
-	}
-	if s.log.MaxOffset() != end {
-		t.Fatal("a refused commit wrote to the commitlog")
-	}
-}
-
 // TestGroupRefusesPop: POP state records are not applied on followers
 // yet; every POP call in group mode is refused and stores nothing.
 func TestGroupRefusesPop(t *testing.T) {

@@ -16,6 +16,7 @@ import (
 	"testing/synctest"
 	"time"
 
+	"github.com/storaged/storaged/storage/offsets"
 	"github.com/storaged/storaged/storage/record"
 	"github.com/storaged/storaged/storage/replica"
 	"github.com/storaged/storaged/storage/vfs"
@@ -38,6 +39,15 @@ import (
 // jitter (crypto/rand) is made deterministic with cryptotest.SetGlobalRandom;
 // the store clock is the driver's. A failing seed replays with
 // -sim.seed=N (and -sim.steps as it ran).
+//
+// Consumer offsets ride along (sysrecords.go): Commit steps commit
+// offsets on a node (the ready leader mostly), Rewrite steps run the
+// retention rewrite of every live offset on a node. The model is the
+// committed history itself: a key's value is that of its last commit
+// record in log order (a rewrite never changes a value: it copies the
+// latest one or is skipped). After every step every replica's table must
+// equal the model at its indexed end, and every acknowledged commit must
+// be in the history where its answer said.
 //
 // Checks after every step: committed bytes (commitlog bytes below each
 // replica's commit end) identical across replicas and incarnations (one
@@ -68,7 +78,7 @@ func TestGroupSim(t *testing.T) {
 	}
 	// What every seed did, summed: the figures RELIABILITY.md reports
 	// (how many coordinated power cuts the group survived, and so on).
-	total, acked := map[string]int{}, 0
+	total, acked, ackedCommits := map[string]int{}, 0, 0
 	for _, seed := range seeds {
 		t.Run(fmt.Sprintf("seed=%d", seed), func(t *testing.T) {
 			cryptotest.SetGlobalRandom(t, seed)
@@ -83,11 +93,15 @@ func TestGroupSim(t *testing.T) {
 					total[k] += n
 				}
 				acked += sim.acked
+				ackedCommits += sim.ackedCommits
 			})
 		})
 	}
-	t.Logf("%d seeds x %d steps: %d coordinated power cuts (crashAll) and %d single-node ones (crash), each followed by the checks; %d PUT_OK checked; all steps %v",
-		len(seeds), *simSteps, total["crashAll"], total["crash"], acked, total)
+	t.Logf("%d seeds x %d steps: %d coordinated power cuts (crashAll) and %d single-node ones (crash), each followed by the checks; %d PUT_OK checked; %d acknowledged offset commits checked; all steps %v",
+		len(seeds), *simSteps, total["crashAll"], total["crash"], acked, ackedCommits, total)
+	if !t.Failed() && ackedCommits == 0 && len(seeds)**simSteps >= 2000 {
+		t.Fatal("no offset commit was acknowledged in any seed: the offset checks tested nothing")
+	}
 }
 
 const (
@@ -182,6 +196,23 @@ type simRead struct {
 	err   error
 }
 
+// simCommit is a CommitOffset in flight and its answer.
+type simCommit struct {
+	node   uint64
+	key    offsets.Key
+	offset int64
+	done   chan struct{}
+	res    AppendResult
+	err    error
+}
+
+// simOffsetChange is one commit record's entry in the history.
+type simOffsetChange struct {
+	pos    int64
+	key    offsets.Key
+	offset int64
+}
+
 type simRec struct {
 	off, end int64
 	queue    int32
@@ -215,6 +246,13 @@ type groupSim struct {
 	stored  map[string]bool // body keys in the history
 	refused map[string]bool // body keys of puts answered "nothing stored"
 	calm    bool            // even seeds: a quarter of the faults, longer healthy spells, more puts in flight
+
+	// Consumer offsets.
+	commits      []*simCommit      // offset commits not answered yet
+	rewrites     []chan struct{}   // retention rewrites under way
+	changes      []simOffsetChange // commit entries of the history, in log order
+	offQ         int64             // offset records walked (queue offsets of the offset topic)
+	ackedCommits int               // acknowledged commits checked
 }
 
 func newGroupSim(t *testing.T, seed uint64) *groupSim {
@@ -309,8 +347,8 @@ func (g *groupSim) run(steps int) {
 		g.check()
 	}
 	g.converge("end of run")
-	g.t.Logf("seed %d: %d steps %v; puts %v; %d PUT_OK checked, committed %d bytes, %d records, %d network drops",
-		g.seed, steps, g.stats, g.outcome, g.acked, len(g.ref), len(g.recs), g.net.drops)
+	g.t.Logf("seed %d: %d steps %v; puts %v; %d PUT_OK checked, %d offset commits checked (%d offset keys), committed %d bytes, %d records, %d network drops",
+		g.seed, steps, g.stats, g.outcome, g.acked, g.ackedCommits, len(g.modelOffsets(int64(len(g.ref)))), len(g.ref), len(g.recs), g.net.drops)
 	if g.outcome["ok"] == 0 {
 		g.fatalf("no put was acknowledged: the run tested nothing")
 	}
@@ -322,8 +360,12 @@ func (g *groupSim) doStep() {
 		r = 500 + g.rng.IntN(380) // a calm seed: three in four faults become deliveries or ticks
 	}
 	switch {
-	case r < 180:
+	case r < 150:
 		g.put(g.pick(true), false)
+	case r < 175:
+		g.commit(g.pick(g.rng.IntN(8) != 0))
+	case r < 180:
+		g.rewrite(g.pick(g.rng.IntN(4) != 0))
 	case r < 230:
 		g.put(g.pick(true), true)
 	case r < 250:
@@ -667,6 +709,7 @@ func (g *groupSim) check() {
 	g.walk()
 	for _, id := range g.ids {
 		g.checkNotPastCommit(g.nodes[id])
+		g.checkOffsets(g.nodes[id])
 	}
 	g.answer()
 }
@@ -738,14 +781,20 @@ func (g *groupSim) walk() {
 		if r.PhysicalOffset != off {
 			g.fatalf("history: record at %d says physical offset %d", off, r.PhysicalOffset)
 		}
+		if r.StoreTimestamp < g.lastTS {
+			g.fatalf("history: record at %d has store time %d, before the previous record's %d", off, r.StoreTimestamp, g.lastTS)
+		}
+		if r.Topic == OffsetTopic {
+			g.walkOffsets(off, r)
+			g.lastTS = r.StoreTimestamp
+			g.walked = off + int64(size)
+			continue
+		}
 		if r.Topic != simTopic || r.QueueID < 0 || r.QueueID >= simQueues {
 			g.fatalf("history: record at %d for %s/%d", off, r.Topic, r.QueueID)
 		}
 		if want := int64(len(g.qends[r.QueueID])); r.QueueOffset != want {
 			g.fatalf("history: record at %d has queue offset %d in queue %d, want %d (dense, unique)", off, r.QueueOffset, r.QueueID, want)
-		}
-		if r.StoreTimestamp < g.lastTS {
-			g.fatalf("history: record at %d has store time %d, before the previous record's %d", off, r.StoreTimestamp, g.lastTS)
 		}
 		g.lastTS = r.StoreTimestamp
 		k := bodyKey(r.Body)
@@ -871,8 +920,29 @@ func (g *groupSim) checkRead(r *simRead) {
 	}
 }
 
-// answer checks every put and read answered since the last look.
+// answer checks every put, read and commit answered since the last look.
 func (g *groupSim) answer() {
+	keepC := g.commits[:0]
+	for _, c := range g.commits {
+		select {
+		case <-c.done:
+			g.checkCommit(c)
+		default:
+			keepC = append(keepC, c)
+		}
+	}
+	clear(g.commits[len(keepC):])
+	g.commits = keepC
+	keepW := g.rewrites[:0]
+	for _, w := range g.rewrites {
+		select {
+		case <-w:
+		default:
+			keepW = append(keepW, w)
+		}
+	}
+	clear(g.rewrites[len(keepW):])
+	g.rewrites = keepW
 	keepR := g.reads[:0]
 	for _, r := range g.reads {
 		select {
@@ -956,4 +1026,137 @@ func (g *groupSim) checkAnswer(p *simPut) {
 	}
 	g.ackMax[p.queue] = max(g.ackMax[p.queue], a.QueueOffset+int64(a.MsgNum))
 	g.acked++
+}
+
+// commit starts a CommitOffset on node id: one of two groups, a queue of
+// the sim's topic, an offset within what the history holds of the queue.
+func (g *groupSim) commit(id uint64) {
+	n := g.nodes[id]
+	if n.s == nil {
+		return
+	}
+	q := int32(g.rng.IntN(simQueues))
+	c := &simCommit{node: id, key: offsets.Key{Group: fmt.Sprintf("g%d", g.rng.IntN(2)), Topic: simTopic, Queue: q},
+		offset: int64(g.rng.IntN(len(g.qends[q]) + 1)), done: make(chan struct{})}
+	g.count("commit")
+	g.note("commit node %d %v = %d", id, c.key, c.offset)
+	s := n.s
+	go func() {
+		defer close(c.done)
+		c.res, c.err = s.commitOffset(context.Background(), c.key.Group, c.key.Topic, c.key.Queue, c.offset)
+	}()
+	g.commits = append(g.commits, c)
+}
+
+// rewrite runs the retention rewrite of every live offset on node id (as
+// retention would before deleting every file below its commit end).
+func (g *groupSim) rewrite(id uint64) {
+	n := g.nodes[id]
+	if n.s == nil {
+		return
+	}
+	g.count("rewrite")
+	end := n.s.group.commitEnd.Load()
+	g.note("rewrite offsets node %d below %d", id, end)
+	s, done := n.s, make(chan struct{})
+	go func() {
+		defer close(done)
+		s.rewriteOffsets(end)
+	}()
+	g.rewrites = append(g.rewrites, done)
+}
+
+// walkOffsets takes an offset record of the history into the model.
+func (g *groupSim) walkOffsets(off int64, r *Record) {
+	if r.QueueID != 0 || r.QueueOffset != g.offQ {
+		g.fatalf("history: offset record at %d is queue %d offset %d, want queue 0 offset %d (dense, unique)", off, r.QueueID, r.QueueOffset, g.offQ)
+	}
+	g.offQ++
+	es, err := offsets.Decode(r.Body)
+	if err != nil {
+		g.fatalf("history: offset record at %d: %v", off, err)
+	}
+	for _, e := range es {
+		if e.Rewrite {
+			continue // a rewrite never changes a value (see the top of this file)
+		}
+		g.changes = append(g.changes, simOffsetChange{pos: off, key: e.Key, offset: e.Offset})
+	}
+}
+
+// modelOffsets is the model table of the history below end.
+func (g *groupSim) modelOffsets(end int64) map[offsets.Key]int64 {
+	m := map[offsets.Key]int64{}
+	for _, c := range g.changes {
+		if c.pos >= end {
+			break
+		}
+		m[c.key] = c.offset
+	}
+	return m
+}
+
+// checkOffsets: node n's offset table is the model at its indexed end,
+// and GetOffset serves it.
+func (g *groupSim) checkOffsets(n *simNode) {
+	if n.s == nil {
+		return
+	}
+	end := n.s.index.Dispatched()
+	if end > int64(len(g.ref)) {
+		g.fatalf("node %d indexed up to %d, past the committed history (%d bytes)", n.id, end, len(g.ref))
+	}
+	want := g.modelOffsets(end)
+	got := n.s.offsets.Entries()
+	if len(got) != len(want) {
+		g.fatalf("node %d: %d consumer offsets, the history below its indexed end %d has %d: %v, want %v", n.id, len(got), end, len(want), got, want)
+	}
+	for _, e := range got {
+		if w, ok := want[e.Key]; !ok || w != e.Offset {
+			g.fatalf("node %d: offset of %v is %d, the history below its indexed end %d says %d (present %v)", n.id, e.Key, e.Offset, end, w, ok)
+		}
+		if off, err := n.s.GetOffset(e.Key.Group, e.Key.Topic, e.Key.Queue); err != nil || off != e.Offset {
+			g.fatalf("node %d: GetOffset(%v) = %d, %v; its table has %d", n.id, e.Key, off, err, e.Offset)
+		}
+	}
+}
+
+// checkCommit checks a commit's answer: an acknowledged one is in the
+// committed history where its answer said.
+func (g *groupSim) checkCommit(c *simCommit) {
+	var nl *NotLeaderError
+	var re *RangeError
+	switch {
+	case c.err == nil:
+		g.outcome["commit ok"]++
+	case errors.As(c.err, &nl), errors.Is(c.err, ErrInSyncReplicasNotEnough):
+		g.outcome["commit refused"]++
+		return
+	case errors.As(c.err, &re):
+		g.outcome["commit range"]++
+		return
+	case errors.Is(c.err, ErrTopicNotFound):
+		g.outcome["commit topic unknown"]++ // a leader that never indexed the queue (the topic table is not replicated)
+		return
+	case errors.Is(c.err, ErrOffsetNotDurable), errors.Is(c.err, ErrClosed), errors.Is(c.err, replica.ErrClosed):
+		g.outcome["commit unknown"]++
+		return
+	default:
+		g.outcome["commit other: "+c.err.Error()]++
+		return
+	}
+	a := c.res
+	end := a.WroteOffset + int64(a.WroteBytes)
+	if a.Topic != OffsetTopic || end > int64(len(g.ref)) {
+		g.fatalf("commit on node %d acknowledged at [%d, %d) of %s: past the committed history (%d bytes)", c.node, a.WroteOffset, end, a.Topic, len(g.ref))
+	}
+	r, _, err := record.Decode(g.ref[a.WroteOffset:])
+	if err != nil || r.Topic != OffsetTopic {
+		g.fatalf("commit on node %d acknowledged at %d: the history has no offset record there (%v)", c.node, a.WroteOffset, err)
+	}
+	es, err := offsets.Decode(r.Body)
+	if err != nil || len(es) != 1 || es[0].Rewrite || es[0].Key != c.key || es[0].Offset != c.offset {
+		g.fatalf("commit on node %d of %v = %d acknowledged at %d: the record there holds %v (%v)", c.node, c.key, c.offset, a.WroteOffset, es, err)
+	}
+	g.ackedCommits++
 }

@@ -57,7 +57,8 @@ type dedupValue = AppendResult
 // for the durability and visibility its own WAIT asks for, and stores
 // nothing.
 func (s *Store) PutMessage(ctx context.Context, m *Message) (PutResult, error) {
-	if s.dedup == nil || m.SysFlag&record.TransactionMask != TransactionNotType {
+	w := s.dedup.Load()
+	if w == nil || m.SysFlag&record.TransactionMask != TransactionNotType {
 		return s.putMessage(ctx, m)
 	}
 	id, ok := record.Lookup(m.Properties, PropertyUniqKey)
@@ -70,7 +71,7 @@ func (s *Store) PutMessage(ctx context.Context, m *Message) (PutResult, error) {
 	} else if hasTimerProperty(m.Properties) {
 		kind = dedup.Timer // stored on the timer topic, or on its own when due already
 	}
-	return s.putOnce(ctx, dedup.Key{Topic: m.Topic, Kind: kind, ID: id}, m.WaitStoreOK(),
+	return s.putOnce(ctx, w, dedup.Key{Topic: m.Topic, Kind: kind, ID: id}, m.WaitStoreOK(),
 		func() (PutResult, error) { return s.putMessage(ctx, m) })
 }
 
@@ -78,7 +79,8 @@ func (s *Store) PutMessage(ctx context.Context, m *Message) (PutResult, error) {
 // whose first message carries a UNIQ_KEY is stored once within the dedup
 // window, as a whole (above).
 func (s *Store) PutMessages(ctx context.Context, b *Batch) (PutResult, error) {
-	if s.dedup == nil || len(b.Messages) == 0 || b.SysFlag&record.TransactionMask != TransactionNotType {
+	w := s.dedup.Load()
+	if w == nil || len(b.Messages) == 0 || b.SysFlag&record.TransactionMask != TransactionNotType {
 		return s.putMessages(ctx, b)
 	}
 	id, ok := record.Lookup(b.Messages[0].Properties, PropertyUniqKey)
@@ -89,7 +91,7 @@ func (s *Store) PutMessages(ctx context.Context, b *Batch) (PutResult, error) {
 	if len(b.Messages) == 1 {
 		kind = dedup.Single // stored as a single message would be: the log cannot tell them apart
 	}
-	res, err := s.putOnce(ctx, dedup.Key{Topic: b.Topic, Kind: kind, ID: id}, b.WaitStoreOK(),
+	res, err := s.putOnce(ctx, w, dedup.Key{Topic: b.Topic, Kind: kind, ID: id}, b.WaitStoreOK(),
 		func() (PutResult, error) { return s.putMessages(ctx, b) })
 	if res.Appended() && res.Append.Offsets == nil {
 		res.Append.Offsets = []int64{res.Append.WroteOffset} // a batch answer has one offset per message
@@ -97,15 +99,28 @@ func (s *Store) PutMessages(ctx context.Context, b *Batch) (PutResult, error) {
 	return res, err
 }
 
-// putOnce runs put as the first put of k, or answers k's first put.
-func (s *Store) putOnce(ctx context.Context, k dedup.Key, wait bool, put func() (PutResult, error)) (PutResult, error) {
+// putOnce runs put as the first put of k, or answers k's first put, in
+// window w.
+//
+// In a group a key is remembered only once its put is committed (PUT_OK):
+// an appended put of unknown outcome (FLUSH_SLAVE_TIMEOUT, a closed
+// replica) may still be truncated by the next leader, and a retry answered
+// from it would be told PUT_OK for a message that is not stored. Such a
+// key stays free here, so a retry of an unknown outcome may store the
+// message twice (the one source of duplicates, as for a put without a
+// key); a new leader's window, rebuilt from the committed log, knows it
+// if it committed.
+func (s *Store) putOnce(ctx context.Context, w *dedup.Window[dedupValue], k dedup.Key, wait bool, put func() (PutResult, error)) (PutResult, error) {
 	if len(k.ID) > MaxUniqKeyLength {
 		return s.rejectErr(illegal("properties", fmt.Sprintf("%s of %d bytes exceeds the limit of %d", PropertyUniqKey, len(k.ID), MaxUniqKeyLength)))
 	}
 	if err := s.checkBeforePut(); err != nil {
 		return s.rejectErr(err)
 	}
-	first, t, err := s.dedup.Begin(ctx, k, s.opts.Clock.Now().UnixMilli())
+	if err := s.groupRefusal(); err != nil { // a follower answers with its leader, not from its window
+		return s.rejectErr(err)
+	}
+	first, t, err := w.Begin(ctx, k, s.opts.Clock.Now().UnixMilli())
 	if err != nil {
 		return s.reject(UnknownError, err) // ctx ended waiting for the first put: nothing stored by this one
 	}
@@ -120,7 +135,7 @@ func (s *Store) putOnce(ctx context.Context, k dedup.Key, wait bool, put func() 
 	}
 	defer t.Abort() // refused, or a panic: the key stays free (a no-op after Commit)
 	res, err := put()
-	if res.Appended() {
+	if res.Appended() && (s.group == nil || (err == nil && res.Status == PutOK)) {
 		v := res.Append
 		if v.Topic != TimerTopic {
 			v.Topic = "" // from the key when answering (a timer message due already is on its own topic)
@@ -156,37 +171,60 @@ func (s *Store) awaitDuplicate(ctx context.Context, a AppendResult, wait bool) (
 
 // dedupStats returns the window's statistics (zero when it is off).
 func (s *Store) dedupStats() DedupStats {
-	if s.dedup == nil {
+	w := s.dedup.Load()
+	if w == nil {
 		return DedupStats{}
 	}
-	return s.dedup.Stats(s.opts.Clock.Now().UnixMilli())
+	return w.Stats(s.opts.Clock.Now().UnixMilli())
 }
 
 // openDedup creates the window (nil when Options.DedupWindow is negative)
 // and fills it from the log: every keyed put stored within the window, in
 // the newest DedupRebuildBytes of the log at most. It runs in Open after
 // recovery, so it sees exactly the records a reader can be served, and
-// before any put. A record that fails its checks ends the rebuild there
-// (logged): the keys after it are not remembered, nothing else changes.
+// before any put. In a group the window starts empty: only the ready
+// leader takes puts, and it rebuilds its window from the committed log
+// when it becomes ready (groupHost.BecomeReady).
 func (s *Store) openDedup() {
 	if s.opts.DedupWindow < 0 {
 		return
 	}
+	if s.group != nil {
+		s.dedup.Store(s.newDedup())
+		return
+	}
+	s.dedup.Store(s.buildDedup(s.log.MaxOffset()))
+}
+
+func (s *Store) newDedup() *dedup.Window[dedupValue] {
 	w, err := dedup.New[dedupValue](dedup.Options{Window: s.opts.DedupWindow, MaxMessages: s.opts.DedupMaxMessages})
 	if err != nil { // resolve rules this out
 		panic(err)
 	}
-	s.dedup = w
+	return w
+}
+
+// buildDedup returns a window filled from the log below end (the commit
+// end in a group: an uncommitted entry may be truncated). A record that
+// fails its checks ends the rebuild there (logged): the keys after it are
+// not remembered, nothing else changes. The files are read under the read
+// guard (retention does not unmap them meanwhile).
+func (s *Store) buildDedup(end int64) *dedup.Window[dedupValue] {
+	w := s.newDedup()
 	now := s.opts.Clock.Now().UnixMilli()
 	cutoff := now - s.opts.DedupWindow.Milliseconds()
+	s.log.ReadLock()
+	defer s.log.ReadUnlock()
 	files := s.log.Files().Snapshot()
+	for len(files) > 0 && files[len(files)-1].From() >= end {
+		files = files[:len(files)-1]
+	}
 	if len(files) == 0 {
-		return
+		return w
 	}
 	// Start at the newest file whose first record is older than the
 	// window (store times never go backwards along the log), or as far
 	// back as DedupRebuildBytes allows.
-	end := files[len(files)-1].End()
 	start := len(files) - 1
 	for start > 0 {
 		if ts, ok := firstStoreTime(files[start]); !ok || ts < cutoff {
@@ -198,8 +236,9 @@ func (s *Store) openDedup() {
 		start--
 	}
 	var scanned, added int64
+scan:
 	for _, f := range files[start:] {
-		data, wrote := f.Data(), f.Wrote()
+		data, wrote := f.Data(), min(f.Wrote(), end-f.From())
 		for pos := int64(0); pos < wrote; {
 			b := data[pos:wrote]
 			if record.IsBlank(b) {
@@ -209,28 +248,29 @@ func (s *Store) openDedup() {
 			if err != nil {
 				s.opts.Logger.Warn().Err(err).Int64("offset", f.From()+pos).
 					Msg("storage: idempotent-put window rebuilt up to a damaged record; later keys are not remembered")
-				return
+				break scan
 			}
 			count, size, batch, err := h.Batch()
 			if err != nil || !batch {
 				count, size = 1, int64(h.Total)
 			}
 			size = min(size, wrote-pos) // a batch lies in its file: recovery checked it
-			if s.rebuildEntry(f.From()+pos, data[pos:pos+size], &h, count, cutoff, now) {
+			if s.rebuildEntry(w, f.From()+pos, data[pos:pos+size], &h, count, cutoff, now) {
 				added++
 			}
 			scanned += size
 			pos += size
 		}
 	}
-	s.opts.Logger.Info().Int64("from", files[start].From()).Int64("bytes_scanned", scanned).Int64("keys", added).
+	s.opts.Logger.Info().Int64("from", files[start].From()).Int64("to", end).Int64("bytes_scanned", scanned).Int64("keys", added).
 		Stringer("window", s.opts.DedupWindow).Msg("storage: idempotent-put window rebuilt from the log")
+	return w
 }
 
 // rebuildEntry adds the put whose records (count of them: a batch, or
 // one) are recs, stored at commitlog offset at, when it is keyed and
 // within the window. h is the first record's header.
-func (s *Store) rebuildEntry(at int64, recs []byte, h *record.Header, count, cutoff, now int64) bool {
+func (s *Store) rebuildEntry(w *dedup.Window[dedupValue], at int64, recs []byte, h *record.Header, count, cutoff, now int64) bool {
 	if h.StoreTS < cutoff || h.Tx() != TransactionNotType {
 		return false
 	}
@@ -274,7 +314,7 @@ func (s *Store) rebuildEntry(at int64, recs []byte, h *record.Header, count, cut
 	if kind == dedup.Timer && string(h.Topic) == TimerTopic {
 		v.Topic = TimerTopic
 	}
-	s.dedup.Add(dedup.Key{Topic: topic, Kind: kind, ID: string(id)}, v, h.StoreTS, int(count), now)
+	w.Add(dedup.Key{Topic: topic, Kind: kind, ID: string(id)}, v, h.StoreTS, int(count), now)
 	return true
 }
 

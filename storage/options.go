@@ -435,9 +435,6 @@ func (o Options) withDefaults() Options {
 		g := *o.Group
 		g.withDefaults(o)
 		o.Group = &g
-		// The window is not replicated yet: a new leader would not know
-		// the keys its predecessor stored.
-		o.DedupWindow = -1
 	}
 	return o
 }

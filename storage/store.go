@@ -62,11 +62,14 @@ type Store struct {
 	topics   *topicTable // topic configuration (topics.go)
 	seq      sequencer   // queue offsets and store times (sequence.go)
 	pulls    pullStats
-	dedup    *dedup.Window[dedupValue] // idempotent puts (idempotent.go); nil when off
-	group    *groupState               // group mode (group.go); nil when standalone
-	offsets  *offsets.Table            // consumer offsets (consumer_offsets.go)
-	pop      *pop.Table                // POP consumption state (pop.go)
-	popTurn  atomic.Uint32             // the queue a receive starts at (pop.go)
+	// dedup is the idempotent-put window (idempotent.go); nil when off. A
+	// group's new leader replaces it with one rebuilt from the committed
+	// log (BecomeReady), so it is read atomically.
+	dedup   atomic.Pointer[dedup.Window[dedupValue]]
+	group   *groupState    // group mode (group.go); nil when standalone
+	offsets *offsets.Table // consumer offsets (consumer_offsets.go)
+	pop     *pop.Table     // POP consumption state (pop.go)
+	popTurn atomic.Uint32  // the queue a receive starts at (pop.go)
 
 	// installing is the manifest of a snapshot install Open finishes
 	// (group_install.go), nil otherwise; Open's own.
@@ -164,7 +167,7 @@ func Open(opts Options) (*Store, error) {
 		FS: opts.FS, Dir: opts.Dir, EntriesPerFile: opts.ConsumeQueueEntries, MaxOpenFiles: opts.MaxOpenQueueFiles,
 		CheckpointInterval: opts.CheckpointInterval, RequireCRC: !opts.DisablePropCRC, AwaitTimeout: opts.SyncFlushTimeout,
 		Watermark: s.visibleEnd, Tombstones: s.topics.tombstones, Delay: s.delayOf, LastStoreTime: s.lastStoreTime,
-		Fail: s.fail, Faults: s.faults, Clock: opts.Clock, Logger: opts.Logger,
+		Fail: s.fail, Faults: s.faults, Clock: opts.Clock, Logger: opts.Logger, Apply: s.systemApplier,
 	})
 	if err := s.rebuildQueues(cp); err != nil {
 		s.cleanup()
@@ -178,7 +181,7 @@ func Open(opts Options) (*Store, error) {
 	}
 	s.adoptTopics()
 	s.openDedup()
-	if err := s.openOffsets(); err != nil {
+	if err := s.openSystemState(); err != nil {
 		s.cleanup()
 		return nil, err
 	}
@@ -711,6 +714,7 @@ func (s *Store) Close() error {
 	s.ret.Stop()
 	if s.group != nil {
 		s.group.node.Close() // waiters answered ErrClosed (outcome unknown)
+		s.group.signal()     // and the waits on the commit end or a topic change look again
 	}
 	s.log.Drain() // no append in progress after this; new ones see closed
 	var errs []error

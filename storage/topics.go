@@ -111,6 +111,14 @@ type topicTable struct {
 	// store counts it as a transient fault of the topic config; the call
 	// that needed the write is refused and the next one tries again).
 	onWriteError func(error)
+	// replicate, set in group mode, replaces the local persist of a create
+	// or a raise: it proposes the change through the raft log and returns
+	// once this replica applied it (applyReplicated), or why not.
+	replicate func(name string, queues int32) error
+	// raftIndex is the raft index of the last topic command applied
+	// (group mode), persisted with the table: Open replays the commands
+	// after it. Guarded by wmu.
+	raftIndex uint64
 
 	// wmu is held by whoever writes the file and publishes a change:
 	// the leader of a round of creates, an update, a delete, the adoption.
@@ -262,6 +270,10 @@ func (t *topicTable) create(topic string, queues int32, exist bool) (int32, erro
 		t.cmu.Unlock()
 		return 0, fmt.Errorf("%w: the store holds %d topics, the limit (--max-topics)", ErrTooManyTopics, total)
 	}
+	if t.replicate != nil {
+		t.cmu.Unlock()
+		return t.createReplicated(topic, queues, exist)
+	}
 	if t.pending == nil {
 		t.pending = map[string]int32{}
 	}
@@ -281,6 +293,51 @@ func (t *topicTable) create(topic string, queues int32, exist bool) (int32, erro
 		return 0, r.err
 	}
 	return queues, nil
+}
+
+// createReplicated is create in group mode: the create goes through the
+// raft log and is applied on every replica (applyReplicated); creates of
+// one topic racing each other end with the highest count.
+func (t *topicTable) createReplicated(topic string, queues int32, exist bool) (int32, error) {
+	if err := t.replicate(topic, queues); err != nil {
+		return 0, err
+	}
+	n, ok := t.get(topic)
+	switch {
+	case !ok: // cannot happen: replicate returns once it is applied, and a group deletes no topic
+		return 0, fmt.Errorf("%w: %s not in the table after its create applied", ErrTopicConfig, topic)
+	case !exist && n != queues:
+		return n, fmt.Errorf("%w: %s has %d queues", ErrTopicExists, topic, n)
+	}
+	return n, nil
+}
+
+// applyReplicated applies a committed topic command (group mode), in log
+// order, on every replica: the topic gets max(its count, queues) queues.
+// The table is persisted with the command's raft index; a failed persist
+// is reported (onWriteError) but the change is published all the same (a
+// replica must apply what committed), and the next Open replays the
+// commands after the index on disk.
+func (t *topicTable) applyReplicated(name string, queues int32, index uint64) error {
+	t.wmu.Lock()
+	defer t.wmu.Unlock()
+	t.cmu.Lock()
+	defer t.cmu.Unlock() // a published change of the topic count happens under cmu (see there)
+	cur := t.cur.Load()
+	if index <= t.raftIndex {
+		return nil // replayed at Open already
+	}
+	t.raftIndex = index
+	next := cur.clone()
+	was := next.topics[name]
+	next.topics[name] = max(was, queues)
+	err := t.persistLocked(next)
+	t.cur.Store(next)
+	if was < queues {
+		t.log.Info().Str("topic", name).Int32("queues", queues).Int32("was", was).Uint64("raft_index", index).
+			Msg("storage: topic created or raised (replicated)")
+	}
+	return err
 }
 
 // writeRounds persists rounds of pending creates until none is left.
@@ -322,17 +379,23 @@ func (t *topicTable) writeRounds() {
 // update raises topic's queue count.
 func (t *topicTable) update(topic string, queues int32) error {
 	t.wmu.Lock()
-	defer t.wmu.Unlock()
 	old := t.cur.Load()
 	n, ok := old.topics[topic]
 	switch {
 	case !ok:
+		t.wmu.Unlock()
 		return fmt.Errorf("%w: %s", ErrTopicNotFound, topic)
 	case queues < n:
+		t.wmu.Unlock()
 		return fmt.Errorf("%w: %s has %d queues, asked for %d", ErrQueuesLowered, topic, n, queues)
 	case queues == n:
+		t.wmu.Unlock()
 		return nil
+	case t.replicate != nil:
+		t.wmu.Unlock() // applyReplicated takes it
+		return t.replicate(topic, queues)
 	}
+	defer t.wmu.Unlock()
 	next := old.clone()
 	next.topics[topic] = queues
 	if err := t.persistLocked(next); err != nil {
@@ -362,6 +425,9 @@ type topicsFile struct {
 	// Deleted maps a deleted topic's name to the commitlog offset its
 	// delete happened at.
 	Deleted map[string]int64 `json:"deleted,omitempty"`
+	// RaftIndex (group mode) is the raft index of the last topic command
+	// the table holds.
+	RaftIndex uint64 `json:"raft_index,omitempty"`
 }
 
 // persistLocked writes snap atomically and durably. REQUIRES: t.wmu held.
@@ -374,7 +440,7 @@ func (t *topicTable) persistLocked(snap *topicSnapshot) error {
 			}
 		}
 	}
-	body, err := json.Marshal(topicsFile{Version: 1, Topics: snap.topics, Deleted: snap.deleted})
+	body, err := json.Marshal(topicsFile{Version: 1, Topics: snap.topics, Deleted: snap.deleted, RaftIndex: t.raftIndex})
 	if err != nil {
 		return fmt.Errorf("%w: encode: %w", ErrTopicConfig, err)
 	}
@@ -436,6 +502,7 @@ func (t *topicTable) load() (bool, error) {
 		t.log.Warn().Int("entries", len(bad)).Str("first", bad[0]).Int("max_queues", MaxQueues).
 			Msg("storage: topic config has bad entries (name, or queue count outside [1, max_queues]); dropped or lowered")
 	}
+	t.raftIndex = f.RaftIndex
 	t.cur.Store(snap)
 	return true, nil
 }

@@ -114,6 +114,16 @@ func (d *Index) Paused(fn func()) {
 	fn()
 }
 
+// StartApplyingPaused starts the system records' hook (Options.Apply):
+// every record of a topic with an applier that is indexed from the
+// current dispatch position on is passed to it once, in log order; none
+// before. The store rebuilds its state from what is indexed already (its
+// consume queues) and then calls this, so that state equals a replay of
+// the indexed log at every point. A caller that rebuilds the state again
+// later (a snapshot installed) calls it again after. REQUIRES: inside
+// Paused, or before Start.
+func (d *Index) StartApplyingPaused() { d.applyNext = d.next }
+
 // DropTopicPaused removes every consume queue of topic and its files.
 // REQUIRES: inside Paused, or before Start.
 func (d *Index) DropTopicPaused(topic string) error {

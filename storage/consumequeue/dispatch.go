@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	iofs "io/fs"
+	"math"
 	"path/filepath"
 	"sort"
 	"sync"
@@ -62,8 +63,15 @@ type Index struct {
 	advancedAll bool
 	// lastTopic is the topic of the last record dispatched, kept across
 	// rounds so that a round per put does not allocate its topic string
-	// each time. Guarded by runMu.
+	// each time, and lastApply its applier (Options.Apply). Guarded by
+	// runMu.
 	lastTopic string
+	lastApply Applier
+	// applyNext: records at or past it go to their applier, and it moves
+	// past each one applied, so a record indexed again (a round that
+	// failed part way starts over from an earlier offset) is applied
+	// once. MaxInt64 until StartApplyingPaused. Guarded by runMu.
+	applyNext int64
 
 	// cpMu serialises checkpoints (the dispatcher's, retention's, Close's)
 	// and guards lastCP. Lock order: cpMu, then runMu.
@@ -82,8 +90,8 @@ type Index struct {
 // starts nothing: Start runs the dispatcher goroutine, Close ends it.
 func New(log Log, opts Options) *Index {
 	return &Index{opts: opts, root: opts.Dir, log: log, queues: map[Key]*Queue{}, notify: newQueueNotifier(),
-		files: newCQFiles(opts.FS, opts.MaxOpenFiles),
-		kick:  make(chan struct{}, 1), done: make(chan struct{})}
+		files: newCQFiles(opts.FS, opts.MaxOpenFiles), applyNext: math.MaxInt64,
+		kick: make(chan struct{}, 1), done: make(chan struct{})}
 }
 
 // Load finds every consume queue on disk, without opening its files,
@@ -331,6 +339,10 @@ func (d *Index) dispatchRecords(end int64) error {
 					return bad(fmt.Sprintf("dispatch: invalid topic %q", topic))
 				}
 				d.lastTopic = topic
+				d.lastApply = nil
+				if d.opts.Apply != nil {
+					d.lastApply = d.opts.Apply(topic)
+				}
 				skipBelow = tombs[topic]
 			}
 			if d.next < skipBelow {
@@ -359,6 +371,10 @@ func (d *Index) dispatchRecords(end int64) error {
 			}
 			if d.collect {
 				d.noteAdvanced(topic, h.QueueID)
+			}
+			if d.lastApply != nil && d.next >= d.applyNext {
+				d.lastApply(d.next, b[:h.Total])
+				d.applyNext = d.next + int64(h.Total)
 			}
 		}
 		d.next += int64(h.Total)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net/netip"
+	"slices"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -32,7 +33,7 @@ type fixture struct {
 	next      map[Key]int64
 }
 
-func newFixture(t *testing.T, fs vfs.FS) *fixture {
+func newFixture(t *testing.T, fs vfs.FS, mods ...func(*Options)) *fixture {
 	t.Helper()
 	nop := zerolog.Nop()
 	if err := fs.MkdirAll("/d/commitlog"); err != nil {
@@ -53,11 +54,15 @@ func newFixture(t *testing.T, fs vfs.FS) *fixture {
 	}
 	l.Start()
 	f.log = l
-	f.idx = New(l, Options{FS: fs, Dir: "/d", EntriesPerFile: 1000, MaxOpenFiles: 4, CheckpointInterval: time.Hour,
+	opts := Options{FS: fs, Dir: "/d", EntriesPerFile: 1000, MaxOpenFiles: 4, CheckpointInterval: time.Hour,
 		RequireCRC: true, AwaitTimeout: time.Second, Watermark: f.watermark.Load,
 		Tombstones: func() map[string]int64 { return nil }, Delay: func(int) time.Duration { return time.Second },
 		LastStoreTime: func() int64 { return 0 }, Fail: func(err error) { f.failed.Store(&err) },
-		Faults: fault.New(&nop, logthrottle.New(time.Second, nil)), Clock: base.SystemClock, Logger: &nop})
+		Faults: fault.New(&nop, logthrottle.New(time.Second, nil)), Clock: base.SystemClock, Logger: &nop}
+	for _, mod := range mods {
+		mod(&opts)
+	}
+	f.idx = New(l, opts)
 	if err := f.idx.Load(l.MaxOffset(), func(topic string, qid int32) int64 { return cp.Queues[QueueName(topic, qid)] }); err != nil {
 		t.Fatal(err)
 	}
@@ -171,5 +176,55 @@ func TestCorruptRecordIsSticky(t *testing.T) {
 	}
 	if q := f.idx.Queue("C", 0); q != nil && q.Count() != 0 {
 		t.Fatalf("%d entries indexed past a damaged record", q.Count())
+	}
+}
+
+// TestApplyHook: the system records' hook (Options.Apply) gets each
+// record of a topic with an applier once, in log order, from the dispatch
+// position StartApplyingPaused found on; not the records indexed before,
+// not another topic's, and not a record indexed again (a round starting
+// over from an earlier offset).
+func TestApplyHook(t *testing.T) {
+	var applied []int64
+	f := newFixture(t, vfs.NewMem(), func(o *Options) {
+		o.Apply = func(topic string) Applier {
+			if topic != "SYS" {
+				return nil
+			}
+			return func(phys int64, rec []byte) {
+				h, err := record.Parse(rec)
+				if err != nil || h.PhysOffset != phys || string(h.Topic) != "SYS" || int(h.Total) != len(rec) {
+					t.Errorf("applier got %d bytes at %d: %v (physical offset %d, topic %s)", len(rec), phys, err, h.PhysOffset, h.Topic)
+				}
+				applied = append(applied, phys)
+			}
+		}
+	})
+	f.put(t, "SYS", 0, "s")
+	f.watermark.Store(f.log.MaxOffset())
+	f.idx.Run(f.watermark.Load())
+	if len(applied) != 0 {
+		t.Fatalf("applied %v before StartApplyingPaused", applied)
+	}
+	f.idx.Paused(f.idx.StartApplyingPaused)
+	a := f.put(t, "A", 0, "x")
+	s1 := f.put(t, "SYS", 0, "s")
+	f.put(t, "A", 0, "y")
+	s2 := f.put(t, "SYS", 0, "s")
+	f.watermark.Store(f.log.MaxOffset())
+	f.idx.Run(f.watermark.Load())
+	if want := []int64{s1, s2}; !slices.Equal(applied, want) {
+		t.Fatalf("applied %v, want %v", applied, want)
+	}
+	f.idx.SetNext(a) // index again from the first record after the start
+	f.idx.Run(f.watermark.Load())
+	s3 := f.put(t, "SYS", 0, "s")
+	f.watermark.Store(f.log.MaxOffset())
+	f.idx.Run(f.watermark.Load())
+	if want := []int64{s1, s2, s3}; !slices.Equal(applied, want) {
+		t.Fatalf("after indexing again: applied %v, want %v", applied, want)
+	}
+	if q := f.idx.Queue("SYS", 0); q == nil || q.Count() != 4 {
+		t.Fatalf("the system topic's queue: %v", q)
 	}
 }

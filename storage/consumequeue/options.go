@@ -30,6 +30,13 @@ type Log interface {
 	Sync(minPages int) (int64, error)
 }
 
+// Applier applies one record of a system topic, rec (its whole bytes,
+// lengths checked, in the mapping: copy what is kept), stored at
+// commitlog offset phys. It runs inside a dispatch round (the dispatcher's
+// goroutine or a putter's), under the round lock: it must be quick and
+// must not call the Index.
+type Applier func(phys int64, rec []byte)
+
 // Options configure an Index. Every field is required; the storage facade
 // fills them from its own Options.
 type Options struct {
@@ -54,6 +61,11 @@ type Options struct {
 	// Delay is the delay of a delay level (1-based): a schedule-topic
 	// entry's tags code is its delivery time.
 	Delay func(level int) time.Duration
+	// Apply, if set, returns the applier of topic's records (nil: topic
+	// has none): the hook through which the store keeps the state it
+	// builds from its system topics' records (consumer offsets) in step
+	// with what is indexed. See Index.StartApplyingPaused.
+	Apply func(topic string) Applier
 	// LastStoreTime is the newest store time stamped (the checkpoint
 	// records it).
 	LastStoreTime func() int64

@@ -5,10 +5,14 @@
 // The table is in memory only; the commitlog is its durable state (as
 // Kafka's __consumer_offsets and RocketMQ 5's POP checkpoints live in
 // topics), so whatever carries the log (a restart's recovery, replication)
-// carries the offsets too. The store rebuilds the table at Open by
-// replaying the records of that topic in log order (Apply), and keeps the
-// latest value of every key alive across retention by writing it again
-// (Below) before the file holding its record is deleted.
+// carries the offsets too. The table changes only by Apply, record by
+// record in log order, as the store indexes them (a committed record in a
+// replication group, a durable one in sync mode): Open replays the topic
+// with the same Apply, so the table a replica builds live equals the one
+// it rebuilds from its log, and every replica of a group holds the same
+// table at the same log position. The latest value of every key outlives
+// retention by a rewrite (Below, then a record of version 2) before the
+// file holding its record is deleted.
 //
 // The package owns its state and lock and knows nothing of records,
 // files or gRPC.
@@ -36,22 +40,24 @@ type Entry struct {
 	// At is the commitlog offset of the record that last wrote this value
 	// (a commit or a rewrite before retention).
 	At int64
+	// Rewrite marks an entry of a rewrite record (version 2): it copies
+	// the value the record at commitlog offset From wrote, and applies
+	// only if no newer record wrote the key since (Apply).
+	Rewrite bool
+	From    int64
 }
 
 // ErrTooMany: a commit would add a key beyond the table's bound.
 var ErrTooMany = errors.New("storage: too many consumer offsets")
 
-// Table is the offset table. Mu serializes the store's appends of offset
-// records with the table changes they make (Lock, then append, then Set,
-// then Unlock): the log order of offset records is the order of the
-// changes, so a replay of the log rebuilds exactly this table, and a
-// rewrite never puts an older value after a newer one.
+// Table is the offset table. Readers take no store lock; the store's
+// indexing applies records (Apply) one at a time, in log order.
 type Table struct {
-	Mu  sync.Mutex
 	max int
 
-	rmu sync.RWMutex // guards m for readers that do not hold Mu
-	m   map[Key]entry
+	mu      sync.RWMutex
+	m       map[Key]entry
+	pending map[Key]int // new keys reserved by commits under way (Reserve)
 }
 
 type entry struct {
@@ -60,60 +66,89 @@ type entry struct {
 }
 
 // New returns an empty table holding at most max keys.
-func New(max int) *Table { return &Table{max: max, m: map[Key]entry{}} }
+func New(max int) *Table { return &Table{max: max, m: map[Key]entry{}, pending: map[Key]int{}} }
 
-// Admit reports whether k may be set: it exists, or there is room for one
-// more key. The caller holds Mu.
-func (t *Table) Admit(k Key) error {
-	t.rmu.RLock()
-	defer t.rmu.RUnlock()
-	if _, ok := t.m[k]; ok || len(t.m) < t.max {
-		return nil
+// Reserve admits a commit of k before its record is written: k exists, or
+// there is room for one more key counting the new keys of the commits
+// under way (so concurrent commits of new keys cannot overshoot the
+// bound). The caller calls release once the commit's outcome is known,
+// whatever it is; by then an applied commit holds its key in the table.
+// Apply itself never refuses a key: every replica must apply what its
+// log holds.
+func (t *Table) Reserve(k Key) (release func(), err error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if _, ok := t.m[k]; ok {
+		return func() {}, nil
 	}
-	return fmt.Errorf("%w: the store holds %d (group, topic, queue) offsets, its limit", ErrTooMany, t.max)
+	if t.pending[k] == 0 && len(t.m)+len(t.pending) >= t.max {
+		return nil, fmt.Errorf("%w: the store holds %d (group, topic, queue) offsets, its limit", ErrTooMany, t.max)
+	}
+	t.pending[k]++
+	return func() {
+		t.mu.Lock()
+		if t.pending[k]--; t.pending[k] <= 0 {
+			delete(t.pending, k)
+		}
+		t.mu.Unlock()
+	}, nil
 }
 
-// Set records offset for k, written by the record at commitlog offset at.
-// The caller holds Mu (or is the only user, at Open).
-func (t *Table) Set(k Key, offset, at int64) {
-	t.rmu.Lock()
-	t.m[k] = entry{offset: offset, at: at}
-	t.rmu.Unlock()
+// Apply applies the entries of the offset record at commitlog offset at,
+// in order, and returns how many changed the table. A commit's entry
+// (Rewrite false) sets its key. A rewrite's entry sets its key only if
+// the key's value was written at or before the rewrite's source (From),
+// or the key is absent (its record's file is gone, at a replay): a commit
+// that reached the log between the rewrite's reading of the table and the
+// rewrite's record is never overwritten with the older value. The rule
+// depends only on the log, so every replica and every replay agree.
+func (t *Table) Apply(es []Entry, at int64) int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	n := 0
+	for _, e := range es {
+		if cur, ok := t.m[e.Key]; e.Rewrite && ok && cur.at > e.From {
+			continue
+		}
+		t.m[e.Key] = entry{offset: e.Offset, at: at}
+		n++
+	}
+	return n
 }
 
-// Delete forgets k (a rewrite found its topic deleted). The caller holds Mu.
+// Delete forgets k (a rewrite found its topic deleted; standalone only).
 func (t *Table) Delete(k Key) {
-	t.rmu.Lock()
+	t.mu.Lock()
 	delete(t.m, k)
-	t.rmu.Unlock()
+	t.mu.Unlock()
 }
 
 // Get returns the offset committed for k.
 func (t *Table) Get(k Key) (int64, bool) {
-	t.rmu.RLock()
+	t.mu.RLock()
 	e, ok := t.m[k]
-	t.rmu.RUnlock()
+	t.mu.RUnlock()
 	return e.offset, ok
 }
 
 // Len is the number of keys.
 func (t *Table) Len() int {
-	t.rmu.RLock()
-	defer t.rmu.RUnlock()
+	t.mu.RLock()
+	defer t.mu.RUnlock()
 	return len(t.m)
 }
 
 // Below returns the entries whose latest record lies below commitlog
 // offset end, sorted by key (a deterministic rewrite order).
 func (t *Table) Below(end int64) []Entry {
-	t.rmu.RLock()
+	t.mu.RLock()
 	var out []Entry
 	for k, e := range t.m {
 		if e.at < end {
 			out = append(out, Entry{Key: k, Offset: e.offset, At: e.at})
 		}
 	}
-	t.rmu.RUnlock()
+	t.mu.RUnlock()
 	sort.Slice(out, func(i, j int) bool { return less(out[i].Key, out[j].Key) })
 	return out
 }
@@ -122,12 +157,12 @@ func (t *Table) Below(end int64) []Entry {
 // then topic, then queue): what the admin calls and the lag metrics read.
 // It copies the table, O(keys log keys); the table is bounded (New's max).
 func (t *Table) Entries() []Entry {
-	t.rmu.RLock()
+	t.mu.RLock()
 	out := make([]Entry, 0, len(t.m))
 	for k, e := range t.m {
 		out = append(out, Entry{Key: k, Offset: e.offset, At: e.at})
 	}
-	t.rmu.RUnlock()
+	t.mu.RUnlock()
 	sort.Slice(out, func(i, j int) bool { return less(out[i].Key, out[j].Key) })
 	return out
 }
@@ -135,8 +170,8 @@ func (t *Table) Entries() []Entry {
 // OldestAt is the lowest commitlog offset holding a latest value, and
 // false when the table is empty.
 func (t *Table) OldestAt() (int64, bool) {
-	t.rmu.RLock()
-	defer t.rmu.RUnlock()
+	t.mu.RLock()
+	defer t.mu.RUnlock()
 	first, found := int64(0), false
 	for _, e := range t.m {
 		if !found || e.at < first {
@@ -159,14 +194,17 @@ func less(a, b Key) bool {
 // Record body layout (big-endian), the wire format of offset records in
 // the commitlog: it must not change incompatibly.
 //
-//	u8  version (1)
+//	u8  version (1: commits, 2: a rewrite)
 //	u16 count   entries, at least 1
-//	count × { u8 group length, group, u8 topic length, topic, i32 queue, i64 offset }
+//	count × { u8 group length, group, u8 topic length, topic, i32 queue, i64 offset
+//	          [version 2: i64 from, the commitlog offset of the record whose value it copies] }
 //
-// A commit is one entry; a rewrite before retention carries many. Entries
-// apply in order, each replacing its key's value.
+// A commit is one entry of version 1; a rewrite before retention carries
+// many, of version 2. Entries apply in order (Table.Apply). A version
+// this code does not know is ErrDecode: a replica refuses to guess.
 const (
-	version = 1
+	versionCommit  = 1
+	versionRewrite = 2
 	// MaxEntries bounds one record's entries.
 	MaxEntries = 1024
 	// MaxNameLen bounds a group or topic name in a record (u8 length).
@@ -177,20 +215,31 @@ const (
 // ErrDecode: an offset record's body is malformed.
 var ErrDecode = errors.New("storage: malformed consumer offset record")
 
-// EncodedLen is the body length of a record holding es.
+// EncodedLen is the body length of the record Encode makes of es.
 func EncodedLen(es []Entry) int {
-	n := 3
+	n, fixed := 3, entryFixed
+	if len(es) > 0 && es[0].Rewrite {
+		fixed += 8
+	}
 	for _, e := range es {
-		n += entryFixed + len(e.Key.Group) + len(e.Key.Topic)
+		n += fixed + len(e.Key.Group) + len(e.Key.Topic)
 	}
 	return n
 }
 
-// Encode returns the body of a record holding es (1 to MaxEntries
-// entries, names at most MaxNameLen bytes: the caller validated them).
+// Encode returns the body of an offset record holding es (1 to MaxEntries
+// entries, names at most MaxNameLen bytes: the caller validated them): a
+// commit (version 1), or a rewrite (version 2, each entry copying the
+// value of the record at its From) when es[0].Rewrite; all entries of a
+// record are of one kind.
 func Encode(es []Entry) []byte {
+	rewrite := len(es) > 0 && es[0].Rewrite
 	b := make([]byte, 0, EncodedLen(es))
-	b = append(b, version)
+	if rewrite {
+		b = append(b, versionRewrite)
+	} else {
+		b = append(b, versionCommit)
+	}
 	b = binary.BigEndian.AppendUint16(b, uint16(len(es)))
 	for _, e := range es {
 		b = append(b, byte(len(e.Key.Group)))
@@ -199,21 +248,31 @@ func Encode(es []Entry) []byte {
 		b = append(b, e.Key.Topic...)
 		b = binary.BigEndian.AppendUint32(b, uint32(e.Key.Queue))
 		b = binary.BigEndian.AppendUint64(b, uint64(e.Offset))
+		if rewrite {
+			b = binary.BigEndian.AppendUint64(b, uint64(e.From))
+		}
 	}
 	return b
 }
 
 // Decode parses a record body; every length is checked against the body,
-// so no input panics or allocates more than its own size.
+// so no input panics or allocates more than its own size. Entries of a
+// rewrite have Rewrite set and From their source.
 func Decode(b []byte) ([]Entry, error) {
 	if len(b) < 3 {
 		return nil, fmt.Errorf("%w: %d bytes", ErrDecode, len(b))
 	}
-	if b[0] != version {
+	version := b[0]
+	fixed := entryFixed
+	switch version {
+	case versionCommit:
+	case versionRewrite:
+		fixed += 8
+	default:
 		return nil, fmt.Errorf("%w: version %d", ErrDecode, b[0])
 	}
 	n := int(binary.BigEndian.Uint16(b[1:]))
-	if n == 0 || n > MaxEntries || n*(entryFixed+2) > len(b) {
+	if n == 0 || n > MaxEntries || n*(fixed+2) > len(b) {
 		return nil, fmt.Errorf("%w: %d entries in %d bytes", ErrDecode, n, len(b))
 	}
 	out := make([]Entry, 0, n)
@@ -231,22 +290,26 @@ func Decode(b []byte) ([]Entry, error) {
 		p += l
 		return s, true
 	}
+	tail := fixed - 2 // queue, offset [, from]
 	for i := 0; i < n; i++ {
 		g, ok := name()
 		if !ok {
 			return nil, fmt.Errorf("%w: entry %d: group", ErrDecode, i)
 		}
 		t, ok := name()
-		if !ok || p+12 > len(b) {
+		if !ok || p+tail > len(b) {
 			return nil, fmt.Errorf("%w: entry %d: topic", ErrDecode, i)
 		}
-		q := int32(binary.BigEndian.Uint32(b[p:]))
-		off := int64(binary.BigEndian.Uint64(b[p+4:]))
-		p += 12
-		if q < 0 || off < 0 {
-			return nil, fmt.Errorf("%w: entry %d: queue %d, offset %d", ErrDecode, i, q, off)
+		e := Entry{Key: Key{Group: g, Topic: t, Queue: int32(binary.BigEndian.Uint32(b[p:]))},
+			Offset: int64(binary.BigEndian.Uint64(b[p+4:]))}
+		if version == versionRewrite {
+			e.Rewrite, e.From = true, int64(binary.BigEndian.Uint64(b[p+12:]))
 		}
-		out = append(out, Entry{Key: Key{Group: g, Topic: t, Queue: q}, Offset: off})
+		p += tail
+		if e.Key.Queue < 0 || e.Offset < 0 || e.From < 0 {
+			return nil, fmt.Errorf("%w: entry %d: queue %d, offset %d, from %d", ErrDecode, i, e.Key.Queue, e.Offset, e.From)
+		}
+		out = append(out, e)
 	}
 	if p != len(b) {
 		return nil, fmt.Errorf("%w: %d bytes after the entries", ErrDecode, len(b)-p)

@@ -38,3 +38,39 @@ func (l *Log) LastCmd(hi uint64, match func([]byte) bool) ([]byte, uint64, error
 	}
 	return nil, 0, nil
 }
+
+// Cmds calls fn with every CMD entry in [lo, hi] whose payload match
+// accepts, in log order (a store replays state kept in commands it may
+// not have persisted itself: the topic table, from the index its file
+// records). Entries below FirstIndex are gone (compacted): the scan starts
+// at FirstIndex then. Payloads are checked against their units' CRCs.
+func (l *Log) Cmds(lo, hi uint64, match func([]byte) bool, fn func(index uint64, b []byte) error) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.stopped != nil {
+		return l.stopped
+	}
+	hi = min(hi, l.last)
+	for i := max(lo, l.first, 1); i <= hi; i++ {
+		u, err := l.unitLocked(i)
+		if err != nil {
+			return err
+		}
+		if u.Kind != KindCmd {
+			continue
+		}
+		b := make([]byte, u.Len)
+		if _, err := l.metaLog.ReadAt(b, u.Pos); err != nil && u.Len > 0 {
+			return fmt.Errorf("raftlog: read meta-log at %d for entry %d: %w", u.Pos, i, err)
+		}
+		if crc32c(b) != u.DataCRC {
+			return l.corrupt(i, u, "payload CRC mismatch")
+		}
+		if match(b) {
+			if err := fn(i, b); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}

@@ -1851,7 +1851,12 @@ type GetOffsetRequest struct {
 	// Topic consumed.
 	Topic string `protobuf:"bytes,2,opt,name=topic,proto3" json:"topic,omitempty"`
 	// Queue of the topic.
-	QueueId       int32 `protobuf:"varint,3,opt,name=queue_id,json=queueId,proto3" json:"queue_id,omitempty"`
+	QueueId int32 `protobuf:"varint,3,opt,name=queue_id,json=queueId,proto3" json:"queue_id,omitempty"`
+	// When true, the answer is linearizable: it reflects every commit acknowledged before this call began,
+	// on any member of the group, and never an older state; refusals exactly as for
+	// GetQueueInfoRequest.linearizable. Without it any member answers from the commits it has applied,
+	// which may lag the leader's. A standalone server is linearizable either way and ignores the field.
+	Linearizable  bool `protobuf:"varint,4,opt,name=linearizable,proto3" json:"linearizable,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1905,6 +1910,13 @@ func (x *GetOffsetRequest) GetQueueId() int32 {
 		return x.QueueId
 	}
 	return 0
+}
+
+func (x *GetOffsetRequest) GetLinearizable() bool {
+	if x != nil {
+		return x.Linearizable
+	}
+	return false
 }
 
 // GetOffsetResponse is the response of MessageStoreService.GetOffset.
@@ -1961,7 +1973,9 @@ type GetOffsetByTimeRequest struct {
 	// Queue of the topic. Must not be negative.
 	QueueId int32 `protobuf:"varint,2,opt,name=queue_id,json=queueId,proto3" json:"queue_id,omitempty"`
 	// The time looked for, compared with the store time (milliseconds) of the messages. Required.
-	Time          *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=time,proto3" json:"time,omitempty"`
+	Time *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=time,proto3" json:"time,omitempty"`
+	// As GetOffsetRequest.linearizable: the answer reflects every message acknowledged before the call.
+	Linearizable  bool `protobuf:"varint,4,opt,name=linearizable,proto3" json:"linearizable,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2015,6 +2029,13 @@ func (x *GetOffsetByTimeRequest) GetTime() *timestamppb.Timestamp {
 		return x.Time
 	}
 	return nil
+}
+
+func (x *GetOffsetByTimeRequest) GetLinearizable() bool {
+	if x != nil {
+		return x.Linearizable
+	}
+	return false
 }
 
 // GetOffsetByTimeResponse is the response of MessageStoreService.GetOffsetByTime.
@@ -2512,17 +2533,19 @@ const file_storaged_v1_message_store_proto_rawDesc = "" +
 	"\x05topic\x18\x02 \x01(\tR\x05topic\x12\x19\n" +
 	"\bqueue_id\x18\x03 \x01(\x05R\aqueueId\x12\x16\n" +
 	"\x06offset\x18\x04 \x01(\x03R\x06offset\"\x16\n" +
-	"\x14CommitOffsetResponse\"j\n" +
+	"\x14CommitOffsetResponse\"\x8e\x01\n" +
 	"\x10GetOffsetRequest\x12%\n" +
 	"\x0econsumer_group\x18\x01 \x01(\tR\rconsumerGroup\x12\x14\n" +
 	"\x05topic\x18\x02 \x01(\tR\x05topic\x12\x19\n" +
-	"\bqueue_id\x18\x03 \x01(\x05R\aqueueId\"+\n" +
+	"\bqueue_id\x18\x03 \x01(\x05R\aqueueId\x12\"\n" +
+	"\flinearizable\x18\x04 \x01(\bR\flinearizable\"+\n" +
 	"\x11GetOffsetResponse\x12\x16\n" +
-	"\x06offset\x18\x01 \x01(\x03R\x06offset\"y\n" +
+	"\x06offset\x18\x01 \x01(\x03R\x06offset\"\x9d\x01\n" +
 	"\x16GetOffsetByTimeRequest\x12\x14\n" +
 	"\x05topic\x18\x01 \x01(\tR\x05topic\x12\x19\n" +
 	"\bqueue_id\x18\x02 \x01(\x05R\aqueueId\x12.\n" +
-	"\x04time\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\"1\n" +
+	"\x04time\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\x12\"\n" +
+	"\flinearizable\x18\x04 \x01(\bR\flinearizable\"1\n" +
 	"\x17GetOffsetByTimeResponse\x12\x16\n" +
 	"\x06offset\x18\x01 \x01(\x03R\x06offset\"Q\n" +
 	"\x14RecallMessageRequest\x12\x14\n" +

@@ -150,15 +150,25 @@ type MessageStoreServiceClient interface {
 	//     (starting, closing, slave, read-only, disk full); nothing was stored.
 	//   - UNAVAILABLE, reason "FLUSH_DISK_TIMEOUT" or "UNKNOWN_ERROR", metadata stored "unknown": the
 	//     commit was appended but its durability was not confirmed; send it again.
-	//   - UNIMPLEMENTED, reason "REQUEST_CODE_NOT_SUPPORTED": the server runs in a replication group,
-	//     which does not replicate consumer offsets yet.
+	//
+	// In a replication group only the ready leader takes a commit: it is proposed like a put and answered
+	// once committed on a majority (each member synced it); every member applies the committed commits to
+	// its table, so GetOffset on any member serves them. Further errors there, as for a put:
+	//   - UNAVAILABLE, reason "SERVICE_NOT_AVAILABLE", metadata cause (NOT_LEADER, NO_LEADER,
+	//     LEADER_NOT_READY, TRANSFERRING, SUPERSEDED), leader_id, leader_addr, term, with a RetryInfo:
+	//     this member cannot take it; nothing was stored; send it to leader_addr.
+	//   - UNAVAILABLE, reason "IN_SYNC_REPLICAS_NOT_ENOUGH" (with RetryInfo): too few followers active;
+	//     nothing was stored.
+	//   - DEADLINE_EXCEEDED, reason "FLUSH_SLAVE_TIMEOUT", metadata stored "unknown", outcome "unknown":
+	//     proposed but not seen committed within --replication-timeout; send it again.
 	CommitOffset(ctx context.Context, in *CommitOffsetRequest, opts ...grpc.CallOption) (*CommitOffsetResponse, error)
 	// GetOffset returns a consumer group's committed offset of one queue (RocketMQ
 	// QUERY_CONSUMER_OFFSET). NOT_FOUND with reason "QUERY_NOT_FOUND" when the group never committed
 	// one for that queue (RocketMQ's answer, after which a consumer starts from its
 	// ConsumeFromWhere); INVALID_ARGUMENT and TOPIC_NOT_EXIST as for CommitOffset. The offset may lie
 	// below the queue's min_offset when retention has trimmed the queue since the commit: a pull there
-	// answers OUT_OF_RANGE with the bounds to go on from.
+	// answers OUT_OF_RANGE with the bounds to go on from. In a replication group any member answers
+	// from the commits it has applied, or the leader linearizably (the request's linearizable field).
 	GetOffset(ctx context.Context, in *GetOffsetRequest, opts ...grpc.CallOption) (*GetOffsetResponse, error)
 	// GetOffsetByTime returns the first queue offset whose message was stored at or after time
 	// (RocketMQ getOffsetInQueueByTime, boundary LOWER), found by binary search over the consume queue
@@ -409,15 +419,25 @@ type MessageStoreServiceServer interface {
 	//     (starting, closing, slave, read-only, disk full); nothing was stored.
 	//   - UNAVAILABLE, reason "FLUSH_DISK_TIMEOUT" or "UNKNOWN_ERROR", metadata stored "unknown": the
 	//     commit was appended but its durability was not confirmed; send it again.
-	//   - UNIMPLEMENTED, reason "REQUEST_CODE_NOT_SUPPORTED": the server runs in a replication group,
-	//     which does not replicate consumer offsets yet.
+	//
+	// In a replication group only the ready leader takes a commit: it is proposed like a put and answered
+	// once committed on a majority (each member synced it); every member applies the committed commits to
+	// its table, so GetOffset on any member serves them. Further errors there, as for a put:
+	//   - UNAVAILABLE, reason "SERVICE_NOT_AVAILABLE", metadata cause (NOT_LEADER, NO_LEADER,
+	//     LEADER_NOT_READY, TRANSFERRING, SUPERSEDED), leader_id, leader_addr, term, with a RetryInfo:
+	//     this member cannot take it; nothing was stored; send it to leader_addr.
+	//   - UNAVAILABLE, reason "IN_SYNC_REPLICAS_NOT_ENOUGH" (with RetryInfo): too few followers active;
+	//     nothing was stored.
+	//   - DEADLINE_EXCEEDED, reason "FLUSH_SLAVE_TIMEOUT", metadata stored "unknown", outcome "unknown":
+	//     proposed but not seen committed within --replication-timeout; send it again.
 	CommitOffset(context.Context, *CommitOffsetRequest) (*CommitOffsetResponse, error)
 	// GetOffset returns a consumer group's committed offset of one queue (RocketMQ
 	// QUERY_CONSUMER_OFFSET). NOT_FOUND with reason "QUERY_NOT_FOUND" when the group never committed
 	// one for that queue (RocketMQ's answer, after which a consumer starts from its
 	// ConsumeFromWhere); INVALID_ARGUMENT and TOPIC_NOT_EXIST as for CommitOffset. The offset may lie
 	// below the queue's min_offset when retention has trimmed the queue since the commit: a pull there
-	// answers OUT_OF_RANGE with the bounds to go on from.
+	// answers OUT_OF_RANGE with the bounds to go on from. In a replication group any member answers
+	// from the commits it has applied, or the leader linearizably (the request's linearizable field).
 	GetOffset(context.Context, *GetOffsetRequest) (*GetOffsetResponse, error)
 	// GetOffsetByTime returns the first queue offset whose message was stored at or after time
 	// (RocketMQ getOffsetInQueueByTime, boundary LOWER), found by binary search over the consume queue
