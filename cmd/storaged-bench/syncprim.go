@@ -80,8 +80,14 @@ type syncPrimCase struct {
 	P99Us     float64 `json:"p99_us"`
 	MeanUs    float64 `json:"mean_us"`
 	MaxUs     float64 `json:"max_us"`
+	// The write before the sync, in ns: the copy into the mapping (with
+	// the page fault a page cleaned by the last sync takes when written
+	// again) or the pwrite.
+	WriteP50Ns  float64 `json:"write_p50_ns"`
+	WriteP99Ns  float64 `json:"write_p99_ns"`
+	WriteMeanNs float64 `json:"write_mean_ns"`
 
-	hist *hdrhistogram.Histogram
+	hist, writeHist *hdrhistogram.Histogram
 	f    *os.File
 	data []byte
 	pos  int64
@@ -167,7 +173,8 @@ func runSyncPrimCommand(args []string, stdout, stderr io.Writer) error {
 				if kind == "grown" && prim != "pwrite" {
 					continue
 				}
-				c := &syncPrimCase{Primitive: prim, File: kind, Size: size, hist: hdrhistogram.New(1, int64(10*time.Second/time.Microsecond), 3)}
+				c := &syncPrimCase{Primitive: prim, File: kind, Size: size, hist: hdrhistogram.New(1, int64(10*time.Second/time.Microsecond), 3),
+					writeHist: hdrhistogram.New(1, int64(10*time.Second), 3)}
 				path := filepath.Join(dir, fmt.Sprintf("%s-%s-%d", kind, prim, size))
 				if err := c.open(path, size*int64(o.iterations)); err != nil {
 					return fmt.Errorf("%s %s %d: %w", kind, prim, size, err)
@@ -183,11 +190,12 @@ func runSyncPrimCommand(args []string, stdout, stderr io.Writer) error {
 	}
 	for range o.iterations {
 		for _, c := range res.Cases {
-			d, err := c.appendSync(buf[:c.Size])
+			w, d, err := c.appendSync(buf[:c.Size])
 			if err != nil {
 				return fmt.Errorf("%s %s %d: %w", c.File, c.Primitive, c.Size, err)
 			}
 			c.hist.RecordValue(max(1, d.Microseconds()))
+			c.writeHist.RecordValue(max(1, w.Nanoseconds()))
 		}
 	}
 	for _, c := range res.Cases {
@@ -195,6 +203,9 @@ func runSyncPrimCommand(args []string, stdout, stderr io.Writer) error {
 		c.P99Us = float64(c.hist.ValueAtQuantile(99))
 		c.MeanUs = c.hist.Mean()
 		c.MaxUs = float64(c.hist.Max())
+		c.WriteP50Ns = float64(c.writeHist.ValueAtQuantile(50))
+		c.WriteP99Ns = float64(c.writeHist.ValueAtQuantile(99))
+		c.WriteMeanNs = c.writeHist.Mean()
 	}
 	printSyncPrim(stdout, res)
 	if o.out != "" {
@@ -243,29 +254,34 @@ func (c *syncPrimCase) open(path string, size int64) error {
 }
 
 // appendSync appends b at the case's position and makes it durable; it
-// returns how long the sync took (the copy is not timed: a put pays it
-// whatever the flush does).
-func (c *syncPrimCase) appendSync(b []byte) (time.Duration, error) {
+// returns how long the write took (the copy into the mapping, or the
+// pwrite) and how long the sync took. The write is timed apart because a
+// sync changes what the next write costs: msync cleans and write-protects
+// the tail page, so the next append into it takes a write fault
+// (ext4_page_mkwrite), which a put pays under the store's lock.
+func (c *syncPrimCase) appendSync(b []byte) (write, sync time.Duration, err error) {
 	lo, hi := c.pos, c.pos+int64(len(b))
 	c.pos = hi
-	var start time.Time
-	var err error
+	start := time.Now()
 	switch c.Primitive {
 	case "msync":
 		copy(c.data[lo:hi], b)
+		write = time.Since(start)
 		start = time.Now()
 		err = unix.Msync(c.data[lo&^4095:hi], unix.MS_SYNC)
 	case "fdatasync":
 		copy(c.data[lo:hi], b)
+		write = time.Since(start)
 		start = time.Now()
 		err = unix.Fdatasync(int(c.f.Fd()))
 	case "pwrite":
-		start = time.Now()
 		if _, err = c.f.WriteAt(b, lo); err == nil {
+			write = time.Since(start)
+			start = time.Now()
 			err = unix.Fdatasync(int(c.f.Fd()))
 		}
 	}
-	return time.Since(start), err
+	return write, time.Since(start), err
 }
 
 func (c *syncPrimCase) close() {
@@ -306,10 +322,11 @@ func filesystemOf(dir string) string {
 
 func printSyncPrim(w io.Writer, res *SyncPrimResult) {
 	fmt.Fprintf(w, "%s, %d CPU (%s), %s, %d appends per case\n", res.Date, res.Machine.NProc, res.Machine.CPU, res.Filesystem, res.Iterations)
-	fmt.Fprintln(w, "| size | file | primitive | p50 | p99 | mean | max |")
-	fmt.Fprintln(w, "|---|---|---|---|---|---|---|")
+	fmt.Fprintln(w, "| size | file | primitive | p50 | p99 | mean | max | write p50 | write p99 | write mean |")
+	fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|---|---|")
 	for _, c := range res.Cases {
-		fmt.Fprintf(w, "| %s | %s | %s | %s | %s | %s | %s |\n", resource.NewQuantity(c.Size, resource.BinarySI), c.File, c.Primitive,
-			fmtLatency(int64(c.P50Us)), fmtLatency(int64(c.P99Us)), fmtLatency(int64(c.MeanUs)), fmtLatency(int64(c.MaxUs)))
+		fmt.Fprintf(w, "| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", resource.NewQuantity(c.Size, resource.BinarySI), c.File, c.Primitive,
+			fmtLatency(int64(c.P50Us)), fmtLatency(int64(c.P99Us)), fmtLatency(int64(c.MeanUs)), fmtLatency(int64(c.MaxUs)),
+			time.Duration(c.WriteP50Ns), time.Duration(c.WriteP99Ns), time.Duration(c.WriteMeanNs).Round(10*time.Nanosecond))
 	}
 }

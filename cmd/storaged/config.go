@@ -18,6 +18,7 @@ import (
 
 	"github.com/storaged/storaged/server"
 	"github.com/storaged/storaged/storage"
+	"github.com/storaged/storaged/storage/vfs"
 )
 
 // envPrefix is the prefix of every flag's environment twin: --data-dir is
@@ -68,6 +69,7 @@ type config struct {
 	AutoCreateTopics  bool
 	MaxTopics         int
 	MaxOpenQueueFiles int
+	Populate          vfs.PopulateMode
 	// MaxConsumerOffsets bounds the committed (group, topic, queue) offsets.
 	MaxConsumerOffsets int
 	// MaxTimerMessages bounds the pending timer messages; TimerMaxDelay
@@ -208,6 +210,9 @@ func parseConfig(args []string, lookupEnv func(string) (string, bool), stderr io
 		"most timer messages (delivery at a time) waiting at once (1-67108864); a timer put beyond it is refused (RESOURCE_EXHAUSTED, WHEEL_TIMER_FLOW_CONTROL)")
 	fs.DurationVar(&cfg.TimerMaxDelay, "timer-max-delay", cfg.TimerMaxDelay,
 		"how far ahead a timer message may be due (RocketMQ timerMaxDelaySec; 1s-8784h); later is refused (INVALID_ARGUMENT, WHEEL_TIMER_MSG_ILLEGAL)")
+	fs.Var((*populateValue)(&cfg.Populate), "populate",
+		"how a new commitlog file is faulted in ahead of the writer: `mode` write (the default: MADV_POPULATE_WRITE, no fault on the put path), "+
+			"read (MADV_POPULATE_READ: clean pages, a write fault per page on the put path), willneed or off; BENCHMARKS.md measures them")
 	fs.IntVar(&cfg.MaxOpenQueueFiles, "max-open-queue-files", cfg.MaxOpenQueueFiles,
 		"`count` of consume-queue files kept open at once; the least recently used idle one is closed beyond it")
 	fs.Var((*sizeValue)(&cfg.MaxPullInflightBytes), "max-pull-inflight-bytes",
@@ -454,6 +459,7 @@ func (c *config) storageOptions(host netip.AddrPort, logger *zerolog.Logger) sto
 		MaxOpenQueueFiles:  c.MaxOpenQueueFiles,
 		MaxTimerMessages:   c.MaxTimerMessages,
 		TimerMaxDelay:      c.TimerMaxDelay,
+		Populate:           c.Populate,
 
 		DedupWindow:      cmp.Or(c.DedupWindow, -1), // 0: off
 		DedupMaxMessages: c.DedupMaxMessages,
@@ -496,6 +502,7 @@ func (c *config) log(l zerolog.Logger) {
 		Int("max_timer_messages", c.MaxTimerMessages).
 		Stringer("timer_max_delay", c.TimerMaxDelay).
 		Int("max_open_queue_files", c.MaxOpenQueueFiles).
+		Str("populate", c.Populate.String()).
 		Str("max_pull_inflight_bytes", formatSize(c.MaxPullInflightBytes)).
 		Stringer("max_pull_wait", c.MaxPullWait).
 		Int("consumer_max_attempts", c.ConsumerMaxAttempts).
@@ -577,6 +584,19 @@ func (v *flushModeValue) Set(s string) error {
 		return err
 	}
 	*v = flushModeValue(m)
+	return nil
+}
+
+type populateValue vfs.PopulateMode
+
+func (v *populateValue) String() string { return vfs.PopulateMode(*v).String() }
+
+func (v *populateValue) Set(s string) error {
+	m, err := vfs.ParsePopulateMode(s)
+	if err != nil {
+		return err
+	}
+	*v = populateValue(m)
 	return nil
 }
 

@@ -15,6 +15,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/storaged/storaged/storage"
+	"github.com/storaged/storaged/storage/vfs"
 )
 
 func env(kv ...string) func(string) (string, bool) {
@@ -87,7 +88,7 @@ func TestConfigPrecedence(t *testing.T) {
 		"STORAGED_FILE_SIZE", "64MiB", "STORAGED_REFLECTION", "false", "STORAGED_SHUTDOWN_TIMEOUT", "9s",
 		"STORAGED_LOG_LEVEL", "debug", "STORAGED_ROLE", "slave", "STORAGED_METRICS_LISTEN", "",
 		"STORAGED_MAX_PULL_INFLIGHT_BYTES", "64MiB", "STORAGED_MAX_PULL_WAIT", "20s", "STORAGED_DEDUP_WINDOW", "2m",
-		"STORAGED_DEDUP_MAX_MESSAGES", "1000")
+		"STORAGED_DEDUP_MAX_MESSAGES", "1000", "STORAGED_POPULATE", "read")
 	cfg, err := parseConfig([]string{"--data-dir", "/flag/data", "--file-size=128MiB", "-reflection=true", "--max-pull-wait", "14s"}, e, &bytes.Buffer{})
 	if err != nil {
 		t.Fatal(err)
@@ -109,6 +110,7 @@ func TestConfigPrecedence(t *testing.T) {
 		{"max-pull-wait (flag over env)", cfg.MaxPullWait, 14 * time.Second},
 		{"dedup-window (env)", cfg.storageOptions(netip.MustParseAddrPort("127.0.0.1:1"), nil).DedupWindow, 2 * time.Minute},
 		{"dedup-max-messages (env)", cfg.storageOptions(netip.MustParseAddrPort("127.0.0.1:1"), nil).DedupMaxMessages, 1000},
+		{"populate (env)", cfg.storageOptions(netip.MustParseAddrPort("127.0.0.1:1"), nil).Populate, vfs.PopulateRead},
 	}
 	for _, c := range checks {
 		if c.got != c.want {
@@ -221,6 +223,7 @@ func TestConfigErrors(t *testing.T) {
 		{"unknown flag", []string{"--nope"}, nil, "flag provided but not defined"},
 		{"bad flush mode", []string{"--flush-mode", "sometimes"}, nil, "unknown flush mode"},
 		{"bad role", []string{"--role", "boss"}, nil, "unknown role"},
+		{"bad populate mode", []string{"--populate", "eager"}, nil, "unknown populate mode"},
 		{"bad size", []string{"--file-size", "1 parsec"}, nil, "unknown unit"},
 		{"bad log level", []string{"--log-level", "loud"}, nil, "log-level"},
 		{"bad log format", []string{"--log-format", "xml"}, nil, "json or console"},

@@ -36,3 +36,15 @@ func TestOSFile(t *testing.T) {
 		t.Fatalf("read %q: %v", b, err)
 	}
 }
+
+func TestParsePopulateMode(t *testing.T) {
+	for m := PopulateWrite; m <= PopulateOff; m++ {
+		got, err := ParsePopulateMode(m.String())
+		if err != nil || got != m {
+			t.Errorf("ParsePopulateMode(%q) = %v, %v; want %v", m.String(), got, err, m)
+		}
+	}
+	if _, err := ParsePopulateMode("eager"); err == nil {
+		t.Error(`ParsePopulateMode("eager") accepted`)
+	}
+}

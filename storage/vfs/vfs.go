@@ -128,6 +128,16 @@ func (m PopulateMode) String() string {
 	return fmt.Sprintf("PopulateMode(%d)", uint8(m))
 }
 
+// ParsePopulateMode parses a mode's name (String's output).
+func ParsePopulateMode(s string) (PopulateMode, error) {
+	for m := PopulateWrite; m <= PopulateOff; m++ {
+		if s == m.String() {
+			return m, nil
+		}
+	}
+	return 0, fmt.Errorf("vfs: unknown populate mode %q (want write, read, willneed or off)", s)
+}
+
 var (
 	// ErrNoSpace wraps ENOSPC from preallocation.
 	ErrNoSpace = errors.New("vfs: no space left on device")
