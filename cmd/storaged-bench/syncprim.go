@@ -88,9 +88,9 @@ type syncPrimCase struct {
 	WriteMeanNs float64 `json:"write_mean_ns"`
 
 	hist, writeHist *hdrhistogram.Histogram
-	f    *os.File
-	data []byte
-	pos  int64
+	f               *os.File
+	data            []byte
+	pos             int64
 }
 
 func parseSyncPrimOptions(args []string, stderr io.Writer) (syncPrimOptions, error) {
