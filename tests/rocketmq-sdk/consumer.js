@@ -39,7 +39,12 @@ const logger = { info() {}, debug() {}, warn(...a) { line('warn', a); }, error(.
 
 function out(o) { process.stdout.write(JSON.stringify(o) + '\n'); }
 
-const view = (kind, m) => ({ kind, body: m.body.toString(), attempt: m.deliveryAttempt, messageId: m.messageId });
+// at: when the consumer got it (Unix ms); deliverAt: the message's
+// delivery timestamp (a timer message), 0 when it has none.
+const view = (kind, m) => ({
+  kind, body: m.body.toString(), attempt: m.deliveryAttempt, messageId: m.messageId,
+  at: Date.now(), deliverAt: m.deliveryTimestamp ? m.deliveryTimestamp.getTime() : 0,
+});
 
 const deadline = Date.now() + 90000;
 function checkTime() {

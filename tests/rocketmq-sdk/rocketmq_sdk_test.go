@@ -50,9 +50,11 @@ type line struct {
 	HARetries int `json:"haRetries"`
 	// Attempt is a delivery attempt consumer.js saw.
 	Attempt int `json:"attempt"`
-	// RecallHandle and DeliverAt (Unix ms) of a timer message.
+	// RecallHandle and DeliverAt (Unix ms) of a timer message; At is when
+	// consumer.js received a message (Unix ms).
 	RecallHandle string `json:"recallHandle"`
 	DeliverAt    int64  `json:"deliverAt"`
+	At           int64  `json:"at"`
 }
 
 // nodeSDK returns the node binary, after checking that the SDK is
@@ -473,9 +475,11 @@ func waitLeader(t *testing.T, nodes []*proctest.Process) *proctest.Process {
 // them to their topic only once their time has come, never before (a
 // real storaged process on the wall clock); the one the SDK recalled (the
 // recall answered OK, a second recall refused) never arrives, although it
-// was due before the other. The consumer side reads the topic through
-// storaged.v1 PullMessages (the SDK has no pull consumer; its
-// SimpleConsumer is POP).
+// was due before the other. The SDK's SimpleConsumer (consumer.js --mode
+// drain, started as soon as the producer is done) receives timer-0 no
+// earlier than its time, with its delivery timestamp; storaged.v1 pulls
+// then check the topic holds it, stored at its time or later, and not the
+// recalled one.
 func TestNodeSDKTimer(t *testing.T) {
 	node := nodeSDK(t)
 	p := proctest.Start(t, proctest.Options{Binary: binary, DataDir: t.TempDir()})
@@ -499,6 +503,13 @@ func TestNodeSDKTimer(t *testing.T) {
 	}
 	if lines[3].Error == "" || !strings.Contains(lines[3].Message, "40401") {
 		t.Fatalf("second recall: %+v, want MESSAGE_NOT_FOUND (40401)", lines[3])
+	}
+	got := runConsumer(t, node, p.Addr(), topic, "SdkTimerGroup", "drain", 0)
+	if len(got) != 2 || got[0].Kind != "received" || got[0].Body != "timer-0" || got[1].Kind != "acked" {
+		t.Fatalf("the SimpleConsumer got %+v, want timer-0 alone", got)
+	}
+	if got[0].At < timer.DeliverAt || got[0].DeliverAt != timer.DeliverAt {
+		t.Fatalf("the SimpleConsumer got timer-0 at %d with delivery timestamp %d; it is due at %d", got[0].At, got[0].DeliverAt, timer.DeliverAt)
 	}
 	client := storagedv1.NewMessageStoreServiceClient(p.Conn())
 	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
