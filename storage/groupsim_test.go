@@ -19,6 +19,7 @@ import (
 	"github.com/storaged/storaged/storage/offsets"
 	"github.com/storaged/storaged/storage/record"
 	"github.com/storaged/storaged/storage/replica"
+	"github.com/storaged/storaged/storage/snapshot"
 	"github.com/storaged/storaged/storage/vfs"
 )
 
@@ -30,7 +31,11 @@ import (
 // driver (math/rand/v2) picks the steps: Put, PutBatch, Tick(node),
 // Deliver(k), Drop(k), Partition/Heal, Crash(node) (a MemFS.Crash power-cut
 // image and a reopen), CrashAll (a coordinated power loss), Restart (a
-// clean Close and Open) and clock jumps (backwards too).
+// clean Close and Open), clock jumps (backwards too) and Compact(node)
+// (its raft log compacted up to what it applied, as retention does before
+// it deletes files): a follower behind a compacted leader then gets a
+// snapshot, which the network holds like a message until the driver
+// delivers it (staged, verified and installed by the receiver) or drops it.
 //
 // Determinism: each seed runs in a synctest bubble and every step ends with
 // synctest.Wait, so the raft loops, dispatchers and put goroutines are all
@@ -120,6 +125,12 @@ type simClock struct{ ms atomic.Int64 }
 
 func (c *simClock) Now() time.Time { return time.UnixMilli(c.ms.Load()) }
 
+// simSnap is a snapshot in flight (the transport's SendSnapshot).
+type simSnap struct {
+	from, to uint64
+	o        snapshot.Outgoing
+}
+
 type simMsg struct {
 	from, to uint64
 	b        []byte
@@ -131,6 +142,7 @@ type simNet struct {
 	q     []simMsg
 	cut   map[[2]uint64]bool // directed links that drop
 	drops int
+	snaps []simSnap // snapshots in flight, in order
 }
 
 func (n *simNet) send(from, to uint64, b []byte) {
@@ -165,6 +177,14 @@ type simTransport struct {
 }
 
 func (t simTransport) Send(to uint64, b []byte) { t.n.send(t.from, to, b) }
+
+// SendSnapshot holds the snapshot until the driver delivers it
+// (deliverSnapshot): called by the raft goroutine, it must not block.
+func (t simTransport) SendSnapshot(to uint64, o snapshot.Outgoing) {
+	t.n.mu.Lock()
+	t.n.snaps = append(t.n.snaps, simSnap{t.from, to, o})
+	t.n.mu.Unlock()
+}
 
 type simNode struct {
 	id    uint64
@@ -274,6 +294,9 @@ func newGroupSim(t *testing.T, seed uint64) *groupSim {
 func (g *groupSim) options(n *simNode) Options {
 	return Options{Dir: "/n", FS: n.fs, FileSize: simFileSize, MaxMessageSize: 4 << 10, ConsumeQueueEntries: 64,
 		FlushMode: FlushSync, Clock: g.clock,
+		// MemFS has no statfs: a large, empty disk (a snapshot's receiver
+		// checks its room).
+		StatDisk: func(string) (DiskUsage, error) { return DiskUsage{Size: 1 << 40, Avail: 1 << 40}, nil },
 		Group: &GroupOptions{ID: n.id, Name: "g", ClusterID: "c", Peers: g.ids, Transport: simTransport{g.net, n.id},
 			Ticks: n.ticks, ElectionTick: 10, HeartbeatTick: 1, ReplicationTimeout: simReplTimeout, IndexUnits: 64}}
 }
@@ -393,8 +416,10 @@ func (g *groupSim) doStep() {
 		g.partition()
 	case r < 945:
 		g.heal()
-	case r < 960:
+	case r < 955:
 		g.moveClock()
+	case r < 960:
+		g.compact(g.ids[g.rng.IntN(len(g.ids))])
 	case r < 975:
 		g.crash(g.ids[g.rng.IntN(len(g.ids))])
 	case r < 995:
@@ -497,9 +522,85 @@ func (g *groupSim) deliver(dup bool) {
 	if g.rng.IntN(2) == 0 {
 		k = g.rng.IntN(min(l, 4)) // mostly near the head: progress
 	}
+	if g.net.snapsLen() > 0 && g.rng.IntN(4) == 0 {
+		g.deliverSnapshot(g.rng.IntN(8) == 0)
+		return
+	}
 	m := g.net.take(k, dup)
 	g.count(map[bool]string{false: "deliver", true: "duplicate"}[dup])
 	g.step1(m)
+}
+
+func (n *simNet) snapsLen() int {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return len(n.snaps)
+}
+
+// compact compacts node id's raft log up to what it has applied (and has
+// durably committed), as retention does before it deletes files; its
+// commitlog stays, so only the raft entries go.
+func (g *groupSim) compact(id uint64) {
+	n := g.nodes[id]
+	if n.s == nil {
+		return
+	}
+	g.count("compact")
+	applied := n.s.ReplicaInfo().Applied
+	end, err := n.s.group.rlog.DataEndAt(applied)
+	if err == nil {
+		err = n.s.group.rlog.CompactBelow(end, applied)
+	}
+	if err != nil {
+		g.fatalf("compact node %d to %d: %v", id, applied, err)
+	}
+	first, _ := n.s.group.rlog.FirstIndex()
+	g.note("compact %d: first index %d (applied %d)", id, first, applied)
+	synctest.Wait()
+}
+
+// deliverSnapshot hands the oldest snapshot in flight to its receiver
+// (ReceiveSnapshot, every chunk, Finish: staged, verified, installed) or,
+// with drop, loses it; either way the sender hears the outcome.
+func (g *groupSim) deliverSnapshot(drop bool) {
+	g.net.mu.Lock()
+	sn := g.net.snaps[0]
+	g.net.snaps = g.net.snaps[1:]
+	g.net.mu.Unlock()
+	var err error
+	if drop {
+		g.count("snapshot dropped")
+		err = errors.New("sim: snapshot dropped")
+	} else {
+		err = g.sendSnapshot(sn)
+		g.count(map[bool]string{true: "snapshot", false: "snapshot refused"}[err == nil])
+	}
+	g.note("snapshot %d->%d: %v", sn.from, sn.to, err)
+	sn.o.Done(err)
+	synctest.Wait()
+}
+
+func (g *groupSim) sendSnapshot(sn simSnap) error {
+	dst := g.nodes[sn.to].s
+	if dst == nil || g.net.isCut(sn.from, sn.to) {
+		return errors.New("sim: receiver down or cut off")
+	}
+	msg, err := sn.o.Message()
+	if err != nil {
+		return err
+	}
+	in, err := dst.ReceiveSnapshot(sn.from, msg)
+	if err != nil {
+		return err
+	}
+	if err := sn.o.Read(0, func(file, off int64, b []byte, crc uint32) error { return in.Write(file, off, b, crc) }); err != nil {
+		in.Discard()
+		return err
+	}
+	if err := in.Finish(); err != nil {
+		g.fatalf("node %d: a verified snapshot from %d failed to install: %v", sn.to, sn.from, err)
+	}
+	return nil
 }
 
 func (g *groupSim) step1(m simMsg) {
@@ -526,7 +627,11 @@ func (n *simNet) isCut(from, to uint64) bool {
 // and what those produce, up to a bound.
 func (g *groupSim) deliverAll() {
 	g.count("deliverAll")
-	for i := 0; i < 3*simMaxQueue && g.net.len() > 0; i++ {
+	for i := 0; i < 3*simMaxQueue && (g.net.len() > 0 || g.net.snapsLen() > 0); i++ {
+		if g.net.snapsLen() > 0 {
+			g.deliverSnapshot(false)
+			continue
+		}
 		g.step1(g.net.take(0, false))
 	}
 }

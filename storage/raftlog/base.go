@@ -122,6 +122,9 @@ func (l *Log) Base() (index, term uint64, dataEnd int64) {
 func (l *Log) DataEndAt(i uint64) (int64, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	if l.closed {
+		return 0, l.stopped // its index files are unmapped
+	}
 	if i+1 < l.first || i > l.last {
 		return 0, fmt.Errorf("raftlog: no entry %d (first %d, last %d)", i, l.first, l.last)
 	}
