@@ -444,10 +444,11 @@
 // staging dir without one, so a crash leaves the old state or the
 // installed one. Readers stop at the commit end throughout: it moves to
 // the snapshot's end only once the queues point at the new files, and the
-// bytes below the old commit end are the same in both. Not carried by a
-// snapshot: the delay progress (the last progress command at or below its
-// index; a member may redeliver what is still in its schedule queues, at
-// least once as always) and the topic config.
+// bytes below the old commit end are the same in both. The manifest
+// carries the topic table (its commands are compacted away with the log;
+// topicTable.applySnapshot). Not carried: the delay progress (the last
+// progress command at or below its index; a member may redeliver what is
+// still in its schedule queues, at least once as always).
 //
 // Delay progress is replicated (§3.5): only the ready leader's scheduler
 // delivers (its re-puts go through the propose path and wait for their

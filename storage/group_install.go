@@ -34,11 +34,13 @@ import (
 //     (raftlog.InstallBase);
 //  5. the consume queues jump onto the new files (consumequeue.Jump: a
 //     queue whose entries the leader deleted starts at its manifest's
-//     first offset), and a checkpoint makes that durable;
+//     first offset), the manifest's topic table is taken (the commands
+//     that built it are below the new base), and a checkpoint makes the
+//     queues durable;
 //  6. snapshot.install and snapshot.tmp are removed.
 //
 // Every step is idempotent, and the roll-forward at Open reruns 3 and 4,
-// then rebuilds the consume queues from the new files (removing the old
+// takes the topic table again, then rebuilds the consume queues from the new files (removing the old
 // ones, starting each queue of the manifest at its first offset) and
 // checkpoints before it removes the journal. So a crash at any point
 // leaves, after Open, either the old state or the installed one, never a
@@ -116,6 +118,12 @@ func (s *Store) installSnapshot(m snapshot.Manifest, stage string) error {
 		return err
 	}
 	s.installStep("queues")
+	// The topic table: the commands that built it up to the snapshot are
+	// not in this replica's raft log.
+	if err := s.topics.applySnapshot(snapshotTopics(m), m.Index); err != nil {
+		return fmt.Errorf("storage: the snapshot's topic table: %w", err)
+	}
+	s.installStep("topics")
 	// The snapshot is committed: its end is visible from now on (the raft
 	// loop tells Committed the same right after).
 	if lastTS := m.LastStoreTS; lastTS > s.seq.lastStoreTS.Load() {
@@ -135,6 +143,15 @@ func (s *Store) installSnapshot(m snapshot.Manifest, stage string) error {
 	s.opts.Logger.Info().Uint64("index", m.Index).Int64("min_offset", m.MinOffset).Int64("end", m.End).
 		Int("files", len(m.Files)).Int64("bytes", m.Bytes()).Msg("storage: snapshot installed")
 	return nil
+}
+
+// snapshotTopics is the manifest's topic table.
+func snapshotTopics(m snapshot.Manifest) map[string]int32 {
+	out := make(map[string]int32, len(m.Topics))
+	for _, tp := range m.Topics {
+		out[tp.Name] = tp.Queues
+	}
+	return out
 }
 
 // queueStarts is the manifest's queues as consumequeue.Jump takes them.

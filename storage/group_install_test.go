@@ -141,6 +141,11 @@ func newBehindGroup(t *testing.T, mod func(*Options)) *behindGroup {
 			g.closeMember(3)
 		}
 		b.put(fmt.Sprintf("%04d%s", i, body))
+		if i == 20 { // a topic created while member 3 is down: its command goes with the compacted log
+			if _, err := g.m[1].s.CreateTopic("Extra", 12); err != nil {
+				t.Fatal(err)
+			}
+		}
 	}
 	g.converge(1, 1, 2)
 	// Everything stored so far is an hour and more old; the leader and
@@ -302,6 +307,9 @@ func TestGroupSnapshotInstall(t *testing.T) {
 		if _, err := vfs.Default.Size(filepath.Join(g.m[3].opts.Dir, installJournal)); err == nil {
 			t.Fatalf("%s: the install journal is still there", what)
 		}
+		if tp, err := node3.Topic("Extra"); err != nil || tp.Queues != 12 {
+			t.Fatalf("%s: member 3's topic Extra: %+v %v, want 12 queues (from the snapshot's topic table)", what, tp.TopicConfig, err)
+		}
 	}
 	check("after the install", true)
 	base, _, _ := node3.group.rlog.Base()
@@ -441,6 +449,9 @@ func TestGroupSnapshotInstallCrash(t *testing.T) {
 					what, ce, snapEnd, s.log.MinOffset(), minOff)
 			}
 			qFrom = 1 // checked below: the queue starts past the deleted messages
+			if tp, err := s.Topic("Extra"); err != nil || tp.Queues != 12 {
+				t.Fatalf("%s: the installed state without the snapshot's topic Extra: %+v %v", what, tp.TopicConfig, err)
+			}
 		default:
 			t.Fatalf("%s: the raft log starts at %d: neither 1 nor the snapshot's %d", what, first, snapBase+1)
 		}

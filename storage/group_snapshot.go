@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"path/filepath"
 	"slices"
+	"strings"
 
 	"github.com/storaged/storaged/storage/replica"
 	"github.com/storaged/storaged/storage/snapshot"
@@ -84,6 +85,10 @@ func (s *Store) manifestAt(index, term uint64, end int64) (snapshot.Manifest, er
 	}
 	snapshot.SortQueues(m.Queues)
 	m.Queues = slices.Clip(m.Queues)
+	for name, n := range s.topics.cur.Load().topics {
+		m.Topics = append(m.Topics, snapshot.Topic{Name: name, Queues: n})
+	}
+	slices.SortFunc(m.Topics, func(a, b snapshot.Topic) int { return strings.Compare(a.Name, b.Name) })
 	if err := m.Check(); err != nil {
 		return snapshot.Manifest{}, err
 	}

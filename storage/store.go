@@ -128,6 +128,12 @@ func Open(opts Options) (*Store, error) {
 		s.cleanup()
 		return nil, err
 	}
+	if s.installing != nil { // the snapshot's topic table (group_install.go)
+		if err := s.topics.applySnapshot(snapshotTopics(*s.installing), s.installing.Index); err != nil {
+			s.cleanup()
+			return nil, err
+		}
+	}
 	cp, _, err := consumequeue.ReadCheckpoint(opts.FS, opts.Dir)
 	if err != nil {
 		s.cleanup()

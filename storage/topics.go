@@ -340,6 +340,31 @@ func (t *topicTable) applyReplicated(name string, queues int32, index uint64) er
 	return err
 }
 
+// applySnapshot takes a snapshot's topic table at raft index index (a
+// group replica installing it, design §3.5): each topic's count becomes
+// the larger of its own and the snapshot's, and the table records index
+// as its last command, so that Open replays only the commands after it.
+// The table is persisted, or it is an error: the commands it stands for
+// are no longer in the raft log.
+func (t *topicTable) applySnapshot(topics map[string]int32, index uint64) error {
+	t.wmu.Lock()
+	defer t.wmu.Unlock()
+	t.cmu.Lock()
+	defer t.cmu.Unlock()
+	next := t.cur.Load().clone()
+	for name, n := range topics {
+		next.topics[name] = max(next.topics[name], n)
+	}
+	raftIndex := t.raftIndex
+	t.raftIndex = max(t.raftIndex, index)
+	if err := t.persistLocked(next); err != nil {
+		t.raftIndex = raftIndex
+		return err
+	}
+	t.cur.Store(next)
+	return nil
+}
+
 // writeRounds persists rounds of pending creates until none is left.
 func (t *topicTable) writeRounds() {
 	t.wmu.Lock()

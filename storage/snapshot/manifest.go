@@ -58,6 +58,17 @@ type Manifest struct {
 	Files []File `json:"files"`
 	// Queues are the consume queues at S, sorted by topic and queue.
 	Queues []Queue `json:"queues"`
+	// Topics is the sender's topic table (name and queue count, sorted by
+	// name): in a group it is replicated by commands of the log, which a
+	// snapshot replaces. Counts only grow, so a table a little newer than
+	// S is the same as the one at S once the entries after S apply.
+	Topics []Topic `json:"topics,omitempty"`
+}
+
+// Topic is one topic of a snapshot's topic table.
+type Topic struct {
+	Name   string `json:"name"`
+	Queues int32  `json:"queues"`
 }
 
 // File is one commitlog file of a snapshot: the commitlog offset of its
@@ -127,6 +138,17 @@ func (m *Manifest) Check() error {
 		}
 		if f.From != from || f.Size != size {
 			return bad("file %d is [%d, +%d), want [%d, +%d)", i, f.From, f.Size, from, size)
+		}
+	}
+	if len(m.Topics) > MaxQueues {
+		return bad("%d topics, at most %d", len(m.Topics), MaxQueues)
+	}
+	for i, tp := range m.Topics {
+		if tp.Name == "" || len(tp.Name) > MaxTopicLen || tp.Queues <= 0 {
+			return bad("topic %q with %d queues", trunc(tp.Name), tp.Queues)
+		}
+		if i > 0 && m.Topics[i-1].Name >= tp.Name {
+			return bad("topics not sorted and unique at %q", trunc(tp.Name))
 		}
 	}
 	for i, q := range m.Queues {
