@@ -214,6 +214,47 @@ func TestRetentionKeepsUndeliveredDelayedMessages(t *testing.T) {
 	}
 }
 
+// TestRetentionKeepsPendingTimerMessages: the file holding a timer
+// message due in four days outlives the retention time while the message
+// is pending, and while its delivery is not persisted; then it goes.
+func TestRetentionKeepsPendingTimerMessages(t *testing.T) {
+	disk := &fakeDisk{pct: 10}
+	s, o, clock := openRetention(t, disk, func(o *Options) { o.DeleteWhen = "*"; o.TimerMaxDelay = 5 * 24 * time.Hour })
+	haltTimers(s)
+	fill(t, s, "T", 7) // file 0 and the start of file 1
+	due := clock.Now().Add(96 * time.Hour)
+	timer := putTimer(t, s, "Real", 0, "four days", due)
+	fill(t, s, "T", 30)
+	settle(t, s)
+	protect := timer.WroteOffset - timer.WroteOffset%o.FileSize
+	if protect == 0 {
+		t.Fatal("the timer message is in the first file: nothing to tell apart")
+	}
+	clock.Advance(80 * time.Hour)
+	s.ret.Round()
+	if got := s.log.MinOffset(); got != protect {
+		t.Fatalf("min offset %d, want %d: the file with the pending timer message must stay", got, protect)
+	}
+	clock.Set(due)
+	timerRounds(s)
+	if s.timers.Stats().Delivered != 1 {
+		t.Fatal("not delivered")
+	}
+	s.ret.Round()
+	if got := s.log.MinOffset(); got != protect {
+		t.Fatalf("min offset %d: deleted before the delivery was persisted", got)
+	}
+	if err := s.timers.Persist(); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 3; i++ {
+		s.ret.Round()
+	}
+	if got, last := s.log.MinOffset(), s.log.Files().Last().From(); got <= protect || got > last {
+		t.Fatalf("min offset %d after the persisted delivery (protected %d, last %d)", got, protect, last)
+	}
+}
+
 func TestDiskWatermarksStopAndResumeWrites(t *testing.T) {
 	disk := &fakeDisk{pct: 50}
 	s, _, clock := openRetention(t, disk, nil)

@@ -265,10 +265,15 @@ func (h *timerHost) Redeliver(m *record.Message) (int64, error) {
 }
 
 // timerProtectedFrom is where retention must stop for the timer store: the
-// oldest timer record not resolved by the persisted progress.
+// oldest timer record not resolved by the persisted progress; in a group,
+// by the replicated progress (on every replica: any may lead next and
+// rebuild its index from there).
 func (s *Store) timerProtectedFrom() int64 {
 	if s.timers == nil {
 		return math.MaxInt64
+	}
+	if p, ok := s.groupTimerProgress(); ok {
+		return s.timers.ProtectedFromLow(p.Low)
 	}
 	return s.timers.ProtectedFrom()
 }

@@ -705,12 +705,17 @@ func (sv *Service) Max() int { return sv.max }
 // ProtectedFrom is the commitlog offset of the oldest timer record the
 // persisted progress has not resolved: retention keeps every file from
 // there on. MaxInt64 when none.
-func (sv *Service) ProtectedFrom() int64 {
+func (sv *Service) ProtectedFrom() int64 { return sv.ProtectedFromLow(sv.persisted.Load().Low) }
+
+// ProtectedFromLow is ProtectedFrom for a progress whose Low is low (in a
+// group, the replicated progress: every replica keeps what a new leader
+// would rebuild its index from).
+func (sv *Service) ProtectedFromLow(low int64) int64 {
 	q := sv.host.Queue()
 	if q == nil {
 		return math.MaxInt64
 	}
-	if phys, _, _, ok := q.Get(sv.persisted.Load().Low); ok {
+	if phys, _, _, ok := q.Get(max(low, q.Min())); ok {
 		return phys
 	}
 	return math.MaxInt64
