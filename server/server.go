@@ -18,10 +18,10 @@
 // bytes. PutMessageStream (stream.go) answers each streamed message with what
 // PutMessage would have said, with a bounded window per stream.
 //
-// rocketmq.go (and rocketmq_send.go, rocketmq_offsets.go, rocketmq_pull.go)
-// serves Apache RocketMQ 5's client protocol, apache.rocketmq.v2, on the
-// same store and port, mapping its calls onto the same put, pull and
-// offset paths and its outcomes onto that protocol's status codes through
+// rocketmq.go (and rocketmq_send.go, rocketmq_offsets.go, rocketmq_pull.go,
+// rocketmq_pop.go) serves Apache RocketMQ 5's client protocol,
+// apache.rocketmq.v2, on the same store and port, mapping its calls onto
+// the same put, pull, offset and POP paths and its outcomes onto that protocol's status codes through
 // the same error classification (grpcToV2).
 //
 // grpcserver.go assembles the *grpc.Server (interceptors, health,
