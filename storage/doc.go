@@ -307,8 +307,8 @@
 // a group a CMD entry (delaycmd.go) the ready leader proposes; Open, or a
 // new leadership, rebuilds the index from the timer queue from that point,
 // applying recall records: at least once, never early, never lost. Retention
-// keeps the files from the oldest timer record the persisted progress has
-// not resolved.
+// keeps the files from the oldest timer record the persisted progress (in a
+// group, on every replica, the replicated one) has not resolved.
 //
 // # Topics
 //
