@@ -218,6 +218,8 @@ type Incoming interface {
 	Discard()
 }
 
-// ErrNotInstalled: the snapshot verified, but this replica cannot install
-// one yet (design §3.5's atomic swap is not built); it was discarded.
-var ErrNotInstalled = errors.New("snapshot: installing a snapshot is not built yet; the verified copy was discarded")
+// ErrNotInstalled: the snapshot verified, but the receiver does not install
+// snapshots (a receiver that only stages, such as the peer transport's
+// tests; the store installs them, storage/group_install.go); the verified
+// copy was discarded. The peer service answers it UNIMPLEMENTED.
+var ErrNotInstalled = errors.New("snapshot: the receiver does not install snapshots; the verified copy was discarded")
