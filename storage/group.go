@@ -369,7 +369,7 @@ func (h *groupHost) BecomeReady(commitEnd int64) error {
 	// (idempotent.go): a retry sent here after a failover is answered,
 	// not stored again.
 	if s.dedup.Load() != nil {
-		s.dedup.Store(s.buildDedup(commitEnd))
+		s.dedup.Store(s.buildDedup(commitEnd, false))
 	}
 	return nil
 }

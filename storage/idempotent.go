@@ -193,7 +193,7 @@ func (s *Store) openDedup() {
 		s.dedup.Store(s.newDedup())
 		return
 	}
-	s.dedup.Store(s.buildDedup(s.log.MaxOffset()))
+	s.dedup.Store(s.buildDedup(s.log.MaxOffset(), true))
 }
 
 func (s *Store) newDedup() *dedup.Window[dedupValue] {
@@ -208,8 +208,12 @@ func (s *Store) newDedup() *dedup.Window[dedupValue] {
 // end in a group: an uncommitted entry may be truncated). A record that
 // fails its checks ends the rebuild there (logged): the keys after it are
 // not remembered, nothing else changes. The files are read under the read
-// guard (retention does not unmap them meanwhile).
-func (s *Store) buildDedup(end int64) *dedup.Window[dedupValue] {
+// guard (retention does not unmap them meanwhile). verify checks each
+// record's CRC (Open, over what recovery may not have scanned); a group's
+// new leader only parses (every length checked, no CRC: its committed
+// bytes were checked as they arrived, and the scan runs on its raft loop
+// before it takes puts, so it must be quick).
+func (s *Store) buildDedup(end int64, verify bool) *dedup.Window[dedupValue] {
 	w := s.newDedup()
 	now := s.opts.Clock.Now().UnixMilli()
 	cutoff := now - s.opts.DedupWindow.Milliseconds()
@@ -244,7 +248,13 @@ scan:
 			if record.IsBlank(b) {
 				break
 			}
-			h, err := record.Check(b, false)
+			var h record.Header
+			var err error
+			if verify {
+				h, err = record.Check(b, false)
+			} else {
+				h, err = record.Parse(b)
+			}
 			if err != nil {
 				s.opts.Logger.Warn().Err(err).Int64("offset", f.From()+pos).
 					Msg("storage: idempotent-put window rebuilt up to a damaged record; later keys are not remembered")
