@@ -32,6 +32,7 @@ var newAlarmClock = storagetest.NewClock
 func TestDelayedDeliveryEndToEnd(t *testing.T) {
 	t0 := time.Date(2026, 11, 29, 1, 0, 0, 0, time.Local) // not in the DeleteWhen hour
 	clock := newAlarmClock(t0)
+	const parked = 3 // the disk check, the delay scheduler, the timer service
 	st, _ := openStore(t, func(o *storage.Options) {
 		o.Clock = clock
 		o.StatDisk = newFakeDisk(10).stat
@@ -47,9 +48,11 @@ func TestDelayedDeliveryEndToEnd(t *testing.T) {
 	base := serveMetrics(t, reg)
 	ctx := ctxT(t)
 
-	// The disk check and the scheduler are both parked on the clock:
-	// nothing runs until it moves.
-	clock.WaitPending(t, 2)
+	// The disk check, the scheduler and the timer-message service are
+	// all parked on the clock: nothing runs until it moves. Every wait
+	// below counts all three: counting two let the timer service's
+	// wait stand in for a scheduler that was still delivering.
+	clock.WaitPending(t, parked)
 
 	born := time.UnixMilli(1_700_000_000_000)
 	resp, err := client.PutMessage(ctx, &storagedv1.PutMessageRequest{Message: &storagedv1.Message{
@@ -88,7 +91,7 @@ func TestDelayedDeliveryEndToEnd(t *testing.T) {
 	// 1 ms before its time: the scheduler runs (and parks again) without
 	// delivering it.
 	clock.Set(t0.Add(10*time.Second - time.Millisecond))
-	clock.WaitPending(t, 2)
+	clock.WaitPending(t, parked)
 	if r, err := pullLater(0); codeOf(err) != codes.NotFound {
 		t.Fatalf("pull of the real topic 1 ms before the delivery time: %v %v, want NOT_FOUND", r, err)
 	}
@@ -122,7 +125,7 @@ func TestDelayedDeliveryEndToEnd(t *testing.T) {
 	}
 
 	// Once the scheduler has parked again its counters are final.
-	clock.WaitPending(t, 2)
+	clock.WaitPending(t, parked)
 	mfs = scrape(t, base)
 	for _, c := range []struct {
 		name string
