@@ -82,7 +82,7 @@ func SystemTopic(topic string) bool {
 // TopicNameProblem returns why topic is not a valid topic name, or "" when
 // it is: 1-127 bytes of [%|a-zA-Z0-9_-] (RocketMQ's rule; the name becomes
 // a directory name), and no percent-encoded byte outside that set, decoded
-// repeatedly ("%2e%2e" or "%2F" would turn into "..", "/" in any tool that
+// repeatedly (in a %RETRY% or %DLQ% topic, after the prefix) ("%2e%2e" or "%2F" would turn into "..", "/" in any tool that
 // URL-decodes topic names: dashboards, exporters, HTTP gateways).
 func TopicNameProblem(topic string) string {
 	switch {
@@ -96,7 +96,19 @@ func TopicNameProblem(topic string) string {
 			return fmt.Sprintf("topic must contain only the characters [%%|a-zA-Z0-9_-]; byte %d is %q", i, topic[i])
 		}
 	}
-	for s := topic; ; {
+	// A consumer group's retry and dead-letter topics are its name behind
+	// a fixed prefix: only the name is checked for escapes, or a group
+	// named "ab…" would get a "%DLQ%ab…" whose "%ab" reads as an escape
+	// (RocketMQ accepts it). What a URL decoder makes of the prefix's own
+	// "%" (a byte ≥ 0x80 or a letter) is never a separator or a dot.
+	rest := topic
+	for _, p := range [...]string{RetryTopicPrefix, DLQTopicPrefix} {
+		if strings.HasPrefix(rest, p) {
+			rest = rest[len(p):]
+			break
+		}
+	}
+	for s := rest; ; {
 		d, changed := percentDecode(s)
 		if !changed {
 			return ""

@@ -96,6 +96,11 @@ func TestTopicRules(t *testing.T) {
 		{"", false, false, false},
 		{"a/b", false, false, false},
 		{"%2e%2e", false, false, false},
+		{"%DLQ%ab12", true, true, false},   // a group named ab12: the prefix's % is no escape
+		{"%RETRY%Cafe", true, true, false}, // %Ca would decode to a byte outside the set
+		{"%DLQ%%2e%2e", false, false, false},
+		{"%RETRY%a%2Fb", false, false, false},
+		{"x%DLQ%ab", false, false, false}, // the prefix only counts at the start
 		{strings.Repeat("a", 128), false, false, false},
 	}
 	for _, c := range cases {
