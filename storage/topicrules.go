@@ -82,8 +82,9 @@ func SystemTopic(topic string) bool {
 // TopicNameProblem returns why topic is not a valid topic name, or "" when
 // it is: 1-127 bytes of [%|a-zA-Z0-9_-] (RocketMQ's rule; the name becomes
 // a directory name), and no percent-encoded byte outside that set, decoded
-// repeatedly (in a %RETRY% or %DLQ% topic, after the prefix) ("%2e%2e" or "%2F" would turn into "..", "/" in any tool that
-// URL-decodes topic names: dashboards, exporters, HTTP gateways).
+// repeatedly ("%2e%2e" or "%2F" would turn into "..", "/" in any tool that
+// URL-decodes topic names: dashboards, exporters, HTTP gateways); for
+// %RETRY% and %DLQ% topics see below.
 func TopicNameProblem(topic string) string {
 	switch {
 	case topic == "":
@@ -97,24 +98,35 @@ func TopicNameProblem(topic string) string {
 		}
 	}
 	// A consumer group's retry and dead-letter topics are its name behind
-	// a fixed prefix: only the name is checked for escapes, or a group
-	// named "ab…" would get a "%DLQ%ab…" whose "%ab" reads as an escape
-	// (RocketMQ accepts it). What a URL decoder makes of the prefix's own
-	// "%" (a byte ≥ 0x80 or a letter) is never a separator or a dot.
-	rest := topic
+	// a fixed prefix whose last "%" may read as an escape with the name's
+	// first two characters: a group named "ab…" has "%DLQ%ab…" (RocketMQ
+	// accepts it). So in those topics the name is held to the rule, and
+	// the whole topic only to what the rule is for: decoded repeatedly it
+	// must not hold an ASCII byte outside the set ("%DLQ%2F…" or
+	// "%DLQ%252F…" would turn into "/"); a byte of 0x80 or more, which
+	// only the prefix's escape can make there, separates nothing.
 	for _, p := range [...]string{RetryTopicPrefix, DLQTopicPrefix} {
-		if strings.HasPrefix(rest, p) {
-			rest = rest[len(p):]
-			break
+		if name, ok := strings.CutPrefix(topic, p); ok {
+			if prob := escapeProblem(name, false); prob != "" {
+				return prob
+			}
+			return escapeProblem(topic, true)
 		}
 	}
-	for s := rest; ; {
+	return escapeProblem(topic, false)
+}
+
+// escapeProblem decodes s's percent escapes repeatedly and returns why a
+// decoded byte is not allowed, or "": every byte must be in the topic set
+// (or, with nonASCII, at least 0x80).
+func escapeProblem(s string, nonASCII bool) string {
+	for {
 		d, changed := percentDecode(s)
 		if !changed {
 			return ""
 		}
 		for i := 0; i < len(d); i++ {
-			if !record.TopicByte(d[i]) {
+			if !record.TopicByte(d[i]) && !(nonASCII && d[i] >= 0x80) {
 				return fmt.Sprintf("topic must not percent-encode characters outside [%%|a-zA-Z0-9_-] (decodes to %q)", d)
 			}
 		}

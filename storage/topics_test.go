@@ -100,7 +100,11 @@ func TestTopicRules(t *testing.T) {
 		{"%RETRY%Cafe", true, true, false}, // %Ca would decode to a byte outside the set
 		{"%DLQ%%2e%2e", false, false, false},
 		{"%RETRY%a%2Fb", false, false, false},
-		{"x%DLQ%ab", false, false, false}, // the prefix only counts at the start
+		{"x%DLQ%ab", false, false, false},   // the prefix only counts at the start
+		{"%DLQ%2Fetc", false, false, false}, // the prefix's % with the name's 2F is a "/"
+		{"%RETRY%2e", false, false, false},  // … or a "."
+		{"%DLQ%252Fx", false, false, false}, // decoded twice: "%DLQ%2Fx", then "/"
+		{"%DLQ%c0%af", false, false, false}, // the name's own escape
 		{strings.Repeat("a", 128), false, false, false},
 	}
 	for _, c := range cases {
