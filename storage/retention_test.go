@@ -35,7 +35,11 @@ func openRetention(t *testing.T, disk *fakeDisk, mod func(*Options)) (*Store, Op
 			mod(o)
 		}
 	})
+	// The retention goroutine is then the only one waiting on the clock
+	// (TestDiskWatermarksStopAndResumeWrites counts on it): the delay
+	// scheduler and the timer-message service are halted.
 	haltScheduler(s)
+	haltTimers(s)
 	return s, o, clock
 }
 
@@ -293,7 +297,7 @@ func TestDiskWatermarksStopAndResumeWrites(t *testing.T) {
 
 	// The goroutine does the same on its own, on the clock. Each step
 	// waits until it is back on the clock (its one wait pending: the
-	// scheduler is halted) before moving the clock: an Advance before it
+	// scheduler and the timer service are halted) before moving the clock: an Advance before it
 	// has re-armed would be missed, and its next wait would never fire.
 	disk.set(99)
 	deadline := time.NewTimer(10 * time.Second)
