@@ -319,22 +319,7 @@ func (sc *Scheduler) loop() {
 		case !r.wake.IsZero() && r.wake.Before(next):
 			next = r.wake
 		}
-		at, release := base.ClockWait(sc.opts.Clock, next)
-		var persist <-chan time.Time
-		var pt *time.Timer
-		if r.persistIn > 0 {
-			pt = time.NewTimer(r.persistIn)
-			persist = pt.C
-		}
-		select {
-		case <-at:
-		case <-persist:
-		case <-sc.done:
-		}
-		release()
-		if pt != nil {
-			pt.Stop()
-		}
+		base.WaitRound(sc.opts.Clock, next, r.persistIn, sc.done)
 		if sc.stopping() {
 			return
 		}

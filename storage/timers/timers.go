@@ -260,22 +260,7 @@ func (sv *Service) loop() {
 		case !r.wake.IsZero() && r.wake.Before(next):
 			next = r.wake
 		}
-		at, release := base.ClockWait(sv.opts.Clock, next)
-		var persist <-chan time.Time
-		var pt *time.Timer
-		if r.persistIn > 0 {
-			pt = time.NewTimer(r.persistIn)
-			persist = pt.C
-		}
-		select {
-		case <-at:
-		case <-persist:
-		case <-sv.done:
-		}
-		release()
-		if pt != nil {
-			pt.Stop()
-		}
+		base.WaitRound(sv.opts.Clock, next, r.persistIn, sv.done)
 		if sv.stopping() {
 			return
 		}

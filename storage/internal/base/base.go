@@ -101,6 +101,26 @@ func ClockWait(c Clock, t time.Time) (<-chan struct{}, func()) {
 	return ch, func() { tm.Stop() }
 }
 
+// WaitRound is the wait between two rounds of a delivery loop (the delay
+// scheduler's, the timer service's): until clock c reaches next, or
+// persistIn of real time has passed (0: no persist is due), or done is
+// closed, whichever comes first.
+func WaitRound(c Clock, next time.Time, persistIn time.Duration, done <-chan struct{}) {
+	at, release := ClockWait(c, next)
+	defer release()
+	var persist <-chan time.Time
+	if persistIn > 0 {
+		pt := time.NewTimer(persistIn)
+		defer pt.Stop()
+		persist = pt.C
+	}
+	select {
+	case <-at:
+	case <-persist:
+	case <-done:
+	}
+}
+
 // SyncDir fsyncs dir, naming it in the error.
 func SyncDir(fs vfs.FS, dir string) error {
 	if err := fs.SyncDir(dir); err != nil {
