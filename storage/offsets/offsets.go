@@ -24,6 +24,8 @@ import (
 	"fmt"
 	"sort"
 	"sync"
+
+	"github.com/storaged/storaged/storage/internal/base"
 )
 
 // Key names one committed offset.
@@ -277,26 +279,13 @@ func Decode(b []byte) ([]Entry, error) {
 	}
 	out := make([]Entry, 0, n)
 	p := 3
-	name := func() (string, bool) {
-		if p >= len(b) {
-			return "", false
-		}
-		l := int(b[p])
-		p++
-		if l == 0 || p+l > len(b) {
-			return "", false
-		}
-		s := string(b[p : p+l])
-		p += l
-		return s, true
-	}
 	tail := fixed - 2 // queue, offset [, from]
 	for i := 0; i < n; i++ {
-		g, ok := name()
+		g, ok := base.ReadName(b, &p)
 		if !ok {
 			return nil, fmt.Errorf("%w: entry %d: group", ErrDecode, i)
 		}
-		t, ok := name()
+		t, ok := base.ReadName(b, &p)
 		if !ok || p+tail > len(b) {
 			return nil, fmt.Errorf("%w: entry %d: topic", ErrDecode, i)
 		}

@@ -30,6 +30,8 @@ import (
 	"hash/crc32"
 	"sort"
 	"sync"
+
+	"github.com/storaged/storaged/storage/internal/base"
 )
 
 // QueueKey names one queue as a consumer group pops it.
@@ -490,19 +492,6 @@ func Decode(b []byte) ([]Op, error) {
 	}
 	out := make([]Op, 0, n)
 	p := 3
-	name := func() (string, bool) {
-		if p >= len(b) {
-			return "", false
-		}
-		l := int(b[p])
-		p++
-		if l == 0 || p+l > len(b) {
-			return "", false
-		}
-		s := string(b[p : p+l])
-		p += l
-		return s, true
-	}
 	for i := 0; i < n; i++ {
 		if p >= len(b) {
 			return nil, fmt.Errorf("%w: op %d: truncated", ErrDecode, i)
@@ -512,11 +501,11 @@ func Decode(b []byte) ([]Op, error) {
 		if kind != Set && kind != Drop {
 			return nil, fmt.Errorf("%w: op %d: kind %d", ErrDecode, i, kind)
 		}
-		g, ok := name()
+		g, ok := base.ReadName(b, &p)
 		if !ok {
 			return nil, fmt.Errorf("%w: op %d: group", ErrDecode, i)
 		}
-		topic, ok := name()
+		topic, ok := base.ReadName(b, &p)
 		if !ok || p+14 > len(b) {
 			return nil, fmt.Errorf("%w: op %d: topic", ErrDecode, i)
 		}

@@ -121,6 +121,24 @@ func WaitRound(c Clock, next time.Time, persistIn time.Duration, done <-chan str
 	}
 }
 
+// ReadName reads, at *p in b, a name of 1-255 bytes behind its one-byte
+// length (the record codecs of consumer offsets and POP state), and moves
+// *p past it. It reports false, with *p undefined, when b ends first or
+// the length is 0.
+func ReadName(b []byte, p *int) (string, bool) {
+	if *p >= len(b) {
+		return "", false
+	}
+	l := int(b[*p])
+	*p++
+	if l == 0 || *p+l > len(b) {
+		return "", false
+	}
+	s := string(b[*p : *p+l])
+	*p += l
+	return s, true
+}
+
 // SyncDir fsyncs dir, naming it in the error.
 func SyncDir(fs vfs.FS, dir string) error {
 	if err := fs.SyncDir(dir); err != nil {
