@@ -73,9 +73,10 @@ type figures struct {
 	acked, duplicates, weak  int
 	lost, divergent          string // "0", or "some (above)"
 	linearizable             bool
-	unknown, unknownStored   int // puts of unknown outcome; how many of them the final contents hold
-	refused                  int // puts that ended refused (nothing stored)
-	reads, readsFound        int // ok reads checked by porcupine (not weak), and how many found a message
+	checked                  history.Checked // how porcupine's check was cut
+	unknown, unknownStored   int             // puts of unknown outcome; how many of them the final contents hold
+	refused                  int             // puts that ended refused (nothing stored)
+	reads, readsFound        int             // ok reads checked by porcupine (not weak), and how many found a message
 	rate                     float64
 	ackedPerSec, readsPerSec float64
 	// healedAckedPerSec: acked puts per second from the final heal to the
@@ -133,7 +134,8 @@ func checkHistory(t *testing.T, ops []history.Op, stored history.Stored, diverge
 		f.afterFinal, _ = history.FirstOKAfter(ops, log.heals[len(log.heals)-1])
 	}
 	f.afterHealP50, f.afterHealMax = history.Percentile(afterHeal, 50), history.Percentile(afterHeal, 100)
-	linErr := history.Linearizable(ops, stored, filepath.Join(artifacts(t), "porcupine"), budget)
+	var linErr error
+	f.checked, linErr = history.Linearizable(ops, stored, filepath.Join(artifacts(t), "porcupine"), budget)
 	report(linErr)
 	f.linearizable = linErr == nil
 	unavail := history.Unavailability(ops, log.starts)

@@ -247,7 +247,7 @@ func TestGroupScenarios(t *testing.T) {
 // once at the end.
 func TestGroupLong(t *testing.T) {
 	if *long == 0 {
-		t.Skip("the long form runs by hand: go test ./tests/cluster -run TestGroupLong -args -cluster.long=10m -cluster.nodes=5 (30m at the CI load outgrows porcupine's memory: RELIABILITY.md)")
+		t.Skip("the long form runs by hand: go test ./tests/cluster -run TestGroupLong -v -timeout 2h -args -cluster.long=30m -cluster.nodes=5 (RELIABILITY.md)")
 	}
 	mixed := func(ctx context.Context, t *testing.T, g *group, rng *rand.Rand, rec *history.Recorder, log *faultLog) {
 		for ctx.Err() == nil {
@@ -352,11 +352,11 @@ func runGroup(t *testing.T, sc groupScenario) {
 	}
 	t.Logf("%s: %d faults; %d ops in %v, %.0f ok/s (floor %.0f), acked puts %.0f/s (healed: %.0f/s), linearizable reads %.0f/s; acked %d, lost %s, divergent %s, "+
 		"unknown %d (%d found stored), refused %d (calls refused %d of %d), duplicates %d, weak reads checked %d, linearizable reads %d (%d found), "+
-		"linearizable %v, elections %d (term %d -> %d); write unavailability after a fault p50 %v p99 %v (n=%d); "+
+		"linearizable %v (%d ops in %d pieces, the largest %d), elections %d (term %d -> %d); write unavailability after a fault p50 %v p99 %v (n=%d); "+
 		"first ok put after a heal p50 %v max %v (%d of %d heals held to %v), after the final heal %v; commit end %d",
 		sc.name, log.n, len(ops), ran.Round(time.Millisecond), fig.rate, sc.minOKPerSec, fig.ackedPerSec, fig.healedAckedPerSec, fig.readsPerSec, fig.acked, fig.lost, fig.divergent,
 		fig.unknown, fig.unknownStored, fig.refused, refusals, load.calls.Load(), fig.duplicates, fig.weak, fig.reads, fig.readsFound,
-		fig.linearizable, elections, term0, term1, fig.unavailP50.Round(time.Millisecond), fig.unavailP99.Round(time.Millisecond), fig.unavailN,
+		fig.linearizable, fig.checked.Ops, fig.checked.Pieces, fig.checked.Largest, elections, term0, term1, fig.unavailP50.Round(time.Millisecond), fig.unavailP99.Round(time.Millisecond), fig.unavailN,
 		fig.afterHealP50.Round(time.Millisecond), fig.afterHealMax.Round(time.Millisecond), fig.healsHeld, fig.heals, healedWithin,
 		fig.afterFinal.Round(time.Millisecond), commitEnd)
 	if fig.failed {
