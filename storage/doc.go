@@ -446,9 +446,14 @@
 // the snapshot's end only once the queues point at the new files, and the
 // bytes below the old commit end are the same in both. The manifest
 // carries the topic table (its commands are compacted away with the log;
-// topicTable.applySnapshot). Not carried: the delay progress (the last
-// progress command at or below its index; a member may redeliver what is
-// still in its schedule queues, at least once as always).
+// topicTable.applySnapshot) and the delivery progress: the delay and
+// timer progress the sender applied, with the raft index of each command
+// that set it (snapshot.Manifest.Delay, Timer). The install applies it and
+// writes it to config/groupProgress.json (group_progress.go), which
+// retention also writes before each compaction; Open reads that file,
+// then the progress commands still in the log. So a member that installed
+// a snapshot, or whose log was compacted, and then leads repeats only the
+// deliveries after the last progress command, as §3.5 allows.
 //
 // Delay progress is replicated (§3.5): only the ready leader's scheduler
 // delivers (its re-puts go through the propose path and wait for their

@@ -225,6 +225,10 @@ type groupState struct {
 	// committed command; timerIndex its raft index); guarded by delayMu.
 	timerProg  timers.Progress
 	timerIndex uint64
+	// progressMu serializes writes of config/groupProgress.json;
+	// progressWritten is the delay and timer command indexes it holds.
+	progressMu      sync.Mutex
+	progressWritten [2]uint64
 }
 
 func (g *groupState) waitChan() <-chan struct{} {
@@ -300,26 +304,9 @@ func (s *Store) startGroup() error {
 	if err != nil {
 		return err
 	}
-	// The replicated delay progress: raft hands back no entry at or below
-	// the commit index, so the last progress command there is read from
-	// the log itself.
-	if b, idx, err := g.rlog.LastCmd(hs.GetCommit(), isDelayProgress); err != nil {
+	// The replicated delivery progress (group_progress.go).
+	if err := s.loadProgress(hs.GetCommit()); err != nil {
 		return err
-	} else if b != nil {
-		p, err := decodeDelayProgress(b)
-		if err != nil {
-			return fmt.Errorf("storage: the delay progress command at raft index %d: %w", idx, err)
-		}
-		g.setDelayProgress(p, idx)
-	}
-	if b, idx, err := g.rlog.LastCmd(hs.GetCommit(), isTimerProgress); err != nil {
-		return err
-	} else if b != nil {
-		p, err := decodeTimerProgress(b)
-		if err != nil {
-			return fmt.Errorf("storage: the timer progress command at raft index %d: %w", idx, err)
-		}
-		g.setTimerProgress(p, idx)
 	}
 	// The replicated topic table (grouptopics.go): commands committed after
 	// the table on disk, then changes through the log from now on.

@@ -34,13 +34,14 @@ import (
 //     (raftlog.InstallBase);
 //  5. the consume queues jump onto the new files (consumequeue.Jump: a
 //     queue whose entries the leader deleted starts at its manifest's
-//     first offset), the manifest's topic table is taken (the commands
-//     that built it are below the new base), and a checkpoint makes the
-//     queues durable;
+//     first offset), the manifest's topic table and delivery progress
+//     are taken (the commands that built them are below the new base;
+//     the progress is written to config/groupProgress.json,
+//     group_progress.go), and a checkpoint makes the queues durable;
 //  6. snapshot.install and snapshot.tmp are removed.
 //
 // Every step is idempotent, and the roll-forward at Open reruns 3 and 4,
-// takes the topic table again, then rebuilds the consume queues from the new files (removing the old
+// takes the topic table and the delivery progress again, then rebuilds the consume queues from the new files (removing the old
 // ones, starting each queue of the manifest at its first offset) and
 // checkpoints before it removes the journal. So a crash at any point
 // leaves, after Open, either the old state or the installed one, never a
@@ -124,6 +125,13 @@ func (s *Store) installSnapshot(m snapshot.Manifest, stage string) error {
 		return fmt.Errorf("storage: the snapshot's topic table: %w", err)
 	}
 	s.installStep("topics")
+	// The delivery progress likewise (group_progress.go): applied, and
+	// written before the journal goes.
+	g.setProgress(snapshotProgress(m))
+	if err := s.persistProgress(); err != nil {
+		return fmt.Errorf("storage: the snapshot's delivery progress: %w", err)
+	}
+	s.installStep("progress")
 	// The snapshot is committed: its end is visible from now on (the raft
 	// loop tells Committed the same right after).
 	if lastTS := m.LastStoreTS; lastTS > s.seq.lastStoreTS.Load() {
@@ -260,6 +268,16 @@ func (s *Store) rollForwardInstall() (*snapshot.Manifest, error) {
 		return nil, err
 	}
 	if err := raftlog.InstallBase(fsys, filepath.Join(dir, "raft"), m.Index, m.Term, m.End, nil); err != nil {
+		return nil, err
+	}
+	// The delivery progress the install carries (the commands that set it
+	// are below the new base): merged into the file, whatever the
+	// interrupted run wrote there already.
+	prev, err := readProgress(fsys, dir)
+	if err != nil {
+		s.opts.Logger.Warn().Err(err).Msg("storage: replicated delivery progress file replaced by the snapshot's")
+	}
+	if err := writeProgress(fsys, dir, mergeProgress(prev, snapshotProgress(m))); err != nil {
 		return nil, err
 	}
 	if err := fsys.RemoveAll(filepath.Join(dir, "consumequeue")); err != nil {

@@ -89,6 +89,8 @@ func (s *Store) manifestAt(index, term uint64, end int64) (snapshot.Manifest, er
 		m.Topics = append(m.Topics, snapshot.Topic{Name: name, Queues: n})
 	}
 	slices.SortFunc(m.Topics, func(a, b snapshot.Topic) int { return strings.Compare(a.Name, b.Name) })
+	// The delivery progress: its commands go with the compacted log.
+	manifestProgress(&m, s.group.progress())
 	if err := m.Check(); err != nil {
 		return snapshot.Manifest{}, err
 	}

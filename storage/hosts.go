@@ -114,6 +114,11 @@ func (h *retentionHost) BeforeDelete(end int64) error {
 	if s.group.node == nil {
 		return fmt.Errorf("storage: the raft node is not running")
 	}
+	// The delivery progress commands go with the compacted entries: the
+	// progress they set is written down first (group_progress.go).
+	if err := s.persistProgress(); err != nil {
+		return err
+	}
 	return s.group.rlog.CompactBelow(end, s.group.node.Info().Applied)
 }
 

@@ -63,7 +63,40 @@ type Manifest struct {
 	// snapshot replaces. Counts only grow, so a table a little newer than
 	// S is the same as the one at S once the entries after S apply.
 	Topics []Topic `json:"topics,omitempty"`
+	// Delay is the delay-level progress replicated by the log's progress
+	// commands (level → next queue offset of its schedule queue, levels
+	// strictly increasing), DelayIndex the raft index of the command that
+	// set it last; Timer and TimerIndex the timer-message progress and its
+	// command's index (nil: none yet). The commands are compacted away
+	// with the log the snapshot replaces, so the snapshot carries what
+	// they set: a receiver that then leads resumes deliveries from it
+	// instead of repeating them. Like Topics they may be a little newer
+	// than S (the sender's applied state): a progress command follows the
+	// re-puts it covers, and a member can lead only once it holds every
+	// committed entry, those re-puts among them.
+	Delay      []DelayLevel `json:"delay,omitempty"`
+	DelayIndex uint64       `json:"delay_index,omitempty"`
+	Timer      *Timer       `json:"timer,omitempty"`
+	TimerIndex uint64       `json:"timer_index,omitempty"`
 }
+
+// DelayLevel is one level of a snapshot's delay progress.
+type DelayLevel struct {
+	Level int   `json:"level"`
+	Next  int64 `json:"next"`
+}
+
+// Timer is a snapshot's timer-message progress (storage/timers.Progress).
+type Timer struct {
+	Low      int64 `json:"low"`
+	Ingested int64 `json:"ingested"`
+	DueMS    int64 `json:"due_ms"`
+	Phys     int64 `json:"phys"`
+}
+
+// MaxDelayLevels bounds a manifest's delay levels (the store's progress
+// command takes as many).
+const MaxDelayLevels = 1024
 
 // Topic is one topic of a snapshot's topic table.
 type Topic struct {
@@ -150,6 +183,21 @@ func (m *Manifest) Check() error {
 		if i > 0 && m.Topics[i-1].Name >= tp.Name {
 			return bad("topics not sorted and unique at %q", trunc(tp.Name))
 		}
+	}
+	if len(m.Delay) > MaxDelayLevels {
+		return bad("%d delay levels, at most %d", len(m.Delay), MaxDelayLevels)
+	}
+	for i, d := range m.Delay {
+		if d.Level < 1 || d.Level > MaxDelayLevels || d.Next < 0 || (i > 0 && m.Delay[i-1].Level >= d.Level) {
+			return bad("delay level %d at %d (levels from 1 to %d, increasing, offsets not negative)", d.Level, d.Next, MaxDelayLevels)
+		}
+	}
+	if len(m.Delay) > 0 && m.DelayIndex == 0 {
+		return bad("delay progress of %d levels at raft index %d", len(m.Delay), m.DelayIndex)
+	}
+	if t := m.Timer; (t == nil) != (m.TimerIndex == 0) ||
+		(t != nil && (t.Low < 0 || t.Ingested < t.Low || t.Phys < 0)) {
+		return bad("timer progress %+v at raft index %d", t, m.TimerIndex)
 	}
 	for i, q := range m.Queues {
 		if q.Topic == "" || len(q.Topic) > MaxTopicLen || q.Queue < 0 || q.First < 0 || q.First > q.Next {

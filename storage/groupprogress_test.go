@@ -1,0 +1,113 @@
+package storage
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"testing"
+	"time"
+)
+
+// TestGroupSnapshotCarriesDeliveryProgress (design §3.5: a failover may
+// repeat deliveries only since the last progress entry, never drop one):
+// while member 3 is down, the leader delivers delayed (level 1) and timer
+// messages and commits the progress of both; retention compacts those
+// progress commands away, so member 3 rejoins by a snapshot. It must
+// then hold the leader's delivery progress (from the manifest), keep it
+// across a restart (its raft log starts past the commands: from
+// config/groupProgress.json), and, leading once the old leader is gone,
+// deliver none of those messages again while it delivers the ones put
+// after the failover. Without the progress in the snapshot, member 3's
+// scheduler and timer service would start from their queues' oldest
+// messages and deliver the first batch a second time.
+func TestGroupSnapshotCarriesDeliveryProgress(t *testing.T) {
+	b := newBehindGroup(t, nil)
+	g := b.testGroup
+	put := func(id uint64, body string, delayed bool) {
+		t.Helper()
+		m := &Message{Topic: "D", Body: []byte(body), BornTimestamp: 1, BornHost: DefaultStoreHost,
+			Properties: []Property{{Key: PropertyDelayLevel, Value: "1"}}}
+		if !delayed {
+			m.Properties = []Property{{Key: PropertyTimerDelayMS, Value: strconv.Itoa(500)}}
+		}
+		if res, err := g.m[id].s.PutMessage(context.Background(), m); err != nil || res.Status != PutOK {
+			t.Fatalf("put %s on %d: %v %v", body, id, res.Status, err)
+		}
+	}
+	for i := range 6 {
+		put(1, fmt.Sprintf("a-%d", i), true)
+		put(1, fmt.Sprintf("t-%d", i), false)
+	}
+	b.clock.Advance(2 * time.Second)
+	g.poll("the first batch delivered and its progress applied on members 1 and 2", func() bool {
+		for _, id := range []uint64{1, 2} {
+			s := g.m[id].s
+			if p, idx := s.DelayProgress(); p[1] != 6 || idx == 0 {
+				return false
+			}
+			if p, idx := s.TimerProgress(); p.Low < 6 || idx == 0 {
+				return false
+			}
+		}
+		return len(g.pullBodies(1)) == 12
+	}, 1, 2)
+	wantDelay, delayIdx := g.m[1].s.DelayProgress()
+	wantTimer, timerIdx := g.m[1].s.TimerProgress()
+
+	// Member 3 comes back behind the leader's compacted log: a snapshot.
+	g.open(3)
+	g.converge(1, g.ids...)
+	node3 := g.m[3].s
+	base, _, _ := node3.group.rlog.Base()
+	if base < max(delayIdx, timerIdx) {
+		t.Fatalf("member 3's raft log starts at %d, below the progress commands at %d and %d: no snapshot covered them", base+1, delayIdx, timerIdx)
+	}
+	check := func(what string) {
+		t.Helper()
+		p, idx := g.m[3].s.DelayProgress()
+		if p[1] != wantDelay[1] || idx < delayIdx {
+			t.Fatalf("%s: member 3's delay progress %v (index %d), the leader's %v (index %d)", what, p, idx, wantDelay, delayIdx)
+		}
+		tp, tidx := g.m[3].s.TimerProgress()
+		if tp.Low < wantTimer.Low || tidx < timerIdx {
+			t.Fatalf("%s: member 3's timer progress %+v (index %d), the leader's %+v (index %d)", what, tp, tidx, wantTimer, timerIdx)
+		}
+	}
+	check("after the install")
+	g.closeMember(3)
+	g.open(3)
+	check("after a restart")
+
+	// Member 3 takes over (member 2 cut off for one put, so member 3 has
+	// the highest match), then the old leader goes.
+	g.net.setCut(2, true)
+	b.put("before the transfer")
+	g.net.setCut(2, false)
+	if to, err := g.m[1].s.TransferLeadership(context.Background()); err != nil || to != 3 {
+		t.Fatalf("TransferLeadership: to %d, %v; want 3", to, err)
+	}
+	g.closeMember(1)
+	g.poll("member 3 the ready leader", func() bool { return g.readyLeader(3) == 3 }, 2, 3)
+	for i := range 3 {
+		put(3, fmt.Sprintf("c-%d", i), true)
+		put(3, fmt.Sprintf("u-%d", i), false)
+	}
+	b.clock.Advance(2 * time.Second)
+	g.poll("the messages put after the failover delivered", func() bool {
+		got := g.pullBodies(3)
+		for i := range 3 {
+			if got[fmt.Sprintf("c-%d", i)] == 0 || got[fmt.Sprintf("u-%d", i)] == 0 {
+				return false
+			}
+		}
+		return true
+	}, 2, 3)
+	got := g.pullBodies(3)
+	for i := range 6 {
+		for _, k := range []string{"a", "t"} {
+			if n := got[fmt.Sprintf("%s-%d", k, i)]; n != 1 {
+				t.Fatalf("%s-%d delivered %d times (its delivery was in the progress the snapshot carried): %v", k, i, n, got)
+			}
+		}
+	}
+}
