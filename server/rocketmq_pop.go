@@ -35,6 +35,11 @@ import (
 //	QueryAssignment  → one assignment: the topic on this broker, queue id -1
 //	                   (all queues), for the PushConsumer's receives.
 //
+// In a replication group the leader serves these calls (a follower's
+// *storage.NotLeaderError is HA_NOT_AVAILABLE, as a refused send; routes
+// name the leader): each change is answered once committed on a majority,
+// SLAVE_PERSISTENCE_TIMEOUT when it was not seen committed in time.
+//
 // A group's max delivery attempts are what its client's settings name
 // (Telemetry backoff_policy.max_attempts), else the server's
 // (WithConsumerMaxAttempts); a message received that many times without
@@ -119,9 +124,8 @@ func (r *rocketMQ) popStatus(m method, err error) *rocketmqv2.Status {
 		return v2Status(rocketmqv2.Code_INVALID_RECEIPT_HANDLE, "%v", err)
 	case errors.Is(err, storage.ErrTooManyInflight):
 		return v2Status(rocketmqv2.Code_TOO_MANY_REQUESTS, "%v; acknowledge messages first", err)
-	case errors.Is(err, storage.ErrGroupUnsupported):
-		return v2Status(rocketmqv2.Code_UNSUPPORTED, "storaged does not serve POP consumption in a replication group yet "+
-			"(its state is not applied on followers); consume with PullMessage and UpdateOffset, or storaged.v1 PullMessages")
+	case errors.Is(err, storage.ErrPopNotDurable) && errors.Is(err, storage.ErrReplicationTimeout):
+		return v2Status(rocketmqv2.Code_SLAVE_PERSISTENCE_TIMEOUT, "%v", err)
 	case errors.Is(err, storage.ErrPopNotDurable):
 		return v2Status(rocketmqv2.Code_MASTER_PERSISTENCE_TIMEOUT, "%v", err)
 	case errors.As(err, &verr):

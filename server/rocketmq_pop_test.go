@@ -344,7 +344,8 @@ func TestRocketMQPopStatusMapping(t *testing.T) {
 		err  error
 		code rocketmqv2.Code
 	}{
-		{storage.ErrGroupUnsupported, rocketmqv2.Code_UNSUPPORTED},
+		{&storage.NotLeaderError{Cause: storage.CauseNotLeader, LeaderID: 1, Term: 2}, rocketmqv2.Code_HA_NOT_AVAILABLE},
+		{&storage.PopNotDurableError{Status: storage.FlushSlaveTimeout, Err: storage.ErrReplicationTimeout}, rocketmqv2.Code_SLAVE_PERSISTENCE_TIMEOUT},
 		{storage.ErrTooManyInflight, rocketmqv2.Code_TOO_MANY_REQUESTS},
 		{storage.ErrInvalidHandle, rocketmqv2.Code_INVALID_RECEIPT_HANDLE},
 		{&storage.PopNotDurableError{Status: storage.FlushDiskTimeout}, rocketmqv2.Code_MASTER_PERSISTENCE_TIMEOUT},
@@ -355,8 +356,5 @@ func TestRocketMQPopStatusMapping(t *testing.T) {
 	} {
 		st := r.popStatus(methodReceiveMessage, c.err)
 		wantCode(t, c.err.Error(), st, c.code)
-		if c.code == rocketmqv2.Code_UNSUPPORTED && !strings.Contains(st.GetMessage(), "replication group") {
-			t.Errorf("group mode refusal %q does not say why", st.GetMessage())
-		}
 	}
 }

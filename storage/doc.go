@@ -579,6 +579,12 @@
 // one cursor per popped queue (MaxConsumerOffsets); every operation is
 // O(log n) in the group's messages in flight, never a scan of the log.
 // Retention restates the live state whose record lies in a file about to
-// go (rewritePop), as for offsets. Group mode refuses POP
-// (ErrGroupUnsupported): followers do not apply these records yet.
+// go (rewritePop), as for offsets. In a group the records are system
+// records (sysrecords.go): proposed on the ready leader, answered once
+// committed and applied, applied by every replica as they commit, so a
+// new leader holds the in-flight table and takes the old leader's receipt
+// handles; followers refuse POP calls (*NotLeaderError); a group's changes
+// are serialized (one raft round each); a snapshot installed over a gap
+// rebuilds the table from the snapshot's records; retention keeps the
+// files holding live POP state instead of restating it (pop.go).
 package storage

@@ -107,7 +107,13 @@ func (s *Store) installSnapshot(m snapshot.Manifest, stage string) error {
 				return err
 			}
 			s.installStep("commitlog")
-			return g.rlog.InstallSnapshot(m.Index, m.Term, m.End, s.installStep)
+			if err := g.rlog.InstallSnapshot(m.Index, m.Term, m.End, s.installStep); err != nil {
+				return err
+			}
+			// Still paused: no round applies a record of the snapshot
+			// before the table is emptied (pop.go).
+			s.resetPopForSnapshot(m.MinOffset)
+			return nil
 		})
 		if err != nil {
 			return err

@@ -113,6 +113,14 @@ type behindGroup struct {
 
 func newBehindGroup(t *testing.T, mod func(*Options)) *behindGroup {
 	t.Helper()
+	return newBehindGroupSteps(t, mod, nil)
+}
+
+// newBehindGroupSteps is newBehindGroup with step, if set, called before
+// each of the 60 first puts (i: the put's index; member 3 is up before
+// put 10 and down from then on).
+func newBehindGroupSteps(t *testing.T, mod func(*Options), step func(b *behindGroup, i int)) *behindGroup {
+	t.Helper()
 	b := &behindGroup{clock: storagetest.NewClock(time.Unix(1_750_000_000, 0)), loops: map[uint64]*snapLoop{}, want: map[int64]string{}}
 	t.Cleanup(func() {
 		for _, l := range b.loops {
@@ -134,6 +142,9 @@ func newBehindGroup(t *testing.T, mod func(*Options)) *behindGroup {
 	g.elect(1)
 	body := strings.Repeat("i", 6000)
 	for i := range 60 {
+		if step != nil {
+			step(b, i)
+		}
 		if i == 10 {
 			g.converge(1, g.ids...)
 			b.old3End = g.m[3].s.ReplicaInfo().CommitEnd

@@ -703,34 +703,6 @@ func TestGroupStepPeerRefuses(t *testing.T) {
 	}
 }
 
-// TestGroupRefusesPop: POP state records are not applied on followers
-// yet; every POP call in group mode is refused and stores nothing.
-func TestGroupRefusesPop(t *testing.T) {
-	g := newTestGroup(t, 2*time.Second)
-	g.elect(1)
-	if res, err := g.put(1, "m"); err != nil || res.Status != PutOK {
-		t.Fatalf("put: %v %v", res.Status, err)
-	}
-	s := g.m[1].s
-	end := s.log.MaxOffset()
-	ctx := context.Background()
-	if _, err := s.PopReceive(ctx, PopRequest{Group: "g", Topic: "T", MaxMessages: 1, Invisible: time.Minute}); !errors.Is(err, ErrGroupUnsupported) {
-		t.Fatalf("PopReceive in group mode: %v", err)
-	}
-	if _, err := s.PopAck(ctx, "g", "T", []string{"x"}); !errors.Is(err, ErrGroupUnsupported) {
-		t.Fatalf("PopAck in group mode: %v", err)
-	}
-	if _, err := s.PopChangeInvisible(ctx, "g", "T", "x", time.Second); !errors.Is(err, ErrGroupUnsupported) {
-		t.Fatalf("PopChangeInvisible in group mode: %v", err)
-	}
-	if err := s.PopForwardDLQ(ctx, "g", "T", "x"); !errors.Is(err, ErrGroupUnsupported) {
-		t.Fatalf("PopForwardDLQ in group mode: %v", err)
-	}
-	if s.log.MaxOffset() != end {
-		t.Fatal("a refused POP call wrote to the commitlog")
-	}
-}
-
 // BenchmarkGroupPut: 1 KiB unary puts through the leader of an in-process
 // three-replica group on real files (all three on this machine's one
 // disk), 32 × GOMAXPROCS concurrent producers: each op is one PUT_OK, committed on a

@@ -52,8 +52,39 @@ package storage
 // Retention: before it deletes files, the live state whose latest record
 // lies in them is written again (rewritePop), as for consumer offsets.
 //
-// Group mode refuses every POP call with ErrGroupUnsupported: the records
-// would replicate, but followers do not apply them yet.
+// In a replication group (Options.Group) the records are system records
+// (sysrecords.go): the ready leader decides a change on its table,
+// proposes its record through putSystem and answers once the record is
+// committed on a majority and applied here; every replica, the leader
+// included, changes its table only by applying committed records as they
+// are indexed (applyPopRecord), so all hold the same table at the same log
+// position. As the table lags the decision until the record applies, a
+// group's changes are serialized from decision to application (popLock,
+// one raft round each: different groups proceed in parallel). A follower
+// refuses every POP call with a *NotLeaderError naming the leader, as a
+// put; the redelivery runs inside the leader's receives, so only there
+// (its copies to %RETRY%/%DLQ% are puts through raft, each committed
+// before the original's drop is proposed).
+//
+// After a failover the new leader holds the table as committed: an
+// acknowledged message stays so, an unacknowledged one becomes visible
+// again once its deadline passes (on the new leader's clock: deadlines
+// are Unix milliseconds, so clock skew between members shifts them), and
+// the old leader's receipt handles are taken, since a handle names only
+// (queue, offset, generation), matched against the replicated table. A
+// generation stays unique across leaders: one is answered only once its
+// record committed, so every replica's table (whose generation counter is
+// at least every generation applied) is past it before it can lead. A
+// change whose outcome was unknown (FLUSH_SLAVE_TIMEOUT) may still commit
+// later: at worst a message is delivered twice, never lost.
+//
+// A replica that installs a snapshot over a gap in its log (its applied
+// records end below the snapshot's first file) empties its table and
+// applies the snapshot's records (resetPopForSnapshot). Retention in a
+// group does not restate POP state yet (rewritePop: only standalone): it
+// keeps every file holding a live POP record, on the leader and on
+// followers, so a group whose queue cursor is not moved keeps the files
+// from that cursor's record on (consuming moves it).
 
 import (
 	"context"
@@ -157,10 +188,16 @@ type PopMessage struct {
 	Deadline time.Time
 }
 
-// checkPopGroup validates a group and the topics named after it.
+// checkPop refuses a POP call this replica cannot take (closed; in a
+// group, not the ready leader: a *NotLeaderError naming the leader, as a
+// put or CommitOffset) and validates the group and the topics named
+// after it.
 func (s *Store) checkPop(group, topic string) error {
 	if s.closed.Load() {
 		return ErrClosed
+	}
+	if err := s.groupRefusal(); err != nil { // a follower answers with its leader before anything else
+		return err
 	}
 	if p := GroupProblem(group); p != "" {
 		return illegal("consumer_group", p)
@@ -177,9 +214,6 @@ func (s *Store) checkPop(group, topic string) error {
 	if HiddenTopic(topic) || NotAllowedSendTopic(topic) {
 		return illegal("topic", fmt.Sprintf("topic %s is a system topic of the store", topic))
 	}
-	if s.group != nil {
-		return fmt.Errorf("%w: POP consumption (its state records are not applied on followers yet)", ErrGroupUnsupported)
-	}
 	return nil
 }
 
@@ -188,8 +222,8 @@ func (s *Store) checkPop(group, topic string) error {
 // req.Invisible, waiting up to req.Wait for one. It first moves the
 // group's due messages to the retry or dead-letter topic. Errors:
 // *ValidationError, ErrTopicNotFound (the topic does not exist and would
-// not be created by a put), ErrTooManyInflight, ErrGroupUnsupported, the
-// put path's refusals (nothing popped), *PopNotDurableError (popped, the
+// not be created by a put), ErrTooManyInflight, the put path's refusals
+// (in a group a *NotLeaderError on a follower; nothing popped), *PopNotDurableError (popped, the
 // state's durability unknown: the messages become visible again after
 // their invisible duration), ErrCorrupt, ErrClosed, ctx's error.
 func (s *Store) PopReceive(ctx context.Context, req PopRequest) ([]PopMessage, error) {
@@ -215,6 +249,9 @@ func (s *Store) PopReceive(ctx context.Context, req PopRequest) ([]PopMessage, e
 	}
 	for {
 		if err := s.checkBeforePut(); err != nil {
+			return nil, err
+		}
+		if err := s.groupRefusal(); err != nil { // leadership lost during the long poll
 			return nil, err
 		}
 		queues, ok := s.topics.get(req.Topic) // again each round: it may be created meanwhile
@@ -300,6 +337,7 @@ func (s *Store) clockAt(t time.Time) (<-chan struct{}, func()) {
 // popOnce pops without waiting: the group's retry topic, then the
 // topic's queues from the one after the last call's first.
 func (s *Store) popOnce(ctx context.Context, req PopRequest, queues int32) ([]PopMessage, error) {
+	defer s.popLock(req.Group)()
 	t := s.pop
 	now := s.opts.Clock.Now()
 	deadline := now.Add(req.Invisible).UnixMilli()
@@ -350,7 +388,14 @@ func (s *Store) popOnce(ctx context.Context, req PopRequest, queues int32) ([]Po
 			picked = append(picked, s.popMessage(rec, req.Group, it))
 		}
 		if len(op.Items) == 0 {
-			t.Advance(k, res.NextOffset)
+			switch {
+			case s.group == nil:
+				t.Advance(k, res.NextOffset)
+			case res.NextOffset != cur:
+				// A replica's table changes only through the log: the
+				// skipped messages' cursor is a record too.
+				ops = append(ops, op)
+			}
 			return nil
 		}
 		ops = append(ops, op)
@@ -369,16 +414,7 @@ func (s *Store) popOnce(ctx context.Context, req PopRequest, queues int32) ([]Po
 	}
 	// What was popped before an error is handed out; the error waits for
 	// the next call.
-	res, aerr := s.appendPop(ops)
-	if aerr != nil {
-		t.Mu.Unlock()
-		return nil, aerr
-	}
-	for _, op := range ops {
-		t.Apply(op, res.WroteOffset)
-	}
-	t.Mu.Unlock()
-	if err := s.popDurable(ctx, res); err != nil {
+	if err := s.popCommit(ctx, ops); err != nil {
 		return nil, err
 	}
 	for i := range picked {
@@ -423,6 +459,101 @@ func (s *Store) appendPop(ops []pop.Op) (AppendResult, error) {
 	return s.appendRecords(PopTopic, 0, 0, one[:], false)
 }
 
+// popLock serializes group's POP changes in group mode, each from its
+// decision (read of the table) to its record applied, and returns the
+// unlock: there the table changes only when a record is applied (after
+// its commit), so two receives of a group deciding on the same table
+// would hand out the same messages. Groups are striped over a fixed set
+// of locks (bounded memory); different groups rarely wait for each other.
+// Standalone it does nothing: t.Mu is held from the decision to the
+// append, which applies the record at once.
+func (s *Store) popLock(group string) func() {
+	if s.group == nil {
+		return func() {}
+	}
+	h := uint32(2166136261) // FNV-1a
+	for i := 0; i < len(group); i++ {
+		h = (h ^ uint32(group[i])) * 16777619
+	}
+	m := &s.popLocks[h%uint32(len(s.popLocks))]
+	m.Lock()
+	return m.Unlock
+}
+
+// popCommit writes ops (any number: one record per pop.MaxOps ops or 256
+// KiB) and waits until they are durable and applied here. REQUIRES:
+// s.pop.Mu, which it releases; in a group, the group's popLock.
+//
+// Standalone each record is appended and applied under t.Mu (so the log
+// order is the order of the changes), and the wait for durability comes
+// after. In a group the records are proposed through putSystem once t.Mu
+// is released (the applier takes it when the record is indexed; the
+// decision is kept from going stale by popLock), one after the other,
+// each answered once committed on a majority and applied here.
+//
+// Errors: a refusal (nothing of that record stored; the records before
+// it are), or *PopNotDurableError.
+func (s *Store) popCommit(ctx context.Context, ops []pop.Op) error {
+	t := s.pop
+	var chunks [][]pop.Op
+	for len(ops) > 0 {
+		n := 1
+		for n < len(ops) && n < pop.MaxOps && pop.EncodedLen(ops[:n+1]) <= 256<<10 {
+			n++
+		}
+		chunks, ops = append(chunks, ops[:n]), ops[n:]
+	}
+	if s.group != nil {
+		t.Mu.Unlock()
+		for _, c := range chunks {
+			out, err := s.putSystem(ctx, PopTopic, pop.Encode(c), false)
+			switch {
+			case !out.Appended():
+				return err // refused: nothing of it stored
+			case err != nil || out.Status != PutOK:
+				return &PopNotDurableError{Status: out.Status, Err: err}
+			}
+		}
+		return nil
+	}
+	var res AppendResult
+	for _, c := range chunks {
+		var err error
+		if res, err = s.appendPop(c); err != nil {
+			t.Mu.Unlock()
+			return err
+		}
+		for _, op := range c {
+			t.Apply(op, res.WroteOffset)
+		}
+	}
+	t.Mu.Unlock()
+	return s.popDurable(ctx, res)
+}
+
+// applyPopRecord is PopTopic's applier in a group (sysrecords.go): the
+// record at phys, committed and indexed just now, changes the table. One
+// that does not decode is logged and skipped; Open would refuse it
+// (openPop), so a restart shows the damage rather than serving around it.
+func (s *Store) applyPopRecord(phys int64, rec []byte) {
+	body, err := systemRecordBody(rec)
+	var ops []pop.Op
+	if err == nil {
+		ops, err = pop.Decode(body)
+	}
+	if err != nil {
+		s.logLimit.Event("bad POP record", s.opts.Logger.Error()).Err(err).Int64("commitlog_offset", phys).
+			Msg("storage: a POP state record does not decode; skipped (the next Open refuses it)")
+		return
+	}
+	t := s.pop
+	t.Mu.Lock()
+	for _, op := range ops {
+		t.Apply(op, phys)
+	}
+	t.Mu.Unlock()
+}
+
 // PopNotDurableError is a POP change appended whose durability was not
 // confirmed (as NotDurableError for offsets). It wraps ErrPopNotDurable.
 type PopNotDurableError struct {
@@ -457,8 +588,13 @@ func (s *Store) popDurable(ctx context.Context, res AppendResult) error {
 
 // popRevive moves up to maxRevive of group's due messages to its retry
 // topic, or its dead-letter topic past maxAttempts, and drops them from
-// flight.
+// flight: each copy is stored before the drop is written (a crash, or a
+// leader change, between them delivers the message twice, never loses
+// it). Standalone the copies are appended under t.Mu, before the drop in
+// the log; in a group each is put through raft and committed first (t.Mu
+// released: the applier needs it to index them).
 func (s *Store) popRevive(ctx context.Context, group string, maxAttempts int) error {
+	defer s.popLock(group)()
 	t := s.pop
 	t.Mu.Lock()
 	due := t.Due(group, s.opts.Clock.Now().UnixMilli(), maxRevive)
@@ -466,13 +602,19 @@ func (s *Store) popRevive(ctx context.Context, group string, maxAttempts int) er
 		t.Mu.Unlock()
 		return nil
 	}
+	gens := make([]uint64, len(due))
+	for i, k := range due {
+		_, gens[i], _ = t.Get(k)
+	}
+	if s.group != nil {
+		t.Mu.Unlock()
+	}
 	var (
 		drops   = map[pop.QueueKey]*pop.Op{}
 		order   []pop.QueueKey
 		copyErr error
 	)
-	for _, k := range due {
-		_, gen, _ := t.Get(k)
+	for i, k := range due {
 		rec, err := s.popRecord(k)
 		switch {
 		case err == nil:
@@ -481,7 +623,7 @@ func (s *Store) popRevive(ctx context.Context, group string, maxAttempts int) er
 			if int(rec.ReconsumeTimes)+1 >= maxAttempts {
 				target, reconsume = DLQTopic(group), rec.ReconsumeTimes
 			}
-			if _, err := s.appendCopy(target, rec, group, reconsume); err != nil {
+			if err := s.appendCopy(ctx, target, rec, group, reconsume); err != nil {
 				copyErr = err
 			}
 		case errors.Is(err, ErrOutOfRange), errors.Is(err, ErrQueueNotFound), errors.Is(err, ErrCorrupt):
@@ -501,7 +643,10 @@ func (s *Store) popRevive(ctx context.Context, group string, maxAttempts int) er
 			drops[k.QueueKey] = op
 			order = append(order, k.QueueKey)
 		}
-		op.Items = append(op.Items, pop.Item{Offset: k.Offset, Gen: gen})
+		op.Items = append(op.Items, pop.Item{Offset: k.Offset, Gen: gens[i]})
+	}
+	if s.group != nil {
+		t.Mu.Lock()
 	}
 	if len(order) == 0 {
 		t.Mu.Unlock()
@@ -511,18 +656,9 @@ func (s *Store) popRevive(ctx context.Context, group string, maxAttempts int) er
 	for i, k := range order {
 		ops[i] = *drops[k]
 	}
-	res, err := s.appendPop(ops)
-	if err != nil {
-		// The copies are appended, the originals still in flight: they
-		// are moved again later (delivered twice, never lost).
-		t.Mu.Unlock()
-		return err
-	}
-	for _, op := range ops {
-		t.Apply(op, res.WroteOffset)
-	}
-	t.Mu.Unlock()
-	if err := s.popDurable(ctx, res); err != nil {
+	// On an error the copies are stored, the originals still in flight:
+	// they are moved again later (delivered twice, never lost).
+	if err := s.popCommit(ctx, ops); err != nil {
 		return err
 	}
 	return copyErr
@@ -555,15 +691,18 @@ func (s *Store) popRecord(k pop.Key) (*Record, error) {
 	return rec, nil
 }
 
-// appendCopy appends a copy of rec to target (a group's retry or
+// appendCopy stores a copy of rec in target (a group's retry or
 // dead-letter topic, queue 0, created with one queue when missing) with
 // reconsume times reconsume and the original topic and msgId as
-// properties. REQUIRES: s.pop.Mu (the drop of the original follows it in
-// the log).
-func (s *Store) appendCopy(target string, rec *Record, group string, reconsume int32) (AppendResult, error) {
+// properties. Standalone it appends the copy (REQUIRES: s.pop.Mu, so the
+// drop of the original follows it in the log); in a group it puts it
+// through raft and returns once it is committed (REQUIRES: the group's
+// popLock, not s.pop.Mu), or an error (the copy may still commit: the
+// original stays in flight and is copied again later).
+func (s *Store) appendCopy(ctx context.Context, target string, rec *Record, group string, reconsume int32) error {
 	if !s.topics.has(target, 0) {
 		if _, err := s.topics.create(target, 1, true); err != nil {
-			return AppendResult{}, err
+			return err
 		}
 	}
 	origTopic, origID := rec.Topic, MsgID(rec.StoreHost, rec.PhysicalOffset)
@@ -590,14 +729,25 @@ func (s *Store) appendCopy(target string, rec *Record, group string, reconsume i
 		StoreHost: s.opts.StoreHost, Reconsume: reconsume, PropCRC: !s.opts.DisablePropCRC,
 	}
 	if ferr := spec.Size(); ferr != nil {
-		return AppendResult{}, fieldError(ferr)
+		return fieldError(ferr)
 	}
 	spec.BodyCRC = record.BodyCRC(spec.Body)
 	if err := s.checkBeforePut(); err != nil {
-		return AppendResult{}, err
+		return err
+	}
+	if s.group != nil {
+		if err := s.groupRefusal(); err != nil {
+			return err
+		}
+		res, err := s.groupPut(ctx, target, 0, spec.SysFlag, []record.Spec{spec}, false)
+		if err == nil && res.Status != PutOK {
+			err = fmt.Errorf("storage: copy to %s stored with status %s: outcome unknown", target, res.Status)
+		}
+		return err
 	}
 	one := [1]record.Spec{spec}
-	return s.appendRecords(target, 0, spec.SysFlag, one[:], false)
+	_, err := s.appendRecords(target, 0, spec.SysFlag, one[:], false)
+	return err
 }
 
 // handleKey is the message in flight a handle names, for group and the
@@ -633,6 +783,7 @@ func (s *Store) PopAck(ctx context.Context, group, topic string, handles []strin
 		return nil, illegal("entries", fmt.Sprintf("an ack names 1 to %d receipt handles, got %d", MaxPopAckEntries, len(handles)))
 	}
 	errs := make([]error, len(handles))
+	defer s.popLock(group)()
 	t := s.pop
 	t.Mu.Lock()
 	drops := map[pop.QueueKey]*pop.Op{}
@@ -664,25 +815,18 @@ func (s *Store) PopAck(ctx context.Context, group, topic string, handles []strin
 		t.Mu.Unlock()
 		return errs, nil
 	}
-	var res AppendResult
-	for len(order) > 0 { // at most MaxOps queues a record
-		n := min(len(order), pop.MaxOps)
-		ops := make([]pop.Op, 0, n)
-		for _, k := range order[:n] {
-			ops = append(ops, *drops[k])
-		}
-		order = order[n:]
-		var err error
-		if res, err = s.appendPop(ops); err != nil {
-			t.Mu.Unlock()
-			return nil, err
-		}
-		for _, op := range ops {
-			t.Apply(op, res.WroteOffset)
-		}
+	ops := make([]pop.Op, 0, len(order))
+	for _, k := range order {
+		ops = append(ops, *drops[k])
 	}
-	t.Mu.Unlock()
-	return errs, s.popDurable(ctx, res)
+	if err := s.popCommit(ctx, ops); err != nil {
+		var nd *PopNotDurableError
+		if errors.As(err, &nd) {
+			return errs, err
+		}
+		return nil, err
+	}
+	return errs, nil
 }
 
 // PopChangeInvisible puts the message named by handle in flight again for
@@ -699,6 +843,7 @@ func (s *Store) PopChangeInvisible(ctx context.Context, group, topic, handle str
 	if err != nil {
 		return PopMessage{}, err
 	}
+	defer s.popLock(group)()
 	t := s.pop
 	t.Mu.Lock()
 	if _, gen, ok := t.Get(k); !ok || gen != h.Gen {
@@ -707,14 +852,7 @@ func (s *Store) PopChangeInvisible(ctx context.Context, group, topic, handle str
 	}
 	it := pop.Item{Offset: k.Offset, Deadline: s.opts.Clock.Now().Add(d).UnixMilli(), Gen: t.NextGen()}
 	op := pop.Op{Kind: pop.Set, Key: k.QueueKey, Cursor: pop.NoCursor, Items: []pop.Item{it}}
-	res, err := s.appendPop([]pop.Op{op})
-	if err != nil {
-		t.Mu.Unlock()
-		return PopMessage{}, err
-	}
-	t.Apply(op, res.WroteOffset)
-	t.Mu.Unlock()
-	if err := s.popDurable(ctx, res); err != nil {
+	if err := s.popCommit(ctx, []pop.Op{op}); err != nil {
 		return PopMessage{}, err
 	}
 	h.Gen = it.Gen
@@ -732,6 +870,7 @@ func (s *Store) PopForwardDLQ(ctx context.Context, group, topic, handle string) 
 	if err != nil {
 		return err
 	}
+	defer s.popLock(group)()
 	t := s.pop
 	t.Mu.Lock()
 	if _, gen, ok := t.Get(k); !ok || gen != h.Gen {
@@ -743,19 +882,19 @@ func (s *Store) PopForwardDLQ(ctx context.Context, group, topic, handle string) 
 		t.Mu.Unlock()
 		return err
 	}
-	if _, err := s.appendCopy(DLQTopic(group), rec, group, rec.ReconsumeTimes); err != nil {
-		t.Mu.Unlock()
-		return err
+	if s.group != nil {
+		t.Mu.Unlock() // the copy is indexed, and so applied, under it
 	}
-	op := pop.Op{Kind: pop.Drop, Key: k.QueueKey, Cursor: pop.NoCursor, Items: []pop.Item{{Offset: k.Offset, Gen: h.Gen}}}
-	res, err := s.appendPop([]pop.Op{op})
+	err = s.appendCopy(ctx, DLQTopic(group), rec, group, rec.ReconsumeTimes)
+	if s.group != nil {
+		t.Mu.Lock()
+	}
 	if err != nil {
 		t.Mu.Unlock()
 		return err
 	}
-	t.Apply(op, res.WroteOffset)
-	t.Mu.Unlock()
-	return s.popDurable(ctx, res)
+	op := pop.Op{Kind: pop.Drop, Key: k.QueueKey, Cursor: pop.NoCursor, Items: []pop.Item{{Offset: k.Offset, Gen: h.Gen}}}
+	return s.popCommit(ctx, []pop.Op{op})
 }
 
 // PopInflight returns the messages in flight of group ("" for all).
@@ -766,31 +905,13 @@ func (s *Store) PopInflight(group string) int {
 }
 
 // openPop rebuilds the POP state at Open from PopTopic's consume queue, in
-// log order. A record that fails its checks is ErrCorrupt: Open refuses
-// rather than forget a message in flight.
+// log order (replaySystem: what is indexed, the commit end in a group). A
+// record that fails its checks is ErrCorrupt: Open refuses rather than
+// forget a message in flight.
 func (s *Store) openPop() error {
 	s.pop = pop.New(pop.Limits{Inflight: s.opts.MaxPopInflight, InflightPerGroup: s.opts.MaxPopInflightPerGroup,
 		Cursors: s.opts.MaxConsumerOffsets})
-	q := s.index.Queue(PopTopic, 0)
-	if q == nil {
-		s.pop.SeedGen(uint64(max(s.opts.Clock.Now().UnixMilli(), 0)) << 20)
-		return nil
-	}
-	for off := q.Min(); off < q.Count(); off++ {
-		phys, _, _, ok, err := q.Lookup(off)
-		if err != nil {
-			return err
-		}
-		if !ok {
-			break
-		}
-		if phys < s.log.MinOffset() {
-			continue // its file is gone; its live state was rewritten past it
-		}
-		rec, err := s.readRecord(phys)
-		if err != nil {
-			return fmt.Errorf("storage: POP state: record %d: %w", off, err)
-		}
+	err := s.replaySystem(PopTopic, 0, func(phys int64, rec *Record) error {
 		ops, err := pop.Decode(rec.Body)
 		if err != nil {
 			return fmt.Errorf("%w: POP state: record at commitlog offset %d: %w", ErrCorrupt, phys, err)
@@ -798,11 +919,41 @@ func (s *Store) openPop() error {
 		for _, op := range ops {
 			s.pop.Apply(op, phys)
 		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("storage: POP state: %w", err)
 	}
-	// Above every generation of this run's records and, by the clock, of
-	// records retention deleted (pop.Table.SeedGen).
-	s.pop.SeedGen(uint64(max(s.opts.Clock.Now().UnixMilli(), 0)) << 20)
+	s.seedPopGen()
 	return nil
+}
+
+// seedPopGen makes the generations handed out from now on exceed, by the
+// clock, those of records retention deleted (pop.Table.SeedGen). Those of
+// the records replayed or applied since are above by Apply.
+func (s *Store) seedPopGen() {
+	s.pop.Mu.Lock()
+	s.pop.SeedGen(uint64(max(s.opts.Clock.Now().UnixMilli(), 0)) << 20)
+	s.pop.Mu.Unlock()
+}
+
+// resetPopForSnapshot empties the POP table when a snapshot is installed
+// over a gap: this replica indexed (and applied) the log only up to
+// below the snapshot's first offset, so the records between are never
+// applied here, a Drop among them included. The dispatcher goes on from
+// the snapshot's first offset and applies every POP record of the
+// snapshot, which hold all the live state: the leader's retention keeps
+// every file holding a live POP record (rewritePop in a group), so a
+// replay from the leader's oldest file rebuilds its table (a Drop whose
+// Set is older finds nothing and changes nothing). REQUIRES: the
+// dispatcher paused.
+func (s *Store) resetPopForSnapshot(minOffset int64) {
+	if s.index.Dispatched() >= minOffset {
+		return // no gap: the records below were applied here, the rest will be
+	}
+	s.pop.Mu.Lock()
+	s.pop.Reset()
+	s.pop.Mu.Unlock()
 }
 
 // rewritePop writes again the live POP state whose latest record lies

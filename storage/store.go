@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"path/filepath"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -70,6 +71,9 @@ type Store struct {
 	offsets *offsets.Table // consumer offsets (consumer_offsets.go)
 	pop     *pop.Table     // POP consumption state (pop.go)
 	popTurn atomic.Uint32  // the queue a receive starts at (pop.go)
+	// popLocks serialize a consumer group's POP changes in group mode,
+	// each from its decision to its record applied (pop.go popLock).
+	popLocks [64]sync.Mutex
 
 	// installing is the manifest of a snapshot install Open finishes
 	// (group_install.go), nil otherwise; Open's own.
@@ -188,10 +192,6 @@ func Open(opts Options) (*Store, error) {
 	s.adoptTopics()
 	s.openDedup()
 	if err := s.openSystemState(); err != nil {
-		s.cleanup()
-		return nil, err
-	}
-	if err := s.openPop(); err != nil {
 		s.cleanup()
 		return nil, err
 	}

@@ -10,8 +10,8 @@ import (
 )
 
 // System records: the store's own state kept as records of system topics
-// in the commitlog (consumer offsets today; POP checkpoints and acks
-// next), so that whatever carries the log carries the state: recovery,
+// in the commitlog (consumer offsets; POP state in a replication group,
+// pop.go), so that whatever carries the log carries the state: recovery,
 // and in a replication group the raft log, which is the commitlog.
 //
 // The one rule: such state changes only by applying its topic's records,
@@ -44,16 +44,24 @@ func (s *Store) systemApplier(topic string) consumequeue.Applier {
 	switch topic {
 	case OffsetTopic:
 		return s.applyOffsetRecord
+	case PopTopic:
+		if s.group != nil { // standalone, pop.go applies its records as it appends them
+			return s.applyPopRecord
+		}
 	}
 	return nil
 }
 
 // openSystemState rebuilds the state kept in system records from the
 // consume queues, then starts the hook from the dispatch position: at
-// Open, before the dispatcher starts. A snapshot install that replaces
-// the log and the queues calls it again, inside Index.Paused.
+// Open, before the dispatcher starts. (A snapshot install does not call
+// it again: the dispatcher goes on from the snapshot's first offset, and
+// each state rebuilds what it needs, group_install.go.)
 func (s *Store) openSystemState() error {
 	if err := s.openOffsets(); err != nil {
+		return err
+	}
+	if err := s.openPop(); err != nil {
 		return err
 	}
 	s.index.StartApplyingPaused()

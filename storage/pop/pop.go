@@ -295,6 +295,16 @@ func (t *Table) Apply(op Op, at int64) {
 	t.stats.Unlock()
 }
 
+// Reset empties the table (a snapshot installed over a gap in the log:
+// the state is rebuilt from the snapshot's records). The generation is
+// kept: none handed out before is handed out again.
+func (t *Table) Reset() {
+	t.cursors, t.inflight, t.groups, t.total = map[QueueKey]cursor{}, map[Key]*entry{}, map[string]*group{}, 0
+	t.stats.Lock()
+	t.statN = 0
+	t.stats.Unlock()
+}
+
 // DropCursor forgets k's cursor (its topic was deleted).
 func (t *Table) DropCursor(k QueueKey) { delete(t.cursors, k) }
 
