@@ -90,6 +90,7 @@ func (h *retentionHost) DeletableEnd(want int64) (int64, error) {
 	// written again first (consumer_offsets.go); what cannot be stays.
 	limit = min(limit, s.rewriteOffsets(min(want, limit)))
 	limit = min(limit, s.rewritePop(min(want, limit))) // POP state likewise (pop.go)
+	limit = min(limit, s.txnProtectedFrom())           // pending half messages (transactions.go)
 	if s.sched != nil && s.Role() == RoleMaster {
 		limit = min(limit, s.sched.ProtectedFrom(), s.timerProtectedFrom())
 	}

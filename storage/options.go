@@ -249,6 +249,25 @@ type Options struct {
 	// WHEEL_TIMER_MSG_ILLEGAL. Default DefaultTimerMaxDelay (3 days).
 	TimerMaxDelay time.Duration
 
+	// Transactional half messages (transactions.go). TransactionTimeout is
+	// how old a half message must be before its first check (RocketMQ
+	// transactionTimeOut; a message's CHECK_IMMUNITY_TIME_IN_SECONDS
+	// overrides it), TransactionCheckInterval the time between two checks
+	// of one half and between two rounds of the check loop (RocketMQ
+	// transactionCheckInterval), TransactionCheckMax the checks before a
+	// half is discarded as rolled back (RocketMQ transactionCheckMax).
+	// MaxPendingTransactions bounds the pending halves: a half send
+	// beyond it is refused (ErrTransactionsFull, TOO_MANY_REQUESTS to
+	// the RocketMQ clients). Defaults DefaultTransactionTimeout (6 s),
+	// DefaultTransactionCheckInterval (30 s), DefaultTransactionCheckMax
+	// (15), DefaultMaxPendingTransactions (100,000, ~200 bytes each).
+	TransactionTimeout time.Duration
+	// txnManual (tests) starts no check loop: rounds run by hand.
+	txnManual                bool
+	TransactionCheckInterval time.Duration
+	TransactionCheckMax      int
+	MaxPendingTransactions   int
+
 	// DedupWindow is how long a put carrying a UNIQ_KEY is remembered
 	// after its store time: a put of the same key (and topic) within it is
 	// answered with the first put's result and stores nothing
@@ -318,12 +337,17 @@ const (
 	DefaultDiskCheckInterval     = time.Second
 	DefaultMaxTimerMessages      = timers.DefaultMaxPending
 	DefaultTimerMaxDelay         = 259200 * time.Second // RocketMQ timerMaxDelaySec
-	DefaultDedupWindow           = 10 * time.Minute
-	DefaultDedupMaxMessages      = 1 << 18
-	DefaultDedupRebuildBytes     = 1 << 30
-	minFileSize                  = 4 << 10
-	maxFileSize                  = 1 << 40
-	maxMaxTopics                 = 1000000
+
+	DefaultTransactionTimeout       = 6 * time.Second  // RocketMQ transactionTimeOut
+	DefaultTransactionCheckInterval = 30 * time.Second // RocketMQ transactionCheckInterval
+	DefaultTransactionCheckMax      = 15               // RocketMQ transactionCheckMax
+	DefaultMaxPendingTransactions   = 100000
+	DefaultDedupWindow              = 10 * time.Minute
+	DefaultDedupMaxMessages         = 1 << 18
+	DefaultDedupRebuildBytes        = 1 << 30
+	minFileSize                     = 4 << 10
+	maxFileSize                     = 1 << 40
+	maxMaxTopics                    = 1000000
 )
 
 // DefaultConsumeQueueEntries is the number of entries per consume-queue
@@ -405,6 +429,18 @@ func (o Options) withDefaults() Options {
 	}
 	if o.TimerMaxDelay == 0 {
 		o.TimerMaxDelay = DefaultTimerMaxDelay
+	}
+	if o.TransactionTimeout == 0 {
+		o.TransactionTimeout = DefaultTransactionTimeout
+	}
+	if o.TransactionCheckInterval == 0 {
+		o.TransactionCheckInterval = DefaultTransactionCheckInterval
+	}
+	if o.TransactionCheckMax == 0 {
+		o.TransactionCheckMax = DefaultTransactionCheckMax
+	}
+	if o.MaxPendingTransactions == 0 {
+		o.MaxPendingTransactions = DefaultMaxPendingTransactions
 	}
 	if o.DedupWindow == 0 {
 		o.DedupWindow = DefaultDedupWindow
@@ -519,6 +555,18 @@ func (o Options) resolve() (resolved, error) {
 	}
 	if o.TimerMaxDelay < time.Second || o.TimerMaxDelay > 366*24*time.Hour {
 		errs = append(errs, fmt.Errorf("TimerMaxDelay %v out of range [1s, 366 days]", o.TimerMaxDelay))
+	}
+	if o.TransactionTimeout < time.Second || o.TransactionTimeout > 24*time.Hour {
+		errs = append(errs, fmt.Errorf("TransactionTimeout %v out of range [1s, 24h]", o.TransactionTimeout))
+	}
+	if o.TransactionCheckInterval < time.Second || o.TransactionCheckInterval > 24*time.Hour {
+		errs = append(errs, fmt.Errorf("TransactionCheckInterval %v out of range [1s, 24h]", o.TransactionCheckInterval))
+	}
+	if o.TransactionCheckMax < 1 || o.TransactionCheckMax > 1000 {
+		errs = append(errs, fmt.Errorf("TransactionCheckMax %d out of range [1, 1000]", o.TransactionCheckMax))
+	}
+	if o.MaxPendingTransactions < 1 || o.MaxPendingTransactions > 10000000 {
+		errs = append(errs, fmt.Errorf("MaxPendingTransactions %d out of range [1, 10000000]", o.MaxPendingTransactions))
 	}
 	if o.DedupWindow > 0 && o.DedupWindow < time.Millisecond {
 		errs = append(errs, fmt.Errorf("DedupWindow %v: at least 1ms, or negative (off)", o.DedupWindow))

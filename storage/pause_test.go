@@ -19,6 +19,7 @@ func (s *Store) pause() (resume func()) {
 // (as after kill -9).
 func (s *Store) crash() {
 	s.closed.Store(true)
+	s.stopTxn()
 	s.log.Drain()
 	s.index.Stop()
 	if s.sched != nil {

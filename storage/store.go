@@ -23,6 +23,7 @@ import (
 	"github.com/storaged/storaged/storage/schedule"
 	"github.com/storaged/storaged/storage/snapshot"
 	"github.com/storaged/storaged/storage/timers"
+	"github.com/storaged/storaged/storage/txn"
 	"github.com/storaged/storaged/storage/vfs"
 )
 
@@ -71,6 +72,8 @@ type Store struct {
 	offsets *offsets.Table // consumer offsets (consumer_offsets.go)
 	pop     *pop.Table     // POP consumption state (pop.go)
 	popTurn atomic.Uint32  // the queue a receive starts at (pop.go)
+	txn     *txn.Table     // pending transactional half messages (transactions.go)
+	txnSvc  txnService     // ends and the check loop (transactions.go)
 	// popLocks serialize a consumer group's POP changes in group mode,
 	// each from its decision to its record applied (pop.go popLock).
 	popLocks [64]sync.Mutex
@@ -98,6 +101,8 @@ func Open(opts Options) (*Store, error) {
 		return nil, err
 	}
 	s := &Store{opts: opts, resolved: res}
+	s.txn = txn.New(opts.MaxPendingTransactions)
+	s.txnSvc.busy, s.txnSvc.committed, s.txnSvc.wake = map[int64]chan struct{}{}, map[int64]bool{}, make(chan struct{}, 1)
 	s.role.Store(uint32(opts.Role))
 	s.seq.init()
 	s.logLimit = logthrottle.New(logthrottle.DefaultInterval, nil)
@@ -254,6 +259,7 @@ func Open(opts Options) (*Store, error) {
 	s.ret.Start()
 	s.sched.Start()
 	s.timers.Start()
+	s.startTxn()
 	return s, nil
 }
 
@@ -353,6 +359,8 @@ func (s *Store) rejectErr(err error) (PutResult, error) {
 		return s.reject(LMQConsumeQueueNumExceeded, err)
 	case errors.Is(err, ErrTimerFull):
 		return s.reject(WheelTimerFlowControl, err)
+	case errors.Is(err, ErrTransactionsFull):
+		return s.reject(ServiceNotAvailable, err)
 	case errors.Is(err, ErrTopicConfig):
 		return s.reject(ServiceNotAvailable, err)
 	case errors.Is(err, ErrClosed), errors.Is(err, ErrSlave), errors.Is(err, ErrWriteFailed), errors.Is(err, ErrNotWritable):
@@ -401,6 +409,11 @@ func (s *Store) putMessage(ctx context.Context, m *Message) (PutResult, error) {
 			return s.rejectErr(err)
 		}
 	}
+	if r.Topic == TransHalfTopic {
+		if err := s.txnAdmit(); err != nil {
+			return s.rejectErr(err)
+		}
+	}
 	if int64(r.Total)+BlankLen > s.opts.FileSize {
 		return s.rejectErr(illegal("body", fmt.Sprintf("record of %d bytes cannot fit a commitlog file of %d bytes", r.Total, s.opts.FileSize)))
 	}
@@ -441,7 +454,9 @@ func (s *Store) prepare(m *Message) (record.Spec, *ValidationError) {
 		SysFlag: m.SysFlag, BornTS: m.BornTimestamp, BornHost: m.BornHost, StoreHost: s.opts.StoreHost,
 		Reconsume: m.ReconsumeTimes, PreparedTx: m.PreparedTxOffset, PropCRC: !s.opts.DisablePropCRC,
 	}
-	if tx := m.SysFlag & record.TransactionMask; tx == TransactionNotType || tx == TransactionCommitType {
+	if m.SysFlag&record.TransactionMask == TransactionPreparedType {
+		divertHalf(&r) // a half message (transactions.go)
+	} else if tx := m.SysFlag & record.TransactionMask; tx == TransactionNotType || tx == TransactionCommitType {
 		if level := record.DelayLevel(m.Properties); level > 0 {
 			schedule.Divert(&r, level, len(s.resolved.delayLevels))
 		} else if verr := s.divertTimer(&r); verr != nil {
@@ -609,10 +624,20 @@ func (s *Store) stampBatch(topic string, queueID, sysFlag int32, specs []record.
 	return b
 }
 
+// storeTopic reports whether the store itself writes topic (queue 0),
+// which is not in the topic table.
+func storeTopic(topic string) bool {
+	switch topic {
+	case ScheduleTopic, OffsetTopic, PopTopic, TimerTopic, TransHalfTopic, TransOpTopic:
+		return true
+	}
+	return false
+}
+
 // admit checks the queue still exists (it may have been deleted since the
 // put was admitted) and takes the queue offsets and store time.
 func (b *stamped) admit(now time.Time) error {
-	if b.topic != ScheduleTopic && b.topic != OffsetTopic && b.topic != PopTopic && b.topic != TimerTopic && !b.s.topics.has(b.topic, b.queueID) {
+	if !storeTopic(b.topic) && !b.s.topics.has(b.topic, b.queueID) {
 		return fmt.Errorf("%w: %s was deleted", ErrTopicNotFound, b.topic)
 	}
 	b.st = b.s.seq.begin(consumequeue.Key{Topic: b.topic, Queue: b.queueID}, b.tx, now)
@@ -715,6 +740,7 @@ func (s *Store) Close() error {
 	if !s.closed.CompareAndSwap(false, true) {
 		return nil
 	}
+	s.stopTxn()
 	s.timers.Stop() // persists its progress; needs the flush policy running
 	s.sched.Stop()  // the same
 	s.ret.Stop()

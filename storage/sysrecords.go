@@ -48,6 +48,10 @@ func (s *Store) systemApplier(topic string) consumequeue.Applier {
 		if s.group != nil { // standalone, pop.go applies its records as it appends them
 			return s.applyPopRecord
 		}
+	case TransHalfTopic:
+		return s.applyHalfRecord
+	case TransOpTopic:
+		return s.applyOpRecord
 	}
 	return nil
 }
@@ -62,6 +66,9 @@ func (s *Store) openSystemState() error {
 		return err
 	}
 	if err := s.openPop(); err != nil {
+		return err
+	}
+	if err := s.openTxn(); err != nil {
 		return err
 	}
 	s.index.StartApplyingPaused()
@@ -116,7 +123,10 @@ func (s *Store) replaySystem(topic string, queueID int32, fn func(phys int64, re
 // live offsets before their files go): it is taken above the disk
 // warning watermark and while a background write retries, where a put is
 // refused, or a full disk could never be freed.
-func (s *Store) putSystem(ctx context.Context, topic string, body []byte, freeing bool) (PutResult, error) {
+//
+// props, if any, are the record's properties (the transaction op records'
+// TAGS and resolution).
+func (s *Store) putSystem(ctx context.Context, topic string, body []byte, freeing bool, props ...record.Property) (PutResult, error) {
 	check := s.checkBeforePut
 	if freeing {
 		check = s.checkBeforeFreeing
@@ -131,7 +141,7 @@ func (s *Store) putSystem(ctx context.Context, topic string, body []byte, freein
 		return s.reject(UnknownError, err)
 	}
 	spec := record.Spec{
-		Topic: topic, QueueID: 0, Body: body, BornTS: s.opts.Clock.Now().UnixMilli(),
+		Topic: topic, QueueID: 0, Body: body, Props: props, BornTS: s.opts.Clock.Now().UnixMilli(),
 		BornHost: s.opts.StoreHost, StoreHost: s.opts.StoreHost, PropCRC: !s.opts.DisablePropCRC,
 	}
 	if ferr := spec.Size(); ferr != nil {

@@ -70,7 +70,9 @@ func NotAllowedSendTopic(topic string) bool {
 
 // HiddenTopic reports whether clients may not read topic: the store's own
 // state (OffsetTopic, PopTopic), read through its calls only.
-func HiddenTopic(topic string) bool { return topic == OffsetTopic || topic == PopTopic }
+func HiddenTopic(topic string) bool {
+	return topic == OffsetTopic || topic == PopTopic || topic == TransHalfTopic || topic == TransOpTopic
+}
 
 // SystemTopic reports whether topic is a system topic (RocketMQ
 // TopicValidator.isSystemTopic): the admin calls refuse to create, update
