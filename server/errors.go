@@ -222,6 +222,10 @@ func (s *Service) putError(ctx context.Context, m method, res storage.PutResult,
 		return newStatus(codes.ResourceExhausted, "the store holds its maximum of pending timer messages (--max-timer-messages); "+
 			"nothing was stored; retry once some are delivered", info,
 			&errdetails.RetryInfo{RetryDelay: durationpb.New(retryDelayBusy)})
+	case errors.Is(err, storage.ErrTransactionsFull):
+		return newStatus(codes.ResourceExhausted, "the store holds its maximum of pending transactional half messages "+
+			"(--max-pending-transactions); nothing was stored; retry once some are ended", info,
+			&errdetails.RetryInfo{RetryDelay: durationpb.New(retryDelayBusy)})
 	case errors.Is(err, storage.ErrBusy):
 		return unavailable(info, retryDelayBusy, "the store is busy (OS page cache busy); nothing was stored; retry later")
 	case errors.Is(err, storage.ErrWriteFailed):

@@ -133,8 +133,7 @@ func v2Status(code rocketmqv2.Code, format string, args ...any) *rocketmqv2.Stat
 // Why the calls storaged does not serve are not served (README.md, "Use the
 // RocketMQ clients").
 const (
-	notServedTransaction = "storaged stores no transactional half messages: send the message without a transaction"
-	notServedLite        = "storaged has no lite topics"
+	notServedLite = "storaged has no lite topics"
 )
 
 // checkTopic checks a topic resource: a name storaged takes (the store's
@@ -224,7 +223,8 @@ func (r *rocketMQ) QueryRoute(_ context.Context, req *rocketmqv2.QueryRouteReque
 	mqs := make([]*rocketmqv2.MessageQueue, n) // n ≤ storage.MaxQueues
 	for i := range mqs {
 		mqs[i] = &rocketmqv2.MessageQueue{Topic: res, Id: int32(i), Permission: rocketmqv2.Permission_READ_WRITE, Broker: broker,
-			AcceptMessageTypes: []rocketmqv2.MessageType{rocketmqv2.MessageType_NORMAL, rocketmqv2.MessageType_FIFO, rocketmqv2.MessageType_DELAY}}
+			AcceptMessageTypes: []rocketmqv2.MessageType{rocketmqv2.MessageType_NORMAL, rocketmqv2.MessageType_FIFO, rocketmqv2.MessageType_DELAY,
+				rocketmqv2.MessageType_TRANSACTION}}
 	}
 	return &rocketmqv2.QueryRouteResponse{Status: okStatus(), MessageQueues: mqs}, nil
 }
@@ -309,9 +309,10 @@ func clientID(ctx context.Context) string {
 // Telemetry implements rocketmqv2.MessagingServiceServer. A client opens it
 // at start and sends its settings; the SDKs wait for the answer before they
 // report started. storaged answers each Settings with the settings the
-// client must use (settingsReply), ignores the reports a client sends about
-// commands (storaged sends none), and answers anything else with a
-// BAD_REQUEST status. The stream stays open until the client ends it, the
+// client must use (settingsReply), sends a producer the transaction checks
+// of the topics its settings name (RecoverOrphanedTransactionCommand,
+// rocketmq_txn.go), ignores the reports a client sends about commands,
+// and answers anything else with a BAD_REQUEST status. The stream stays open until the client ends it, the
 // server drains, or its connection nears its age limit (the SDKs then open
 // a new one, on another server if their connection moved).
 //
@@ -335,6 +336,10 @@ func (r *rocketMQ) Telemetry(stream grpc.BidiStreamingServer[rocketmqv2.Telemetr
 			endC = c
 		}
 	}
+	// A producer's stream carries the store's transaction checks
+	// (rocketmq_txn.go) once its settings named its topics.
+	prod := &producerStream{client: clientID(stream.Context()), out: make(chan *rocketmqv2.TelemetryCommand, producerOutbox)}
+	defer r.svc.producers.set(prod, nil)
 	cmds := make(chan *rocketmqv2.TelemetryCommand)
 	recvErr := make(chan error, 1)
 	done := make(chan struct{})
@@ -356,10 +361,14 @@ func (r *rocketMQ) Telemetry(stream grpc.BidiStreamingServer[rocketmqv2.Telemetr
 	for {
 		select {
 		case c := <-cmds:
-			if reply := r.telemetryReply(c); reply != nil {
+			if reply := r.telemetryReply(c, prod); reply != nil {
 				if err := stream.Send(reply); err != nil {
 					return err
 				}
+			}
+		case c := <-prod.out:
+			if err := stream.Send(c); err != nil {
+				return err
 			}
 		case err := <-recvErr:
 			if errors.Is(err, io.EOF) {
@@ -375,12 +384,21 @@ func (r *rocketMQ) Telemetry(stream grpc.BidiStreamingServer[rocketmqv2.Telemetr
 }
 
 // telemetryReply is the answer to one command of a client, nil for none.
-func (r *rocketMQ) telemetryReply(c *rocketmqv2.TelemetryCommand) *rocketmqv2.TelemetryCommand {
+func (r *rocketMQ) telemetryReply(c *rocketmqv2.TelemetryCommand, prod *producerStream) *rocketmqv2.TelemetryCommand {
 	switch cmd := c.GetCommand().(type) {
 	case *rocketmqv2.TelemetryCommand_Settings:
 		settings, st := r.settingsReply(cmd.Settings)
 		if st != nil {
 			return &rocketmqv2.TelemetryCommand{Status: st}
+		}
+		if settings.GetClientType() == rocketmqv2.ClientType_PRODUCER {
+			var topics []string
+			for _, t := range settings.GetPublishing().GetTopics() {
+				if name, st := checkTopic(t); st == nil {
+					topics = append(topics, name)
+				}
+			}
+			r.svc.producers.set(prod, topics)
 		}
 		return &rocketmqv2.TelemetryCommand{Status: okStatus(), Command: &rocketmqv2.TelemetryCommand_Settings{Settings: settings}}
 	case *rocketmqv2.TelemetryCommand_ThreadStackTrace, *rocketmqv2.TelemetryCommand_VerifyMessageResult:
@@ -453,12 +471,6 @@ func (r *rocketMQ) settingsReply(in *rocketmqv2.Settings) (*rocketmqv2.Settings,
 }
 
 // The calls storaged does not serve: each answers UNSUPPORTED with why.
-
-// EndTransaction implements rocketmqv2.MessagingServiceServer: no half
-// message is ever stored.
-func (r *rocketMQ) EndTransaction(context.Context, *rocketmqv2.EndTransactionRequest) (*rocketmqv2.EndTransactionResponse, error) {
-	return &rocketmqv2.EndTransactionResponse{Status: v2Status(rocketmqv2.Code_UNSUPPORTED, notServedTransaction)}, nil
-}
 
 // SyncLiteSubscription implements rocketmqv2.MessagingServiceServer.
 func (r *rocketMQ) SyncLiteSubscription(context.Context, *rocketmqv2.SyncLiteSubscriptionRequest) (*rocketmqv2.SyncLiteSubscriptionResponse, error) {

@@ -44,9 +44,10 @@ import (
 //
 // A message without a group goes to the next queue in turn (the client's
 // queue_id is not used, as the RocketMQ proxy does not: the Node.js SDK
-// names queue 0 for every message). Refused, nothing stored: TRANSACTION
-// (no half messages), LITE and PRIORITY, GZIP bodies: UNSUPPORTED. The
-// route lists NORMAL, FIFO and DELAY only, so SDKs that validate message
+// names queue 0 for every message). TRANSACTION stores a half message
+// (rocketmq_txn.go), answered with its transaction_id. Refused, nothing
+// stored: LITE and PRIORITY, GZIP bodies: UNSUPPORTED. The route lists
+// NORMAL, FIFO, DELAY and TRANSACTION only, so SDKs that validate message
 // types refuse the others themselves.
 //
 // The answer has one entry per message. message_id is the stored record's
@@ -74,6 +75,7 @@ type sendMessage struct {
 	props []storage.Property
 	born  int64
 	due   int64 // delivery_timestamp in Unix ms; 0 when none
+	txn   bool  // a transactional half message (rocketmq_txn.go)
 }
 
 // SendMessage implements rocketmqv2.MessagingServiceServer.
@@ -99,6 +101,9 @@ func (r *rocketMQ) SendMessage(ctx context.Context, req *rocketmqv2.SendMessageR
 	if len(plan) == 1 {
 		m := &storage.Message{Topic: topic, QueueID: qid, Body: plan[0].body, Properties: plan[0].props,
 			BornTimestamp: plan[0].born, BornHost: born}
+		if plan[0].txn {
+			m.SysFlag = storage.TransactionPreparedType
+		}
 		res, err = s.store.PutMessage(ctx, m)
 	} else {
 		b := &storage.Batch{Topic: topic, QueueID: qid, BornHost: born, Messages: make([]storage.BatchMessage, len(plan))}
@@ -127,6 +132,9 @@ func (r *rocketMQ) SendMessage(ctx context.Context, req *rocketmqv2.SendMessageR
 		if i < len(ids) {
 			e.MessageId = ids[i]
 			e.Offset = res.Append.QueueOffset + int64(i)
+			if res.Append.Topic == storage.TransHalfTopic && plan[i].txn {
+				e.TransactionId = ids[i]
+			}
 			if res.Append.Topic == storage.TimerTopic && plan[i].due > 0 {
 				e.RecallHandle = encodeRecallHandle(recallHandle{Topic: topic, Broker: BrokerName, DueMS: plan[i].due, MsgID: ids[i]})
 			}
@@ -200,6 +208,9 @@ func (r *rocketMQ) checkSend(msgs []*rocketmqv2.Message) (topic, group string, p
 			group = g
 		} else if g != group {
 			return "", "", nil, v2Status(rocketmqv2.Code_ILLEGAL_MESSAGE_GROUP, "messages[%d]: message group %q differs from messages[0]'s %q: a send of several messages goes to one queue", i, g, group)
+		}
+		if p.txn && len(msgs) > 1 {
+			return "", "", nil, v2Status(rocketmqv2.Code_BAD_REQUEST, "messages[%d]: a send of several messages cannot be transactional; send them one by one", i)
 		}
 		if p.due > 0 && len(msgs) > 1 {
 			return "", "", nil, v2Status(rocketmqv2.Code_BAD_REQUEST, "messages[%d]: a send of several messages cannot carry delivery timestamps; send timer messages one by one", i)
@@ -277,7 +288,13 @@ func (r *rocketMQ) checkMessage(m *rocketmqv2.Message, now int64) (group string,
 			return "", p, v2Status(rocketmqv2.Code_MESSAGE_PROPERTY_CONFLICT_WITH_TYPE, "a DELAY message has no message group")
 		}
 	case rocketmqv2.MessageType_TRANSACTION:
-		return "", p, v2Status(rocketmqv2.Code_UNSUPPORTED, notServedTransaction)
+		if group != "" {
+			return "", p, v2Status(rocketmqv2.Code_MESSAGE_PROPERTY_CONFLICT_WITH_TYPE, "a TRANSACTION message has no message group")
+		}
+		if p.due > 0 {
+			return "", p, v2Status(rocketmqv2.Code_MESSAGE_PROPERTY_CONFLICT_WITH_TYPE, "a TRANSACTION message has no delivery timestamp")
+		}
+		p.txn = true
 	case rocketmqv2.MessageType_LITE:
 		return "", p, v2Status(rocketmqv2.Code_UNSUPPORTED, notServedLite)
 	case rocketmqv2.MessageType_PRIORITY:
@@ -316,6 +333,13 @@ func (r *rocketMQ) checkMessage(m *rocketmqv2.Message, now int64) (group string,
 	if p.due > 0 {
 		props = append(props, storage.Property{Key: storage.PropertyTimerDeliverMS, Value: strconv.FormatInt(p.due, 10)})
 	}
+	if p.txn && sp.OrphanedTransactionRecoveryDuration != nil {
+		sec, st := immunitySeconds(sp)
+		if st != nil {
+			return "", p, st
+		}
+		props = append(props, storage.Property{Key: storage.PropertyCheckImmunity, Value: sec})
+	}
 	if st := checkUserProperties(m.GetUserProperties()); st != nil {
 		return "", p, st
 	}
@@ -328,7 +352,7 @@ func (r *rocketMQ) checkMessage(m *rocketmqv2.Message, now int64) (group string,
 		}
 		born = ts.AsTime().UnixMilli()
 	}
-	return group, sendMessage{body: body, props: props, born: born, due: p.due}, nil
+	return group, sendMessage{body: body, props: props, born: born, due: p.due, txn: p.txn}, nil
 }
 
 // checkMessageGroup applies the RocketMQ proxy's rule: not blank, at most

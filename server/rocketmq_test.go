@@ -85,8 +85,9 @@ func TestRocketMQQueryRoute(t *testing.T) {
 			b := mq.GetBroker()
 			if mq.GetId() != int32(i) || mq.GetTopic().GetName() != c.topic || mq.GetPermission() != rocketmqv2.Permission_READ_WRITE ||
 				b.GetName() != BrokerName || b.GetId() != 0 || !proto.Equal(b.GetEndpoints(), access()) ||
-				len(mq.GetAcceptMessageTypes()) != 3 || mq.GetAcceptMessageTypes()[0] != rocketmqv2.MessageType_NORMAL ||
-				mq.GetAcceptMessageTypes()[1] != rocketmqv2.MessageType_FIFO || mq.GetAcceptMessageTypes()[2] != rocketmqv2.MessageType_DELAY {
+				len(mq.GetAcceptMessageTypes()) != 4 || mq.GetAcceptMessageTypes()[0] != rocketmqv2.MessageType_NORMAL ||
+				mq.GetAcceptMessageTypes()[1] != rocketmqv2.MessageType_FIFO || mq.GetAcceptMessageTypes()[2] != rocketmqv2.MessageType_DELAY ||
+				mq.GetAcceptMessageTypes()[3] != rocketmqv2.MessageType_TRANSACTION {
 				t.Errorf("%s queue %d: %v", c.topic, i, mq)
 			}
 		}
@@ -343,7 +344,19 @@ func TestRocketMQSendRefused(t *testing.T) {
 			rmqMsg("Orders", "x", sp(func(p *rocketmqv2.SystemProperties) { p.DeliveryTimestamp = timestamppb.New(time.Now().Add(time.Hour)) })),
 			rmqMsg("Orders", "y", sp(func(p *rocketmqv2.SystemProperties) { p.DeliveryTimestamp = timestamppb.New(time.Now().Add(time.Hour)) })),
 		}, rocketmqv2.Code_BAD_REQUEST},
-		{"TRANSACTION", []*rocketmqv2.Message{rmqMsg("Orders", "x", sp(func(p *rocketmqv2.SystemProperties) { p.MessageType = rocketmqv2.MessageType_TRANSACTION }))}, rocketmqv2.Code_UNSUPPORTED},
+		{"TRANSACTION with a group", []*rocketmqv2.Message{rmqMsg("Orders", "x", sp(func(p *rocketmqv2.SystemProperties) {
+			p.MessageType, p.MessageGroup = rocketmqv2.MessageType_TRANSACTION, proto.String("g")
+		}))}, rocketmqv2.Code_MESSAGE_PROPERTY_CONFLICT_WITH_TYPE},
+		{"TRANSACTION with a delivery timestamp", []*rocketmqv2.Message{rmqMsg("Orders", "x", sp(func(p *rocketmqv2.SystemProperties) {
+			p.MessageType, p.DeliveryTimestamp = rocketmqv2.MessageType_TRANSACTION, timestamppb.New(time.Now().Add(time.Hour))
+		}))}, rocketmqv2.Code_MESSAGE_PROPERTY_CONFLICT_WITH_TYPE},
+		{"two TRANSACTION messages in a send", []*rocketmqv2.Message{
+			rmqMsg("Orders", "x", sp(func(p *rocketmqv2.SystemProperties) { p.MessageType = rocketmqv2.MessageType_TRANSACTION })),
+			rmqMsg("Orders", "y", sp(func(p *rocketmqv2.SystemProperties) { p.MessageType = rocketmqv2.MessageType_TRANSACTION })),
+		}, rocketmqv2.Code_BAD_REQUEST},
+		{"TRANSACTION with a negative recovery duration", []*rocketmqv2.Message{rmqMsg("Orders", "x", sp(func(p *rocketmqv2.SystemProperties) {
+			p.MessageType, p.OrphanedTransactionRecoveryDuration = rocketmqv2.MessageType_TRANSACTION, durationpb.New(-time.Second)
+		}))}, rocketmqv2.Code_BAD_REQUEST},
 		{"LITE", []*rocketmqv2.Message{rmqMsg("Orders", "x", sp(func(p *rocketmqv2.SystemProperties) { p.LiteTopic = proto.String("l") }))}, rocketmqv2.Code_UNSUPPORTED},
 		{"PRIORITY", []*rocketmqv2.Message{rmqMsg("Orders", "x", sp(func(p *rocketmqv2.SystemProperties) { p.Priority = proto.Int32(1) }))}, rocketmqv2.Code_UNSUPPORTED},
 		{"unknown type", []*rocketmqv2.Message{rmqMsg("Orders", "x", sp(func(p *rocketmqv2.SystemProperties) { p.MessageType = 99 }))}, rocketmqv2.Code_BAD_REQUEST},
@@ -613,10 +626,6 @@ func TestRocketMQUnsupported(t *testing.T) {
 	e := rmqServer(t, nil)
 	ctx := ctxT(t)
 	calls := map[string]func() (*rocketmqv2.Status, error){
-		"EndTransaction": func() (*rocketmqv2.Status, error) {
-			r, err := e.rmq.EndTransaction(ctx, &rocketmqv2.EndTransactionRequest{})
-			return r.GetStatus(), err
-		},
 		"SyncLiteSubscription": func() (*rocketmqv2.Status, error) {
 			r, err := e.rmq.SyncLiteSubscription(ctx, &rocketmqv2.SyncLiteSubscriptionRequest{})
 			return r.GetStatus(), err

@@ -31,6 +31,8 @@ package server
 
 import (
 	"context"
+	"errors"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -99,6 +101,10 @@ const (
 // Service implements storagedv1.MessageStoreServiceServer on top of a Store.
 type Service struct {
 	storagedv1.UnimplementedMessageStoreServiceServer
+
+	// producers are the RocketMQ producers connected, for transaction
+	// checks (rocketmq_txn.go).
+	producers *producerRegistry
 
 	store            Store
 	log              zerolog.Logger
@@ -216,10 +222,14 @@ func New(store Store, logger zerolog.Logger, opts ...Option) *Service {
 		now:                 unixMilliNow,
 		maxMessageSize:      storage.DefaultMaxMessageSize,
 		inflight:            newInflight(DefaultMaxPullInflightBytes),
+		producers:           newProducerRegistry(),
 	}
 	s.draining, s.drain = context.WithCancel(context.Background())
 	for _, o := range opts {
 		o(s)
+	}
+	if ts, ok := store.(TransactionStore); ok {
+		ts.SetTransactionChecker(s) // the store's transaction checks go to producers' Telemetry streams
 	}
 	return s
 }
@@ -292,15 +302,58 @@ func (s *Service) rejected(ctx context.Context, m method, fe *fieldError) error 
 // lets the gRPC server (and its health service) listen while the store is
 // still recovering its commitlog.
 type DeferredStore struct {
-	p atomic.Pointer[storeBox]
+	p       atomic.Pointer[storeBox]
+	checker deferredChecker
 }
 
 type storeBox struct{ s Store }
 
+// checker is the transaction checker given before Set (TransactionStore).
+type deferredChecker struct {
+	mu sync.Mutex
+	c  storage.TransactionChecker
+}
+
 var _ Store = (*DeferredStore)(nil)
 
-// Set makes every later put go to s.
-func (d *DeferredStore) Set(s Store) { d.p.Store(&storeBox{s}) }
+// Set makes every later put go to s (and gives s the transaction checker
+// set before).
+func (d *DeferredStore) Set(s Store) {
+	d.checker.mu.Lock()
+	defer d.checker.mu.Unlock()
+	if ts, ok := s.(TransactionStore); ok && d.checker.c != nil {
+		ts.SetTransactionChecker(d.checker.c)
+	}
+	d.p.Store(&storeBox{s})
+}
+
+// SetTransactionChecker implements TransactionStore.
+func (d *DeferredStore) SetTransactionChecker(c storage.TransactionChecker) {
+	d.checker.mu.Lock()
+	defer d.checker.mu.Unlock()
+	d.checker.c = c
+	if b := d.p.Load(); b != nil {
+		if ts, ok := b.s.(TransactionStore); ok {
+			ts.SetTransactionChecker(c)
+		}
+	}
+}
+
+// EndTransaction implements TransactionStore.
+func (d *DeferredStore) EndTransaction(ctx context.Context, topic string, phys int64, commit bool) (storage.TransactionResult, error) {
+	b := d.p.Load()
+	if b == nil {
+		return storage.TransactionResult{}, ErrStarting
+	}
+	ts, ok := b.s.(TransactionStore)
+	if !ok {
+		return storage.TransactionResult{}, errNoTransactionStore
+	}
+	return ts.EndTransaction(ctx, topic, phys, commit)
+}
+
+// errNoTransactionStore: the store set keeps no transactional messages.
+var errNoTransactionStore = errors.New("server: this store keeps no transactional messages")
 
 // PutMessage implements Store.
 func (d *DeferredStore) PutMessage(ctx context.Context, m *storage.Message) (storage.PutResult, error) {

@@ -417,11 +417,12 @@ func TestDelayDiversion(t *testing.T) {
 			t.Fatal("the caller's message was modified")
 		}
 	}
-	// Prepared transactional messages are not diverted and get no queue offset.
+	// A prepared transactional message is a half message (transactions.go):
+	// not delayed until its commit, and no queue offset of its topic.
 	m := msg("Orders", "p", Property{Key: PropertyDelayLevel, Value: "2"})
 	m.SysFlag = TransactionPreparedType
 	res, _ := s.PutMessage(context.Background(), m)
-	if res.Append.Topic != "Orders" || res.Append.QueueOffset != 0 {
+	if res.Append.Topic != TransHalfTopic || res.Append.QueueOffset != 0 {
 		t.Fatalf("prepared message: %+v", res.Append)
 	}
 	res, _ = s.PutMessage(context.Background(), msg("Orders", "n"))

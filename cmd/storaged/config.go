@@ -76,6 +76,12 @@ type config struct {
 	// how far ahead one may be due.
 	MaxTimerMessages int
 	TimerMaxDelay    time.Duration
+	// Transactional messages: the first check's delay, the time between
+	// checks, the checks before a discard, the pending bound.
+	TransactionTimeout       time.Duration
+	TransactionCheckInterval time.Duration
+	TransactionCheckMax      int
+	MaxPendingTransactions   int
 
 	// MaxPullInflightBytes bounds the read answers held at once
 	// (server.WithMaxPullInflightBytes).
@@ -142,18 +148,23 @@ func parseConfig(args []string, lookupEnv func(string) (string, bool), stderr io
 		DelayLevels:        storage.DefaultDelayLevels,
 		CheckpointInterval: storage.DefaultCheckpointInterval,
 
-		DefaultQueues:        storage.DefaultQueues,
-		AutoCreateTopics:     true,
-		MaxTopics:            storage.DefaultMaxTopics,
-		MaxConsumerOffsets:   storage.DefaultMaxConsumerOffsets,
-		MaxTimerMessages:     storage.DefaultMaxTimerMessages,
-		TimerMaxDelay:        storage.DefaultTimerMaxDelay,
-		MaxOpenQueueFiles:    storage.DefaultMaxOpenQueueFiles,
-		MaxPullInflightBytes: server.DefaultMaxPullInflightBytes,
-		MaxPullWait:          server.DefaultMaxPullWait,
-		ConsumerMaxAttempts:  storage.DefaultPopMaxAttempts,
-		DedupWindow:          storage.DefaultDedupWindow,
-		DedupMaxMessages:     storage.DefaultDedupMaxMessages,
+		DefaultQueues:      storage.DefaultQueues,
+		AutoCreateTopics:   true,
+		MaxTopics:          storage.DefaultMaxTopics,
+		MaxConsumerOffsets: storage.DefaultMaxConsumerOffsets,
+		MaxTimerMessages:   storage.DefaultMaxTimerMessages,
+		TimerMaxDelay:      storage.DefaultTimerMaxDelay,
+
+		TransactionTimeout:       storage.DefaultTransactionTimeout,
+		TransactionCheckInterval: storage.DefaultTransactionCheckInterval,
+		TransactionCheckMax:      storage.DefaultTransactionCheckMax,
+		MaxPendingTransactions:   storage.DefaultMaxPendingTransactions,
+		MaxOpenQueueFiles:        storage.DefaultMaxOpenQueueFiles,
+		MaxPullInflightBytes:     server.DefaultMaxPullInflightBytes,
+		MaxPullWait:              server.DefaultMaxPullWait,
+		ConsumerMaxAttempts:      storage.DefaultPopMaxAttempts,
+		DedupWindow:              storage.DefaultDedupWindow,
+		DedupMaxMessages:         storage.DefaultDedupMaxMessages,
 	}
 	fs := flag.NewFlagSet("storaged", flag.ContinueOnError)
 	fs.SetOutput(stderr)
@@ -210,6 +221,15 @@ func parseConfig(args []string, lookupEnv func(string) (string, bool), stderr io
 		"most timer messages (delivery at a time) waiting at once (1-67108864); a timer put beyond it is refused (RESOURCE_EXHAUSTED, WHEEL_TIMER_FLOW_CONTROL)")
 	fs.DurationVar(&cfg.TimerMaxDelay, "timer-max-delay", cfg.TimerMaxDelay,
 		"how far ahead a timer message may be due (RocketMQ timerMaxDelaySec; 1s-8784h); later is refused (INVALID_ARGUMENT, WHEEL_TIMER_MSG_ILLEGAL)")
+	fs.DurationVar(&cfg.TransactionTimeout, "transaction-timeout", cfg.TransactionTimeout,
+		"how old a transactional half message must be before the store asks its producer to resolve it (RocketMQ transactionTimeOut; 1s-24h; "+
+			"a message's CHECK_IMMUNITY_TIME_IN_SECONDS overrides it)")
+	fs.DurationVar(&cfg.TransactionCheckInterval, "transaction-check-interval", cfg.TransactionCheckInterval,
+		"time between two checks of one unresolved half message (RocketMQ transactionCheckInterval; 1s-24h)")
+	fs.IntVar(&cfg.TransactionCheckMax, "transaction-check-max", cfg.TransactionCheckMax,
+		"checks of an unresolved half message before it is discarded as rolled back (RocketMQ transactionCheckMax; 1-1000)")
+	fs.IntVar(&cfg.MaxPendingTransactions, "max-pending-transactions", cfg.MaxPendingTransactions,
+		"most transactional half messages pending at once (1-10000000); a half send beyond it is refused (RESOURCE_EXHAUSTED, TOO_MANY_REQUESTS)")
 	fs.Var((*populateValue)(&cfg.Populate), "populate",
 		"how a new commitlog file is faulted in ahead of the writer: `mode` write (the default: MADV_POPULATE_WRITE, no fault on the put path), "+
 			"read (MADV_POPULATE_READ: clean pages, a write fault per page on the put path), willneed or off; BENCHMARKS.md measures them")
@@ -348,6 +368,18 @@ func (c *config) validate() error {
 	if c.TimerMaxDelay < time.Second || c.TimerMaxDelay > 366*24*time.Hour {
 		errs = append(errs, fmt.Errorf("--timer-max-delay %v out of range [1s, 8784h]", c.TimerMaxDelay))
 	}
+	if c.TransactionTimeout < time.Second || c.TransactionTimeout > 24*time.Hour {
+		errs = append(errs, fmt.Errorf("--transaction-timeout %v out of range [1s, 24h]", c.TransactionTimeout))
+	}
+	if c.TransactionCheckInterval < time.Second || c.TransactionCheckInterval > 24*time.Hour {
+		errs = append(errs, fmt.Errorf("--transaction-check-interval %v out of range [1s, 24h]", c.TransactionCheckInterval))
+	}
+	if c.TransactionCheckMax < 1 || c.TransactionCheckMax > 1000 {
+		errs = append(errs, fmt.Errorf("--transaction-check-max %d out of range [1, 1000]", c.TransactionCheckMax))
+	}
+	if c.MaxPendingTransactions < 1 || c.MaxPendingTransactions > 10000000 {
+		errs = append(errs, fmt.Errorf("--max-pending-transactions %d out of range [1, 10000000]", c.MaxPendingTransactions))
+	}
 	if c.AdminListen != "" && c.AdminListen == c.Listen && !strings.HasSuffix(c.Listen, ":0") {
 		errs = append(errs, errors.New("--admin-listen must differ from --listen"))
 	}
@@ -461,6 +493,11 @@ func (c *config) storageOptions(host netip.AddrPort, logger *zerolog.Logger) sto
 		TimerMaxDelay:      c.TimerMaxDelay,
 		Populate:           c.Populate,
 
+		TransactionTimeout:       c.TransactionTimeout,
+		TransactionCheckInterval: c.TransactionCheckInterval,
+		TransactionCheckMax:      c.TransactionCheckMax,
+		MaxPendingTransactions:   c.MaxPendingTransactions,
+
 		DedupWindow:      cmp.Or(c.DedupWindow, -1), // 0: off
 		DedupMaxMessages: c.DedupMaxMessages,
 	}
@@ -501,6 +538,10 @@ func (c *config) log(l zerolog.Logger) {
 		Int("max_consumer_offsets", c.MaxConsumerOffsets).
 		Int("max_timer_messages", c.MaxTimerMessages).
 		Stringer("timer_max_delay", c.TimerMaxDelay).
+		Stringer("transaction_timeout", c.TransactionTimeout).
+		Stringer("transaction_check_interval", c.TransactionCheckInterval).
+		Int("transaction_check_max", c.TransactionCheckMax).
+		Int("max_pending_transactions", c.MaxPendingTransactions).
 		Int("max_open_queue_files", c.MaxOpenQueueFiles).
 		Str("populate", c.Populate.String()).
 		Str("max_pull_inflight_bytes", formatSize(c.MaxPullInflightBytes)).

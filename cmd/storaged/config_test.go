@@ -43,13 +43,15 @@ func TestConfigDefaults(t *testing.T) {
 		DiskCheckInterval: time.Second, DelayLevels: "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h",
 		CheckpointInterval: time.Second, MaxConnections: defaultMaxConnections(),
 		DefaultQueues: 8, AutoCreateTopics: true, MaxTopics: 10000, MaxConsumerOffsets: 100000, MaxTimerMessages: 1 << 20, TimerMaxDelay: 72 * time.Hour,
-		MaxOpenQueueFiles:    256,
-		MaxPullInflightBytes: 256 << 20,
-		MaxPullWait:          10 * time.Second,
-		ConsumerMaxAttempts:  17,
-		DedupWindow:          10 * time.Minute,
-		DedupMaxMessages:     1 << 18,
-		Replication:          replicationConfig{ReplicationTimeout: 5 * time.Second, CatchUpWindow: sizeValue(storage.DefaultCatchUpWindow)},
+		MaxOpenQueueFiles:  256,
+		TransactionTimeout: 6 * time.Second, TransactionCheckInterval: 30 * time.Second, TransactionCheckMax: 15,
+		MaxPendingTransactions: 100000,
+		MaxPullInflightBytes:   256 << 20,
+		MaxPullWait:            10 * time.Second,
+		ConsumerMaxAttempts:    17,
+		DedupWindow:            10 * time.Minute,
+		DedupMaxMessages:       1 << 18,
+		Replication:            replicationConfig{ReplicationTimeout: 5 * time.Second, CatchUpWindow: sizeValue(storage.DefaultCatchUpWindow)},
 	}
 	if !reflect.DeepEqual(cfg, want) {
 		t.Errorf("defaults\n got %+v\nwant %+v", cfg, want)
@@ -384,5 +386,27 @@ func TestConfigDedupOff(t *testing.T) {
 	}
 	if o := cfg.storageOptions(netip.MustParseAddrPort("127.0.0.1:9090"), nil); o.DedupWindow >= 0 {
 		t.Fatalf("storage DedupWindow %v, want negative (off)", o.DedupWindow)
+	}
+}
+
+// TestConfigTransactions: the transaction flags and their environment
+// twins reach storage.Options; values out of range are refused.
+func TestConfigTransactions(t *testing.T) {
+	e := env("STORAGED_TRANSACTION_TIMEOUT", "2s", "STORAGED_MAX_PENDING_TRANSACTIONS", "7")
+	cfg, err := parseConfig([]string{"--transaction-check-interval", "3s", "--transaction-check-max", "4"}, e, &bytes.Buffer{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	o := cfg.storageOptions(netip.MustParseAddrPort("127.0.0.1:9090"), nil)
+	if o.TransactionTimeout != 2*time.Second || o.TransactionCheckInterval != 3*time.Second || o.TransactionCheckMax != 4 || o.MaxPendingTransactions != 7 {
+		t.Fatalf("options %v %v %d %d", o.TransactionTimeout, o.TransactionCheckInterval, o.TransactionCheckMax, o.MaxPendingTransactions)
+	}
+	for _, args := range [][]string{
+		{"--transaction-timeout", "10ms"}, {"--transaction-check-interval", "25h"},
+		{"--transaction-check-max", "0"}, {"--max-pending-transactions", "0"},
+	} {
+		if _, err := parseConfig(args, env(), &bytes.Buffer{}); err == nil {
+			t.Errorf("%v accepted", args)
+		}
 	}
 }
