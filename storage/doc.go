@@ -32,6 +32,9 @@
 //	storage/offsets       the consumer offset table, its apply rule and the
 //	                      codec of its records (consumer_offsets.go,
 //	                      applied through sysrecords.go's hook)
+//	storage/txn           transactional half messages: the pending table,
+//	                      its apply rule and the op record codec
+//	                      (transactions.go, applied through sysrecords.go)
 //	storage/pop           POP consumption state (cursors, messages in
 //	                      flight, their deadline heaps), the codec of its
 //	                      records and of receipt handles (pop.go)
@@ -527,8 +530,8 @@
 // never call back into the index, never refuse a record that decodes,
 // and read nothing but their records and the state those built (not the
 // clock, the topic table or the role), or replicas drift apart. Consumer
-// offsets are the first user; POP checkpoints and acks are meant to be
-// the next.
+// offsets and transactional half messages use it; POP checkpoints and
+// acks are meant to be the next.
 //
 // # Consumer offsets
 //
@@ -545,6 +548,35 @@
 // the files until its rewrite is applied). Clients can neither put to
 // that topic nor read it (HiddenTopic). GetOffsetByTime binary-searches a
 // queue by store time.
+//
+// # Transactional messages
+//
+// RocketMQ's two-phase send (transactions.go, storage/txn). A PREPARED put
+// is a half message: diverted in prepare to RMQ_SYS_TRANS_HALF_TOPIC queue
+// 0 with REAL_TOPIC/REAL_QID and TRAN_MSG=true, its transaction type reset
+// to NOT (RocketMQ's parseHalfMessageInner), so it is indexed on the half
+// topic, which no client reads, and never on its own; its commitlog offset
+// names the transaction. The table of pending halves is system state: the
+// half topic's records add to it, the records of RMQ_SYS_TRANS_OP_HALF_TOPIC
+// (TAGS "d" with TRAN_OP_RESOLUTION COMMIT, ROLLBACK or DISCARD; TAGS "c" for
+// a check; the body the half queue offsets, comma separated) take from it
+// or count checks, on every replica through the hook, and Open replays
+// both topics. EndTransaction commits by putting the message to its queue
+// (COMMIT type, PREPARED TX OFF = the half's offset, TRAN_MSG, REAL_TOPIC
+// and REAL_QID cleared, TRAN_PREPARED_QUEUE_OFFSET set) and then its op;
+// a rollback writes the op only; ends are idempotent. A crash between the
+// put and its op leaves a half whose message is delivered: the store that
+// runs ends (standalone after Open, a group's ready leader per leadership)
+// first reconciles, reading the half's queue after the half for a COMMIT
+// record naming it, and only writes the missing op for those: never lost,
+// delivered at most once. A check goroutine (Open starts it, Close stops
+// it; a master, a group's ready leader; Options.Clock; idle without a
+// pending half) asks the TransactionChecker about halves older than their
+// immunity (CHECK_IMMUNITY_TIME_IN_SECONDS or TransactionTimeout) once
+// every TransactionCheckInterval, counting each check in a "c" op, and
+// discards a half after TransactionCheckMax checks. MaxPendingTransactions
+// bounds the table (ErrTransactionsFull); retention keeps the files from
+// the oldest pending half.
 //
 // # POP consumption
 //

@@ -10,8 +10,9 @@ import (
 )
 
 // System records: the store's own state kept as records of system topics
-// in the commitlog (consumer offsets; POP state in a replication group,
-// pop.go), so that whatever carries the log carries the state: recovery,
+// in the commitlog (consumer offsets; transactional half messages; POP
+// state in a replication group, pop.go), so that whatever carries the log
+// carries the state: recovery,
 // and in a replication group the raft log, which is the commitlog.
 //
 // The one rule: such state changes only by applying its topic's records,

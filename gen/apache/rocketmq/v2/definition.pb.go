@@ -32,8 +32,8 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
-// What a producer asks for a transactional half message. storaged stores no half messages: a
-// TRANSACTION send is answered UNSUPPORTED, and so is EndTransaction.
+// What a producer asks for a transactional half message: COMMIT delivers it to its topic once,
+// ROLLBACK drops it (storaged stores half messages on RMQ_SYS_TRANS_HALF_TOPIC until then).
 type TransactionResolution int32
 
 const (
@@ -292,8 +292,8 @@ func (AddressScheme) EnumDescriptor() ([]byte, []int) {
 	return file_apache_rocketmq_v2_definition_proto_rawDescGZIP(), []int{4}
 }
 
-// The kind of a message. storaged takes NORMAL and FIFO and lists only those in a route's
-// accept_message_types.
+// The kind of a message. storaged takes NORMAL, FIFO, DELAY and TRANSACTION and lists only those in
+// a route's accept_message_types.
 type MessageType int32
 
 const (
@@ -1619,29 +1619,31 @@ func (x *Digest) GetChecksum() string {
 // message_group (stored as the __SHARDINGKEY property; it picks the queue). On a read it fills what
 // the record holds (delivery_timestamp from TIMER_OUT_MS for a delivered timer message).
 type SystemProperties struct {
-	state                               protoimpl.MessageState `protogen:"open.v1"`
-	Tag                                 *string                `protobuf:"bytes,1,opt,name=tag,proto3,oneof" json:"tag,omitempty"`
-	Keys                                []string               `protobuf:"bytes,2,rep,name=keys,proto3" json:"keys,omitempty"`
-	MessageId                           string                 `protobuf:"bytes,3,opt,name=message_id,json=messageId,proto3" json:"message_id,omitempty"`
-	BodyDigest                          *Digest                `protobuf:"bytes,4,opt,name=body_digest,json=bodyDigest,proto3" json:"body_digest,omitempty"`
-	BodyEncoding                        Encoding               `protobuf:"varint,5,opt,name=body_encoding,json=bodyEncoding,proto3,enum=apache.rocketmq.v2.Encoding" json:"body_encoding,omitempty"`
-	MessageType                         MessageType            `protobuf:"varint,6,opt,name=message_type,json=messageType,proto3,enum=apache.rocketmq.v2.MessageType" json:"message_type,omitempty"`
-	BornTimestamp                       *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=born_timestamp,json=bornTimestamp,proto3" json:"born_timestamp,omitempty"`
-	BornHost                            string                 `protobuf:"bytes,8,opt,name=born_host,json=bornHost,proto3" json:"born_host,omitempty"`
-	StoreTimestamp                      *timestamppb.Timestamp `protobuf:"bytes,9,opt,name=store_timestamp,json=storeTimestamp,proto3,oneof" json:"store_timestamp,omitempty"`
-	StoreHost                           string                 `protobuf:"bytes,10,opt,name=store_host,json=storeHost,proto3" json:"store_host,omitempty"`
-	DeliveryTimestamp                   *timestamppb.Timestamp `protobuf:"bytes,11,opt,name=delivery_timestamp,json=deliveryTimestamp,proto3,oneof" json:"delivery_timestamp,omitempty"`
-	ReceiptHandle                       *string                `protobuf:"bytes,12,opt,name=receipt_handle,json=receiptHandle,proto3,oneof" json:"receipt_handle,omitempty"`
-	QueueId                             int32                  `protobuf:"varint,13,opt,name=queue_id,json=queueId,proto3" json:"queue_id,omitempty"`
-	QueueOffset                         *int64                 `protobuf:"varint,14,opt,name=queue_offset,json=queueOffset,proto3,oneof" json:"queue_offset,omitempty"`
-	InvisibleDuration                   *durationpb.Duration   `protobuf:"bytes,15,opt,name=invisible_duration,json=invisibleDuration,proto3,oneof" json:"invisible_duration,omitempty"`
-	DeliveryAttempt                     *int32                 `protobuf:"varint,16,opt,name=delivery_attempt,json=deliveryAttempt,proto3,oneof" json:"delivery_attempt,omitempty"`
-	MessageGroup                        *string                `protobuf:"bytes,17,opt,name=message_group,json=messageGroup,proto3,oneof" json:"message_group,omitempty"`
-	TraceContext                        *string                `protobuf:"bytes,18,opt,name=trace_context,json=traceContext,proto3,oneof" json:"trace_context,omitempty"`
-	OrphanedTransactionRecoveryDuration *durationpb.Duration   `protobuf:"bytes,19,opt,name=orphaned_transaction_recovery_duration,json=orphanedTransactionRecoveryDuration,proto3,oneof" json:"orphaned_transaction_recovery_duration,omitempty"`
-	DeadLetterQueue                     *DeadLetterQueue       `protobuf:"bytes,20,opt,name=dead_letter_queue,json=deadLetterQueue,proto3,oneof" json:"dead_letter_queue,omitempty"`
-	LiteTopic                           *string                `protobuf:"bytes,21,opt,name=lite_topic,json=liteTopic,proto3,oneof" json:"lite_topic,omitempty"`
-	Priority                            *int32                 `protobuf:"varint,22,opt,name=priority,proto3,oneof" json:"priority,omitempty"`
+	state             protoimpl.MessageState `protogen:"open.v1"`
+	Tag               *string                `protobuf:"bytes,1,opt,name=tag,proto3,oneof" json:"tag,omitempty"`
+	Keys              []string               `protobuf:"bytes,2,rep,name=keys,proto3" json:"keys,omitempty"`
+	MessageId         string                 `protobuf:"bytes,3,opt,name=message_id,json=messageId,proto3" json:"message_id,omitempty"`
+	BodyDigest        *Digest                `protobuf:"bytes,4,opt,name=body_digest,json=bodyDigest,proto3" json:"body_digest,omitempty"`
+	BodyEncoding      Encoding               `protobuf:"varint,5,opt,name=body_encoding,json=bodyEncoding,proto3,enum=apache.rocketmq.v2.Encoding" json:"body_encoding,omitempty"`
+	MessageType       MessageType            `protobuf:"varint,6,opt,name=message_type,json=messageType,proto3,enum=apache.rocketmq.v2.MessageType" json:"message_type,omitempty"`
+	BornTimestamp     *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=born_timestamp,json=bornTimestamp,proto3" json:"born_timestamp,omitempty"`
+	BornHost          string                 `protobuf:"bytes,8,opt,name=born_host,json=bornHost,proto3" json:"born_host,omitempty"`
+	StoreTimestamp    *timestamppb.Timestamp `protobuf:"bytes,9,opt,name=store_timestamp,json=storeTimestamp,proto3,oneof" json:"store_timestamp,omitempty"`
+	StoreHost         string                 `protobuf:"bytes,10,opt,name=store_host,json=storeHost,proto3" json:"store_host,omitempty"`
+	DeliveryTimestamp *timestamppb.Timestamp `protobuf:"bytes,11,opt,name=delivery_timestamp,json=deliveryTimestamp,proto3,oneof" json:"delivery_timestamp,omitempty"`
+	ReceiptHandle     *string                `protobuf:"bytes,12,opt,name=receipt_handle,json=receiptHandle,proto3,oneof" json:"receipt_handle,omitempty"`
+	QueueId           int32                  `protobuf:"varint,13,opt,name=queue_id,json=queueId,proto3" json:"queue_id,omitempty"`
+	QueueOffset       *int64                 `protobuf:"varint,14,opt,name=queue_offset,json=queueOffset,proto3,oneof" json:"queue_offset,omitempty"`
+	InvisibleDuration *durationpb.Duration   `protobuf:"bytes,15,opt,name=invisible_duration,json=invisibleDuration,proto3,oneof" json:"invisible_duration,omitempty"`
+	DeliveryAttempt   *int32                 `protobuf:"varint,16,opt,name=delivery_attempt,json=deliveryAttempt,proto3,oneof" json:"delivery_attempt,omitempty"`
+	MessageGroup      *string                `protobuf:"bytes,17,opt,name=message_group,json=messageGroup,proto3,oneof" json:"message_group,omitempty"`
+	TraceContext      *string                `protobuf:"bytes,18,opt,name=trace_context,json=traceContext,proto3,oneof" json:"trace_context,omitempty"`
+	// For a TRANSACTION message: how long before storaged asks its producer to resolve it (its
+	// CHECK_IMMUNITY_TIME_IN_SECONDS, whole seconds; storaged's --transaction-timeout when absent).
+	OrphanedTransactionRecoveryDuration *durationpb.Duration `protobuf:"bytes,19,opt,name=orphaned_transaction_recovery_duration,json=orphanedTransactionRecoveryDuration,proto3,oneof" json:"orphaned_transaction_recovery_duration,omitempty"`
+	DeadLetterQueue                     *DeadLetterQueue     `protobuf:"bytes,20,opt,name=dead_letter_queue,json=deadLetterQueue,proto3,oneof" json:"dead_letter_queue,omitempty"`
+	LiteTopic                           *string              `protobuf:"bytes,21,opt,name=lite_topic,json=liteTopic,proto3,oneof" json:"lite_topic,omitempty"`
+	Priority                            *int32               `protobuf:"varint,22,opt,name=priority,proto3,oneof" json:"priority,omitempty"`
 	unknownFields                       protoimpl.UnknownFields
 	sizeCache                           protoimpl.SizeCache
 }

@@ -182,7 +182,8 @@ func (x *SendMessageRequest) GetMessages() []*Message {
 }
 
 // The outcome for one message: message_id is the stored record's msgId (the storaged.v1 GetMessage
-// msg_id), offset its queue offset.
+// msg_id), offset its queue offset; for a TRANSACTION message transaction_id is the half message's
+// msgId, which EndTransaction takes.
 type SendResultEntry struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Status        *Status                `protobuf:"bytes,1,opt,name=status,proto3" json:"status,omitempty"`
@@ -1098,7 +1099,9 @@ func (x *HeartbeatResponse) GetStatus() *Status {
 	return nil
 }
 
-// Commits or rolls back a half message: not served (no half messages are stored).
+// Commits or rolls back the half message transaction_id names (message_id, if set, must be the one
+// its send answered). A repeated end answers OK and delivers nothing more; an id that names no
+// pending transaction, or an end the other way, INVALID_TRANSACTION_ID.
 type EndTransactionRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Topic         *Resource              `protobuf:"bytes,1,opt,name=topic,proto3" json:"topic,omitempty"`
@@ -1469,7 +1472,8 @@ func (x *VerifyMessageResult) GetNonce() string {
 	return ""
 }
 
-// Server to client: resolve this half message. storaged never sends it.
+// Server to client: resolve this half message (sent to a producer whose settings name its topic, once
+// the message is older than its check immunity); the producer answers with EndTransaction.
 type RecoverOrphanedTransactionCommand struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Message       *Message               `protobuf:"bytes,1,opt,name=message,proto3" json:"message,omitempty"`
