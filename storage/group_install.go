@@ -113,6 +113,7 @@ func (s *Store) installSnapshot(m snapshot.Manifest, stage string) error {
 			// Still paused: no round applies a record of the snapshot
 			// before the table is emptied (pop.go).
 			s.resetPopForSnapshot(m.MinOffset)
+			s.resetTxnForSnapshot(m.MinOffset) // likewise (transactions.go)
 			return nil
 		})
 		if err != nil {

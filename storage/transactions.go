@@ -245,7 +245,7 @@ func (s *Store) applyOpRecord(_ int64, b []byte) {
 }
 
 // openTxn rebuilds the pending table from the half and op topics' consume
-// queues (sysrecords.go's openSystemState). Replaying every half before
+// queues at Open (sysrecords.go's openSystemState). Replaying every half before
 // every op gives the table log order gives: an op always follows its
 // halves in the log, and ops of unknown halves are ignored either way.
 func (s *Store) openTxn() error {
@@ -280,6 +280,22 @@ func (s *Store) openTxn() error {
 		s.txn.Mu.Unlock()
 		return nil
 	})
+}
+
+// resetTxnForSnapshot empties the pending table when a snapshot install
+// leaves a gap in what this replica applied (as resetPopForSnapshot): an op
+// in the gap would leave its half pending here forever, and a check of it
+// could deliver a rolled-back message. The dispatcher then applies the
+// snapshot's records from its first offset, which the leader's retention
+// kept at or below its oldest pending half. REQUIRES: the index paused.
+func (s *Store) resetTxnForSnapshot(minOffset int64) {
+	if s.index.Dispatched() >= minOffset {
+		return
+	}
+	s.txn.Mu.Lock()
+	s.txn.Reset()
+	s.txn.Mu.Unlock()
+	s.txnSvc.rebuilt.Add(1)
 }
 
 // txnProtectedFrom is the commitlog offset retention keeps from: the
