@@ -166,7 +166,7 @@ func (a *AdminService) GetConsumerGroup(_ context.Context, req *storagedv1.GetCo
 	resp := &storagedv1.GetConsumerGroupResponse{Group: groupProto(info), Queues: make([]*storagedv1.ConsumerQueueProgress, len(qs))}
 	for i, q := range qs {
 		resp.Queues[i] = &storagedv1.ConsumerQueueProgress{Topic: q.Topic, QueueId: q.QueueID,
-			CommittedOffset: q.Committed, MinOffset: q.Min, MaxOffset: q.Max, Lag: q.Lag}
+			CommittedOffset: q.Committed, MinOffset: q.Min, MaxOffset: q.Max, Lag: q.Lag, Pop: q.Pop, Inflight: q.Inflight}
 	}
 	if more && len(qs) > 0 {
 		last := qs[len(qs)-1]
@@ -189,7 +189,7 @@ func parseQueueToken(tok string) (storage.ConsumerQueueKey, bool) {
 }
 
 func groupProto(g storage.ConsumerGroupInfo) *storagedv1.ConsumerGroupSummary {
-	return &storagedv1.ConsumerGroupSummary{Name: g.Name, QueueCount: int32(g.Queues), Lag: g.Lag}
+	return &storagedv1.ConsumerGroupSummary{Name: g.Name, QueueCount: int32(g.Queues), Lag: g.Lag, Inflight: g.Inflight}
 }
 
 func topicProto(t storage.TopicInfo) *storagedv1.Topic {

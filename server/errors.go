@@ -62,7 +62,8 @@ const (
 	// ReasonTopicExist: CreateTopic on an existing topic (ALREADY_EXISTS).
 	ReasonTopicExist = "TOPIC_EXIST"
 	// ReasonGroupNotExist: GetConsumerGroup of a group that never committed
-	// an offset (RocketMQ ResponseCode.SUBSCRIPTION_GROUP_NOT_EXIST).
+	// an offset nor received by POP (RocketMQ
+	// ResponseCode.SUBSCRIPTION_GROUP_NOT_EXIST).
 	ReasonGroupNotExist = "SUBSCRIPTION_GROUP_NOT_EXIST"
 	// ReasonQueueCountLowered: UpdateTopic with fewer queues
 	// (FAILED_PRECONDITION).

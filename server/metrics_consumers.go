@@ -20,12 +20,13 @@ const DefaultLagMetricGroups = 100
 // ConsumerCollector exports consumer-group lag (issue 17, point 5):
 // storaged_consumer_lag_messages{group} for the groups with the largest lag
 // (at most maxGroups of them), the sum over all other groups in
-// storaged_consumer_lag_other_messages, and the number of groups. The
+// storaged_consumer_lag_other_messages, and the number of groups (with
+// committed offsets or POP progress: storage/consumer_groups.go). The
 // labelled series are bounded because any client may create groups (up to
 // --max-consumer-offsets keys, each possibly its own group) and every label
 // value is a series Prometheus keeps; the most lagging groups are the ones
-// an alert needs. Computed at every scrape from the offset table and the
-// queues' max offsets: O(keys) a scrape.
+// an alert needs. Computed at every scrape from the offset table, the POP
+// table's per-queue progress and the queues' max offsets: O(keys) a scrape.
 type ConsumerCollector struct {
 	src       ConsumerLagSource
 	maxGroups int
@@ -45,12 +46,12 @@ func NewConsumerCollector(src ConsumerLagSource, maxGroups int) *ConsumerCollect
 		src:       src,
 		maxGroups: maxGroups,
 		lag: prometheus.NewDesc("storaged_consumer_lag_messages",
-			"Messages not yet consumed by a consumer group: the sum over the queues it committed offsets for of max offset minus committed offset. Only the most lagging groups are labelled (see storaged_consumer_lag_other_messages).",
+			"Messages not yet consumed by a consumer group, summed over its queues: max offset minus committed offset, or on a queue it consumes by POP the messages not yet acknowledged (not yet received plus in flight). Only the most lagging groups are labelled (see storaged_consumer_lag_other_messages).",
 			[]string{"group"}, nil),
 		lagOther: prometheus.NewDesc("storaged_consumer_lag_other_messages",
 			"The summed lag of the consumer groups beyond the labelled ones.", nil, nil),
 		groups: prometheus.NewDesc("storaged_consumer_groups",
-			"Consumer groups with at least one committed offset.", nil, nil),
+			"Consumer groups with at least one committed offset or POP receive.", nil, nil),
 	}
 }
 

@@ -80,10 +80,11 @@ var (
 	// ErrOffsetNotFound: no offset was ever committed for that group,
 	// topic and queue (RocketMQ QUERY_NOT_FOUND).
 	ErrOffsetNotFound = errors.New("storage: no offset committed for this consumer group and queue")
-	// ErrConsumerGroupNotFound: the group never committed an offset
-	// (RocketMQ CONSUMER_NOT_ONLINE / SUBSCRIPTION_GROUP_NOT_EXIST: storaged
-	// knows a group only by its offsets).
-	ErrConsumerGroupNotFound = errors.New("storage: no offset committed by this consumer group")
+	// ErrConsumerGroupNotFound: the group never committed an offset nor
+	// received by POP (RocketMQ CONSUMER_NOT_ONLINE /
+	// SUBSCRIPTION_GROUP_NOT_EXIST: storaged knows a group only by its
+	// progress).
+	ErrConsumerGroupNotFound = errors.New("storage: no offset committed and no POP receive by this consumer group")
 	// ErrTooManyOffsets: the commit would add a key beyond
 	// Options.MaxConsumerOffsets. Nothing was stored.
 	ErrTooManyOffsets = offsets.ErrTooMany

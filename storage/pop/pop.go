@@ -110,6 +110,7 @@ type Table struct {
 
 	cursors  map[QueueKey]cursor
 	inflight map[Key]*entry
+	queued   map[QueueKey]int // messages in flight per queue (Progress)
 	groups   map[string]*group
 	total    int
 	gen      uint64 // the last generation handed out
@@ -137,7 +138,8 @@ type group struct {
 
 // New returns an empty table.
 func New(l Limits) *Table {
-	return &Table{limits: l, cursors: map[QueueKey]cursor{}, inflight: map[Key]*entry{}, groups: map[string]*group{}}
+	return &Table{limits: l, cursors: map[QueueKey]cursor{}, inflight: map[Key]*entry{}, queued: map[QueueKey]int{},
+		groups: map[string]*group{}}
 }
 
 // Cursor returns the next offset to pop of k.
@@ -271,6 +273,7 @@ func (t *Table) Apply(op Op, at int64) {
 				t.groups[k.Group] = g
 			}
 			heap.Push(&g.due, e)
+			t.queued[op.Key]++
 			t.total++
 		}
 	case Drop:
@@ -287,6 +290,9 @@ func (t *Table) Apply(op Op, at int64) {
 			if len(g.due) == 0 {
 				delete(t.groups, k.Group)
 			}
+			if t.queued[op.Key]--; t.queued[op.Key] == 0 {
+				delete(t.queued, op.Key)
+			}
 			t.total--
 		}
 	}
@@ -300,6 +306,7 @@ func (t *Table) Apply(op Op, at int64) {
 // kept: none handed out before is handed out again.
 func (t *Table) Reset() {
 	t.cursors, t.inflight, t.groups, t.total = map[QueueKey]cursor{}, map[Key]*entry{}, map[string]*group{}, 0
+	t.queued = map[QueueKey]int{}
 	t.stats.Lock()
 	t.statN = 0
 	t.stats.Unlock()
@@ -373,6 +380,35 @@ func (t *Table) OldestAt() (int64, bool) {
 		}
 	}
 	return first, found
+}
+
+// QueueProgress is a group's POP progress on one queue.
+type QueueProgress struct {
+	Key QueueKey
+	// Next is the cursor, the next offset to pop; HasNext is false when
+	// the queue has messages in flight but no cursor (its topic was
+	// deleted: DropCursor).
+	Next    int64
+	HasNext bool
+	// Inflight is how many of the queue's messages are in flight.
+	Inflight int
+}
+
+// Progress returns every queue with a cursor or messages in flight,
+// sorted by key: O(queues), not a walk of the messages in flight (the
+// admin listing and the lag metrics call it at each request and scrape).
+func (t *Table) Progress() []QueueProgress {
+	out := make([]QueueProgress, 0, len(t.cursors))
+	for k, c := range t.cursors {
+		out = append(out, QueueProgress{Key: k, Next: c.next, HasNext: true, Inflight: t.queued[k]})
+	}
+	for k, n := range t.queued {
+		if _, ok := t.cursors[k]; !ok {
+			out = append(out, QueueProgress{Key: k, Inflight: n})
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return lessQueue(out[i].Key, out[j].Key) })
+	return out
 }
 
 // Cursors lists the queue keys with a cursor, sorted.

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/base64"
 	"errors"
+	"math/rand/v2"
 	"reflect"
 	"strings"
 	"testing"
@@ -260,5 +261,73 @@ func TestTable(t *testing.T) {
 	}
 	if len(re.Below(50)) != 0 {
 		t.Errorf("nothing lies below 50 after the restatement, Below says %v", re.Below(50))
+	}
+}
+
+// TestProgress: random pops, renewals, acks, cursor moves and a reset;
+// after each, Progress's per-queue counts and cursors equal those counted
+// from the messages in flight and the cursors (the table keeps them
+// incrementally; the model walks everything).
+func TestProgress(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	tb := New(Limits{Inflight: 1 << 20, InflightPerGroup: 1 << 20, Cursors: 1 << 20})
+	keys := []QueueKey{{"a", "T", 0}, {"a", "T", 1}, {"a", "%RETRY%a", 0}, {"b", "T", 0}}
+	live := map[Key]uint64{}
+	cursors := map[QueueKey]int64{}
+	for step := range 2000 {
+		k := keys[rng.IntN(len(keys))]
+		off := int64(rng.IntN(8))
+		switch r := rng.IntN(10); {
+		case r < 5: // pop or renew
+			g := tb.NextGen()
+			cur := int64(NoCursor)
+			if rng.IntN(2) == 0 {
+				cur = off + 1
+				cursors[k] = cur
+			}
+			tb.Apply(Op{Kind: Set, Key: k, Cursor: cur, Items: []Item{{Offset: off, Deadline: 1, Gen: g}}}, int64(step))
+			live[Key{k, off}] = g
+		case r < 9: // ack: with the right generation or a stale one
+			g, ok := live[Key{k, off}]
+			if !ok || rng.IntN(4) == 0 {
+				g = tb.NextGen() // matches nothing
+			} else {
+				delete(live, Key{k, off})
+			}
+			tb.Apply(Op{Kind: Drop, Key: k, Cursor: NoCursor, Items: []Item{{Offset: off, Gen: g}}}, int64(step))
+		case rng.IntN(50) == 0:
+			tb.Reset()
+			live, cursors = map[Key]uint64{}, map[QueueKey]int64{}
+		default: // its topic deleted: the cursor goes, what is in flight stays
+			tb.DropCursor(k)
+			delete(cursors, k)
+		}
+		want := map[QueueKey]QueueProgress{}
+		for k := range live {
+			p := want[k.QueueKey]
+			p.Key = k.QueueKey
+			p.Inflight++
+			want[k.QueueKey] = p
+		}
+		for k, c := range cursors {
+			p := want[k]
+			p.Key, p.Next, p.HasNext = k, c, true
+			want[k] = p
+		}
+		got := tb.Progress()
+		if len(got) != len(want) {
+			t.Fatalf("step %d: %d queues, want %d: %v", step, len(got), len(want), got)
+		}
+		for i, p := range got {
+			if p != want[p.Key] {
+				t.Fatalf("step %d: %+v, want %+v", step, p, want[p.Key])
+			}
+			if i > 0 && !lessQueue(got[i-1].Key, p.Key) {
+				t.Fatalf("step %d: not sorted: %v", step, got)
+			}
+		}
+		if tb.Inflight("") != len(live) {
+			t.Fatalf("step %d: %d in flight, want %d", step, tb.Inflight(""), len(live))
+		}
 	}
 }

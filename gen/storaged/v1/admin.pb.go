@@ -655,10 +655,13 @@ type ConsumerGroupSummary struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Consumer group name: ^[%|a-zA-Z0-9_-]+$, at most 255 bytes.
 	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
-	// Number of (topic, queue) pairs the group committed an offset for.
+	// Number of (topic, queue) pairs the group has progress on: a committed offset, or POP
+	// consumption (a receive there; its retry topic %RETRY%<group> counts as one of its queues).
 	QueueCount int32 `protobuf:"varint,2,opt,name=queue_count,json=queueCount,proto3" json:"queue_count,omitempty"`
 	// Sum of the group's lag over those queues (ConsumerQueueProgress.lag).
-	Lag           int64 `protobuf:"varint,3,opt,name=lag,proto3" json:"lag,omitempty"`
+	Lag int64 `protobuf:"varint,3,opt,name=lag,proto3" json:"lag,omitempty"`
+	// POP messages received and not yet acknowledged, over all its queues (counted in lag too).
+	Inflight      int64 `protobuf:"varint,4,opt,name=inflight,proto3" json:"inflight,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -714,6 +717,13 @@ func (x *ConsumerGroupSummary) GetLag() int64 {
 	return 0
 }
 
+func (x *ConsumerGroupSummary) GetInflight() int64 {
+	if x != nil {
+		return x.Inflight
+	}
+	return 0
+}
+
 // ConsumerQueueProgress is a consumer group's progress on one queue.
 type ConsumerQueueProgress struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -721,14 +731,22 @@ type ConsumerQueueProgress struct {
 	Topic string `protobuf:"bytes,1,opt,name=topic,proto3" json:"topic,omitempty"`
 	// Queue id.
 	QueueId int32 `protobuf:"varint,2,opt,name=queue_id,json=queueId,proto3" json:"queue_id,omitempty"`
-	// The group's committed offset: the next queue offset it will consume.
+	// The group's committed offset: the next queue offset it will consume. On a queue the group
+	// consumes by POP (pop is true), the POP cursor: the next offset a receive hands out.
 	CommittedOffset int64 `protobuf:"varint,3,opt,name=committed_offset,json=committedOffset,proto3" json:"committed_offset,omitempty"`
 	// The queue's readable offsets, [min_offset, max_offset) (RocketMQ's broker offset is max_offset).
 	MinOffset int64 `protobuf:"varint,4,opt,name=min_offset,json=minOffset,proto3" json:"min_offset,omitempty"`
 	// One past the queue's largest offset: the offset the next message gets.
 	MaxOffset int64 `protobuf:"varint,5,opt,name=max_offset,json=maxOffset,proto3" json:"max_offset,omitempty"`
 	// Messages not yet consumed: max_offset - committed_offset, never below 0 (RocketMQ's diff).
-	Lag           int64 `protobuf:"varint,6,opt,name=lag,proto3" json:"lag,omitempty"`
+	// On a POP queue the messages not yet acknowledged: those not yet received (max_offset minus
+	// the cursor, from min_offset) plus inflight.
+	Lag int64 `protobuf:"varint,6,opt,name=lag,proto3" json:"lag,omitempty"`
+	// The group consumes this queue by POP (RocketMQ 5's SimpleConsumer and PushConsumer): its POP
+	// progress is shown, whatever offset it committed there before.
+	Pop bool `protobuf:"varint,7,opt,name=pop,proto3" json:"pop,omitempty"`
+	// POP messages of this queue received and not yet acknowledged (0 unless pop).
+	Inflight      int64 `protobuf:"varint,8,opt,name=inflight,proto3" json:"inflight,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -801,6 +819,20 @@ func (x *ConsumerQueueProgress) GetMaxOffset() int64 {
 func (x *ConsumerQueueProgress) GetLag() int64 {
 	if x != nil {
 		return x.Lag
+	}
+	return 0
+}
+
+func (x *ConsumerQueueProgress) GetPop() bool {
+	if x != nil {
+		return x.Pop
+	}
+	return false
+}
+
+func (x *ConsumerQueueProgress) GetInflight() int64 {
+	if x != nil {
+		return x.Inflight
 	}
 	return 0
 }
@@ -1085,12 +1117,13 @@ const file_storaged_v1_admin_proto_rawDesc = "" +
 	"\x12DeleteTopicRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\"A\n" +
 	"\x13DeleteTopicResponse\x12*\n" +
-	"\x11deleted_at_offset\x18\x01 \x01(\x03R\x0fdeletedAtOffset\"]\n" +
+	"\x11deleted_at_offset\x18\x01 \x01(\x03R\x0fdeletedAtOffset\"y\n" +
 	"\x14ConsumerGroupSummary\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1f\n" +
 	"\vqueue_count\x18\x02 \x01(\x05R\n" +
 	"queueCount\x12\x10\n" +
-	"\x03lag\x18\x03 \x01(\x03R\x03lag\"\xc3\x01\n" +
+	"\x03lag\x18\x03 \x01(\x03R\x03lag\x12\x1a\n" +
+	"\binflight\x18\x04 \x01(\x03R\binflight\"\xf1\x01\n" +
 	"\x15ConsumerQueueProgress\x12\x14\n" +
 	"\x05topic\x18\x01 \x01(\tR\x05topic\x12\x19\n" +
 	"\bqueue_id\x18\x02 \x01(\x05R\aqueueId\x12)\n" +
@@ -1099,7 +1132,9 @@ const file_storaged_v1_admin_proto_rawDesc = "" +
 	"min_offset\x18\x04 \x01(\x03R\tminOffset\x12\x1d\n" +
 	"\n" +
 	"max_offset\x18\x05 \x01(\x03R\tmaxOffset\x12\x10\n" +
-	"\x03lag\x18\x06 \x01(\x03R\x03lag\"W\n" +
+	"\x03lag\x18\x06 \x01(\x03R\x03lag\x12\x10\n" +
+	"\x03pop\x18\a \x01(\bR\x03pop\x12\x1a\n" +
+	"\binflight\x18\b \x01(\x03R\binflight\"W\n" +
 	"\x19ListConsumerGroupsRequest\x12\x1b\n" +
 	"\tpage_size\x18\x01 \x01(\x05R\bpageSize\x12\x1d\n" +
 	"\n" +

@@ -86,13 +86,14 @@ type AdminServiceClient interface {
 	// refused or lands after it.
 	DeleteTopic(ctx context.Context, in *DeleteTopicRequest, opts ...grpc.CallOption) (*DeleteTopicResponse, error)
 	// ListConsumerGroups returns the consumer groups in name order, each with its total lag, at most
-	// page_size (at most 100) groups per call. storaged knows a group by its committed offsets
-	// (MessageStoreService.CommitOffset): a group appears with its first commit.
+	// page_size (at most 100) groups per call. storaged knows a group by its progress: its committed
+	// offsets (MessageStoreService.CommitOffset, the v2 UpdateOffset) and its POP consumption (the v2
+	// ReceiveMessage): a group appears with its first commit or receive.
 	ListConsumerGroups(ctx context.Context, in *ListConsumerGroupsRequest, opts ...grpc.CallOption) (*ListConsumerGroupsResponse, error)
-	// GetConsumerGroup returns one group's progress on each queue it committed an offset for
-	// (RocketMQ's mqadmin consumerProgress), in (topic, queue) order, at most page_size (at most 1000)
-	// queues per call. NOT_FOUND, reason "SUBSCRIPTION_GROUP_NOT_EXIST", for a group that never
-	// committed an offset.
+	// GetConsumerGroup returns one group's progress on each queue it committed an offset for or
+	// received from by POP (RocketMQ's mqadmin consumerProgress), in (topic, queue) order, at most
+	// page_size (at most 1000) queues per call. NOT_FOUND, reason "SUBSCRIPTION_GROUP_NOT_EXIST", for
+	// a group that never committed an offset nor received by POP.
 	GetConsumerGroup(ctx context.Context, in *GetConsumerGroupRequest, opts ...grpc.CallOption) (*GetConsumerGroupResponse, error)
 }
 
@@ -228,13 +229,14 @@ type AdminServiceServer interface {
 	// refused or lands after it.
 	DeleteTopic(context.Context, *DeleteTopicRequest) (*DeleteTopicResponse, error)
 	// ListConsumerGroups returns the consumer groups in name order, each with its total lag, at most
-	// page_size (at most 100) groups per call. storaged knows a group by its committed offsets
-	// (MessageStoreService.CommitOffset): a group appears with its first commit.
+	// page_size (at most 100) groups per call. storaged knows a group by its progress: its committed
+	// offsets (MessageStoreService.CommitOffset, the v2 UpdateOffset) and its POP consumption (the v2
+	// ReceiveMessage): a group appears with its first commit or receive.
 	ListConsumerGroups(context.Context, *ListConsumerGroupsRequest) (*ListConsumerGroupsResponse, error)
-	// GetConsumerGroup returns one group's progress on each queue it committed an offset for
-	// (RocketMQ's mqadmin consumerProgress), in (topic, queue) order, at most page_size (at most 1000)
-	// queues per call. NOT_FOUND, reason "SUBSCRIPTION_GROUP_NOT_EXIST", for a group that never
-	// committed an offset.
+	// GetConsumerGroup returns one group's progress on each queue it committed an offset for or
+	// received from by POP (RocketMQ's mqadmin consumerProgress), in (topic, queue) order, at most
+	// page_size (at most 1000) queues per call. NOT_FOUND, reason "SUBSCRIPTION_GROUP_NOT_EXIST", for
+	// a group that never committed an offset nor received by POP.
 	GetConsumerGroup(context.Context, *GetConsumerGroupRequest) (*GetConsumerGroupResponse, error)
 	mustEmbedUnimplementedAdminServiceServer()
 }
