@@ -617,6 +617,7 @@
 // new leader holds the in-flight table and takes the old leader's receipt
 // handles; followers refuse POP calls (*NotLeaderError); a group's changes
 // are serialized (one raft round each); a snapshot installed over a gap
-// rebuilds the table from the snapshot's records; retention keeps the
-// files holding live POP state instead of restating it (pop.go).
+// rebuilds the table from the snapshot's records; retention's restating
+// of live state is proposed by the ready leader, excluding every other
+// POP change meanwhile (pop.go rewritePopGroup).
 package storage

@@ -341,3 +341,118 @@ func TestGroupPopSnapshotInstall(t *testing.T) {
 	g.converge(nl, 2, 3)
 	g.samePop(nl, 0, 2, 3)
 }
+
+// TestGroupPopRewrite: retention's restating of live POP state goes
+// through raft on the ready leader only; every replica applies it (so the
+// files holding the old records may go everywhere), with the same
+// deadlines and generations: the handles given out before stay good, and
+// a restart rebuilds the same table.
+func TestGroupPopRewrite(t *testing.T) {
+	g := newTestGroup(t, time.Minute)
+	all := g.ids
+	g.elect(1)
+	ctx := context.Background()
+	for i := range 4 {
+		if res, err := g.put(1, fmt.Sprintf("m%d", i)); err != nil || res.Status != PutOK {
+			t.Fatalf("put %d: %v %v", i, res.Status, err)
+		}
+	}
+	ld := g.m[1].s
+	ms, err := ld.PopReceive(ctx, PopRequest{Group: "g", Topic: "T", MaxMessages: 2, Invisible: time.Hour})
+	if err != nil || len(ms) != 2 {
+		t.Fatalf("receive: %d, %v", len(ms), err)
+	}
+	ld.pop.Mu.Lock()
+	first, _ := ld.pop.OldestAt()
+	ld.pop.Mu.Unlock()
+	if res, err := g.put(1, "after"); err != nil || res.Status != PutOK {
+		t.Fatalf("put: %v %v", res.Status, err)
+	}
+	end := g.converge(1, all...)
+	if first >= end {
+		t.Fatalf("the receive's record at %d, the end %d", first, end)
+	}
+	// A follower cannot rewrite: it keeps the file holding the record.
+	if keep := g.m[2].s.rewritePop(end); keep != first {
+		t.Fatalf("a follower's rewrite below %d keeps from %d, want %d (the receive's record)", end, keep, first)
+	}
+	before := popState(ld)
+	if keep := ld.rewritePop(end); keep != end {
+		t.Fatalf("the leader's rewrite below %d keeps from %d, want %d", end, keep, end)
+	}
+	g.converge(1, all...)
+	g.samePop(1, 2, all...)
+	if after := popState(ld); !reflect.DeepEqual(after, before) {
+		t.Fatalf("the rewrite changed the table:\n%v\nwas\n%v", after, before)
+	}
+	for _, id := range all {
+		s := g.m[id].s
+		s.pop.Mu.Lock()
+		at, ok := s.pop.OldestAt()
+		s.pop.Mu.Unlock()
+		if !ok || at < end {
+			t.Fatalf("node %d: after the rewrite the oldest POP record is at %d (%v), want at or past %d", id, at, ok, end)
+		}
+		if keep := s.rewritePop(end); keep != end {
+			t.Fatalf("node %d: after the leader's rewrite, its own keeps from %d, want %d", id, keep, end)
+		}
+	}
+	for _, id := range all {
+		g.closeMember(id)
+		g.open(id)
+	}
+	g.elect(2)
+	g.converge(2, all...)
+	g.samePop(2, 2, all...)
+	handles := []string{ms[0].Handle, ms[1].Handle}
+	if errs, err := g.m[2].s.PopAck(ctx, "g", "T", handles); err != nil || errs[0] != nil || errs[1] != nil {
+		t.Fatalf("ack of the handles given out before the rewrite: %v %v", errs, err)
+	}
+}
+
+// TestGroupPopRewriteRacesAcks: rewrites before retention run while the
+// received messages are acknowledged one by one; no rewrite restates a
+// message whose ack was decided before it (it would be delivered again),
+// on any replica.
+func TestGroupPopRewriteRacesAcks(t *testing.T) {
+	g := newTestGroup(t, time.Minute)
+	all := g.ids
+	g.elect(1)
+	ctx := context.Background()
+	const n = 32
+	for i := range n {
+		if res, err := g.put(1, fmt.Sprintf("m%d", i)); err != nil || res.Status != PutOK {
+			t.Fatalf("put %d: %v %v", i, res.Status, err)
+		}
+	}
+	ld := g.m[1].s
+	ms, err := ld.PopReceive(ctx, PopRequest{Group: "g", Topic: "T", MaxMessages: n, Invisible: time.Hour})
+	if err != nil || len(ms) != n {
+		t.Fatalf("receive: %d, %v", len(ms), err)
+	}
+	done := make(chan struct{})
+	rewrites := make(chan int)
+	go func() {
+		k := 0
+		defer func() { rewrites <- k }()
+		for {
+			select {
+			case <-done:
+				return
+			default:
+			}
+			ld.rewritePop(ld.log.MaxOffset())
+			k++
+		}
+	}()
+	for _, m := range ms {
+		if errs, err := ld.PopAck(ctx, "g", "T", []string{m.Handle}); err != nil || errs[0] != nil {
+			t.Fatalf("ack: %v %v", errs, err)
+		}
+	}
+	close(done)
+	k := <-rewrites
+	g.converge(1, all...)
+	g.samePop(1, 0, all...)
+	t.Logf("%d rewrites during %d acks", k, n)
+}

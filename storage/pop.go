@@ -80,11 +80,11 @@ package storage
 //
 // A replica that installs a snapshot over a gap in its log (its applied
 // records end below the snapshot's first file) empties its table and
-// applies the snapshot's records (resetPopForSnapshot). Retention in a
-// group does not restate POP state yet (rewritePop: only standalone): it
-// keeps every file holding a live POP record, on the leader and on
-// followers, so a group whose queue cursor is not moved keeps the files
-// from that cursor's record on (consuming moves it).
+// applies the snapshot's records (resetPopForSnapshot). Retention
+// restates the live state whose record lies in a file about to go on the
+// ready leader, through raft (rewritePopGroup); a follower keeps the
+// files holding live state until the leader's restatement is applied
+// there.
 
 import (
 	"context"
@@ -471,13 +471,17 @@ func (s *Store) popLock(group string) func() {
 	if s.group == nil {
 		return func() {}
 	}
+	s.popRewrite.RLock()    // a rewrite excludes every change (rewritePopGroup)
 	h := uint32(2166136261) // FNV-1a
 	for i := 0; i < len(group); i++ {
 		h = (h ^ uint32(group[i])) * 16777619
 	}
 	m := &s.popLocks[h%uint32(len(s.popLocks))]
 	m.Lock()
-	return m.Unlock
+	return func() {
+		m.Unlock()
+		s.popRewrite.RUnlock()
+	}
 }
 
 // popCommit writes ops (any number: one record per pop.MaxOps ops or 256
@@ -942,11 +946,11 @@ func (s *Store) seedPopGen() {
 // below the snapshot's first offset, so the records between are never
 // applied here, a Drop among them included. The dispatcher goes on from
 // the snapshot's first offset and applies every POP record of the
-// snapshot, which hold all the live state: the leader's retention keeps
-// every file holding a live POP record (rewritePop in a group), so a
-// replay from the leader's oldest file rebuilds its table (a Drop whose
-// Set is older finds nothing and changes nothing). REQUIRES: the
-// dispatcher paused.
+// snapshot, which hold all the live state: the leader's retention deletes
+// a file only once the live state it holds is restated past it
+// (rewritePopGroup), so a replay from the leader's oldest file rebuilds
+// its table (a Drop whose Set is older finds nothing and changes
+// nothing). REQUIRES: the dispatcher paused.
 func (s *Store) resetPopForSnapshot(minOffset int64) {
 	if s.index.Dispatched() >= minOffset {
 		return // no gap: the records below were applied here, the rest will be
@@ -954,6 +958,74 @@ func (s *Store) resetPopForSnapshot(minOffset int64) {
 	s.pop.Mu.Lock()
 	s.pop.Reset()
 	s.pop.Mu.Unlock()
+}
+
+// rewritePopGroup is rewritePop in a group: on the ready leader only, the
+// live state whose latest record lies below end is restated by records
+// proposed through raft (so every replica applies them and may then let
+// its own files go: its keep follows its table). A restated message must
+// not outlive a drop decided before it, so no change runs meanwhile (the
+// popRewrite lock), and the table is read only once every record this
+// leader appended so far is applied: a change whose outcome was unknown
+// to its caller (a replication timeout) is then committed and applied, or
+// the wait fails and nothing is restated. Elsewhere, or when anything
+// fails, the files holding live state are kept (keep).
+func (s *Store) rewritePopGroup(end int64, keep func() int64) int64 {
+	if s.closed.Load() || s.WriteErr() != nil || s.groupRefusal() != nil {
+		return keep()
+	}
+	s.popRewrite.Lock()
+	defer s.popRewrite.Unlock()
+	if err := s.awaitAppliedHere(); err != nil {
+		s.opts.Logger.Warn().Err(err).Msg("storage: POP state not rewritten (earlier changes not applied in time); retention keeps the files holding it")
+		return keep()
+	}
+	t := s.pop
+	t.Mu.Lock()
+	ops := t.Below(end)
+	t.Mu.Unlock()
+	for len(ops) > 0 {
+		n := 0
+		for n < len(ops) && n < pop.MaxOps && pop.EncodedLen(ops[:n+1]) <= 256<<10 {
+			n++
+		}
+		n = max(n, 1)
+		out, err := s.putSystem(context.Background(), PopTopic, pop.Encode(ops[:n]), true)
+		if err != nil || out.Status != PutOK {
+			s.opts.Logger.Warn().Err(err).Stringer("status", out.Status).
+				Msg("storage: POP state not rewritten; retention keeps the files holding it")
+			return keep()
+		}
+		ops = ops[n:]
+	}
+	return keep()
+}
+
+// awaitAppliedHere waits, at most the replication timeout, until
+// everything appended to this replica's commitlog so far is committed and
+// indexed (its system records applied).
+func (s *Store) awaitAppliedHere() error {
+	g := s.group
+	target := s.log.MaxOffset()
+	timer := time.NewTimer(g.opts.ReplicationTimeout)
+	defer timer.Stop()
+	for {
+		ch := g.waitChan()
+		if g.commitEnd.Load() >= target {
+			break
+		}
+		if s.closed.Load() {
+			return ErrClosed
+		}
+		select {
+		case <-ch:
+		case <-timer.C:
+			return fmt.Errorf("%w: commit end %d, appended up to %d", ErrReplicationTimeout, g.commitEnd.Load(), target)
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), g.opts.ReplicationTimeout)
+	defer cancel()
+	return s.index.AwaitDispatched(ctx, target)
 }
 
 // rewritePop writes again the live POP state whose latest record lies
@@ -974,7 +1046,10 @@ func (s *Store) rewritePop(end int64) int64 {
 		}
 		return end
 	}
-	if s.closed.Load() || s.Role() != RoleMaster || s.WriteErr() != nil || s.group != nil {
+	if s.group != nil {
+		return s.rewritePopGroup(end, keep)
+	}
+	if s.closed.Load() || s.Role() != RoleMaster || s.WriteErr() != nil {
 		return keep()
 	}
 	t.Mu.Lock()

@@ -77,6 +77,9 @@ type Store struct {
 	// popLocks serialize a consumer group's POP changes in group mode,
 	// each from its decision to its record applied (pop.go popLock).
 	popLocks [64]sync.Mutex
+	// popRewrite: every POP change holds it shared (popLock), the group
+	// rewrite before retention exclusively (rewritePopGroup).
+	popRewrite sync.RWMutex
 
 	// installing is the manifest of a snapshot install Open finishes
 	// (group_install.go), nil otherwise; Open's own.
