@@ -9,6 +9,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -269,21 +270,25 @@ func TestOpenQueueFilesBounded(t *testing.T) {
 }
 
 // TestConsumeQueueNoSpace: a full disk while creating or writing a queue
-// file is an error from the dispatch round wrapping vfs.ErrNoSpace and
-// ErrDiskFull; the round does not advance past the entry it could not
-// write, so the next round, once space is back, indexes it and the acked
-// message becomes readable. Other queues indexed in the failed round stay
-// readable.
+// file. A round's entries are published from the queues' in-memory tails
+// before they reach their files, so the acked messages are readable at
+// once; the writes fail when a checkpoint files them (a consume-queue
+// fault wrapping vfs.ErrNoSpace and ErrDiskFull, no checkpoint written)
+// and when a queue's tail is full: the round then stops at the entry that
+// does not fit, without advancing past it. Once space is back the next
+// round indexes it, the checkpoint files everything, and a reopened store
+// finds every entry exactly once.
 func TestConsumeQueueNoSpace(t *testing.T) {
+	const block = 8 // ConsumeQueueEntries below: a file, so also a tail block, holds 8 entries
 	for _, op := range []vfs.Op{vfs.OpOpenFile, vfs.OpFileWrite} {
 		t.Run(op.String(), func(t *testing.T) {
 			fs := vfs.NewMem()
-			o := Options{Dir: "/d", FS: fs, FileSize: 64 << 10, MaxMessageSize: 1024, CheckpointInterval: 1 << 40}
+			o := Options{Dir: "/d", FS: fs, FileSize: 64 << 10, MaxMessageSize: 1024, CheckpointInterval: 1 << 40,
+				ConsumeQueueEntries: block}
 			s, err := Open(o)
 			if err != nil {
 				t.Fatal(err)
 			}
-			defer s.Close() // its error is the dispatcher goroutine's, which may have met the full disk too
 			var full atomic.Bool
 			full.Store(true)
 			enospc := fmt.Errorf("%w: %w", vfs.ErrNoSpace, syscall.ENOSPC)
@@ -293,7 +298,10 @@ func TestConsumeQueueNoSpace(t *testing.T) {
 				}
 				return nil
 			})
-			for _, topic := range []string{"A", "B", "Full"} {
+			// block+1 messages to Full: the last one needs the first
+			// block written to its file, which fails. The put is still
+			// answered (the message is stored; indexing resumes later).
+			for _, topic := range append([]string{"A", "B"}, slices.Repeat([]string{"Full"}, block+1)...) {
 				if _, err := s.PutMessage(context.Background(), msg(topic, topic)); err != nil {
 					t.Fatal(err)
 				}
@@ -308,26 +316,52 @@ func TestConsumeQueueNoSpace(t *testing.T) {
 			if next := s.index.Next(); next >= end {
 				t.Fatalf("dispatch advanced to %d past the entry it could not write", next)
 			}
-			if _, hi, _ := s.QueueInfo("Full", 0); hi != 0 {
-				t.Fatalf("queue Full shows %d entries it could not write", hi)
+			if _, hi, _ := s.QueueInfo("Full", 0); hi != block {
+				t.Fatalf("queue Full shows %d entries, want the %d its tail holds", hi, block)
+			}
+			res, _, err := s.pullOnce(PullRequest{Topic: "Full", MaxMessages: 100, MaxBytes: 1 << 20}, MaxPullScan)
+			if err != nil || len(res.Messages) != block {
+				t.Fatalf("pull from the tail on a full disk: %d messages, %v; want %d", len(res.Messages), err, block)
 			}
 			for _, topic := range []string{"A", "B"} {
 				if _, hi, err := s.QueueInfo(topic, 0); err != nil || hi != 1 {
 					t.Fatalf("queue %s: max %d, %v", topic, hi, err)
 				}
 			}
+			before := s.index.LastCheckpoint()
+			if err := s.index.Checkpoint(); !errors.Is(err, vfs.ErrNoSpace) || !errors.Is(err, ErrDiskFull) {
+				t.Fatalf("checkpoint on a full disk: %v, want vfs.ErrNoSpace and ErrDiskFull", err)
+			}
+			if got := s.index.LastCheckpoint(); got.Dispatched != before.Dispatched || got.Flushed != before.Flushed {
+				t.Fatalf("a checkpoint was written over entries not in their files: %+v, before %+v", got, before)
+			}
+			if err := s.checkBeforePut(); !errors.Is(err, ErrDiskFull) {
+				t.Fatalf("store health during the fault: %v, want ErrDiskFull", err)
+			}
+
 			full.Store(false)
 			if err := s.index.RunErr(end); err != nil {
 				t.Fatalf("dispatch once space is back: %v", err)
 			}
-			res, _, err := s.pullOnce(PullRequest{Topic: "Full", MaxMessages: 10, MaxBytes: 1 << 20}, MaxPullScan)
-			if err != nil || len(res.Messages) != 1 || string(res.Messages[0].Body) != "Full" {
-				t.Fatalf("pull after space is back: %d messages, %v", len(res.Messages), err)
+			if err := s.index.Checkpoint(); err != nil {
+				t.Fatalf("checkpoint once space is back: %v", err)
 			}
-			for _, topic := range []string{"A", "B"} {
-				if _, hi, _ := s.QueueInfo(topic, 0); hi != 1 {
-					t.Fatalf("queue %s indexed twice: max %d", topic, hi)
+			if err := s.Close(); err != nil {
+				t.Fatal(err)
+			}
+			if s, err = Open(o); err != nil {
+				t.Fatal(err)
+			}
+			defer s.Close()
+			want := map[string]int64{"A": 1, "B": 1, "Full": block + 1}
+			for topic, n := range want {
+				if _, hi, _ := s.QueueInfo(topic, 0); hi != n {
+					t.Fatalf("queue %s after reopening: max %d, want %d (indexed once)", topic, hi, n)
 				}
+			}
+			res, _, err = s.pullOnce(PullRequest{Topic: "Full", MaxMessages: 100, MaxBytes: 1 << 20}, MaxPullScan)
+			if err != nil || len(res.Messages) != block+1 || string(res.Messages[block].Body) != "Full" {
+				t.Fatalf("pull after reopening: %d messages, %v", len(res.Messages), err)
 			}
 		})
 	}

@@ -257,15 +257,21 @@
 // ext4, not 6,000,000 bytes), a full disk is an error from the write
 // (never a SIGBUS), and no queue holds a mapping. Open files are a
 // store-wide LRU cache bounded by MaxOpenQueueFiles (a file in use is not
-// closed). A round's entries are written at its end, one write per queue,
-// and published only then; a write that fails (ENOSPC, EMFILE) drops
-// them and moves the dispatcher back to the first, so the next round
-// writes them (puts are idempotent). The last block of 128 entries stays
-// in memory and older ones are read a block per pread, so a pull of N
-// entries costs N/128 reads. Nothing on the dispatch path syncs: creating
-// a queue is a mkdir and an open. The checkpoint makes the files written
-// and the directories created since the last one durable (16 syncs at a
-// time) before it records the queues' counts. A restart opens nothing to
+// closed). The last block of 128 entries of a queue stays in memory and
+// older ones are read a block per pread, so a pull of N entries costs
+// N/128 reads. A round's entries are published at its end from that
+// in-memory tail, before they are in their file: they are written when
+// the tail moves on to the next block (one write per 128 entries of a busy
+// queue, not one per round) and before every checkpoint, so a put that
+// reads its write (WAIT) makes no write syscall for its index entry. A
+// write that fails (ENOSPC, EMFILE) keeps the entries in the tail, still
+// readable, and is retried as a consume-queue fault (puts are refused
+// meanwhile, as for any failing background write); a queue whose tail is
+// full stops the round at the entry that does not fit, and the next round
+// takes it. Nothing on the dispatch path syncs: creating a queue is a
+// mkdir and an open. The checkpoint writes the pending entries, then makes
+// the files written and the directories created since the last one
+// durable (16 syncs at a time) before it records the queues' counts. A restart opens nothing to
 // find a queue's end: the files' sizes give its count, capped at the
 // checkpoint's (entries past it are written again from the commitlog),
 // then one block read from the end cuts entries pointing past the

@@ -136,6 +136,9 @@ func (d *Index) DropTopicPaused(topic string) error {
 		}
 	}
 	d.mu.Unlock()
+	for _, q := range qs {
+		d.forgetUnfiled(q) // its entries are never written now
+	}
 	var errs []error
 	for _, q := range qs {
 		errs = append(errs, q.close())
@@ -162,7 +165,11 @@ func (d *Index) DropTopicPaused(topic string) error {
 	if err := fs.RemoveAll(filepath.Join(root, topic)); err != nil {
 		errs = append(errs, err)
 	} else if len(qs) > 0 {
-		errs = append(errs, base.SyncDir(fs, root))
+		// No consume-queue directory yet: the topic's entries were all
+		// in memory (never filed), so nothing was removed.
+		if err := base.SyncDir(fs, root); err != nil && !errors.Is(err, iofs.ErrNotExist) {
+			errs = append(errs, err)
+		}
 	}
 	return errors.Join(errs...)
 }
@@ -265,7 +272,7 @@ func (d *Index) StartAt(topic string, qid int32, first int64) error {
 	q := newQueue(d.files, d.root, topic, qid, d.opts.EntriesPerFile)
 	q.min.Store(first)
 	q.count.Store(first)
-	q.written, q.tailFirst = first, first
+	q.written, q.filed, q.tailFirst = first, first, first
 	if err := q.startAt(first); err != nil {
 		return err
 	}
@@ -327,6 +334,7 @@ func (d *Index) Jump(minPhys int64, starts map[Key]int64, swap func() error) err
 			if len(ents) > 0 {
 				errs = append(errs, base.SyncDir(fs, q.dir))
 			}
+			d.forgetUnfiled(q)
 			delete(d.queues, k)
 			if err := errors.Join(errs...); err != nil {
 				return fmt.Errorf("storage: drop consume queue %s/%d for a snapshot: %w", k.Topic, k.Queue, err)
@@ -335,7 +343,7 @@ func (d *Index) Jump(minPhys int64, starts map[Key]int64, swap func() error) err
 		nq := newQueue(d.files, d.root, k.Topic, k.Queue, d.opts.EntriesPerFile)
 		nq.min.Store(first)
 		nq.count.Store(first)
-		nq.written, nq.tailFirst = first, first
+		nq.written, nq.filed, nq.tailFirst = first, first, first
 		if err := nq.startAt(first); err != nil {
 			return err
 		}

@@ -6,6 +6,7 @@ import (
 	iofs "io/fs"
 	"math"
 	"path/filepath"
+	"slices"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -33,11 +34,15 @@ type Index struct {
 	queues map[Key]*Queue
 	files  *cqFiles // the consume queues' open files
 
-	// touched holds the queues with entries put this round, written at
-	// its end (writeQueues); verify makes a round check every record's
+	// touched holds the queues with entries put this round, published at
+	// its end (publishQueues); unfiled the queues with entries not in
+	// their files yet (fileQueues), and fileFailed says the last attempt
+	// to write them failed. verify makes a round check every record's
 	// CRC first (rebuild, over records recovery did not scan), naming
 	// verifyFlushed in the CorruptionError. Guarded by runMu.
 	touched       []*Queue
+	unfiled       []*Queue
+	fileFailed    bool
 	verify        bool
 	verifyFlushed int64
 
@@ -185,8 +190,8 @@ func (d *Index) loop() {
 		case <-retry.C:
 			retrying = false
 			d.Run(d.opts.Watermark())
-			if d.opts.Faults.Failing(fault.Checkpoint) {
-				d.checkpointRound()
+			if d.opts.Faults.Failing(fault.Checkpoint) || d.opts.Faults.Failing(fault.ConsumeQueue) {
+				d.checkpointRound() // writes the entries not in their files (fileQueues)
 			}
 		case <-d.done:
 			return
@@ -195,14 +200,16 @@ func (d *Index) loop() {
 }
 
 // checkpointRound writes the checkpoint and records the outcome: a failed
-// commitlog sync is sticky (checkpoint already reported it), any
-// other failure a transient fault of the checkpoint, retried by loop.
+// commitlog sync is sticky (checkpoint already reported it), a failed
+// write of consume-queue entries a fault of the consume queues
+// (fileQueues recorded it), any other failure a transient fault of the
+// checkpoint; loop retries both.
 func (d *Index) checkpointRound() {
 	err := d.Checkpoint()
 	switch {
 	case err == nil:
 		d.opts.Faults.Cleared(fault.Checkpoint)
-	case errors.Is(err, base.ErrWriteFailed):
+	case errors.Is(err, base.ErrWriteFailed), errors.Is(err, errFiling):
 	default:
 		d.opts.Faults.Failed(fault.Checkpoint, err)
 	}
@@ -264,7 +271,9 @@ func (d *Index) runLocked(end int64) (bool, error) {
 		return true, err
 	}
 	d.stalled.Store(false)
-	d.opts.Faults.Cleared(fault.ConsumeQueue)
+	if !d.fileFailed {
+		d.opts.Faults.Cleared(fault.ConsumeQueue)
+	}
 	return true, nil
 }
 
@@ -282,13 +291,16 @@ func (d *Index) noteAdvanced(topic string, qid int32) {
 }
 
 // dispatchTo indexes the records in [next, end). The entries of a round
-// are written at its end, one write per queue (writeQueues); a queue whose
-// write fails (a full disk, EMFILE) drops them and next moves back to the
-// first of them, so the next round writes them again: puts of the entries
-// after it, to other queues, are idempotent.
+// are published at its end (publishQueues), from the queues' in-memory
+// tails; they reach their files when a tail moves on to its next block
+// and before every checkpoint (fileQueues). A record whose entry cannot
+// be taken (its queue's tail is full and the write of it failed: a full
+// disk, EMFILE) ends the round there: next stays at it, and a later round
+// takes it.
 func (d *Index) dispatchTo(end int64) error {
 	err := d.dispatchRecords(end)
-	return errors.Join(err, d.writeQueues())
+	d.publishQueues()
+	return err
 }
 
 func (d *Index) dispatchRecords(end int64) error {
@@ -361,10 +373,14 @@ func (d *Index) dispatchRecords(end int64) error {
 			default:
 				tags = record.TagsCodeBytes(h.Property(record.PropertyTags))
 			}
-			had := q.pending()
+			had := q.unpublished()
 			err = q.put(h.QueueOffset, d.next, h.Total, tags)
-			if !had && q.pending() {
+			if !had && q.unpublished() {
 				d.touched = append(d.touched, q)
+			}
+			if !q.unfiled && q.pending() {
+				q.unfiled = true
+				d.unfiled = append(d.unfiled, q)
 			}
 			if err != nil {
 				return err
@@ -382,22 +398,59 @@ func (d *Index) dispatchRecords(end int64) error {
 	return nil
 }
 
-// writeQueues writes the round's pending entries, one write per queue. A
-// queue that fails drops its pending entries and moves next back to the
-// first one (see dispatchTo). REQUIRES: runMu.
-func (d *Index) writeQueues() error {
-	var errs []error
+// publishQueues lets readers see the round's entries. REQUIRES: runMu.
+func (d *Index) publishQueues() {
 	for _, q := range d.touched {
-		if err := q.writePending(); err != nil {
-			errs = append(errs, err)
-			if phys, ok := q.dropPending(); ok && phys < d.next {
-				d.next = phys
-			}
-		}
+		q.publish()
 	}
 	clear(d.touched)
 	d.touched = d.touched[:0]
-	return errors.Join(errs...)
+}
+
+// errFiling marks a checkpoint that failed writing consume-queue entries
+// to their files (fileQueues), a fault of the consume queues, not of the
+// checkpoint.
+var errFiling = errors.New("storage: write consume-queue entries")
+
+// fileQueues writes every queue's entries that are not in its file yet,
+// one write per queue. A queue whose write fails keeps its entries in its
+// tail (readable, as before) and stays on the list for the next try; the
+// failure is a transient fault of the consume queues until a try
+// succeeds. REQUIRES: runMu.
+func (d *Index) fileQueues() error {
+	var errs []error
+	keep := d.unfiled[:0]
+	for _, q := range d.unfiled {
+		if err := q.writePending(); err != nil {
+			errs = append(errs, err)
+			keep = append(keep, q)
+			continue
+		}
+		q.unfiled = false
+	}
+	clear(d.unfiled[len(keep):])
+	d.unfiled = keep
+	if err := errors.Join(errs...); err != nil {
+		d.fileFailed = true
+		d.opts.Faults.Failed(fault.ConsumeQueue, err)
+		return fmt.Errorf("%w: %w", errFiling, err)
+	}
+	if d.fileFailed {
+		d.fileFailed = false
+		if !d.stalled.Load() {
+			d.opts.Faults.Cleared(fault.ConsumeQueue)
+		}
+	}
+	return nil
+}
+
+// forgetUnfiled takes q off the list of queues to write (Jump drops it).
+// REQUIRES: runMu.
+func (d *Index) forgetUnfiled(q *Queue) {
+	if q.unfiled {
+		d.unfiled = slices.DeleteFunc(d.unfiled, func(u *Queue) bool { return u == q })
+		q.unfiled = false
+	}
 }
 
 // deliverAt is the delivery time (Unix ms) of a delayed message stored at
@@ -454,6 +507,12 @@ func (d *Index) Checkpoint() error {
 	d.cpMu.Lock()
 	defer d.cpMu.Unlock()
 	d.runMu.Lock()
+	// Every entry the checkpoint counts must be in its file when the
+	// files are synced below.
+	if err := d.fileQueues(); err != nil {
+		d.unlockRun()
+		return err
+	}
 	dispatched, counts := d.snapshotLocked()
 	files, dirs := d.files.take()
 	d.unlockRun()

@@ -42,13 +42,19 @@ const cqBlockEntries = 128
 // and closes files under Options.MaxOpenQueueFiles).
 //
 // Only the dispatcher writes. It appends entries to the in-memory tail
-// (entries [tailFirst, written)) and writes the pending ones, [count,
-// written), to the file at the end of each round (writePending); only then
-// does it publish count, so readers see an entry once it is in the file's
-// page cache and never one a failed write lost. Durability comes from the
-// checkpoint: flush syncs the files written since the last one, and the
-// directories holding files created since, before the checkpoint records
-// the count.
+// (entries [tailFirst, written)) and publishes count = written at the end
+// of each round: readers find the entries at or above tailFirst in the
+// tail, so an entry is readable before it is in its file. The entries not
+// in the file yet, [filed, written), are written there (writePending) when
+// the tail moves on to the next block and before every checkpoint, not in
+// every round: a put that reads its write (WAIT) then pays no pwrite, and
+// a busy queue pays one per block of cqBlockEntries entries instead of
+// one per round. A failed write keeps the entries in the tail (still
+// readable, never taken back) and is retried; the tail never moves past
+// entries not in the file, so it holds at most one block, as before.
+// Durability comes from the checkpoint: it writes the pending entries,
+// then syncs the files written since the last one, and the directories
+// holding files created since, before it records the count.
 type Queue struct {
 	topic   string
 	queueID int32
@@ -71,9 +77,13 @@ type Queue struct {
 	// min is the first queue offset still indexed (0 until retention).
 	min atomic.Int64
 
-	// written is the number of entries accepted: count plus pending.
-	// The dispatcher's own (runMu).
-	written int64
+	// written is the number of entries accepted (count once the round
+	// that put them publishes it); filed is how many of them are in the
+	// file: [filed, written) are pending, in the tail only. Both the
+	// dispatcher's own (runMu). unfiled: the queue is in the index's list
+	// of queues with pending entries (runMu).
+	written, filed int64
+	unfiled        bool
 
 	// trimmedAt and trimmedPhys are retention's own: the min offset it
 	// last looked at and the commitlog offset of that entry, so that a
@@ -252,7 +262,7 @@ func (q *Queue) cut(end int64) error {
 	q.tail, q.tailFirst = nil, end
 	q.readLoaded = false
 	q.count.Store(end)
-	q.written = end
+	q.written, q.filed = end, end
 	if end < q.min.Load() {
 		q.min.Store(end)
 	}
@@ -328,9 +338,10 @@ func blockEnd(i, perFile int64) int64 {
 }
 
 // put appends entry queueOffset to the tail. It is idempotent: an entry
-// below the written count is left alone (re-dispatch after recovery or
-// after a failed write). An entry that starts a new block first writes the
-// pending ones. REQUIRES: the dispatcher.
+// below the written count is left alone (re-dispatch after recovery). An
+// entry that starts a new block first writes the pending ones; if that
+// fails, the entry is not taken and the error returned. REQUIRES: the
+// dispatcher.
 func (q *Queue) put(queueOffset, phys int64, size int32, tags int64) error {
 	if queueOffset < q.written {
 		// A re-dispatch (recovery from the checkpoint's dispatched
@@ -366,14 +377,21 @@ func (q *Queue) put(queueOffset, phys int64, size int32, tags int64) error {
 	return nil
 }
 
-// pending reports whether put accepted entries not yet written.
-func (q *Queue) pending() bool { return q.written > q.count.Load() }
+// unpublished reports whether put accepted entries readers cannot see yet.
+func (q *Queue) unpublished() bool { return q.written > q.count.Load() }
+
+// publish lets readers see every entry put accepted. REQUIRES: the
+// dispatcher.
+func (q *Queue) publish() { q.count.Store(q.written) }
+
+// pending reports whether put accepted entries not yet in the file.
+func (q *Queue) pending() bool { return q.written > q.filed }
 
 // writePending writes the pending entries to their file, creating it (and
-// the queue's directory) if needed, and publishes them. No sync: flush does
-// that before a checkpoint counts them. REQUIRES: the dispatcher.
+// the queue's directory) if needed. No sync: the checkpoint does that
+// before it counts them. REQUIRES: the dispatcher.
 func (q *Queue) writePending() error {
-	from := q.count.Load()
+	from := q.filed
 	if q.written <= from {
 		return nil
 	}
@@ -390,25 +408,8 @@ func (q *Queue) writePending() error {
 		return q.ioErr("write", cf, err)
 	}
 	q.cache.markDirty(cf)
-	q.count.Store(q.written)
+	q.filed = q.written
 	return nil
-}
-
-// dropPending forgets the entries put accepted but writePending could not
-// write, and returns the commitlog offset of the first one, where the
-// dispatcher resumes so that a later round writes them. REQUIRES: the
-// dispatcher.
-func (q *Queue) dropPending() (phys int64, ok bool) {
-	from := q.count.Load()
-	if q.written <= from {
-		return 0, false
-	}
-	phys, _, _ = decodeCQ(q.tail[(from-q.tailFirst)*cqEntrySize:])
-	q.mu.Lock()
-	q.tail = q.tail[:(from-q.tailFirst)*cqEntrySize]
-	q.mu.Unlock()
-	q.written = from
-	return phys, true
 }
 
 // fileFor returns the file holding entry i, adding it (not yet on disk:
