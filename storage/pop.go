@@ -1002,11 +1002,11 @@ func (s *Store) rewritePopGroup(end int64, keep func() int64) int64 {
 }
 
 // awaitAppliedHere waits, at most the replication timeout, until
-// everything appended to this replica's commitlog so far is committed and
+// everything this replica proposed or appended so far is committed and
 // indexed (its system records applied).
 func (s *Store) awaitAppliedHere() error {
 	g := s.group
-	target := s.log.MaxOffset()
+	target := max(s.log.MaxOffset(), g.node.ProposedEnd())
 	timer := time.NewTimer(g.opts.ReplicationTimeout)
 	defer timer.Stop()
 	for {

@@ -614,6 +614,16 @@ func (n *Node) maybeReadyLocked() {
 	n.readyTerm = n.term
 }
 
+// ProposedEnd is the commitlog offset past the last entry proposed here
+// while the ready leader (its bytes may not be in the log yet; the commit
+// end otherwise): once the commit end reaches it, every proposal made
+// before has committed (the store's POP rewrite waits for that).
+func (n *Node) ProposedEnd() int64 {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.tail
+}
+
 // ReadyTerm is the term in which this replica became the ready leader,
 // or 0 when it is not the ready leader: a caller that acted on state of
 // one leadership (the delay scheduler's progress) tells a later one apart.
