@@ -515,3 +515,46 @@ func txnModelRun(t *testing.T, mode FlushMode, seed uint64, steps int) {
 	t.Logf("seed %d %s: %v", seed, mode, stats)
 	s.Close()
 }
+
+// TestRetentionKeepsPendingHalves: retention keeps the file of a pending
+// half message however old it is, and deletes it once the half ended; a
+// restart after that opens with nothing pending.
+func TestRetentionKeepsPendingHalves(t *testing.T) {
+	disk := &fakeDisk{pct: 10}
+	s, o, clock := openRetention(t, disk, func(o *Options) { o.DeleteWhen = "*"; o.txnManual = true })
+	fill(t, s, "T", 7) // file 0 and the start of file 1
+	half := putHalf(t, s, "Real", 0, "pending")
+	fill(t, s, "T", 30)
+	settle(t, s)
+	protect := half.WroteOffset - half.WroteOffset%o.FileSize
+	if protect == 0 {
+		t.Fatal("the half is in the first file: nothing to tell apart")
+	}
+	clock.Advance(80 * time.Hour)
+	s.ret.Round()
+	if got := s.log.MinOffset(); got != protect {
+		t.Fatalf("min offset %d, want %d: the file with the pending half must stay", got, protect)
+	}
+	if _, err := s.EndTransaction(context.Background(), "Real", half.WroteOffset, false); err != nil {
+		t.Fatal(err)
+	}
+	settle(t, s)
+	for range 3 {
+		s.ret.Round()
+	}
+	if got := s.log.MinOffset(); got <= protect {
+		t.Fatalf("min offset %d after the rollback (protected %d)", got, protect)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	o.Clock = clock
+	s2, err := Open(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s2.Close()
+	if n := s2.PendingTransactions(); n != 0 {
+		t.Fatalf("pending %d after the restart", n)
+	}
+}
