@@ -34,6 +34,11 @@ import (
 // every replica applies max(current, count), so concurrent creates and
 // raises of one topic commute). The leader proposes one for CreateTopic,
 // UpdateTopic and a put's auto-create, and answers once it applied it.
+//
+// cmdTopicDelete: u16 name length, the topic's name: delete the topic
+// (grouptopics.go). Every replica removes it from its table, tombstones it
+// at the commitlog offset past the last DATA entry before the command (its
+// records below are never indexed again) and drops its consume queues.
 const (
 	cmdMagic         uint32 = 0x53444D43 // "SDMC"
 	cmdHeader               = 9
@@ -42,6 +47,7 @@ const (
 	timerCmdVersion  byte   = 1
 	timerCmdLen             = cmdHeader + 1 + 4*8
 	cmdTopic         byte   = 3
+	cmdTopicDelete   byte   = 4
 	// maxCmdLevels bounds a decoded progress command (the delay table's
 	// levels; RocketMQ's has 18).
 	maxCmdLevels = 1024
@@ -184,4 +190,45 @@ func decodeTopicCmd(b []byte) (string, int32, error) {
 		return "", 0, fmt.Errorf("%w: topic %s: %v", errBadCmd, name, verr)
 	}
 	return name, queues, nil
+}
+
+// encodeTopicDeleteCmd encodes a topic delete (name valid: the caller
+// checked it).
+func encodeTopicDeleteCmd(name string) []byte {
+	b := make([]byte, cmdHeader+2+len(name))
+	binary.BigEndian.PutUint32(b[0:], uint32(len(b)))
+	binary.BigEndian.PutUint32(b[4:], cmdMagic)
+	b[8] = cmdTopicDelete
+	binary.BigEndian.PutUint16(b[9:], uint16(len(name)))
+	copy(b[11:], name)
+	return b
+}
+
+// isTopicDeleteCmd tells whether b is a topic delete (its header only).
+func isTopicDeleteCmd(b []byte) bool {
+	return len(b) >= cmdHeader && binary.BigEndian.Uint32(b[4:]) == cmdMagic && b[8] == cmdTopicDelete
+}
+
+// isTopicChangeCmd: a topic create, raise or delete (replayed in log
+// order at Open).
+func isTopicChangeCmd(b []byte) bool { return isTopicCmd(b) || isTopicDeleteCmd(b) }
+
+// decodeTopicDeleteCmd decodes a topic delete; the name is checked as
+// DeleteTopic checks it.
+func decodeTopicDeleteCmd(b []byte) (string, error) {
+	if !isTopicDeleteCmd(b) {
+		return "", fmt.Errorf("%w: not a topic delete command", errBadCmd)
+	}
+	if n := binary.BigEndian.Uint32(b[0:]); int64(n) != int64(len(b)) || len(b) < cmdHeader+2 {
+		return "", fmt.Errorf("%w: length field %d, entry %d bytes", errBadCmd, n, len(b))
+	}
+	l := int(binary.BigEndian.Uint16(b[cmdHeader:]))
+	if len(b) != cmdHeader+2+l {
+		return "", fmt.Errorf("%w: a %d-byte name in %d bytes", errBadCmd, l, len(b))
+	}
+	name := string(b[cmdHeader+2:])
+	if p := TopicNameProblem(name); p != "" || SystemTopic(name) {
+		return "", fmt.Errorf("%w: topic %q: %s", errBadCmd, name, p)
+	}
+	return name, nil
 }

@@ -3,6 +3,7 @@ package storage
 import (
 	"errors"
 	"maps"
+	"strings"
 	"testing"
 
 	"github.com/storaged/storaged/storage/record"
@@ -115,6 +116,53 @@ func FuzzDecodeTopicCmd(f *testing.F) {
 		}
 		if again := encodeTopicCmd(name, queues); string(again) != string(b) {
 			t.Fatalf("decoded %q %d re-encodes to %v, not %v", name, queues, again, b)
+		}
+	})
+}
+
+func TestTopicDeleteCmd(t *testing.T) {
+	for _, name := range []string{"A", "orders-eu_1", "retry|g", strings.Repeat("n", 127)} {
+		b := encodeTopicDeleteCmd(name)
+		if record.HasMagic(b) || !isTopicDeleteCmd(b) || isTopicCmd(b) || isDelayProgress(b) || isTimerProgress(b) {
+			t.Fatalf("%q: a topic delete that looks like a record or another command", name)
+		}
+		got, err := decodeTopicDeleteCmd(b)
+		if err != nil || got != name {
+			t.Fatalf("decoded %q (%v), want %q", got, err, name)
+		}
+	}
+	good := encodeTopicDeleteCmd("T1")
+	for name, mod := range map[string]func(b []byte) []byte{
+		"short":        func(b []byte) []byte { return b[:len(b)-1] },
+		"long":         func(b []byte) []byte { return append(b, 'x') },
+		"length field": func(b []byte) []byte { b[3]++; return b },
+		"kind":         func(b []byte) []byte { b[8] = cmdTopic; return b },
+		"name length":  func(b []byte) []byte { b[10] = 3; return b },
+		"bad name":     func(b []byte) []byte { b[11] = '/'; return b },
+		"system topic": func([]byte) []byte { return encodeTopicDeleteCmd(OffsetTopic) },
+		"schedule":     func([]byte) []byte { return encodeTopicDeleteCmd(ScheduleTopic) },
+		"empty name":   func([]byte) []byte { return encodeTopicDeleteCmd("") },
+		"empty":        func([]byte) []byte { return nil },
+	} {
+		b := mod(append([]byte(nil), good...))
+		if _, err := decodeTopicDeleteCmd(b); !errors.Is(err, errBadCmd) {
+			t.Errorf("%s: %v", name, err)
+		}
+	}
+}
+
+// FuzzDecodeTopicDeleteCmd: the decoder never panics and what it accepts
+// encodes back to the same bytes.
+func FuzzDecodeTopicDeleteCmd(f *testing.F) {
+	f.Add(encodeTopicDeleteCmd("T"))
+	f.Add(encodeTopicDeleteCmd(strings.Repeat("n", 127)))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		name, err := decodeTopicDeleteCmd(b)
+		if err != nil {
+			return
+		}
+		if again := encodeTopicDeleteCmd(name); string(again) != string(b) {
+			t.Fatalf("decoded %q re-encodes to %v, not %v", name, again, b)
 		}
 	})
 }

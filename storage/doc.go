@@ -501,8 +501,17 @@
 // config/topics.json records the raft index of the last command it holds
 // and Open replays the committed ones after it (raftlog.Cmds).
 //
-// Not built yet: replicated topic deletes (DeleteTopic is refused,
-// ErrGroupUnsupported), membership changes. A topic created before this
+// Topic deletes are replicated the same way (cmdTopicDelete): the ready
+// leader blocks puts to the topic from the proposal to the apply, every
+// replica applies the delete in log order before its batch's commit end
+// is published, tombstoning the topic at the commitlog offset past the
+// last DATA entry before the command (the same everywhere) and dropping
+// its queues with the dispatcher paused; Open replays topic commands
+// before it rebuilds the queues. A snapshot carries the table, its
+// tombstones and the index of the last topic command they reflect; the
+// install drops the queues of topics deleted while the member was behind.
+//
+// Not built yet: membership changes. A topic created before this
 // (a data dir of an older version) is known only where it was created or
 // adopted from the consume queues at Open; the offset calls take a queue
 // a replica has indexed as existing.

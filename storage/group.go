@@ -86,7 +86,7 @@ var (
 	// ErrNotGroup: a group-mode call on a standalone store.
 	ErrNotGroup = errors.New("storage: the store is not in group mode")
 	// ErrGroupUnsupported: an operation group mode does not replicate yet
-	// (topic deletes).
+	// (POP consumption).
 	ErrGroupUnsupported = errors.New("storage: not supported in group mode yet")
 )
 
@@ -292,6 +292,17 @@ func (s *Store) openGroupLog(cp consumequeue.Checkpoint) error {
 	}
 	s.group = &groupState{opts: *g, rlog: rl, advanced: make(chan struct{})}
 	s.group.commitEnd.Store(ce)
+	// The topic commands committed after the table on disk, before the
+	// consume queues are loaded: a delete's tombstone must hold then.
+	hs, _, err := rl.InitialState()
+	if err == nil {
+		err = s.replayTopicCmds(hs.GetCommit())
+	}
+	if err != nil {
+		rl.Close()
+		s.group = nil
+		return err
+	}
 	return nil
 }
 
@@ -308,11 +319,9 @@ func (s *Store) startGroup() error {
 	if err := s.loadProgress(hs.GetCommit()); err != nil {
 		return err
 	}
-	// The replicated topic table (grouptopics.go): commands committed after
-	// the table on disk, then changes through the log from now on.
-	if err := s.replayTopicCmds(hs.GetCommit()); err != nil {
-		return err
-	}
+	// The replicated topic table (grouptopics.go): the commands committed
+	// after the table on disk were replayed by openGroupLog; changes go
+	// through the log from now on.
 	s.topics.replicate = s.replicateTopic
 	g.node, err = replica.New(replica.Options{ID: g.opts.ID, Log: g.rlog, FileSize: s.opts.FileSize, Applied: hs.GetCommit(),
 		Transport: g.opts.Transport, Host: (*groupHost)(s), Ticks: g.opts.Ticks, TickInterval: g.opts.TickInterval,
@@ -347,6 +356,9 @@ func (h *groupHost) BecomeReady(commitEnd int64) error {
 	// The stamping table from the consume queues (everything committed is
 	// indexed): a former leader's stamps of a truncated suffix are gone.
 	s.seq.init()
+	// A delete proposed in an earlier leadership has applied by now, or
+	// was cut from the log: its block goes (grouptopics.go).
+	s.topics.clearBlocked()
 	for _, k := range s.index.Keys() {
 		if q := s.index.Queue(k.Topic, k.Queue); q != nil {
 			s.seq.set(k, q.Count())
@@ -380,6 +392,12 @@ func (h *groupHost) ApplyCmd(index uint64, data []byte) {
 	}
 	if isTopicCmd(data) {
 		s.applyTopicCmd(index, data) // grouptopics.go
+		return
+	}
+	if isTopicDeleteCmd(data) {
+		if err := s.applyTopicDelete(index, data); err != nil {
+			s.fail(err)
+		}
 		return
 	}
 	if !isDelayProgress(data) {

@@ -98,6 +98,20 @@ func (s *Store) installSnapshot(m snapshot.Manifest, stage string) error {
 		return fmt.Errorf("storage: write the snapshot install journal: %w", err)
 	}
 	s.installStep("journal")
+	// The topic table first (the commands that built it up to the
+	// snapshot are not in this replica's raft log), tombstones included,
+	// then the queues of topics the snapshot says were deleted since this
+	// replica last applied a command are dropped, with the dispatcher
+	// paused: the tombstones keep it from indexing their records again.
+	oldTombs, err := s.topics.applySnapshot(snapshotTopics(m), snapshotTombstones(m), max(m.Index, m.TopicsIndex))
+	if err != nil {
+		return fmt.Errorf("storage: the snapshot's topic table: %w", err)
+	}
+	s.installStep("topics")
+	s.index.Paused(func() { err = s.dropStaleQueues(m, oldTombs) })
+	if err != nil {
+		return fmt.Errorf("storage: drop the queues of topics the snapshot deleted: %w", err)
+	}
 	clDir := filepath.Join(s.opts.Dir, "commitlog")
 	// No retention round and no dispatch round or checkpoint runs while
 	// the files change: they read (and delete) them.
@@ -126,12 +140,6 @@ func (s *Store) installSnapshot(m snapshot.Manifest, stage string) error {
 		return err
 	}
 	s.installStep("queues")
-	// The topic table: the commands that built it up to the snapshot are
-	// not in this replica's raft log.
-	if err := s.topics.applySnapshot(snapshotTopics(m), m.Index); err != nil {
-		return fmt.Errorf("storage: the snapshot's topic table: %w", err)
-	}
-	s.installStep("topics")
 	// The delivery progress likewise (group_progress.go): applied, and
 	// written before the journal goes.
 	g.setProgress(snapshotProgress(m))
@@ -167,6 +175,56 @@ func snapshotTopics(m snapshot.Manifest) map[string]int32 {
 		out[tp.Name] = tp.Queues
 	}
 	return out
+}
+
+// snapshotTombstones is the manifest's deleted topics.
+func snapshotTombstones(m snapshot.Manifest) map[string]int64 {
+	out := make(map[string]int64, len(m.Deleted))
+	for _, d := range m.Deleted {
+		out[d.Name] = d.At
+	}
+	return out
+}
+
+// dropStaleQueues drops, before the queues jump onto a snapshot's files,
+// the consume queues of every topic the snapshot's sender deleted and
+// this replica did not (it was behind): a topic tombstoned by the
+// manifest at an offset past this replica's own tombstone for it; a
+// queue with entries that the manifest does not list (the sender dropped
+// it); or a queue whose entries all lie below the snapshot's oldest file
+// and count past the manifest's first offset for it (deleted and
+// re-created, the tombstone gone with the files below it: on one log a
+// queue's offsets below the oldest file are below that first offset).
+// A re-created topic's queue then starts again at the manifest's first
+// offset (Jump). REQUIRES: inside Index.Paused.
+func (s *Store) dropStaleQueues(m snapshot.Manifest, oldTombs map[string]int64) error {
+	tombs := snapshotTombstones(m)
+	firsts := queueStarts(m)
+	stale := map[string]bool{}
+	for _, k := range s.index.Keys() {
+		if at, ok := tombs[k.Topic]; ok && at > oldTombs[k.Topic] {
+			stale[k.Topic] = true
+			continue
+		}
+		q := s.index.Queue(k.Topic, k.Queue)
+		if q == nil || q.Count() == 0 {
+			continue
+		}
+		first, listed := firsts[k]
+		if !listed {
+			stale[k.Topic] = true
+			continue
+		}
+		if phys, _, _, ok := q.Get(q.Count() - 1); (!ok || phys < m.MinOffset) && q.Count() > first {
+			stale[k.Topic] = true
+		}
+	}
+	var errs []error
+	for topic := range stale {
+		s.opts.Logger.Info().Str("topic", topic).Msg("storage: the snapshot being installed deleted this topic; its consume queues are dropped")
+		errs = append(errs, s.index.DropTopicPaused(topic))
+	}
+	return errors.Join(errs...)
 }
 
 // queueStarts is the manifest's queues as consumequeue.Jump takes them.

@@ -85,10 +85,16 @@ func (s *Store) manifestAt(index, term uint64, end int64) (snapshot.Manifest, er
 	}
 	snapshot.SortQueues(m.Queues)
 	m.Queues = slices.Clip(m.Queues)
-	for name, n := range s.topics.cur.Load().topics {
+	topics, deleted, topicsIndex := s.topics.state()
+	for name, n := range topics {
 		m.Topics = append(m.Topics, snapshot.Topic{Name: name, Queues: n})
 	}
 	slices.SortFunc(m.Topics, func(a, b snapshot.Topic) int { return strings.Compare(a.Name, b.Name) })
+	for name, at := range deleted {
+		m.Deleted = append(m.Deleted, snapshot.Tombstone{Name: name, At: at})
+	}
+	slices.SortFunc(m.Deleted, func(a, b snapshot.Tombstone) int { return strings.Compare(a.Name, b.Name) })
+	m.TopicsIndex = topicsIndex
 	// The delivery progress: its commands go with the compacted log.
 	manifestProgress(&m, s.group.progress())
 	if err := m.Check(); err != nil {

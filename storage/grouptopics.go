@@ -71,17 +71,127 @@ func (s *Store) applyTopicCmd(index uint64, data []byte) {
 	s.group.signal()
 }
 
-// replayTopicCmds applies, at Open, the committed topic commands after
-// the one the table on disk holds (up to commit, the commit index).
+// replayTopicCmds applies, at Open, the committed topic commands (creates,
+// raises, deletes) after the one the table on disk holds (up to commit,
+// the commit index), in log order, before the consume queues are loaded.
+// The commands are collected first: a delete reads the raft log (its
+// data end), which Cmds holds locked while it calls back.
 func (s *Store) replayTopicCmds(commit uint64) error {
-	return s.group.rlog.Cmds(s.topics.raftIndex+1, commit, isTopicCmd, func(i uint64, b []byte) error {
-		name, queues, err := decodeTopicCmd(b)
-		if err != nil {
-			return fmt.Errorf("storage: the topic command at raft index %d: %w", i, err)
-		}
-		if err := s.topics.applyReplicated(name, queues, i); err != nil {
-			s.opts.Logger.Warn().Err(err).Uint64("raft_index", i).Msg("storage: a replayed topic change not persisted")
-		}
+	type cmd struct {
+		index uint64
+		b     []byte
+	}
+	var cmds []cmd
+	if err := s.group.rlog.Cmds(s.topics.raftIndex+1, commit, isTopicChangeCmd, func(i uint64, b []byte) error {
+		cmds = append(cmds, cmd{i, b})
 		return nil
-	})
+	}); err != nil {
+		return err
+	}
+	for _, c := range cmds {
+		if isTopicDeleteCmd(c.b) {
+			if err := s.applyTopicDelete(c.index, c.b); err != nil {
+				return err
+			}
+			continue
+		}
+		name, queues, err := decodeTopicCmd(c.b)
+		if err != nil {
+			return fmt.Errorf("storage: the topic command at raft index %d: %w", c.index, err)
+		}
+		if err := s.topics.applyReplicated(name, queues, c.index); err != nil {
+			s.opts.Logger.Warn().Err(err).Uint64("raft_index", c.index).Msg("storage: a replayed topic change not persisted")
+		}
+	}
+	return nil
+}
+
+// replicateDelete is DeleteTopic in group mode (see above): it returns
+// the tombstone's commitlog offset once the delete applied here; a
+// *NotLeaderError (nothing proposed), ErrTopicNotFound,
+// ErrTopicChangeTimeout (with ErrTopicConfig: proposed, not seen applied
+// in time; puts to the topic stay refused until it applies or another
+// leadership begins), or ErrClosed.
+func (s *Store) replicateDelete(name string) (int64, error) {
+	g := s.group
+	if err := g.node.Refusal(); err != nil {
+		return 0, err
+	}
+	if _, ok := s.topics.get(name); !ok {
+		return 0, fmt.Errorf("%w: %s", ErrTopicNotFound, name)
+	}
+	epoch, applied := g.node.ReadyTerm(), g.node.Info().Applied
+	// Blocked before the proposal: a put stamped after it in the log would
+	// continue the deleted queues (a stamp in progress holds the node's
+	// lock, so it is proposed before the delete).
+	s.topics.setBlocked(name, true)
+	if err := g.node.ProposeCmd(epoch, encodeTopicDeleteCmd(name)); err != nil {
+		s.topics.setBlocked(name, false)
+		return 0, err
+	}
+	timer := time.NewTimer(g.opts.ReplicationTimeout)
+	defer timer.Stop()
+	for {
+		ch := g.waitChan()
+		if s.topics.deletedSince(name, applied) {
+			return s.topics.tombstones()[name], nil
+		}
+		if s.closed.Load() {
+			return 0, ErrClosed
+		}
+		select {
+		case <-ch:
+		case <-timer.C:
+			return 0, fmt.Errorf("%w: %w: delete of topic %s", ErrTopicConfig, ErrTopicChangeTimeout, name)
+		}
+	}
+}
+
+// applyTopicDelete applies a committed topic delete at raft index index:
+// the raft goroutine (groupHost.ApplyCmd, the node's lock held: the
+// stamping table is the node's), or Open's replay before the consume
+// queues exist (the rebuild drops a tombstoned topic's queues then). An
+// error is a delete that cannot be applied: the replica stops.
+func (s *Store) applyTopicDelete(index uint64, data []byte) error {
+	name, err := decodeTopicDeleteCmd(data)
+	if err != nil {
+		// Every replica refuses the same bytes alike: skipped everywhere.
+		s.opts.Logger.Error().Err(err).Uint64("raft_index", index).Msg("storage: bad topic delete command skipped")
+		return nil
+	}
+	at, err := s.group.rlog.DataEndAt(index)
+	if err != nil {
+		return fmt.Errorf("storage: the topic delete at raft index %d: %w", index, err)
+	}
+	var publish func(*topicSnapshot)
+	var dropErr error
+	if s.index != nil {
+		publish = func(next *topicSnapshot) {
+			// The dispatcher has indexed nothing past at (the commit end of
+			// this batch is not published yet): paused, it resumes with the
+			// tombstone in place and the queues gone.
+			s.index.Paused(func() {
+				s.topics.cur.Store(next)
+				dropErr = s.index.DropTopicPaused(name)
+			})
+		}
+	}
+	applied, perr := s.topics.applyDelete(name, at, index, publish)
+	if !applied {
+		return nil
+	}
+	if s.index != nil {
+		s.seq.take(name)
+	}
+	if perr != nil {
+		s.opts.Logger.Warn().Err(perr).Uint64("raft_index", index).
+			Msg("storage: a replicated topic delete applied but not persisted; the next start replays it from the raft log")
+	}
+	if dropErr != nil {
+		s.opts.Logger.Warn().Err(dropErr).Str("topic", name).Msg("storage: removing a deleted topic's consume queues failed (a restart drops them)")
+	}
+	if s.group != nil {
+		s.group.signal()
+	}
+	return nil
 }

@@ -141,7 +141,8 @@ func Open(opts Options) (*Store, error) {
 		return nil, err
 	}
 	if s.installing != nil { // the snapshot's topic table (group_install.go)
-		if err := s.topics.applySnapshot(snapshotTopics(*s.installing), s.installing.Index); err != nil {
+		m := s.installing
+		if _, err := s.topics.applySnapshot(snapshotTopics(*m), snapshotTombstones(*m), max(m.Index, m.TopicsIndex)); err != nil {
 			s.cleanup()
 			return nil, err
 		}

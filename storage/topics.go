@@ -119,6 +119,16 @@ type topicTable struct {
 	// (group mode), persisted with the table: Open replays the commands
 	// after it. Guarded by wmu.
 	raftIndex uint64
+	// blocked (group mode, on the leader) names the topics whose delete
+	// is proposed and not yet applied here: has and admit refuse them, so
+	// no put to the topic is stamped between the delete's proposal and its
+	// apply (it would continue the deleted queue's offsets after the
+	// delete in the log). Nil when empty; replaced whole under cmu.
+	blocked atomic.Pointer[map[string]bool]
+	// deletedAt is the raft index of the last delete of each topic applied
+	// here since Open (group mode): a leader's DeleteTopic waits for it.
+	// Guarded by cmu.
+	deletedAt map[string]uint64
 
 	// wmu is held by whoever writes the file and publishes a change:
 	// the leader of a round of creates, an update, a delete, the adoption.
@@ -170,8 +180,11 @@ func newTopicTable(opts Options) *topicTable {
 }
 
 func (t *topicTable) admit(topic string, queueID int32) error {
+	if b := t.blocked.Load(); b != nil && (*b)[topic] {
+		return fmt.Errorf("%w: %s is being deleted", ErrTopicNotFound, topic)
+	}
 	if n, ok := t.cur.Load().topics[topic]; ok && queueID >= 0 && queueID < n {
-		return nil // the fast path: one atomic load, one map lookup
+		return nil // the fast path: two atomic loads, one map lookup
 	}
 	if p := SendTopicProblem(topic); p != "" {
 		return illegal("topic", p)
@@ -195,6 +208,9 @@ func (t *topicTable) admit(topic string, queueID int32) error {
 }
 
 func (t *topicTable) has(topic string, queueID int32) bool {
+	if b := t.blocked.Load(); b != nil && (*b)[topic] {
+		return false
+	}
 	n, ok := t.cur.Load().topics[topic]
 	return ok && queueID >= 0 && queueID < n
 }
@@ -341,28 +357,134 @@ func (t *topicTable) applyReplicated(name string, queues int32, index uint64) er
 }
 
 // applySnapshot takes a snapshot's topic table at raft index index (a
-// group replica installing it, design §3.5): each topic's count becomes
-// the larger of its own and the snapshot's, and the table records index
-// as its last command, so that Open replays only the commands after it.
-// The table is persisted, or it is an error: the commands it stands for
-// are no longer in the raft log.
-func (t *topicTable) applySnapshot(topics map[string]int32, index uint64) error {
+// group replica installing it, design §3.5): the table becomes the
+// snapshot's (a topic this replica has and the snapshot lacks was
+// deleted), its tombstones are added (the later offset wins), and the
+// table records index, the last topic command the snapshot's table
+// reflects, so that neither Open's replay nor the raft loop applies a
+// command at or below it again (a delete applied twice would drop the
+// queue of a topic re-created after it). It returns the tombstones this
+// replica had before. The table is persisted, or it is an error: the
+// commands it stands for are no longer in the raft log.
+func (t *topicTable) applySnapshot(topics map[string]int32, deleted map[string]int64, index uint64) (map[string]int64, error) {
 	t.wmu.Lock()
 	defer t.wmu.Unlock()
 	t.cmu.Lock()
 	defer t.cmu.Unlock()
-	next := t.cur.Load().clone()
+	cur := t.cur.Load()
+	next := &topicSnapshot{topics: make(map[string]int32, len(topics)), deleted: make(map[string]int64, len(cur.deleted)+len(deleted))}
 	for name, n := range topics {
-		next.topics[name] = max(next.topics[name], n)
+		next.topics[name] = n
+	}
+	for name, at := range cur.deleted {
+		next.deleted[name] = at
+	}
+	for name, at := range deleted {
+		next.deleted[name] = max(next.deleted[name], at)
 	}
 	raftIndex := t.raftIndex
 	t.raftIndex = max(t.raftIndex, index)
 	if err := t.persistLocked(next); err != nil {
 		t.raftIndex = raftIndex
-		return err
+		return nil, err
 	}
 	t.cur.Store(next)
-	return nil
+	return cur.deleted, nil
+}
+
+// applyDelete applies a committed topic delete at raft index index (group
+// mode, every replica, in log order; Open's replay too): the topic leaves
+// the table and is tombstoned at at, the commitlog offset past the last
+// DATA entry before the command. publish, if set, publishes the new table
+// (the store's: inside the dispatcher's pause, with the queues dropped);
+// otherwise it is stored directly. It reports whether the command was
+// new here (not replayed at Open already), and the persist error if the
+// table could not be written (the change is published all the same: a
+// replica applies what committed; the next Open replays it).
+func (t *topicTable) applyDelete(name string, at int64, index uint64, publish func(*topicSnapshot)) (bool, error) {
+	t.wmu.Lock()
+	defer t.wmu.Unlock()
+	t.cmu.Lock()
+	defer t.cmu.Unlock()
+	if index <= t.raftIndex {
+		return false, nil
+	}
+	t.raftIndex = index
+	next := t.cur.Load().clone()
+	_, existed := next.topics[name]
+	delete(next.topics, name)
+	next.deleted[name] = max(next.deleted[name], at)
+	err := t.persistLocked(next)
+	if publish != nil {
+		publish(next)
+	} else {
+		t.cur.Store(next)
+	}
+	if t.deletedAt == nil {
+		t.deletedAt = map[string]uint64{}
+	}
+	t.deletedAt[name] = index
+	t.setBlockedLocked(name, false)
+	t.log.Info().Str("topic", name).Bool("existed", existed).Int64("commitlog_offset", at).Uint64("raft_index", index).
+		Msg("storage: topic deleted (replicated)")
+	return true, err
+}
+
+// deletedSince reports whether a delete of name applied here at a raft
+// index above after.
+func (t *topicTable) deletedSince(name string, after uint64) bool {
+	t.cmu.Lock()
+	defer t.cmu.Unlock()
+	return t.deletedAt[name] > after
+}
+
+// setBlocked blocks or unblocks puts to name (see blocked).
+func (t *topicTable) setBlocked(name string, on bool) {
+	t.cmu.Lock()
+	defer t.cmu.Unlock()
+	t.setBlockedLocked(name, on)
+}
+
+// clearBlocked unblocks every topic (a new leadership: a delete proposed
+// in an earlier one has applied or was cut from the log).
+func (t *topicTable) clearBlocked() {
+	t.cmu.Lock()
+	defer t.cmu.Unlock()
+	t.blocked.Store(nil)
+}
+
+// REQUIRES: t.cmu.
+func (t *topicTable) setBlockedLocked(name string, on bool) {
+	m := map[string]bool{}
+	if b := t.blocked.Load(); b != nil {
+		if (*b)[name] == on {
+			return
+		}
+		for k := range *b {
+			m[k] = true
+		}
+	} else if !on {
+		return
+	}
+	if on {
+		m[name] = true
+	} else {
+		delete(m, name)
+	}
+	if len(m) == 0 {
+		t.blocked.Store(nil)
+		return
+	}
+	t.blocked.Store(&m)
+}
+
+// state returns the table, its tombstones and the raft index of the last
+// topic command it holds, read together (a snapshot's manifest).
+func (t *topicTable) state() (map[string]int32, map[string]int64, uint64) {
+	t.wmu.Lock()
+	defer t.wmu.Unlock()
+	cur := t.cur.Load()
+	return cur.topics, cur.deleted, t.raftIndex
 }
 
 // writeRounds persists rounds of pending creates until none is left.

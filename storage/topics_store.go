@@ -29,7 +29,8 @@ type TopicInfo struct {
 const MaxListTopics = 100
 
 // checkAdmin refuses an admin change the store cannot take now: closed, a
-// bad or system topic name, or a slave (which takes no writes).
+// bad or system topic name, a slave (which takes no writes), or in a
+// group a replica that is not the ready leader (*NotLeaderError).
 func (s *Store) checkAdmin(name string) error {
 	if s.closed.Load() {
 		return ErrClosed
@@ -43,7 +44,10 @@ func (s *Store) checkAdmin(name string) error {
 	if s.Role() == RoleSlave {
 		return ErrSlave
 	}
-	return nil
+	// In a group only the ready leader changes the table: a follower
+	// answers with the leader's hint whatever its table says (it may not
+	// have applied the leader's last change yet).
+	return s.groupRefusal()
 }
 
 // CreateTopic creates a topic with queues queues (1 to MaxQueues). Errors:
@@ -154,12 +158,18 @@ func (s *Store) topicInfo(c TopicConfig) TopicInfo {
 // ErrTopicNotFound, ErrTopicConfig (nothing changed: retry), ErrSlave,
 // ErrClosed; an error removing the queue files after the delete is
 // returned too (the topic is deleted; a restart drops the files).
+//
+// In group mode the delete is a raft command (grouptopics.go): the ready
+// leader proposes it and answers once applied, with the offset every
+// replica tombstoned the topic at; a follower answers *NotLeaderError,
+// and a delete not seen applied within the replication timeout
+// ErrTopicChangeTimeout (it may still apply).
 func (s *Store) DeleteTopic(name string) (int64, error) {
 	if err := s.checkAdmin(name); err != nil {
 		return 0, err
 	}
 	if s.group != nil {
-		return 0, fmt.Errorf("%w: DeleteTopic (a delete is not replicated)", ErrGroupUnsupported)
+		return s.replicateDelete(name) // grouptopics.go
 	}
 	t := s.topics
 	t.wmu.Lock()

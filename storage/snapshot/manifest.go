@@ -63,6 +63,14 @@ type Manifest struct {
 	// snapshot replaces. Counts only grow, so a table a little newer than
 	// S is the same as the one at S once the entries after S apply.
 	Topics []Topic `json:"topics,omitempty"`
+	// Deleted are the sender's topic tombstones (name and the commitlog
+	// offset of its last delete, sorted by name): records of a deleted
+	// topic below its offset are never indexed, and a receiver that had
+	// the topic drops its queues. TopicsIndex is the raft index of the
+	// last topic command the table and tombstones reflect (0: S): the
+	// receiver applies only topic commands after it.
+	Deleted     []Tombstone `json:"deleted,omitempty"`
+	TopicsIndex uint64      `json:"topics_index,omitempty"`
 	// Delay is the delay-level progress replicated by the log's progress
 	// commands (level → next queue offset of its schedule queue, levels
 	// strictly increasing), DelayIndex the raft index of the command that
@@ -78,6 +86,12 @@ type Manifest struct {
 	DelayIndex uint64       `json:"delay_index,omitempty"`
 	Timer      *Timer       `json:"timer,omitempty"`
 	TimerIndex uint64       `json:"timer_index,omitempty"`
+}
+
+// Tombstone is one deleted topic of a snapshot.
+type Tombstone struct {
+	Name string `json:"name"`
+	At   int64  `json:"at"`
 }
 
 // DelayLevel is one level of a snapshot's delay progress.
@@ -182,6 +196,14 @@ func (m *Manifest) Check() error {
 		}
 		if i > 0 && m.Topics[i-1].Name >= tp.Name {
 			return bad("topics not sorted and unique at %q", trunc(tp.Name))
+		}
+	}
+	if len(m.Deleted) > MaxQueues {
+		return bad("%d tombstones, at most %d", len(m.Deleted), MaxQueues)
+	}
+	for i, d := range m.Deleted {
+		if d.Name == "" || len(d.Name) > MaxTopicLen || d.At < 0 || (i > 0 && m.Deleted[i-1].Name >= d.Name) {
+			return bad("tombstone %q at %d (names sorted and unique)", trunc(d.Name), d.At)
 		}
 	}
 	if len(m.Delay) > MaxDelayLevels {

@@ -316,6 +316,7 @@ func TestManifestEncoding(t *testing.T) {
 		Files:  []File{{From: 200, Size: 100, CRC: 1}, {From: 300, Size: 100, CRC: 2}, {From: 400, Size: 50, CRC: 3}},
 		Queues: []Queue{{Topic: "A", Queue: 1, First: 3, Next: 9}, {Topic: "B", Queue: 0, First: 0, Next: 0}},
 		Delay:  []DelayLevel{{Level: 1, Next: 5}, {Level: 3, Next: 0}}, DelayIndex: 8,
+		Deleted: []Tombstone{{Name: "Gone", At: 120}, {Name: "Old", At: 0}}, TopicsIndex: 9,
 		Timer: &Timer{Low: 2, Ingested: 4, DueMS: 1000, Phys: 250}, TimerIndex: 7}
 	b, err := m.Encode()
 	if err != nil {
@@ -354,6 +355,10 @@ func TestManifestEncoding(t *testing.T) {
 		"timer no prog": func(m *Manifest) { m.Timer = nil },
 		"timer low":     func(m *Manifest) { m.Timer = &Timer{Low: 5, Ingested: 4} },
 		"timer phys":    func(m *Manifest) { m.Timer = &Timer{Phys: -1} },
+		"tomb order":    func(m *Manifest) { m.Deleted = []Tombstone{{Name: "B", At: 1}, {Name: "A", At: 1}} },
+		"tomb dup":      func(m *Manifest) { m.Deleted = []Tombstone{{Name: "A", At: 1}, {Name: "A", At: 2}} },
+		"tomb at":       func(m *Manifest) { m.Deleted = []Tombstone{{Name: "A", At: -1}} },
+		"tomb name":     func(m *Manifest) { m.Deleted = []Tombstone{{Name: "", At: 1}} },
 	}
 	for name, f := range rules {
 		c := m
@@ -386,6 +391,7 @@ func FuzzDecodeManifest(f *testing.F) {
 	f.Add(b)
 	m.Delay, m.DelayIndex = []DelayLevel{{Level: 1, Next: 5}, {Level: 2, Next: 1}}, 4
 	m.Timer, m.TimerIndex = &Timer{Low: 1, Ingested: 2, DueMS: 3, Phys: 4}, 5
+	m.Deleted, m.TopicsIndex = []Tombstone{{Name: "A", At: 3}}, 6
 	b, _ = m.Encode()
 	f.Add(b)
 	f.Add(base.Seal([]byte(`{"version":1,"index":1,"term":1,"file_size":1,"min_offset":0,"end":0}`)))

@@ -60,13 +60,15 @@ const (
 //     shutting down, is a slave, or could not persist the table (metadata cause
 //     "TOPIC_CONFIG_NOT_PERSISTED": a full disk, no file descriptors); nothing changed, retry.
 //
-// In a replication group CreateTopic and UpdateTopic go through the leader and the group's log (every
-// member applies them; a queue count only ever grows to the highest asked; DeleteTopic is refused there):
+// In a replication group CreateTopic, UpdateTopic and DeleteTopic go through the leader and the group's
+// log (every member applies them in log order; a queue count only ever grows to the highest asked; a
+// delete tombstones the topic at the same CommitLog offset on every member):
 //   - UNAVAILABLE with google.rpc.RetryInfo, reason "SERVICE_NOT_AVAILABLE", metadata cause (NOT_LEADER,
 //     NO_LEADER, LEADER_NOT_READY, TRANSFERRING), leader_id, term: this member is not the ready leader;
 //     nothing changed; send the call to the leader.
 //   - DEADLINE_EXCEEDED, reason "SERVICE_NOT_AVAILABLE", metadata outcome "unknown": proposed, not seen
-//     applied within --replication-timeout; it may still apply; retry (creates and raises are idempotent).
+//     applied within --replication-timeout; it may still apply; retry (creates and raises are idempotent;
+//     a retried delete that had applied answers NOT_FOUND).
 type AdminServiceClient interface {
 	// CreateTopic creates a topic with queue_count queues.
 	CreateTopic(ctx context.Context, in *CreateTopicRequest, opts ...grpc.CallOption) (*CreateTopicResponse, error)
@@ -203,13 +205,15 @@ func (c *adminServiceClient) GetConsumerGroup(ctx context.Context, in *GetConsum
 //     shutting down, is a slave, or could not persist the table (metadata cause
 //     "TOPIC_CONFIG_NOT_PERSISTED": a full disk, no file descriptors); nothing changed, retry.
 //
-// In a replication group CreateTopic and UpdateTopic go through the leader and the group's log (every
-// member applies them; a queue count only ever grows to the highest asked; DeleteTopic is refused there):
+// In a replication group CreateTopic, UpdateTopic and DeleteTopic go through the leader and the group's
+// log (every member applies them in log order; a queue count only ever grows to the highest asked; a
+// delete tombstones the topic at the same CommitLog offset on every member):
 //   - UNAVAILABLE with google.rpc.RetryInfo, reason "SERVICE_NOT_AVAILABLE", metadata cause (NOT_LEADER,
 //     NO_LEADER, LEADER_NOT_READY, TRANSFERRING), leader_id, term: this member is not the ready leader;
 //     nothing changed; send the call to the leader.
 //   - DEADLINE_EXCEEDED, reason "SERVICE_NOT_AVAILABLE", metadata outcome "unknown": proposed, not seen
-//     applied within --replication-timeout; it may still apply; retry (creates and raises are idempotent).
+//     applied within --replication-timeout; it may still apply; retry (creates and raises are idempotent;
+//     a retried delete that had applied answers NOT_FOUND).
 type AdminServiceServer interface {
 	// CreateTopic creates a topic with queue_count queues.
 	CreateTopic(context.Context, *CreateTopicRequest) (*CreateTopicResponse, error)
