@@ -262,12 +262,12 @@ type Options struct {
 	// DefaultTransactionCheckInterval (30 s), DefaultTransactionCheckMax
 	// (15), DefaultMaxPendingTransactions (100,000; measured ~130 bytes a
 	// pending half, plus ~80 for each of as many remembered ends).
-	TransactionTimeout time.Duration
-	// txnManual (tests) starts no check loop: rounds run by hand.
-	txnManual                bool
+	TransactionTimeout       time.Duration
 	TransactionCheckInterval time.Duration
 	TransactionCheckMax      int
 	MaxPendingTransactions   int
+	// txnManual (tests) starts no check loop: rounds run by hand.
+	txnManual bool
 
 	// DedupWindow is how long a put carrying a UNIQ_KEY is remembered
 	// after its store time: a put of the same key (and topic) within it is
