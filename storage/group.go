@@ -105,12 +105,21 @@ type GroupOptions struct {
 	Learners []uint64
 	// Transport sends to peers. Required.
 	Transport Transport
-	// TickInterval is raft's tick. Default 100 ms (tests 10-50 ms).
+	// TickInterval is raft's tick (storaged --raft-tick). Default 100 ms
+	// (tests 10-50 ms); at most MaxTickInterval.
 	TickInterval time.Duration
 	// Ticks, when set, replaces the ticker: one raft tick per receive
 	// (a test seam).
 	Ticks <-chan time.Time
-	// ElectionTick (default 10) and HeartbeatTick (default 1) in ticks.
+	// ElectionTick (default 10) and HeartbeatTick (default 1) in ticks:
+	// a follower that hears no leader for ElectionTick ticks (randomized
+	// by raft up to twice that) campaigns, and the leader heartbeats every
+	// HeartbeatTick. ElectionTick must be above HeartbeatTick and at most
+	// MaxElectionTick; storaged sets it to --raft-election-timeout divided
+	// by --raft-tick. The election timeout also bounds a leadership
+	// transfer's wait (two of them) and the lease a follower keeps for
+	// its leader (CheckQuorum): keep ElectionTick × TickInterval well
+	// above the disk's sync tail, or a slow sync costs the leadership.
 	ElectionTick  int
 	HeartbeatTick int
 	// ReplicationTimeout is how long a proposed put waits for its commit
@@ -137,6 +146,13 @@ type GroupOptions struct {
 	// install as it completes: the crash points of the install tests.
 	installHook func(step string)
 }
+
+// Bounds of the raft timing options (GroupOptions.TickInterval,
+// ElectionTick).
+const (
+	MaxTickInterval = 10 * time.Second
+	MaxElectionTick = 1000
+)
 
 // DefaultCatchUpWindow is GroupOptions.CatchUpWindow's default (design
 // §3.5: 4 GiB, about a minute of a saturated disk here).
@@ -191,6 +207,10 @@ func (g *GroupOptions) validate(o Options) []error {
 	if g.TickInterval < 0 || g.ReplicationTimeout < 0 || g.ElectionTick < 0 || g.HeartbeatTick < 0 || g.MaxReadWaiters < 0 ||
 		(g.ElectionTick > 0 && g.HeartbeatTick > 0 && g.ElectionTick <= g.HeartbeatTick) {
 		errs = append(errs, errors.New("Group: negative durations, or ElectionTick not above HeartbeatTick"))
+	}
+	if g.TickInterval > MaxTickInterval || g.ElectionTick > MaxElectionTick {
+		errs = append(errs, fmt.Errorf("Group: TickInterval %v (at most %v), ElectionTick %d (at most %d)",
+			g.TickInterval, MaxTickInterval, g.ElectionTick, MaxElectionTick))
 	}
 	return errs
 }

@@ -659,6 +659,14 @@ func TestGroupOptionsValidate(t *testing.T) {
 	if err := base.Validate(); err != nil {
 		t.Fatal(err)
 	}
+	// The bounds themselves are accepted.
+	edge := base
+	edgeGroup := *base.Group
+	edgeGroup.TickInterval, edgeGroup.ElectionTick, edgeGroup.HeartbeatTick = MaxTickInterval, MaxElectionTick, 1
+	edge.Group = &edgeGroup
+	if err := edge.Validate(); err != nil {
+		t.Fatalf("the bounds: %v", err)
+	}
 	for name, mod := range map[string]func(o *Options){
 		"async":     func(o *Options) { o.FlushMode = FlushAsync },
 		"slave":     func(o *Options) { o.Role = RoleSlave },
@@ -667,6 +675,10 @@ func TestGroupOptionsValidate(t *testing.T) {
 		"dup peer":  func(o *Options) { o.Group.Peers = []uint64{1, 1, 2} },
 		"no trans":  func(o *Options) { o.Group.Transport = nil },
 		"bad ticks": func(o *Options) { o.Group.ElectionTick, o.Group.HeartbeatTick = 2, 2 },
+		"neg tick":  func(o *Options) { o.Group.TickInterval = -time.Millisecond },
+		"long tick": func(o *Options) { o.Group.TickInterval = MaxTickInterval + time.Millisecond },
+		"elections": func(o *Options) { o.Group.ElectionTick = MaxElectionTick + 1 },
+		"neg elect": func(o *Options) { o.Group.ElectionTick = -1 },
 	} {
 		o := base
 		gopts := *base.Group

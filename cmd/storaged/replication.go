@@ -38,19 +38,39 @@ type replicationConfig struct {
 	PeerTLSCert   string
 	PeerTLSKey    string
 	PeerTLSCA     string
+	// RaftTick is --raft-tick, raft's logical clock; ElectionTimeout is
+	// --raft-election-timeout, a whole number of ticks above one (the
+	// heartbeat is one tick). Raft randomizes each election timeout in
+	// [timeout, 2 × timeout).
+	RaftTick        time.Duration
+	ElectionTimeout time.Duration
+	// GroupName is --raft-group: the group's name, recorded in raft/meta at
+	// bootstrap, checked by every later start and by the peer handshake,
+	// and part of the cluster id.
+	GroupName string
 
 	// Which flags the operator set (command line or environment): a group
-	// refuses --role and an explicit --flush-mode async.
-	roleSet, flushModeSet bool
+	// refuses --role and an explicit --flush-mode async; standalone
+	// refuses the group-only ones.
+	roleSet, flushModeSet, tickSet, electionSet, groupNameSet bool
 }
 
 // defaultReplicationTimeout is SyncFlushTimeout's 5 s: a put proposed and
 // not committed within it is answered with an unknown outcome.
 const defaultReplicationTimeout = storage.DefaultSyncFlushTimeout
 
-// groupName is the group name every member records and checks (phase 1
-// runs one group per process; --raft-group comes with several).
-const groupName = "default"
+// defaultGroupName is --raft-group's default, the name groups recorded
+// before the flag existed.
+const defaultGroupName = "default"
+
+// Raft timing defaults (design §4): a 100 ms tick, elections after 1 s
+// (10 ticks) without a leader; the heartbeat is one tick.
+const (
+	defaultRaftTick        = 100 * time.Millisecond
+	defaultElectionTimeout = time.Second
+	// maxElectionTicks bounds --raft-election-timeout / --raft-tick.
+	maxElectionTicks = 1000
+)
 
 func (r *replicationConfig) register(fs *flag.FlagSet) {
 	fs.Func("raft-id", "this member's raft `id`: a positive integer listed in --raft-peers, or \"ordinal\" for a "+
@@ -74,6 +94,15 @@ func (r *replicationConfig) register(fs *flag.FlagSet) {
 	fs.Var(&r.CatchUpWindow, "raft-catchup-window", "group mode: the leader keeps commitlog files that retention would delete "+
 		"(--file-reserved-time) while a follower still catching up from the raft log needs them, at most this `size` below the "+
 		"commit end (KiB, MiB, GiB); a follower further behind gets a snapshot (a file transfer) instead")
+	fs.DurationVar(&r.RaftTick, "raft-tick", defaultRaftTick, "group mode: raft's tick `duration` (1ms to 10s); the leader "+
+		"sends a heartbeat every tick")
+	fs.DurationVar(&r.ElectionTimeout, "raft-election-timeout", defaultElectionTimeout, "group mode: a follower that hears "+
+		"no leader for this `duration` (randomized up to twice it) starts an election; a whole number of --raft-tick, "+
+		"at least 2 and at most 1000 ticks. Keep it well above the disk's fsync tail (hundreds of milliseconds on a "+
+		"shared disk): a leader stalled by a slow sync loses its followers' lease")
+	fs.StringVar(&r.GroupName, "raft-group", defaultGroupName, "group mode: the group's `name` (letters, digits, '.', '_', '-'; "+
+		"at most 64), recorded in each member's data dir at its first start; a data dir of another group, or a peer "+
+		"naming another group, is refused. Give each group its own name: it is part of the cluster id")
 	fs.StringVar(&r.PeerTLSCert, "peer-tls-cert", "", "peer TLS certificate `file` (PEM), presented as server and client; it must name this member's --raft-peers host")
 	fs.StringVar(&r.PeerTLSKey, "peer-tls-key", "", "peer TLS private key `file` (PEM)")
 	fs.StringVar(&r.PeerTLSCA, "peer-tls-ca", "", "CA `file` (PEM) that signs every member's peer certificate; TLS 1.3, client certificates required")
@@ -87,6 +116,12 @@ func (r *replicationConfig) noteSet(fs *flag.FlagSet) {
 			r.roleSet = true
 		case "flush-mode":
 			r.flushModeSet = true
+		case "raft-tick":
+			r.tickSet = true
+		case "raft-election-timeout":
+			r.electionSet = true
+		case "raft-group":
+			r.groupNameSet = true
 		}
 	})
 }
@@ -112,6 +147,10 @@ func (r *replicationConfig) validate(flushMode storage.FlushMode) []error {
 	if r.CatchUpWindow <= 0 {
 		errs = append(errs, fmt.Errorf("--raft-catchup-window %v must be positive", r.CatchUpWindow.String()))
 	}
+	errs = append(errs, r.validateTiming()...)
+	if p := groupNameProblem(r.GroupName); p != "" {
+		errs = append(errs, fmt.Errorf("--raft-group %q: %s", trunc(r.GroupName), p))
+	}
 	tlsSet := r.PeerTLSCert != "" || r.PeerTLSKey != "" || r.PeerTLSCA != ""
 	if !r.group() {
 		var stray []string
@@ -129,6 +168,15 @@ func (r *replicationConfig) validate(flushMode storage.FlushMode) []error {
 		}
 		if tlsSet {
 			stray = append(stray, "--peer-tls-*")
+		}
+		if r.tickSet {
+			stray = append(stray, "--raft-tick")
+		}
+		if r.electionSet {
+			stray = append(stray, "--raft-election-timeout")
+		}
+		if r.groupNameSet {
+			stray = append(stray, "--raft-group")
 		}
 		if len(stray) > 0 {
 			errs = append(errs, fmt.Errorf("%s need --raft-peers (without it storaged runs standalone)", strings.Join(stray, ", ")))
@@ -185,6 +233,45 @@ func (r *replicationConfig) validate(flushMode storage.FlushMode) []error {
 		}
 	}
 	return errs
+}
+
+// validateTiming checks --raft-tick and --raft-election-timeout: the
+// tick in [1ms, 10s], the election timeout a whole number of ticks from
+// 2 (above the one-tick heartbeat) to maxElectionTicks.
+func (r *replicationConfig) validateTiming() []error {
+	if r.RaftTick < time.Millisecond || r.RaftTick > 10*time.Second {
+		return []error{fmt.Errorf("--raft-tick %v: want 1ms to 10s", r.RaftTick)}
+	}
+	n := r.ElectionTimeout / r.RaftTick
+	switch {
+	case r.ElectionTimeout%r.RaftTick != 0:
+		return []error{fmt.Errorf("--raft-election-timeout %v is not a whole number of --raft-tick %v", r.ElectionTimeout, r.RaftTick)}
+	case n < 2 || n > maxElectionTicks:
+		return []error{fmt.Errorf("--raft-election-timeout %v is %d ticks of --raft-tick %v: want 2 to %d (the heartbeat is one tick)",
+			r.ElectionTimeout, n, r.RaftTick, maxElectionTicks)}
+	}
+	return nil
+}
+
+// groupNameProblem says why name cannot name a group, or "".
+func groupNameProblem(name string) string {
+	if name == "" || len(name) > 64 {
+		return "want 1 to 64 characters"
+	}
+	for _, c := range name {
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '.' || c == '_' || c == '-') {
+			return "want letters, digits, '.', '_' and '-' only"
+		}
+	}
+	return ""
+}
+
+// trunc shortens s for an error message.
+func trunc(s string) string {
+	if len(s) > 80 {
+		return s[:80] + "…"
+	}
+	return s
 }
 
 // raftPeer is one --raft-peers member.
@@ -382,16 +469,19 @@ func (r *replicationConfig) startTransport(clientAddr string, logger *zerolog.Lo
 		return nil, fmt.Errorf("--peer-listen: %w", err)
 	}
 	return peer.New(lis, nil, peer.Options{
-		Group: groupName, ClusterID: r.clusterID(), ID: r.RaftID, Peers: r.RaftPeers.peerMap(), ClientAddr: clientAddr, TLS: tlsCfg, Logger: logger,
+		Group: r.GroupName, ClusterID: r.clusterID(), ID: r.RaftID, Peers: r.RaftPeers.peerMap(), ClientAddr: clientAddr, TLS: tlsCfg, Logger: logger,
 	})
 }
 
-// clusterID identifies the group's membership in the peer handshake and in
-// raft/meta: a digest of the sorted member ids (and of the learners, when
-// there are any: a group without learners keeps the digest it had before
-// learners existed), so a member started with another --raft-peers or
-// --raft-learners membership is refused by its peers and by its own data
-// dir. Addresses may change between starts; ids and roles may not.
+// clusterID identifies the group in the peer handshake and in raft/meta:
+// a digest of the group's name, the sorted member ids and the learners
+// (the name and the learners only when set: a group named "default"
+// without learners keeps the digest it had before either existed), so a
+// member started with another --raft-group, --raft-peers or
+// --raft-learners is refused by its peers and by its own data dir, and
+// two groups with the same ids but different names never accept each
+// other's messages. Addresses may change between starts; ids, roles and
+// the name may not.
 func (r *replicationConfig) clusterID() string {
 	ids := r.RaftPeers.ids()
 	parts := make([]string, len(ids))
@@ -402,6 +492,9 @@ func (r *replicationConfig) clusterID() string {
 	if len(r.RaftLearners) > 0 {
 		key += "/learners/" + r.RaftLearners.String()
 	}
+	if r.GroupName != defaultGroupName {
+		key += "/name/" + r.GroupName
+	}
 	sum := sha256.Sum256([]byte(key))
 	return hex.EncodeToString(sum[:16])
 }
@@ -409,8 +502,9 @@ func (r *replicationConfig) clusterID() string {
 // groupOptions makes the store a member of the group, sending through tr.
 func (r *replicationConfig) groupOptions(tr storage.Transport) *storage.GroupOptions {
 	return &storage.GroupOptions{
-		ID: r.RaftID, Name: groupName, ClusterID: r.clusterID(), Peers: r.voters(), Learners: slices.Clone(r.RaftLearners),
+		ID: r.RaftID, Name: r.GroupName, ClusterID: r.clusterID(), Peers: r.voters(), Learners: slices.Clone(r.RaftLearners),
 		Transport: tr, ReplicationTimeout: r.ReplicationTimeout, CatchUpWindow: int64(r.CatchUpWindow),
+		TickInterval: r.RaftTick, ElectionTick: int(r.ElectionTimeout / r.RaftTick), HeartbeatTick: 1,
 	}
 }
 

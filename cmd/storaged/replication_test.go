@@ -12,6 +12,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/storaged/storaged/storage"
+	"github.com/storaged/storaged/storage/raftlog"
 )
 
 const peers3 = "1=127.0.0.1:9191,2=127.0.0.1:9192,3=127.0.0.1:9193"
@@ -86,12 +87,59 @@ func TestReplicationFlags(t *testing.T) {
 		t.Fatalf("cluster ids: with learner %s, 4 voters %s, 3 voters %s", id, all4.Replication.clusterID(), cfg3.Replication.clusterID())
 	}
 
+	// Timing and the group's name: the flags and their environment twins.
+	for _, tc := range []struct {
+		args, env []string
+		tick      time.Duration
+		ticks     int
+		name      string
+	}{
+		{[]string{"--raft-id", "1", "--raft-peers", peers3}, nil, 100 * time.Millisecond, 10, "default"},
+		{[]string{"--raft-id", "1", "--raft-peers", peers3, "--raft-tick", "50ms", "--raft-election-timeout", "750ms", "--raft-group", "orders-eu.1"},
+			nil, 50 * time.Millisecond, 15, "orders-eu.1"},
+		{[]string{"--raft-id", "1", "--raft-peers", peers3}, []string{"STORAGED_RAFT_TICK", "20ms", "STORAGED_RAFT_ELECTION_TIMEOUT", "40ms",
+			"STORAGED_RAFT_GROUP", "g2"}, 20 * time.Millisecond, 2, "g2"},
+		{[]string{"--raft-id", "1", "--raft-peers", peers3, "--raft-tick", "1ms", "--raft-election-timeout", "1s"}, nil, time.Millisecond, 1000, "default"},
+	} {
+		cfg, err := parseConfig(tc.args, env(tc.env...), &bytes.Buffer{})
+		if err != nil {
+			t.Fatalf("%v %v: %v", tc.args, tc.env, err)
+		}
+		g := cfg.Replication.groupOptions(nil)
+		if g.TickInterval != tc.tick || g.ElectionTick != tc.ticks || g.HeartbeatTick != 1 || g.Name != tc.name {
+			t.Fatalf("%v %v: tick %v, election %d ticks, heartbeat %d, group %q; want %v, %d, 1, %q",
+				tc.args, tc.env, g.TickInterval, g.ElectionTick, g.HeartbeatTick, g.Name, tc.tick, tc.ticks, tc.name)
+		}
+		o := storage.Options{Dir: t.TempDir(), FlushMode: storage.FlushSync, Group: g}
+		g.Transport = nopTransport{}
+		if err := o.Validate(); err != nil {
+			t.Fatalf("%v %v: the store refuses the group options: %v", tc.args, tc.env, err)
+		}
+	}
+	// The name is part of the cluster id; "default" keeps the old digest.
+	named, err := parseConfig([]string{"--raft-id", "1", "--raft-peers", peers3, "--raft-group", "g1"}, env(), &bytes.Buffer{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	explicit, err := parseConfig([]string{"--raft-id", "1", "--raft-peers", peers3, "--raft-group", "default"}, env(), &bytes.Buffer{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if id := named.Replication.clusterID(); id == cfg3.Replication.clusterID() || explicit.Replication.clusterID() != cfg3.Replication.clusterID() {
+		t.Fatalf("cluster ids: named g1 %s, default %s, explicit default %s", id, cfg3.Replication.clusterID(), explicit.Replication.clusterID())
+	}
+
 	// Standalone: nothing changes.
 	cfg, err = parseConfig(nil, env(), &bytes.Buffer{})
 	if err != nil || cfg.Replication.group() || cfg.FlushMode != storage.FlushAsync {
 		t.Fatalf("standalone: %+v, %v", cfg.Replication, err)
 	}
 }
+
+// nopTransport drops every message (options validation only).
+type nopTransport struct{}
+
+func (nopTransport) Send(uint64, []byte) {}
 
 // TestReplicationFlagErrors: every mistake is refused at start with a
 // message naming it.
@@ -143,6 +191,26 @@ func TestReplicationFlagErrors(t *testing.T) {
 		{"learner, listen and tls without peers", []string{"--raft-learner", "--peer-listen", "127.0.0.1:1", "--peer-tls-ca", "ca.pem"}, nil,
 			"--peer-listen, --raft-learner, --peer-tls-* need --raft-peers"},
 		{"learners without peers", []string{"--raft-learners", "4"}, nil, "--raft-learners need --raft-peers"},
+		{"timing without peers", []string{"--raft-tick", "50ms", "--raft-election-timeout", "1s", "--raft-group", "g1"}, nil,
+			"--raft-tick, --raft-election-timeout, --raft-group need --raft-peers"},
+		{"election not whole ticks", []string{"--raft-id", "1", "--raft-peers", peers3, "--raft-tick", "30ms"}, nil,
+			"--raft-election-timeout 1s is not a whole number of --raft-tick 30ms"},
+		{"election one tick", []string{"--raft-id", "1", "--raft-peers", peers3, "--raft-election-timeout", "100ms"}, nil,
+			"--raft-election-timeout 100ms is 1 ticks of --raft-tick 100ms: want 2 to 1000"},
+		{"election zero", []string{"--raft-id", "1", "--raft-peers", peers3, "--raft-election-timeout", "0s"}, nil,
+			"is 0 ticks"},
+		{"election too many ticks", []string{"--raft-id", "1", "--raft-peers", peers3, "--raft-tick", "1ms", "--raft-election-timeout", "2s"}, nil,
+			"is 2000 ticks"},
+		{"tick zero", []string{"--raft-id", "1", "--raft-peers", peers3, "--raft-tick", "0s"}, nil, "--raft-tick 0s: want 1ms to 10s"},
+		{"tick long", []string{"--raft-id", "1", "--raft-peers", peers3, "--raft-tick", "11s"}, nil, "--raft-tick 11s: want 1ms to 10s"},
+		{"tick from env", []string{"--raft-id", "1", "--raft-peers", peers3}, []string{"STORAGED_RAFT_TICK", "300ms"},
+			"not a whole number of --raft-tick 300ms"},
+		{"group name", []string{"--raft-id", "1", "--raft-peers", peers3, "--raft-group", "g/1"}, nil,
+			`--raft-group "g/1": want letters, digits`},
+		{"group name empty", []string{"--raft-id", "1", "--raft-peers", peers3, "--raft-group", ""}, nil,
+			`--raft-group "": want 1 to 64 characters`},
+		{"group name long", []string{"--raft-id", "1", "--raft-peers", peers3, "--raft-group", strings.Repeat("g", 65)}, nil,
+			"want 1 to 64 characters"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var stderr bytes.Buffer
@@ -266,5 +334,45 @@ func TestRaftIDOrdinal(t *testing.T) {
 	if _, err := parseRaftIDFlag("ordinal", func() (string, error) { return "", errors.New("no uts") }); err == nil ||
 		!strings.Contains(err.Error(), "no uts") {
 		t.Errorf("host name failure: %v", err)
+	}
+}
+
+// TestGroupIdentityInDataDir: a member's data dir records its group's
+// name and cluster id at its first start; a later start of the same dir
+// with another --raft-group, or with the same name for a group of other
+// members (another cluster id), is refused, and the same flags open it.
+func TestGroupIdentityInDataDir(t *testing.T) {
+	dir := t.TempDir()
+	open := func(args ...string) error {
+		t.Helper()
+		cfg, err := parseConfig(append([]string{"--raft-id", "1"}, args...), env(), &bytes.Buffer{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		g := cfg.Replication.groupOptions(nopTransport{})
+		st, err := storage.Open(storage.Options{Dir: dir, FlushMode: storage.FlushSync, FileSize: 1 << 20, Group: g})
+		if err != nil {
+			return err
+		}
+		return st.Close()
+	}
+	if err := open("--raft-peers", peers3, "--raft-group", "g1"); err != nil {
+		t.Fatalf("bootstrap: %v", err)
+	}
+	meta, err := storage.ReadReplicaMeta(storage.Options{Dir: dir})
+	if err != nil || meta.Group != "g1" || meta.ClusterUUID == "" {
+		t.Fatalf("raft/meta: %+v %v", meta, err)
+	}
+	for _, args := range [][]string{
+		{"--raft-peers", peers3, "--raft-group", "g2"},
+		{"--raft-peers", peers3},
+		{"--raft-peers", peers3 + ",4=127.0.0.1:9194", "--raft-group", "g1"},
+	} {
+		if err := open(args...); !errors.Is(err, raftlog.ErrMetaMismatch) {
+			t.Fatalf("%v: %v, want the data dir refused (ErrMetaMismatch)", args, err)
+		}
+	}
+	if err := open("--raft-peers", peers3, "--raft-group", "g1"); err != nil {
+		t.Fatalf("the same flags again: %v", err)
 	}
 }
