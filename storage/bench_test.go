@@ -245,3 +245,51 @@ func BenchmarkPutMessages(b *testing.B) {
 	b.ReportMetric(float64(s.Stats().MaxLockHold.Microseconds()), "max-lock-us")
 	b.ReportMetric(float64(s.Stats().Rolls), "rolls")
 }
+
+// BenchmarkTransactionSync measures a transactional message in sync mode
+// with 64 writers (transactions.go): the half put and its commit (the
+// message put, then the op record), each acknowledged after its msync;
+// an op is one transaction. Beside BenchmarkPutMessageSync/writers=64 in
+// the same run, the cost of the two-phase send.
+func BenchmarkTransactionSync(b *testing.B) {
+	const writers = 64
+	s, err := Open(Options{Dir: b.TempDir(), FileSize: benchFileSize, FlushMode: FlushSync, txnManual: true,
+		MaxPendingTransactions: 1 << 20})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer s.Close()
+	if _, err := s.PutMessage(context.Background(), benchMessage()); err != nil {
+		b.Fatal(err)
+	}
+	s.log.WaitPopulated()
+	b.SetBytes(1024)
+	b.ReportAllocs()
+	b.ResetTimer()
+	var wg sync.WaitGroup
+	for w := 0; w < writers; w++ {
+		n := b.N / writers
+		if w == 0 {
+			n += b.N % writers
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ctx := context.Background()
+			for i := 0; i < n; i++ {
+				m := benchMessage()
+				m.SysFlag = TransactionPreparedType
+				res, err := s.PutMessage(ctx, m)
+				if err != nil || res.Status != PutOK {
+					b.Error(res.Status, err)
+					return
+				}
+				if _, err := s.EndTransaction(ctx, m.Topic, res.Append.WroteOffset, true); err != nil {
+					b.Error(err)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+}
