@@ -406,8 +406,8 @@ func TestNodeSDKProducerGroup(t *testing.T) {
 }
 
 // startGroup starts n storaged processes as one replication group on
-// loopback (ids 1..n).
-func startGroup(t *testing.T, n int) []*proctest.Process {
+// loopback (ids 1..n), each with flags added.
+func startGroup(t *testing.T, n int, flags ...string) []*proctest.Process {
 	t.Helper()
 	var peerAddrs []string
 	var ls []net.Listener
@@ -431,7 +431,7 @@ func startGroup(t *testing.T, n int) []*proctest.Process {
 	for i := range n {
 		name := fmt.Sprintf("n%d", i+1)
 		nodes = append(nodes, proctest.Start(t, proctest.Options{Binary: binary, Name: name, DataDir: filepath.Join(dir, name),
-			Flags: []string{"--raft-id", fmt.Sprint(i + 1), "--raft-peers", strings.Join(peers, ","), "--peer-listen", peerAddrs[i]}}))
+			Flags: append([]string{"--raft-id", fmt.Sprint(i + 1), "--raft-peers", strings.Join(peers, ","), "--peer-listen", peerAddrs[i]}, flags...)}))
 	}
 	return nodes
 }

@@ -232,3 +232,34 @@ func TestNodeSDKTransactionKill(t *testing.T) {
 	for l := r.next(t); l.Kind != "done"; l = r.next(t) {
 	}
 }
+
+// TestNodeSDKTransactionGroup: the SDK's transactional producer against
+// the leader of a 3-member replication group: the committed message is
+// on every member (each serves it from its own log), the rolled-back one
+// on none; an orphaned half is checked by the leader and its checker's
+// commit reaches every member too.
+func TestNodeSDKTransactionGroup(t *testing.T) {
+	node := nodeSDK(t)
+	nodes := startGroup(t, 3, "--transaction-timeout", "1s", "--transaction-check-interval", "1s")
+	leader := waitLeader(t, nodes)
+	const topic = "SdkGroupTxn"
+	r := startTxn(t, node, leader.Addr(), topic, "ends")
+	for l := r.next(t); l.Kind != "done"; l = r.next(t) {
+	}
+	o := startTxn(t, node, leader.Addr(), topic, "orphan")
+	if l := o.next(t); l.Kind != "sent" {
+		t.Fatalf("first line %+v", l)
+	}
+	if l := o.next(t); l.Kind != "check" || l.Body != "tx-orphan" {
+		t.Fatalf("check %+v", l)
+	}
+	for _, p := range nodes {
+		got := waitHolds(t, p, topic, "tx-orphan")
+		if len(got) != 2 || got["tx-commit"] != 1 || got["tx-orphan"] != 1 {
+			t.Fatalf("%s holds %v on a member, want tx-commit and tx-orphan once each", topic, got)
+		}
+	}
+	o.stdin.Close()
+	for l := o.next(t); l.Kind != "done"; l = o.next(t) {
+	}
+}
