@@ -117,6 +117,9 @@ type rocketMQ struct {
 	// attempts are the groups' max delivery attempts their clients'
 	// settings named (rocketmq_pop.go).
 	attempts groupAttempts
+	// fifo are the groups whose clients' settings said fifo
+	// (rocketmq_pop.go).
+	fifo groupFifo
 }
 
 var _ rocketmqv2.MessagingServiceServer = (*rocketMQ)(nil)
@@ -413,8 +416,9 @@ func (r *rocketMQ) telemetryReply(c *rocketmqv2.TelemetryCommand, prod *producer
 // backoff (the SDKs require that strategy); for a producer the largest body
 // the store takes and message type validation on (a route lists the types
 // storaged takes, so the SDK refuses the others before sending); for a
-// consumer its group and subscriptions, no FIFO, and the receive batch and
-// long-poll bounds.
+// consumer its group and subscriptions, whether the group consumes in
+// order (fifo: WithFifoConsumerGroups, or its client's settings said so),
+// and the receive batch and long-poll bounds.
 func (r *rocketMQ) settingsReply(in *rocketmqv2.Settings) (*rocketmqv2.Settings, *rocketmqv2.Status) {
 	t := in.GetClientType()
 	var group *rocketmqv2.Resource
@@ -456,10 +460,13 @@ func (r *rocketMQ) settingsReply(in *rocketmqv2.Settings) (*rocketmqv2.Settings,
 		// The group's max attempts: what its client names, else the
 		// server's; a receive of the group dead-letters by it.
 		attempts = r.attempts.set(sub.GetGroup().GetName(), in.GetBackoffPolicy().GetMaxAttempts(), r.svc.consumerMaxAttempts)
+		if sub.GetFifo() {
+			r.fifo.set(sub.GetGroup().GetName())
+		}
 		out.PubSub = &rocketmqv2.Settings_Subscription{Subscription: &rocketmqv2.Subscription{
 			Group:              sub.GetGroup(),
 			Subscriptions:      sub.GetSubscriptions(),
-			Fifo:               proto.Bool(false),
+			Fifo:               proto.Bool(r.isFifo(sub.GetGroup().GetName())),
 			ReceiveBatchSize:   proto.Int32(receiveBatchSize),
 			LongPollingTimeout: durationpb.New(r.svc.maxPullWait),
 		}}

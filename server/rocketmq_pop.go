@@ -47,6 +47,13 @@ import (
 // (the PushConsumer's, auto_renew) gets defaultAutoRenewInvisible; storaged
 // does not renew it while the client works (a message processed longer
 // than that is delivered again).
+//
+// A FIFO consumer group (RocketMQ's consumeMessageOrderly: configured with
+// WithFifoConsumerGroups, or named fifo by its client's settings) has its
+// receives consume each queue in order (storage.PopRequest.Fifo): a queue
+// is not popped while the group has one of its messages in flight, and a
+// message not acked in time is delivered again in place, not through
+// %RETRY%<group>. Its clients are told fifo in the settings reply.
 
 // Bounds of POP requests beyond the store's.
 const (
@@ -107,6 +114,35 @@ func (a *groupAttempts) set(group string, n, def int32) int32 {
 }
 
 func (a *groupAttempts) get(group string, def int32) int32 { return a.set(group, 0, def) }
+
+// groupFifo remembers the groups whose clients' settings said fifo
+// (bounded: maxAttemptGroups; beyond it a group is FIFO only when
+// configured so).
+type groupFifo struct {
+	mu sync.Mutex
+	m  map[string]bool
+}
+
+func (f *groupFifo) set(group string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if len(f.m) < maxAttemptGroups {
+		if f.m == nil {
+			f.m = map[string]bool{}
+		}
+		f.m[group] = true
+	}
+}
+
+func (f *groupFifo) get(group string) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.m[group]
+}
+
+// isFifo reports whether group consumes in order: configured so
+// (WithFifoConsumerGroups), or its client's settings said fifo.
+func (r *rocketMQ) isFifo(group string) bool { return r.svc.fifoGroups[group] || r.fifo.get(group) }
 
 // popStore is the store's PopStore, or a Status saying it has none.
 func (r *rocketMQ) popStore() (PopStore, *rocketmqv2.Status) {
@@ -244,7 +280,7 @@ func (r *rocketMQ) receiveRequest(ctx context.Context, req *rocketmqv2.ReceiveMe
 		wait = d.AsDuration()
 	}
 	return storage.PopRequest{Group: group, Topic: topic, Tags: tags, MaxMessages: n, Invisible: invisible,
-		Wait: r.svc.boundWait(ctx, wait), MaxAttempts: int(r.attempts.get(group, r.svc.consumerMaxAttempts))}, nil
+		Wait: r.svc.boundWait(ctx, wait), MaxAttempts: int(r.attempts.get(group, r.svc.consumerMaxAttempts)), Fifo: r.isFifo(group)}, nil
 }
 
 // AckMessage implements rocketmqv2.MessagingServiceServer.

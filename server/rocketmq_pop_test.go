@@ -2,6 +2,7 @@ package server
 
 import (
 	"errors"
+	"fmt"
 	"io"
 	"slices"
 	"sort"
@@ -356,5 +357,83 @@ func TestRocketMQPopStatusMapping(t *testing.T) {
 	} {
 		st := r.popStatus(methodReceiveMessage, c.err)
 		wantCode(t, c.err.Error(), st, c.code)
+	}
+}
+
+// TestRocketMQPopFifo: a FIFO consumer group, configured on the server
+// (WithFifoConsumerGroups) or named fifo by its client's settings, is told
+// fifo in the settings reply, and its receives consume a queue in order:
+// nothing after a message in flight, the unacked message again in place
+// with attempt 2 (not through %RETRY%); a group that is neither is told
+// no fifo and receives past a message in flight.
+func TestRocketMQPopFifo(t *testing.T) {
+	clk := storagetest.NewClock(time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC))
+	st, _ := openStore(t, func(o *storage.Options) { o.Clock = clk })
+	srv := startServer(t, New(st, zerolog.Nop(), WithMaxMessageSize(testMaxMessageSize), WithFifoConsumerGroups([]string{"FG"})), GRPCConfig{})
+	srv.SetServing(true)
+	e := &rmqEnv{rmq: rocketmqv2.NewMessagingServiceClient(dial(t, srv.addr, nil)), store: st, srv: srv}
+	if _, err := st.CreateTopic("Orders", 1); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 3 {
+		r := e.send(t, rmqMsg("Orders", fmt.Sprintf("o%d", i), &rocketmqv2.SystemProperties{MessageGroup: proto.String("og"),
+			MessageType: rocketmqv2.MessageType_FIFO}))
+		wantCode(t, "send", r.GetStatus(), rocketmqv2.Code_OK)
+	}
+
+	s := e.telemetry(t, "client-1")
+	consumer := rocketmqv2.ClientType_SIMPLE_CONSUMER
+	for _, c := range []struct {
+		group       string
+		said, reply bool
+	}{{"FG", false, true}, {"DG", true, true}, {"NG", false, false}} {
+		sub := &rocketmqv2.Settings{ClientType: &consumer, PubSub: &rocketmqv2.Settings_Subscription{Subscription: &rocketmqv2.Subscription{
+			Group: res(c.group), Subscriptions: []*rocketmqv2.SubscriptionEntry{{Topic: res("Orders")}}}}}
+		if c.said {
+			sub.GetSubscription().Fifo = proto.Bool(true)
+		}
+		if err := s.Send(settingsCmd(sub)); err != nil {
+			t.Fatal(err)
+		}
+		got, err := s.Recv()
+		if err != nil {
+			t.Fatal(err)
+		}
+		wantCode(t, c.group+" settings", got.GetStatus(), rocketmqv2.Code_OK)
+		if f := got.GetSettings().GetSubscription().GetFifo(); f != c.reply {
+			t.Errorf("%s: settings answered fifo %v, want %v", c.group, f, c.reply)
+		}
+	}
+
+	one := func(group string, want string, attempt int32) *rocketmqv2.Message {
+		t.Helper()
+		st, ms := e.receive(t, receiveReq(group, "Orders", 1, 10*time.Second))
+		if want == "" {
+			wantCode(t, group+" receive", st, rocketmqv2.Code_MESSAGE_NOT_FOUND)
+			if len(ms) != 0 {
+				t.Fatalf("%s: received %v, want nothing", group, msgBodies(ms))
+			}
+			return nil
+		}
+		wantCode(t, group+" receive", st, rocketmqv2.Code_OK)
+		if len(ms) != 1 || string(ms[0].GetBody()) != want || ms[0].GetSystemProperties().GetDeliveryAttempt() != attempt {
+			t.Fatalf("%s: received %v, want %s attempt %d", group, msgBodies(ms), want, attempt)
+		}
+		return ms[0]
+	}
+	for _, g := range []string{"FG", "DG"} {
+		one(g, "o0", 1)
+		one(g, "", 0) // o0 in flight: nothing after it
+	}
+	one("NG", "o0", 1)
+	one("NG", "o1", 1) // not FIFO: past o0 in flight
+	clk.Advance(10 * time.Second)
+	for _, g := range []string{"FG", "DG"} {
+		m := one(g, "o0", 2) // in place, attempt 2
+		wantCode(t, g+" ack", e.ack(t, g, "Orders", m).GetStatus(), rocketmqv2.Code_OK)
+		one(g, "o1", 1)
+	}
+	if _, err := st.Topic("%RETRY%FG"); !errors.Is(err, storage.ErrTopicNotFound) {
+		t.Fatalf("the FIFO group used its retry topic: %v", err)
 	}
 }

@@ -114,10 +114,13 @@ type Service struct {
 	// consumerMaxAttempts is a consumer group's POP delivery attempts
 	// when its client names none (rocketmq_pop.go).
 	consumerMaxAttempts int32
-	streamWindow        int
-	now                 func() int64 // Unix ms; the default born timestamp
-	maxMessageSize      int          // the store's; a read reserves room for one record of it
-	inflight            *inflight    // bytes of read answers in flight
+	// fifoGroups are the consumer groups configured to consume in order
+	// (WithFifoConsumerGroups; rocketmq_pop.go).
+	fifoGroups     map[string]bool
+	streamWindow   int
+	now            func() int64 // Unix ms; the default born timestamp
+	maxMessageSize int          // the store's; a read reserves room for one record of it
+	inflight       *inflight    // bytes of read answers in flight
 	// life ends PutMessageStreams before their connection's age limit
 	// (streamlife.go); set by NewGRPCServer, nil without it.
 	life *streamLife
@@ -170,6 +173,25 @@ func WithConsumerMaxAttempts(n int) Option {
 	return func(s *Service) {
 		if n >= 1 && n <= storage.MaxPopAttempts {
 			s.consumerMaxAttempts = int32(n)
+		}
+	}
+}
+
+// WithFifoConsumerGroups makes groups FIFO consumer groups (RocketMQ's
+// consumeMessageOrderly group setting): their POP receives consume each
+// queue in order (storage.PopRequest.Fifo) and their clients' settings
+// say fifo, so the SDKs consume a message group's messages one after the
+// other. Names that are not valid groups are ignored (the command line
+// checks them).
+func WithFifoConsumerGroups(groups []string) Option {
+	return func(s *Service) {
+		for _, g := range groups {
+			if storage.GroupProblem(g) == "" {
+				if s.fifoGroups == nil {
+					s.fifoGroups = map[string]bool{}
+				}
+				s.fifoGroups[g] = true
+			}
 		}
 	}
 }

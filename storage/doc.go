@@ -603,9 +603,10 @@
 // table's lock, and is rebuilt at Open by replaying them in log order. A
 // record body (big-endian, storage/pop's Encode) is
 //
-//	u8 version (1) | u16 ops | ops × { u8 kind (1 Set, 2 Drop) |
-//	u8 len, group | u8 len, topic | i32 queue | i64 cursor (-1: unchanged) |
-//	u16 items | items × { i64 queue offset, i64 deadline (Unix ms), u64 generation } }
+//	u8 version (1; 2 with an item redelivered in place) | u16 ops | ops × {
+//	u8 kind (1 Set, 2 Drop) | u8 len, group | u8 len, topic | i32 queue |
+//	i64 cursor (-1: unchanged) | u16 items | items × { i64 queue offset,
+//	i64 deadline (Unix ms), u64 generation, version 2: u32 redelivered } }
 //
 // Set moves the cursor and puts items in flight (a receive; a change of
 // invisible duration with a new generation; a restatement before
@@ -621,6 +622,10 @@
 // Drop, in that log order (a crash between them delivers twice, never
 // loses); past the group's max attempts the copy goes to %DLQ%<group>.
 // Due messages are moved by the group's next receive (at most 64 a call).
+// A FIFO receive (PopRequest.Fifo) pops no queue while the group has one
+// of its messages in flight, and delivers a due message again in place
+// (a Set of the same offset carrying Redelivered + 1: version 2 records,
+// written only then) instead of copying it to %RETRY%<group>.
 // Memory: one map entry and heap slot per message in flight, bounded in
 // all and per group (Options.MaxPopInflight, MaxPopInflightPerGroup), and
 // one cursor per popped queue (MaxConsumerOffsets); every operation is

@@ -456,3 +456,51 @@ func TestGroupPopRewriteRacesAcks(t *testing.T) {
 	g.samePop(1, 0, all...)
 	t.Logf("%d rewrites during %d acks", k, n)
 }
+
+// TestGroupPopFifo: a FIFO group's deliveries in place are replicated: a
+// message delivered again in place on one leader is delivered in place
+// again by the next with its attempts counted on, and nothing after it
+// is handed out before its ack.
+func TestGroupPopFifo(t *testing.T) {
+	clk := storagetest.NewClock(popEpoch)
+	g := newTestGroupWith(t, time.Minute, nil, func(o *Options) { o.Clock = clk })
+	all := g.ids
+	g.elect(1)
+	ctx := context.Background()
+	if _, err := g.m[1].s.CreateTopic("F", 1); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 3 {
+		m := &Message{Topic: "F", Body: []byte(fmt.Sprintf("m%d", i)), BornTimestamp: 1, BornHost: DefaultStoreHost}
+		if res, err := g.m[1].s.PutMessage(ctx, m); err != nil || res.Status != PutOK {
+			t.Fatalf("put: %v %v", res.Status, err)
+		}
+	}
+	req := PopRequest{Group: "g", Topic: "F", MaxMessages: 1, Invisible: 10 * time.Second, MaxAttempts: 5, Fifo: true}
+	receive := func(id uint64, want string, attempt int32) PopMessage {
+		t.Helper()
+		ms, err := g.m[id].s.PopReceive(ctx, req)
+		if err != nil || len(ms) != 1 || string(ms[0].Record.Body) != want || ms[0].Attempt != attempt {
+			t.Fatalf("receive on %d: %d messages (%v), %v; want %s attempt %d", id, len(ms), bodies(ms), err, want, attempt)
+		}
+		return ms[0]
+	}
+	receive(1, "m0", 1)
+	clk.Advance(10 * time.Second)
+	receive(1, "m0", 2)
+	g.converge(1, all...)
+	g.samePop(1, 1, all...)
+	g.closeMember(1)
+	nl := g.failover(2, 3)
+	if ms, err := g.m[nl].s.PopReceive(ctx, req); err != nil || len(ms) != 0 {
+		t.Fatalf("the new leader handed out %v (%v) while m0 is in flight", bodies(ms), err)
+	}
+	clk.Advance(10 * time.Second)
+	m0 := receive(nl, "m0", 3)
+	if errs, err := g.m[nl].s.PopAck(ctx, "g", "F", []string{m0.Handle}); err != nil || errs[0] != nil {
+		t.Fatalf("ack m0: %v %v", errs, err)
+	}
+	receive(nl, "m1", 1)
+	g.converge(nl, 2, 3)
+	g.samePop(nl, 1, 2, 3)
+}

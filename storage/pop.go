@@ -38,6 +38,16 @@ package storage
 // group nobody receives for keeps its expired messages in flight, which
 // is what it would see anyway.
 //
+// FIFO (PopRequest.Fifo, a RocketMQ 5 FIFO consumer group): a queue of
+// the subscribed topic is not popped while the group has one of its
+// messages in flight; a message not acknowledged in time is delivered
+// again in place by the next receive (a Set of the same offset with a new
+// generation and Redelivered + 1, the attempt counting it), not copied to
+// the retry topic, which would let the queue's next message pass it; past
+// the max attempts popRevive moves it to the dead-letter topic, which
+// frees the queue. Order is kept per queue (one message group stays in
+// one queue), as RocketMQ 4's orderly POP locks a queue.
+//
 // Where a group starts on a queue it never popped: at its committed
 // consumer offset (CommitOffset) when it has one, else at the queue's
 // first retained message (RocketMQ's CONSUME_FROM_FIRST_OFFSET).
@@ -173,6 +183,17 @@ type PopRequest struct {
 	// MaxAttempts is the group's delivery attempts before a message goes
 	// to its dead-letter topic: 0 means DefaultPopMaxAttempts.
 	MaxAttempts int
+	// Fifo: the group consumes in order (a RocketMQ 5 FIFO consumer
+	// group). A queue of Topic is not popped while the group has a
+	// message of it in flight, so a message group's next message (one
+	// message group stays in one queue) is never handed out before the
+	// previous one is acknowledged or dead-lettered; a message not
+	// acknowledged in time is delivered again in place (same queue
+	// offset, attempt + 1, before anything after it) instead of through
+	// the retry topic, which would let the next one pass it; past
+	// MaxAttempts it goes to the dead-letter topic and the queue moves
+	// on.
+	Fifo bool
 }
 
 // PopMessage is one message received.
@@ -281,7 +302,7 @@ func (s *Store) PopReceive(ctx context.Context, req PopRequest) ([]PopMessage, e
 				r()
 			}
 		}
-		if err := s.popRevive(ctx, req.Group, req.MaxAttempts); err != nil {
+		if err := s.popRevive(ctx, req.Group, req.MaxAttempts, req.Fifo); err != nil {
 			release()
 			return nil, err
 		}
@@ -359,6 +380,35 @@ func (s *Store) popOnce(ctx context.Context, req PopRequest, queues int32) ([]Po
 			return nil
 		}
 		k := pop.QueueKey{Group: req.Group, Topic: topic, Queue: qid}
+		if req.Fifo && topic == req.Topic {
+			if held := t.QueueInflight(k); len(held) > 0 {
+				// In order: nothing after a message in flight. Once
+				// every one in flight is due (popRevive dead-lettered
+				// those out of attempts), they go out again in place.
+				for _, it := range held {
+					if it.Deadline > now.UnixMilli() {
+						return nil
+					}
+				}
+				op := pop.Op{Kind: pop.Set, Key: k, Cursor: pop.NoCursor}
+				for _, it := range held {
+					if len(picked) >= req.MaxMessages {
+						break
+					}
+					rec, err := s.popRecord(pop.Key{QueueKey: k, Offset: it.Offset})
+					if err != nil {
+						return err // a later receive's popRevive drops what cannot be read
+					}
+					nit := pop.Item{Offset: it.Offset, Deadline: deadline, Gen: t.NextGen(), Redelivered: it.Redelivered + 1}
+					op.Items = append(op.Items, nit)
+					picked = append(picked, s.popMessage(rec, req.Group, nit))
+				}
+				if len(op.Items) > 0 {
+					ops = append(ops, op)
+				}
+				return nil
+			}
+		}
 		cur, ok := t.Cursor(k)
 		if !ok {
 			if err := t.AdmitCursor(k); err != nil {
@@ -425,7 +475,8 @@ func (s *Store) popOnce(ctx context.Context, req PopRequest, queues int32) ([]Po
 
 // popMessage is rec, popped as it, as a receive hands it out.
 func (s *Store) popMessage(rec *Record, group string, it pop.Item) PopMessage {
-	m := PopMessage{Record: rec, Topic: rec.Topic, MsgID: MsgID(rec.StoreHost, rec.PhysicalOffset), Attempt: rec.ReconsumeTimes + 1}
+	m := PopMessage{Record: rec, Topic: rec.Topic, MsgID: MsgID(rec.StoreHost, rec.PhysicalOffset),
+		Attempt: rec.ReconsumeTimes + 1 + int32(min(it.Redelivered, MaxPopAttempts))}
 	retry := rec.Topic == RetryTopic(group)
 	if retry {
 		if t, ok := rec.Property(PropertyRetryTopic); ok {
@@ -594,10 +645,13 @@ func (s *Store) popDurable(ctx context.Context, res AppendResult) error {
 // topic, or its dead-letter topic past maxAttempts, and drops them from
 // flight: each copy is stored before the drop is written (a crash, or a
 // leader change, between them delivers the message twice, never loses
-// it). Standalone the copies are appended under t.Mu, before the drop in
+// it). For a FIFO group (fifo) a due message of a subscribed topic is
+// left in flight to be delivered again in place (popOnce), unless its
+// deliveries have reached maxAttempts: then it goes to the dead-letter
+// topic. Standalone the copies are appended under t.Mu, before the drop in
 // the log; in a group each is put through raft and committed first (t.Mu
 // released: the applier needs it to index them).
-func (s *Store) popRevive(ctx context.Context, group string, maxAttempts int) error {
+func (s *Store) popRevive(ctx context.Context, group string, maxAttempts int, fifo bool) error {
 	defer s.popLock(group)()
 	t := s.pop
 	t.Mu.Lock()
@@ -606,9 +660,9 @@ func (s *Store) popRevive(ctx context.Context, group string, maxAttempts int) er
 		t.Mu.Unlock()
 		return nil
 	}
-	gens := make([]uint64, len(due))
+	items := make([]pop.Item, len(due))
 	for i, k := range due {
-		_, gens[i], _ = t.Get(k)
+		items[i], _ = t.Item(k)
 	}
 	if s.group != nil {
 		t.Mu.Unlock()
@@ -620,12 +674,15 @@ func (s *Store) popRevive(ctx context.Context, group string, maxAttempts int) er
 	)
 	for i, k := range due {
 		rec, err := s.popRecord(k)
+		inPlace := fifo && k.Topic != RetryTopic(group)
 		switch {
+		case err == nil && inPlace && int(rec.ReconsumeTimes)+1+int(items[i].Redelivered) < maxAttempts:
+			continue // delivered again in place by popOnce
 		case err == nil:
 			target := RetryTopic(group)
 			reconsume := rec.ReconsumeTimes + 1
-			if int(rec.ReconsumeTimes)+1 >= maxAttempts {
-				target, reconsume = DLQTopic(group), rec.ReconsumeTimes
+			if inPlace || int(rec.ReconsumeTimes)+1 >= maxAttempts {
+				target, reconsume = DLQTopic(group), rec.ReconsumeTimes+int32(min(items[i].Redelivered, MaxPopAttempts))
 			}
 			if err := s.appendCopy(ctx, target, rec, group, reconsume); err != nil {
 				copyErr = err
@@ -647,7 +704,7 @@ func (s *Store) popRevive(ctx context.Context, group string, maxAttempts int) er
 			drops[k.QueueKey] = op
 			order = append(order, k.QueueKey)
 		}
-		op.Items = append(op.Items, pop.Item{Offset: k.Offset, Gen: gens[i]})
+		op.Items = append(op.Items, pop.Item{Offset: k.Offset, Gen: items[i].Gen})
 	}
 	if s.group != nil {
 		t.Mu.Lock()
@@ -850,11 +907,12 @@ func (s *Store) PopChangeInvisible(ctx context.Context, group, topic, handle str
 	defer s.popLock(group)()
 	t := s.pop
 	t.Mu.Lock()
-	if _, gen, ok := t.Get(k); !ok || gen != h.Gen {
+	cur, ok := t.Item(k)
+	if !ok || cur.Gen != h.Gen {
 		t.Mu.Unlock()
 		return PopMessage{}, errHandleOver(k)
 	}
-	it := pop.Item{Offset: k.Offset, Deadline: s.opts.Clock.Now().Add(d).UnixMilli(), Gen: t.NextGen()}
+	it := pop.Item{Offset: k.Offset, Deadline: s.opts.Clock.Now().Add(d).UnixMilli(), Gen: t.NextGen(), Redelivered: cur.Redelivered}
 	op := pop.Op{Kind: pop.Set, Key: k.QueueKey, Cursor: pop.NoCursor, Items: []pop.Item{it}}
 	if err := s.popCommit(ctx, []pop.Op{op}); err != nil {
 		return PopMessage{}, err
@@ -877,7 +935,8 @@ func (s *Store) PopForwardDLQ(ctx context.Context, group, topic, handle string) 
 	defer s.popLock(group)()
 	t := s.pop
 	t.Mu.Lock()
-	if _, gen, ok := t.Get(k); !ok || gen != h.Gen {
+	cur, ok := t.Item(k)
+	if !ok || cur.Gen != h.Gen {
 		t.Mu.Unlock()
 		return errHandleOver(k)
 	}
@@ -889,7 +948,7 @@ func (s *Store) PopForwardDLQ(ctx context.Context, group, topic, handle string) 
 	if s.group != nil {
 		t.Mu.Unlock() // the copy is indexed, and so applied, under it
 	}
-	err = s.appendCopy(ctx, DLQTopic(group), rec, group, rec.ReconsumeTimes)
+	err = s.appendCopy(ctx, DLQTopic(group), rec, group, rec.ReconsumeTimes+int32(min(cur.Redelivered, MaxPopAttempts)))
 	if s.group != nil {
 		t.Mu.Lock()
 	}

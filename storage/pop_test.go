@@ -561,3 +561,84 @@ func TestPopSurvivesRetention(t *testing.T) {
 		t.Fatalf("ack after retention and restart: %v %v", errs, err)
 	}
 }
+
+// TestPopFifo: a FIFO receive pops a queue only when the group has none
+// of its messages in flight, so nothing passes a message not yet
+// acknowledged; one not acknowledged in time comes back in place (same
+// queue offset, attempt + 1, new handle, nothing after it in the batch),
+// not through %RETRY%; past the max attempts it goes to %DLQ% and the
+// queue moves on. The deliveries in place survive a restart (version 2
+// records).
+func TestPopFifo(t *testing.T) {
+	clk := storagetest.NewClock(popEpoch)
+	dir := t.TempDir()
+	s := openPopTest(t, dir, clk, nil)
+	if _, err := s.CreateTopic("F", 1); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 6 {
+		if _, err := s.PutMessage(context.Background(), msg("F", fmt.Sprintf("m%d", i))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ctx := context.Background()
+	req := PopRequest{Group: "g", Topic: "F", MaxMessages: 2, Invisible: 10 * time.Second, MaxAttempts: 3, Fifo: true}
+	check := func(what string, got []PopMessage, want []string, attempt int32) {
+		t.Helper()
+		var b []string
+		for _, m := range got {
+			b = append(b, string(m.Record.Body))
+			if m.Attempt != attempt || m.Record.Topic != "F" {
+				t.Fatalf("%s: %s with attempt %d from %s, want attempt %d from F", what, m.Record.Body, m.Attempt, m.Record.Topic, attempt)
+			}
+		}
+		if !slices.Equal(b, want) {
+			t.Fatalf("%s: received %v, want %v", what, b, want)
+		}
+	}
+	ack := func(ms ...PopMessage) {
+		t.Helper()
+		for _, m := range ms {
+			if errs, err := s.PopAck(ctx, "g", "F", []string{m.Handle}); err != nil || errs[0] != nil {
+				t.Fatalf("ack %s: %v %v", m.Record.Body, errs, err)
+			}
+		}
+	}
+	first := mustPop(t, s, req)
+	check("first", first, []string{"m0", "m1"}, 1)
+	check("while both are in flight", mustPop(t, s, req), nil, 0)
+	ack(first[0])
+	check("while m1 is in flight", mustPop(t, s, req), nil, 0)
+	clk.Advance(10 * time.Second)
+	again := mustPop(t, s, req)
+	check("m1 due", again, []string{"m1"}, 2)
+	if errs, _ := s.PopAck(ctx, "g", "F", []string{first[1].Handle}); !errors.Is(errs[0], ErrInvalidHandle) {
+		t.Fatalf("m1's first handle after its redelivery: %v", errs[0])
+	}
+	ack(again[0])
+	next := mustPop(t, s, req)
+	check("after m1's ack", next, []string{"m2", "m3"}, 1)
+
+	// m2 and m3 are never acknowledged: delivered again in place, across
+	// a restart, until their third delivery is over.
+	clk.Advance(10 * time.Second)
+	check("m2, m3 due", mustPop(t, s, req), []string{"m2", "m3"}, 2)
+	s.Close()
+	s = openPopTest(t, dir, clk, nil)
+	clk.Advance(10 * time.Second)
+	check("m2, m3 due after a restart", mustPop(t, s, req), []string{"m2", "m3"}, 3)
+	clk.Advance(10 * time.Second)
+	check("m2, m3 dead-lettered", mustPop(t, s, req), []string{"m4", "m5"}, 1)
+	res, err := s.PullMessages(ctx, PullRequest{Topic: DLQTopic("g"), QueueID: 0, MaxMessages: 8})
+	if err != nil || len(res.Messages) != 2 {
+		t.Fatalf("%s: %d messages, %v", DLQTopic("g"), len(res.Messages), err)
+	}
+	for i, r := range res.Messages {
+		if string(r.Body) != fmt.Sprintf("m%d", i+2) || r.ReconsumeTimes != 2 {
+			t.Fatalf("%s holds %s with reconsume times %d, want m%d, 2", DLQTopic("g"), r.Body, r.ReconsumeTimes, i+2)
+		}
+	}
+	if _, err := s.Topic(RetryTopic("g")); !errors.Is(err, ErrTopicNotFound) {
+		t.Fatalf("a FIFO group used its retry topic: %v", err)
+	}
+}

@@ -91,6 +91,9 @@ type config struct {
 	// ConsumerMaxAttempts is a RocketMQ consumer group's POP delivery
 	// attempts when its client names none (server.WithConsumerMaxAttempts).
 	ConsumerMaxAttempts int
+	// FifoConsumerGroups are the RocketMQ consumer groups that consume in
+	// order (server.WithFifoConsumerGroups), comma separated.
+	FifoConsumerGroups string
 
 	// Idempotent puts (storage.Options.DedupWindow, DedupMaxMessages);
 	// DedupWindow 0 turns them off.
@@ -242,6 +245,9 @@ func parseConfig(args []string, lookupEnv func(string) (string, bool), stderr io
 	fs.IntVar(&cfg.ConsumerMaxAttempts, "consumer-max-attempts", cfg.ConsumerMaxAttempts,
 		"delivery `attempts` of a RocketMQ consumer group (POP: SimpleConsumer, PushConsumer) whose client names none; "+
 			"a message received that many times without an ack goes to %DLQ%<group> (1-1000)")
+	fs.StringVar(&cfg.FifoConsumerGroups, "fifo-consumer-groups", cfg.FifoConsumerGroups,
+		"comma-separated RocketMQ consumer `groups` that consume in order (RocketMQ's consumeMessageOrderly): a queue is not "+
+			"received from while the group has one of its messages in flight, and an unacked message is delivered again in place")
 	fs.DurationVar(&cfg.DedupWindow, "dedup-window", cfg.DedupWindow,
 		"how long a put carrying a UNIQ_KEY property is remembered: a retry of the key on the same topic within this `duration` "+
 			"gets the first put's answer and stores nothing; 0 turns deduplication off")
@@ -395,6 +401,14 @@ func (c *config) validate() error {
 	if c.MaxPullWait <= 0 {
 		errs = append(errs, fmt.Errorf("--max-pull-wait %v must be positive", c.MaxPullWait))
 	}
+	for _, g := range c.fifoGroups() {
+		if p := storage.GroupProblem(g); p != "" {
+			errs = append(errs, fmt.Errorf("--fifo-consumer-groups: %s", p))
+		}
+	}
+	if n := len(c.fifoGroups()); n > maxFifoGroups {
+		errs = append(errs, fmt.Errorf("--fifo-consumer-groups names %d groups, limit %d", n, maxFifoGroups))
+	}
 	if c.ConsumerMaxAttempts < 1 || c.ConsumerMaxAttempts > storage.MaxPopAttempts {
 		errs = append(errs, fmt.Errorf("--consumer-max-attempts %d out of range [1, %d]", c.ConsumerMaxAttempts, storage.MaxPopAttempts))
 	}
@@ -547,6 +561,7 @@ func (c *config) log(l zerolog.Logger) {
 		Str("max_pull_inflight_bytes", formatSize(c.MaxPullInflightBytes)).
 		Stringer("max_pull_wait", c.MaxPullWait).
 		Int("consumer_max_attempts", c.ConsumerMaxAttempts).
+		Str("fifo_consumer_groups", c.FifoConsumerGroups).
 		Stringer("dedup_window", c.DedupWindow).
 		Int("dedup_max_messages", c.DedupMaxMessages).
 		Uint64("raft_id", c.Replication.RaftID).
@@ -681,4 +696,19 @@ func (v *formatValue) Set(s string) error {
 		return nil
 	}
 	return fmt.Errorf("log format %q: want json or console", s)
+}
+
+// maxFifoGroups bounds --fifo-consumer-groups.
+const maxFifoGroups = 10000
+
+// fifoGroups is --fifo-consumer-groups split at commas (empty names
+// dropped).
+func (c *config) fifoGroups() []string {
+	var out []string
+	for _, g := range strings.Split(c.FifoConsumerGroups, ",") {
+		if g = strings.TrimSpace(g); g != "" {
+			out = append(out, g)
+		}
+	}
+	return out
 }

@@ -182,7 +182,7 @@ func serve(ctx context.Context, cfg config, logger zerolog.Logger) (err error) {
 	var store server.DeferredStore
 	svcOpts := []server.Option{server.WithMaxPullInflightBytes(cfg.MaxPullInflightBytes),
 		server.WithMaxMessageSize(int(cfg.MaxMessageSize)), server.WithMaxPullWait(cfg.MaxPullWait),
-		server.WithConsumerMaxAttempts(cfg.ConsumerMaxAttempts)}
+		server.WithConsumerMaxAttempts(cfg.ConsumerMaxAttempts), server.WithFifoConsumerGroups(cfg.fifoGroups())}
 	var group groupRuntime // group mode: the transport and the open store, for GetReplicaInfo and leader hints
 	if cfg.Replication.group() {
 		svcOpts = append(svcOpts, group.serverOption(cfg.Replication.RaftID))

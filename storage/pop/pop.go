@@ -57,6 +57,11 @@ type Item struct {
 	// each renewal gives a new one, and a receipt handle is good only
 	// for the generation it names.
 	Gen uint64
+	// Redelivered counts the deliveries of the message in place before
+	// this one (a FIFO group's redelivery: the message is not copied to
+	// the retry topic, which would let the next one of its queue pass
+	// it). Zero otherwise; a record holding none is written as version 1.
+	Redelivered uint32
 }
 
 // Kind is what an Op does.
@@ -110,7 +115,7 @@ type Table struct {
 
 	cursors  map[QueueKey]cursor
 	inflight map[Key]*entry
-	queued   map[QueueKey]int // messages in flight per queue (Progress)
+	queued   map[QueueKey]map[int64]*entry // messages in flight per queue (Progress, QueueInflight)
 	groups   map[string]*group
 	total    int
 	gen      uint64 // the last generation handed out
@@ -128,6 +133,7 @@ type entry struct {
 	key      Key
 	deadline int64
 	gen      uint64
+	redeliv  uint32
 	at       int64 // commitlog offset of the record that put it in flight
 	index    int   // in its group's heap
 }
@@ -138,7 +144,7 @@ type group struct {
 
 // New returns an empty table.
 func New(l Limits) *Table {
-	return &Table{limits: l, cursors: map[QueueKey]cursor{}, inflight: map[Key]*entry{}, queued: map[QueueKey]int{},
+	return &Table{limits: l, cursors: map[QueueKey]cursor{}, inflight: map[Key]*entry{}, queued: map[QueueKey]map[int64]*entry{},
 		groups: map[string]*group{}}
 }
 
@@ -197,6 +203,28 @@ func (t *Table) Get(k Key) (deadline int64, gen uint64, ok bool) {
 		return 0, 0, false
 	}
 	return e.deadline, e.gen, true
+}
+
+// Item returns the message k in flight as an Item (deadline, generation,
+// deliveries in place).
+func (t *Table) Item(k Key) (Item, bool) {
+	e := t.inflight[k]
+	if e == nil {
+		return Item{}, false
+	}
+	return Item{Offset: k.Offset, Deadline: e.deadline, Gen: e.gen, Redelivered: e.redeliv}, true
+}
+
+// QueueInflight returns the messages of queue k in flight, by offset:
+// O(the queue's messages in flight).
+func (t *Table) QueueInflight(k QueueKey) []Item {
+	q := t.queued[k]
+	out := make([]Item, 0, len(q))
+	for off, e := range q {
+		out = append(out, Item{Offset: off, Deadline: e.deadline, Gen: e.gen, Redelivered: e.redeliv})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Offset < out[j].Offset })
+	return out
 }
 
 // Due returns up to limit messages of group whose deadline is at or
@@ -261,11 +289,11 @@ func (t *Table) Apply(op Op, at int64) {
 			k := Key{QueueKey: op.Key, Offset: it.Offset}
 			t.gen = max(t.gen, it.Gen)
 			if e := t.inflight[k]; e != nil {
-				e.deadline, e.gen, e.at = it.Deadline, it.Gen, at
+				e.deadline, e.gen, e.at, e.redeliv = it.Deadline, it.Gen, at, it.Redelivered
 				heap.Fix(&t.groups[k.Group].due, e.index)
 				continue
 			}
-			e := &entry{key: k, deadline: it.Deadline, gen: it.Gen, at: at}
+			e := &entry{key: k, deadline: it.Deadline, gen: it.Gen, at: at, redeliv: it.Redelivered}
 			t.inflight[k] = e
 			g := t.groups[k.Group]
 			if g == nil {
@@ -273,7 +301,12 @@ func (t *Table) Apply(op Op, at int64) {
 				t.groups[k.Group] = g
 			}
 			heap.Push(&g.due, e)
-			t.queued[op.Key]++
+			q := t.queued[op.Key]
+			if q == nil {
+				q = map[int64]*entry{}
+				t.queued[op.Key] = q
+			}
+			q[k.Offset] = e
 			t.total++
 		}
 	case Drop:
@@ -290,8 +323,10 @@ func (t *Table) Apply(op Op, at int64) {
 			if len(g.due) == 0 {
 				delete(t.groups, k.Group)
 			}
-			if t.queued[op.Key]--; t.queued[op.Key] == 0 {
+			if q := t.queued[op.Key]; len(q) == 1 {
 				delete(t.queued, op.Key)
+			} else {
+				delete(q, k.Offset)
 			}
 			t.total--
 		}
@@ -306,7 +341,7 @@ func (t *Table) Apply(op Op, at int64) {
 // kept: none handed out before is handed out again.
 func (t *Table) Reset() {
 	t.cursors, t.inflight, t.groups, t.total = map[QueueKey]cursor{}, map[Key]*entry{}, map[string]*group{}, 0
-	t.queued = map[QueueKey]int{}
+	t.queued = map[QueueKey]map[int64]*entry{}
 	t.stats.Lock()
 	t.statN = 0
 	t.stats.Unlock()
@@ -337,7 +372,7 @@ func (t *Table) Below(end int64) []Op {
 	for k, e := range t.inflight {
 		if e.at < end {
 			op := get(k.QueueKey)
-			op.Items = append(op.Items, Item{Offset: k.Offset, Deadline: e.deadline, Gen: e.gen})
+			op.Items = append(op.Items, Item{Offset: k.Offset, Deadline: e.deadline, Gen: e.gen, Redelivered: e.redeliv})
 		}
 	}
 	keys := make([]QueueKey, 0, len(byQueue))
@@ -400,11 +435,11 @@ type QueueProgress struct {
 func (t *Table) Progress() []QueueProgress {
 	out := make([]QueueProgress, 0, len(t.cursors))
 	for k, c := range t.cursors {
-		out = append(out, QueueProgress{Key: k, Next: c.next, HasNext: true, Inflight: t.queued[k]})
+		out = append(out, QueueProgress{Key: k, Next: c.next, HasNext: true, Inflight: len(t.queued[k])})
 	}
-	for k, n := range t.queued {
+	for k, q := range t.queued {
 		if _, ok := t.cursors[k]; !ok {
-			out = append(out, QueueProgress{Key: k, Inflight: n})
+			out = append(out, QueueProgress{Key: k, Inflight: len(q)})
 		}
 	}
 	sort.Slice(out, func(i, j int) bool { return lessQueue(out[i].Key, out[j].Key) })
@@ -461,7 +496,7 @@ func (h *dueHeap) Pop() any {
 // Record body layout (big-endian), the wire format of pop records in the
 // commitlog: it must not change incompatibly.
 //
-//	u8  version (1)
+//	u8  version (1; 2 when an item was redelivered in place)
 //	u16 ops     at least 1, at most MaxOps
 //	ops × {
 //	    u8  kind (1 Set, 2 Drop)
@@ -470,12 +505,17 @@ func (h *dueHeap) Pop() any {
 //	    i32 queue
 //	    i64 cursor (NoCursor: unchanged; always NoCursor in a Drop)
 //	    u16 items, at most MaxItems
-//	    items × { i64 offset, i64 deadline (Unix ms), u64 generation }
+//	    items × { i64 offset, i64 deadline (Unix ms), u64 generation,
+//	              version 2 only: u32 deliveries in place before (Redelivered) }
 //	}
 //
-// Ops apply in order.
+// Ops apply in order. A record with no item redelivered in place is
+// written as version 1, byte for byte what versions before FIFO
+// consumption wrote; only a FIFO group's redelivery writes version 2,
+// which those versions refuse (Open reports the record as corrupt).
 const (
-	version = 1
+	version   = 1
+	versionV2 = 2
 	// MaxOps bounds one record's ops.
 	MaxOps = 256
 	// MaxItems bounds one op's items.
@@ -483,6 +523,7 @@ const (
 	// MaxNameLen bounds a group or topic name in a record (u8 length).
 	MaxNameLen = 255
 	itemLen    = 24
+	itemLenV2  = 28
 	opFixed    = 1 + 1 + 1 + 4 + 8 + 2
 )
 
@@ -491,18 +532,36 @@ var ErrDecode = errors.New("storage: malformed POP state record")
 
 // EncodedLen is the body length of a record holding ops.
 func EncodedLen(ops []Op) int {
-	n := 3
+	n, il := 3, itemLenOf(ops)
 	for _, op := range ops {
-		n += opFixed + len(op.Key.Group) + len(op.Key.Topic) + itemLen*len(op.Items)
+		n += opFixed + len(op.Key.Group) + len(op.Key.Topic) + il*len(op.Items)
 	}
 	return n
+}
+
+// itemLenOf is the item length of a record holding ops: version 2's when
+// an item was redelivered in place.
+func itemLenOf(ops []Op) int {
+	for _, op := range ops {
+		for _, it := range op.Items {
+			if it.Redelivered > 0 {
+				return itemLenV2
+			}
+		}
+	}
+	return itemLen
 }
 
 // Encode returns the body of a record holding ops (1 to MaxOps ops of at
 // most MaxItems items, names 1 to MaxNameLen bytes: the caller made them).
 func Encode(ops []Op) []byte {
 	b := make([]byte, 0, EncodedLen(ops))
-	b = append(b, version)
+	v2 := itemLenOf(ops) == itemLenV2
+	if v2 {
+		b = append(b, versionV2)
+	} else {
+		b = append(b, version)
+	}
 	b = binary.BigEndian.AppendUint16(b, uint16(len(ops)))
 	for _, op := range ops {
 		b = append(b, byte(op.Kind))
@@ -517,6 +576,9 @@ func Encode(ops []Op) []byte {
 			b = binary.BigEndian.AppendUint64(b, uint64(it.Offset))
 			b = binary.BigEndian.AppendUint64(b, uint64(it.Deadline))
 			b = binary.BigEndian.AppendUint64(b, it.Gen)
+			if v2 {
+				b = binary.BigEndian.AppendUint32(b, it.Redelivered)
+			}
 		}
 	}
 	return b
@@ -529,7 +591,12 @@ func Decode(b []byte) ([]Op, error) {
 	if len(b) < 3 {
 		return nil, fmt.Errorf("%w: %d bytes", ErrDecode, len(b))
 	}
-	if b[0] != version {
+	il := itemLen
+	switch b[0] {
+	case version:
+	case versionV2:
+		il = itemLenV2
+	default:
 		return nil, fmt.Errorf("%w: version %d", ErrDecode, b[0])
 	}
 	n := int(binary.BigEndian.Uint16(b[1:]))
@@ -564,7 +631,7 @@ func Decode(b []byte) ([]Op, error) {
 			return nil, fmt.Errorf("%w: op %d: queue %d", ErrDecode, i, q)
 		case cur < NoCursor || (kind == Drop && cur != NoCursor):
 			return nil, fmt.Errorf("%w: op %d: cursor %d", ErrDecode, i, cur)
-		case m > MaxItems || p+m*itemLen > len(b):
+		case m > MaxItems || p+m*il > len(b):
 			return nil, fmt.Errorf("%w: op %d: %d items", ErrDecode, i, m)
 		case kind == Set && m == 0 && cur == NoCursor, kind == Drop && m == 0:
 			return nil, fmt.Errorf("%w: op %d changes nothing", ErrDecode, i)
@@ -576,7 +643,10 @@ func Decode(b []byte) ([]Op, error) {
 				Deadline: int64(binary.BigEndian.Uint64(b[p+8:])),
 				Gen:      binary.BigEndian.Uint64(b[p+16:]),
 			}
-			p += itemLen
+			if il == itemLenV2 {
+				it.Redelivered = binary.BigEndian.Uint32(b[p+24:])
+			}
+			p += il
 			if it.Offset < 0 || it.Deadline < 0 || it.Gen == 0 {
 				return nil, fmt.Errorf("%w: op %d item %d: offset %d, deadline %d, generation %d", ErrDecode, i, j, it.Offset, it.Deadline, it.Gen)
 			}
@@ -586,6 +656,9 @@ func Decode(b []byte) ([]Op, error) {
 	}
 	if p != len(b) {
 		return nil, fmt.Errorf("%w: %d bytes after the ops", ErrDecode, len(b)-p)
+	}
+	if il == itemLenV2 && itemLenOf(out) != itemLenV2 {
+		return nil, fmt.Errorf("%w: version 2 without an item redelivered in place (Encode writes version 1)", ErrDecode)
 	}
 	return out, nil
 }

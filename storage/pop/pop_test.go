@@ -17,6 +17,9 @@ func TestCodecRoundTrip(t *testing.T) {
 		{{Kind: Set, Key: QueueKey{strings.Repeat("g", 255), "%RETRY%g", 1023}, Cursor: NoCursor,
 			Items: []Item{{Offset: 1<<62 + 5, Deadline: 1 << 50, Gen: 1<<64 - 1}}},
 			{Kind: Drop, Key: QueueKey{"g", "T", 7}, Cursor: NoCursor, Items: []Item{{Offset: 0, Gen: 2}, {Offset: 1, Gen: 3}}}},
+		// Version 2: an item redelivered in place (a FIFO group).
+		{{Kind: Set, Key: QueueKey{"g", "T", 0}, Cursor: NoCursor, Items: []Item{{Offset: 3, Deadline: 1000, Gen: 4, Redelivered: 2},
+			{Offset: 4, Deadline: 1000, Gen: 5}}}},
 	} {
 		b := Encode(ops)
 		if len(b) != EncodedLen(ops) {
@@ -48,6 +51,11 @@ func TestEncodeGolden(t *testing.T) {
 	if !bytes.Equal(got, want) {
 		t.Fatalf("Encode = %v, want %v", got, want)
 	}
+	got = Encode([]Op{{Kind: Drop, Key: QueueKey{"g", "T", 2}, Cursor: NoCursor, Items: []Item{{Offset: 258, Deadline: 0, Gen: 7, Redelivered: 3}}}})
+	want = append(append([]byte{2}, want[1:]...), 0, 0, 0, 3) // version 2: each item ends with its redeliveries
+	if !bytes.Equal(got, want) {
+		t.Fatalf("Encode v2 = %v, want %v", got, want)
+	}
 	// Computed independently (Python: struct.pack('>BBiqQ', 1, 1, 3, 258, 7),
 	// its CRC-32C, base64url without padding).
 	if h := EncodeHandle(Handle{Retry: true, Queue: 3, Offset: 258, Gen: 7}); h != "AQEAAAADAAAAAAAAAQIAAAAAAAAAB3FPRLI" {
@@ -63,22 +71,24 @@ func TestDecodeRefuses(t *testing.T) {
 		return b
 	}
 	for name, b := range map[string][]byte{
-		"empty":          nil,
-		"short":          {1, 0},
-		"version":        mut(0, 2),
-		"zero ops":       {1, 0, 0},
-		"too many ops":   append([]byte{1, 0, 2}, good[3:]...),
-		"kind":           mut(3, 9),
-		"empty group":    mut(4, 0),
-		"truncated":      good[:len(good)-1],
-		"trailing":       append(bytes.Clone(good), 0),
-		"negative queue": mut(8, 0x80),
-		"cursor":         mut(12, 0x80),
-		"items overflow": mut(21, 9),
-		"zero gen":       append(bytes.Clone(good[:len(good)-8]), 0, 0, 0, 0, 0, 0, 0, 0),
-		"drop no items":  Encode([]Op{{Kind: Drop, Key: QueueKey{"g", "T", 0}, Cursor: NoCursor}}),
-		"set nothing":    Encode([]Op{{Kind: Set, Key: QueueKey{"g", "T", 0}, Cursor: NoCursor}}),
-		"drop cursor":    Encode([]Op{{Kind: Drop, Key: QueueKey{"g", "T", 0}, Cursor: 3, Items: []Item{{Offset: 1, Gen: 1}}}}),
+		"empty":               nil,
+		"short":               {1, 0},
+		"version":             mut(0, 3),
+		"v1 item length":      mut(0, 2), // version 2 with 24-byte items
+		"v2 redelivered none": append(mut(0, 2), 0, 0, 0, 0),
+		"zero ops":            {1, 0, 0},
+		"too many ops":        append([]byte{1, 0, 2}, good[3:]...),
+		"kind":                mut(3, 9),
+		"empty group":         mut(4, 0),
+		"truncated":           good[:len(good)-1],
+		"trailing":            append(bytes.Clone(good), 0),
+		"negative queue":      mut(8, 0x80),
+		"cursor":              mut(12, 0x80),
+		"items overflow":      mut(21, 9),
+		"zero gen":            append(bytes.Clone(good[:len(good)-8]), 0, 0, 0, 0, 0, 0, 0, 0),
+		"drop no items":       Encode([]Op{{Kind: Drop, Key: QueueKey{"g", "T", 0}, Cursor: NoCursor}}),
+		"set nothing":         Encode([]Op{{Kind: Set, Key: QueueKey{"g", "T", 0}, Cursor: NoCursor}}),
+		"drop cursor":         Encode([]Op{{Kind: Drop, Key: QueueKey{"g", "T", 0}, Cursor: 3, Items: []Item{{Offset: 1, Gen: 1}}}}),
 	} {
 		if _, err := Decode(b); !errors.Is(err, ErrDecode) {
 			t.Errorf("%s: Decode(%v) = %v, want ErrDecode", name, b, err)
@@ -156,6 +166,7 @@ func FuzzDecode(f *testing.F) {
 	f.Add(Encode([]Op{{Kind: Set, Key: QueueKey{"g", "T", 0}, Cursor: 5, Items: []Item{{Offset: 3, Deadline: 1000, Gen: 1}}}}))
 	f.Add(Encode([]Op{{Kind: Drop, Key: QueueKey{"g", "T", 0}, Cursor: NoCursor, Items: []Item{{Offset: 3, Gen: 1}}}}))
 	f.Add([]byte{1, 0, 1})
+	f.Add(Encode([]Op{{Kind: Set, Key: QueueKey{"g", "T", 0}, Cursor: NoCursor, Items: []Item{{Offset: 3, Deadline: 1000, Gen: 1, Redelivered: 1}}}}))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		ops, err := Decode(b)
 		if err != nil {
@@ -179,7 +190,7 @@ func TestTable(t *testing.T) {
 		t.Fatalf("room %d", tb.Room("g"))
 	}
 	g1, g2, g3 := tb.NextGen(), tb.NextGen(), tb.NextGen()
-	tb.Apply(Op{Kind: Set, Key: k, Cursor: 3, Items: []Item{{0, 300, g1}, {1, 100, g2}, {2, 200, g3}}}, 10)
+	tb.Apply(Op{Kind: Set, Key: k, Cursor: 3, Items: []Item{{0, 300, g1, 0}, {1, 100, g2, 0}, {2, 200, g3, 0}}}, 10)
 	if c, ok := tb.Cursor(k); !ok || c != 3 {
 		t.Fatalf("cursor %d %v", c, ok)
 	}
@@ -198,7 +209,7 @@ func TestTable(t *testing.T) {
 	}
 	// A renewal replaces the generation and deadline.
 	g4 := tb.NextGen()
-	tb.Apply(Op{Kind: Set, Key: k, Cursor: NoCursor, Items: []Item{{1, 500, g4}}}, 20)
+	tb.Apply(Op{Kind: Set, Key: k, Cursor: NoCursor, Items: []Item{{1, 500, g4, 0}}}, 20)
 	if d, g, ok := tb.Get(Key{k, 1}); !ok || d != 500 || g != g4 {
 		t.Fatalf("renewed: %d %d %v", d, g, ok)
 	}
