@@ -395,10 +395,17 @@
 //     recovers the commitlog (damage below it is corruption, never a torn
 //     tail), opens the raft log (which reconciles its index), rebuilds the
 //     consume queues to the commit end and restarts raft with Applied =
-//     the commit index (not a checkpoint field: the queues are rebuilt to
-//     exactly that index). The checkpoint's flushed offset is the commit
-//     end (at most raftlog.DurableEnd): never truncated, unlike the
-//     durable but uncommitted suffix a new leader may cut. Past the commit
+//     the commit index (the queues are rebuilt to exactly that index).
+//     The checkpoint's flushed offset is the commit end (at most
+//     raftlog.DurableEnd): never truncated, unlike the durable but
+//     uncommitted suffix a new leader may cut. The checkpoint also records
+//     the raft point it reflects (§3.6, consumequeue.RaftPoint: applied
+//     index and term, commit end, log end; dispatched ≤ commit end), and
+//     Open refuses, as a *CorruptionError, a raft log that no longer holds
+//     that applied index or holds another term there (a raft directory
+//     restored from elsewhere, or one that lost entries this member
+//     applied: its queues and state were built from entries the log
+//     lacks). Past the commit
 //     end a replica may have acknowledged entries too, so there the
 //     commitlog is recovered with commitlog.RecoverGroup: a bad record a
 //     raft unit vouches for (raftlog.SyncedData) is cut only when torn (an

@@ -312,6 +312,10 @@ func (s *Store) openGroupLog(cp consumequeue.Checkpoint) error {
 		rl.Close()
 		return err
 	}
+	if err := checkCheckpointRaft(rl, cp); err != nil {
+		rl.Close()
+		return err
+	}
 	s.group = &groupState{opts: *g, rlog: rl, advanced: make(chan struct{})}
 	s.group.commitEnd.Store(ce)
 	// The topic commands committed after the table on disk, before the
@@ -324,6 +328,69 @@ func (s *Store) openGroupLog(cp consumequeue.Checkpoint) error {
 		rl.Close()
 		s.group = nil
 		return err
+	}
+	return nil
+}
+
+// raftPoint is the raft state the checkpoint records (design §3.6):
+// the applied index, its term and commit end, read together, and the
+// raft log's durable data end; ok is false standalone or before the raft
+// node runs.
+func (s *Store) raftPoint() (consumequeue.RaftPoint, bool) {
+	g := s.group
+	if g == nil || g.node == nil {
+		return consumequeue.RaftPoint{}, false
+	}
+	info := g.node.Info()
+	if info.Applied == 0 {
+		return consumequeue.RaftPoint{}, false
+	}
+	term, err := g.rlog.Term(info.Applied)
+	if err != nil {
+		return consumequeue.RaftPoint{}, false // compacted meanwhile: record none this time
+	}
+	return consumequeue.RaftPoint{RaftApplied: info.Applied, RaftAppliedTerm: term, CommitEnd: info.CommitEnd,
+		LogEnd: g.rlog.DurableEnd()}, true
+}
+
+// checkCheckpointRaft checks the checkpoint's raft point against the raft
+// log recovered at Open: the log must still hold the applied index the
+// checkpoint records (entries applied were synced first, so a log that
+// ends below it lost acknowledged entries, or is another member's), with
+// the same term where the log still has it (a compacted index cannot be
+// checked). Either failure is a *CorruptionError: starting would serve
+// consume queues and state built from entries the raft log does not
+// hold. A checkpoint without a raft point (standalone before, or an
+// older version) is not checked.
+func checkCheckpointRaft(rl *raftlog.Log, cp consumequeue.Checkpoint) error {
+	p := cp.RaftPoint
+	if p.RaftApplied == 0 {
+		return nil
+	}
+	last, err := rl.LastIndex()
+	if err != nil {
+		return err
+	}
+	if last < p.RaftApplied {
+		return &CorruptionError{File: consumequeue.CheckpointName, Reason: fmt.Sprintf(
+			"the checkpoint records raft index %d applied, the raft log ends at %d: the raft directory lost entries this member applied (restore it, or repair the member from a peer)",
+			p.RaftApplied, last)}
+	}
+	first, err := rl.FirstIndex()
+	if err != nil {
+		return err
+	}
+	if p.RaftApplied+1 < first {
+		return nil // compacted past it
+	}
+	term, err := rl.Term(p.RaftApplied)
+	if err != nil {
+		return err
+	}
+	if term != p.RaftAppliedTerm {
+		return &CorruptionError{File: consumequeue.CheckpointName, Reason: fmt.Sprintf(
+			"the checkpoint records raft index %d applied in term %d, the raft log holds term %d there: the raft directory is not the log this data dir applied",
+			p.RaftApplied, p.RaftAppliedTerm, term)}
 	}
 	return nil
 }

@@ -2,10 +2,14 @@ package storage
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
 	"testing"
 	"time"
+
+	"github.com/storaged/storaged/storage/consumequeue"
+	"github.com/storaged/storaged/storage/vfs"
 )
 
 // TestGroupSnapshotCarriesDeliveryProgress (design §3.5: a failover may
@@ -109,5 +113,76 @@ func TestGroupSnapshotCarriesDeliveryProgress(t *testing.T) {
 				t.Fatalf("%s-%d delivered %d times (its delivery was in the progress the snapshot carried): %v", k, i, n, got)
 			}
 		}
+	}
+}
+
+// TestGroupCheckpointRaftPoint (design §3.6): a member's checkpoint
+// records its applied raft index and term, the commit end and the raft
+// log's durable end, with dispatched ≤ commit end; Open checks them
+// against the raft log and refuses, as damage, a checkpoint whose applied
+// index the log no longer holds or holds in another term (a raft
+// directory that lost entries or belongs to another log), and starts on
+// the checkpoint it wrote. ReadCheckpoint refuses a point with
+// dispatched past the commit end.
+func TestGroupCheckpointRaftPoint(t *testing.T) {
+	g := newTestGroup(t, time.Minute)
+	g.elect(1)
+	for i := range 10 {
+		if res, err := g.put(1, fmt.Sprintf("m-%d", i)); err != nil || res.Status != PutOK {
+			t.Fatalf("put %d: %v %v", i, res.Status, err)
+		}
+	}
+	end := g.converge(1, g.ids...)
+	s := g.m[2].s
+	if err := s.index.Checkpoint(); err != nil {
+		t.Fatal(err)
+	}
+	dir := g.m[2].opts.Dir
+	cp, ok, err := consumequeue.ReadCheckpoint(vfs.Default, dir)
+	if err != nil || !ok {
+		t.Fatalf("read the checkpoint: %v %v", ok, err)
+	}
+	info := s.ReplicaInfo()
+	term, err := s.group.rlog.Term(cp.RaftApplied)
+	if err != nil || cp.RaftApplied == 0 || cp.RaftApplied > info.Applied || cp.RaftAppliedTerm != term ||
+		cp.CommitEnd != end || cp.Dispatched > cp.CommitEnd || cp.LogEnd < cp.CommitEnd {
+		t.Fatalf("checkpoint raft point %+v (dispatched %d); member 2 applied %d, term there %d (%v), commit end %d",
+			cp.RaftPoint, cp.Dispatched, info.Applied, term, err, end)
+	}
+	g.closeMember(2)
+	good := cp
+	for name, mod := range map[string]func(c *consumequeue.Checkpoint){
+		"lost entries": func(c *consumequeue.Checkpoint) { c.RaftApplied += 1000 },
+		"another term": func(c *consumequeue.Checkpoint) { c.RaftAppliedTerm++ },
+	} {
+		c := good
+		mod(&c)
+		if err := consumequeue.WriteCheckpoint(vfs.Default, dir, c); err != nil {
+			t.Fatal(err)
+		}
+		var cerr *CorruptionError
+		if st, err := Open(g.m[2].opts); !errors.As(err, &cerr) {
+			if st != nil {
+				st.Close()
+			}
+			t.Fatalf("%s: Open %v, want a *CorruptionError", name, err)
+		}
+	}
+	bad := good
+	bad.CommitEnd = bad.Dispatched - 1
+	if err := consumequeue.WriteCheckpoint(vfs.Default, dir, bad); err != nil {
+		t.Fatal(err)
+	}
+	var cperr *CheckpointError
+	if _, _, err := consumequeue.ReadCheckpoint(vfs.Default, dir); !errors.As(err, &cperr) {
+		t.Fatalf("a checkpoint with dispatched past the commit end: %v", err)
+	}
+	if err := consumequeue.WriteCheckpoint(vfs.Default, dir, good); err != nil {
+		t.Fatal(err)
+	}
+	g.open(2)
+	g.converge(1, g.ids...)
+	if _, max, err := g.m[2].s.QueueInfo("T", 0); err != nil || max != 10 {
+		t.Fatalf("member 2 after the restart: T/0 up to %d (%v)", max, err)
 	}
 }

@@ -187,6 +187,7 @@ func Open(opts Options) (*Store, error) {
 		CheckpointInterval: opts.CheckpointInterval, RequireCRC: !opts.DisablePropCRC, AwaitTimeout: opts.SyncFlushTimeout,
 		Watermark: s.visibleEnd, Tombstones: s.topics.tombstones, Delay: s.delayOf, LastStoreTime: s.lastStoreTime,
 		Fail: s.fail, Faults: s.faults, Clock: opts.Clock, Logger: opts.Logger, Apply: s.systemApplier,
+		Raft: s.raftPoint,
 	})
 	if err := s.rebuildQueues(cp); err != nil {
 		s.cleanup()

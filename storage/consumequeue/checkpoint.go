@@ -32,12 +32,30 @@ import (
 // On disk it is one line of JSON followed by a line with its CRC-32C,
 // replaced atomically (write temp, fsync, rename, fsync dir), so it is
 // either the old or the new one, never torn.
+//
+// A replication group member's checkpoint also records its raft state
+// (design replication.md §3.6, RaftPoint): the applied index and its term,
+// the commit end (the commitlog offset past the last applied DATA entry)
+// and the log end (past the last durable one), with Dispatched ≤
+// CommitEnd. Recovery checks them against the raft log (a raft directory
+// that lost applied entries, or holds another log, is refused), and they
+// say what the consume queues and the store's applied state reflect.
 type Checkpoint struct {
 	Version    int              `json:"version"`
 	Flushed    int64            `json:"flushed"`
 	Dispatched int64            `json:"dispatched"`
 	StoreTime  int64            `json:"store_time_ms"`
 	Queues     map[string]int64 `json:"queues"`
+	RaftPoint
+}
+
+// RaftPoint is a group member's raft state as a checkpoint records it
+// (all zero standalone).
+type RaftPoint struct {
+	RaftApplied     uint64 `json:"raft_applied_index,omitempty"`
+	RaftAppliedTerm uint64 `json:"raft_applied_term,omitempty"`
+	CommitEnd       int64  `json:"commit_end,omitempty"`
+	LogEnd          int64  `json:"log_end,omitempty"`
 }
 
 // CheckpointName is the checkpoint's file, in the data dir.
@@ -104,6 +122,10 @@ func ReadCheckpoint(fs vfs.FS, dir string) (Checkpoint, bool, error) {
 	}
 	if c.Dispatched > c.Flushed || c.Flushed < 0 || c.Dispatched < 0 {
 		return bad("offsets dispatched %d, flushed %d", c.Dispatched, c.Flushed)
+	}
+	if r := c.RaftPoint; r != (RaftPoint{}) && ((r.RaftApplied == 0) != (r.RaftAppliedTerm == 0) || r.CommitEnd < c.Dispatched || r.LogEnd < 0) {
+		return bad("raft applied index %d of term %d, commit end %d, log end %d, dispatched %d (want dispatched ≤ commit end)",
+			r.RaftApplied, r.RaftAppliedTerm, r.CommitEnd, r.LogEnd, c.Dispatched)
 	}
 	return c, true, nil
 }

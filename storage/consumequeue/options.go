@@ -69,6 +69,10 @@ type Options struct {
 	// LastStoreTime is the newest store time stamped (the checkpoint
 	// records it).
 	LastStoreTime func() int64
+	// Raft, if set (a replication group member), is the raft state the
+	// checkpoint records beside its offsets (Checkpoint.RaftApplied and
+	// the rest); ok false records none this time (no raft node yet).
+	Raft func() (p RaftPoint, ok bool)
 	// Fail makes the store read-only: called for damage in the commitlog
 	// (no retry can help) and a failed commitlog sync.
 	Fail   func(error)
