@@ -41,6 +41,7 @@ type StoreCollector struct {
 	timerPending, timerNotRead, timerLag   *prometheus.Desc
 	timerDelivered, timerRecalled          *prometheus.Desc
 	timerSkipped, timerRefused             *prometheus.Desc
+	txnPending, txnEnded, txnChecked       *prometheus.Desc
 
 	retDeletedFiles, retDeletedBytes, retTrimmedFiles *prometheus.Desc
 
@@ -121,6 +122,13 @@ func NewStoreCollector(src StatsSource, opts ...CollectorOption) *StoreCollector
 		timerRefused: d("storaged_timer_refused_total",
 			"Timer deliveries the store refused for a passing reason (not writable, busy); they are retried."),
 
+		txnPending: d("storaged_transaction_pending_messages",
+			"Transactional half messages not yet committed or rolled back (at most --max-pending-transactions)."),
+		txnEnded: d("storaged_transaction_ended_total",
+			"Half messages this process ended since it opened, by resolution: commit, rollback, discard (rolled back after the last check).", "resolution"),
+		txnChecked: d("storaged_transaction_checks_total",
+			"Transaction checks this process made since it opened (a RecoverOrphanedTransactionCommand to a producer of the topic, if one is connected)."),
+
 		retDeletedFiles: d("storaged_retention_deleted_files_total", "Expired commitlog files deleted by retention since the store opened."),
 		retDeletedBytes: d("storaged_retention_deleted_bytes_total", "Bytes of the commitlog files deleted by retention since the store opened."),
 		retTrimmedFiles: d("storaged_retention_trimmed_queue_files_total", "Consume-queue files deleted by retention since the store opened."),
@@ -163,6 +171,7 @@ func (c *StoreCollector) Describe(ch chan<- *prometheus.Desc) {
 		c.writeFaults, c.writeFaulting,
 		c.schedPending, c.schedLag, c.schedDelivered, c.schedSkipped, c.schedRefused,
 		c.timerPending, c.timerNotRead, c.timerLag, c.timerDelivered, c.timerRecalled, c.timerSkipped, c.timerRefused,
+		c.txnPending, c.txnEnded, c.txnChecked,
 		c.retDeletedFiles, c.retDeletedBytes, c.retTrimmedFiles,
 		c.diskSize, c.diskAvail, c.diskUsed, c.diskUsedPercent, c.diskFull,
 		c.dedupKeys, c.dedupMessages, c.dedupHits, c.dedupEvicted, c.dedupOldest,
@@ -228,6 +237,12 @@ func (c *StoreCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(c.timerRecalled, prometheus.CounterValue, float64(tm.Recalled))
 	ch <- prometheus.MustNewConstMetric(c.timerSkipped, prometheus.CounterValue, float64(tm.Skipped))
 	ch <- prometheus.MustNewConstMetric(c.timerRefused, prometheus.CounterValue, float64(tm.Refused))
+	tx := st.Transactions
+	ch <- prometheus.MustNewConstMetric(c.txnPending, prometheus.GaugeValue, float64(tx.Pending))
+	ch <- prometheus.MustNewConstMetric(c.txnEnded, prometheus.CounterValue, float64(tx.Committed), "commit")
+	ch <- prometheus.MustNewConstMetric(c.txnEnded, prometheus.CounterValue, float64(tx.RolledBack), "rollback")
+	ch <- prometheus.MustNewConstMetric(c.txnEnded, prometheus.CounterValue, float64(tx.Discarded), "discard")
+	ch <- prometheus.MustNewConstMetric(c.txnChecked, prometheus.CounterValue, float64(tx.Checked))
 
 	ch <- prometheus.MustNewConstMetric(c.retDeletedFiles, prometheus.CounterValue, float64(st.Retention.DeletedFiles))
 	ch <- prometheus.MustNewConstMetric(c.retDeletedBytes, prometheus.CounterValue, float64(st.Retention.DeletedBytes))

@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	rocketmqv2 "github.com/storaged/storaged/gen/apache/rocketmq/v2"
@@ -178,5 +179,35 @@ func TestRocketMQTransactionCheck(t *testing.T) {
 	}
 	if got, err := other.Recv(); err != nil || got.GetSettings() == nil {
 		t.Fatalf("the other producer got %v %v", got, err)
+	}
+}
+
+// TestTransactionMetrics: the transaction gauge and counters on /metrics
+// follow a send, a commit and a rollback.
+func TestTransactionMetrics(t *testing.T) {
+	e := rmqServer(t, nil)
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(NewStoreCollector(e.store))
+	base := serveMetrics(t, reg)
+	a := e.send(t, txnMsg("Orders", "a")).GetEntries()[0].GetTransactionId()
+	b := e.send(t, txnMsg("Orders", "b")).GetEntries()[0].GetTransactionId()
+	e.send(t, txnMsg("Orders", "c"))
+	wantCode(t, "commit", e.end(t, "Orders", a, rocketmqv2.TransactionResolution_COMMIT), rocketmqv2.Code_OK)
+	wantCode(t, "rollback", e.end(t, "Orders", b, rocketmqv2.TransactionResolution_ROLLBACK), rocketmqv2.Code_OK)
+	mfs := scrape(t, base)
+	for _, c := range []struct {
+		name   string
+		labels []string
+		want   float64
+	}{
+		{"storaged_transaction_pending_messages", nil, 1},
+		{"storaged_transaction_ended_total", []string{"resolution", "commit"}, 1},
+		{"storaged_transaction_ended_total", []string{"resolution", "rollback"}, 1},
+		{"storaged_transaction_ended_total", []string{"resolution", "discard"}, 0},
+		{"storaged_transaction_checks_total", nil, 0},
+	} {
+		if got := value(mfs, c.name, c.labels...); got != c.want {
+			t.Errorf("%s%v = %v, want %v", c.name, c.labels, got, c.want)
+		}
 	}
 }

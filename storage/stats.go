@@ -99,6 +99,9 @@ type Stats struct {
 	// Timers describes the timer store: pending timer messages, the
 	// index's bound, lag, deliveries and recalls.
 	Timers TimerStats
+	// Transactions describes transactional half messages
+	// (transactions.go).
+	Transactions TransactionStats
 	// Retention counts what retention deleted; Disk is the data dir's file
 	// system at the last check (Disk.Full: puts refused).
 	Retention RetentionStats
@@ -144,6 +147,7 @@ func (s *Store) Stats() Stats {
 	st.Faults = s.faults.Stats()
 	st.Schedule = s.sched.Stats()
 	st.Timers = s.timers.Stats()
+	st.Transactions = s.transactionStats()
 	st.Retention, st.Disk = s.ret.Stats()
 	st.Dedup = s.dedupStats()
 	if gc, ok := s.flusher.(*flush.GroupCommit); ok {

@@ -113,6 +113,21 @@ type TransactionChecker interface {
 	CheckTransaction(c TransactionCheck)
 }
 
+// TransactionStats describe transactional half messages: Pending is the
+// table's count (the same on every member of a group); the counters are
+// this process's, where it ran ends and checks, since it opened.
+type TransactionStats struct {
+	Pending                                   int
+	Committed, RolledBack, Checked, Discarded uint64
+}
+
+// transactionStats is Stats' Transactions.
+func (s *Store) transactionStats() TransactionStats {
+	c := &s.txnSvc.counts
+	return TransactionStats{Pending: s.PendingTransactions(), Committed: c.committed.Load(), RolledBack: c.rolledBack.Load(),
+		Checked: c.checked.Load(), Discarded: c.discarded.Load()}
+}
+
 // TransactionResult is the outcome of EndTransaction.
 type TransactionResult struct {
 	// Op is the put result of the op record (zero when Repeated).
@@ -136,6 +151,7 @@ type txnService struct {
 	rebuilt   atomic.Uint64           // table rebuilds (openTxn)
 
 	checker atomic.Pointer[TransactionChecker]
+	counts  struct{ committed, rolledBack, checked, discarded atomic.Uint64 }
 	// afterRealPut, if set, runs between a commit's message put and its
 	// op record; an error ends the commit there (tests: a crash between).
 	afterRealPut func() error
@@ -410,6 +426,13 @@ func (s *Store) endHalf(ctx context.Context, h txn.Half, commit, written bool) (
 	}
 	var err error
 	out.Op, err = s.putTxnOp(ctx, txn.Op{Kind: kind, Offsets: []int64{h.Offset}})
+	if err == nil {
+		if commit {
+			s.txnSvc.counts.committed.Add(1)
+		} else {
+			s.txnSvc.counts.rolledBack.Add(1)
+		}
+	}
 	return out, err
 }
 
@@ -651,6 +674,7 @@ func (s *Store) txnRound() (next time.Time, idle bool) {
 			s.logLimit.Event("txn check", s.opts.Logger.Warn()).Err(err).Msg("storage: transactions: check record not written; no checks sent")
 			break
 		}
+		s.txnSvc.counts.checked.Add(uint64(len(batch)))
 		c := s.txnSvc.checker.Load()
 		for _, h := range batch {
 			nextMS = min(nextMS, nowMS+interval)
@@ -681,8 +705,11 @@ func (s *Store) txnEndBatch(ctx context.Context, kind txn.Kind, halves []txn.Hal
 		if _, err := s.putTxnOp(ctx, op); err != nil {
 			s.logLimit.Event("txn end", s.opts.Logger.Warn()).Err(err).Str("kind", kind.String()).Msg("storage: transactions: op record not written; retried next round")
 		} else if kind == txn.Discard {
+			s.txnSvc.counts.discarded.Add(uint64(len(batch)))
 			s.opts.Logger.Warn().Int("halves", len(batch)).Int("checks", s.opts.TransactionCheckMax).
 				Msg("storage: transactions: half messages discarded (rolled back) after their last check")
+		} else {
+			s.txnSvc.counts.committed.Add(uint64(len(batch)))
 		}
 		svc.mu.Lock()
 		for _, h := range batch {

@@ -177,6 +177,9 @@ func TestTransactionCommitRollback(t *testing.T) {
 			}
 		}
 		checkB("live")
+		if st := s.Stats().Transactions; st != (TransactionStats{Committed: 1, RolledBack: 1}) {
+			t.Fatalf("stats %+v, want one commit and one rollback, nothing pending", st)
+		}
 		if err := s.Close(); err != nil {
 			t.Fatal(err)
 		}
@@ -315,6 +318,11 @@ func TestTransactionChecks(t *testing.T) {
 		counts("past the immunity", 2, 1)
 		if got := realBodies(t, s, "T", 0); len(got) != 1 || got[0] != "ended" {
 			t.Fatalf("T/0 holds %v, want [ended]", got)
+		}
+		// This process (since the crash): a's second check and discard,
+		// late's first check.
+		if st := s.Stats().Transactions; st != (TransactionStats{Pending: 1, Checked: 2, Discarded: 1}) {
+			t.Fatalf("stats %+v", st)
 		}
 	})
 }
