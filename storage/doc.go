@@ -491,8 +491,9 @@
 // one before it delivers or answers a recall; recall records are
 // replicated like any put.
 // config/delayOffset.json stays as a local cache the leader no longer
-// trusts; retention's undelivered-delay protection still reads it (on a
-// follower it lags, so it protects more). A group that delivered before
+// trusts; retention's undelivered-delay protection reads the replicated
+// progress on every replica (hosts.go schedProtectedFrom; a follower's own
+// cache never moves, and would keep every delayed message's file). A group that delivered before
 // this (no command in its log) redelivers its schedule queues once.
 //
 // Consumer offsets are replicated as system records (below): a commit is

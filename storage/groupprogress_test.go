@@ -186,3 +186,49 @@ func TestGroupCheckpointRaftPoint(t *testing.T) {
 		t.Fatalf("member 2 after the restart: T/0 up to %d (%v)", max, err)
 	}
 }
+
+// TestGroupCompactionKeepsDeliveryProgress: retention compacts a member's
+// raft log past the delay and timer progress commands (their entries lie
+// in the files it deletes); the progress is written to
+// config/groupProgress.json first, so the member restarts with it
+// although its raft log no longer holds the commands (without the file
+// it would restart with none, and repeat those deliveries when it leads).
+func TestGroupCompactionKeepsDeliveryProgress(t *testing.T) {
+	var delayIdx, timerIdx uint64
+	b := newBehindGroupSteps(t, nil, func(b *behindGroup, i int) {
+		if i != 5 {
+			return
+		}
+		g := b.testGroup
+		for j := range 4 {
+			for _, p := range []Property{{Key: PropertyDelayLevel, Value: "1"}, {Key: PropertyTimerDelayMS, Value: "500"}} {
+				m := &Message{Topic: "D", Body: []byte(fmt.Sprintf("%s-%d", p.Key, j)), BornTimestamp: 1, BornHost: DefaultStoreHost,
+					Properties: []Property{p}}
+				if res, err := g.m[1].s.PutMessage(context.Background(), m); err != nil || res.Status != PutOK {
+					t.Fatalf("put: %v %v", res.Status, err)
+				}
+			}
+		}
+		b.clock.Advance(2 * time.Second)
+		g.poll("the deliveries' progress applied on member 2", func() bool {
+			p, di := g.m[2].s.DelayProgress()
+			tp, ti := g.m[2].s.TimerProgress()
+			delayIdx, timerIdx = di, ti
+			return p[1] == 4 && di > 0 && tp.Low >= 4 && ti > 0
+		}, 1, 2, 3)
+	})
+	g := b.testGroup
+	first, _ := g.m[2].s.group.rlog.FirstIndex()
+	if first <= max(delayIdx, timerIdx) {
+		t.Fatalf("member 2's raft log starts at %d: not compacted past the progress commands at %d and %d", first, delayIdx, timerIdx)
+	}
+	g.closeMember(2)
+	g.open(2)
+	s := g.m[2].s
+	if p, idx := s.DelayProgress(); p[1] != 4 || idx < delayIdx {
+		t.Fatalf("member 2 restarted with delay progress %v (index %d), want level 1 at 4 (index %d)", p, idx, delayIdx)
+	}
+	if tp, idx := s.TimerProgress(); tp.Low < 4 || idx < timerIdx {
+		t.Fatalf("member 2 restarted with timer progress %+v (index %d), want low ≥ 4 (index %d)", tp, idx, timerIdx)
+	}
+}

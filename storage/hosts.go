@@ -92,7 +92,7 @@ func (h *retentionHost) DeletableEnd(want int64) (int64, error) {
 	limit = min(limit, s.rewritePop(min(want, limit))) // POP state likewise (pop.go)
 	limit = min(limit, s.txnProtectedFrom())           // pending half messages (transactions.go)
 	if s.sched != nil && s.Role() == RoleMaster {
-		limit = min(limit, s.sched.ProtectedFrom(), s.timerProtectedFrom())
+		limit = min(limit, s.schedProtectedFrom(), s.timerProtectedFrom())
 	}
 	if s.group != nil {
 		if s.group.pins.Load() > 0 {
@@ -151,4 +151,17 @@ func (s *Store) groupKeepFrom() int64 {
 		}
 	}
 	return max(need, ce-g.opts.CatchUpWindow)
+}
+
+// schedProtectedFrom is where retention must stop for the delay
+// scheduler: the oldest schedule-topic record whose delivery the
+// persisted progress does not cover; in a group, the replicated progress,
+// on every replica (any may lead next and resume from it; a follower's
+// own scheduler never delivers, so its persisted progress would keep the
+// files of every delayed message forever).
+func (s *Store) schedProtectedFrom() int64 {
+	if p, ok := s.groupDelayProgress(); ok {
+		return s.sched.ProtectedFromProgress(func(level int) int64 { return p[level] })
+	}
+	return s.sched.ProtectedFrom()
 }

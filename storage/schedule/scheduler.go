@@ -665,6 +665,25 @@ func (sc *Scheduler) ProtectedFrom() int64 {
 	return from
 }
 
+// ProtectedFromProgress is ProtectedFrom by another progress than the
+// persisted one: next(level) is the next queue offset of level's schedule
+// queue (1-based) whose delivery is not known done; a replication group
+// protects by its replicated progress, which any member resumes from
+// when it leads.
+func (sc *Scheduler) ProtectedFromProgress(next func(level int) int64) int64 {
+	from := int64(math.MaxInt64)
+	for qid := range sc.levels {
+		q := sc.host.Queue(record.ScheduleTopic, int32(qid))
+		if q == nil {
+			continue
+		}
+		if phys, _, _, ok := q.Get(max(next(qid+1), q.Min())); ok {
+			from = min(from, phys)
+		}
+	}
+	return from
+}
+
 // Stats describes the scheduler.
 func (sc *Scheduler) Stats() Stats {
 	st := Stats{Levels: make([]LevelStats, sc.levels), Skipped: sc.skipped.Load(), Refused: sc.refused.Load()}
