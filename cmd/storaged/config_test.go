@@ -51,7 +51,8 @@ func TestConfigDefaults(t *testing.T) {
 		ConsumerMaxAttempts:    17,
 		DedupWindow:            10 * time.Minute,
 		DedupMaxMessages:       1 << 18,
-		Replication:            replicationConfig{ReplicationTimeout: 5 * time.Second, CatchUpWindow: sizeValue(storage.DefaultCatchUpWindow)},
+		Replication: replicationConfig{ReplicationTimeout: 5 * time.Second, CatchUpWindow: sizeValue(storage.DefaultCatchUpWindow),
+			RaftTick: 100 * time.Millisecond, ElectionTimeout: time.Second, GroupName: "default"},
 	}
 	if !reflect.DeepEqual(cfg, want) {
 		t.Errorf("defaults\n got %+v\nwant %+v", cfg, want)
