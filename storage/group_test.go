@@ -928,9 +928,13 @@ func TestGroupDelayProgressReplicated(t *testing.T) {
 	// Delivered (1 s later), its progress committed and applied on every
 	// replica. Every member is ticked: a leader that steps down under load
 	// is replaced (a follower never ticked would refuse every vote).
+	// A member applies the progress command in its raft loop, and indexes
+	// the delivered messages (commitlog records before it) in its
+	// dispatcher, which may lag: wait for both before reading the queue.
 	g.poll("the first batch delivered and its progress replicated", func() bool {
 		for _, id := range g.ids {
-			if p, idx := g.m[id].s.DelayProgress(); p[1] != 10 || idx == 0 {
+			s := g.m[id].s
+			if p, idx := s.DelayProgress(); p[1] != 10 || idx == 0 || s.index.Dispatched() < s.ReplicaInfo().CommitEnd {
 				return false
 			}
 		}
