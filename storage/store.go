@@ -630,13 +630,10 @@ func (s *Store) stampBatch(topic string, queueID, sysFlag int32, specs []record.
 }
 
 // storeTopic reports whether the store itself writes topic (queue 0),
-// which is not in the topic table.
+// which is not in the topic table: its hidden state topics and the
+// delay-level and timer topics.
 func storeTopic(topic string) bool {
-	switch topic {
-	case ScheduleTopic, OffsetTopic, PopTopic, TimerTopic, TransHalfTopic, TransOpTopic:
-		return true
-	}
-	return false
+	return HiddenTopic(topic) || topic == ScheduleTopic || topic == TimerTopic
 }
 
 // admit checks the queue still exists (it may have been deleted since the

@@ -69,7 +69,8 @@ func NotAllowedSendTopic(topic string) bool {
 }
 
 // HiddenTopic reports whether clients may not read topic: the store's own
-// state (OffsetTopic, PopTopic), read through its calls only.
+// state (OffsetTopic, PopTopic, the transaction topics), read through its
+// calls only.
 func HiddenTopic(topic string) bool {
 	return topic == OffsetTopic || topic == PopTopic || topic == TransHalfTopic || topic == TransOpTopic
 }

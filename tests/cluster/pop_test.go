@@ -127,26 +127,22 @@ func TestGroupPopFailover(t *testing.T) {
 	nl := g.Leader(t)
 	// The new leader may refuse until it is ready (HA_NOT_AVAILABLE):
 	// nothing changed then, so the ack is sent again.
-	deadline := time.Now().Add(30 * time.Second)
-	for {
+	waitFor(t, 30*time.Second, "an ack on the new leader "+g.Name(nl), func() bool {
 		code, entries, err := popAck(nl, first[1], first[0])
-		if err == nil && code != rocketmqv2.Code_HA_NOT_AVAILABLE {
-			if len(entries) != 2 || entries[0] != rocketmqv2.Code_OK || entries[1] != rocketmqv2.Code_INVALID_RECEIPT_HANDLE {
-				t.Fatalf("ack of m1 (in flight) and m0 (acknowledged) on the new leader %s: %v %v", g.Name(nl), code, entries)
-			}
-			break
+		if err != nil || code == rocketmqv2.Code_HA_NOT_AVAILABLE {
+			return false
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("ack on the new leader %s: %v %v", g.Name(nl), code, err)
+		if len(entries) != 2 || entries[0] != rocketmqv2.Code_OK || entries[1] != rocketmqv2.Code_INVALID_RECEIPT_HANDLE {
+			t.Fatalf("ack of m1 (in flight) and m0 (acknowledged) on the new leader %s: %v %v", g.Name(nl), code, entries)
 		}
-		<-time.After(100 * time.Millisecond)
-	}
+		return true
+	})
 
 	// m2 and m3 come back (attempt 2) once their invisible time passed;
 	// m4 and m5 are delivered (attempt 1); m0 and m1 never.
 	want := map[string]int32{"m2": 2, "m3": 2, "m4": 1, "m5": 1}
 	got := map[string]int32{}
-	deadline = time.Now().Add(60 * time.Second)
+	deadline := time.Now().Add(60 * time.Second)
 	for len(got) < len(want) {
 		if time.Now().After(deadline) {
 			t.Fatalf("after 60 s the new leader handed out %v, want %v", got, want)
