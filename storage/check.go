@@ -259,9 +259,14 @@ func openOffline(opts Options) (*commitlog.Log, error) {
 }
 
 // IsReplicaDir reports whether the data dir in opts.Dir belongs to a
-// replication group member (it has raft/meta, whatever its state).
+// replication group member: it has raft/meta, whatever its state, or a
+// raft directory at all (a member whose raft/meta was lost is still one,
+// and `storaged replica repair` rebuilds it).
 func IsReplicaDir(opts Options) bool {
 	opts = opts.withDefaults()
-	_, err := opts.FS.Size(filepath.Join(opts.Dir, "raft", "meta"))
+	if _, err := opts.FS.Size(filepath.Join(opts.Dir, "raft", "meta")); err == nil {
+		return true
+	}
+	_, err := opts.FS.ReadDir(filepath.Join(opts.Dir, "raft"))
 	return err == nil
 }

@@ -413,10 +413,14 @@
 //     cuts a bad unit only when it is the last one; other damage is a
 //     *CorruptionError naming file and offset.
 //   - Repair (§3.4): RepairReplica, offline, fetches the damaged entries
-//     from a peer (the server's FetchRange peer RPC, which reads
-//     ReadRaftRange), takes them only when raft's Log Matching makes them
-//     the same entries, checks every record, rewrites them in place
-//     (raftlog.Repair); the cmd is `storaged replica repair --from`.
+//     from the first of its peers that holds them (the server's FetchRange
+//     peer RPC, which reads ReadRaftRange), takes them only when raft's
+//     Log Matching makes them the same entries, checks every record,
+//     rewrites them in place (raftlog.Repair); cuts a damaged uncommitted
+//     entry only when the voters that provably lack it leave no majority
+//     that could have committed it; rebuilds a lost raft/hardstate and a
+//     damaged raft/meta from the peers' (FetchState, ReplicaState). The
+//     cmd is `storaged replica repair --from`.
 //   - An empty data dir (issue 14): a member bootstrapped empty is joining
 //     (raft/joining) until it holds entries and applied up to the highest
 //     commit a leader told it; meanwhile it withholds its vote from

@@ -863,6 +863,9 @@ type RaftRangeEntry = raftlog.RangeEntry
 // ReplicaRepairReport is what RepairReplica found and did.
 type ReplicaRepairReport = raftlog.RepairReport
 
+// RepairAnswer is what one peer told RepairReplica about itself.
+type RepairAnswer = raftlog.PeerAnswer
+
 // ErrReplicaRepair wraps RepairReplica's refusals to take a peer's entry.
 var ErrReplicaRepair = raftlog.ErrRepair
 
@@ -880,15 +883,37 @@ func (s *Store) ReadRaftRange(lo, hi uint64, maxBytes int) (RaftRange, error) {
 	return s.group.rlog.ReadRange(lo, hi, maxBytes)
 }
 
+// RepairPeer is one member RepairReplica asks: its raft id, its state
+// (the FetchState peer RPC) and its entries (FetchRange).
+type RepairPeer = raftlog.Peer
+
+// ReplicaState is a member's identity and durable raft state as a peer's
+// repair asks for it (Store.ReplicaState, the FetchState peer RPC).
+type ReplicaState = raftlog.PeerState
+
+// ReplicaRepair says whom RepairReplica asks and who this member is.
+type ReplicaRepair struct {
+	// Peers are the members to ask, the leader first if known.
+	Peers []RepairPeer
+	// Self is this member as its flags name it (ID, Name, ClusterID,
+	// Peers, Learners; the rest unused): required to rebuild a damaged
+	// raft/meta, checked against an intact one. nil: raft/meta must hold.
+	Self *GroupOptions
+}
+
 // RepairReplica repairs the raft log of a stopped group member in
-// opts.Dir from a peer, offline (storaged replica repair --from, design
-// §3.4): the entries whose unit or payload fails its CRC are fetched with
-// fetch (which may return fewer entries than asked, none where the peer's
-// log ends), taken only when they are the same entries by raft's Log
-// Matching rule, checked record by record and rewritten in place, synced.
-// The data dir is locked meanwhile. Afterwards the member starts and
-// rejoins as usual.
-func RepairReplica(opts Options, fetch func(lo, hi uint64) (RaftRange, error)) (ReplicaRepairReport, error) {
+// opts.Dir from its peers, offline (storaged replica repair --from,
+// design §3.4, raftlog.Repair): a damaged raft/meta is rebuilt from a
+// peer's, a lost raft/hardstate from the peers' terms and commit indexes
+// (at least the checkpoint's applied index); the entries whose unit or
+// payload fails its CRC are fetched (each fetch may return fewer entries
+// than asked, none where the peer's log ends), taken only when they are
+// the same entries by raft's Log Matching rule, checked record by record
+// and rewritten in place, synced; a damaged entry past the commit index
+// that no peer holds is cut when enough voters provably lack it. The
+// data dir is locked meanwhile. Afterwards the member starts and rejoins
+// as usual.
+func RepairReplica(opts Options, rr ReplicaRepair) (ReplicaRepairReport, error) {
 	opts = opts.withDefaults()
 	if err := opts.Validate(); err != nil {
 		return ReplicaRepairReport{}, err
@@ -907,8 +932,34 @@ func RepairReplica(opts Options, fetch func(lo, hi uint64) (RaftRange, error)) (
 	if opts.Group != nil {
 		units = opts.Group.IndexUnits
 	}
-	return raftlog.Repair(raftlog.RepairOptions{FS: opts.FS, Dir: filepath.Join(opts.Dir, "raft"), Commitlog: l,
-		IndexUnits: units, RequireCRC: !opts.DisablePropCRC, Fetch: fetch})
+	ro := raftlog.RepairOptions{FS: opts.FS, Dir: filepath.Join(opts.Dir, "raft"), Commitlog: l,
+		IndexUnits: units, RequireCRC: !opts.DisablePropCRC, Peers: rr.Peers}
+	if g := rr.Self; g != nil {
+		ro.Self = raftlog.Meta{NodeID: g.ID, Group: g.Name, ClusterUUID: g.ClusterID, FileSize: opts.FileSize,
+			Voters: slices.Sorted(slices.Values(g.Peers))}
+		if len(g.Learners) > 0 {
+			ro.Self.Learners = slices.Sorted(slices.Values(g.Learners))
+		}
+	}
+	// The checkpoint's raft point bounds a rebuilt HardState's commit from
+	// below; a checkpoint that does not read leaves it unbounded here (the
+	// start refuses such a checkpoint anyway).
+	if cp, _, err := consumequeue.ReadCheckpoint(opts.FS, opts.Dir); err == nil {
+		ro.Applied, ro.AppliedTerm = cp.RaftApplied, cp.RaftAppliedTerm
+	}
+	return raftlog.Repair(ro)
+}
+
+// ReplicaState returns this member's identity and durable raft state, for
+// a peer repairing its raft/meta or raft/hardstate (FetchState).
+func (s *Store) ReplicaState() (ReplicaState, error) {
+	if s.group == nil {
+		return ReplicaState{}, ErrNotGroup
+	}
+	if s.closed.Load() {
+		return ReplicaState{}, ErrClosed
+	}
+	return s.group.rlog.State()
 }
 
 // ReplicaMeta is a group member's identity as its data dir records it.

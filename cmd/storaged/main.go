@@ -333,6 +333,13 @@ func serve(ctx context.Context, cfg config, logger zerolog.Logger) (err error) {
 		if errors.As(err, &cerr) && cfg.Replication.group() {
 			o := offlineFlags{dataDir: cfg.DataDir, fileSize: cfg.FileSize}
 			repair := fmt.Sprintf("storaged replica repair %s --from %s", o.args(), cfg.Replication.repairSource())
+			if cerr.File == "raft/meta" || cerr.File == "raft/hardstate" {
+				repair += cfg.Replication.repairIdentity()
+				logger.Error().Str("file", cerr.File).Str("reason", cerr.Reason).Str("repair", repair).
+					Msg("this replica's raft state is damaged: refusing to start; run storaged replica repair with the other members up")
+				return fmt.Errorf("damaged %s (%s): with this member stopped and the other members running, run `%s` to "+
+					"rebuild it from them, then start it again: %w", cerr.File, cerr.Reason, repair, err)
+			}
 			logger.Error().Str("file", cerr.File).Int64("offset", cerr.Offset).Int64("flushed", cerr.Flushed).
 				Str("reason", cerr.Reason).Str("repair", repair).
 				Msg("this replica's acknowledged raft entries are damaged: refusing to start (a replica that cut them could " +

@@ -8,6 +8,9 @@ import (
 	"fmt"
 	"io"
 	iofs "io/fs"
+	"os"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/storaged/storaged/server/peer"
@@ -16,16 +19,26 @@ import (
 
 // replicaRepairOutput is what `storaged replica repair` prints.
 type replicaRepairOutput struct {
-	DataDir    string          `json:"data_dir"`
-	Member     uint64          `json:"member"`
-	From       string          `json:"from"`
-	Entries    uint64          `json:"entries_checked"`
-	Commit     uint64          `json:"commit"`
-	PeerCommit uint64          `json:"peer_commit"`
-	Damaged    []storageDamage `json:"damaged"`
-	Repaired   []uint64        `json:"repaired"`
-	Bytes      int64           `json:"bytes_rewritten"`
-	Error      string          `json:"error,omitempty"`
+	DataDir     string                 `json:"data_dir"`
+	Member      uint64                 `json:"member"`
+	From        string                 `json:"from"`
+	Entries     uint64                 `json:"entries_checked"`
+	Commit      uint64                 `json:"commit"`
+	PeerCommit  uint64                 `json:"peer_commit"`
+	Damaged     []storageDamage        `json:"damaged"`
+	Repaired    []uint64               `json:"repaired"`
+	Bytes       int64                  `json:"bytes_rewritten"`
+	MetaRebuilt bool                   `json:"meta_rebuilt,omitempty"`
+	HardState   *hardStateOutput       `json:"hardstate_rebuilt,omitempty"`
+	CutFrom     uint64                 `json:"cut_from,omitempty"`
+	Peers       []storage.RepairAnswer `json:"peers,omitempty"`
+	Error       string                 `json:"error,omitempty"`
+}
+
+type hardStateOutput struct {
+	Term   uint64 `json:"term"`
+	Vote   uint64 `json:"vote"`
+	Commit uint64 `json:"commit"`
 }
 
 type storageDamage struct {
@@ -38,7 +51,8 @@ type storageDamage struct {
 // replication group member.
 func runReplica(args []string, lookupEnv func(string) (string, bool), stdout, stderr io.Writer) int {
 	if len(args) == 0 || args[0] != "repair" {
-		fmt.Fprint(stderr, "Usage: storaged replica repair --from ID=HOST:PORT [--data-dir D] [--file-size S] [--peer-tls-*]\n")
+		fmt.Fprint(stderr, "Usage: storaged replica repair --from ID=HOST:PORT[,ID=HOST:PORT…] [--data-dir D] [--file-size S] "+
+			"[--raft-id N --raft-peers P --raft-group G --raft-learners L] [--peer-tls-*]\n")
 		if len(args) > 0 && (args[0] == "-h" || args[0] == "--help" || args[0] == "help") {
 			return exitOK
 		}
@@ -47,10 +61,13 @@ func runReplica(args []string, lookupEnv func(string) (string, bool), stdout, st
 	return runReplicaRepair(args[1:], lookupEnv, stdout, stderr)
 }
 
-// runReplicaRepair is `storaged replica repair --from ID=HOST:PORT`
-// (design replication.md §3.4): with this member stopped, it finds the raft
-// entries of its data dir that fail their CRCs, fetches them from the peer
-// over the FetchRange peer RPC, checks them and rewrites them in place.
+// runReplicaRepair is `storaged replica repair --from ID=HOST:PORT,…`
+// (design replication.md §3.4): with this member stopped, it rebuilds a
+// damaged raft/meta or a lost raft/hardstate from its peers (over the
+// FetchState peer RPC), finds the raft entries of its data dir that fail
+// their CRCs, fetches them from the first peer that holds the same entry
+// (FetchRange), checks them and rewrites them in place, and cuts a
+// damaged uncommitted entry that enough voters provably lack.
 // Exit 0 when nothing is left damaged, 1 when the repair failed, 2 on a
 // usage error, 3 when it could not run (locked data dir, not a member's).
 func runReplicaRepair(args []string, lookupEnv func(string) (string, bool), stdout, stderr io.Writer) int {
@@ -59,22 +76,39 @@ func runReplicaRepair(args []string, lookupEnv func(string) (string, bool), stdo
 	var o offlineFlags
 	o.register(fs)
 	var from raftPeers
-	fs.Var(&from, "from", "the member to fetch from, as `id=host:port` of its peer listener (its --raft-peers entry); "+
-		"prefer the leader, which holds every committed entry")
+	fs.Var(&from, "from", "the members to ask, as `id=host:port` of their peer listeners (their --raft-peers entries), "+
+		"comma separated, the leader first if known (default with --raft-peers: every other member)")
+	var self replicationConfig
+	self.GroupName = defaultGroupName
+	fs.Func("raft-id", "this member's raft `id` (as the server's --raft-id): needed to rebuild a damaged raft/meta", func(s string) error {
+		id, err := parseRaftIDFlag(s, os.Hostname)
+		self.RaftID = id
+		return err
+	})
+	fs.Var(&self.RaftPeers, "raft-peers", "the group's `members` (as the server's --raft-peers): with --raft-id, names this member's "+
+		"group and cluster when raft/meta is damaged, and is checked against an intact one")
+	fs.StringVar(&self.GroupName, "raft-group", defaultGroupName, "the group's `name` (as the server's --raft-group)")
+	fs.Var(&self.RaftLearners, "raft-learners", "`ids` of the learners (as the server's --raft-learners)")
 	var certFile, keyFile, caFile string
 	fs.StringVar(&certFile, "peer-tls-cert", "", "peer TLS certificate `file` (PEM): this member's, as the server uses it")
 	fs.StringVar(&keyFile, "peer-tls-key", "", "peer TLS private key `file` (PEM)")
 	fs.StringVar(&caFile, "peer-tls-ca", "", "CA `file` (PEM) that signs the members' peer certificates")
 	timeout := fs.Duration("timeout", 5*time.Minute, "give up after this `duration`")
 	fs.Usage = func() {
-		fmt.Fprint(fs.Output(), "Usage: storaged replica repair --from ID=HOST:PORT [--data-dir D] [--file-size S] [--peer-tls-cert C --peer-tls-key K --peer-tls-ca A]\n\n"+
-			"Repairs the raft log of a stopped replication group member that refuses to start because entries it holds\n"+
-			"are damaged (a bit flip in a committed record). It checks every raft entry of the data dir against its index\n"+
-			"unit's CRCs, fetches the damaged ones from the member --from names (over the peer port, authenticated as\n"+
-			"this member: group, cluster and id come from the data dir's raft/meta), takes an entry only when the peer's\n"+
-			"is the same one (same index and term), checks every record's CRCs and offset, and rewrites the bytes in\n"+
-			"place, synced. Nothing else changes; afterwards start the member as usual and it rejoins. It refuses rather\n"+
-			"than guess (exit 1, naming the entry) when the peer lacks the entry or holds another one: try the leader.\n"+
+		fmt.Fprint(fs.Output(), "Usage: storaged replica repair --from ID=HOST:PORT[,ID=HOST:PORT…] [--data-dir D] [--file-size S] "+
+			"[--raft-id N --raft-peers P [--raft-group G] [--raft-learners L]] [--peer-tls-cert C --peer-tls-key K --peer-tls-ca A]\n\n"+
+			"Repairs the raft state of a stopped replication group member that refuses to start because it is damaged.\n"+
+			"raft/meta (who the member is): rebuilt from a peer's, with this member's id from --raft-id; every peer must\n"+
+			"agree with what --raft-peers, --raft-group, --raft-learners and --file-size say.\n"+
+			"raft/hardstate (term, vote, commit): rebuilt with the highest term of the peers and of the log, a vote for this\n"+
+			"member itself (so it gives no second vote in that term) and the highest commit it shares with a peer; it needs\n"+
+			"enough voters to answer that every majority including this member has one (3 voters: both peers; 5: three).\n"+
+			"Raft entries: every entry is checked against its index unit's CRCs; a damaged one is fetched from the first\n"+
+			"member --from names that holds the same entry (same index and term), every record's CRCs and offset are\n"+
+			"checked, and the bytes are rewritten in place, synced. A damaged entry past the commit index that no member\n"+
+			"holds is cut (kept as .broken) only when enough voters provably lack it that it cannot have been committed.\n"+
+			"It refuses rather than guess (exit 1), naming the entry or file and the members it needs to hear from.\n"+
+			"Afterwards start the member as usual and it rejoins.\n"+
 			"Exit status: 0 repaired (or nothing to repair), 1 the repair failed, 2 usage error, 3 could not run.\n\n")
 		fs.PrintDefaults()
 	}
@@ -84,8 +118,24 @@ func runReplicaRepair(args []string, lookupEnv func(string) (string, bool), stdo
 		}
 		return exitUsage
 	}
-	if len(from) != 1 {
-		fmt.Fprint(stderr, "storaged replica repair: --from ID=HOST:PORT is required (one member: the leader is best)\n")
+	if len(from) == 0 && self.RaftID != 0 {
+		for _, p := range self.RaftPeers {
+			if p.id != self.RaftID {
+				from = append(from, p)
+			}
+		}
+	}
+	if len(from) == 0 {
+		fmt.Fprint(stderr, "storaged replica repair: --from ID=HOST:PORT is required (the leader first is best; with --raft-id "+
+			"and --raft-peers every other member is the default)\n")
+		return exitUsage
+	}
+	if (self.RaftID != 0) != (len(self.RaftPeers) > 0) {
+		fmt.Fprint(stderr, "storaged replica repair: --raft-id and --raft-peers go together\n")
+		return exitUsage
+	}
+	if self.RaftID != 0 && self.RaftPeers.addr(self.RaftID) == "" {
+		fmt.Fprintf(stderr, "storaged replica repair: --raft-id %d is not in --raft-peers\n", self.RaftID)
 		return exitUsage
 	}
 	if (certFile != "" || keyFile != "" || caFile != "") && (certFile == "" || keyFile == "" || caFile == "") {
@@ -93,47 +143,80 @@ func runReplicaRepair(args []string, lookupEnv func(string) (string, bool), stdo
 		return exitUsage
 	}
 	opts := o.options()
-	meta, err := storage.ReadReplicaMeta(opts)
-	if err != nil {
-		if errors.Is(err, iofs.ErrNotExist) {
-			fmt.Fprintf(stderr, "storaged replica repair: data dir %s has no raft/meta: it is not a replication group member's\n", o.dataDir)
-		} else {
+	// Who asks: the flags when given, raft/meta otherwise.
+	var rr storage.ReplicaRepair
+	var id uint64
+	var group, cluster string
+	if self.RaftID != 0 {
+		rr.Self = &storage.GroupOptions{ID: self.RaftID, Name: self.GroupName, ClusterID: self.clusterID(), Peers: self.voters(),
+			Learners: slices.Clone(self.RaftLearners)}
+		id, group, cluster = self.RaftID, self.GroupName, self.clusterID()
+	} else {
+		meta, err := storage.ReadReplicaMeta(opts)
+		var cerr *storage.CorruptionError
+		switch {
+		case errors.Is(err, iofs.ErrNotExist):
+			fmt.Fprintf(stderr, "storaged replica repair: data dir %s has no raft/meta: it is not a replication group member's "+
+				"(if it is one whose raft/meta was lost, give --raft-id and --raft-peers as the member runs with)\n", o.dataDir)
+			return exitCantRead
+		case errors.As(err, &cerr):
+			fmt.Fprintf(stderr, "storaged replica repair: %s is damaged: give this member's --raft-id, --raft-peers (and "+
+				"--raft-group, --raft-learners) as it runs with, to rebuild it from a peer's\n", cerr.File)
+			return exitUsage
+		case err != nil:
 			fmt.Fprintf(stderr, "storaged replica repair: %v\n", err)
+			return exitCantRead
 		}
-		return exitCantRead
+		id, group, cluster = meta.NodeID, meta.Group, meta.ClusterUUID
 	}
-	if from[0].id == meta.NodeID {
-		fmt.Fprintf(stderr, "storaged replica repair: --from names member %d, this data dir's own id\n", meta.NodeID)
-		return exitUsage
+	for _, p := range from {
+		if p.id == id {
+			fmt.Fprintf(stderr, "storaged replica repair: --from names member %d, this member's own id\n", id)
+			return exitUsage
+		}
 	}
 	var tlsCfg *peer.TLS
 	if certFile != "" {
+		var err error
 		if tlsCfg, err = peer.LoadTLS(certFile, keyFile, caFile); err != nil {
 			fmt.Fprintf(stderr, "storaged replica repair: %v\n", err)
 			return exitUsage
 		}
 	}
-	client, err := peer.NewRangeClient(peer.FetchOptions{Addr: from[0].addr, TLS: tlsCfg, Group: meta.Group, ClusterID: meta.ClusterUUID,
-		From: meta.NodeID, To: from[0].id})
-	if err != nil {
-		fmt.Fprintf(stderr, "storaged replica repair: %v\n", err)
-		return exitUsage
-	}
-	defer client.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), *timeout)
 	defer cancel()
-	rep, rerr := storage.RepairReplica(opts, func(lo, hi uint64) (storage.RaftRange, error) {
-		r, err := client.Fetch(ctx, lo, hi)
-		out := storage.RaftRange{Commit: r.Commit, Last: r.Last}
-		for _, e := range r.Entries {
-			out.Entries = append(out.Entries, storage.RaftRangeEntry{Index: e.Index, Unit: e.Unit, Data: e.Data})
+	for _, p := range from {
+		client, err := peer.NewRangeClient(peer.FetchOptions{Addr: p.addr, TLS: tlsCfg, Group: group, ClusterID: cluster, From: id, To: p.id})
+		if err != nil {
+			fmt.Fprintf(stderr, "storaged replica repair: %v\n", err)
+			return exitUsage
 		}
-		return out, err
-	})
-	out := replicaRepairOutput{DataDir: o.dataDir, Member: meta.NodeID, From: from.String(), Entries: rep.Entries, Commit: rep.Commit,
-		PeerCommit: rep.PeerCommit, Repaired: rep.Repaired, Bytes: rep.Bytes, Damaged: []storageDamage{}}
+		defer client.Close()
+		rr.Peers = append(rr.Peers, storage.RepairPeer{ID: p.id,
+			State: func() (storage.ReplicaState, error) {
+				st, err := client.State(ctx)
+				return storage.ReplicaState{Meta: storage.ReplicaMeta{NodeID: st.NodeID, Group: st.Group, ClusterUUID: st.ClusterID,
+					FileSize: st.FileSize, LogBase: st.LogBase, Voters: st.Voters, Learners: st.Learners},
+					Term: st.Term, Commit: st.Commit, First: st.First, Last: st.Last, Joining: st.Joining}, err
+			},
+			Fetch: func(lo, hi uint64) (storage.RaftRange, error) {
+				r, err := client.Fetch(ctx, lo, hi)
+				out := storage.RaftRange{Commit: r.Commit, Last: r.Last}
+				for _, e := range r.Entries {
+					out.Entries = append(out.Entries, storage.RaftRangeEntry{Index: e.Index, Unit: e.Unit, Data: e.Data})
+				}
+				return out, err
+			}})
+	}
+	rep, rerr := storage.RepairReplica(opts, rr)
+	out := replicaRepairOutput{DataDir: o.dataDir, Member: id, From: from.String(), Entries: rep.Entries, Commit: rep.Commit,
+		PeerCommit: rep.PeerCommit, Repaired: rep.Repaired, Bytes: rep.Bytes, Damaged: []storageDamage{},
+		MetaRebuilt: rep.MetaRebuilt, CutFrom: rep.CutFrom, Peers: rep.Peers}
 	if out.Repaired == nil {
 		out.Repaired = []uint64{}
+	}
+	if h := rep.HardState; h != nil {
+		out.HardState = &hardStateOutput{Term: h.Term, Vote: h.Vote, Commit: h.Commit}
 	}
 	for _, d := range rep.Damaged {
 		out.Damaged = append(out.Damaged, storageDamage{Index: d.Index, What: d.What, Torn: d.Torn})
@@ -154,11 +237,24 @@ func runReplicaRepair(args []string, lookupEnv func(string) (string, bool), stdo
 		fmt.Fprintf(stderr, "storaged replica repair: %s\n", out.Error)
 		return exitDamage
 	}
-	if len(rep.Damaged) == 0 {
+	var did []string
+	if rep.MetaRebuilt {
+		did = append(did, "rebuilt raft/meta")
+	}
+	if h := rep.HardState; h != nil {
+		did = append(did, fmt.Sprintf("rebuilt raft/hardstate (term %d, vote %d, commit %d)", h.Term, h.Vote, h.Commit))
+	}
+	if len(rep.Repaired) > 0 {
+		did = append(did, fmt.Sprintf("rewrote %d entries (%d bytes)", len(rep.Repaired), rep.Bytes))
+	}
+	if rep.CutFrom != 0 {
+		did = append(did, fmt.Sprintf("cut the log from entry %d (no member holds it and it cannot have been committed; "+
+			"the units are kept in raft/index/*.broken)", rep.CutFrom))
+	}
+	if len(did) == 0 {
 		fmt.Fprintf(stderr, "storaged replica repair: no damaged raft entry in %s (%d checked); nothing changed\n", o.dataDir, rep.Entries)
 	} else {
-		fmt.Fprintf(stderr, "storaged replica repair: rewrote %d entries (%d bytes) from member %d; start storaged as usual\n",
-			len(rep.Repaired), rep.Bytes, from[0].id)
+		fmt.Fprintf(stderr, "storaged replica repair: %s; start storaged as usual\n", strings.Join(did, "; "))
 	}
 	return exitOK
 }

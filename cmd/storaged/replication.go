@@ -546,19 +546,46 @@ func (g *groupRuntime) info(id uint64) func() server.ReplicaInfo {
 	}
 }
 
-// repairSource is the --from a refused start suggests: the first other
-// member of --raft-peers.
+// repairSource is the --from a refused start suggests: every other
+// member of --raft-peers (repair takes an entry from the first that holds
+// it, and a lost HardState or an uncommitted entry no member holds needs
+// to hear from most of them).
 func (r *replicationConfig) repairSource() string {
+	var parts []string
 	for _, p := range r.RaftPeers {
 		if p.id != r.RaftID {
-			return fmt.Sprintf("%d=%s", p.id, p.addr)
+			parts = append(parts, fmt.Sprintf("%d=%s", p.id, p.addr))
 		}
 	}
-	return "ID=HOST:PORT"
+	if len(parts) == 0 {
+		return "ID=HOST:PORT"
+	}
+	return strings.Join(parts, ",")
 }
 
-// storeRanger serves the FetchRange peer RPC from the store.
+// repairIdentity is the flags a refused start suggests to `storaged
+// replica repair` when raft/meta is damaged: who this member is.
+func (r *replicationConfig) repairIdentity() string {
+	s := fmt.Sprintf(" --raft-id %d --raft-peers %s", r.RaftID, shellQuote(r.RaftPeers.String()))
+	if r.GroupName != defaultGroupName {
+		s += " --raft-group " + shellQuote(r.GroupName)
+	}
+	if len(r.RaftLearners) > 0 {
+		s += " --raft-learners " + r.RaftLearners.String()
+	}
+	return s
+}
+
+// storeRanger serves the FetchRange and FetchState peer RPCs from the
+// store.
 type storeRanger struct{ st *storage.Store }
+
+func (s storeRanger) State() (peer.State, error) {
+	r, err := s.st.ReplicaState()
+	m := r.Meta
+	return peer.State{NodeID: m.NodeID, Group: m.Group, ClusterID: m.ClusterUUID, FileSize: m.FileSize, LogBase: m.LogBase,
+		Voters: m.Voters, Learners: m.Learners, Term: r.Term, Commit: r.Commit, First: r.First, Last: r.Last, Joining: r.Joining}, err
+}
 
 func (s storeRanger) ReadRange(lo, hi uint64, maxBytes int) (peer.Range, error) {
 	r, err := s.st.ReadRaftRange(lo, hi, maxBytes)

@@ -40,12 +40,29 @@ type RangeEntry struct {
 	Unit, Data []byte
 }
 
-// Ranger is what FetchRange needs from the store: up to maxBytes of
-// payload (one entry at least) of the synced entries [lo, hi), each
-// checked against its unit; empty where the log ends. An error wrapping
-// ErrDamaged says an entry is damaged here.
+// State is a member's identity and durable raft state as FetchState
+// carries them: what a member repairing its raft/meta or raft/hardstate
+// rebuilds them from.
+type State struct {
+	NodeID            uint64
+	Group, ClusterID  string
+	FileSize, LogBase int64
+	Voters, Learners  []uint64
+	// Term and Commit are the HardState on disk; First and Last the first
+	// index and the last synced one.
+	Term, Commit, First, Last uint64
+	// Joining: bootstrapped empty and not caught up with a leader yet.
+	Joining bool
+}
+
+// Ranger is what FetchRange and FetchState need from the store:
+// ReadRange returns up to maxBytes of payload (one entry at least) of the
+// synced entries [lo, hi), each checked against its unit, empty where the
+// log ends (an error wrapping ErrDamaged says an entry is damaged here);
+// State returns the member's identity and durable raft state.
 type Ranger interface {
 	ReadRange(lo, hi uint64, maxBytes int) (Range, error)
+	State() (State, error)
 }
 
 // ErrDamaged is what a Ranger wraps when its own copy of an entry is
@@ -58,20 +75,58 @@ type rangerBox struct{ r Ranger }
 // UNAVAILABLE.
 func (t *Transport) SetRanger(r Ranger) { t.ranger.Store(&rangerBox{r}) }
 
+// checkFetchHeader checks the header of a FetchRange or FetchState
+// request as Send checks a batch's.
+func (h *handler) checkFetchHeader(group, cluster string, from, to uint64) error {
+	t := h.t
+	o := &t.opts
+	switch {
+	case group != o.Group:
+		return status.Errorf(codes.PermissionDenied, "peer: fetch for group %q, this member is in %q", trunc(group), o.Group)
+	case cluster != o.ClusterID:
+		return status.Errorf(codes.PermissionDenied, "peer: fetch for cluster %q, this member is in %q", trunc(cluster), o.ClusterID)
+	case to != o.ID:
+		return status.Errorf(codes.PermissionDenied, "peer: fetch for member %d, this is member %d", to, o.ID)
+	case !t.known[from]:
+		return status.Errorf(codes.PermissionDenied, "peer: fetch from member %d, not a peer of member %d", from, o.ID)
+	}
+	return nil
+}
+
+// FetchState returns this member's identity and durable raft state to a
+// member repairing its raft/meta or raft/hardstate, after the checks
+// FetchRange makes.
+func (h *handler) FetchState(ctx context.Context, req *peerv1.FetchStateRequest) (*peerv1.FetchStateResponse, error) {
+	t := h.t
+	if err := h.checkFetchHeader(req.GetGroup(), req.GetClusterId(), req.GetFrom(), req.GetTo()); err != nil {
+		return nil, err
+	}
+	if err := h.checkCertCtx(ctx, req.GetFrom()); err != nil {
+		t.log.Warn().Err(err).Uint64("from", req.GetFrom()).Msg("peer state fetch refused")
+		return nil, err
+	}
+	b := t.ranger.Load()
+	if b == nil {
+		return nil, status.Error(codes.Unavailable, "peer: the store is not open yet")
+	}
+	s, err := b.r.State()
+	if err != nil {
+		return nil, status.Errorf(codes.Unavailable, "peer: read the raft state: %v", err)
+	}
+	t.log.Info().Uint64("from", req.GetFrom()).Msg("serving a repair's state fetch")
+	return &peerv1.FetchStateResponse{NodeId: s.NodeID, Group: s.Group, ClusterId: s.ClusterID, FileSize: s.FileSize,
+		LogBase: s.LogBase, Voters: s.Voters, Learners: s.Learners, Term: s.Term, Commit: s.Commit, First: s.First,
+		Last: s.Last, Joining: s.Joining}, nil
+}
+
 // FetchRange streams the entries [lo, hi) to a repairing member, after
 // the checks Send makes of its header and certificate.
 func (h *handler) FetchRange(req *peerv1.FetchRangeRequest, st grpc.ServerStreamingServer[peerv1.RangeChunk]) error {
 	t := h.t
-	o := &t.opts
+	if err := h.checkFetchHeader(req.GetGroup(), req.GetClusterId(), req.GetFrom(), req.GetTo()); err != nil {
+		return err
+	}
 	switch {
-	case req.GetGroup() != o.Group:
-		return status.Errorf(codes.PermissionDenied, "peer: fetch for group %q, this member is in %q", trunc(req.GetGroup()), o.Group)
-	case req.GetClusterId() != o.ClusterID:
-		return status.Errorf(codes.PermissionDenied, "peer: fetch for cluster %q, this member is in %q", trunc(req.GetClusterId()), o.ClusterID)
-	case req.GetTo() != o.ID:
-		return status.Errorf(codes.PermissionDenied, "peer: fetch for member %d, this is member %d", req.GetTo(), o.ID)
-	case !t.known[req.GetFrom()]:
-		return status.Errorf(codes.PermissionDenied, "peer: fetch from member %d, not a peer of member %d", req.GetFrom(), o.ID)
 	case req.GetLo() == 0 || req.GetHi() <= req.GetLo():
 		return status.Errorf(codes.InvalidArgument, "peer: fetch [%d, %d): want 1 <= lo < hi", req.GetLo(), req.GetHi())
 	case req.GetHi()-req.GetLo() > MaxFetchEntries:
@@ -181,6 +236,18 @@ func (c *RangeClient) Fetch(ctx context.Context, lo, hi uint64) (Range, error) {
 			return out, nil
 		}
 	}
+}
+
+// State asks the member for its identity and durable raft state.
+func (c *RangeClient) State(ctx context.Context) (State, error) {
+	r, err := peerv1.NewRaftClient(c.conn).FetchState(ctx, &peerv1.FetchStateRequest{Group: c.o.Group, ClusterId: c.o.ClusterID,
+		From: c.o.From, To: c.o.To})
+	if err != nil {
+		return State{}, err
+	}
+	return State{NodeID: r.GetNodeId(), Group: r.GetGroup(), ClusterID: r.GetClusterId(), FileSize: r.GetFileSize(),
+		LogBase: r.GetLogBase(), Voters: r.GetVoters(), Learners: r.GetLearners(), Term: r.GetTerm(), Commit: r.GetCommit(),
+		First: r.GetFirst(), Last: r.GetLast(), Joining: r.GetJoining()}, nil
 }
 
 // Close closes the connection.

@@ -47,6 +47,61 @@ func (s *sliceRanger) ReadRange(lo, hi uint64, maxBytes int) (Range, error) {
 	return out, nil
 }
 
+func (s *sliceRanger) State() (State, error) {
+	s.calls.Add(1)
+	return State{NodeID: 2, Group: "g1", ClusterID: "c1", FileSize: 1 << 20, LogBase: 0, Voters: []uint64{1, 2, 3},
+		Term: 7, Commit: s.n - 1, First: 1, Last: s.n}, nil
+}
+
+// TestFetchState: a member repairing its raft/meta or raft/hardstate
+// reads a peer's identity and raft state; a foreign header is refused
+// as FetchRange refuses it, and a member whose store is not open yet
+// answers UNAVAILABLE.
+func TestFetchState(t *testing.T) {
+	trs, _ := group(t, 3, nil)
+	addr := trs[0].opts.Peers[2]
+	client := func(mod func(*FetchOptions)) *RangeClient {
+		o := FetchOptions{Addr: addr, Group: "g1", ClusterID: "c1", From: 1, To: 2}
+		if mod != nil {
+			mod(&o)
+		}
+		c, err := NewRangeClient(o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		return c
+	}
+	ctx := context.Background()
+	if _, err := client(nil).State(ctx); status.Code(err) != codes.Unavailable {
+		t.Fatalf("before the store is open: %v, want UNAVAILABLE", err)
+	}
+	r := &sliceRanger{n: 5}
+	trs[1].SetRanger(r)
+	got, err := client(nil).State(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.NodeID != 2 || got.Group != "g1" || got.ClusterID != "c1" || got.FileSize != 1<<20 || got.Term != 7 || got.Commit != 4 ||
+		got.Last != 5 || got.First != 1 || len(got.Voters) != 3 {
+		t.Fatalf("state %+v", got)
+	}
+	calls := r.calls.Load()
+	for name, mod := range map[string]func(*FetchOptions){
+		"foreign group":   func(o *FetchOptions) { o.Group = "g2" },
+		"foreign cluster": func(o *FetchOptions) { o.ClusterID = "c2" },
+		"unknown member":  func(o *FetchOptions) { o.From = 7 },
+		"another member":  func(o *FetchOptions) { o.To = 1 },
+	} {
+		if _, err := client(mod).State(ctx); status.Code(err) != codes.PermissionDenied {
+			t.Errorf("%s: %v, want PERMISSION_DENIED", name, err)
+		}
+	}
+	if r.calls.Load() != calls {
+		t.Fatal("a refused request read the state")
+	}
+}
+
 // TestFetchRange: a member fetches a range in bounded chunks, each entry
 // with its unit and payload, up to where the serving log ends; a request
 // with a foreign header, an empty or oversized range, or for a damaged

@@ -1,6 +1,7 @@
 package peer
 
 import (
+	"context"
 	"crypto/x509"
 	"errors"
 	"fmt"
@@ -93,10 +94,15 @@ func (h *handler) check(b *peerv1.RaftBatch, from uint64) error {
 // against the CA) to name the host --raft-peers gives for member from, so
 // one member's certificate cannot speak for another.
 func (h *handler) checkCert(st grpc.ServerStream, from uint64) error {
+	return h.checkCertCtx(st.Context(), from)
+}
+
+// checkCertCtx is checkCert for the context of a unary call.
+func (h *handler) checkCertCtx(ctx context.Context, from uint64) error {
 	if h.t.opts.TLS == nil {
 		return nil
 	}
-	p, ok := grpcpeer.FromContext(st.Context())
+	p, ok := grpcpeer.FromContext(ctx)
 	if !ok {
 		return status.Error(codes.Unauthenticated, "peer: no peer information")
 	}

@@ -27,7 +27,13 @@ func CommitEnd(fsys vfs.FS, dir string, indexUnits int) (int64, error) {
 	}
 	b, err := fsys.ReadFile(filepath.Join(dir, metaName))
 	if errors.Is(err, fs.ErrNotExist) {
-		return 0, nil // not bootstrapped
+		// Not bootstrapped, or raft/meta lost: Open tells them apart.
+		if held, err := holdsEntries(fsys, dir, indexUnits); err != nil {
+			return 0, err
+		} else if held {
+			return 0, lostMeta("is missing")
+		}
+		return 0, nil
 	}
 	if err != nil {
 		return 0, fmt.Errorf("raftlog: read meta: %w", err)
@@ -35,16 +41,23 @@ func CommitEnd(fsys vfs.FS, dir string, indexUnits int) (int64, error) {
 	body, ok := base.Unseal(b)
 	var meta Meta
 	if !ok || json.Unmarshal(body, &meta) != nil {
-		return 0, &base.CorruptionError{File: "raft/meta", Reason: "raft/meta is damaged"}
+		return 0, lostMeta("is damaged")
 	}
-	hsb, err := fsys.ReadFile(filepath.Join(dir, "hardstate"))
-	if err != nil && !errors.Is(err, fs.ErrNotExist) {
-		return 0, fmt.Errorf("raftlog: read hardstate: %w", err)
+	hs, found, err := readHardState(fsys, dir)
+	if err != nil {
+		return 0, err
 	}
-	hs, _ := decodeHardState(hsb)
 	lb, err := readBase(fsys, dir, meta)
 	if err != nil {
 		return 0, err
+	}
+	if !found {
+		if held, err := holdsEntries(fsys, dir, indexUnits); err != nil {
+			return 0, err
+		} else if held {
+			_, serr := fsys.Size(filepath.Join(dir, hardStateName))
+			return 0, lostHardState(errors.Is(serr, fs.ErrNotExist))
+		}
 	}
 	if hs.Commit <= lb.Index {
 		return lb.DataEnd, nil
@@ -94,7 +107,7 @@ func SyncedData(fsys vfs.FS, dir string, indexUnits int) (commitlog.Synced, erro
 	body, ok := base.Unseal(mb)
 	var meta Meta
 	if !ok || json.Unmarshal(body, &meta) != nil {
-		return nil, &base.CorruptionError{File: "raft/meta", Reason: "raft/meta is damaged"}
+		return nil, lostMeta("is damaged")
 	}
 	lb, err := readBase(fsys, dir, meta)
 	if err != nil {

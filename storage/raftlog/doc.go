@@ -14,7 +14,9 @@
 //	raft/hardstate            two 64 B slots {seq, term, vote, commit,
 //	                          CRC-32C}, written alternately with one
 //	                          fdatasync and no rename; the valid slot with
-//	                          the highest seq wins
+//	                          the highest seq wins; the first slot is
+//	                          written at bootstrap, so a log with entries
+//	                          and no valid slot lost its HardState
 //	raft/index/<first index>  preallocated mapped files of fixed 32 B units,
 //	                          one per raft index (Unit): term, pos, len,
 //	                          kind (DATA, EMPTY, CONF, CMD), flags (bit0: an
@@ -73,14 +75,38 @@
 // it (a kill -9 tears only the unit being written). Anything else is a
 // *CorruptionError.
 //
+// A raft/hardstate with no valid slot (or none at all) while the log
+// holds entries, and a damaged raft/meta (or a missing one while the log
+// holds entries), are *CorruptionErrors too, at Open and in CommitEnd
+// (which the store reads first): a member back at term 0 could vote twice
+// in one term, and one bootstrapped again would forget who it is.
+//
 // # Repair
 //
-// Repair (repair.go) is the offline way past such an error: it fetches the
-// damaged entries from a peer (ReadRange serves them there), takes one
-// only when raft's Log Matching makes it the same entry (an identical
-// unit; or an identical unit of a later entry this replica still holds;
-// or committed on both sides), checks its records and rewrites payload
-// then unit in place, synced.
+// Repair (repair.go) is the offline way past such an error, from one or
+// more peers (State and ReadRange serve them there):
+//
+//   - a damaged entry is fetched from the first peer that holds the same
+//     entry by raft's Log Matching (an identical unit; or an identical unit
+//     of a later entry this replica still holds; or committed on both
+//     sides), its records checked, payload then unit rewritten in place,
+//     synced;
+//   - a damaged entry past the commit index that no peer holds is cut
+//     (units kept in index/<i>.broken; the next start cuts the commitlog
+//     bytes, keeping commitlog/<offset>.broken) only when the voters that
+//     provably lack it (their log ends before it, or holds another entry
+//     at it or below) leave fewer than a majority that could have held it,
+//     this replica counted as a holder: with 3 voters both peers, with 5
+//     three of the four; a joining peer proves nothing;
+//   - a lost raft/hardstate is rebuilt: term = the highest of the peers'
+//     terms and of the log's, vote = this member (no second vote in that
+//     term), commit = the highest index held identically by a peer that
+//     committed it, at least the checkpoint's applied index; it needs the
+//     terms of enough voters that every majority including this member has
+//     one that answered (why that is safe: rebuildHardState);
+//   - a damaged raft/meta is rebuilt from a peer's with this member's id,
+//     refused when a peer disagrees with this member's flags (group,
+//     cluster, file size, members) or the log disagrees with its LogBase.
 //
 // # Joining
 //
@@ -108,7 +134,6 @@
 // ConfState, no data: the sender builds the manifest; InstallSnapshot and
 // InstallBase reset the log to a snapshot's base; CompactBelow is
 // retention's compaction). Not built: dropping the meta-log's payloads
-// below the base on a plain Compact, repair of raft/meta or raft/hardstate,
-// and the checkpoint's raft fields (§3.6: the raft loop must record
-// DurableEnd, not the commitlog's flushed offset, as flushed).
+// below the base on a plain Compact, and repair of the bytes no unit
+// covers (raft/base, the meta-log past the units).
 package raftlog

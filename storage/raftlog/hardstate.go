@@ -2,11 +2,15 @@ package raftlog
 
 import (
 	"encoding/binary"
+	"errors"
 	"fmt"
+	"io/fs"
+	"path/filepath"
 
 	pb "go.etcd.io/raft/v3/raftpb"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/storaged/storaged/storage/internal/base"
 	"github.com/storaged/storaged/storage/vfs"
 )
 
@@ -102,3 +106,77 @@ func (h *hardStateFile) write(term, vote, commit uint64) error {
 }
 
 func (h *hardStateFile) close() error { return h.f.Close() }
+
+// hardStateName is raft/hardstate.
+const hardStateName = "hardstate"
+
+// readHardState reads raft/hardstate of the raft directory dir offline:
+// the newest valid slot; found is false when the file is missing or
+// neither slot is valid.
+func readHardState(fsys vfs.FS, dir string) (s slot, found bool, err error) {
+	b, err := fsys.ReadFile(filepath.Join(dir, hardStateName))
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return slot{}, false, fmt.Errorf("raftlog: read hardstate: %w", err)
+	}
+	s, found = decodeHardState(b)
+	return s, found, nil
+}
+
+// initHardState writes the first slot {seq 1, term 0, vote 0, commit 0}
+// of raft/hardstate at bootstrap, before raft/meta: from then on the file
+// always has a valid slot (each write goes to the slot the newest one is
+// not in), so a raft dir whose hardstate has none while its log holds
+// entries lost it (lostHardState) and is never mistaken for a new one.
+// (Dirs bootstrapped before this rule got their first slot with their
+// first Sync, after their first units: a power cut between the two is
+// refused like damage, and repair rebuilds it.)
+func initHardState(fsys vfs.FS, dir string) error {
+	h, err := openHardState(fsys, filepath.Join(dir, hardStateName))
+	if err != nil {
+		return err
+	}
+	if h.cur.Seq == 0 {
+		err = h.write(0, 0, 0)
+	}
+	return errors.Join(err, h.close())
+}
+
+// holdsEntries reports whether the raft directory dir holds a raft log:
+// raft/base (a compacted prefix, so entries were committed) or a unit
+// that is not zero at the first index. units is the index file size in
+// units.
+func holdsEntries(fsys vfs.FS, dir string, units int) (bool, error) {
+	if _, err := fsys.Size(filepath.Join(dir, baseName)); err == nil {
+		return true, nil
+	} else if !errors.Is(err, fs.ErrNotExist) {
+		return false, fmt.Errorf("raftlog: %w", err)
+	}
+	if _, err := fsys.ReadDir(filepath.Join(dir, "index")); errors.Is(err, fs.ErrNotExist) {
+		return false, nil
+	} else if err != nil {
+		return false, fmt.Errorf("raftlog: %w", err)
+	}
+	x, err := loadIndex(fsys, filepath.Join(dir, "index"), uint64(units), 1)
+	if err != nil {
+		return false, err
+	}
+	defer x.close()
+	b := x.slot(1)
+	return b != nil && !allZero(b), nil
+}
+
+// lostHardState is the refusal to start on a raft log whose HardState is
+// gone (no valid slot, or no file) while the log holds entries: the term
+// this member reached and the vote it gave in it are lost, and a member
+// that restarted at term 0 could vote a second time in a term it already
+// voted in, electing two leaders of one term (design replication.md
+// §3.4). `storaged replica repair --from PEER` rebuilds a safe one.
+func lostHardState(missing bool) error {
+	what := "has no valid slot (zeroed or damaged)"
+	if missing {
+		what = "is missing"
+	}
+	return &base.CorruptionError{File: "raft/" + hardStateName, Reason: fmt.Sprintf("raft/hardstate %s while the raft log holds entries: "+
+		"the term and the vote this member gave are lost, and starting could vote twice in one term (storaged replica repair "+
+		"--from PEER rebuilds it from the peers' terms)", what)}
+}

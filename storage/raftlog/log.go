@@ -112,7 +112,7 @@ func Open(opts Options) (*Log, error) {
 	}
 	want := opts.Meta
 	want.LogBase = opts.Commitlog.MaxOffset()
-	meta, _, err := loadOrBootstrapMeta(opts.FS, opts.Dir, want)
+	meta, _, err := loadOrBootstrapMeta(opts.FS, opts.Dir, want, opts.IndexUnits)
 	if err != nil {
 		return nil, err
 	}
@@ -132,7 +132,8 @@ func Open(opts Options) (*Log, error) {
 			l.closeFiles()
 		}
 	}()
-	if l.hs, err = openHardState(opts.FS, filepath.Join(opts.Dir, "hardstate")); err != nil {
+	_, hsErr := opts.FS.Size(filepath.Join(opts.Dir, hardStateName))
+	if l.hs, err = openHardState(opts.FS, filepath.Join(opts.Dir, hardStateName)); err != nil {
 		return nil, err
 	}
 	if l.metaLog, err = opts.FS.OpenFile(filepath.Join(opts.Dir, "meta-log", indexName(0)), true); err != nil {
@@ -143,6 +144,9 @@ func Open(opts Options) (*Log, error) {
 	}
 	if err := l.idx.removeStale(); err != nil {
 		return nil, err
+	}
+	if b := l.idx.slot(l.first); l.hs.cur.Seq == 0 && (lb.Index > 0 || (b != nil && !allZero(b))) {
+		return nil, lostHardState(errors.Is(hsErr, fs.ErrNotExist))
 	}
 	// Make every directory entry durable, on every Open and not only at
 	// bootstrap: a power cut right after bootstrap may have kept raft/meta

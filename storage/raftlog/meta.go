@@ -76,12 +76,25 @@ func (l *Log) Joined() error {
 // (atomically, synced). A present meta must equal want in every field
 // but LogBase (which only the bootstrap knows); the one on disk is
 // returned.
-func loadOrBootstrapMeta(fsys vfs.FS, dir string, want Meta) (Meta, bool, error) {
+//
+// A raft dir without raft/meta whose log holds entries lost it: that is a
+// *CorruptionError (bootstrapping again would forget who this member is
+// and where its first entry lies); `storaged replica repair --from PEER
+// --raft-id N …` rebuilds it. units is the index file size in units.
+func loadOrBootstrapMeta(fsys vfs.FS, dir string, want Meta, units int) (Meta, bool, error) {
 	b, err := fsys.ReadFile(filepath.Join(dir, metaName))
 	if errors.Is(err, fs.ErrNotExist) {
+		if held, err := holdsEntries(fsys, dir, units); err != nil {
+			return Meta{}, false, err
+		} else if held {
+			return Meta{}, false, lostMeta("is missing")
+		}
 		body, err := json.Marshal(want)
 		if err != nil {
 			return Meta{}, false, err
+		}
+		if err := initHardState(fsys, dir); err != nil {
+			return Meta{}, false, fmt.Errorf("raftlog: bootstrap: %w", err)
 		}
 		// The joining marker goes first: a dir with raft/meta and without
 		// the marker is a member that has caught up once.
@@ -98,25 +111,39 @@ func loadOrBootstrapMeta(fsys vfs.FS, dir string, want Meta) (Meta, bool, error)
 	}
 	body, ok := base.Unseal(b)
 	if !ok {
-		return Meta{}, false, &base.CorruptionError{File: "raft/meta", Reason: "raft/meta fails its CRC"}
+		return Meta{}, false, lostMeta("fails its CRC")
 	}
 	var got Meta
 	if err := json.Unmarshal(body, &got); err != nil {
-		return Meta{}, false, &base.CorruptionError{File: "raft/meta", Reason: err.Error()}
+		return Meta{}, false, lostMeta(err.Error())
 	}
+	return got, false, checkMeta(got, want)
+}
+
+// checkMeta says how got (raft/meta on disk) differs from want (what the
+// member's flags say), wrapping ErrMetaMismatch; nil when it does not
+// (LogBase aside, which only the bootstrap knows).
+func checkMeta(got, want Meta) error {
 	switch {
 	case got.NodeID != want.NodeID:
-		return got, false, fmt.Errorf("%w: the data dir belongs to node %d, not %d (ids are never reused)", ErrMetaMismatch, got.NodeID, want.NodeID)
+		return fmt.Errorf("%w: the data dir belongs to node %d, not %d (ids are never reused)", ErrMetaMismatch, got.NodeID, want.NodeID)
 	case got.Group != want.Group:
-		return got, false, fmt.Errorf("%w: the data dir belongs to group %q, not %q", ErrMetaMismatch, got.Group, want.Group)
+		return fmt.Errorf("%w: the data dir belongs to group %q, not %q", ErrMetaMismatch, got.Group, want.Group)
 	case want.ClusterUUID != "" && got.ClusterUUID != want.ClusterUUID:
-		return got, false, fmt.Errorf("%w: cluster %s, not %s", ErrMetaMismatch, got.ClusterUUID, want.ClusterUUID)
+		return fmt.Errorf("%w: cluster %s, not %s", ErrMetaMismatch, got.ClusterUUID, want.ClusterUUID)
 	case got.FileSize != want.FileSize:
-		return got, false, fmt.Errorf("%w: commitlog file size %d, not %d", ErrMetaMismatch, got.FileSize, want.FileSize)
+		return fmt.Errorf("%w: commitlog file size %d, not %d", ErrMetaMismatch, got.FileSize, want.FileSize)
 	case !slices.Equal(got.Voters, want.Voters) || !slices.Equal(got.Learners, want.Learners):
-		return got, false, fmt.Errorf("%w: bootstrap members %v/%v, not %v/%v", ErrMetaMismatch, got.Voters, got.Learners, want.Voters, want.Learners)
+		return fmt.Errorf("%w: bootstrap members %v/%v, not %v/%v", ErrMetaMismatch, got.Voters, got.Learners, want.Voters, want.Learners)
 	}
-	return got, false, nil
+	return nil
+}
+
+// lostMeta is the refusal to start on a damaged raft/meta (or a missing
+// one while the log holds entries).
+func lostMeta(why string) error {
+	return &base.CorruptionError{File: "raft/meta", Reason: "raft/meta " + why + " (storaged replica repair --from PEER with this " +
+		"member's --raft-id, --raft-peers and --raft-group rebuilds it from a peer's)"}
 }
 
 // ReadMeta reads raft/meta from the raft directory dir, offline (the
@@ -130,7 +157,33 @@ func ReadMeta(fsys vfs.FS, dir string) (Meta, error) {
 	body, ok := base.Unseal(b)
 	var m Meta
 	if !ok || json.Unmarshal(body, &m) != nil {
-		return Meta{}, &base.CorruptionError{File: "raft/meta", Reason: "raft/meta is damaged"}
+		return Meta{}, lostMeta("is damaged")
 	}
 	return m, nil
+}
+
+// PeerState is a member's identity and durable raft state as it serves
+// them to a peer repairing its raft/meta or raft/hardstate (State, the
+// FetchState peer RPC).
+type PeerState struct {
+	Meta Meta
+	// Term and Commit are the HardState on disk; First is FirstIndex and
+	// Last the last synced index.
+	Term, Commit, First, Last uint64
+	// Joining: bootstrapped empty and not caught up with a leader yet
+	// (Joining): its log may lack entries it acknowledged before its data
+	// dir was lost, so it proves nothing about what was committed.
+	Joining bool
+}
+
+// State returns raft/meta and the durable raft state.
+func (l *Log) State() (PeerState, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed {
+		return PeerState{}, l.stopped
+	}
+	m := l.meta
+	m.Voters, m.Learners = slices.Clone(m.Voters), slices.Clone(m.Learners)
+	return PeerState{Meta: m, Term: l.hs.cur.Term, Commit: l.hs.cur.Commit, First: l.first, Last: l.synced, Joining: l.joining}, nil
 }

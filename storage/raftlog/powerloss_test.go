@@ -318,11 +318,11 @@ func TestMetaRefusesAnotherNode(t *testing.T) {
 	} {
 		want := testMeta
 		m(&want)
-		if _, _, err := loadOrBootstrapMeta(fs, "/d/raft", want); !errors.Is(err, ErrMetaMismatch) {
+		if _, _, err := loadOrBootstrapMeta(fs, "/d/raft", want, testUnits); !errors.Is(err, ErrMetaMismatch) {
 			t.Errorf("meta %+v: %v, want ErrMetaMismatch", want, err)
 		}
 	}
-	if _, _, err := loadOrBootstrapMeta(fs, "/d/raft", testMeta); err != nil {
+	if _, _, err := loadOrBootstrapMeta(fs, "/d/raft", testMeta, testUnits); err != nil {
 		t.Errorf("the same meta: %v", err)
 	}
 }

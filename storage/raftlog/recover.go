@@ -7,6 +7,7 @@ import (
 
 	"github.com/storaged/storaged/storage/internal/base"
 	"github.com/storaged/storaged/storage/record"
+	"github.com/storaged/storaged/storage/vfs"
 )
 
 // recover reconciles the index with the commitlog and the meta-log (design
@@ -177,11 +178,16 @@ func (l *Log) checkPayload(u Unit, dEnd, mEnd, metaSize, clMin, clEnd, fileSize 
 
 // saveUnits copies the non-zero units from index k on, up to the last
 // non-zero one, to raft/index/<k>.broken before recovery zeroes them.
-func (l *Log) saveUnits(k uint64) error {
+func (l *Log) saveUnits(k uint64) error { return saveUnits(l.opts.FS, l.opts.Dir, l.idx, k) }
+
+// saveUnits copies the non-zero units of x from index k on, up to the
+// last non-zero one, to <dir>/index/<k>.broken (recovery's cut, and
+// repair's).
+func saveUnits(fsys vfs.FS, dir string, x *index, k uint64) error {
 	var saved []byte
 	keep := 0
 	for i := k; ; i++ {
-		b := l.idx.slot(i)
+		b := x.slot(i)
 		if b == nil {
 			break
 		}
@@ -193,8 +199,8 @@ func (l *Log) saveUnits(k uint64) error {
 	if keep == 0 {
 		return nil
 	}
-	name := filepath.Join(l.opts.Dir, "index", indexName(k)+".broken")
-	if err := l.opts.FS.WriteFile(name, saved[:keep]); err != nil {
+	name := filepath.Join(dir, "index", indexName(k)+".broken")
+	if err := fsys.WriteFile(name, saved[:keep]); err != nil {
 		return fmt.Errorf("raftlog: save the cut index units: %w", err)
 	}
 	return nil

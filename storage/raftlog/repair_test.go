@@ -61,15 +61,28 @@ func repairFrom(fs vfs.FS, peer *replica) (RepairReport, error) {
 		return RepairReport{}, err
 	}
 	defer cl.Close()
-	fetches := 0
 	return Repair(RepairOptions{FS: fs, Dir: "/d/raft", Commitlog: cl, IndexUnits: testUnits, RequireCRC: true,
+		Peers: []Peer{peerOf(2, peer)}})
+}
+
+// peerOf is an open replica as the peer id Repair asks: its State (with
+// its node id set to id) and its entries in chunks of at most 3 entries
+// and 2 KiB.
+func peerOf(id uint64, r *replica) Peer {
+	fetches := 0
+	return Peer{ID: id,
+		State: func() (PeerState, error) {
+			st, err := r.log.State()
+			st.Meta.NodeID = id
+			return st, err
+		},
 		Fetch: func(lo, hi uint64) (Range, error) {
 			fetches++
 			if fetches > 1000 {
 				return Range{}, errors.New("too many fetches")
 			}
-			return peer.log.ReadRange(lo, min(hi, lo+3), 2<<10)
-		}})
+			return r.log.ReadRange(lo, min(hi, lo+3), 2<<10)
+		}}
 }
 
 // sameFiles fails unless every file under dir is byte-identical on a and b.

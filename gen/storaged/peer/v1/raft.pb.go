@@ -558,6 +558,217 @@ func (x *RangeEntry) GetData() []byte {
 	return nil
 }
 
+// FetchStateRequest asks for the receiver's identity and raft state.
+type FetchStateRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// group, cluster_id, from and to are the header, as in RaftBatch: from is the repairing member.
+	Group         string `protobuf:"bytes,1,opt,name=group,proto3" json:"group,omitempty"`
+	ClusterId     string `protobuf:"bytes,2,opt,name=cluster_id,json=clusterId,proto3" json:"cluster_id,omitempty"`
+	From          uint64 `protobuf:"varint,3,opt,name=from,proto3" json:"from,omitempty"`
+	To            uint64 `protobuf:"varint,4,opt,name=to,proto3" json:"to,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FetchStateRequest) Reset() {
+	*x = FetchStateRequest{}
+	mi := &file_storaged_peer_v1_raft_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FetchStateRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FetchStateRequest) ProtoMessage() {}
+
+func (x *FetchStateRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_storaged_peer_v1_raft_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FetchStateRequest.ProtoReflect.Descriptor instead.
+func (*FetchStateRequest) Descriptor() ([]byte, []int) {
+	return file_storaged_peer_v1_raft_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *FetchStateRequest) GetGroup() string {
+	if x != nil {
+		return x.Group
+	}
+	return ""
+}
+
+func (x *FetchStateRequest) GetClusterId() string {
+	if x != nil {
+		return x.ClusterId
+	}
+	return ""
+}
+
+func (x *FetchStateRequest) GetFrom() uint64 {
+	if x != nil {
+		return x.From
+	}
+	return 0
+}
+
+func (x *FetchStateRequest) GetTo() uint64 {
+	if x != nil {
+		return x.To
+	}
+	return 0
+}
+
+// FetchStateResponse is the serving member's raft/meta and durable raft state.
+type FetchStateResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// node_id, group, cluster_id, file_size and log_base are the serving member's raft/meta: its id, the
+	// group's name and cluster id, the commitlog file size, and the commitlog offset its first DATA entry
+	// went to at bootstrap.
+	NodeId    uint64 `protobuf:"varint,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	Group     string `protobuf:"bytes,2,opt,name=group,proto3" json:"group,omitempty"`
+	ClusterId string `protobuf:"bytes,3,opt,name=cluster_id,json=clusterId,proto3" json:"cluster_id,omitempty"`
+	FileSize  int64  `protobuf:"varint,4,opt,name=file_size,json=fileSize,proto3" json:"file_size,omitempty"`
+	LogBase   int64  `protobuf:"varint,5,opt,name=log_base,json=logBase,proto3" json:"log_base,omitempty"`
+	// voters and learners are the bootstrap members recorded in raft/meta.
+	Voters   []uint64 `protobuf:"varint,6,rep,packed,name=voters,proto3" json:"voters,omitempty"`
+	Learners []uint64 `protobuf:"varint,7,rep,packed,name=learners,proto3" json:"learners,omitempty"`
+	// term and commit are the serving member's HardState as on disk; first and last its first index and
+	// last synced index.
+	Term   uint64 `protobuf:"varint,8,opt,name=term,proto3" json:"term,omitempty"`
+	Commit uint64 `protobuf:"varint,9,opt,name=commit,proto3" json:"commit,omitempty"`
+	First  uint64 `protobuf:"varint,10,opt,name=first,proto3" json:"first,omitempty"`
+	Last   uint64 `protobuf:"varint,11,opt,name=last,proto3" json:"last,omitempty"`
+	// joining: the serving member was bootstrapped empty and has not caught up with a leader yet (its log
+	// may lack entries it once acknowledged, so its answers do not prove that an entry was never committed).
+	Joining       bool `protobuf:"varint,12,opt,name=joining,proto3" json:"joining,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FetchStateResponse) Reset() {
+	*x = FetchStateResponse{}
+	mi := &file_storaged_peer_v1_raft_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FetchStateResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FetchStateResponse) ProtoMessage() {}
+
+func (x *FetchStateResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_storaged_peer_v1_raft_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FetchStateResponse.ProtoReflect.Descriptor instead.
+func (*FetchStateResponse) Descriptor() ([]byte, []int) {
+	return file_storaged_peer_v1_raft_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *FetchStateResponse) GetNodeId() uint64 {
+	if x != nil {
+		return x.NodeId
+	}
+	return 0
+}
+
+func (x *FetchStateResponse) GetGroup() string {
+	if x != nil {
+		return x.Group
+	}
+	return ""
+}
+
+func (x *FetchStateResponse) GetClusterId() string {
+	if x != nil {
+		return x.ClusterId
+	}
+	return ""
+}
+
+func (x *FetchStateResponse) GetFileSize() int64 {
+	if x != nil {
+		return x.FileSize
+	}
+	return 0
+}
+
+func (x *FetchStateResponse) GetLogBase() int64 {
+	if x != nil {
+		return x.LogBase
+	}
+	return 0
+}
+
+func (x *FetchStateResponse) GetVoters() []uint64 {
+	if x != nil {
+		return x.Voters
+	}
+	return nil
+}
+
+func (x *FetchStateResponse) GetLearners() []uint64 {
+	if x != nil {
+		return x.Learners
+	}
+	return nil
+}
+
+func (x *FetchStateResponse) GetTerm() uint64 {
+	if x != nil {
+		return x.Term
+	}
+	return 0
+}
+
+func (x *FetchStateResponse) GetCommit() uint64 {
+	if x != nil {
+		return x.Commit
+	}
+	return 0
+}
+
+func (x *FetchStateResponse) GetFirst() uint64 {
+	if x != nil {
+		return x.First
+	}
+	return 0
+}
+
+func (x *FetchStateResponse) GetLast() uint64 {
+	if x != nil {
+		return x.Last
+	}
+	return 0
+}
+
+func (x *FetchStateResponse) GetJoining() bool {
+	if x != nil {
+		return x.Joining
+	}
+	return false
+}
+
 var File_storaged_peer_v1_raft_proto protoreflect.FileDescriptor
 
 const file_storaged_peer_v1_raft_proto_rawDesc = "" +
@@ -605,12 +816,35 @@ const file_storaged_peer_v1_raft_proto_rawDesc = "" +
 	"RangeEntry\x12\x14\n" +
 	"\x05index\x18\x01 \x01(\x04R\x05index\x12\x12\n" +
 	"\x04unit\x18\x02 \x01(\fR\x04unit\x12\x12\n" +
-	"\x04data\x18\x03 \x01(\fR\x04data2\xf7\x01\n" +
+	"\x04data\x18\x03 \x01(\fR\x04data\"l\n" +
+	"\x11FetchStateRequest\x12\x14\n" +
+	"\x05group\x18\x01 \x01(\tR\x05group\x12\x1d\n" +
+	"\n" +
+	"cluster_id\x18\x02 \x01(\tR\tclusterId\x12\x12\n" +
+	"\x04from\x18\x03 \x01(\x04R\x04from\x12\x0e\n" +
+	"\x02to\x18\x04 \x01(\x04R\x02to\"\xbe\x02\n" +
+	"\x12FetchStateResponse\x12\x17\n" +
+	"\anode_id\x18\x01 \x01(\x04R\x06nodeId\x12\x14\n" +
+	"\x05group\x18\x02 \x01(\tR\x05group\x12\x1d\n" +
+	"\n" +
+	"cluster_id\x18\x03 \x01(\tR\tclusterId\x12\x1b\n" +
+	"\tfile_size\x18\x04 \x01(\x03R\bfileSize\x12\x19\n" +
+	"\blog_base\x18\x05 \x01(\x03R\alogBase\x12\x16\n" +
+	"\x06voters\x18\x06 \x03(\x04R\x06voters\x12\x1a\n" +
+	"\blearners\x18\a \x03(\x04R\blearners\x12\x12\n" +
+	"\x04term\x18\b \x01(\x04R\x04term\x12\x16\n" +
+	"\x06commit\x18\t \x01(\x04R\x06commit\x12\x14\n" +
+	"\x05first\x18\n" +
+	" \x01(\x04R\x05first\x12\x12\n" +
+	"\x04last\x18\v \x01(\x04R\x04last\x12\x18\n" +
+	"\ajoining\x18\f \x01(\bR\ajoining2\xd0\x02\n" +
 	"\x04Raft\x12D\n" +
 	"\x04Send\x12\x1b.storaged.peer.v1.RaftBatch\x1a\x1d.storaged.peer.v1.SendSummary(\x01\x12V\n" +
 	"\x0fInstallSnapshot\x12\x1f.storaged.peer.v1.SnapshotChunk\x1a .storaged.peer.v1.SnapshotResult(\x01\x12Q\n" +
 	"\n" +
-	"FetchRange\x12#.storaged.peer.v1.FetchRangeRequest\x1a\x1c.storaged.peer.v1.RangeChunk0\x01B\xbd\x01\n" +
+	"FetchRange\x12#.storaged.peer.v1.FetchRangeRequest\x1a\x1c.storaged.peer.v1.RangeChunk0\x01\x12W\n" +
+	"\n" +
+	"FetchState\x12#.storaged.peer.v1.FetchStateRequest\x1a$.storaged.peer.v1.FetchStateResponseB\xbd\x01\n" +
 	"\x14com.storaged.peer.v1B\tRaftProtoP\x01Z8github.com/storaged/storaged/gen/storaged/peer/v1;peerv1\xa2\x02\x03SPX\xaa\x02\x10Storaged.Peer.V1\xca\x02\x10Storaged\\Peer\\V1\xe2\x02\x1cStoraged\\Peer\\V1\\GPBMetadata\xea\x02\x12Storaged::Peer::V1b\x06proto3"
 
 var (
@@ -625,26 +859,30 @@ func file_storaged_peer_v1_raft_proto_rawDescGZIP() []byte {
 	return file_storaged_peer_v1_raft_proto_rawDescData
 }
 
-var file_storaged_peer_v1_raft_proto_msgTypes = make([]protoimpl.MessageInfo, 7)
+var file_storaged_peer_v1_raft_proto_msgTypes = make([]protoimpl.MessageInfo, 9)
 var file_storaged_peer_v1_raft_proto_goTypes = []any{
-	(*RaftBatch)(nil),         // 0: storaged.peer.v1.RaftBatch
-	(*SendSummary)(nil),       // 1: storaged.peer.v1.SendSummary
-	(*SnapshotChunk)(nil),     // 2: storaged.peer.v1.SnapshotChunk
-	(*SnapshotResult)(nil),    // 3: storaged.peer.v1.SnapshotResult
-	(*FetchRangeRequest)(nil), // 4: storaged.peer.v1.FetchRangeRequest
-	(*RangeChunk)(nil),        // 5: storaged.peer.v1.RangeChunk
-	(*RangeEntry)(nil),        // 6: storaged.peer.v1.RangeEntry
+	(*RaftBatch)(nil),          // 0: storaged.peer.v1.RaftBatch
+	(*SendSummary)(nil),        // 1: storaged.peer.v1.SendSummary
+	(*SnapshotChunk)(nil),      // 2: storaged.peer.v1.SnapshotChunk
+	(*SnapshotResult)(nil),     // 3: storaged.peer.v1.SnapshotResult
+	(*FetchRangeRequest)(nil),  // 4: storaged.peer.v1.FetchRangeRequest
+	(*RangeChunk)(nil),         // 5: storaged.peer.v1.RangeChunk
+	(*RangeEntry)(nil),         // 6: storaged.peer.v1.RangeEntry
+	(*FetchStateRequest)(nil),  // 7: storaged.peer.v1.FetchStateRequest
+	(*FetchStateResponse)(nil), // 8: storaged.peer.v1.FetchStateResponse
 }
 var file_storaged_peer_v1_raft_proto_depIdxs = []int32{
 	6, // 0: storaged.peer.v1.RangeChunk.entries:type_name -> storaged.peer.v1.RangeEntry
 	0, // 1: storaged.peer.v1.Raft.Send:input_type -> storaged.peer.v1.RaftBatch
 	2, // 2: storaged.peer.v1.Raft.InstallSnapshot:input_type -> storaged.peer.v1.SnapshotChunk
 	4, // 3: storaged.peer.v1.Raft.FetchRange:input_type -> storaged.peer.v1.FetchRangeRequest
-	1, // 4: storaged.peer.v1.Raft.Send:output_type -> storaged.peer.v1.SendSummary
-	3, // 5: storaged.peer.v1.Raft.InstallSnapshot:output_type -> storaged.peer.v1.SnapshotResult
-	5, // 6: storaged.peer.v1.Raft.FetchRange:output_type -> storaged.peer.v1.RangeChunk
-	4, // [4:7] is the sub-list for method output_type
-	1, // [1:4] is the sub-list for method input_type
+	7, // 4: storaged.peer.v1.Raft.FetchState:input_type -> storaged.peer.v1.FetchStateRequest
+	1, // 5: storaged.peer.v1.Raft.Send:output_type -> storaged.peer.v1.SendSummary
+	3, // 6: storaged.peer.v1.Raft.InstallSnapshot:output_type -> storaged.peer.v1.SnapshotResult
+	5, // 7: storaged.peer.v1.Raft.FetchRange:output_type -> storaged.peer.v1.RangeChunk
+	8, // 8: storaged.peer.v1.Raft.FetchState:output_type -> storaged.peer.v1.FetchStateResponse
+	5, // [5:9] is the sub-list for method output_type
+	1, // [1:5] is the sub-list for method input_type
 	1, // [1:1] is the sub-list for extension type_name
 	1, // [1:1] is the sub-list for extension extendee
 	0, // [0:1] is the sub-list for field type_name
@@ -661,7 +899,7 @@ func file_storaged_peer_v1_raft_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_storaged_peer_v1_raft_proto_rawDesc), len(file_storaged_peer_v1_raft_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   7,
+			NumMessages:   9,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

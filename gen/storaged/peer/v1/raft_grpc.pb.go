@@ -26,6 +26,7 @@ const (
 	Raft_Send_FullMethodName            = "/storaged.peer.v1.Raft/Send"
 	Raft_InstallSnapshot_FullMethodName = "/storaged.peer.v1.Raft/InstallSnapshot"
 	Raft_FetchRange_FullMethodName      = "/storaged.peer.v1.Raft/FetchRange"
+	Raft_FetchState_FullMethodName      = "/storaged.peer.v1.Raft/FetchState"
 )
 
 // RaftClient is the client API for Raft service.
@@ -71,6 +72,12 @@ type RaftClient interface {
 	// buf:lint:ignore RPC_REQUEST_STANDARD_NAME
 	// buf:lint:ignore RPC_RESPONSE_STANDARD_NAME
 	FetchRange(ctx context.Context, in *FetchRangeRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[RangeChunk], error)
+	// FetchState returns the receiver's identity (its raft/meta) and its durable raft state (HardState term
+	// and commit, first and last index) to a member repairing its own raft/meta or raft/hardstate offline
+	// (`storaged replica repair --from`, design replication.md §3.4). The request header is checked as
+	// FetchRange's (PERMISSION_DENIED for a foreign group, cluster or member; with TLS the client certificate
+	// must name the requesting member's --raft-peers host). UNAVAILABLE until the receiver's store is open.
+	FetchState(ctx context.Context, in *FetchStateRequest, opts ...grpc.CallOption) (*FetchStateResponse, error)
 }
 
 type raftClient struct {
@@ -126,6 +133,16 @@ func (c *raftClient) FetchRange(ctx context.Context, in *FetchRangeRequest, opts
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type Raft_FetchRangeClient = grpc.ServerStreamingClient[RangeChunk]
 
+func (c *raftClient) FetchState(ctx context.Context, in *FetchStateRequest, opts ...grpc.CallOption) (*FetchStateResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(FetchStateResponse)
+	err := c.cc.Invoke(ctx, Raft_FetchState_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // RaftServer is the server API for Raft service.
 // All implementations must embed UnimplementedRaftServer
 // for forward compatibility.
@@ -169,6 +186,12 @@ type RaftServer interface {
 	// buf:lint:ignore RPC_REQUEST_STANDARD_NAME
 	// buf:lint:ignore RPC_RESPONSE_STANDARD_NAME
 	FetchRange(*FetchRangeRequest, grpc.ServerStreamingServer[RangeChunk]) error
+	// FetchState returns the receiver's identity (its raft/meta) and its durable raft state (HardState term
+	// and commit, first and last index) to a member repairing its own raft/meta or raft/hardstate offline
+	// (`storaged replica repair --from`, design replication.md §3.4). The request header is checked as
+	// FetchRange's (PERMISSION_DENIED for a foreign group, cluster or member; with TLS the client certificate
+	// must name the requesting member's --raft-peers host). UNAVAILABLE until the receiver's store is open.
+	FetchState(context.Context, *FetchStateRequest) (*FetchStateResponse, error)
 	mustEmbedUnimplementedRaftServer()
 }
 
@@ -187,6 +210,9 @@ func (UnimplementedRaftServer) InstallSnapshot(grpc.ClientStreamingServer[Snapsh
 }
 func (UnimplementedRaftServer) FetchRange(*FetchRangeRequest, grpc.ServerStreamingServer[RangeChunk]) error {
 	return status.Error(codes.Unimplemented, "method FetchRange not implemented")
+}
+func (UnimplementedRaftServer) FetchState(context.Context, *FetchStateRequest) (*FetchStateResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method FetchState not implemented")
 }
 func (UnimplementedRaftServer) mustEmbedUnimplementedRaftServer() {}
 func (UnimplementedRaftServer) testEmbeddedByValue()              {}
@@ -234,13 +260,36 @@ func _Raft_FetchRange_Handler(srv interface{}, stream grpc.ServerStream) error {
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type Raft_FetchRangeServer = grpc.ServerStreamingServer[RangeChunk]
 
+func _Raft_FetchState_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(FetchStateRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RaftServer).FetchState(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Raft_FetchState_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RaftServer).FetchState(ctx, req.(*FetchStateRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Raft_ServiceDesc is the grpc.ServiceDesc for Raft service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
 var Raft_ServiceDesc = grpc.ServiceDesc{
 	ServiceName: "storaged.peer.v1.Raft",
 	HandlerType: (*RaftServer)(nil),
-	Methods:     []grpc.MethodDesc{},
+	Methods: []grpc.MethodDesc{
+		{
+			MethodName: "FetchState",
+			Handler:    _Raft_FetchState_Handler,
+		},
+	},
 	Streams: []grpc.StreamDesc{
 		{
 			StreamName:    "Send",
