@@ -174,8 +174,16 @@ func (s *Store) commitOffset(ctx context.Context, group, topic string, queueID i
 	if err := s.groupRefusal(); err != nil { // a follower answers with its leader before anything else
 		return AppendResult{}, err
 	}
+	// Shared with the other commits, exclusive of a topic delete: a commit
+	// checked against a topic is in the log before its delete
+	// (topicclear.go).
+	s.deleteFence.RLock()
+	defer s.deleteFence.RUnlock()
 	if err := s.checkOffsetKey(group, topic, queueID); err != nil {
 		return AppendResult{}, err
+	}
+	if s.topics.deleting(topic) {
+		return AppendResult{}, fmt.Errorf("%w: %s is being deleted", ErrTopicNotFound, topic)
 	}
 	if lo, hi := s.queueBounds(topic, queueID); offset < lo || offset > hi {
 		return AppendResult{}, &RangeError{What: "committed offset", Offset: offset, Min: lo, Max: hi + 1}
@@ -330,7 +338,7 @@ func (s *Store) openOffsets() error {
 		if err != nil {
 			return fmt.Errorf("%w: consumer offsets: record at commitlog offset %d: %w", ErrCorrupt, phys, err)
 		}
-		s.offsets.Apply(es, phys)
+		s.offsets.Apply(s.liveOffsets(es, phys), phys)
 		return nil
 	})
 	if err != nil {
@@ -358,7 +366,7 @@ func (s *Store) applyOffsetRecord(phys int64, rec []byte) {
 			Msg("storage: a consumer offset record does not decode; skipped (the next Open refuses it)")
 		return
 	}
-	s.offsets.Apply(es, phys)
+	s.offsets.Apply(s.liveOffsets(es, phys), phys)
 }
 
 // rewriteOffsets writes again every latest offset whose record lies below
@@ -383,12 +391,20 @@ func (s *Store) rewriteOffsets(end int64) int64 {
 	if s.closed.Load() || s.Role() != RoleMaster || s.WriteErr() != nil || s.groupRefusal() != nil {
 		return keep()
 	}
+	// Exclusive of a topic delete: the copies of a topic's values are in
+	// the log before its delete, or not written (topicclear.go).
+	s.deleteFence.RLock()
+	defer s.deleteFence.RUnlock()
 	es := t.Below(end)
 	live := es[:0]
 	for _, e := range es {
-		// Standalone, a deleted topic's keys are dropped here. In a group
-		// topics cannot be deleted (and the table is the same on every
-		// replica only if it changes through the log): every key stays.
+		if s.topics.deleting(e.Key.Topic) {
+			continue // the delete being applied drops it; its file stays until then (keep)
+		}
+		// Standalone, the keys of a topic that does not exist are dropped
+		// here (a delete dropped its own already). In a group the table
+		// is the same on every replica only if it changes through the
+		// log: every key stays.
 		if _, ok := s.topics.get(e.Key.Topic); ok || s.group != nil {
 			e.Rewrite, e.From = true, e.At
 			live = append(live, e)

@@ -127,7 +127,12 @@ func (s *Store) installSnapshot(m snapshot.Manifest, stage string) error {
 			// Still paused: no round applies a record of the snapshot
 			// before the table is emptied (pop.go).
 			s.resetPopForSnapshot(m.MinOffset)
-			s.resetTxnForSnapshot(m.MinOffset) // likewise (transactions.go)
+			s.resetTxnForSnapshot(m.MinOffset)     // likewise (transactions.go)
+			s.resetOffsetsForSnapshot(m.MinOffset) // likewise (topicclear.go)
+			// The consumer state of topics the snapshot's tombstones
+			// cover: deletes this replica may never have applied as
+			// commands (topicclear.go).
+			s.dropTombstonedConsumerState()
 			return nil
 		})
 		if err != nil {

@@ -123,10 +123,20 @@ func (s *Store) replicateDelete(name string) (int64, error) {
 	epoch, applied := g.node.ReadyTerm(), g.node.Info().Applied
 	// Blocked before the proposal: a put stamped after it in the log would
 	// continue the deleted queues (a stamp in progress holds the node's
-	// lock, so it is proposed before the delete).
+	// lock, so it is proposed before the delete). Offset commits and POP
+	// changes under way finish first (they hold the fences shared until
+	// their record applied), and those after see the block
+	// (topicclear.go).
+	s.deleteFence.Lock()
+	s.popRewrite.Lock()
 	s.topics.setBlocked(name, true)
-	if err := g.node.ProposeCmd(epoch, encodeTopicDeleteCmd(name)); err != nil {
+	err := g.node.ProposeCmd(epoch, encodeTopicDeleteCmd(name))
+	if err != nil {
 		s.topics.setBlocked(name, false)
+	}
+	s.popRewrite.Unlock()
+	s.deleteFence.Unlock()
+	if err != nil {
 		return 0, err
 	}
 	timer := time.NewTimer(g.opts.ReplicationTimeout)
@@ -173,6 +183,9 @@ func (s *Store) applyTopicDelete(index uint64, data []byte) error {
 			s.index.Paused(func() {
 				s.topics.cur.Store(next)
 				dropErr = s.index.DropTopicPaused(name)
+				s.pop.Mu.Lock()
+				s.dropConsumerStateLocked(name, at)
+				s.pop.Mu.Unlock()
 			})
 		}
 	}

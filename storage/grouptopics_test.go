@@ -289,13 +289,23 @@ func TestGroupTopicDelete(t *testing.T) {
 // deleted a topic it holds and then re-created it rejoins by a snapshot
 // (the delete's command compacted away with the leader's log): the topic
 // is deleted there too (tombstoned at the leader's offset, its old queue
-// dropped), and the re-created topic serves only the new messages from
-// queue offset 0, after the install and after a restart.
+// dropped, its consumer offsets and POP state gone as on the leader),
+// and the re-created topic serves only the new messages from queue
+// offset 0, after the install and after a restart.
 func TestGroupTopicDeleteSnapshot(t *testing.T) {
 	b := newBehindGroupSteps(t, nil, func(b *behindGroup, i int) {
 		if i == 10 { // member 3 up, and down from the next put on
 			for j := range 3 {
 				b.putTopic(1, "Gone", fmt.Sprintf("old-%d", j))
+			}
+			// Consumer state of the old topic, on member 3 too.
+			ld := b.m[1].s
+			if err := ld.CommitOffset(context.Background(), "c", "Gone", 0, 3); err != nil {
+				t.Fatal(err)
+			}
+			ms, err := ld.PopReceive(context.Background(), PopRequest{Group: "p", Topic: "Gone", MaxMessages: 2, Invisible: 10 * time.Hour})
+			if err != nil || len(ms) != 2 {
+				t.Fatalf("receive: %d, %v", len(ms), err)
 			}
 		}
 	})
@@ -325,6 +335,13 @@ func TestGroupTopicDeleteSnapshot(t *testing.T) {
 		}
 		if min, bodies := g.topicBodies(3, "Gone"); min != 0 || !slices.Equal(bodies, []string{"new-0", "new-1"}) {
 			t.Fatalf("%s: member 3 serves Gone/0 from %d: %q, want the re-created topic's two messages from 0", what, min, bodies)
+		}
+		// The old topic's consumer state is not brought back by the
+		// snapshot (topicclear.go).
+		for _, id := range g.ids {
+			if ks, ops := topicKeys(g.m[id].s, "Gone"); len(ks) != 0 || len(ops) != 0 {
+				t.Fatalf("%s: member %d holds offsets %v, POP %v of the deleted topic", what, id, ks, ops)
+			}
 		}
 	}
 	check("after the install")

@@ -452,6 +452,9 @@ func (s *Store) popOnce(ctx context.Context, req PopRequest, queues int32) ([]Po
 		return nil
 	}
 	err := scan(RetryTopic(req.Group), 0, nil)
+	if s.topics.deleting(req.Topic) {
+		queues = 0 // its delete is proposed: nothing of it goes in flight past it (topicclear.go)
+	}
 	if queues > 0 {
 		first := int32(s.popTurn.Add(1) % uint32(queues))
 		for i := int32(0); err == nil && i < queues && len(picked) < room && budget > 0; i++ {
@@ -603,7 +606,7 @@ func (s *Store) applyPopRecord(phys int64, rec []byte) {
 	}
 	t := s.pop
 	t.Mu.Lock()
-	for _, op := range ops {
+	for _, op := range s.livePops(ops, phys) {
 		t.Apply(op, phys)
 	}
 	t.Mu.Unlock()
@@ -905,6 +908,11 @@ func (s *Store) PopChangeInvisible(ctx context.Context, group, topic, handle str
 		return PopMessage{}, err
 	}
 	defer s.popLock(group)()
+	if s.topics.deleting(k.Topic) {
+		// Its delete is proposed: a Set after it would put an old message
+		// in flight on the re-created topic (topicclear.go).
+		return PopMessage{}, fmt.Errorf("%w: %s is being deleted", ErrTopicNotFound, k.Topic)
+	}
 	t := s.pop
 	t.Mu.Lock()
 	cur, ok := t.Item(k)
@@ -979,7 +987,7 @@ func (s *Store) openPop() error {
 		if err != nil {
 			return fmt.Errorf("%w: POP state: record at commitlog offset %d: %w", ErrCorrupt, phys, err)
 		}
-		for _, op := range ops {
+		for _, op := range s.livePops(ops, phys) {
 			s.pop.Apply(op, phys)
 		}
 		return nil
@@ -1043,6 +1051,16 @@ func (s *Store) rewritePopGroup(end int64, keep func() int64) int64 {
 	t.Mu.Lock()
 	ops := t.Below(end)
 	t.Mu.Unlock()
+	live := ops[:0]
+	for _, op := range ops {
+		// A topic whose delete is proposed is not restated past it: the
+		// delete drops its state, and retention keeps the files until it
+		// applied (keep; topicclear.go).
+		if !s.topics.deleting(op.Key.Topic) {
+			live = append(live, op)
+		}
+	}
+	ops = live
 	for len(ops) > 0 {
 		n := 0
 		for n < len(ops) && n < pop.MaxOps && pop.EncodedLen(ops[:n+1]) <= 256<<10 {

@@ -80,6 +80,11 @@ type Store struct {
 	// popRewrite: every POP change holds it shared (popLock), the group
 	// rewrite before retention exclusively (rewritePopGroup).
 	popRewrite sync.RWMutex
+	// deleteFence: offset commits and the offset rewrite before retention
+	// hold it shared from their checks to their record applied, a topic
+	// delete exclusively until its tombstone is in the log (topicclear.go),
+	// so no offset decided on the deleted topic lands after it.
+	deleteFence sync.RWMutex
 
 	// installing is the manifest of a snapshot install Open finishes
 	// (group_install.go), nil otherwise; Open's own.

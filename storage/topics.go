@@ -217,6 +217,13 @@ func (t *topicTable) has(topic string, queueID int32) bool {
 
 func (t *topicTable) tombstones() map[string]int64 { return t.cur.Load().deleted }
 
+// deleting reports whether a delete of topic is proposed and not yet
+// applied here (group mode, on the leader: see blocked).
+func (t *topicTable) deleting(topic string) bool {
+	b := t.blocked.Load()
+	return b != nil && (*b)[topic]
+}
+
 // get returns the queue count of topic.
 func (t *topicTable) get(topic string) (int32, bool) {
 	n, ok := t.cur.Load().topics[topic]

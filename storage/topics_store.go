@@ -171,6 +171,13 @@ func (s *Store) DeleteTopic(name string) (int64, error) {
 	if s.group != nil {
 		return s.replicateDelete(name) // grouptopics.go
 	}
+	// No consumer-state change decided on the old topic lands after the
+	// delete (topicclear.go): offset commits wait on the fence, POP
+	// changes (appended and applied under the POP lock) on the lock.
+	s.deleteFence.Lock()
+	defer s.deleteFence.Unlock()
+	s.pop.Mu.Lock()
+	defer s.pop.Mu.Unlock()
 	t := s.topics
 	t.wmu.Lock()
 	defer t.wmu.Unlock()
@@ -202,14 +209,16 @@ func (s *Store) DeleteTopic(name string) (int64, error) {
 		})
 		return 0, err
 	}
-	// Publish the tombstone and drop the queues with the dispatcher paused,
-	// so that it neither indexes an old record of the topic after this nor
-	// writes into a queue being removed; the puts waiting to index are
-	// woken after (consumequeue/visible.go).
+	// Publish the tombstone, drop the queues and the consumer state of
+	// the topic with the dispatcher paused, so that it neither indexes an
+	// old record of the topic after this nor writes into a queue being
+	// removed, nor applies an offset record meanwhile; the puts waiting to
+	// index are woken after (consumequeue/visible.go).
 	var err error
 	s.index.Paused(func() {
 		t.cur.Store(next)
 		err = s.index.DropTopicPaused(name)
+		s.dropConsumerStateLocked(name, at)
 	})
 	s.opts.Logger.Info().Str("topic", name).Int64("commitlog_offset", at).Msg("storage: topic deleted")
 	if err != nil {

@@ -125,6 +125,32 @@ func (t *Table) Delete(k Key) {
 	t.mu.Unlock()
 }
 
+// DropTopic forgets every key of topic whose latest record lies below
+// commitlog offset before (the topic was deleted there: those values
+// are queue offsets of the deleted queues) and returns how many.
+// O(keys): deletes are rare and the table is bounded.
+func (t *Table) DropTopic(topic string, before int64) int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	n := 0
+	for k, e := range t.m {
+		if k.Topic == topic && e.at < before {
+			delete(t.m, k)
+			n++
+		}
+	}
+	return n
+}
+
+// Reset empties the table (a snapshot installed over a gap in the log:
+// the table is rebuilt from the snapshot's records). Reservations of
+// commits under way stay.
+func (t *Table) Reset() {
+	t.mu.Lock()
+	t.m = map[Key]entry{}
+	t.mu.Unlock()
+}
+
 // Get returns the offset committed for k.
 func (t *Table) Get(k Key) (int64, bool) {
 	t.mu.RLock()

@@ -347,6 +347,42 @@ func (t *Table) Reset() {
 	t.stats.Unlock()
 }
 
+// DropTopic forgets, for every consumer group, the cursors and the
+// messages in flight of topic's queues whose latest record lies below
+// commitlog offset before (the topic was deleted there), and cursors
+// with no record (Advance); it returns the cursors and the messages
+// dropped. O(cursors + messages in flight): deletes are rare.
+func (t *Table) DropTopic(topic string, before int64) (cursors, inflight int) {
+	for k, c := range t.cursors {
+		if k.Topic == topic && c.at < before {
+			delete(t.cursors, k)
+			cursors++
+		}
+	}
+	for k, e := range t.inflight {
+		if k.Topic != topic || e.at >= before {
+			continue
+		}
+		delete(t.inflight, k)
+		g := t.groups[k.Group]
+		heap.Remove(&g.due, e.index)
+		if len(g.due) == 0 {
+			delete(t.groups, k.Group)
+		}
+		if q := t.queued[k.QueueKey]; len(q) == 1 {
+			delete(t.queued, k.QueueKey)
+		} else {
+			delete(q, k.Offset)
+		}
+		t.total--
+		inflight++
+	}
+	t.stats.Lock()
+	t.statN = t.total
+	t.stats.Unlock()
+	return cursors, inflight
+}
+
 // DropCursor forgets k's cursor (its topic was deleted).
 func (t *Table) DropCursor(k QueueKey) { delete(t.cursors, k) }
 
