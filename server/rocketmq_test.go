@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"strings"
 	"testing"
@@ -1056,4 +1057,58 @@ func TestRocketMQTelemetryEndsBeforeConnectionAge(t *testing.T) {
 	if got, err := s.Recv(); err != io.EOF {
 		t.Fatalf("at the soft end: %v %v, want the stream's OK end", got, err)
 	}
+}
+
+// TestDeleteTopicClearsConsumerStateEndToEnd: over gRPC, a topic deleted
+// through the admin service and re-created loses the consumer state of
+// its first life (storage/topicclear.go): the RocketMQ 5 GetOffset and
+// storaged.v1 GetOffset answer no committed offset, a POP receive of the
+// group that had messages in flight gets the new messages from queue
+// offset 0, and a receipt handle of the old topic is refused.
+func TestDeleteTopicClearsConsumerStateEndToEnd(t *testing.T) {
+	e := rmqServer(t, nil)
+	admin := startAdmin(t, e.store)
+	ctx := ctxT(t)
+	if _, err := admin.CreateTopic(ctx, &storagedv1.CreateTopicRequest{Name: "Orders", QueueCount: 1}); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 5 {
+		wantCode(t, "send", e.send(t, rmqMsg("Orders", fmt.Sprint("old-", i), nil)).GetStatus(), rocketmqv2.Code_OK)
+	}
+	mq := &rocketmqv2.MessageQueue{Topic: res("Orders"), Id: 0}
+	upd, err := e.rmq.UpdateOffset(ctx, &rocketmqv2.UpdateOffsetRequest{Group: res("G"), MessageQueue: mq, Offset: 5})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantCode(t, "update", upd.GetStatus(), rocketmqv2.Code_OK)
+	st, old := e.receive(t, receiveReq("P", "Orders", 3, time.Hour))
+	wantCode(t, "receive the old topic", st, rocketmqv2.Code_OK)
+	if len(old) != 3 {
+		t.Fatalf("received %d of the old topic", len(old))
+	}
+
+	if _, err := admin.DeleteTopic(ctx, &storagedv1.DeleteTopicRequest{Name: "Orders"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := admin.CreateTopic(ctx, &storagedv1.CreateTopicRequest{Name: "Orders", QueueCount: 1}); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 2 {
+		wantCode(t, "send", e.send(t, rmqMsg("Orders", fmt.Sprint("new-", i), nil)).GetStatus(), rocketmqv2.Code_OK)
+	}
+	get, err := e.rmq.GetOffset(ctx, &rocketmqv2.GetOffsetRequest{Group: res("G"), MessageQueue: mq})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantCode(t, "GetOffset of the re-created topic", get.GetStatus(), rocketmqv2.Code_OFFSET_NOT_FOUND)
+	_, err = e.v1.GetOffset(ctx, &storagedv1.GetOffsetRequest{ConsumerGroup: "G", Topic: "Orders", QueueId: 0})
+	details(t, err).want(t, codes.NotFound, ReasonQueryNotFound, false)
+
+	st, fresh := e.receive(t, receiveReq("P", "Orders", 32, time.Hour))
+	wantCode(t, "receive the re-created topic", st, rocketmqv2.Code_OK)
+	if got := msgBodies(fresh); strings.Join(got, ",") != "new-0,new-1" {
+		t.Fatalf("P receives %v from the re-created topic, want new-0,new-1", got)
+	}
+	wantCode(t, "ack with a handle of the deleted topic", e.ack(t, "P", "Orders", old[2]).GetStatus(), rocketmqv2.Code_INVALID_RECEIPT_HANDLE)
+	wantCode(t, "ack the new messages", e.ack(t, "P", "Orders", fresh...).GetStatus(), rocketmqv2.Code_OK)
 }
