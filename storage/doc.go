@@ -331,7 +331,14 @@
 // scheduler serves the delay table's levels and nothing sized by a queue
 // id read from disk. DeleteTopic leaves a tombstone (the commitlog offset
 // of the delete) that the dispatcher honours, so no rebuild resurrects a
-// deleted topic's records.
+// deleted topic's records. It also clears the topic's consumer state
+// (topicclear.go): the consumer groups' committed offsets and POP cursors
+// and messages in flight of its queues, dropped when the delete is
+// published and skipped by every later application of an older offset or
+// POP record (live, at Open's replay, in a snapshot's records), so a
+// re-created topic is consumed from offset 0. The groups' retry and
+// dead-letter topics, pending transaction halves and the idempotent-put
+// window are left alone.
 //
 // # Replication (group mode, storage layer)
 //
@@ -522,6 +529,10 @@
 // before it rebuilds the queues. A snapshot carries the table, its
 // tombstones and the index of the last topic command they reflect; the
 // install drops the queues of topics deleted while the member was behind.
+// The delete clears the topic's consumer offsets and POP state at the same
+// point on every replica (topicclear.go); the leader lets the offset
+// commits and POP changes under way land before the proposal and refuses
+// or skips the topic's after it until the delete applied.
 //
 // Not built yet: membership changes. A topic created before this
 // (a data dir of an older version) is known only where it was created or

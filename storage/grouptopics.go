@@ -15,8 +15,9 @@ import (
 // proposed itself, so the create precedes the put in the log. The table
 // on disk (config/topics.json) records the raft index of the last command
 // it holds; Open replays the committed commands after it (raft never
-// hands back entries at or below the commit index). Deletes are not
-// replicated (DeleteTopic is refused in a group).
+// hands back entries at or below the commit index). Deletes are
+// replicated commands too (replicateDelete, applyTopicDelete below); a
+// delete clears the topic's consumer state as it applies (topicclear.go).
 
 // ErrTopicChangeTimeout: a topic create or raise was proposed to the
 // group but not seen applied within GroupOptions.ReplicationTimeout: it

@@ -154,14 +154,28 @@ func (s *Store) topicInfo(c TopicConfig) TopicInfo {
 // no consume queue indexes them again, not even after a consume-queue
 // rebuild. A put racing the delete is refused (ErrTopicNotFound) or lands
 // after it; a topic re-created later under the same name starts at queue
-// offset 0. Errors: *ValidationError (bad name, system topic),
+// offset 0.
+//
+// The delete clears the topic's consumer state, as RocketMQ's broker does
+// (ConsumerOffsetManager.cleanOffsetByTopic, the POP checkpoints): every
+// consumer group's committed offsets of its queues and POP cursors and
+// messages in flight there are forgotten, so a re-created topic reads as
+// no committed offset and is POP-received from offset 0, and the old
+// receipt handles are refused. Standalone it is as durable as the delete
+// itself (the tombstone in config/topics.json, fsynced before the delete
+// is published; the replay of the offset and POP records skips those
+// below it); see topicclear.go, also for what is left alone (retry and
+// dead-letter topics, transaction halves, the idempotent-put window).
+//
+// Errors: *ValidationError (bad name, system topic),
 // ErrTopicNotFound, ErrTopicConfig (nothing changed: retry), ErrSlave,
 // ErrClosed; an error removing the queue files after the delete is
 // returned too (the topic is deleted; a restart drops the files).
 //
 // In group mode the delete is a raft command (grouptopics.go): the ready
 // leader proposes it and answers once applied, with the offset every
-// replica tombstoned the topic at; a follower answers *NotLeaderError,
+// replica tombstoned the topic at (and dropped its consumer state at,
+// deterministically: topicclear.go); a follower answers *NotLeaderError,
 // and a delete not seen applied within the replication timeout
 // ErrTopicChangeTimeout (it may still apply).
 func (s *Store) DeleteTopic(name string) (int64, error) {
