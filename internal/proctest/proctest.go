@@ -89,6 +89,16 @@ type Process struct {
 // does not get there; the process is killed when the test ends.
 func Start(t testing.TB, opts Options) *Process {
 	t.Helper()
+	p := New(t, opts)
+	p.Restart(t)
+	return p
+}
+
+// New is a Process not started yet: Restart starts it, StartRefused runs
+// a start expected to be refused (a flag check, a data dir that does not
+// open). It is killed when the test ends, if running.
+func New(t testing.TB, opts Options) *Process {
+	t.Helper()
 	if opts.Name == "" {
 		opts.Name = "storaged"
 	}
@@ -105,7 +115,6 @@ func Start(t testing.TB, opts Options) *Process {
 			t.Logf("%s stderr in %s; last lines:\n%s", opts.Name, p.stderr, tail(p.stderr, 20))
 		}
 	})
-	p.Restart(t)
 	return p
 }
 
@@ -348,6 +357,18 @@ func (p *Process) StartRefused(t testing.TB, timeout time.Duration) (string, err
 
 // Flags are the process's flags (Options.Flags).
 func (p *Process) Flags() []string { return append([]string(nil), p.opts.Flags...) }
+
+// SetFlags replaces the process's flags for its next starts (a member
+// restarted with a changed flag). It must not be running.
+func (p *Process) SetFlags(t testing.TB, flags []string) {
+	t.Helper()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.cmd != nil {
+		t.Fatalf("%s: flags changed while running", p.opts.Name)
+	}
+	p.opts.Flags = append([]string(nil), flags...)
+}
 
 // tail returns the last n lines of a file, for failure messages.
 func tail(path string, n int) string {
