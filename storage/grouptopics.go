@@ -184,9 +184,7 @@ func (s *Store) applyTopicDelete(index uint64, data []byte) error {
 			s.index.Paused(func() {
 				s.topics.cur.Store(next)
 				dropErr = s.index.DropTopicPaused(name)
-				s.pop.Mu.Lock()
-				s.dropConsumerStateLocked(name, at)
-				s.pop.Mu.Unlock()
+				s.dropConsumerState(name, at)
 			})
 		}
 	}

@@ -90,6 +90,18 @@ func (s *Store) dropConsumerStateLocked(topic string, at int64) {
 	}
 }
 
+// dropConsumerState is dropConsumerStateLocked taking the POP table's
+// lock (a group's apply of a delete, inside the dispatcher's pause).
+func (s *Store) dropConsumerState(topic string, at int64) {
+	if s.pop == nil {
+		s.dropConsumerStateLocked(topic, at)
+		return
+	}
+	s.pop.Mu.Lock()
+	defer s.pop.Mu.Unlock()
+	s.dropConsumerStateLocked(topic, at)
+}
+
 // dropTombstonedConsumerState drops, for every tombstone of the topic
 // table, the consumer state below it (a snapshot installed: its
 // tombstones may cover deletes this replica never applied as commands).
@@ -99,10 +111,8 @@ func (s *Store) dropTombstonedConsumerState() {
 	if len(tombs) == 0 {
 		return
 	}
-	s.pop.Mu.Lock()
-	defer s.pop.Mu.Unlock()
 	for topic, at := range tombs {
-		s.dropConsumerStateLocked(topic, at)
+		s.dropConsumerState(topic, at)
 	}
 }
 

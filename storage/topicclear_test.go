@@ -4,7 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"slices"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -254,5 +257,140 @@ func TestGroupTopicDeleteClearsConsumerState(t *testing.T) {
 	g.converge(3, g.ids...)
 	if got := receiveBodies(t, g.m[3].s, "p", "T", 32); !slices.Equal(got, []string{"new-2"}) {
 		t.Fatalf("p receives %v after the restart, want new-2 only", got)
+	}
+}
+
+// raceDelete deletes topic Gone on s (standalone, or a group's leader)
+// while two groups commit offsets of Gone/0 (holding 50 messages) and a
+// third POP-receives from it and changes the invisible duration of what
+// it got, in tight loops, and stops them once they tried 100 more times
+// after the delete. It returns the delete's offset.
+func raceDelete(t *testing.T, s *Store) int64 {
+	t.Helper()
+	ctx := context.Background()
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	var done atomic.Int64 // changes stored
+	var tries atomic.Int64
+	loop := func(fn func(i int) error) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				tries.Add(1)
+				if fn(i) == nil {
+					done.Add(1)
+				}
+			}
+		}()
+	}
+	for w := range 2 {
+		loop(func(i int) error { return s.CommitOffset(ctx, fmt.Sprint("c", w), "Gone", 0, int64(i%51)) })
+	}
+	loop(func(int) error {
+		ms, err := s.PopReceive(ctx, PopRequest{Group: "p", Topic: "Gone", MaxMessages: 1, Invisible: time.Hour})
+		if err != nil || len(ms) == 0 {
+			return errors.New("nothing received")
+		}
+		_, err = s.PopChangeInvisible(ctx, "p", "Gone", ms[0].Handle, 2*time.Hour)
+		return err
+	})
+	defer func() {
+		close(stop)
+		wg.Wait()
+	}()
+	wait := func(what string, cond func() bool) {
+		deadline := time.Now().Add(time.Minute) // a hang guard
+		for !cond() {
+			if time.Now().After(deadline) {
+				t.Fatalf("waiting for %s: %d changes stored of %d tries", what, done.Load(), tries.Load())
+			}
+			runtime.Gosched()
+		}
+	}
+	wait("changes before the delete", func() bool { return done.Load() >= 30 })
+	at, err := s.DeleteTopic("Gone")
+	if err != nil {
+		t.Fatal(err)
+	}
+	after := tries.Load()
+	wait("tries after the delete", func() bool { return tries.Load() >= after+100 })
+	return at
+}
+
+// checkGoneCleared fails unless s holds no consumer state of Gone.
+func checkGoneCleared(t *testing.T, what string, id uint64, s *Store) {
+	t.Helper()
+	if err := s.WriteErr(); err != nil {
+		t.Fatalf("%s: member %d stopped: %v", what, id, err)
+	}
+	if ks, ops := topicKeys(s, "Gone"); len(ks) != 0 || len(ops) != 0 {
+		t.Fatalf("%s: member %d holds offsets %v, POP %v of the deleted topic", what, id, ks, ops)
+	}
+	if n := s.PopInflight("p"); n != 0 {
+		t.Fatalf("%s: member %d has %d of p's messages in flight", what, id, n)
+	}
+}
+
+// TestDeleteTopicRacingConsumers (standalone): offset commits, POP
+// receives and changes of invisible duration racing a delete land before
+// it (and are dropped with it) or are refused: nothing of the topic's
+// consumer state is left, nor after a restart.
+func TestDeleteTopicRacingConsumers(t *testing.T) {
+	o := Options{Dir: t.TempDir(), FileSize: 1 << 20, MaxMessageSize: 16 << 10}
+	s, err := Open(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { s.Close() }()
+	if _, err := s.CreateTopic("Gone", 1); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 50 {
+		if _, err := s.PutMessage(context.Background(), msg("Gone", fmt.Sprint("old-", i))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	settle(t, s)
+	raceDelete(t, s)
+	settle(t, s)
+	checkGoneCleared(t, "after the delete", 0, s)
+	s.Close()
+	if s, err = Open(o); err != nil {
+		t.Fatal(err)
+	}
+	checkGoneCleared(t, "after a restart", 0, s)
+}
+
+// TestGroupTopicDeleteRacingConsumers: the same on a group's leader: no
+// member holds any consumer state of the topic after the delete, nor
+// after a restart (the leader fences the changes from the proposal to the
+// apply, topicclear.go).
+func TestGroupTopicDeleteRacingConsumers(t *testing.T) {
+	g := newTestGroup(t, time.Minute)
+	g.elect(1)
+	for i := range 50 {
+		g.putTopic(1, "Gone", fmt.Sprintf("old-%d", i))
+	}
+	g.converge(1, g.ids...)
+	at := raceDelete(t, g.m[1].s)
+	g.converge(1, g.ids...)
+	g.awaitTombstone(1, "Gone", at, g.ids...)
+	for _, id := range g.ids {
+		checkGoneCleared(t, "after the delete", id, g.m[id].s)
+	}
+	for _, id := range g.ids {
+		g.closeMember(id)
+	}
+	for _, id := range g.ids {
+		g.open(id)
+	}
+	for _, id := range g.ids {
+		checkGoneCleared(t, "after a restart", id, g.m[id].s)
 	}
 }
