@@ -167,3 +167,26 @@ func TestApplyRewrite(t *testing.T) {
 		})
 	}
 }
+
+// TestDropTopic: a topic's delete drops its keys of every group whose
+// value was written below the delete's offset, and no other key.
+func TestDropTopic(t *testing.T) {
+	tb := New(10)
+	tb.Apply([]Entry{{Key: Key{"a", "Gone", 0}, Offset: 1}, {Key: Key{"b", "Gone", 3}, Offset: 2}}, 100)
+	tb.Apply([]Entry{{Key: Key{"a", "Kept", 0}, Offset: 3}}, 110)
+	tb.Apply([]Entry{{Key: Key{"c", "Gone", 0}, Offset: 4}}, 300) // after the delete
+	if n := tb.DropTopic("Gone", 200); n != 2 {
+		t.Fatalf("dropped %d, want 2", n)
+	}
+	var left []Key
+	for _, e := range tb.Entries() {
+		left = append(left, e.Key)
+	}
+	if len(left) != 2 || left[0] != (Key{"a", "Kept", 0}) || left[1] != (Key{"c", "Gone", 0}) {
+		t.Fatalf("left %v", left)
+	}
+	tb.Reset()
+	if tb.Len() != 0 {
+		t.Fatal("Reset left keys")
+	}
+}

@@ -342,3 +342,40 @@ func TestProgress(t *testing.T) {
 		}
 	}
 }
+
+// TestDropTopic: a topic's delete drops its cursors and messages in flight
+// written below the delete's offset, of every group, and keeps those of
+// other topics and those written after it; the deadline heaps, per-queue
+// sets and counts stay consistent.
+func TestDropTopic(t *testing.T) {
+	tb := New(Limits{Inflight: 100, InflightPerGroup: 100, Cursors: 100})
+	gone, gone2, kept := QueueKey{"g", "Gone", 0}, QueueKey{"h", "Gone", 1}, QueueKey{"g", "Kept", 0}
+	tb.Apply(Op{Kind: Set, Key: gone, Cursor: 3, Items: []Item{{0, 300, tb.NextGen(), 0}, {1, 100, tb.NextGen(), 0}}}, 10)
+	tb.Apply(Op{Kind: Set, Key: kept, Cursor: 2, Items: []Item{{1, 200, tb.NextGen(), 0}}}, 20)
+	tb.Apply(Op{Kind: Set, Key: gone2, Cursor: 1, Items: []Item{{0, 50, tb.NextGen(), 0}}}, 30)
+	tb.Advance(QueueKey{"i", "Gone", 2}, 7) // a cursor with no record
+	late := QueueKey{"j", "Gone", 0}
+	tb.Apply(Op{Kind: Set, Key: late, Cursor: 1, Items: []Item{{0, 400, tb.NextGen(), 0}}}, 60) // after the delete
+	if c, n := tb.DropTopic("Gone", 50); c != 3 || n != 3 {
+		t.Fatalf("dropped %d cursors, %d in flight; want 3 and 3", c, n)
+	}
+	if tb.Inflight("") != 2 || tb.Inflight("g") != 1 || tb.Inflight("h") != 0 || tb.Stats() != 2 {
+		t.Fatalf("in flight: all %d, g %d, h %d, stats %d", tb.Inflight(""), tb.Inflight("g"), tb.Inflight("h"), tb.Stats())
+	}
+	if d, ok := tb.NextDeadline("g"); !ok || d != 200 {
+		t.Fatalf("g's next deadline %d %v, want Kept's 200", d, ok)
+	}
+	if due := tb.Due("g", 1000, 10); len(due) != 1 || due[0].Topic != "Kept" {
+		t.Fatalf("g's due %v", due)
+	}
+	var keys []QueueKey
+	for _, p := range tb.Progress() {
+		keys = append(keys, p.Key)
+	}
+	if len(keys) != 2 || keys[0] != kept || keys[1] != late {
+		t.Fatalf("progress left %v, want Kept's and the later Gone state", keys)
+	}
+	if _, ok := tb.Cursor(gone); ok {
+		t.Fatal("a cursor of the deleted topic survived")
+	}
+}
