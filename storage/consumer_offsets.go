@@ -32,6 +32,10 @@ package storage
 // __consumer_offsets, but only of the live values in the files about to
 // go.
 //
+// A topic delete drops every group's offsets of the topic, and the
+// replay skips the topic's records below its tombstone (topicclear.go):
+// a re-created topic reads as no committed offset.
+//
 // The cost of Open is one record read per offset record in the retained
 // log (a consumer committing once a second per queue writes 86,400 records
 // a day per queue); a snapshot pointer that lets Open start past them is

@@ -62,6 +62,10 @@ package storage
 // Retention: before it deletes files, the live state whose latest record
 // lies in them is written again (rewritePop), as for consumer offsets.
 //
+// A topic delete drops every group's cursors and messages in flight of
+// the topic, and the replay skips the topic's records below its tombstone
+// (topicclear.go): a re-created topic is popped from offset 0.
+//
 // In a replication group (Options.Group) the records are system records
 // (sysrecords.go): the ready leader decides a change on its table,
 // proposes its record through putSystem and answers once the record is
