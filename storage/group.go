@@ -345,6 +345,11 @@ func (s *Store) raftPoint() (consumequeue.RaftPoint, bool) {
 	if info.Applied == 0 {
 		return consumequeue.RaftPoint{}, false
 	}
+	// The applied index the checkpoint records must be at or below the
+	// commit on disk (Open starts raft with Applied = that commit).
+	if err := g.rlog.SyncCommit(); err != nil {
+		return consumequeue.RaftPoint{}, false
+	}
 	term, err := g.rlog.Term(info.Applied)
 	if err != nil {
 		return consumequeue.RaftPoint{}, false // compacted meanwhile: record none this time
@@ -616,7 +621,15 @@ type groupCQLog struct {
 }
 
 func (g groupCQLog) Sync(int) (int64, error) {
-	return min(g.s.group.commitEnd.Load(), g.s.group.rlog.DurableEnd()), nil
+	// The commit end first, then the commit made durable: a checkpoint
+	// then never records as dispatched what a power cut could make
+	// uncommitted again on this replica (the raft loop writes a
+	// commit-only HardState change without syncing it, raftlog.SyncCommit).
+	end := g.s.group.commitEnd.Load()
+	if err := g.s.group.rlog.SyncCommit(); err != nil {
+		return 0, err
+	}
+	return min(end, g.s.group.rlog.DurableEnd()), nil
 }
 
 // groupFlusher is the flush policy in group mode: the raft loop syncs, so

@@ -80,8 +80,14 @@ func (l *Log) Compact(i uint64) error {
 	if i < l.first {
 		return fmt.Errorf("raftlog: compact %d: %w", i, raft.ErrCompacted)
 	}
-	if i > l.hs.cur.Commit || i > l.synced {
-		return fmt.Errorf("%w: %d, commit %d on disk, synced %d", ErrCompactUncommitted, i, l.hs.cur.Commit, l.synced)
+	// Against the commit on disk: raft needs commit ≥ FirstIndex-1 at
+	// restart, and a power cut may take back a commit that was only written
+	// (hardstate.go), so the commit written is synced first.
+	if err := l.hs.syncCommit(); err != nil {
+		return l.stop(err)
+	}
+	if i > l.hs.durable.Commit || i > l.synced {
+		return fmt.Errorf("%w: %d, commit %d on disk, synced %d", ErrCompactUncommitted, i, l.hs.durable.Commit, l.synced)
 	}
 	u, err := l.unitLocked(i)
 	if err != nil {
@@ -158,6 +164,9 @@ func InstallBase(fsys vfs.FS, dir string, index, term uint64, dataEnd int64, ste
 			t, v = term, 0
 		}
 		err = hs.write(t, v, max(c.Commit, index))
+		if err == nil {
+			err = hs.syncCommit() // the raised commit too: raft needs commit ≥ FirstIndex-1 at restart
+		}
 	}
 	if cerr := hs.close(); err == nil && cerr != nil {
 		err = fmt.Errorf("raftlog: close hardstate: %w", cerr)
@@ -273,7 +282,12 @@ func (l *Log) CompactBelow(off int64, applied uint64) error {
 		l.mu.Unlock()
 		return l.stopped
 	}
-	limit := min(l.hs.cur.Commit, l.synced, applied)
+	if err := l.hs.syncCommit(); err != nil { // see Compact
+		err = l.stop(err)
+		l.mu.Unlock()
+		return err
+	}
+	limit := min(l.hs.durable.Commit, l.synced, applied)
 	i := l.last
 	for j := l.first; j <= l.last; j++ {
 		u, err := l.unitLocked(j)

@@ -12,9 +12,11 @@
 //	                          bootstrap (sealed JSON); a later Open with
 //	                          another id, group, cluster or size is refused
 //	raft/hardstate            two 64 B slots {seq, term, vote, commit,
-//	                          CRC-32C}, written alternately with one
-//	                          fdatasync and no rename; the valid slot with
-//	                          the highest seq wins; the first slot is
+//	                          CRC-32C}, never overwriting the newest
+//	                          synced one, no rename; the valid slot with
+//	                          the highest seq wins; fdatasync'd when term
+//	                          or vote changes, a commit-only change rides
+//	                          along (hardstate.go); the first slot is
 //	                          written at bootstrap, so a log with entries
 //	                          and no valid slot lost its HardState
 //	raft/index/<first index>  preallocated mapped files of fixed 32 B units,
@@ -48,8 +50,22 @@
 // uncommitted suffix first when the entries start at or below LastIndex,
 // design §2.3), SetHardState(rd.HardState) when it is set, then Sync:
 // one msync of the commitlog range, the meta-log's fsync, one msync of the
-// index units, and the HardState slot with its fdatasync. Messages that
-// acknowledge the entries go out only after Sync returned.
+// index units, and the HardState slot, with its fdatasync only when the
+// term or vote changed (raft's MustSync; design §3.2 step 4). Messages
+// that acknowledge the entries go out only after Sync returned. So a
+// Ready that carries entries costs two device flushes, not three: the
+// commit index moves in nearly every Ready, and syncing it each time was
+// a third flush in a row on the one disk (BENCHMARKS.md).
+//
+// The commit on disk may therefore lag the commit raft acted on, by what
+// a power cut takes back from the page cache (a kill -9 takes nothing).
+// Raft allows it: the commit is relearned from the leader, and Applied at
+// restart is the commit on disk. What the store persists beside the log
+// must not run ahead of it: SyncCommit makes the commit written durable,
+// and is called before a checkpoint records anything dispatched or
+// applied (storage's groupCQLog.Sync and raftPoint) and before a Ready's
+// commands or conf changes are applied (their effects are persisted with
+// their raft index); compaction goes only as far as the commit on disk.
 //
 // # Recovery
 //

@@ -18,10 +18,26 @@ import (
 const slotSize = 64
 
 // slot is one HardState slot (design §2.1): {seq, term, vote, commit},
-// zero padding, and the CRC-32C of bytes 0..60 at +60. Slots are written
-// alternately (seq even: slot 0, odd: slot 1) with one fdatasync and no
-// rename; the valid slot with the highest seq wins, so a write torn by a
-// power cut leaves the other, older slot in force.
+// zero padding, and the CRC-32C of bytes 0..60 at +60. The file holds two;
+// the valid slot with the highest seq wins, so a write torn by a power cut
+// leaves the other, older slot in force. Both slots lie in the file's first
+// 512 B sector, which a device writes whole (the assumption PostgreSQL
+// makes for pg_control; MemFS.Crash tears pages at sector granularity).
+//
+// Which slot a write goes to, and when it is synced (design §3.2 step 4:
+// "HardState with fdatasync when MustSync (term or vote changed; a
+// commit-only change rides along)"): a write always goes to the slot that
+// does not hold the newest synced one (the durable slot), and it is synced
+// only when its term or vote differs from the durable slot's, or when no
+// slot was ever synced. A commit-only change is written without a sync.
+// So a power cut leaves either the durable slot or a newer one with the
+// same term and vote: the term and vote raft requires before any message
+// are never lost, and the commit index on disk may lag the one raft acted
+// on. Raft allows that (etcd-raft's MustSync ignores the commit, and a
+// follower relearns the commit from its leader); what the store persists
+// beyond the commit is made safe by syncing the commit first
+// (Log.SyncCommit), so no file of the data dir records a raft index above
+// the commit on disk.
 type slot struct {
 	Seq, Term, Vote, Commit uint64
 }
@@ -57,21 +73,31 @@ func decodeSlot(b []byte) (s slot, ok bool) {
 // decodeHardState picks the newest valid slot of the file's bytes; found
 // is false when neither is valid (a new file, or one never synced).
 func decodeHardState(b []byte) (s slot, found bool) {
+	s, _, found = decodeHardStateAt(b)
+	return s, found
+}
+
+// decodeHardStateAt is decodeHardState that also tells which slot (0, 1)
+// the newest valid one is.
+func decodeHardStateAt(b []byte) (s slot, at int, found bool) {
 	for i := 0; i < 2; i++ {
 		if len(b) < (i+1)*slotSize {
 			break
 		}
 		if c, ok := decodeSlot(b[i*slotSize:]); ok && (!found || c.Seq > s.Seq) {
-			s, found = c, true
+			s, at, found = c, i, true
 		}
 	}
-	return s, found
+	return s, at, found
 }
 
 // hardStateFile is raft/hardstate.
 type hardStateFile struct {
-	f   vfs.File
-	cur slot // the newest slot on disk (Seq 0: none)
+	f       vfs.File
+	cur     slot // the newest slot written, synced or not (Seq 0: none)
+	curAt   int  // the slot cur is in
+	durable slot // the newest slot synced: at least this survives a power cut
+	durAt   int  // the slot durable is in; no write touches it
 }
 
 func openHardState(fs vfs.FS, path string) (*hardStateFile, error) {
@@ -82,7 +108,20 @@ func openHardState(fs vfs.FS, path string) (*hardStateFile, error) {
 	buf := make([]byte, 2*slotSize)
 	n, _ := f.ReadAt(buf, 0) // a short file (new, or torn at creation) reads as zeros
 	h := &hardStateFile{f: f}
-	h.cur, _ = decodeHardState(buf[:n])
+	var found bool
+	h.cur, h.curAt, found = decodeHardStateAt(buf[:n])
+	if found {
+		// What was read may be in the page cache only (an unsynced
+		// commit-only write, then a kill -9): sync it, so that it is the
+		// durable slot the next writes keep clear of.
+		if err := f.Sync(); err != nil {
+			f.Close()
+			return nil, fmt.Errorf("raftlog: sync hardstate: %w", err)
+		}
+	} else {
+		h.curAt = 1 // none valid: the first write goes to slot 0
+	}
+	h.durable, h.durAt = h.cur, h.curAt
 	return h, nil
 }
 
@@ -90,18 +129,35 @@ func (h *hardStateFile) hardState() *pb.HardState {
 	return &pb.HardState{Term: proto.Uint64(h.cur.Term), Vote: proto.Uint64(h.cur.Vote), Commit: proto.Uint64(h.cur.Commit)}
 }
 
-// write makes hs durable in the next slot: one write, one sync.
+// write writes {term, vote, commit} into the slot the durable one is not
+// in, and syncs it when the term or vote differs from the durable slot's
+// (or none was ever synced): then it is the durable slot. A commit-only
+// change is left to the page cache (slot's comment): syncCommit makes it
+// durable when something is about to depend on it.
 func (h *hardStateFile) write(term, vote, commit uint64) error {
 	s := slot{Seq: h.cur.Seq + 1, Term: term, Vote: vote, Commit: commit}
+	at := 1 - h.durAt
 	var buf [slotSize]byte
 	s.encode(buf[:])
-	if _, err := h.f.WriteAt(buf[:], int64(s.Seq%2)*slotSize); err != nil {
+	if _, err := h.f.WriteAt(buf[:], int64(at)*slotSize); err != nil {
 		return fmt.Errorf("raftlog: write hardstate: %w", err)
+	}
+	h.cur, h.curAt = s, at
+	if h.durable.Seq != 0 && term == h.durable.Term && vote == h.durable.Vote {
+		return nil
+	}
+	return h.syncCommit()
+}
+
+// syncCommit makes the newest slot written durable, if it is not yet.
+func (h *hardStateFile) syncCommit() error {
+	if h.cur.Seq == h.durable.Seq {
+		return nil
 	}
 	if err := h.f.Sync(); err != nil {
 		return fmt.Errorf("raftlog: sync hardstate: %w", err)
 	}
-	h.cur = s
+	h.durable, h.durAt = h.cur, h.curAt
 	return nil
 }
 

@@ -344,6 +344,9 @@ func (l *Log) SetHardState(hs *pb.HardState) error {
 	return nil
 }
 
+// KindOf tells what kind of entry e is, as the Log stores it.
+func KindOf(e *pb.Entry) Kind { return classify(e) }
+
 // classify tells an entry's kind.
 func classify(e *pb.Entry) Kind {
 	switch e.GetType() {
@@ -658,6 +661,25 @@ func (l *Log) Sync() error {
 			}
 		}
 		l.pending = nil
+	}
+	return nil
+}
+
+// SyncCommit makes the last HardState written durable if it is not yet.
+// Sync writes a commit-only change without syncing it (hardstate.go), so
+// the commit on disk may lag; whoever is about to persist something that
+// depends on entries up to the commit (a checkpoint recording them
+// dispatched, the state a command changes) calls SyncCommit first, so that
+// no file of the data dir records a raft index above the commit on disk.
+// An error is sticky, as every sync failure is.
+func (l *Log) SyncCommit() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.stopped != nil {
+		return l.stopped
+	}
+	if err := l.hs.syncCommit(); err != nil {
+		return l.stop(err)
 	}
 	return nil
 }

@@ -30,13 +30,15 @@ func powerLossPoints() int {
 // Sync whose n-th msync or fsync fails, and recovers the image: recovery
 // never fails or panics, every entry whose Sync returned is there (unless
 // a later truncation removed it), nothing else but a prefix of what was
-// appended since, and the HardState is the last synced one (or, when the
-// HardState's own fsync failed, the one being written).
+// appended since, and the HardState is the last synced one (a Sync that
+// changed the term or vote, or SyncCommit) or one written after it with
+// the same term and vote (a commit-only change rides along unsynced), or,
+// when a Sync failed midway, the one being written.
 func TestPowerLoss(t *testing.T) {
 	n := powerLossPoints()
-	var stats struct{ midSync, recoveredUnsynced, truncations int }
+	var stats struct{ midSync, recoveredUnsynced, truncations, commitBehind int }
 	for seed := 0; seed < n; seed++ {
-		mid, extra, tr, err := powerLossRun(uint64(seed))
+		mid, extra, tr, behind, err := powerLossRun(uint64(seed))
 		if err != nil {
 			t.Fatalf("seed %d: %v", seed, err)
 		}
@@ -45,19 +47,23 @@ func TestPowerLoss(t *testing.T) {
 		}
 		stats.recoveredUnsynced += extra
 		stats.truncations += tr
+		if behind {
+			stats.commitBehind++
+		}
 	}
-	t.Logf("%d crash points: %d inside a failing Sync; %d unsynced entries survived; %d truncations", n, stats.midSync, stats.recoveredUnsynced, stats.truncations)
-	if stats.midSync == 0 || stats.truncations == 0 {
+	t.Logf("%d crash points: %d inside a failing Sync; %d unsynced entries survived; %d truncations; %d recovered a commit behind the last written",
+		n, stats.midSync, stats.recoveredUnsynced, stats.truncations, stats.commitBehind)
+	if stats.midSync == 0 || stats.truncations == 0 || stats.commitBehind == 0 {
 		t.Error("the runs missed a case")
 	}
 }
 
-func powerLossRun(seed uint64) (midSync bool, extra, truncations int, err error) {
+func powerLossRun(seed uint64) (midSync bool, extra, truncations int, commitBehind bool, err error) {
 	rng := rand.New(rand.NewPCG(seed, 0xc0ffee))
 	fs := vfs.NewMem()
 	r, err := openReplica(fs)
 	if err != nil {
-		return false, 0, 0, err
+		return false, 0, 0, false, err
 	}
 	closed := false
 	defer func() {
@@ -69,7 +75,8 @@ func powerLossRun(seed uint64) (midSync bool, extra, truncations int, err error)
 	var (
 		cur       = []*pb.Entry{{}} // the latest log, cur[i] is entry i
 		must      uint64            // entries 1..must must survive
-		syncedHS  = &pb.HardState{}
+		syncedHS  *pb.HardState   // the last one synced (nil: none yet)
+		written   []*pb.HardState // written by a Sync since syncedHS, not synced: same term and vote
 		pendingHS *pb.HardState
 		hs        = &pb.HardState{}
 		syncFail  = rng.IntN(3) == 0
@@ -86,7 +93,7 @@ func powerLossRun(seed uint64) (midSync bool, extra, truncations int, err error)
 			}
 			ents := g.entries(r.log, k, 1+rng.IntN(5))
 			if err := r.log.Append(ents); err != nil {
-				return false, 0, 0, err
+				return false, 0, 0, false, err
 			}
 			cur = append(cur[:k], ents...)
 			must = min(must, k-1)
@@ -97,7 +104,7 @@ func powerLossRun(seed uint64) (midSync bool, extra, truncations int, err error)
 			hs = &pb.HardState{Term: proto.Uint64(max(hs.GetTerm(), g.term)), Vote: proto.Uint64(rng.Uint64N(4)),
 				Commit: proto.Uint64(hs.GetCommit() + rng.Uint64N(must-min(must, hs.GetCommit())+1))}
 			if err := r.log.SetHardState(hs); err != nil {
-				return false, 0, 0, err
+				return false, 0, 0, false, err
 			}
 			pendingHS = hs
 		default:
@@ -107,7 +114,9 @@ func powerLossRun(seed uint64) (midSync bool, extra, truncations int, err error)
 				fs.SetInjector(vfs.OnCall(ops[rng.IntN(2)], 1+rng.IntN(3), vfs.ErrInjected, true))
 				if err := r.log.Sync(); err == nil {
 					fs.SetInjector(nil)
-					must, syncedHS, pendingHS = last, hs, nil
+					must = last
+					syncedHS, written = wroteHS(syncedHS, written, pendingHS)
+					pendingHS = nil
 					continue
 				}
 				fs.SetInjector(nil)
@@ -115,10 +124,22 @@ func powerLossRun(seed uint64) (midSync bool, extra, truncations int, err error)
 				step = steps // crash now
 				continue
 			}
-			if err := r.log.Sync(); err != nil {
-				return false, 0, 0, err
+			if rng.IntN(4) == 0 {
+				// What a checkpoint or a command's apply does first.
+				if err := r.log.SyncCommit(); err != nil {
+					return false, 0, 0, false, err
+				}
+				if len(written) > 0 {
+					syncedHS, written = written[len(written)-1], nil
+				}
+				continue
 			}
-			must, syncedHS, pendingHS = last, hs, nil
+			if err := r.log.Sync(); err != nil {
+				return false, 0, 0, false, err
+			}
+			must = last
+			syncedHS, written = wroteHS(syncedHS, written, pendingHS)
+			pendingHS = nil
 		}
 	}
 	r.cl.WaitPopulated()
@@ -128,45 +149,75 @@ func powerLossRun(seed uint64) (midSync bool, extra, truncations int, err error)
 
 	rec, err := openReplica(img)
 	if err != nil {
-		return midSync, 0, 0, fmt.Errorf("recovery failed: %w", err)
+		return midSync, 0, 0, false, fmt.Errorf("recovery failed: %w", err)
 	}
 	defer rec.close()
 	got, _ := rec.log.LastIndex()
 	if got < must {
-		return midSync, 0, 0, fmt.Errorf("recovered %d entries, %d were synced", got, must)
+		return midSync, 0, 0, false, fmt.Errorf("recovered %d entries, %d were synced", got, must)
 	}
 	if got > uint64(len(cur)-1) {
-		return midSync, 0, 0, fmt.Errorf("recovered %d entries, only %d were appended", got, len(cur)-1)
+		return midSync, 0, 0, false, fmt.Errorf("recovered %d entries, only %d were appended", got, len(cur)-1)
 	}
 	if got > 0 {
 		ents, err := rec.log.Entries(1, got+1, ^uint64(0))
 		if err != nil {
-			return midSync, 0, 0, err
+			return midSync, 0, 0, false, err
 		}
 		for j, e := range ents {
 			if err := sameEntry(cur[j+1], e); err != nil {
-				return midSync, 0, 0, fmt.Errorf("recovered entry %d: %w", j+1, err)
+				return midSync, 0, 0, false, fmt.Errorf("recovered entry %d: %w", j+1, err)
 			}
 		}
 	}
 	ghs, _, _ := rec.log.InitialState()
-	okHS := proto.Equal(normHS(ghs), normHS(syncedHS)) || (midSync && pendingHS != nil && proto.Equal(normHS(ghs), normHS(pendingHS)))
+	want := syncedHS
+	if want == nil {
+		want = &pb.HardState{}
+	}
+	okHS := proto.Equal(normHS(ghs), normHS(want)) || (midSync && pendingHS != nil && proto.Equal(normHS(ghs), normHS(pendingHS)))
+	for _, w := range written {
+		okHS = okHS || proto.Equal(normHS(ghs), normHS(w))
+	}
 	if !okHS {
-		return midSync, 0, 0, fmt.Errorf("recovered HardState %v, synced %v (pending %v)", ghs, syncedHS, pendingHS)
+		return midSync, 0, 0, false, fmt.Errorf("recovered HardState %v, synced %v, written since %v (pending %v)", ghs, syncedHS, written, pendingHS)
+	}
+	if len(written) > 0 && ghs.GetCommit() < written[len(written)-1].GetCommit() {
+		commitBehind = true
 	}
 	// The recovered log takes appends and survives a clean restart.
 	g.term = max(g.term, ghs.GetTerm())
 	more := g.entries(rec.log, got+1, 3)
 	if err := rec.log.Append(more); err != nil {
-		return midSync, 0, 0, fmt.Errorf("append after recovery: %w", err)
+		return midSync, 0, 0, false, fmt.Errorf("append after recovery: %w", err)
 	}
 	if err := rec.log.Sync(); err != nil {
-		return midSync, 0, 0, err
+		return midSync, 0, 0, false, err
 	}
 	if last, _ := rec.log.LastIndex(); last != got+3 {
-		return midSync, 0, 0, fmt.Errorf("last index %d after appending 3 to %d", last, got)
+		return midSync, 0, 0, false, fmt.Errorf("last index %d after appending 3 to %d", last, got)
 	}
-	return midSync, int(got - must), truncations, nil
+	return midSync, int(got - must), truncations, commitBehind, nil
+}
+
+// wroteHS is the model of a successful Sync that had hs pending (nil:
+// none): a new term or vote is synced, a commit-only change is written
+// and rides along.
+func wroteHS(synced *pb.HardState, written []*pb.HardState, hs *pb.HardState) (*pb.HardState, []*pb.HardState) {
+	if hs == nil {
+		return synced, written
+	}
+	if synced == nil || hs.GetTerm() != synced.GetTerm() || hs.GetVote() != synced.GetVote() {
+		return hs, nil // the first one, or a new term or vote: synced
+	}
+	last := synced
+	if len(written) > 0 {
+		last = written[len(written)-1]
+	}
+	if proto.Equal(normHS(hs), normHS(last)) {
+		return synced, written // nothing changed: nothing written
+	}
+	return synced, append(written, hs)
 }
 
 // TestRecoveryRefusesLostCommitted: a damaged unit or record below the

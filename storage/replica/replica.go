@@ -434,6 +434,17 @@ func (n *Node) handle(rd raft.Ready) error {
 		}
 	}
 	n.send(late) // MsgAppResp and votes: only after Sync
+	if appliesState(rd.CommittedEntries) {
+		// A command's effects are persisted by the store with the raft
+		// index that made them (the topic table, the delivery progress):
+		// the commit on disk must not lag behind them, or a power cut
+		// would leave files ahead of the raft log's commit. DATA entries
+		// need no such sync: what depends on them (the checkpoint) syncs
+		// the commit itself (raftlog.Log.SyncCommit).
+		if err := l.SyncCommit(); err != nil {
+			return err
+		}
+	}
 	n.apply(rd.CommittedEntries)
 	n.mu.Lock()
 	n.rn.Advance(rd)
@@ -449,6 +460,17 @@ func (n *Node) handle(rd raft.Ready) error {
 		n.opts.Logger.Infof("replica %d: caught up with the leader (applied %d): it votes again", n.opts.ID, n.commit)
 	}
 	return nil
+}
+
+// appliesState: some of the entries is a command or a conf change, whose
+// application the store persists beside the raft log.
+func appliesState(ents []*pb.Entry) bool {
+	for _, e := range ents {
+		if k := raftlog.KindOf(e); k == raftlog.KindCmd || k == raftlog.KindConf {
+			return true
+		}
+	}
+	return false
 }
 
 // splitMessages divides a Ready's messages into those sent before its

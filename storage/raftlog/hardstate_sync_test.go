@@ -1,0 +1,128 @@
+package raftlog
+
+import (
+	"math/rand/v2"
+	"path/filepath"
+	"sync/atomic"
+	"testing"
+
+	pb "go.etcd.io/raft/v3/raftpb"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/storaged/storaged/storage/vfs"
+)
+
+// TestHardStateSyncPolicy: Sync fdatasyncs raft/hardstate only when the
+// term or vote changed (or nothing was synced before); a commit-only
+// change is written and rides along; SyncCommit syncs what was written,
+// once; a crash right after commit-only changes keeps the term and vote
+// and a commit at least the last one synced; Compact syncs the commit it
+// compacts against.
+func TestHardStateSyncPolicy(t *testing.T) {
+	fs := vfs.NewMem()
+	var hsSyncs atomic.Int64
+	fs.SetInjector(func(op vfs.Op, path string) error {
+		if op == vfs.OpFileSync && filepath.Base(path) == "hardstate" {
+			hsSyncs.Add(1)
+		}
+		return nil
+	})
+	r, err := openReplica(fs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { r.close() }()
+	g := &gen{rng: rand.New(rand.NewPCG(1, 2)), term: 1}
+	step := func(what string, hs *pb.HardState, n int, wantSyncs int64) {
+		t.Helper()
+		last, _ := r.log.LastIndex()
+		if n > 0 {
+			if err := r.log.Append(g.entries(r.log, last+1, n)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if hs != nil {
+			if err := r.log.SetHardState(hs); err != nil {
+				t.Fatal(err)
+			}
+		}
+		before := hsSyncs.Load()
+		if err := r.log.Sync(); err != nil {
+			t.Fatal(err)
+		}
+		if got := hsSyncs.Load() - before; got != wantSyncs {
+			t.Errorf("%s: %d fdatasyncs of raft/hardstate, want %d", what, got, wantSyncs)
+		}
+	}
+	mk := func(term, vote, commit uint64) *pb.HardState {
+		return &pb.HardState{Term: proto.Uint64(term), Vote: proto.Uint64(vote), Commit: proto.Uint64(commit)}
+	}
+	step("first HardState", mk(1, 1, 0), 4, 1)
+	step("commit only", mk(1, 1, 2), 2, 0)
+	step("commit only again", mk(1, 1, 4), 2, 0)
+	step("entries, no HardState", nil, 1, 0)
+	step("same HardState", mk(1, 1, 4), 1, 0)
+
+	// A power cut now: term and vote survive, the commit is 0, 2 or 4.
+	for seed := range uint64(20) {
+		img := crashImage(t, r, fs, seed)
+		hs := recoveredHS(t, img)
+		if hs.GetTerm() != 1 || hs.GetVote() != 1 || hs.GetCommit() > 4 {
+			t.Fatalf("seed %d: recovered %v after commit-only writes over term 1 vote 1", seed, hs)
+		}
+	}
+
+	before := hsSyncs.Load()
+	if err := r.log.SyncCommit(); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.log.SyncCommit(); err != nil {
+		t.Fatal(err)
+	}
+	if got := hsSyncs.Load() - before; got != 1 {
+		t.Errorf("two SyncCommits after commit-only writes: %d fdatasyncs, want 1", got)
+	}
+	for seed := range uint64(20) {
+		if hs := recoveredHS(t, crashImage(t, r, fs, seed)); !proto.Equal(normHS(hs), normHS(mk(1, 1, 4))) {
+			t.Fatalf("seed %d: recovered %v after SyncCommit, want term 1 vote 1 commit 4", seed, hs)
+		}
+	}
+
+	step("new term", mk(2, 0, 4), 1, 1)
+	step("vote", mk(2, 3, 4), 0, 1)
+	step("commit only in the new term", mk(2, 3, 6), 1, 0)
+	before = hsSyncs.Load()
+	if err := r.log.Compact(5); err != nil {
+		t.Fatal(err)
+	}
+	if got := hsSyncs.Load() - before; got != 1 {
+		t.Errorf("Compact past the commit on disk: %d fdatasyncs, want 1", got)
+	}
+	for seed := range uint64(20) {
+		if hs := recoveredHS(t, crashImage(t, r, fs, seed)); hs.GetCommit() < 6 {
+			t.Fatalf("seed %d: recovered commit %d after Compact(5) synced commit 6", seed, hs.GetCommit())
+		}
+	}
+}
+
+// crashImage is the image a power cut would leave now.
+func crashImage(t *testing.T, r *replica, fs *vfs.MemFS, seed uint64) *vfs.MemFS {
+	t.Helper()
+	r.cl.WaitPopulated()
+	return fs.Crash(rand.New(rand.NewPCG(seed, 7)))
+}
+
+// recoveredHS opens img as a replica and returns its HardState.
+func recoveredHS(t *testing.T, img *vfs.MemFS) *pb.HardState {
+	t.Helper()
+	rec, err := openReplica(img)
+	if err != nil {
+		t.Fatalf("recovery: %v", err)
+	}
+	defer rec.close()
+	hs, _, err := rec.log.InitialState()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return hs
+}
