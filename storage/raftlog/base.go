@@ -83,11 +83,11 @@ func (l *Log) Compact(i uint64) error {
 	// Against the commit on disk: raft needs commit ≥ FirstIndex-1 at
 	// restart, and a power cut may take back a commit that was only written
 	// (hardstate.go), so the commit written is synced first.
-	if err := l.hs.syncCommit(); err != nil {
-		return l.stop(err)
+	if err := l.syncCommitLocked(); err != nil {
+		return err
 	}
-	if i > l.hs.durable.Commit || i > l.synced {
-		return fmt.Errorf("%w: %d, commit %d on disk, synced %d", ErrCompactUncommitted, i, l.hs.durable.Commit, l.synced)
+	if c := l.durableCommitLocked(); i > c || i > l.synced {
+		return fmt.Errorf("%w: %d, commit %d on disk, synced %d", ErrCompactUncommitted, i, c, l.synced)
 	}
 	u, err := l.unitLocked(i)
 	if err != nil {
@@ -241,16 +241,22 @@ func (l *Log) InstallSnapshot(index, term uint64, dataEnd int64, step func(strin
 		return l.stop(fmt.Errorf("raftlog: install a snapshot at %d below the base %d", index, l.first-1))
 	}
 	err := l.closeFiles()
+	l.hsMu.Lock()
 	l.idx, l.metaLog, l.hs = nil, nil, nil
+	l.hsMu.Unlock()
 	if err != nil {
 		return l.stop(err)
 	}
 	if err := InstallBase(l.opts.FS, l.opts.Dir, index, term, dataEnd, step); err != nil {
 		return l.stop(err)
 	}
-	if l.hs, err = openHardState(l.opts.FS, filepath.Join(l.opts.Dir, "hardstate")); err != nil {
+	hs, err := openHardState(l.opts.FS, filepath.Join(l.opts.Dir, "hardstate"))
+	if err != nil {
 		return l.stop(err)
 	}
+	l.hsMu.Lock()
+	l.hs = hs
+	l.hsMu.Unlock()
 	if l.metaLog, err = l.opts.FS.OpenFile(filepath.Join(l.opts.Dir, "meta-log", indexName(0)), true); err != nil {
 		return l.stop(fmt.Errorf("raftlog: open meta-log: %w", err))
 	}
@@ -260,7 +266,8 @@ func (l *Log) InstallSnapshot(index, term uint64, dataEnd int64, step func(strin
 	l.base = logBase{Index: index, Term: term, DataEnd: dataEnd}
 	l.first, l.last = index+1, index
 	l.dataEnd, l.metaEnd, l.metaDirty = dataEnd, 0, false
-	l.synced, l.syncedEnd, l.hot = index, dataEnd, index
+	l.synced, l.hot = index, index
+	l.durableEnd.Store(dataEnd)
 	if l.pending != nil && l.pending.GetCommit() < index {
 		l.pending = nil // superseded by the HardState InstallBase wrote
 	}
@@ -282,12 +289,11 @@ func (l *Log) CompactBelow(off int64, applied uint64) error {
 		l.mu.Unlock()
 		return l.stopped
 	}
-	if err := l.hs.syncCommit(); err != nil { // see Compact
-		err = l.stop(err)
+	if err := l.syncCommitLocked(); err != nil { // see Compact
 		l.mu.Unlock()
 		return err
 	}
-	limit := min(l.hs.durable.Commit, l.synced, applied)
+	limit := min(l.durableCommitLocked(), l.synced, applied)
 	i := l.last
 	for j := l.first; j <= l.last; j++ {
 		u, err := l.unitLocked(j)

@@ -180,8 +180,8 @@ func readHardState(fsys vfs.FS, dir string) (s slot, found bool, err error) {
 
 // initHardState writes the first slot {seq 1, term 0, vote 0, commit 0}
 // of raft/hardstate at bootstrap, before raft/meta: from then on the file
-// always has a valid slot (each write goes to the slot the newest one is
-// not in), so a raft dir whose hardstate has none while its log holds
+// always has a valid slot (each write goes to the slot the newest synced
+// one is not in), so a raft dir whose hardstate has none while its log holds
 // entries lost it (lostHardState) and is never mistaken for a new one.
 // (Dirs bootstrapped before this rule got their first slot with their
 // first Sync, after their first units: a power cut between the two is

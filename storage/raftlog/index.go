@@ -127,17 +127,33 @@ func (x *index) ensure(i uint64) ([]byte, error) {
 
 // sync makes the units of indexes [lo, hi] durable.
 func (x *index) sync(lo, hi uint64) error {
+	for _, r := range x.syncRanges(lo, hi) {
+		if err := r.seg.Sync(r.lo, r.hi); err != nil {
+			return fmt.Errorf("raftlog: sync index: %w", err)
+		}
+	}
+	return nil
+}
+
+// segRange is a byte range of a mapped file to sync.
+type segRange struct {
+	seg    vfs.Segment
+	lo, hi int64
+}
+
+// syncRanges is what sync(lo, hi) msyncs: the units of indexes lo..hi,
+// per file.
+func (x *index) syncRanges(lo, hi uint64) []segRange {
+	var out []segRange
 	for _, f := range x.files {
 		end := f.first + x.units - 1
 		if end < lo || f.first > hi {
 			continue
 		}
 		a, b := max(lo, f.first)-f.first, min(hi, end)-f.first+1
-		if err := f.seg.Sync(int64(a*UnitSize), int64(b*UnitSize)); err != nil {
-			return fmt.Errorf("raftlog: sync index: %w", err)
-		}
+		out = append(out, segRange{f.seg, int64(a * UnitSize), int64(b * UnitSize)})
 	}
-	return nil
+	return out
 }
 
 // zeroFrom clears every unit from index k on, in every file, and syncs

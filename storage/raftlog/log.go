@@ -6,6 +6,7 @@ import (
 	"io/fs"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 
 	"go.etcd.io/raft/v3"
 	pb "go.etcd.io/raft/v3/raftpb"
@@ -72,8 +73,13 @@ type Log struct {
 	cl   *commitlog.Log
 	meta Meta
 
-	mu      sync.Mutex
+	mu sync.Mutex
+	// hsMu guards hs (the pointer, the file and its slot state) and hsErr.
+	// SyncCommit takes it alone, so that a checkpoint does not wait for the
+	// raft loop's msyncs, which run under mu. Lock order: mu, then hsMu.
+	hsMu    sync.Mutex
 	hs      *hardStateFile
+	hsErr   error         // a failed SyncCommit's: the next call under mu stops the Log with it
 	pending *pb.HardState // set by SetHardState, written by Sync; nil when on disk
 	idx     *index
 	metaLog vfs.File
@@ -83,13 +89,14 @@ type Log struct {
 	dataEnd int64   // commitlog offset past the last DATA entry (Meta.LogBase if none)
 	metaEnd int64   // meta-log offset past the last CONF/CMD payload
 	synced  uint64  // units of indexes ≤ synced are durable (Sync)
-	// syncedEnd is dataEnd at synced: DurableEnd.
-	syncedEnd int64
-	metaDirty bool
+	// durableEnd is dataEnd at synced (DurableEnd), read without mu.
+	durableEnd atomic.Int64
+	metaDirty  bool
 	// hot: entries above it were written by this process; those at or
 	// below it came from disk and get their dataCRC checked on read.
 	hot     uint64
 	stopped error
+	halted  atomic.Bool // stopped != nil, for SyncCommit
 	closed  bool
 	joining bool // the joining marker is there (Joining)
 }
@@ -410,6 +417,7 @@ func (l *Log) Append(ents []*pb.Entry) error {
 
 func (l *Log) stop(err error) error {
 	l.stopped = fmt.Errorf("%w: %w", ErrStopped, err)
+	l.halted.Store(true)
 	return err
 }
 
@@ -592,7 +600,8 @@ func (l *Log) truncateLocked(k uint64) error {
 	}
 	l.last, l.dataEnd, l.metaEnd = k-1, p, m
 	if l.synced > l.last {
-		l.synced, l.syncedEnd = l.last, p
+		l.synced = l.last
+		l.durableEnd.Store(p)
 	}
 	l.hot = min(l.hot, l.last)
 	return nil
@@ -630,39 +639,115 @@ func (l *Log) cutCommitlog(p int64, suffix string) error {
 // Sync makes everything appended and the HardState set so far durable, in
 // the order recovery relies on: the commitlog bytes (one msync of the
 // range not yet synced), the meta-log, the index units, then the HardState
-// (one write into the next slot and one fdatasync) when it changed. Raft
-// may send messages for a Ready only after Sync returns.
+// (one write into the next slot, synced when the term or vote changed).
+// Raft may send messages for a Ready only after Sync returns.
+//
+// The flushes run without mu: raft's Step (a proposal, a follower's
+// answer, under the replica's own lock) reads the Log (FirstIndex, Term,
+// Entries), and made every proposal and every answer wait for the disk
+// while the raft loop synced. Nothing they read moves meanwhile: only the
+// raft goroutine appends, truncates and syncs, and compaction (another
+// goroutine) drops only index files wholly at or below the synced index,
+// never one being synced.
 func (l *Log) Sync() error {
 	l.mu.Lock()
+	if l.stopped != nil {
+		err := l.stopped
+		l.mu.Unlock()
+		return err
+	}
+	last, end, metaDirty, metaLog := l.last, l.dataEnd, l.metaDirty, l.metaLog
+	var units []segRange
+	if last > l.synced {
+		units = l.idx.syncRanges(l.synced+1, last)
+	}
+	l.mu.Unlock()
+
+	err := func() error {
+		if _, err := l.cl.Sync(0); err != nil {
+			return fmt.Errorf("raftlog: sync commitlog: %w", err)
+		}
+		if metaDirty {
+			if err := metaLog.Sync(); err != nil {
+				return fmt.Errorf("raftlog: sync meta-log: %w", err)
+			}
+		}
+		for _, r := range units {
+			if err := r.seg.Sync(r.lo, r.hi); err != nil {
+				return fmt.Errorf("raftlog: sync index: %w", err)
+			}
+		}
+		return nil
+	}()
+
+	l.mu.Lock()
 	defer l.mu.Unlock()
+	if err != nil {
+		return l.stop(err)
+	}
 	if l.stopped != nil {
 		return l.stopped
 	}
-	if _, err := l.cl.Sync(0); err != nil {
-		return l.stop(fmt.Errorf("raftlog: sync commitlog: %w", err))
-	}
-	if l.metaDirty {
-		if err := l.metaLog.Sync(); err != nil {
-			return l.stop(fmt.Errorf("raftlog: sync meta-log: %w", err))
-		}
+	if metaDirty {
 		l.metaDirty = false
 	}
-	if l.last > l.synced {
-		if err := l.idx.sync(l.synced+1, l.last); err != nil {
+	if last > l.synced {
+		l.synced = last
+		l.durableEnd.Store(end)
+	}
+	return l.writePendingLocked()
+}
+
+// writePendingLocked writes the HardState SetHardState left pending, if
+// it changed anything (hardstate.go says when that syncs).
+func (l *Log) writePendingLocked() error {
+	hs := l.pending
+	if hs == nil {
+		return nil
+	}
+	l.hsMu.Lock()
+	defer l.hsMu.Unlock()
+	if err := l.hsErr; err != nil {
+		return l.stop(err)
+	}
+	c := l.hs.cur
+	if c.Seq == 0 || hs.GetTerm() != c.Term || hs.GetVote() != c.Vote || hs.GetCommit() != c.Commit {
+		if err := l.hs.write(hs.GetTerm(), hs.GetVote(), hs.GetCommit()); err != nil {
 			return l.stop(err)
 		}
-		l.synced, l.syncedEnd = l.last, l.dataEnd
 	}
-	if hs := l.pending; hs != nil {
-		c := l.hs.cur
-		if c.Seq == 0 || hs.GetTerm() != c.Term || hs.GetVote() != c.Vote || hs.GetCommit() != c.Commit {
-			if err := l.hs.write(hs.GetTerm(), hs.GetVote(), hs.GetCommit()); err != nil {
-				return l.stop(err)
-			}
-		}
-		l.pending = nil
-	}
+	l.pending = nil
 	return nil
+}
+
+// WriteHardState writes the pending HardState now, before the Sync, when
+// its commit lies within the entries already synced (else it stays
+// pending, for Sync: a commit on disk past the durable log is damage to
+// recovery). The raft loop applies committed entries it holds durably
+// before it syncs the Ready's new ones, and a checkpoint taken meanwhile
+// must find their commit written (SyncCommit syncs what is written).
+// written reports whether nothing is left pending.
+func (l *Log) WriteHardState() (written bool, err error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.stopped != nil {
+		return false, l.stopped
+	}
+	if l.pending != nil && l.pending.GetCommit() > l.synced {
+		return false, nil
+	}
+	if err := l.writePendingLocked(); err != nil {
+		return false, err
+	}
+	return true, nil
+}
+
+// SyncedIndex is the last raft index whose entry is durable here (its
+// bytes and unit synced).
+func (l *Log) SyncedIndex() uint64 {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.synced
 }
 
 // SyncCommit makes the last HardState written durable if it is not yet.
@@ -671,12 +756,33 @@ func (l *Log) Sync() error {
 // depends on entries up to the commit (a checkpoint recording them
 // dispatched, the state a command changes) calls SyncCommit first, so that
 // no file of the data dir records a raft index above the commit on disk.
-// An error is sticky, as every sync failure is.
+// An error is sticky, as every sync failure is. It does not wait for a
+// Sync in progress (hsMu, not mu).
 func (l *Log) SyncCommit() error {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.stopped != nil {
-		return l.stopped
+	if l.halted.Load() {
+		return fmt.Errorf("%w: SyncCommit", ErrStopped)
+	}
+	l.hsMu.Lock()
+	defer l.hsMu.Unlock()
+	if l.hsErr != nil {
+		return l.hsErr
+	}
+	if l.hs == nil {
+		return fmt.Errorf("%w: SyncCommit while the hardstate is reopened", ErrStopped)
+	}
+	if err := l.hs.syncCommit(); err != nil {
+		l.hsErr = fmt.Errorf("%w: %w", ErrStopped, err)
+		return err
+	}
+	return nil
+}
+
+// syncCommitLocked is SyncCommit for a caller holding mu.
+func (l *Log) syncCommitLocked() error {
+	l.hsMu.Lock()
+	defer l.hsMu.Unlock()
+	if l.hsErr != nil {
+		return l.stop(l.hsErr)
 	}
 	if err := l.hs.syncCommit(); err != nil {
 		return l.stop(err)
@@ -684,12 +790,18 @@ func (l *Log) SyncCommit() error {
 	return nil
 }
 
+// durableCommitLocked is the commit on disk. REQUIRES: mu.
+func (l *Log) durableCommitLocked() uint64 {
+	l.hsMu.Lock()
+	defer l.hsMu.Unlock()
+	return l.hs.durable.Commit
+}
+
 // DurableEnd is the commitlog offset past the last DATA entry whose unit
-// is synced: what a checkpoint in a group may record as flushed.
+// is synced: what a checkpoint in a group may record as flushed. It does
+// not wait for a Sync in progress.
 func (l *Log) DurableEnd() int64 {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.syncedEnd
+	return l.durableEnd.Load()
 }
 
 // Close releases the Log's files. It syncs nothing (the raft loop syncs
@@ -716,8 +828,10 @@ func (l *Log) closeFiles() error {
 	if l.metaLog != nil {
 		errs = append(errs, l.metaLog.Close())
 	}
+	l.hsMu.Lock()
 	if l.hs != nil {
 		errs = append(errs, l.hs.close())
 	}
+	l.hsMu.Unlock()
 	return errors.Join(errs...)
 }

@@ -75,7 +75,7 @@ func powerLossRun(seed uint64) (midSync bool, extra, truncations int, commitBehi
 	var (
 		cur       = []*pb.Entry{{}} // the latest log, cur[i] is entry i
 		must      uint64            // entries 1..must must survive
-		syncedHS  *pb.HardState     // the last one synced (nil: none yet)
+		syncedHS  = &pb.HardState{} // the last one synced: bootstrap writes {0, 0, 0} first
 		written   []*pb.HardState   // written by a Sync since syncedHS, not synced: same term and vote
 		pendingHS *pb.HardState
 		hs        = &pb.HardState{}

@@ -124,7 +124,8 @@ func (l *Log) recover() error {
 		return fmt.Errorf("raftlog: sync meta-log: %w", err)
 	}
 	l.last, l.dataEnd, l.metaEnd = last, dEnd, mEnd
-	l.synced, l.syncedEnd, l.hot = last, dEnd, last
+	l.synced, l.hot = last, last
+	l.durableEnd.Store(dEnd)
 	return nil
 }
 

@@ -636,6 +636,9 @@ func (r *repairer) rebuildHardState() (slot, error) {
 		return slot{}, err
 	}
 	err = h.write(term, vote, commit)
+	if err == nil {
+		err = h.syncCommit() // synced whatever the old slots held
+	}
 	if cerr := h.close(); err == nil {
 		err = cerr
 	}

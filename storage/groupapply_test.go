@@ -1,0 +1,141 @@
+package storage
+
+import (
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/storaged/storaged/storage/vfs"
+)
+
+// gatedFS holds the msyncs of commitlog segments at a gate the test opens
+// (the seam: the real files underneath are written and synced as usual).
+type gatedFS struct {
+	vfs.FS
+	mu    sync.Mutex
+	gates []chan struct{} // the next commitlog msyncs wait on these, in order
+	held  chan struct{}   // signalled when an msync reaches a gate
+}
+
+func (f *gatedFS) wrap(s vfs.Segment, path string, err error) (vfs.Segment, error) {
+	if err != nil || !strings.Contains(path, "commitlog") {
+		return s, err
+	}
+	return gatedSegment{Segment: s, fs: f}, nil
+}
+
+func (f *gatedFS) CreateSegment(path string, size int64) (vfs.Segment, error) {
+	s, err := f.FS.CreateSegment(path, size)
+	return f.wrap(s, path, err)
+}
+
+func (f *gatedFS) OpenSegment(path string, size int64) (vfs.Segment, error) {
+	s, err := f.FS.OpenSegment(path, size)
+	return f.wrap(s, path, err)
+}
+
+// arm makes the next n commitlog msyncs wait, each at its own gate.
+func (f *gatedFS) arm(n int) []chan struct{} {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	out := make([]chan struct{}, n)
+	for i := range out {
+		out[i] = make(chan struct{})
+	}
+	f.gates = append(f.gates, out...)
+	return out
+}
+
+type gatedSegment struct {
+	vfs.Segment
+	fs *gatedFS
+}
+
+func (s gatedSegment) Sync(lo, hi int64) error {
+	f := s.fs
+	f.mu.Lock()
+	var gate chan struct{}
+	if len(f.gates) > 0 {
+		gate, f.gates = f.gates[0], f.gates[1:]
+	}
+	f.mu.Unlock()
+	if gate != nil {
+		f.held <- struct{}{}
+		<-gate
+	}
+	return s.Segment.Sync(lo, hi)
+}
+
+// TestGroupAckDoesNotWaitForNextSync: a put committed by its followers'
+// answers is acknowledged as soon as the leader's raft loop sees the
+// commit, before the loop's write of the entries proposed meanwhile: with
+// the leader's msync of the next entry held, the first put's PUT_OK
+// arrives. (It used to wait for that msync: the loop applied committed
+// entries only after syncing the Ready's new ones.)
+func TestGroupAckDoesNotWaitForNextSync(t *testing.T) {
+	gfs := &gatedFS{FS: vfs.Default, held: make(chan struct{}, 4)}
+	g := newTestGroupWith(t, time.Minute, nil, func(o *Options) {
+		if o.Group.ID == 1 {
+			o.FS = gfs
+		}
+	})
+	g.elect(1)
+	if res, err := g.put(1, "m0"); err != nil || res.Status != PutOK {
+		t.Fatalf("put m0: %v %v", res.Status, err)
+	}
+	leader := g.m[1].s.group
+	gates := gfs.arm(2)
+
+	type result struct {
+		res PutResult
+		err error
+	}
+	first, second := make(chan result, 1), make(chan result, 1)
+	last, err := leader.rlog.LastIndex()
+	if err != nil {
+		t.Fatal(err)
+	}
+	idx1 := last + 1 // m1's raft index: nothing else is proposed meanwhile
+	go func() { r, err := g.put(1, "m1"); first <- result{r, err} }()
+	<-gfs.held // the leader syncs m1: its MsgApp went out before
+	// Both followers have m1 and the leader has stepped their answers: its
+	// commit moves to m1 once its own sync is done.
+	g.poll("the followers' answers for m1", func() bool {
+		n := 0
+		for _, p := range g.m[1].s.ReplicaInfo().Peers {
+			if p.ID != 1 && p.Match >= idx1 {
+				n++
+			}
+		}
+		return n == 2
+	})
+	// m2 is proposed while the loop is held: it goes into the Ready that
+	// also commits m1.
+	tail := leader.node.ProposedEnd()
+	go func() { r, err := g.put(1, "m2"); second <- result{r, err} }()
+	g.poll("m2 proposed", func() bool { return leader.node.ProposedEnd() > tail })
+	close(gates[0]) // m1's sync returns
+	<-gfs.held      // the loop now syncs m2, and holds there
+
+	select {
+	case r := <-first:
+		if r.err != nil || r.res.Status != PutOK {
+			t.Fatalf("put m1: %v %v", r.res.Status, r.err)
+		}
+	case <-time.After(time.Minute): // a hang, not a timing assertion
+		close(gates[1])
+		t.Fatal("m1's PUT_OK waited for the leader's msync of m2, proposed after m1 was committed")
+	}
+	select {
+	case r := <-second:
+		t.Fatalf("m2 answered %v %v before the leader synced it", r.res.Status, r.err)
+	default:
+	}
+	close(gates[1])
+	if r := <-second; r.err != nil || r.res.Status != PutOK {
+		t.Fatalf("put m2: %v %v", r.res.Status, r.err)
+	}
+	end := g.converge(1, g.ids...)
+	g.sameBytes(end, g.ids...)
+}
