@@ -417,24 +417,58 @@ func (n *Node) handle(rd raft.Ready) error {
 		n.host.Committed(end, lastTS)
 	}
 	l := n.opts.Log
-	if err := l.Append(rd.Entries); err != nil {
-		return err
-	}
-	if rd.HardState != nil && !raft.IsEmptyHardState(rd.HardState) {
+	hasHS := rd.HardState != nil && !raft.IsEmptyHardState(rd.HardState)
+	setHS := func() error {
+		if !hasHS {
+			return nil
+		}
 		if err := l.SetHardState(rd.HardState); err != nil {
 			return err
 		}
 		n.mu.Lock()
 		n.term = rd.HardState.GetTerm()
 		n.mu.Unlock()
+		hasHS = false
+		return nil
 	}
-	if len(rd.Entries) > 0 || rd.HardState != nil {
+	mustSync, applied := len(rd.Entries) > 0 || rd.HardState != nil, false
+	if n.applyFirst(rd) {
+		// Committed entries this replica holds durably already (a leader's
+		// commit comes from followers' answers to entries it synced in an
+		// earlier Ready) are applied before this Ready's own write, as
+		// etcd's server applies while it saves: the PUT_OKs they hold do
+		// not wait for a flush of unrelated new entries. Their commit is
+		// written first (not synced: it rides along, raftlog's
+		// hardstate.go), so a checkpoint taken meanwhile finds it.
+		if err := setHS(); err != nil {
+			return err
+		}
+		written, err := l.WriteHardState()
+		if err != nil {
+			return err
+		}
+		if written {
+			n.apply(rd.CommittedEntries)
+			applied = true
+		}
+	}
+	if err := l.Append(rd.Entries); err != nil {
+		return err
+	}
+	if err := setHS(); err != nil { // after Append: its truncation checks the commit before this Ready's
+		return err
+	}
+	if mustSync {
 		if err := l.Sync(); err != nil {
 			return err
 		}
 	}
 	n.send(late) // MsgAppResp and votes: only after Sync
-	if appliesState(rd.CommittedEntries) {
+	committed := rd.CommittedEntries
+	if applied {
+		committed = nil
+	}
+	if appliesState(committed) {
 		// A command's effects are persisted by the store with the raft
 		// index that made them (the topic table, the delivery progress):
 		// the commit on disk must not lag behind them, or a power cut
@@ -445,7 +479,7 @@ func (n *Node) handle(rd raft.Ready) error {
 			return err
 		}
 	}
-	n.apply(rd.CommittedEntries)
+	n.apply(committed)
 	n.mu.Lock()
 	n.rn.Advance(rd)
 	joined := n.joining && n.caughtUpLocked()
@@ -460,6 +494,28 @@ func (n *Node) handle(rd raft.Ready) error {
 		n.opts.Logger.Infof("replica %d: caught up with the leader (applied %d): it votes again", n.opts.ID, n.commit)
 	}
 	return nil
+}
+
+// applyFirst: rd's committed entries may be applied before its write:
+// there are some, none changes persisted state (appliesState: those wait
+// for the commit to be synced), and this replica synced them all, and
+// everything up to the new commit, before this Ready. Not when the
+// Ready's own entries reach down to them: a single-voter group commits
+// its new entries at once, and a follower's commit can cover entries
+// that replace a synced suffix; those are applied after the Sync.
+func (n *Node) applyFirst(rd raft.Ready) bool {
+	ents := rd.CommittedEntries
+	if len(ents) == 0 || appliesState(ents) {
+		return false
+	}
+	last := ents[len(ents)-1].GetIndex()
+	if rd.HardState != nil {
+		last = max(last, rd.HardState.GetCommit())
+	}
+	if len(rd.Entries) > 0 && rd.Entries[0].GetIndex() <= last {
+		return false
+	}
+	return last <= n.opts.Log.SyncedIndex()
 }
 
 // appliesState: some of the entries is a command or a conf change, whose
