@@ -366,8 +366,10 @@
 //     raft drops, OS_PAGE_CACHE_BUSY.
 //   - Raft loop (§3.2, storage/replica): one goroutine started by Open and
 //     stopped by Close; per Ready the leader sends before its own write,
-//     then raftlog Append (truncating an uncommitted suffix), HardState,
-//     one Sync; a follower sends after. Committed DATA entries move the
+//     applies the committed entries it synced in an earlier Ready, then
+//     raftlog Append (truncating an uncommitted suffix), HardState, one
+//     Sync (the commit rides along unsynced: raftlog's hardstate.go); a
+//     follower sends after. Committed DATA entries move the
 //     commit end (the store learns it first: Committed), then answer
 //     their waiters, so a PUT_OK is indexed once AwaitDispatched returns
 //     (it used to be answered before the store knew the new commit end:

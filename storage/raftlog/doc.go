@@ -57,6 +57,14 @@
 // commit index moves in nearly every Ready, and syncing it each time was
 // a third flush in a row on the one disk (BENCHMARKS.md).
 //
+// Sync flushes without the Log's mutex held: raft's Step (a proposal, a
+// follower's answer) reads the Log (FirstIndex, Term, Entries) under the
+// replica's lock, and waited for every msync of the raft loop when Sync
+// held the mutex throughout. Committed entries the replica synced in an
+// earlier Ready are applied before the Ready's write (WriteHardState
+// writes their commit first; SyncedIndex tells which): a PUT_OK does not
+// wait for the flush of entries proposed after it.
+//
 // The commit on disk may therefore lag the commit raft acted on, by what
 // a power cut takes back from the page cache (a kill -9 takes nothing).
 // Raft allows it: the commit is relearned from the leader, and Applied at

@@ -366,7 +366,11 @@ func (n *Node) loop() {
 	}
 }
 
-// handle processes one Ready in the classic order (design §3.2).
+// handle processes one Ready in the classic order (design §3.2), with one
+// change: committed entries this replica already holds durably, and that
+// change no persisted state, are applied before the Ready's write
+// (applyFirst), as etcd's server applies while it saves; the others after
+// the Sync, as before.
 func (n *Node) handle(rd raft.Ready) error {
 	if rd.SoftState != nil {
 		n.mu.Lock()
