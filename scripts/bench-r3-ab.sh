@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# bench-r3-ab.sh: an A/B of two storaged builds as replication groups of three, on long-lived
+# processes, beside one sync single node (BENCHMARKS.md "Two flushes per Ready").
+#
+#   scripts/bench-r3-ab.sh A_BINARY B_BINARY ROUNDS DURATION CASE...
+#   CASE: unary-c1 | unary-c16 | unary-c64 | batch100-c16
+#
+# Starts a sync node (A's binary) and two groups (A on ports 19201-19213, B on 19301-19313), each
+# member with its own data dir under a temporary dir, waits until the page cache's dirty bytes fall
+# below 300 MB (the allocator's populate writeback of the first files), then runs ROUNDS rounds; in
+# each, every CASE runs on sync, A and B in turn (storaged-bench --addr LEADER, 2 s warmup). Prints
+# msgs/s and p50 per run. Needs storaged-bench on PATH or STORAGED_BENCH, python3, Linux /proc.
+set -euo pipefail
+a=$1 b=$2 rounds=$3 dur=$4
+shift 4
+bench=${STORAGED_BENCH:-storaged-bench}
+root=$(mktemp -d "${TMPDIR:-/tmp}/bench-r3-ab.XXXXXX")
+pids=()
+cleanup() { kill "${pids[@]}" 2>/dev/null || true; wait 2>/dev/null || true; rm -rf "$root"; }
+trap cleanup EXIT
+common=(--metrics-listen 127.0.0.1:0 --admin-listen= --log-level warn)
+"$a" --listen 127.0.0.1:19100 --data-dir "$root/sync" --flush-mode sync "${common[@]}" >"$root/sync.log" 2>&1 &
+pids+=($!)
+group() { # name base-port binary
+  local peers="1=127.0.0.1:$(($2 + 11)),2=127.0.0.1:$(($2 + 12)),3=127.0.0.1:$(($2 + 13))"
+  for i in 1 2 3; do
+    "$3" --listen "127.0.0.1:$(($2 + i))" --peer-listen "127.0.0.1:$(($2 + 10 + i))" --data-dir "$root/$1-$i" \
+      --raft-id "$i" --raft-peers "$peers" "${common[@]}" >"$root/$1-$i.log" 2>&1 &
+    pids+=($!)
+  done
+}
+group A 19200 "$a"
+group B 19300 "$b"
+json() { python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print($2)" "$1" 2>/dev/null || echo "$3"; }
+leader() { # base-port: the member that takes a put
+  for i in 1 2 3; do
+    rm -f "$root/l.json"
+    "$bench" --addr "127.0.0.1:$(($1 + i))" --messages 20 --concurrency 1 --quiet --timeout 2s --warmup 0s \
+      --json "$root/l.json" >/dev/null 2>&1 || true
+    if [ "$(json "$root/l.json" 'd["messages"]' 0)" -ge 20 ]; then echo "127.0.0.1:$(($1 + i))"; return; fi
+  done
+}
+for _ in $(seq 1 60); do
+  [ "$(awk '/^Dirty:/{print $2}' /proc/meminfo)" -lt 300000 ] && break
+  sleep 2
+done
+for r in $(seq 1 "$rounds"); do
+  for c in "$@"; do
+    case $c in
+    unary-c1) args=(--method unary --concurrency 1) ;;
+    unary-c16) args=(--method unary --concurrency 16) ;;
+    unary-c64) args=(--method unary --concurrency 64) ;;
+    batch100-c16) args=(--method batch --batch-size 100 --concurrency 16) ;;
+    *) echo "unknown case $c" >&2; exit 2 ;;
+    esac
+    line="round $r $c load=$(cut -d' ' -f1 /proc/loadavg)"
+    for t in sync A B; do
+      case $t in sync) addr=127.0.0.1:19100 ;; A) addr=$(leader 19200) ;; B) addr=$(leader 19300) ;; esac
+      rm -f "$root/r.json"
+      GOGC=400 "$bench" --addr "$addr" "${args[@]}" --duration "$dur" --warmup 2s --quiet --json "$root/r.json" >/dev/null 2>&1 || true
+      line="$line $t=$(json "$root/r.json" '"%d/p50=%.2fms" % (d["msgs_per_sec"], d["latency"]["p50_us"]/1000)' failed)"
+    done
+    echo "$line"
+  done
+done
