@@ -317,23 +317,29 @@ func (t *Table) Apply(op Op, at int64) {
 			if e == nil || e.gen != it.Gen {
 				continue
 			}
-			delete(t.inflight, k)
-			g := t.groups[k.Group]
-			heap.Remove(&g.due, e.index)
-			if len(g.due) == 0 {
-				delete(t.groups, k.Group)
-			}
-			if q := t.queued[op.Key]; len(q) == 1 {
-				delete(t.queued, op.Key)
-			} else {
-				delete(q, k.Offset)
-			}
-			t.total--
+			t.forget(k, e)
 		}
 	}
 	t.stats.Lock()
 	t.statN = t.total
 	t.stats.Unlock()
+}
+
+// forget removes the message in flight e (at k) from every index of the
+// table: by key, its group's due heap, its queue's set, the total.
+func (t *Table) forget(k Key, e *entry) {
+	delete(t.inflight, k)
+	g := t.groups[k.Group]
+	heap.Remove(&g.due, e.index)
+	if len(g.due) == 0 {
+		delete(t.groups, k.Group)
+	}
+	if q := t.queued[k.QueueKey]; len(q) == 1 {
+		delete(t.queued, k.QueueKey)
+	} else {
+		delete(q, k.Offset)
+	}
+	t.total--
 }
 
 // Reset empties the table (a snapshot installed over a gap in the log:
@@ -363,18 +369,7 @@ func (t *Table) DropTopic(topic string, before int64) (cursors, inflight int) {
 		if k.Topic != topic || e.at >= before {
 			continue
 		}
-		delete(t.inflight, k)
-		g := t.groups[k.Group]
-		heap.Remove(&g.due, e.index)
-		if len(g.due) == 0 {
-			delete(t.groups, k.Group)
-		}
-		if q := t.queued[k.QueueKey]; len(q) == 1 {
-			delete(t.queued, k.QueueKey)
-		} else {
-			delete(q, k.Offset)
-		}
-		t.total--
+		t.forget(k, e)
 		inflight++
 	}
 	t.stats.Lock()
