@@ -1,6 +1,7 @@
 package raftlog
 
 import (
+	"errors"
 	"math/rand/v2"
 	"path/filepath"
 	"sync/atomic"
@@ -125,4 +126,41 @@ func recoveredHS(t *testing.T, img *vfs.MemFS) *pb.HardState {
 		t.Fatal(err)
 	}
 	return hs
+}
+
+// TestSyncCommitFailureStops: a failed fdatasync of raft/hardstate in
+// SyncCommit is sticky: SyncCommit and the next Sync both refuse.
+func TestSyncCommitFailureStops(t *testing.T) {
+	fs := vfs.NewMem()
+	r, err := openReplica(fs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { r.close() }()
+	g := &gen{rng: rand.New(rand.NewPCG(3, 4)), term: 1}
+	if err := r.log.Append(g.entries(r.log, 1, 2)); err != nil {
+		t.Fatal(err)
+	}
+	hs := func(commit uint64) *pb.HardState {
+		return &pb.HardState{Term: proto.Uint64(1), Vote: proto.Uint64(1), Commit: proto.Uint64(commit)}
+	}
+	for _, c := range []uint64{0, 2} { // the first is synced, the commit-only change is not
+		if err := r.log.SetHardState(hs(c)); err != nil {
+			t.Fatal(err)
+		}
+		if err := r.log.Sync(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	fs.SetInjector(vfs.OnCall(vfs.OpFileSync, 1, vfs.ErrInjected, false))
+	if err := r.log.SyncCommit(); !errors.Is(err, vfs.ErrInjected) {
+		t.Fatalf("SyncCommit with a failing fdatasync: %v", err)
+	}
+	fs.SetInjector(nil)
+	if err := r.log.SyncCommit(); !errors.Is(err, ErrStopped) {
+		t.Fatalf("SyncCommit after a failed one: %v, want ErrStopped", err)
+	}
+	if err := r.log.Sync(); !errors.Is(err, ErrStopped) {
+		t.Fatalf("Sync after a failed SyncCommit: %v, want ErrStopped", err)
+	}
 }

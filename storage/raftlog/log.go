@@ -651,6 +651,12 @@ func (l *Log) cutCommitlog(p int64, suffix string) error {
 // never one being synced.
 func (l *Log) Sync() error {
 	l.mu.Lock()
+	l.hsMu.Lock()
+	herr := l.hsErr // a SyncCommit that failed stops the Log too
+	l.hsMu.Unlock()
+	if herr != nil && l.stopped == nil {
+		l.stop(herr)
+	}
 	if l.stopped != nil {
 		err := l.stopped
 		l.mu.Unlock()
