@@ -171,11 +171,7 @@ func powerLossRun(seed uint64) (midSync bool, extra, truncations int, commitBehi
 		}
 	}
 	ghs, _, _ := rec.log.InitialState()
-	want := syncedHS
-	if want == nil {
-		want = &pb.HardState{}
-	}
-	okHS := proto.Equal(normHS(ghs), normHS(want)) || (midSync && pendingHS != nil && proto.Equal(normHS(ghs), normHS(pendingHS)))
+	okHS := proto.Equal(normHS(ghs), normHS(syncedHS)) || (midSync && pendingHS != nil && proto.Equal(normHS(ghs), normHS(pendingHS)))
 	for _, w := range written {
 		okHS = okHS || proto.Equal(normHS(ghs), normHS(w))
 	}
@@ -207,8 +203,8 @@ func wroteHS(synced *pb.HardState, written []*pb.HardState, hs *pb.HardState) (*
 	if hs == nil {
 		return synced, written
 	}
-	if synced == nil || hs.GetTerm() != synced.GetTerm() || hs.GetVote() != synced.GetVote() {
-		return hs, nil // the first one, or a new term or vote: synced
+	if hs.GetTerm() != synced.GetTerm() || hs.GetVote() != synced.GetVote() {
+		return hs, nil // a new term or vote: synced
 	}
 	last := synced
 	if len(written) > 0 {
