@@ -726,26 +726,27 @@ func (l *Log) writePendingLocked() error {
 	return nil
 }
 
-// WriteHardState writes the pending HardState now, before the Sync, when
-// its commit lies within the entries already synced (else it stays
-// pending, for Sync: a commit on disk past the durable log is damage to
-// recovery). The raft loop applies committed entries it holds durably
-// before it syncs the Ready's new ones, and a checkpoint taken meanwhile
-// must find their commit written (SyncCommit syncs what is written).
-// written reports whether nothing is left pending.
-func (l *Log) WriteHardState() (written bool, err error) {
+// WriteHardState sets hs and writes it now, before the Sync (hardstate.go
+// says when that syncs): the raft loop applies committed entries it holds
+// durably before it syncs the Ready's new ones, and a checkpoint taken
+// meanwhile must find their commit written (SyncCommit syncs what is
+// written). A commit past the entries synced is refused: on disk it would
+// be damage to recovery; such a HardState goes through SetHardState and
+// Sync. A nil or empty hs writes nothing.
+func (l *Log) WriteHardState(hs *pb.HardState) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.stopped != nil {
-		return false, l.stopped
+		return l.stopped
 	}
-	if l.pending != nil && l.pending.GetCommit() > l.synced {
-		return false, nil
+	if hs == nil || raft.IsEmptyHardState(hs) {
+		return nil
 	}
-	if err := l.writePendingLocked(); err != nil {
-		return false, err
+	if hs.GetCommit() > l.synced {
+		return fmt.Errorf("raftlog: write a HardState with commit %d before entries up to %d are synced", hs.GetCommit(), l.synced)
 	}
-	return true, nil
+	l.pending = proto.Clone(hs).(*pb.HardState)
+	return l.writePendingLocked()
 }
 
 // SyncedIndex is the last raft index whose entry is durable here (its

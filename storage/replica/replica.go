@@ -421,22 +421,14 @@ func (n *Node) handle(rd raft.Ready) error {
 		n.host.Committed(end, lastTS)
 	}
 	l := n.opts.Log
-	hasHS := rd.HardState != nil && !raft.IsEmptyHardState(rd.HardState)
-	setHS := func() error {
-		if !hasHS {
-			return nil
-		}
-		if err := l.SetHardState(rd.HardState); err != nil {
-			return err
-		}
+	setTerm := func() {
 		n.mu.Lock()
 		n.term = rd.HardState.GetTerm()
 		n.mu.Unlock()
-		hasHS = false
-		return nil
 	}
-	mustSync, applied := len(rd.Entries) > 0 || rd.HardState != nil, false
-	if n.applyFirst(rd) {
+	hasHS := rd.HardState != nil && !raft.IsEmptyHardState(rd.HardState)
+	appliedFirst := n.applyFirst(rd)
+	if appliedFirst {
 		// Committed entries this replica holds durably already (a leader's
 		// commit comes from followers' answers to entries it synced in an
 		// earlier Ready) are applied before this Ready's own write, as
@@ -444,32 +436,31 @@ func (n *Node) handle(rd raft.Ready) error {
 		// not wait for a flush of unrelated new entries. Their commit is
 		// written first (not synced: it rides along, raftlog's
 		// hardstate.go), so a checkpoint taken meanwhile finds it.
-		if err := setHS(); err != nil {
+		if err := l.WriteHardState(rd.HardState); err != nil {
 			return err
 		}
-		written, err := l.WriteHardState()
-		if err != nil {
-			return err
+		if hasHS {
+			setTerm()
 		}
-		if written {
-			n.apply(rd.CommittedEntries)
-			applied = true
-		}
+		n.apply(rd.CommittedEntries)
 	}
 	if err := l.Append(rd.Entries); err != nil {
 		return err
 	}
-	if err := setHS(); err != nil { // after Append: its truncation checks the commit before this Ready's
-		return err
+	if hasHS && !appliedFirst { // after Append: its truncation checks the commit before this Ready's
+		if err := l.SetHardState(rd.HardState); err != nil {
+			return err
+		}
+		setTerm()
 	}
-	if mustSync {
+	if len(rd.Entries) > 0 || rd.HardState != nil {
 		if err := l.Sync(); err != nil {
 			return err
 		}
 	}
 	n.send(late) // MsgAppResp and votes: only after Sync
 	committed := rd.CommittedEntries
-	if applied {
+	if appliedFirst {
 		committed = nil
 	}
 	if appliesState(committed) {
