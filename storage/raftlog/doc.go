@@ -63,7 +63,11 @@
 // held the mutex throughout. Committed entries the replica synced in an
 // earlier Ready are applied before the Ready's write (WriteHardState
 // writes their commit first; SyncedIndex tells which): a PUT_OK does not
-// wait for the flush of entries proposed after it.
+// wait for the flush of entries proposed after it. Nor for the flush in
+// progress: the replica's raft loop runs Sync on another goroutine and,
+// while it waits, applies what its followers' answers committed up to
+// SyncedIndex (AdvanceCommit writes that commit first, never lowering
+// one; a HardState left pending for the Sync keeps the higher commit).
 //
 // The commit on disk may therefore lag the commit raft acted on, by what
 // a power cut takes back from the page cache (a kill -9 takes nothing).

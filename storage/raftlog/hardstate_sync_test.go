@@ -164,3 +164,99 @@ func TestSyncCommitFailureStops(t *testing.T) {
 		t.Fatalf("Sync after a failed SyncCommit: %v, want ErrStopped", err)
 	}
 }
+
+// TestAdvanceCommit: the raft loop's commit-only write while a Sync runs.
+// It is refused past the entries synced, writes without an fdatasync,
+// keeps the term and vote, never lowers the commit, and a HardState left
+// pending for the next Sync (a Ready's, with a lower commit) keeps the
+// higher commit whether its term changed or not.
+func TestAdvanceCommit(t *testing.T) {
+	fs := vfs.NewMem()
+	var hsSyncs atomic.Int64
+	fs.SetInjector(func(op vfs.Op, path string) error {
+		if op == vfs.OpFileSync && filepath.Base(path) == "hardstate" {
+			hsSyncs.Add(1)
+		}
+		return nil
+	})
+	r, err := openReplica(fs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { r.close() }()
+	g := &gen{rng: rand.New(rand.NewPCG(5, 6)), term: 1}
+	mk := func(term, vote, commit uint64) *pb.HardState {
+		return &pb.HardState{Term: proto.Uint64(term), Vote: proto.Uint64(vote), Commit: proto.Uint64(commit)}
+	}
+	current := func() *pb.HardState {
+		t.Helper()
+		hs, _, err := r.log.InitialState()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return normHS(hs)
+	}
+	if err := r.log.Append(g.entries(r.log, 1, 4)); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.log.SetHardState(mk(1, 1, 0)); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.log.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.log.Append(g.entries(r.log, 5, 2)); err != nil { // not synced
+		t.Fatal(err)
+	}
+	if err := r.log.AdvanceCommit(5); err == nil {
+		t.Fatal("AdvanceCommit(5) with entries synced up to 4: accepted")
+	}
+	before := hsSyncs.Load()
+	if err := r.log.AdvanceCommit(3); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.log.AdvanceCommit(2); err != nil { // lower: nothing
+		t.Fatal(err)
+	}
+	if got := hsSyncs.Load() - before; got != 0 {
+		t.Errorf("commit-only AdvanceCommits: %d fdatasyncs, want 0", got)
+	}
+	if got := current(); !proto.Equal(got, normHS(mk(1, 1, 3))) {
+		t.Errorf("after AdvanceCommit(3), AdvanceCommit(2): %v, want term 1 vote 1 commit 3", got)
+	}
+
+	// A Ready's HardState with an older commit, written by the Sync.
+	if err := r.log.SetHardState(mk(1, 1, 2)); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.log.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	if got := current(); !proto.Equal(got, normHS(mk(1, 1, 3))) {
+		t.Errorf("a pending commit 2 after AdvanceCommit(3): %v, want commit 3", got)
+	}
+	before = hsSyncs.Load()
+	if err := r.log.SetHardState(mk(2, 0, 2)); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.log.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	if got := current(); !proto.Equal(got, normHS(mk(2, 0, 3))) {
+		t.Errorf("a new term with an older commit: %v, want term 2 vote 0 commit 3", got)
+	}
+	if got := hsSyncs.Load() - before; got != 1 {
+		t.Errorf("a new term: %d fdatasyncs, want 1", got)
+	}
+	if err := r.log.AdvanceCommit(6); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.log.SyncCommit(); err != nil {
+		t.Fatal(err)
+	}
+	for seed := range uint64(20) {
+		if hs := recoveredHS(t, crashImage(t, r, fs, seed)); !proto.Equal(normHS(hs), normHS(mk(2, 0, 6))) {
+			t.Fatalf("seed %d: recovered %v after AdvanceCommit(6) and SyncCommit, want term 2 vote 0 commit 6", seed, hs)
+		}
+	}
+}

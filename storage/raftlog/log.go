@@ -717,8 +717,11 @@ func (l *Log) writePendingLocked() error {
 		return l.stop(err)
 	}
 	c := l.hs.cur
-	if c.Seq == 0 || hs.GetTerm() != c.Term || hs.GetVote() != c.Vote || hs.GetCommit() != c.Commit {
-		if err := l.hs.write(hs.GetTerm(), hs.GetVote(), hs.GetCommit()); err != nil {
+	// A commit never goes back: AdvanceCommit may have written a newer one
+	// while this HardState waited for the Sync.
+	commit := max(hs.GetCommit(), c.Commit)
+	if c.Seq == 0 || hs.GetTerm() != c.Term || hs.GetVote() != c.Vote || commit != c.Commit {
+		if err := l.hs.write(hs.GetTerm(), hs.GetVote(), commit); err != nil {
 			return l.stop(err)
 		}
 	}
@@ -747,6 +750,39 @@ func (l *Log) WriteHardState(hs *pb.HardState) error {
 	}
 	l.pending = proto.Clone(hs).(*pb.HardState)
 	return l.writePendingLocked()
+}
+
+// AdvanceCommit writes a commit-only HardState change now (not synced:
+// hardstate.go), keeping the term and vote last written, so that a
+// checkpoint of entries applied up to commit finds it (SyncCommit). The
+// raft loop calls it when it applies entries the leader learned committed
+// while its own Sync ran, before the Ready that will carry that commit.
+// A commit past the entries synced is refused, as by WriteHardState; one
+// at or below the commit written writes nothing. It does not wait for a
+// Sync in progress (the flush runs without mu); a HardState left pending
+// for that Sync keeps the higher commit when it is written.
+func (l *Log) AdvanceCommit(commit uint64) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.stopped != nil {
+		return l.stopped
+	}
+	if commit > l.synced {
+		return fmt.Errorf("raftlog: advance the commit to %d before entries up to %d are synced", commit, l.synced)
+	}
+	l.hsMu.Lock()
+	defer l.hsMu.Unlock()
+	if err := l.hsErr; err != nil {
+		return l.stop(err)
+	}
+	c := l.hs.cur
+	if c.Seq == 0 || commit <= c.Commit {
+		return nil
+	}
+	if err := l.hs.write(c.Term, c.Vote, commit); err != nil {
+		return l.stop(err)
+	}
+	return nil
 }
 
 // SyncedIndex is the last raft index whose entry is durable here (its
