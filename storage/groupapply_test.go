@@ -144,3 +144,75 @@ func TestGroupAckDoesNotWaitForNextSync(t *testing.T) {
 	end := g.converge(1, g.ids...)
 	g.sameBytes(end, g.ids...)
 }
+
+// TestGroupAckWhileLeaderFlushes: a put whose followers answer while the
+// leader flushes the next entry is acknowledged during that flush, not
+// after it. With the followers' msyncs of m1 held, the leader syncs m1,
+// then holds its msync of m2; one follower's m1 msync is let through, and
+// m1's PUT_OK must arrive while the leader's m2 msync is still held (the
+// raft loop used to see the commit only in the Ready after that msync).
+// m2 is not answered before the leader synced it.
+func TestGroupAckWhileLeaderFlushes(t *testing.T) {
+	gfs := map[uint64]*gatedFS{}
+	for id := uint64(1); id <= 3; id++ {
+		gfs[id] = &gatedFS{FS: vfs.Default, held: make(chan struct{}, 4)}
+	}
+	g := newTestGroupWith(t, time.Minute, nil, func(o *Options) { o.FS = gfs[o.Group.ID] })
+	g.elect(1)
+	if res, err := g.put(1, "m0"); err != nil || res.Status != PutOK {
+		t.Fatalf("put m0: %v %v", res.Status, err)
+	}
+	leader := g.m[1].s.group
+	g2, g3 := gfs[2].arm(1), gfs[3].arm(1)
+
+	type result struct {
+		res PutResult
+		err error
+	}
+	first, second := make(chan result, 1), make(chan result, 1)
+	last, err := leader.rlog.LastIndex()
+	if err != nil {
+		t.Fatal(err)
+	}
+	idx1 := last + 1 // m1's raft index: nothing else is proposed meanwhile
+	go func() { r, err := g.put(1, "m1"); first <- result{r, err} }()
+	<-gfs[2].held // both followers hold their msync of m1
+	<-gfs[3].held
+	g.poll("the leader synced m1", func() bool { return leader.rlog.SyncedIndex() >= idx1 })
+	gl := gfs[1].arm(1)
+	go func() { r, err := g.put(1, "m2"); second <- result{r, err} }()
+	<-gfs[1].held // the leader's raft loop holds in its msync of m2
+	select {
+	case r := <-first:
+		t.Fatalf("m1 answered %v %v before a follower synced it", r.res.Status, r.err)
+	default:
+	}
+	close(g2[0]) // follower 2 syncs m1 and answers
+
+	var r1 result
+	select {
+	case r1 = <-first:
+		select {
+		case r := <-second:
+			t.Errorf("m2 answered %v %v before the leader synced it", r.res.Status, r.err)
+		default:
+		}
+	case <-time.After(30 * time.Second): // a hang, not a timing assertion
+		t.Error("m1's PUT_OK waited for the leader's msync of m2")
+		close(gl[0])
+		r1 = <-first
+		gl = nil
+	}
+	if r1.err != nil || r1.res.Status != PutOK {
+		t.Errorf("put m1: %v %v", r1.res.Status, r1.err)
+	}
+	if gl != nil {
+		close(gl[0])
+	}
+	close(g3[0])
+	if r := <-second; r.err != nil || r.res.Status != PutOK {
+		t.Fatalf("put m2: %v %v", r.res.Status, r.err)
+	}
+	end := g.converge(1, g.ids...)
+	g.sameBytes(end, g.ids...)
+}

@@ -1,6 +1,7 @@
 // Package replica runs one replica of a raft group over the commitlog
 // (design replication.md §3.1-3.2): the etcd-raft RawNode, the classic
-// Ready loop on one goroutine, the leader's tail and readiness barrier,
+// Ready loop on one goroutine (its Syncs on a second one, so that the
+// loop can apply commits while it waits), the leader's tail and readiness barrier,
 // and the waiters of proposed puts. It knows records only as bytes the
 // store stamps; the raft dependency (raft, raftpb) stays inside storage/...
 // and nothing outside sees a raftpb type: peers exchange marshalled
@@ -224,6 +225,18 @@ type Node struct {
 	done   chan struct{}
 	wake   chan struct{}
 	ticker *time.Ticker
+
+	// The syncer goroutine runs a Ready's Log.Sync (syncReq, its error on
+	// syncRes) while the loop waits for it and for committed: a signal
+	// from StepPeer that the leader's commit passed what it applied, so
+	// that acks owed to entries synced in an earlier Ready do not wait
+	// for this Ready's flush (applyEarly). syncStop/syncDone end it after
+	// the loop.
+	syncReq   chan struct{}
+	syncRes   chan error
+	syncStop  chan struct{}
+	syncDone  chan struct{}
+	committed chan struct{}
 }
 
 type key struct {
@@ -248,7 +261,7 @@ func New(opts Options, commitEnd int64) (*Node, error) {
 	}
 	cfg := &raft.Config{
 		ID: opts.ID, ElectionTick: opts.ElectionTick, HeartbeatTick: opts.HeartbeatTick, Storage: opts.Log,
-		Applied: opts.Applied, MaxSizePerMsg: 1 << 20, MaxInflightMsgs: 256, MaxInflightBytes: 64 << 20,
+		Applied: opts.Applied, MaxSizePerMsg: maxSizePerMsg, MaxInflightMsgs: 256, MaxInflightBytes: 64 << 20,
 		MaxUncommittedEntriesSize: 64 << 20, CheckQuorum: true, PreVote: true, StepDownOnRemoval: true,
 		// Mandatory: a follower would forward bytes it stamped itself.
 		DisableProposalForwarding: true, Logger: opts.Logger,
@@ -260,7 +273,9 @@ func New(opts Options, commitEnd int64) (*Node, error) {
 	n := &Node{opts: opts, host: opts.Host, rn: rn, waiters: map[key]*Waiter{}, commit: opts.Applied, end: commitEnd,
 		reads:       reads{batches: map[uint64]*readBatch{}},
 		softChanged: make(chan struct{}), heard: map[uint64]uint64{}, stop: make(chan struct{}), done: make(chan struct{}), wake: make(chan struct{}, 1),
-		joining: opts.Log.Joining()}
+		syncReq: make(chan struct{}), syncRes: make(chan error), syncStop: make(chan struct{}), syncDone: make(chan struct{}),
+		committed: make(chan struct{}, 1),
+		joining:   opts.Log.Joining()}
 	if n.joining {
 		opts.Logger.Infof("replica %d: bootstrapped empty: it votes only for candidates without a log until it has caught up with a leader", opts.ID)
 	}
@@ -274,8 +289,26 @@ func New(opts Options, commitEnd int64) (*Node, error) {
 		n.ticker = time.NewTicker(iv)
 		n.opts.Ticks = n.ticker.C
 	}
+	go n.syncer()
 	go n.loop()
 	return n, nil
+}
+
+// maxSizePerMsg is raft's MaxSizePerMsg: the bytes of entries one MsgApp
+// carries (and one Ready commits).
+const maxSizePerMsg = 1 << 20
+
+// syncer runs the Log's Syncs the loop asks for, one at a time.
+func (n *Node) syncer() {
+	defer close(n.syncDone)
+	for {
+		select {
+		case <-n.syncStop:
+			return
+		case <-n.syncReq:
+			n.syncRes <- n.opts.Log.Sync()
+		}
+	}
 }
 
 // Close stops the goroutine and answers every waiter with ErrClosed.
@@ -287,6 +320,8 @@ func (n *Node) Close() {
 	}
 	close(n.stop)
 	<-n.done
+	close(n.syncStop) // after the loop: it asks for no Sync any more
+	<-n.syncDone
 	if n.ticker != nil {
 		n.ticker.Stop()
 	}
@@ -366,11 +401,12 @@ func (n *Node) loop() {
 	}
 }
 
-// handle processes one Ready in the classic order (design §3.2), with one
-// change: committed entries this replica already holds durably, and that
+// handle processes one Ready in the classic order (design §3.2), with two
+// changes: committed entries this replica already holds durably, and that
 // change no persisted state, are applied before the Ready's write
 // (applyFirst), as etcd's server applies while it saves; the others after
-// the Sync, as before.
+// the Sync, as before. And while the Sync runs, a leader applies what its
+// followers' answers commit meanwhile (sync, applyEarly).
 func (n *Node) handle(rd raft.Ready) error {
 	if rd.SoftState != nil {
 		n.mu.Lock()
@@ -454,7 +490,7 @@ func (n *Node) handle(rd raft.Ready) error {
 		setTerm()
 	}
 	if len(rd.Entries) > 0 || rd.HardState != nil {
-		if err := l.Sync(); err != nil {
+		if err := n.sync(); err != nil {
 			return err
 		}
 	}
@@ -488,6 +524,72 @@ func (n *Node) handle(rd raft.Ready) error {
 		n.mu.Unlock()
 		n.opts.Logger.Infof("replica %d: caught up with the leader (applied %d): it votes again", n.opts.ID, n.commit)
 	}
+	return nil
+}
+
+// sync runs the Log's Sync on the syncer goroutine and, while it runs,
+// applies what a leader learns committed (applyEarly): followers answer
+// an append while the leader flushes the next one, and the PUT_OKs of the
+// entries they made committed would otherwise wait for that flush (about
+// one msync: BENCHMARKS.md "Acks while the leader flushes").
+func (n *Node) sync() error {
+	n.syncReq <- struct{}{}
+	for {
+		select {
+		case err := <-n.syncRes:
+			return err
+		case <-n.committed:
+			if err := n.applyEarly(); err != nil {
+				// The Sync in progress ends first; the node stops.
+				return errors.Join(err, <-n.syncRes)
+			}
+		}
+	}
+}
+
+// applyEarly applies, on a leader, the entries raft's commit covers that
+// this replica synced in an earlier Ready and has not applied, up to the
+// first command or conf change (those wait for their Ready: their effects
+// need the commit synced first, handle). Their commit is written first
+// (Log.AdvanceCommit), as applyFirst writes it, so a checkpoint taken
+// meanwhile finds it. The next Readys carry them again; apply skips what
+// is applied. Raft's commit on a leader counts its own append only after
+// the Ready that held it was synced (raft.appendEntry's self-ack at
+// Advance), and SyncedIndex bounds it again: nothing is answered that a
+// majority has not synced.
+func (n *Node) applyEarly() error {
+	n.mu.Lock()
+	st := n.rn.BasicStatus()
+	from := n.commit + 1
+	leader := st.RaftState == raft.StateLeader && n.soft.RaftState == raft.StateLeader
+	n.mu.Unlock()
+	if !leader {
+		return nil
+	}
+	l := n.opts.Log
+	hi := min(st.GetCommit(), l.SyncedIndex())
+	if hi < from {
+		return nil
+	}
+	// At most about what raft hands a Ready (MaxCommittedSizePerReady
+	// defaults to MaxSizePerMsg); the rest waits for the Readys.
+	ents, err := l.Entries(from, hi+1, maxSizePerMsg)
+	if err != nil {
+		return nil // compacted or moved meanwhile: the next Ready applies them
+	}
+	for i, e := range ents {
+		if appliesState([]*pb.Entry{e}) {
+			ents = ents[:i]
+			break
+		}
+	}
+	if len(ents) == 0 {
+		return nil
+	}
+	if err := l.AdvanceCommit(ents[len(ents)-1].GetIndex()); err != nil {
+		return err
+	}
+	n.apply(ents)
 	return nil
 }
 
@@ -636,6 +738,12 @@ func (n *Node) apply(ents []*pb.Entry) {
 	)
 	n.mu.Lock()
 	defer n.mu.Unlock()
+	for len(ents) > 0 && ents[0].GetIndex() <= n.commit {
+		ents = ents[1:] // applied already (applyEarly)
+	}
+	if len(ents) == 0 {
+		return
+	}
 	for _, e := range ents {
 		n.commit = e.GetIndex()
 		if d := e.GetData(); e.GetType() == pb.EntryNormal && len(d) >= record.MinLen && record.HasMagic(d) {
@@ -915,9 +1023,16 @@ func (n *Node) StepPeer(b []byte) error {
 		return nil
 	}
 	err := n.rn.Step(m)
+	moved := m.GetType() == pb.MsgAppResp && n.rn.BasicStatus().GetCommit() > n.commit
 	n.mu.Unlock()
 	if err != nil {
 		return fmt.Errorf("replica: step: %w", err)
+	}
+	if moved {
+		select { // the loop may be waiting for a Sync (Node.sync)
+		case n.committed <- struct{}{}:
+		default:
+		}
 	}
 	n.kick()
 	return nil
