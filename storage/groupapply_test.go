@@ -67,6 +67,37 @@ func (s gatedSegment) Sync(lo, hi int64) error {
 	return s.Segment.Sync(lo, hi)
 }
 
+// putOutcome is what a put the test runs in a goroutine returned.
+type putOutcome struct {
+	res PutResult
+	err error
+}
+
+// ackWhileHeld: m1's outcome (first) arrives while the leader's msync of
+// m2 waits at gate, and is PUT_OK, and m2's (second) has not arrived by
+// then; then gate opens. A hang past 30 s is reported as why (and the gate
+// opened, so that the test ends), not taken as a timing bound.
+func ackWhileHeld(t *testing.T, first, second <-chan putOutcome, gate chan struct{}, why string) {
+	t.Helper()
+	var r1 putOutcome
+	select {
+	case r1 = <-first:
+		select {
+		case r := <-second:
+			t.Errorf("m2 answered %v %v before the leader synced it", r.res.Status, r.err)
+		default:
+		}
+		close(gate)
+	case <-time.After(30 * time.Second):
+		t.Error(why)
+		close(gate)
+		r1 = <-first
+	}
+	if r1.err != nil || r1.res.Status != PutOK {
+		t.Errorf("put m1: %v %v", r1.res.Status, r1.err)
+	}
+}
+
 // TestGroupAckDoesNotWaitForNextSync: a put committed by its followers'
 // answers is acknowledged as soon as the leader's raft loop sees the
 // commit, before the loop's write of the entries proposed meanwhile: with
@@ -87,17 +118,13 @@ func TestGroupAckDoesNotWaitForNextSync(t *testing.T) {
 	leader := g.m[1].s.group
 	gates := gfs.arm(2)
 
-	type result struct {
-		res PutResult
-		err error
-	}
-	first, second := make(chan result, 1), make(chan result, 1)
+	first, second := make(chan putOutcome, 1), make(chan putOutcome, 1)
 	last, err := leader.rlog.LastIndex()
 	if err != nil {
 		t.Fatal(err)
 	}
 	idx1 := last + 1 // m1's raft index: nothing else is proposed meanwhile
-	go func() { r, err := g.put(1, "m1"); first <- result{r, err} }()
+	go func() { r, err := g.put(1, "m1"); first <- putOutcome{r, err} }()
 	<-gfs.held // the leader syncs m1: its MsgApp went out before
 	// Both followers have m1 and the leader has stepped their answers: its
 	// commit moves to m1 once its own sync is done.
@@ -113,31 +140,12 @@ func TestGroupAckDoesNotWaitForNextSync(t *testing.T) {
 	// m2 is proposed while the loop is held: it goes into the Ready that
 	// also commits m1.
 	tail := leader.node.ProposedEnd()
-	go func() { r, err := g.put(1, "m2"); second <- result{r, err} }()
+	go func() { r, err := g.put(1, "m2"); second <- putOutcome{r, err} }()
 	g.poll("m2 proposed", func() bool { return leader.node.ProposedEnd() > tail })
 	close(gates[0]) // m1's sync returns
 	<-gfs.held      // the loop now syncs m2, and holds there
 
-	var r1 result
-	select {
-	case r1 = <-first:
-		select {
-		case r := <-second:
-			t.Errorf("m2 answered %v %v before the leader synced it", r.res.Status, r.err)
-		default:
-		}
-	case <-time.After(30 * time.Second): // a hang, not a timing assertion
-		t.Error("m1's PUT_OK waited for the leader's msync of m2, proposed after m1 was committed")
-		close(gates[1])
-		r1 = <-first
-		gates = nil
-	}
-	if r1.err != nil || r1.res.Status != PutOK {
-		t.Errorf("put m1: %v %v", r1.res.Status, r1.err)
-	}
-	if gates != nil {
-		close(gates[1])
-	}
+	ackWhileHeld(t, first, second, gates[1], "m1's PUT_OK waited for the leader's msync of m2, proposed after m1 was committed")
 	if r := <-second; r.err != nil || r.res.Status != PutOK {
 		t.Fatalf("put m2: %v %v", r.res.Status, r.err)
 	}
@@ -165,22 +173,18 @@ func TestGroupAckWhileLeaderFlushes(t *testing.T) {
 	leader := g.m[1].s.group
 	g2, g3 := gfs[2].arm(1), gfs[3].arm(1)
 
-	type result struct {
-		res PutResult
-		err error
-	}
-	first, second := make(chan result, 1), make(chan result, 1)
+	first, second := make(chan putOutcome, 1), make(chan putOutcome, 1)
 	last, err := leader.rlog.LastIndex()
 	if err != nil {
 		t.Fatal(err)
 	}
 	idx1 := last + 1 // m1's raft index: nothing else is proposed meanwhile
-	go func() { r, err := g.put(1, "m1"); first <- result{r, err} }()
+	go func() { r, err := g.put(1, "m1"); first <- putOutcome{r, err} }()
 	<-gfs[2].held // both followers hold their msync of m1
 	<-gfs[3].held
 	g.poll("the leader synced m1", func() bool { return leader.rlog.SyncedIndex() >= idx1 })
 	gl := gfs[1].arm(1)
-	go func() { r, err := g.put(1, "m2"); second <- result{r, err} }()
+	go func() { r, err := g.put(1, "m2"); second <- putOutcome{r, err} }()
 	<-gfs[1].held // the leader's raft loop holds in its msync of m2
 	select {
 	case r := <-first:
@@ -189,26 +193,7 @@ func TestGroupAckWhileLeaderFlushes(t *testing.T) {
 	}
 	close(g2[0]) // follower 2 syncs m1 and answers
 
-	var r1 result
-	select {
-	case r1 = <-first:
-		select {
-		case r := <-second:
-			t.Errorf("m2 answered %v %v before the leader synced it", r.res.Status, r.err)
-		default:
-		}
-	case <-time.After(30 * time.Second): // a hang, not a timing assertion
-		t.Error("m1's PUT_OK waited for the leader's msync of m2")
-		close(gl[0])
-		r1 = <-first
-		gl = nil
-	}
-	if r1.err != nil || r1.res.Status != PutOK {
-		t.Errorf("put m1: %v %v", r1.res.Status, r1.err)
-	}
-	if gl != nil {
-		close(gl[0])
-	}
+	ackWhileHeld(t, first, second, gl[0], "m1's PUT_OK waited for the leader's msync of m2")
 	close(g3[0])
 	if r := <-second; r.err != nil || r.res.Status != PutOK {
 		t.Fatalf("put m2: %v %v", r.res.Status, r.err)

@@ -20,18 +20,7 @@ import (
 // and a commit at least the last one synced; Compact syncs the commit it
 // compacts against.
 func TestHardStateSyncPolicy(t *testing.T) {
-	fs := vfs.NewMem()
-	var hsSyncs atomic.Int64
-	fs.SetInjector(func(op vfs.Op, path string) error {
-		if op == vfs.OpFileSync && filepath.Base(path) == "hardstate" {
-			hsSyncs.Add(1)
-		}
-		return nil
-	})
-	r, err := openReplica(fs)
-	if err != nil {
-		t.Fatal(err)
-	}
+	fs, r, hsSyncs := openCountingHardStateSyncs(t)
 	defer func() { r.close() }()
 	g := &gen{rng: rand.New(rand.NewPCG(1, 2)), term: 1}
 	step := func(what string, hs *pb.HardState, n int, wantSyncs int64) {
@@ -55,9 +44,7 @@ func TestHardStateSyncPolicy(t *testing.T) {
 			t.Errorf("%s: %d fdatasyncs of raft/hardstate, want %d", what, got, wantSyncs)
 		}
 	}
-	mk := func(term, vote, commit uint64) *pb.HardState {
-		return &pb.HardState{Term: proto.Uint64(term), Vote: proto.Uint64(vote), Commit: proto.Uint64(commit)}
-	}
+	mk := mkHardState
 	step("first HardState", mk(1, 1, 0), 4, 1)
 	step("commit only", mk(1, 1, 2), 2, 0)
 	step("commit only again", mk(1, 1, 4), 2, 0)
@@ -104,6 +91,29 @@ func TestHardStateSyncPolicy(t *testing.T) {
 			t.Fatalf("seed %d: recovered commit %d after Compact(5) synced commit 6", seed, hs.GetCommit())
 		}
 	}
+}
+
+// openCountingHardStateSyncs opens a replica on a MemFS that counts the
+// fdatasyncs of raft/hardstate.
+func openCountingHardStateSyncs(t *testing.T) (*vfs.MemFS, *replica, *atomic.Int64) {
+	t.Helper()
+	fs := vfs.NewMem()
+	syncs := new(atomic.Int64)
+	fs.SetInjector(func(op vfs.Op, path string) error {
+		if op == vfs.OpFileSync && filepath.Base(path) == "hardstate" {
+			syncs.Add(1)
+		}
+		return nil
+	})
+	r, err := openReplica(fs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return fs, r, syncs
+}
+
+func mkHardState(term, vote, commit uint64) *pb.HardState {
+	return &pb.HardState{Term: proto.Uint64(term), Vote: proto.Uint64(vote), Commit: proto.Uint64(commit)}
 }
 
 // crashImage is the image a power cut would leave now.
@@ -171,23 +181,10 @@ func TestSyncCommitFailureStops(t *testing.T) {
 // pending for the next Sync (a Ready's, with a lower commit) keeps the
 // higher commit whether its term changed or not.
 func TestAdvanceCommit(t *testing.T) {
-	fs := vfs.NewMem()
-	var hsSyncs atomic.Int64
-	fs.SetInjector(func(op vfs.Op, path string) error {
-		if op == vfs.OpFileSync && filepath.Base(path) == "hardstate" {
-			hsSyncs.Add(1)
-		}
-		return nil
-	})
-	r, err := openReplica(fs)
-	if err != nil {
-		t.Fatal(err)
-	}
+	fs, r, hsSyncs := openCountingHardStateSyncs(t)
 	defer func() { r.close() }()
 	g := &gen{rng: rand.New(rand.NewPCG(5, 6)), term: 1}
-	mk := func(term, vote, commit uint64) *pb.HardState {
-		return &pb.HardState{Term: proto.Uint64(term), Vote: proto.Uint64(vote), Commit: proto.Uint64(commit)}
-	}
+	mk := mkHardState
 	current := func() *pb.HardState {
 		t.Helper()
 		hs, _, err := r.log.InitialState()
