@@ -11,11 +11,12 @@
 # with its own data dir under a temporary dir. Waits until the page cache's dirty bytes fall
 # below 300 MB (storaged's populate writeback), then runs ROUNDS rounds; in each, every CASE runs
 # on sync, r3 and nats-r3 in turn. storaged: storaged-bench --addr LEADER, 2 s warmup. NATS:
-# `nats bench js pub` into a stream of 3 replicas, purged before each run, as many messages as
+# `nats bench js pub` into a stream of 3 replicas (4 GiB at most), new for each run, as many messages as
 # the previous nats run of the case did in DURATION (the first run calibrates: it is printed but
 # a round-1 figure comes from a run sized by a guess); sync publishers for unary-cN (N clients),
 # async batches of 100 acks for batch100-c16 (`pub async --batch 100`, 16 clients).
-# Prints msgs/s and p50 per run.
+# Prints msgs/s, p50 and the servers' CPU per message (all the target's processes, from
+# /proc/PID/stat over the whole run) per run.
 #
 # Needs storaged-bench, nats-server and nats (natscli) on PATH, or STORAGED_BENCH, NATS_SERVER,
 # NATS; python3; Linux /proc. scripts/bench-peers.sh installs nats-server v2.15.2 and natscli v0.5.0
@@ -34,11 +35,14 @@ trap cleanup EXIT
 common=(--metrics-listen 127.0.0.1:0 --admin-listen= --log-level warn)
 "$bin" --listen 127.0.0.1:19100 --data-dir "$root/sync" --flush-mode sync "${common[@]}" >"$root/sync.log" 2>&1 &
 pids+=($!)
+declare -A procs # target -> its server processes, for their CPU time
+procs[sync]=$!
 peers="1=127.0.0.1:19211,2=127.0.0.1:19212,3=127.0.0.1:19213"
 for i in 1 2 3; do
   "$bin" --listen "127.0.0.1:$((19200 + i))" --peer-listen "127.0.0.1:$((19210 + i))" --data-dir "$root/r3-$i" \
     --raft-id "$i" --raft-peers "$peers" "${common[@]}" >"$root/r3-$i.log" 2>&1 &
   pids+=($!)
+  procs[r3]="${procs[r3]:-} $!"
 done
 routes="nats-route://127.0.0.1:19611, nats-route://127.0.0.1:19612, nats-route://127.0.0.1:19613"
 for i in 1 2 3; do
@@ -57,7 +61,20 @@ cluster {
 EOF
   "$natsd" -c "$root/nats-$i.conf" >"$root/nats-$i.log" 2>&1 &
   pids+=($!)
+  procs[nats-r3]="${procs[nats-r3]:-} $!"
 done
+ticks() { # the CPU time of processes, in clock ticks (utime + stime)
+  local t=0 p
+  for p in "$@"; do t=$((t + $(awk '{print $14 + $15}' "/proc/$p/stat"))); done
+  echo "$t"
+}
+# cpu TARGET T0 WALL0 RATE: the target's servers' CPU per message over the run (warmup included,
+# at the same load), in µs.
+cpu() {
+  # shellcheck disable=SC2086
+  python3 -c "import sys; t, w, r = float(sys.argv[1]), float(sys.argv[2]), float(sys.argv[3]); print('%.0f' % (t / $(getconf CLK_TCK) / w / r * 1e6) if r > 0 and w > 0 else '-')" \
+    "$(($(ticks ${procs[$1]}) - $2))" "$(python3 -c "import time; print(time.time() - $3)")" "$4"
+}
 json() { python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print($2)" "$1" 2>/dev/null || echo "$3"; }
 leader() { # the storaged member that takes a put
   for i in 1 2 3; do
@@ -70,7 +87,10 @@ leader() { # the storaged member that takes a put
 natsbench() { # clients batch msgs: prints "RATE P50US" or "failed"
   local args=(-s nats://127.0.0.1:19601 --timeout 60s bench js pub)
   if [ "$2" -gt 1 ]; then args+=(async --batch "$2"); else args+=(sync); fi
-  args+=(storaged.bench --clients "$1" --size 1024 --msgs "$3" --maxbytes $((2 * $3 * 1200 + (1 << 30)))
+  # One stream definition for every run (a different --maxbytes is a different configuration,
+  # which --create refuses), removed before each run.
+  "$nats" -s nats://127.0.0.1:19601 --timeout 60s stream rm benchstream -f >/dev/null 2>&1 || true
+  args+=(storaged.bench --clients "$1" --size 1024 --msgs "$3" --maxbytes $((4 << 30))
     --create --purge --storage file --replicas 3 --no-progress)
   "$nats" "${args[@]}" >"$root/nats.out" 2>&1 || { echo failed; return; }
   python3 - "$root/nats.out" <<'PY'
@@ -107,16 +127,21 @@ for r in $(seq 1 "$rounds"); do
     for t in sync r3; do
       case $t in sync) addr=127.0.0.1:19100 ;; r3) addr=$(leader) ;; esac
       rm -f "$root/r.json"
+      # shellcheck disable=SC2086
+      t0=$(ticks ${procs[$t]}) w0=$(date +%s.%N)
       GOGC=400 "$bench" --addr "$addr" "${args[@]}" --duration "$dur" --warmup 2s --quiet --json "$root/r.json" >/dev/null 2>&1 || true
       line="$line $t=$(json "$root/r.json" '"%d/p50=%.2fms" % (d["msgs_per_sec"], d["latency"]["p50_us"]/1000)' failed)"
+      line="$line/cpu=$(cpu "$t" "$t0" "$w0" "$(json "$root/r.json" 'd["msgs_per_sec"]' 0)")us"
     done
     n=${natsmsgs[$c]:-$((clients * batch * 200))}
+    # shellcheck disable=SC2086
+    t0=$(ticks ${procs[nats-r3]}) w0=$(date +%s.%N)
     res=$(natsbench "$clients" "$batch" "$n")
     if [ "$res" = failed ]; then
       line="$line nats-r3=failed"
     else
       read -r rate p50 <<<"$res"
-      line="$line nats-r3=$rate/p50=$(python3 -c "print('%.2fms' % ($p50/1000))")/msgs=$n"
+      line="$line nats-r3=$rate/p50=$(python3 -c "print('%.2fms' % ($p50/1000))")/cpu=$(cpu nats-r3 "$t0" "$w0" "$rate")us/msgs=$n"
       natsmsgs[$c]=$(python3 -c "print(max(1000, int($rate * float('${dur%s}'))))")
     fi
     echo "$line"
