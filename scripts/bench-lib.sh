@@ -39,3 +39,16 @@ bench_machine() {
   echo "kernel: $(uname -r)"
   echo "go: $(go env GOVERSION)"
 }
+
+# bench_ab_start NAME SYNC_BINARY: the start of the A/B scripts (bench-r3-ab.sh, bench-r3-nats.sh):
+# a temporary dir $root, a $pids array whose processes are killed (and $root removed) at exit, the
+# storaged flags every process takes ($common), and a sync node on 127.0.0.1:19100 ($sync_pid).
+bench_ab_start() {
+  root=$(mktemp -d "${TMPDIR:-/tmp}/$1.XXXXXX")
+  pids=()
+  trap 'kill "${pids[@]}" 2>/dev/null || true; wait 2>/dev/null || true; rm -rf "$root"' EXIT
+  common=(--metrics-listen 127.0.0.1:0 --admin-listen= --log-level warn)
+  "$2" --listen 127.0.0.1:19100 --data-dir "$root/sync" --flush-mode sync "${common[@]}" >"$root/sync.log" 2>&1 &
+  sync_pid=$!
+  pids+=("$sync_pid")
+}

@@ -14,13 +14,8 @@ set -euo pipefail
 a=$1 b=$2 rounds=$3 dur=$4
 shift 4
 bench=${STORAGED_BENCH:-storaged-bench}
-root=$(mktemp -d "${TMPDIR:-/tmp}/bench-r3-ab.XXXXXX")
-pids=()
-cleanup() { kill "${pids[@]}" 2>/dev/null || true; wait 2>/dev/null || true; rm -rf "$root"; }
-trap cleanup EXIT
-common=(--metrics-listen 127.0.0.1:0 --admin-listen= --log-level warn)
-"$a" --listen 127.0.0.1:19100 --data-dir "$root/sync" --flush-mode sync "${common[@]}" >"$root/sync.log" 2>&1 &
-pids+=($!)
+source "$(dirname "${BASH_SOURCE[0]}")/bench-lib.sh"
+bench_ab_start bench-r3-ab "$a"
 group() { # name base-port binary
   local peers="1=127.0.0.1:$(($2 + 11)),2=127.0.0.1:$(($2 + 12)),3=127.0.0.1:$(($2 + 13))"
   for i in 1 2 3; do

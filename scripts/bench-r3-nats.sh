@@ -28,15 +28,10 @@ shift 3
 bench=${STORAGED_BENCH:-storaged-bench}
 natsd=${NATS_SERVER:-nats-server}
 nats=${NATS:-nats}
-root=$(mktemp -d "${TMPDIR:-/tmp}/bench-r3-nats.XXXXXX")
-pids=()
-cleanup() { kill "${pids[@]}" 2>/dev/null || true; wait 2>/dev/null || true; rm -rf "$root"; }
-trap cleanup EXIT
-common=(--metrics-listen 127.0.0.1:0 --admin-listen= --log-level warn)
-"$bin" --listen 127.0.0.1:19100 --data-dir "$root/sync" --flush-mode sync "${common[@]}" >"$root/sync.log" 2>&1 &
-pids+=($!)
+source "$(dirname "${BASH_SOURCE[0]}")/bench-lib.sh"
+bench_ab_start bench-r3-nats "$bin"
 declare -A procs # target -> its server processes, for their CPU time
-procs[sync]=$!
+procs[sync]=$sync_pid
 peers="1=127.0.0.1:19211,2=127.0.0.1:19212,3=127.0.0.1:19213"
 for i in 1 2 3; do
   "$bin" --listen "127.0.0.1:$((19200 + i))" --peer-listen "127.0.0.1:$((19210 + i))" --data-dir "$root/r3-$i" \

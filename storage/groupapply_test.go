@@ -73,6 +73,20 @@ type putOutcome struct {
 	err error
 }
 
+// startM1 puts m1 through member 1 in a goroutine: its outcome comes on
+// first; second is for m2's. idx1 is m1's raft index (nothing else is
+// proposed meanwhile).
+func (g *testGroup) startM1(leader *groupState) (first, second chan putOutcome, idx1 uint64) {
+	g.t.Helper()
+	first, second = make(chan putOutcome, 1), make(chan putOutcome, 1)
+	last, err := leader.rlog.LastIndex()
+	if err != nil {
+		g.t.Fatal(err)
+	}
+	go func() { r, err := g.put(1, "m1"); first <- putOutcome{r, err} }()
+	return first, second, last + 1
+}
+
 // ackWhileHeld: m1's outcome (first) arrives while the leader's msync of
 // m2 waits at gate, and is PUT_OK, and m2's (second) has not arrived by
 // then; then gate opens. A hang past 30 s is reported as why (and the gate
@@ -118,13 +132,7 @@ func TestGroupAckDoesNotWaitForNextSync(t *testing.T) {
 	leader := g.m[1].s.group
 	gates := gfs.arm(2)
 
-	first, second := make(chan putOutcome, 1), make(chan putOutcome, 1)
-	last, err := leader.rlog.LastIndex()
-	if err != nil {
-		t.Fatal(err)
-	}
-	idx1 := last + 1 // m1's raft index: nothing else is proposed meanwhile
-	go func() { r, err := g.put(1, "m1"); first <- putOutcome{r, err} }()
+	first, second, idx1 := g.startM1(leader)
 	<-gfs.held // the leader syncs m1: its MsgApp went out before
 	// Both followers have m1 and the leader has stepped their answers: its
 	// commit moves to m1 once its own sync is done.
@@ -173,13 +181,7 @@ func TestGroupAckWhileLeaderFlushes(t *testing.T) {
 	leader := g.m[1].s.group
 	g2, g3 := gfs[2].arm(1), gfs[3].arm(1)
 
-	first, second := make(chan putOutcome, 1), make(chan putOutcome, 1)
-	last, err := leader.rlog.LastIndex()
-	if err != nil {
-		t.Fatal(err)
-	}
-	idx1 := last + 1 // m1's raft index: nothing else is proposed meanwhile
-	go func() { r, err := g.put(1, "m1"); first <- putOutcome{r, err} }()
+	first, second, idx1 := g.startM1(leader)
 	<-gfs[2].held // both followers hold their msync of m1
 	<-gfs[3].held
 	g.poll("the leader synced m1", func() bool { return leader.rlog.SyncedIndex() >= idx1 })
