@@ -667,7 +667,7 @@ func (n *Node) caughtUpLocked() bool {
 }
 
 func (n *Node) send(msgs []*pb.Message) {
-	for _, m := range msgs {
+	for _, m := range coalesce(msgs) {
 		b, err := proto.Marshal(m)
 		if err != nil {
 			continue // cannot happen for raft's own messages
@@ -1002,7 +1002,7 @@ func (n *Node) StepPeer(b []byte) error {
 		return fmt.Errorf("%w: a MsgSnap comes only with its files (the InstallSnapshot stream)", ErrBadMessage)
 	}
 	n.mu.Lock()
-	if !slices.Contains(n.members(), m.GetFrom()) {
+	if !n.isMember(m.GetFrom()) {
 		n.mu.Unlock()
 		return fmt.Errorf("%w: from %d, not a member", ErrBadMessage, m.GetFrom())
 	}
@@ -1113,9 +1113,10 @@ func (n *Node) screenLocked(m *pb.Message) (skip bool, lost error) {
 	return false, nil
 }
 
-func (n *Node) members() []uint64 {
+// isMember: id is a voter or a learner of the group (raft/meta).
+func (n *Node) isMember(id uint64) bool {
 	meta := n.opts.Log.Meta()
-	return append(append([]uint64(nil), meta.Voters...), meta.Learners...)
+	return slices.Contains(meta.Voters, id) || slices.Contains(meta.Learners, id)
 }
 
 // ReportUnreachable tells raft that sends to id failed.
@@ -1529,7 +1530,7 @@ func (n *Node) StepSnapshot(b []byte) (installed bool, err error) {
 		return false, fmt.Errorf("%w: a %v for node %d, want a MsgSnap for %d", ErrBadMessage, m.GetType(), m.GetTo(), n.opts.ID)
 	}
 	n.mu.Lock()
-	if !slices.Contains(n.members(), m.GetFrom()) || m.GetFrom() == n.opts.ID {
+	if !n.isMember(m.GetFrom()) || m.GetFrom() == n.opts.ID {
 		n.mu.Unlock()
 		return false, fmt.Errorf("%w: from %d, not a peer", ErrBadMessage, m.GetFrom())
 	}
