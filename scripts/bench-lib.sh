@@ -52,3 +52,17 @@ bench_ab_start() {
   sync_pid=$!
   pids+=("$sync_pid")
 }
+
+# ticks PID...: the CPU time of processes, in clock ticks (utime + stime).
+ticks() {
+  local t=0 p
+  for p in "$@"; do t=$((t + $(awk '{print $14 + $15}' "/proc/$p/stat"))); done
+  echo "$t"
+}
+# cpu TARGET T0 WALL0 RATE: the target's servers' CPU per message over the run (warmup included,
+# at the same load), in µs.
+cpu() { # uses the associative array procs: target -> its server processes
+  # shellcheck disable=SC2086
+  python3 -c "import sys; t, w, r = float(sys.argv[1]), float(sys.argv[2]), float(sys.argv[3]); print('%.0f' % (t / $(getconf CLK_TCK) / w / r * 1e6) if r > 0 and w > 0 else '-')" \
+    "$(($(ticks ${procs[$1]}) - $2))" "$(python3 -c "import time; print(time.time() - $3)")" "$4"
+}

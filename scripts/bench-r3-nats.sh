@@ -58,18 +58,6 @@ EOF
   pids+=($!)
   procs[nats-r3]="${procs[nats-r3]:-} $!"
 done
-ticks() { # the CPU time of processes, in clock ticks (utime + stime)
-  local t=0 p
-  for p in "$@"; do t=$((t + $(awk '{print $14 + $15}' "/proc/$p/stat"))); done
-  echo "$t"
-}
-# cpu TARGET T0 WALL0 RATE: the target's servers' CPU per message over the run (warmup included,
-# at the same load), in µs.
-cpu() {
-  # shellcheck disable=SC2086
-  python3 -c "import sys; t, w, r = float(sys.argv[1]), float(sys.argv[2]), float(sys.argv[3]); print('%.0f' % (t / $(getconf CLK_TCK) / w / r * 1e6) if r > 0 and w > 0 else '-')" \
-    "$(($(ticks ${procs[$1]}) - $2))" "$(python3 -c "import time; print(time.time() - $3)")" "$4"
-}
 json() { python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print($2)" "$1" 2>/dev/null || echo "$3"; }
 leader() { # the storaged member that takes a put
   for i in 1 2 3; do

@@ -666,6 +666,9 @@ func (n *Node) caughtUpLocked() bool {
 	return n.soft.RaftState == raft.StateLeader || (n.seenApp && n.commit >= n.seenCommit)
 }
 
+// send marshals and hands msgs to the transport (a snapshot to the
+// store's sender), one raft message per follower for a run of appends
+// (coalesce).
 func (n *Node) send(msgs []*pb.Message) {
 	for _, m := range coalesce(msgs) {
 		b, err := proto.Marshal(m)
