@@ -236,6 +236,15 @@ type groupState struct {
 	mu       sync.Mutex
 	advanced chan struct{} // closed and replaced when commitEnd moves
 
+	// dedupTo: the idempotent-put window holds exactly the keyed puts
+	// committed below this commitlog offset (within the window's time),
+	// kept so by trackDedup as commits arrive; -1 when it does not (after
+	// Open, after a snapshot install, while this replica leads: its put
+	// path adds keys of puts not committed yet). Raft goroutine only.
+	dedupTo int64
+	// dedupReads counts the window's full reads from the log (tests).
+	dedupReads atomic.Int64
+
 	// delayMu guards the delay progress replicated in the log (design
 	// §3.5): level → next queue offset, from the last committed progress
 	// command (recovered at Open from the raft log, then applied by the
@@ -316,7 +325,7 @@ func (s *Store) openGroupLog(cp consumequeue.Checkpoint) error {
 		rl.Close()
 		return err
 	}
-	s.group = &groupState{opts: *g, rlog: rl, advanced: make(chan struct{})}
+	s.group = &groupState{opts: *g, rlog: rl, advanced: make(chan struct{}), dedupTo: -1}
 	s.group.commitEnd.Store(ce)
 	// The topic commands committed after the table on disk, before the
 	// consume queues are loaded: a delete's tombstone must hold then.
@@ -429,8 +438,9 @@ type groupHost Store
 
 var _ replica.Host = (*groupHost)(nil)
 
-func (h *groupHost) Committed(commitEnd, lastTS int64) {
+func (h *groupHost) Committed(commitEnd, lastTS int64, leader bool) {
 	s := (*Store)(h)
+	s.trackDedup(commitEnd, leader)
 	if lastTS > s.seq.lastStoreTS.Load() {
 		s.seq.lastStoreTS.Store(lastTS) // only the raft goroutine and (under the node's lock) Propose write it
 	}
@@ -460,10 +470,9 @@ func (h *groupHost) BecomeReady(commitEnd int64) error {
 	}
 	// The keys of every put committed so far, whichever leader took it
 	// (idempotent.go): a retry sent here after a failover is answered,
-	// not stored again.
-	if s.dedup.Load() != nil {
-		s.dedup.Store(s.buildDedup(commitEnd, false))
-	}
+	// not stored again. A follower kept its window up to the commit
+	// (trackDedup): only what lies past it is read now.
+	s.readyDedup(commitEnd)
 	return nil
 }
 

@@ -9,9 +9,10 @@ import (
 
 // TestGroupDedupAfterFailover: the idempotent-put window in group mode. A
 // retried keyed put is answered with the first put's result on the leader
-// that took it, and on a new leader after a failover (its window is
-// rebuilt from the committed log when it becomes ready), storing nothing
-// twice; a new key is stored.
+// that took it, and on a new leader after a failover, storing nothing
+// twice; a new key is stored. The followers keep their windows up to the
+// commit as it moves (one read of the log each, at their first commit),
+// so the new leader reads nothing of the log again when it becomes ready.
 func TestGroupDedupAfterFailover(t *testing.T) {
 	g := newTestGroup(t, time.Minute)
 	all := g.ids
@@ -45,9 +46,23 @@ func TestGroupDedupAfterFailover(t *testing.T) {
 		t.Fatalf("queue max %d after two puts and a retry, want 2", mx)
 	}
 	g.converge(1, all...)
+	reads := map[uint64]int64{}
+	for _, id := range []uint64{2, 3} {
+		m := g.m[id].s
+		if st := m.dedupStats(); st.Keys != 1 {
+			t.Fatalf("follower %d's window: %+v, want the committed key k1", id, st)
+		}
+		if r := m.group.dedupReads.Load(); r != 1 {
+			t.Fatalf("follower %d read its window from the log %d times, want once (its first commit)", id, r)
+		}
+		reads[id] = m.group.dedupReads.Load()
+	}
 
 	g.closeMember(1)
 	nl := g.failover(2, 3)
+	if r := g.m[nl].s.group.dedupReads.Load(); r != reads[nl] {
+		t.Fatalf("the new leader read its window from the log again when it became ready (%d reads, %d before)", r, reads[nl])
+	}
 	retry := keyed(nl, "k1", "one")
 	if retry.Append.WroteOffset != first.Append.WroteOffset || retry.Append.QueueOffset != first.Append.QueueOffset {
 		t.Fatalf("a retry on the new leader stored at %d (queue offset %d), the first put is at %d (%d)",

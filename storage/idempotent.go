@@ -182,9 +182,9 @@ func (s *Store) dedupStats() DedupStats {
 // and fills it from the log: every keyed put stored within the window, in
 // the newest DedupRebuildBytes of the log at most. It runs in Open after
 // recovery, so it sees exactly the records a reader can be served, and
-// before any put. In a group the window starts empty: only the ready
-// leader takes puts, and it rebuilds its window from the committed log
-// when it becomes ready (groupHost.BecomeReady).
+// before any put. In a group the window starts empty: a member fills it
+// from the committed log at its first commit and keeps it up to the
+// commit (trackDedup); a new leader reads what lies past it (readyDedup).
 func (s *Store) openDedup() {
 	if s.opts.DedupWindow < 0 {
 		return
@@ -215,15 +215,14 @@ func (s *Store) newDedup() *dedup.Window[dedupValue] {
 // before it takes puts, so it must be quick).
 func (s *Store) buildDedup(end int64, verify bool) *dedup.Window[dedupValue] {
 	w := s.newDedup()
-	now := s.opts.Clock.Now().UnixMilli()
-	cutoff := now - s.opts.DedupWindow.Milliseconds()
+	cutoff := s.opts.Clock.Now().UnixMilli() - s.opts.DedupWindow.Milliseconds()
 	s.log.ReadLock()
-	defer s.log.ReadUnlock()
 	files := s.log.Files().Snapshot()
 	for len(files) > 0 && files[len(files)-1].From() >= end {
 		files = files[:len(files)-1]
 	}
 	if len(files) == 0 {
+		s.log.ReadUnlock()
 		return w
 	}
 	// Start at the newest file whose first record is older than the
@@ -239,11 +238,31 @@ func (s *Store) buildDedup(end int64, verify bool) *dedup.Window[dedupValue] {
 		}
 		start--
 	}
-	var scanned, added int64
-scan:
-	for _, f := range files[start:] {
+	from := files[start].From()
+	s.log.ReadUnlock()
+	t0 := time.Now()
+	scanned, added := s.scanDedup(w, from, end, verify)
+	s.opts.Logger.Info().Int64("from", from).Int64("to", end).Int64("bytes_scanned", scanned).Int64("keys", added).
+		Stringer("window", s.opts.DedupWindow).Dur("took", time.Since(t0)).Msg("storage: idempotent-put window rebuilt from the log")
+	return w
+}
+
+// scanDedup adds to w the keyed puts stored in [from, end) of the log
+// (from a record boundary), within the window; it returns the bytes read
+// and the keys added. A record that fails its checks ends the scan there
+// (logged). The files are read under the read guard (retention does not
+// unmap them meanwhile); those retention removed already are skipped.
+func (s *Store) scanDedup(w *dedup.Window[dedupValue], from, end int64, verify bool) (scanned, added int64) {
+	now := s.opts.Clock.Now().UnixMilli()
+	cutoff := now - s.opts.DedupWindow.Milliseconds()
+	s.log.ReadLock()
+	defer s.log.ReadUnlock()
+	for _, f := range s.log.Files().Snapshot() {
+		if f.From() >= end || f.From()+f.Size() <= from {
+			continue
+		}
 		data, wrote := f.Data(), min(f.Wrote(), end-f.From())
-		for pos := int64(0); pos < wrote; {
+		for pos := max(from-f.From(), 0); pos < wrote; {
 			b := data[pos:wrote]
 			if record.IsBlank(b) {
 				break
@@ -257,8 +276,8 @@ scan:
 			}
 			if err != nil {
 				s.opts.Logger.Warn().Err(err).Int64("offset", f.From()+pos).
-					Msg("storage: idempotent-put window rebuilt up to a damaged record; later keys are not remembered")
-				break scan
+					Msg("storage: idempotent-put window read up to a damaged record; later keys are not remembered")
+				return scanned, added
 			}
 			count, size, batch, err := h.Batch()
 			if err != nil || !batch {
@@ -272,9 +291,52 @@ scan:
 			pos += size
 		}
 	}
-	s.opts.Logger.Info().Int64("from", files[start].From()).Int64("to", end).Int64("bytes_scanned", scanned).Int64("keys", added).
-		Stringer("window", s.opts.DedupWindow).Msg("storage: idempotent-put window rebuilt from the log")
-	return w
+	return scanned, added
+}
+
+// trackDedup keeps a group member's window up to the commit end as
+// commits arrive (the raft goroutine, Host.Committed), so that a member
+// that becomes the leader reads only what lies past its window, not the
+// last DedupRebuildBytes of its log, before it takes puts (a failover's
+// time without writes grew with the log: BENCHMARKS.md "Failover"). A
+// window that does not hold exactly the committed keys (dedupTo -1) is
+// read again from the log first, off the failover's path: a follower
+// just started, or one that led (its window has keys of puts that were
+// never committed). The ready leader's put path keeps its own window.
+func (s *Store) trackDedup(commitEnd int64, leader bool) {
+	g := s.group
+	w := s.dedup.Load()
+	switch {
+	case w == nil:
+	case leader:
+		g.dedupTo = -1
+	case g.dedupTo < 0:
+		s.dedup.Store(s.buildDedup(commitEnd, false))
+		g.dedupReads.Add(1)
+		g.dedupTo = commitEnd
+	case commitEnd > g.dedupTo:
+		s.scanDedup(w, g.dedupTo, commitEnd, false)
+		g.dedupTo = commitEnd
+	}
+}
+
+// readyDedup gives a new leader the keys of every put committed up to
+// commitEnd: what trackDedup did not read yet, or the whole window again
+// when it holds more than the committed keys. From then on the leader's
+// put path keeps it (dedupTo -1).
+func (s *Store) readyDedup(commitEnd int64) {
+	g := s.group
+	w := s.dedup.Load()
+	switch {
+	case w == nil:
+		return
+	case g.dedupTo < 0 || g.dedupTo > commitEnd:
+		s.dedup.Store(s.buildDedup(commitEnd, false))
+		g.dedupReads.Add(1)
+	case commitEnd > g.dedupTo:
+		s.scanDedup(w, g.dedupTo, commitEnd, false)
+	}
+	g.dedupTo = -1
 }
 
 // rebuildEntry adds the put whose records (count of them: a batch, or

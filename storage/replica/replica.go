@@ -114,9 +114,10 @@ func (e *NotLeaderError) Unwrap() error { return ErrNotLeader }
 type Host interface {
 	// Committed: the entries up to commitEnd (a commitlog offset) are
 	// committed and durable on this replica; lastStoreTS is the newest
-	// store time among the records just committed (0: none). The store
-	// makes them visible and wakes its dispatcher.
-	Committed(commitEnd, lastStoreTS int64)
+	// store time among the records just committed (0: none); leader:
+	// this replica is the ready leader (its put path took them). The
+	// store makes them visible and wakes its dispatcher.
+	Committed(commitEnd, lastStoreTS int64, leader bool)
 	// BecomeReady is called, with proposals excluded, when this leader
 	// has applied its term's first entry: log end = commit end = commitEnd.
 	// The store indexes up to commitEnd and resets its stamping table
@@ -454,7 +455,7 @@ func (n *Node) handle(rd raft.Ready) error {
 			delete(n.waiters, k)
 		}
 		n.mu.Unlock()
-		n.host.Committed(end, lastTS)
+		n.host.Committed(end, lastTS, false)
 	}
 	l := n.opts.Log
 	setTerm := func() {
@@ -767,7 +768,7 @@ func (n *Node) apply(ents []*pb.Entry) {
 	// The store first learns the commit end, then the putters hear PUT_OK:
 	// a putter woken earlier would find its record not yet visible, be
 	// answered before the index covered it (read your writes broken).
-	n.host.Committed(n.end, lastTS)
+	n.host.Committed(n.end, lastTS, n.ready)
 	for _, w := range done {
 		w.finish(nil)
 	}

@@ -36,7 +36,7 @@ type fakeHost struct {
 	failed    error
 }
 
-func (h *fakeHost) Committed(end, _ int64)  { h.mu.Lock(); h.commitEnd = end; h.mu.Unlock() }
+func (h *fakeHost) Committed(end, _ int64, _ bool) { h.mu.Lock(); h.commitEnd = end; h.mu.Unlock() }
 func (h *fakeHost) ApplyCmd(uint64, []byte) {}
 func (h *fakeHost) BecomeReady(int64) error {
 	h.mu.Lock()
