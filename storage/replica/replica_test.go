@@ -37,7 +37,7 @@ type fakeHost struct {
 }
 
 func (h *fakeHost) Committed(end, _ int64, _ bool) { h.mu.Lock(); h.commitEnd = end; h.mu.Unlock() }
-func (h *fakeHost) ApplyCmd(uint64, []byte) {}
+func (h *fakeHost) ApplyCmd(uint64, []byte)        {}
 func (h *fakeHost) BecomeReady(int64) error {
 	h.mu.Lock()
 	h.ready++
