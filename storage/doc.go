@@ -543,10 +543,13 @@
 //
 // Idempotent puts (idempotent.go): the ready leader keeps the dedup
 // window and remembers a key once its put committed (PUT_OK; an unknown
-// outcome leaves the key free); a member that becomes the ready leader
-// rebuilds its window from the committed log first (BecomeReady, the
-// scan Open does, up to the commit end), so a retry after a failover is
-// answered with the first put's result. Followers refuse keyed puts as
+// outcome leaves the key free). Every other member keeps its window up
+// to the commit as commits arrive (trackDedup: the keyed records newly
+// committed; the whole window read from the committed log once after it
+// starts or stops leading), and a member that becomes the ready leader
+// reads only what lies past it (readyDedup), so a retry after a failover
+// is answered with the first put's result without the new leader reading
+// its log's tail before it takes puts. Followers refuse keyed puts as
 // any put.
 //
 // # System records

@@ -240,7 +240,8 @@ type groupState struct {
 	// committed below this commitlog offset (within the window's time),
 	// kept so by trackDedup as commits arrive; -1 when it does not (after
 	// Open, after a snapshot install, while this replica leads: its put
-	// path adds keys of puts not committed yet). Raft goroutine only.
+	// path keeps the window then, and misses the keys of puts whose
+	// outcome it did not learn). Raft goroutine only.
 	dedupTo int64
 	// dedupReads counts the window's full reads from the log (tests).
 	dedupReads atomic.Int64

@@ -301,8 +301,11 @@ func (s *Store) scanDedup(w *dedup.Window[dedupValue], from, end int64, verify b
 // time without writes grew with the log: BENCHMARKS.md "Failover"). A
 // window that does not hold exactly the committed keys (dedupTo -1) is
 // read again from the log first, off the failover's path: a follower
-// just started, or one that led (its window has keys of puts that were
-// never committed). The ready leader's put path keeps its own window.
+// just started, or one that led (its window misses the keys of puts
+// whose outcome it did not learn, and may hold first puts under way).
+// The ready leader's put path keeps its own window. A full read runs on
+// the raft goroutine under the node's lock, as BecomeReady's did: the
+// member answers nothing meanwhile (once per start or step-down).
 func (s *Store) trackDedup(commitEnd int64, leader bool) {
 	g := s.group
 	w := s.dedup.Load()
