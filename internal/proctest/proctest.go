@@ -46,7 +46,48 @@ func Build(dir string) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("proctest: build storaged: %w\n%s", err, out)
 	}
+	// The module's files the binary comes from, for New to open (sources).
+	out, err = exec.Command("go", "list", "-deps", "-f",
+		`{{if .Module}}{{if .Module.Main}}{{$d := .Dir}}{{range .GoFiles}}{{$d}}/{{.}}{{"\n"}}{{end}}`+
+			`{{range .EmbedFiles}}{{$d}}/{{.}}{{"\n"}}{{end}}{{.Module.GoMod}}{{"\n"}}{{end}}{{end}}`,
+		"github.com/storaged/storaged/cmd/storaged").Output()
+	if err != nil {
+		return "", fmt.Errorf("proctest: list the sources of storaged: %w", err)
+	}
+	seen := map[string]bool{}
+	for _, f := range strings.Fields(string(out)) {
+		if !seen[f] {
+			seen[f] = true
+			sources = append(sources, f)
+		}
+	}
+	if len(sources) > 0 { // go.sum: the versions of the dependencies
+		sources = append(sources, filepath.Join(filepath.Dir(sources[len(sources)-1]), "go.sum"))
+	}
 	return bin, nil
+}
+
+// sources are the module's files (Go files, embedded files, go.mod and
+// go.sum) of the binary Build made. The first New of a test binary opens
+// them all: go test caches a passing result keyed by the test binary and
+// the files the test opened, and the storaged binary is built outside the
+// test binary's own dependencies, so without them a change to the store
+// would be answered with a cached pass of the code before it.
+var (
+	sources     []string
+	sourcesOnce sync.Once
+)
+
+// touchSources opens every file of sources once (go test records the
+// files a test opens, and hashes them to validate a cached result).
+func touchSources() {
+	sourcesOnce.Do(func() {
+		for _, f := range sources {
+			if fd, err := os.Open(f); err == nil {
+				fd.Close()
+			}
+		}
+	})
 }
 
 // Options says how to run one storaged.
@@ -99,6 +140,7 @@ func Start(t testing.TB, opts Options) *Process {
 // open). It is killed when the test ends, if running.
 func New(t testing.TB, opts Options) *Process {
 	t.Helper()
+	touchSources()
 	if opts.Name == "" {
 		opts.Name = "storaged"
 	}
