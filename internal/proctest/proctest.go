@@ -60,9 +60,10 @@ func Build(dir string) (string, error) {
 			seen[f] = true
 			sources = append(sources, f)
 		}
-	}
-	if len(sources) > 0 { // go.sum: the versions of the dependencies
-		sources = append(sources, filepath.Join(filepath.Dir(sources[len(sources)-1]), "go.sum"))
+		if filepath.Base(f) == "go.mod" && !seen["go.sum"] { // beside it: the versions of the dependencies
+			seen["go.sum"] = true
+			sources = append(sources, filepath.Join(filepath.Dir(f), "go.sum"))
+		}
 	}
 	return bin, nil
 }

@@ -2,7 +2,9 @@ package proctest
 
 import (
 	"context"
+	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -70,5 +72,28 @@ func TestLifecycle(t *testing.T) {
 	}
 	if len(got) != 2 || got[0] != "one" || got[1] != "two" {
 		t.Fatalf("read back %q, want [one two]", got)
+	}
+}
+
+// TestSources: the files New opens for go test's cache are the module's
+// own, all exist, and include go.mod, go.sum and the store's code, so a
+// change to any of them reruns the process-level suites.
+func TestSources(t *testing.T) {
+	var mod, sum, store bool
+	for _, f := range sources {
+		if _, err := os.Stat(f); err != nil {
+			t.Errorf("source %s: %v", f, err)
+		}
+		switch {
+		case filepath.Base(f) == "go.mod":
+			mod = true
+		case filepath.Base(f) == "go.sum":
+			sum = true
+		case strings.HasSuffix(f, filepath.Join("storage", "replica", "replica.go")):
+			store = true
+		}
+	}
+	if !mod || !sum || !store {
+		t.Fatalf("%d sources: go.mod %v, go.sum %v, storage/replica/replica.go %v", len(sources), mod, sum, store)
 	}
 }
