@@ -61,8 +61,8 @@ var ErrInstallPending = errors.New("storage: a snapshot install is unfinished in
 // snapshot at index of term, staged by ReceiveSnapshot.
 func (h *groupHost) InstallSnapshot(index, term uint64) (int64, int64, error) {
 	s := (*Store)(h)
-	s.group.dedupTo = -1 // the log is replaced: the window is read again
 	g := s.group
+	g.dedupTo = -1 // the log is replaced: the window is read again
 	g.stagedMu.Lock()
 	st := g.staged
 	g.staged = nil

@@ -60,9 +60,9 @@ func Build(dir string) (string, error) {
 			seen[f] = true
 			sources = append(sources, f)
 		}
-		if filepath.Base(f) == "go.mod" && !seen["go.sum"] { // beside it: the versions of the dependencies
-			seen["go.sum"] = true
-			sources = append(sources, filepath.Join(filepath.Dir(f), "go.sum"))
+		if sum := filepath.Join(filepath.Dir(f), "go.sum"); filepath.Base(f) == "go.mod" && !seen[sum] {
+			seen[sum] = true // beside go.mod: the versions of the dependencies
+			sources = append(sources, sum)
 		}
 	}
 	return bin, nil

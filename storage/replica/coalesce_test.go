@@ -5,6 +5,7 @@ import (
 	"hash/crc32"
 	"io"
 	"log"
+	"maps"
 	"math/rand/v2"
 	"slices"
 	"testing"
@@ -162,6 +163,11 @@ func runGroup(t *testing.T, seed uint64, merge bool) groupRun {
 	}
 	var queue []*pb.Message
 	sent := 0
+	step := func(m *pb.Message) {
+		if err := nodes[m.GetTo()].Step(m); err != nil {
+			t.Fatal(err)
+		}
+	}
 	// ready persists one Ready of node id and queues its messages.
 	ready := func(id uint64) {
 		rn := nodes[id]
@@ -194,11 +200,8 @@ func runGroup(t *testing.T, seed uint64, merge bool) groupRun {
 				ready(id)
 			}
 			for len(queue) > 0 {
-				m := queue[0]
+				step(queue[0])
 				queue = queue[1:]
-				if err := nodes[m.GetTo()].Step(m); err != nil {
-					t.Fatal(err)
-				}
 				progress = true
 			}
 		}
@@ -222,11 +225,8 @@ func runGroup(t *testing.T, seed uint64, merge bool) groupRun {
 		for k := rng.IntN(len(queue) + 1); k > 0; k-- {
 			m := queue[0]
 			queue = queue[1:]
-			if rng.IntN(10) == 0 {
-				continue // lost: the leader's probes and heartbeats recover
-			}
-			if err := nodes[m.GetTo()].Step(m); err != nil {
-				t.Fatal(err)
+			if rng.IntN(10) != 0 { // else lost: the leader's probes and heartbeats recover
+				step(m)
 			}
 		}
 	}
@@ -258,14 +258,7 @@ func runGroup(t *testing.T, seed uint64, merge bool) groupRun {
 		s := nodes[id].Status()
 		state += fmt.Sprintf("node %d: %s commit %d last %d data crc %08x; ", id, s.RaftState, s.GetCommit(), last, crc32.ChecksumIEEE(data))
 		if id == 1 {
-			keys := slices.Sorted(func(yield func(uint64) bool) {
-				for k := range s.Progress {
-					if !yield(k) {
-						return
-					}
-				}
-			})
-			for _, k := range keys {
+			for _, k := range slices.Sorted(maps.Keys(s.Progress)) {
 				state += fmt.Sprintf("match[%d]=%d ", k, s.Progress[k].Match)
 			}
 		}
