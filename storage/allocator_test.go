@@ -16,7 +16,8 @@ import (
 // A put must not wait for that population (it took seconds per GiB here and
 // stalled the put lock at every roll); when the writer asks for the next
 // file, the allocator creates it before it populates more of the current
-// one, then goes on populating the current one ahead of the writer.
+// one, then goes on populating the current one ahead of the writer. (It
+// asks once its writes are half way through the file: prepareNext.)
 func TestRollDoesNotWaitForPopulate(t *testing.T) {
 
 	fs := vfs.NewMem()
@@ -71,7 +72,22 @@ func TestRollDoesNotWaitForPopulate(t *testing.T) {
 	case <-guard():
 		t.Fatal("the put waited for the allocator to populate its file")
 	}
-	// The put took file 0 and asked for file 1.
+	// Puts up to half the file: they do not wait either, and the last asks
+	// for file 1.
+	for s.log.Files().Last().Wrote() < 32<<10 {
+		go func() {
+			_, err := s.PutMessage(context.Background(), msg("T", strings.Repeat("x", 900)))
+			done <- err
+		}()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Fatalf("put: %v", err)
+			}
+		case <-guard():
+			t.Fatal("a put waited for the allocator to populate its file")
+		}
+	}
 	close(release)
 	s.log.Files().WaitReady(64 << 10)
 	select {
@@ -134,6 +150,71 @@ func TestOpenPopulatesTheLastFile(t *testing.T) {
 	}
 }
 
+// TestNextFilePreparedAtHalf: the file after the one appends go to is
+// created only once appends are half way through it, not at the roll and
+// not at a restart (a prepared file is deleted at Close, and populated
+// it is a whole file of dirty zeros to write back: prepareNext).
+func TestNextFilePreparedAtHalf(t *testing.T) {
+	const fileSize = 64 << 10
+	fs := vfs.NewMem()
+	second := filepath.Join("/d", "commitlog", fileName(fileSize))
+	var mu sync.Mutex
+	created := 0 // of the second file
+	fs.SetInjector(func(op vfs.Op, path string) error {
+		if op == vfs.OpCreateSegment && path == second {
+			mu.Lock()
+			created++
+			mu.Unlock()
+		}
+		return nil
+	})
+	createdNow := func() int {
+		mu.Lock()
+		defer mu.Unlock()
+		return created
+	}
+	o := Options{Dir: "/d", FS: fs, FileSize: fileSize, MaxMessageSize: 1024, PopulateChunk: testChunk}
+	s, err := Open(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body := strings.Repeat("x", 900)
+	put := func(s *Store) {
+		t.Helper()
+		if _, err := s.PutMessage(context.Background(), msg("T", body)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Up to just below half: nothing asked for (the allocator is idle
+	// once WaitPopulated returns, so a request would have been served).
+	for s.log.Files().Last() == nil || s.log.Files().Last().Wrote()+1024 < fileSize/2 {
+		put(s)
+	}
+	s.log.WaitPopulated()
+	if n := createdNow(); n != 0 {
+		t.Fatalf("the next file was created %d times before appends reached half of the first", n)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	// A restart below half prepares nothing either.
+	if s, err = Open(o); err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	s.log.WaitPopulated()
+	if n := createdNow(); n != 0 {
+		t.Fatalf("a restart created the next file %d times", n)
+	}
+	for s.log.Files().Last().Wrote() < fileSize/2 {
+		put(s)
+	}
+	s.log.Files().WaitReady(fileSize)
+	if n := createdNow(); n != 1 {
+		t.Fatalf("the next file was created %d times once appends passed half, want 1", n)
+	}
+}
+
 // testChunk is the allocator's population chunk in these tests: small, so
 // a 64 KiB file takes many chunks.
 const testChunk = 4096
@@ -172,15 +253,21 @@ func TestAllocatorLeavesRoomOnANearlyFullDisk(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { s.Close() })
-	mustPut(t, s, "T", 0, "takes file 0, asks for file 1") // room: file 1 is prepared
+	body := strings.Repeat("x", 900)
+	// fill puts into the file at from until it is at least half written:
+	// the allocator is then asked for the next file (prepareNext).
+	fill := func(from int64) {
+		t.Helper()
+		for l := s.log.Files().Last(); l == nil || l.From() < from || l.Wrote() < fileSize/2; l = s.log.Files().Last() {
+			mustPut(t, s, "T", 0, body)
+		}
+	}
+	fill(0) // room: file 1 is prepared
 	s.log.Files().WaitReady(fileSize)
 
 	// Just short of the file plus the reserve: file 2 is not prepared.
 	setAvail(fileSize + prepareReserve + 16*20 - 1)
-	body := strings.Repeat("x", 900)
-	for s.log.Files().Last().From() < fileSize {
-		mustPut(t, s, "T", 0, body)
-	}
+	fill(fileSize)
 	s.log.Files().WaitPopulated()
 	mu.Lock()
 	got := strings.Join(creates, " ")
@@ -193,8 +280,6 @@ func TestAllocatorLeavesRoomOnANearlyFullDisk(t *testing.T) {
 		mustPut(t, s, "T", 0, body)
 	}
 	setAvail(1 << 30) // room again: the next file is prepared ahead
-	for s.log.Files().Last().From() < 3*fileSize {
-		mustPut(t, s, "T", 0, body)
-	}
+	fill(3 * fileSize)
 	s.log.Files().WaitReady(4 * fileSize)
 }

@@ -26,19 +26,27 @@ import (
 // leader, waits until writes flow again and --settle has passed, restarts
 // the stopped member on its data dir, lets it catch up for --settle, and
 // records the longest time between two consecutive acks from the signal
-// on (an ack before the signal opens the first interval).
+// on (an ack before the signal opens the first interval). Before the
+// first round it waits, up to --dirty-wait, until the host's dirty and
+// writeback pages fall below --dirty-limit-mib: the members' first commitlog
+// files are populated with dirty zeros (1 GiB each), and all of them on
+// one disk made every sync of the first rounds wait behind their
+// writeback (BENCHMARKS.md, "Population at a restart"). Each round
+// records the dirty bytes at its signal.
 
 type failoverOptions struct {
-	storaged     string
-	storagedArgs string
-	signal       string
-	rounds       int
-	writers      int
-	bodySize     int
-	settle       time.Duration
-	dataRoot     string
-	out          string
-	logPath      string
+	storaged      string
+	storagedArgs  string
+	signal        string
+	rounds        int
+	writers       int
+	bodySize      int
+	settle        time.Duration
+	dirtyLimitMiB uint64
+	dirtyWait     time.Duration
+	dataRoot      string
+	out           string
+	logPath       string
 }
 
 // FailoverResult is the JSON the failover subcommand writes.
@@ -58,12 +66,13 @@ type FailoverResult struct {
 	Unknown       int64     `json:"unknown"`        // outcome unknown (puts in flight at a kill)
 	Refused       int64     `json:"refused"`        // nothing stored after the client's attempts
 	HostLoad1     []float64 `json:"host_load1"`     // per round, at its end
+	HostDirtyMB   []float64 `json:"host_dirty_mb"`  // per round, dirty + writeback pages at the signal
 	LeaderChanges []string  `json:"leader_changes"` // n1->n2 per round
 }
 
 func parseFailoverOptions(args []string, stderr io.Writer) (failoverOptions, error) {
 	o := failoverOptions{signal: "kill", rounds: 10, writers: 16, bodySize: 1024, settle: 2 * time.Second,
-		dataRoot: os.TempDir(), out: "failover.json"}
+		dirtyLimitMiB: 64, dirtyWait: 2 * time.Minute, dataRoot: os.TempDir(), out: "failover.json"}
 	fs := flag.NewFlagSet("storaged-bench failover", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.StringVar(&o.storaged, "storaged", "", "storaged `binary` (required)")
@@ -73,6 +82,8 @@ func parseFailoverOptions(args []string, stderr io.Writer) (failoverOptions, err
 	fs.IntVar(&o.writers, "writers", o.writers, "concurrent unary writers")
 	fs.IntVar(&o.bodySize, "body-size", o.bodySize, "message body size in `bytes`")
 	fs.DurationVar(&o.settle, "settle", o.settle, "load after writes resume, and after the restart, before the next round")
+	fs.Uint64Var(&o.dirtyLimitMiB, "dirty-limit-mib", o.dirtyLimitMiB, "before the first round, wait until the host's dirty + writeback pages are below this many `MiB`")
+	fs.DurationVar(&o.dirtyWait, "dirty-wait", o.dirtyWait, "longest wait for --dirty-limit (0: do not wait)")
 	fs.StringVar(&o.dataRoot, "data-root", o.dataRoot, "`directory` for the members' temporary data dirs")
 	fs.StringVar(&o.out, "out", o.out, "results JSON `file` (- for stdout)")
 	fs.StringVar(&o.logPath, "log", "", "server logs `file` (default: --out with .log)")
@@ -86,8 +97,8 @@ func parseFailoverOptions(args []string, stderr io.Writer) (failoverOptions, err
 	if o.signal != "kill" && o.signal != "term" {
 		errs = append(errs, fmt.Errorf("--signal %q: want kill or term", o.signal))
 	}
-	if o.rounds < 1 || o.rounds > 1000 || o.writers < 1 || o.writers > 1024 || o.bodySize < 0 || o.bodySize > 4<<20 || o.settle < 0 {
-		errs = append(errs, errors.New("--rounds 1-1000, --writers 1-1024, --body-size 0-4MiB, --settle >= 0"))
+	if o.rounds < 1 || o.rounds > 1000 || o.writers < 1 || o.writers > 1024 || o.bodySize < 0 || o.bodySize > 4<<20 || o.settle < 0 || o.dirtyWait < 0 {
+		errs = append(errs, errors.New("--rounds 1-1000, --writers 1-1024, --body-size 0-4MiB, --settle >= 0, --dirty-wait >= 0"))
 	}
 	if fs.NArg() > 0 {
 		errs = append(errs, fmt.Errorf("unexpected arguments %q", fs.Args()))
@@ -209,12 +220,16 @@ func runFailoverCommand(ctx context.Context, args []string, stdout, stderr io.Wr
 	if err := hold(ctx, o.settle); err != nil {
 		return err
 	}
+	if err := waitDirty(ctx, o.dirtyLimitMiB<<20, o.dirtyWait, stderr); err != nil {
+		return err
+	}
 	for round := range o.rounds {
 		lead, err := g.leader(ctx)
 		if err != nil {
 			return err
 		}
 		p := g.members[lead]
+		res.HostDirtyMB = append(res.HostDirtyMB, math.Round(float64(dirtyBytes())/(1<<20)))
 		acks.mark()
 		signalled := time.Now()
 		if o.signal == "kill" {
@@ -277,6 +292,25 @@ func quantile(sorted []float64, q float64) float64 {
 	}
 	i := int(math.Ceil(q*float64(len(sorted)))) - 1
 	return sorted[min(max(i, 0), len(sorted)-1)]
+}
+
+// waitDirty waits until the host's dirty + writeback bytes are below
+// limit, at most wait; it says so on stderr when it gives up.
+func waitDirty(ctx context.Context, limit uint64, wait time.Duration, stderr io.Writer) error {
+	deadline := time.Now().Add(wait)
+	for {
+		d := dirtyBytes()
+		if d < limit {
+			return nil
+		}
+		if !time.Now().Before(deadline) {
+			fmt.Fprintf(stderr, "still %d MiB dirty after %v; measuring anyway\n", d>>20, wait)
+			return nil
+		}
+		if err := hold(ctx, 500*time.Millisecond); err != nil {
+			return err
+		}
+	}
 }
 
 // hold waits d or until ctx ends.

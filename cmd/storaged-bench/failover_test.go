@@ -8,8 +8,9 @@ import (
 )
 
 func TestFailoverOptions(t *testing.T) {
-	if _, err := parseFailoverOptions([]string{"--storaged", "bin", "--signal", "term", "--rounds", "10"}, io.Discard); err != nil {
-		t.Fatal(err)
+	o, err := parseFailoverOptions([]string{"--storaged", "bin", "--signal", "term", "--rounds", "10", "--dirty-limit-mib", "64"}, io.Discard)
+	if err != nil || o.dirtyLimitMiB != 64 {
+		t.Fatalf("%+v, %v", o, err)
 	}
 	for name, args := range map[string][]string{
 		"no binary":  {"--signal", "kill"},
@@ -17,6 +18,7 @@ func TestFailoverOptions(t *testing.T) {
 		"no rounds":  {"--storaged", "bin", "--rounds", "0"},
 		"writers":    {"--storaged", "bin", "--writers", "5000"},
 		"extra":      {"--storaged", "bin", "x"},
+		"dirty wait": {"--storaged", "bin", "--dirty-wait", "-1s"},
 	} {
 		var uerr usageError
 		if _, err := parseFailoverOptions(args, io.Discard); !errors.As(err, &uerr) {

@@ -57,6 +57,20 @@ func loadAverage() float64 {
 	return l.Load1
 }
 
+// dirtyBytes is the host's page cache waiting for writeback or being
+// written (Dirty + Writeback of /proc/meminfo), 0 if it cannot be read.
+func dirtyBytes() uint64 {
+	pfs, err := procfs.NewDefaultFS()
+	if err != nil {
+		return 0
+	}
+	m, err := pfs.Meminfo()
+	if err != nil || m.DirtyBytes == nil || m.WritebackBytes == nil {
+		return 0
+	}
+	return *m.DirtyBytes + *m.WritebackBytes
+}
+
 // procSample is what /proc tells of a server process at one moment: the
 // figures of issue 11's restart and pull-memory benchmarks.
 type procSample struct {

@@ -59,5 +59,6 @@ func (l *Log) PlaceAt(off int64, data []byte) (blank bool, err error) {
 	pos := off - f.From()
 	copy(f.Data()[pos:], data)
 	f.Publish(pos + int64(len(data)))
+	l.prepareNext(f, pos)
 	return blank, nil
 }

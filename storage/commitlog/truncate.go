@@ -82,7 +82,7 @@ func (l *Log) TruncateAfter(off int64) error {
 		}
 	}
 	if last := l.list.Last(); last != nil {
-		l.list.Prepare(last.End())
+		l.prepareNext(last, 0)
 	}
 	return nil
 }
@@ -132,6 +132,6 @@ func (l *Log) Install(swap func() error, end int64) error {
 	if !last.Full() {
 		l.list.Adopt(last)
 	}
-	l.list.Prepare(last.End())
+	l.prepareNext(last, 0)
 	return nil
 }

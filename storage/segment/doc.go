@@ -2,7 +2,8 @@
 // (a full disk is an error at creation, never a SIGBUS later) and mapped
 // shared through a vfs.Segment; the ordered list of them (List) with no
 // gaps; the allocator goroutine that creates the next file ahead of need
-// and faults it in for writing in chunks, off the append path; and the
+// (when its owner asks: List.Prepare) and faults it in for writing in
+// chunks, off the append path; and the
 // read guard (List.ReadLock) that keeps a file mapped while a reader uses
 // its bytes, which retention's Unmap waits for.
 //

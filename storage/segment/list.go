@@ -304,15 +304,15 @@ func newAllocator(fs vfs.FS, dir string, size, chunk int64, how vfs.PopulateMode
 // of the writer.
 func (a *allocator) loop() {
 	defer a.wg.Done()
-	var todo []*File // published files not yet fully populated
-	var at int64     // next offset to populate in todo[0]
+	var todo []popJob // published files not yet fully populated
+	var at int64      // next offset to populate in todo[0]
 	for {
 		if len(todo) == 0 {
 			select {
 			case from := <-a.reqc:
 				todo = a.create(from, todo)
 			case m := <-a.adoptc:
-				todo = []*File{m}
+				todo = []popJob{{m, adoptMode(a.how)}}
 			case <-a.done:
 				return
 			}
@@ -322,21 +322,21 @@ func (a *allocator) loop() {
 		case from := <-a.reqc:
 			todo = a.create(from, todo)
 		case m := <-a.adoptc: // the writer's file: first
-			todo, at = append([]*File{m}, todo...), 0
+			todo, at = append([]popJob{{m, adoptMode(a.how)}}, todo...), 0
 		case <-a.done:
 			return
 		default:
-			m := todo[0]
+			j := todo[0]
 			// What the writer has passed needs no populating.
-			at = max(at, m.wrote.Load()&^(PageSize-1))
-			if a.how == vfs.PopulateOff {
-				at = m.size
+			at = max(at, j.m.wrote.Load()&^(PageSize-1))
+			if j.how == vfs.PopulateOff {
+				at = j.m.size
 			}
-			if at < m.size {
-				m.populate(at, min(at+a.chunk, m.size), a.how)
+			if at < j.m.size {
+				j.m.populate(at, min(at+a.chunk, j.m.size), j.how)
 				at += a.chunk
 			}
-			if at >= m.size {
+			if at >= j.m.size {
 				todo, at = todo[1:], 0
 				a.populated()
 			}
@@ -344,10 +344,34 @@ func (a *allocator) loop() {
 	}
 }
 
+// popJob is a file the allocator populates, and how.
+type popJob struct {
+	m   *File
+	how vfs.PopulateMode
+}
+
+// adoptMode is how a file that existed before this process (adopt) is
+// populated: as Options.Populate says, except that PopulateWrite becomes
+// PopulateRead. The file's pages are on disk already (zeros written back
+// after an earlier population, or records) or still dirty in the page
+// cache; a write population would dirty every clean one again, so each
+// restart wrote the rest of a 1 GiB file back as zeros once more, and on
+// a shared disk that writeback stalled the syncs of the group the member
+// rejoined (BENCHMARKS.md, "Population at a restart"). Read population
+// maps them clean: a put's first store into each page takes a
+// write-protect fault instead (2.6 µs against 0.42 µs for a 1 KiB append,
+// "Targets (issue 16)"; ~15 µs where a crash left the extent unwritten).
+func adoptMode(how vfs.PopulateMode) vfs.PopulateMode {
+	if how == vfs.PopulateWrite {
+		return vfs.PopulateRead
+	}
+	return how
+}
+
 // create makes the file starting at from, publishes it as ready and adds
 // it to todo. Errors are dropped here on purpose: take() then creates the
 // file itself and reports the real error to the put.
-func (a *allocator) create(from int64, todo []*File) []*File {
+func (a *allocator) create(from int64, todo []popJob) []popJob {
 	var m *File
 	err := errNoRoom
 	if a.room == nil || a.room(a.size) {
@@ -367,7 +391,7 @@ func (a *allocator) create(from int64, todo []*File) []*File {
 		return todo
 	}
 	a.ready = m
-	return append(todo, m)
+	return append(todo, popJob{m, a.how})
 }
 
 // errNoRoom: Options.Room said no to a file prepared ahead of need.
@@ -375,7 +399,7 @@ var errNoRoom = errors.New("segment: no room to prepare a file ahead")
 
 // adopt has the loop populate m, an existing file the writer will append
 // to (the last file at Open: a restart would otherwise leave the rest of
-// it to page faults), before anything else.
+// it to page faults), before anything else, in adoptMode.
 func (a *allocator) adopt(m *File) {
 	a.mu.Lock()
 	a.unpopulated++
@@ -413,7 +437,8 @@ func (a *allocator) populatedLocked() {
 const DefaultPopulateChunk int64 = 32 << 20
 
 // take returns the file starting at from: the prepared one if it matches,
-// otherwise one created now. It then asks for the following file.
+// otherwise one created now. The owner asks for the following file
+// (Prepare) when it wants it.
 func (a *allocator) take(from int64) (*File, error) {
 	a.mu.Lock()
 	for a.inflight == from {
@@ -436,7 +461,6 @@ func (a *allocator) take(from int64) (*File, error) {
 			return nil, err
 		}
 	}
-	a.prepare(from + a.size)
 	return m, nil
 }
 

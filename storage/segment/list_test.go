@@ -2,6 +2,8 @@ package segment
 
 import (
 	"errors"
+	"slices"
+	"sync"
 	"testing"
 
 	"go.uber.org/goleak"
@@ -74,5 +76,104 @@ func TestListRollFindRemove(t *testing.T) {
 	q2.Close()
 	if _, err := q2.Roll(); !errors.Is(err, base.ErrClosed) {
 		t.Fatalf("Roll after Close: %v", err)
+	}
+}
+
+// popFS records every Populate call's mode per file: the seam that shows
+// how the allocator faults a file in (MemFS's Populate changes nothing).
+type popFS struct {
+	vfs.FS
+	mu    sync.Mutex
+	modes map[string][]vfs.PopulateMode
+}
+
+type popSegment struct {
+	vfs.Segment
+	fs   *popFS
+	path string
+}
+
+func (s popSegment) Populate(lo, hi int64, how vfs.PopulateMode) {
+	s.fs.mu.Lock()
+	s.fs.modes[s.path] = append(s.fs.modes[s.path], how)
+	s.fs.mu.Unlock()
+	s.Segment.Populate(lo, hi, how)
+}
+
+func (f *popFS) CreateSegment(path string, size int64) (vfs.Segment, error) {
+	s, err := f.FS.CreateSegment(path, size)
+	if err != nil {
+		return nil, err
+	}
+	return popSegment{s, f, path}, nil
+}
+
+func (f *popFS) OpenSegment(path string, size int64) (vfs.Segment, error) {
+	s, err := f.FS.OpenSegment(path, size)
+	if err != nil {
+		return nil, err
+	}
+	return popSegment{s, f, path}, nil
+}
+
+func (f *popFS) modesOf(path string) []vfs.PopulateMode {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return slices.Clone(f.modes[path])
+}
+
+// TestAdoptPopulatesClean: a file created now is populated in the
+// configured mode; a file that existed before (adopted after a restart)
+// is never write-populated, which would dirty its pages again and write
+// the rest of it back as zeros once more, but read-populated; the other
+// modes apply to it unchanged.
+func TestAdoptPopulatesClean(t *testing.T) {
+	for _, tc := range []struct {
+		how, adopted vfs.PopulateMode
+	}{
+		{vfs.PopulateWrite, vfs.PopulateRead},
+		{vfs.PopulateRead, vfs.PopulateRead},
+		{vfs.PopulateWillNeed, vfs.PopulateWillNeed},
+	} {
+		t.Run(tc.how.String(), func(t *testing.T) {
+			fs := &popFS{FS: vfs.NewMem(), modes: map[string][]vfs.PopulateMode{}}
+			const size, chunk = 4 * PageSize, PageSize
+			if err := fs.MkdirAll("/c"); err != nil {
+				t.Fatal(err)
+			}
+			q := NewList(fs, "/c", size, Options{Populate: tc.how, PopulateChunk: chunk})
+			if err := q.Load(); err != nil {
+				t.Fatal(err)
+			}
+			q.Prepare(0) // as commitlog.Log.Start does
+			f, err := q.Roll()
+			if err != nil {
+				t.Fatal(err)
+			}
+			f.Publish(PageSize)
+			q.WaitPopulated()
+			if err := q.Close(); err != nil {
+				t.Fatal(err)
+			}
+			created := fs.modesOf(f.Path())
+			if len(created) == 0 || slices.ContainsFunc(created, func(m vfs.PopulateMode) bool { return m != tc.how }) {
+				t.Fatalf("created file populated %v, want only %v", created, tc.how)
+			}
+
+			q2 := NewList(fs, "/c", size, Options{Populate: tc.how, PopulateChunk: chunk})
+			defer q2.Close()
+			if err := q2.Load(); err != nil {
+				t.Fatal(err)
+			}
+			q2.Last().SetPositions(PageSize, PageSize) // as recovery does
+			q2.Adopt(q2.Last())
+			q2.WaitPopulated()
+			adopted := fs.modesOf(f.Path())[len(created):]
+			// The adopted file's first page is written: the other three are
+			// populated, one chunk each.
+			if len(adopted) != 3 || slices.ContainsFunc(adopted, func(m vfs.PopulateMode) bool { return m != tc.adopted }) {
+				t.Fatalf("adopted file populated %v, want 3 chunks of %v", adopted, tc.adopted)
+			}
+		})
 	}
 }
