@@ -83,7 +83,7 @@ func parseFailoverOptions(args []string, stderr io.Writer) (failoverOptions, err
 	fs.IntVar(&o.bodySize, "body-size", o.bodySize, "message body size in `bytes`")
 	fs.DurationVar(&o.settle, "settle", o.settle, "load after writes resume, and after the restart, before the next round")
 	fs.Uint64Var(&o.dirtyLimitMiB, "dirty-limit-mib", o.dirtyLimitMiB, "before the first round, wait until the host's dirty + writeback pages are below this many `MiB`")
-	fs.DurationVar(&o.dirtyWait, "dirty-wait", o.dirtyWait, "longest wait for --dirty-limit (0: do not wait)")
+	fs.DurationVar(&o.dirtyWait, "dirty-wait", o.dirtyWait, "longest wait for --dirty-limit-mib (0: do not wait)")
 	fs.StringVar(&o.dataRoot, "data-root", o.dataRoot, "`directory` for the members' temporary data dirs")
 	fs.StringVar(&o.out, "out", o.out, "results JSON `file` (- for stdout)")
 	fs.StringVar(&o.logPath, "log", "", "server logs `file` (default: --out with .log)")

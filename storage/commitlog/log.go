@@ -104,17 +104,19 @@ func (l *Log) Start() {
 }
 
 // prepareNext asks the allocator for the file after f when f's end moved
-// from wrote to f.Wrote() across half the file (once per file: appends
-// call it with where they began; Start and a truncation with 0, so a
-// file already half written gets its successor). Not at the roll into f: a prepared
-// file is deleted at Close and, with write population, is a whole file of
-// dirty zeros, so preparing at the roll created and populated a full next
-// file at every start, for a writer that may need it only hours later
-// (1 GiB written back per restart of a group member, in the syncs' way:
-// BENCHMARKS.md, "Population at a restart"). Half a file ahead still leaves the
+// from wrote to f.Wrote() across half the file: once per file, as appends
+// pass where they began; Start and a truncation pass 0, so a file already
+// half written gets its successor then.
+//
+// Not at the roll into f: a prepared file is deleted at Close and, with
+// write population, is a whole file of dirty zeros, so preparing at the
+// roll created and populated a full next file at every start, for a
+// writer that may need it only hours later (1 GiB written back per
+// restart of a group member, in the syncs' way: BENCHMARKS.md,
+// "Population at a restart"). Half a file ahead still leaves the
 // allocator the time of writing half a file: 512 MiB take 2.5 s at the
-// fastest rate measured here, population of a whole file 0.1–2.2 s, and a
-// put never waits for population (the allocator skips what the writer
+// fastest rate measured here, population of a whole file 0.1–2.2 s, and
+// a put never waits for population (the allocator skips what the writer
 // passed). A roll that finds nothing prepared creates the file itself.
 func (l *Log) prepareNext(f *segment.File, wrote int64) {
 	if half := f.Size() / 2; wrote < half && f.Wrote() >= half {
