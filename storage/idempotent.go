@@ -307,20 +307,15 @@ func (s *Store) scanDedup(w *dedup.Window[dedupValue], from, end int64, verify b
 // the raft goroutine under the node's lock, as BecomeReady's did: the
 // member answers nothing meanwhile (once per start or step-down).
 func (s *Store) trackDedup(commitEnd int64, leader bool) {
-	g := s.group
-	w := s.dedup.Load()
-	switch {
-	case w == nil:
-	case leader:
-		g.dedupTo = -1
-	case g.dedupTo < 0:
-		s.dedup.Store(s.buildDedup(commitEnd, false))
-		g.dedupReads.Add(1)
-		g.dedupTo = commitEnd
-	case commitEnd > g.dedupTo:
-		s.scanDedup(w, g.dedupTo, commitEnd, false)
-		g.dedupTo = commitEnd
+	if s.dedup.Load() == nil {
+		return
 	}
+	if leader {
+		s.group.dedupTo = -1
+		return
+	}
+	s.dedupUpTo(commitEnd)
+	s.group.dedupTo = commitEnd
 }
 
 // readyDedup gives a new leader the keys of every put committed up to
@@ -328,18 +323,26 @@ func (s *Store) trackDedup(commitEnd int64, leader bool) {
 // when it holds more than the committed keys. From then on the leader's
 // put path keeps it (dedupTo -1).
 func (s *Store) readyDedup(commitEnd int64) {
-	g := s.group
-	w := s.dedup.Load()
-	switch {
-	case w == nil:
+	if s.dedup.Load() == nil {
 		return
+	}
+	s.dedupUpTo(commitEnd)
+	s.group.dedupTo = -1
+}
+
+// dedupUpTo makes the window hold the committed keys up to commitEnd: it
+// reads what lies past dedupTo, or the whole window from the log when the
+// window does not hold exactly the committed keys below dedupTo (-1) or
+// holds keys past commitEnd. REQUIRES: a window (s.dedup set).
+func (s *Store) dedupUpTo(commitEnd int64) {
+	g := s.group
+	switch {
 	case g.dedupTo < 0 || g.dedupTo > commitEnd:
 		s.dedup.Store(s.buildDedup(commitEnd, false))
 		g.dedupReads.Add(1)
 	case commitEnd > g.dedupTo:
-		s.scanDedup(w, g.dedupTo, commitEnd, false)
+		s.scanDedup(s.dedup.Load(), g.dedupTo, commitEnd, false)
 	}
-	g.dedupTo = -1
 }
 
 // rebuildEntry adds the put whose records (count of them: a batch, or
