@@ -240,7 +240,12 @@ func (e *NotDurableError) Unwrap() []error {
 // It answers what this store has applied: a commit that is stored (sync
 // mode: durable; in a group: committed) and indexed here. On a follower
 // that may lag the leader (ReadBarrier first for a linearizable answer).
+// It covers every commit applied when it was called (catchUp).
 func (s *Store) GetOffset(group, topic string, queueID int32) (int64, error) {
+	if s.closed.Load() {
+		return 0, ErrClosed
+	}
+	s.catchUp(context.Background())
 	kerr := s.checkOffsetKey(group, topic, queueID)
 	if kerr != nil && (s.group == nil || !errors.Is(kerr, ErrTopicNotFound)) {
 		return 0, kerr

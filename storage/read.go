@@ -180,10 +180,12 @@ type PullResult struct {
 }
 
 // QueueInfo returns the readable queue offsets of a queue: [min, max).
+// It covers every record visible when it was called (catchUp).
 func (s *Store) QueueInfo(topic string, queueID int32) (minOff, maxOff int64, err error) {
 	if s.closed.Load() {
 		return 0, 0, ErrClosed
 	}
+	s.catchUp(context.Background())
 	q := s.index.Queue(topic, queueID)
 	if q == nil || HiddenTopic(topic) {
 		return 0, 0, fmt.Errorf("%w: %s/%d", ErrQueueNotFound, topic, queueID)
@@ -202,6 +204,24 @@ func (s *Store) Queues() []QueueID {
 		out = append(out, QueueID{Topic: k.Topic, QueueID: k.Queue})
 	}
 	return out
+}
+
+// catchUp indexes the commitlog up to the visible end before a read, so
+// the read reflects every record visible when it began: in a group, the
+// member's commit point, which GetReplicaInfo reports as applied. Without
+// it a read would lag that point by up to the dispatcher's pause, and
+// more on a loaded machine: the records whose putters stopped waiting
+// (the call was cancelled) are indexed by the dispatcher's round alone.
+// It usually costs one atomic load, or a round run by the reader itself
+// (AwaitDispatched). A stalled or slow index is not the read's failure:
+// the read answers from what is indexed, as it would have. It returns
+// only ctx's error.
+func (s *Store) catchUp(ctx context.Context) error {
+	err := s.index.AwaitDispatched(ctx, s.visibleEnd())
+	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return err
+	}
+	return nil
 }
 
 // QueueID names a topic-queue.
@@ -229,6 +249,9 @@ const MaxPullScan = 4096
 // with its first message). Each record is fully checked; a damaged one, or
 // a consume-queue entry that disagrees with its record, is an error
 // wrapping ErrCorrupt.
+//
+// It covers every record visible when it was called (catchUp), and, while
+// it waits, the records indexed since.
 //
 // It reads at most MaxPullScan entries. The answer's NextOffset is past
 // every entry read, matched or not: with a tag filter it may be far past
@@ -260,6 +283,9 @@ func (s *Store) PullMessages(ctx context.Context, req PullRequest) (PullResult, 
 			release()
 		}
 	}()
+	if err := s.catchUp(ctx); err != nil {
+		return PullResult{}, err
+	}
 	budget := MaxPullScan
 	for {
 		if s.closed.Load() {

@@ -291,8 +291,8 @@ func TestGetMessageBeforeDispatch(t *testing.T) {
 	resume := s.index.HoldRounds() // no dispatch round from here on
 	defer resume()
 	var offs []int64
-	for i := 0; i < 3; i++ {
-		r, err := s.PutMessage(context.Background(), msg("D", strings.Repeat("x", 100+i)))
+	for i := 0; i < 3; i++ { // WAIT=false: a waiting put would wait out the index's bound
+		r, err := s.PutMessage(context.Background(), msg("D", strings.Repeat("x", 100+i), Property{Key: PropertyWaitStoreOK, Value: "false"}))
 		if err != nil {
 			t.Fatal(err)
 		}
