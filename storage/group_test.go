@@ -1012,9 +1012,9 @@ func TestGroupDelayProgressReplicated(t *testing.T) {
 	}
 }
 
-// TestGroupFollowerReadCoversCommit: a follower's pull and QueueInfo
-// cover the commit end it knows even when its dispatcher has not indexed
-// it. Nobody waits on a follower for its index, so only the dispatcher's
+// TestGroupFollowerReadCoversCommit: a follower's pull, QueueInfo and
+// GetOffset cover the commit end it knows even when its dispatcher has not
+// indexed it. Nobody waits on a follower for its index, so only the dispatcher's
 // round (after its pause) indexed what was committed, and a read right
 // after GetReplicaInfo showed the commit could miss it (a CI failure of
 // the group scenarios' readback: one member's queue 18 records short).
@@ -1032,7 +1032,11 @@ func TestGroupFollowerReadCoversCommit(t *testing.T) {
 	if err != nil || res.Status != PutOK {
 		t.Fatal(res.Status, err)
 	}
-	g.poll("node 2 to learn the commit end", func() bool { return f.ReplicaInfo().CommitEnd >= res.Append.NextOffset() }, 1)
+	if err := g.m[1].s.CommitOffset(context.Background(), "cg", "T", 0, 1); err != nil {
+		t.Fatal(err)
+	}
+	end := g.m[1].s.ReplicaInfo().CommitEnd
+	g.poll("node 2 to learn the commit end", func() bool { return f.ReplicaInfo().CommitEnd >= end }, 1)
 	if d := f.index.Dispatched(); d >= res.Append.NextOffset() {
 		t.Fatalf("node 2 indexed up to %d with its rounds held", d)
 	}
@@ -1041,10 +1045,14 @@ func TestGroupFollowerReadCoversCommit(t *testing.T) {
 		bodies []string
 		err    error
 	}
-	info, pull := make(chan answer, 1), make(chan answer, 1)
+	info, pull, offset := make(chan answer, 1), make(chan answer, 1), make(chan answer, 1)
 	go func() {
 		_, hi, err := f.QueueInfo("T", 0)
 		info <- answer{max: hi, err: err}
+	}()
+	go func() {
+		off, err := f.GetOffset("cg", "T", 0)
+		offset <- answer{max: off, err: err}
 	}()
 	go func() {
 		r, err := f.PullMessages(context.Background(), PullRequest{Topic: "T", Offset: 1})
@@ -1054,8 +1062,10 @@ func TestGroupFollowerReadCoversCommit(t *testing.T) {
 		}
 		pull <- a
 	}()
-	for f.index.Waiting() < 2 { // both wait for the round
+	for f.index.Waiting() < 3 { // all three wait for the round
 		select {
+		case a := <-offset:
+			t.Fatalf("GetOffset on the follower answered below its commit end: %+v", a)
 		case a := <-info:
 			t.Fatalf("QueueInfo on the follower answered below its commit end: %+v", a)
 		case a := <-pull:
@@ -1070,5 +1080,8 @@ func TestGroupFollowerReadCoversCommit(t *testing.T) {
 	}
 	if a := <-pull; a.err != nil || a.max != 2 || !slices.Equal(a.bodies, []string{"second"}) {
 		t.Errorf("pull at 1: %q, max offset %d, %v; want [second] and 2", a.bodies, a.max, a.err)
+	}
+	if a := <-offset; a.err != nil || a.max != 1 {
+		t.Errorf("GetOffset: %d, %v; want 1", a.max, a.err)
 	}
 }
