@@ -5,6 +5,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -118,29 +119,17 @@ func TestOpenPopulatesTheLastFile(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	first := filepath.Join("/d", "commitlog", fileName(0))
-	var mu sync.Mutex
-	chunks := 0 // populated chunks of the first file
-	fs.SetInjector(func(op vfs.Op, path string) error {
-		if op == vfs.OpPopulate && path == first {
-			mu.Lock()
-			chunks++
-			mu.Unlock()
-		}
-		return nil
-	})
+	chunks := countOps(fs, vfs.OpPopulate, filepath.Join("/d", "commitlog", fileName(0))) // of the first file
 	s, err = Open(o)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer s.Close()
 	s.log.WaitPopulated()
-	mu.Lock()
-	defer mu.Unlock()
 	// Every chunk from the one holding the write position to the end, and
 	// none below it.
 	want := int((o.FileSize - wrote&^(pageSize-1) + testChunk - 1) / testChunk)
-	if chunks != want {
+	if chunks := chunks(); chunks != want {
 		t.Fatalf("first file populated in %d chunks after the restart, want %d (write position %d)", chunks, want, wrote)
 	}
 }
@@ -152,22 +141,7 @@ func TestOpenPopulatesTheLastFile(t *testing.T) {
 func TestNextFilePreparedAtHalf(t *testing.T) {
 	const fileSize = 64 << 10
 	fs := vfs.NewMem()
-	second := filepath.Join("/d", "commitlog", fileName(fileSize))
-	var mu sync.Mutex
-	created := 0 // of the second file
-	fs.SetInjector(func(op vfs.Op, path string) error {
-		if op == vfs.OpCreateSegment && path == second {
-			mu.Lock()
-			created++
-			mu.Unlock()
-		}
-		return nil
-	})
-	createdNow := func() int {
-		mu.Lock()
-		defer mu.Unlock()
-		return created
-	}
+	createdNow := countOps(fs, vfs.OpCreateSegment, filepath.Join("/d", "commitlog", fileName(fileSize))) // of the second file
 	o := Options{Dir: "/d", FS: fs, FileSize: fileSize, MaxMessageSize: 1024, PopulateChunk: testChunk}
 	s, err := Open(o)
 	if err != nil {
@@ -208,6 +182,19 @@ func TestNextFilePreparedAtHalf(t *testing.T) {
 	if n := createdNow(); n != 1 {
 		t.Fatalf("the next file was created %d times once appends passed half, want 1", n)
 	}
+}
+
+// countOps counts fs's operations op on path from now on (it takes fs's
+// injector) and returns how many there were so far.
+func countOps(fs *vfs.MemFS, op vfs.Op, path string) func() int {
+	var n atomic.Int64
+	fs.SetInjector(func(o vfs.Op, p string) error {
+		if o == op && p == path {
+			n.Add(1)
+		}
+		return nil
+	})
+	return func() int { return int(n.Load()) }
 }
 
 // testChunk is the allocator's population chunk in these tests: small, so

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"maps"
 	"path/filepath"
-	"runtime"
 	"slices"
 	"sync"
 	"testing"
@@ -1014,8 +1013,8 @@ func TestGroupDelayProgressReplicated(t *testing.T) {
 
 // TestGroupFollowerReadCoversCommit: a follower's pull, QueueInfo and
 // GetOffset cover the commit end it knows even when its dispatcher has not
-// indexed it. Nobody waits on a follower for its index, so only the dispatcher's
-// round (after its pause) indexed what was committed, and a read right
+// indexed it. Nobody waits on a follower for its index, so only the
+// dispatcher's round (after its pause) indexed what was committed, and a read right
 // after GetReplicaInfo showed the commit could miss it (a CI failure of
 // the group scenarios' readback: one member's queue 18 records short).
 func TestGroupFollowerReadCoversCommit(t *testing.T) {
@@ -1040,48 +1039,18 @@ func TestGroupFollowerReadCoversCommit(t *testing.T) {
 	if d := f.index.Dispatched(); d >= res.Append.NextOffset() {
 		t.Fatalf("node 2 indexed up to %d with its rounds held", d)
 	}
-	type answer struct {
-		max    int64
-		bodies []string
-		err    error
-	}
-	info, pull, offset := make(chan answer, 1), make(chan answer, 1), make(chan answer, 1)
-	go func() {
-		_, hi, err := f.QueueInfo("T", 0)
-		info <- answer{max: hi, err: err}
-	}()
-	go func() {
-		off, err := f.GetOffset("cg", "T", 0)
-		offset <- answer{max: off, err: err}
-	}()
-	go func() {
-		r, err := f.PullMessages(context.Background(), PullRequest{Topic: "T", Offset: 1})
-		a := answer{max: r.MaxOffset, err: err}
-		for _, m := range r.Messages {
-			a.bodies = append(a.bodies, string(m.Body))
-		}
-		pull <- a
-	}()
-	for f.index.Waiting() < 3 { // all three wait for the round
-		select {
-		case a := <-offset:
-			t.Fatalf("GetOffset on the follower answered below its commit end: %+v", a)
-		case a := <-info:
-			t.Fatalf("QueueInfo on the follower answered below its commit end: %+v", a)
-		case a := <-pull:
-			t.Fatalf("a pull on the follower answered below its commit end: %+v", a)
-		default:
-			runtime.Gosched()
-		}
-	}
-	resume()
-	if a := <-info; a.err != nil || a.max != 2 {
+	got := heldReads(t, f, resume, map[string]func() readAnswer{
+		"QueueInfo": func() readAnswer { _, hi, err := f.QueueInfo("T", 0); return readAnswer{max: hi, err: err} },
+		"GetOffset": func() readAnswer { off, err := f.GetOffset("cg", "T", 0); return readAnswer{max: off, err: err} },
+		"a pull":    func() readAnswer { return pullAnswer(f, PullRequest{Topic: "T", Offset: 1}) },
+	})
+	if a := got["QueueInfo"]; a.err != nil || a.max != 2 {
 		t.Errorf("QueueInfo: max offset %d, %v; want 2", a.max, a.err)
 	}
-	if a := <-pull; a.err != nil || a.max != 2 || !slices.Equal(a.bodies, []string{"second"}) {
+	if a := got["a pull"]; a.err != nil || a.max != 2 || !slices.Equal(a.bodies, []string{"second"}) {
 		t.Errorf("pull at 1: %q, max offset %d, %v; want [second] and 2", a.bodies, a.max, a.err)
 	}
-	if a := <-offset; a.err != nil || a.max != 1 {
+	if a := got["GetOffset"]; a.err != nil || a.max != 1 {
 		t.Errorf("GetOffset: %d, %v; want 1", a.max, a.err)
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -165,37 +166,64 @@ func TestReadCoversVisible(t *testing.T) {
 	if err != nil || r.Status != PutOK {
 		t.Fatal(r.Status, err)
 	}
-	type answer struct {
-		max int64
-		n   int
-		err error
+	got := heldReads(t, s, resume, map[string]func() readAnswer{
+		"QueueInfo": func() readAnswer { _, hi, err := s.QueueInfo("C", 0); return readAnswer{max: hi, err: err} },
+		"a pull":    func() readAnswer { return pullAnswer(s, PullRequest{Topic: "C"}) },
+	})
+	if a := got["QueueInfo"]; a.err != nil || a.max != 1 {
+		t.Errorf("QueueInfo: max offset %d, %v; want 1", a.max, a.err)
 	}
-	info, pull := make(chan answer, 1), make(chan answer, 1)
-	go func() {
-		_, hi, err := s.QueueInfo("C", 0)
-		info <- answer{max: hi, err: err}
-	}()
-	go func() {
-		res, err := s.PullMessages(context.Background(), PullRequest{Topic: "C"})
-		pull <- answer{max: res.MaxOffset, n: len(res.Messages), err: err}
-	}()
-	for s.index.Waiting() < 2 { // both wait for the round
+	if a := got["a pull"]; a.err != nil || a.max != 1 || !slices.Equal(a.bodies, []string{"x"}) {
+		t.Errorf("pull: %q, max offset %d, %v; want [x] and 1", a.bodies, a.max, a.err)
+	}
+}
+
+// readAnswer is what one read of heldReads answered.
+type readAnswer struct {
+	max    int64    // the max offset, or the offset GetOffset answered
+	bodies []string // a pull's messages
+	err    error
+}
+
+// pullAnswer pulls with req and keeps what a test of heldReads checks.
+func pullAnswer(s *Store, req PullRequest) readAnswer {
+	r, err := s.PullMessages(context.Background(), req)
+	a := readAnswer{max: r.MaxOffset, err: err}
+	for _, m := range r.Messages {
+		a.bodies = append(a.bodies, string(m.Body))
+	}
+	return a
+}
+
+// heldReads runs each read on a goroutine of its own while s's index
+// rounds are held, and fails t if any answers before all of them wait for
+// the round (a read that covers what is visible cannot answer yet). Then
+// it releases the rounds (resume) and returns the answers by name.
+func heldReads(t *testing.T, s *Store, resume func(), reads map[string]func() readAnswer) map[string]readAnswer {
+	t.Helper()
+	type named struct {
+		name string
+		a    readAnswer
+	}
+	answers := make(chan named, len(reads))
+	for name, read := range reads {
+		go func() { answers <- named{name, read()} }()
+	}
+	for s.index.Waiting() < int32(len(reads)) {
 		select {
-		case a := <-info:
-			t.Fatalf("QueueInfo answered while a visible record could not be indexed: %+v", a)
-		case a := <-pull:
-			t.Fatalf("a pull answered while a visible record could not be indexed: %+v", a)
+		case a := <-answers:
+			t.Fatalf("%s answered while a visible record could not be indexed: %+v", a.name, a.a)
 		default:
 			runtime.Gosched()
 		}
 	}
 	resume()
-	if a := <-info; a.err != nil || a.max != 1 {
-		t.Errorf("QueueInfo: max offset %d, %v; want 1", a.max, a.err)
+	got := make(map[string]readAnswer, len(reads))
+	for range reads {
+		a := <-answers
+		got[a.name] = a.a
 	}
-	if a := <-pull; a.err != nil || a.max != 1 || a.n != 1 {
-		t.Errorf("pull: %d messages, max offset %d, %v; want 1 and 1", a.n, a.max, a.err)
-	}
+	return got
 }
 
 // TestPutCancelledWhileIndexing: a put whose ctx ends while it waits for
