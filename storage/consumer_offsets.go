@@ -269,12 +269,14 @@ func (s *Store) GetOffset(group, topic string, queueID int32) (int64, error) {
 // record reads. A time before the first readable message gives the
 // queue's min offset; a time after the last gives its max (the offset the
 // next message will get), so a consumer reset there reads only what comes
-// next. Errors: *ValidationError, ErrTopicNotFound, ErrQueueNotFound (no
+// next. It covers every record visible when it was called (catchUp).
+// Errors: *ValidationError, ErrTopicNotFound, ErrQueueNotFound (no
 // message ever stored in the queue), ErrCorrupt, ErrClosed.
 func (s *Store) GetOffsetByTime(topic string, queueID int32, t time.Time) (int64, error) {
 	if s.closed.Load() {
 		return 0, ErrClosed
 	}
+	s.catchUp(context.Background())
 	if p := TopicNameProblem(topic); p != "" {
 		return 0, illegal("topic", p)
 	}

@@ -381,9 +381,10 @@
 //   - Visibility (§3.3): reads and the dispatcher stop at the commit end on
 //     every replica; followers index committed entries and serve reads
 //     (not linearizable: an absent answer can be stale). A pull,
-//     QueueInfo or GetOffset first indexes up to the commit end it sees
-//     (catchUp in read.go), so it covers the commit point GetReplicaInfo
-//     reported before it, also the entries whose putters went away.
+//     QueueInfo, GetOffset or GetOffsetByTime first indexes up to the
+//     commit end it sees (catchUp in read.go), so it covers the commit
+//     point GetReplicaInfo reported before it, also the entries whose
+//     putters went away.
 //   - Linearizable reads (§3.3): Store.ReadBarrier, then any read. Only
 //     the ready leader passes it: it registers with the raft loop, which
 //     gives all the readers registered since its last pass one raft

@@ -154,8 +154,8 @@ func TestPutWaitsForRunningRound(t *testing.T) {
 // TestReadCoversVisible: a read covers every record visible when it was
 // called, also one nobody waits to index (a WAIT=false put here; in a
 // group, a commit whose putter went away): while a round holds the index,
-// QueueInfo and a pull do not answer; once it ends they answer with the
-// record. (Before, they answered from what was indexed, up to the
+// QueueInfo, a pull and GetOffsetByTime do not answer; once it ends they
+// answer with the record. (Before, they answered from what was indexed, up to the
 // dispatcher's pause behind: the group scenarios' readback once found a
 // leader's queue 18 records short of its followers', all committed.)
 func TestReadCoversVisible(t *testing.T) {
@@ -169,12 +169,19 @@ func TestReadCoversVisible(t *testing.T) {
 	got := heldReads(t, s, resume, map[string]func() readAnswer{
 		"QueueInfo": func() readAnswer { _, hi, err := s.QueueInfo("C", 0); return readAnswer{max: hi, err: err} },
 		"a pull":    func() readAnswer { return pullAnswer(s, PullRequest{Topic: "C"}) },
+		"GetOffsetByTime": func() readAnswer { // past every store time: the queue's max
+			off, err := s.GetOffsetByTime("C", 0, time.Now().Add(time.Hour))
+			return readAnswer{max: off, err: err}
+		},
 	})
 	if a := got["QueueInfo"]; a.err != nil || a.max != 1 {
 		t.Errorf("QueueInfo: max offset %d, %v; want 1", a.max, a.err)
 	}
 	if a := got["a pull"]; a.err != nil || a.max != 1 || !slices.Equal(a.bodies, []string{"x"}) {
 		t.Errorf("pull: %q, max offset %d, %v; want [x] and 1", a.bodies, a.max, a.err)
+	}
+	if a := got["GetOffsetByTime"]; a.err != nil || a.max != 1 {
+		t.Errorf("GetOffsetByTime: %d, %v; want 1", a.max, a.err)
 	}
 }
 
