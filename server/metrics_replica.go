@@ -15,6 +15,7 @@ type ReplicaCollector struct {
 
 	hasLeader, isLeader, ready, term, commit, applied, commitEnd *prometheus.Desc
 	peerMatch, peerActive                                        *prometheus.Desc
+	entries, readahead, readaheads                               *prometheus.Desc
 }
 
 // NewReplicaCollector returns the collector of info (the binary registers
@@ -34,13 +35,17 @@ func NewReplicaCollector(info func() ReplicaInfo) *ReplicaCollector {
 		commitEnd:  d("commit_end_offset", "The commitlog offset past the last committed entry: readers see nothing past it."),
 		peerMatch:  d("peer_match_index", "On the leader: the highest raft index known replicated on each member.", "peer"),
 		peerActive: d("peer_recent_active", "On the leader: 1 when the member was heard from within an election timeout.", "peer"),
+		entries: d("storage_entries_seconds", "Time raft waited for each read of this member's log (entries to send a follower, "+
+			"entries to apply), under the lock every put takes."),
+		readahead:  d("catchup_readahead_bytes_total", "Commitlog bytes this member, leading, asked the kernel to read ahead of followers catching up."),
+		readaheads: d("catchup_readaheads_total", "Readahead requests this member made for followers catching up."),
 	}
 }
 
 // Describe implements prometheus.Collector.
 func (c *ReplicaCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.hasLeader, c.isLeader, c.ready, c.term, c.commit, c.applied, c.commitEnd,
-		c.peerMatch, c.peerActive} {
+		c.peerMatch, c.peerActive, c.entries, c.readahead, c.readaheads} {
 		ch <- d
 	}
 }
@@ -58,6 +63,11 @@ func (c *ReplicaCollector) Collect(ch chan<- prometheus.Metric) {
 	g(c.commit, float64(ri.Commit))
 	g(c.applied, float64(ri.Applied))
 	g(c.commitEnd, float64(ri.CommitEnd))
+	ch <- prometheus.MustNewConstMetric(c.readahead, prometheus.CounterValue, float64(ri.ReadaheadBytes))
+	ch <- prometheus.MustNewConstMetric(c.readaheads, prometheus.CounterValue, float64(ri.Readaheads))
+	if ri.StorageEntries.Counts != nil {
+		ch <- constHistogram(c.entries, ri.StorageEntries)
+	}
 	for _, p := range ri.Peers {
 		id := strconv.FormatUint(p.ID, 10)
 		g(c.peerMatch, float64(p.Match), id)

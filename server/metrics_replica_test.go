@@ -3,9 +3,13 @@ package server
 import (
 	"maps"
 	"slices"
+	"strconv"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/storaged/storaged/storage"
 )
 
 // gauges gathers reg into name{peer} → value.
@@ -22,7 +26,19 @@ func gauges(t *testing.T, reg *prometheus.Registry) map[string]float64 {
 			for _, l := range m.GetLabel() {
 				name += "{" + l.GetName() + "=" + l.GetValue() + "}"
 			}
-			out[name] = m.GetGauge().GetValue()
+			switch {
+			case m.GetCounter() != nil:
+				out[name] = m.GetCounter().GetValue()
+			case m.GetHistogram() != nil:
+				h := m.GetHistogram()
+				out[name+"_count"] = float64(h.GetSampleCount())
+				out[name+"_sum"] = h.GetSampleSum()
+				for _, b := range h.GetBucket() {
+					out[name+"{le="+strconv.FormatFloat(b.GetUpperBound(), 'g', -1, 64)+"}"] = float64(b.GetCumulativeCount())
+				}
+			default:
+				out[name] = m.GetGauge().GetValue()
+			}
 		}
 	}
 	return out
@@ -31,8 +47,12 @@ func gauges(t *testing.T, reg *prometheus.Registry) map[string]float64 {
 // TestReplicaCollector: the storaged_raft_* gauges say what ReplicaInfo
 // says at scrape time, per peer on the leader.
 func TestReplicaCollector(t *testing.T) {
+	// Three reads of the log: 3 µs, 1.5 ms and 2 s (power-of-two µs buckets).
+	entries := storage.HistogramSnapshot{Bounds: []time.Duration{time.Microsecond, 4 * time.Microsecond, 2048 * time.Microsecond, 4 * time.Second},
+		Counts: []uint64{0, 1, 1, 1}, Sum: 2*time.Second + 1503*time.Microsecond}
 	ri := ReplicaInfo{Role: RoleLeader, ID: 1, Term: 7, LeaderID: 1, Commit: 42, Applied: 41, CommitEnd: 9000, Ready: true,
-		Peers: []PeerProgress{{ID: 2, Match: 42, RecentActive: true}, {ID: 3, Match: 30}}}
+		Peers:          []PeerProgress{{ID: 2, Match: 42, RecentActive: true}, {ID: 3, Match: 30}},
+		ReadaheadBytes: 64 << 20, Readaheads: 3, StorageEntries: entries}
 	reg := prometheus.NewPedanticRegistry()
 	reg.MustRegister(NewReplicaCollector(func() ReplicaInfo { return ri }))
 	want := map[string]float64{
@@ -40,6 +60,11 @@ func TestReplicaCollector(t *testing.T) {
 		"storaged_raft_commit_index": 42, "storaged_raft_applied_index": 41, "storaged_raft_commit_end_offset": 9000,
 		"storaged_raft_peer_match_index{peer=2}": 42, "storaged_raft_peer_match_index{peer=3}": 30,
 		"storaged_raft_peer_recent_active{peer=2}": 1, "storaged_raft_peer_recent_active{peer=3}": 0,
+		"storaged_raft_catchup_readahead_bytes_total": 64 << 20, "storaged_raft_catchup_readaheads_total": 3,
+		// The last bucket is unbounded: the count, not an le series.
+		"storaged_raft_storage_entries_seconds_count": 3, "storaged_raft_storage_entries_seconds_sum": 2.001503,
+		"storaged_raft_storage_entries_seconds{le=1e-06}": 0, "storaged_raft_storage_entries_seconds{le=4e-06}": 1,
+		"storaged_raft_storage_entries_seconds{le=0.002048}": 2,
 	}
 	if got := gauges(t, reg); !maps.Equal(got, want) {
 		t.Fatalf("leader:\n got %v\nwant %v", got, want)
@@ -49,6 +74,7 @@ func TestReplicaCollector(t *testing.T) {
 	want = map[string]float64{
 		"storaged_raft_has_leader": 0, "storaged_raft_is_leader": 0, "storaged_raft_ready": 0, "storaged_raft_term": 8,
 		"storaged_raft_commit_index": 42, "storaged_raft_applied_index": 42, "storaged_raft_commit_end_offset": 9000,
+		"storaged_raft_catchup_readahead_bytes_total": 0, "storaged_raft_catchup_readaheads_total": 0,
 	}
 	if got := gauges(t, reg); !maps.Equal(got, want) {
 		t.Fatalf("follower without a leader:\n got %v\nwant %v", slices.Sorted(maps.Keys(got)), want)

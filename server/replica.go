@@ -11,6 +11,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	storagedv1 "github.com/storaged/storaged/gen/storaged/v1"
+	"github.com/storaged/storaged/storage"
 )
 
 // ReplicaInfo is a replica's view of its replication group, as
@@ -24,6 +25,12 @@ type ReplicaInfo struct {
 	CommitEnd          int64
 	Ready              bool // the leader takes puts
 	Peers              []PeerProgress
+	// ReadaheadBytes and Readaheads: commitlog bytes this member, leading,
+	// asked the kernel to read ahead of followers catching up, and in how
+	// many requests (--raft-catchup-readahead).
+	ReadaheadBytes, Readaheads int64
+	// StorageEntries times raft's reads of this member's log.
+	StorageEntries storage.HistogramSnapshot
 }
 
 // PeerProgress is the leader's view of one member.

@@ -569,6 +569,7 @@ func (c *config) log(l zerolog.Logger) {
 		Bool("raft_learner", c.Replication.RaftLearner).Stringer("raft_learners", &c.Replication.RaftLearners).
 		Stringer("replication_timeout", c.Replication.ReplicationTimeout).
 		Stringer("raft_catchup_window", &c.Replication.CatchUpWindow).
+		Stringer("raft_catchup_readahead", &c.Replication.CatchUpReadahead).
 		Bool("peer_tls", c.Replication.PeerTLSCert != "").
 		Msg("effective configuration")
 }

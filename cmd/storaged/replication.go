@@ -35,9 +35,12 @@ type replicationConfig struct {
 	// (bytes of commitlog) the leader keeps expired files for a follower
 	// catching up from the raft log; one further behind gets a snapshot.
 	CatchUpWindow sizeValue
-	PeerTLSCert   string
-	PeerTLSKey    string
-	PeerTLSCA     string
+	// CatchUpReadahead is --raft-catchup-readahead: how far the leader
+	// reads ahead of a follower catching up (0: off).
+	CatchUpReadahead sizeValue
+	PeerTLSCert      string
+	PeerTLSKey       string
+	PeerTLSCA        string
 	// RaftTick is --raft-tick, raft's logical clock; ElectionTimeout is
 	// --raft-election-timeout, a whole number of ticks above one (the
 	// heartbeat is one tick). Raft randomizes each election timeout in
@@ -94,6 +97,10 @@ func (r *replicationConfig) register(fs *flag.FlagSet) {
 	fs.Var(&r.CatchUpWindow, "raft-catchup-window", "group mode: the leader keeps commitlog files that retention would delete "+
 		"(--file-reserved-time) while a follower still catching up from the raft log needs them, at most this `size` below the "+
 		"commit end (KiB, MiB, GiB); a follower further behind gets a snapshot (a file transfer) instead")
+	r.CatchUpReadahead = sizeValue(storage.DefaultCatchUpReadahead)
+	fs.Var(&r.CatchUpReadahead, "raft-catchup-readahead", "group mode: the leader asks the kernel to read this `size` of "+
+		"commitlog ahead of a follower more than half of it behind (KiB, MiB; at most 1GiB; 0: off), so that the entries "+
+		"sent to it are copied from memory, not faulted in from the disk while puts wait")
 	fs.DurationVar(&r.RaftTick, "raft-tick", defaultRaftTick, "group mode: raft's tick `duration` (1ms to 10s); the leader "+
 		"sends a heartbeat every tick")
 	fs.DurationVar(&r.ElectionTimeout, "raft-election-timeout", defaultElectionTimeout, "group mode: a follower that hears "+
@@ -146,6 +153,10 @@ func (r *replicationConfig) validate(flushMode storage.FlushMode) []error {
 	}
 	if r.CatchUpWindow <= 0 {
 		errs = append(errs, fmt.Errorf("--raft-catchup-window %v must be positive", r.CatchUpWindow.String()))
+	}
+	if r.CatchUpReadahead < 0 || r.CatchUpReadahead > storage.MaxCatchUpReadahead {
+		errs = append(errs, fmt.Errorf("--raft-catchup-readahead %v must be between 0 (off) and %s", r.CatchUpReadahead.String(),
+			formatSize(storage.MaxCatchUpReadahead)))
 	}
 	errs = append(errs, r.validateTiming()...)
 	if p := groupNameProblem(r.GroupName); p != "" {
@@ -499,12 +510,22 @@ func (r *replicationConfig) clusterID() string {
 	return hex.EncodeToString(sum[:16])
 }
 
+// readahead is GroupOptions.CatchUpReadahead for the flag: its 0 (off)
+// is the store's negative.
+func (r *replicationConfig) readahead() int64 {
+	if r.CatchUpReadahead == 0 {
+		return -1
+	}
+	return int64(r.CatchUpReadahead)
+}
+
 // groupOptions makes the store a member of the group, sending through tr.
 func (r *replicationConfig) groupOptions(tr storage.Transport) *storage.GroupOptions {
 	return &storage.GroupOptions{
 		ID: r.RaftID, Name: r.GroupName, ClusterID: r.clusterID(), Peers: r.voters(), Learners: slices.Clone(r.RaftLearners),
 		Transport: tr, ReplicationTimeout: r.ReplicationTimeout, CatchUpWindow: int64(r.CatchUpWindow),
-		TickInterval: r.RaftTick, ElectionTick: int(r.ElectionTimeout / r.RaftTick), HeartbeatTick: 1,
+		CatchUpReadahead: r.readahead(),
+		TickInterval:     r.RaftTick, ElectionTick: int(r.ElectionTimeout / r.RaftTick), HeartbeatTick: 1,
 	}
 }
 
@@ -537,7 +558,8 @@ func (g *groupRuntime) info(id uint64) func() server.ReplicaInfo {
 		}
 		ri := st.ReplicaInfo()
 		out := server.ReplicaInfo{Role: ri.Role, ID: ri.ID, Term: ri.Term, LeaderID: ri.LeaderID, Commit: ri.Commit,
-			Applied: ri.Applied, CommitEnd: ri.CommitEnd, Ready: ri.Ready}
+			Applied: ri.Applied, CommitEnd: ri.CommitEnd, Ready: ri.Ready,
+			ReadaheadBytes: ri.ReadaheadBytes, Readaheads: ri.Readaheads, StorageEntries: ri.StorageEntries}
 		for _, p := range ri.Peers {
 			out.Peers = append(out.Peers, server.PeerProgress{ID: p.ID, Match: p.Match, Next: p.Next,
 				RecentActive: p.RecentActive, Learner: p.Learner})

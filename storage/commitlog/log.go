@@ -266,6 +266,29 @@ func (l *Log) At(off int64) []byte {
 	return f.Data()[off-f.From():]
 }
 
+// WillNeed asks the kernel to read commitlog bytes [lo, hi) into the page
+// cache ahead of a reader (segment.File.WillNeed), clipped to the files on
+// disk and to the written end. It returns the bytes it asked for. It takes
+// the read guard, so retention cannot unmap a file under it.
+func (l *Log) WillNeed(lo, hi int64) int64 {
+	l.ReadLock()
+	defer l.ReadUnlock()
+	lo = max(lo, l.list.MinOffset())
+	hi = min(hi, l.list.MaxOffset())
+	var asked int64
+	for lo < hi {
+		f := l.list.Find(lo)
+		if f == nil {
+			break
+		}
+		end := min(hi, f.End())
+		f.WillNeed(lo-f.From(), end-f.From())
+		asked += end - lo
+		lo = end
+	}
+	return asked
+}
+
 // ReadLock keeps every file mapped until ReadUnlock (see segment.List).
 func (l *Log) ReadLock() { l.list.ReadLock() }
 

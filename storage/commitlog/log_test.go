@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"net/netip"
 	"path/filepath"
+	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -227,3 +229,75 @@ func TestRecoverCutsTornTail(t *testing.T) {
 }
 
 var testHost = netip.MustParseAddrPort("127.0.0.1:10911")
+
+// TestWillNeedAsksForTheFilesInRange: WillNeed asks each file holding part
+// of the range for exactly its part (file-relative, WILLNEED), clipped to
+// the written end and to the files still on disk, and says how many bytes
+// it asked for.
+func TestWillNeedAsksForTheFilesInRange(t *testing.T) {
+	fs := vfs.NewMem()
+	l := openLog(t, fs)
+	body := string(bytes.Repeat([]byte("x"), 1100))
+	for i := range 8 { // 3 records per 4 KiB file: files 0, 1 and 2
+		appendOne(t, l, int64(i), body)
+	}
+	l.WaitPopulated()
+	end := l.MaxOffset()
+	if end <= 2*fileSize || end >= 3*fileSize {
+		t.Fatalf("written end %d: want it inside the third file", end)
+	}
+	type call struct {
+		file   string
+		lo, hi int64
+	}
+	var mu sync.Mutex
+	var got []call
+	fs.OnPopulate(func(path string, lo, hi int64, how vfs.PopulateMode) {
+		if how != vfs.PopulateWillNeed {
+			return // the allocator preparing a file, not a read ahead
+		}
+		mu.Lock()
+		got = append(got, call{filepath.Base(path), lo, hi})
+		mu.Unlock()
+	})
+	defer fs.OnPopulate(nil)
+	name := func(i int64) string { return segment.FileName(i * fileSize) }
+	for _, tc := range []struct {
+		name   string
+		lo, hi int64
+		want   []call
+	}{
+		{"inside one file", 100, 900, []call{{name(0), 100, 900}}},
+		{"across two files", fileSize - 10, fileSize + 30, []call{{name(0), fileSize - 10, fileSize}, {name(1), 0, 30}}},
+		{"past the written end", 2*fileSize + 5, 10 * fileSize, []call{{name(2), 5, end - 2*fileSize}}},
+		{"all of it", -fileSize, 10 * fileSize, []call{{name(0), 0, fileSize}, {name(1), 0, fileSize}, {name(2), 0, end - 2*fileSize}}},
+		{"nothing written there", end, end + fileSize, nil},
+		{"empty", 500, 500, nil},
+	} {
+		mu.Lock()
+		got = nil
+		mu.Unlock()
+		asked := l.WillNeed(tc.lo, tc.hi)
+		mu.Lock()
+		calls := slices.Clone(got)
+		mu.Unlock()
+		var want int64
+		for _, c := range tc.want {
+			want += c.hi - c.lo
+		}
+		if !slices.Equal(calls, tc.want) || asked != want {
+			t.Errorf("%s: WillNeed(%d, %d) = %d bytes asking %v, want %d bytes asking %v", tc.name, tc.lo, tc.hi, asked, calls, want, tc.want)
+		}
+	}
+	// Retention removed the first file: nothing is asked of it.
+	removed := l.Files().RemoveFirst(1)
+	if err := l.Files().Unmap(removed); err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	got = nil
+	mu.Unlock()
+	if asked := l.WillNeed(0, fileSize+30); asked != 30 || len(got) != 1 || got[0] != (call{name(1), 0, 30}) {
+		t.Fatalf("after the first file was removed: %d bytes asking %v, want 30 of %s", asked, got, name(1))
+	}
+}

@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"go.etcd.io/raft/v3"
 	pb "go.etcd.io/raft/v3/raftpb"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/storaged/storaged/storage/commitlog"
 	"github.com/storaged/storaged/storage/internal/base"
+	"github.com/storaged/storaged/storage/internal/hist"
 	"github.com/storaged/storaged/storage/record"
 	"github.com/storaged/storaged/storage/segment"
 	"github.com/storaged/storaged/storage/vfs"
@@ -99,6 +101,12 @@ type Log struct {
 	halted  atomic.Bool // stopped != nil, for SyncCommit
 	closed  bool
 	joining bool // the joining marker is there (Joining)
+
+	// entriesLat times each Entries call: raft makes them on its own
+	// goroutine, under the replica's lock, and a call that reads cold
+	// pages (a follower far behind) holds up every proposal meanwhile
+	// (design §8; EntriesLatency).
+	entriesLat hist.Histogram
 }
 
 // Open opens (or bootstraps) the raft log in opts.Dir and reconciles it
@@ -199,6 +207,8 @@ func (l *Log) confState() *pb.ConfState {
 // and the payload CRC of every entry that came from disk rather than from
 // this process's writes, so a damaged record is never shipped.
 func (l *Log) Entries(lo, hi, maxSize uint64) ([]*pb.Entry, error) {
+	start := time.Now()
+	defer func() { l.entriesLat.Observe(time.Since(start)) }()
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.stopped != nil {
@@ -845,6 +855,33 @@ func (l *Log) durableCommitLocked() uint64 {
 // not wait for a Sync in progress.
 func (l *Log) DurableEnd() int64 {
 	return l.durableEnd.Load()
+}
+
+// EntriesLatency is the histogram of Entries calls: how long raft waited
+// for its storage, mostly to read the entries it sends a follower that is
+// behind (storaged_raft_storage_entries_seconds).
+func (l *Log) EntriesLatency() hist.Snapshot { return l.entriesLat.Snapshot() }
+
+// DataEnd is the commitlog offset past the last DATA entry: the end of
+// what a follower may still need from this log.
+func (l *Log) DataEnd() int64 {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.dataEnd
+}
+
+// WillNeed asks the kernel to read commitlog bytes [lo, hi) into the page
+// cache ahead of the Entries calls that will copy them
+// (commitlog.Log.WillNeed); it returns the bytes asked for. A stopped or
+// closed Log asks for nothing.
+func (l *Log) WillNeed(lo, hi int64) int64 {
+	l.mu.Lock()
+	stop := l.closed || l.stopped != nil
+	l.mu.Unlock()
+	if stop || hi <= lo {
+		return 0
+	}
+	return l.cl.WillNeed(lo, hi)
 }
 
 // Close releases the Log's files. It syncs nothing (the raft loop syncs

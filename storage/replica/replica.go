@@ -17,6 +17,7 @@ import (
 	"log"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.etcd.io/raft/v3"
@@ -24,6 +25,7 @@ import (
 	"go.etcd.io/raft/v3/tracker"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/storaged/storaged/storage/internal/hist"
 	"github.com/storaged/storaged/storage/raftlog"
 	"github.com/storaged/storaged/storage/record"
 )
@@ -171,7 +173,21 @@ type Options struct {
 	MaxReadWaiters int
 	// Logger receives raft's own log lines (nil: discarded).
 	Logger raft.Logger
+	// CatchUpReadahead: a leader asks the kernel to read this many
+	// commitlog bytes ahead of a follower that is more than half of it
+	// behind (Log.WillNeed), so that raft's Entries calls, made under the
+	// node's lock, copy pages already in memory instead of faulting them
+	// in from the disk one by one (design §8). 0 turns it off.
+	CatchUpReadahead int64
+	// MaxInflightBytes and MaxSizePerMsg are raft's bounds on the entries
+	// in flight to one follower and in one append (0: DefaultMaxInflightBytes
+	// and 1 MiB). Tests lower them so that a catch-up takes many rounds.
+	MaxInflightBytes, MaxSizePerMsg uint64
 }
+
+// DefaultMaxInflightBytes is Options.MaxInflightBytes' default: at most
+// this many bytes of entries in flight to one follower.
+const DefaultMaxInflightBytes = 64 << 20
 
 // Node is one replica's raft node.
 type Node struct {
@@ -238,7 +254,22 @@ type Node struct {
 	syncStop  chan struct{}
 	syncDone  chan struct{}
 	committed chan struct{}
+
+	// The prefetcher goroutine runs the leader's readahead (Log.WillNeed)
+	// for the ranges the loop plans (planReadaheadLocked) on raStart, so
+	// that neither the loop nor a lock waits for it; raStop/raDone end it
+	// after the loop. advised[id] is the commitlog end asked for ahead of
+	// follower id (under mu); raBytes and raCalls count what was asked.
+	raStart chan raRange
+	raStop  chan struct{}
+	raDone  chan struct{}
+	advised map[uint64]int64
+	raBytes atomic.Int64
+	raCalls atomic.Int64
 }
+
+// raRange is a commitlog range to read ahead of a follower.
+type raRange struct{ lo, hi int64 }
 
 type key struct {
 	term uint64
@@ -260,9 +291,15 @@ func New(opts Options, commitEnd int64) (*Node, error) {
 	if opts.Logger == nil {
 		opts.Logger = &raft.DefaultLogger{Logger: log.New(io.Discard, "", 0)}
 	}
+	if opts.MaxInflightBytes == 0 {
+		opts.MaxInflightBytes = DefaultMaxInflightBytes
+	}
+	if opts.MaxSizePerMsg == 0 {
+		opts.MaxSizePerMsg = maxSizePerMsg
+	}
 	cfg := &raft.Config{
 		ID: opts.ID, ElectionTick: opts.ElectionTick, HeartbeatTick: opts.HeartbeatTick, Storage: opts.Log,
-		Applied: opts.Applied, MaxSizePerMsg: maxSizePerMsg, MaxInflightMsgs: 256, MaxInflightBytes: 64 << 20,
+		Applied: opts.Applied, MaxSizePerMsg: opts.MaxSizePerMsg, MaxInflightMsgs: 256, MaxInflightBytes: opts.MaxInflightBytes,
 		MaxUncommittedEntriesSize: 64 << 20, CheckQuorum: true, PreVote: true, StepDownOnRemoval: true,
 		// Mandatory: a follower would forward bytes it stamped itself.
 		DisableProposalForwarding: true, Logger: opts.Logger,
@@ -276,7 +313,8 @@ func New(opts Options, commitEnd int64) (*Node, error) {
 		softChanged: make(chan struct{}), heard: map[uint64]uint64{}, stop: make(chan struct{}), done: make(chan struct{}), wake: make(chan struct{}, 1),
 		syncReq: make(chan struct{}), syncRes: make(chan error), syncStop: make(chan struct{}), syncDone: make(chan struct{}),
 		committed: make(chan struct{}, 1),
-		joining:   opts.Log.Joining()}
+		raStart:   make(chan raRange, 8), raStop: make(chan struct{}), raDone: make(chan struct{}), advised: map[uint64]int64{},
+		joining: opts.Log.Joining()}
 	if n.joining {
 		opts.Logger.Infof("replica %d: bootstrapped empty: it votes only for candidates without a log until it has caught up with a leader", opts.ID)
 	}
@@ -291,8 +329,69 @@ func New(opts Options, commitEnd int64) (*Node, error) {
 		n.opts.Ticks = n.ticker.C
 	}
 	go n.syncer()
+	go n.prefetcher()
 	go n.loop()
 	return n, nil
+}
+
+// prefetcher reads ahead the ranges the loop plans, one at a time.
+func (n *Node) prefetcher() {
+	defer close(n.raDone)
+	for {
+		select {
+		case <-n.raStop:
+			return
+		case r := <-n.raStart:
+			n.raBytes.Add(n.opts.Log.WillNeed(r.lo, r.hi))
+			n.raCalls.Add(1)
+		}
+	}
+}
+
+// planReadaheadLocked asks the prefetcher to read ahead of every follower
+// of this leader whose next entries start more than half of
+// CatchUpReadahead below the log's data end: up to CatchUpReadahead bytes
+// from there, and again once the follower has used half of what was read.
+// A follower closer to the end reads what was just written, still in
+// memory. Called once per round of the loop; for a follower that keeps
+// up it costs a look at its progress and one raft index unit.
+func (n *Node) planReadaheadLocked() {
+	ahead := n.opts.CatchUpReadahead
+	if ahead <= 0 {
+		return
+	}
+	if n.soft.RaftState != raft.StateLeader {
+		clear(n.advised)
+		return
+	}
+	var end int64 = -1
+	n.rn.WithProgress(func(id uint64, _ raft.ProgressType, pr tracker.Progress) {
+		if id == n.opts.ID || pr.State == tracker.StateSnapshot {
+			return
+		}
+		if end < 0 {
+			end = n.opts.Log.DataEnd()
+		}
+		from, err := n.opts.Log.DataEndAt(pr.Next - 1) // where entry Next's bytes start
+		if err != nil || end-from <= ahead/2 {
+			delete(n.advised, id)
+			return
+		}
+		done := n.advised[id]
+		if done >= from+ahead/2 && done <= from+ahead {
+			return // at least half the window is still ahead of it
+		}
+		lo := from
+		if done > from && done < from+ahead {
+			lo = done
+		}
+		hi := min(from+ahead, end)
+		select {
+		case n.raStart <- raRange{lo, hi}:
+			n.advised[id] = hi
+		default: // the prefetcher is busy: the next round asks again
+		}
+	})
 }
 
 // maxSizePerMsg is raft's MaxSizePerMsg: the bytes of entries one MsgApp
@@ -323,6 +422,8 @@ func (n *Node) Close() {
 	<-n.done
 	close(n.syncStop) // after the loop: it asks for no Sync any more
 	<-n.syncDone
+	close(n.raStop) // after the loop too: it plans no readahead any more
+	<-n.raDone
 	if n.ticker != nil {
 		n.ticker.Stop()
 	}
@@ -369,6 +470,7 @@ func (n *Node) loop() {
 			// other without a pause, and reads issued only when the loop
 			// ran dry waited for that.
 			n.issueReadsLocked()
+			n.planReadaheadLocked()
 			if n.err != nil || !n.rn.HasReady() {
 				n.mu.Unlock()
 				break
@@ -1223,6 +1325,13 @@ type Info struct {
 	// counts the vote requests it dropped so.
 	Joining       bool
 	VotesWithheld uint64
+	// ReadaheadBytes and Readaheads: the commitlog bytes this member,
+	// leading, asked the kernel to read ahead of followers behind it, and
+	// in how many requests (Options.CatchUpReadahead).
+	ReadaheadBytes, Readaheads int64
+	// StorageEntries times raft's reads of this member's log
+	// (raftlog.Log.EntriesLatency).
+	StorageEntries hist.Snapshot
 }
 
 // PeerInfo is the leader's view of one member.
@@ -1239,7 +1348,8 @@ func (n *Node) Info() Info {
 	defer n.mu.Unlock()
 	st := n.rn.Status()
 	in := Info{ID: n.opts.ID, Term: st.GetTerm(), LeaderID: st.Lead, Commit: st.GetCommit(), Applied: n.commit, CommitEnd: n.end,
-		Ready: n.ready && st.RaftState == raft.StateLeader && !n.leaving && st.LeadTransferee == raft.None, Joining: n.joining, VotesWithheld: n.withheld}
+		Ready: n.ready && st.RaftState == raft.StateLeader && !n.leaving && st.LeadTransferee == raft.None, Joining: n.joining, VotesWithheld: n.withheld,
+		ReadaheadBytes: n.raBytes.Load(), Readaheads: n.raCalls.Load(), StorageEntries: n.opts.Log.EntriesLatency()}
 	switch st.RaftState {
 	case raft.StateLeader:
 		in.Role = "leader"

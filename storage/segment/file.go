@@ -128,6 +128,16 @@ func (m *File) populate(lo, hi int64, how vfs.PopulateMode) {
 	}
 }
 
+// WillNeed asks the kernel to read bytes [lo, hi) of the file into the
+// page cache without waiting for them (MADV_WILLNEED): a reader about to
+// walk data that may be cold (a raft leader catching a follower up from
+// old files) then finds the pages there instead of faulting each one in
+// from the disk while it holds its locks. It maps nothing and dirties
+// nothing; a closed file is left alone.
+func (m *File) WillNeed(lo, hi int64) {
+	m.populate(lo, hi, vfs.PopulateWillNeed)
+}
+
 // close unmaps and closes the file. It does not flush.
 func (m *File) Close() error {
 	m.popMu.Lock()

@@ -70,6 +70,9 @@ type MemFS struct {
 	dirs    map[string]bool
 	locks   map[string]bool
 	inject  Injector
+	// populated, if set, sees every Segment.Populate with its range
+	// (OnPopulate).
+	populated func(path string, lo, hi int64, how PopulateMode)
 	// SegmentsClosed counts Close calls on segments (leak checks).
 	open int
 	// openFiles counts Files opened and not closed; written counts the
@@ -95,6 +98,15 @@ func (m *MemFS) SetInjector(in Injector) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.inject = in
+}
+
+// OnPopulate installs (or, with nil, removes) fn, which sees every
+// Segment.Populate call with its path, range and mode: the ranges a test
+// expects a reader to have asked for ahead (segment.File.WillNeed).
+func (m *MemFS) OnPopulate(fn func(path string, lo, hi int64, how PopulateMode)) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.populated = fn
 }
 
 func (m *MemFS) fail(op Op, path string) error {
@@ -343,11 +355,15 @@ func (s *memSegment) Sync(lo, hi int64) error {
 }
 
 // Populate changes nothing in memory. It reports OpPopulate to the
-// injector, outside the file system's lock, so a test can hold it up.
-func (s *memSegment) Populate(lo, hi int64, _ PopulateMode) {
+// injector and the call to OnPopulate's function, outside the file
+// system's lock, so a test can hold it up.
+func (s *memSegment) Populate(lo, hi int64, how PopulateMode) {
 	s.m.mu.Lock()
-	in := s.m.inject
+	in, seen := s.m.inject, s.m.populated
 	s.m.mu.Unlock()
+	if seen != nil {
+		seen(s.path, lo, hi, how)
+	}
 	if in != nil {
 		_ = in(OpPopulate, s.path)
 	}
