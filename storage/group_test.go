@@ -664,6 +664,7 @@ func TestGroupOptionsValidate(t *testing.T) {
 	edge := base
 	edgeGroup := *base.Group
 	edgeGroup.TickInterval, edgeGroup.ElectionTick, edgeGroup.HeartbeatTick = MaxTickInterval, MaxElectionTick, 1
+	edgeGroup.CatchUpReadahead = MaxCatchUpReadahead
 	edge.Group = &edgeGroup
 	if err := edge.Validate(); err != nil {
 		t.Fatalf("the bounds: %v", err)
@@ -680,6 +681,8 @@ func TestGroupOptionsValidate(t *testing.T) {
 		"long tick": func(o *Options) { o.Group.TickInterval = MaxTickInterval + time.Millisecond },
 		"elections": func(o *Options) { o.Group.ElectionTick = MaxElectionTick + 1 },
 		"neg elect": func(o *Options) { o.Group.ElectionTick = -1 },
+		"neg ahead": func(o *Options) { o.Group.CatchUpReadahead = -1 },
+		"big ahead": func(o *Options) { o.Group.CatchUpReadahead = MaxCatchUpReadahead + 1 },
 	} {
 		o := base
 		gopts := *base.Group

@@ -24,7 +24,7 @@ func TestGroupCatchUpReadahead(t *testing.T) {
 	for _, tc := range []struct {
 		name      string
 		readahead int64
-	}{{"on", ahead}, {"off", -1}} {
+	}{{"on", ahead}, {"off", 0}} {
 		t.Run(tc.name, func(t *testing.T) {
 			fss := map[uint64]*vfs.MemFS{}
 			g := newTestGroupWith(t, time.Minute, nil, func(o *Options) {
@@ -105,7 +105,7 @@ func TestGroupCatchUpReadahead(t *testing.T) {
 				}
 				return n
 			}
-			if tc.readahead < 0 {
+			if tc.readahead == 0 {
 				if ri.ReadaheadBytes != 0 || ri.Readaheads != 0 || total() != 0 {
 					t.Fatalf("readahead off: %d bytes in %d requests (%d seen by the file system), want none",
 						ri.ReadaheadBytes, ri.Readaheads, total())

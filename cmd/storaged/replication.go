@@ -36,7 +36,7 @@ type replicationConfig struct {
 	// catching up from the raft log; one further behind gets a snapshot.
 	CatchUpWindow sizeValue
 	// CatchUpReadahead is --raft-catchup-readahead: how far the leader
-	// reads ahead of a follower catching up (0: off).
+	// reads ahead of a follower catching up (0, the default: off).
 	CatchUpReadahead sizeValue
 	PeerTLSCert      string
 	PeerTLSKey       string
@@ -97,10 +97,10 @@ func (r *replicationConfig) register(fs *flag.FlagSet) {
 	fs.Var(&r.CatchUpWindow, "raft-catchup-window", "group mode: the leader keeps commitlog files that retention would delete "+
 		"(--file-reserved-time) while a follower still catching up from the raft log needs them, at most this `size` below the "+
 		"commit end (KiB, MiB, GiB); a follower further behind gets a snapshot (a file transfer) instead")
-	r.CatchUpReadahead = sizeValue(storage.DefaultCatchUpReadahead)
 	fs.Var(&r.CatchUpReadahead, "raft-catchup-readahead", "group mode: the leader asks the kernel to read this `size` of "+
-		"commitlog ahead of a follower more than half of it behind (KiB, MiB; at most 1GiB; 0: off), so that the entries "+
-		"sent to it are copied from memory, not faulted in from the disk while puts wait")
+		"commitlog ahead of a follower more than half of it behind (KiB, MiB; at most 1GiB; 0, the default: off), so that "+
+		"the entries sent to it are copied from memory, not faulted in from the disk while puts wait; try 32MiB where "+
+		"storaged_raft_storage_entries_seconds shows slow reads while a follower catches up")
 	fs.DurationVar(&r.RaftTick, "raft-tick", defaultRaftTick, "group mode: raft's tick `duration` (1ms to 10s); the leader "+
 		"sends a heartbeat every tick")
 	fs.DurationVar(&r.ElectionTimeout, "raft-election-timeout", defaultElectionTimeout, "group mode: a follower that hears "+
@@ -510,21 +510,12 @@ func (r *replicationConfig) clusterID() string {
 	return hex.EncodeToString(sum[:16])
 }
 
-// readahead is GroupOptions.CatchUpReadahead for the flag: its 0 (off)
-// is the store's negative.
-func (r *replicationConfig) readahead() int64 {
-	if r.CatchUpReadahead == 0 {
-		return -1
-	}
-	return int64(r.CatchUpReadahead)
-}
-
 // groupOptions makes the store a member of the group, sending through tr.
 func (r *replicationConfig) groupOptions(tr storage.Transport) *storage.GroupOptions {
 	return &storage.GroupOptions{
 		ID: r.RaftID, Name: r.GroupName, ClusterID: r.clusterID(), Peers: r.voters(), Learners: slices.Clone(r.RaftLearners),
 		Transport: tr, ReplicationTimeout: r.ReplicationTimeout, CatchUpWindow: int64(r.CatchUpWindow),
-		CatchUpReadahead: r.readahead(),
+		CatchUpReadahead: int64(r.CatchUpReadahead),
 		TickInterval:     r.RaftTick, ElectionTick: int(r.ElectionTimeout / r.RaftTick), HeartbeatTick: 1,
 	}
 }

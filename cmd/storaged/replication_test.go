@@ -116,6 +116,30 @@ func TestReplicationFlags(t *testing.T) {
 			t.Fatalf("%v %v: the store refuses the group options: %v", tc.args, tc.env, err)
 		}
 	}
+	// The catch-up readahead: off unless given a size; each accepted by
+	// the store.
+	for _, tc := range []struct {
+		args, env []string
+		want      int64
+	}{
+		{[]string{"--raft-id", "1", "--raft-peers", peers3}, nil, 0},
+		{[]string{"--raft-id", "1", "--raft-peers", peers3, "--raft-catchup-readahead", "32MiB"}, nil, 32 << 20},
+		{[]string{"--raft-id", "1", "--raft-peers", peers3, "--raft-catchup-readahead", "0"}, nil, 0},
+		{[]string{"--raft-id", "1", "--raft-peers", peers3}, []string{"STORAGED_RAFT_CATCHUP_READAHEAD", "1GiB"}, 1 << 30},
+	} {
+		cfg, err := parseConfig(tc.args, env(tc.env...), &bytes.Buffer{})
+		if err != nil {
+			t.Fatalf("%v %v: %v", tc.args, tc.env, err)
+		}
+		g := cfg.Replication.groupOptions(nopTransport{})
+		if g.CatchUpReadahead != tc.want {
+			t.Fatalf("%v %v: CatchUpReadahead %d, want %d", tc.args, tc.env, g.CatchUpReadahead, tc.want)
+		}
+		if err := (storage.Options{Dir: t.TempDir(), FlushMode: storage.FlushSync, Group: g}).Validate(); err != nil {
+			t.Fatalf("%v %v: the store refuses the group options: %v", tc.args, tc.env, err)
+		}
+	}
+
 	// The name is part of the cluster id; "default" keeps the old digest.
 	named, err := parseConfig([]string{"--raft-id", "1", "--raft-peers", peers3, "--raft-group", "g1"}, env(), &bytes.Buffer{})
 	if err != nil {
@@ -179,6 +203,10 @@ func TestReplicationFlagErrors(t *testing.T) {
 			"--peer-tls-cert, --peer-tls-key and --peer-tls-ca go together"},
 		{"timeout", []string{"--raft-id", "1", "--raft-peers", peers3, "--replication-timeout", "0s"}, nil,
 			"--replication-timeout 0s must be positive"},
+		{"readahead too big", []string{"--raft-id", "1", "--raft-peers", peers3, "--raft-catchup-readahead", "2GiB"}, nil,
+			"--raft-catchup-readahead 2GiB must be between 0 (off) and 1GiB"},
+		{"readahead negative", []string{"--raft-id", "1", "--raft-peers", peers3, "--raft-catchup-readahead", "-1"}, nil,
+			`flag -raft-catchup-readahead: size "-1"`},
 		{"learner not listed", []string{"--raft-id", "1", "--raft-peers", peers3, "--raft-learner"}, nil,
 			"--raft-learner: add this member's id 1 to --raft-learners"},
 		{"learners not members", []string{"--raft-id", "1", "--raft-peers", peers3, "--raft-learners", "3,4"}, nil,

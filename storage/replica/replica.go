@@ -177,7 +177,7 @@ type Options struct {
 	// commitlog bytes ahead of a follower that is more than half of it
 	// behind (Log.WillNeed), so that raft's Entries calls, made under the
 	// node's lock, copy pages already in memory instead of faulting them
-	// in from the disk one by one (design §8). 0 turns it off.
+	// in from the disk one by one (design §8). 0: off.
 	CatchUpReadahead int64
 	// MaxInflightBytes and MaxSizePerMsg are raft's bounds on the entries
 	// in flight to one follower and in one append (0: DefaultMaxInflightBytes

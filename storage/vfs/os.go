@@ -158,12 +158,28 @@ func (s *osSegment) Populate(lo, hi int64, how PopulateMode) {
 	case PopulateRead:
 		advice = unix.MADV_POPULATE_READ
 	case PopulateWillNeed:
-		advice = unix.MADV_WILLNEED
+		// The kernel reads at most the device's readahead size per
+		// WILLNEED call (force_page_cache_ra caps each call at
+		// max(read_ahead_kb, max_sectors_kb)): one call for 64 MiB read
+		// 8 MiB of it here (BENCHMARKS.md, "Reading ahead of a follower").
+		// So the range goes in chunks no device caps.
+		lo &^= pageSize - 1
+		for lo < hi {
+			end := min(hi, lo+willNeedChunk)
+			_ = unix.Madvise(s.data[lo:end], unix.MADV_WILLNEED)
+			lo = end
+		}
+		return
 	case PopulateOff:
 		return
 	}
 	_ = unix.Madvise(s.data[lo&^(pageSize-1):hi], advice)
 }
+
+// willNeedChunk is the most one MADV_WILLNEED asks for: the kernel's
+// default readahead (VM_READAHEAD_PAGES, 128 KiB), below which no
+// device's cap falls unless an administrator lowers read_ahead_kb.
+const willNeedChunk = 128 << 10
 
 func (s *osSegment) Close() error {
 	var errs []error
