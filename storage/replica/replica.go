@@ -470,7 +470,9 @@ func (n *Node) loop() {
 			// other without a pause, and reads issued only when the loop
 			// ran dry waited for that.
 			n.issueReadsLocked()
-			n.planReadaheadLocked()
+			if n.err == nil {
+				n.planReadaheadLocked()
+			}
 			if n.err != nil || !n.rn.HasReady() {
 				n.mu.Unlock()
 				break

@@ -150,19 +150,21 @@ func (s *osSegment) Sync(lo, hi int64) error {
 // range written.
 //
 // PopulateRead and PopulateWillNeed leave the pages clean (nothing for
-// writeback until a put writes them); they are there for the A/B of
-// BENCHMARKS.md ("Allocator population and sync-mode msync").
+// writeback until a put writes them); as allocator modes they are there
+// for the A/B of BENCHMARKS.md ("Allocator population and sync-mode
+// msync"). PopulateWillNeed is also the read ahead of a reader
+// (segment.File.WillNeed).
 func (s *osSegment) Populate(lo, hi int64, how PopulateMode) {
 	advice := unix.MADV_POPULATE_WRITE
 	switch how {
 	case PopulateRead:
 		advice = unix.MADV_POPULATE_READ
 	case PopulateWillNeed:
-		// The kernel reads at most the device's readahead size per
-		// WILLNEED call (force_page_cache_ra caps each call at
-		// max(read_ahead_kb, max_sectors_kb)): one call for 64 MiB read
-		// 8 MiB of it here (BENCHMARKS.md, "Reading ahead of a follower").
-		// So the range goes in chunks no device caps.
+		// The kernel reads about its readahead size per WILLNEED call,
+		// no more: one call for 64 MiB read 8 MiB of it on a disk with
+		// read_ahead_kb 8192, calls of 128 KiB to 8 MiB read all of it
+		// (BENCHMARKS.md, "Reading ahead of a follower"). So the range
+		// goes in small calls.
 		lo &^= pageSize - 1
 		for lo < hi {
 			end := min(hi, lo+willNeedChunk)
@@ -177,8 +179,7 @@ func (s *osSegment) Populate(lo, hi int64, how PopulateMode) {
 }
 
 // willNeedChunk is the most one MADV_WILLNEED asks for: the kernel's
-// default readahead (VM_READAHEAD_PAGES, 128 KiB), below which no
-// device's cap falls unless an administrator lowers read_ahead_kb.
+// default readahead (128 KiB), which a device's own is rarely below.
 const willNeedChunk = 128 << 10
 
 func (s *osSegment) Close() error {
