@@ -464,8 +464,9 @@
 // goroutine asks the kernel (MADV_WILLNEED, commitlog.Log.WillNeed) for
 // that much from there, and again once the follower has used half of it;
 // the reads raft then makes find the pages in memory. A follower that
-// keeps up reads what was just written and costs a look at its progress. A follower behind FirstIndex gets raft's MsgSnap,
-// a file transfer (group_snapshot.go): it leaves the raft loop through
+// keeps up reads what was just written and costs a look at its progress.
+// A follower behind FirstIndex gets raft's MsgSnap, a file transfer
+// (group_snapshot.go): it leaves the raft loop through
 // Host.SendSnapshot, the manifest is taken at the leader's applied index
 // (files with CRC-32C, commit end, newest store time, per-queue first
 // offsets) and the transport's SendSnapshot streams it and the files,

@@ -147,7 +147,7 @@ type GroupOptions struct {
 	// memory instead of faulting cold pages in one by one under the node's
 	// lock, where every put waits (design §8). 0 (the default): off; at
 	// most MaxCatchUpReadahead. Off by default because on the VM of
-	// BENCHMARKS.md it made no difference ("Reading ahead of a follower");
+	// BENCHMARKS.md it did not help ("Reading ahead of a follower");
 	// 32 MiB, half of what raft keeps in flight to one follower
 	// (replica.DefaultMaxInflightBytes), is the size to try where cold
 	// reads are slow (storaged_raft_storage_entries_seconds).
