@@ -244,12 +244,7 @@ func TestGroupSnapshotSend(t *testing.T) {
 	})
 	g.elect(1)
 	body := strings.Repeat("c", 6000)
-	put := func(i int) {
-		t.Helper()
-		if res, err := g.put(1, fmt.Sprintf("%04d%s", i, body)); err != nil || res.Status != PutOK {
-			t.Fatalf("put %d: %v %v", i, res.Status, err)
-		}
-	}
+	put := func(i int) { g.mustPut(1, i, fmt.Sprintf("%04d%s", i, body)) }
 	for i := range 10 {
 		put(i)
 	}

@@ -279,6 +279,15 @@ func (g *testGroup) put(id uint64, body string) (PutResult, error) {
 		BornHost: DefaultStoreHost})
 }
 
+// mustPut is put on id, failing the test unless it is PUT_OK (i names
+// the put in the failure).
+func (g *testGroup) mustPut(id uint64, i int, body string) {
+	g.t.Helper()
+	if res, err := g.put(id, body); err != nil || res.Status != PutOK {
+		g.t.Fatalf("put %d: %v %v", i, res.Status, err)
+	}
+}
+
 // TestGroupReplicates is the group-mode core over three real stores on an
 // in-memory network: election, puts (single and batch) acknowledged on
 // commit, byte-identical commitlogs, follower reads, NotLeaderError, a

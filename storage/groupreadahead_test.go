@@ -36,12 +36,7 @@ func TestGroupCatchUpReadahead(t *testing.T) {
 			})
 			g.elect(1)
 			body := strings.Repeat("r", 1000)
-			put := func(i int) {
-				t.Helper()
-				if res, err := g.put(1, fmt.Sprintf("%s-%d", body, i)); err != nil || res.Status != PutOK {
-					t.Fatalf("put %d: %v %v", i, res.Status, err)
-				}
-			}
+			put := func(i int) { g.mustPut(1, i, fmt.Sprintf("%s-%d", body, i)) }
 			// Followers that keep up read what was just written: nothing
 			// is read ahead for them.
 			for i := range 20 {
