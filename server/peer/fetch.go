@@ -87,7 +87,7 @@ func (h *handler) checkFetchHeader(group, cluster string, from, to uint64) error
 		return status.Errorf(codes.PermissionDenied, "peer: fetch for cluster %q, this member is in %q", trunc(cluster), o.ClusterID)
 	case to != o.ID:
 		return status.Errorf(codes.PermissionDenied, "peer: fetch for member %d, this is member %d", to, o.ID)
-	case !t.known[from]:
+	case t.peerLink(from) == nil:
 		return status.Errorf(codes.PermissionDenied, "peer: fetch from member %d, not a peer of member %d", from, o.ID)
 	}
 	return nil

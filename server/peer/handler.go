@@ -77,7 +77,7 @@ func (h *handler) check(b *peerv1.RaftBatch, from uint64) error {
 		return status.Errorf(codes.PermissionDenied, "peer: batch for cluster %q, this member is in %q", trunc(b.GetClusterId()), o.ClusterID)
 	case b.GetTo() != o.ID:
 		return status.Errorf(codes.PermissionDenied, "peer: batch for member %d, this is member %d", b.GetTo(), o.ID)
-	case !h.t.known[b.GetFrom()]:
+	case h.t.peerLink(b.GetFrom()) == nil:
 		return status.Errorf(codes.PermissionDenied, "peer: batch from member %d, not a peer of member %d", b.GetFrom(), o.ID)
 	case from != 0 && b.GetFrom() != from:
 		return status.Errorf(codes.InvalidArgument, "peer: batch from member %d on member %d's stream", b.GetFrom(), from)
@@ -110,7 +110,13 @@ func (h *handler) checkCertCtx(ctx context.Context, from uint64) error {
 	if !ok || len(ti.State.PeerCertificates) == 0 {
 		return status.Error(codes.Unauthenticated, "peer: no client certificate")
 	}
-	host, _, err := net.SplitHostPort(h.t.opts.Peers[from])
+	// The address of the moment: a member moved by SetPeer must present a
+	// certificate for its new host, and a removed one is no peer at all.
+	addr, ok := h.t.peerAddr(from)
+	if !ok {
+		return status.Errorf(codes.PermissionDenied, "peer: member %d is not a peer of member %d", from, h.t.opts.ID)
+	}
+	host, _, err := net.SplitHostPort(addr)
 	if err != nil {
 		return status.Errorf(codes.Internal, "peer: member %d address: %v", from, err)
 	}

@@ -18,20 +18,28 @@ import (
 	peerv1 "github.com/storaged/storaged/gen/storaged/peer/v1"
 )
 
-// link is the outgoing half to one peer: a bounded queue, drained by one
-// goroutine (run) into one client stream at a time.
+// link is the outgoing half to one peer at one address: a bounded queue,
+// drained by one goroutine (run) into one client stream at a time. A
+// member that moves gets a new link (SetPeer); a link's address never
+// changes.
 type link struct {
 	t    *Transport
 	id   uint64
 	addr string
 	conn *grpc.ClientConn
 	log  zerolog.Logger
+	// ctx ends with the Transport or when the link alone is stopped
+	// (RemovePeer, or SetPeer moving the member): it bounds run and the
+	// snapshots sent over the link, so neither outlives the membership.
+	ctx    context.Context
+	cancel context.CancelFunc
+	done   chan struct{} // closed when run has returned
 
 	queue       chan []byte
 	queuedBytes atomic.Int64
-	// unreachable is signalled by enqueue when it drops a message; run
-	// reports the peer unreachable, outside the caller's locks.
-	unreachable chan struct{}
+	// unreachable is set by drop; the Transport's reportLoop reports the
+	// peer unreachable, outside the caller's locks.
+	unreachable atomic.Bool
 
 	sent, dropped, connects atomic.Uint64
 
@@ -62,12 +70,26 @@ func (t *Transport) newLink(id uint64, addr string) (*link, error) {
 	if err != nil {
 		return nil, err
 	}
+	ctx, cancel := context.WithCancel(t.ctx)
 	return &link{
 		t: t, id: id, addr: addr, conn: conn,
-		log:         t.log.With().Uint64("peer", id).Str("peer_addr", addr).Logger(),
-		queue:       make(chan []byte, t.opts.QueueLen),
-		unreachable: make(chan struct{}, 1),
+		log:    t.log.With().Uint64("peer", id).Str("peer_addr", addr).Logger(),
+		ctx:    ctx,
+		cancel: cancel,
+		done:   make(chan struct{}),
+		queue:  make(chan []byte, t.opts.QueueLen),
 	}, nil
+}
+
+// stop ends a started link and returns once its goroutine has, so that
+// after SetPeer or RemovePeer nothing more goes to the old address.
+// Closing the connection also ends a stream still being opened.
+func (l *link) stop() {
+	l.cancel()
+	if err := l.conn.Close(); err != nil {
+		l.log.Debug().Err(err).Msg("peer connection close")
+	}
+	<-l.done
 }
 
 // enqueue adds msg without blocking, or drops it: too large for one
@@ -93,15 +115,12 @@ func (l *link) enqueue(msg []byte) {
 
 func (l *link) drop(n uint64) {
 	l.dropped.Add(n)
+	// Set before the wake-up: reportLoop empties wake before it looks at
+	// the flags, so a report is never lost between the two.
+	l.unreachable.Store(true)
 	select {
-	case l.unreachable <- struct{}{}:
-	default:
-	}
-}
-
-func (l *link) reportUnreachable() {
-	if s := l.t.getStepper(); s != nil {
-		s.ReportUnreachable(l.id)
+	case l.t.wake <- struct{}{}:
+	default: // a wake-up is pending already
 	}
 }
 
@@ -124,19 +143,6 @@ func (l *link) run(ctx context.Context) {
 			return
 		}
 		backoff = min(2*backoff, l.t.opts.MaxBackoff)
-	}
-}
-
-// reportLoop reports the peer unreachable after drops, on its own
-// goroutine: the link's may be stuck opening a stream to a silent peer.
-func (l *link) reportLoop(ctx context.Context) {
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-l.unreachable:
-			l.reportUnreachable()
-		}
 	}
 }
 

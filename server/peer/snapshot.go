@@ -62,8 +62,11 @@ type IncomingSnapshot = snapshot.Incoming
 // calls s.Done with the outcome. It never blocks. A second snapshot to a
 // peer while one is in flight is refused (Done(ErrSnapshotInFlight));
 // raft asks again later.
+//
+// The snapshot is sent to the peer's address of the moment and ends
+// (Done with an error) if the peer is removed or moved meanwhile.
 func (t *Transport) SendSnapshot(to uint64, s OutgoingSnapshot) {
-	l := t.peers[to]
+	l := t.peerLink(to)
 	t.wg.Add(1)
 	go func() {
 		defer t.wg.Done()
@@ -73,7 +76,7 @@ func (t *Transport) SendSnapshot(to uint64, s OutgoingSnapshot) {
 		case !l.snapshotting.CompareAndSwap(false, true):
 			s.Done(ErrSnapshotInFlight)
 		default:
-			err := l.sendSnapshot(t.ctx, s)
+			err := l.sendSnapshot(l.ctx, s)
 			l.snapshotting.Store(false)
 			if err != nil {
 				l.log.Warn().Err(err).Msg("snapshot not sent")
@@ -175,6 +178,9 @@ func (h *handler) InstallSnapshot(st grpc.ClientStreamingServer[peerv1.SnapshotC
 			t.log.Warn().Err(err).Uint64("from", head.GetFrom()).Uint64("bytes", res.Bytes).Msg("snapshot stream broke; discarded")
 			return err
 		}
+		if err := h.stillPeer(head.GetFrom()); err != nil {
+			return err
+		}
 		if c.GetGroup() != "" || c.GetClusterId() != "" || c.GetFrom() != 0 || c.GetTo() != 0 || len(c.GetMessage()) != 0 {
 			return status.Error(codes.InvalidArgument, "peer: a header in a snapshot chunk after the first")
 		}
@@ -184,6 +190,12 @@ func (h *handler) InstallSnapshot(st grpc.ClientStreamingServer[peerv1.SnapshotC
 		}
 		res.Bytes += uint64(len(c.GetData()))
 		res.Chunks++
+	}
+	// Membership is checked on every chunk and once more here, not only
+	// with the header: a member removed while its snapshot streamed must
+	// not install it.
+	if err := h.stillPeer(head.GetFrom()); err != nil {
+		return err
 	}
 	if err := in.Finish(); err != nil {
 		if errors.Is(err, snapshot.ErrNotInstalled) {
@@ -206,10 +218,20 @@ func (h *handler) checkSnapshotHead(c *peerv1.SnapshotChunk) error {
 		return status.Errorf(codes.PermissionDenied, "peer: snapshot for cluster %q, this member is in %q", trunc(c.GetClusterId()), o.ClusterID)
 	case c.GetTo() != o.ID:
 		return status.Errorf(codes.PermissionDenied, "peer: snapshot for member %d, this is member %d", c.GetTo(), o.ID)
-	case !h.t.known[c.GetFrom()]:
+	case h.t.peerLink(c.GetFrom()) == nil:
 		return status.Errorf(codes.PermissionDenied, "peer: snapshot from member %d, not a peer of member %d", c.GetFrom(), o.ID)
 	case len(c.GetMessage()) == 0 || len(c.GetData()) != 0:
 		return status.Error(codes.InvalidArgument, "peer: a snapshot's first chunk holds the MsgSnap and no file bytes")
+	}
+	return nil
+}
+
+// stillPeer refuses the rest of a snapshot stream from a member that
+// RemovePeer forgot after the stream's header was checked.
+func (h *handler) stillPeer(from uint64) error {
+	if h.t.peerLink(from) == nil {
+		h.t.log.Warn().Uint64("from", from).Msg("snapshot from a removed member; discarded")
+		return status.Errorf(codes.PermissionDenied, "peer: snapshot from member %d, no longer a peer of member %d", from, h.t.opts.ID)
 	}
 	return nil
 }
@@ -223,7 +245,7 @@ type SnapshotStats struct {
 
 // PeerSnapshotStats returns the snapshot counters for peer id.
 func (t *Transport) PeerSnapshotStats(id uint64) SnapshotStats {
-	l := t.peers[id]
+	l := t.peerLink(id)
 	if l == nil {
 		return SnapshotStats{}
 	}

@@ -5,12 +5,14 @@
 //
 // A Transport is both ends. Send queues a message for one peer without
 // blocking; one goroutine per peer drains that queue into a long-lived client
-// stream, reconnecting with backoff. The server side checks every batch's
-// header (group, cluster, this member, a known sender), bounds its size,
-// records the sender's client address (so that a follower can name the
-// leader's address in its "not leader" answers) and hands each message to
-// the Stepper. Raft tolerates loss, so a full queue or a broken stream drops
-// messages and tells raft the peer is unreachable instead of waiting.
+// stream, reconnecting with backoff. The set of peers starts as
+// Options.Peers and follows raft's membership changes through SetPeer and
+// RemovePeer. The server side checks every batch's header (group, cluster,
+// this member, a current peer as sender), bounds its size, records the
+// sender's client address (so that a follower can name the leader's address
+// in its "not leader" answers) and hands each message to the Stepper. Raft
+// tolerates loss, so a full queue or a broken stream drops messages and
+// tells raft the peer is unreachable instead of waiting.
 //
 // The store knows nothing of gRPC: it sees the Transport through a one-method
 // interface (Send), and the Transport sees the store through Stepper.
@@ -21,6 +23,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"net/netip"
 	"strings"
@@ -75,6 +78,16 @@ const (
 	maxClientAddrLen = 256
 	// maxGroupLen bounds the group and cluster names.
 	maxGroupLen = 128
+	// maxStreamsPerConn bounds the concurrent streams of one incoming
+	// connection (gRPC applies MaxConcurrentStreams per connection, not
+	// per server). A member needs few on its connection: its Send stream,
+	// one InstallSnapshot, and a repair's fetches; 64 leaves room for
+	// streams still being torn down after a reconnect, while a client
+	// that opens streams without end is still stopped. It is a constant
+	// rather than a multiple of the member count, so a member added at
+	// run time (SetPeer) can never be refused for exceeding a bound sized
+	// for the initial group.
+	maxStreamsPerConn = 64
 )
 
 // Options configures a Transport. ID, Peers and a Stepper (New's argument or
@@ -116,6 +129,10 @@ type TLS struct {
 	Server *tls.Config
 	Client *tls.Config
 }
+
+// ErrClosed: SetPeer on a Transport that Close stopped; nothing was
+// started.
+var ErrClosed = errors.New("peer: transport closed")
 
 // ErrPlaintextNotLoopback refuses a plaintext transport with a peer or
 // listener address that is not loopback.
@@ -167,18 +184,12 @@ func (o *Options) Validate() error {
 	}
 	others := 0
 	for id, addr := range o.Peers {
-		if id == 0 {
-			errs = append(errs, errors.New("peer: peer id 0"))
-		}
-		if _, _, err := net.SplitHostPort(addr); err != nil {
-			errs = append(errs, fmt.Errorf("peer: peer %d address %q: %w", id, addr, err))
+		if err := o.checkPeer(id, addr); err != nil {
+			errs = append(errs, err)
 			continue
 		}
 		if id != o.ID {
 			others++
-		}
-		if o.TLS == nil && !IsLoopback(addr) {
-			errs = append(errs, fmt.Errorf("%w (peer %d is %s)", ErrPlaintextNotLoopback, id, addr))
 		}
 	}
 	if others == 0 {
@@ -186,6 +197,22 @@ func (o *Options) Validate() error {
 	}
 	if o.TLS != nil && (o.TLS.Server == nil || o.TLS.Client == nil) {
 		errs = append(errs, errors.New("peer: TLS needs both its server and client configs"))
+	}
+	return errors.Join(errs...)
+}
+
+// checkPeer is Validate's check of one peer entry. SetPeer makes it too,
+// so a member added at run time is held to the rules of the initial set
+// (in particular, no plaintext off loopback).
+func (o *Options) checkPeer(id uint64, addr string) error {
+	var errs []error
+	if id == 0 {
+		errs = append(errs, errors.New("peer: peer id 0"))
+	}
+	if _, _, err := net.SplitHostPort(addr); err != nil {
+		errs = append(errs, fmt.Errorf("peer: peer %d address %q: %w", id, addr, err))
+	} else if o.TLS == nil && !IsLoopback(addr) {
+		errs = append(errs, fmt.Errorf("%w (peer %d is %s)", ErrPlaintextNotLoopback, id, addr))
 	}
 	return errors.Join(errs...)
 }
@@ -211,10 +238,20 @@ type Transport struct {
 	log     zerolog.Logger
 	stepper atomic.Pointer[stepperBox]
 	ranger  atomic.Pointer[rangerBox] // FetchRange's store
-	peers   map[uint64]*link          // outgoing, by id (not this member)
-	known   map[uint64]bool           // every member but this one
-	srv     *grpc.Server
-	lis     net.Listener
+	// peers is every member but this one, with its outgoing link. The map
+	// is never changed in place: SetPeer and RemovePeer store a new one.
+	// Send reads it on raft's hot path with raft's lock held, and the
+	// handler on every batch, so a reader must never wait for a
+	// membership change nor take a lock.
+	peers atomic.Pointer[peerSet]
+	srv   *grpc.Server
+	lis   net.Listener
+
+	// mu orders the changes of peers (SetPeer, RemovePeer) among
+	// themselves and with Close, so that no link starts once Close has
+	// begun waiting for the goroutines.
+	mu     sync.Mutex
+	closed bool
 
 	addrMu      sync.Mutex
 	clientAddrs map[uint64]string // learned from batch headers
@@ -222,6 +259,9 @@ type Transport struct {
 	ctx    context.Context
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
+	// wake tells reportLoop that a link has an unreachable report pending
+	// (link.unreachable).
+	wake chan struct{}
 
 	received atomic.Uint64 // messages handed to the stepper
 
@@ -229,6 +269,9 @@ type Transport struct {
 	receiving         atomic.Bool   // an InstallSnapshot is being received
 	snapshotsReceived atomic.Uint64
 }
+
+// peerSet maps a member's id to its link; see Transport.peers.
+type peerSet map[uint64]*link
 
 type stepperBox struct{ s Stepper }
 
@@ -252,36 +295,36 @@ func New(lis net.Listener, st Stepper, opts Options) (*Transport, error) {
 	t := &Transport{
 		opts:        opts,
 		log:         opts.Logger.With().Str("component", "peer").Uint64("raft_id", opts.ID).Logger(),
-		peers:       make(map[uint64]*link),
-		known:       make(map[uint64]bool),
 		lis:         lis,
 		clientAddrs: make(map[uint64]string),
+		wake:        make(chan struct{}, 1),
 		snapRate:    newSnapshotLimiter(opts.SnapshotRate),
 	}
 	if st != nil {
 		t.SetStepper(st)
 	}
 	t.ctx, t.cancel = context.WithCancel(context.Background())
+	initial := make(peerSet, len(opts.Peers))
 	for id, addr := range opts.Peers {
 		if id == opts.ID {
 			continue
 		}
-		t.known[id] = true
 		l, err := t.newLink(id, addr)
 		if err != nil {
 			t.cancel()
-			for _, l := range t.peers {
+			for _, l := range initial {
 				_ = l.conn.Close()
 			}
 			_ = lis.Close()
 			return nil, err
 		}
-		t.peers[id] = l
+		initial[id] = l
 	}
+	t.peers.Store(&initial)
 
 	sopts := []grpc.ServerOption{
 		grpc.MaxRecvMsgSize(opts.MaxMsgSize),
-		grpc.MaxConcurrentStreams(uint32(4 * len(opts.Peers))),
+		grpc.MaxConcurrentStreams(maxStreamsPerConn),
 		grpc.KeepaliveParams(keepalive.ServerParameters{Time: opts.Keepalive, Timeout: opts.Keepalive}),
 		// Peers ping every Keepalive even without a stream; the default
 		// policy (5 min) would answer them with GOAWAY too_many_pings.
@@ -293,25 +336,140 @@ func New(lis net.Listener, st Stepper, opts Options) (*Transport, error) {
 	t.srv = grpc.NewServer(sopts...)
 	peerv1.RegisterRaftServer(t.srv, &handler{t: t})
 
-	t.wg.Add(1)
+	t.wg.Add(2)
 	go func() {
 		defer t.wg.Done()
 		if err := t.srv.Serve(lis); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
 			t.log.Error().Err(err).Msg("peer listener stopped")
 		}
 	}()
-	for _, l := range t.peers {
-		t.wg.Add(2)
-		go func() {
-			defer t.wg.Done()
-			l.run(t.ctx)
-		}()
-		go func() {
-			defer t.wg.Done()
-			l.reportLoop(t.ctx)
-		}()
+	go func() {
+		defer t.wg.Done()
+		t.reportLoop()
+	}()
+	for _, l := range initial {
+		t.start(l)
 	}
 	return t, nil
+}
+
+// start runs l's goroutine, counted in t.wg so that Close waits for it,
+// and closing l.done so that stop can wait for this link alone.
+func (t *Transport) start(l *link) {
+	t.wg.Add(1)
+	go func() {
+		defer t.wg.Done()
+		defer close(l.done)
+		l.run(l.ctx)
+	}()
+}
+
+// SetPeer adds member id at addr, or moves it there: raft applied a
+// membership change adding it (as a voter or a learner), or the member
+// now listens elsewhere. Moving it stops the old link first and drops what
+// was queued for the old address (raft resends what it still needs); its
+// PeerStats start again from zero. The same address again changes
+// nothing, so that SetPeer may be called for every applied change without
+// breaking a working stream. This member's own id is accepted and
+// ignored, as in Options.Peers. addr is checked as Options.Validate checks
+// the initial peers: a member added later gets no laxer rules (no
+// plaintext off loopback). After Close it returns ErrClosed and starts
+// nothing.
+//
+// SetPeer waits for a replaced link to stop, but never for the Stepper
+// (see reportLoop): it may be called with raft's lock held.
+func (t *Transport) SetPeer(id uint64, addr string) error {
+	if err := t.opts.checkPeer(id, addr); err != nil {
+		return err
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closed {
+		return ErrClosed
+	}
+	if id == t.opts.ID {
+		return nil
+	}
+	cur := *t.peers.Load()
+	old := cur[id]
+	if old != nil && old.addr == addr {
+		return nil
+	}
+	l, err := t.newLink(id, addr)
+	if err != nil {
+		return err
+	}
+	next := maps.Clone(cur)
+	next[id] = l
+	t.peers.Store(&next)
+	if old != nil {
+		// After the swap Send queues for the new link only, so what the
+		// old one still holds is all it will ever have: dropped.
+		old.stop()
+		t.log.Info().Uint64("peer", id).Str("old_addr", old.addr).Str("peer_addr", addr).Msg("peer moved")
+	} else {
+		t.log.Info().Uint64("peer", id).Str("peer_addr", addr).Msg("peer added")
+	}
+	t.start(l)
+	return nil
+}
+
+// RemovePeer forgets member id: raft applied its removal. Its link stops
+// (RemovePeer returns once the link's goroutine has ended and its
+// connection is closed), what was queued for it is dropped, Send to it
+// drops silently, and its batches, snapshots and range fetches are
+// refused as a stranger's, so a removed member steps nothing into the
+// group it left. Its client address is forgotten too, so that no "not
+// leader" answer points a client at it. An unknown id, this member's own,
+// or a call after Close changes nothing.
+//
+// Like SetPeer it never waits for the Stepper and may be called with
+// raft's lock held; an unreachable report already under way may still
+// name id, which raft ignores for a member it no longer tracks.
+func (t *Transport) RemovePeer(id uint64) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closed {
+		return
+	}
+	cur := *t.peers.Load()
+	l := cur[id]
+	if l == nil {
+		return
+	}
+	next := maps.Clone(cur)
+	delete(next, id)
+	t.peers.Store(&next)
+	l.stop()
+	// After the store above: setClientAddr checks membership under
+	// addrMu, so a batch that passed its check before the removal cannot
+	// bring the address back.
+	t.addrMu.Lock()
+	delete(t.clientAddrs, id)
+	t.addrMu.Unlock()
+	t.log.Info().Uint64("peer", id).Str("peer_addr", l.addr).Msg("peer removed")
+}
+
+// Peers returns a copy of the current members but this one, by id, with
+// their peer addresses, for metrics and tests.
+func (t *Transport) Peers() map[uint64]string {
+	cur := *t.peers.Load()
+	out := make(map[uint64]string, len(cur))
+	for id, l := range cur {
+		out[id] = l.addr
+	}
+	return out
+}
+
+// peerLink is the current link to member id, nil when id is not a peer.
+func (t *Transport) peerLink(id uint64) *link { return (*t.peers.Load())[id] }
+
+// peerAddr is the current peer address of member id.
+func (t *Transport) peerAddr(id uint64) (string, bool) {
+	if l := t.peerLink(id); l != nil {
+		return l.addr, true
+	}
+	return "", false
 }
 
 // SetStepper sets (or replaces) the raft node messages are stepped into and
@@ -331,14 +489,39 @@ func (t *Transport) Addr() net.Addr { return t.lis.Addr() }
 // Send queues msg (a marshalled raftpb.Message) for peer to. It never
 // blocks: a message for an unknown peer is dropped, and so is one that does
 // not fit the peer's queue, which is then reported unreachable (from the
-// peer's goroutine, never from inside Send, so raft may call Send with its
-// own lock held).
+// transport's goroutine, never from inside Send, so raft may call Send with
+// its own lock held).
 func (t *Transport) Send(to uint64, msg []byte) {
-	l := t.peers[to]
+	l := t.peerLink(to)
 	if l == nil {
 		return
 	}
 	l.enqueue(msg)
+}
+
+// reportLoop tells the Stepper which peers had messages dropped. It runs
+// on a goroutine of its own because ReportUnreachable takes raft's lock:
+// Send is called with that lock held, a link may be stuck opening a
+// stream to a silent peer, and SetPeer and RemovePeer, which may also be
+// called with it held, wait for a link to stop. One goroutine for all
+// links rather than one per link, so that stopping a link never waits
+// for the Stepper.
+func (t *Transport) reportLoop() {
+	for {
+		select {
+		case <-t.ctx.Done():
+			return
+		case <-t.wake:
+			for id, l := range *t.peers.Load() {
+				if !l.unreachable.Swap(false) {
+					continue
+				}
+				if s := t.getStepper(); s != nil {
+					s.ReportUnreachable(id)
+				}
+			}
+		}
+	}
 }
 
 // ClientAddr is the client gRPC address of member id: this member's own
@@ -359,9 +542,10 @@ type Stats struct {
 	Connects      uint64 // streams opened
 }
 
-// PeerStats returns the outgoing counters for peer id.
+// PeerStats returns the outgoing counters for peer id (zero for a member
+// that is not a peer now).
 func (t *Transport) PeerStats(id uint64) Stats {
-	l := t.peers[id]
+	l := t.peerLink(id)
 	if l == nil {
 		return Stats{}
 	}
@@ -374,12 +558,16 @@ func (t *Transport) Received() uint64 { return t.received.Load() }
 // Close stops the outgoing streams and the listener and waits for every
 // goroutine the Transport started. Messages still queued are dropped.
 func (t *Transport) Close() error {
+	t.mu.Lock()
+	t.closed = true
+	links := *t.peers.Load()
+	t.mu.Unlock()
 	t.cancel()
 	// Stop, not GracefulStop: peers' streams are long-lived and would hold
 	// a graceful stop until they end.
 	t.srv.Stop()
 	var errs []error
-	for _, l := range t.peers {
+	for _, l := range links {
 		if err := l.conn.Close(); err != nil {
 			errs = append(errs, err)
 		}
@@ -391,5 +579,10 @@ func (t *Transport) Close() error {
 func (t *Transport) setClientAddr(id uint64, addr string) {
 	t.addrMu.Lock()
 	defer t.addrMu.Unlock()
+	// A batch checked just before RemovePeer may get here after it: a
+	// removed member's address must not come back.
+	if t.peerLink(id) == nil {
+		return
+	}
 	t.clientAddrs[id] = addr
 }
