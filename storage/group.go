@@ -52,6 +52,7 @@ const (
 	CauseLeaderNotReady = replica.CauseLeaderNotReady
 	CauseTransferring   = replica.CauseTransferring
 	CauseSuperseded     = replica.CauseSuperseded
+	CauseRemoved        = replica.CauseRemoved
 )
 
 // ReplicaInfo is a replica's view of its group (Store.ReplicaInfo).
@@ -101,8 +102,20 @@ type GroupOptions struct {
 	ClusterID string
 	// Peers are the voters (this replica among them unless it is a
 	// learner), Learners the non-voting members: the bootstrap ConfState.
+	// Once a membership change applied (group_members.go), raft/conf
+	// holds the membership and these are not checked any more.
 	Peers    []uint64
 	Learners []uint64
+	// Join: this replica joins an existing group (AddLearner on its
+	// leader): it bootstraps with no membership and learns it from the
+	// leader's log or snapshot; Peers and Learners are not used. ClusterID
+	// must be the group's (the one raft/meta of its members records).
+	Join bool
+	// OnMembership, if set, is told each membership change this replica
+	// applies (and the membership of an installed snapshot), on the raft
+	// goroutine, in log order: storaged adds and removes peers of its
+	// transport there. It must not call the store's group methods.
+	OnMembership func(MembershipUpdate)
 	// Transport sends to peers. Required.
 	Transport Transport
 	// TickInterval is raft's tick (storaged --raft-tick). Default 100 ms
@@ -209,10 +222,10 @@ func (g *GroupOptions) validate(o Options) []error {
 	switch {
 	case g.ID == 0:
 		errs = append(errs, errors.New("Group.ID must be non-zero"))
-	case !slices.Contains(members, g.ID):
+	case !g.Join && !slices.Contains(members, g.ID):
 		errs = append(errs, fmt.Errorf("Group.ID %d is not among the peers %v or learners %v", g.ID, g.Peers, g.Learners))
 	}
-	if len(g.Peers) == 0 || slices.Contains(members, 0) || len(slices.Compact(members)) != len(g.Peers)+len(g.Learners) {
+	if !g.Join && (len(g.Peers) == 0 || slices.Contains(members, 0) || len(slices.Compact(members)) != len(g.Peers)+len(g.Learners)) {
 		errs = append(errs, fmt.Errorf("Group.Peers %v / Learners %v: want at least one voter, distinct non-zero ids", g.Peers, g.Learners))
 	}
 	if g.Transport == nil {
@@ -325,10 +338,12 @@ func (s *Store) openGroupLog(cp consumequeue.Checkpoint) error {
 	if err := s.opts.FS.RemoveAll(filepath.Join(s.opts.Dir, snapshotDir)); err != nil {
 		return fmt.Errorf("storage: remove a stale snapshot staging dir: %w", err)
 	}
-	voters := slices.Sorted(slices.Values(g.Peers))
-	var learners []uint64
-	if len(g.Learners) > 0 {
-		learners = slices.Sorted(slices.Values(g.Learners))
+	var voters, learners []uint64
+	if !g.Join { // a joining member learns the membership from the group
+		voters = slices.Sorted(slices.Values(g.Peers))
+		if len(g.Learners) > 0 {
+			learners = slices.Sorted(slices.Values(g.Learners))
+		}
 	}
 	rl, err := raftlog.Open(raftlog.Options{FS: s.opts.FS, Dir: filepath.Join(s.opts.Dir, "raft"), Commitlog: s.log,
 		Meta: raftlog.Meta{NodeID: g.ID, Group: g.Name, ClusterUUID: g.ClusterID, FileSize: s.opts.FileSize,
@@ -498,7 +513,16 @@ func (h *groupHost) BecomeReady(commitEnd int64) error {
 	return nil
 }
 
-func (h *groupHost) Fail(err error) { (*Store)(h).fail(err) }
+func (h *groupHost) Fail(err error) {
+	s := (*Store)(h)
+	if errors.Is(err, ErrRemoved) {
+		// Not a failed write: the group goes on without this member, which
+		// keeps serving reads of what it holds and refuses puts (REMOVED).
+		s.opts.Logger.Warn().Err(err).Msg("storage: this member was removed from its group; it no longer replicates")
+		return
+	}
+	s.fail(err)
+}
 
 // ApplyCmd applies a committed command: the delay or the timer progress.
 // A command this version does not know, or one that does not decode, is

@@ -58,8 +58,9 @@ const installJournal = "snapshot.install"
 var ErrInstallPending = errors.New("storage: a snapshot install is unfinished in this data dir; start the member once to finish it")
 
 // groupHost.InstallSnapshot is replica.Host's: the raft loop restored the
-// snapshot at index of term, staged by ReceiveSnapshot.
-func (h *groupHost) InstallSnapshot(index, term uint64) (int64, int64, error) {
+// snapshot at index of term, staged by ReceiveSnapshot, whose membership
+// is mem.
+func (h *groupHost) InstallSnapshot(index, term uint64, mem raftlog.Membership) (int64, int64, error) {
 	s := (*Store)(h)
 	g := s.group
 	g.dedupTo = -1 // the log is replaced: the window is read again
@@ -74,6 +75,13 @@ func (h *groupHost) InstallSnapshot(index, term uint64) (int64, int64, error) {
 	if m.Index != index || m.Term != term {
 		return 0, 0, fmt.Errorf("storage: raft restored a snapshot at %d/%d, the staged one is at %d/%d", index, term, m.Index, m.Term)
 	}
+	// The membership first: raft restarts with the one recorded at its
+	// commit, which the install raises to index (a record above the commit
+	// waits for it), and a restart finishes an install its journal began.
+	if err := g.rlog.SetMembership(raftlog.ConfChange{Membership: mem, Addrs: m.PeerAddrs, Removed: m.Removed}); err != nil {
+		return 0, 0, err
+	}
+	s.membershipChanged(raftlog.ConfChange{Membership: mem, Addrs: m.PeerAddrs, Removed: m.Removed})
 	if err := s.installSnapshot(m, st.Dir()); err != nil {
 		return 0, 0, err
 	}

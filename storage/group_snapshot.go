@@ -147,10 +147,18 @@ type outgoingSnapshot struct {
 // later committed index costs the follower fewer entries afterwards.
 func (o *outgoingSnapshot) Message() ([]byte, error) {
 	g := o.s.group
-	if applied := g.node.Info().Applied; applied > o.index {
-		if term, err := g.rlog.Term(applied); err == nil {
-			o.index, o.term = applied, term
+	info := g.node.Info() // the applied index and the membership at it, read together
+	if info.Applied > o.index {
+		if term, err := g.rlog.Term(info.Applied); err == nil {
+			o.index, o.term = info.Applied, term
 		}
+	}
+	// The membership at o.index: the one at the applied index, unless a
+	// conf change applied between them (then the next attempt is at the
+	// applied index).
+	mem := info.Membership
+	if mem.Index > o.index {
+		return nil, fmt.Errorf("storage: snapshot at %d: the membership changed at %d since", o.index, mem.Index)
 	}
 	end, err := g.rlog.DataEndAt(o.index)
 	if err != nil {
@@ -159,12 +167,14 @@ func (o *outgoingSnapshot) Message() ([]byte, error) {
 	if o.m, err = o.s.manifestAt(o.index, o.term, end); err != nil {
 		return nil, err
 	}
+	conf := g.rlog.Conf()
+	o.m.PeerAddrs, o.m.Removed = conf.Addrs, conf.Removed
 	data, err := o.m.Encode()
 	if err != nil {
 		return nil, err
 	}
 	o.built = true
-	return replica.SnapshotMessageAt(o.msg, o.index, o.term, data)
+	return replica.SnapshotMessageAt(o.msg, o.index, o.term, data, mem)
 }
 
 func (o *outgoingSnapshot) Read(chunkBytes int, send func(file, offset int64, data []byte, crc uint32) error) error {
@@ -220,12 +230,10 @@ func (s *Store) ReceiveSnapshot(from uint64, msg []byte) (snapshot.Incoming, err
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrBadSnapshot, err)
 	}
-	meta := s.group.rlog.Meta()
-	members := append(append([]uint64(nil), meta.Voters...), meta.Learners...)
 	switch {
 	case to != s.group.opts.ID:
 		return nil, fmt.Errorf("%w: for member %d, this is %d", ErrBadSnapshot, to, s.group.opts.ID)
-	case sfrom != from || from == s.group.opts.ID || !slices.Contains(members, from):
+	case sfrom != from || from == s.group.opts.ID || !s.group.node.IsMember(from):
 		return nil, fmt.Errorf("%w: from member %d on member %d's stream", ErrBadSnapshot, sfrom, from)
 	}
 	m, err := snapshot.Decode(data)

@@ -1,6 +1,10 @@
 package raftlog
 
-import "fmt"
+import (
+	"fmt"
+
+	pb "go.etcd.io/raft/v3/raftpb"
+)
 
 // LastCmd finds the newest CMD entry at or below index hi whose payload
 // match accepts, scanning the units backwards from hi to FirstIndex: a
@@ -70,6 +74,47 @@ func (l *Log) Cmds(lo, hi uint64, match func([]byte) bool, fn func(index uint64,
 			if err := fn(i, b); err != nil {
 				return err
 			}
+		}
+	}
+	return nil
+}
+
+// Confs calls fn with every CONF entry in [lo, hi], in log order, as
+// raft's entry (type EntryConfChange or EntryConfChangeV2): the raft loop
+// applies again, at a restart, the conf changes committed past the
+// membership record raft/conf holds at the commit (see confName). Entries
+// below FirstIndex are gone: the scan starts at FirstIndex then. fn runs
+// without the Log's lock.
+func (l *Log) Confs(lo, hi uint64, fn func(e *pb.Entry) error) error {
+	var ents []*pb.Entry
+	l.mu.Lock()
+	if l.stopped != nil {
+		l.mu.Unlock()
+		return l.stopped
+	}
+	hi = min(hi, l.last)
+	for i := max(lo, l.first, 1); i <= hi; i++ {
+		u, err := l.unitLocked(i)
+		if err == nil && u.Kind != KindConf {
+			continue
+		}
+		var e *pb.Entry
+		if err == nil {
+			e, err = l.entryLocked(i)
+		}
+		if err == nil && crc32c(e.GetData()) != u.DataCRC {
+			err = l.corrupt(i, u, "payload CRC mismatch")
+		}
+		if err != nil {
+			l.mu.Unlock()
+			return err
+		}
+		ents = append(ents, e)
+	}
+	l.mu.Unlock()
+	for _, e := range ents {
+		if err := fn(e); err != nil {
+			return err
 		}
 	}
 	return nil

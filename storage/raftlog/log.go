@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io/fs"
 	"path/filepath"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -101,6 +102,7 @@ type Log struct {
 	halted  atomic.Bool // stopped != nil, for SyncCommit
 	closed  bool
 	joining bool // the joining marker is there (Joining)
+	conf    Conf // raft/conf (conf.go)
 
 	// entriesLat times each Entries call: raft makes them on its own
 	// goroutine, under the replica's lock, and a call that reads cold
@@ -127,7 +129,15 @@ func Open(opts Options) (*Log, error) {
 	}
 	want := opts.Meta
 	want.LogBase = opts.Commitlog.MaxOffset()
-	meta, _, err := loadOrBootstrapMeta(opts.FS, opts.Dir, want, opts.IndexUnits)
+	conf, err := readConf(opts.FS, opts.Dir)
+	if err != nil {
+		return nil, err
+	}
+	if slices.Contains(conf.Removed, want.NodeID) {
+		return nil, fmt.Errorf("%w: member %d was removed from group %q (raft ids are never reused: add a new member "+
+			"with a new id and an empty data dir instead)", ErrRemoved, want.NodeID, want.Group)
+	}
+	meta, _, err := loadOrBootstrapMeta(opts.FS, opts.Dir, want, opts.IndexUnits, len(conf.Records) > 0)
 	if err != nil {
 		return nil, err
 	}
@@ -135,7 +145,7 @@ func Open(opts Options) (*Log, error) {
 	if err != nil {
 		return nil, err
 	}
-	l := &Log{opts: opts, cl: opts.Commitlog, meta: meta, base: lb, first: lb.Index + 1}
+	l := &Log{opts: opts, cl: opts.Commitlog, meta: meta, base: lb, first: lb.Index + 1, conf: conf}
 	if _, err := opts.FS.Size(filepath.Join(opts.Dir, joiningName)); err == nil {
 		l.joining = true
 	} else if !errors.Is(err, fs.ErrNotExist) {
@@ -183,9 +193,10 @@ func Open(opts Options) (*Log, error) {
 func (l *Log) Meta() Meta { return l.meta }
 
 // InitialState implements raft.Storage: the latest HardState (the one set
-// last, written or not) and the bootstrap ConfState of raft/meta.
-// Applied CONF entries are the raft loop's to fold in (phase 2: dynamic
-// membership), as is a snapshot's ConfState once snapshots exist.
+// last, written or not) and the membership recorded at or below its
+// commit (raft/conf, else the bootstrap membership of raft/meta). The raft
+// loop applies the conf entries between that record and the commit again
+// (see confName).
 func (l *Log) InitialState() (*pb.HardState, *pb.ConfState, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -193,11 +204,7 @@ func (l *Log) InitialState() (*pb.HardState, *pb.ConfState, error) {
 	if hs == nil {
 		hs = l.hs.hardState()
 	}
-	return proto.Clone(hs).(*pb.HardState), l.confState(), nil
-}
-
-func (l *Log) confState() *pb.ConfState {
-	return &pb.ConfState{Voters: append([]uint64(nil), l.meta.Voters...), Learners: append([]uint64(nil), l.meta.Learners...)}
+	return proto.Clone(hs).(*pb.HardState), l.membershipLocked(hs.GetCommit()).ConfState(), nil
 }
 
 // Entries implements raft.Storage: fresh entries [lo, hi), at least one,
@@ -339,7 +346,7 @@ func (l *Log) FirstIndex() (uint64, error) {
 }
 
 // Snapshot implements raft.Storage with the base: index FirstIndex-1, its
-// term, the bootstrap ConfState, no data. The data of a snapshot (the
+// term, the membership recorded at it, no data. The data of a snapshot (the
 // manifest of the commitlog files up to the base, design §3.5) is the
 // sender's to build, off the raft goroutine; nothing installs one yet, so
 // nothing calls Compact outside tests.
@@ -347,7 +354,7 @@ func (l *Log) Snapshot() (*pb.Snapshot, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return &pb.Snapshot{Metadata: &pb.SnapshotMetadata{Index: proto.Uint64(l.first - 1), Term: proto.Uint64(l.base.Term),
-		ConfState: l.confState()}}, nil
+		ConfState: l.membershipLocked(l.first - 1).ConfState()}}, nil
 }
 
 // SetHardState records hs for the next Sync, which writes it.

@@ -24,8 +24,10 @@ type Meta struct {
 	// LogBase is the commitlog offset the first DATA entry goes to (the
 	// written end at bootstrap).
 	LogBase int64 `json:"log_base"`
-	// Voters and Learners are the bootstrap ConfState (static membership,
-	// phase 1): InitialState returns it.
+	// Voters and Learners are the bootstrap ConfState: InitialState returns
+	// it until a conf change is applied (raft/conf, conf.go). A member that
+	// joins an existing group bootstraps with neither: it learns the
+	// membership from the log or a snapshot.
 	Voters   []uint64 `json:"voters,omitempty"`
 	Learners []uint64 `json:"learners,omitempty"`
 }
@@ -81,7 +83,12 @@ func (l *Log) Joined() error {
 // *CorruptionError (bootstrapping again would forget who this member is
 // and where its first entry lies); `storaged replica repair --from PEER
 // --raft-id N …` rebuilds it. units is the index file size in units.
-func loadOrBootstrapMeta(fsys vfs.FS, dir string, want Meta, units int) (Meta, bool, error) {
+//
+// changed: raft/conf records conf changes, so the membership and the
+// cluster id (a digest of the bootstrap membership) are no longer what the
+// flags of a later start can say; only the node, group and file size are
+// checked then.
+func loadOrBootstrapMeta(fsys vfs.FS, dir string, want Meta, units int, changed bool) (Meta, bool, error) {
 	b, err := fsys.ReadFile(filepath.Join(dir, metaName))
 	if errors.Is(err, fs.ErrNotExist) {
 		if held, err := holdsEntries(fsys, dir, units); err != nil {
@@ -116,6 +123,9 @@ func loadOrBootstrapMeta(fsys vfs.FS, dir string, want Meta, units int) (Meta, b
 	var got Meta
 	if err := json.Unmarshal(body, &got); err != nil {
 		return Meta{}, false, lostMeta(err.Error())
+	}
+	if changed {
+		want.ClusterUUID, want.Voters, want.Learners = "", got.Voters, got.Learners
 	}
 	return got, false, checkMeta(got, want)
 }

@@ -365,11 +365,11 @@ func TestMetaRefusesAnotherNode(t *testing.T) {
 	} {
 		want := testMeta
 		m(&want)
-		if _, _, err := loadOrBootstrapMeta(fs, "/d/raft", want, testUnits); !errors.Is(err, ErrMetaMismatch) {
+		if _, _, err := loadOrBootstrapMeta(fs, "/d/raft", want, testUnits, false); !errors.Is(err, ErrMetaMismatch) {
 			t.Errorf("meta %+v: %v, want ErrMetaMismatch", want, err)
 		}
 	}
-	if _, _, err := loadOrBootstrapMeta(fs, "/d/raft", testMeta, testUnits); err != nil {
+	if _, _, err := loadOrBootstrapMeta(fs, "/d/raft", testMeta, testUnits, false); err != nil {
 		t.Errorf("the same meta: %v", err)
 	}
 }

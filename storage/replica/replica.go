@@ -51,6 +51,9 @@ const (
 	// CauseSuperseded: the put was proposed, then an entry of another term
 	// committed over its position: definitely not stored.
 	CauseSuperseded = "SUPERSEDED"
+	// CauseRemoved: this replica was removed from the group (ErrRemoved);
+	// the others serve.
+	CauseRemoved = "REMOVED"
 )
 
 // Errors.
@@ -149,7 +152,18 @@ type Host interface {
 	// It runs before the Ready's entries are appended and before any of
 	// its messages leave (the MsgAppResp that acknowledges the snapshot).
 	// An error stops the replica; a restart finishes the install.
-	InstallSnapshot(index, term uint64) (commitEnd, lastStoreTS int64, err error)
+	//
+	// m is the membership at index (the snapshot's ConfState, which raft
+	// restored): the store records it with the peer addresses and removals
+	// its manifest carries before it installs anything (raftlog's
+	// SetMembership), so that a restart, which finishes the install, finds
+	// it.
+	InstallSnapshot(index, term uint64, m raftlog.Membership) (commitEnd, lastStoreTS int64, err error)
+	// MembershipChanged: a committed conf change was applied (raft/conf
+	// holds it already): the store tells its transport about added and
+	// removed peers. Called without the node's lock, in log order; it may
+	// block briefly but must not wait for the raft goroutine.
+	MembershipChanged(c raftlog.ConfChange)
 }
 
 // Options configure a Node.
@@ -237,6 +251,14 @@ type Node struct {
 	// snap is the staged snapshot stepped into raft (StepSnapshot), waiting
 	// for the next Ready to tell whether raft restored it.
 	snap *snapWait
+	// members is the membership as of the applied index (raft's
+	// configuration once the conf changes proposed are applied), memberIDs
+	// its ids (isMember). confWait is this leader's proposed membership
+	// change (one at a time), confSeq numbers them (membership.go).
+	members   raftlog.Membership
+	memberIDs []uint64
+	confWait  *confWaiter
+	confSeq   uint64
 
 	stop   chan struct{}
 	done   chan struct{}
@@ -320,6 +342,13 @@ func New(opts Options, commitEnd int64) (*Node, error) {
 	}
 	st := rn.BasicStatus()
 	n.soft, n.term = st.SoftState, st.GetTerm()
+	// Raft restored the membership recorded at the commit; the conf
+	// changes committed after that record apply again now (raftlog's
+	// confName), before anything else runs.
+	n.setMembersLocked(opts.Log.MembershipAt(st.GetCommit()))
+	if err := n.replayConfs(opts.Applied); err != nil {
+		return nil, fmt.Errorf("replica: apply the conf changes up to %d again: %w", opts.Applied, err)
+	}
 	if n.opts.Ticks == nil {
 		iv := opts.TickInterval
 		if iv <= 0 {
@@ -545,12 +574,14 @@ func (n *Node) handle(rd raft.Ready) error {
 		// staged and verified: install them before the entries that follow
 		// the snapshot and before the MsgAppResp that acknowledges it.
 		md := rd.Snapshot.GetMetadata()
-		end, lastTS, err := n.host.InstallSnapshot(md.GetIndex(), md.GetTerm())
+		m := raftlog.MembershipOf(md.GetIndex(), md.GetConfState())
+		end, lastTS, err := n.host.InstallSnapshot(md.GetIndex(), md.GetTerm(), m)
 		if err != nil {
 			return fmt.Errorf("replica: install the snapshot at %d: %w", md.GetIndex(), err)
 		}
 		n.mu.Lock()
 		n.commit, n.end = md.GetIndex(), end
+		n.setMembersLocked(m)
 		// This replica's own proposals from an earlier leadership: the
 		// snapshot may or may not hold them, and their entries will not
 		// be seen applied.
@@ -583,7 +614,9 @@ func (n *Node) handle(rd raft.Ready) error {
 		if hasHS {
 			setTerm()
 		}
-		n.apply(rd.CommittedEntries)
+		if err := n.apply(rd.CommittedEntries); err != nil {
+			return err
+		}
 	}
 	if err := l.Append(rd.Entries); err != nil {
 		return err
@@ -615,7 +648,9 @@ func (n *Node) handle(rd raft.Ready) error {
 			return err
 		}
 	}
-	n.apply(committed)
+	if err := n.apply(committed); err != nil {
+		return err
+	}
 	n.mu.Lock()
 	n.rn.Advance(rd)
 	joined := n.joining && n.caughtUpLocked()
@@ -694,8 +729,7 @@ func (n *Node) applyEarly() error {
 	if err := l.AdvanceCommit(ents[len(ents)-1].GetIndex()); err != nil {
 		return err
 	}
-	n.apply(ents)
-	return nil
+	return n.apply(ents) // no conf change among them: nothing to fail
 }
 
 // applyFirst: rd's committed entries may be applied before its write:
@@ -835,14 +869,27 @@ func SnapshotOf(msg []byte) (from, to, index, term uint64, data []byte, err erro
 }
 
 // apply walks the committed entries: DATA entries advance commitEnd and
-// answer waiters; a leader's first entry of its own term makes it ready.
-func (n *Node) apply(ents []*pb.Entry) {
+// answer waiters; a leader's first entry of its own term makes it ready;
+// conf changes change the membership, and the host hears of them once the
+// node's lock is released. An error (raft/conf not written, this replica
+// removed) stops the node.
+func (n *Node) apply(ents []*pb.Entry) error {
+	changes, err := n.applyLocked(ents)
+	for _, c := range changes {
+		n.host.MembershipChanged(c)
+	}
+	return err
+}
+
+func (n *Node) applyLocked(ents []*pb.Entry) ([]raftlog.ConfChange, error) {
 	if len(ents) == 0 {
-		return
+		return nil, nil
 	}
 	var (
-		lastTS int64
-		done   []*Waiter
+		lastTS  int64
+		done    []*Waiter
+		changes []raftlog.ConfChange
+		confErr error
 	)
 	n.mu.Lock()
 	defer n.mu.Unlock()
@@ -850,9 +897,23 @@ func (n *Node) apply(ents []*pb.Entry) {
 		ents = ents[1:] // applied already (applyEarly)
 	}
 	if len(ents) == 0 {
-		return
+		return nil, nil
 	}
-	for _, e := range ents {
+	for k, e := range ents {
+		if t := e.GetType(); t == pb.EntryConfChange || t == pb.EntryConfChangeV2 {
+			c, ok, err := n.applyConfLocked(e)
+			if ok {
+				changes = append(changes, c)
+				n.commit = e.GetIndex()
+			}
+			if err != nil {
+				// The entries after it are not applied: the node stops
+				// (a failed raft/conf write restarts into the replay; a
+				// removed member stops for good).
+				confErr, ents = err, ents[:k]
+				break
+			}
+		}
 		n.commit = e.GetIndex()
 		if d := e.GetData(); e.GetType() == pb.EntryNormal && len(d) >= record.MinLen && record.HasMagic(d) {
 			pos := record.PhysOffset(d)
@@ -885,6 +946,7 @@ func (n *Node) apply(ents []*pb.Entry) {
 	}
 	n.serveReadsLocked()
 	n.maybeReadyLocked()
+	return changes, confErr
 }
 
 // maybeReadyLocked passes the readiness barrier (design §3.2): a leader
@@ -1022,6 +1084,9 @@ func (n *Node) Refusal() error {
 
 // refusalLocked is why this replica takes no put now, or nil.
 func (n *Node) refusalLocked() error {
+	if errors.Is(n.err, ErrRemoved) {
+		return &NotLeaderError{Cause: CauseRemoved, Term: n.term}
+	}
 	if n.err != nil {
 		return n.err
 	}
@@ -1221,10 +1286,11 @@ func (n *Node) screenLocked(m *pb.Message) (skip bool, lost error) {
 	return false, nil
 }
 
-// isMember: id is a voter or a learner of the group (raft/meta).
+// isMember: id is a voter or a learner of the group as of the applied
+// index; a replica that joined an existing group and knows no membership
+// yet takes every peer its transport admits. REQUIRES: n.mu.
 func (n *Node) isMember(id uint64) bool {
-	meta := n.opts.Log.Meta()
-	return slices.Contains(meta.Voters, id) || slices.Contains(meta.Learners, id)
+	return len(n.memberIDs) == 0 || slices.Contains(n.memberIDs, id)
 }
 
 // ReportUnreachable tells raft that sends to id failed.
@@ -1334,6 +1400,8 @@ type Info struct {
 	// StorageEntries times raft's reads of this member's log
 	// (raftlog.Log.EntriesLatency).
 	StorageEntries hist.Snapshot
+	// Membership is the group's membership as of Applied (read with it).
+	Membership raftlog.Membership
 }
 
 // PeerInfo is the leader's view of one member.
@@ -1351,7 +1419,8 @@ func (n *Node) Info() Info {
 	st := n.rn.Status()
 	in := Info{ID: n.opts.ID, Term: st.GetTerm(), LeaderID: st.Lead, Commit: st.GetCommit(), Applied: n.commit, CommitEnd: n.end,
 		Ready: n.ready && st.RaftState == raft.StateLeader && !n.leaving && st.LeadTransferee == raft.None, Joining: n.joining, VotesWithheld: n.withheld,
-		ReadaheadBytes: n.raBytes.Load(), Readaheads: n.raCalls.Load(), StorageEntries: n.opts.Log.EntriesLatency()}
+		ReadaheadBytes: n.raBytes.Load(), Readaheads: n.raCalls.Load(), StorageEntries: n.opts.Log.EntriesLatency(),
+		Membership: n.members.Clone()}
 	switch st.RaftState {
 	case raft.StateLeader:
 		in.Role = "leader"
@@ -1359,7 +1428,7 @@ func (n *Node) Info() Info {
 		in.Role = "candidate"
 	default:
 		in.Role = "follower"
-		if slices.Contains(n.opts.Log.Meta().Learners, n.opts.ID) {
+		if n.members.IsLearner(n.opts.ID) {
 			in.Role = "learner"
 		}
 	}
@@ -1687,8 +1756,10 @@ func (n *Node) StepSnapshot(b []byte) (installed bool, err error) {
 // SnapshotMessageAt returns msg, a marshalled MsgSnap, taken at raft index
 // index of term term instead of raft's own (a sender may ship a later,
 // committed index than the log's base: the follower then needs fewer
-// entries after it), with its data set to data (the manifest).
-func SnapshotMessageAt(msg []byte, index, term uint64, data []byte) ([]byte, error) {
+// entries after it), with its data set to data (the manifest) and its
+// ConfState to m, the membership at index (raft restores the follower's
+// configuration from it).
+func SnapshotMessageAt(msg []byte, index, term uint64, data []byte, mem raftlog.Membership) ([]byte, error) {
 	m := &pb.Message{}
 	if err := proto.Unmarshal(msg, m); err != nil || m.GetType() != pb.MsgSnap || m.GetSnapshot() == nil {
 		return nil, fmt.Errorf("%w: not a MsgSnap (%v)", ErrBadMessage, err)
@@ -1698,6 +1769,7 @@ func SnapshotMessageAt(msg []byte, index, term uint64, data []byte) ([]byte, err
 		return nil, fmt.Errorf("%w: a snapshot moved back from %d to %d", ErrBadMessage, md.GetIndex(), index)
 	}
 	md.Index, md.Term = proto.Uint64(index), proto.Uint64(term)
+	md.ConfState = mem.ConfState()
 	m.Snapshot.Data = data
 	return proto.Marshal(m)
 }

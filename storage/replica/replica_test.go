@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -46,9 +47,10 @@ func (h *fakeHost) BecomeReady(int64) error {
 }
 func (h *fakeHost) Fail(err error)                              { h.mu.Lock(); h.failed = err; h.mu.Unlock() }
 func (h *fakeHost) SendSnapshot(uint64, []byte, uint64, uint64) {}
-func (h *fakeHost) InstallSnapshot(index, _ uint64) (int64, int64, error) {
+func (h *fakeHost) InstallSnapshot(index, _ uint64, _ raftlog.Membership) (int64, int64, error) {
 	return 0, 0, fmt.Errorf("fakeHost: no snapshot is staged for %d", index)
 }
+func (h *fakeHost) MembershipChanged(raftlog.ConfChange) {}
 
 type nopTransport struct{}
 
@@ -340,14 +342,23 @@ func TestStepSnapshot(t *testing.T) {
 	}
 
 	snap := mk(pb.MsgSnap, 1, 2)
-	b, err := SnapshotMessageAt(snap, 120, 6, []byte("manifest"))
+	mem := raftlog.Membership{Index: 110, Voters: []uint64{1, 2, 4}, Learners: []uint64{5}}
+	b, err := SnapshotMessageAt(snap, 120, 6, []byte("manifest"), mem)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if _, _, index, term, data, err := SnapshotOf(b); err != nil || index != 120 || term != 6 || string(data) != "manifest" {
 		t.Fatalf("SnapshotMessageAt: %d %d %q %v", index, term, data, err)
 	}
-	if _, err := SnapshotMessageAt(snap, 99, 5, nil); !errors.Is(err, ErrBadMessage) {
+	// The ConfState is the membership given, not raft's (the base's).
+	var got pb.Message
+	if err := proto.Unmarshal(b, &got); err != nil {
+		t.Fatal(err)
+	}
+	if cs := got.GetSnapshot().GetMetadata().GetConfState(); !slices.Equal(cs.GetVoters(), mem.Voters) || !slices.Equal(cs.GetLearners(), mem.Learners) {
+		t.Fatalf("SnapshotMessageAt's ConfState %v, want voters %v learners %v", cs, mem.Voters, mem.Learners)
+	}
+	if _, err := SnapshotMessageAt(snap, 99, 5, nil, mem); !errors.Is(err, ErrBadMessage) {
 		t.Fatalf("a snapshot moved back: %v", err)
 	}
 }

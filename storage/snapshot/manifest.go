@@ -86,7 +86,21 @@ type Manifest struct {
 	DelayIndex uint64       `json:"delay_index,omitempty"`
 	Timer      *Timer       `json:"timer,omitempty"`
 	TimerIndex uint64       `json:"timer_index,omitempty"`
+	// PeerAddrs are the peer addresses the group's conf changes named for
+	// the members they added, and Removed the ids they removed (raftlog's
+	// raft/conf): the conf changes are compacted away with the log the
+	// snapshot replaces, and the receiver's transport needs the addresses
+	// of members its flags may not list. The membership itself travels in
+	// raft's snapshot metadata.
+	PeerAddrs map[uint64]string `json:"peer_addrs,omitempty"`
+	Removed   []uint64          `json:"removed,omitempty"`
 }
+
+// MaxMembers bounds a manifest's peer addresses and removed ids.
+const MaxMembers = 1024
+
+// maxPeerAddrLen bounds one peer address of a manifest.
+const maxPeerAddrLen = 256
 
 // Tombstone is one deleted topic of a snapshot.
 type Tombstone struct {
@@ -172,6 +186,13 @@ func (m *Manifest) Check() error {
 		return bad("%d files, at most %d", len(m.Files), MaxFiles)
 	case len(m.Queues) > MaxQueues:
 		return bad("%d queues, at most %d", len(m.Queues), MaxQueues)
+	case len(m.PeerAddrs) > MaxMembers || len(m.Removed) > MaxMembers:
+		return bad("%d peer addresses and %d removed ids, at most %d each", len(m.PeerAddrs), len(m.Removed), MaxMembers)
+	}
+	for id, addr := range m.PeerAddrs {
+		if id == 0 || addr == "" || len(addr) > maxPeerAddrLen {
+			return bad("peer address of member %d: %d bytes (1 to %d)", id, len(addr), maxPeerAddrLen)
+		}
 	}
 	want := (m.End - m.MinOffset + m.FileSize - 1) / m.FileSize
 	if int64(len(m.Files)) != want {

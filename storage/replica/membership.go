@@ -1,0 +1,357 @@
+package replica
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"slices"
+
+	"go.etcd.io/raft/v3"
+	pb "go.etcd.io/raft/v3/raftpb"
+	"go.etcd.io/raft/v3/tracker"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/storaged/storaged/storage/raftlog"
+)
+
+// Membership changes (design replication.md §4 "Membership", phase 2).
+// storaged proposes only single changes, one at a time, in etcd's order
+// for growing a group: a new member joins as a learner (it replicates and
+// catches up without counting for the quorum), is promoted to voter once
+// it holds nearly the whole log, and an old member is removed. Each is a
+// simple raft conf change (one voter changed at most), so no joint
+// configuration is ever entered; raft allows one pending change at a time.
+
+// ConfOp is a membership change.
+type ConfOp int
+
+// Membership changes.
+const (
+	// AddLearner adds a new member as a non-voting learner. Its id must
+	// never have been a member, and its peer address is recorded in the
+	// log for every member's transport.
+	AddLearner ConfOp = iota + 1
+	// Promote makes a learner that has caught up a voter.
+	Promote
+	// Remove removes a member (voter or learner) for good: its id is never
+	// used again.
+	Remove
+)
+
+func (o ConfOp) String() string {
+	switch o {
+	case AddLearner:
+		return "add-learner"
+	case Promote:
+		return "promote"
+	case Remove:
+		return "remove"
+	}
+	return fmt.Sprintf("ConfOp(%d)", int(o))
+}
+
+// ConfChange is one membership change to propose.
+type ConfChange struct {
+	Op ConfOp
+	ID uint64
+	// PeerAddr is the new member's peer address (host:port; AddLearner
+	// only).
+	PeerAddr string
+}
+
+// MaxPromoteLag is how many entries a learner may be behind the leader's
+// commit index and still be promoted: a voter far behind would count for
+// the quorum while unable to acknowledge anything new, so a group of
+// four with one such voter stops if any other member fails.
+const MaxPromoteLag = 1024
+
+// maxPeerAddrLen bounds a peer address carried in a conf change.
+const maxPeerAddrLen = 256
+
+// Errors of membership changes. Each says nothing was proposed.
+var (
+	// ErrConfChangePending: another membership change is proposed and not
+	// applied yet (raft takes one at a time).
+	ErrConfChangePending = errors.New("replica: another membership change is in progress; nothing proposed")
+	// ErrBadConfChange: the change does not fit the membership (an id
+	// that is or was a member, a learner to promote that is not one, a
+	// bad address).
+	ErrBadConfChange = errors.New("replica: membership change refused; nothing proposed")
+	// ErrLearnerBehind: the learner to promote is not active or is more
+	// than MaxPromoteLag entries behind the commit index.
+	ErrLearnerBehind = errors.New("replica: the learner has not caught up; nothing proposed")
+	// ErrRemoveLeader: the leader cannot remove itself; transfer the
+	// leadership first.
+	ErrRemoveLeader = errors.New("replica: the leader cannot remove itself, transfer leadership first; nothing proposed")
+	// ErrQuorumAfterChange: after the change, the active voters would not
+	// form a quorum.
+	ErrQuorumAfterChange = errors.New("replica: the change would leave too few active voters for a quorum; nothing proposed")
+	// ErrRemoved: this replica was removed from the group; it serves no
+	// more puts and stops replicating.
+	ErrRemoved = raftlog.ErrRemoved
+)
+
+// confContext is the Context of a conf change storaged proposes.
+type confContext struct {
+	// Req tells the proposer its own change when it applies.
+	Req string `json:"req"`
+	// Addr is the peer address of the member an AddLearner adds.
+	Addr string `json:"addr,omitempty"`
+}
+
+// confWaiter is a proposed membership change waiting to be applied.
+type confWaiter struct {
+	req  string
+	done chan struct{}
+	m    raftlog.Membership
+	err  error
+}
+
+// Membership is the group's membership as of this replica's applied
+// index.
+func (n *Node) Membership() raftlog.Membership {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.members.Clone()
+}
+
+// IsMember reports whether id is a member of the group as of this
+// replica's applied index. A replica that joined an existing group knows
+// no membership until it applied the change that added it (or a snapshot):
+// it takes every peer its transport admits then.
+func (n *Node) IsMember(id uint64) bool {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.isMember(id)
+}
+
+// setMembersLocked makes m the membership as of the applied index.
+// REQUIRES: n.mu.
+func (n *Node) setMembersLocked(m raftlog.Membership) {
+	n.members = m
+	n.memberIDs = m.Members()
+}
+
+// ProposeConfChange proposes c on the ready leader and waits until this
+// replica applies it, returning the membership it made. Refusals (nothing
+// proposed): a *NotLeaderError, ErrInSyncReplicasNotEnough,
+// ErrConfChangePending, ErrBadConfChange, ErrLearnerBehind,
+// ErrRemoveLeader, ErrQuorumAfterChange, ErrProposalDropped. A ctx that
+// ends first is ErrReplicationTimeout (the change may still apply: read
+// the membership), as is a change raft rejected at apply.
+func (n *Node) ProposeConfChange(ctx context.Context, c ConfChange) (raftlog.Membership, error) {
+	n.mu.Lock()
+	if err := n.refusalLocked(); err != nil {
+		n.mu.Unlock()
+		return raftlog.Membership{}, err
+	}
+	if n.confWait != nil {
+		n.mu.Unlock()
+		return raftlog.Membership{}, ErrConfChangePending
+	}
+	typ, err := n.checkConfChangeLocked(c)
+	if err != nil {
+		n.mu.Unlock()
+		return raftlog.Membership{}, err
+	}
+	n.confSeq++
+	cx := confContext{Req: fmt.Sprintf("%d-%d-%d", n.opts.ID, n.term, n.confSeq)}
+	if c.Op == AddLearner {
+		cx.Addr = c.PeerAddr
+	}
+	b, err := json.Marshal(cx)
+	if err != nil {
+		n.mu.Unlock()
+		return raftlog.Membership{}, err
+	}
+	cc := &pb.ConfChangeV2{Changes: []*pb.ConfChangeSingle{{Type: typ.Enum(), NodeId: proto.Uint64(c.ID)}}, Context: b}
+	if err := n.rn.ProposeConfChange(cc); err != nil {
+		n.mu.Unlock()
+		if errors.Is(err, raft.ErrProposalDropped) {
+			return raftlog.Membership{}, ErrProposalDropped
+		}
+		return raftlog.Membership{}, fmt.Errorf("replica: propose a conf change: %w", err)
+	}
+	w := &confWaiter{req: cx.Req, done: make(chan struct{})}
+	n.confWait = w
+	n.kick()
+	n.mu.Unlock()
+	select {
+	case <-w.done:
+		return w.m, w.err
+	case <-ctx.Done():
+		n.mu.Lock()
+		if n.confWait == w {
+			n.confWait = nil
+		}
+		n.mu.Unlock()
+		return raftlog.Membership{}, fmt.Errorf("%w: membership change %s of %d (%v)", ErrReplicationTimeout, c.Op, c.ID, ctx.Err())
+	case <-n.done:
+		return raftlog.Membership{}, ErrClosed
+	}
+}
+
+// checkConfChangeLocked refuses a change that does not fit the group as
+// this leader sees it, and returns raft's change type. The membership as
+// of the applied index is raft's configuration: no change is pending (the
+// leader became ready after applying everything of earlier terms, and
+// confWait covers its own proposals). REQUIRES: n.mu.
+func (n *Node) checkConfChangeLocked(c ConfChange) (pb.ConfChangeType, error) {
+	m := n.members
+	isMember := slices.Contains(n.memberIDs, c.ID)
+	switch c.Op {
+	case AddLearner:
+		if c.ID == 0 || isMember || slices.Contains(n.opts.Log.Conf().Removed, c.ID) {
+			return 0, fmt.Errorf("%w: member %d is or was in the group (ids are never reused)", ErrBadConfChange, c.ID)
+		}
+		if _, _, err := net.SplitHostPort(c.PeerAddr); err != nil || len(c.PeerAddr) > maxPeerAddrLen {
+			return 0, fmt.Errorf("%w: peer address %q: want host:port, at most %d bytes", ErrBadConfChange, c.PeerAddr, maxPeerAddrLen)
+		}
+		return pb.ConfChangeAddLearnerNode, nil
+	case Promote:
+		if !m.IsLearner(c.ID) {
+			return 0, fmt.Errorf("%w: member %d is not a learner of %v", ErrBadConfChange, c.ID, m.Members())
+		}
+		st := n.rn.BasicStatus()
+		var match uint64
+		found := false
+		n.rn.WithProgress(func(id uint64, _ raft.ProgressType, pr tracker.Progress) {
+			if id == c.ID {
+				match, found = pr.Match, true
+			}
+		})
+		last, heard := n.heard[c.ID]
+		if !found || !heard || n.ticks-last >= uint64(n.opts.ElectionTick) || match+MaxPromoteLag < st.GetCommit() {
+			return 0, fmt.Errorf("%w: learner %d has entries up to %d, the commit index is %d (at most %d behind, and heard "+
+				"from within an election timeout)", ErrLearnerBehind, c.ID, match, st.GetCommit(), MaxPromoteLag)
+		}
+		return pb.ConfChangeAddNode, nil
+	case Remove:
+		if !isMember {
+			return 0, fmt.Errorf("%w: member %d is not in the group %v", ErrBadConfChange, c.ID, m.Members())
+		}
+		if c.ID == n.opts.ID {
+			return 0, fmt.Errorf("%w (member %d leads)", ErrRemoveLeader, c.ID)
+		}
+		if slices.Contains(m.Voters, c.ID) {
+			voters, active := 0, 0
+			for _, id := range m.Voters {
+				if id == c.ID {
+					continue
+				}
+				voters++
+				if last, ok := n.heard[id]; id == n.opts.ID || (ok && n.ticks-last < uint64(n.opts.ElectionTick)) {
+					active++
+				}
+			}
+			if need := voters/2 + 1; active < need {
+				return 0, fmt.Errorf("%w: %d of the %d voters left would be active, %d needed", ErrQuorumAfterChange, active, voters, need)
+			}
+		}
+		return pb.ConfChangeRemoveNode, nil
+	}
+	return 0, fmt.Errorf("%w: unknown operation %v", ErrBadConfChange, c.Op)
+}
+
+// applyConfLocked applies a committed conf change: raft's configuration,
+// then raft/conf (durably, before anything moves past the entry), then the
+// replica's view. A change raft refuses (it panics on an invalid one,
+// before changing anything) is skipped on every replica alike. It returns
+// what changed, for the host (ok false: nothing). An entry at or below the
+// membership's index is in it already (raft restored it at start).
+// REQUIRES: n.mu.
+func (n *Node) applyConfLocked(e *pb.Entry) (raftlog.ConfChange, bool, error) {
+	if e.GetIndex() <= n.members.Index {
+		return raftlog.ConfChange{}, false, nil
+	}
+	var cc pb.ConfChangeI
+	switch e.GetType() {
+	case pb.EntryConfChange:
+		v1 := &pb.ConfChange{}
+		if err := proto.Unmarshal(e.GetData(), v1); err != nil {
+			n.opts.Logger.Warningf("replica %d: conf change at %d does not decode, skipped: %v", n.opts.ID, e.GetIndex(), err)
+			return raftlog.ConfChange{}, false, nil
+		}
+		cc = v1
+	default:
+		v2 := &pb.ConfChangeV2{}
+		if err := proto.Unmarshal(e.GetData(), v2); err != nil {
+			n.opts.Logger.Warningf("replica %d: conf change at %d does not decode, skipped: %v", n.opts.ID, e.GetIndex(), err)
+			return raftlog.ConfChange{}, false, nil
+		}
+		cc = v2
+	}
+	v2 := cc.AsV2()
+	var cx confContext
+	if len(v2.GetContext()) > 0 {
+		_ = json.Unmarshal(v2.GetContext(), &cx) // raft's own (an auto leave) has none
+	}
+	cs, err := n.applyToRaftLocked(cc)
+	if err != nil {
+		n.opts.Logger.Warningf("replica %d: conf change at %d refused by raft, skipped: %v", n.opts.ID, e.GetIndex(), err)
+		if w := n.confWait; w != nil && w.req == cx.Req {
+			w.err = fmt.Errorf("%w: raft refused the change: %v", ErrBadConfChange, err)
+			close(w.done)
+			n.confWait = nil
+		}
+		return raftlog.ConfChange{}, false, nil
+	}
+	m := raftlog.MembershipOf(e.GetIndex(), cs)
+	ch := raftlog.ConfChange{Membership: m}
+	for _, s := range v2.GetChanges() {
+		if id := s.GetNodeId(); (s.GetType() == pb.ConfChangeAddLearnerNode || s.GetType() == pb.ConfChangeAddNode) &&
+			cx.Addr != "" && len(cx.Addr) <= maxPeerAddrLen && !slices.Contains(n.memberIDs, id) {
+			ch.Addrs = map[uint64]string{id: cx.Addr}
+		}
+	}
+	now := m.Members()
+	for _, id := range n.memberIDs {
+		if !slices.Contains(now, id) {
+			ch.Removed = append(ch.Removed, id)
+			delete(n.heard, id)
+		}
+	}
+	if err := n.opts.Log.SetMembership(ch); err != nil {
+		return raftlog.ConfChange{}, false, err
+	}
+	n.setMembersLocked(m)
+	n.opts.Logger.Infof("replica %d: membership at %d: voters %v, learners %v", n.opts.ID, m.Index, m.Voters, m.Learners)
+	if w := n.confWait; w != nil && w.req == cx.Req {
+		w.m = m.Clone()
+		close(w.done)
+		n.confWait = nil
+	}
+	if slices.Contains(ch.Removed, n.opts.ID) {
+		return ch, true, fmt.Errorf("%w: at raft index %d", ErrRemoved, m.Index)
+	}
+	return ch, true, nil
+}
+
+// applyToRaftLocked is RawNode.ApplyConfChange, with raft's panic on an
+// invalid change (confchange refuses it before touching anything) turned
+// into an error. REQUIRES: n.mu.
+func (n *Node) applyToRaftLocked(cc pb.ConfChangeI) (cs *pb.ConfState, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			cs, err = nil, fmt.Errorf("%v", r)
+		}
+	}()
+	return n.rn.ApplyConfChange(cc), nil
+}
+
+// replayConfs applies again the conf changes committed above the
+// membership raft restarted with, up to the applied index (see raftlog's
+// confName): raft hands no entry at or below Applied back.
+func (n *Node) replayConfs(applied uint64) error {
+	n.mu.Lock()
+	from := n.members.Index + 1
+	n.mu.Unlock()
+	return n.opts.Log.Confs(from, applied, func(e *pb.Entry) error {
+		n.mu.Lock()
+		defer n.mu.Unlock()
+		_, _, err := n.applyConfLocked(e)
+		return err
+	})
+}
