@@ -551,10 +551,40 @@
 // commits and POP changes under way land before the proposal and refuses
 // or skips the topic's after it until the delete applied.
 //
-// Not built yet: membership changes. A topic created before this
-// (a data dir of an older version) is known only where it was created or
-// adopted from the consume queues at Open; the offset calls take a queue
-// a replica has indexed as existing.
+// A topic created before topic commands existed (a data dir of an older
+// version) is known only where it was created or adopted from the consume
+// queues at Open; the offset calls take a queue a replica has indexed as
+// existing.
+//
+// Membership changes (group_members.go; replica/membership.go; raftlog's
+// conf.go): AddLearner, PromoteLearner and RemoveMember on the ready
+// leader propose one simple raft conf change each (one voter changed at
+// most: no joint configuration), one at a time, and return once applied.
+// The rules: a new member joins empty (GroupOptions.Join: no bootstrap
+// membership; it learns it from the leader's log or snapshot) as a
+// learner with a new id (ids are never reused: raft/conf records the
+// removed ones, and a removed member's data dir refuses to start); it is
+// promoted only once heard from within an election timeout and at most
+// replica.MaxPromoteLag entries behind the commit; the leader does not
+// remove itself (transfer the leadership first), nor a voter whose removal
+// would leave too few active voters for a quorum. Every member applies a
+// committed change in log order: raft's configuration, then raft/conf
+// (the membership at the change's index, the peer address the change
+// carries for a member it adds, the removed ids), synced, before any
+// entry after it applies; the commit is synced before the change applies,
+// so a crash in between restarts raft with the membership recorded at or
+// below the commit and replays the conf entries above it (raft hands no
+// entry at or below Applied back). A snapshot carries the membership at
+// its index (raft's metadata, which the sender reads with its applied
+// index) and the addresses and removals (the manifest); the receiver
+// records them before its install journal, so a restart that finishes the
+// install finds them. GroupOptions.OnMembership tells the process of each
+// change (storaged's transport adds and drops peers there). A removed
+// member that learns its removal stops replicating and refuses puts
+// (cause REMOVED); it may never learn it (the leader stops sending to it
+// once it applied the removal), which is harmless: the others drop its
+// messages. Once raft/conf records a change, raft/meta's bootstrap
+// membership and cluster id are no longer checked against the flags.
 //
 // Idempotent puts (idempotent.go): the ready leader keeps the dedup
 // window and remembers a key once its put committed (PUT_OK; an unknown

@@ -3,6 +3,7 @@ package raftlog
 import (
 	"errors"
 	"slices"
+	"strings"
 	"testing"
 
 	pb "go.etcd.io/raft/v3/raftpb"
@@ -149,5 +150,27 @@ func TestMetaCheckedUntilMembershipChanges(t *testing.T) {
 			r.close()
 		}
 		t.Fatalf("reopen with other members and no change: %v", err)
+	}
+}
+
+// TestRepairRefusesChangedMembership: repair's quorum rules count raft/meta's
+// bootstrap voters, so a member whose group changed its membership is
+// refused (nothing written) rather than judged against the wrong voters.
+func TestRepairRefusesChangedMembership(t *testing.T) {
+	fs := vfs.NewMem()
+	r := mustOpen(t, fs)
+	appendEmpty(t, r.log, 1, 3, 3)
+	if err := r.log.SetMembership(ConfChange{Membership: Membership{Index: 2, Voters: []uint64{1, 2, 3}, Learners: []uint64{4}}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.close(); err != nil {
+		t.Fatal(err)
+	}
+	peerFS := vfs.NewMem()
+	peer := mustOpen(t, peerFS)
+	defer peer.close()
+	rep, err := repairFrom(fs, peer)
+	if !errors.Is(err, ErrRepair) || !strings.Contains(err.Error(), "membership changed") {
+		t.Fatalf("repair of a member whose membership changed: %+v %v", rep, err)
 	}
 }

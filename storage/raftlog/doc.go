@@ -26,6 +26,10 @@
 //	                          of the payload and of the unit
 //	raft/meta-log/<offset>    the payloads of CONF and CMD entries, appended
 //	                          (their CRC-32C is in the unit)
+//	raft/conf                 the membership the applied conf changes made,
+//	                          by raft index, the peer addresses they named
+//	                          and the removed ids (sealed JSON, replaced
+//	                          atomically; conf.go); absent until a change
 //
 // A DATA entry is a normal entry whose data are RocketMQ records (magic at
 // +4): its bytes live in the commitlog at the offset the leader stamped
@@ -158,8 +162,11 @@
 //
 // # Not built yet
 //
-// Snapshot returns the base (FirstIndex-1, its term, the bootstrap
-// ConfState, no data: the sender builds the manifest; InstallSnapshot and
+// Repair of a member whose group changed its membership (raft/conf):
+// refused; remove the member and add a new one instead.
+//
+// Snapshot returns the base (FirstIndex-1, its term, the membership
+// recorded at it, no data: the sender builds the manifest; InstallSnapshot and
 // InstallBase reset the log to a snapshot's base; CompactBelow is
 // retention's compaction). Not built: dropping the meta-log's payloads
 // below the base on a plain Compact, and repair of the bytes no unit

@@ -224,6 +224,14 @@ func Repair(o RepairOptions) (rep RepairReport, err error) {
 	}
 	r := &repairer{o: o, rep: &rep, states: map[uint64]*peerState{}}
 	defer r.reportPeers() // into the named result: what the peers said, also on a refusal
+	// The repair's quorum rules count the voters of raft/meta, the
+	// bootstrap membership: once raft/conf records a change they are not
+	// the group's voters any more.
+	if c, err := readConf(o.FS, o.Dir); err != nil || len(c.Records) > 0 {
+		return rep, fmt.Errorf("%w: the group's membership changed since this member bootstrapped (raft/conf; %v): "+
+			"repair does not handle that yet; remove the member and add a new one (a new id, an empty data dir) instead",
+			ErrRepair, err)
+	}
 	meta, rebuilt, err := r.readMeta()
 	if err != nil {
 		return rep, err
