@@ -31,7 +31,8 @@ import (
 // driver (math/rand/v2) picks the steps: Put, PutBatch, Tick(node),
 // Deliver(k), Drop(k), Partition/Heal, Crash(node) (a MemFS.Crash power-cut
 // image and a reopen), CrashAll (a coordinated power loss), Restart (a
-// clean Close and Open), clock jumps (backwards too) and Compact(node)
+// clean Close and Open), Member (the next membership change of a member's
+// replacement: groupsim_members_test.go), clock jumps (backwards too) and Compact(node)
 // (its raft log compacted up to what it applied, as retention does before
 // it deletes files): a follower behind a compacted leader then gets a
 // snapshot, which the network holds like a message until the driver
@@ -193,6 +194,7 @@ type simNode struct {
 	ticks chan time.Time
 	inc   int   // incarnation
 	seen  int64 // committed bytes of this incarnation checked against the reference
+	join  bool  // joined the group after it started (GroupOptions.Join)
 }
 
 type simPut struct {
@@ -273,11 +275,21 @@ type groupSim struct {
 	changes      []simOffsetChange // commit entries of the history, in log order
 	offQ         int64             // offset records walked (queue offsets of the offset topic)
 	ackedCommits int               // acknowledged commits checked
+
+	// Membership changes (groupsim_members_test.go).
+	boot    []uint64                   // the bootstrap voters (the flags of nodes 1-3)
+	nextID  uint64                     // the id the next joining node gets
+	joiner  uint64                     // a node that joined and is not a voter yet (0: none)
+	confOp  *simConf                   // the membership change in flight (one at a time)
+	gone    map[uint64]uint64          // ids removed from the group (their nodes closed for good): the membership index that showed it
+	confAt  map[uint64]GroupMembership // the membership each raft index made, as the first node seen reported it
+	confLog []string                   // membership changes answered, for the run's log
 }
 
 func newGroupSim(t *testing.T, seed uint64) *groupSim {
 	g := &groupSim{t: t, seed: seed, rng: rand.New(rand.NewPCG(seed, 0x5eed)), net: &simNet{cut: map[[2]uint64]bool{}},
-		clock: &simClock{}, ids: []uint64{1, 2, 3}, nodes: map[uint64]*simNode{}, qends: map[int32][]int64{},
+		clock: &simClock{}, ids: []uint64{1, 2, 3}, boot: []uint64{1, 2, 3}, nextID: 4, gone: map[uint64]uint64{},
+		confAt: map[uint64]GroupMembership{}, nodes: map[uint64]*simNode{}, qends: map[int32][]int64{},
 		qstarts: map[int32][]int64{}, stored: map[string]bool{}, refused: map[string]bool{}, ackMax: map[int32]int64{},
 		stats: map[string]int{}, outcome: map[string]int{}}
 	g.calm = seed%2 == 0
@@ -297,7 +309,7 @@ func (g *groupSim) options(n *simNode) Options {
 		// MemFS has no statfs: a large, empty disk (a snapshot's receiver
 		// checks its room).
 		StatDisk: func(string) (DiskUsage, error) { return DiskUsage{Size: 1 << 40, Avail: 1 << 40}, nil },
-		Group: &GroupOptions{ID: n.id, Name: "g", ClusterID: "c", Peers: g.ids, Transport: simTransport{g.net, n.id},
+		Group: &GroupOptions{ID: n.id, Name: "g", ClusterID: "c", Peers: g.boot, Join: n.join, Transport: simTransport{g.net, n.id},
 			Ticks: n.ticks, ElectionTick: 10, HeartbeatTick: 1, ReplicationTimeout: simReplTimeout, IndexUnits: 64}}
 }
 
@@ -370,8 +382,9 @@ func (g *groupSim) run(steps int) {
 		g.check()
 	}
 	g.converge("end of run")
-	g.t.Logf("seed %d: %d steps %v; puts %v; %d PUT_OK checked, %d offset commits checked (%d offset keys), committed %d bytes, %d records, %d network drops",
-		g.seed, steps, g.stats, g.outcome, g.acked, g.ackedCommits, len(g.modelOffsets(int64(len(g.ref)))), len(g.ref), len(g.recs), g.net.drops)
+	g.t.Logf("seed %d: %d steps %v; puts %v; %d PUT_OK checked, %d offset commits checked (%d offset keys), committed %d bytes, %d records, %d network drops; membership changes %v, members now %v",
+		g.seed, steps, g.stats, g.outcome, g.acked, g.ackedCommits, len(g.modelOffsets(int64(len(g.ref)))), len(g.ref), len(g.recs), g.net.drops,
+		g.confLog, g.ids)
 	if g.outcome["ok"] == 0 {
 		g.fatalf("no put was acknowledged: the run tested nothing")
 	}
@@ -422,8 +435,10 @@ func (g *groupSim) doStep() {
 		g.compact(g.ids[g.rng.IntN(len(g.ids))])
 	case r < 975:
 		g.crash(g.ids[g.rng.IntN(len(g.ids))])
-	case r < 995:
+	case r < 990:
 		g.restart(g.ids[g.rng.IntN(len(g.ids))])
+	case r < 995:
+		g.member()
 	default:
 		g.crashAll()
 	}
@@ -611,7 +626,9 @@ func (g *groupSim) step1(m simMsg) {
 	if g.net.isCut(m.from, m.to) {
 		return // cut while in flight
 	}
-	if err := n.s.StepPeer(m.b); errors.Is(err, ErrBadPeerMessage) {
+	if err := n.s.StepPeer(m.b); errors.Is(err, ErrBadPeerMessage) && n.s.group.node.IsMember(m.from) {
+		// (From a node it does not count as a member, a refusal is right:
+		// a removed one, or one whose addition it has not applied yet.)
 		g.fatalf("node %d refused a message from %d: %v", m.to, m.from, err)
 	}
 	synctest.Wait()
@@ -765,8 +782,12 @@ func (g *groupSim) converged() bool {
 	if l == 0 {
 		return false
 	}
-	want := g.nodes[l].s.ReplicaInfo().CommitEnd
+	info := g.nodes[l].s.ReplicaInfo()
+	want := info.CommitEnd
 	for _, id := range g.ids {
+		if !g.isMember(info.Membership, id) {
+			continue // a node joining, not added yet
+		}
 		s := g.nodes[id].s
 		if s.ReplicaInfo().CommitEnd != want || s.index.Dispatched() < want {
 			return false
@@ -779,7 +800,11 @@ func (g *groupSim) converged() bool {
 // record of every queue (followers index what commits), each the
 // history's record at its queue offset.
 func (g *groupSim) checkIndexed() {
+	mem := g.nodes[g.leader()].s.ReplicaInfo().Membership
 	for _, id := range g.ids {
+		if !g.isMember(mem, id) {
+			continue
+		}
 		s := g.nodes[id].s
 		for q := int32(0); q < simQueues; q++ {
 			_, mx, err := s.QueueInfo(simTopic, q)
@@ -817,6 +842,7 @@ func (g *groupSim) check() {
 		g.checkOffsets(g.nodes[id])
 	}
 	g.answer()
+	g.checkMembership()
 }
 
 // checkCommitted compares node n's committed bytes with the reference

@@ -99,6 +99,20 @@ type confContext struct {
 	Req string `json:"req"`
 	// Addr is the peer address of the member an AddLearner adds.
 	Addr string `json:"addr,omitempty"`
+	// Base is the membership the change applies to (the leader's, with no
+	// other change pending). A group bootstraps from raft/meta's
+	// membership on every member, not from conf entries in the log (as
+	// etcd does), so a member that joined later, catching up from the log
+	// rather than a snapshot, knows no membership when it meets the first
+	// change: it takes Base first (morphLocked). A member whose bootstrap
+	// membership is stale (flags of a wiped member) takes it too.
+	Base *confBase `json:"base,omitempty"`
+}
+
+// confBase is a membership in a conf change's context.
+type confBase struct {
+	Voters   []uint64 `json:"voters"`
+	Learners []uint64 `json:"learners,omitempty"`
 }
 
 // confWaiter is a proposed membership change waiting to be applied.
@@ -157,7 +171,8 @@ func (n *Node) ProposeConfChange(ctx context.Context, c ConfChange) (raftlog.Mem
 		return raftlog.Membership{}, err
 	}
 	n.confSeq++
-	cx := confContext{Req: fmt.Sprintf("%d-%d-%d", n.opts.ID, n.term, n.confSeq)}
+	cx := confContext{Req: fmt.Sprintf("%d-%d-%d", n.opts.ID, n.term, n.confSeq),
+		Base: &confBase{Voters: slices.Clone(n.members.Voters), Learners: slices.Clone(n.members.Learners)}}
 	if c.Op == AddLearner {
 		cx.Addr = c.PeerAddr
 	}
@@ -288,6 +303,17 @@ func (n *Node) applyConfLocked(e *pb.Entry) (raftlog.ConfChange, bool, error) {
 	if len(v2.GetContext()) > 0 {
 		_ = json.Unmarshal(v2.GetContext(), &cx) // raft's own (an auto leave) has none
 	}
+	if cx.Base != nil && n.members.Index == 0 {
+		// No change applied here yet: this replica's membership is raft/meta's
+		// bootstrap (empty on a member that joined): take the group's.
+		if err := n.morphLocked(cx.Base); err != nil {
+			n.opts.Logger.Warningf("replica %d: conf change at %d: cannot take the membership %v/%v it applies to: %v",
+				n.opts.ID, e.GetIndex(), cx.Base.Voters, cx.Base.Learners, err)
+		}
+	} else if cx.Base != nil && (!slices.Equal(cx.Base.Voters, n.members.Voters) || !slices.Equal(cx.Base.Learners, n.members.Learners)) {
+		n.opts.Logger.Errorf("replica %d: conf change at %d applies to voters %v learners %v, this replica has voters %v learners %v",
+			n.opts.ID, e.GetIndex(), cx.Base.Voters, cx.Base.Learners, n.members.Voters, n.members.Learners)
+	}
 	cs, err := n.applyToRaftLocked(cc)
 	if err != nil {
 		n.opts.Logger.Warningf("replica %d: conf change at %d refused by raft, skipped: %v", n.opts.ID, e.GetIndex(), err)
@@ -327,6 +353,40 @@ func (n *Node) applyConfLocked(e *pb.Entry) (raftlog.ConfChange, bool, error) {
 		return ch, true, fmt.Errorf("%w: at raft index %d", ErrRemoved, m.Index)
 	}
 	return ch, true, nil
+}
+
+// morphLocked changes raft's configuration, one simple change at a time,
+// from this replica's bootstrap membership to base: voters added first
+// (a configuration never loses its last voter), then learners, then the
+// members base does not have removed or demoted. REQUIRES: n.mu.
+func (n *Node) morphLocked(base *confBase) error {
+	cur := n.members
+	single := func(t pb.ConfChangeType, id uint64) error {
+		_, err := n.applyToRaftLocked(&pb.ConfChangeV2{Changes: []*pb.ConfChangeSingle{{Type: t.Enum(), NodeId: proto.Uint64(id)}}})
+		return err
+	}
+	for _, v := range base.Voters {
+		if !slices.Contains(cur.Voters, v) {
+			if err := single(pb.ConfChangeAddNode, v); err != nil {
+				return err
+			}
+		}
+	}
+	for _, l := range base.Learners {
+		if !slices.Contains(cur.Learners, l) {
+			if err := single(pb.ConfChangeAddLearnerNode, l); err != nil {
+				return err
+			}
+		}
+	}
+	for _, id := range cur.Members() {
+		if !slices.Contains(base.Voters, id) && !slices.Contains(base.Learners, id) {
+			if err := single(pb.ConfChangeRemoveNode, id); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
 }
 
 // applyToRaftLocked is RawNode.ApplyConfChange, with raft's panic on an
