@@ -322,3 +322,71 @@ func TestGroupMembershipChange(t *testing.T) {
 		t.Fatalf("peer addresses %v, want member 4's only", got)
 	}
 }
+
+// TestGroupJoinFromLog: with nothing compacted, a joining member catches
+// up from the leader's first entry, not a snapshot. The group's bootstrap
+// membership is in no entry (every member bootstrapped from raft/meta),
+// so it learns the membership from the first conf change it meets, which
+// carries the membership it applied to: after the add of member 4 and the
+// removal of member 3, member 5 joins and must see voters 1, 2, 4 and
+// itself a learner, also after a restart.
+func TestGroupJoinFromLog(t *testing.T) {
+	ml := &membershipLog{got: map[uint64][]MembershipUpdate{}}
+	loops := map[uint64]*snapLoop{}
+	g := newTestGroupWith(t, time.Minute, nil, func(o *Options) {
+		l := &snapLoop{testTransport: o.Group.Transport.(testTransport)}
+		loops[o.Group.ID] = l
+		o.Group.Transport = l
+		o.Group.OnMembership = ml.hook(o.Group.ID)
+	})
+	t.Cleanup(func() {
+		for _, l := range loops {
+			l.wg.Wait()
+		}
+	})
+	g.elect(1)
+	for i := range 10 {
+		g.mustPut(1, i, fmt.Sprintf("a%02d", i))
+	}
+	g.joinMember(4, loops, ml)
+	for _, step := range []struct {
+		what string
+		f    func(context.Context, *Store) (GroupMembership, error)
+	}{
+		{"add 4", func(ctx context.Context, s *Store) (GroupMembership, error) { return s.AddLearner(ctx, 4, "127.0.0.1:7004") }},
+		{"promote 4", func(ctx context.Context, s *Store) (GroupMembership, error) { return s.PromoteLearner(ctx, 4) }},
+		{"remove 3", func(ctx context.Context, s *Store) (GroupMembership, error) { return s.RemoveMember(ctx, 3) }},
+	} {
+		if step.what == "promote 4" {
+			g.converge(1, 1, 2, 3, 4) // caught up: no ErrLearnerBehind
+		}
+		if _, err := g.change(1, step.what, step.f); err != nil {
+			t.Fatalf("%s: %v", step.what, err)
+		}
+	}
+	g.closeMember(3)
+	g.joinMember(5, loops, ml)
+	if _, err := g.change(1, "add 5", func(ctx context.Context, s *Store) (GroupMembership, error) {
+		return s.AddLearner(ctx, 5, "127.0.0.1:7005")
+	}); err != nil {
+		t.Fatal(err)
+	}
+	g.mustPut(1, 10, "b")
+	end := g.converge(1, 1, 2, 4, 5)
+	g.sameBytes(end, 1, 2, 4, 5)
+	for id, l := range loops {
+		if sent, failed, _, _ := l.stats(); sent+failed != 0 {
+			t.Fatalf("member %d sent %d snapshots (%d failed): the joiners were to catch up from the log", id, sent, failed)
+		}
+	}
+	for _, id := range []uint64{1, 2, 4, 5} {
+		if m := g.m[id].s.ReplicaInfo().Membership; !slices.Equal(m.Voters, []uint64{1, 2, 4}) || !slices.Equal(m.Learners, []uint64{5}) {
+			t.Fatalf("member %d: %+v", id, m)
+		}
+	}
+	g.closeMember(5)
+	g.open(5)
+	if m := g.m[5].s.ReplicaInfo().Membership; !slices.Equal(m.Voters, []uint64{1, 2, 4}) || !slices.Equal(m.Learners, []uint64{5}) {
+		t.Fatalf("member 5 after a restart: %+v", m)
+	}
+}
