@@ -678,7 +678,14 @@ func TestGroupOptionsValidate(t *testing.T) {
 	if err := edge.Validate(); err != nil {
 		t.Fatalf("the bounds: %v", err)
 	}
+	// A member joining an existing group lists no members: it learns them.
+	join := base
+	join.Group = &GroupOptions{ID: 4, Join: true, Transport: tr}
+	if err := join.Validate(); err != nil {
+		t.Fatalf("a joining member: %v", err)
+	}
 	for name, mod := range map[string]func(o *Options){
+		"join id 0": func(o *Options) { o.Group.ID, o.Group.Join = 0, true },
 		"async":     func(o *Options) { o.FlushMode = FlushAsync },
 		"slave":     func(o *Options) { o.Role = RoleSlave },
 		"no id":     func(o *Options) { o.Group.ID = 0 },
