@@ -353,7 +353,9 @@ func TestGroupJoinFromLog(t *testing.T) {
 		what string
 		f    func(context.Context, *Store) (GroupMembership, error)
 	}{
-		{"add 4", func(ctx context.Context, s *Store) (GroupMembership, error) { return s.AddLearner(ctx, 4, "127.0.0.1:7004") }},
+		{"add 4", func(ctx context.Context, s *Store) (GroupMembership, error) {
+			return s.AddLearner(ctx, 4, "127.0.0.1:7004")
+		}},
 		{"promote 4", func(ctx context.Context, s *Store) (GroupMembership, error) { return s.PromoteLearner(ctx, 4) }},
 		{"remove 3", func(ctx context.Context, s *Store) (GroupMembership, error) { return s.RemoveMember(ctx, 3) }},
 	} {
