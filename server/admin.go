@@ -30,6 +30,12 @@ type AdminStore interface {
 	DeleteTopic(name string) (int64, error)
 	ConsumerGroups(after string, limit int) ([]storage.ConsumerGroupInfo, bool, error)
 	ConsumerGroup(group string, after storage.ConsumerQueueKey, limit int) (storage.ConsumerGroupInfo, []storage.ConsumerQueue, bool, error)
+	// Membership changes of a replication group (storage/group_members.go);
+	// storage.ErrNotGroup on a standalone store.
+	AddLearner(ctx context.Context, id uint64, peerAddr string) (storage.GroupMembership, error)
+	PromoteLearner(ctx context.Context, id uint64) (storage.GroupMembership, error)
+	RemoveMember(ctx context.Context, id uint64) (storage.GroupMembership, error)
+	Membership() (storage.MembershipUpdate, error)
 }
 
 var _ AdminStore = (*storage.Store)(nil)
@@ -40,11 +46,19 @@ type AdminService struct {
 	storagedv1.UnimplementedAdminServiceServer
 	store AdminStore
 	log   zerolog.Logger
+	group func() AdminGroup // nil: standalone, or not told (admin_members.go)
 }
 
+// AdminOption configures an AdminService.
+type AdminOption func(*AdminService)
+
 // NewAdminService returns the admin service over store.
-func NewAdminService(store AdminStore, log zerolog.Logger) *AdminService {
-	return &AdminService{store: store, log: log}
+func NewAdminService(store AdminStore, log zerolog.Logger, opts ...AdminOption) *AdminService {
+	a := &AdminService{store: store, log: log}
+	for _, o := range opts {
+		o(a)
+	}
+	return a
 }
 
 // CreateTopic implements storagedv1.AdminServiceServer.
@@ -323,4 +337,40 @@ func (d *DeferredAdminStore) ConsumerGroup(group string, after storage.ConsumerQ
 		return storage.ConsumerGroupInfo{}, nil, false, err
 	}
 	return s.ConsumerGroup(group, after, limit)
+}
+
+// AddLearner implements AdminStore.
+func (d *DeferredAdminStore) AddLearner(ctx context.Context, id uint64, peerAddr string) (storage.GroupMembership, error) {
+	s, err := d.get()
+	if err != nil {
+		return storage.GroupMembership{}, err
+	}
+	return s.AddLearner(ctx, id, peerAddr)
+}
+
+// PromoteLearner implements AdminStore.
+func (d *DeferredAdminStore) PromoteLearner(ctx context.Context, id uint64) (storage.GroupMembership, error) {
+	s, err := d.get()
+	if err != nil {
+		return storage.GroupMembership{}, err
+	}
+	return s.PromoteLearner(ctx, id)
+}
+
+// RemoveMember implements AdminStore.
+func (d *DeferredAdminStore) RemoveMember(ctx context.Context, id uint64) (storage.GroupMembership, error) {
+	s, err := d.get()
+	if err != nil {
+		return storage.GroupMembership{}, err
+	}
+	return s.RemoveMember(ctx, id)
+}
+
+// Membership implements AdminStore.
+func (d *DeferredAdminStore) Membership() (storage.MembershipUpdate, error) {
+	s, err := d.get()
+	if err != nil {
+		return storage.MembershipUpdate{}, err
+	}
+	return s.Membership()
 }

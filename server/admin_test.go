@@ -23,6 +23,12 @@ func startAdmin(t *testing.T, store AdminStore) storagedv1.AdminServiceClient {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return serveAdmin(t, srv)
+}
+
+// serveAdmin serves srv on 127.0.0.1:0 until the test ends.
+func serveAdmin(t *testing.T, srv *AdminServer) storagedv1.AdminServiceClient {
+	t.Helper()
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)

@@ -31,6 +31,20 @@ type ReplicaInfo struct {
 	ReadaheadBytes, Readaheads int64
 	// StorageEntries times raft's reads of this member's log.
 	StorageEntries storage.HistogramSnapshot
+	// Membership is the group's membership as this member applied it;
+	// nil while unknown (the store is opening).
+	Membership *Membership
+	// ClusterID and Group identify the group (--raft-join, --raft-group).
+	ClusterID, Group string
+}
+
+// Membership is a group's membership (storage.MembershipUpdate, with the
+// peer addresses this member knows).
+type Membership struct {
+	Index            uint64
+	Voters, Learners []uint64
+	PeerAddrs        map[uint64]string
+	Removed          []uint64
 }
 
 // PeerProgress is the leader's view of one member.
@@ -92,7 +106,16 @@ func (s *Service) GetReplicaInfo(context.Context, *storagedv1.GetReplicaInfoRequ
 		resp.Peers = append(resp.Peers, &storagedv1.PeerProgress{Id: p.ID, Match: p.Match, Next: p.Next,
 			RecentActive: p.RecentActive, Learner: p.Learner})
 	}
+	if ri.Membership != nil {
+		resp.Membership = membershipProto(*ri.Membership)
+	}
+	resp.ClusterId, resp.Group = ri.ClusterID, ri.Group
 	return resp, nil
+}
+
+func membershipProto(m Membership) *storagedv1.ReplicaMembership {
+	return &storagedv1.ReplicaMembership{Index: m.Index, Voters: m.Voters, Learners: m.Learners,
+		PeerAddrs: m.PeerAddrs, Removed: m.Removed}
 }
 
 func replicaRole(r string) storagedv1.ReplicaRole {
@@ -125,7 +148,12 @@ func (s *Service) leaderAddr(id uint64) string {
 // timeout when not. Not FAILED_PRECONDITION: gRPC clients do not retry
 // that, and this is a retry elsewhere.
 func (s *Service) notLeaderStatus(info *errdetails.ErrorInfo, cause string, leaderID, term uint64, op string) error {
-	addr := s.leaderAddr(leaderID)
+	return notLeaderStatus(info, cause, leaderID, s.leaderAddr(leaderID), term, op)
+}
+
+// notLeaderStatus is Service.notLeaderStatus with the leader's client
+// address given; op "change" is a membership change (AdminService).
+func notLeaderStatus(info *errdetails.ErrorInfo, cause string, leaderID uint64, addr string, term uint64, op string) error {
 	info.Reason = ReasonUnavailable
 	info.Metadata = map[string]string{
 		"cause":       cause,
@@ -134,8 +162,11 @@ func (s *Service) notLeaderStatus(info *errdetails.ErrorInfo, cause string, lead
 		"term":        strconv.FormatUint(term, 10),
 	}
 	nothing, takes := "nothing was stored", "taking puts"
-	if op == "read" {
+	switch op {
+	case "read":
 		nothing, takes = "nothing was read", "serving linearizable reads"
+	case "change":
+		nothing, takes = "nothing changed", "taking membership changes"
 	}
 	delay := retryDelayNoLeader
 	var msg string

@@ -1075,6 +1075,391 @@ func (x *GetConsumerGroupResponse) GetNextPageToken() string {
 	return ""
 }
 
+// ReplicaMembership is a replication group's membership as one member applied it.
+type ReplicaMembership struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Raft index of the membership change that made it; 0 for the bootstrap membership (the flags).
+	Index uint64 `protobuf:"varint,1,opt,name=index,proto3" json:"index,omitempty"`
+	// Voting members' ids, sorted.
+	Voters []uint64 `protobuf:"varint,2,rep,packed,name=voters,proto3" json:"voters,omitempty"`
+	// Learners' ids (non-voting members), sorted.
+	Learners []uint64 `protobuf:"varint,3,rep,packed,name=learners,proto3" json:"learners,omitempty"`
+	// Peer addresses (host:port of their --peer-listen) this member knows for the members.
+	PeerAddrs map[uint64]string `protobuf:"bytes,4,rep,name=peer_addrs,json=peerAddrs,proto3" json:"peer_addrs,omitempty" protobuf_key:"varint,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// Ids removed from the group (never used again).
+	Removed       []uint64 `protobuf:"varint,5,rep,packed,name=removed,proto3" json:"removed,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReplicaMembership) Reset() {
+	*x = ReplicaMembership{}
+	mi := &file_storaged_v1_admin_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReplicaMembership) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReplicaMembership) ProtoMessage() {}
+
+func (x *ReplicaMembership) ProtoReflect() protoreflect.Message {
+	mi := &file_storaged_v1_admin_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReplicaMembership.ProtoReflect.Descriptor instead.
+func (*ReplicaMembership) Descriptor() ([]byte, []int) {
+	return file_storaged_v1_admin_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *ReplicaMembership) GetIndex() uint64 {
+	if x != nil {
+		return x.Index
+	}
+	return 0
+}
+
+func (x *ReplicaMembership) GetVoters() []uint64 {
+	if x != nil {
+		return x.Voters
+	}
+	return nil
+}
+
+func (x *ReplicaMembership) GetLearners() []uint64 {
+	if x != nil {
+		return x.Learners
+	}
+	return nil
+}
+
+func (x *ReplicaMembership) GetPeerAddrs() map[uint64]string {
+	if x != nil {
+		return x.PeerAddrs
+	}
+	return nil
+}
+
+func (x *ReplicaMembership) GetRemoved() []uint64 {
+	if x != nil {
+		return x.Removed
+	}
+	return nil
+}
+
+// AddReplicaMemberRequest is the request of AdminService.AddReplicaMember.
+type AddReplicaMemberRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The new member's raft id (its --raft-id): non-zero, never a member before. Required.
+	Id uint64 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
+	// The new member's peer address, host:port of its --peer-listen, at most 256 bytes. Required.
+	PeerAddr      string `protobuf:"bytes,2,opt,name=peer_addr,json=peerAddr,proto3" json:"peer_addr,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AddReplicaMemberRequest) Reset() {
+	*x = AddReplicaMemberRequest{}
+	mi := &file_storaged_v1_admin_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AddReplicaMemberRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AddReplicaMemberRequest) ProtoMessage() {}
+
+func (x *AddReplicaMemberRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_storaged_v1_admin_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AddReplicaMemberRequest.ProtoReflect.Descriptor instead.
+func (*AddReplicaMemberRequest) Descriptor() ([]byte, []int) {
+	return file_storaged_v1_admin_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *AddReplicaMemberRequest) GetId() uint64 {
+	if x != nil {
+		return x.Id
+	}
+	return 0
+}
+
+func (x *AddReplicaMemberRequest) GetPeerAddr() string {
+	if x != nil {
+		return x.PeerAddr
+	}
+	return ""
+}
+
+// AddReplicaMemberResponse is the response of AdminService.AddReplicaMember.
+type AddReplicaMemberResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The membership after the change.
+	Membership *ReplicaMembership `protobuf:"bytes,1,opt,name=membership,proto3" json:"membership,omitempty"`
+	// The group's cluster id: the new member's --raft-join.
+	ClusterId string `protobuf:"bytes,2,opt,name=cluster_id,json=clusterId,proto3" json:"cluster_id,omitempty"`
+	// The group's name: the new member's --raft-group.
+	Group         string `protobuf:"bytes,3,opt,name=group,proto3" json:"group,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *AddReplicaMemberResponse) Reset() {
+	*x = AddReplicaMemberResponse{}
+	mi := &file_storaged_v1_admin_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *AddReplicaMemberResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*AddReplicaMemberResponse) ProtoMessage() {}
+
+func (x *AddReplicaMemberResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_storaged_v1_admin_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use AddReplicaMemberResponse.ProtoReflect.Descriptor instead.
+func (*AddReplicaMemberResponse) Descriptor() ([]byte, []int) {
+	return file_storaged_v1_admin_proto_rawDescGZIP(), []int{20}
+}
+
+func (x *AddReplicaMemberResponse) GetMembership() *ReplicaMembership {
+	if x != nil {
+		return x.Membership
+	}
+	return nil
+}
+
+func (x *AddReplicaMemberResponse) GetClusterId() string {
+	if x != nil {
+		return x.ClusterId
+	}
+	return ""
+}
+
+func (x *AddReplicaMemberResponse) GetGroup() string {
+	if x != nil {
+		return x.Group
+	}
+	return ""
+}
+
+// PromoteReplicaMemberRequest is the request of AdminService.PromoteReplicaMember.
+type PromoteReplicaMemberRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The learner's raft id. Required.
+	Id            uint64 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PromoteReplicaMemberRequest) Reset() {
+	*x = PromoteReplicaMemberRequest{}
+	mi := &file_storaged_v1_admin_proto_msgTypes[21]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PromoteReplicaMemberRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PromoteReplicaMemberRequest) ProtoMessage() {}
+
+func (x *PromoteReplicaMemberRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_storaged_v1_admin_proto_msgTypes[21]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PromoteReplicaMemberRequest.ProtoReflect.Descriptor instead.
+func (*PromoteReplicaMemberRequest) Descriptor() ([]byte, []int) {
+	return file_storaged_v1_admin_proto_rawDescGZIP(), []int{21}
+}
+
+func (x *PromoteReplicaMemberRequest) GetId() uint64 {
+	if x != nil {
+		return x.Id
+	}
+	return 0
+}
+
+// PromoteReplicaMemberResponse is the response of AdminService.PromoteReplicaMember.
+type PromoteReplicaMemberResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The membership after the change.
+	Membership    *ReplicaMembership `protobuf:"bytes,1,opt,name=membership,proto3" json:"membership,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PromoteReplicaMemberResponse) Reset() {
+	*x = PromoteReplicaMemberResponse{}
+	mi := &file_storaged_v1_admin_proto_msgTypes[22]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PromoteReplicaMemberResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PromoteReplicaMemberResponse) ProtoMessage() {}
+
+func (x *PromoteReplicaMemberResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_storaged_v1_admin_proto_msgTypes[22]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PromoteReplicaMemberResponse.ProtoReflect.Descriptor instead.
+func (*PromoteReplicaMemberResponse) Descriptor() ([]byte, []int) {
+	return file_storaged_v1_admin_proto_rawDescGZIP(), []int{22}
+}
+
+func (x *PromoteReplicaMemberResponse) GetMembership() *ReplicaMembership {
+	if x != nil {
+		return x.Membership
+	}
+	return nil
+}
+
+// RemoveReplicaMemberRequest is the request of AdminService.RemoveReplicaMember.
+type RemoveReplicaMemberRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The member's raft id. Required.
+	Id            uint64 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RemoveReplicaMemberRequest) Reset() {
+	*x = RemoveReplicaMemberRequest{}
+	mi := &file_storaged_v1_admin_proto_msgTypes[23]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RemoveReplicaMemberRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RemoveReplicaMemberRequest) ProtoMessage() {}
+
+func (x *RemoveReplicaMemberRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_storaged_v1_admin_proto_msgTypes[23]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RemoveReplicaMemberRequest.ProtoReflect.Descriptor instead.
+func (*RemoveReplicaMemberRequest) Descriptor() ([]byte, []int) {
+	return file_storaged_v1_admin_proto_rawDescGZIP(), []int{23}
+}
+
+func (x *RemoveReplicaMemberRequest) GetId() uint64 {
+	if x != nil {
+		return x.Id
+	}
+	return 0
+}
+
+// RemoveReplicaMemberResponse is the response of AdminService.RemoveReplicaMember.
+type RemoveReplicaMemberResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The membership after the change.
+	Membership    *ReplicaMembership `protobuf:"bytes,1,opt,name=membership,proto3" json:"membership,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RemoveReplicaMemberResponse) Reset() {
+	*x = RemoveReplicaMemberResponse{}
+	mi := &file_storaged_v1_admin_proto_msgTypes[24]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RemoveReplicaMemberResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RemoveReplicaMemberResponse) ProtoMessage() {}
+
+func (x *RemoveReplicaMemberResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_storaged_v1_admin_proto_msgTypes[24]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RemoveReplicaMemberResponse.ProtoReflect.Descriptor instead.
+func (*RemoveReplicaMemberResponse) Descriptor() ([]byte, []int) {
+	return file_storaged_v1_admin_proto_rawDescGZIP(), []int{24}
+}
+
+func (x *RemoveReplicaMemberResponse) GetMembership() *ReplicaMembership {
+	if x != nil {
+		return x.Membership
+	}
+	return nil
+}
+
 var File_storaged_v1_admin_proto protoreflect.FileDescriptor
 
 const file_storaged_v1_admin_proto_rawDesc = "" +
@@ -1150,7 +1535,39 @@ const file_storaged_v1_admin_proto_rawDesc = "" +
 	"\x18GetConsumerGroupResponse\x127\n" +
 	"\x05group\x18\x01 \x01(\v2!.storaged.v1.ConsumerGroupSummaryR\x05group\x12:\n" +
 	"\x06queues\x18\x02 \x03(\v2\".storaged.v1.ConsumerQueueProgressR\x06queues\x12&\n" +
-	"\x0fnext_page_token\x18\x03 \x01(\tR\rnextPageToken2\xe4\x04\n" +
+	"\x0fnext_page_token\x18\x03 \x01(\tR\rnextPageToken\"\x83\x02\n" +
+	"\x11ReplicaMembership\x12\x14\n" +
+	"\x05index\x18\x01 \x01(\x04R\x05index\x12\x16\n" +
+	"\x06voters\x18\x02 \x03(\x04R\x06voters\x12\x1a\n" +
+	"\blearners\x18\x03 \x03(\x04R\blearners\x12L\n" +
+	"\n" +
+	"peer_addrs\x18\x04 \x03(\v2-.storaged.v1.ReplicaMembership.PeerAddrsEntryR\tpeerAddrs\x12\x18\n" +
+	"\aremoved\x18\x05 \x03(\x04R\aremoved\x1a<\n" +
+	"\x0ePeerAddrsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\x04R\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"F\n" +
+	"\x17AddReplicaMemberRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x1b\n" +
+	"\tpeer_addr\x18\x02 \x01(\tR\bpeerAddr\"\x8f\x01\n" +
+	"\x18AddReplicaMemberResponse\x12>\n" +
+	"\n" +
+	"membership\x18\x01 \x01(\v2\x1e.storaged.v1.ReplicaMembershipR\n" +
+	"membership\x12\x1d\n" +
+	"\n" +
+	"cluster_id\x18\x02 \x01(\tR\tclusterId\x12\x14\n" +
+	"\x05group\x18\x03 \x01(\tR\x05group\"-\n" +
+	"\x1bPromoteReplicaMemberRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\x04R\x02id\"^\n" +
+	"\x1cPromoteReplicaMemberResponse\x12>\n" +
+	"\n" +
+	"membership\x18\x01 \x01(\v2\x1e.storaged.v1.ReplicaMembershipR\n" +
+	"membership\",\n" +
+	"\x1aRemoveReplicaMemberRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\x04R\x02id\"]\n" +
+	"\x1bRemoveReplicaMemberResponse\x12>\n" +
+	"\n" +
+	"membership\x18\x01 \x01(\v2\x1e.storaged.v1.ReplicaMembershipR\n" +
+	"membership2\x9c\a\n" +
 	"\fAdminService\x12P\n" +
 	"\vCreateTopic\x12\x1f.storaged.v1.CreateTopicRequest\x1a .storaged.v1.CreateTopicResponse\x12P\n" +
 	"\vUpdateTopic\x12\x1f.storaged.v1.UpdateTopicRequest\x1a .storaged.v1.UpdateTopicResponse\x12G\n" +
@@ -1159,7 +1576,10 @@ const file_storaged_v1_admin_proto_rawDesc = "" +
 	"ListTopics\x12\x1e.storaged.v1.ListTopicsRequest\x1a\x1f.storaged.v1.ListTopicsResponse\x12P\n" +
 	"\vDeleteTopic\x12\x1f.storaged.v1.DeleteTopicRequest\x1a .storaged.v1.DeleteTopicResponse\x12e\n" +
 	"\x12ListConsumerGroups\x12&.storaged.v1.ListConsumerGroupsRequest\x1a'.storaged.v1.ListConsumerGroupsResponse\x12_\n" +
-	"\x10GetConsumerGroup\x12$.storaged.v1.GetConsumerGroupRequest\x1a%.storaged.v1.GetConsumerGroupResponseB\xa3\x01\n" +
+	"\x10GetConsumerGroup\x12$.storaged.v1.GetConsumerGroupRequest\x1a%.storaged.v1.GetConsumerGroupResponse\x12_\n" +
+	"\x10AddReplicaMember\x12$.storaged.v1.AddReplicaMemberRequest\x1a%.storaged.v1.AddReplicaMemberResponse\x12k\n" +
+	"\x14PromoteReplicaMember\x12(.storaged.v1.PromoteReplicaMemberRequest\x1a).storaged.v1.PromoteReplicaMemberResponse\x12h\n" +
+	"\x13RemoveReplicaMember\x12'.storaged.v1.RemoveReplicaMemberRequest\x1a(.storaged.v1.RemoveReplicaMemberResponseB\xa3\x01\n" +
 	"\x0fcom.storaged.v1B\n" +
 	"AdminProtoP\x01Z7github.com/storaged/storaged/gen/storaged/v1;storagedv1\xa2\x02\x03SXX\xaa\x02\vStoraged.V1\xca\x02\vStoraged\\V1\xe2\x02\x17Storaged\\V1\\GPBMetadata\xea\x02\fStoraged::V1b\x06proto3"
 
@@ -1175,26 +1595,34 @@ func file_storaged_v1_admin_proto_rawDescGZIP() []byte {
 	return file_storaged_v1_admin_proto_rawDescData
 }
 
-var file_storaged_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 18)
+var file_storaged_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 26)
 var file_storaged_v1_admin_proto_goTypes = []any{
-	(*Topic)(nil),                      // 0: storaged.v1.Topic
-	(*QueueOffsets)(nil),               // 1: storaged.v1.QueueOffsets
-	(*CreateTopicRequest)(nil),         // 2: storaged.v1.CreateTopicRequest
-	(*CreateTopicResponse)(nil),        // 3: storaged.v1.CreateTopicResponse
-	(*UpdateTopicRequest)(nil),         // 4: storaged.v1.UpdateTopicRequest
-	(*UpdateTopicResponse)(nil),        // 5: storaged.v1.UpdateTopicResponse
-	(*GetTopicRequest)(nil),            // 6: storaged.v1.GetTopicRequest
-	(*GetTopicResponse)(nil),           // 7: storaged.v1.GetTopicResponse
-	(*ListTopicsRequest)(nil),          // 8: storaged.v1.ListTopicsRequest
-	(*ListTopicsResponse)(nil),         // 9: storaged.v1.ListTopicsResponse
-	(*DeleteTopicRequest)(nil),         // 10: storaged.v1.DeleteTopicRequest
-	(*DeleteTopicResponse)(nil),        // 11: storaged.v1.DeleteTopicResponse
-	(*ConsumerGroupSummary)(nil),       // 12: storaged.v1.ConsumerGroupSummary
-	(*ConsumerQueueProgress)(nil),      // 13: storaged.v1.ConsumerQueueProgress
-	(*ListConsumerGroupsRequest)(nil),  // 14: storaged.v1.ListConsumerGroupsRequest
-	(*ListConsumerGroupsResponse)(nil), // 15: storaged.v1.ListConsumerGroupsResponse
-	(*GetConsumerGroupRequest)(nil),    // 16: storaged.v1.GetConsumerGroupRequest
-	(*GetConsumerGroupResponse)(nil),   // 17: storaged.v1.GetConsumerGroupResponse
+	(*Topic)(nil),                        // 0: storaged.v1.Topic
+	(*QueueOffsets)(nil),                 // 1: storaged.v1.QueueOffsets
+	(*CreateTopicRequest)(nil),           // 2: storaged.v1.CreateTopicRequest
+	(*CreateTopicResponse)(nil),          // 3: storaged.v1.CreateTopicResponse
+	(*UpdateTopicRequest)(nil),           // 4: storaged.v1.UpdateTopicRequest
+	(*UpdateTopicResponse)(nil),          // 5: storaged.v1.UpdateTopicResponse
+	(*GetTopicRequest)(nil),              // 6: storaged.v1.GetTopicRequest
+	(*GetTopicResponse)(nil),             // 7: storaged.v1.GetTopicResponse
+	(*ListTopicsRequest)(nil),            // 8: storaged.v1.ListTopicsRequest
+	(*ListTopicsResponse)(nil),           // 9: storaged.v1.ListTopicsResponse
+	(*DeleteTopicRequest)(nil),           // 10: storaged.v1.DeleteTopicRequest
+	(*DeleteTopicResponse)(nil),          // 11: storaged.v1.DeleteTopicResponse
+	(*ConsumerGroupSummary)(nil),         // 12: storaged.v1.ConsumerGroupSummary
+	(*ConsumerQueueProgress)(nil),        // 13: storaged.v1.ConsumerQueueProgress
+	(*ListConsumerGroupsRequest)(nil),    // 14: storaged.v1.ListConsumerGroupsRequest
+	(*ListConsumerGroupsResponse)(nil),   // 15: storaged.v1.ListConsumerGroupsResponse
+	(*GetConsumerGroupRequest)(nil),      // 16: storaged.v1.GetConsumerGroupRequest
+	(*GetConsumerGroupResponse)(nil),     // 17: storaged.v1.GetConsumerGroupResponse
+	(*ReplicaMembership)(nil),            // 18: storaged.v1.ReplicaMembership
+	(*AddReplicaMemberRequest)(nil),      // 19: storaged.v1.AddReplicaMemberRequest
+	(*AddReplicaMemberResponse)(nil),     // 20: storaged.v1.AddReplicaMemberResponse
+	(*PromoteReplicaMemberRequest)(nil),  // 21: storaged.v1.PromoteReplicaMemberRequest
+	(*PromoteReplicaMemberResponse)(nil), // 22: storaged.v1.PromoteReplicaMemberResponse
+	(*RemoveReplicaMemberRequest)(nil),   // 23: storaged.v1.RemoveReplicaMemberRequest
+	(*RemoveReplicaMemberResponse)(nil),  // 24: storaged.v1.RemoveReplicaMemberResponse
+	nil,                                  // 25: storaged.v1.ReplicaMembership.PeerAddrsEntry
 }
 var file_storaged_v1_admin_proto_depIdxs = []int32{
 	1,  // 0: storaged.v1.Topic.queues:type_name -> storaged.v1.QueueOffsets
@@ -1205,25 +1633,35 @@ var file_storaged_v1_admin_proto_depIdxs = []int32{
 	12, // 5: storaged.v1.ListConsumerGroupsResponse.groups:type_name -> storaged.v1.ConsumerGroupSummary
 	12, // 6: storaged.v1.GetConsumerGroupResponse.group:type_name -> storaged.v1.ConsumerGroupSummary
 	13, // 7: storaged.v1.GetConsumerGroupResponse.queues:type_name -> storaged.v1.ConsumerQueueProgress
-	2,  // 8: storaged.v1.AdminService.CreateTopic:input_type -> storaged.v1.CreateTopicRequest
-	4,  // 9: storaged.v1.AdminService.UpdateTopic:input_type -> storaged.v1.UpdateTopicRequest
-	6,  // 10: storaged.v1.AdminService.GetTopic:input_type -> storaged.v1.GetTopicRequest
-	8,  // 11: storaged.v1.AdminService.ListTopics:input_type -> storaged.v1.ListTopicsRequest
-	10, // 12: storaged.v1.AdminService.DeleteTopic:input_type -> storaged.v1.DeleteTopicRequest
-	14, // 13: storaged.v1.AdminService.ListConsumerGroups:input_type -> storaged.v1.ListConsumerGroupsRequest
-	16, // 14: storaged.v1.AdminService.GetConsumerGroup:input_type -> storaged.v1.GetConsumerGroupRequest
-	3,  // 15: storaged.v1.AdminService.CreateTopic:output_type -> storaged.v1.CreateTopicResponse
-	5,  // 16: storaged.v1.AdminService.UpdateTopic:output_type -> storaged.v1.UpdateTopicResponse
-	7,  // 17: storaged.v1.AdminService.GetTopic:output_type -> storaged.v1.GetTopicResponse
-	9,  // 18: storaged.v1.AdminService.ListTopics:output_type -> storaged.v1.ListTopicsResponse
-	11, // 19: storaged.v1.AdminService.DeleteTopic:output_type -> storaged.v1.DeleteTopicResponse
-	15, // 20: storaged.v1.AdminService.ListConsumerGroups:output_type -> storaged.v1.ListConsumerGroupsResponse
-	17, // 21: storaged.v1.AdminService.GetConsumerGroup:output_type -> storaged.v1.GetConsumerGroupResponse
-	15, // [15:22] is the sub-list for method output_type
-	8,  // [8:15] is the sub-list for method input_type
-	8,  // [8:8] is the sub-list for extension type_name
-	8,  // [8:8] is the sub-list for extension extendee
-	0,  // [0:8] is the sub-list for field type_name
+	25, // 8: storaged.v1.ReplicaMembership.peer_addrs:type_name -> storaged.v1.ReplicaMembership.PeerAddrsEntry
+	18, // 9: storaged.v1.AddReplicaMemberResponse.membership:type_name -> storaged.v1.ReplicaMembership
+	18, // 10: storaged.v1.PromoteReplicaMemberResponse.membership:type_name -> storaged.v1.ReplicaMembership
+	18, // 11: storaged.v1.RemoveReplicaMemberResponse.membership:type_name -> storaged.v1.ReplicaMembership
+	2,  // 12: storaged.v1.AdminService.CreateTopic:input_type -> storaged.v1.CreateTopicRequest
+	4,  // 13: storaged.v1.AdminService.UpdateTopic:input_type -> storaged.v1.UpdateTopicRequest
+	6,  // 14: storaged.v1.AdminService.GetTopic:input_type -> storaged.v1.GetTopicRequest
+	8,  // 15: storaged.v1.AdminService.ListTopics:input_type -> storaged.v1.ListTopicsRequest
+	10, // 16: storaged.v1.AdminService.DeleteTopic:input_type -> storaged.v1.DeleteTopicRequest
+	14, // 17: storaged.v1.AdminService.ListConsumerGroups:input_type -> storaged.v1.ListConsumerGroupsRequest
+	16, // 18: storaged.v1.AdminService.GetConsumerGroup:input_type -> storaged.v1.GetConsumerGroupRequest
+	19, // 19: storaged.v1.AdminService.AddReplicaMember:input_type -> storaged.v1.AddReplicaMemberRequest
+	21, // 20: storaged.v1.AdminService.PromoteReplicaMember:input_type -> storaged.v1.PromoteReplicaMemberRequest
+	23, // 21: storaged.v1.AdminService.RemoveReplicaMember:input_type -> storaged.v1.RemoveReplicaMemberRequest
+	3,  // 22: storaged.v1.AdminService.CreateTopic:output_type -> storaged.v1.CreateTopicResponse
+	5,  // 23: storaged.v1.AdminService.UpdateTopic:output_type -> storaged.v1.UpdateTopicResponse
+	7,  // 24: storaged.v1.AdminService.GetTopic:output_type -> storaged.v1.GetTopicResponse
+	9,  // 25: storaged.v1.AdminService.ListTopics:output_type -> storaged.v1.ListTopicsResponse
+	11, // 26: storaged.v1.AdminService.DeleteTopic:output_type -> storaged.v1.DeleteTopicResponse
+	15, // 27: storaged.v1.AdminService.ListConsumerGroups:output_type -> storaged.v1.ListConsumerGroupsResponse
+	17, // 28: storaged.v1.AdminService.GetConsumerGroup:output_type -> storaged.v1.GetConsumerGroupResponse
+	20, // 29: storaged.v1.AdminService.AddReplicaMember:output_type -> storaged.v1.AddReplicaMemberResponse
+	22, // 30: storaged.v1.AdminService.PromoteReplicaMember:output_type -> storaged.v1.PromoteReplicaMemberResponse
+	24, // 31: storaged.v1.AdminService.RemoveReplicaMember:output_type -> storaged.v1.RemoveReplicaMemberResponse
+	22, // [22:32] is the sub-list for method output_type
+	12, // [12:22] is the sub-list for method input_type
+	12, // [12:12] is the sub-list for extension type_name
+	12, // [12:12] is the sub-list for extension extendee
+	0,  // [0:12] is the sub-list for field type_name
 }
 
 func init() { file_storaged_v1_admin_proto_init() }
@@ -1237,7 +1675,7 @@ func file_storaged_v1_admin_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_storaged_v1_admin_proto_rawDesc), len(file_storaged_v1_admin_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   18,
+			NumMessages:   26,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

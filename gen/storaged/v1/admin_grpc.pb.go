@@ -23,13 +23,16 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	AdminService_CreateTopic_FullMethodName        = "/storaged.v1.AdminService/CreateTopic"
-	AdminService_UpdateTopic_FullMethodName        = "/storaged.v1.AdminService/UpdateTopic"
-	AdminService_GetTopic_FullMethodName           = "/storaged.v1.AdminService/GetTopic"
-	AdminService_ListTopics_FullMethodName         = "/storaged.v1.AdminService/ListTopics"
-	AdminService_DeleteTopic_FullMethodName        = "/storaged.v1.AdminService/DeleteTopic"
-	AdminService_ListConsumerGroups_FullMethodName = "/storaged.v1.AdminService/ListConsumerGroups"
-	AdminService_GetConsumerGroup_FullMethodName   = "/storaged.v1.AdminService/GetConsumerGroup"
+	AdminService_CreateTopic_FullMethodName          = "/storaged.v1.AdminService/CreateTopic"
+	AdminService_UpdateTopic_FullMethodName          = "/storaged.v1.AdminService/UpdateTopic"
+	AdminService_GetTopic_FullMethodName             = "/storaged.v1.AdminService/GetTopic"
+	AdminService_ListTopics_FullMethodName           = "/storaged.v1.AdminService/ListTopics"
+	AdminService_DeleteTopic_FullMethodName          = "/storaged.v1.AdminService/DeleteTopic"
+	AdminService_ListConsumerGroups_FullMethodName   = "/storaged.v1.AdminService/ListConsumerGroups"
+	AdminService_GetConsumerGroup_FullMethodName     = "/storaged.v1.AdminService/GetConsumerGroup"
+	AdminService_AddReplicaMember_FullMethodName     = "/storaged.v1.AdminService/AddReplicaMember"
+	AdminService_PromoteReplicaMember_FullMethodName = "/storaged.v1.AdminService/PromoteReplicaMember"
+	AdminService_RemoveReplicaMember_FullMethodName  = "/storaged.v1.AdminService/RemoveReplicaMember"
 )
 
 // AdminServiceClient is the client API for AdminService service.
@@ -97,6 +100,43 @@ type AdminServiceClient interface {
 	// page_size (at most 1000) queues per call. NOT_FOUND, reason "SUBSCRIPTION_GROUP_NOT_EXIST", for
 	// a group that never committed an offset nor received by POP.
 	GetConsumerGroup(ctx context.Context, in *GetConsumerGroupRequest, opts ...grpc.CallOption) (*GetConsumerGroupResponse, error)
+	// AddReplicaMember adds member id, reachable at peer_addr (host:port of its --peer-listen), to this
+	// server's replication group as a learner: it replicates and serves reads but neither votes nor counts
+	// for commits. Only the group's ready leader takes it; the answer comes once the change is committed
+	// and applied here. The new member is started empty with --raft-join CLUSTER_ID (the cluster_id of
+	// the answer) and catches up from the leader's log or a snapshot. Ids are never reused: an id that is
+	// or was a member is refused. One change at a time.
+	//
+	// Errors (google.rpc.ErrorInfo, domain "storaged"); each but DEADLINE_EXCEEDED means nothing changed:
+	//   - INVALID_ARGUMENT, reason "INVALID_REQUEST", BadRequest on id (0) or peer_addr (not host:port,
+	//     over 256 bytes).
+	//   - FAILED_PRECONDITION, reason "CONF_CHANGE_REFUSED", metadata cause:
+	//     "STANDALONE" (the server is not in a replication group), "BAD_CONF_CHANGE" (the id is or was a
+	//     member, or the change is not valid for the membership), "LEARNER_BEHIND" (PromoteReplicaMember:
+	//     the learner is not caught up or not heard from; retry once it is), "REMOVE_LEADER"
+	//     (RemoveReplicaMember of the leader itself: transfer the leadership first),
+	//     "QUORUM_AFTER_CHANGE" (RemoveReplicaMember of a voter would leave fewer active voters than a
+	//     quorum).
+	//   - ABORTED, reason "CONF_CHANGE_REFUSED", metadata cause "CONF_CHANGE_PENDING": another membership
+	//     change is in progress; retry once it applied.
+	//   - UNAVAILABLE with google.rpc.RetryInfo, reason "SERVICE_NOT_AVAILABLE", metadata cause (NOT_LEADER,
+	//     NO_LEADER, LEADER_NOT_READY, TRANSFERRING), leader_id, leader_addr (the leader's client address),
+	//     term: this member is not the ready leader; send the call to the leader's admin listener.
+	//   - UNAVAILABLE, reason "IN_SYNC_REPLICAS_NOT_ENOUGH" (with RetryInfo): too few followers active.
+	//   - UNAVAILABLE, reason "SERVICE_NOT_AVAILABLE" (with RetryInfo): starting or shutting down.
+	//   - DEADLINE_EXCEEDED, reason "FLUSH_SLAVE_TIMEOUT", metadata outcome "unknown": proposed but not
+	//     seen applied within --replication-timeout; it may still apply: read the membership
+	//     (MessageStoreService.GetReplicaInfo) before trying again.
+	AddReplicaMember(ctx context.Context, in *AddReplicaMemberRequest, opts ...grpc.CallOption) (*AddReplicaMemberResponse, error)
+	// PromoteReplicaMember makes learner id a voter. It is refused (FAILED_PRECONDITION, cause
+	// "LEARNER_BEHIND") unless the learner was heard from within an election timeout and is close to the
+	// leader's commit index. Errors as AddReplicaMember.
+	PromoteReplicaMember(ctx context.Context, in *PromoteReplicaMemberRequest, opts ...grpc.CallOption) (*PromoteReplicaMemberResponse, error)
+	// RemoveReplicaMember removes member id (voter or learner) from the group for good: its id is never
+	// used again and its data dir refuses to start. The leader cannot remove itself (cause
+	// "REMOVE_LEADER": transfer the leadership first), nor a voter whose removal would leave fewer active
+	// voters than a quorum (cause "QUORUM_AFTER_CHANGE"). Errors as AddReplicaMember.
+	RemoveReplicaMember(ctx context.Context, in *RemoveReplicaMemberRequest, opts ...grpc.CallOption) (*RemoveReplicaMemberResponse, error)
 }
 
 type adminServiceClient struct {
@@ -177,6 +217,36 @@ func (c *adminServiceClient) GetConsumerGroup(ctx context.Context, in *GetConsum
 	return out, nil
 }
 
+func (c *adminServiceClient) AddReplicaMember(ctx context.Context, in *AddReplicaMemberRequest, opts ...grpc.CallOption) (*AddReplicaMemberResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(AddReplicaMemberResponse)
+	err := c.cc.Invoke(ctx, AdminService_AddReplicaMember_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminServiceClient) PromoteReplicaMember(ctx context.Context, in *PromoteReplicaMemberRequest, opts ...grpc.CallOption) (*PromoteReplicaMemberResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(PromoteReplicaMemberResponse)
+	err := c.cc.Invoke(ctx, AdminService_PromoteReplicaMember_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminServiceClient) RemoveReplicaMember(ctx context.Context, in *RemoveReplicaMemberRequest, opts ...grpc.CallOption) (*RemoveReplicaMemberResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(RemoveReplicaMemberResponse)
+	err := c.cc.Invoke(ctx, AdminService_RemoveReplicaMember_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // AdminServiceServer is the server API for AdminService service.
 // All implementations must embed UnimplementedAdminServiceServer
 // for forward compatibility.
@@ -242,6 +312,43 @@ type AdminServiceServer interface {
 	// page_size (at most 1000) queues per call. NOT_FOUND, reason "SUBSCRIPTION_GROUP_NOT_EXIST", for
 	// a group that never committed an offset nor received by POP.
 	GetConsumerGroup(context.Context, *GetConsumerGroupRequest) (*GetConsumerGroupResponse, error)
+	// AddReplicaMember adds member id, reachable at peer_addr (host:port of its --peer-listen), to this
+	// server's replication group as a learner: it replicates and serves reads but neither votes nor counts
+	// for commits. Only the group's ready leader takes it; the answer comes once the change is committed
+	// and applied here. The new member is started empty with --raft-join CLUSTER_ID (the cluster_id of
+	// the answer) and catches up from the leader's log or a snapshot. Ids are never reused: an id that is
+	// or was a member is refused. One change at a time.
+	//
+	// Errors (google.rpc.ErrorInfo, domain "storaged"); each but DEADLINE_EXCEEDED means nothing changed:
+	//   - INVALID_ARGUMENT, reason "INVALID_REQUEST", BadRequest on id (0) or peer_addr (not host:port,
+	//     over 256 bytes).
+	//   - FAILED_PRECONDITION, reason "CONF_CHANGE_REFUSED", metadata cause:
+	//     "STANDALONE" (the server is not in a replication group), "BAD_CONF_CHANGE" (the id is or was a
+	//     member, or the change is not valid for the membership), "LEARNER_BEHIND" (PromoteReplicaMember:
+	//     the learner is not caught up or not heard from; retry once it is), "REMOVE_LEADER"
+	//     (RemoveReplicaMember of the leader itself: transfer the leadership first),
+	//     "QUORUM_AFTER_CHANGE" (RemoveReplicaMember of a voter would leave fewer active voters than a
+	//     quorum).
+	//   - ABORTED, reason "CONF_CHANGE_REFUSED", metadata cause "CONF_CHANGE_PENDING": another membership
+	//     change is in progress; retry once it applied.
+	//   - UNAVAILABLE with google.rpc.RetryInfo, reason "SERVICE_NOT_AVAILABLE", metadata cause (NOT_LEADER,
+	//     NO_LEADER, LEADER_NOT_READY, TRANSFERRING), leader_id, leader_addr (the leader's client address),
+	//     term: this member is not the ready leader; send the call to the leader's admin listener.
+	//   - UNAVAILABLE, reason "IN_SYNC_REPLICAS_NOT_ENOUGH" (with RetryInfo): too few followers active.
+	//   - UNAVAILABLE, reason "SERVICE_NOT_AVAILABLE" (with RetryInfo): starting or shutting down.
+	//   - DEADLINE_EXCEEDED, reason "FLUSH_SLAVE_TIMEOUT", metadata outcome "unknown": proposed but not
+	//     seen applied within --replication-timeout; it may still apply: read the membership
+	//     (MessageStoreService.GetReplicaInfo) before trying again.
+	AddReplicaMember(context.Context, *AddReplicaMemberRequest) (*AddReplicaMemberResponse, error)
+	// PromoteReplicaMember makes learner id a voter. It is refused (FAILED_PRECONDITION, cause
+	// "LEARNER_BEHIND") unless the learner was heard from within an election timeout and is close to the
+	// leader's commit index. Errors as AddReplicaMember.
+	PromoteReplicaMember(context.Context, *PromoteReplicaMemberRequest) (*PromoteReplicaMemberResponse, error)
+	// RemoveReplicaMember removes member id (voter or learner) from the group for good: its id is never
+	// used again and its data dir refuses to start. The leader cannot remove itself (cause
+	// "REMOVE_LEADER": transfer the leadership first), nor a voter whose removal would leave fewer active
+	// voters than a quorum (cause "QUORUM_AFTER_CHANGE"). Errors as AddReplicaMember.
+	RemoveReplicaMember(context.Context, *RemoveReplicaMemberRequest) (*RemoveReplicaMemberResponse, error)
 	mustEmbedUnimplementedAdminServiceServer()
 }
 
@@ -272,6 +379,15 @@ func (UnimplementedAdminServiceServer) ListConsumerGroups(context.Context, *List
 }
 func (UnimplementedAdminServiceServer) GetConsumerGroup(context.Context, *GetConsumerGroupRequest) (*GetConsumerGroupResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method GetConsumerGroup not implemented")
+}
+func (UnimplementedAdminServiceServer) AddReplicaMember(context.Context, *AddReplicaMemberRequest) (*AddReplicaMemberResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method AddReplicaMember not implemented")
+}
+func (UnimplementedAdminServiceServer) PromoteReplicaMember(context.Context, *PromoteReplicaMemberRequest) (*PromoteReplicaMemberResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method PromoteReplicaMember not implemented")
+}
+func (UnimplementedAdminServiceServer) RemoveReplicaMember(context.Context, *RemoveReplicaMemberRequest) (*RemoveReplicaMemberResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method RemoveReplicaMember not implemented")
 }
 func (UnimplementedAdminServiceServer) mustEmbedUnimplementedAdminServiceServer() {}
 func (UnimplementedAdminServiceServer) testEmbeddedByValue()                      {}
@@ -420,6 +536,60 @@ func _AdminService_GetConsumerGroup_Handler(srv interface{}, ctx context.Context
 	return interceptor(ctx, in, info, handler)
 }
 
+func _AdminService_AddReplicaMember_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(AddReplicaMemberRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).AddReplicaMember(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_AddReplicaMember_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).AddReplicaMember(ctx, req.(*AddReplicaMemberRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _AdminService_PromoteReplicaMember_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(PromoteReplicaMemberRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).PromoteReplicaMember(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_PromoteReplicaMember_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).PromoteReplicaMember(ctx, req.(*PromoteReplicaMemberRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _AdminService_RemoveReplicaMember_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(RemoveReplicaMemberRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).RemoveReplicaMember(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_RemoveReplicaMember_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).RemoveReplicaMember(ctx, req.(*RemoveReplicaMemberRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // AdminService_ServiceDesc is the grpc.ServiceDesc for AdminService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -454,6 +624,18 @@ var AdminService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "GetConsumerGroup",
 			Handler:    _AdminService_GetConsumerGroup_Handler,
+		},
+		{
+			MethodName: "AddReplicaMember",
+			Handler:    _AdminService_AddReplicaMember_Handler,
+		},
+		{
+			MethodName: "PromoteReplicaMember",
+			Handler:    _AdminService_PromoteReplicaMember_Handler,
+		},
+		{
+			MethodName: "RemoveReplicaMember",
+			Handler:    _AdminService_RemoveReplicaMember_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},

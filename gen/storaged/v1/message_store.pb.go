@@ -1544,7 +1544,14 @@ type GetReplicaInfoResponse struct {
 	// On the leader: true once it takes puts (its term's first entry is applied).
 	Ready bool `protobuf:"varint,9,opt,name=ready,proto3" json:"ready,omitempty"`
 	// On the leader: each other member's replication progress. Empty elsewhere.
-	Peers         []*PeerProgress `protobuf:"bytes,10,rep,name=peers,proto3" json:"peers,omitempty"`
+	Peers []*PeerProgress `protobuf:"bytes,10,rep,name=peers,proto3" json:"peers,omitempty"`
+	// The group's membership as this member applied it (AdminService.AddReplicaMember and the others
+	// change it); unset when standalone or while the store is opening.
+	Membership *ReplicaMembership `protobuf:"bytes,11,opt,name=membership,proto3" json:"membership,omitempty"`
+	// The group's cluster id (a new member's --raft-join); empty when standalone.
+	ClusterId string `protobuf:"bytes,12,opt,name=cluster_id,json=clusterId,proto3" json:"cluster_id,omitempty"`
+	// The group's name (--raft-group); empty when standalone.
+	Group         string `protobuf:"bytes,13,opt,name=group,proto3" json:"group,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1647,6 +1654,27 @@ func (x *GetReplicaInfoResponse) GetPeers() []*PeerProgress {
 		return x.Peers
 	}
 	return nil
+}
+
+func (x *GetReplicaInfoResponse) GetMembership() *ReplicaMembership {
+	if x != nil {
+		return x.Membership
+	}
+	return nil
+}
+
+func (x *GetReplicaInfoResponse) GetClusterId() string {
+	if x != nil {
+		return x.ClusterId
+	}
+	return ""
+}
+
+func (x *GetReplicaInfoResponse) GetGroup() string {
+	if x != nil {
+		return x.Group
+	}
+	return ""
 }
 
 // PeerProgress is the leader's view of one member's replication.
@@ -2401,7 +2429,7 @@ var File_storaged_v1_message_store_proto protoreflect.FileDescriptor
 
 const file_storaged_v1_message_store_proto_rawDesc = "" +
 	"\n" +
-	"\x1fstoraged/v1/message_store.proto\x12\vstoraged.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xe9\x03\n" +
+	"\x1fstoraged/v1/message_store.proto\x12\vstoraged.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x17storaged/v1/admin.proto\"\xe9\x03\n" +
 	"\aMessage\x12\x14\n" +
 	"\x05topic\x18\x01 \x01(\tR\x05topic\x12\x19\n" +
 	"\bqueue_id\x18\x02 \x01(\x05R\aqueueId\x12\x12\n" +
@@ -2507,7 +2535,7 @@ const file_storaged_v1_message_store_proto_rawDesc = "" +
 	"min_offset\x18\x01 \x01(\x03R\tminOffset\x12\x1d\n" +
 	"\n" +
 	"max_offset\x18\x02 \x01(\x03R\tmaxOffset\"\x17\n" +
-	"\x15GetReplicaInfoRequest\"\xc0\x02\n" +
+	"\x15GetReplicaInfoRequest\"\xb5\x03\n" +
 	"\x16GetReplicaInfoResponse\x12,\n" +
 	"\x04role\x18\x01 \x01(\x0e2\x18.storaged.v1.ReplicaRoleR\x04role\x12\x0e\n" +
 	"\x02id\x18\x02 \x01(\x04R\x02id\x12\x12\n" +
@@ -2521,7 +2549,13 @@ const file_storaged_v1_message_store_proto_rawDesc = "" +
 	"commit_end\x18\b \x01(\x03R\tcommitEnd\x12\x14\n" +
 	"\x05ready\x18\t \x01(\bR\x05ready\x12/\n" +
 	"\x05peers\x18\n" +
-	" \x03(\v2\x19.storaged.v1.PeerProgressR\x05peers\"\x87\x01\n" +
+	" \x03(\v2\x19.storaged.v1.PeerProgressR\x05peers\x12>\n" +
+	"\n" +
+	"membership\x18\v \x01(\v2\x1e.storaged.v1.ReplicaMembershipR\n" +
+	"membership\x12\x1d\n" +
+	"\n" +
+	"cluster_id\x18\f \x01(\tR\tclusterId\x12\x14\n" +
+	"\x05group\x18\r \x01(\tR\x05group\"\x87\x01\n" +
 	"\fPeerProgress\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x14\n" +
 	"\x05match\x18\x02 \x01(\x04R\x05match\x12\x12\n" +
@@ -2672,6 +2706,7 @@ var file_storaged_v1_message_store_proto_goTypes = []any{
 	nil,                              // 31: storaged.v1.StoredMessage.PropertiesEntry
 	(*timestamppb.Timestamp)(nil),    // 32: google.protobuf.Timestamp
 	(*durationpb.Duration)(nil),      // 33: google.protobuf.Duration
+	(*ReplicaMembership)(nil),        // 34: storaged.v1.ReplicaMembership
 }
 var file_storaged_v1_message_store_proto_depIdxs = []int32{
 	32, // 0: storaged.v1.Message.born_timestamp:type_name -> google.protobuf.Timestamp
@@ -2694,37 +2729,38 @@ var file_storaged_v1_message_store_proto_depIdxs = []int32{
 	28, // 17: storaged.v1.PullMessagesResponse.messages:type_name -> storaged.v1.StoredMessage
 	1,  // 18: storaged.v1.GetReplicaInfoResponse.role:type_name -> storaged.v1.ReplicaRole
 	19, // 19: storaged.v1.GetReplicaInfoResponse.peers:type_name -> storaged.v1.PeerProgress
-	32, // 20: storaged.v1.GetOffsetByTimeRequest.time:type_name -> google.protobuf.Timestamp
-	31, // 21: storaged.v1.StoredMessage.properties:type_name -> storaged.v1.StoredMessage.PropertiesEntry
-	32, // 22: storaged.v1.StoredMessage.born_timestamp:type_name -> google.protobuf.Timestamp
-	32, // 23: storaged.v1.StoredMessage.store_timestamp:type_name -> google.protobuf.Timestamp
-	3,  // 24: storaged.v1.MessageStoreService.PutMessage:input_type -> storaged.v1.PutMessageRequest
-	4,  // 25: storaged.v1.MessageStoreService.PutMessages:input_type -> storaged.v1.PutMessagesRequest
-	9,  // 26: storaged.v1.MessageStoreService.PutMessageStream:input_type -> storaged.v1.PutMessageStreamRequest
-	11, // 27: storaged.v1.MessageStoreService.GetMessage:input_type -> storaged.v1.GetMessageRequest
-	13, // 28: storaged.v1.MessageStoreService.PullMessages:input_type -> storaged.v1.PullMessagesRequest
-	15, // 29: storaged.v1.MessageStoreService.GetQueueInfo:input_type -> storaged.v1.GetQueueInfoRequest
-	17, // 30: storaged.v1.MessageStoreService.GetReplicaInfo:input_type -> storaged.v1.GetReplicaInfoRequest
-	20, // 31: storaged.v1.MessageStoreService.CommitOffset:input_type -> storaged.v1.CommitOffsetRequest
-	22, // 32: storaged.v1.MessageStoreService.GetOffset:input_type -> storaged.v1.GetOffsetRequest
-	24, // 33: storaged.v1.MessageStoreService.GetOffsetByTime:input_type -> storaged.v1.GetOffsetByTimeRequest
-	26, // 34: storaged.v1.MessageStoreService.RecallMessage:input_type -> storaged.v1.RecallMessageRequest
-	7,  // 35: storaged.v1.MessageStoreService.PutMessage:output_type -> storaged.v1.PutMessageResponse
-	8,  // 36: storaged.v1.MessageStoreService.PutMessages:output_type -> storaged.v1.PutMessagesResponse
-	10, // 37: storaged.v1.MessageStoreService.PutMessageStream:output_type -> storaged.v1.PutMessageStreamResponse
-	12, // 38: storaged.v1.MessageStoreService.GetMessage:output_type -> storaged.v1.GetMessageResponse
-	14, // 39: storaged.v1.MessageStoreService.PullMessages:output_type -> storaged.v1.PullMessagesResponse
-	16, // 40: storaged.v1.MessageStoreService.GetQueueInfo:output_type -> storaged.v1.GetQueueInfoResponse
-	18, // 41: storaged.v1.MessageStoreService.GetReplicaInfo:output_type -> storaged.v1.GetReplicaInfoResponse
-	21, // 42: storaged.v1.MessageStoreService.CommitOffset:output_type -> storaged.v1.CommitOffsetResponse
-	23, // 43: storaged.v1.MessageStoreService.GetOffset:output_type -> storaged.v1.GetOffsetResponse
-	25, // 44: storaged.v1.MessageStoreService.GetOffsetByTime:output_type -> storaged.v1.GetOffsetByTimeResponse
-	27, // 45: storaged.v1.MessageStoreService.RecallMessage:output_type -> storaged.v1.RecallMessageResponse
-	35, // [35:46] is the sub-list for method output_type
-	24, // [24:35] is the sub-list for method input_type
-	24, // [24:24] is the sub-list for extension type_name
-	24, // [24:24] is the sub-list for extension extendee
-	0,  // [0:24] is the sub-list for field type_name
+	34, // 20: storaged.v1.GetReplicaInfoResponse.membership:type_name -> storaged.v1.ReplicaMembership
+	32, // 21: storaged.v1.GetOffsetByTimeRequest.time:type_name -> google.protobuf.Timestamp
+	31, // 22: storaged.v1.StoredMessage.properties:type_name -> storaged.v1.StoredMessage.PropertiesEntry
+	32, // 23: storaged.v1.StoredMessage.born_timestamp:type_name -> google.protobuf.Timestamp
+	32, // 24: storaged.v1.StoredMessage.store_timestamp:type_name -> google.protobuf.Timestamp
+	3,  // 25: storaged.v1.MessageStoreService.PutMessage:input_type -> storaged.v1.PutMessageRequest
+	4,  // 26: storaged.v1.MessageStoreService.PutMessages:input_type -> storaged.v1.PutMessagesRequest
+	9,  // 27: storaged.v1.MessageStoreService.PutMessageStream:input_type -> storaged.v1.PutMessageStreamRequest
+	11, // 28: storaged.v1.MessageStoreService.GetMessage:input_type -> storaged.v1.GetMessageRequest
+	13, // 29: storaged.v1.MessageStoreService.PullMessages:input_type -> storaged.v1.PullMessagesRequest
+	15, // 30: storaged.v1.MessageStoreService.GetQueueInfo:input_type -> storaged.v1.GetQueueInfoRequest
+	17, // 31: storaged.v1.MessageStoreService.GetReplicaInfo:input_type -> storaged.v1.GetReplicaInfoRequest
+	20, // 32: storaged.v1.MessageStoreService.CommitOffset:input_type -> storaged.v1.CommitOffsetRequest
+	22, // 33: storaged.v1.MessageStoreService.GetOffset:input_type -> storaged.v1.GetOffsetRequest
+	24, // 34: storaged.v1.MessageStoreService.GetOffsetByTime:input_type -> storaged.v1.GetOffsetByTimeRequest
+	26, // 35: storaged.v1.MessageStoreService.RecallMessage:input_type -> storaged.v1.RecallMessageRequest
+	7,  // 36: storaged.v1.MessageStoreService.PutMessage:output_type -> storaged.v1.PutMessageResponse
+	8,  // 37: storaged.v1.MessageStoreService.PutMessages:output_type -> storaged.v1.PutMessagesResponse
+	10, // 38: storaged.v1.MessageStoreService.PutMessageStream:output_type -> storaged.v1.PutMessageStreamResponse
+	12, // 39: storaged.v1.MessageStoreService.GetMessage:output_type -> storaged.v1.GetMessageResponse
+	14, // 40: storaged.v1.MessageStoreService.PullMessages:output_type -> storaged.v1.PullMessagesResponse
+	16, // 41: storaged.v1.MessageStoreService.GetQueueInfo:output_type -> storaged.v1.GetQueueInfoResponse
+	18, // 42: storaged.v1.MessageStoreService.GetReplicaInfo:output_type -> storaged.v1.GetReplicaInfoResponse
+	21, // 43: storaged.v1.MessageStoreService.CommitOffset:output_type -> storaged.v1.CommitOffsetResponse
+	23, // 44: storaged.v1.MessageStoreService.GetOffset:output_type -> storaged.v1.GetOffsetResponse
+	25, // 45: storaged.v1.MessageStoreService.GetOffsetByTime:output_type -> storaged.v1.GetOffsetByTimeResponse
+	27, // 46: storaged.v1.MessageStoreService.RecallMessage:output_type -> storaged.v1.RecallMessageResponse
+	36, // [36:47] is the sub-list for method output_type
+	25, // [25:36] is the sub-list for method input_type
+	25, // [25:25] is the sub-list for extension type_name
+	25, // [25:25] is the sub-list for extension extendee
+	0,  // [0:25] is the sub-list for field type_name
 }
 
 func init() { file_storaged_v1_message_store_proto_init() }
@@ -2732,6 +2768,7 @@ func file_storaged_v1_message_store_proto_init() {
 	if File_storaged_v1_message_store_proto != nil {
 		return
 	}
+	file_storaged_v1_admin_proto_init()
 	file_storaged_v1_message_store_proto_msgTypes[0].OneofWrappers = []any{}
 	file_storaged_v1_message_store_proto_msgTypes[9].OneofWrappers = []any{
 		(*GetMessageRequest_CommitLogOffset)(nil),
