@@ -197,7 +197,14 @@ func serve(ctx context.Context, cfg config, logger zerolog.Logger) (err error) {
 		server.WithMaxMessageSize(int(cfg.MaxMessageSize)), server.WithMaxPullWait(cfg.MaxPullWait),
 		server.WithConsumerMaxAttempts(cfg.ConsumerMaxAttempts), server.WithFifoConsumerGroups(cfg.fifoGroups())}
 	var group groupRuntime // group mode: the transport and the open store, for GetReplicaInfo and leader hints
+	var adminOpts []server.AdminOption
 	if cfg.Replication.group() {
+		if err := cfg.Replication.resolveCluster(cfg.DataDir); err != nil {
+			return err
+		}
+		group.name, group.cluster = cfg.Replication.GroupName, cfg.Replication.groupClusterID()
+		group.selfID, group.selfAddr = cfg.Replication.RaftID, cfg.Replication.RaftPeers.addr(cfg.Replication.RaftID)
+		adminOpts = append(adminOpts, group.adminOption())
 		svcOpts = append(svcOpts, group.serverOption(cfg.Replication.RaftID))
 	}
 	svc := server.New(&store, logger, svcOpts...)
@@ -215,7 +222,7 @@ func serve(ctx context.Context, cfg config, logger zerolog.Logger) (err error) {
 	}
 
 	var admin server.DeferredAdminStore
-	adminSrv, err := server.NewAdminServer(server.NewAdminService(&admin, logger), server.GRPCConfig{
+	adminSrv, err := server.NewAdminServer(server.NewAdminService(&admin, logger, adminOpts...), server.GRPCConfig{
 		Logger:     logger.With().Str("component", "admin").Logger(),
 		TLS:        tlsCfg,
 		Reflection: cfg.Reflection,
@@ -326,6 +333,7 @@ func serve(ctx context.Context, cfg config, logger zerolog.Logger) (err error) {
 	storeLog := logger.With().Str("component", "storage").Logger()
 	start := time.Now()
 	opts := cfg.storageOptions(host, &storeLog)
+	var members *memberSync
 	if cfg.Replication.group() {
 		peerLog := logger.With().Str("component", "peer").Logger()
 		tr, terr := cfg.Replication.startTransport(host.String(), &peerLog)
@@ -334,7 +342,9 @@ func serve(ctx context.Context, cfg config, logger zerolog.Logger) (err error) {
 		}
 		group.transport.Store(tr)
 		opts.Group = cfg.Replication.groupOptions(tr)
-		logger.Info().Str("peer", tr.Addr().String()).Uint64("raft_id", cfg.Replication.RaftID).
+		members = &memberSync{tr: tr, self: cfg.Replication.RaftID, flags: cfg.Replication.RaftPeers.peerMap(), log: &peerLog}
+		opts.Group.OnMembership = members.apply
+		logger.Info().Str("peer", tr.Addr().String()).Uint64("raft_id", cfg.Replication.RaftID).Str("cluster_id", group.cluster).
 			Stringer("raft_peers", &cfg.Replication.RaftPeers).Msg("peer transport listening")
 	}
 	st, err = storage.Open(opts)
@@ -393,6 +403,11 @@ func serve(ctx context.Context, cfg config, logger zerolog.Logger) (err error) {
 	admin.Set(st)
 	if tr := group.transport.Load(); tr != nil {
 		group.store.Store(st)
+		// Members added or removed by conf changes, whatever the flags
+		// list: a restarted member reaches (or forgets) them too.
+		if u, merr := st.Membership(); merr == nil {
+			members.apply(u)
+		}
 		tr.SetStepper(st)
 		tr.SetRanger(storeRanger{st})
 	}

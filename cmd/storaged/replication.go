@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -51,6 +52,13 @@ type replicationConfig struct {
 	// bootstrap, checked by every later start and by the peer handshake,
 	// and part of the cluster id.
 	GroupName string
+	// RaftJoin is --raft-join: the cluster id of an existing group this
+	// member joins (added with `storaged replica add`); empty: a member of
+	// the bootstrap.
+	RaftJoin string
+	// recordedCluster is the cluster id raft/meta of the data dir records
+	// (resolveCluster), "" before the first start.
+	recordedCluster string
 
 	// Which flags the operator set (command line or environment): a group
 	// refuses --role and an explicit --flush-mode async; standalone
@@ -110,6 +118,10 @@ func (r *replicationConfig) register(fs *flag.FlagSet) {
 	fs.StringVar(&r.GroupName, "raft-group", defaultGroupName, "group mode: the group's `name` (letters, digits, '.', '_', '-'; "+
 		"at most 64), recorded in each member's data dir at its first start; a data dir of another group, or a peer "+
 		"naming another group, is refused. Give each group its own name: it is part of the cluster id")
+	fs.StringVar(&r.RaftJoin, "raft-join", "", "group mode: this member joins an existing group whose cluster id is `id` "+
+		"(32 hex digits, printed by `storaged replica add`, shown by `storaged replica members`): it starts empty and "+
+		"learns the membership from the leader. --raft-peers lists this member (its peer address) and the members it "+
+		"can reach. Only read at the first start; later starts use the cluster id recorded in the data dir")
 	fs.StringVar(&r.PeerTLSCert, "peer-tls-cert", "", "peer TLS certificate `file` (PEM), presented as server and client; it must name this member's --raft-peers host")
 	fs.StringVar(&r.PeerTLSKey, "peer-tls-key", "", "peer TLS private key `file` (PEM)")
 	fs.StringVar(&r.PeerTLSCA, "peer-tls-ca", "", "CA `file` (PEM) that signs every member's peer certificate; TLS 1.3, client certificates required")
@@ -189,6 +201,9 @@ func (r *replicationConfig) validate(flushMode storage.FlushMode) []error {
 		if r.groupNameSet {
 			stray = append(stray, "--raft-group")
 		}
+		if r.RaftJoin != "" {
+			stray = append(stray, "--raft-join")
+		}
 		if len(stray) > 0 {
 			errs = append(errs, fmt.Errorf("%s need --raft-peers (without it storaged runs standalone)", strings.Join(stray, ", ")))
 		}
@@ -214,6 +229,15 @@ func (r *replicationConfig) validate(flushMode storage.FlushMode) []error {
 	if r.RaftLearner && r.RaftID != 0 && !slices.Contains(r.RaftLearners, r.RaftID) {
 		errs = append(errs, fmt.Errorf("--raft-learner: add this member's id %d to --raft-learners, on every member "+
 			"(each member must know the learners from the first start)", r.RaftID))
+	}
+	if r.RaftJoin != "" {
+		if p := clusterIDProblem(r.RaftJoin); p != "" {
+			errs = append(errs, fmt.Errorf("--raft-join %q: %s", trunc(r.RaftJoin), p))
+		}
+		if len(r.RaftLearners) > 0 || r.RaftLearner {
+			errs = append(errs, errors.New("--raft-join takes no --raft-learners nor --raft-learner: a joining member is "+
+				"added as a learner and learns every role from the group"))
+		}
 	}
 	if r.roleSet {
 		errs = append(errs, errors.New("--role is for standalone master/slave; in a group (--raft-peers) the leader is elected "+
@@ -480,7 +504,7 @@ func (r *replicationConfig) startTransport(clientAddr string, logger *zerolog.Lo
 		return nil, fmt.Errorf("--peer-listen: %w", err)
 	}
 	return peer.New(lis, nil, peer.Options{
-		Group: r.GroupName, ClusterID: r.clusterID(), ID: r.RaftID, Peers: r.RaftPeers.peerMap(), ClientAddr: clientAddr, TLS: tlsCfg, Logger: logger,
+		Group: r.GroupName, ClusterID: r.groupClusterID(), ID: r.RaftID, Peers: r.RaftPeers.peerMap(), ClientAddr: clientAddr, TLS: tlsCfg, Logger: logger,
 	})
 }
 
@@ -510,10 +534,53 @@ func (r *replicationConfig) clusterID() string {
 	return hex.EncodeToString(sum[:16])
 }
 
+// clusterIDProblem checks a --raft-join value: a cluster id as clusterID
+// makes them (32 lower-case hex digits).
+func clusterIDProblem(id string) string {
+	if len(id) != 32 {
+		return "want the group's cluster id, 32 hex digits"
+	}
+	if _, err := hex.DecodeString(id); err != nil || strings.ToLower(id) != id {
+		return "want the group's cluster id, 32 lower-case hex digits"
+	}
+	return ""
+}
+
+// resolveCluster reads the cluster id raft/meta of dataDir records, if
+// it has one: a member's cluster id is fixed at its first start (the
+// digest of the bootstrap flags, or --raft-join), and once the membership
+// changed the flags' member list no longer digests to it.
+func (r *replicationConfig) resolveCluster(dataDir string) error {
+	meta, err := storage.ReadReplicaMeta(storage.Options{Dir: dataDir})
+	if err != nil {
+		// None yet (the first start), or a damaged one: storage.Open
+		// refuses that with the repair to run.
+		return nil
+	}
+	if r.RaftJoin != "" && meta.ClusterUUID != r.RaftJoin {
+		return fmt.Errorf("--raft-join %s: the data dir %s belongs to cluster %s", r.RaftJoin, dataDir, meta.ClusterUUID)
+	}
+	r.recordedCluster = meta.ClusterUUID
+	return nil
+}
+
+// groupClusterID is the cluster id this member uses: the one its data dir
+// records, else --raft-join's, else the digest of the flags (clusterID).
+func (r *replicationConfig) groupClusterID() string {
+	switch {
+	case r.recordedCluster != "":
+		return r.recordedCluster
+	case r.RaftJoin != "":
+		return r.RaftJoin
+	}
+	return r.clusterID()
+}
+
 // groupOptions makes the store a member of the group, sending through tr.
 func (r *replicationConfig) groupOptions(tr storage.Transport) *storage.GroupOptions {
 	return &storage.GroupOptions{
-		ID: r.RaftID, Name: r.GroupName, ClusterID: r.clusterID(), Peers: r.voters(), Learners: slices.Clone(r.RaftLearners),
+		ID: r.RaftID, Name: r.GroupName, ClusterID: r.groupClusterID(), Join: r.RaftJoin != "",
+		Peers: r.voters(), Learners: slices.Clone(r.RaftLearners),
 		Transport: tr, ReplicationTimeout: r.ReplicationTimeout, CatchUpWindow: int64(r.CatchUpWindow),
 		CatchUpReadahead: int64(r.CatchUpReadahead),
 		TickInterval:     r.RaftTick, ElectionTick: int(r.ElectionTimeout / r.RaftTick), HeartbeatTick: 1,
@@ -525,6 +592,84 @@ func (r *replicationConfig) groupOptions(tr storage.Transport) *storage.GroupOpt
 type groupRuntime struct {
 	transport atomic.Pointer[peer.Transport]
 	store     atomic.Pointer[storage.Store]
+	// name and cluster identify the group, selfAddr is this member's
+	// --raft-peers address (set before the transport).
+	name, cluster, selfAddr string
+	selfID                  uint64
+}
+
+// adminOption gives the admin service the group's identity, the peer
+// addresses and the leader hints of refused membership changes.
+func (g *groupRuntime) adminOption() server.AdminOption {
+	return server.WithAdminGroup(func() server.AdminGroup {
+		out := server.AdminGroup{ClusterID: g.cluster, Group: g.name, ClientAddr: func(uint64) string { return "" }}
+		if tr := g.transport.Load(); tr != nil {
+			out.PeerAddrs = g.peerAddrs(tr)
+			out.ClientAddr = tr.ClientAddr
+		}
+		return out
+	})
+}
+
+// peerAddrs are the transport's peers and this member at its address.
+func (g *groupRuntime) peerAddrs(tr *peer.Transport) map[uint64]string {
+	addrs := tr.Peers()
+	if g.selfAddr != "" {
+		addrs[g.selfID] = g.selfAddr
+	}
+	return addrs
+}
+
+// memberSync keeps the peer transport following the group's membership
+// (GroupOptions.OnMembership, and once at start from Store.Membership):
+// every member gets a link, at its --raft-peers address when the flags
+// list it (addresses may change between starts), else at the address its
+// conf change recorded; a removed member's link goes. Updates older than
+// the last one applied are ignored (the start-up one may race the raft
+// goroutine's).
+type memberSync struct {
+	tr    *peer.Transport
+	self  uint64
+	flags map[uint64]string
+	log   *zerolog.Logger
+
+	mu      sync.Mutex
+	applied bool
+	index   uint64
+}
+
+func (m *memberSync) apply(u storage.MembershipUpdate) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.applied && u.Membership.Index < m.index {
+		return
+	}
+	m.applied, m.index = true, u.Membership.Index
+	ids := u.Membership.Members()
+	for id := range u.PeerAddrs {
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	for _, id := range slices.Compact(ids) {
+		if id == m.self || slices.Contains(u.Removed, id) {
+			continue
+		}
+		addr := m.flags[id]
+		if addr == "" {
+			addr = u.PeerAddrs[id]
+		}
+		if addr == "" {
+			continue
+		}
+		if err := m.tr.SetPeer(id, addr); err != nil {
+			m.log.Warn().Err(err).Uint64("peer", id).Str("peer_addr", addr).Msg("membership change: cannot reach the new member")
+		}
+	}
+	for _, id := range u.Removed {
+		if id != m.self {
+			m.tr.RemovePeer(id)
+		}
+	}
 }
 
 // serverOption feeds GetReplicaInfo and the leader hints of refused puts.
@@ -550,7 +695,15 @@ func (g *groupRuntime) info(id uint64) func() server.ReplicaInfo {
 		ri := st.ReplicaInfo()
 		out := server.ReplicaInfo{Role: ri.Role, ID: ri.ID, Term: ri.Term, LeaderID: ri.LeaderID, Commit: ri.Commit,
 			Applied: ri.Applied, CommitEnd: ri.CommitEnd, Ready: ri.Ready,
-			ReadaheadBytes: ri.ReadaheadBytes, Readaheads: ri.Readaheads, StorageEntries: ri.StorageEntries}
+			ReadaheadBytes: ri.ReadaheadBytes, Readaheads: ri.Readaheads, StorageEntries: ri.StorageEntries,
+			ClusterID: g.cluster, Group: g.name}
+		if u, err := st.Membership(); err == nil {
+			var addrs map[uint64]string
+			if tr := g.transport.Load(); tr != nil {
+				addrs = g.peerAddrs(tr)
+			}
+			out.Membership = server.MembershipOf(u, addrs)
+		}
 		for _, p := range ri.Peers {
 			out.Peers = append(out.Peers, server.PeerProgress{ID: p.ID, Match: p.Match, Next: p.Next,
 				RecentActive: p.RecentActive, Learner: p.Learner})

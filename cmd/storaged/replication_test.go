@@ -237,6 +237,15 @@ func TestReplicationFlagErrors(t *testing.T) {
 			`--raft-group "g/1": want letters, digits`},
 		{"group name empty", []string{"--raft-id", "1", "--raft-peers", peers3, "--raft-group", ""}, nil,
 			`--raft-group "": want 1 to 64 characters`},
+		{"join without peers", []string{"--raft-join", strings.Repeat("a", 32)}, nil, "--raft-join need --raft-peers"},
+		{"join not a cluster id", []string{"--raft-id", "4", "--raft-peers", peers3 + ",4=127.0.0.1:9194", "--raft-join", "abc"}, nil,
+			`--raft-join "abc": want the group's cluster id, 32 hex digits`},
+		{"join upper case", []string{"--raft-id", "4", "--raft-peers", peers3 + ",4=127.0.0.1:9194", "--raft-join",
+			strings.Repeat("A", 32)}, nil, "32 lower-case hex digits"},
+		{"join with learners", []string{"--raft-id", "4", "--raft-peers", peers3 + ",4=127.0.0.1:9194", "--raft-join",
+			strings.Repeat("a", 32), "--raft-learners", "4"}, nil, "--raft-join takes no --raft-learners"},
+		{"join not listing itself", []string{"--raft-id", "4", "--raft-peers", peers3, "--raft-join", strings.Repeat("a", 32)}, nil,
+			"--raft-id 4 is not in --raft-peers"},
 		{"group name long", []string{"--raft-id", "1", "--raft-peers", peers3, "--raft-group", strings.Repeat("g", 65)}, nil,
 			"want 1 to 64 characters"},
 	} {
@@ -403,4 +412,171 @@ func TestGroupIdentityInDataDir(t *testing.T) {
 	if err := open("--raft-peers", peers3, "--raft-group", "g1"); err != nil {
 		t.Fatalf("the same flags again: %v", err)
 	}
+}
+
+// TestRaftJoinFlags: --raft-join (or STORAGED_RAFT_JOIN) makes the store
+// join with the given cluster id; --raft-peers lists this member and the
+// members it reaches, all of them plain peers.
+func TestRaftJoinFlags(t *testing.T) {
+	const cid = "0123456789abcdef0123456789abcdef"
+	peers := "4=127.0.0.1:9194,1=127.0.0.1:9191"
+	for _, c := range []struct {
+		args, env []string
+	}{
+		{[]string{"--raft-id", "4", "--raft-peers", peers, "--raft-join", cid, "--raft-group", "g1"}, nil},
+		{[]string{"--raft-id", "4", "--raft-peers", peers}, []string{"STORAGED_RAFT_JOIN", cid, "STORAGED_RAFT_GROUP", "g1"}},
+	} {
+		cfg, err := parseConfig(c.args, env(c.env...), &bytes.Buffer{})
+		if err != nil {
+			t.Fatalf("%v %v: %v", c.args, c.env, err)
+		}
+		g := cfg.Replication.groupOptions(nopTransport{})
+		if !g.Join || g.ClusterID != cid || g.Name != "g1" || g.ID != 4 || cfg.Replication.groupClusterID() != cid {
+			t.Fatalf("%v %v: group options %+v", c.args, c.env, g)
+		}
+		o := storage.Options{Dir: t.TempDir(), FlushMode: storage.FlushSync, Group: g}
+		if err := o.Validate(); err != nil {
+			t.Fatalf("the store refuses the joining options: %v", err)
+		}
+	}
+	// Without --raft-join: the digest of the flags, no Join.
+	cfg, err := parseConfig([]string{"--raft-id", "1", "--raft-peers", peers3}, env(), &bytes.Buffer{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if g := cfg.Replication.groupOptions(nopTransport{}); g.Join || g.ClusterID != cfg.Replication.clusterID() {
+		t.Fatalf("bootstrap member: %+v", g)
+	}
+}
+
+// waitReady polls until st's leader is ready, failing after 20 s.
+func waitReady(t *testing.T, st *storage.Store) {
+	t.Helper()
+	poll, deadline := time.NewTicker(5*time.Millisecond), time.After(20*time.Second)
+	defer poll.Stop()
+	for !st.ReplicaInfo().Ready {
+		select {
+		case <-deadline:
+			t.Fatal("the group's leader is not ready after 20s")
+		case <-poll.C:
+		}
+	}
+}
+
+// TestClusterIDFromDataDir: a start on a data dir that has raft/meta uses
+// the cluster id recorded there, not the digest of the current flags: once
+// a membership change is recorded (raft/conf) the member list of the flags
+// may differ from the bootstrap's and the store opens; before any change
+// raftlog still refuses other members. A joined member's data dir keeps
+// its --raft-join cluster id, and refuses another one.
+func TestClusterIDFromDataDir(t *testing.T) {
+	dir := t.TempDir()
+	open := func(cfg *config) (*storage.Store, error) {
+		t.Helper()
+		if err := cfg.Replication.resolveCluster(dir); err != nil {
+			return nil, err
+		}
+		g := cfg.Replication.groupOptions(nopTransport{})
+		g.TickInterval = 10 * time.Millisecond
+		return storage.Open(storage.Options{Dir: dir, FlushMode: storage.FlushSync, FileSize: 1 << 20, Group: g})
+	}
+	parse := func(args ...string) config {
+		t.Helper()
+		cfg, err := parseConfig(args, env(), &bytes.Buffer{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return cfg
+	}
+	boot := parse("--raft-id", "1", "--raft-peers", "1=127.0.0.1:9191,2=127.0.0.1:9192")
+	// A one-voter bootstrap (the flags need two members: drop member 2
+	// from the options so that this member leads alone).
+	boot.Replication.RaftLearners = raftIDs{2}
+	st, err := open(&boot)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitReady(t, st)
+	cid := boot.Replication.groupClusterID()
+	other := parse("--raft-id", "1", "--raft-peers", "1=127.0.0.1:9191,3=127.0.0.1:9193")
+	if other.Replication.clusterID() == cid {
+		t.Fatal("the test needs flags with another digest")
+	}
+	if err := st.Close(); err != nil {
+		t.Fatal(err)
+	}
+	// No change recorded: other members are refused, with the recorded
+	// cluster id (not a cluster mismatch: the member list).
+	if _, err := open(&other); !errors.Is(err, raftlog.ErrMetaMismatch) || !strings.Contains(err.Error(), "bootstrap members") {
+		t.Fatalf("other members before a change: %v", err)
+	}
+	// Record a change: add learner 3.
+	st, err = open(&boot)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitReady(t, st)
+	if _, err := st.AddLearner(t.Context(), 3, "127.0.0.1:9193"); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Close(); err != nil {
+		t.Fatal(err)
+	}
+	other = parse("--raft-id", "1", "--raft-peers", "1=127.0.0.1:9191,3=127.0.0.1:9193")
+	st, err = open(&other)
+	if err != nil {
+		t.Fatalf("other members after a change: %v", err)
+	}
+	if got := other.Replication.groupClusterID(); got != cid {
+		t.Errorf("cluster id %s, want the recorded %s", got, cid)
+	}
+	if err := st.Close(); err != nil {
+		t.Fatal(err)
+	}
+	// --raft-join of another cluster on this dir is refused.
+	join := parse("--raft-id", "1", "--raft-peers", "1=127.0.0.1:9191,3=127.0.0.1:9193", "--raft-join", strings.Repeat("a", 32))
+	if _, err := open(&join); err == nil || !strings.Contains(err.Error(), "belongs to cluster "+cid) {
+		t.Fatalf("--raft-join of another cluster: %v", err)
+	}
+}
+
+// TestMemberSync: membership updates reach the peer transport: a member a
+// conf change added gets a link at the address the change recorded, one
+// the flags list keeps its flags address, a removed member's link goes,
+// and an update older than one applied changes nothing.
+func TestMemberSync(t *testing.T) {
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	own := lis.Addr().String()
+	lis.Close()
+	cfg, err := parseConfig([]string{"--raft-id", "1", "--raft-peers", "1=" + own + ",2=127.0.0.1:1,3=127.0.0.1:2"}, env(), &bytes.Buffer{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	l := zerolog.Nop()
+	tr, err := cfg.Replication.startTransport("127.0.0.1:9090", &l)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tr.Close()
+	ms := &memberSync{tr: tr, self: 1, flags: cfg.Replication.RaftPeers.peerMap(), log: &l}
+	want := func(peers map[uint64]string) {
+		t.Helper()
+		if got := tr.Peers(); !reflect.DeepEqual(got, peers) {
+			t.Fatalf("transport peers %v, want %v", got, peers)
+		}
+	}
+	ms.apply(storage.MembershipUpdate{Membership: storage.GroupMembership{Index: 5, Voters: []uint64{1, 2, 3}, Learners: []uint64{4}},
+		PeerAddrs: map[uint64]string{4: "127.0.0.1:3", 2: "127.0.0.1:9"}})
+	want(map[uint64]string{2: "127.0.0.1:1", 3: "127.0.0.1:2", 4: "127.0.0.1:3"})
+	removed := storage.MembershipUpdate{Membership: storage.GroupMembership{Index: 9, Voters: []uint64{1, 2, 4}},
+		PeerAddrs: map[uint64]string{4: "127.0.0.1:3", 3: "127.0.0.1:2"}, Removed: []uint64{3}}
+	ms.apply(removed)
+	want(map[uint64]string{2: "127.0.0.1:1", 4: "127.0.0.1:3"})
+	ms.apply(storage.MembershipUpdate{Membership: storage.GroupMembership{Index: 5, Voters: []uint64{1, 2, 3}}}) // stale
+	want(map[uint64]string{2: "127.0.0.1:1", 4: "127.0.0.1:3"})
+	ms.apply(removed) // the same again: nothing moves
+	want(map[uint64]string{2: "127.0.0.1:1", 4: "127.0.0.1:3"})
 }
