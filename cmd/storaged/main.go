@@ -35,6 +35,12 @@
 //
 //	storaged health [-addr HOST:PORT] [-service NAME]   exit 0 when grpc.health.v1 says SERVING
 //
+// Clients of a running group member changing the membership (members.go):
+//
+//	storaged replica members --addr HOST:PORT          the membership and cluster id a member applied
+//	storaged replica add --addr ADMIN --id N --peer-addr HOST:PORT
+//	storaged replica promote|remove --addr ADMIN --id N
+//
 // When the store refuses to open because acknowledged data is damaged
 // (*storage.CorruptionError), the log and the exit message name the file
 // and offset and the two commands to run; for a corrupt checkpoint

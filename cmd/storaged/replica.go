@@ -50,9 +50,15 @@ type storageDamage struct {
 // runReplica is `storaged replica SUBCOMMAND`: the offline tools of a
 // replication group member.
 func runReplica(args []string, lookupEnv func(string) (string, bool), stdout, stderr io.Writer) int {
+	if len(args) > 0 {
+		switch args[0] {
+		case "members", "add", "promote", "remove":
+			return runReplicaMembership(args[0], args[1:], lookupEnv, stdout, stderr)
+		}
+	}
 	if len(args) == 0 || args[0] != "repair" {
 		fmt.Fprint(stderr, "Usage: storaged replica repair --from ID=HOST:PORT[,ID=HOST:PORT…] [--data-dir D] [--file-size S] "+
-			"[--raft-id N --raft-peers P --raft-group G --raft-learners L] [--peer-tls-*]\n")
+			"[--raft-id N --raft-peers P --raft-group G --raft-learners L] [--peer-tls-*]\n"+membersUsage)
 		if len(args) > 0 && (args[0] == "-h" || args[0] == "--help" || args[0] == "help") {
 			return exitOK
 		}
