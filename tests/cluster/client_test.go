@@ -39,6 +39,13 @@ func startWriters(t *testing.T, g *group, n int) *writers {
 	for _, p := range g.nodes {
 		addrs = append(addrs, p.Addr())
 	}
+	return startWritersAt(t, addrs, n)
+}
+
+// startWritersAt is startWriters with the client addresses given (members
+// not started yet among them).
+func startWritersAt(t *testing.T, addrs []string, n int) *writers {
+	t.Helper()
 	tr, err := client.New(client.Options{Addrs: addrs})
 	if err != nil {
 		t.Fatal(err)

@@ -1,0 +1,220 @@
+package cluster
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+
+	storagedv1 "github.com/storaged/storaged/gen/storaged/v1"
+	"github.com/storaged/storaged/internal/proctest"
+)
+
+// memberGroup is a group whose members serve the admin service at known
+// addresses (admin[p]), for membership changes.
+type memberGroup struct {
+	*group
+	admin map[*proctest.Process]string
+}
+
+// adminClient dials addr; closed when the test ends.
+func adminClient(t *testing.T, addr string) storagedv1.AdminServiceClient {
+	t.Helper()
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return storagedv1.NewAdminServiceClient(conn)
+}
+
+// leaderOf waits (60 s at most) for one of ps to be the ready leader.
+func leaderOf(t *testing.T, ps []*proctest.Process) *proctest.Process {
+	t.Helper()
+	deadline := time.After(60 * time.Second)
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		for _, p := range ps {
+			if !p.Running() {
+				continue
+			}
+			if ri := info(p); ri != nil && ri.GetRole() == storagedv1.ReplicaRole_REPLICA_ROLE_LEADER && ri.GetReady() {
+				return p
+			}
+		}
+		select {
+		case <-deadline:
+			t.Fatal("no ready leader within 60 s")
+		case <-tick.C:
+		}
+	}
+}
+
+// change sends a membership change to the current leader among ps until
+// done(membership) holds: a refusal that changed nothing and will clear
+// (UNAVAILABLE: not the leader, leadership moving; ABORTED: a change
+// pending; the retry causes) is retried, as is an unknown outcome
+// (DEADLINE_EXCEEDED) after reading the membership; anything else fails
+// the test. 90 s at most.
+func (g *memberGroup) change(t *testing.T, what string, ps []*proctest.Process, retryCauses []string,
+	call func(ctx context.Context, c storagedv1.AdminServiceClient) (*storagedv1.ReplicaMembership, error),
+	done func(*storagedv1.ReplicaMembership) bool) *storagedv1.ReplicaMembership {
+	t.Helper()
+	deadline := time.After(90 * time.Second)
+	tick := time.NewTicker(50 * time.Millisecond)
+	defer tick.Stop()
+	var last error
+	for {
+		leader := leaderOf(t, ps)
+		if ri := info(leader); ri != nil && done(ri.GetMembership()) {
+			return ri.GetMembership()
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		m, err := call(ctx, adminClient(t, g.admin[leader]))
+		cancel()
+		if err == nil {
+			if !done(m) {
+				t.Fatalf("%s: answered %v", what, m)
+			}
+			return m
+		}
+		last = err
+		st := status.Convert(err)
+		cause := ""
+		for _, d := range st.Details() {
+			if info, ok := d.(*errdetails.ErrorInfo); ok {
+				cause = info.GetMetadata()["cause"]
+			}
+		}
+		switch {
+		case st.Code() == codes.Unavailable, st.Code() == codes.Aborted, st.Code() == codes.DeadlineExceeded:
+		case st.Code() == codes.FailedPrecondition && slices.Contains(retryCauses, cause):
+		default:
+			t.Fatalf("%s: %v", what, err)
+		}
+		select {
+		case <-deadline:
+			t.Fatalf("%s: not done within 90 s; last answer %v", what, last)
+		case <-tick.C:
+		}
+	}
+}
+
+// TestGroupReplaceMember: member 3 of a group of 3 is replaced by a new
+// member 4 under write load: member 4 starts empty with --raft-join (the
+// cluster id GetReplicaInfo shows), is added as a learner, catches up, is
+// promoted once caught up, and member 3 is removed (after a leadership
+// transfer when it led) and stopped; then the leader is killed with -9.
+// The two survivors of {1, 2, 4} elect a leader, writes resume, and every
+// acknowledged put is readable on both.
+func TestGroupReplaceMember(t *testing.T) {
+	ports := freePorts(t, 6) // admin 1-3, then member 4's peer, client and admin listeners
+	admins := ports[:3]
+	g := &memberGroup{group: newGroupWith(t, 3, 1, func(id int) []string {
+		return []string{"--admin-listen", admins[id-1]}
+	}), admin: map[*proctest.Process]string{}}
+	for i, p := range g.nodes {
+		g.admin[p] = admins[i]
+	}
+	n1, n2, n3 := g.nodes[0], g.nodes[1], g.nodes[2]
+	peer4, client4, admin4 := ports[3], ports[4], ports[5]
+	leader := g.Leader(t)
+	// The writers know every member's client address, member 4's too (a
+	// client of a group is configured with its members' addresses).
+	w := startWritersAt(t, []string{n1.Addr(), n2.Addr(), n3.Addr(), client4}, 4)
+	w.waitAcks(t, 50)
+
+	ri := mustReplicaInfo(t, leader)
+	cid := ri.GetClusterId()
+	if len(cid) != 32 || ri.GetGroup() != "default" || !slices.Equal(ri.GetMembership().GetVoters(), []uint64{1, 2, 3}) {
+		t.Fatalf("the leader's replica info: %v", ri)
+	}
+	var peers []string
+	peers = append(peers, "4="+peer4)
+	for i, a := range g.peerAddrs {
+		peers = append(peers, fmt.Sprintf("%d=%s", i+1, a))
+	}
+	n4 := proctest.Start(t, proctest.Options{Binary: binary, Name: "n4", DataDir: filepath.Join(t.TempDir(), "n4"), Listen: client4,
+		Flags: []string{"--raft-id", "4", "--raft-join", cid, "--raft-peers", strings.Join(peers, ","), "--peer-listen", peer4,
+			"--file-size", "256KiB", "--admin-listen", admin4}})
+	g.admin[n4] = admin4
+	voters3 := []*proctest.Process{n1, n2, n3}
+
+	g.change(t, "add member 4", voters3, nil, func(ctx context.Context, c storagedv1.AdminServiceClient) (*storagedv1.ReplicaMembership, error) {
+		resp, err := c.AddReplicaMember(ctx, &storagedv1.AddReplicaMemberRequest{Id: 4, PeerAddr: peer4})
+		if err == nil && resp.GetClusterId() != cid {
+			t.Errorf("AddReplicaMember's cluster id %s, want %s", resp.GetClusterId(), cid)
+		}
+		return resp.GetMembership(), err
+	}, func(m *storagedv1.ReplicaMembership) bool { return slices.Contains(m.GetLearners(), 4) })
+	w.waitAcks(t, 50)
+
+	// Caught up: it serves what was acked so far; then the promotion,
+	// retried while the leader finds it behind.
+	w.mu.Lock()
+	ackedSoFar := make(map[int64]string, len(w.acked))
+	for k, v := range w.acked {
+		ackedSoFar[k] = v
+	}
+	w.mu.Unlock()
+	waitAcked(t, "n4", n4, ackedSoFar)
+	if ri := mustReplicaInfo(t, n4); ri.GetRole() != storagedv1.ReplicaRole_REPLICA_ROLE_LEARNER || ri.GetClusterId() != cid {
+		t.Fatalf("member 4 while a learner: %v", ri)
+	}
+	g.change(t, "promote member 4", voters3, []string{"LEARNER_BEHIND"},
+		func(ctx context.Context, c storagedv1.AdminServiceClient) (*storagedv1.ReplicaMembership, error) {
+			resp, err := c.PromoteReplicaMember(ctx, &storagedv1.PromoteReplicaMemberRequest{Id: 4})
+			return resp.GetMembership(), err
+		}, func(m *storagedv1.ReplicaMembership) bool { return slices.Equal(m.GetVoters(), []uint64{1, 2, 3, 4}) })
+	w.waitAcks(t, 50)
+
+	// Remove member 3; a leader cannot remove itself: SIGTERM hands its
+	// leadership over first (and it is restarted to be removed).
+	all := []*proctest.Process{n1, n2, n3, n4}
+	names := map[*proctest.Process]string{n1: "n1", n2: "n2", n3: "n3", n4: "n4"}
+	if l := leaderOf(t, all); l == n3 {
+		t.Logf("n3 leads: SIGTERM hands the leadership over before its removal")
+		if err := n3.Term(t, 60*time.Second); err != nil {
+			t.Fatalf("n3's SIGTERM: %v", err)
+		}
+		n3.Restart(t)
+	}
+	m := g.change(t, "remove member 3", all, []string{"REMOVE_LEADER"},
+		func(ctx context.Context, c storagedv1.AdminServiceClient) (*storagedv1.ReplicaMembership, error) {
+			resp, err := c.RemoveReplicaMember(ctx, &storagedv1.RemoveReplicaMemberRequest{Id: 3})
+			return resp.GetMembership(), err
+		}, func(m *storagedv1.ReplicaMembership) bool {
+			return slices.Equal(m.GetVoters(), []uint64{1, 2, 4}) && slices.Contains(m.GetRemoved(), 3)
+		})
+	if m.GetPeerAddrs()[4] != peer4 {
+		t.Errorf("membership after the removal: %v, want member 4 at %s", m, peer4)
+	}
+	n3.Kill(t)
+	w.waitAcks(t, 50)
+
+	// kill -9 the leader: two of the three voters remain.
+	survivors := []*proctest.Process{n1, n2, n4}
+	dead := leaderOf(t, survivors)
+	dead.Kill(t)
+	survivors = slices.DeleteFunc(survivors, func(p *proctest.Process) bool { return p == dead })
+	t.Logf("killed the leader %s; %s leads now", names[dead], names[leaderOf(t, survivors)])
+	w.waitAcks(t, 50)
+	w.close()
+	if len(w.bad) > 0 {
+		t.Fatalf("unexpected put answers: %v", w.bad)
+	}
+	for _, p := range survivors {
+		waitAcked(t, names[p], p, w.acked)
+	}
+	t.Logf("acked %d, unknown outcome %d (e.g. %v), refused (nothing stored) %d", len(w.acked), w.unknown, w.unknowns, w.refused)
+}
