@@ -48,6 +48,10 @@ type AdminGroup struct {
 	// ClientAddr is a member's client address ("" when unknown), for the
 	// leader hint of a "not leader" answer.
 	ClientAddr func(id uint64) string
+	// PeerAddrProblem, if set, says why the peer transport would refuse
+	// addr (plaintext off loopback), "" when it would not: a change it
+	// refuses would add a member no one can reach.
+	PeerAddrProblem func(addr string) string
 }
 
 // WithAdminGroup makes the membership answers carry the group's identity
@@ -71,11 +75,16 @@ func (a *AdminService) AddReplicaMember(ctx context.Context, req *storagedv1.Add
 	if reason := peerAddrProblem(req.GetPeerAddr()); reason != "" {
 		return nil, badAdmin("peer_addr", reason)
 	}
+	g := a.groupInfo()
+	if g.PeerAddrProblem != nil {
+		if reason := g.PeerAddrProblem(req.GetPeerAddr()); reason != "" {
+			return nil, badAdmin("peer_addr", reason)
+		}
+	}
 	m, err := a.store.AddLearner(ctx, req.GetId(), req.GetPeerAddr())
 	if err != nil {
 		return nil, a.memberError("AddReplicaMember", err)
 	}
-	g := a.groupInfo()
 	return &storagedv1.AddReplicaMemberResponse{Membership: a.membershipAnswer(m, g), ClusterId: g.ClusterID, Group: g.Group}, nil
 }
 
@@ -205,7 +214,7 @@ func (a *AdminService) memberError(m string, err error) error {
 			"retry once it applied", &errdetails.RetryInfo{RetryDelay: durationpb.New(retryDelayConfPending)})
 	case errors.Is(err, storage.ErrBadConfChange):
 		return refused(codes.FailedPrecondition, CauseBadConfChange, "the change does not fit the group's membership "+
-			"(an id that is or was a member, or not a member; ids are never reused): nothing changed: "+errText(err))
+			"(an id that is or was a member, or not a member; ids are never reused): nothing changed: "+err.Error())
 	case errors.Is(err, storage.ErrLearnerBehind):
 		return refused(codes.FailedPrecondition, CauseLearnerBehind, "the learner is not caught up with the leader, "+
 			"or was not heard from recently; nothing changed; promote it once it has caught up")
@@ -234,9 +243,6 @@ func (a *AdminService) memberError(m string, err error) error {
 	a.log.Error().Err(err).Str("grpc.method", m).Msg("membership change failed with an unexpected error")
 	return newStatus(codes.Internal, "internal error", &errdetails.ErrorInfo{Reason: ReasonInternal, Domain: ErrorDomain})
 }
-
-// errText is the refusal's own text, for the status message.
-func errText(err error) string { return err.Error() }
 
 func (a *AdminService) leaderAddr(id uint64) string {
 	g := a.groupInfo()

@@ -75,6 +75,21 @@ func TestMemberChangeValidation(t *testing.T) {
 	check(err, "id")
 	_, err = c.RemoveReplicaMember(ctx, &storagedv1.RemoveReplicaMemberRequest{})
 	check(err, "id")
+	// The transport's own rule (AdminGroup.PeerAddrProblem), before the store.
+	srv, err := NewAdminServer(NewAdminService(memberStore{err: fmt.Errorf("store called")}, zerolog.Nop(),
+		WithAdminGroup(func() AdminGroup {
+			return AdminGroup{PeerAddrProblem: func(addr string) string {
+				if strings.HasPrefix(addr, "10.") {
+					return "not loopback"
+				}
+				return ""
+			}}
+		})), GRPCConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = serveAdmin(t, srv).AddReplicaMember(ctx, &storagedv1.AddReplicaMemberRequest{Id: 4, PeerAddr: "10.0.0.4:9191"})
+	check(err, "peer_addr")
 	// 256 bytes is allowed (the fake store answers, with an internal error).
 	_, err = c.AddReplicaMember(ctx, &storagedv1.AddReplicaMemberRequest{Id: 4, PeerAddr: strings.Repeat("h", 251) + ":9191"})
 	details(t, err).want(t, codes.Internal, ReasonInternal, false)

@@ -210,6 +210,7 @@ func serve(ctx context.Context, cfg config, logger zerolog.Logger) (err error) {
 		}
 		group.name, group.cluster = cfg.Replication.GroupName, cfg.Replication.groupClusterID()
 		group.selfID, group.selfAddr = cfg.Replication.RaftID, cfg.Replication.RaftPeers.addr(cfg.Replication.RaftID)
+		group.peerTLS = cfg.Replication.PeerTLSCert != ""
 		adminOpts = append(adminOpts, group.adminOption())
 		svcOpts = append(svcOpts, group.serverOption(cfg.Replication.RaftID))
 	}

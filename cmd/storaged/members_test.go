@@ -78,6 +78,10 @@ func TestReplicaMembershipCommands(t *testing.T) {
 		!slices.Equal(m.Voters, []uint64{1}) || !slices.Equal(m.Learners, []uint64{2}) || m.PeerAddrs[1] != p1 || m.PeerAddrs[2] != p2 {
 		t.Fatalf("members: %+v", m)
 	}
+	if _, stderr := run(exitRefused, "add", "--addr", adminAddr, "--id", "3", "--peer-addr", "10.1.2.3:9191"); !strings.Contains(stderr, "InvalidArgument") ||
+		!strings.Contains(stderr, "loopback") {
+		t.Fatalf("add of a plaintext member off loopback: %s", stderr)
+	}
 	add, _ := run(exitOK, "add", "--addr", adminAddr, "--id", "3", "--peer-addr", p3)
 	wantFlags := "--raft-id 3 --raft-group default --raft-join " + m.ClusterID + " --raft-peers 3=" + p3 + ",1=" + p1 + ",2=" + p2
 	if add.StartFlags != wantFlags || !slices.Equal(add.Learners, []uint64{2, 3}) || add.Index == 0 {

@@ -596,19 +596,34 @@ type groupRuntime struct {
 	// --raft-peers address (set before the transport).
 	name, cluster, selfAddr string
 	selfID                  uint64
+	peerTLS                 bool // --peer-tls-* set
 }
 
 // adminOption gives the admin service the group's identity, the peer
 // addresses and the leader hints of refused membership changes.
 func (g *groupRuntime) adminOption() server.AdminOption {
 	return server.WithAdminGroup(func() server.AdminGroup {
-		out := server.AdminGroup{ClusterID: g.cluster, Group: g.name, ClientAddr: func(uint64) string { return "" }}
+		out := server.AdminGroup{ClusterID: g.cluster, Group: g.name, ClientAddr: func(uint64) string { return "" },
+			PeerAddrProblem: g.peerAddrProblem}
 		if tr := g.transport.Load(); tr != nil {
 			out.PeerAddrs = g.peerAddrs(tr)
 			out.ClientAddr = tr.ClientAddr
 		}
 		return out
 	})
+}
+
+// peerAddrProblem refuses a new member's peer address that this
+// member's transport would refuse (SetPeer): not host:port, or plaintext
+// off loopback.
+func (g *groupRuntime) peerAddrProblem(addr string) string {
+	if err := checkHostPort(addr, false); err != nil {
+		return err.Error()
+	}
+	if !g.peerTLS && !peer.IsLoopback(addr) {
+		return "not a loopback address, and the group's peer traffic is plaintext (no --peer-tls-*)"
+	}
+	return ""
 }
 
 // peerAddrs are the transport's peers and this member at its address.

@@ -109,7 +109,7 @@ type AdminServiceClient interface {
 	//
 	// Errors (google.rpc.ErrorInfo, domain "storaged"); each but DEADLINE_EXCEEDED means nothing changed:
 	//   - INVALID_ARGUMENT, reason "INVALID_REQUEST", BadRequest on id (0) or peer_addr (not host:port,
-	//     over 256 bytes).
+	//     over 256 bytes, or not loopback in a group whose peer traffic is plaintext).
 	//   - FAILED_PRECONDITION, reason "CONF_CHANGE_REFUSED", metadata cause:
 	//     "STANDALONE" (the server is not in a replication group), "BAD_CONF_CHANGE" (the id is or was a
 	//     member, or the change is not valid for the membership), "LEARNER_BEHIND" (PromoteReplicaMember:
@@ -321,7 +321,7 @@ type AdminServiceServer interface {
 	//
 	// Errors (google.rpc.ErrorInfo, domain "storaged"); each but DEADLINE_EXCEEDED means nothing changed:
 	//   - INVALID_ARGUMENT, reason "INVALID_REQUEST", BadRequest on id (0) or peer_addr (not host:port,
-	//     over 256 bytes).
+	//     over 256 bytes, or not loopback in a group whose peer traffic is plaintext).
 	//   - FAILED_PRECONDITION, reason "CONF_CHANGE_REFUSED", metadata cause:
 	//     "STANDALONE" (the server is not in a replication group), "BAD_CONF_CHANGE" (the id is or was a
 	//     member, or the change is not valid for the membership), "LEARNER_BEHIND" (PromoteReplicaMember:
