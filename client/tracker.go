@@ -389,7 +389,7 @@ func (t *LeaderTracker) connLocked(addr string) string {
 }
 
 // runLookup finds the ready leader: the hinted address if it says so
-// itself, else the first member that does. A member that only names the
+// itself, else the first member (or address hinted before) that does. A member that only names the
 // leader is not enough: a dead leader is named until the others time it
 // out, and a put sent to it would end with an unknown outcome. (A
 // deposed leader that still believes it leads refuses puts without a
@@ -411,9 +411,20 @@ func (t *LeaderTracker) runLookup(lc *lookupCall, hint string) {
 			return
 		}
 	}
+	// The members given, and the leader addresses refusals named: a
+	// member added to the group since the tracker was made may lead now,
+	// and after a hint's single probe (it may not have been ready yet)
+	// no given member would ever name it again once none leads.
 	t.mu.Lock()
 	addrs := slices.Clone(t.members)
+	given := len(addrs)
+	for a := range t.conns {
+		if !slices.Contains(addrs, a) {
+			addrs = append(addrs, a)
+		}
+	}
 	t.mu.Unlock()
+	slices.Sort(addrs[given:])
 	ctx, cancel := context.WithCancel(t.ctx)
 	defer cancel()
 	leaders := make(chan string, len(addrs))

@@ -35,6 +35,9 @@ type scripted struct {
 	puts   int
 	probes int
 	onPut  func() // called after each put, with s.mu held (it may set another scripted)
+	// onProbe, if set, is called at each GetReplicaInfo with s.mu held,
+	// before the answer (it may change s's own role).
+	onProbe func(s *scripted)
 }
 
 func startScripted(t *testing.T) *scripted {
@@ -80,6 +83,9 @@ func (s *scripted) GetReplicaInfo(context.Context, *storagedv1.GetReplicaInfoReq
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.probes++
+	if s.onProbe != nil {
+		s.onProbe(s)
+	}
 	return &storagedv1.GetReplicaInfoResponse{Role: s.role, Ready: s.ready, Term: s.term}, nil
 }
 
@@ -141,6 +147,33 @@ func TestTrackerFollowsHint(t *testing.T) {
 	}
 	if a.putCount() != 1 || b.putCount() != 3 || c.putCount() != 0 || tr.Leader() != b.addr {
 		t.Fatalf("puts a=%d b=%d c=%d, leader %s (b is %s)", a.putCount(), b.putCount(), c.putCount(), tr.Leader(), b.addr)
+	}
+}
+
+// TestTrackerRemembersHintedLeader: the leader moves to a member the
+// tracker was not given (one added to the group since): the refusal names
+// it while it is not ready yet, and the lookups that follow find no ready
+// leader among the given members. They must ask the hinted member too, or
+// the tracker would never reach the group's leader again.
+func TestTrackerRemembersHintedLeader(t *testing.T) {
+	a, b, c := startScripted(t), startScripted(t), startScripted(t)
+	a.set(leader, true, 5, statusErr(codes.Unavailable,
+		info("SERVICE_NOT_AVAILABLE", map[string]string{"cause": "NOT_LEADER", "leader_addr": c.addr}), retry(0)))
+	a.onPut = func() { a.role, a.ready = storagedv1.ReplicaRole_REPLICA_ROLE_FOLLOWER, false }
+	c.onProbe = func(s *scripted) {
+		if s.probes >= 2 { // not ready at the hint's probe, ready at a later lookup's
+			s.role, s.ready, s.term = leader, true, 6
+		}
+	}
+	tr := newTracker(t, Options{LeaderWait: 2 * time.Second}, a, b)
+	if err := put(tr); err != nil {
+		t.Fatal(err)
+	}
+	if err := put(tr); err != nil {
+		t.Fatal(err)
+	}
+	if a.putCount() != 1 || b.putCount() != 0 || c.putCount() != 2 || tr.Leader() != c.addr {
+		t.Fatalf("puts a=%d b=%d c=%d, leader %s (c is %s)", a.putCount(), b.putCount(), c.putCount(), tr.Leader(), c.addr)
 	}
 }
 
