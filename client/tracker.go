@@ -389,7 +389,8 @@ func (t *LeaderTracker) connLocked(addr string) string {
 }
 
 // runLookup finds the ready leader: the hinted address if it says so
-// itself, else the first member (or address hinted before) that does. A member that only names the
+// itself, else the first member (or address hinted before) that does,
+// else a leader address the members name that no one was asked about. A member that only names the
 // leader is not enough: a dead leader is named until the others time it
 // out, and a put sent to it would end with an unknown outcome. (A
 // deposed leader that still believes it leads refuses puts without a
@@ -427,21 +428,49 @@ func (t *LeaderTracker) runLookup(lc *lookupCall, hint string) {
 	slices.Sort(addrs[given:])
 	ctx, cancel := context.WithCancel(t.ctx)
 	defer cancel()
-	leaders := make(chan string, len(addrs))
+	type answer struct{ leader, named string }
+	answers := make(chan answer, len(addrs))
 	for _, a := range addrs {
 		go func() {
 			ri, err := t.probe(ctx, a)
-			if err != nil || !isReadyLeader(ri) {
-				a = ""
+			var ans answer
+			if err == nil && isReadyLeader(ri) {
+				ans.leader = a
+			} else if err == nil {
+				ans.named = ri.GetLeaderAddr()
 			}
-			leaders <- a
+			answers <- ans
 		}()
 	}
 	lc.err = ErrNoLeader
+	var named []string
 	for range addrs {
-		if a := <-leaders; a != "" && lc.err != nil {
-			lc.addr, lc.err = a, nil
+		a := <-answers
+		if a.leader != "" && lc.err != nil {
+			lc.addr, lc.err = a.leader, nil
 			cancel() // the others' answers no longer matter
+		}
+		if a.named != "" && !slices.Contains(addrs, a.named) && !slices.Contains(named, a.named) {
+			named = append(named, a.named)
+		}
+	}
+	if lc.err == nil {
+		return
+	}
+	// A leader no address known here names (a member added to the group
+	// since the tracker was made): asked itself, within MaxHintedAddrs,
+	// since only its own word makes it the ready leader.
+	slices.Sort(named)
+	for _, a := range named {
+		t.mu.Lock()
+		a = t.connLocked(a)
+		t.mu.Unlock()
+		if a == "" {
+			continue
+		}
+		if ri, err := t.probe(t.ctx, a); err == nil && isReadyLeader(ri) {
+			lc.addr, lc.err = a, nil
+			return
 		}
 	}
 }

@@ -38,6 +38,8 @@ type scripted struct {
 	// onProbe, if set, is called at each GetReplicaInfo with s.mu held,
 	// before the answer (it may change s's own role).
 	onProbe func(s *scripted)
+	// leaderAddr is the leader's client address GetReplicaInfo names.
+	leaderAddr string
 }
 
 func startScripted(t *testing.T) *scripted {
@@ -86,7 +88,7 @@ func (s *scripted) GetReplicaInfo(context.Context, *storagedv1.GetReplicaInfoReq
 	if s.onProbe != nil {
 		s.onProbe(s)
 	}
-	return &storagedv1.GetReplicaInfoResponse{Role: s.role, Ready: s.ready, Term: s.term}, nil
+	return &storagedv1.GetReplicaInfoResponse{Role: s.role, Ready: s.ready, Term: s.term, LeaderAddr: s.leaderAddr}, nil
 }
 
 func (s *scripted) PutMessage(context.Context, *storagedv1.PutMessageRequest) (*storagedv1.PutMessageResponse, error) {
@@ -173,6 +175,25 @@ func TestTrackerRemembersHintedLeader(t *testing.T) {
 		t.Fatal(err)
 	}
 	if a.putCount() != 1 || b.putCount() != 0 || c.putCount() != 2 || tr.Leader() != c.addr {
+		t.Fatalf("puts a=%d b=%d c=%d, leader %s (c is %s)", a.putCount(), b.putCount(), c.putCount(), tr.Leader(), c.addr)
+	}
+}
+
+// TestTrackerAsksNamedLeader: no member the tracker was given leads, and
+// no put was refused (so no hint): the leader is a member added since,
+// which the others name in their replica info. The lookup asks it, and it
+// takes the puts.
+func TestTrackerAsksNamedLeader(t *testing.T) {
+	a, b, c := startScripted(t), startScripted(t), startScripted(t)
+	c.set(leader, true, 7)
+	a.leaderAddr = c.addr
+	tr := newTracker(t, Options{LeaderWait: 2 * time.Second}, a, b)
+	for range 2 {
+		if err := put(tr); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if a.putCount() != 0 || b.putCount() != 0 || c.putCount() != 2 || tr.Leader() != c.addr {
 		t.Fatalf("puts a=%d b=%d c=%d, leader %s (c is %s)", a.putCount(), b.putCount(), c.putCount(), tr.Leader(), c.addr)
 	}
 }
