@@ -57,8 +57,11 @@ type replicationConfig struct {
 	// the bootstrap.
 	RaftJoin string
 	// recordedCluster is the cluster id raft/meta of the data dir records
-	// (resolveCluster), "" before the first start.
+	// (resolveCluster), "" before the first start; joined: raft/meta
+	// records no bootstrap members, so this data dir joined a running group
+	// (--raft-join at its first start) and keeps joining without the flag.
 	recordedCluster string
+	joined          bool
 
 	// Which flags the operator set (command line or environment): a group
 	// refuses --role and an explicit --flush-mode async; standalone
@@ -561,6 +564,7 @@ func (r *replicationConfig) resolveCluster(dataDir string) error {
 		return fmt.Errorf("--raft-join %s: the data dir %s belongs to cluster %s", r.RaftJoin, dataDir, meta.ClusterUUID)
 	}
 	r.recordedCluster = meta.ClusterUUID
+	r.joined = len(meta.Voters) == 0 && len(meta.Learners) == 0
 	return nil
 }
 
@@ -579,7 +583,7 @@ func (r *replicationConfig) groupClusterID() string {
 // groupOptions makes the store a member of the group, sending through tr.
 func (r *replicationConfig) groupOptions(tr storage.Transport) *storage.GroupOptions {
 	return &storage.GroupOptions{
-		ID: r.RaftID, Name: r.GroupName, ClusterID: r.groupClusterID(), Join: r.RaftJoin != "",
+		ID: r.RaftID, Name: r.GroupName, ClusterID: r.groupClusterID(), Join: r.RaftJoin != "" || r.joined,
 		Peers: r.voters(), Learners: slices.Clone(r.RaftLearners),
 		Transport: tr, ReplicationTimeout: r.ReplicationTimeout, CatchUpWindow: int64(r.CatchUpWindow),
 		CatchUpReadahead: int64(r.CatchUpReadahead),

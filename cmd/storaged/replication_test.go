@@ -538,6 +538,31 @@ func TestClusterIDFromDataDir(t *testing.T) {
 	if _, err := open(&join); err == nil || !strings.Contains(err.Error(), "belongs to cluster "+cid) {
 		t.Fatalf("--raft-join of another cluster: %v", err)
 	}
+
+	// A joined member (member 3's own data dir, started with --raft-join)
+	// restarted without the flag before it learned any membership (its
+	// leader never reached it) still opens as a joining member: its
+	// raft/meta records no bootstrap members to check the flags against.
+	dir = t.TempDir()
+	joiner := parse("--raft-id", "3", "--raft-peers", "1=127.0.0.1:9191,3=127.0.0.1:9193", "--raft-join", cid)
+	st, err = open(&joiner)
+	if err != nil {
+		t.Fatalf("a joining member's first start: %v", err)
+	}
+	if err := st.Close(); err != nil {
+		t.Fatal(err)
+	}
+	again := parse("--raft-id", "3", "--raft-peers", "1=127.0.0.1:9191,3=127.0.0.1:9193")
+	st, err = open(&again)
+	if err != nil {
+		t.Fatalf("a joined member restarted without --raft-join: %v", err)
+	}
+	if got := again.Replication.groupClusterID(); got != cid || !again.Replication.joined {
+		t.Errorf("restarted joiner: cluster id %s (want %s), joined %v", got, cid, again.Replication.joined)
+	}
+	if err := st.Close(); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // TestMemberSync: membership updates reach the peer transport: a member a
