@@ -29,27 +29,38 @@ type testNet struct {
 func newTestNet(ids ...uint64) *testNet {
 	n := &testNet{stores: map[uint64]*Store{}, cut: map[uint64]bool{}, inbox: map[uint64]chan []byte{}, stop: make(chan struct{})}
 	for _, id := range ids {
-		ch := make(chan []byte, 4096)
-		n.inbox[id] = ch
-		n.wg.Add(1)
-		go func() {
-			defer n.wg.Done()
-			for {
-				select {
-				case <-n.stop:
-					return
-				case m := <-ch:
-					n.mu.Lock()
-					s, cut := n.stores[id], n.cut[id]
-					n.mu.Unlock()
-					if s != nil && !cut {
-						_ = s.StepPeer(m) // a closed store refuses: a dropped message
-					}
-				}
-			}
-		}()
+		n.add(id)
 	}
 	return n
+}
+
+// add puts member id on the network: its inbox and the goroutine that
+// steps what arrives into its store (a member joining later too).
+func (n *testNet) add(id uint64) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if _, ok := n.inbox[id]; ok {
+		return
+	}
+	ch := make(chan []byte, 4096)
+	n.inbox[id] = ch
+	n.wg.Add(1)
+	go func() {
+		defer n.wg.Done()
+		for {
+			select {
+			case <-n.stop:
+				return
+			case m := <-ch:
+				n.mu.Lock()
+				s, cut := n.stores[id], n.cut[id]
+				n.mu.Unlock()
+				if s != nil && !cut {
+					_ = s.StepPeer(m) // a closed store refuses: a dropped message
+				}
+			}
+		}
+	}()
 }
 
 func (n *testNet) close() {

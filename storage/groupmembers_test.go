@@ -14,34 +14,6 @@ import (
 	"time"
 )
 
-// add puts a new member id on the test network (its inbox and pump).
-func (n *testNet) add(id uint64) {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	if _, ok := n.inbox[id]; ok {
-		return
-	}
-	ch := make(chan []byte, 4096)
-	n.inbox[id] = ch
-	n.wg.Add(1)
-	go func() {
-		defer n.wg.Done()
-		for {
-			select {
-			case <-n.stop:
-				return
-			case m := <-ch:
-				n.mu.Lock()
-				s, cut := n.stores[id], n.cut[id]
-				n.mu.Unlock()
-				if s != nil && !cut {
-					_ = s.StepPeer(m)
-				}
-			}
-		}
-	}()
-}
-
 // membershipLog records what OnMembership told each member.
 type membershipLog struct {
 	mu  sync.Mutex
@@ -63,6 +35,25 @@ func (l *membershipLog) last(id uint64) (MembershipUpdate, int) {
 		return MembershipUpdate{}, 0
 	}
 	return l.got[id][len(l.got[id])-1], len(l.got[id])
+}
+
+// newMemberGroup is a group of three whose members send snapshots
+// (snapLoop) and record what OnMembership tells them.
+func newMemberGroup(t *testing.T) (*testGroup, map[uint64]*snapLoop, *membershipLog) {
+	ml := &membershipLog{got: map[uint64][]MembershipUpdate{}}
+	loops := map[uint64]*snapLoop{}
+	t.Cleanup(func() {
+		for _, l := range loops {
+			l.wg.Wait() // after the stores closed (cleanups run last in, first out)
+		}
+	})
+	g := newTestGroupWith(t, time.Minute, nil, func(o *Options) {
+		l := &snapLoop{testTransport: o.Group.Transport.(testTransport)}
+		loops[o.Group.ID] = l
+		o.Group.Transport = l
+		o.Group.OnMembership = ml.hook(o.Group.ID)
+	})
+	return g, loops, ml
 }
 
 // joinMember opens a new member id that joins the group (Join), with the
@@ -123,19 +114,7 @@ func (g *testGroup) change(leader uint64, what string, f func(context.Context, *
 // member that lost raft/conf rebuilds it from the conf entries of its log.
 // Every acknowledged put is on every member throughout.
 func TestGroupMembershipChange(t *testing.T) {
-	ml := &membershipLog{got: map[uint64][]MembershipUpdate{}}
-	loops := map[uint64]*snapLoop{}
-	g := newTestGroupWith(t, time.Minute, nil, func(o *Options) {
-		l := &snapLoop{testTransport: o.Group.Transport.(testTransport)}
-		loops[o.Group.ID] = l
-		o.Group.Transport = l
-		o.Group.OnMembership = ml.hook(o.Group.ID)
-	})
-	t.Cleanup(func() {
-		for _, l := range loops {
-			l.wg.Wait()
-		}
-	})
+	g, loops, ml := newMemberGroup(t)
 	g.elect(1)
 	want := map[int64]string{}
 	n := int64(0)
@@ -331,19 +310,7 @@ func TestGroupMembershipChange(t *testing.T) {
 // removal of member 3, member 5 joins and must see voters 1, 2, 4 and
 // itself a learner, also after a restart.
 func TestGroupJoinFromLog(t *testing.T) {
-	ml := &membershipLog{got: map[uint64][]MembershipUpdate{}}
-	loops := map[uint64]*snapLoop{}
-	g := newTestGroupWith(t, time.Minute, nil, func(o *Options) {
-		l := &snapLoop{testTransport: o.Group.Transport.(testTransport)}
-		loops[o.Group.ID] = l
-		o.Group.Transport = l
-		o.Group.OnMembership = ml.hook(o.Group.ID)
-	})
-	t.Cleanup(func() {
-		for _, l := range loops {
-			l.wg.Wait()
-		}
-	})
+	g, loops, ml := newMemberGroup(t)
 	g.elect(1)
 	for i := range 10 {
 		g.mustPut(1, i, fmt.Sprintf("a%02d", i))
