@@ -1075,88 +1075,6 @@ func (x *GetConsumerGroupResponse) GetNextPageToken() string {
 	return ""
 }
 
-// ReplicaMembership is a replication group's membership as one member applied it.
-type ReplicaMembership struct {
-	state protoimpl.MessageState `protogen:"open.v1"`
-	// Raft index of the membership change that made it; 0 for the bootstrap membership (the flags).
-	Index uint64 `protobuf:"varint,1,opt,name=index,proto3" json:"index,omitempty"`
-	// Voting members' ids, sorted.
-	Voters []uint64 `protobuf:"varint,2,rep,packed,name=voters,proto3" json:"voters,omitempty"`
-	// Learners' ids (non-voting members), sorted.
-	Learners []uint64 `protobuf:"varint,3,rep,packed,name=learners,proto3" json:"learners,omitempty"`
-	// Peer addresses (host:port of their --peer-listen) this member knows for the members.
-	PeerAddrs map[uint64]string `protobuf:"bytes,4,rep,name=peer_addrs,json=peerAddrs,proto3" json:"peer_addrs,omitempty" protobuf_key:"varint,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
-	// Ids removed from the group (never used again).
-	Removed       []uint64 `protobuf:"varint,5,rep,packed,name=removed,proto3" json:"removed,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
-}
-
-func (x *ReplicaMembership) Reset() {
-	*x = ReplicaMembership{}
-	mi := &file_storaged_v1_admin_proto_msgTypes[18]
-	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-	ms.StoreMessageInfo(mi)
-}
-
-func (x *ReplicaMembership) String() string {
-	return protoimpl.X.MessageStringOf(x)
-}
-
-func (*ReplicaMembership) ProtoMessage() {}
-
-func (x *ReplicaMembership) ProtoReflect() protoreflect.Message {
-	mi := &file_storaged_v1_admin_proto_msgTypes[18]
-	if x != nil {
-		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-		if ms.LoadMessageInfo() == nil {
-			ms.StoreMessageInfo(mi)
-		}
-		return ms
-	}
-	return mi.MessageOf(x)
-}
-
-// Deprecated: Use ReplicaMembership.ProtoReflect.Descriptor instead.
-func (*ReplicaMembership) Descriptor() ([]byte, []int) {
-	return file_storaged_v1_admin_proto_rawDescGZIP(), []int{18}
-}
-
-func (x *ReplicaMembership) GetIndex() uint64 {
-	if x != nil {
-		return x.Index
-	}
-	return 0
-}
-
-func (x *ReplicaMembership) GetVoters() []uint64 {
-	if x != nil {
-		return x.Voters
-	}
-	return nil
-}
-
-func (x *ReplicaMembership) GetLearners() []uint64 {
-	if x != nil {
-		return x.Learners
-	}
-	return nil
-}
-
-func (x *ReplicaMembership) GetPeerAddrs() map[uint64]string {
-	if x != nil {
-		return x.PeerAddrs
-	}
-	return nil
-}
-
-func (x *ReplicaMembership) GetRemoved() []uint64 {
-	if x != nil {
-		return x.Removed
-	}
-	return nil
-}
-
 // AddReplicaMemberRequest is the request of AdminService.AddReplicaMember.
 type AddReplicaMemberRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1170,7 +1088,7 @@ type AddReplicaMemberRequest struct {
 
 func (x *AddReplicaMemberRequest) Reset() {
 	*x = AddReplicaMemberRequest{}
-	mi := &file_storaged_v1_admin_proto_msgTypes[19]
+	mi := &file_storaged_v1_admin_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1182,7 +1100,7 @@ func (x *AddReplicaMemberRequest) String() string {
 func (*AddReplicaMemberRequest) ProtoMessage() {}
 
 func (x *AddReplicaMemberRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_storaged_v1_admin_proto_msgTypes[19]
+	mi := &file_storaged_v1_admin_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1195,7 +1113,7 @@ func (x *AddReplicaMemberRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AddReplicaMemberRequest.ProtoReflect.Descriptor instead.
 func (*AddReplicaMemberRequest) Descriptor() ([]byte, []int) {
-	return file_storaged_v1_admin_proto_rawDescGZIP(), []int{19}
+	return file_storaged_v1_admin_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *AddReplicaMemberRequest) GetId() uint64 {
@@ -1227,7 +1145,7 @@ type AddReplicaMemberResponse struct {
 
 func (x *AddReplicaMemberResponse) Reset() {
 	*x = AddReplicaMemberResponse{}
-	mi := &file_storaged_v1_admin_proto_msgTypes[20]
+	mi := &file_storaged_v1_admin_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1239,7 +1157,7 @@ func (x *AddReplicaMemberResponse) String() string {
 func (*AddReplicaMemberResponse) ProtoMessage() {}
 
 func (x *AddReplicaMemberResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_storaged_v1_admin_proto_msgTypes[20]
+	mi := &file_storaged_v1_admin_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1252,7 +1170,7 @@ func (x *AddReplicaMemberResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AddReplicaMemberResponse.ProtoReflect.Descriptor instead.
 func (*AddReplicaMemberResponse) Descriptor() ([]byte, []int) {
-	return file_storaged_v1_admin_proto_rawDescGZIP(), []int{20}
+	return file_storaged_v1_admin_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *AddReplicaMemberResponse) GetMembership() *ReplicaMembership {
@@ -1287,7 +1205,7 @@ type PromoteReplicaMemberRequest struct {
 
 func (x *PromoteReplicaMemberRequest) Reset() {
 	*x = PromoteReplicaMemberRequest{}
-	mi := &file_storaged_v1_admin_proto_msgTypes[21]
+	mi := &file_storaged_v1_admin_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1299,7 +1217,7 @@ func (x *PromoteReplicaMemberRequest) String() string {
 func (*PromoteReplicaMemberRequest) ProtoMessage() {}
 
 func (x *PromoteReplicaMemberRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_storaged_v1_admin_proto_msgTypes[21]
+	mi := &file_storaged_v1_admin_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1312,7 +1230,7 @@ func (x *PromoteReplicaMemberRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PromoteReplicaMemberRequest.ProtoReflect.Descriptor instead.
 func (*PromoteReplicaMemberRequest) Descriptor() ([]byte, []int) {
-	return file_storaged_v1_admin_proto_rawDescGZIP(), []int{21}
+	return file_storaged_v1_admin_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *PromoteReplicaMemberRequest) GetId() uint64 {
@@ -1333,7 +1251,7 @@ type PromoteReplicaMemberResponse struct {
 
 func (x *PromoteReplicaMemberResponse) Reset() {
 	*x = PromoteReplicaMemberResponse{}
-	mi := &file_storaged_v1_admin_proto_msgTypes[22]
+	mi := &file_storaged_v1_admin_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1345,7 +1263,7 @@ func (x *PromoteReplicaMemberResponse) String() string {
 func (*PromoteReplicaMemberResponse) ProtoMessage() {}
 
 func (x *PromoteReplicaMemberResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_storaged_v1_admin_proto_msgTypes[22]
+	mi := &file_storaged_v1_admin_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1358,7 +1276,7 @@ func (x *PromoteReplicaMemberResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PromoteReplicaMemberResponse.ProtoReflect.Descriptor instead.
 func (*PromoteReplicaMemberResponse) Descriptor() ([]byte, []int) {
-	return file_storaged_v1_admin_proto_rawDescGZIP(), []int{22}
+	return file_storaged_v1_admin_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *PromoteReplicaMemberResponse) GetMembership() *ReplicaMembership {
@@ -1379,7 +1297,7 @@ type RemoveReplicaMemberRequest struct {
 
 func (x *RemoveReplicaMemberRequest) Reset() {
 	*x = RemoveReplicaMemberRequest{}
-	mi := &file_storaged_v1_admin_proto_msgTypes[23]
+	mi := &file_storaged_v1_admin_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1391,7 +1309,7 @@ func (x *RemoveReplicaMemberRequest) String() string {
 func (*RemoveReplicaMemberRequest) ProtoMessage() {}
 
 func (x *RemoveReplicaMemberRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_storaged_v1_admin_proto_msgTypes[23]
+	mi := &file_storaged_v1_admin_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1404,7 +1322,7 @@ func (x *RemoveReplicaMemberRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveReplicaMemberRequest.ProtoReflect.Descriptor instead.
 func (*RemoveReplicaMemberRequest) Descriptor() ([]byte, []int) {
-	return file_storaged_v1_admin_proto_rawDescGZIP(), []int{23}
+	return file_storaged_v1_admin_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *RemoveReplicaMemberRequest) GetId() uint64 {
@@ -1425,7 +1343,7 @@ type RemoveReplicaMemberResponse struct {
 
 func (x *RemoveReplicaMemberResponse) Reset() {
 	*x = RemoveReplicaMemberResponse{}
-	mi := &file_storaged_v1_admin_proto_msgTypes[24]
+	mi := &file_storaged_v1_admin_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1437,7 +1355,7 @@ func (x *RemoveReplicaMemberResponse) String() string {
 func (*RemoveReplicaMemberResponse) ProtoMessage() {}
 
 func (x *RemoveReplicaMemberResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_storaged_v1_admin_proto_msgTypes[24]
+	mi := &file_storaged_v1_admin_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1450,7 +1368,7 @@ func (x *RemoveReplicaMemberResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveReplicaMemberResponse.ProtoReflect.Descriptor instead.
 func (*RemoveReplicaMemberResponse) Descriptor() ([]byte, []int) {
-	return file_storaged_v1_admin_proto_rawDescGZIP(), []int{24}
+	return file_storaged_v1_admin_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *RemoveReplicaMemberResponse) GetMembership() *ReplicaMembership {
@@ -1464,7 +1382,7 @@ var File_storaged_v1_admin_proto protoreflect.FileDescriptor
 
 const file_storaged_v1_admin_proto_rawDesc = "" +
 	"\n" +
-	"\x17storaged/v1/admin.proto\x12\vstoraged.v1\"o\n" +
+	"\x17storaged/v1/admin.proto\x12\vstoraged.v1\x1a\x1fstoraged/v1/message_store.proto\"o\n" +
 	"\x05Topic\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1f\n" +
 	"\vqueue_count\x18\x02 \x01(\x05R\n" +
@@ -1535,17 +1453,7 @@ const file_storaged_v1_admin_proto_rawDesc = "" +
 	"\x18GetConsumerGroupResponse\x127\n" +
 	"\x05group\x18\x01 \x01(\v2!.storaged.v1.ConsumerGroupSummaryR\x05group\x12:\n" +
 	"\x06queues\x18\x02 \x03(\v2\".storaged.v1.ConsumerQueueProgressR\x06queues\x12&\n" +
-	"\x0fnext_page_token\x18\x03 \x01(\tR\rnextPageToken\"\x83\x02\n" +
-	"\x11ReplicaMembership\x12\x14\n" +
-	"\x05index\x18\x01 \x01(\x04R\x05index\x12\x16\n" +
-	"\x06voters\x18\x02 \x03(\x04R\x06voters\x12\x1a\n" +
-	"\blearners\x18\x03 \x03(\x04R\blearners\x12L\n" +
-	"\n" +
-	"peer_addrs\x18\x04 \x03(\v2-.storaged.v1.ReplicaMembership.PeerAddrsEntryR\tpeerAddrs\x12\x18\n" +
-	"\aremoved\x18\x05 \x03(\x04R\aremoved\x1a<\n" +
-	"\x0ePeerAddrsEntry\x12\x10\n" +
-	"\x03key\x18\x01 \x01(\x04R\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"F\n" +
+	"\x0fnext_page_token\x18\x03 \x01(\tR\rnextPageToken\"F\n" +
 	"\x17AddReplicaMemberRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x1b\n" +
 	"\tpeer_addr\x18\x02 \x01(\tR\bpeerAddr\"\x8f\x01\n" +
@@ -1595,7 +1503,7 @@ func file_storaged_v1_admin_proto_rawDescGZIP() []byte {
 	return file_storaged_v1_admin_proto_rawDescData
 }
 
-var file_storaged_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 26)
+var file_storaged_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 24)
 var file_storaged_v1_admin_proto_goTypes = []any{
 	(*Topic)(nil),                        // 0: storaged.v1.Topic
 	(*QueueOffsets)(nil),                 // 1: storaged.v1.QueueOffsets
@@ -1615,14 +1523,13 @@ var file_storaged_v1_admin_proto_goTypes = []any{
 	(*ListConsumerGroupsResponse)(nil),   // 15: storaged.v1.ListConsumerGroupsResponse
 	(*GetConsumerGroupRequest)(nil),      // 16: storaged.v1.GetConsumerGroupRequest
 	(*GetConsumerGroupResponse)(nil),     // 17: storaged.v1.GetConsumerGroupResponse
-	(*ReplicaMembership)(nil),            // 18: storaged.v1.ReplicaMembership
-	(*AddReplicaMemberRequest)(nil),      // 19: storaged.v1.AddReplicaMemberRequest
-	(*AddReplicaMemberResponse)(nil),     // 20: storaged.v1.AddReplicaMemberResponse
-	(*PromoteReplicaMemberRequest)(nil),  // 21: storaged.v1.PromoteReplicaMemberRequest
-	(*PromoteReplicaMemberResponse)(nil), // 22: storaged.v1.PromoteReplicaMemberResponse
-	(*RemoveReplicaMemberRequest)(nil),   // 23: storaged.v1.RemoveReplicaMemberRequest
-	(*RemoveReplicaMemberResponse)(nil),  // 24: storaged.v1.RemoveReplicaMemberResponse
-	nil,                                  // 25: storaged.v1.ReplicaMembership.PeerAddrsEntry
+	(*AddReplicaMemberRequest)(nil),      // 18: storaged.v1.AddReplicaMemberRequest
+	(*AddReplicaMemberResponse)(nil),     // 19: storaged.v1.AddReplicaMemberResponse
+	(*PromoteReplicaMemberRequest)(nil),  // 20: storaged.v1.PromoteReplicaMemberRequest
+	(*PromoteReplicaMemberResponse)(nil), // 21: storaged.v1.PromoteReplicaMemberResponse
+	(*RemoveReplicaMemberRequest)(nil),   // 22: storaged.v1.RemoveReplicaMemberRequest
+	(*RemoveReplicaMemberResponse)(nil),  // 23: storaged.v1.RemoveReplicaMemberResponse
+	(*ReplicaMembership)(nil),            // 24: storaged.v1.ReplicaMembership
 }
 var file_storaged_v1_admin_proto_depIdxs = []int32{
 	1,  // 0: storaged.v1.Topic.queues:type_name -> storaged.v1.QueueOffsets
@@ -1633,35 +1540,34 @@ var file_storaged_v1_admin_proto_depIdxs = []int32{
 	12, // 5: storaged.v1.ListConsumerGroupsResponse.groups:type_name -> storaged.v1.ConsumerGroupSummary
 	12, // 6: storaged.v1.GetConsumerGroupResponse.group:type_name -> storaged.v1.ConsumerGroupSummary
 	13, // 7: storaged.v1.GetConsumerGroupResponse.queues:type_name -> storaged.v1.ConsumerQueueProgress
-	25, // 8: storaged.v1.ReplicaMembership.peer_addrs:type_name -> storaged.v1.ReplicaMembership.PeerAddrsEntry
-	18, // 9: storaged.v1.AddReplicaMemberResponse.membership:type_name -> storaged.v1.ReplicaMembership
-	18, // 10: storaged.v1.PromoteReplicaMemberResponse.membership:type_name -> storaged.v1.ReplicaMembership
-	18, // 11: storaged.v1.RemoveReplicaMemberResponse.membership:type_name -> storaged.v1.ReplicaMembership
-	2,  // 12: storaged.v1.AdminService.CreateTopic:input_type -> storaged.v1.CreateTopicRequest
-	4,  // 13: storaged.v1.AdminService.UpdateTopic:input_type -> storaged.v1.UpdateTopicRequest
-	6,  // 14: storaged.v1.AdminService.GetTopic:input_type -> storaged.v1.GetTopicRequest
-	8,  // 15: storaged.v1.AdminService.ListTopics:input_type -> storaged.v1.ListTopicsRequest
-	10, // 16: storaged.v1.AdminService.DeleteTopic:input_type -> storaged.v1.DeleteTopicRequest
-	14, // 17: storaged.v1.AdminService.ListConsumerGroups:input_type -> storaged.v1.ListConsumerGroupsRequest
-	16, // 18: storaged.v1.AdminService.GetConsumerGroup:input_type -> storaged.v1.GetConsumerGroupRequest
-	19, // 19: storaged.v1.AdminService.AddReplicaMember:input_type -> storaged.v1.AddReplicaMemberRequest
-	21, // 20: storaged.v1.AdminService.PromoteReplicaMember:input_type -> storaged.v1.PromoteReplicaMemberRequest
-	23, // 21: storaged.v1.AdminService.RemoveReplicaMember:input_type -> storaged.v1.RemoveReplicaMemberRequest
-	3,  // 22: storaged.v1.AdminService.CreateTopic:output_type -> storaged.v1.CreateTopicResponse
-	5,  // 23: storaged.v1.AdminService.UpdateTopic:output_type -> storaged.v1.UpdateTopicResponse
-	7,  // 24: storaged.v1.AdminService.GetTopic:output_type -> storaged.v1.GetTopicResponse
-	9,  // 25: storaged.v1.AdminService.ListTopics:output_type -> storaged.v1.ListTopicsResponse
-	11, // 26: storaged.v1.AdminService.DeleteTopic:output_type -> storaged.v1.DeleteTopicResponse
-	15, // 27: storaged.v1.AdminService.ListConsumerGroups:output_type -> storaged.v1.ListConsumerGroupsResponse
-	17, // 28: storaged.v1.AdminService.GetConsumerGroup:output_type -> storaged.v1.GetConsumerGroupResponse
-	20, // 29: storaged.v1.AdminService.AddReplicaMember:output_type -> storaged.v1.AddReplicaMemberResponse
-	22, // 30: storaged.v1.AdminService.PromoteReplicaMember:output_type -> storaged.v1.PromoteReplicaMemberResponse
-	24, // 31: storaged.v1.AdminService.RemoveReplicaMember:output_type -> storaged.v1.RemoveReplicaMemberResponse
-	22, // [22:32] is the sub-list for method output_type
-	12, // [12:22] is the sub-list for method input_type
-	12, // [12:12] is the sub-list for extension type_name
-	12, // [12:12] is the sub-list for extension extendee
-	0,  // [0:12] is the sub-list for field type_name
+	24, // 8: storaged.v1.AddReplicaMemberResponse.membership:type_name -> storaged.v1.ReplicaMembership
+	24, // 9: storaged.v1.PromoteReplicaMemberResponse.membership:type_name -> storaged.v1.ReplicaMembership
+	24, // 10: storaged.v1.RemoveReplicaMemberResponse.membership:type_name -> storaged.v1.ReplicaMembership
+	2,  // 11: storaged.v1.AdminService.CreateTopic:input_type -> storaged.v1.CreateTopicRequest
+	4,  // 12: storaged.v1.AdminService.UpdateTopic:input_type -> storaged.v1.UpdateTopicRequest
+	6,  // 13: storaged.v1.AdminService.GetTopic:input_type -> storaged.v1.GetTopicRequest
+	8,  // 14: storaged.v1.AdminService.ListTopics:input_type -> storaged.v1.ListTopicsRequest
+	10, // 15: storaged.v1.AdminService.DeleteTopic:input_type -> storaged.v1.DeleteTopicRequest
+	14, // 16: storaged.v1.AdminService.ListConsumerGroups:input_type -> storaged.v1.ListConsumerGroupsRequest
+	16, // 17: storaged.v1.AdminService.GetConsumerGroup:input_type -> storaged.v1.GetConsumerGroupRequest
+	18, // 18: storaged.v1.AdminService.AddReplicaMember:input_type -> storaged.v1.AddReplicaMemberRequest
+	20, // 19: storaged.v1.AdminService.PromoteReplicaMember:input_type -> storaged.v1.PromoteReplicaMemberRequest
+	22, // 20: storaged.v1.AdminService.RemoveReplicaMember:input_type -> storaged.v1.RemoveReplicaMemberRequest
+	3,  // 21: storaged.v1.AdminService.CreateTopic:output_type -> storaged.v1.CreateTopicResponse
+	5,  // 22: storaged.v1.AdminService.UpdateTopic:output_type -> storaged.v1.UpdateTopicResponse
+	7,  // 23: storaged.v1.AdminService.GetTopic:output_type -> storaged.v1.GetTopicResponse
+	9,  // 24: storaged.v1.AdminService.ListTopics:output_type -> storaged.v1.ListTopicsResponse
+	11, // 25: storaged.v1.AdminService.DeleteTopic:output_type -> storaged.v1.DeleteTopicResponse
+	15, // 26: storaged.v1.AdminService.ListConsumerGroups:output_type -> storaged.v1.ListConsumerGroupsResponse
+	17, // 27: storaged.v1.AdminService.GetConsumerGroup:output_type -> storaged.v1.GetConsumerGroupResponse
+	19, // 28: storaged.v1.AdminService.AddReplicaMember:output_type -> storaged.v1.AddReplicaMemberResponse
+	21, // 29: storaged.v1.AdminService.PromoteReplicaMember:output_type -> storaged.v1.PromoteReplicaMemberResponse
+	23, // 30: storaged.v1.AdminService.RemoveReplicaMember:output_type -> storaged.v1.RemoveReplicaMemberResponse
+	21, // [21:31] is the sub-list for method output_type
+	11, // [11:21] is the sub-list for method input_type
+	11, // [11:11] is the sub-list for extension type_name
+	11, // [11:11] is the sub-list for extension extendee
+	0,  // [0:11] is the sub-list for field type_name
 }
 
 func init() { file_storaged_v1_admin_proto_init() }
@@ -1669,13 +1575,14 @@ func file_storaged_v1_admin_proto_init() {
 	if File_storaged_v1_admin_proto != nil {
 		return
 	}
+	file_storaged_v1_message_store_proto_init()
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_storaged_v1_admin_proto_rawDesc), len(file_storaged_v1_admin_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   26,
+			NumMessages:   24,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -1677,6 +1677,88 @@ func (x *GetReplicaInfoResponse) GetGroup() string {
 	return ""
 }
 
+// ReplicaMembership is a replication group's membership as one member applied it.
+type ReplicaMembership struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Raft index of the membership change that made it; 0 for the bootstrap membership (the flags).
+	Index uint64 `protobuf:"varint,1,opt,name=index,proto3" json:"index,omitempty"`
+	// Voting members' ids, sorted.
+	Voters []uint64 `protobuf:"varint,2,rep,packed,name=voters,proto3" json:"voters,omitempty"`
+	// Learners' ids (non-voting members), sorted.
+	Learners []uint64 `protobuf:"varint,3,rep,packed,name=learners,proto3" json:"learners,omitempty"`
+	// Peer addresses (host:port of their --peer-listen) this member knows for the members.
+	PeerAddrs map[uint64]string `protobuf:"bytes,4,rep,name=peer_addrs,json=peerAddrs,proto3" json:"peer_addrs,omitempty" protobuf_key:"varint,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// Ids removed from the group (never used again).
+	Removed       []uint64 `protobuf:"varint,5,rep,packed,name=removed,proto3" json:"removed,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReplicaMembership) Reset() {
+	*x = ReplicaMembership{}
+	mi := &file_storaged_v1_message_store_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReplicaMembership) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReplicaMembership) ProtoMessage() {}
+
+func (x *ReplicaMembership) ProtoReflect() protoreflect.Message {
+	mi := &file_storaged_v1_message_store_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReplicaMembership.ProtoReflect.Descriptor instead.
+func (*ReplicaMembership) Descriptor() ([]byte, []int) {
+	return file_storaged_v1_message_store_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *ReplicaMembership) GetIndex() uint64 {
+	if x != nil {
+		return x.Index
+	}
+	return 0
+}
+
+func (x *ReplicaMembership) GetVoters() []uint64 {
+	if x != nil {
+		return x.Voters
+	}
+	return nil
+}
+
+func (x *ReplicaMembership) GetLearners() []uint64 {
+	if x != nil {
+		return x.Learners
+	}
+	return nil
+}
+
+func (x *ReplicaMembership) GetPeerAddrs() map[uint64]string {
+	if x != nil {
+		return x.PeerAddrs
+	}
+	return nil
+}
+
+func (x *ReplicaMembership) GetRemoved() []uint64 {
+	if x != nil {
+		return x.Removed
+	}
+	return nil
+}
+
 // PeerProgress is the leader's view of one member's replication.
 type PeerProgress struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1696,7 +1778,7 @@ type PeerProgress struct {
 
 func (x *PeerProgress) Reset() {
 	*x = PeerProgress{}
-	mi := &file_storaged_v1_message_store_proto_msgTypes[17]
+	mi := &file_storaged_v1_message_store_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1708,7 +1790,7 @@ func (x *PeerProgress) String() string {
 func (*PeerProgress) ProtoMessage() {}
 
 func (x *PeerProgress) ProtoReflect() protoreflect.Message {
-	mi := &file_storaged_v1_message_store_proto_msgTypes[17]
+	mi := &file_storaged_v1_message_store_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1721,7 +1803,7 @@ func (x *PeerProgress) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PeerProgress.ProtoReflect.Descriptor instead.
 func (*PeerProgress) Descriptor() ([]byte, []int) {
-	return file_storaged_v1_message_store_proto_rawDescGZIP(), []int{17}
+	return file_storaged_v1_message_store_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *PeerProgress) GetId() uint64 {
@@ -1777,7 +1859,7 @@ type CommitOffsetRequest struct {
 
 func (x *CommitOffsetRequest) Reset() {
 	*x = CommitOffsetRequest{}
-	mi := &file_storaged_v1_message_store_proto_msgTypes[18]
+	mi := &file_storaged_v1_message_store_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1789,7 +1871,7 @@ func (x *CommitOffsetRequest) String() string {
 func (*CommitOffsetRequest) ProtoMessage() {}
 
 func (x *CommitOffsetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_storaged_v1_message_store_proto_msgTypes[18]
+	mi := &file_storaged_v1_message_store_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1802,7 +1884,7 @@ func (x *CommitOffsetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommitOffsetRequest.ProtoReflect.Descriptor instead.
 func (*CommitOffsetRequest) Descriptor() ([]byte, []int) {
-	return file_storaged_v1_message_store_proto_rawDescGZIP(), []int{18}
+	return file_storaged_v1_message_store_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *CommitOffsetRequest) GetConsumerGroup() string {
@@ -1843,7 +1925,7 @@ type CommitOffsetResponse struct {
 
 func (x *CommitOffsetResponse) Reset() {
 	*x = CommitOffsetResponse{}
-	mi := &file_storaged_v1_message_store_proto_msgTypes[19]
+	mi := &file_storaged_v1_message_store_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1855,7 +1937,7 @@ func (x *CommitOffsetResponse) String() string {
 func (*CommitOffsetResponse) ProtoMessage() {}
 
 func (x *CommitOffsetResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_storaged_v1_message_store_proto_msgTypes[19]
+	mi := &file_storaged_v1_message_store_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1868,7 +1950,7 @@ func (x *CommitOffsetResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CommitOffsetResponse.ProtoReflect.Descriptor instead.
 func (*CommitOffsetResponse) Descriptor() ([]byte, []int) {
-	return file_storaged_v1_message_store_proto_rawDescGZIP(), []int{19}
+	return file_storaged_v1_message_store_proto_rawDescGZIP(), []int{20}
 }
 
 // GetOffsetRequest is the request of MessageStoreService.GetOffset.
@@ -1891,7 +1973,7 @@ type GetOffsetRequest struct {
 
 func (x *GetOffsetRequest) Reset() {
 	*x = GetOffsetRequest{}
-	mi := &file_storaged_v1_message_store_proto_msgTypes[20]
+	mi := &file_storaged_v1_message_store_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1903,7 +1985,7 @@ func (x *GetOffsetRequest) String() string {
 func (*GetOffsetRequest) ProtoMessage() {}
 
 func (x *GetOffsetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_storaged_v1_message_store_proto_msgTypes[20]
+	mi := &file_storaged_v1_message_store_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1916,7 +1998,7 @@ func (x *GetOffsetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetOffsetRequest.ProtoReflect.Descriptor instead.
 func (*GetOffsetRequest) Descriptor() ([]byte, []int) {
-	return file_storaged_v1_message_store_proto_rawDescGZIP(), []int{20}
+	return file_storaged_v1_message_store_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *GetOffsetRequest) GetConsumerGroup() string {
@@ -1958,7 +2040,7 @@ type GetOffsetResponse struct {
 
 func (x *GetOffsetResponse) Reset() {
 	*x = GetOffsetResponse{}
-	mi := &file_storaged_v1_message_store_proto_msgTypes[21]
+	mi := &file_storaged_v1_message_store_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1970,7 +2052,7 @@ func (x *GetOffsetResponse) String() string {
 func (*GetOffsetResponse) ProtoMessage() {}
 
 func (x *GetOffsetResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_storaged_v1_message_store_proto_msgTypes[21]
+	mi := &file_storaged_v1_message_store_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1983,7 +2065,7 @@ func (x *GetOffsetResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetOffsetResponse.ProtoReflect.Descriptor instead.
 func (*GetOffsetResponse) Descriptor() ([]byte, []int) {
-	return file_storaged_v1_message_store_proto_rawDescGZIP(), []int{21}
+	return file_storaged_v1_message_store_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *GetOffsetResponse) GetOffset() int64 {
@@ -2010,7 +2092,7 @@ type GetOffsetByTimeRequest struct {
 
 func (x *GetOffsetByTimeRequest) Reset() {
 	*x = GetOffsetByTimeRequest{}
-	mi := &file_storaged_v1_message_store_proto_msgTypes[22]
+	mi := &file_storaged_v1_message_store_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2022,7 +2104,7 @@ func (x *GetOffsetByTimeRequest) String() string {
 func (*GetOffsetByTimeRequest) ProtoMessage() {}
 
 func (x *GetOffsetByTimeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_storaged_v1_message_store_proto_msgTypes[22]
+	mi := &file_storaged_v1_message_store_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2035,7 +2117,7 @@ func (x *GetOffsetByTimeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetOffsetByTimeRequest.ProtoReflect.Descriptor instead.
 func (*GetOffsetByTimeRequest) Descriptor() ([]byte, []int) {
-	return file_storaged_v1_message_store_proto_rawDescGZIP(), []int{22}
+	return file_storaged_v1_message_store_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *GetOffsetByTimeRequest) GetTopic() string {
@@ -2077,7 +2159,7 @@ type GetOffsetByTimeResponse struct {
 
 func (x *GetOffsetByTimeResponse) Reset() {
 	*x = GetOffsetByTimeResponse{}
-	mi := &file_storaged_v1_message_store_proto_msgTypes[23]
+	mi := &file_storaged_v1_message_store_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2089,7 +2171,7 @@ func (x *GetOffsetByTimeResponse) String() string {
 func (*GetOffsetByTimeResponse) ProtoMessage() {}
 
 func (x *GetOffsetByTimeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_storaged_v1_message_store_proto_msgTypes[23]
+	mi := &file_storaged_v1_message_store_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2102,7 +2184,7 @@ func (x *GetOffsetByTimeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetOffsetByTimeResponse.ProtoReflect.Descriptor instead.
 func (*GetOffsetByTimeResponse) Descriptor() ([]byte, []int) {
-	return file_storaged_v1_message_store_proto_rawDescGZIP(), []int{23}
+	return file_storaged_v1_message_store_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *GetOffsetByTimeResponse) GetOffset() int64 {
@@ -2125,7 +2207,7 @@ type RecallMessageRequest struct {
 
 func (x *RecallMessageRequest) Reset() {
 	*x = RecallMessageRequest{}
-	mi := &file_storaged_v1_message_store_proto_msgTypes[24]
+	mi := &file_storaged_v1_message_store_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2137,7 +2219,7 @@ func (x *RecallMessageRequest) String() string {
 func (*RecallMessageRequest) ProtoMessage() {}
 
 func (x *RecallMessageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_storaged_v1_message_store_proto_msgTypes[24]
+	mi := &file_storaged_v1_message_store_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2150,7 +2232,7 @@ func (x *RecallMessageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RecallMessageRequest.ProtoReflect.Descriptor instead.
 func (*RecallMessageRequest) Descriptor() ([]byte, []int) {
-	return file_storaged_v1_message_store_proto_rawDescGZIP(), []int{24}
+	return file_storaged_v1_message_store_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *RecallMessageRequest) GetTopic() string {
@@ -2178,7 +2260,7 @@ type RecallMessageResponse struct {
 
 func (x *RecallMessageResponse) Reset() {
 	*x = RecallMessageResponse{}
-	mi := &file_storaged_v1_message_store_proto_msgTypes[25]
+	mi := &file_storaged_v1_message_store_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2190,7 +2272,7 @@ func (x *RecallMessageResponse) String() string {
 func (*RecallMessageResponse) ProtoMessage() {}
 
 func (x *RecallMessageResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_storaged_v1_message_store_proto_msgTypes[25]
+	mi := &file_storaged_v1_message_store_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2203,7 +2285,7 @@ func (x *RecallMessageResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RecallMessageResponse.ProtoReflect.Descriptor instead.
 func (*RecallMessageResponse) Descriptor() ([]byte, []int) {
-	return file_storaged_v1_message_store_proto_rawDescGZIP(), []int{25}
+	return file_storaged_v1_message_store_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *RecallMessageResponse) GetMsgId() string {
@@ -2264,7 +2346,7 @@ type StoredMessage struct {
 
 func (x *StoredMessage) Reset() {
 	*x = StoredMessage{}
-	mi := &file_storaged_v1_message_store_proto_msgTypes[26]
+	mi := &file_storaged_v1_message_store_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2276,7 +2358,7 @@ func (x *StoredMessage) String() string {
 func (*StoredMessage) ProtoMessage() {}
 
 func (x *StoredMessage) ProtoReflect() protoreflect.Message {
-	mi := &file_storaged_v1_message_store_proto_msgTypes[26]
+	mi := &file_storaged_v1_message_store_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2289,7 +2371,7 @@ func (x *StoredMessage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StoredMessage.ProtoReflect.Descriptor instead.
 func (*StoredMessage) Descriptor() ([]byte, []int) {
-	return file_storaged_v1_message_store_proto_rawDescGZIP(), []int{26}
+	return file_storaged_v1_message_store_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *StoredMessage) GetTopic() string {
@@ -2429,7 +2511,7 @@ var File_storaged_v1_message_store_proto protoreflect.FileDescriptor
 
 const file_storaged_v1_message_store_proto_rawDesc = "" +
 	"\n" +
-	"\x1fstoraged/v1/message_store.proto\x12\vstoraged.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x17storaged/v1/admin.proto\"\xe9\x03\n" +
+	"\x1fstoraged/v1/message_store.proto\x12\vstoraged.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xe9\x03\n" +
 	"\aMessage\x12\x14\n" +
 	"\x05topic\x18\x01 \x01(\tR\x05topic\x12\x19\n" +
 	"\bqueue_id\x18\x02 \x01(\x05R\aqueueId\x12\x12\n" +
@@ -2555,7 +2637,17 @@ const file_storaged_v1_message_store_proto_rawDesc = "" +
 	"membership\x12\x1d\n" +
 	"\n" +
 	"cluster_id\x18\f \x01(\tR\tclusterId\x12\x14\n" +
-	"\x05group\x18\r \x01(\tR\x05group\"\x87\x01\n" +
+	"\x05group\x18\r \x01(\tR\x05group\"\x83\x02\n" +
+	"\x11ReplicaMembership\x12\x14\n" +
+	"\x05index\x18\x01 \x01(\x04R\x05index\x12\x16\n" +
+	"\x06voters\x18\x02 \x03(\x04R\x06voters\x12\x1a\n" +
+	"\blearners\x18\x03 \x03(\x04R\blearners\x12L\n" +
+	"\n" +
+	"peer_addrs\x18\x04 \x03(\v2-.storaged.v1.ReplicaMembership.PeerAddrsEntryR\tpeerAddrs\x12\x18\n" +
+	"\aremoved\x18\x05 \x03(\x04R\aremoved\x1a<\n" +
+	"\x0ePeerAddrsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\x04R\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x87\x01\n" +
 	"\fPeerProgress\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\x04R\x02id\x12\x14\n" +
 	"\x05match\x18\x02 \x01(\x04R\x05match\x12\x12\n" +
@@ -2670,7 +2762,7 @@ func file_storaged_v1_message_store_proto_rawDescGZIP() []byte {
 }
 
 var file_storaged_v1_message_store_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_storaged_v1_message_store_proto_msgTypes = make([]protoimpl.MessageInfo, 30)
+var file_storaged_v1_message_store_proto_msgTypes = make([]protoimpl.MessageInfo, 32)
 var file_storaged_v1_message_store_proto_goTypes = []any{
 	(PutMessageStatus)(0),            // 0: storaged.v1.PutMessageStatus
 	(ReplicaRole)(0),                 // 1: storaged.v1.ReplicaRole
@@ -2691,32 +2783,33 @@ var file_storaged_v1_message_store_proto_goTypes = []any{
 	(*GetQueueInfoResponse)(nil),     // 16: storaged.v1.GetQueueInfoResponse
 	(*GetReplicaInfoRequest)(nil),    // 17: storaged.v1.GetReplicaInfoRequest
 	(*GetReplicaInfoResponse)(nil),   // 18: storaged.v1.GetReplicaInfoResponse
-	(*PeerProgress)(nil),             // 19: storaged.v1.PeerProgress
-	(*CommitOffsetRequest)(nil),      // 20: storaged.v1.CommitOffsetRequest
-	(*CommitOffsetResponse)(nil),     // 21: storaged.v1.CommitOffsetResponse
-	(*GetOffsetRequest)(nil),         // 22: storaged.v1.GetOffsetRequest
-	(*GetOffsetResponse)(nil),        // 23: storaged.v1.GetOffsetResponse
-	(*GetOffsetByTimeRequest)(nil),   // 24: storaged.v1.GetOffsetByTimeRequest
-	(*GetOffsetByTimeResponse)(nil),  // 25: storaged.v1.GetOffsetByTimeResponse
-	(*RecallMessageRequest)(nil),     // 26: storaged.v1.RecallMessageRequest
-	(*RecallMessageResponse)(nil),    // 27: storaged.v1.RecallMessageResponse
-	(*StoredMessage)(nil),            // 28: storaged.v1.StoredMessage
-	nil,                              // 29: storaged.v1.Message.PropertiesEntry
-	nil,                              // 30: storaged.v1.BatchEntry.PropertiesEntry
-	nil,                              // 31: storaged.v1.StoredMessage.PropertiesEntry
-	(*timestamppb.Timestamp)(nil),    // 32: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),      // 33: google.protobuf.Duration
-	(*ReplicaMembership)(nil),        // 34: storaged.v1.ReplicaMembership
+	(*ReplicaMembership)(nil),        // 19: storaged.v1.ReplicaMembership
+	(*PeerProgress)(nil),             // 20: storaged.v1.PeerProgress
+	(*CommitOffsetRequest)(nil),      // 21: storaged.v1.CommitOffsetRequest
+	(*CommitOffsetResponse)(nil),     // 22: storaged.v1.CommitOffsetResponse
+	(*GetOffsetRequest)(nil),         // 23: storaged.v1.GetOffsetRequest
+	(*GetOffsetResponse)(nil),        // 24: storaged.v1.GetOffsetResponse
+	(*GetOffsetByTimeRequest)(nil),   // 25: storaged.v1.GetOffsetByTimeRequest
+	(*GetOffsetByTimeResponse)(nil),  // 26: storaged.v1.GetOffsetByTimeResponse
+	(*RecallMessageRequest)(nil),     // 27: storaged.v1.RecallMessageRequest
+	(*RecallMessageResponse)(nil),    // 28: storaged.v1.RecallMessageResponse
+	(*StoredMessage)(nil),            // 29: storaged.v1.StoredMessage
+	nil,                              // 30: storaged.v1.Message.PropertiesEntry
+	nil,                              // 31: storaged.v1.BatchEntry.PropertiesEntry
+	nil,                              // 32: storaged.v1.ReplicaMembership.PeerAddrsEntry
+	nil,                              // 33: storaged.v1.StoredMessage.PropertiesEntry
+	(*timestamppb.Timestamp)(nil),    // 34: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),      // 35: google.protobuf.Duration
 }
 var file_storaged_v1_message_store_proto_depIdxs = []int32{
-	32, // 0: storaged.v1.Message.born_timestamp:type_name -> google.protobuf.Timestamp
-	29, // 1: storaged.v1.Message.properties:type_name -> storaged.v1.Message.PropertiesEntry
-	32, // 2: storaged.v1.Message.deliver_at:type_name -> google.protobuf.Timestamp
+	34, // 0: storaged.v1.Message.born_timestamp:type_name -> google.protobuf.Timestamp
+	30, // 1: storaged.v1.Message.properties:type_name -> storaged.v1.Message.PropertiesEntry
+	34, // 2: storaged.v1.Message.deliver_at:type_name -> google.protobuf.Timestamp
 	2,  // 3: storaged.v1.PutMessageRequest.message:type_name -> storaged.v1.Message
 	5,  // 4: storaged.v1.PutMessagesRequest.messages:type_name -> storaged.v1.BatchEntry
-	32, // 5: storaged.v1.BatchEntry.born_timestamp:type_name -> google.protobuf.Timestamp
-	30, // 6: storaged.v1.BatchEntry.properties:type_name -> storaged.v1.BatchEntry.PropertiesEntry
-	32, // 7: storaged.v1.AppendResult.store_timestamp:type_name -> google.protobuf.Timestamp
+	34, // 5: storaged.v1.BatchEntry.born_timestamp:type_name -> google.protobuf.Timestamp
+	31, // 6: storaged.v1.BatchEntry.properties:type_name -> storaged.v1.BatchEntry.PropertiesEntry
+	34, // 7: storaged.v1.AppendResult.store_timestamp:type_name -> google.protobuf.Timestamp
 	0,  // 8: storaged.v1.PutMessageResponse.status:type_name -> storaged.v1.PutMessageStatus
 	6,  // 9: storaged.v1.PutMessageResponse.result:type_name -> storaged.v1.AppendResult
 	0,  // 10: storaged.v1.PutMessagesResponse.status:type_name -> storaged.v1.PutMessageStatus
@@ -2724,43 +2817,44 @@ var file_storaged_v1_message_store_proto_depIdxs = []int32{
 	2,  // 12: storaged.v1.PutMessageStreamRequest.message:type_name -> storaged.v1.Message
 	0,  // 13: storaged.v1.PutMessageStreamResponse.status:type_name -> storaged.v1.PutMessageStatus
 	6,  // 14: storaged.v1.PutMessageStreamResponse.result:type_name -> storaged.v1.AppendResult
-	28, // 15: storaged.v1.GetMessageResponse.message:type_name -> storaged.v1.StoredMessage
-	33, // 16: storaged.v1.PullMessagesRequest.wait:type_name -> google.protobuf.Duration
-	28, // 17: storaged.v1.PullMessagesResponse.messages:type_name -> storaged.v1.StoredMessage
+	29, // 15: storaged.v1.GetMessageResponse.message:type_name -> storaged.v1.StoredMessage
+	35, // 16: storaged.v1.PullMessagesRequest.wait:type_name -> google.protobuf.Duration
+	29, // 17: storaged.v1.PullMessagesResponse.messages:type_name -> storaged.v1.StoredMessage
 	1,  // 18: storaged.v1.GetReplicaInfoResponse.role:type_name -> storaged.v1.ReplicaRole
-	19, // 19: storaged.v1.GetReplicaInfoResponse.peers:type_name -> storaged.v1.PeerProgress
-	34, // 20: storaged.v1.GetReplicaInfoResponse.membership:type_name -> storaged.v1.ReplicaMembership
-	32, // 21: storaged.v1.GetOffsetByTimeRequest.time:type_name -> google.protobuf.Timestamp
-	31, // 22: storaged.v1.StoredMessage.properties:type_name -> storaged.v1.StoredMessage.PropertiesEntry
-	32, // 23: storaged.v1.StoredMessage.born_timestamp:type_name -> google.protobuf.Timestamp
-	32, // 24: storaged.v1.StoredMessage.store_timestamp:type_name -> google.protobuf.Timestamp
-	3,  // 25: storaged.v1.MessageStoreService.PutMessage:input_type -> storaged.v1.PutMessageRequest
-	4,  // 26: storaged.v1.MessageStoreService.PutMessages:input_type -> storaged.v1.PutMessagesRequest
-	9,  // 27: storaged.v1.MessageStoreService.PutMessageStream:input_type -> storaged.v1.PutMessageStreamRequest
-	11, // 28: storaged.v1.MessageStoreService.GetMessage:input_type -> storaged.v1.GetMessageRequest
-	13, // 29: storaged.v1.MessageStoreService.PullMessages:input_type -> storaged.v1.PullMessagesRequest
-	15, // 30: storaged.v1.MessageStoreService.GetQueueInfo:input_type -> storaged.v1.GetQueueInfoRequest
-	17, // 31: storaged.v1.MessageStoreService.GetReplicaInfo:input_type -> storaged.v1.GetReplicaInfoRequest
-	20, // 32: storaged.v1.MessageStoreService.CommitOffset:input_type -> storaged.v1.CommitOffsetRequest
-	22, // 33: storaged.v1.MessageStoreService.GetOffset:input_type -> storaged.v1.GetOffsetRequest
-	24, // 34: storaged.v1.MessageStoreService.GetOffsetByTime:input_type -> storaged.v1.GetOffsetByTimeRequest
-	26, // 35: storaged.v1.MessageStoreService.RecallMessage:input_type -> storaged.v1.RecallMessageRequest
-	7,  // 36: storaged.v1.MessageStoreService.PutMessage:output_type -> storaged.v1.PutMessageResponse
-	8,  // 37: storaged.v1.MessageStoreService.PutMessages:output_type -> storaged.v1.PutMessagesResponse
-	10, // 38: storaged.v1.MessageStoreService.PutMessageStream:output_type -> storaged.v1.PutMessageStreamResponse
-	12, // 39: storaged.v1.MessageStoreService.GetMessage:output_type -> storaged.v1.GetMessageResponse
-	14, // 40: storaged.v1.MessageStoreService.PullMessages:output_type -> storaged.v1.PullMessagesResponse
-	16, // 41: storaged.v1.MessageStoreService.GetQueueInfo:output_type -> storaged.v1.GetQueueInfoResponse
-	18, // 42: storaged.v1.MessageStoreService.GetReplicaInfo:output_type -> storaged.v1.GetReplicaInfoResponse
-	21, // 43: storaged.v1.MessageStoreService.CommitOffset:output_type -> storaged.v1.CommitOffsetResponse
-	23, // 44: storaged.v1.MessageStoreService.GetOffset:output_type -> storaged.v1.GetOffsetResponse
-	25, // 45: storaged.v1.MessageStoreService.GetOffsetByTime:output_type -> storaged.v1.GetOffsetByTimeResponse
-	27, // 46: storaged.v1.MessageStoreService.RecallMessage:output_type -> storaged.v1.RecallMessageResponse
-	36, // [36:47] is the sub-list for method output_type
-	25, // [25:36] is the sub-list for method input_type
-	25, // [25:25] is the sub-list for extension type_name
-	25, // [25:25] is the sub-list for extension extendee
-	0,  // [0:25] is the sub-list for field type_name
+	20, // 19: storaged.v1.GetReplicaInfoResponse.peers:type_name -> storaged.v1.PeerProgress
+	19, // 20: storaged.v1.GetReplicaInfoResponse.membership:type_name -> storaged.v1.ReplicaMembership
+	32, // 21: storaged.v1.ReplicaMembership.peer_addrs:type_name -> storaged.v1.ReplicaMembership.PeerAddrsEntry
+	34, // 22: storaged.v1.GetOffsetByTimeRequest.time:type_name -> google.protobuf.Timestamp
+	33, // 23: storaged.v1.StoredMessage.properties:type_name -> storaged.v1.StoredMessage.PropertiesEntry
+	34, // 24: storaged.v1.StoredMessage.born_timestamp:type_name -> google.protobuf.Timestamp
+	34, // 25: storaged.v1.StoredMessage.store_timestamp:type_name -> google.protobuf.Timestamp
+	3,  // 26: storaged.v1.MessageStoreService.PutMessage:input_type -> storaged.v1.PutMessageRequest
+	4,  // 27: storaged.v1.MessageStoreService.PutMessages:input_type -> storaged.v1.PutMessagesRequest
+	9,  // 28: storaged.v1.MessageStoreService.PutMessageStream:input_type -> storaged.v1.PutMessageStreamRequest
+	11, // 29: storaged.v1.MessageStoreService.GetMessage:input_type -> storaged.v1.GetMessageRequest
+	13, // 30: storaged.v1.MessageStoreService.PullMessages:input_type -> storaged.v1.PullMessagesRequest
+	15, // 31: storaged.v1.MessageStoreService.GetQueueInfo:input_type -> storaged.v1.GetQueueInfoRequest
+	17, // 32: storaged.v1.MessageStoreService.GetReplicaInfo:input_type -> storaged.v1.GetReplicaInfoRequest
+	21, // 33: storaged.v1.MessageStoreService.CommitOffset:input_type -> storaged.v1.CommitOffsetRequest
+	23, // 34: storaged.v1.MessageStoreService.GetOffset:input_type -> storaged.v1.GetOffsetRequest
+	25, // 35: storaged.v1.MessageStoreService.GetOffsetByTime:input_type -> storaged.v1.GetOffsetByTimeRequest
+	27, // 36: storaged.v1.MessageStoreService.RecallMessage:input_type -> storaged.v1.RecallMessageRequest
+	7,  // 37: storaged.v1.MessageStoreService.PutMessage:output_type -> storaged.v1.PutMessageResponse
+	8,  // 38: storaged.v1.MessageStoreService.PutMessages:output_type -> storaged.v1.PutMessagesResponse
+	10, // 39: storaged.v1.MessageStoreService.PutMessageStream:output_type -> storaged.v1.PutMessageStreamResponse
+	12, // 40: storaged.v1.MessageStoreService.GetMessage:output_type -> storaged.v1.GetMessageResponse
+	14, // 41: storaged.v1.MessageStoreService.PullMessages:output_type -> storaged.v1.PullMessagesResponse
+	16, // 42: storaged.v1.MessageStoreService.GetQueueInfo:output_type -> storaged.v1.GetQueueInfoResponse
+	18, // 43: storaged.v1.MessageStoreService.GetReplicaInfo:output_type -> storaged.v1.GetReplicaInfoResponse
+	22, // 44: storaged.v1.MessageStoreService.CommitOffset:output_type -> storaged.v1.CommitOffsetResponse
+	24, // 45: storaged.v1.MessageStoreService.GetOffset:output_type -> storaged.v1.GetOffsetResponse
+	26, // 46: storaged.v1.MessageStoreService.GetOffsetByTime:output_type -> storaged.v1.GetOffsetByTimeResponse
+	28, // 47: storaged.v1.MessageStoreService.RecallMessage:output_type -> storaged.v1.RecallMessageResponse
+	37, // [37:48] is the sub-list for method output_type
+	26, // [26:37] is the sub-list for method input_type
+	26, // [26:26] is the sub-list for extension type_name
+	26, // [26:26] is the sub-list for extension extendee
+	0,  // [0:26] is the sub-list for field type_name
 }
 
 func init() { file_storaged_v1_message_store_proto_init() }
@@ -2768,7 +2862,6 @@ func file_storaged_v1_message_store_proto_init() {
 	if File_storaged_v1_message_store_proto != nil {
 		return
 	}
-	file_storaged_v1_admin_proto_init()
 	file_storaged_v1_message_store_proto_msgTypes[0].OneofWrappers = []any{}
 	file_storaged_v1_message_store_proto_msgTypes[9].OneofWrappers = []any{
 		(*GetMessageRequest_CommitLogOffset)(nil),
@@ -2780,7 +2873,7 @@ func file_storaged_v1_message_store_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_storaged_v1_message_store_proto_rawDesc), len(file_storaged_v1_message_store_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   30,
+			NumMessages:   32,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
