@@ -11,6 +11,7 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/storaged/storaged/server/peer"
 	"github.com/storaged/storaged/storage"
 	"github.com/storaged/storaged/storage/raftlog"
 )
@@ -268,9 +269,11 @@ func TestReplicationFlagErrors(t *testing.T) {
 	}
 }
 
-// startTransport listens on this member's peer address and closes
-// cleanly; a bad TLS file is refused before anything listens.
-func TestStartTransport(t *testing.T) {
+// startMember1Transport parses the flags of member 1 of a group of three
+// whose own peer address is a free loopback port (own), and starts its
+// peer transport there (client address 127.0.0.1:9090).
+func startMember1Transport(t *testing.T) (config, string, *peer.Transport) {
+	t.Helper()
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -286,6 +289,14 @@ func TestStartTransport(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return cfg, own, tr
+}
+
+// startTransport listens on this member's peer address and closes
+// cleanly; a bad TLS file is refused before anything listens.
+func TestStartTransport(t *testing.T) {
+	cfg, own, tr := startMember1Transport(t)
+	l := zerolog.Nop()
 	if got := tr.Addr().String(); got != own {
 		t.Errorf("peer listener on %s, want %s", got, own)
 	}
@@ -570,22 +581,9 @@ func TestClusterIDFromDataDir(t *testing.T) {
 // the flags list keeps its flags address, a removed member's link goes,
 // and an update older than one applied changes nothing.
 func TestMemberSync(t *testing.T) {
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	own := lis.Addr().String()
-	lis.Close()
-	cfg, err := parseConfig([]string{"--raft-id", "1", "--raft-peers", "1=" + own + ",2=127.0.0.1:1,3=127.0.0.1:2"}, env(), &bytes.Buffer{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	l := zerolog.Nop()
-	tr, err := cfg.Replication.startTransport("127.0.0.1:9090", &l)
-	if err != nil {
-		t.Fatal(err)
-	}
+	cfg, _, tr := startMember1Transport(t)
 	defer tr.Close()
+	l := zerolog.Nop()
 	ms := &memberSync{tr: tr, self: 1, flags: cfg.Replication.RaftPeers.peerMap(), log: &l}
 	want := func(peers map[uint64]string) {
 		t.Helper()
