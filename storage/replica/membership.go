@@ -154,7 +154,8 @@ func (n *Node) setMembersLocked(m raftlog.Membership) {
 // ErrConfChangePending, ErrBadConfChange, ErrLearnerBehind,
 // ErrRemoveLeader, ErrQuorumAfterChange, ErrProposalDropped. A ctx that
 // ends first is ErrReplicationTimeout (the change may still apply: read
-// the membership), as is a change raft rejected at apply.
+// the membership); a change raft refused when it applied it (every member
+// skips it alike) is ErrBadConfChange, nothing changed.
 func (n *Node) ProposeConfChange(ctx context.Context, c ConfChange) (raftlog.Membership, error) {
 	n.mu.Lock()
 	if err := n.refusalLocked(); err != nil {
