@@ -156,9 +156,6 @@ func readConf(fsys vfs.FS, dir string) (Conf, error) {
 	return c, nil
 }
 
-// ReadConf reads raft/conf from the raft directory dir, offline (tools).
-func ReadConf(fsys vfs.FS, dir string) (Conf, error) { return readConf(fsys, dir) }
-
 // membershipLocked is the membership at raft index i: the newest record
 // at or below it, else the bootstrap membership of raft/meta.
 // REQUIRES: l.mu.
