@@ -2,18 +2,13 @@ package main
 
 import (
 	"context"
-	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
-	"os"
 	"time"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials"
-	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 )
 
@@ -41,47 +36,22 @@ func runHealth(args []string, stdout, stderr io.Writer) int {
 	addr := fs.String("addr", "127.0.0.1:9090", "gRPC `address` of the storaged to ask")
 	service := fs.String("service", "", "health `service`: \"\" is the process (liveness), storaged.v1.MessageStoreService takes writes (readiness)")
 	timeout := fs.Duration("timeout", 5*time.Second, "bound on connecting and asking")
-	useTLS := fs.Bool("tls", false, "connect with TLS (storaged --tls-cert)")
-	caFile := fs.String("tls-ca-cert", "", "PEM `file` of the CAs that verify the server (default: the system roots)")
-	certFile := fs.String("tls-client-cert", "", "client certificate PEM `file`, when storaged has --tls-client-ca")
-	keyFile := fs.String("tls-client-key", "", "client key PEM `file`")
-	serverName := fs.String("tls-server-name", "", "name to verify the server certificate against (default: the host of -addr)")
-	noVerify := fs.Bool("tls-no-verify", false, "do not verify the server certificate (a loopback check of a pod's own cert)")
+	var tlsFlags clientTLS
+	tlsFlags.register(fs)
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return exitOK
 		}
 		return exitUsage
 	}
-	if fs.NArg() > 0 || *timeout <= 0 || (*certFile == "") != (*keyFile == "") {
-		fmt.Fprintln(stderr, "storaged health: unexpected arguments, a non-positive -timeout, or only one of -tls-client-cert/-tls-client-key")
+	if fs.NArg() > 0 || *timeout <= 0 {
+		fmt.Fprintln(stderr, "storaged health: unexpected arguments or a non-positive -timeout")
 		return exitUsage
 	}
-
-	creds := insecure.NewCredentials()
-	if *useTLS {
-		cfg := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: *serverName, InsecureSkipVerify: *noVerify}
-		if *caFile != "" {
-			pem, err := os.ReadFile(*caFile)
-			if err != nil {
-				fmt.Fprintf(stderr, "storaged health: -tls-ca-cert: %v\n", err)
-				return exitUsage
-			}
-			cfg.RootCAs = x509.NewCertPool()
-			if !cfg.RootCAs.AppendCertsFromPEM(pem) {
-				fmt.Fprintf(stderr, "storaged health: -tls-ca-cert %s: no PEM certificate\n", *caFile)
-				return exitUsage
-			}
-		}
-		if *certFile != "" {
-			cert, err := tls.LoadX509KeyPair(*certFile, *keyFile)
-			if err != nil {
-				fmt.Fprintf(stderr, "storaged health: client certificate: %v\n", err)
-				return exitUsage
-			}
-			cfg.Certificates = []tls.Certificate{cert}
-		}
-		creds = credentials.NewTLS(cfg)
+	creds, err := tlsFlags.creds()
+	if err != nil {
+		fmt.Fprintf(stderr, "storaged health: %v\n", err)
+		return exitUsage
 	}
 
 	conn, err := grpc.NewClient(*addr, grpc.WithTransportCredentials(creds))

@@ -210,9 +210,10 @@ func (p *proc) exitCode(t *testing.T) int {
 }
 
 // dial connects to a storaged gRPC address; closed when the test ends.
-func dial(t *testing.T, addr string) *grpc.ClientConn {
+// Plaintext unless opts say otherwise (grpc.WithTransportCredentials).
+func dial(t *testing.T, addr string, opts ...grpc.DialOption) *grpc.ClientConn {
 	t.Helper()
-	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	conn, err := grpc.NewClient(addr, append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}, opts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}

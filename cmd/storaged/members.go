@@ -15,7 +15,7 @@ import (
 
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
 	storagedv1 "github.com/storaged/storaged/gen/storaged/v1"
@@ -59,8 +59,10 @@ const membersUsage = "Usage:\n" +
 	"                                                       add member N as a learner; prints the flags it starts with\n" +
 	"  storaged replica promote --addr ADMIN --id N         make learner N a voter once it has caught up\n" +
 	"  storaged replica remove  --addr ADMIN --id N         remove member N for good (its id is never used again)\n" +
-	"ADMIN is the leader's admin address (--admin-listen). Plaintext gRPC only. Exit status: 0 done, 1 refused or\n" +
-	"failed (the error names why and, when the member asked is not the leader, the leader), 2 usage error.\n"
+	"ADMIN is the leader's admin address (--admin-listen). Plaintext gRPC unless --tls: with a member's --tls-cert,\n" +
+	"add --tls --tls-ca-cert CA.pem, and with its --tls-client-ca also --tls-client-cert C.pem --tls-client-key K.pem\n" +
+	"(the flags of storaged health). Exit status: 0 done, 1 refused or failed (the error names why and, when the\n" +
+	"member asked is not the leader, the leader), 2 usage error.\n"
 
 // runReplicaMembership is `storaged replica members|add|promote|remove`.
 func runReplicaMembership(cmd string, args []string, lookupEnv func(string) (string, bool), stdout, stderr io.Writer) int {
@@ -88,6 +90,8 @@ func runReplicaMembership(cmd string, args []string, lookupEnv func(string) (str
 		fs.StringVar(&peerAddr, "peer-addr", "", "the new member's peer `address` (host:port of its --peer-listen)")
 	}
 	timeout := fs.Duration("timeout", 30*time.Second, "give up after this `duration` (a change waits for the group to apply it)")
+	var tlsFlags clientTLS
+	tlsFlags.register(fs)
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return exitOK
@@ -105,7 +109,12 @@ func runReplicaMembership(cmd string, args []string, lookupEnv func(string) (str
 			return exitUsage
 		}
 	}
-	conn, err := grpc.NewClient(*addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	creds, err := tlsFlags.creds()
+	if err != nil {
+		fmt.Fprintf(stderr, "storaged replica %s: %v\n", cmd, err)
+		return exitUsage
+	}
+	conn, err := grpc.NewClient(*addr, grpc.WithTransportCredentials(creds))
 	if err != nil {
 		fmt.Fprintf(stderr, "storaged replica %s: %s: %v\n", cmd, *addr, err)
 		return exitUsage
@@ -120,7 +129,7 @@ func runReplicaMembership(cmd string, args []string, lookupEnv func(string) (str
 	case "members":
 		ri, err := storagedv1.NewMessageStoreServiceClient(conn).GetReplicaInfo(ctx, &storagedv1.GetReplicaInfoRequest{})
 		if err != nil {
-			return rpcFailed(stderr, cmd, *addr, err)
+			return rpcFailed(stderr, cmd, *addr, tlsFlags.on, err)
 		}
 		if ri.GetRole() == storagedv1.ReplicaRole_REPLICA_ROLE_STANDALONE {
 			fmt.Fprintf(stderr, "storaged replica members: %s is standalone (no replication group)\n", *addr)
@@ -140,7 +149,7 @@ func runReplicaMembership(cmd string, args []string, lookupEnv func(string) (str
 	case "add":
 		resp, err := admin.AddReplicaMember(ctx, &storagedv1.AddReplicaMemberRequest{Id: id, PeerAddr: peerAddr})
 		if err != nil {
-			return rpcFailed(stderr, cmd, *addr, err)
+			return rpcFailed(stderr, cmd, *addr, tlsFlags.on, err)
 		}
 		m, out.ClusterID, out.Group = resp.GetMembership(), resp.GetClusterId(), resp.GetGroup()
 		out.StartFlags = startFlags(id, peerAddr, resp.GetGroup(), resp.GetClusterId(), m.GetPeerAddrs())
@@ -150,13 +159,13 @@ func runReplicaMembership(cmd string, args []string, lookupEnv func(string) (str
 	case "promote":
 		resp, err := admin.PromoteReplicaMember(ctx, &storagedv1.PromoteReplicaMemberRequest{Id: id})
 		if err != nil {
-			return rpcFailed(stderr, cmd, *addr, err)
+			return rpcFailed(stderr, cmd, *addr, tlsFlags.on, err)
 		}
 		m = resp.GetMembership()
 	case "remove":
 		resp, err := admin.RemoveReplicaMember(ctx, &storagedv1.RemoveReplicaMemberRequest{Id: id})
 		if err != nil {
-			return rpcFailed(stderr, cmd, *addr, err)
+			return rpcFailed(stderr, cmd, *addr, tlsFlags.on, err)
 		}
 		m = resp.GetMembership()
 		out.Next = fmt.Sprintf("member %d stops once it applies its removal; its data dir never starts again", id)
@@ -186,10 +195,17 @@ func startFlags(id uint64, peerAddr, group, cluster string, addrs map[uint64]str
 }
 
 // rpcFailed prints a failed call with its status details (the leader
-// hint of a "not leader" answer, the cause of a refusal).
-func rpcFailed(stderr io.Writer, cmd, addr string, err error) int {
+// hint of a "not leader" answer, the cause of a refusal), and a hint
+// about --tls when a plaintext call got no answer from storaged.
+func rpcFailed(stderr io.Writer, cmd, addr string, tlsOn bool, err error) int {
 	st := status.Convert(err)
 	fmt.Fprintf(stderr, "storaged replica %s: %s: %s: %s\n", cmd, addr, st.Code(), st.Message())
+	if !tlsOn && st.Code() == codes.Unavailable && len(st.Details()) == 0 {
+		// A member with --tls-cert closes a plaintext connection: "error
+		// reading server preface: EOF" is all the call sees.
+		fmt.Fprintln(stderr, "  this call was plaintext: a member with --tls-cert needs --tls --tls-ca-cert FILE "+
+			"(and --tls-client-cert/--tls-client-key when it has --tls-client-ca)")
+	}
 	for _, d := range st.Details() {
 		if info, ok := d.(*errdetails.ErrorInfo); ok {
 			keys := slices.Sorted(maps.Keys(info.GetMetadata()))

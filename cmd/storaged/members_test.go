@@ -2,13 +2,20 @@ package main
 
 import (
 	"bytes"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
 	"net"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 
 	storagedv1 "github.com/storaged/storaged/gen/storaged/v1"
 )
@@ -24,6 +31,70 @@ func freeAddr(t *testing.T) string {
 	return lis.Addr().String()
 }
 
+// leader1 is member 1 of a group whose only voter it is (member 2, a
+// learner, never runs), a storaged process started by startLeader1.
+type leader1 struct {
+	p                   *proc
+	grpcAddr, adminAddr string // its client and admin gRPC addresses
+	peer1, peer2        string // the peer addresses of members 1 and 2
+}
+
+// startLeader1 starts member 1 with args added to its flags (--tls-cert …)
+// and returns once it is the ready leader, as seen through a connection
+// made with opts (its transport credentials).
+func startLeader1(t *testing.T, opts []grpc.DialOption, args ...string) leader1 {
+	t.Helper()
+	l := leader1{peer1: freeAddr(t), peer2: freeAddr(t)}
+	l.p = startProc(t, append([]string{"--listen", "127.0.0.1:0", "--metrics-listen", "", "--admin-listen", "127.0.0.1:0",
+		"--data-dir", t.TempDir(), "--file-size", "64KiB", "--raft-id", "1", "--raft-peers", "1=" + l.peer1 + ",2=" + l.peer2,
+		"--raft-learners", "2", "--raft-tick", "10ms", "--raft-election-timeout", "100ms"}, args...)...)
+	listening := l.p.logs.waitFor(t, "listening")
+	l.grpcAddr, l.adminAddr = listening.str("grpc"), listening.str("admin")
+	conn := dial(t, l.grpcAddr, opts...)
+	waitServing(t, conn)
+	client := storagedv1.NewMessageStoreServiceClient(conn)
+	poll, deadline := time.NewTicker(10*time.Millisecond), time.After(startTimeout)
+	defer poll.Stop()
+	for {
+		ri, err := client.GetReplicaInfo(t.Context(), &storagedv1.GetReplicaInfoRequest{})
+		if err == nil && ri.GetReady() {
+			return l
+		}
+		select {
+		case <-deadline:
+			t.Fatalf("member 1 is not a ready leader: %v %v", ri, err)
+		case <-poll.C:
+		}
+	}
+}
+
+// stop ends the process with SIGTERM; it must exit 0.
+func (l leader1) stop(t *testing.T) {
+	t.Helper()
+	l.p.signal(t, syscall.SIGTERM)
+	if code := l.p.exitCode(t); code != 0 {
+		t.Fatalf("exit status %d:\n%s", code, l.p.logs.String())
+	}
+}
+
+// runMembership runs `storaged replica ARGS`, fails the test unless it
+// exits want, and returns its JSON output (when want is exitOK) and its
+// stderr.
+func runMembership(t *testing.T, want int, args ...string) (membersOutput, string) {
+	t.Helper()
+	var stdout, stderr bytes.Buffer
+	if code := runReplica(args, env(), &stdout, &stderr); code != want {
+		t.Fatalf("storaged replica %v: exit %d, want %d; stdout %s stderr %s", args, code, want, stdout.String(), stderr.String())
+	}
+	var out membersOutput
+	if want == exitOK {
+		if err := json.Unmarshal(stdout.Bytes(), &out); err != nil {
+			t.Fatalf("storaged replica %v: output %q: %v", args, stdout.String(), err)
+		}
+	}
+	return out, stderr.String()
+}
+
 // TestReplicaMembershipCommands: `storaged replica members|add|promote|
 // remove` against a real storaged process, member 1 of a group whose only
 // voter it is (member 2, a learner, never runs): members shows the
@@ -32,41 +103,11 @@ func freeAddr(t *testing.T) string {
 // (exit 1, the cause printed), a learner's removal is shown; usage errors
 // exit 2.
 func TestReplicaMembershipCommands(t *testing.T) {
-	p1, p2, p3 := freeAddr(t), freeAddr(t), freeAddr(t)
-	p := startProc(t, "--listen", "127.0.0.1:0", "--metrics-listen", "", "--admin-listen", "127.0.0.1:0",
-		"--data-dir", t.TempDir(), "--file-size", "64KiB", "--raft-id", "1", "--raft-peers", "1="+p1+",2="+p2,
-		"--raft-learners", "2", "--raft-tick", "10ms", "--raft-election-timeout", "100ms")
-	listening := p.logs.waitFor(t, "listening")
-	grpcAddr, adminAddr := listening.str("grpc"), listening.str("admin")
-	conn := dial(t, grpcAddr)
-	waitServing(t, conn)
-	client := storagedv1.NewMessageStoreServiceClient(conn)
-	poll, deadline := time.NewTicker(10*time.Millisecond), time.After(startTimeout)
-	defer poll.Stop()
-	for {
-		ri, err := client.GetReplicaInfo(t.Context(), &storagedv1.GetReplicaInfoRequest{})
-		if err == nil && ri.GetReady() {
-			break
-		}
-		select {
-		case <-deadline:
-			t.Fatalf("member 1 is not a ready leader: %v %v", ri, err)
-		case <-poll.C:
-		}
-	}
+	l := startLeader1(t, nil)
+	grpcAddr, adminAddr, p1, p2, p3 := l.grpcAddr, l.adminAddr, l.peer1, l.peer2, freeAddr(t)
 	run := func(want int, args ...string) (membersOutput, string) {
 		t.Helper()
-		var stdout, stderr bytes.Buffer
-		if code := runReplica(args, env(), &stdout, &stderr); code != want {
-			t.Fatalf("storaged replica %v: exit %d, want %d; stdout %s stderr %s", args, code, want, stdout.String(), stderr.String())
-		}
-		var out membersOutput
-		if want == exitOK {
-			if err := json.Unmarshal(stdout.Bytes(), &out); err != nil {
-				t.Fatalf("storaged replica %v: output %q: %v", args, stdout.String(), err)
-			}
-		}
-		return out, stderr.String()
+		return runMembership(t, want, args...)
 	}
 	run(exitUsage, "add", "--addr", adminAddr, "--id", "0", "--peer-addr", p3)
 	run(exitUsage, "add", "--addr", adminAddr, "--id", "3")
@@ -105,8 +146,88 @@ func TestReplicaMembershipCommands(t *testing.T) {
 	if _, stderr := run(exitRefused, "add", "--addr", adminAddr, "--id", "3", "--peer-addr", p3); !strings.Contains(stderr, "cause=BAD_CONF_CHANGE") {
 		t.Fatalf("add of a removed id: %s", stderr)
 	}
-	p.signal(t, syscall.SIGTERM)
-	if code := p.exitCode(t); code != 0 {
-		t.Fatalf("exit status %d:\n%s", code, p.logs.String())
+	l.stop(t)
+}
+
+// TestReplicaMembershipTLS: the membership commands reach a member whose
+// client and admin services have TLS (--tls-cert) with --tls and the CA,
+// and fail without them (exit 1, the cause printed); with mTLS
+// (--tls-client-ca) only with a client certificate the member's client
+// CA signed; a bad combination of the -tls flags is a usage error (exit 2)
+// found before any call.
+func TestReplicaMembershipTLS(t *testing.T) {
+	dir := t.TempDir()
+	certFile, keyFile, cert := selfSigned(t, dir) // the members' certificate, its own CA, and the client's for mTLS
+	strangerCert, strangerKey, _ := selfSigned(t, t.TempDir())
+	notPEM := filepath.Join(dir, "not.pem")
+	if err := os.WriteFile(notPEM, []byte("hello"), 0o600); err != nil {
+		t.Fatal(err)
 	}
+	roots := x509.NewCertPool()
+	roots.AddCert(cert.Leaf)
+	withTLS := startLeader1(t, []grpc.DialOption{grpc.WithTransportCredentials(credentials.NewTLS(&tls.Config{RootCAs: roots}))},
+		"--tls-cert", certFile, "--tls-key", keyFile)
+	withMTLS := startLeader1(t, []grpc.DialOption{grpc.WithTransportCredentials(credentials.NewTLS(&tls.Config{RootCAs: roots,
+		Certificates: []tls.Certificate{cert}}))}, "--tls-cert", certFile, "--tls-key", keyFile, "--tls-client-ca", certFile)
+
+	isLeader1 := func(m membersOutput) bool { return m.ID == 1 && m.Role == "leader" && len(m.ClusterID) == 32 }
+	added3 := func(m membersOutput) bool { return slices.Equal(m.Learners, []uint64{2, 3}) && m.StartFlags != "" }
+	removed3 := func(m membersOutput) bool {
+		return slices.Equal(m.Learners, []uint64{2}) && slices.Equal(m.Removed, []uint64{3})
+	}
+	tlsArgs := []string{"--tls", "--tls-ca-cert", certFile}
+	args := func(parts ...[]string) []string { return slices.Concat(parts...) }
+	mtlsArgs := args(tlsArgs, []string{"--tls-client-cert", certFile, "--tls-client-key", keyFile})
+	// In order: each remove takes out the learner the add before it added.
+	for _, tc := range []struct {
+		name       string
+		args       []string
+		want       int
+		check      func(membersOutput) bool // the output of a command that succeeds
+		wantStderr []string
+	}{
+		{"TLS: members", args([]string{"members", "--addr", withTLS.grpcAddr}, tlsArgs), exitOK, isLeader1, nil},
+		{"TLS: members, plaintext", []string{"members", "--addr", withTLS.grpcAddr}, exitRefused, nil,
+			[]string{"Unavailable", "this call was plaintext", "--tls --tls-ca-cert"}},
+		{"TLS: members, unknown CA", []string{"members", "--addr", withTLS.grpcAddr, "--tls"}, exitRefused, nil,
+			[]string{"Unavailable", "unknown authority"}},
+		{"TLS: add, plaintext", []string{"add", "--addr", withTLS.adminAddr, "--id", "3", "--peer-addr", freeAddr(t)}, exitRefused, nil,
+			[]string{"Unavailable", "this call was plaintext"}},
+		{"TLS: add", args([]string{"add", "--addr", withTLS.adminAddr, "--id", "3", "--peer-addr", freeAddr(t)}, tlsArgs), exitOK, added3, nil},
+		{"TLS: remove", args([]string{"remove", "--addr", withTLS.adminAddr, "--id", "3"}, tlsArgs), exitOK, removed3, nil},
+		{"mTLS: members, no client cert", args([]string{"members", "--addr", withMTLS.grpcAddr}, tlsArgs), exitRefused, nil,
+			[]string{"Unavailable"}},
+		{"mTLS: members, client cert of another CA", args([]string{"members", "--addr", withMTLS.grpcAddr}, tlsArgs,
+			[]string{"--tls-client-cert", strangerCert, "--tls-client-key", strangerKey}), exitRefused, nil, []string{"Unavailable"}},
+		{"mTLS: members", args([]string{"members", "--addr", withMTLS.grpcAddr}, mtlsArgs), exitOK, isLeader1, nil},
+		{"mTLS: add, no client cert", args([]string{"add", "--addr", withMTLS.adminAddr, "--id", "3", "--peer-addr", freeAddr(t)}, tlsArgs),
+			exitRefused, nil, []string{"Unavailable"}},
+		{"mTLS: add", args([]string{"add", "--addr", withMTLS.adminAddr, "--id", "3", "--peer-addr", freeAddr(t)}, mtlsArgs), exitOK, added3, nil},
+		{"mTLS: remove", args([]string{"remove", "--addr", withMTLS.adminAddr, "--id", "3"}, mtlsArgs), exitOK, removed3, nil},
+		{"client cert without key", args([]string{"members", "--addr", withMTLS.grpcAddr}, tlsArgs, []string{"--tls-client-cert", certFile}),
+			exitUsage, nil, []string{"only one of"}},
+		{"client key without cert", args([]string{"remove", "--addr", withMTLS.adminAddr, "--id", "2"}, tlsArgs, []string{"--tls-client-key", keyFile}),
+			exitUsage, nil, []string{"only one of"}},
+		{"CA file not PEM", []string{"members", "--addr", withTLS.grpcAddr, "--tls", "--tls-ca-cert", notPEM}, exitUsage, nil,
+			[]string{"no PEM certificate"}},
+		{"client cert missing", args([]string{"promote", "--addr", withMTLS.adminAddr, "--id", "2"}, tlsArgs,
+			[]string{"--tls-client-cert", filepath.Join(dir, "missing"), "--tls-client-key", keyFile}), exitUsage, nil, []string{"no such file"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			out, stderr := runMembership(t, tc.want, tc.args...)
+			if tc.check != nil && !tc.check(out) {
+				t.Errorf("storaged replica %v: %+v", tc.args, out)
+			}
+			for _, w := range tc.wantStderr {
+				if !strings.Contains(stderr, w) {
+					t.Errorf("stderr %q does not contain %q", stderr, w)
+				}
+			}
+			if slices.Contains(tc.args, "--tls") && strings.Contains(stderr, "plaintext") {
+				t.Errorf("stderr of a TLS call speaks of plaintext: %q", stderr)
+			}
+		})
+	}
+	withTLS.stop(t)
+	withMTLS.stop(t)
 }
