@@ -31,6 +31,10 @@ const (
 	CauseLearnerBehind     = "LEARNER_BEHIND"
 	CauseRemoveLeader      = "REMOVE_LEADER"
 	CauseQuorumAfterChange = "QUORUM_AFTER_CHANGE"
+	// CauseTransferTimeout (UNAVAILABLE, reason SERVICE_NOT_AVAILABLE): a
+	// leader asked to remove itself did not hand its leadership over in
+	// time; nothing was proposed.
+	CauseTransferTimeout = "TRANSFER_TIMEOUT"
 )
 
 // maxPeerAddrBytes bounds AddReplicaMemberRequest.peer_addr.
@@ -180,6 +184,7 @@ func peerAddrProblem(addr string) string {
 //	storage.ErrBadConfChange, ErrLearnerBehind, ErrRemoveLeader, ErrQuorumAfterChange
 //	                                      → FAILED_PRECONDITION, CONF_CHANGE_REFUSED, cause BAD_CONF_CHANGE,
 //	                                        LEARNER_BEHIND, REMOVE_LEADER, QUORUM_AFTER_CHANGE
+//	storage.ErrTransferTimeout            → UNAVAILABLE + RetryInfo, cause TRANSFER_TIMEOUT
 //	storage.ErrReplicationTimeout         → DEADLINE_EXCEEDED, FLUSH_SLAVE_TIMEOUT, metadata outcome unknown
 //	replica.ErrClosed                     → UNAVAILABLE, metadata outcome unknown (the member closed meanwhile)
 //	ErrStarting, storage.ErrClosed        → UNAVAILABLE + RetryInfo
@@ -219,8 +224,13 @@ func (a *AdminService) memberError(m string, err error) error {
 		return refused(codes.FailedPrecondition, CauseLearnerBehind, "the learner is not caught up with the leader, "+
 			"or was not heard from recently; nothing changed; promote it once it has caught up")
 	case errors.Is(err, storage.ErrRemoveLeader):
-		return refused(codes.FailedPrecondition, CauseRemoveLeader, "the leader cannot remove itself; nothing changed; "+
-			"transfer the leadership to another member first, then remove it from the new leader")
+		return refused(codes.FailedPrecondition, CauseRemoveLeader, "the leader found no active voter to hand its "+
+			"leadership to before its removal; nothing changed")
+	case errors.Is(err, storage.ErrTransferTimeout):
+		return unavailable(&errdetails.ErrorInfo{Reason: ReasonUnavailable, Domain: ErrorDomain,
+			Metadata: map[string]string{"cause": CauseTransferTimeout}}, retryDelayUnavailable,
+			"the leader, asked to remove itself, did not hand its leadership over in time; the membership is unchanged; "+
+				"retry on the group's leader")
 	case errors.Is(err, storage.ErrQuorumAfterChange):
 		return refused(codes.FailedPrecondition, CauseQuorumAfterChange, "removing this voter would leave fewer active "+
 			"voters than a quorum; nothing changed")

@@ -124,6 +124,8 @@ func TestMemberChangeRefusals(t *testing.T) {
 			map[string]string{"cause": "LEARNER_BEHIND"}, false},
 		{"remove leader", memberStore{err: fmt.Errorf("x: %w", storage.ErrRemoveLeader)}, codes.FailedPrecondition, ReasonConfChangeRefused,
 			map[string]string{"cause": "REMOVE_LEADER"}, false},
+		{"transfer timeout", memberStore{err: fmt.Errorf("x: %w", storage.ErrTransferTimeout)}, codes.Unavailable, ReasonUnavailable,
+			map[string]string{"cause": "TRANSFER_TIMEOUT"}, true},
 		{"quorum", memberStore{err: fmt.Errorf("x: %w", storage.ErrQuorumAfterChange)}, codes.FailedPrecondition, ReasonConfChangeRefused,
 			map[string]string{"cause": "QUORUM_AFTER_CHANGE"}, false},
 		{"timeout", memberStore{err: fmt.Errorf("x: %w", storage.ErrReplicationTimeout)}, codes.DeadlineExceeded,
@@ -164,7 +166,7 @@ func (nopTransport) Send(uint64, []byte) {}
 // TestMemberChangesOnGroup: against a real one-voter group, an added
 // learner is in the answered membership with its peer address, the cluster
 // id and group name; a learner never heard from is not promoted
-// (LEARNER_BEHIND), the leader cannot remove itself (REMOVE_LEADER), an id
+// (LEARNER_BEHIND), the only voter cannot remove itself (QUORUM_AFTER_CHANGE), an id
 // that is a member or was removed is refused (BAD_CONF_CHANGE); the
 // learner's removal is answered with it in removed; GetReplicaInfo-style
 // MembershipOf shows the same.
@@ -205,8 +207,8 @@ func TestMemberChangesOnGroup(t *testing.T) {
 		t.Errorf("promote of a silent learner: %v %v", d.st.Code(), d.info)
 	}
 	_, err = c.RemoveReplicaMember(ctx, &storagedv1.RemoveReplicaMemberRequest{Id: 1})
-	if d := details(t, err); d.st.Code() != codes.FailedPrecondition || d.info.GetMetadata()["cause"] != CauseRemoveLeader {
-		t.Errorf("remove of the leader: %v %v", d.st.Code(), d.info)
+	if d := details(t, err); d.st.Code() != codes.FailedPrecondition || d.info.GetMetadata()["cause"] != CauseQuorumAfterChange {
+		t.Errorf("remove of the only voter: %v %v", d.st.Code(), d.info)
 	}
 	_, err = c.AddReplicaMember(ctx, &storagedv1.AddReplicaMemberRequest{Id: 2, PeerAddr: "127.0.0.1:9292"})
 	if d := details(t, err); d.st.Code() != codes.FailedPrecondition || d.info.GetMetadata()["cause"] != CauseBadConfChange {

@@ -565,9 +565,15 @@
 // learner with a new id (ids are never reused: raft/conf records the
 // removed ones, and a removed member's data dir refuses to start); it is
 // promoted only once heard from within an election timeout and at most
-// replica.MaxPromoteLag entries behind the commit; the leader does not
-// remove itself (transfer the leadership first), nor a voter whose removal
-// would leave too few active voters for a quorum. Every member applies a
+// replica.MaxPromoteLag entries behind the commit; no voter is removed
+// whose removal would leave too few active voters for a quorum. A leader
+// removes itself in two steps: it hands its leadership to the most
+// caught-up active voter (as TransferLeadership does), then sends the new
+// leader a request for its removal (a raft MsgProp carrying the change,
+// the only proposal a member takes from a peer), resent until it applies
+// the removal or its caller gives up; the group is never without a leader
+// for an election timeout, and the puts the old leader proposed are
+// committed by the new one. Every member applies a
 // committed change in log order: raft's configuration, then raft/conf
 // (the membership at the change's index, the peer address the change
 // carries for a member it adds, the removed ids), synced, before any

@@ -78,11 +78,14 @@ func (s *Store) PromoteLearner(ctx context.Context, id uint64) (GroupMembership,
 }
 
 // RemoveMember removes member id (voter or learner) from the group for
-// good. The leader cannot remove itself (ErrRemoveLeader: transfer the
-// leadership first), nor a voter whose removal would leave fewer active
-// voters than a quorum of the rest (ErrQuorumAfterChange); otherwise as
-// AddLearner. The removed member stops once it applies the change (its
-// store fails with ErrRemoved), and its data dir refuses to start again.
+// good. A voter whose removal would leave fewer active voters than a
+// quorum of the rest is refused (ErrQuorumAfterChange). Asked to remove
+// itself, the leader hands its leadership over first and has the new
+// leader propose the removal (replica.Node.ProposeConfChange); refusals
+// then also ErrRemoveLeader (no active voter to take over) and
+// ErrTransferTimeout. Otherwise as AddLearner. The removed member stops
+// replicating once it applies the change (puts refused with cause
+// REMOVED), and its data dir refuses to start again.
 func (s *Store) RemoveMember(ctx context.Context, id uint64) (GroupMembership, error) {
 	return s.changeMembership(ctx, replica.ConfChange{Op: replica.Remove, ID: id})
 }

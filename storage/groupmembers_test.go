@@ -12,6 +12,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/storaged/storaged/storage/replica"
 )
 
 // membershipLog records what OnMembership told each member.
@@ -159,7 +161,6 @@ func TestGroupMembershipChange(t *testing.T) {
 		{"add without host:port", 1, func(ctx context.Context, s *Store) (GroupMembership, error) { return s.AddLearner(ctx, 4, "no-port") }, ErrBadConfChange},
 		{"promote a non-learner", 1, func(ctx context.Context, s *Store) (GroupMembership, error) { return s.PromoteLearner(ctx, 4) }, ErrBadConfChange},
 		{"promote a voter", 1, func(ctx context.Context, s *Store) (GroupMembership, error) { return s.PromoteLearner(ctx, 2) }, ErrBadConfChange},
-		{"remove the leader", 1, func(ctx context.Context, s *Store) (GroupMembership, error) { return s.RemoveMember(ctx, 1) }, ErrRemoveLeader},
 		{"remove a stranger", 1, func(ctx context.Context, s *Store) (GroupMembership, error) { return s.RemoveMember(ctx, 9) }, ErrBadConfChange},
 	}
 	for _, r := range refusals {
@@ -299,6 +300,70 @@ func TestGroupMembershipChange(t *testing.T) {
 	g.checkQueue(want, n, 2, 4)
 	if got := maps.Collect(maps.All(u.PeerAddrs)); len(got) != 1 {
 		t.Fatalf("peer addresses %v, want member 4's only", got)
+	}
+}
+
+// TestGroupRemoveLeader: the leader removes itself in one call. It hands
+// its leadership to another voter first and then asks it for the removal
+// (replica's removeSelf), so the call returns the membership without it,
+// the new leader takes puts at once, and the removed member refuses puts
+// (REMOVED) without failing.
+func TestGroupRemoveLeader(t *testing.T) {
+	g, loops, ml := newMemberGroup(t)
+	g.elect(1)
+	for i := range 10 {
+		g.mustPut(1, i, fmt.Sprintf("a%02d", i))
+	}
+	g.joinMember(4, loops, ml)
+	if _, err := g.change(1, "add 4", func(ctx context.Context, s *Store) (GroupMembership, error) {
+		return s.AddLearner(ctx, 4, "127.0.0.1:7004")
+	}); err != nil {
+		t.Fatal(err)
+	}
+	g.converge(1, 1, 2, 3, 4)
+	if _, err := g.change(1, "promote 4", func(ctx context.Context, s *Store) (GroupMembership, error) {
+		return s.PromoteLearner(ctx, 4)
+	}); err != nil {
+		t.Fatal(err)
+	}
+
+	m, err := g.change(1, "leader 1 removes itself", func(ctx context.Context, s *Store) (GroupMembership, error) {
+		return s.RemoveMember(ctx, 1)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(m.Voters, []uint64{2, 3, 4}) || len(m.Learners) != 0 || m.Index == 0 {
+		t.Fatalf("after the leader removed itself: %+v", m)
+	}
+	var lead uint64
+	g.poll("a ready leader among 2, 3, 4", func() bool { lead = g.readyLeader(2, 3, 4); return lead != 0 }, 2, 3, 4)
+	for i := range 5 {
+		g.mustPut(lead, 10+i, fmt.Sprintf("b%02d", i))
+	}
+	end := g.converge(lead, 2, 3, 4)
+	g.sameBytes(end, 2, 3, 4)
+	want := map[int64]string{}
+	for i := range 10 {
+		want[int64(i)] = fmt.Sprintf("a%02d", i)
+	}
+	for i := range 5 {
+		want[int64(10+i)] = fmt.Sprintf("b%02d", i)
+	}
+	g.checkQueue(want, 15, 2, 3, 4)
+	for _, id := range []uint64{2, 3, 4} {
+		g.poll(fmt.Sprintf("member %d applies the removal", id), func() bool {
+			u, _ := ml.last(id)
+			return slices.Equal(u.Membership.Voters, []uint64{2, 3, 4}) && slices.Contains(u.Removed, 1)
+		}, lead)
+	}
+	_, err = g.put(1, "after")
+	var nl *NotLeaderError
+	if !errors.As(err, &nl) || nl.Cause != replica.CauseRemoved {
+		t.Fatalf("a put on the removed member: %v", err)
+	}
+	if info := g.m[1].s.ReplicaInfo(); slices.Contains(info.Membership.Members(), 1) {
+		t.Fatalf("member 1 still counts itself: %+v", info.Membership)
 	}
 }
 

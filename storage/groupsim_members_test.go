@@ -14,9 +14,9 @@ import (
 // through the cycle an operator runs to replace a member, one change at a
 // time, with every fault of the driver around it: a new node (the next
 // id, an empty MemFS, GroupOptions.Join) joins and is added as a learner
-// by the ready leader, promoted once it caught up, and then a voter other
-// than the leader is removed, which brings the group back to three voters
-// for the next cycle. Refusals (not caught up, too few active voters, a
+// by the ready leader, promoted once it caught up, and then a voter (the
+// leader itself in about one cycle in four) is removed, which brings the
+// group back to three voters for the next cycle. Refusals (not caught up, too few active voters, a
 // change pending, no leader) and unknown outcomes are normal: the next
 // member step tries again from what the group applied.
 //
@@ -31,6 +31,7 @@ import (
 // simConf is a membership change in flight.
 type simConf struct {
 	op   replica.ConfOp
+	what string // op, or remove-leader (counted apart)
 	id   uint64
 	on   uint64
 	done chan struct{}
@@ -76,13 +77,9 @@ func (g *groupSim) member() {
 	case g.joiner != 0 && slices.Contains(m.Learners, g.joiner):
 		c.op, c.id = replica.Promote, g.joiner
 	case len(m.Voters) > 3:
-		var others []uint64
-		for _, v := range m.Voters {
-			if v != l {
-				others = append(others, v)
-			}
-		}
-		c.op, c.id = replica.Remove, others[g.rng.IntN(len(others))]
+		// Any voter, the leader too: it hands its leadership over and
+		// asks the next leader for its removal.
+		c.op, c.id = replica.Remove, m.Voters[g.rng.IntN(len(m.Voters))]
 	case g.joiner == 0:
 		id := g.nextID
 		g.nextID++
@@ -96,7 +93,11 @@ func (g *groupSim) member() {
 	default:
 		return // the joiner is a voter already: the removal comes next
 	}
-	g.count("member " + c.op.String())
+	c.what = c.op.String()
+	if c.op == replica.Remove && c.id == l {
+		c.what = "remove-leader"
+	}
+	g.count("member " + c.what)
 	g.note("member %s %d on leader %d", c.op, c.id, l)
 	s := g.nodes[l].s
 	g.confOp = c
@@ -123,12 +124,12 @@ func (g *groupSim) checkMembership() {
 			var nl *NotLeaderError
 			switch {
 			case c.err == nil:
-				g.count("member " + c.op.String() + " ok")
-				g.confLog = append(g.confLog, fmt.Sprintf("%s %d at %d", c.op, c.id, c.m.Index))
+				g.count("member " + c.what + " ok")
+				g.confLog = append(g.confLog, fmt.Sprintf("%s %d at %d", c.what, c.id, c.m.Index))
 				g.checkMembershipAt(0, c.m)
 			case errors.As(c.err, &nl), errors.Is(c.err, ErrInSyncReplicasNotEnough), errors.Is(c.err, ErrConfChangePending),
 				errors.Is(c.err, ErrLearnerBehind), errors.Is(c.err, ErrQuorumAfterChange), errors.Is(c.err, ErrBadConfChange),
-				errors.Is(c.err, replica.ErrProposalDropped):
+				errors.Is(c.err, replica.ErrProposalDropped), errors.Is(c.err, ErrRemoveLeader), errors.Is(c.err, ErrTransferTimeout):
 				g.count("member refused")
 			case errors.Is(c.err, ErrReplicationTimeout), errors.Is(c.err, ErrClosed), errors.Is(c.err, replica.ErrClosed):
 				g.count("member unknown")

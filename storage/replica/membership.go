@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"slices"
+	"time"
 
 	"go.etcd.io/raft/v3"
 	pb "go.etcd.io/raft/v3/raftpb"
@@ -82,9 +83,9 @@ var (
 	// ErrLearnerBehind: the learner to promote is not active or is more
 	// than MaxPromoteLag entries behind the commit index.
 	ErrLearnerBehind = errors.New("replica: the learner has not caught up; nothing proposed")
-	// ErrRemoveLeader: the leader cannot remove itself; transfer the
-	// leadership first.
-	ErrRemoveLeader = errors.New("replica: the leader cannot remove itself, transfer leadership first; nothing proposed")
+	// ErrRemoveLeader: the leader was asked to remove itself and had no
+	// active voter to hand its leadership to first.
+	ErrRemoveLeader = errors.New("replica: the leader cannot remove itself without an active voter to hand the leadership to; nothing proposed")
 	// ErrQuorumAfterChange: after the change, the active voters would not
 	// form a quorum.
 	ErrQuorumAfterChange = errors.New("replica: the change would leave too few active voters for a quorum; nothing proposed")
@@ -121,7 +122,26 @@ type confWaiter struct {
 	done chan struct{}
 	m    raftlog.Membership
 	err  error
+	// forwarded: proposed for a member that asked to be removed
+	// (stepRemovalRequest); no one waits on done.
+	forwarded bool
 }
+
+// selfRemoval is a former leader's request to be removed, resent to
+// the current leader until the removal applies or the caller gives up.
+type selfRemoval struct {
+	data   []byte // the marshalled ConfChangeV2, context included
+	lead   uint64 // the leader it was last sent to
+	sentAt uint64 // n.ticks when
+}
+
+// selfRemovalResendTicks: a removal request unanswered for this many
+// ticks is sent again (the message may be lost; the leader may not be
+// ready yet).
+const selfRemovalResendTicks = 2
+
+// maxConfReqLen bounds a confContext.Req a peer sends.
+const maxConfReqLen = 64
 
 // Membership is the group's membership as of this replica's applied
 // index.
@@ -152,10 +172,19 @@ func (n *Node) setMembersLocked(m raftlog.Membership) {
 // replica applies it, returning the membership it made. Refusals (nothing
 // proposed): a *NotLeaderError, ErrInSyncReplicasNotEnough,
 // ErrConfChangePending, ErrBadConfChange, ErrLearnerBehind,
-// ErrRemoveLeader, ErrQuorumAfterChange, ErrProposalDropped. A ctx that
-// ends first is ErrReplicationTimeout (the change may still apply: read
-// the membership); a change raft refused when it applied it (every member
-// skips it alike) is ErrBadConfChange, nothing changed.
+// ErrRemoveLeader, ErrQuorumAfterChange, ErrProposalDropped,
+// ErrTransferTimeout. A ctx that ends first is ErrReplicationTimeout (the
+// change may still apply: read the membership); a change raft refused
+// when it applied it (every member skips it alike) is ErrBadConfChange,
+// nothing changed.
+//
+// The leader removes itself in two steps (removeSelf): it hands its
+// leadership to the most caught-up active voter, as TransferLeadership
+// does, then asks the new leader to propose its removal, and returns once
+// it applies the removal itself. Handing over first keeps the group
+// writable: a leader that applied its own removal would step down and
+// leave the group without a leader for an election timeout, and the puts
+// it proposed meanwhile without an answer.
 func (n *Node) ProposeConfChange(ctx context.Context, c ConfChange) (raftlog.Membership, error) {
 	n.mu.Lock()
 	if err := n.refusalLocked(); err != nil {
@@ -183,30 +212,139 @@ func (n *Node) ProposeConfChange(ctx context.Context, c ConfChange) (raftlog.Mem
 		return raftlog.Membership{}, err
 	}
 	cc := &pb.ConfChangeV2{Changes: []*pb.ConfChangeSingle{{Type: typ.Enum(), NodeId: proto.Uint64(c.ID)}}, Context: b}
-	if err := n.rn.ProposeConfChange(cc); err != nil {
-		n.mu.Unlock()
-		if errors.Is(err, raft.ErrProposalDropped) {
-			return raftlog.Membership{}, ErrProposalDropped
-		}
-		return raftlog.Membership{}, fmt.Errorf("replica: propose a conf change: %w", err)
-	}
 	w := &confWaiter{req: cx.Req, done: make(chan struct{})}
-	n.confWait = w
-	n.kick()
-	n.mu.Unlock()
+	if c.Op == Remove && c.ID == n.opts.ID {
+		if err := n.removeSelf(ctx, cc, w); err != nil { // unlocks n.mu
+			return raftlog.Membership{}, err
+		}
+	} else {
+		if err := n.rn.ProposeConfChange(cc); err != nil {
+			n.mu.Unlock()
+			if errors.Is(err, raft.ErrProposalDropped) {
+				return raftlog.Membership{}, ErrProposalDropped
+			}
+			return raftlog.Membership{}, fmt.Errorf("replica: propose a conf change: %w", err)
+		}
+		n.confWait = w
+		n.kick()
+		n.mu.Unlock()
+	}
 	select {
 	case <-w.done:
 		return w.m, w.err
 	case <-ctx.Done():
 		n.mu.Lock()
 		if n.confWait == w {
-			n.confWait = nil
+			n.confWait, n.selfRemoval = nil, nil
 		}
 		n.mu.Unlock()
 		return raftlog.Membership{}, fmt.Errorf("%w: membership change %s of %d (%v)", ErrReplicationTimeout, c.Op, c.ID, ctx.Err())
 	case <-n.done:
 		return raftlog.Membership{}, ErrClosed
 	}
+}
+
+// removeSelf is the first half of a leader's removal of itself: it hands
+// the leadership over and leaves the request for the loop to send to the
+// new leader (selfRemovalMsgLocked). Nothing is proposed when it fails:
+// ErrRemoveLeader (no active voter to take over), ErrTransferTimeout.
+// REQUIRES: n.mu, which it unlocks.
+func (n *Node) removeSelf(ctx context.Context, cc *pb.ConfChangeV2, w *confWaiter) error {
+	data, err := proto.Marshal(cc)
+	if err != nil {
+		n.mu.Unlock()
+		return err
+	}
+	n.confWait, n.selfRemoval = w, &selfRemoval{data: data}
+	n.mu.Unlock()
+	// Two election timeouts, as for a stopping leader; with ticks given
+	// by the host (tests) the ctx alone bounds it.
+	wait := 2 * time.Duration(n.opts.ElectionTick) * n.opts.TickInterval
+	if n.opts.TickInterval <= 0 {
+		wait = time.Hour
+	}
+	_, err = n.TransferLeadership(wait, ctx.Done())
+	if err == nil {
+		n.kick() // the loop sends the request to the new leader
+		return nil
+	}
+	n.mu.Lock()
+	if n.confWait == w {
+		n.confWait, n.selfRemoval = nil, nil
+	}
+	n.mu.Unlock()
+	if errors.Is(err, ErrNoTransferee) {
+		return fmt.Errorf("%w: no voter was active to hand the leadership to", ErrRemoveLeader)
+	}
+	return err
+}
+
+// selfRemovalMsgLocked returns the removal request to send to the
+// leader, if this replica is waiting to be removed and a leader other
+// than itself is known: at once for a new leader, again every
+// selfRemovalResendTicks. REQUIRES: n.mu.
+func (n *Node) selfRemovalMsgLocked() *pb.Message {
+	r := n.selfRemoval
+	lead := n.soft.Lead
+	if r == nil || n.err != nil || lead == raft.None || lead == n.opts.ID ||
+		(lead == r.lead && n.ticks-r.sentAt < selfRemovalResendTicks) {
+		return nil
+	}
+	r.lead, r.sentAt = lead, n.ticks
+	return &pb.Message{Type: pb.MsgProp.Enum(), To: proto.Uint64(lead), From: proto.Uint64(n.opts.ID),
+		Entries: []*pb.Entry{{Type: pb.EntryConfChangeV2.Enum(), Data: r.data}}}
+}
+
+// stepRemovalRequest is the other half: a member that handed its
+// leadership over asks to be removed (the only proposal a peer sends;
+// raft's own forwarding is off, DisableProposalForwarding). The ready
+// leader proposes the removal under the member's request id, so that the
+// member sees its change apply, with the checks of any removal (too few
+// active voters after it). Anything else leaves the request unanswered:
+// the member sends it again, to the next leader if there is one, until
+// its caller gives up. A request that is not exactly one removal of its
+// sender is ErrBadMessage.
+func (n *Node) stepRemovalRequest(m *pb.Message) error {
+	from := m.GetFrom()
+	ents := m.GetEntries()
+	if len(ents) != 1 || ents[0].GetType() != pb.EntryConfChangeV2 {
+		return fmt.Errorf("%w: a proposal from peer %d that is not one conf change", ErrBadMessage, from)
+	}
+	cc := &pb.ConfChangeV2{}
+	var cx confContext
+	if err := proto.Unmarshal(ents[0].GetData(), cc); err != nil || len(cc.GetChanges()) != 1 ||
+		cc.GetChanges()[0].GetType() != pb.ConfChangeRemoveNode || cc.GetChanges()[0].GetNodeId() != from ||
+		json.Unmarshal(cc.GetContext(), &cx) != nil || cx.Req == "" || len(cx.Req) > maxConfReqLen {
+		return fmt.Errorf("%w: a proposal from peer %d that is not the removal of itself", ErrBadMessage, from)
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if !n.isMember(from) {
+		return fmt.Errorf("%w: from %d, not a member", ErrBadMessage, from)
+	}
+	if n.err != nil {
+		return n.err
+	}
+	if n.refusalLocked() != nil || n.confWait != nil {
+		return nil // not the ready leader, or a change pending: the member asks again
+	}
+	if _, err := n.checkConfChangeLocked(ConfChange{Op: Remove, ID: from}); err != nil {
+		n.opts.Logger.Warningf("replica %d: member %d asks to be removed: %v", n.opts.ID, from, err)
+		return nil
+	}
+	b, err := json.Marshal(confContext{Req: cx.Req,
+		Base: &confBase{Voters: slices.Clone(n.members.Voters), Learners: slices.Clone(n.members.Learners)}})
+	if err != nil {
+		return err
+	}
+	prop := &pb.ConfChangeV2{Changes: []*pb.ConfChangeSingle{{Type: pb.ConfChangeRemoveNode.Enum(), NodeId: proto.Uint64(from)}}, Context: b}
+	if err := n.rn.ProposeConfChange(prop); err != nil {
+		return nil // dropped (a transfer under way): the member asks again
+	}
+	n.confWait = &confWaiter{req: cx.Req, done: make(chan struct{}), forwarded: true}
+	n.opts.Logger.Infof("replica %d: proposed the removal of member %d, which asked for it", n.opts.ID, from)
+	n.kick()
+	return nil
 }
 
 // checkConfChangeLocked refuses a change that does not fit the group as
@@ -247,9 +385,6 @@ func (n *Node) checkConfChangeLocked(c ConfChange) (pb.ConfChangeType, error) {
 	case Remove:
 		if !isMember {
 			return 0, fmt.Errorf("%w: member %d is not in the group %v", ErrBadConfChange, c.ID, m.Members())
-		}
-		if c.ID == n.opts.ID {
-			return 0, fmt.Errorf("%w (member %d leads)", ErrRemoveLeader, c.ID)
 		}
 		if slices.Contains(m.Voters, c.ID) {
 			voters, active := 0, 0

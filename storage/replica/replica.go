@@ -259,6 +259,9 @@ type Node struct {
 	memberIDs []uint64
 	confWait  *confWaiter
 	confSeq   uint64
+	// selfRemoval: this replica, having led, asks the leader it handed
+	// over to to remove it (removeSelf, stepRemovalRequest).
+	selfRemoval *selfRemoval
 
 	stop   chan struct{}
 	done   chan struct{}
@@ -492,6 +495,12 @@ func (n *Node) loop() {
 			n.mu.Unlock()
 		case <-n.wake:
 		}
+		n.mu.Lock()
+		req := n.selfRemovalMsgLocked()
+		n.mu.Unlock()
+		if req != nil {
+			n.sendRaw(req)
+		}
 		for {
 			n.mu.Lock()
 			// Reads registered while the last Ready was handled go into
@@ -552,6 +561,9 @@ func (n *Node) handle(rd raft.Ready) error {
 		}
 		if rd.SoftState.RaftState != raft.StateLeader {
 			n.leaving = false
+			if w := n.confWait; w != nil && w.forwarded {
+				n.confWait = nil // a member's removal it proposed for it: that member asks the next leader
+			}
 		}
 		n.soft = *rd.SoftState
 		close(n.softChanged)
@@ -819,6 +831,13 @@ func (n *Node) send(msgs []*pb.Message) {
 			n.host.SendSnapshot(m.GetTo(), b, md.GetIndex(), md.GetTerm())
 			continue
 		}
+		n.opts.Transport.Send(m.GetTo(), b)
+	}
+}
+
+// sendRaw sends one message of this replica's own, outside raft.
+func (n *Node) sendRaw(m *pb.Message) {
+	if b, err := proto.Marshal(m); err == nil {
 		n.opts.Transport.Send(m.GetTo(), b)
 	}
 }
@@ -1165,7 +1184,10 @@ func (n *Node) StepPeer(b []byte) error {
 	if m.GetTo() != n.opts.ID {
 		return fmt.Errorf("%w: for node %d, this is %d", ErrBadMessage, m.GetTo(), n.opts.ID)
 	}
-	if raft.IsLocalMsg(m.GetType()) || m.GetType() == pb.MsgProp {
+	if m.GetType() == pb.MsgProp {
+		return n.stepRemovalRequest(m) // a member asking to be removed; no other proposal comes from a peer
+	}
+	if raft.IsLocalMsg(m.GetType()) {
 		return fmt.Errorf("%w: message type %v is not a peer's", ErrBadMessage, m.GetType())
 	}
 	if m.GetType() == pb.MsgSnap {

@@ -114,16 +114,18 @@ type AdminServiceClient interface {
 	//     "STANDALONE" (the server is not in a replication group), "BAD_CONF_CHANGE" (the id is or was a
 	//     member, or the change is not valid for the membership), "LEARNER_BEHIND" (PromoteReplicaMember:
 	//     the learner is not caught up or not heard from; retry once it is), "REMOVE_LEADER"
-	//     (RemoveReplicaMember of the leader itself: transfer the leadership first),
-	//     "QUORUM_AFTER_CHANGE" (RemoveReplicaMember of a voter would leave fewer active voters than a
-	//     quorum).
+	//     (RemoveReplicaMember of the leader itself, which found no active voter to hand the leadership
+	//     to), "QUORUM_AFTER_CHANGE" (RemoveReplicaMember of a voter would leave fewer active voters than
+	//     a quorum).
 	//   - ABORTED, reason "CONF_CHANGE_REFUSED", metadata cause "CONF_CHANGE_PENDING": another membership
 	//     change is in progress; retry once it applied.
 	//   - UNAVAILABLE with google.rpc.RetryInfo, reason "SERVICE_NOT_AVAILABLE", metadata cause (NOT_LEADER,
 	//     NO_LEADER, LEADER_NOT_READY, TRANSFERRING), leader_id, leader_addr (the leader's client address),
 	//     term: this member is not the ready leader; send the call to the leader's admin listener.
 	//   - UNAVAILABLE, reason "IN_SYNC_REPLICAS_NOT_ENOUGH" (with RetryInfo): too few followers active.
-	//   - UNAVAILABLE, reason "SERVICE_NOT_AVAILABLE" (with RetryInfo): starting or shutting down.
+	//   - UNAVAILABLE, reason "SERVICE_NOT_AVAILABLE" (with RetryInfo): starting or shutting down; with
+	//     metadata cause "TRANSFER_TIMEOUT", a leader asked to remove itself did not hand its leadership
+	//     over in time.
 	//   - DEADLINE_EXCEEDED, reason "FLUSH_SLAVE_TIMEOUT", metadata outcome "unknown": proposed but not
 	//     seen applied within --replication-timeout; it may still apply: read the membership
 	//     (MessageStoreService.GetReplicaInfo) before trying again.
@@ -133,9 +135,11 @@ type AdminServiceClient interface {
 	// leader's commit index. Errors as AddReplicaMember.
 	PromoteReplicaMember(ctx context.Context, in *PromoteReplicaMemberRequest, opts ...grpc.CallOption) (*PromoteReplicaMemberResponse, error)
 	// RemoveReplicaMember removes member id (voter or learner) from the group for good: its id is never
-	// used again and its data dir refuses to start. The leader cannot remove itself (cause
-	// "REMOVE_LEADER": transfer the leadership first), nor a voter whose removal would leave fewer active
-	// voters than a quorum (cause "QUORUM_AFTER_CHANGE"). Errors as AddReplicaMember.
+	// used again and its data dir refuses to start. Asked to remove itself, the leader first hands its
+	// leadership to the most caught-up active voter (its puts are refused meanwhile with cause
+	// TRANSFERRING), then has the new leader propose its removal, and answers once it applied it. A voter
+	// whose removal would leave fewer active voters than a quorum is refused (cause
+	// "QUORUM_AFTER_CHANGE"). Errors as AddReplicaMember.
 	RemoveReplicaMember(ctx context.Context, in *RemoveReplicaMemberRequest, opts ...grpc.CallOption) (*RemoveReplicaMemberResponse, error)
 }
 
@@ -326,16 +330,18 @@ type AdminServiceServer interface {
 	//     "STANDALONE" (the server is not in a replication group), "BAD_CONF_CHANGE" (the id is or was a
 	//     member, or the change is not valid for the membership), "LEARNER_BEHIND" (PromoteReplicaMember:
 	//     the learner is not caught up or not heard from; retry once it is), "REMOVE_LEADER"
-	//     (RemoveReplicaMember of the leader itself: transfer the leadership first),
-	//     "QUORUM_AFTER_CHANGE" (RemoveReplicaMember of a voter would leave fewer active voters than a
-	//     quorum).
+	//     (RemoveReplicaMember of the leader itself, which found no active voter to hand the leadership
+	//     to), "QUORUM_AFTER_CHANGE" (RemoveReplicaMember of a voter would leave fewer active voters than
+	//     a quorum).
 	//   - ABORTED, reason "CONF_CHANGE_REFUSED", metadata cause "CONF_CHANGE_PENDING": another membership
 	//     change is in progress; retry once it applied.
 	//   - UNAVAILABLE with google.rpc.RetryInfo, reason "SERVICE_NOT_AVAILABLE", metadata cause (NOT_LEADER,
 	//     NO_LEADER, LEADER_NOT_READY, TRANSFERRING), leader_id, leader_addr (the leader's client address),
 	//     term: this member is not the ready leader; send the call to the leader's admin listener.
 	//   - UNAVAILABLE, reason "IN_SYNC_REPLICAS_NOT_ENOUGH" (with RetryInfo): too few followers active.
-	//   - UNAVAILABLE, reason "SERVICE_NOT_AVAILABLE" (with RetryInfo): starting or shutting down.
+	//   - UNAVAILABLE, reason "SERVICE_NOT_AVAILABLE" (with RetryInfo): starting or shutting down; with
+	//     metadata cause "TRANSFER_TIMEOUT", a leader asked to remove itself did not hand its leadership
+	//     over in time.
 	//   - DEADLINE_EXCEEDED, reason "FLUSH_SLAVE_TIMEOUT", metadata outcome "unknown": proposed but not
 	//     seen applied within --replication-timeout; it may still apply: read the membership
 	//     (MessageStoreService.GetReplicaInfo) before trying again.
@@ -345,9 +351,11 @@ type AdminServiceServer interface {
 	// leader's commit index. Errors as AddReplicaMember.
 	PromoteReplicaMember(context.Context, *PromoteReplicaMemberRequest) (*PromoteReplicaMemberResponse, error)
 	// RemoveReplicaMember removes member id (voter or learner) from the group for good: its id is never
-	// used again and its data dir refuses to start. The leader cannot remove itself (cause
-	// "REMOVE_LEADER": transfer the leadership first), nor a voter whose removal would leave fewer active
-	// voters than a quorum (cause "QUORUM_AFTER_CHANGE"). Errors as AddReplicaMember.
+	// used again and its data dir refuses to start. Asked to remove itself, the leader first hands its
+	// leadership to the most caught-up active voter (its puts are refused meanwhile with cause
+	// TRANSFERRING), then has the new leader propose its removal, and answers once it applied it. A voter
+	// whose removal would leave fewer active voters than a quorum is refused (cause
+	// "QUORUM_AFTER_CHANGE"). Errors as AddReplicaMember.
 	RemoveReplicaMember(context.Context, *RemoveReplicaMemberRequest) (*RemoveReplicaMemberResponse, error)
 	mustEmbedUnimplementedAdminServiceServer()
 }
