@@ -131,9 +131,9 @@ func TestReplicaMembershipCommands(t *testing.T) {
 	if _, stderr := run(exitRefused, "promote", "--addr", adminAddr, "--id", "3"); !strings.Contains(stderr, "cause=LEARNER_BEHIND") {
 		t.Fatalf("promote of a learner never heard from: %s", stderr)
 	}
-	if _, stderr := run(exitRefused, "remove", "--addr", adminAddr, "--id", "1"); !strings.Contains(stderr, "cause=REMOVE_LEADER") ||
+	if _, stderr := run(exitRefused, "remove", "--addr", adminAddr, "--id", "1"); !strings.Contains(stderr, "cause=QUORUM_AFTER_CHANGE") ||
 		!strings.Contains(stderr, "FailedPrecondition") {
-		t.Fatalf("remove of the leader: %s", stderr)
+		t.Fatalf("remove of the only voter: %s", stderr)
 	}
 	rm, _ := run(exitOK, "remove", "--addr", adminAddr, "--id", "3")
 	if !slices.Equal(rm.Learners, []uint64{2}) || !slices.Equal(rm.Removed, []uint64{3}) || rm.Index <= add.Index {

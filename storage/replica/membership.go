@@ -272,6 +272,9 @@ func (n *Node) removeSelf(ctx context.Context, cc *pb.ConfChangeV2, w *confWaite
 	if n.confWait == w {
 		n.confWait, n.selfRemoval = nil, nil
 	}
+	// Still leading: take puts again (TransferLeadership leaves them
+	// refused, for a process that stops).
+	n.leaving = false
 	n.mu.Unlock()
 	if errors.Is(err, ErrNoTransferee) {
 		return fmt.Errorf("%w: no voter was active to hand the leadership to", ErrRemoveLeader)

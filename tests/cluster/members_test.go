@@ -110,13 +110,13 @@ func (g *memberGroup) change(t *testing.T, what string, ps []*proctest.Process, 
 	}
 }
 
-// TestGroupReplaceMember: member 3 of a group of 3 is replaced by a new
+// TestGroupReplaceMember: the leader of a group of 3 is replaced by a new
 // member 4 under write load: member 4 starts empty with --raft-join (the
 // cluster id GetReplicaInfo shows), is added as a learner, catches up, is
-// promoted once caught up, and member 3 is removed (after a leadership
-// transfer when it led) and stopped; then the leader is killed with -9.
-// The two survivors of {1, 2, 4} elect a leader, writes resume, and every
-// acknowledged put is readable on both.
+// promoted once caught up, and the leader is removed in one call (it
+// hands its leadership over first) and stopped; then the new leader is
+// killed with -9. The two survivors elect a leader, writes resume, and
+// every acknowledged put is readable on both.
 func TestGroupReplaceMember(t *testing.T) {
 	ports := freePorts(t, 6) // admin 1-3, then member 4's peer, client and admin listeners
 	admins := ports[:3]
@@ -179,32 +179,39 @@ func TestGroupReplaceMember(t *testing.T) {
 		}, func(m *storagedv1.ReplicaMembership) bool { return slices.Equal(m.GetVoters(), []uint64{1, 2, 3, 4}) })
 	w.waitAcks(t, 50)
 
-	// Remove member 3; a leader cannot remove itself: SIGTERM hands its
-	// leadership over first (and it is restarted to be removed).
+	// Remove the leader (one of the first three): it hands its leadership
+	// over and has the new leader propose its removal, in one call. (Were
+	// member 4 leading already, member 3 goes.)
 	all := []*proctest.Process{n1, n2, n3, n4}
 	names := map[*proctest.Process]string{n1: "n1", n2: "n2", n3: "n3", n4: "n4"}
-	if l := leaderOf(t, all); l == n3 {
-		t.Logf("n3 leads: SIGTERM hands the leadership over before its removal")
-		if err := n3.Term(t, 60*time.Second); err != nil {
-			t.Fatalf("n3's SIGTERM: %v", err)
-		}
-		n3.Restart(t)
+	ids := map[*proctest.Process]uint64{n1: 1, n2: 2, n3: 3, n4: 4}
+	victim := leaderOf(t, all)
+	if victim == n4 {
+		victim = n3
 	}
-	m := g.change(t, "remove member 3", all, []string{"REMOVE_LEADER"},
+	t.Logf("removing %s (leader %s)", names[victim], names[leaderOf(t, all)])
+	survivors := slices.DeleteFunc(slices.Clone(all), func(p *proctest.Process) bool { return p == victim })
+	var wantVoters []uint64
+	for _, p := range survivors {
+		wantVoters = append(wantVoters, ids[p])
+	}
+	m := g.change(t, "remove "+names[victim], all, nil,
 		func(ctx context.Context, c storagedv1.AdminServiceClient) (*storagedv1.ReplicaMembership, error) {
-			resp, err := c.RemoveReplicaMember(ctx, &storagedv1.RemoveReplicaMemberRequest{Id: 3})
+			resp, err := c.RemoveReplicaMember(ctx, &storagedv1.RemoveReplicaMemberRequest{Id: ids[victim]})
 			return resp.GetMembership(), err
 		}, func(m *storagedv1.ReplicaMembership) bool {
-			return slices.Equal(m.GetVoters(), []uint64{1, 2, 4}) && slices.Contains(m.GetRemoved(), 3)
+			return slices.Equal(m.GetVoters(), wantVoters) && slices.Contains(m.GetRemoved(), ids[victim])
 		})
 	if m.GetPeerAddrs()[4] != peer4 {
 		t.Errorf("membership after the removal: %v, want member 4 at %s", m, peer4)
 	}
-	n3.Kill(t)
+	if ri := info(victim); ri != nil && ri.GetRole() == storagedv1.ReplicaRole_REPLICA_ROLE_LEADER {
+		t.Fatalf("the removed %s still leads: %v", names[victim], ri)
+	}
+	victim.Kill(t)
 	w.waitAcks(t, 50)
 
 	// kill -9 the leader: two of the three voters remain.
-	survivors := []*proctest.Process{n1, n2, n4}
 	dead := leaderOf(t, survivors)
 	dead.Kill(t)
 	survivors = slices.DeleteFunc(survivors, func(p *proctest.Process) bool { return p == dead })
