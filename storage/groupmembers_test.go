@@ -327,9 +327,31 @@ func TestGroupRemoveLeader(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	m, err := g.change(1, "leader 1 removes itself", func(ctx context.Context, s *Store) (GroupMembership, error) {
-		return s.RemoveMember(ctx, 1)
-	})
+	// Raft gives a transfer up after an election timeout of the leader's
+	// ticks: member 1 is ticked only once it handed over (it then resends
+	// its request until the new leader is ready to propose it).
+	type res struct {
+		m   GroupMembership
+		err error
+	}
+	done := make(chan res, 1)
+	go func() {
+		m, err := g.m[1].s.RemoveMember(context.Background(), 1)
+		done <- res{m, err}
+	}()
+	var r res
+	g.poll("leader 1 removes itself", func() bool {
+		select {
+		case r = <-done:
+			return true
+		default:
+			if info := g.m[1].s.ReplicaInfo(); info.Role != "leader" {
+				g.tick(1)
+			}
+			return false
+		}
+	}, 2, 3, 4)
+	m, err := r.m, r.err
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -257,16 +257,24 @@ func (n *Node) removeSelf(ctx context.Context, cc *pb.ConfChangeV2, w *confWaite
 	}
 	n.confWait, n.selfRemoval = w, &selfRemoval{data: data}
 	n.mu.Unlock()
-	// Two election timeouts, as for a stopping leader; with ticks given
-	// by the host (tests) the ctx alone bounds it.
+	// Each attempt two election timeouts, as for a stopping leader; with
+	// ticks given by the host (tests) the ctx alone bounds it.
 	wait := 2 * time.Duration(n.opts.ElectionTick) * n.opts.TickInterval
 	if n.opts.TickInterval <= 0 {
 		wait = time.Hour
 	}
-	_, err = n.TransferLeadership(wait, ctx.Done())
-	if err == nil {
-		n.kick() // the loop sends the request to the new leader
-		return nil
+	for {
+		// Raft gives a transfer up after an election timeout (a follower
+		// that could not catch up in time): try again, with the most
+		// caught-up voter then, until ctx ends.
+		_, err = n.TransferLeadership(wait, ctx.Done())
+		if err == nil {
+			n.kick() // the loop sends the request to the new leader
+			return nil
+		}
+		if !errors.Is(err, ErrTransferTimeout) || ctx.Err() != nil {
+			break
+		}
 	}
 	n.mu.Lock()
 	if n.confWait == w {
