@@ -290,6 +290,7 @@ func parseConfig(args []string, lookupEnv func(string) (string, bool), stderr io
 		return fail(fmt.Errorf("unexpected arguments %q (storaged takes flags only)", fs.Args()))
 	}
 	cfg.Replication.noteSet(fs)
+	cfg.Replication.applyOrdinalIDs()
 	if cfg.Replication.group() && !cfg.Replication.flushModeSet {
 		cfg.FlushMode = storage.FlushSync // a group acknowledges only fsynced messages
 	}
@@ -566,6 +567,8 @@ func (c *config) log(l zerolog.Logger) {
 		Int("dedup_max_messages", c.DedupMaxMessages).
 		Uint64("raft_id", c.Replication.RaftID).
 		Stringer("raft_peers", &c.Replication.RaftPeers).
+		Str("raft_join", c.Replication.join()).
+		Stringer("raft_ordinal_ids", &c.Replication.OrdinalIDs).
 		Bool("raft_learner", c.Replication.RaftLearner).Stringer("raft_learners", &c.Replication.RaftLearners).
 		Stringer("replication_timeout", c.Replication.ReplicationTimeout).
 		Stringer("raft_catchup_window", &c.Replication.CatchUpWindow).

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"maps"
 	"net"
 	"os"
 	"slices"
@@ -56,6 +57,18 @@ type replicationConfig struct {
 	// member joins (added with `storaged replica add`); empty: a member of
 	// the bootstrap.
 	RaftJoin string
+	// RaftJoinUnlisted is --raft-join-unlisted: a cluster id this member
+	// joins only if --raft-peers does not list its id, so that one pod
+	// template serves the bootstrap members (listed, they ignore it) and
+	// the members added later (join uses it).
+	RaftJoinUnlisted string
+	// OrdinalIDs is --raft-ordinal-ids: with --raft-id ordinal, the pods
+	// whose member id is not ordinal + 1 (a pod whose member was replaced
+	// by a new one, under a new id).
+	OrdinalIDs ordinalIDs
+	// ordinal: --raft-id was "ordinal" (RaftID is the pod's ordinal + 1
+	// until applyOrdinalIDs); remapped: OrdinalIDs gave this pod its id.
+	ordinal, remapped bool
 	// recordedCluster is the cluster id raft/meta of the data dir records
 	// (resolveCluster), "" before the first start; joined: raft/meta
 	// records no bootstrap members, so this data dir joined a running group
@@ -88,9 +101,9 @@ const (
 
 func (r *replicationConfig) register(fs *flag.FlagSet) {
 	fs.Func("raft-id", "this member's raft `id`: a positive integer listed in --raft-peers, or \"ordinal\" for a "+
-		"StatefulSet pod (the host name's -N suffix plus 1)", func(s string) error {
-		id, err := parseRaftIDFlag(s, os.Hostname)
-		r.RaftID = id
+		"StatefulSet pod (the host name's -N suffix plus 1, or what --raft-ordinal-ids gives pod N)", func(s string) error {
+		id, err := parseRaftIDFlag(s, hostname)
+		r.RaftID, r.ordinal = id, err == nil && strings.TrimSpace(s) == "ordinal"
 		return err
 	})
 	fs.Var(&r.RaftPeers, "raft-peers",
@@ -124,7 +137,14 @@ func (r *replicationConfig) register(fs *flag.FlagSet) {
 	fs.StringVar(&r.RaftJoin, "raft-join", "", "group mode: this member joins an existing group whose cluster id is `id` "+
 		"(32 hex digits, printed by `storaged replica add`, shown by `storaged replica members`): it starts empty and "+
 		"learns the membership from the leader. --raft-peers lists this member (its peer address) and the members it "+
-		"can reach. Only read at the first start; later starts use the cluster id recorded in the data dir")
+		"can reach (or, not listing it, needs --peer-listen). Only read at the first start; later starts use the cluster "+
+		"id recorded in the data dir")
+	fs.StringVar(&r.RaftJoinUnlisted, "raft-join-unlisted", "", "group mode: like --raft-join `id`, but only for a member "+
+		"whose id --raft-peers does not list; a member it lists is a bootstrap member and ignores it. One StatefulSet pod "+
+		"template then serves both: --raft-peers names the bootstrap members, and pods beyond them join (the Helm chart sets it)")
+	fs.Var(&r.OrdinalIDs, "raft-ordinal-ids", "with --raft-id ordinal: the pods whose member id is not ordinal + 1, as "+
+		"`ordinal=id` pairs, comma separated (1=101: the pod whose host name ends in -1 is member 101, a new member that "+
+		"joins, after its old member was removed)")
 	fs.StringVar(&r.PeerTLSCert, "peer-tls-cert", "", "peer TLS certificate `file` (PEM), presented as server and client; it must name this member's --raft-peers host")
 	fs.StringVar(&r.PeerTLSKey, "peer-tls-key", "", "peer TLS private key `file` (PEM)")
 	fs.StringVar(&r.PeerTLSCA, "peer-tls-ca", "", "CA `file` (PEM) that signs every member's peer certificate; TLS 1.3, client certificates required")
@@ -146,6 +166,50 @@ func (r *replicationConfig) noteSet(fs *flag.FlagSet) {
 			r.groupNameSet = true
 		}
 	})
+}
+
+// applyOrdinalIDs gives a pod that --raft-ordinal-ids names its id
+// there instead of its ordinal + 1 (after parsing: the flags come in any
+// order).
+func (r *replicationConfig) applyOrdinalIDs() {
+	if !r.ordinal || r.RaftID == 0 {
+		return
+	}
+	if id, ok := r.OrdinalIDs[r.RaftID-1]; ok {
+		r.RaftID, r.remapped = id, true
+	}
+}
+
+// join is the cluster id this member joins: --raft-join, or
+// --raft-join-unlisted when --raft-peers does not list this member; ""
+// for a member of the bootstrap.
+func (r *replicationConfig) join() string {
+	if r.RaftJoin != "" {
+		return r.RaftJoin
+	}
+	if r.RaftJoinUnlisted != "" && r.RaftID != 0 && r.RaftPeers.addr(r.RaftID) == "" {
+		return r.RaftJoinUnlisted
+	}
+	return ""
+}
+
+// joinFlag names the flag join's value comes from.
+func (r *replicationConfig) joinFlag() string {
+	if r.RaftJoin != "" {
+		return "--raft-join"
+	}
+	return "--raft-join-unlisted"
+}
+
+// remappedNote says, for an error, which pod --raft-ordinal-ids gave its
+// id to.
+func (r *replicationConfig) remappedNote() string {
+	for o, id := range r.OrdinalIDs {
+		if r.remapped && id == r.RaftID {
+			return fmt.Sprintf(" (pod ordinal %d, by --raft-ordinal-ids)", o)
+		}
+	}
+	return ""
 }
 
 // group reports whether the configuration asks for a replication group.
@@ -207,16 +271,36 @@ func (r *replicationConfig) validate(flushMode storage.FlushMode) []error {
 		if r.RaftJoin != "" {
 			stray = append(stray, "--raft-join")
 		}
+		if r.RaftJoinUnlisted != "" {
+			stray = append(stray, "--raft-join-unlisted")
+		}
+		if len(r.OrdinalIDs) > 0 {
+			stray = append(stray, "--raft-ordinal-ids")
+		}
 		if len(stray) > 0 {
 			errs = append(errs, fmt.Errorf("%s need --raft-peers (without it storaged runs standalone)", strings.Join(stray, ", ")))
 		}
 		return errs
 	}
+	listed := r.RaftPeers.addr(r.RaftID) != ""
 	switch {
 	case r.RaftID == 0:
 		errs = append(errs, errors.New("--raft-peers needs --raft-id (this member's id in the list)"))
-	case r.RaftPeers.addr(r.RaftID) == "":
-		errs = append(errs, fmt.Errorf("--raft-id %d is not in --raft-peers (ids %v)", r.RaftID, r.RaftPeers.ids()))
+	case !listed && r.join() == "":
+		errs = append(errs, fmt.Errorf("--raft-id %d is not in --raft-peers (ids %v)%s; only a member that joins "+
+			"(--raft-join, --raft-join-unlisted) may be left out", r.RaftID, r.RaftPeers.ids(), r.remappedNote()))
+	case !listed && r.PeerListen == "":
+		errs = append(errs, fmt.Errorf("--raft-id %d is not in --raft-peers (ids %v): a joining member it does not list "+
+			"needs --peer-listen (the group reaches it at the address `storaged replica add --peer-addr` recorded)",
+			r.RaftID, r.RaftPeers.ids()))
+	}
+	if len(r.OrdinalIDs) > 0 && !r.ordinal {
+		errs = append(errs, errors.New("--raft-ordinal-ids needs --raft-id ordinal (it names pods by their ordinal)"))
+	}
+	if r.remapped && listed && r.join() == "" {
+		errs = append(errs, fmt.Errorf("--raft-ordinal-ids makes this pod member %d%s, which --raft-peers lists as a "+
+			"bootstrap member: a pod given a new id is a new member, with an id the group never used, and joins", r.RaftID,
+			r.remappedNote()))
 	}
 	if len(r.RaftPeers) < 2 {
 		errs = append(errs, errors.New("--raft-peers lists one member; a group needs at least 2 (3 or 5 to survive a failure)"))
@@ -233,10 +317,21 @@ func (r *replicationConfig) validate(flushMode storage.FlushMode) []error {
 		errs = append(errs, fmt.Errorf("--raft-learner: add this member's id %d to --raft-learners, on every member "+
 			"(each member must know the learners from the first start)", r.RaftID))
 	}
+	if r.RaftJoin != "" && r.RaftJoinUnlisted != "" {
+		errs = append(errs, errors.New("--raft-join and --raft-join-unlisted: give one (--raft-join-unlisted joins only a "+
+			"member --raft-peers does not list)"))
+	}
+	if r.RaftJoinUnlisted != "" {
+		if p := clusterIDProblem(r.RaftJoinUnlisted); p != "" {
+			errs = append(errs, fmt.Errorf("--raft-join-unlisted %q: %s", trunc(r.RaftJoinUnlisted), p))
+		}
+	}
 	if r.RaftJoin != "" {
 		if p := clusterIDProblem(r.RaftJoin); p != "" {
 			errs = append(errs, fmt.Errorf("--raft-join %q: %s", trunc(r.RaftJoin), p))
 		}
+	}
+	if r.join() != "" {
 		if len(r.RaftLearners) > 0 || r.RaftLearner {
 			errs = append(errs, errors.New("--raft-join takes no --raft-learners nor --raft-learner: a joining member is "+
 				"added as a learner and learns every role from the group"))
@@ -441,6 +536,58 @@ func (r *replicationConfig) voters() []uint64 {
 	return v
 }
 
+// ordinalIDs is the --raft-ordinal-ids list: pod ordinal -> member id.
+type ordinalIDs map[uint64]uint64
+
+func (m *ordinalIDs) String() string {
+	if m == nil {
+		return ""
+	}
+	parts := make([]string, 0, len(*m))
+	for _, o := range slices.Sorted(maps.Keys(*m)) {
+		parts = append(parts, fmt.Sprintf("%d=%d", o, (*m)[o]))
+	}
+	return strings.Join(parts, ",")
+}
+
+// Set parses "1=101" or "1=101,3=102"; the empty string clears the list.
+// An ordinal or an id given twice is refused.
+func (m *ordinalIDs) Set(s string) error {
+	if strings.TrimSpace(s) == "" {
+		*m = nil
+		return nil
+	}
+	out := ordinalIDs{}
+	owner := map[uint64]uint64{} // id -> ordinal
+	for _, part := range strings.Split(s, ",") {
+		part = strings.TrimSpace(part)
+		ordStr, ids, ok := strings.Cut(part, "=")
+		if !ok {
+			return fmt.Errorf("%q: want ordinal=id", part)
+		}
+		o, err := strconv.ParseUint(strings.TrimSpace(ordStr), 10, 32)
+		if err != nil {
+			return fmt.Errorf("%q: ordinal %q: want a pod ordinal (0, 1, ...)", part, ordStr)
+		}
+		id, err := parseRaftID(ids)
+		if err != nil {
+			return fmt.Errorf("%q: %w", part, err)
+		}
+		if _, dup := out[o]; dup {
+			return fmt.Errorf("pod ordinal %d listed twice", o)
+		}
+		if prev, dup := owner[id]; dup {
+			return fmt.Errorf("member id %d given to pods %d and %d", id, prev, o)
+		}
+		out[o], owner[id] = id, o
+	}
+	*m = out
+	return nil
+}
+
+// hostname is the host name --raft-id ordinal reads (a test seam).
+var hostname = os.Hostname
+
 // parseRaftIDFlag is --raft-id: an id, or "ordinal", which derives it from
 // the host name of a StatefulSet pod (name-N is member N+1), so that one
 // pod template serves every member: Kubernetes gives each pod a stable
@@ -560,8 +707,8 @@ func (r *replicationConfig) resolveCluster(dataDir string) error {
 		// refuses that with the repair to run.
 		return nil
 	}
-	if r.RaftJoin != "" && meta.ClusterUUID != r.RaftJoin {
-		return fmt.Errorf("--raft-join %s: the data dir %s belongs to cluster %s", r.RaftJoin, dataDir, meta.ClusterUUID)
+	if j := r.join(); j != "" && meta.ClusterUUID != j {
+		return fmt.Errorf("%s %s: the data dir %s belongs to cluster %s", r.joinFlag(), j, dataDir, meta.ClusterUUID)
 	}
 	r.recordedCluster = meta.ClusterUUID
 	r.joined = len(meta.Voters) == 0 && len(meta.Learners) == 0
@@ -574,8 +721,8 @@ func (r *replicationConfig) groupClusterID() string {
 	switch {
 	case r.recordedCluster != "":
 		return r.recordedCluster
-	case r.RaftJoin != "":
-		return r.RaftJoin
+	case r.join() != "":
+		return r.join()
 	}
 	return r.clusterID()
 }
@@ -583,7 +730,7 @@ func (r *replicationConfig) groupClusterID() string {
 // groupOptions makes the store a member of the group, sending through tr.
 func (r *replicationConfig) groupOptions(tr storage.Transport) *storage.GroupOptions {
 	return &storage.GroupOptions{
-		ID: r.RaftID, Name: r.GroupName, ClusterID: r.groupClusterID(), Join: r.RaftJoin != "" || r.joined,
+		ID: r.RaftID, Name: r.GroupName, ClusterID: r.groupClusterID(), Join: r.join() != "" || r.joined,
 		Peers: r.voters(), Learners: slices.Clone(r.RaftLearners),
 		Transport: tr, ReplicationTimeout: r.ReplicationTimeout, CatchUpWindow: int64(r.CatchUpWindow),
 		CatchUpReadahead: int64(r.CatchUpReadahead),

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net"
 	"reflect"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -602,4 +603,205 @@ func TestMemberSync(t *testing.T) {
 	want(map[uint64]string{2: "127.0.0.1:1", 4: "127.0.0.1:3"})
 	ms.apply(removed) // the same again: nothing moves
 	want(map[uint64]string{2: "127.0.0.1:1", 4: "127.0.0.1:3"})
+}
+
+// withHostname makes --raft-id ordinal read name as the host name for
+// the rest of the test.
+func withHostname(t *testing.T, name string) {
+	t.Helper()
+	old := hostname
+	hostname = func() (string, error) { return name, nil }
+	t.Cleanup(func() { hostname = old })
+}
+
+// chartPeers is STORAGED_RAFT_PEERS as the Helm chart renders it for
+// release storaged in namespace store with replication.bootstrapReplicas=3
+// (deploy/helm/chart_test.go checks the rendering; this test what the
+// binary makes of it).
+const chartPeers = "1=storaged-0.storaged-headless.store.svc:9093,2=storaged-1.storaged-headless.store.svc:9093," +
+	"3=storaged-2.storaged-headless.store.svc:9093"
+
+// chartPodEnv is a chart pod's replication environment: join is the
+// ConfigMap's join-cluster-id, ordinalIDs its ordinal-ids (both "" until
+// set).
+func chartPodEnv(join, ordinalIDs string) []string {
+	return []string{"STORAGED_RAFT_ID", "ordinal", "STORAGED_RAFT_PEERS", chartPeers, "STORAGED_PEER_LISTEN", ":9093",
+		"STORAGED_PEER_TLS_CERT", "/etc/storaged/peer-tls/tls.crt", "STORAGED_PEER_TLS_KEY", "/etc/storaged/peer-tls/tls.key",
+		"STORAGED_PEER_TLS_CA", "/etc/storaged/peer-tls/ca.crt", "STORAGED_RAFT_JOIN_UNLISTED", join, "STORAGED_RAFT_ORDINAL_IDS", ordinalIDs}
+}
+
+// TestChartPodIdentity: one pod template (the chart's environment) makes
+// the pods of the bootstrap membership its members 1..3, exactly as
+// without --raft-join-unlisted (the digest of the same members, no join),
+// and every other pod a joining member: pods beyond the bootstrap ones
+// as ordinal + 1, a pod that --raft-ordinal-ids names under its new id.
+func TestChartPodIdentity(t *testing.T) {
+	const cid = "94067b9f5089fa4a79da33d5aa4fd6f2" // the digest of members 1,2,3 (TestReplicationFlags)
+	for _, tc := range []struct {
+		host, join, ordinalIDs string
+		id                     uint64
+		joins                  bool
+	}{
+		{"storaged-0", "", "", 1, false},
+		{"storaged-2", "", "", 3, false},
+		{"storaged-0", cid, "", 1, false},
+		{"storaged-2", cid, "", 3, false},
+		{"storaged-3", cid, "", 4, true},
+		{"storaged-4", cid, "", 5, true},
+		{"storaged-1", cid, "1=101", 101, true},
+		{"storaged-0", cid, "1=101", 1, false},
+		{"storaged-2", cid, "1=101,3=102", 3, false},
+		{"storaged-3", cid, "1=101,3=102", 102, true},
+		{"storaged-5", cid, "1=101", 6, true},
+	} {
+		name := tc.host + "/" + tc.join + "/" + tc.ordinalIDs
+		t.Run(name, func(t *testing.T) {
+			withHostname(t, tc.host)
+			cfg, err := parseConfig(nil, env(chartPodEnv(tc.join, tc.ordinalIDs)...), &bytes.Buffer{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			r := &cfg.Replication
+			g := r.groupOptions(nopTransport{})
+			if g.ID != tc.id || g.Join != tc.joins {
+				t.Fatalf("member %d joining %v, want %d joining %v", g.ID, g.Join, tc.id, tc.joins)
+			}
+			if tc.joins {
+				if g.ClusterID != cid || r.join() != cid {
+					t.Fatalf("joins cluster %q (join %q), want %s", g.ClusterID, r.join(), cid)
+				}
+			} else {
+				// What the pod was before the flags existed: --raft-id N and the same peers.
+				legacy, err := parseConfig([]string{"--raft-id", strconv.FormatUint(tc.id, 10), "--raft-peers", chartPeers,
+					"--peer-listen", ":9093", "--peer-tls-cert", "c", "--peer-tls-key", "k", "--peer-tls-ca", "a"}, env(), &bytes.Buffer{})
+				if err != nil {
+					t.Fatal(err)
+				}
+				lg := legacy.Replication.groupOptions(nopTransport{})
+				if g.ClusterID != lg.ClusterID || g.ClusterID != cid || !reflect.DeepEqual(g.Peers, lg.Peers) || g.Join {
+					t.Fatalf("bootstrap member: cluster %s peers %v join %v; before the flags: %s %v", g.ClusterID, g.Peers,
+						g.Join, lg.ClusterID, lg.Peers)
+				}
+			}
+			if err := (storage.Options{Dir: t.TempDir(), FlushMode: storage.FlushSync, Group: g}).Validate(); err != nil {
+				t.Fatalf("the store refuses the options: %v", err)
+			}
+		})
+	}
+}
+
+// TestChartPodIdentityErrors: a pod the chart's environment cannot make a
+// member of refuses to start, saying why; so do the new flags' misuses.
+func TestChartPodIdentityErrors(t *testing.T) {
+	const cid = "94067b9f5089fa4a79da33d5aa4fd6f2"
+	for _, tc := range []struct {
+		name, host string
+		args, env  []string
+		want       string
+	}{
+		{"pod beyond the bootstrap without a cluster id", "storaged-3", nil, chartPodEnv("", ""),
+			"--raft-id 4 is not in --raft-peers (ids [1 2 3]); only a member that joins"},
+		{"replaced pod without a cluster id", "storaged-1", nil, chartPodEnv("", "1=101"),
+			"--raft-id 101 is not in --raft-peers (ids [1 2 3]) (pod ordinal 1, by --raft-ordinal-ids)"},
+		{"replaced pod under a bootstrap id", "storaged-1", nil, chartPodEnv(cid, "1=3"),
+			"makes this pod member 3 (pod ordinal 1, by --raft-ordinal-ids), which --raft-peers lists as a bootstrap member"},
+		{"cluster id malformed", "storaged-0", nil, chartPodEnv("abc", ""), `--raft-join-unlisted "abc": want the group's cluster id`},
+		{"ordinal ids twice an ordinal", "storaged-0", nil, chartPodEnv(cid, "1=101,1=102"), "pod ordinal 1 listed twice"},
+		{"ordinal ids twice an id", "storaged-0", nil, chartPodEnv(cid, "1=101,2=101"), "member id 101 given to pods 1 and 2"},
+		{"ordinal ids no equals", "storaged-0", nil, chartPodEnv(cid, "101"), `"101": want ordinal=id`},
+		{"ordinal ids bad ordinal", "storaged-0", nil, chartPodEnv(cid, "x=101"), `ordinal "x": want a pod ordinal`},
+		{"ordinal ids id zero", "storaged-0", nil, chartPodEnv(cid, "1=0"), `raft id "0": want a positive integer`},
+		{"ordinal ids without ordinal", "storaged-0", []string{"--raft-id", "1", "--raft-peers", peers3, "--raft-ordinal-ids", "1=101"}, nil,
+			"--raft-ordinal-ids needs --raft-id ordinal"},
+		{"unlisted joiner without peer listen", "h", []string{"--raft-id", "4", "--raft-peers", peers3, "--raft-join-unlisted", cid}, nil,
+			"--raft-id 4 is not in --raft-peers (ids [1 2 3]): a joining member it does not list needs --peer-listen"},
+		{"both joins", "h", []string{"--raft-id", "4", "--raft-peers", peers3 + ",4=127.0.0.1:9194", "--raft-join", cid,
+			"--raft-join-unlisted", cid}, nil, "--raft-join and --raft-join-unlisted: give one"},
+		{"unlisted joiner with learners", "h", []string{"--raft-id", "4", "--raft-peers", peers3, "--peer-listen", "127.0.0.1:9194",
+			"--raft-join-unlisted", cid, "--raft-learners", "3"}, nil, "--raft-join takes no --raft-learners"},
+		{"standalone", "h", []string{"--raft-join-unlisted", cid, "--raft-ordinal-ids", "1=101"}, nil,
+			"--raft-join-unlisted, --raft-ordinal-ids need --raft-peers"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			withHostname(t, tc.host)
+			var stderr bytes.Buffer
+			_, err := parseConfig(tc.args, env(tc.env...), &stderr)
+			var uerr usageError
+			if !errors.As(err, &uerr) {
+				t.Fatalf("err %v, want a usage error", err)
+			}
+			if !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("err %q, want %q", err, tc.want)
+			}
+		})
+	}
+	// Loopback, with --peer-listen: an unlisted member joins with either flag.
+	for _, flagName := range []string{"--raft-join", "--raft-join-unlisted"} {
+		cfg, err := parseConfig([]string{"--raft-id", "4", "--raft-peers", peers3, "--peer-listen", "127.0.0.1:9194", flagName, cid},
+			env(), &bytes.Buffer{})
+		if err != nil {
+			t.Fatalf("%s: %v", flagName, err)
+		}
+		if g := cfg.Replication.groupOptions(nopTransport{}); !g.Join || g.ID != 4 || g.ClusterID != cid {
+			t.Fatalf("%s: %+v", flagName, g)
+		}
+	}
+}
+
+// TestChartUpgradeKeepsMembers: the data dir of a bootstrap member opens
+// under the chart's environment once the group grows (join-cluster-id and
+// ordinal-ids set), before any membership change, where a
+// STORAGED_RAFT_PEERS listing the grown membership is refused; a pod
+// given a new id on its intact data dir is refused; a joining pod's data
+// dir opens again under the same environment.
+func TestChartUpgradeKeepsMembers(t *testing.T) {
+	const cid = "94067b9f5089fa4a79da33d5aa4fd6f2"
+	open := func(dir, host string, e []string) error {
+		t.Helper()
+		withHostname(t, host)
+		cfg, err := parseConfig(nil, env(e...), &bytes.Buffer{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := cfg.Replication.resolveCluster(dir); err != nil {
+			return err
+		}
+		st, err := storage.Open(storage.Options{Dir: dir, FlushMode: storage.FlushSync, FileSize: 1 << 20,
+			Group: cfg.Replication.groupOptions(nopTransport{})})
+		if err != nil {
+			return err
+		}
+		return st.Close()
+	}
+	dir := t.TempDir()
+	if err := open(dir, "storaged-0", chartPodEnv("", "")); err != nil {
+		t.Fatalf("bootstrap: %v", err)
+	}
+	grown := chartPeers + ",4=storaged-3.storaged-headless.store.svc:9093,5=storaged-4.storaged-headless.store.svc:9093"
+	before := append(chartPodEnv("", ""), "STORAGED_RAFT_PEERS", grown) // env() keeps the last value of a name
+	if err := open(dir, "storaged-0", before); !errors.Is(err, raftlog.ErrMetaMismatch) {
+		t.Fatalf("peers listing the grown membership: %v, want ErrMetaMismatch (why the chart keeps the bootstrap list)", err)
+	}
+	if err := open(dir, "storaged-0", chartPodEnv(cid, "1=101,3=102")); err != nil {
+		t.Fatalf("bootstrap member after the upgrade: %v", err)
+	}
+	// A wrong ordinal in --raft-ordinal-ids: the pod's intact data dir refuses its new id.
+	pod1 := t.TempDir()
+	if err := open(pod1, "storaged-1", chartPodEnv("", "")); err != nil {
+		t.Fatalf("bootstrap of pod 1: %v", err)
+	}
+	if err := open(pod1, "storaged-1", chartPodEnv(cid, "1=101")); !errors.Is(err, raftlog.ErrMetaMismatch) ||
+		!strings.Contains(err.Error(), "the data dir belongs to node 2, not 101") {
+		t.Fatalf("pod 1's member 2 data dir started as member 101: %v, want it refused", err)
+	}
+	joiner := t.TempDir()
+	for range 2 {
+		if err := open(joiner, "storaged-3", chartPodEnv(cid, "1=101,3=102")); err != nil {
+			t.Fatalf("joining pod: %v", err)
+		}
+	}
+	meta, err := storage.ReadReplicaMeta(storage.Options{Dir: joiner})
+	if err != nil || meta.NodeID != 102 || meta.ClusterUUID != cid || len(meta.Voters) != 0 {
+		t.Fatalf("joining pod's raft/meta %+v, %v: want node 102 of cluster %s, no bootstrap members", meta, err, cid)
+	}
 }
