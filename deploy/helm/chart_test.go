@@ -16,8 +16,10 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"reflect"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -171,8 +173,8 @@ func TestChartRenderings(t *testing.T) {
 				t.Errorf("ServiceMonitor selects Services %v, want only the headless one (each pod once, ready or not)", picked)
 			}
 		}},
-		{"replication", []string{"replication.enabled=true", "replicas=3", "flush.mode=sync", "monitoring.prometheusRule.enabled=true",
-			"replication.tlsSecretName=storaged-peer-tls"},
+		{"replication", []string{"replication.enabled=true", "replicas=3", "replication.bootstrapReplicas=3", "flush.mode=sync",
+			"monitoring.prometheusRule.enabled=true", "replication.tlsSecretName=storaged-peer-tls"},
 			k8scheck.Mesh{}, func(t *testing.T, o *k8scheck.Objects) {
 				want := "1=storaged-0.storaged-headless.store.svc:9093,2=storaged-1.storaged-headless.store.svc:9093,3=storaged-2.storaged-headless.store.svc:9093"
 				e := env(container(t, o))
@@ -206,6 +208,14 @@ func TestChartRenderings(t *testing.T) {
 				if !found {
 					t.Error("no StoragedNoLeader alert with replication")
 				}
+				// Nothing joins yet: the ConfigMap the pods read holds no cluster id and no new ids.
+				pe := podEnv(t, o, 0)
+				if v, ok := pe["STORAGED_RAFT_JOIN_UNLISTED"]; !ok || v != "" {
+					t.Errorf("STORAGED_RAFT_JOIN_UNLISTED %q (set %v), want set and empty", v, ok)
+				}
+				if v, ok := pe["STORAGED_RAFT_ORDINAL_IDS"]; !ok || v != "" {
+					t.Errorf("STORAGED_RAFT_ORDINAL_IDS %q (set %v), want set and empty", v, ok)
+				}
 			}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -231,9 +241,29 @@ func TestChartRefuses(t *testing.T) {
 		{"unknown flush mode", "flush.mode", renderArgs("flush.mode=never")},
 		{"two meshes", "pick one mesh", renderArgs("mesh.istio.enabled=true", "mesh.linkerd.enabled=true")},
 		{"two monitors", "enable one", renderArgs("monitoring.podMonitor.enabled=true", "monitoring.serviceMonitor.enabled=true")},
-		{"replication with one replica", "replicas >= 3", renderArgs("replication.enabled=true", "flush.mode=sync")},
-		{"replication async", "flush.mode sync", renderArgs("replication.enabled=true", "replicas=3")},
-		{"replication without peer TLS", "replication.tlsSecretName", renderArgs("replication.enabled=true", "replicas=3", "flush.mode=sync")},
+		{"replication with one replica", "replication.enabled needs replicas >= 3", renderArgs(group("replicas=1")...)},
+		{"replication with two replicas of three", "replication.enabled needs replicas >= 3", renderArgs(group("replicas=2")...)},
+		{"replication async", "flush.mode sync", renderArgs(group("flush.mode=async")...)},
+		{"replication without peer TLS", "replication.tlsSecretName", renderArgs(group("replication.tlsSecretName=")...)},
+		{"replication without bootstrap size", "replication.enabled needs replication.bootstrapReplicas (0)",
+			renderArgs(group("replication.bootstrapReplicas=0")...)},
+		{"replication bootstrap of two", "needs replication.bootstrapReplicas (2)", renderArgs(group("replication.bootstrapReplicas=2")...)},
+		{"replication bootstrap not a number", "needs replication.bootstrapReplicas (three)",
+			renderArgs(group("replication.bootstrapReplicas=three")...)},
+		{"growth without cluster id", "replicas 5 > replication.bootstrapReplicas 3: the pods beyond the bootstrap members join",
+			renderArgs(group("replicas=5")...)},
+		{"new id without cluster id", "replication.memberIds: a pod given a new id joins the running group and needs replication.join.clusterId",
+			renderArgs(group("replication.memberIds.1=101")...)},
+		{"cluster id malformed", `replication.join.clusterId "94067B9F5089FA4A79DA33D5AA4FD6F2": want the group's cluster id`,
+			renderArgs(group("replicas=5", "replication.join.clusterId=94067B9F5089FA4A79DA33D5AA4FD6F2")...)},
+		{"new id of a bootstrap member", "replication.memberIds 1: 3 is a bootstrap member's id (1-3)",
+			renderArgs(group("replication.join.clusterId="+clusterID, "replication.memberIds.1=3")...)},
+		{"new id of another pod", "pods storaged-1 and storaged-5 would both be member 6",
+			renderArgs(group("replicas=6", "replication.join.clusterId="+clusterID, "replication.memberIds.1=6")...)},
+		{"new id zero", "replication.memberIds 1: 0: want a positive member id",
+			renderArgs(group("replication.join.clusterId="+clusterID, "replication.memberIds.1=0")...)},
+		{"new id not an ordinal", `replication.memberIds "pod1": want a pod ordinal`,
+			renderArgs(group("replication.join.clusterId="+clusterID, "replication.memberIds.pod1=101")...)},
 		{"old kubernetes", "kubeVersion", []string{"template", release, chartDir, "--kube-version", "1.29.0"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -245,9 +275,164 @@ func TestChartRefuses(t *testing.T) {
 	}
 }
 
-// TestChartLint runs helm lint on the chart.
+// TestChartLint runs helm lint on the chart, with the defaults and with a grown group (which
+// renders the replication part of NOTES.txt).
 func TestChartLint(t *testing.T) {
 	k8scheck.Tool(t, "helm", "lint", chartDir, "--strict", "--kube-version", kubeVersion)
+	args := []string{"lint", chartDir, "--strict", "--kube-version", kubeVersion}
+	for _, v := range group("replicas=5", "replication.join.clusterId="+clusterID, "replication.memberIds.1=101") {
+		args = append(args, "--set", v)
+	}
+	k8scheck.Tool(t, "helm", args...)
+}
+
+// clusterID is the cluster id of a group of members 1, 2, 3 named "default" (cmd/storaged's
+// TestReplicationFlags pins the digest).
+const clusterID = "94067b9f5089fa4a79da33d5aa4fd6f2"
+
+// group is the --set values of a valid 3-member group, then more (later ones win).
+func group(more ...string) []string {
+	return append([]string{"replication.enabled=true", "replicas=3", "replication.bootstrapReplicas=3", "flush.mode=sync",
+		"replication.tlsSecretName=storaged-peer-tls"}, more...)
+}
+
+// podEnv is the environment of the storaged container of pod ordinal as the kubelet makes it: the
+// literal values, the keys of the rendered ConfigMaps (a key missing from its ConfigMap fails the
+// test: the kubelet would not start the container), the downward API (the pod's name and an IP
+// of its own) and $(VAR) references to the variables before.
+func podEnv(t *testing.T, o *k8scheck.Objects, ordinal int) map[string]string {
+	t.Helper()
+	pod := fmt.Sprintf("%s-%d", o.StatefulSets[0].Name, ordinal)
+	out := map[string]string{}
+	ref := regexp.MustCompile(`\$\(([A-Za-z_][A-Za-z0-9_]*)\)`)
+	for _, e := range container(t, o).Env {
+		v := e.Value
+		switch {
+		case e.ValueFrom == nil:
+			v = ref.ReplaceAllStringFunc(v, func(m string) string {
+				if x, ok := out[m[2:len(m)-1]]; ok {
+					return x
+				}
+				return m
+			})
+		case e.ValueFrom.FieldRef != nil:
+			switch e.ValueFrom.FieldRef.FieldPath {
+			case "status.podIP":
+				v = fmt.Sprintf("10.0.0.%d", ordinal+1)
+			case "metadata.name":
+				v = pod
+			default:
+				t.Fatalf("env %s: fieldRef %s not simulated", e.Name, e.ValueFrom.FieldRef.FieldPath)
+			}
+		case e.ValueFrom.ConfigMapKeyRef != nil:
+			r := e.ValueFrom.ConfigMapKeyRef
+			ok := false
+			for _, cm := range o.ConfigMaps {
+				if cm.Name == r.Name {
+					v, ok = cm.Data[r.Key]
+				}
+			}
+			if !ok && (r.Optional == nil || !*r.Optional) {
+				t.Fatalf("env %s: no ConfigMap %s with key %s (the pod would not start)", e.Name, r.Name, r.Key)
+			}
+		default:
+			t.Fatalf("env %s: valueFrom not simulated", e.Name)
+		}
+		out[e.Name] = v
+	}
+	return out
+}
+
+// chartPodEnv is the replication environment of every pod of a group bootstrapped with 3 members
+// (release storaged, namespace store), join the ConfigMap's join-cluster-id and ordinalIDs its
+// ordinal-ids: cmd/storaged's chartPodEnv has the same values and TestChartPodIdentity checks what
+// the binary makes of them (member 1-3, or a joining member, by the pod's host name).
+func chartPodEnv(join, ordinalIDs string) map[string]string {
+	return map[string]string{"STORAGED_RAFT_ID": "ordinal", "STORAGED_PEER_LISTEN": ":9093",
+		"STORAGED_RAFT_PEERS": "1=storaged-0.storaged-headless.store.svc:9093,2=storaged-1.storaged-headless.store.svc:9093," +
+			"3=storaged-2.storaged-headless.store.svc:9093",
+		"STORAGED_PEER_TLS_CERT": "/etc/storaged/peer-tls/tls.crt", "STORAGED_PEER_TLS_KEY": "/etc/storaged/peer-tls/tls.key",
+		"STORAGED_PEER_TLS_CA": "/etc/storaged/peer-tls/ca.crt", "STORAGED_RAFT_JOIN_UNLISTED": join, "STORAGED_RAFT_ORDINAL_IDS": ordinalIDs}
+}
+
+// TestChartGrowAndReplace: growing the group (replicas above bootstrapReplicas, with the cluster
+// id) and giving a pod a new member id (memberIds) change the StatefulSet's replicas and the
+// ConfigMap only: the pod template is the install's, so a helm upgrade restarts no running member,
+// and every pod, bootstrap member or joining one, gets the same replication environment, whose
+// STORAGED_RAFT_PEERS is the bootstrap membership of the install.
+func TestChartGrowAndReplace(t *testing.T) {
+	install := render(t, group()...)
+	for _, tc := range []struct {
+		name               string
+		set                []string
+		replicas           int32
+		join, ordinalIDs   string
+		joiners, bootstrap []int
+	}{
+		{"install", nil, 3, "", "", nil, []int{0, 1, 2}},
+		{"cluster id alone", []string{"replication.join.clusterId=" + clusterID}, 3, clusterID, "", nil, []int{0, 1, 2}},
+		{"grown to 5", []string{"replicas=5", "replication.join.clusterId=" + clusterID}, 5, clusterID, "", []int{3, 4}, []int{0, 1, 2}},
+		{"pod 1 replaced", []string{"replication.join.clusterId=" + clusterID, "replication.memberIds.1=101"}, 3, clusterID, "1=101",
+			[]int{1}, []int{0, 2}},
+		{"grown to 5, pods 1 and 3 replaced", []string{"replicas=5", "replication.join.clusterId=" + clusterID,
+			"replication.memberIds.1=101", "replication.memberIds.3=102"}, 5, clusterID, "1=101,3=102", []int{1, 3, 4}, []int{0, 2}},
+		{"values of chart 0.1.0 reused", []string{"replication.join=null", "replication.memberIds=null"}, 3, "", "", nil,
+			[]int{0, 1, 2}},
+		{"shrunk to 3 after growing to 5", []string{"replicas=3", "replication.join.clusterId=" + clusterID}, 3, clusterID, "", nil,
+			[]int{0, 1, 2}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			o := render(t, group(tc.set...)...)
+			for _, p := range k8scheck.Check(o) {
+				t.Error(p)
+			}
+			sts := o.StatefulSets[0]
+			if *sts.Spec.Replicas != tc.replicas {
+				t.Errorf("replicas %d, want %d", *sts.Spec.Replicas, tc.replicas)
+			}
+			if !reflect.DeepEqual(sts.Spec.Template, install.StatefulSets[0].Spec.Template) {
+				t.Errorf("the pod template differs from the install's: a helm upgrade would restart every member")
+			}
+			if len(o.ConfigMaps) != 1 || o.ConfigMaps[0].Name != release+"-replication" {
+				t.Fatalf("ConfigMaps %d, want %s-replication", len(o.ConfigMaps), release)
+			}
+			want := chartPodEnv(tc.join, tc.ordinalIDs)
+			for i := range int(tc.replicas) {
+				got := podEnv(t, o, i)
+				for k, v := range want {
+					if got[k] != v {
+						t.Errorf("pod %d: %s=%q, want %q", i, k, got[k], v)
+					}
+				}
+				if got["STORAGED_STORE_HOST"] != fmt.Sprintf("10.0.0.%d", i+1) {
+					t.Errorf("pod %d: STORAGED_STORE_HOST %q", i, got["STORAGED_STORE_HOST"])
+				}
+			}
+			// Which pods join: a pod whose id (ordinal + 1, or its STORAGED_RAFT_ORDINAL_IDS entry) the
+			// rendered STORAGED_RAFT_PEERS lists at its own address is a bootstrap member, any other
+			// joins; the binary decides the same from the same environment (cmd/storaged
+			// TestChartPodIdentity), and NOTES.txt lists the joining pods to add.
+			var joiners, bootstrap []int
+			for i := range int(tc.replicas) {
+				e := podEnv(t, o, i)
+				id := strconv.Itoa(i + 1)
+				for _, kv := range strings.Split(e["STORAGED_RAFT_ORDINAL_IDS"], ",") {
+					if ord, n, ok := strings.Cut(kv, "="); ok && ord == strconv.Itoa(i) {
+						id = n
+					}
+				}
+				self := fmt.Sprintf("%s=%s-%d.%s-headless.%s.svc:9093", id, release, i, release, namespace)
+				if slices.Contains(strings.Split(e["STORAGED_RAFT_PEERS"], ","), self) {
+					bootstrap = append(bootstrap, i)
+				} else {
+					joiners = append(joiners, i)
+				}
+			}
+			if !slices.Equal(joiners, tc.joiners) || !slices.Equal(bootstrap, tc.bootstrap) {
+				t.Errorf("joining pods %v, bootstrap pods %v; want %v, %v", joiners, bootstrap, tc.joiners, tc.bootstrap)
+			}
+		})
+	}
 }
 
 // metricName finds the metric names in a PromQL expression: identifiers of storaged's, gRPC's and
@@ -300,18 +485,57 @@ func TestMonitoringNamesServedMetrics(t *testing.T) {
 	}
 }
 
+// buildStoraged builds cmd/storaged into a temporary directory and returns the binary.
+func buildStoraged(t *testing.T) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "storaged")
+	build := exec.Command("go", "build", "-o", bin, "./cmd/storaged")
+	build.Dir = k8scheck.RepoRoot(t)
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("go build ./cmd/storaged: %v\n%s", err, out)
+	}
+	return bin
+}
+
+// TestChartEnvNamesFlags: every STORAGED_* variable the chart sets with everything on is the
+// environment twin of a flag of the storaged built from this tree (storaged reads only those, and
+// ignores any other name without a word: a misspelt or unknown one would silently do nothing).
+func TestChartEnvNamesFlags(t *testing.T) {
+	o := render(t, group("replicas=5", "replication.join.clusterId="+clusterID, "replication.memberIds.1=101",
+		"flush.interval=1s", "flush.syncTimeout=2s")...)
+	out, err := exec.Command(buildStoraged(t), "-h").CombinedOutput()
+	if err != nil {
+		t.Fatalf("storaged -h: %v\n%s", err, out)
+	}
+	flags := map[string]bool{}
+	for _, m := range regexp.MustCompile(`(?m)^  -([a-z0-9-]+)`).FindAllStringSubmatch(string(out), -1) {
+		flags[m[1]] = true
+	}
+	if !flags["raft-peers"] || len(flags) < 20 {
+		t.Fatalf("found %d flags in storaged -h: %v", len(flags), flags)
+	}
+	n := 0
+	for _, e := range container(t, o).Env {
+		name, ok := strings.CutPrefix(e.Name, "STORAGED_")
+		if !ok {
+			continue
+		}
+		n++
+		if f := strings.ToLower(strings.ReplaceAll(name, "_", "-")); !flags[f] {
+			t.Errorf("env %s: storaged has no flag -%s", e.Name, f)
+		}
+	}
+	if n < 15 {
+		t.Errorf("only %d STORAGED_* variables", n)
+	}
+}
+
 // scrapeRealServer builds cmd/storaged, starts it on loopback ports with a temporary data dir,
 // waits for /readyz and returns the metric names on /metrics (histograms with _bucket, _sum and
 // _count).
 func scrapeRealServer(t *testing.T) map[string]bool {
 	t.Helper()
-	root := k8scheck.RepoRoot(t)
-	bin := filepath.Join(t.TempDir(), "storaged")
-	build := exec.Command("go", "build", "-o", bin, "./cmd/storaged")
-	build.Dir = root
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("go build ./cmd/storaged: %v\n%s", err, out)
-	}
+	bin := buildStoraged(t)
 	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, bin, "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0", "--admin-listen", "",
