@@ -32,6 +32,7 @@ package server
 import (
 	"context"
 	"errors"
+	"net/netip"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -41,6 +42,7 @@ import (
 	"google.golang.org/grpc"
 
 	rocketmqv2 "github.com/storaged/storaged/gen/apache/rocketmq/v2"
+	peerv1 "github.com/storaged/storaged/gen/storaged/peer/v1"
 	storagedv1 "github.com/storaged/storaged/gen/storaged/v1"
 	"github.com/storaged/storaged/internal/logthrottle"
 	"github.com/storaged/storaged/storage"
@@ -139,6 +141,10 @@ type Service struct {
 	// Replication (replica.go): nil when standalone.
 	replicaInfo func() ReplicaInfo
 	clientAddr  func(id uint64) string
+	// forwarder, when set, takes a follower's puts to the leader
+	// (forward.go); fwd counts them.
+	forwarder Forwarder
+	fwd       forwardCounts
 }
 
 // Option configures a Service.
@@ -278,13 +284,25 @@ func (s *Service) Register(r grpc.ServiceRegistrar) {
 
 // PutMessage implements storagedv1.MessageStoreServiceServer.
 func (s *Service) PutMessage(ctx context.Context, req *storagedv1.PutMessageRequest) (*storagedv1.PutMessageResponse, error) {
-	m, fe := toMessage(req, s.now(), bornHost(ctx))
+	return s.putMessage(ctx, req, bornHost(ctx), true)
+}
+
+// putMessage is PutMessage for a client at born; forward: a follower may
+// forward it to the leader (forward.go), false for a forwarded put.
+func (s *Service) putMessage(ctx context.Context, req *storagedv1.PutMessageRequest, born netip.AddrPort, forward bool) (*storagedv1.PutMessageResponse, error) {
+	m, fe := toMessage(req, s.now(), born)
 	if fe != nil {
 		return nil, s.rejected(ctx, methodPutMessage, fe)
 	}
 	res, err := s.store.PutMessage(ctx, m)
 	if s.tracer != nil {
 		s.tracePut(ctx, &res, err)
+	}
+	if to, ok := s.forwardTarget(err); ok && forward {
+		if resp, sent, ferr := s.forward(ctx, methodPutMessage, to, born,
+			&peerv1.ForwardPutRequest{Put: &peerv1.ForwardPutRequest_Message{Message: req}}); sent {
+			return resp.GetMessage(), ferr
+		}
 	}
 	if err != nil {
 		return nil, s.putError(ctx, methodPutMessage, res, err)
@@ -299,13 +317,24 @@ func (s *Service) PutMessage(ctx context.Context, req *storagedv1.PutMessageRequ
 
 // PutMessages implements storagedv1.MessageStoreServiceServer.
 func (s *Service) PutMessages(ctx context.Context, req *storagedv1.PutMessagesRequest) (*storagedv1.PutMessagesResponse, error) {
-	b, fe := toBatch(req, s.now(), bornHost(ctx), s.maxBatchMessages)
+	return s.putMessages(ctx, req, bornHost(ctx), true)
+}
+
+// putMessages is PutMessages for a client at born (forward: as putMessage).
+func (s *Service) putMessages(ctx context.Context, req *storagedv1.PutMessagesRequest, born netip.AddrPort, forward bool) (*storagedv1.PutMessagesResponse, error) {
+	b, fe := toBatch(req, s.now(), born, s.maxBatchMessages)
 	if fe != nil {
 		return nil, s.rejected(ctx, methodPutMessages, fe)
 	}
 	res, err := s.store.PutMessages(ctx, b)
 	if s.tracer != nil {
 		s.tracePut(ctx, &res, err)
+	}
+	if to, ok := s.forwardTarget(err); ok && forward {
+		if resp, sent, ferr := s.forward(ctx, methodPutMessages, to, born,
+			&peerv1.ForwardPutRequest{Put: &peerv1.ForwardPutRequest_Messages{Messages: req}}); sent {
+			return resp.GetMessages(), ferr
+		}
 	}
 	if err != nil {
 		return nil, s.putError(ctx, methodPutMessages, res, err)

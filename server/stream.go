@@ -187,6 +187,12 @@ func (s *Service) streamPut(ctx context.Context, it *streamItem, born netip.Addr
 		res, err = storage.PutResult{Status: fe.Status}, fe
 	} else {
 		res, err = s.store.PutMessage(ctx, &it.msg)
+		if err != nil {
+			if fresp, ferr, sent := s.forwardStreamPut(ctx, err, it.req.GetMessage(), born); sent {
+				it.release()
+				return forwardedStreamAck(id, fresp, ferr)
+			}
+		}
 	}
 	it.release()
 
@@ -214,6 +220,28 @@ func (s *Service) streamPut(ctx context.Context, it *streamItem, born netip.Addr
 		}
 	}
 	return &ack.resp
+}
+
+// forwardedStreamAck is the answer to a stream message a follower
+// forwarded: the leader's answer, or its error as streamPut reports one.
+func forwardedStreamAck(id uint64, resp *storagedv1.PutMessageResponse, err error) *storagedv1.PutMessageStreamResponse {
+	r := &storagedv1.PutMessageStreamResponse{RequestId: id}
+	if err == nil {
+		r.Status, r.Result = resp.GetStatus(), resp.GetResult()
+		return r
+	}
+	st := status.Convert(err)
+	r.Code, r.ErrorMessage = int32(st.Code()), st.Message()
+	r.Status, r.Reason = storagedv1.PutMessageStatus_PUT_MESSAGE_STATUS_UNKNOWN_ERROR, storage.UnknownError.String()
+	for _, d := range st.Details() {
+		if info, ok := d.(*errdetails.ErrorInfo); ok {
+			r.Reason = info.GetReason()
+			if v, ok := storagedv1.PutMessageStatus_value["PUT_MESSAGE_STATUS_"+info.GetReason()]; ok {
+				r.Status = storagedv1.PutMessageStatus(v)
+			}
+		}
+	}
+	return r
 }
 
 // ended reports whether ch is closed; a nil ch never is.

@@ -574,6 +574,7 @@ func (c *config) log(l zerolog.Logger) {
 		Stringer("raft_catchup_window", &c.Replication.CatchUpWindow).
 		Stringer("raft_catchup_readahead", &c.Replication.CatchUpReadahead).
 		Bool("peer_tls", c.Replication.PeerTLSCert != "").
+		Bool("raft_forward_puts", c.Replication.ForwardPuts).
 		Msg("effective configuration")
 }
 

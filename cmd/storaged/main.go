@@ -213,6 +213,9 @@ func serve(ctx context.Context, cfg config, logger zerolog.Logger) (err error) {
 		group.peerTLS = cfg.Replication.PeerTLSCert != ""
 		adminOpts = append(adminOpts, group.adminOption())
 		svcOpts = append(svcOpts, group.serverOption(cfg.Replication.RaftID))
+		if cfg.Replication.ForwardPuts {
+			svcOpts = append(svcOpts, server.WithForwarder(group.forwarder()))
+		}
 	}
 	svc := server.New(&store, logger, svcOpts...)
 	gs, err := server.NewGRPCServer(svc, server.GRPCConfig{
@@ -348,6 +351,7 @@ func serve(ctx context.Context, cfg config, logger zerolog.Logger) (err error) {
 			return terr
 		}
 		group.transport.Store(tr)
+		tr.SetPutHandler(svc) // as the leader, take the puts followers forward
 		opts.Group = cfg.Replication.groupOptions(tr)
 		members = &memberSync{tr: tr, self: cfg.Replication.RaftID, flags: cfg.Replication.RaftPeers.peerMap(), log: &peerLog}
 		opts.Group.OnMembership = members.apply
@@ -421,7 +425,14 @@ func serve(ctx context.Context, cfg config, logger zerolog.Logger) (err error) {
 	reg.MustRegister(server.NewStoreCollector(st, server.WithPutExemplars(svc.Exemplars())),
 		server.NewConsumerCollector(st, server.DefaultLagMetricGroups))
 	if cfg.Replication.group() {
-		reg.MustRegister(server.NewReplicaCollector(group.info(cfg.Replication.RaftID)))
+		reg.MustRegister(server.NewReplicaCollector(group.info(cfg.Replication.RaftID)),
+			server.NewForwardCollector(svc.ForwardStats, func() uint64 {
+				if tr := group.transport.Load(); tr != nil {
+					_, taken := tr.Forwarded()
+					return taken
+				}
+				return 0
+			}))
 	}
 	stats := st.Stats()
 	logger.Info().Stringer("recovery", time.Since(start)).Int64("max_offset", stats.MaxOffset).Int("files", stats.Files).

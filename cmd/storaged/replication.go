@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
@@ -18,6 +19,7 @@ import (
 
 	"github.com/rs/zerolog"
 
+	peerv1 "github.com/storaged/storaged/gen/storaged/peer/v1"
 	"github.com/storaged/storaged/server"
 	"github.com/storaged/storaged/server/peer"
 	"github.com/storaged/storaged/storage"
@@ -69,6 +71,9 @@ type replicationConfig struct {
 	// ordinal: --raft-id was "ordinal" (RaftID is the pod's ordinal + 1
 	// until applyOrdinalIDs); remapped: OrdinalIDs gave this pod its id.
 	ordinal, remapped bool
+	// ForwardPuts is --raft-forward-puts: a follower hands the puts it
+	// would refuse with NOT_LEADER to the leader over the peer transport.
+	ForwardPuts bool
 	// recordedCluster is the cluster id raft/meta of the data dir records
 	// (resolveCluster), "" before the first start; joined: raft/meta
 	// records no bootstrap members, so this data dir joined a running group
@@ -145,6 +150,10 @@ func (r *replicationConfig) register(fs *flag.FlagSet) {
 	fs.Var(&r.OrdinalIDs, "raft-ordinal-ids", "with --raft-id ordinal: the pods whose member id is not ordinal + 1, as "+
 		"`ordinal=id` pairs, comma separated (1=101: the pod whose host name ends in -1 is member 101, a new member that "+
 		"joins, after its old member was removed)")
+	fs.BoolVar(&r.ForwardPuts, "raft-forward-puts", false, "group mode: a follower hands a put it would refuse with NOT_LEADER "+
+		"to the leader over the peer transport and answers with the leader's answer (for clients behind a Service that "+
+		"spreads calls over every member and cannot follow leader hints); a forwarded call that fails in transit is "+
+		"DEADLINE_EXCEEDED with outcome unknown")
 	fs.StringVar(&r.PeerTLSCert, "peer-tls-cert", "", "peer TLS certificate `file` (PEM), presented as server and client; it must name this member's --raft-peers host")
 	fs.StringVar(&r.PeerTLSKey, "peer-tls-key", "", "peer TLS private key `file` (PEM)")
 	fs.StringVar(&r.PeerTLSCA, "peer-tls-ca", "", "CA `file` (PEM) that signs every member's peer certificate; TLS 1.3, client certificates required")
@@ -276,6 +285,9 @@ func (r *replicationConfig) validate(flushMode storage.FlushMode) []error {
 		}
 		if len(r.OrdinalIDs) > 0 {
 			stray = append(stray, "--raft-ordinal-ids")
+		}
+		if r.ForwardPuts {
+			stray = append(stray, "--raft-forward-puts")
 		}
 		if len(stray) > 0 {
 			errs = append(errs, fmt.Errorf("%s need --raft-peers (without it storaged runs standalone)", strings.Join(stray, ", ")))
@@ -847,6 +859,21 @@ func (g *groupRuntime) serverOption(id uint64) server.Option {
 		return ""
 	}
 	return server.WithReplication(g.info(id), addr)
+}
+
+// forwarder takes a follower's puts to the leader through the peer
+// transport, once it runs (before: nothing is sent, the put is refused
+// as without forwarding).
+func (g *groupRuntime) forwarder() server.Forwarder { return groupForwarder{g} }
+
+type groupForwarder struct{ g *groupRuntime }
+
+func (f groupForwarder) ForwardPut(ctx context.Context, to uint64, req *peerv1.ForwardPutRequest) (*peerv1.ForwardPutResponse, error) {
+	tr := f.g.transport.Load()
+	if tr == nil {
+		return nil, peer.ErrNoRoute
+	}
+	return tr.ForwardPut(ctx, to, req)
 }
 
 // info is the member's view of its group for GetReplicaInfo and the

@@ -4,15 +4,12 @@ import (
 	"context"
 	"errors"
 	"io"
-	"net"
 	"sync/atomic"
 	"time"
 
 	"github.com/rs/zerolog"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
-	"google.golang.org/grpc/credentials"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/keepalive"
 
 	peerv1 "github.com/storaged/storaged/gen/storaged/peer/v1"
@@ -27,7 +24,9 @@ type link struct {
 	id   uint64
 	addr string
 	conn *grpc.ClientConn
-	log  zerolog.Logger
+	// fwd carries forwarded puts (forward.go), apart from raft's stream.
+	fwd *grpc.ClientConn
+	log zerolog.Logger
 	// ctx ends with the Transport or when the link alone is stopped
 	// (RemovePeer, or SetPeer moving the member): it bounds run and the
 	// snapshots sent over the link, so neither outlives the membership.
@@ -48,13 +47,7 @@ type link struct {
 }
 
 func (t *Transport) newLink(id uint64, addr string) (*link, error) {
-	creds := insecure.NewCredentials()
-	if t.opts.TLS != nil {
-		host, _, _ := net.SplitHostPort(addr) // Validate checked it
-		c := t.opts.TLS.Client.Clone()
-		c.ServerName = host // the peer's certificate must name its --raft-peers host
-		creds = credentials.NewTLS(c)
-	}
+	creds := t.peerCreds(addr)
 	conn, err := grpc.NewClient("passthrough:///"+addr,
 		grpc.WithTransportCredentials(creds),
 		grpc.WithDefaultCallOptions(grpc.MaxCallSendMsgSize(t.opts.MaxMsgSize), grpc.MaxCallRecvMsgSize(1<<20)),
@@ -70,9 +63,14 @@ func (t *Transport) newLink(id uint64, addr string) (*link, error) {
 	if err != nil {
 		return nil, err
 	}
+	fwd, err := t.newForwardConn(addr, creds)
+	if err != nil {
+		_ = conn.Close()
+		return nil, err
+	}
 	ctx, cancel := context.WithCancel(t.ctx)
 	return &link{
-		t: t, id: id, addr: addr, conn: conn,
+		t: t, id: id, addr: addr, conn: conn, fwd: fwd,
 		log:    t.log.With().Uint64("peer", id).Str("peer_addr", addr).Logger(),
 		ctx:    ctx,
 		cancel: cancel,
@@ -88,6 +86,9 @@ func (l *link) stop() {
 	l.cancel()
 	if err := l.conn.Close(); err != nil {
 		l.log.Debug().Err(err).Msg("peer connection close")
+	}
+	if err := l.fwd.Close(); err != nil {
+		l.log.Debug().Err(err).Msg("peer forwarding connection close")
 	}
 	<-l.done
 }

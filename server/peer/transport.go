@@ -238,6 +238,11 @@ type Transport struct {
 	log     zerolog.Logger
 	stepper atomic.Pointer[stepperBox]
 	ranger  atomic.Pointer[rangerBox] // FetchRange's store
+	// putHandler takes forwarded puts (forward.go); forwarded and
+	// forwardTaken count them, sent and taken.
+	putHandler   atomic.Pointer[putHandlerBox]
+	forwarded    atomic.Uint64
+	forwardTaken atomic.Uint64
 	// peers is every member but this one, with its outgoing link. The map
 	// is never changed in place: SetPeer and RemovePeer store a new one.
 	// Send reads it on raft's hot path with raft's lock held, and the
@@ -314,6 +319,7 @@ func New(lis net.Listener, st Stepper, opts Options) (*Transport, error) {
 			t.cancel()
 			for _, l := range initial {
 				_ = l.conn.Close()
+				_ = l.fwd.Close()
 			}
 			_ = lis.Close()
 			return nil, err
@@ -556,9 +562,14 @@ func (t *Transport) PeerStats(id uint64) Stats {
 func (t *Transport) Received() uint64 { return t.received.Load() }
 
 // Close stops the outgoing streams and the listener and waits for every
-// goroutine the Transport started. Messages still queued are dropped.
+// goroutine the Transport started. Messages still queued are dropped. A
+// second Close does nothing.
 func (t *Transport) Close() error {
 	t.mu.Lock()
+	if t.closed { // closed already: nothing left to stop
+		t.mu.Unlock()
+		return nil
+	}
 	t.closed = true
 	links := *t.peers.Load()
 	t.mu.Unlock()
@@ -569,6 +580,9 @@ func (t *Transport) Close() error {
 	var errs []error
 	for _, l := range links {
 		if err := l.conn.Close(); err != nil {
+			errs = append(errs, err)
+		}
+		if err := l.fwd.Close(); err != nil {
 			errs = append(errs, err)
 		}
 	}

@@ -45,8 +45,9 @@ const (
 	// Appended, but the synchronous flush did not complete within the sync-flush timeout. The record is in
 	// the CommitLog and will be dispatched; it may not yet be durable. Returned in an OK response.
 	PutMessageStatus_PUT_MESSAGE_STATUS_FLUSH_DISK_TIMEOUT PutMessageStatus = 2
-	// Appended, but not enough replicas acknowledged within the replication timeout. The record is stored.
-	// Returned in an OK response; a standalone store does not produce it.
+	// Not acknowledged by enough replicas within the replication timeout. A replication group (raft)
+	// reports it only as the reason of a DEADLINE_EXCEEDED error with metadata outcome "unknown" (the
+	// message may or may not be stored); a standalone store does not produce it.
 	PutMessageStatus_PUT_MESSAGE_STATUS_FLUSH_SLAVE_TIMEOUT PutMessageStatus = 3
 	// Appended, but no replica was available or the replica was too far behind. The record is stored.
 	// Returned in an OK response; a standalone store does not produce it.

@@ -77,6 +77,20 @@ const (
 type MessageStoreServiceClient interface {
 	// PutMessage appends one message to the CommitLog and indexes it in the consume queue of
 	// (message.topic, message.queue_id), or in the delay queue when message.delay_level > 0.
+	//
+	// In a replication group only the ready leader takes a put (PutMessages and PutMessageStream alike),
+	// answered PUT_OK once committed on a majority, each member having synced it. Further errors there:
+	//   - UNAVAILABLE, reason "SERVICE_NOT_AVAILABLE", metadata cause (NOT_LEADER, NO_LEADER,
+	//     LEADER_NOT_READY, TRANSFERRING, REMOVED), leader_id, leader_addr, term, with a RetryInfo: this
+	//     member cannot take it; nothing was stored; send it to leader_addr. A follower started with
+	//     --raft-forward-puts forwards the put to the leader instead, when it knows one, and answers with
+	//     the leader's answer (any of these errors included).
+	//   - UNAVAILABLE, reason "IN_SYNC_REPLICAS_NOT_ENOUGH" (with RetryInfo): too few followers active;
+	//     nothing was stored.
+	//   - DEADLINE_EXCEEDED, reason "FLUSH_SLAVE_TIMEOUT", metadata outcome "unknown": proposed but not
+	//     seen committed within --replication-timeout, or (metadata cause "FORWARD_FAILED", leader_id,
+	//     leader_addr) forwarded by a follower and the call to the leader failed in transit. The message
+	//     may have been stored: read it, or send it again with its idempotency key.
 	PutMessage(ctx context.Context, in *PutMessageRequest, opts ...grpc.CallOption) (*PutMessageResponse, error)
 	// PutMessages appends a batch of messages for one topic and queue, all or nothing: either every entry
 	// is appended as consecutive CommitLog records with consecutive queue offsets (never split across
@@ -346,6 +360,20 @@ func (c *messageStoreServiceClient) RecallMessage(ctx context.Context, in *Recal
 type MessageStoreServiceServer interface {
 	// PutMessage appends one message to the CommitLog and indexes it in the consume queue of
 	// (message.topic, message.queue_id), or in the delay queue when message.delay_level > 0.
+	//
+	// In a replication group only the ready leader takes a put (PutMessages and PutMessageStream alike),
+	// answered PUT_OK once committed on a majority, each member having synced it. Further errors there:
+	//   - UNAVAILABLE, reason "SERVICE_NOT_AVAILABLE", metadata cause (NOT_LEADER, NO_LEADER,
+	//     LEADER_NOT_READY, TRANSFERRING, REMOVED), leader_id, leader_addr, term, with a RetryInfo: this
+	//     member cannot take it; nothing was stored; send it to leader_addr. A follower started with
+	//     --raft-forward-puts forwards the put to the leader instead, when it knows one, and answers with
+	//     the leader's answer (any of these errors included).
+	//   - UNAVAILABLE, reason "IN_SYNC_REPLICAS_NOT_ENOUGH" (with RetryInfo): too few followers active;
+	//     nothing was stored.
+	//   - DEADLINE_EXCEEDED, reason "FLUSH_SLAVE_TIMEOUT", metadata outcome "unknown": proposed but not
+	//     seen committed within --replication-timeout, or (metadata cause "FORWARD_FAILED", leader_id,
+	//     leader_addr) forwarded by a follower and the call to the leader failed in transit. The message
+	//     may have been stored: read it, or send it again with its idempotency key.
 	PutMessage(context.Context, *PutMessageRequest) (*PutMessageResponse, error)
 	// PutMessages appends a batch of messages for one topic and queue, all or nothing: either every entry
 	// is appended as consecutive CommitLog records with consecutive queue offsets (never split across

@@ -11,6 +11,7 @@
 package peerv1
 
 import (
+	v1 "github.com/storaged/storaged/gen/storaged/v1"
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
 	reflect "reflect"
@@ -24,6 +25,216 @@ const (
 	// Verify that runtime/protoimpl is sufficiently up-to-date.
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
+
+// ForwardPutRequest is a client's put, forwarded by a follower to the leader.
+type ForwardPutRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// group, cluster_id, from and to are the header, as in RaftBatch: from is the forwarding follower.
+	Group     string `protobuf:"bytes,1,opt,name=group,proto3" json:"group,omitempty"`
+	ClusterId string `protobuf:"bytes,2,opt,name=cluster_id,json=clusterId,proto3" json:"cluster_id,omitempty"`
+	From      uint64 `protobuf:"varint,3,opt,name=from,proto3" json:"from,omitempty"`
+	To        uint64 `protobuf:"varint,4,opt,name=to,proto3" json:"to,omitempty"`
+	// born_host is the client's address (ip:port) as the follower saw it: the messages' born host.
+	BornHost string `protobuf:"bytes,5,opt,name=born_host,json=bornHost,proto3" json:"born_host,omitempty"`
+	// put is the client's request, as the follower received it.
+	//
+	// Types that are valid to be assigned to Put:
+	//
+	//	*ForwardPutRequest_Message
+	//	*ForwardPutRequest_Messages
+	Put           isForwardPutRequest_Put `protobuf_oneof:"put"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ForwardPutRequest) Reset() {
+	*x = ForwardPutRequest{}
+	mi := &file_storaged_peer_v1_raft_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ForwardPutRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ForwardPutRequest) ProtoMessage() {}
+
+func (x *ForwardPutRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_storaged_peer_v1_raft_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ForwardPutRequest.ProtoReflect.Descriptor instead.
+func (*ForwardPutRequest) Descriptor() ([]byte, []int) {
+	return file_storaged_peer_v1_raft_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *ForwardPutRequest) GetGroup() string {
+	if x != nil {
+		return x.Group
+	}
+	return ""
+}
+
+func (x *ForwardPutRequest) GetClusterId() string {
+	if x != nil {
+		return x.ClusterId
+	}
+	return ""
+}
+
+func (x *ForwardPutRequest) GetFrom() uint64 {
+	if x != nil {
+		return x.From
+	}
+	return 0
+}
+
+func (x *ForwardPutRequest) GetTo() uint64 {
+	if x != nil {
+		return x.To
+	}
+	return 0
+}
+
+func (x *ForwardPutRequest) GetBornHost() string {
+	if x != nil {
+		return x.BornHost
+	}
+	return ""
+}
+
+func (x *ForwardPutRequest) GetPut() isForwardPutRequest_Put {
+	if x != nil {
+		return x.Put
+	}
+	return nil
+}
+
+func (x *ForwardPutRequest) GetMessage() *v1.PutMessageRequest {
+	if x != nil {
+		if x, ok := x.Put.(*ForwardPutRequest_Message); ok {
+			return x.Message
+		}
+	}
+	return nil
+}
+
+func (x *ForwardPutRequest) GetMessages() *v1.PutMessagesRequest {
+	if x != nil {
+		if x, ok := x.Put.(*ForwardPutRequest_Messages); ok {
+			return x.Messages
+		}
+	}
+	return nil
+}
+
+type isForwardPutRequest_Put interface {
+	isForwardPutRequest_Put()
+}
+
+type ForwardPutRequest_Message struct {
+	Message *v1.PutMessageRequest `protobuf:"bytes,6,opt,name=message,proto3,oneof"`
+}
+
+type ForwardPutRequest_Messages struct {
+	Messages *v1.PutMessagesRequest `protobuf:"bytes,7,opt,name=messages,proto3,oneof"`
+}
+
+func (*ForwardPutRequest_Message) isForwardPutRequest_Put() {}
+
+func (*ForwardPutRequest_Messages) isForwardPutRequest_Put() {}
+
+// ForwardPutResponse is the leader's answer to the client's put.
+type ForwardPutResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Types that are valid to be assigned to Result:
+	//
+	//	*ForwardPutResponse_Message
+	//	*ForwardPutResponse_Messages
+	Result        isForwardPutResponse_Result `protobuf_oneof:"result"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ForwardPutResponse) Reset() {
+	*x = ForwardPutResponse{}
+	mi := &file_storaged_peer_v1_raft_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ForwardPutResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ForwardPutResponse) ProtoMessage() {}
+
+func (x *ForwardPutResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_storaged_peer_v1_raft_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ForwardPutResponse.ProtoReflect.Descriptor instead.
+func (*ForwardPutResponse) Descriptor() ([]byte, []int) {
+	return file_storaged_peer_v1_raft_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *ForwardPutResponse) GetResult() isForwardPutResponse_Result {
+	if x != nil {
+		return x.Result
+	}
+	return nil
+}
+
+func (x *ForwardPutResponse) GetMessage() *v1.PutMessageResponse {
+	if x != nil {
+		if x, ok := x.Result.(*ForwardPutResponse_Message); ok {
+			return x.Message
+		}
+	}
+	return nil
+}
+
+func (x *ForwardPutResponse) GetMessages() *v1.PutMessagesResponse {
+	if x != nil {
+		if x, ok := x.Result.(*ForwardPutResponse_Messages); ok {
+			return x.Messages
+		}
+	}
+	return nil
+}
+
+type isForwardPutResponse_Result interface {
+	isForwardPutResponse_Result()
+}
+
+type ForwardPutResponse_Message struct {
+	Message *v1.PutMessageResponse `protobuf:"bytes,1,opt,name=message,proto3,oneof"`
+}
+
+type ForwardPutResponse_Messages struct {
+	Messages *v1.PutMessagesResponse `protobuf:"bytes,2,opt,name=messages,proto3,oneof"`
+}
+
+func (*ForwardPutResponse_Message) isForwardPutResponse_Result() {}
+
+func (*ForwardPutResponse_Messages) isForwardPutResponse_Result() {}
 
 // RaftBatch is a header plus marshalled raftpb.Message values, in the order raft produced them.
 type RaftBatch struct {
@@ -47,7 +258,7 @@ type RaftBatch struct {
 
 func (x *RaftBatch) Reset() {
 	*x = RaftBatch{}
-	mi := &file_storaged_peer_v1_raft_proto_msgTypes[0]
+	mi := &file_storaged_peer_v1_raft_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -59,7 +270,7 @@ func (x *RaftBatch) String() string {
 func (*RaftBatch) ProtoMessage() {}
 
 func (x *RaftBatch) ProtoReflect() protoreflect.Message {
-	mi := &file_storaged_peer_v1_raft_proto_msgTypes[0]
+	mi := &file_storaged_peer_v1_raft_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -72,7 +283,7 @@ func (x *RaftBatch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RaftBatch.ProtoReflect.Descriptor instead.
 func (*RaftBatch) Descriptor() ([]byte, []int) {
-	return file_storaged_peer_v1_raft_proto_rawDescGZIP(), []int{0}
+	return file_storaged_peer_v1_raft_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *RaftBatch) GetGroup() string {
@@ -130,7 +341,7 @@ type SendSummary struct {
 
 func (x *SendSummary) Reset() {
 	*x = SendSummary{}
-	mi := &file_storaged_peer_v1_raft_proto_msgTypes[1]
+	mi := &file_storaged_peer_v1_raft_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -142,7 +353,7 @@ func (x *SendSummary) String() string {
 func (*SendSummary) ProtoMessage() {}
 
 func (x *SendSummary) ProtoReflect() protoreflect.Message {
-	mi := &file_storaged_peer_v1_raft_proto_msgTypes[1]
+	mi := &file_storaged_peer_v1_raft_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -155,7 +366,7 @@ func (x *SendSummary) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SendSummary.ProtoReflect.Descriptor instead.
 func (*SendSummary) Descriptor() ([]byte, []int) {
-	return file_storaged_peer_v1_raft_proto_rawDescGZIP(), []int{1}
+	return file_storaged_peer_v1_raft_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *SendSummary) GetBatches() uint64 {
@@ -197,7 +408,7 @@ type SnapshotChunk struct {
 
 func (x *SnapshotChunk) Reset() {
 	*x = SnapshotChunk{}
-	mi := &file_storaged_peer_v1_raft_proto_msgTypes[2]
+	mi := &file_storaged_peer_v1_raft_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -209,7 +420,7 @@ func (x *SnapshotChunk) String() string {
 func (*SnapshotChunk) ProtoMessage() {}
 
 func (x *SnapshotChunk) ProtoReflect() protoreflect.Message {
-	mi := &file_storaged_peer_v1_raft_proto_msgTypes[2]
+	mi := &file_storaged_peer_v1_raft_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -222,7 +433,7 @@ func (x *SnapshotChunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotChunk.ProtoReflect.Descriptor instead.
 func (*SnapshotChunk) Descriptor() ([]byte, []int) {
-	return file_storaged_peer_v1_raft_proto_rawDescGZIP(), []int{2}
+	return file_storaged_peer_v1_raft_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *SnapshotChunk) GetGroup() string {
@@ -301,7 +512,7 @@ type SnapshotResult struct {
 
 func (x *SnapshotResult) Reset() {
 	*x = SnapshotResult{}
-	mi := &file_storaged_peer_v1_raft_proto_msgTypes[3]
+	mi := &file_storaged_peer_v1_raft_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -313,7 +524,7 @@ func (x *SnapshotResult) String() string {
 func (*SnapshotResult) ProtoMessage() {}
 
 func (x *SnapshotResult) ProtoReflect() protoreflect.Message {
-	mi := &file_storaged_peer_v1_raft_proto_msgTypes[3]
+	mi := &file_storaged_peer_v1_raft_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -326,7 +537,7 @@ func (x *SnapshotResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SnapshotResult.ProtoReflect.Descriptor instead.
 func (*SnapshotResult) Descriptor() ([]byte, []int) {
-	return file_storaged_peer_v1_raft_proto_rawDescGZIP(), []int{3}
+	return file_storaged_peer_v1_raft_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *SnapshotResult) GetBytes() uint64 {
@@ -360,7 +571,7 @@ type FetchRangeRequest struct {
 
 func (x *FetchRangeRequest) Reset() {
 	*x = FetchRangeRequest{}
-	mi := &file_storaged_peer_v1_raft_proto_msgTypes[4]
+	mi := &file_storaged_peer_v1_raft_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -372,7 +583,7 @@ func (x *FetchRangeRequest) String() string {
 func (*FetchRangeRequest) ProtoMessage() {}
 
 func (x *FetchRangeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_storaged_peer_v1_raft_proto_msgTypes[4]
+	mi := &file_storaged_peer_v1_raft_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -385,7 +596,7 @@ func (x *FetchRangeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FetchRangeRequest.ProtoReflect.Descriptor instead.
 func (*FetchRangeRequest) Descriptor() ([]byte, []int) {
-	return file_storaged_peer_v1_raft_proto_rawDescGZIP(), []int{4}
+	return file_storaged_peer_v1_raft_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *FetchRangeRequest) GetGroup() string {
@@ -444,7 +655,7 @@ type RangeChunk struct {
 
 func (x *RangeChunk) Reset() {
 	*x = RangeChunk{}
-	mi := &file_storaged_peer_v1_raft_proto_msgTypes[5]
+	mi := &file_storaged_peer_v1_raft_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -456,7 +667,7 @@ func (x *RangeChunk) String() string {
 func (*RangeChunk) ProtoMessage() {}
 
 func (x *RangeChunk) ProtoReflect() protoreflect.Message {
-	mi := &file_storaged_peer_v1_raft_proto_msgTypes[5]
+	mi := &file_storaged_peer_v1_raft_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -469,7 +680,7 @@ func (x *RangeChunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RangeChunk.ProtoReflect.Descriptor instead.
 func (*RangeChunk) Descriptor() ([]byte, []int) {
-	return file_storaged_peer_v1_raft_proto_rawDescGZIP(), []int{5}
+	return file_storaged_peer_v1_raft_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *RangeChunk) GetCommit() uint64 {
@@ -509,7 +720,7 @@ type RangeEntry struct {
 
 func (x *RangeEntry) Reset() {
 	*x = RangeEntry{}
-	mi := &file_storaged_peer_v1_raft_proto_msgTypes[6]
+	mi := &file_storaged_peer_v1_raft_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -521,7 +732,7 @@ func (x *RangeEntry) String() string {
 func (*RangeEntry) ProtoMessage() {}
 
 func (x *RangeEntry) ProtoReflect() protoreflect.Message {
-	mi := &file_storaged_peer_v1_raft_proto_msgTypes[6]
+	mi := &file_storaged_peer_v1_raft_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -534,7 +745,7 @@ func (x *RangeEntry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RangeEntry.ProtoReflect.Descriptor instead.
 func (*RangeEntry) Descriptor() ([]byte, []int) {
-	return file_storaged_peer_v1_raft_proto_rawDescGZIP(), []int{6}
+	return file_storaged_peer_v1_raft_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *RangeEntry) GetIndex() uint64 {
@@ -572,7 +783,7 @@ type FetchStateRequest struct {
 
 func (x *FetchStateRequest) Reset() {
 	*x = FetchStateRequest{}
-	mi := &file_storaged_peer_v1_raft_proto_msgTypes[7]
+	mi := &file_storaged_peer_v1_raft_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -584,7 +795,7 @@ func (x *FetchStateRequest) String() string {
 func (*FetchStateRequest) ProtoMessage() {}
 
 func (x *FetchStateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_storaged_peer_v1_raft_proto_msgTypes[7]
+	mi := &file_storaged_peer_v1_raft_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -597,7 +808,7 @@ func (x *FetchStateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FetchStateRequest.ProtoReflect.Descriptor instead.
 func (*FetchStateRequest) Descriptor() ([]byte, []int) {
-	return file_storaged_peer_v1_raft_proto_rawDescGZIP(), []int{7}
+	return file_storaged_peer_v1_raft_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *FetchStateRequest) GetGroup() string {
@@ -657,7 +868,7 @@ type FetchStateResponse struct {
 
 func (x *FetchStateResponse) Reset() {
 	*x = FetchStateResponse{}
-	mi := &file_storaged_peer_v1_raft_proto_msgTypes[8]
+	mi := &file_storaged_peer_v1_raft_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -669,7 +880,7 @@ func (x *FetchStateResponse) String() string {
 func (*FetchStateResponse) ProtoMessage() {}
 
 func (x *FetchStateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_storaged_peer_v1_raft_proto_msgTypes[8]
+	mi := &file_storaged_peer_v1_raft_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -682,7 +893,7 @@ func (x *FetchStateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FetchStateResponse.ProtoReflect.Descriptor instead.
 func (*FetchStateResponse) Descriptor() ([]byte, []int) {
-	return file_storaged_peer_v1_raft_proto_rawDescGZIP(), []int{8}
+	return file_storaged_peer_v1_raft_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *FetchStateResponse) GetNodeId() uint64 {
@@ -773,7 +984,21 @@ var File_storaged_peer_v1_raft_proto protoreflect.FileDescriptor
 
 const file_storaged_peer_v1_raft_proto_rawDesc = "" +
 	"\n" +
-	"\x1bstoraged/peer/v1/raft.proto\x12\x10storaged.peer.v1\"\xa2\x01\n" +
+	"\x1bstoraged/peer/v1/raft.proto\x12\x10storaged.peer.v1\x1a\x1fstoraged/v1/message_store.proto\"\x8b\x02\n" +
+	"\x11ForwardPutRequest\x12\x14\n" +
+	"\x05group\x18\x01 \x01(\tR\x05group\x12\x1d\n" +
+	"\n" +
+	"cluster_id\x18\x02 \x01(\tR\tclusterId\x12\x12\n" +
+	"\x04from\x18\x03 \x01(\x04R\x04from\x12\x0e\n" +
+	"\x02to\x18\x04 \x01(\x04R\x02to\x12\x1b\n" +
+	"\tborn_host\x18\x05 \x01(\tR\bbornHost\x12:\n" +
+	"\amessage\x18\x06 \x01(\v2\x1e.storaged.v1.PutMessageRequestH\x00R\amessage\x12=\n" +
+	"\bmessages\x18\a \x01(\v2\x1f.storaged.v1.PutMessagesRequestH\x00R\bmessagesB\x05\n" +
+	"\x03put\"\x9b\x01\n" +
+	"\x12ForwardPutResponse\x12;\n" +
+	"\amessage\x18\x01 \x01(\v2\x1f.storaged.v1.PutMessageResponseH\x00R\amessage\x12>\n" +
+	"\bmessages\x18\x02 \x01(\v2 .storaged.v1.PutMessagesResponseH\x00R\bmessagesB\b\n" +
+	"\x06result\"\xa2\x01\n" +
 	"\tRaftBatch\x12\x14\n" +
 	"\x05group\x18\x01 \x01(\tR\x05group\x12\x1d\n" +
 	"\n" +
@@ -837,14 +1062,16 @@ const file_storaged_peer_v1_raft_proto_rawDesc = "" +
 	"\x05first\x18\n" +
 	" \x01(\x04R\x05first\x12\x12\n" +
 	"\x04last\x18\v \x01(\x04R\x04last\x12\x18\n" +
-	"\ajoining\x18\f \x01(\bR\ajoining2\xd0\x02\n" +
+	"\ajoining\x18\f \x01(\bR\ajoining2\xa9\x03\n" +
 	"\x04Raft\x12D\n" +
 	"\x04Send\x12\x1b.storaged.peer.v1.RaftBatch\x1a\x1d.storaged.peer.v1.SendSummary(\x01\x12V\n" +
 	"\x0fInstallSnapshot\x12\x1f.storaged.peer.v1.SnapshotChunk\x1a .storaged.peer.v1.SnapshotResult(\x01\x12Q\n" +
 	"\n" +
 	"FetchRange\x12#.storaged.peer.v1.FetchRangeRequest\x1a\x1c.storaged.peer.v1.RangeChunk0\x01\x12W\n" +
 	"\n" +
-	"FetchState\x12#.storaged.peer.v1.FetchStateRequest\x1a$.storaged.peer.v1.FetchStateResponseB\xbd\x01\n" +
+	"FetchState\x12#.storaged.peer.v1.FetchStateRequest\x1a$.storaged.peer.v1.FetchStateResponse\x12W\n" +
+	"\n" +
+	"ForwardPut\x12#.storaged.peer.v1.ForwardPutRequest\x1a$.storaged.peer.v1.ForwardPutResponseB\xbd\x01\n" +
 	"\x14com.storaged.peer.v1B\tRaftProtoP\x01Z8github.com/storaged/storaged/gen/storaged/peer/v1;peerv1\xa2\x02\x03SPX\xaa\x02\x10Storaged.Peer.V1\xca\x02\x10Storaged\\Peer\\V1\xe2\x02\x1cStoraged\\Peer\\V1\\GPBMetadata\xea\x02\x12Storaged::Peer::V1b\x06proto3"
 
 var (
@@ -859,33 +1086,45 @@ func file_storaged_peer_v1_raft_proto_rawDescGZIP() []byte {
 	return file_storaged_peer_v1_raft_proto_rawDescData
 }
 
-var file_storaged_peer_v1_raft_proto_msgTypes = make([]protoimpl.MessageInfo, 9)
+var file_storaged_peer_v1_raft_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
 var file_storaged_peer_v1_raft_proto_goTypes = []any{
-	(*RaftBatch)(nil),          // 0: storaged.peer.v1.RaftBatch
-	(*SendSummary)(nil),        // 1: storaged.peer.v1.SendSummary
-	(*SnapshotChunk)(nil),      // 2: storaged.peer.v1.SnapshotChunk
-	(*SnapshotResult)(nil),     // 3: storaged.peer.v1.SnapshotResult
-	(*FetchRangeRequest)(nil),  // 4: storaged.peer.v1.FetchRangeRequest
-	(*RangeChunk)(nil),         // 5: storaged.peer.v1.RangeChunk
-	(*RangeEntry)(nil),         // 6: storaged.peer.v1.RangeEntry
-	(*FetchStateRequest)(nil),  // 7: storaged.peer.v1.FetchStateRequest
-	(*FetchStateResponse)(nil), // 8: storaged.peer.v1.FetchStateResponse
+	(*ForwardPutRequest)(nil),      // 0: storaged.peer.v1.ForwardPutRequest
+	(*ForwardPutResponse)(nil),     // 1: storaged.peer.v1.ForwardPutResponse
+	(*RaftBatch)(nil),              // 2: storaged.peer.v1.RaftBatch
+	(*SendSummary)(nil),            // 3: storaged.peer.v1.SendSummary
+	(*SnapshotChunk)(nil),          // 4: storaged.peer.v1.SnapshotChunk
+	(*SnapshotResult)(nil),         // 5: storaged.peer.v1.SnapshotResult
+	(*FetchRangeRequest)(nil),      // 6: storaged.peer.v1.FetchRangeRequest
+	(*RangeChunk)(nil),             // 7: storaged.peer.v1.RangeChunk
+	(*RangeEntry)(nil),             // 8: storaged.peer.v1.RangeEntry
+	(*FetchStateRequest)(nil),      // 9: storaged.peer.v1.FetchStateRequest
+	(*FetchStateResponse)(nil),     // 10: storaged.peer.v1.FetchStateResponse
+	(*v1.PutMessageRequest)(nil),   // 11: storaged.v1.PutMessageRequest
+	(*v1.PutMessagesRequest)(nil),  // 12: storaged.v1.PutMessagesRequest
+	(*v1.PutMessageResponse)(nil),  // 13: storaged.v1.PutMessageResponse
+	(*v1.PutMessagesResponse)(nil), // 14: storaged.v1.PutMessagesResponse
 }
 var file_storaged_peer_v1_raft_proto_depIdxs = []int32{
-	6, // 0: storaged.peer.v1.RangeChunk.entries:type_name -> storaged.peer.v1.RangeEntry
-	0, // 1: storaged.peer.v1.Raft.Send:input_type -> storaged.peer.v1.RaftBatch
-	2, // 2: storaged.peer.v1.Raft.InstallSnapshot:input_type -> storaged.peer.v1.SnapshotChunk
-	4, // 3: storaged.peer.v1.Raft.FetchRange:input_type -> storaged.peer.v1.FetchRangeRequest
-	7, // 4: storaged.peer.v1.Raft.FetchState:input_type -> storaged.peer.v1.FetchStateRequest
-	1, // 5: storaged.peer.v1.Raft.Send:output_type -> storaged.peer.v1.SendSummary
-	3, // 6: storaged.peer.v1.Raft.InstallSnapshot:output_type -> storaged.peer.v1.SnapshotResult
-	5, // 7: storaged.peer.v1.Raft.FetchRange:output_type -> storaged.peer.v1.RangeChunk
-	8, // 8: storaged.peer.v1.Raft.FetchState:output_type -> storaged.peer.v1.FetchStateResponse
-	5, // [5:9] is the sub-list for method output_type
-	1, // [1:5] is the sub-list for method input_type
-	1, // [1:1] is the sub-list for extension type_name
-	1, // [1:1] is the sub-list for extension extendee
-	0, // [0:1] is the sub-list for field type_name
+	11, // 0: storaged.peer.v1.ForwardPutRequest.message:type_name -> storaged.v1.PutMessageRequest
+	12, // 1: storaged.peer.v1.ForwardPutRequest.messages:type_name -> storaged.v1.PutMessagesRequest
+	13, // 2: storaged.peer.v1.ForwardPutResponse.message:type_name -> storaged.v1.PutMessageResponse
+	14, // 3: storaged.peer.v1.ForwardPutResponse.messages:type_name -> storaged.v1.PutMessagesResponse
+	8,  // 4: storaged.peer.v1.RangeChunk.entries:type_name -> storaged.peer.v1.RangeEntry
+	2,  // 5: storaged.peer.v1.Raft.Send:input_type -> storaged.peer.v1.RaftBatch
+	4,  // 6: storaged.peer.v1.Raft.InstallSnapshot:input_type -> storaged.peer.v1.SnapshotChunk
+	6,  // 7: storaged.peer.v1.Raft.FetchRange:input_type -> storaged.peer.v1.FetchRangeRequest
+	9,  // 8: storaged.peer.v1.Raft.FetchState:input_type -> storaged.peer.v1.FetchStateRequest
+	0,  // 9: storaged.peer.v1.Raft.ForwardPut:input_type -> storaged.peer.v1.ForwardPutRequest
+	3,  // 10: storaged.peer.v1.Raft.Send:output_type -> storaged.peer.v1.SendSummary
+	5,  // 11: storaged.peer.v1.Raft.InstallSnapshot:output_type -> storaged.peer.v1.SnapshotResult
+	7,  // 12: storaged.peer.v1.Raft.FetchRange:output_type -> storaged.peer.v1.RangeChunk
+	10, // 13: storaged.peer.v1.Raft.FetchState:output_type -> storaged.peer.v1.FetchStateResponse
+	1,  // 14: storaged.peer.v1.Raft.ForwardPut:output_type -> storaged.peer.v1.ForwardPutResponse
+	10, // [10:15] is the sub-list for method output_type
+	5,  // [5:10] is the sub-list for method input_type
+	5,  // [5:5] is the sub-list for extension type_name
+	5,  // [5:5] is the sub-list for extension extendee
+	0,  // [0:5] is the sub-list for field type_name
 }
 
 func init() { file_storaged_peer_v1_raft_proto_init() }
@@ -893,13 +1132,21 @@ func file_storaged_peer_v1_raft_proto_init() {
 	if File_storaged_peer_v1_raft_proto != nil {
 		return
 	}
+	file_storaged_peer_v1_raft_proto_msgTypes[0].OneofWrappers = []any{
+		(*ForwardPutRequest_Message)(nil),
+		(*ForwardPutRequest_Messages)(nil),
+	}
+	file_storaged_peer_v1_raft_proto_msgTypes[1].OneofWrappers = []any{
+		(*ForwardPutResponse_Message)(nil),
+		(*ForwardPutResponse_Messages)(nil),
+	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_storaged_peer_v1_raft_proto_rawDesc), len(file_storaged_peer_v1_raft_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   9,
+			NumMessages:   11,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -27,6 +27,7 @@ const (
 	Raft_InstallSnapshot_FullMethodName = "/storaged.peer.v1.Raft/InstallSnapshot"
 	Raft_FetchRange_FullMethodName      = "/storaged.peer.v1.Raft/FetchRange"
 	Raft_FetchState_FullMethodName      = "/storaged.peer.v1.Raft/FetchState"
+	Raft_ForwardPut_FullMethodName      = "/storaged.peer.v1.Raft/ForwardPut"
 )
 
 // RaftClient is the client API for Raft service.
@@ -78,6 +79,15 @@ type RaftClient interface {
 	// FetchRange's (PERMISSION_DENIED for a foreign group, cluster or member; with TLS the client certificate
 	// must name the requesting member's --raft-peers host). UNAVAILABLE until the receiver's store is open.
 	FetchState(ctx context.Context, in *FetchStateRequest, opts ...grpc.CallOption) (*FetchStateResponse, error)
+	// ForwardPut carries a client's put, which a follower started with --raft-forward-puts took, to the
+	// leader it knows (one hop: the leader never forwards it again). The leader checks the header as
+	// FetchState's (PERMISSION_DENIED for a foreign group, cluster or member; with TLS the client
+	// certificate must name the forwarding member's --raft-peers host), then validates and stores the put
+	// exactly as if the client had sent it to its own client port, with born_host as the client's address.
+	// Its refusals and failures come back as this call's status, with the same code and details the client
+	// port would answer (the follower hands them to the client unchanged); UNAVAILABLE with reason
+	// SERVICE_NOT_AVAILABLE and cause NOT_FORWARDED when the leader takes no forwarded puts.
+	ForwardPut(ctx context.Context, in *ForwardPutRequest, opts ...grpc.CallOption) (*ForwardPutResponse, error)
 }
 
 type raftClient struct {
@@ -143,6 +153,16 @@ func (c *raftClient) FetchState(ctx context.Context, in *FetchStateRequest, opts
 	return out, nil
 }
 
+func (c *raftClient) ForwardPut(ctx context.Context, in *ForwardPutRequest, opts ...grpc.CallOption) (*ForwardPutResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ForwardPutResponse)
+	err := c.cc.Invoke(ctx, Raft_ForwardPut_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // RaftServer is the server API for Raft service.
 // All implementations must embed UnimplementedRaftServer
 // for forward compatibility.
@@ -192,6 +212,15 @@ type RaftServer interface {
 	// FetchRange's (PERMISSION_DENIED for a foreign group, cluster or member; with TLS the client certificate
 	// must name the requesting member's --raft-peers host). UNAVAILABLE until the receiver's store is open.
 	FetchState(context.Context, *FetchStateRequest) (*FetchStateResponse, error)
+	// ForwardPut carries a client's put, which a follower started with --raft-forward-puts took, to the
+	// leader it knows (one hop: the leader never forwards it again). The leader checks the header as
+	// FetchState's (PERMISSION_DENIED for a foreign group, cluster or member; with TLS the client
+	// certificate must name the forwarding member's --raft-peers host), then validates and stores the put
+	// exactly as if the client had sent it to its own client port, with born_host as the client's address.
+	// Its refusals and failures come back as this call's status, with the same code and details the client
+	// port would answer (the follower hands them to the client unchanged); UNAVAILABLE with reason
+	// SERVICE_NOT_AVAILABLE and cause NOT_FORWARDED when the leader takes no forwarded puts.
+	ForwardPut(context.Context, *ForwardPutRequest) (*ForwardPutResponse, error)
 	mustEmbedUnimplementedRaftServer()
 }
 
@@ -213,6 +242,9 @@ func (UnimplementedRaftServer) FetchRange(*FetchRangeRequest, grpc.ServerStreami
 }
 func (UnimplementedRaftServer) FetchState(context.Context, *FetchStateRequest) (*FetchStateResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method FetchState not implemented")
+}
+func (UnimplementedRaftServer) ForwardPut(context.Context, *ForwardPutRequest) (*ForwardPutResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ForwardPut not implemented")
 }
 func (UnimplementedRaftServer) mustEmbedUnimplementedRaftServer() {}
 func (UnimplementedRaftServer) testEmbeddedByValue()              {}
@@ -278,6 +310,24 @@ func _Raft_FetchState_Handler(srv interface{}, ctx context.Context, dec func(int
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Raft_ForwardPut_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ForwardPutRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(RaftServer).ForwardPut(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Raft_ForwardPut_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(RaftServer).ForwardPut(ctx, req.(*ForwardPutRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Raft_ServiceDesc is the grpc.ServiceDesc for Raft service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -288,6 +338,10 @@ var Raft_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "FetchState",
 			Handler:    _Raft_FetchState_Handler,
+		},
+		{
+			MethodName: "ForwardPut",
+			Handler:    _Raft_ForwardPut_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{
