@@ -6,7 +6,8 @@
 #   scripts/bench-forward.sh BINARY ROUNDS DURATION CASE...
 #   CASE: unary-c1 | unary-c16 | unary-c64 | batch100-c16
 #
-# Members on 127.0.0.1:19401-19403 (peers 19411-19413), data dirs under a temporary dir. Prints
+# Members on 127.0.0.1:19401-19403 (peers 19411-19413), data dirs under a temporary dir. The two
+# targets alternate which runs first from round to round. Prints
 # msgs/s, p50, p99 and the three members' CPU per message (bench-lib.sh's cpu) per run. Needs
 # storaged-bench on PATH or STORAGED_BENCH, python3, Linux /proc.
 set -euo pipefail
@@ -53,7 +54,9 @@ for r in $(seq 1 "$rounds"); do
     *) echo "unknown case $c" >&2; exit 2 ;;
     esac
     line="round $r $c load=$(cut -d' ' -f1 /proc/loadavg)"
-    for t in leader follower; do
+    order="leader follower"
+    if [ $((r % 2)) = 0 ]; then order="follower leader"; fi # alternate, so neither always runs after the other
+    for t in $order; do
       addr=""
       for i in 1 2 3; do
         role=$(role 127.0.0.1:1940$i)
