@@ -631,7 +631,8 @@ const chartPeers = "1=storaged-0.storaged-headless.store.svc:9093,2=storaged-1.s
 func chartPodEnv(join, ordinalIDs string) []string {
 	return []string{"STORAGED_RAFT_ID", "ordinal", "STORAGED_RAFT_PEERS", chartPeers, "STORAGED_PEER_LISTEN", ":9093",
 		"STORAGED_PEER_TLS_CERT", "/etc/storaged/peer-tls/tls.crt", "STORAGED_PEER_TLS_KEY", "/etc/storaged/peer-tls/tls.key",
-		"STORAGED_PEER_TLS_CA", "/etc/storaged/peer-tls/ca.crt", "STORAGED_RAFT_JOIN_UNLISTED", join, "STORAGED_RAFT_ORDINAL_IDS", ordinalIDs}
+		"STORAGED_PEER_TLS_CA", "/etc/storaged/peer-tls/ca.crt", "STORAGED_RAFT_FORWARD_PUTS", "true",
+		"STORAGED_RAFT_JOIN_UNLISTED", join, "STORAGED_RAFT_ORDINAL_IDS", ordinalIDs}
 }
 
 // TestChartPodIdentity: one pod template (the chart's environment) makes
