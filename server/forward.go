@@ -25,14 +25,15 @@ import (
 // address; a client that cannot follow that hint (any gRPC client behind
 // a Kubernetes Service, which spreads its calls over every member) then
 // fails two calls in three. With a Forwarder, a follower that knows the
-// leader hands PutMessage, PutMessages and each PutMessageStream message
-// to it over the peer transport (one hop: the leader never forwards) and
-// answers with the leader's answer. The cost is the hop, and an outcome a
-// refusal would have made certain becomes unknown when the forwarded call
-// itself fails (CauseForwardFailed below): the client must then treat the
-// put as it treats FLUSH_SLAVE_TIMEOUT (retry with an idempotency key, or
-// read before retrying). Commits, reads and membership changes are not
-// forwarded.
+// leader hands PutMessage, PutMessages, each PutMessageStream message and
+// CommitOffset to it over the peer transport (one hop: the leader never
+// forwards) and answers with the leader's answer. The cost is the hop,
+// and an outcome a refusal would have made certain becomes unknown when
+// the forwarded call itself fails (CauseForwardFailed below): the client
+// must then treat the put as it treats FLUSH_SLAVE_TIMEOUT (retry with an
+// idempotency key, or read before retrying; a commit may simply be sent
+// again). Reads (linearizable ones included), POP calls and membership
+// changes are not forwarded.
 
 // CauseForwardFailed (DEADLINE_EXCEEDED, reason FLUSH_SLAVE_TIMEOUT, as a
 // put not seen committed in time; metadata outcome unknown, leader_id,
@@ -110,8 +111,8 @@ func (s *Service) forward(ctx context.Context, m method, to uint64, born netip.A
 		Msg("a put forwarded to the leader failed in transit; its outcome is unknown")
 	info := &errdetails.ErrorInfo{Reason: storage.FlushSlaveTimeout.String(), Domain: ErrorDomain, Metadata: map[string]string{
 		"cause": CauseForwardFailed, "outcome": "unknown", "leader_id": strconv.FormatUint(to, 10), "leader_addr": addr}}
-	return nil, true, newStatus(codes.DeadlineExceeded, fmt.Sprintf("this replica forwarded the put to the group's leader, member %d at %s, "+
-		"and the call failed (%s: %s); the put may have been stored: read it, or retry with its idempotency key", to, addr,
+	return nil, true, newStatus(codes.DeadlineExceeded, fmt.Sprintf("this replica forwarded the write to the group's leader, member %d at %s, "+
+		"and the call failed (%s: %s); it may have been stored: read it, or retry it (a put with its idempotency key)", to, addr,
 		st.Code(), st.Message()), info)
 }
 
@@ -136,9 +137,15 @@ func (s *Service) ForwardedPut(ctx context.Context, req *peerv1.ForwardPutReques
 			return nil, err
 		}
 		return &peerv1.ForwardPutResponse{Result: &peerv1.ForwardPutResponse_Messages{Messages: resp}}, nil
+	case *peerv1.ForwardPutRequest_CommitOffset:
+		resp, err := s.commitOffset(ctx, p.CommitOffset, false)
+		if err != nil {
+			return nil, err
+		}
+		return &peerv1.ForwardPutResponse{Result: &peerv1.ForwardPutResponse_CommitOffset{CommitOffset: resp}}, nil
 	}
 	return nil, invalidArgument(&errdetails.ErrorInfo{Reason: storage.MessageIllegal.String(), Domain: ErrorDomain}, "put",
-		"a forwarded put carries neither a message nor a batch")
+		"a forwarded call carries neither a message, a batch nor an offset commit")
 }
 
 var _ peer.PutHandler = (*Service)(nil)

@@ -67,7 +67,7 @@ func newForwardPair(t *testing.T, wrap func(Forwarder) Forwarder) *forwardPair {
 	if wrap != nil {
 		fwd = wrap(fwd)
 	}
-	srv := startServer(t, New(notLeader, zerolog.Nop(), WithForwarder(fwd), WithReplication(func() ReplicaInfo {
+	srv := startServer(t, New(fakeOffsetStore{notLeader}, zerolog.Nop(), WithForwarder(fwd), WithReplication(func() ReplicaInfo {
 		return ReplicaInfo{ID: 1, LeaderID: 2, Role: RoleFollower}
 	}, leaderAddrs)), GRPCConfig{})
 	conn, err := grpc.NewClient(srv.addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
@@ -88,7 +88,8 @@ func newForwardPair(t *testing.T, wrap func(Forwarder) Forwarder) *forwardPair {
 }
 
 // TestForwardedPuts: a follower with a Forwarder hands PutMessage,
-// PutMessages and each PutMessageStream message to the leader, through
+// PutMessages, each PutMessageStream message and CommitOffset to the
+// leader, through
 // the peer transport, and answers with what the leader stored (with the
 // client's address as born host); the leader's records are the ones
 // acknowledged.
@@ -126,6 +127,12 @@ func TestForwardedPuts(t *testing.T) {
 	}
 	if _, max, err := p.leader.QueueInfo("T", 0); err != nil || max != 4 {
 		t.Fatalf("the leader's queue holds %d messages (%v), want 4", max, err)
+	}
+	if _, err := p.follower.CommitOffset(ctx, &storagedv1.CommitOffsetRequest{ConsumerGroup: "g", Topic: "T", Offset: 3}); err != nil {
+		t.Fatalf("CommitOffset through the follower: %v", err)
+	}
+	if off, err := p.leader.GetOffset("g", "T", 0); err != nil || off != 3 {
+		t.Fatalf("the leader's committed offset %d (%v), want 3", off, err)
 	}
 }
 
@@ -195,8 +202,12 @@ func TestForwardFailures(t *testing.T) {
 			if err != nil || codes.Code(ack.GetCode()) != tc.code || ack.GetReason() != tc.reason {
 				t.Fatalf("stream: %v %v, want code %v reason %s", ack, err, tc.code, tc.reason)
 			}
-			if f.calls.Load() != 3 {
-				t.Fatalf("%d forwards, want 3", f.calls.Load())
+			_, err = p.follower.CommitOffset(ctx, &storagedv1.CommitOffsetRequest{ConsumerGroup: "g", Topic: "T", Offset: 3})
+			if d := details(t, err); d.st.Code() != tc.code || d.info.GetReason() != tc.reason {
+				t.Fatalf("CommitOffset: %v %q", d.st.Code(), d.info.GetReason())
+			}
+			if f.calls.Load() != 4 {
+				t.Fatalf("%d forwards, want 4", f.calls.Load())
 			}
 			if _, max, _ := p.leader.QueueInfo("T", 0); max != 0 {
 				t.Fatalf("the leader stored %d messages", max)

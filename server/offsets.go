@@ -10,6 +10,7 @@ import (
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
 
+	peerv1 "github.com/storaged/storaged/gen/storaged/peer/v1"
 	storagedv1 "github.com/storaged/storaged/gen/storaged/v1"
 	"github.com/storaged/storaged/storage"
 )
@@ -51,6 +52,12 @@ func (s *Service) offsetStore() (OffsetStore, error) {
 
 // CommitOffset implements storagedv1.MessageStoreServiceServer.
 func (s *Service) CommitOffset(ctx context.Context, req *storagedv1.CommitOffsetRequest) (*storagedv1.CommitOffsetResponse, error) {
+	return s.commitOffset(ctx, req, true)
+}
+
+// commitOffset is CommitOffset; forward: a follower may forward it to
+// the leader (forward.go), false for a forwarded commit.
+func (s *Service) commitOffset(ctx context.Context, req *storagedv1.CommitOffsetRequest, forward bool) (*storagedv1.CommitOffsetResponse, error) {
 	st, err := s.offsetStore()
 	if err != nil {
 		return nil, err
@@ -59,6 +66,12 @@ func (s *Service) CommitOffset(ctx context.Context, req *storagedv1.CommitOffset
 		return nil, err
 	}
 	if err := st.CommitOffset(ctx, req.GetConsumerGroup(), req.GetTopic(), req.GetQueueId(), req.GetOffset()); err != nil {
+		if to, ok := s.forwardTarget(err); ok && forward {
+			if resp, sent, ferr := s.forward(ctx, methodCommitOffset, to, bornHost(ctx),
+				&peerv1.ForwardPutRequest{Put: &peerv1.ForwardPutRequest_CommitOffset{CommitOffset: req}}); sent {
+				return resp.GetCommitOffset(), ferr
+			}
+		}
 		return nil, s.offsetError(methodCommitOffset, err)
 	}
 	return &storagedv1.CommitOffsetResponse{}, nil

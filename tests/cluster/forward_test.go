@@ -120,8 +120,8 @@ func (w *pinnedWriters) close() {
 }
 
 // TestGroupForwardPuts: with --raft-forward-puts, clients that only ever
-// call the two followers (unary puts, a batch, a stream) get their puts
-// stored: each follower hands them to the leader and answers with its
+// call the two followers (unary puts, a batch, a stream, an offset
+// commit) get their writes stored: each follower hands them to the leader and answers with its
 // answer. Then the leader is killed with -9 while they keep writing: a
 // forwarded call cut by the kill is an unknown outcome (cause
 // FORWARD_FAILED) or a refusal, never a false ack; once a new leader is
@@ -184,6 +184,15 @@ func TestGroupForwardPuts(t *testing.T) {
 		t.Fatalf("%d distinct queue offsets acked, want 21: %v", len(acked), acked)
 	}
 	waitAcked(t, g.Name(leader), leader, acked)
+	// A consumer-offset commit to the follower, read linearizably from the leader.
+	if _, err := c.CommitOffset(ctx, &storagedv1.CommitOffsetRequest{ConsumerGroup: "fwd", Topic: "Group", Offset: 17}); err != nil {
+		t.Fatalf("a commit to follower %s: %v", g.Name(f), err)
+	}
+	got, err := storagedv1.NewMessageStoreServiceClient(leader.Conn()).GetOffset(ctx, &storagedv1.GetOffsetRequest{
+		ConsumerGroup: "fwd", Topic: "Group", Linearizable: true})
+	if err != nil || got.GetOffset() != 17 {
+		t.Fatalf("the leader's committed offset: %v %v, want 17", got, err)
+	}
 
 	// Writers on both followers; then the leader dies.
 	w := startPinnedWriters(t, followers, 4)

@@ -42,6 +42,7 @@ type ForwardPutRequest struct {
 	//
 	//	*ForwardPutRequest_Message
 	//	*ForwardPutRequest_Messages
+	//	*ForwardPutRequest_CommitOffset
 	Put           isForwardPutRequest_Put `protobuf_oneof:"put"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -137,6 +138,15 @@ func (x *ForwardPutRequest) GetMessages() *v1.PutMessagesRequest {
 	return nil
 }
 
+func (x *ForwardPutRequest) GetCommitOffset() *v1.CommitOffsetRequest {
+	if x != nil {
+		if x, ok := x.Put.(*ForwardPutRequest_CommitOffset); ok {
+			return x.CommitOffset
+		}
+	}
+	return nil
+}
+
 type isForwardPutRequest_Put interface {
 	isForwardPutRequest_Put()
 }
@@ -149,9 +159,15 @@ type ForwardPutRequest_Messages struct {
 	Messages *v1.PutMessagesRequest `protobuf:"bytes,7,opt,name=messages,proto3,oneof"`
 }
 
+type ForwardPutRequest_CommitOffset struct {
+	CommitOffset *v1.CommitOffsetRequest `protobuf:"bytes,8,opt,name=commit_offset,json=commitOffset,proto3,oneof"`
+}
+
 func (*ForwardPutRequest_Message) isForwardPutRequest_Put() {}
 
 func (*ForwardPutRequest_Messages) isForwardPutRequest_Put() {}
+
+func (*ForwardPutRequest_CommitOffset) isForwardPutRequest_Put() {}
 
 // ForwardPutResponse is the leader's answer to the client's put.
 type ForwardPutResponse struct {
@@ -160,6 +176,7 @@ type ForwardPutResponse struct {
 	//
 	//	*ForwardPutResponse_Message
 	//	*ForwardPutResponse_Messages
+	//	*ForwardPutResponse_CommitOffset
 	Result        isForwardPutResponse_Result `protobuf_oneof:"result"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -220,6 +237,15 @@ func (x *ForwardPutResponse) GetMessages() *v1.PutMessagesResponse {
 	return nil
 }
 
+func (x *ForwardPutResponse) GetCommitOffset() *v1.CommitOffsetResponse {
+	if x != nil {
+		if x, ok := x.Result.(*ForwardPutResponse_CommitOffset); ok {
+			return x.CommitOffset
+		}
+	}
+	return nil
+}
+
 type isForwardPutResponse_Result interface {
 	isForwardPutResponse_Result()
 }
@@ -232,9 +258,15 @@ type ForwardPutResponse_Messages struct {
 	Messages *v1.PutMessagesResponse `protobuf:"bytes,2,opt,name=messages,proto3,oneof"`
 }
 
+type ForwardPutResponse_CommitOffset struct {
+	CommitOffset *v1.CommitOffsetResponse `protobuf:"bytes,3,opt,name=commit_offset,json=commitOffset,proto3,oneof"`
+}
+
 func (*ForwardPutResponse_Message) isForwardPutResponse_Result() {}
 
 func (*ForwardPutResponse_Messages) isForwardPutResponse_Result() {}
+
+func (*ForwardPutResponse_CommitOffset) isForwardPutResponse_Result() {}
 
 // RaftBatch is a header plus marshalled raftpb.Message values, in the order raft produced them.
 type RaftBatch struct {
@@ -984,7 +1016,7 @@ var File_storaged_peer_v1_raft_proto protoreflect.FileDescriptor
 
 const file_storaged_peer_v1_raft_proto_rawDesc = "" +
 	"\n" +
-	"\x1bstoraged/peer/v1/raft.proto\x12\x10storaged.peer.v1\x1a\x1fstoraged/v1/message_store.proto\"\x8b\x02\n" +
+	"\x1bstoraged/peer/v1/raft.proto\x12\x10storaged.peer.v1\x1a\x1fstoraged/v1/message_store.proto\"\xd4\x02\n" +
 	"\x11ForwardPutRequest\x12\x14\n" +
 	"\x05group\x18\x01 \x01(\tR\x05group\x12\x1d\n" +
 	"\n" +
@@ -993,11 +1025,13 @@ const file_storaged_peer_v1_raft_proto_rawDesc = "" +
 	"\x02to\x18\x04 \x01(\x04R\x02to\x12\x1b\n" +
 	"\tborn_host\x18\x05 \x01(\tR\bbornHost\x12:\n" +
 	"\amessage\x18\x06 \x01(\v2\x1e.storaged.v1.PutMessageRequestH\x00R\amessage\x12=\n" +
-	"\bmessages\x18\a \x01(\v2\x1f.storaged.v1.PutMessagesRequestH\x00R\bmessagesB\x05\n" +
-	"\x03put\"\x9b\x01\n" +
+	"\bmessages\x18\a \x01(\v2\x1f.storaged.v1.PutMessagesRequestH\x00R\bmessages\x12G\n" +
+	"\rcommit_offset\x18\b \x01(\v2 .storaged.v1.CommitOffsetRequestH\x00R\fcommitOffsetB\x05\n" +
+	"\x03put\"\xe5\x01\n" +
 	"\x12ForwardPutResponse\x12;\n" +
 	"\amessage\x18\x01 \x01(\v2\x1f.storaged.v1.PutMessageResponseH\x00R\amessage\x12>\n" +
-	"\bmessages\x18\x02 \x01(\v2 .storaged.v1.PutMessagesResponseH\x00R\bmessagesB\b\n" +
+	"\bmessages\x18\x02 \x01(\v2 .storaged.v1.PutMessagesResponseH\x00R\bmessages\x12H\n" +
+	"\rcommit_offset\x18\x03 \x01(\v2!.storaged.v1.CommitOffsetResponseH\x00R\fcommitOffsetB\b\n" +
 	"\x06result\"\xa2\x01\n" +
 	"\tRaftBatch\x12\x14\n" +
 	"\x05group\x18\x01 \x01(\tR\x05group\x12\x1d\n" +
@@ -1088,43 +1122,47 @@ func file_storaged_peer_v1_raft_proto_rawDescGZIP() []byte {
 
 var file_storaged_peer_v1_raft_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
 var file_storaged_peer_v1_raft_proto_goTypes = []any{
-	(*ForwardPutRequest)(nil),      // 0: storaged.peer.v1.ForwardPutRequest
-	(*ForwardPutResponse)(nil),     // 1: storaged.peer.v1.ForwardPutResponse
-	(*RaftBatch)(nil),              // 2: storaged.peer.v1.RaftBatch
-	(*SendSummary)(nil),            // 3: storaged.peer.v1.SendSummary
-	(*SnapshotChunk)(nil),          // 4: storaged.peer.v1.SnapshotChunk
-	(*SnapshotResult)(nil),         // 5: storaged.peer.v1.SnapshotResult
-	(*FetchRangeRequest)(nil),      // 6: storaged.peer.v1.FetchRangeRequest
-	(*RangeChunk)(nil),             // 7: storaged.peer.v1.RangeChunk
-	(*RangeEntry)(nil),             // 8: storaged.peer.v1.RangeEntry
-	(*FetchStateRequest)(nil),      // 9: storaged.peer.v1.FetchStateRequest
-	(*FetchStateResponse)(nil),     // 10: storaged.peer.v1.FetchStateResponse
-	(*v1.PutMessageRequest)(nil),   // 11: storaged.v1.PutMessageRequest
-	(*v1.PutMessagesRequest)(nil),  // 12: storaged.v1.PutMessagesRequest
-	(*v1.PutMessageResponse)(nil),  // 13: storaged.v1.PutMessageResponse
-	(*v1.PutMessagesResponse)(nil), // 14: storaged.v1.PutMessagesResponse
+	(*ForwardPutRequest)(nil),       // 0: storaged.peer.v1.ForwardPutRequest
+	(*ForwardPutResponse)(nil),      // 1: storaged.peer.v1.ForwardPutResponse
+	(*RaftBatch)(nil),               // 2: storaged.peer.v1.RaftBatch
+	(*SendSummary)(nil),             // 3: storaged.peer.v1.SendSummary
+	(*SnapshotChunk)(nil),           // 4: storaged.peer.v1.SnapshotChunk
+	(*SnapshotResult)(nil),          // 5: storaged.peer.v1.SnapshotResult
+	(*FetchRangeRequest)(nil),       // 6: storaged.peer.v1.FetchRangeRequest
+	(*RangeChunk)(nil),              // 7: storaged.peer.v1.RangeChunk
+	(*RangeEntry)(nil),              // 8: storaged.peer.v1.RangeEntry
+	(*FetchStateRequest)(nil),       // 9: storaged.peer.v1.FetchStateRequest
+	(*FetchStateResponse)(nil),      // 10: storaged.peer.v1.FetchStateResponse
+	(*v1.PutMessageRequest)(nil),    // 11: storaged.v1.PutMessageRequest
+	(*v1.PutMessagesRequest)(nil),   // 12: storaged.v1.PutMessagesRequest
+	(*v1.CommitOffsetRequest)(nil),  // 13: storaged.v1.CommitOffsetRequest
+	(*v1.PutMessageResponse)(nil),   // 14: storaged.v1.PutMessageResponse
+	(*v1.PutMessagesResponse)(nil),  // 15: storaged.v1.PutMessagesResponse
+	(*v1.CommitOffsetResponse)(nil), // 16: storaged.v1.CommitOffsetResponse
 }
 var file_storaged_peer_v1_raft_proto_depIdxs = []int32{
 	11, // 0: storaged.peer.v1.ForwardPutRequest.message:type_name -> storaged.v1.PutMessageRequest
 	12, // 1: storaged.peer.v1.ForwardPutRequest.messages:type_name -> storaged.v1.PutMessagesRequest
-	13, // 2: storaged.peer.v1.ForwardPutResponse.message:type_name -> storaged.v1.PutMessageResponse
-	14, // 3: storaged.peer.v1.ForwardPutResponse.messages:type_name -> storaged.v1.PutMessagesResponse
-	8,  // 4: storaged.peer.v1.RangeChunk.entries:type_name -> storaged.peer.v1.RangeEntry
-	2,  // 5: storaged.peer.v1.Raft.Send:input_type -> storaged.peer.v1.RaftBatch
-	4,  // 6: storaged.peer.v1.Raft.InstallSnapshot:input_type -> storaged.peer.v1.SnapshotChunk
-	6,  // 7: storaged.peer.v1.Raft.FetchRange:input_type -> storaged.peer.v1.FetchRangeRequest
-	9,  // 8: storaged.peer.v1.Raft.FetchState:input_type -> storaged.peer.v1.FetchStateRequest
-	0,  // 9: storaged.peer.v1.Raft.ForwardPut:input_type -> storaged.peer.v1.ForwardPutRequest
-	3,  // 10: storaged.peer.v1.Raft.Send:output_type -> storaged.peer.v1.SendSummary
-	5,  // 11: storaged.peer.v1.Raft.InstallSnapshot:output_type -> storaged.peer.v1.SnapshotResult
-	7,  // 12: storaged.peer.v1.Raft.FetchRange:output_type -> storaged.peer.v1.RangeChunk
-	10, // 13: storaged.peer.v1.Raft.FetchState:output_type -> storaged.peer.v1.FetchStateResponse
-	1,  // 14: storaged.peer.v1.Raft.ForwardPut:output_type -> storaged.peer.v1.ForwardPutResponse
-	10, // [10:15] is the sub-list for method output_type
-	5,  // [5:10] is the sub-list for method input_type
-	5,  // [5:5] is the sub-list for extension type_name
-	5,  // [5:5] is the sub-list for extension extendee
-	0,  // [0:5] is the sub-list for field type_name
+	13, // 2: storaged.peer.v1.ForwardPutRequest.commit_offset:type_name -> storaged.v1.CommitOffsetRequest
+	14, // 3: storaged.peer.v1.ForwardPutResponse.message:type_name -> storaged.v1.PutMessageResponse
+	15, // 4: storaged.peer.v1.ForwardPutResponse.messages:type_name -> storaged.v1.PutMessagesResponse
+	16, // 5: storaged.peer.v1.ForwardPutResponse.commit_offset:type_name -> storaged.v1.CommitOffsetResponse
+	8,  // 6: storaged.peer.v1.RangeChunk.entries:type_name -> storaged.peer.v1.RangeEntry
+	2,  // 7: storaged.peer.v1.Raft.Send:input_type -> storaged.peer.v1.RaftBatch
+	4,  // 8: storaged.peer.v1.Raft.InstallSnapshot:input_type -> storaged.peer.v1.SnapshotChunk
+	6,  // 9: storaged.peer.v1.Raft.FetchRange:input_type -> storaged.peer.v1.FetchRangeRequest
+	9,  // 10: storaged.peer.v1.Raft.FetchState:input_type -> storaged.peer.v1.FetchStateRequest
+	0,  // 11: storaged.peer.v1.Raft.ForwardPut:input_type -> storaged.peer.v1.ForwardPutRequest
+	3,  // 12: storaged.peer.v1.Raft.Send:output_type -> storaged.peer.v1.SendSummary
+	5,  // 13: storaged.peer.v1.Raft.InstallSnapshot:output_type -> storaged.peer.v1.SnapshotResult
+	7,  // 14: storaged.peer.v1.Raft.FetchRange:output_type -> storaged.peer.v1.RangeChunk
+	10, // 15: storaged.peer.v1.Raft.FetchState:output_type -> storaged.peer.v1.FetchStateResponse
+	1,  // 16: storaged.peer.v1.Raft.ForwardPut:output_type -> storaged.peer.v1.ForwardPutResponse
+	12, // [12:17] is the sub-list for method output_type
+	7,  // [7:12] is the sub-list for method input_type
+	7,  // [7:7] is the sub-list for extension type_name
+	7,  // [7:7] is the sub-list for extension extendee
+	0,  // [0:7] is the sub-list for field type_name
 }
 
 func init() { file_storaged_peer_v1_raft_proto_init() }
@@ -1135,10 +1173,12 @@ func file_storaged_peer_v1_raft_proto_init() {
 	file_storaged_peer_v1_raft_proto_msgTypes[0].OneofWrappers = []any{
 		(*ForwardPutRequest_Message)(nil),
 		(*ForwardPutRequest_Messages)(nil),
+		(*ForwardPutRequest_CommitOffset)(nil),
 	}
 	file_storaged_peer_v1_raft_proto_msgTypes[1].OneofWrappers = []any{
 		(*ForwardPutResponse_Message)(nil),
 		(*ForwardPutResponse_Messages)(nil),
+		(*ForwardPutResponse_CommitOffset)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{

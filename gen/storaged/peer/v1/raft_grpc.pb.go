@@ -79,11 +79,12 @@ type RaftClient interface {
 	// FetchRange's (PERMISSION_DENIED for a foreign group, cluster or member; with TLS the client certificate
 	// must name the requesting member's --raft-peers host). UNAVAILABLE until the receiver's store is open.
 	FetchState(ctx context.Context, in *FetchStateRequest, opts ...grpc.CallOption) (*FetchStateResponse, error)
-	// ForwardPut carries a client's put, which a follower started with --raft-forward-puts took, to the
-	// leader it knows (one hop: the leader never forwards it again). The leader checks the header as
+	// ForwardPut carries a client's put or consumer-offset commit, which a follower started with
+	// --raft-forward-puts took, to the leader it knows (one hop: the leader never forwards it again). The leader checks the header as
 	// FetchState's (PERMISSION_DENIED for a foreign group, cluster or member; with TLS the client
 	// certificate must name the forwarding member's --raft-peers host), then validates and stores the put
-	// exactly as if the client had sent it to its own client port, with born_host as the client's address.
+	// exactly as if the client had sent it to its own client port, with born_host as the client's address
+	// (a commit exactly as CommitOffset).
 	// Its refusals and failures come back as this call's status, with the same code and details the client
 	// port would answer (the follower hands them to the client unchanged); UNAVAILABLE with reason
 	// SERVICE_NOT_AVAILABLE and cause NOT_FORWARDED when the leader takes no forwarded puts.
@@ -212,11 +213,12 @@ type RaftServer interface {
 	// FetchRange's (PERMISSION_DENIED for a foreign group, cluster or member; with TLS the client certificate
 	// must name the requesting member's --raft-peers host). UNAVAILABLE until the receiver's store is open.
 	FetchState(context.Context, *FetchStateRequest) (*FetchStateResponse, error)
-	// ForwardPut carries a client's put, which a follower started with --raft-forward-puts took, to the
-	// leader it knows (one hop: the leader never forwards it again). The leader checks the header as
+	// ForwardPut carries a client's put or consumer-offset commit, which a follower started with
+	// --raft-forward-puts took, to the leader it knows (one hop: the leader never forwards it again). The leader checks the header as
 	// FetchState's (PERMISSION_DENIED for a foreign group, cluster or member; with TLS the client
 	// certificate must name the forwarding member's --raft-peers host), then validates and stores the put
-	// exactly as if the client had sent it to its own client port, with born_host as the client's address.
+	// exactly as if the client had sent it to its own client port, with born_host as the client's address
+	// (a commit exactly as CommitOffset).
 	// Its refusals and failures come back as this call's status, with the same code and details the client
 	// port would answer (the follower hands them to the client unchanged); UNAVAILABLE with reason
 	// SERVICE_NOT_AVAILABLE and cause NOT_FORWARDED when the leader takes no forwarded puts.
