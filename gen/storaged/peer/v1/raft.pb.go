@@ -26,7 +26,7 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
-// ForwardPutRequest is a client's put, forwarded by a follower to the leader.
+// ForwardPutRequest is a client's put or offset commit, forwarded by a follower to the leader.
 type ForwardPutRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// group, cluster_id, from and to are the header, as in RaftBatch: from is the forwarding follower.
@@ -169,7 +169,7 @@ func (*ForwardPutRequest_Messages) isForwardPutRequest_Put() {}
 
 func (*ForwardPutRequest_CommitOffset) isForwardPutRequest_Put() {}
 
-// ForwardPutResponse is the leader's answer to the client's put.
+// ForwardPutResponse is the leader's answer to the client's put or commit.
 type ForwardPutResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Types that are valid to be assigned to Result:
