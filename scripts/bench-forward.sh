@@ -46,13 +46,7 @@ done
 bench_machine
 for r in $(seq 1 "$rounds"); do
   for c in "$@"; do
-    case $c in
-    unary-c1) args=(--method unary --concurrency 1) ;;
-    unary-c16) args=(--method unary --concurrency 16) ;;
-    unary-c64) args=(--method unary --concurrency 64) ;;
-    batch100-c16) args=(--method batch --batch-size 100 --concurrency 16) ;;
-    *) echo "unknown case $c" >&2; exit 2 ;;
-    esac
+    bench_case_args "$c"
     line="round $r $c load=$(cut -d' ' -f1 /proc/loadavg)"
     order="leader follower"
     if [ $((r % 2)) = 0 ]; then order="follower leader"; fi # alternate, so neither always runs after the other

@@ -66,3 +66,15 @@ cpu() { # uses the associative array procs: target -> its server processes
   python3 -c "import sys; t, w, r = float(sys.argv[1]), float(sys.argv[2]), float(sys.argv[3]); print('%.0f' % (t / $(getconf CLK_TCK) / w / r * 1e6) if r > 0 and w > 0 else '-')" \
     "$(($(ticks ${procs[$1]}) - $2))" "$(python3 -c "import time; print(time.time() - $3)")" "$4"
 }
+
+# bench_case_args CASE: sets the array args to storaged-bench's flags for a case of the A/B scripts
+# (unary-c1, unary-c16, unary-c64, batch100-c16); exits 2 on another.
+bench_case_args() {
+  case $1 in
+  unary-c1) args=(--method unary --concurrency 1) ;;
+  unary-c16) args=(--method unary --concurrency 16) ;;
+  unary-c64) args=(--method unary --concurrency 64) ;;
+  batch100-c16) args=(--method batch --batch-size 100 --concurrency 16) ;;
+  *) echo "unknown case $1" >&2; exit 2 ;;
+  esac
+}

@@ -45,13 +45,7 @@ for _ in $(seq 1 60); do
 done
 for r in $(seq 1 "$rounds"); do
   for c in "$@"; do
-    case $c in
-    unary-c1) args=(--method unary --concurrency 1) ;;
-    unary-c16) args=(--method unary --concurrency 16) ;;
-    unary-c64) args=(--method unary --concurrency 64) ;;
-    batch100-c16) args=(--method batch --batch-size 100 --concurrency 16) ;;
-    *) echo "unknown case $c" >&2; exit 2 ;;
-    esac
+    bench_case_args "$c"
     line="round $r $c load=$(cut -d' ' -f1 /proc/loadavg)"
     for t in sync A B; do
       case $t in sync) addr=127.0.0.1:19100 ;; A) addr=$(leader 19200) ;; B) addr=$(leader 19300) ;; esac

@@ -99,12 +99,12 @@ done
 declare -A natsmsgs
 for r in $(seq 1 "$rounds"); do
   for c in "$@"; do
-    case $c in
-    unary-c1) args=(--method unary --concurrency 1) clients=1 batch=1 ;;
-    unary-c16) args=(--method unary --concurrency 16) clients=16 batch=1 ;;
-    unary-c64) args=(--method unary --concurrency 64) clients=64 batch=1 ;;
-    batch100-c16) args=(--method batch --batch-size 100 --concurrency 16) clients=16 batch=100 ;;
-    *) echo "unknown case $c" >&2; exit 2 ;;
+    bench_case_args "$c"
+    case $c in # the same load for nats bench
+    unary-c1) clients=1 batch=1 ;;
+    unary-c16) clients=16 batch=1 ;;
+    unary-c64) clients=64 batch=1 ;;
+    batch100-c16) clients=16 batch=100 ;;
     esac
     line="round $r $c load=$(cut -d' ' -f1 /proc/loadavg)"
     for t in sync r3; do

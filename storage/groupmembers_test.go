@@ -83,6 +83,14 @@ func (g *testGroup) joinMember(id uint64, loops map[uint64]*snapLoop, ml *member
 // change waits for its commit), returning its outcome.
 func (g *testGroup) change(leader uint64, what string, f func(context.Context, *Store) (GroupMembership, error)) (GroupMembership, error) {
 	g.t.Helper()
+	return g.changeTicking(leader, what, f, nil, leader)
+}
+
+// changeTicking is change ticking ids between looks, and calling each
+// (when set) before every look that finds the change still running.
+func (g *testGroup) changeTicking(leader uint64, what string, f func(context.Context, *Store) (GroupMembership, error),
+	each func(), ids ...uint64) (GroupMembership, error) {
+	g.t.Helper()
 	type res struct {
 		m   GroupMembership
 		err error
@@ -98,9 +106,12 @@ func (g *testGroup) change(leader uint64, what string, f func(context.Context, *
 		case r = <-done:
 			return true
 		default:
+			if each != nil {
+				each()
+			}
 			return false
 		}
-	}, leader)
+	}, ids...)
 	return r.m, r.err
 }
 
@@ -330,28 +341,13 @@ func TestGroupRemoveLeader(t *testing.T) {
 	// Raft gives a transfer up after an election timeout of the leader's
 	// ticks: member 1 is ticked only once it handed over (it then resends
 	// its request until the new leader is ready to propose it).
-	type res struct {
-		m   GroupMembership
-		err error
-	}
-	done := make(chan res, 1)
-	go func() {
-		m, err := g.m[1].s.RemoveMember(context.Background(), 1)
-		done <- res{m, err}
-	}()
-	var r res
-	g.poll("leader 1 removes itself", func() bool {
-		select {
-		case r = <-done:
-			return true
-		default:
-			if info := g.m[1].s.ReplicaInfo(); info.Role != "leader" {
-				g.tick(1)
-			}
-			return false
+	m, err := g.changeTicking(1, "leader 1 removes itself", func(ctx context.Context, s *Store) (GroupMembership, error) {
+		return s.RemoveMember(ctx, 1)
+	}, func() {
+		if info := g.m[1].s.ReplicaInfo(); info.Role != "leader" {
+			g.tick(1)
 		}
 	}, 2, 3, 4)
-	m, err := r.m, r.err
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -14,6 +14,7 @@ import (
 	"github.com/storaged/storaged/client"
 	storagedv1 "github.com/storaged/storaged/gen/storaged/v1"
 	"github.com/storaged/storaged/internal/proctest"
+	"google.golang.org/grpc"
 )
 
 // writers put through a client.LeaderTracker from several goroutines
@@ -52,40 +53,52 @@ func startWritersAt(t *testing.T, addrs []string, n int) *writers {
 	}
 	w := &writers{tr: tr, stop: make(chan struct{}), acked: map[int64]string{}}
 	for i := range n {
-		w.wg.Add(1)
-		go func() {
-			defer w.wg.Done()
-			for seq := 0; ; seq++ {
-				select {
-				case <-w.stop:
-					return
-				default:
+		putLoop(&w.wg, w.stop, fmt.Sprintf("w%d", i), tr.PutMessage, func(body string, resp *storagedv1.PutMessageResponse, err error) {
+			w.mu.Lock()
+			switch {
+			case err == nil && resp.GetStatus() == storagedv1.PutMessageStatus_PUT_MESSAGE_STATUS_PUT_OK:
+				w.acked[resp.GetResult().GetQueueOffset()] = body
+				w.ackedAt = append(w.ackedAt, time.Now())
+			case err == nil:
+				w.bad = append(w.bad, fmt.Errorf("put %s: status %v", body, resp.GetStatus()))
+			case client.Classify(err).NothingStored || errors.Is(err, client.ErrNoLeader):
+				w.refused++
+			default:
+				w.unknown++
+				if len(w.unknowns) < 5 {
+					w.unknowns = append(w.unknowns, err)
 				}
-				body := fmt.Sprintf("w%d-%d", i, seq)
-				ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-				resp, err := tr.PutMessage(ctx, &storagedv1.PutMessageRequest{Message: &storagedv1.Message{Topic: "Group", Body: []byte(body)}})
-				cancel()
-				w.mu.Lock()
-				switch {
-				case err == nil && resp.GetStatus() == storagedv1.PutMessageStatus_PUT_MESSAGE_STATUS_PUT_OK:
-					w.acked[resp.GetResult().GetQueueOffset()] = body
-					w.ackedAt = append(w.ackedAt, time.Now())
-				case err == nil:
-					w.bad = append(w.bad, fmt.Errorf("put %s: status %v", body, resp.GetStatus()))
-				case client.Classify(err).NothingStored || errors.Is(err, client.ErrNoLeader):
-					w.refused++
-				default:
-					w.unknown++
-					if len(w.unknowns) < 5 {
-						w.unknowns = append(w.unknowns, err)
-					}
-				}
-				w.mu.Unlock()
 			}
-		}()
+			w.mu.Unlock()
+		})
 	}
 	t.Cleanup(w.close)
 	return w
+}
+
+// putLoop starts a goroutine (counted in wg) that puts distinct bodies
+// (prefix-0, prefix-1, …) to topic Group through put, one at a time, each
+// with a 20 s deadline, and hands each outcome to record, until stop is
+// closed.
+func putLoop(wg *sync.WaitGroup, stop <-chan struct{}, prefix string,
+	put func(context.Context, *storagedv1.PutMessageRequest, ...grpc.CallOption) (*storagedv1.PutMessageResponse, error),
+	record func(body string, resp *storagedv1.PutMessageResponse, err error)) {
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for seq := 0; ; seq++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			body := fmt.Sprintf("%s-%d", prefix, seq)
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			resp, err := put(ctx, &storagedv1.PutMessageRequest{Message: &storagedv1.Message{Topic: "Group", Body: []byte(body)}})
+			cancel()
+			record(body, resp, err)
+		}
+	}()
 }
 
 func (w *writers) close() {

@@ -40,29 +40,15 @@ func startPinnedWriters(t *testing.T, targets []*proctest.Process, perTarget int
 	for ti, p := range targets {
 		c := storagedv1.NewMessageStoreServiceClient(p.Conn())
 		for i := range perTarget {
-			w.wg.Add(1)
-			go func() {
-				defer w.wg.Done()
-				for seq := 0; ; seq++ {
-					select {
-					case <-w.stop:
-						return
-					default:
-					}
-					body := fmt.Sprintf("p%d-%d-%d", ti, i, seq)
-					ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-					resp, err := c.PutMessage(ctx, &storagedv1.PutMessageRequest{Message: &storagedv1.Message{Topic: "Group", Body: []byte(body)}})
-					cancel()
-					w.record(body, resp.GetStatus(), resp.GetResult().GetQueueOffset(), err)
-				}
-			}()
+			putLoop(&w.wg, w.stop, fmt.Sprintf("p%d-%d", ti, i), c.PutMessage, w.record)
 		}
 	}
 	t.Cleanup(w.close)
 	return w
 }
 
-func (w *pinnedWriters) record(body string, st storagedv1.PutMessageStatus, off int64, err error) {
+func (w *pinnedWriters) record(body string, resp *storagedv1.PutMessageResponse, err error) {
+	st, off := resp.GetStatus(), resp.GetResult().GetQueueOffset()
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	switch {
