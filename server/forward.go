@@ -9,7 +9,6 @@ import (
 	"sync/atomic"
 
 	"github.com/prometheus/client_golang/prometheus"
-
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
