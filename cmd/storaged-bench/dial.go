@@ -1,16 +1,15 @@
 package main
 
 import (
-	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"flag"
 	"fmt"
-	"os"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/storaged/storaged/internal/tlsclient"
 )
 
 // tlsOptions are the client TLS flags. Any of them turns TLS on.
@@ -39,27 +38,12 @@ func (t *tlsOptions) credentials() (credentials.TransportCredentials, error) {
 	if !t.enabled() {
 		return insecure.NewCredentials(), nil
 	}
-	cfg := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: t.serverName}
-	if t.ca != "" {
-		pem, err := os.ReadFile(t.ca)
-		if err != nil {
-			return nil, fmt.Errorf("read --tls-ca: %w", err)
-		}
-		pool := x509.NewCertPool()
-		if !pool.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("--tls-ca %s holds no PEM certificate", t.ca)
-		}
-		cfg.RootCAs = pool
-	}
 	if (t.cert == "") != (t.key == "") {
 		return nil, errors.New("--tls-cert and --tls-key go together")
 	}
-	if t.cert != "" {
-		pair, err := tls.LoadX509KeyPair(t.cert, t.key)
-		if err != nil {
-			return nil, fmt.Errorf("load client key pair: %w", err)
-		}
-		cfg.Certificates = []tls.Certificate{pair}
+	cfg, err := tlsclient.Config(t.ca, t.cert, t.key, t.serverName, false)
+	if err != nil {
+		return nil, fmt.Errorf("--tls-ca / --tls-cert: %w", err)
 	}
 	return credentials.NewTLS(cfg), nil
 }

@@ -1,15 +1,14 @@
 package main
 
 import (
-	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"flag"
 	"fmt"
-	"os"
 
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/storaged/storaged/internal/tlsclient"
 )
 
 // clientTLS is how a storaged command that calls a server (storaged
@@ -45,23 +44,9 @@ func (c *clientTLS) creds() (credentials.TransportCredentials, error) {
 	if !c.on {
 		return insecure.NewCredentials(), nil
 	}
-	cfg := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: c.serverName, InsecureSkipVerify: c.noVerify}
-	if c.caFile != "" {
-		pem, err := os.ReadFile(c.caFile)
-		if err != nil {
-			return nil, fmt.Errorf("-tls-ca-cert: %w", err)
-		}
-		cfg.RootCAs = x509.NewCertPool()
-		if !cfg.RootCAs.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("-tls-ca-cert %s: no PEM certificate", c.caFile)
-		}
-	}
-	if c.certFile != "" {
-		cert, err := tls.LoadX509KeyPair(c.certFile, c.keyFile)
-		if err != nil {
-			return nil, fmt.Errorf("client certificate: %w", err)
-		}
-		cfg.Certificates = []tls.Certificate{cert}
+	cfg, err := tlsclient.Config(c.caFile, c.certFile, c.keyFile, c.serverName, c.noVerify)
+	if err != nil {
+		return nil, fmt.Errorf("-tls-ca-cert / -tls-client-cert: %w", err)
 	}
 	return credentials.NewTLS(cfg), nil
 }
