@@ -21,9 +21,8 @@ import (
 // until stopped, recording every acked put (queue offset → body) and when
 // it was acked.
 type writers struct {
-	tr   *client.LeaderTracker
-	stop chan struct{}
-	wg   sync.WaitGroup
+	tr *client.LeaderTracker
+	putLoops
 
 	mu       sync.Mutex
 	acked    map[int64]string
@@ -51,9 +50,9 @@ func startWritersAt(t *testing.T, addrs []string, n int) *writers {
 	if err != nil {
 		t.Fatal(err)
 	}
-	w := &writers{tr: tr, stop: make(chan struct{}), acked: map[int64]string{}}
+	w := &writers{tr: tr, putLoops: putLoops{stop: make(chan struct{})}, acked: map[int64]string{}}
 	for i := range n {
-		putLoop(&w.wg, w.stop, fmt.Sprintf("w%d", i), tr.PutMessage, func(body string, resp *storagedv1.PutMessageResponse, err error) {
+		w.start(fmt.Sprintf("w%d", i), tr.PutMessage, func(body string, resp *storagedv1.PutMessageResponse, err error) {
 			w.mu.Lock()
 			switch {
 			case err == nil && resp.GetStatus() == storagedv1.PutMessageStatus_PUT_MESSAGE_STATUS_PUT_OK:
@@ -76,19 +75,25 @@ func startWritersAt(t *testing.T, addrs []string, n int) *writers {
 	return w
 }
 
-// putLoop starts a goroutine (counted in wg) that puts distinct bodies
-// (prefix-0, prefix-1, …) to topic Group through put, one at a time, each
-// with a 20 s deadline, and hands each outcome to record, until stop is
-// closed.
-func putLoop(wg *sync.WaitGroup, stop <-chan struct{}, prefix string,
+// putLoops are the goroutines of a set of writers (writers,
+// pinnedWriters) and how they stop.
+type putLoops struct {
+	stop chan struct{}
+	wg   sync.WaitGroup
+}
+
+// start starts a goroutine that puts distinct bodies (prefix-0,
+// prefix-1, …) to topic Group through put, one at a time, each with a
+// 20 s deadline, and hands each outcome to record, until halt.
+func (l *putLoops) start(prefix string,
 	put func(context.Context, *storagedv1.PutMessageRequest, ...grpc.CallOption) (*storagedv1.PutMessageResponse, error),
 	record func(body string, resp *storagedv1.PutMessageResponse, err error)) {
-	wg.Add(1)
+	l.wg.Add(1)
 	go func() {
-		defer wg.Done()
+		defer l.wg.Done()
 		for seq := 0; ; seq++ {
 			select {
-			case <-stop:
+			case <-l.stop:
 				return
 			default:
 			}
@@ -101,15 +106,37 @@ func putLoop(wg *sync.WaitGroup, stop <-chan struct{}, prefix string,
 	}()
 }
 
-func (w *writers) close() {
+// halt stops the goroutines and waits for them; false: halted before.
+func (l *putLoops) halt() bool {
 	select {
-	case <-w.stop:
-		return
+	case <-l.stop:
+		return false
 	default:
 	}
-	close(w.stop)
-	w.wg.Wait()
-	w.tr.Close()
+	close(l.stop)
+	l.wg.Wait()
+	return true
+}
+
+// waitAcks polls acks until it has grown by n from its value at the call
+// (60 s at most: a hang, not a timing assertion; stalled describes the
+// writers then).
+func waitAcks(t *testing.T, n int, acks func() int, stalled func() string) {
+	t.Helper()
+	want := acks() + n
+	deadline := time.Now().Add(60 * time.Second)
+	for acks() < want {
+		if time.Now().After(deadline) {
+			t.Fatalf("writes stalled: want %d acked; %s", want, stalled())
+		}
+		<-time.After(10 * time.Millisecond)
+	}
+}
+
+func (w *writers) close() {
+	if w.halt() {
+		w.tr.Close()
+	}
 }
 
 func (w *writers) ackCount() int {
@@ -122,16 +149,11 @@ func (w *writers) ackCount() int {
 // (60 s at most: a hang, not a timing assertion).
 func (w *writers) waitAcks(t *testing.T, n int) {
 	t.Helper()
-	want := w.ackCount() + n
-	deadline := time.Now().Add(60 * time.Second)
-	for w.ackCount() < want {
-		if time.Now().After(deadline) {
-			w.mu.Lock()
-			defer w.mu.Unlock()
-			t.Fatalf("writes stalled: %d acked, want %d (unknown %d, refused %d, e.g. %v)", len(w.ackedAt), want, w.unknown, w.refused, w.unknowns)
-		}
-		<-time.After(10 * time.Millisecond)
-	}
+	waitAcks(t, n, w.ackCount, func() string {
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		return fmt.Sprintf("%d acked (unknown %d, refused %d, e.g. %v)", len(w.ackedAt), w.unknown, w.refused, w.unknowns)
+	})
 }
 
 // gap is the longest time without an ack from since on (the write

@@ -23,8 +23,7 @@ import (
 // no leader following and no retry: what a client behind a Kubernetes
 // Service that spreads calls over every member does.
 type pinnedWriters struct {
-	stop chan struct{}
-	wg   sync.WaitGroup
+	putLoops
 
 	mu       sync.Mutex
 	acked    map[int64]string
@@ -36,11 +35,11 @@ type pinnedWriters struct {
 }
 
 func startPinnedWriters(t *testing.T, targets []*proctest.Process, perTarget int) *pinnedWriters {
-	w := &pinnedWriters{stop: make(chan struct{}), acked: map[int64]string{}, unknown: map[string]int{}}
+	w := &pinnedWriters{putLoops: putLoops{stop: make(chan struct{})}, acked: map[int64]string{}, unknown: map[string]int{}}
 	for ti, p := range targets {
 		c := storagedv1.NewMessageStoreServiceClient(p.Conn())
 		for i := range perTarget {
-			putLoop(&w.wg, w.stop, fmt.Sprintf("p%d-%d", ti, i), c.PutMessage, w.record)
+			w.start(fmt.Sprintf("p%d-%d", ti, i), c.PutMessage, w.record)
 		}
 	}
 	t.Cleanup(w.close)
@@ -79,31 +78,16 @@ func (w *pinnedWriters) acks() int {
 	return w.n
 }
 
-// waitAcks waits for n more acks (60 s at most: a hang, not a timing
-// assertion).
 func (w *pinnedWriters) waitAcks(t *testing.T, n int) {
 	t.Helper()
-	want := w.acks() + n
-	deadline := time.Now().Add(60 * time.Second)
-	for w.acks() < want {
-		if time.Now().After(deadline) {
-			w.mu.Lock()
-			defer w.mu.Unlock()
-			t.Fatalf("forwarded writes stalled: %d acked, want %d (refused %d, unknown %v, e.g. %v)", w.n, want, w.refused, w.unknown, w.examples)
-		}
-		<-time.After(10 * time.Millisecond)
-	}
+	waitAcks(t, n, w.acks, func() string {
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		return fmt.Sprintf("%d acked through the followers (refused %d, unknown %v, e.g. %v)", w.n, w.refused, w.unknown, w.examples)
+	})
 }
 
-func (w *pinnedWriters) close() {
-	select {
-	case <-w.stop:
-		return
-	default:
-	}
-	close(w.stop)
-	w.wg.Wait()
-}
+func (w *pinnedWriters) close() { w.halt() }
 
 // TestGroupForwardPuts: with --raft-forward-puts, clients that only ever
 // call the two followers (unary puts, a batch, a stream, an offset
