@@ -39,10 +39,7 @@ for _ in $(seq 1 60); do
   [ -n "$l" ] && break
   sleep 1
 done
-for _ in $(seq 1 60); do
-  [ "$(awk '/^Dirty:/{print $2}' /proc/meminfo)" -lt 300000 ] && break
-  sleep 2
-done
+bench_wait_writeback
 bench_machine
 for r in $(seq 1 "$rounds"); do
   for c in "$@"; do

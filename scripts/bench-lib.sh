@@ -78,3 +78,12 @@ bench_case_args() {
   *) echo "unknown case $1" >&2; exit 2 ;;
   esac
 }
+
+# bench_wait_writeback waits (2 minutes at most) until the page cache's dirty bytes fall below 300 MB:
+# the allocator's populate writeback of the servers' first files, which would weigh on the first runs.
+bench_wait_writeback() {
+  for _ in $(seq 1 60); do
+    [ "$(awk '/^Dirty:/{print $2}' /proc/meminfo)" -lt 300000 ] && break
+    sleep 2
+  done
+}

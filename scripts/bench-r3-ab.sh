@@ -39,10 +39,7 @@ leader() { # base-port: the member that takes a put
     if [ "$(json "$root/l.json" 'd["messages"]' 0)" -ge 20 ]; then echo "127.0.0.1:$(($1 + i))"; return; fi
   done
 }
-for _ in $(seq 1 60); do
-  [ "$(awk '/^Dirty:/{print $2}' /proc/meminfo)" -lt 300000 ] && break
-  sleep 2
-done
+bench_wait_writeback
 for r in $(seq 1 "$rounds"); do
   for c in "$@"; do
     bench_case_args "$c"

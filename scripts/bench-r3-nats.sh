@@ -92,10 +92,7 @@ for _ in $(seq 1 60); do
   [ "$(natsbench 1 1 10)" != failed ] && break
   sleep 1
 done
-for _ in $(seq 1 60); do
-  [ "$(awk '/^Dirty:/{print $2}' /proc/meminfo)" -lt 300000 ] && break
-  sleep 2
-done
+bench_wait_writeback
 declare -A natsmsgs
 for r in $(seq 1 "$rounds"); do
   for c in "$@"; do
