@@ -27,7 +27,6 @@ type pinnedWriters struct {
 
 	mu       sync.Mutex
 	acked    map[int64]string
-	n        int
 	refused  int            // nothing stored (client.Classify)
 	unknown  map[string]int // outcome unknown, by ErrorInfo cause (or gRPC code)
 	examples []error
@@ -53,7 +52,6 @@ func (w *pinnedWriters) record(body string, resp *storagedv1.PutMessageResponse,
 	switch {
 	case err == nil && st == storagedv1.PutMessageStatus_PUT_MESSAGE_STATUS_PUT_OK:
 		w.acked[off] = body
-		w.n++
 	case err == nil:
 		w.bad = append(w.bad, fmt.Errorf("put %s: status %v", body, st))
 	case client.Classify(err).NothingStored:
@@ -75,7 +73,7 @@ func (w *pinnedWriters) record(body string, resp *storagedv1.PutMessageResponse,
 func (w *pinnedWriters) acks() int {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	return w.n
+	return len(w.acked)
 }
 
 func (w *pinnedWriters) waitAcks(t *testing.T, n int) {
@@ -83,7 +81,7 @@ func (w *pinnedWriters) waitAcks(t *testing.T, n int) {
 	waitAcks(t, n, w.acks, func() string {
 		w.mu.Lock()
 		defer w.mu.Unlock()
-		return fmt.Sprintf("%d acked through the followers (refused %d, unknown %v, e.g. %v)", w.n, w.refused, w.unknown, w.examples)
+		return fmt.Sprintf("%d acked through the followers (refused %d, unknown %v, e.g. %v)", len(w.acked), w.refused, w.unknown, w.examples)
 	})
 }
 
