@@ -14,7 +14,6 @@ import (
 	"google.golang.org/grpc/status"
 
 	peerv1 "github.com/storaged/storaged/gen/storaged/peer/v1"
-	storagedv1 "github.com/storaged/storaged/gen/storaged/v1"
 	"github.com/storaged/storaged/server/peer"
 	"github.com/storaged/storaged/storage"
 )
@@ -79,11 +78,17 @@ func (s *Service) forwardTarget(err error) (uint64, bool) {
 	return nl.LeaderID, true
 }
 
-// forward sends req to leader to. sent false: nothing was sent (no route,
-// too large), and the caller answers its own refusal. Otherwise resp is
-// the leader's answer, or err the status for the client: the leader's
-// own, or CauseForwardFailed.
-func (s *Service) forward(ctx context.Context, m method, to uint64, born netip.AddrPort, req *peerv1.ForwardPutRequest) (resp *peerv1.ForwardPutResponse, sent bool, err error) {
+// forward hands req, a write the store refused with refusal, to the
+// leader, when refusal is a follower's NOT_LEADER naming it and this
+// member forwards (forwardTarget). sent false: nothing was sent (no such
+// refusal, no route, too large, the leader's connection down), and the
+// caller answers refusal. Otherwise resp is the leader's answer, or err
+// the status for the client: the leader's own, or CauseForwardFailed.
+func (s *Service) forward(ctx context.Context, m method, refusal error, born netip.AddrPort, req *peerv1.ForwardPutRequest) (resp *peerv1.ForwardPutResponse, sent bool, err error) {
+	to, ok := s.forwardTarget(refusal)
+	if !ok {
+		return nil, false, nil
+	}
 	req.BornHost = born.String()
 	resp, err = s.forwarder.ForwardPut(ctx, to, req)
 	if errors.Is(err, peer.ErrNoRoute) || errors.Is(err, peer.ErrForwardTooLarge) || errors.Is(err, peer.ErrPeerDown) {
@@ -148,24 +153,6 @@ func (s *Service) ForwardedPut(ctx context.Context, req *peerv1.ForwardPutReques
 }
 
 var _ peer.PutHandler = (*Service)(nil)
-
-// forwardStreamPut forwards one PutMessageStream message the store
-// refused with NOT_LEADER; ok false: nothing sent, answer the refusal.
-func (s *Service) forwardStreamPut(ctx context.Context, err error, msg *storagedv1.Message, born netip.AddrPort) (*storagedv1.PutMessageResponse, error, bool) {
-	to, ok := s.forwardTarget(err)
-	if !ok {
-		return nil, nil, false
-	}
-	resp, sent, ferr := s.forward(ctx, methodPutMessageStream, to, born,
-		&peerv1.ForwardPutRequest{Put: &peerv1.ForwardPutRequest_Message{Message: &storagedv1.PutMessageRequest{Message: msg}}})
-	if !sent {
-		return nil, nil, false
-	}
-	if ferr != nil {
-		return nil, ferr, true
-	}
-	return resp.GetMessage(), nil, true
-}
 
 // ForwardCollector exports the forwarded puts: those this member
 // forwarded, by result, and those it took as the leader.

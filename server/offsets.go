@@ -66,8 +66,8 @@ func (s *Service) commitOffset(ctx context.Context, req *storagedv1.CommitOffset
 		return nil, err
 	}
 	if err := st.CommitOffset(ctx, req.GetConsumerGroup(), req.GetTopic(), req.GetQueueId(), req.GetOffset()); err != nil {
-		if to, ok := s.forwardTarget(err); ok && forward {
-			if resp, sent, ferr := s.forward(ctx, methodCommitOffset, to, bornHost(ctx),
+		if forward {
+			if resp, sent, ferr := s.forward(ctx, methodCommitOffset, err, bornHost(ctx),
 				&peerv1.ForwardPutRequest{Put: &peerv1.ForwardPutRequest_CommitOffset{CommitOffset: req}}); sent {
 				return resp.GetCommitOffset(), ferr
 			}

@@ -298,8 +298,8 @@ func (s *Service) putMessage(ctx context.Context, req *storagedv1.PutMessageRequ
 	if s.tracer != nil {
 		s.tracePut(ctx, &res, err)
 	}
-	if to, ok := s.forwardTarget(err); ok && forward {
-		if resp, sent, ferr := s.forward(ctx, methodPutMessage, to, born,
+	if err != nil && forward {
+		if resp, sent, ferr := s.forward(ctx, methodPutMessage, err, born,
 			&peerv1.ForwardPutRequest{Put: &peerv1.ForwardPutRequest_Message{Message: req}}); sent {
 			return resp.GetMessage(), ferr
 		}
@@ -330,8 +330,8 @@ func (s *Service) putMessages(ctx context.Context, req *storagedv1.PutMessagesRe
 	if s.tracer != nil {
 		s.tracePut(ctx, &res, err)
 	}
-	if to, ok := s.forwardTarget(err); ok && forward {
-		if resp, sent, ferr := s.forward(ctx, methodPutMessages, to, born,
+	if err != nil && forward {
+		if resp, sent, ferr := s.forward(ctx, methodPutMessages, err, born,
 			&peerv1.ForwardPutRequest{Put: &peerv1.ForwardPutRequest_Messages{Messages: req}}); sent {
 			return resp.GetMessages(), ferr
 		}

@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/status"
 
+	peerv1 "github.com/storaged/storaged/gen/storaged/peer/v1"
 	storagedv1 "github.com/storaged/storaged/gen/storaged/v1"
 	"github.com/storaged/storaged/storage"
 )
@@ -188,9 +189,10 @@ func (s *Service) streamPut(ctx context.Context, it *streamItem, born netip.Addr
 	} else {
 		res, err = s.store.PutMessage(ctx, &it.msg)
 		if err != nil {
-			if fresp, ferr, sent := s.forwardStreamPut(ctx, err, it.req.GetMessage(), born); sent {
+			if fresp, sent, ferr := s.forward(ctx, methodPutMessageStream, err, born, &peerv1.ForwardPutRequest{
+				Put: &peerv1.ForwardPutRequest_Message{Message: &storagedv1.PutMessageRequest{Message: it.req.GetMessage()}}}); sent {
 				it.release()
-				return forwardedStreamAck(id, fresp, ferr)
+				return forwardedStreamAck(id, fresp.GetMessage(), ferr)
 			}
 		}
 	}
