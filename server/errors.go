@@ -117,7 +117,9 @@ const (
 //	anything else (sync failed, store closed meanwhile)        → INTERNAL
 //
 // The message says the message may have been stored; ErrorInfo metadata
-// holds msg_id, wrote_offset and queue_offset. In group mode a put proposed
+// holds stored=unknown and where it was appended: msg_id, wrote_offset,
+// wrote_bytes, queue_id, queue_offset, message_count, store_timestamp_ms
+// (milliseconds since the epoch). In group mode a put proposed
 // and not committed within the replication timeout
 // (storage.ErrReplicationTimeout, FLUSH_SLAVE_TIMEOUT) is DEADLINE_EXCEEDED
 // with metadata outcome=unknown.
@@ -267,6 +269,10 @@ func (s *Service) appendedError(ctx context.Context, log zerolog.Logger, res sto
 		"queue_id":      strconv.FormatInt(int64(a.QueueID), 10),
 		"queue_offset":  strconv.FormatInt(a.QueueOffset, 10),
 		"message_count": strconv.FormatInt(int64(a.MsgNum), 10),
+		// The rest of the AppendResult a stream answer carries: a
+		// follower that forwarded a stream message rebuilds it from
+		// these (appendResultOf).
+		"store_timestamp_ms": strconv.FormatInt(a.StoreTimestamp, 10),
 	}
 	code, why := codes.Internal, "an unexpected error occurred while waiting for the disk flush"
 	switch {

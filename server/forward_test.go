@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"maps"
 	"net"
 	"net/netip"
 	"sync/atomic"
@@ -15,6 +16,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	peerv1 "github.com/storaged/storaged/gen/storaged/peer/v1"
 	storagedv1 "github.com/storaged/storaged/gen/storaged/v1"
@@ -42,6 +44,13 @@ func leaderAddrs(id uint64) string { return map[uint64]string{2: "127.0.0.1:9092
 
 func newForwardPair(t *testing.T, wrap func(Forwarder) Forwarder) *forwardPair {
 	t.Helper()
+	return newForwardPairTo(t, wrap, nil)
+}
+
+// newForwardPairTo is newForwardPair with leader as member 2's Service
+// (nil: a Service over a real store, forwardPair.leader).
+func newForwardPairTo(t *testing.T, wrap func(Forwarder) Forwarder, leader *Service) *forwardPair {
+	t.Helper()
 	lis := make([]net.Listener, 2)
 	peers := map[uint64]string{}
 	for i := range lis {
@@ -60,9 +69,12 @@ func newForwardPair(t *testing.T, wrap func(Forwarder) Forwarder) *forwardPair {
 		t.Cleanup(func() { tr.Close() })
 		trs[i] = tr
 	}
-	st, _ := openStore(t, nil)
-	p := &forwardPair{leader: st}
-	trs[1].SetPutHandler(New(st, zerolog.Nop()))
+	p := &forwardPair{}
+	if leader == nil {
+		p.leader, _ = openStore(t, nil)
+		leader = New(p.leader, zerolog.Nop())
+	}
+	trs[1].SetPutHandler(leader)
 	var fwd Forwarder = trs[0]
 	if wrap != nil {
 		fwd = wrap(fwd)
@@ -232,5 +244,64 @@ func TestForwardFailures(t *testing.T) {
 		Message: &storagedv1.PutMessageRequest{Message: &storagedv1.Message{Topic: "T", Body: []byte("x")}}}})
 	if d := details(t, err); d.st.Code() != codes.Unavailable || d.info.GetMetadata()["cause"] != "NOT_LEADER" || f.calls.Load() != 0 {
 		t.Fatalf("a forwarded put on a follower: %v, %d forwards", err, f.calls.Load())
+	}
+}
+
+// TestForwardedStreamAppendedUnknown: a stream message the leader appended
+// but could not see committed in time (FLUSH_SLAVE_TIMEOUT, outcome
+// unknown) is answered through a follower exactly as the leader's own
+// stream answers it: the same code and reason, and the same AppendResult
+// (where it was written), which the leader's error carries in its
+// ErrorInfo metadata.
+func TestForwardedStreamAppendedUnknown(t *testing.T) {
+	appended := &fakeStore{err: storage.ErrReplicationTimeout, res: storage.PutResult{Status: storage.FlushSlaveTimeout,
+		Append: storage.AppendResult{Status: storage.AppendOK, WroteOffset: 1<<32 + 4096, WroteBytes: 180, QueueID: 2, QueueOffset: 17,
+			MsgNum: 1, StoreTimestamp: 1764800000123, StoreHost: testStoreHost, Offsets: []int64{1<<32 + 4096}}}}
+	leader := New(appended, zerolog.Nop())
+	streamAck := func(c storagedv1.MessageStoreServiceClient) *storagedv1.PutMessageStreamResponse {
+		t.Helper()
+		st, err := c.PutMessageStream(ctxT(t))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := st.Send(&storagedv1.PutMessageStreamRequest{RequestId: 9, Message: &storagedv1.Message{Topic: "T", Body: []byte("s")}}); err != nil {
+			t.Fatal(err)
+		}
+		ack, err := st.Recv()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ack
+	}
+	want := streamAck(storagedv1.NewMessageStoreServiceClient(dial(t, startServer(t, leader, GRPCConfig{}).addr, nil)))
+	got := streamAck(newForwardPairTo(t, nil, leader).follower)
+	if codes.Code(want.GetCode()) != codes.DeadlineExceeded || want.GetResult() == nil {
+		t.Fatalf("the leader's own stream answered %v", want)
+	}
+	if got.GetCode() != want.GetCode() || got.GetReason() != want.GetReason() || got.GetStatus() != want.GetStatus() ||
+		!proto.Equal(got.GetResult(), want.GetResult()) {
+		t.Fatalf("forwarded:\n %v\nthe leader's own stream:\n %v", got, want)
+	}
+}
+
+// TestAppendResultOf: a leader error without the appended fields (nothing
+// stored, or a leader that does not send them) rebuilds no result.
+func TestAppendResultOf(t *testing.T) {
+	full := map[string]string{"stored": "unknown", "msg_id": "7F00000100002A9F0000000000001000", "wrote_offset": "4096",
+		"wrote_bytes": "180", "queue_id": "2", "queue_offset": "17", "message_count": "1", "store_timestamp_ms": "1764800000123"}
+	if r := appendResultOf(full); r.GetWroteOffset() != 4096 || r.GetStoreTimestamp().AsTime().UnixMilli() != 1764800000123 {
+		t.Fatalf("full metadata: %v", r)
+	}
+	for _, k := range []string{"stored", "msg_id", "wrote_offset", "store_timestamp_ms"} {
+		md := maps.Clone(full)
+		delete(md, k)
+		if r := appendResultOf(md); r != nil {
+			t.Errorf("without %s: %v, want none", k, r)
+		}
+	}
+	md := maps.Clone(full)
+	md["queue_id"] = "99999999999"
+	if r := appendResultOf(md); r != nil {
+		t.Errorf("queue_id out of range: %v, want none", r)
 	}
 }

@@ -6,11 +6,14 @@ import (
 	"io"
 	"net/netip"
 	"runtime/debug"
+	"strconv"
 	"sync"
+	"time"
 
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	peerv1 "github.com/storaged/storaged/gen/storaged/peer/v1"
 	storagedv1 "github.com/storaged/storaged/gen/storaged/v1"
@@ -241,8 +244,41 @@ func forwardedStreamAck(id uint64, resp *storagedv1.PutMessageResponse, err erro
 			if v, ok := storagedv1.PutMessageStatus_value["PUT_MESSAGE_STATUS_"+info.GetReason()]; ok {
 				r.Status = storagedv1.PutMessageStatus(v)
 			}
+			r.Result = appendResultOf(info.GetMetadata())
 		}
 	}
+	return r
+}
+
+// appendResultOf rebuilds the AppendResult of a put the leader appended
+// with its durability unknown, from the metadata of the leader's error
+// (appendedError): a stream answer carries the result on such an error,
+// and a forwarded stream message's answer must carry the same one as the
+// leader's own stream would. Nil when the error says nothing was appended,
+// or when a field is missing or malformed (a leader of an older version).
+func appendResultOf(md map[string]string) *storagedv1.AppendResult {
+	if md["stored"] != "unknown" {
+		return nil
+	}
+	var bad bool
+	num := func(k string, bits int) int64 {
+		v, err := strconv.ParseInt(md[k], 10, bits)
+		bad = bad || err != nil
+		return v
+	}
+	r := &storagedv1.AppendResult{
+		MsgId:        md["msg_id"],
+		WroteOffset:  num("wrote_offset", 64),
+		WroteBytes:   int32(num("wrote_bytes", 32)),
+		QueueId:      int32(num("queue_id", 32)),
+		QueueOffset:  num("queue_offset", 64),
+		MessageCount: int32(num("message_count", 32)),
+	}
+	ms := num("store_timestamp_ms", 64)
+	if bad || r.MsgId == "" {
+		return nil
+	}
+	r.StoreTimestamp = timestamppb.New(time.UnixMilli(ms))
 	return r
 }
 
