@@ -69,27 +69,31 @@ func coalesce(msgs []*pb.Message) []*pb.Message {
 // and m continues p (coalesce). owned tracks the merged messages whose
 // Entries slice is coalesce's, and their entries' payload bytes.
 func mergeApp(p, m *pb.Message, owned map[uint64]int, to uint64) bool {
-	if p.GetType() != pb.MsgApp || m.GetType() != pb.MsgApp || p.GetTerm() != m.GetTerm() ||
-		len(p.Entries) == 0 || len(m.Entries) == 0 {
+	if p.GetType() != pb.MsgApp || m.GetType() != pb.MsgApp || p.GetTerm() != m.GetTerm() {
 		return false
 	}
-	tail := p.Entries[len(p.Entries)-1]
-	if m.GetIndex() != tail.GetIndex() || m.GetLogTerm() != tail.GetTerm() {
+	lastIndex, lastTerm := p.GetIndex(), p.GetLogTerm()
+	if n := len(p.Entries); n > 0 {
+		lastIndex, lastTerm = p.Entries[n-1].GetIndex(), p.Entries[n-1].GetTerm()
+	}
+	if m.GetIndex() != lastIndex || m.GetLogTerm() != lastTerm {
 		return false
 	}
-	size, mine := owned[to]
-	if !mine {
-		size = payload(p.Entries)
+	if len(m.Entries) > 0 {
+		size, mine := owned[to]
+		if !mine {
+			size = payload(p.Entries)
+		}
+		add := payload(m.Entries)
+		if size+add > maxSizePerMsg {
+			return false
+		}
+		if !mine {
+			p.Entries = append(make([]*pb.Entry, 0, 2*(len(p.Entries)+len(m.Entries))), p.Entries...)
+		}
+		p.Entries = append(p.Entries, m.Entries...)
+		owned[to] = size + add
 	}
-	add := payload(m.Entries)
-	if size+add > maxSizePerMsg {
-		return false
-	}
-	if !mine {
-		p.Entries = append(make([]*pb.Entry, 0, 2*(len(p.Entries)+len(m.Entries))), p.Entries...)
-	}
-	p.Entries = append(p.Entries, m.Entries...)
-	owned[to] = size + add
 	if m.GetCommit() > p.GetCommit() {
 		p.Commit = m.Commit
 	}
