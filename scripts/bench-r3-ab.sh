@@ -8,7 +8,8 @@
 # Starts a sync node (A's binary) and two groups (A on ports 19201-19213, B on 19301-19313), each
 # member with its own data dir under a temporary dir, waits until the page cache's dirty bytes fall
 # below 300 MB (the allocator's populate writeback of the first files), then runs ROUNDS rounds; in
-# each, every CASE runs on sync, A and B in turn (storaged-bench --addr LEADER, 2 s warmup). Prints
+# each, every CASE runs on sync, A and B in turn, B before A in even rounds, so that neither build
+# always runs in the other's writeback (storaged-bench --addr LEADER, 2 s warmup). Prints
 # msgs/s, p50 and the servers' CPU per message (bench-lib.sh's cpu: all three members of a group)
 # per run. Needs storaged-bench on PATH or STORAGED_BENCH, python3, Linux /proc.
 set -euo pipefail
@@ -44,7 +45,9 @@ for r in $(seq 1 "$rounds"); do
   for c in "$@"; do
     bench_case_args "$c"
     line="round $r $c load=$(cut -d' ' -f1 /proc/loadavg)"
-    for t in sync A B; do
+    order="sync A B"
+    if [ $((r % 2)) = 0 ]; then order="sync B A"; fi # neither build always runs after the other (its writeback)
+    for t in $order; do
       case $t in sync) addr=127.0.0.1:19100 ;; A) addr=$(leader 19200) ;; B) addr=$(leader 19300) ;; esac
       rm -f "$root/r.json"
       # shellcheck disable=SC2086
