@@ -395,11 +395,21 @@
 //     Ready that carries the ReadStates: the round owes nothing to it;
 //     followers answer heartbeats before their own Sync too, as
 //     etcd-raft's asynchronous-write mode does); the barrier then waits
-//     for the consume queues to cover that end. Refusals (nothing read, a
-//     retry is safe): the put's *NotLeaderError on a follower, a learner,
+//     for the consume queues to cover that end. With
+//     GroupOptions.FollowerReads a follower or learner that knows the
+//     leader passes it too: its ReadIndex goes to the leader (raft's
+//     MsgReadIndex, sent before the Sync, as is the answer), which
+//     confirms it with the same heartbeat round and answers its commit
+//     index; the follower answers the batch once it applied that far.
+//     Request contexts are the member's id and the batch's number: the
+//     leader drops a request whose context it holds already. Refusals
+//     (nothing read, a
+//     retry is safe): the put's *NotLeaderError on a follower, a learner
+//     (without FollowerReads),
 //     without a leader, on a leader not ready, and for every waiting read
 //     when the leader loses its leadership (raft forgets its pending
-//     requests); ErrReadIndexTimeout after ReplicationTimeout (a leader cut
+//     requests; a follower's waiting reads when its leader changes);
+//     ErrReadIndexTimeout after ReplicationTimeout (a leader cut
 //     off from its quorum never answers with a stale state);
 //     ErrReadIndexBusy beyond GroupOptions.MaxReadWaiters (4096). Standalone
 //     the barrier passes at once: a PUT_OK is indexed before it is

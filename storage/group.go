@@ -146,6 +146,11 @@ type GroupOptions struct {
 	// for their leadership check at once; beyond it ErrReadIndexBusy.
 	// Default replica.DefaultMaxReadWaiters (4096).
 	MaxReadWaiters int
+	// FollowerReads lets a follower or learner serve linearizable reads
+	// (ReadBarrier): it asks the leader for its read index and answers
+	// once it applied that far (replica.Options.FollowerReads). Off, a
+	// follower refuses them with NOT_LEADER.
+	FollowerReads bool
 	// CatchUpWindow bounds, in commitlog bytes below the commit end, how
 	// far back the leader keeps files that expired (FileReservedTime) for
 	// a follower still catching up from the raft log: a follower further
@@ -465,7 +470,7 @@ func (s *Store) startGroup() error {
 	g.node, err = replica.New(replica.Options{ID: g.opts.ID, Log: g.rlog, FileSize: s.opts.FileSize, Applied: hs.GetCommit(),
 		Transport: g.opts.Transport, Host: (*groupHost)(s), Ticks: g.opts.Ticks, TickInterval: g.opts.TickInterval,
 		ElectionTick: g.opts.ElectionTick, HeartbeatTick: g.opts.HeartbeatTick, MaxReadWaiters: g.opts.MaxReadWaiters,
-		CatchUpReadahead: g.opts.CatchUpReadahead, MaxInflightBytes: g.opts.maxInflightBytes, MaxSizePerMsg: g.opts.maxSizePerMsg,
+		FollowerReads: g.opts.FollowerReads, CatchUpReadahead: g.opts.CatchUpReadahead, MaxInflightBytes: g.opts.maxInflightBytes, MaxSizePerMsg: g.opts.maxSizePerMsg,
 		Logger: raftLogger{s.opts.Logger.With().Str("component", "raft").Uint64("raft_id", g.opts.ID).Logger()}}, g.commitEnd.Load())
 	return err
 }
@@ -875,10 +880,16 @@ func (s *Store) ReplicaInfo() ReplicaInfo {
 // §3.3): it confirms with a quorum that it still leads (raft ReadIndex,
 // one request for all the reads that arrived together), waits until it
 // has applied the commit index of that moment, then until its consume
-// queues cover the commit end. Every refusal means nothing was read and
+// queues cover the commit end. With GroupOptions.FollowerReads a
+// follower or learner that knows the leader passes it too: it asks the
+// leader for that commit index (the leader confirms it as for its own
+// reads), then waits until it applied that far and its consume queues
+// cover it. Every refusal means nothing was read and
 // a retry is safe: a *NotLeaderError (follower, learner, no leader, a
 // leader not ready, or one that lost the leadership meanwhile: the same
-// answer as a refused put, with the leader's id when known),
+// answer as a refused put, with the leader's id when known; a follower
+// whose leader changed while it waited for its read index answers it
+// too),
 // ErrReadIndexTimeout (not confirmed within ReplicationTimeout: a leader
 // cut off from its quorum answers this, never a stale state, until
 // CheckQuorum deposes it), ErrReadIndexBusy (MaxReadWaiters reads wait

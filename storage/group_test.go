@@ -1084,3 +1084,114 @@ func TestGroupFollowerReadCoversCommit(t *testing.T) {
 		t.Errorf("GetOffset: %d, %v; want 1", a.max, a.err)
 	}
 }
+
+// TestGroupFollowerReads: with GroupOptions.FollowerReads a follower and
+// a learner serve linearizable reads themselves. A follower that missed
+// puts (cut off while the others committed them) holds a stale queue,
+// and its barrier read still sees every acknowledged put: it waits for
+// the leader's read index and applies up to it first. A follower cut off
+// from the leader never answers; one whose leader is replaced while it
+// waits is refused with NOT_LEADER naming no stale state.
+func TestGroupFollowerReads(t *testing.T) {
+	g := newTestGroupWith(t, time.Minute, []uint64{4}, func(o *Options) { o.Group.FollowerReads = true })
+	g.elect(1)
+	ctx := context.Background()
+	// Reads only: a follower still refuses puts, naming the leader.
+	for _, id := range []uint64{2, 4} {
+		var nl *NotLeaderError
+		if res, err := g.put(id, "no"); !errors.As(err, &nl) || nl.Cause != "NOT_LEADER" || nl.LeaderID != 1 {
+			t.Fatalf("a put on member %d: %v %v, want NOT_LEADER naming 1", id, res.Status, err)
+		}
+	}
+	type answer struct {
+		max int64
+		err error
+	}
+	readAsync := func(ctx context.Context, id uint64) <-chan answer {
+		ch := make(chan answer, 1)
+		go func() {
+			max, err := g.readMax(ctx, id)
+			ch <- answer{max, err}
+		}()
+		return ch
+	}
+	// await waits for a read's answer, ticking the leader meanwhile.
+	await := func(ch <-chan answer, leader uint64) answer {
+		t.Helper()
+		var a answer
+		g.poll("the read's answer", func() bool {
+			select {
+			case a = <-ch:
+				return true
+			default:
+				return false
+			}
+		}, leader)
+		return a
+	}
+
+	acked := int64(0)
+	for i := range 5 {
+		g.mustPut(1, i, fmt.Sprintf("m-%d", i))
+		acked++
+		// At once: the three members number their read batches alike,
+		// and the leader must keep their requests apart.
+		reads := map[uint64]<-chan answer{}
+		for _, id := range []uint64{2, 3, 4} {
+			reads[id] = readAsync(ctx, id)
+		}
+		for _, id := range []uint64{2, 3, 4} {
+			if a := await(reads[id], 1); a.err != nil || a.max != acked {
+				t.Fatalf("linearizable read on %d after %d acked puts: max %d, %v", id, acked, a.max, a.err)
+			}
+		}
+	}
+
+	// Member 2 misses puts; its own queue is stale, its barrier read is not.
+	g.net.setCut(2, true)
+	for i := range 5 {
+		g.mustPut(1, i, fmt.Sprintf("n-%d", i))
+		acked++
+	}
+	if _, max, err := g.m[2].s.QueueInfo("T", 0); err != nil || max >= acked {
+		t.Fatalf("the cut follower's own queue: max %d (%v), want it behind %d", max, err, acked)
+	}
+	short, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+	if max, err := g.readMax(short, 2); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("a linearizable read on the cut follower answered max %d, %v (the group acked %d)", max, err, acked)
+	}
+	cancel()
+	g.net.setCut(2, false)
+	if a := await(readAsync(ctx, 2), 1); a.err != nil || a.max != acked {
+		t.Fatalf("linearizable read on the healed follower: max %d, %v; want %d", a.max, a.err, acked)
+	}
+
+	// The leader cut off: a follower's read waits (its request is lost),
+	// and is refused once 2 and 3 elect another leader.
+	g.net.setCut(1, true)
+	pending := readAsync(ctx, 3)
+	g.poll("the follower's read waiting", func() bool { return g.m[3].s.group.node.ReadsWaiting() == 1 })
+	g.poll("a new leader among 2 and 3", func() bool { return g.readyLeader(2, 3) != 0 }, 2, 3)
+	l2 := g.readyLeader(2, 3)
+	a := await(pending, l2)
+	var nl *NotLeaderError
+	if l2 == 3 {
+		// 3 leads now: its read was refused when its leadership began
+		// (not ready), or it was served after its own ReadIndex round.
+		if a.err != nil && !errors.As(a.err, &nl) {
+			t.Fatalf("the read on the member that became leader: max %d, %v", a.max, a.err)
+		}
+	} else if !errors.As(a.err, &nl) {
+		t.Fatalf("the follower's read waiting on the cut leader: max %d, %v, want a NotLeaderError", a.max, a.err)
+	}
+	if a.err == nil && a.max != acked {
+		t.Fatalf("the read on 3 answered max %d, want %d", a.max, acked)
+	}
+	g.mustPut(l2, 0, "o-0")
+	acked++
+	for _, id := range []uint64{2, 3, 4} {
+		if a := await(readAsync(ctx, id), l2); a.err != nil || a.max != acked {
+			t.Fatalf("linearizable read on %d under the new leader: max %d, %v; want %d", id, a.max, a.err, acked)
+		}
+	}
+}

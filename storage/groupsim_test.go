@@ -213,9 +213,12 @@ type simRead struct {
 	node  uint64
 	queue int32
 	want  int64 // acknowledged messages of the queue when the read began
-	done  chan struct{}
-	max   int64
-	err   error
+	// follower: the node did not say it leads when the read began (it
+	// asks the leader for its read index: FollowerReads).
+	follower bool
+	done     chan struct{}
+	max      int64
+	err      error
 }
 
 // simCommit is a CommitOffset in flight and its answer.
@@ -310,7 +313,11 @@ func (g *groupSim) options(n *simNode) Options {
 		// checks its room).
 		StatDisk: func(string) (DiskUsage, error) { return DiskUsage{Size: 1 << 40, Avail: 1 << 40}, nil },
 		Group: &GroupOptions{ID: n.id, Name: "g", ClusterID: "c", Peers: g.boot, Join: n.join, Transport: simTransport{g.net, n.id},
-			Ticks: n.ticks, ElectionTick: 10, HeartbeatTick: 1, ReplicationTimeout: simReplTimeout, IndexUnits: 64}}
+			Ticks: n.ticks, ElectionTick: 10, HeartbeatTick: 1, ReplicationTimeout: simReplTimeout, IndexUnits: 64,
+			// Followers serve linearizable reads too (after the leader's
+			// read index): the reads on a follower are checked as the
+			// leader's are, under the same drops, reorders and crashes.
+			FollowerReads: true}}
 }
 
 func (g *groupSim) open(n *simNode) {
@@ -1009,7 +1016,7 @@ func (g *groupSim) read(id uint64) {
 		return
 	}
 	q := int32(g.rng.IntN(simQueues))
-	r := &simRead{node: id, queue: q, want: g.ackMax[q], done: make(chan struct{})}
+	r := &simRead{node: id, queue: q, want: g.ackMax[q], follower: n.s.ReplicaInfo().Role != "leader", done: make(chan struct{})}
 	g.count("read")
 	g.note("linearizable read node %d queue %d (acked %d)", id, q, r.want)
 	s := n.s
@@ -1033,6 +1040,9 @@ func (g *groupSim) checkRead(r *simRead) {
 	switch {
 	case r.err == nil:
 		g.outcome["read ok"]++
+		if r.follower {
+			g.outcome["read ok on a follower"]++
+		}
 		if r.max < r.want {
 			g.fatalf("linearizable read on node %d: queue %d max offset %d, yet %d were acknowledged before the read began",
 				r.node, r.queue, r.max, r.want)

@@ -575,6 +575,7 @@ func (c *config) log(l zerolog.Logger) {
 		Stringer("raft_catchup_readahead", &c.Replication.CatchUpReadahead).
 		Bool("peer_tls", c.Replication.PeerTLSCert != "").
 		Bool("raft_forward_puts", c.Replication.ForwardPuts).
+		Bool("raft_follower_reads", c.Replication.FollowerReads).
 		Msg("effective configuration")
 }
 

@@ -74,6 +74,9 @@ type replicationConfig struct {
 	// ForwardPuts is --raft-forward-puts: a follower hands the puts it
 	// would refuse with NOT_LEADER to the leader over the peer transport.
 	ForwardPuts bool
+	// FollowerReads is --raft-follower-reads: a follower or learner serves
+	// linearizable reads after the leader's read index.
+	FollowerReads bool
 	// recordedCluster is the cluster id raft/meta of the data dir records
 	// (resolveCluster), "" before the first start; joined: raft/meta
 	// records no bootstrap members, so this data dir joined a running group
@@ -154,6 +157,9 @@ func (r *replicationConfig) register(fs *flag.FlagSet) {
 		"to the leader over the peer transport and answers with the leader's answer (for clients behind a Service that "+
 		"spreads calls over every member and cannot follow leader hints); a forwarded call that fails in transit is "+
 		"DEADLINE_EXCEEDED with outcome unknown")
+	fs.BoolVar(&r.FollowerReads, "raft-follower-reads", false, "group mode: a follower or learner serves linearizable reads "+
+		"(linearizable: true) itself: it asks the leader for its read index (confirmed by a quorum, as for the leader's own "+
+		"reads) and answers once it has applied that far; without it a follower refuses them with NOT_LEADER")
 	fs.StringVar(&r.PeerTLSCert, "peer-tls-cert", "", "peer TLS certificate `file` (PEM), presented as server and client; it must name this member's --raft-peers host")
 	fs.StringVar(&r.PeerTLSKey, "peer-tls-key", "", "peer TLS private key `file` (PEM)")
 	fs.StringVar(&r.PeerTLSCA, "peer-tls-ca", "", "CA `file` (PEM) that signs every member's peer certificate; TLS 1.3, client certificates required")
@@ -288,6 +294,9 @@ func (r *replicationConfig) validate(flushMode storage.FlushMode) []error {
 		}
 		if r.ForwardPuts {
 			stray = append(stray, "--raft-forward-puts")
+		}
+		if r.FollowerReads {
+			stray = append(stray, "--raft-follower-reads")
 		}
 		if len(stray) > 0 {
 			errs = append(errs, fmt.Errorf("%s need --raft-peers (without it storaged runs standalone)", strings.Join(stray, ", ")))
@@ -745,8 +754,8 @@ func (r *replicationConfig) groupOptions(tr storage.Transport) *storage.GroupOpt
 		ID: r.RaftID, Name: r.GroupName, ClusterID: r.groupClusterID(), Join: r.join() != "" || r.joined,
 		Peers: r.voters(), Learners: slices.Clone(r.RaftLearners),
 		Transport: tr, ReplicationTimeout: r.ReplicationTimeout, CatchUpWindow: int64(r.CatchUpWindow),
-		CatchUpReadahead: int64(r.CatchUpReadahead),
-		TickInterval:     r.RaftTick, ElectionTick: int(r.ElectionTimeout / r.RaftTick), HeartbeatTick: 1,
+		CatchUpReadahead: int64(r.CatchUpReadahead), FollowerReads: r.FollowerReads,
+		TickInterval: r.RaftTick, ElectionTick: int(r.ElectionTimeout / r.RaftTick), HeartbeatTick: 1,
 	}
 }
 

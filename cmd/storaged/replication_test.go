@@ -39,20 +39,20 @@ func TestReplicationFlags(t *testing.T) {
 	if got := r.RaftPeers.String(); got != peers3 {
 		t.Fatalf("String() = %q", got)
 	}
-	if r.ForwardPuts {
-		t.Fatal("puts forwarded by default")
+	if r.ForwardPuts || r.FollowerReads {
+		t.Fatal("puts forwarded or follower reads on by default")
 	}
 
 	e := env("STORAGED_RAFT_ID", "3", "STORAGED_RAFT_PEERS", peers3, "STORAGED_FLUSH_MODE", "sync",
 		"STORAGED_PEER_TLS_CERT", "c.pem", "STORAGED_PEER_TLS_KEY", "k.pem", "STORAGED_PEER_TLS_CA", "ca.pem",
-		"STORAGED_REPLICATION_TIMEOUT", "7s", "STORAGED_RAFT_FORWARD_PUTS", "true")
+		"STORAGED_REPLICATION_TIMEOUT", "7s", "STORAGED_RAFT_FORWARD_PUTS", "true", "STORAGED_RAFT_FOLLOWER_READS", "true")
 	cfg, err = parseConfig(nil, e, &bytes.Buffer{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	r = cfg.Replication
 	if r.RaftID != 3 || len(r.RaftPeers) != 3 || r.PeerTLSCert != "c.pem" || r.PeerTLSKey != "k.pem" || r.PeerTLSCA != "ca.pem" ||
-		r.ReplicationTimeout != 7*time.Second || r.peerListen() != "127.0.0.1:9193" || !r.ForwardPuts {
+		r.ReplicationTimeout != 7*time.Second || r.peerListen() != "127.0.0.1:9193" || !r.ForwardPuts || !r.FollowerReads {
 		t.Fatalf("from the environment: %+v", r)
 	}
 
@@ -225,6 +225,7 @@ func TestReplicationFlagErrors(t *testing.T) {
 			"--peer-listen, --raft-learner, --peer-tls-* need --raft-peers"},
 		{"learners without peers", []string{"--raft-learners", "4"}, nil, "--raft-learners need --raft-peers"},
 		{"forwarding without peers", []string{"--raft-forward-puts"}, nil, "--raft-forward-puts need --raft-peers"},
+		{"follower reads without peers", []string{"--raft-follower-reads"}, nil, "--raft-follower-reads need --raft-peers"},
 		{"timing without peers", []string{"--raft-tick", "50ms", "--raft-election-timeout", "1s", "--raft-group", "g1"}, nil,
 			"--raft-tick, --raft-election-timeout, --raft-group need --raft-peers"},
 		{"election not whole ticks", []string{"--raft-id", "1", "--raft-peers", peers3, "--raft-tick", "30ms"}, nil,
@@ -631,7 +632,7 @@ const chartPeers = "1=storaged-0.storaged-headless.store.svc:9093,2=storaged-1.s
 func chartPodEnv(join, ordinalIDs string) []string {
 	return []string{"STORAGED_RAFT_ID", "ordinal", "STORAGED_RAFT_PEERS", chartPeers, "STORAGED_PEER_LISTEN", ":9093",
 		"STORAGED_PEER_TLS_CERT", "/etc/storaged/peer-tls/tls.crt", "STORAGED_PEER_TLS_KEY", "/etc/storaged/peer-tls/tls.key",
-		"STORAGED_PEER_TLS_CA", "/etc/storaged/peer-tls/ca.crt", "STORAGED_RAFT_FORWARD_PUTS", "true",
+		"STORAGED_PEER_TLS_CA", "/etc/storaged/peer-tls/ca.crt", "STORAGED_RAFT_FORWARD_PUTS", "true", "STORAGED_RAFT_FOLLOWER_READS", "true",
 		"STORAGED_RAFT_JOIN_UNLISTED", join, "STORAGED_RAFT_ORDINAL_IDS", ordinalIDs}
 }
 

@@ -178,8 +178,9 @@ func TestChartRenderings(t *testing.T) {
 			k8scheck.Mesh{}, func(t *testing.T, o *k8scheck.Objects) {
 				want := "1=storaged-0.storaged-headless.store.svc:9093,2=storaged-1.storaged-headless.store.svc:9093,3=storaged-2.storaged-headless.store.svc:9093"
 				e := env(container(t, o))
-				if e["STORAGED_RAFT_FORWARD_PUTS"] != "true" {
-					t.Errorf("STORAGED_RAFT_FORWARD_PUTS %q, want true (the Service spreads calls over every member)", e["STORAGED_RAFT_FORWARD_PUTS"])
+				if e["STORAGED_RAFT_FORWARD_PUTS"] != "true" || e["STORAGED_RAFT_FOLLOWER_READS"] != "true" {
+					t.Errorf("STORAGED_RAFT_FORWARD_PUTS %q, STORAGED_RAFT_FOLLOWER_READS %q, want true (the Service spreads calls over every member)",
+						e["STORAGED_RAFT_FORWARD_PUTS"], e["STORAGED_RAFT_FOLLOWER_READS"])
 				}
 				if e["STORAGED_RAFT_PEERS"] != want || e["STORAGED_PEER_LISTEN"] != ":9093" || e["STORAGED_RAFT_ID"] != "ordinal" {
 					t.Errorf("STORAGED_RAFT_PEERS %q, STORAGED_PEER_LISTEN %q, STORAGED_RAFT_ID %q; want %q, :9093, ordinal",
@@ -356,7 +357,7 @@ func chartPodEnv(join, ordinalIDs string) map[string]string {
 			"3=storaged-2.storaged-headless.store.svc:9093",
 		"STORAGED_PEER_TLS_CERT": "/etc/storaged/peer-tls/tls.crt", "STORAGED_PEER_TLS_KEY": "/etc/storaged/peer-tls/tls.key",
 		"STORAGED_PEER_TLS_CA": "/etc/storaged/peer-tls/ca.crt", "STORAGED_RAFT_FORWARD_PUTS": "true",
-		"STORAGED_RAFT_JOIN_UNLISTED": join, "STORAGED_RAFT_ORDINAL_IDS": ordinalIDs}
+		"STORAGED_RAFT_FOLLOWER_READS": "true", "STORAGED_RAFT_JOIN_UNLISTED": join, "STORAGED_RAFT_ORDINAL_IDS": ordinalIDs}
 }
 
 // TestChartGrowAndReplace: growing the group (replicas above bootstrapReplicas, with the cluster

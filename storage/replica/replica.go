@@ -10,6 +10,7 @@ package replica
 
 import (
 	"context"
+	"crypto/rand"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -185,6 +186,13 @@ type Options struct {
 	// MaxReadWaiters bounds the linearizable reads waiting at once (0:
 	// DefaultMaxReadWaiters).
 	MaxReadWaiters int
+	// FollowerReads lets a follower or learner that knows the leader
+	// serve linearizable reads (ReadIndex) itself: it asks the leader for
+	// its read index (raft's MsgReadIndex, which the leader confirms with
+	// a quorum's heartbeat answers as for its own reads) and answers once
+	// it applied that far. Without it a follower refuses them with
+	// NOT_LEADER, naming the leader.
+	FollowerReads bool
 	// Logger receives raft's own log lines (nil: discarded).
 	Logger raft.Logger
 	// CatchUpReadahead: a leader asks the kernel to read this many
@@ -334,7 +342,7 @@ func New(opts Options, commitEnd int64) (*Node, error) {
 		return nil, fmt.Errorf("replica: %w", err)
 	}
 	n := &Node{opts: opts, host: opts.Host, rn: rn, waiters: map[key]*Waiter{}, commit: opts.Applied, end: commitEnd,
-		reads:       reads{batches: map[uint64]*readBatch{}},
+		reads:       reads{batches: map[uint64]*readBatch{}, seq: readSeqStart()},
 		softChanged: make(chan struct{}), heard: map[uint64]uint64{}, stop: make(chan struct{}), done: make(chan struct{}), wake: make(chan struct{}, 1),
 		syncReq: make(chan struct{}), syncRes: make(chan error), syncStop: make(chan struct{}), syncDone: make(chan struct{}),
 		committed: make(chan struct{}, 1),
@@ -784,12 +792,15 @@ func appliesState(ents []*pb.Entry) bool {
 // and leaves first in every role, as etcd-raft's own asynchronous-write
 // mode sends it (raft.send holds back only MsgAppResp, MsgVoteResp and
 // MsgPreVoteResp): a leader's ReadIndex round then waits for no
-// follower's disk. Everything else (MsgAppResp, votes: a node may have
-// answered as a follower earlier in this Ready) waits for the Sync.
+// follower's disk. Nor does a follower's read index request or the
+// leader's answer to it (FollowerReads): the index answered is a commit
+// a quorum holds already. Everything else (MsgAppResp, votes: a node may
+// have answered as a follower earlier in this Ready) waits for the Sync.
 func splitMessages(leader bool, msgs []*pb.Message) (early, late []*pb.Message) {
 	for _, m := range msgs {
 		switch t := m.GetType(); {
-		case t == pb.MsgHeartbeatResp, leader && (t == pb.MsgApp || t == pb.MsgHeartbeat):
+		case t == pb.MsgHeartbeatResp, t == pb.MsgReadIndex, t == pb.MsgReadIndexResp,
+			leader && (t == pb.MsgApp || t == pb.MsgHeartbeat):
 			early = append(early, m)
 		default:
 			late = append(late, m)
@@ -1536,18 +1547,36 @@ func (n *Node) readRefusalLocked() error {
 	return nil
 }
 
+// readIndexRefusalLocked is readRefusalLocked for a linearizable read:
+// with FollowerReads a follower or learner that knows the leader may
+// serve it (its ReadIndex goes to the leader, issueReadsLocked), where
+// every other caller of readRefusalLocked (a command's proposal) needs the
+// ready leader. REQUIRES: n.mu.
+func (n *Node) readIndexRefusalLocked() error {
+	if n.err == nil && n.opts.FollowerReads {
+		if st := n.rn.BasicStatus(); st.RaftState == raft.StateFollower && st.Lead != raft.None {
+			return nil
+		}
+	}
+	return n.readRefusalLocked()
+}
+
 // ReadIndex waits until a linearizable read may be served here: this node
 // is the ready leader, confirmed its leadership by a quorum after the call
-// began, and applied everything committed at that point. It returns the
-// commit end then: the caller serves the read once its index covers it.
-// Refusals (nothing read, a retry is safe): a *NotLeaderError (follower,
-// learner, no leader, leader not ready, or leadership lost meanwhile),
+// began, and applied everything committed at that point; or, with
+// FollowerReads, this follower or learner got the leader's confirmed
+// commit index for a request made after the call began, and applied that
+// far. It returns the commit end then: the caller serves the read once
+// its index covers it. Refusals (nothing read, a retry is safe): a
+// *NotLeaderError (follower or learner without FollowerReads, no leader,
+// leader not ready, or leadership lost meanwhile; on a follower, its
+// leader changed),
 // ErrReadIndexBusy (MaxReadWaiters reads wait already),
 // ErrReadIndexTimeout (not confirmed within timeout), ctx's error, or the
 // node's sticky error (ErrClosed once closed).
 func (n *Node) ReadIndex(ctx context.Context, timeout time.Duration) (int64, error) {
 	n.mu.Lock()
-	if err := n.readRefusalLocked(); err != nil {
+	if err := n.readIndexRefusalLocked(); err != nil {
 		n.mu.Unlock()
 		return 0, err
 	}
@@ -1608,7 +1637,7 @@ func (n *Node) issueReadsLocked() {
 	}
 	q := n.reads.queued
 	n.reads.queued = nil
-	if err := n.readRefusalLocked(); err != nil {
+	if err := n.readIndexRefusalLocked(); err != nil {
 		for _, w := range q {
 			if !w.finished {
 				w.finish(0, err)
@@ -1629,9 +1658,32 @@ func (n *Node) issueReadsLocked() {
 		return
 	}
 	n.reads.batches[n.reads.seq] = b
-	var rctx [8]byte
-	binary.BigEndian.PutUint64(rctx[:], n.reads.seq)
-	n.rn.ReadIndex(rctx[:])
+	n.rn.ReadIndex(readCtx(n.opts.ID, n.reads.seq))
+}
+
+// readSeqStart is a random first batch number. A follower's read index
+// answer can arrive late, after the follower restarted: were the numbers
+// to start at 0 again, an answer to a batch of its earlier life (a read
+// index from before puts that a new batch must see) could be taken for
+// the new batch of the same number, and the read would miss them. The
+// leader's term does not catch it (a follower back within the same term
+// accepts the answer).
+func readSeqStart() uint64 {
+	var b [8]byte
+	_, _ = rand.Read(b[:]) // crypto/rand never fails (Go 1.24+)
+	return binary.BigEndian.Uint64(b[:])
+}
+
+// readCtx is the request context of a batch of reads: this member's id
+// and the batch's number. The leader keys its pending read requests by
+// it, its own and its followers' (FollowerReads) alike, and drops a
+// request whose context it already holds (raft's readOnly.addRequest):
+// the id keeps two members' batches apart.
+func readCtx(id, seq uint64) []byte {
+	b := make([]byte, 16)
+	binary.BigEndian.PutUint64(b, id)
+	binary.BigEndian.PutUint64(b[8:], seq)
+	return b
 }
 
 // readStatesLocked records the read indexes raft confirmed, then serves
@@ -1639,10 +1691,10 @@ func (n *Node) issueReadsLocked() {
 // readers gave up, or were answered at a step-down) is ignored.
 func (n *Node) readStatesLocked(rss []raft.ReadState) {
 	for _, rs := range rss {
-		if len(rs.RequestCtx) != 8 {
+		if len(rs.RequestCtx) != 16 || binary.BigEndian.Uint64(rs.RequestCtx) != n.opts.ID {
 			continue
 		}
-		if b := n.reads.batches[binary.BigEndian.Uint64(rs.RequestCtx)]; b != nil {
+		if b := n.reads.batches[binary.BigEndian.Uint64(rs.RequestCtx[8:])]; b != nil {
 			b.index, b.known = rs.Index, true
 		}
 	}

@@ -366,8 +366,10 @@ func TestStepSnapshot(t *testing.T) {
 // TestSplitMessages: only the answers that vouch for durable state
 // (MsgAppResp, votes) wait for a Ready's Sync (raft.send's rule for its
 // asynchronous-write mode); a heartbeat answer leaves before it in every
-// role, so a leader's ReadIndex round waits for no follower's disk; a
-// leader's appends and heartbeats leave before its own write.
+// role, so a leader's ReadIndex round waits for no follower's disk, and
+// so do a follower's read index request and the leader's answer to it
+// (FollowerReads); a leader's appends and heartbeats leave before its own
+// write.
 func TestSplitMessages(t *testing.T) {
 	all := []pb.MessageType{pb.MsgApp, pb.MsgHeartbeat, pb.MsgHeartbeatResp, pb.MsgAppResp, pb.MsgVote, pb.MsgVoteResp,
 		pb.MsgPreVote, pb.MsgPreVoteResp, pb.MsgTimeoutNow, pb.MsgSnap, pb.MsgReadIndex, pb.MsgReadIndexResp}
@@ -375,8 +377,8 @@ func TestSplitMessages(t *testing.T) {
 		leader bool
 		early  []pb.MessageType
 	}{
-		{leader: true, early: []pb.MessageType{pb.MsgApp, pb.MsgHeartbeat, pb.MsgHeartbeatResp}},
-		{leader: false, early: []pb.MessageType{pb.MsgHeartbeatResp}},
+		{leader: true, early: []pb.MessageType{pb.MsgApp, pb.MsgHeartbeat, pb.MsgHeartbeatResp, pb.MsgReadIndex, pb.MsgReadIndexResp}},
+		{leader: false, early: []pb.MessageType{pb.MsgHeartbeatResp, pb.MsgReadIndex, pb.MsgReadIndexResp}},
 	} {
 		var msgs []*pb.Message
 		for _, typ := range all {

@@ -90,13 +90,13 @@ func (w *pinnedWriters) close() { w.halt() }
 // TestGroupForwardPuts: with --raft-forward-puts, clients that only ever
 // call the two followers (unary puts, a batch, a stream, an offset
 // commit) get their writes stored: each follower hands them to the leader and answers with its
-// answer. Then the leader is killed with -9 while they keep writing: a
+// answer; the other follower (--raft-follower-reads) reads them linearizably at once. Then the leader is killed with -9 while they keep writing: a
 // forwarded call cut by the kill is an unknown outcome (cause
 // FORWARD_FAILED) or a refusal, never a false ack; once a new leader is
 // elected the survivors take puts again (one of them directly, the other
 // forwarding to it), and every acknowledged put is on both survivors.
 func TestGroupForwardPuts(t *testing.T) {
-	g := newGroup(t, "--raft-forward-puts")
+	g := newGroup(t, "--raft-forward-puts", "--raft-follower-reads")
 	leader := g.Leader(t)
 	followers := slices.DeleteFunc(slices.Clone(g.nodes), func(p *proctest.Process) bool { return p == leader })
 	f := followers[0]
@@ -160,6 +160,17 @@ func TestGroupForwardPuts(t *testing.T) {
 		ConsumerGroup: "fwd", Topic: "Group", Linearizable: true})
 	if err != nil || got.GetOffset() != 17 {
 		t.Fatalf("the leader's committed offset: %v %v, want 17", got, err)
+	}
+	// And from the other follower (--raft-follower-reads: it serves the
+	// linearizable read after the leader's read index), at once.
+	other := followers[1]
+	got, err = storagedv1.NewMessageStoreServiceClient(other.Conn()).GetOffset(ctx, &storagedv1.GetOffsetRequest{
+		ConsumerGroup: "fwd", Topic: "Group", Linearizable: true})
+	if err != nil || got.GetOffset() != 17 {
+		t.Fatalf("follower %s's linearizable committed offset: %v %v, want 17", g.Name(other), got, err)
+	}
+	if max, err := linearMax(other); err != nil || max != int64(len(acked)) {
+		t.Fatalf("follower %s's linearizable queue max: %d %v, want %d", g.Name(other), max, err, len(acked))
 	}
 
 	// Writers on both followers; then the leader dies.

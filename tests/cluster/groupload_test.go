@@ -51,7 +51,10 @@ const (
 // is never resent (the next message goes out instead). Strong readers
 // read single offsets near each queue's acked end with linearizable: true
 // through the same tracker (a refused read read nothing, and is retried
-// the same way); porcupine checks them. Readers read the same way from a
+// the same way); porcupine checks them. Every second strong reader reads
+// with linearizable: true from a random member instead (the group runs
+// with --raft-follower-reads, so a follower serves it after the leader's
+// read index): porcupine checks those too. Readers read the same way from a
 // random member without linearizable: follower reads, recorded Weak
 // (replication design §5.4 d).
 type groupLoad struct {
@@ -63,6 +66,9 @@ type groupLoad struct {
 	// calls and refusals count the tracker's put calls and those refused
 	// with nothing stored (retried inside one recorded put).
 	calls, refusals atomic.Int64
+	// memberReads and memberRefused count the linearizable reads sent to
+	// a random member (memberStrongRead) that it answered, and refused.
+	memberReads, memberRefused atomic.Int64
 }
 
 func newGroupLoad(t testing.TB, g *group, rec *history.Recorder) *groupLoad {
@@ -136,7 +142,11 @@ func (l *groupLoad) start(ctx context.Context, seed uint64, producers, readers, 
 			rng := rand.New(rand.NewPCG(seed, uint64(readers+r)))
 			for hold(ctx, between(rng, 5*time.Millisecond, 15*time.Millisecond)) {
 				q := int32(rng.IntN(queues))
-				l.strongRead(ctx, producers+readers+r, q, l.acked.near(q, rng))
+				if r%2 == 0 {
+					l.strongRead(ctx, producers+readers+r, q, l.acked.near(q, rng))
+				} else if !l.memberStrongRead(ctx, producers+readers+r, rng.IntN(len(l.clients)), q, l.acked.near(q, rng)) {
+					hold(ctx, 20*time.Millisecond) // that member is down or refused: no spinning on it
+				}
 			}
 		}()
 	}
@@ -197,6 +207,32 @@ func (l *groupLoad) put(ctx context.Context, client int, q int32, value string, 
 		l.acked.ack(q, res.Result.QueueOffset)
 	}
 	return out
+}
+
+// memberStrongRead asks member node, whichever its role, for the message
+// at (q, off) with linearizable: true: with --raft-follower-reads a
+// follower serves it after the leader's read index, and porcupine checks
+// it as it checks the leader's. A refusal (nothing read: no leader known,
+// NOT_LEADER without the flag, READ_INDEX_TIMEOUT) is a failed read; any
+// other error leaves it unknown. It reports whether the member answered.
+func (l *groupLoad) memberStrongRead(ctx context.Context, reader, node int, q int32, off int64) bool {
+	id := l.rec.Invoke(history.Op{Client: reader, Kind: history.Read, Queue: q, Offset: off})
+	cctx, cancel := context.WithTimeout(ctx, groupOpTimeout)
+	defer cancel()
+	res, err := l.clients[node].PullMessages(cctx, &storagedv1.PullMessagesRequest{Topic: topic, QueueId: q, QueueOffset: off,
+		MaxMessages: 1, Linearizable: true}, grpc.WaitForReady(false))
+	failed := history.Unknown
+	if err != nil && client.Classify(err).NothingStored {
+		failed = history.Fail
+	}
+	l.rec.Finish(id, func(o *history.Op) { finishRead(o, off, res, err, failed) })
+	answered := err == nil || status.Code(err) == codes.OutOfRange || status.Code(err) == codes.NotFound
+	if answered {
+		l.memberReads.Add(1)
+	} else if failed == history.Fail {
+		l.memberRefused.Add(1)
+	}
+	return answered
 }
 
 // read asks member node for the message at (q, off), a follower read

@@ -328,7 +328,7 @@ func (g *group) maxTerm() uint64 {
 func runGroup(t *testing.T, sc groupScenario) {
 	seed, dur := scenarioRun(t, sc.name, sc.seed, sc.duration, sc.name != "long-mixed")
 	t.Logf("%s: %d members", sc.name, sc.nodes)
-	g := newGroupN(t, sc.nodes, seed, "--replication-timeout", groupReplicationTimeout)
+	g := newGroupN(t, sc.nodes, seed, "--replication-timeout", groupReplicationTimeout, "--raft-follower-reads")
 	rng := rand.New(rand.NewPCG(seed, 0))
 	g.Leader(t)
 	term0 := g.maxTerm()
@@ -359,6 +359,13 @@ func runGroup(t *testing.T, sc groupScenario) {
 		fig.linearizable, fig.checked.Ops, fig.checked.Pieces, fig.checked.Largest, elections, term0, term1, fig.unavailP50.Round(time.Millisecond), fig.unavailP99.Round(time.Millisecond), fig.unavailN,
 		fig.afterHealP50.Round(time.Millisecond), fig.afterHealMax.Round(time.Millisecond), fig.healsHeld, fig.heals, healedWithin,
 		fig.afterFinal.Round(time.Millisecond), commitEnd)
+	// The members' own linearizable reads (--raft-follower-reads): two
+	// in three go to a follower, which must have served some.
+	t.Logf("%s: linearizable reads sent to a random member: %d answered, %d refused", sc.name, load.memberReads.Load(), load.memberRefused.Load())
+	if load.memberReads.Load() == 0 {
+		fig.failed = true
+		t.Errorf("no member answered a linearizable read of its own: the follower reads tested nothing")
+	}
 	if fig.failed {
 		logDirs(t, g)
 	}

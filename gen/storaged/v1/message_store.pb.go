@@ -1166,9 +1166,11 @@ type PullMessagesRequest struct {
 	// When true, each StoredMessage.raw carries the record's bytes as stored in the CommitLog.
 	IncludeRaw bool `protobuf:"varint,8,opt,name=include_raw,json=includeRaw,proto3" json:"include_raw,omitempty"`
 	// When true, the answer is linearizable: it reflects every put acknowledged (PUT_OK) before this call
-	// began, on any member of the group, and never an older state. In a replication group only the ready
-	// leader serves it, after confirming with a quorum that it still leads (raft ReadIndex); any other
-	// member, a member without a leader, or a leader not ready yet answers exactly as it refuses a put:
+	// began, on any member of the group, and never an older state. In a replication group the ready
+	// leader serves it, after confirming with a quorum that it still leads (raft ReadIndex), and so does
+	// a follower or learner started with --raft-follower-reads, once the leader confirmed its read index
+	// and it applied that far; any other member (a follower without that flag), a member without a
+	// leader, or a leader not ready yet answers exactly as it refuses a put:
 	// UNAVAILABLE, reason "SERVICE_NOT_AVAILABLE", metadata cause (NOT_LEADER, NO_LEADER,
 	// LEADER_NOT_READY), leader_id, leader_addr, term, and a RetryInfo. A leader that cannot confirm its
 	// leadership within the replication timeout (cut off from its quorum) answers UNAVAILABLE, reason
@@ -1179,7 +1181,7 @@ type PullMessagesRequest struct {
 	// what it returns was committed, but a message or offset it does not show may exist already. A
 	// standalone server (no --raft-peers) is linearizable either way and ignores the field.
 	// With a wait (long polling), the leadership check runs once, before the first look; every later look
-	// reads this leader's newer commit point, so the whole call stays linearizable.
+	// reads this member's newer commit point, so the whole call stays linearizable.
 	Linearizable  bool `protobuf:"varint,9,opt,name=linearizable,proto3" json:"linearizable,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -1361,9 +1363,11 @@ type GetQueueInfoRequest struct {
 	// Queue of the topic. Must not be negative.
 	QueueId int32 `protobuf:"varint,2,opt,name=queue_id,json=queueId,proto3" json:"queue_id,omitempty"`
 	// When true, the answer is linearizable: it reflects every put acknowledged (PUT_OK) before this call
-	// began, on any member of the group, and never an older state. In a replication group only the ready
-	// leader serves it, after confirming with a quorum that it still leads (raft ReadIndex); any other
-	// member, a member without a leader, or a leader not ready yet answers exactly as it refuses a put:
+	// began, on any member of the group, and never an older state. In a replication group the ready
+	// leader serves it, after confirming with a quorum that it still leads (raft ReadIndex), and so does
+	// a follower or learner started with --raft-follower-reads, once the leader confirmed its read index
+	// and it applied that far; any other member (a follower without that flag), a member without a
+	// leader, or a leader not ready yet answers exactly as it refuses a put:
 	// UNAVAILABLE, reason "SERVICE_NOT_AVAILABLE", metadata cause (NOT_LEADER, NO_LEADER,
 	// LEADER_NOT_READY), leader_id, leader_addr, term, and a RetryInfo. A leader that cannot confirm its
 	// leadership within the replication timeout (cut off from its quorum) answers UNAVAILABLE, reason

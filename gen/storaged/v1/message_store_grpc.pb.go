@@ -131,13 +131,14 @@ type MessageStoreServiceClient interface {
 	// none of the limit while it waits. One call reads at most 4096 consume-queue entries (waiting
 	// included) and answers with next_offset past them, with or without matches: continue from
 	// next_offset. A consume-queue entry that disagrees with its record (size, tags code) is DATA_LOSS.
-	// In a replication group any member answers from its own commit point; linearizable: true makes only
-	// the ready leader answer, with every put acknowledged before the call (see the field).
+	// In a replication group any member answers from its own commit point; linearizable: true makes it
+	// answer with every put acknowledged before the call, on the ready leader (or, with
+	// --raft-follower-reads, on any member that knows it; see the field).
 	PullMessages(ctx context.Context, in *PullMessagesRequest, opts ...grpc.CallOption) (*PullMessagesResponse, error)
 	// GetQueueInfo returns the readable queue offsets of one consume queue. A queue that never received a
 	// message is NOT_FOUND. In a replication group any member answers from its own commit point;
-	// linearizable: true makes only the ready leader answer, with every put acknowledged before the call
-	// (see the field).
+	// linearizable: true makes it answer with every put acknowledged before the call, on the ready leader
+	// (or, with --raft-follower-reads, on any member that knows it; see the field).
 	GetQueueInfo(ctx context.Context, in *GetQueueInfoRequest, opts ...grpc.CallOption) (*GetQueueInfoResponse, error)
 	// GetReplicaInfo describes this server's place in its replication group: its role, the leader it
 	// knows (id and client address, so a client can send puts there), the raft term and indexes, and, on
@@ -182,7 +183,7 @@ type MessageStoreServiceClient interface {
 	// ConsumeFromWhere); INVALID_ARGUMENT and TOPIC_NOT_EXIST as for CommitOffset. The offset may lie
 	// below the queue's min_offset when retention has trimmed the queue since the commit: a pull there
 	// answers OUT_OF_RANGE with the bounds to go on from. In a replication group any member answers
-	// from the commits it has applied, or the leader linearizably (the request's linearizable field).
+	// from the commits it has applied, or linearizably (the request's linearizable field).
 	GetOffset(ctx context.Context, in *GetOffsetRequest, opts ...grpc.CallOption) (*GetOffsetResponse, error)
 	// GetOffsetByTime returns the first queue offset whose message was stored at or after time
 	// (RocketMQ getOffsetInQueueByTime, boundary LOWER), found by binary search over the consume queue
@@ -414,13 +415,14 @@ type MessageStoreServiceServer interface {
 	// none of the limit while it waits. One call reads at most 4096 consume-queue entries (waiting
 	// included) and answers with next_offset past them, with or without matches: continue from
 	// next_offset. A consume-queue entry that disagrees with its record (size, tags code) is DATA_LOSS.
-	// In a replication group any member answers from its own commit point; linearizable: true makes only
-	// the ready leader answer, with every put acknowledged before the call (see the field).
+	// In a replication group any member answers from its own commit point; linearizable: true makes it
+	// answer with every put acknowledged before the call, on the ready leader (or, with
+	// --raft-follower-reads, on any member that knows it; see the field).
 	PullMessages(context.Context, *PullMessagesRequest) (*PullMessagesResponse, error)
 	// GetQueueInfo returns the readable queue offsets of one consume queue. A queue that never received a
 	// message is NOT_FOUND. In a replication group any member answers from its own commit point;
-	// linearizable: true makes only the ready leader answer, with every put acknowledged before the call
-	// (see the field).
+	// linearizable: true makes it answer with every put acknowledged before the call, on the ready leader
+	// (or, with --raft-follower-reads, on any member that knows it; see the field).
 	GetQueueInfo(context.Context, *GetQueueInfoRequest) (*GetQueueInfoResponse, error)
 	// GetReplicaInfo describes this server's place in its replication group: its role, the leader it
 	// knows (id and client address, so a client can send puts there), the raft term and indexes, and, on
@@ -465,7 +467,7 @@ type MessageStoreServiceServer interface {
 	// ConsumeFromWhere); INVALID_ARGUMENT and TOPIC_NOT_EXIST as for CommitOffset. The offset may lie
 	// below the queue's min_offset when retention has trimmed the queue since the commit: a pull there
 	// answers OUT_OF_RANGE with the bounds to go on from. In a replication group any member answers
-	// from the commits it has applied, or the leader linearizably (the request's linearizable field).
+	// from the commits it has applied, or linearizably (the request's linearizable field).
 	GetOffset(context.Context, *GetOffsetRequest) (*GetOffsetResponse, error)
 	// GetOffsetByTime returns the first queue offset whose message was stored at or after time
 	// (RocketMQ getOffsetInQueueByTime, boundary LOWER), found by binary search over the consume queue
