@@ -1366,7 +1366,14 @@ func (n *Node) TransferLeadership(wait time.Duration, stop <-chan struct{}) (uin
 	n.leaving = true
 	var to, match uint64
 	for id, pr := range st.Progress {
-		if id == n.opts.ID || pr.IsLearner || !pr.RecentActive {
+		// Raft clears RecentActive at every check-quorum round (once per
+		// election timeout) and sets it again at the follower's next
+		// answer: a leader stopped just after such a round found no voter
+		// active (TestGroupSIGTERMTransfer, once in CI). A voter heard
+		// from within the last election timeout (n.heard) is active too.
+		last, heard := n.heard[id]
+		active := pr.RecentActive || heard && n.ticks-last < uint64(n.opts.ElectionTick)
+		if id == n.opts.ID || pr.IsLearner || !active {
 			continue
 		}
 		if to == 0 || pr.Match > match || (pr.Match == match && id < to) {
