@@ -674,6 +674,57 @@ func TestGroupTransferLeadership(t *testing.T) {
 	}
 }
 
+// TestGroupTransferAfterQuorumCheck: raft clears its followers'
+// RecentActive at every check-quorum round (once per election timeout of
+// the leader's ticks) and sets it again at their next answer. A leader
+// stopped right after such a round, before any answer, must still hand
+// its leadership to a voter it heard from within the last election
+// timeout (it once found none: TestGroupSIGTERMTransfer in a CI dry run).
+func TestGroupTransferAfterQuorumCheck(t *testing.T) {
+	g := newTestGroupWith(t, time.Minute, nil, func(o *Options) { o.Group.TickInterval = time.Minute })
+	g.elect(1)
+	for range 5 { // half an election timeout (ElectionTick 10)
+		g.tick(1)
+	}
+	if res, err := g.put(1, "m"); err != nil || res.Status != PutOK {
+		t.Fatalf("put: %v %v", res.Status, err)
+	}
+	// No answer reaches the leader through its next check-quorum round
+	// (its 10th tick): it stays leader (both answered within the round),
+	// and raft marks neither follower recently active. The followers stay
+	// cut off, so the transfer cannot finish: it must start
+	// (TRANSFERRING), not be refused for want of an active voter. (The
+	// 11th tick is handed over only once the loop has finished the 10th.)
+	g.net.setCut(2, true)
+	g.net.setCut(3, true)
+	for range 6 {
+		g.tick(1)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() {
+		_, err := g.m[1].s.TransferLeadership(ctx)
+		done <- err
+	}()
+	var nl *NotLeaderError
+	var err error
+	g.poll("the transfer started or refused", func() bool {
+		if errors.As(g.m[1].s.groupRefusal(), &nl) && nl.Cause == CauseTransferring {
+			cancel()
+		}
+		select {
+		case err = <-done:
+			return true
+		default:
+			return false
+		}
+	})
+	if !errors.Is(err, ErrTransferTimeout) {
+		t.Fatalf("TransferLeadership right after a quorum check: %v; want it started, then given up (ErrTransferTimeout)", err)
+	}
+}
+
 func TestGroupOptionsValidate(t *testing.T) {
 	tr := testTransport{}
 	base := Options{Dir: t.TempDir(), FlushMode: FlushSync, Group: &GroupOptions{ID: 1, Peers: []uint64{1, 2, 3}, Transport: tr}}
