@@ -387,8 +387,7 @@ func (n *Node) checkConfChangeLocked(c ConfChange) (pb.ConfChangeType, error) {
 				match, found = pr.Match, true
 			}
 		})
-		last, heard := n.heard[c.ID]
-		if !found || !heard || n.ticks-last >= uint64(n.opts.ElectionTick) || match+MaxPromoteLag < st.GetCommit() {
+		if !found || !n.heardLocked(c.ID) || match+MaxPromoteLag < st.GetCommit() {
 			return 0, fmt.Errorf("%w: learner %d has entries up to %d, the commit index is %d (at most %d behind, and heard "+
 				"from within an election timeout)", ErrLearnerBehind, c.ID, match, st.GetCommit(), MaxPromoteLag)
 		}
@@ -404,7 +403,7 @@ func (n *Node) checkConfChangeLocked(c ConfChange) (pb.ConfChangeType, error) {
 					continue
 				}
 				voters++
-				if last, ok := n.heard[id]; id == n.opts.ID || (ok && n.ticks-last < uint64(n.opts.ElectionTick)) {
+				if id == n.opts.ID || n.heardLocked(id) {
 					active++
 				}
 			}

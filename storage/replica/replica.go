@@ -249,11 +249,13 @@ type Node struct {
 	// readyTerm is the term in which this node last became ready.
 	readyTerm uint64
 	// ticks counts raft ticks; heard[id] is the tick count when a message
-	// from member id last arrived. A follower heard within ElectionTick
-	// ticks is active for the in-sync check of refusalLocked: a sliding
-	// window, where raft's RecentActive is cleared for every follower at
-	// each CheckQuorum (every election timeout) and would refuse puts with
-	// IN_SYNC_REPLICAS_NOT_ENOUGH until the next response arrived.
+	// from member id last arrived. A member heard within ElectionTick
+	// ticks is active (heardLocked) for the in-sync check of
+	// refusalLocked, the membership checks and the choice of a transferee:
+	// a sliding window, where raft's RecentActive is cleared for every
+	// follower at each CheckQuorum (every election timeout) and would
+	// refuse puts with IN_SYNC_REPLICAS_NOT_ENOUGH, or find no transferee,
+	// until the next response arrived.
 	ticks uint64
 	heard map[uint64]uint64
 	// snap is the staged snapshot stepped into raft (StepSnapshot), waiting
@@ -1112,6 +1114,14 @@ func (n *Node) Refusal() error {
 	return n.refusalLocked()
 }
 
+// heardLocked: a message from member id arrived within the last election
+// timeout (the ticks field says why not raft's RecentActive). REQUIRES:
+// n.mu.
+func (n *Node) heardLocked(id uint64) bool {
+	last, ok := n.heard[id]
+	return ok && n.ticks-last < uint64(n.opts.ElectionTick)
+}
+
 // refusalLocked is why this replica takes no put now, or nil.
 func (n *Node) refusalLocked() error {
 	if errors.Is(n.err, ErrRemoved) {
@@ -1140,7 +1150,7 @@ func (n *Node) refusalLocked() error {
 			return
 		}
 		voters++
-		if last, ok := n.heard[id]; ok && n.ticks-last < uint64(n.opts.ElectionTick) {
+		if n.heardLocked(id) {
 			active++
 		}
 	})
@@ -1366,14 +1376,10 @@ func (n *Node) TransferLeadership(wait time.Duration, stop <-chan struct{}) (uin
 	n.leaving = true
 	var to, match uint64
 	for id, pr := range st.Progress {
-		// Raft clears RecentActive at every check-quorum round (once per
-		// election timeout) and sets it again at the follower's next
-		// answer: a leader stopped just after such a round found no voter
-		// active (TestGroupSIGTERMTransfer, once in CI). A voter heard
-		// from within the last election timeout (n.heard) is active too.
-		last, heard := n.heard[id]
-		active := pr.RecentActive || heard && n.ticks-last < uint64(n.opts.ElectionTick)
-		if id == n.opts.ID || pr.IsLearner || !active {
+		// Active as for a put (heardLocked), not raft's RecentActive: a
+		// leader stopped just after a check-quorum round found no voter
+		// (TestGroupTransferAfterQuorumCheck).
+		if id == n.opts.ID || pr.IsLearner || !n.heardLocked(id) {
 			continue
 		}
 		if to == 0 || pr.Match > match || (pr.Match == match && id < to) {
