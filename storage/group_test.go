@@ -407,15 +407,7 @@ func TestGroupReplicates(t *testing.T) {
 			continue
 		}
 		pending++
-		var o outcome
-		g.poll("the old leader's in-flight put answered", func() bool {
-			select {
-			case o = <-ch:
-				return true
-			default:
-				return false
-			}
-		}, l2)
+		o := pollRecv(g, "the old leader's in-flight put answered", ch, l2)
 		if !nothingStored(o) {
 			t.Fatalf("in-flight put on the old leader: %v %v", o.res.Status, o.err)
 		}
@@ -836,6 +828,32 @@ func (g *testGroup) readMax(ctx context.Context, id uint64) (int64, error) {
 	return max, err
 }
 
+// readMaxAsync runs readMax on id on a goroutine of its own: the read may
+// wait on the network the test drives.
+func (g *testGroup) readMaxAsync(ctx context.Context, id uint64) <-chan readAnswer {
+	ch := make(chan readAnswer, 1)
+	go func() {
+		max, err := g.readMax(ctx, id)
+		ch <- readAnswer{max: max, err: err}
+	}()
+	return ch
+}
+
+// pollRecv waits for ch's value, ticking ids between looks (poll).
+func pollRecv[T any](g *testGroup, what string, ch <-chan T, ids ...uint64) T {
+	g.t.Helper()
+	var v T
+	g.poll(what, func() bool {
+		select {
+		case v = <-ch:
+			return true
+		default:
+			return false
+		}
+	}, ids...)
+	return v
+}
+
 // TestGroupLinearizableRead: a linearizable read (ReadBarrier, then the
 // read) is served only by the ready leader after it confirmed its
 // leadership: on the leader it sees every acknowledged put; followers
@@ -866,15 +884,7 @@ func TestGroupLinearizableRead(t *testing.T) {
 
 	// Cut the leader off. A read that waits there must not pass.
 	g.net.setCut(1, true)
-	type answer struct {
-		max int64
-		err error
-	}
-	pending := make(chan answer, 1)
-	go func() {
-		max, err := g.readMax(ctx, 1)
-		pending <- answer{max, err}
-	}()
+	pending := g.readMaxAsync(ctx, 1)
 	g.poll("the cut leader's read waiting", func() bool { return g.m[1].s.group.node.ReadsWaiting() == 1 })
 	g.poll("a new leader among 2 and 3", func() bool { return g.readyLeader(2, 3) != 0 }, 2, 3)
 	l2 := g.readyLeader(2, 3)
@@ -904,15 +914,7 @@ func TestGroupLinearizableRead(t *testing.T) {
 	default:
 	}
 	// CheckQuorum deposes it (its ticks); its waiting read is refused.
-	var a answer
-	g.poll("the cut leader's waiting read answered", func() bool {
-		select {
-		case a = <-pending:
-			return true
-		default:
-			return false
-		}
-	}, 1)
+	a := pollRecv(g, "the cut leader's waiting read answered", pending, 1)
 	var nl *NotLeaderError
 	if !errors.As(a.err, &nl) {
 		t.Fatalf("the deposed leader's waiting read: max %d, %v", a.max, a.err)
@@ -1154,31 +1156,10 @@ func TestGroupFollowerReads(t *testing.T) {
 			t.Fatalf("a put on member %d: %v %v, want NOT_LEADER naming 1", id, res.Status, err)
 		}
 	}
-	type answer struct {
-		max int64
-		err error
-	}
-	readAsync := func(ctx context.Context, id uint64) <-chan answer {
-		ch := make(chan answer, 1)
-		go func() {
-			max, err := g.readMax(ctx, id)
-			ch <- answer{max, err}
-		}()
-		return ch
-	}
 	// await waits for a read's answer, ticking the leader meanwhile.
-	await := func(ch <-chan answer, leader uint64) answer {
+	await := func(ch <-chan readAnswer, leader uint64) readAnswer {
 		t.Helper()
-		var a answer
-		g.poll("the read's answer", func() bool {
-			select {
-			case a = <-ch:
-				return true
-			default:
-				return false
-			}
-		}, leader)
-		return a
+		return pollRecv(g, "the read's answer", ch, leader)
 	}
 
 	acked := int64(0)
@@ -1187,9 +1168,9 @@ func TestGroupFollowerReads(t *testing.T) {
 		acked++
 		// At once: the three members number their read batches alike,
 		// and the leader must keep their requests apart.
-		reads := map[uint64]<-chan answer{}
+		reads := map[uint64]<-chan readAnswer{}
 		for _, id := range []uint64{2, 3, 4} {
-			reads[id] = readAsync(ctx, id)
+			reads[id] = g.readMaxAsync(ctx, id)
 		}
 		for _, id := range []uint64{2, 3, 4} {
 			if a := await(reads[id], 1); a.err != nil || a.max != acked {
@@ -1213,14 +1194,14 @@ func TestGroupFollowerReads(t *testing.T) {
 	}
 	cancel()
 	g.net.setCut(2, false)
-	if a := await(readAsync(ctx, 2), 1); a.err != nil || a.max != acked {
+	if a := await(g.readMaxAsync(ctx, 2), 1); a.err != nil || a.max != acked {
 		t.Fatalf("linearizable read on the healed follower: max %d, %v; want %d", a.max, a.err, acked)
 	}
 
 	// The leader cut off: a follower's read waits (its request is lost),
 	// and is refused once 2 and 3 elect another leader.
 	g.net.setCut(1, true)
-	pending := readAsync(ctx, 3)
+	pending := g.readMaxAsync(ctx, 3)
 	g.poll("the follower's read waiting", func() bool { return g.m[3].s.group.node.ReadsWaiting() == 1 })
 	g.poll("a new leader among 2 and 3", func() bool { return g.readyLeader(2, 3) != 0 }, 2, 3)
 	l2 := g.readyLeader(2, 3)
@@ -1241,7 +1222,7 @@ func TestGroupFollowerReads(t *testing.T) {
 	g.mustPut(l2, 0, "o-0")
 	acked++
 	for _, id := range []uint64{2, 3, 4} {
-		if a := await(readAsync(ctx, id), l2); a.err != nil || a.max != acked {
+		if a := await(g.readMaxAsync(ctx, id), l2); a.err != nil || a.max != acked {
 			t.Fatalf("linearizable read on %d under the new leader: max %d, %v; want %d", id, a.max, a.err, acked)
 		}
 	}
