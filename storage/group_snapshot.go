@@ -233,7 +233,7 @@ func (s *Store) ReceiveSnapshot(from uint64, msg []byte) (snapshot.Incoming, err
 	switch {
 	case to != s.group.opts.ID:
 		return nil, fmt.Errorf("%w: for member %d, this is %d", ErrBadSnapshot, to, s.group.opts.ID)
-	case sfrom != from || from == s.group.opts.ID || !s.group.node.IsMember(from):
+	case sfrom != from || from == s.group.opts.ID || !s.group.node.TakesSnapshotFrom(from):
 		return nil, fmt.Errorf("%w: from member %d on member %d's stream", ErrBadSnapshot, sfrom, from)
 	}
 	m, err := snapshot.Decode(data)

@@ -21,6 +21,8 @@ import (
 	"github.com/storaged/storaged/storage/replica"
 	"github.com/storaged/storaged/storage/snapshot"
 	"github.com/storaged/storaged/storage/vfs"
+	pb "go.etcd.io/raft/v3/raftpb"
+	"google.golang.org/protobuf/proto"
 )
 
 // The deterministic simulation of a replicated group (design
@@ -633,12 +635,24 @@ func (g *groupSim) step1(m simMsg) {
 	if g.net.isCut(m.from, m.to) {
 		return // cut while in flight
 	}
-	if err := n.s.StepPeer(m.b); errors.Is(err, ErrBadPeerMessage) && n.s.group.node.IsMember(m.from) {
-		// (From a node it does not count as a member, a refusal is right:
-		// a removed one, or one whose addition it has not applied yet.)
+	if err := n.s.StepPeer(m.b); errors.Is(err, ErrBadPeerMessage) && (n.s.group.node.IsMember(m.from) || g.fromLeader(m)) {
+		// (From a node it does not count as a member, a refusal is right
+		// but for a leader's messages from a node never removed: one
+		// whose addition it missed may be the leader it must follow.)
 		g.fatalf("node %d refused a message from %d: %v", m.to, m.from, err)
 	}
 	synctest.Wait()
+}
+
+// fromLeader: m is an append or a heartbeat (what a leader sends its
+// followers) from a node the group never removed.
+func (g *groupSim) fromLeader(m simMsg) bool {
+	pm := &pb.Message{}
+	if err := proto.Unmarshal(m.b, pm); err != nil {
+		return false
+	}
+	_, gone := g.gone[m.from]
+	return !gone && (pm.GetType() == pb.MsgApp || pm.GetType() == pb.MsgHeartbeat)
 }
 
 func (n *simNet) isCut(from, to uint64) bool {

@@ -811,7 +811,9 @@ func (g *groupRuntime) peerAddrs(tr *peer.Transport) map[uint64]string {
 // (GroupOptions.OnMembership, and once at start from Store.Membership):
 // every member gets a link, at its --raft-peers address when the flags
 // list it (addresses may change between starts), else at the address its
-// conf change recorded; a removed member's link goes. Updates older than
+// conf change recorded; a removed member's link goes. This member's own
+// address, found the same way, is the one its batches name (so that a
+// member that has not heard of it yet can answer it). Updates older than
 // the last one applied are ignored (the start-up one may race the raft
 // goroutine's).
 type memberSync struct {
@@ -838,7 +840,7 @@ func (m *memberSync) apply(u storage.MembershipUpdate) {
 	}
 	slices.Sort(ids)
 	for _, id := range slices.Compact(ids) {
-		if id == m.self || slices.Contains(u.Removed, id) {
+		if slices.Contains(u.Removed, id) {
 			continue
 		}
 		addr := m.flags[id]

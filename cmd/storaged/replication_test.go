@@ -585,9 +585,11 @@ func TestClusterIDFromDataDir(t *testing.T) {
 // TestMemberSync: membership updates reach the peer transport: a member a
 // conf change added gets a link at the address the change recorded, one
 // the flags list keeps its flags address, a removed member's link goes,
-// and an update older than one applied changes nothing.
+// an update older than one applied changes nothing, and this member's own
+// address is its flags' (a joiner's flags may not list it: the address
+// its addition recorded).
 func TestMemberSync(t *testing.T) {
-	cfg, _, tr := startMember1Transport(t)
+	cfg, own, tr := startMember1Transport(t)
 	defer tr.Close()
 	l := zerolog.Nop()
 	ms := &memberSync{tr: tr, self: 1, flags: cfg.Replication.RaftPeers.peerMap(), log: &l}
@@ -608,6 +610,20 @@ func TestMemberSync(t *testing.T) {
 	want(map[uint64]string{2: "127.0.0.1:1", 4: "127.0.0.1:3"})
 	ms.apply(removed) // the same again: nothing moves
 	want(map[uint64]string{2: "127.0.0.1:1", 4: "127.0.0.1:3"})
+	if got := tr.PeerAddr(); got != own {
+		t.Fatalf("own peer address %q, want the flags' %q", got, own)
+	}
+	ms.apply(storage.MembershipUpdate{Membership: storage.GroupMembership{Index: 12, Voters: []uint64{1, 2, 4}},
+		PeerAddrs: map[uint64]string{1: "127.0.0.1:5", 4: "127.0.0.1:3"}})
+	if got := tr.PeerAddr(); got != own {
+		t.Fatalf("own peer address %q after a change recorded another: want the flags' %q", got, own)
+	}
+	delete(ms.flags, 1) // a joiner started with only --peer-listen
+	ms.apply(storage.MembershipUpdate{Membership: storage.GroupMembership{Index: 13, Voters: []uint64{1, 2, 4}},
+		PeerAddrs: map[uint64]string{1: "127.0.0.1:5", 4: "127.0.0.1:3"}})
+	if got := tr.PeerAddr(); got != "127.0.0.1:5" {
+		t.Fatalf("own peer address %q, want the one the addition recorded", got)
+	}
 }
 
 // withHostname makes --raft-id ordinal read name as the host name for

@@ -25,7 +25,9 @@ type handler struct {
 
 // Send checks each batch's header and steps its messages. A bad header ends
 // the stream with PERMISSION_DENIED (a foreign group, cluster or member: it
-// will not get better by retrying) or INVALID_ARGUMENT (over a bound).
+// will not get better by retrying) or INVALID_ARGUMENT (over a bound). A
+// first batch from a stranger (see the package doc) that names its peer
+// address gets a link for the answers, which stops with the stream.
 func (h *handler) Send(st grpc.ClientStreamingServer[peerv1.RaftBatch, peerv1.SendSummary]) error {
 	t := h.t
 	var sum peerv1.SendSummary
@@ -37,6 +39,16 @@ func (h *handler) Send(st grpc.ClientStreamingServer[peerv1.RaftBatch, peerv1.Se
 		}
 		if err != nil {
 			return err
+		}
+		if from == 0 && t.peerLink(b.GetFrom()) == nil && t.strangerLink(b.GetFrom()) == nil {
+			l, err := h.admitStranger(st, b)
+			if err != nil {
+				t.log.Warn().Err(err).Uint64("from", b.GetFrom()).Str("from_peer_addr", trunc(b.GetFromPeerAddr())).Msg("peer stream refused")
+				return err
+			}
+			if l != nil {
+				defer t.dropStranger(b.GetFrom(), l)
+			}
 		}
 		if err := h.check(b, from); err != nil {
 			t.log.Warn().Err(err).Uint64("from", b.GetFrom()).Msg("peer batch refused")
@@ -77,17 +89,46 @@ func (h *handler) check(b *peerv1.RaftBatch, from uint64) error {
 		return status.Errorf(codes.PermissionDenied, "peer: batch for cluster %q, this member is in %q", trunc(b.GetClusterId()), o.ClusterID)
 	case b.GetTo() != o.ID:
 		return status.Errorf(codes.PermissionDenied, "peer: batch for member %d, this is member %d", b.GetTo(), o.ID)
-	case h.t.peerLink(b.GetFrom()) == nil:
+	case h.t.knownLink(b.GetFrom()) == nil:
 		return status.Errorf(codes.PermissionDenied, "peer: batch from member %d, not a peer of member %d", b.GetFrom(), o.ID)
 	case from != 0 && b.GetFrom() != from:
 		return status.Errorf(codes.InvalidArgument, "peer: batch from member %d on member %d's stream", b.GetFrom(), from)
-	case len(b.GetFromClientAddr()) > maxClientAddrLen:
+	case len(b.GetFromClientAddr()) > maxClientAddrLen || len(b.GetFromPeerAddr()) > maxClientAddrLen:
 		return status.Errorf(codes.InvalidArgument, "peer: from_client_addr of %d bytes, at most %d", len(b.GetFromClientAddr()), maxClientAddrLen)
 	case len(b.GetMsgs()) > o.MaxBatchMsgs:
 		return status.Errorf(codes.InvalidArgument, "peer: %d messages in a batch, at most %d", len(b.GetMsgs()), o.MaxBatchMsgs)
 	}
 	// Each message is bounded by MaxRecvMsgSize (the whole batch).
 	return nil
+}
+
+// admitStranger takes the first batch of a stream from a sender that is
+// neither a peer nor a stranger yet: with the header otherwise right
+// (group, cluster, this member), a peer address that a peer's would pass
+// (SetPeer's rules: host:port, no plaintext off loopback), and with TLS a
+// client certificate naming that address's host, the sender becomes a
+// stranger with a link to that address. The Stepper still decides which
+// of its messages raft sees (a leader's only). A nil link and no error:
+// it became a peer meanwhile.
+func (h *handler) admitStranger(st grpc.ServerStream, b *peerv1.RaftBatch) (*link, error) {
+	t := h.t
+	o := &t.opts
+	switch {
+	case b.GetGroup() != o.Group || b.GetClusterId() != o.ClusterID || b.GetTo() != o.ID:
+		return nil, h.check(b, 0) // the usual refusal
+	case b.GetFrom() == 0 || b.GetFrom() == o.ID:
+		return nil, status.Errorf(codes.PermissionDenied, "peer: batch from member %d on member %d", b.GetFrom(), o.ID)
+	case b.GetFromPeerAddr() == "":
+		return nil, status.Errorf(codes.PermissionDenied, "peer: batch from member %d, not a peer of member %d, and no from_peer_addr", b.GetFrom(), o.ID)
+	}
+	addr := b.GetFromPeerAddr()
+	if err := o.checkPeer(b.GetFrom(), addr); err != nil {
+		return nil, status.Errorf(codes.PermissionDenied, "peer: batch from member %d, not a peer of member %d: %v", b.GetFrom(), o.ID, err)
+	}
+	if err := h.checkCertHost(st.Context(), b.GetFrom(), addr); err != nil {
+		return nil, err
+	}
+	return t.addStranger(b.GetFrom(), addr)
 }
 
 // checkCert, with TLS, requires the client certificate (already verified
@@ -97,8 +138,29 @@ func (h *handler) checkCert(st grpc.ServerStream, from uint64) error {
 	return h.checkCertCtx(st.Context(), from)
 }
 
-// checkCertCtx is checkCert for the context of a unary call.
+// checkCertCtx is checkCert for the context of a unary call. A stranger's
+// certificate must name the host of the address it gave (the calls that
+// take no stranger refuse it before they get here).
 func (h *handler) checkCertCtx(ctx context.Context, from uint64) error {
+	if h.t.opts.TLS == nil {
+		return nil
+	}
+	// The address of the moment: a member moved by SetPeer must present a
+	// certificate for its new host, and a removed one is no peer at all.
+	addr, ok := h.t.peerAddr(from)
+	if !ok {
+		l := h.t.strangerLink(from)
+		if l == nil {
+			return status.Errorf(codes.PermissionDenied, "peer: member %d is not a peer of member %d", from, h.t.opts.ID)
+		}
+		addr = l.addr // a stranger: the address it gave
+	}
+	return h.checkCertHost(ctx, from, addr)
+}
+
+// checkCertHost, with TLS, requires the client certificate to name addr's
+// host.
+func (h *handler) checkCertHost(ctx context.Context, from uint64, addr string) error {
 	if h.t.opts.TLS == nil {
 		return nil
 	}
@@ -109,12 +171,6 @@ func (h *handler) checkCertCtx(ctx context.Context, from uint64) error {
 	ti, ok := p.AuthInfo.(credentials.TLSInfo)
 	if !ok || len(ti.State.PeerCertificates) == 0 {
 		return status.Error(codes.Unauthenticated, "peer: no client certificate")
-	}
-	// The address of the moment: a member moved by SetPeer must present a
-	// certificate for its new host, and a removed one is no peer at all.
-	addr, ok := h.t.peerAddr(from)
-	if !ok {
-		return status.Errorf(codes.PermissionDenied, "peer: member %d is not a peer of member %d", from, h.t.opts.ID)
 	}
 	host, _, err := net.SplitHostPort(addr)
 	if err != nil {

@@ -171,7 +171,8 @@ func (l *link) stream(ctx context.Context) error {
 	}
 	l.connects.Add(1)
 	o := &l.t.opts
-	batch := &peerv1.RaftBatch{Group: o.Group, ClusterId: o.ClusterID, From: o.ID, To: l.id, FromClientAddr: o.ClientAddr}
+	batch := &peerv1.RaftBatch{Group: o.Group, ClusterId: o.ClusterID, From: o.ID, To: l.id, FromClientAddr: o.ClientAddr,
+		FromPeerAddr: *l.t.selfAddr.Load()}
 	budget := o.MaxMsgSize - 1024 // header and framing
 	var next []byte               // a message that did not fit the previous batch
 	for {

@@ -218,7 +218,10 @@ func (h *handler) checkSnapshotHead(c *peerv1.SnapshotChunk) error {
 		return status.Errorf(codes.PermissionDenied, "peer: snapshot for cluster %q, this member is in %q", trunc(c.GetClusterId()), o.ClusterID)
 	case c.GetTo() != o.ID:
 		return status.Errorf(codes.PermissionDenied, "peer: snapshot for member %d, this is member %d", c.GetTo(), o.ID)
-	case h.t.peerLink(c.GetFrom()) == nil:
+	case h.t.knownLink(c.GetFrom()) == nil:
+		// A stranger (one whose Send stream is open) may send one: a
+		// leader this member has not heard of, which no longer holds
+		// the entries this member misses.
 		return status.Errorf(codes.PermissionDenied, "peer: snapshot from member %d, not a peer of member %d", c.GetFrom(), o.ID)
 	case len(c.GetMessage()) == 0 || len(c.GetData()) != 0:
 		return status.Error(codes.InvalidArgument, "peer: a snapshot's first chunk holds the MsgSnap and no file bytes")
@@ -227,9 +230,10 @@ func (h *handler) checkSnapshotHead(c *peerv1.SnapshotChunk) error {
 }
 
 // stillPeer refuses the rest of a snapshot stream from a member that
-// RemovePeer forgot after the stream's header was checked.
+// RemovePeer forgot after the stream's header was checked (or a stranger
+// whose Send stream ended).
 func (h *handler) stillPeer(from uint64) error {
-	if h.t.peerLink(from) == nil {
+	if h.t.knownLink(from) == nil {
 		h.t.log.Warn().Uint64("from", from).Msg("snapshot from a removed member; discarded")
 		return status.Errorf(codes.PermissionDenied, "peer: snapshot from member %d, no longer a peer of member %d", from, h.t.opts.ID)
 	}

@@ -14,6 +14,13 @@
 // tolerates loss, so a full queue or a broken stream drops messages and
 // tells raft the peer is unreachable instead of waiting.
 //
+// A sender that is not a peer yet, but names its peer address in the
+// header and was never removed, is a stranger: a member added while this
+// one was cut off, which may since have become the leader. Its stream is
+// taken (the Stepper decides which of its messages raft sees) and, for as
+// long as the stream lasts, a link at that address carries the answers,
+// so that this member can catch up with the membership it missed.
+//
 // The store knows nothing of gRPC: it sees the Transport through a one-method
 // interface (Send), and the Transport sees the store through Stepper.
 package peer
@@ -26,6 +33,7 @@ import (
 	"maps"
 	"net"
 	"net/netip"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -34,8 +42,10 @@ import (
 	"github.com/rs/zerolog"
 	"golang.org/x/time/rate"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/keepalive"
+	"google.golang.org/grpc/status"
 
 	peerv1 "github.com/storaged/storaged/gen/storaged/peer/v1"
 )
@@ -78,6 +88,10 @@ const (
 	maxClientAddrLen = 256
 	// maxGroupLen bounds the group and cluster names.
 	maxGroupLen = 128
+	// maxStrangers bounds the senders that are not peers (strangers) with
+	// a stream open at once; each has a link for the answers. One is the
+	// expected case (the leader this member has not heard of).
+	maxStrangers = 8
 	// maxStreamsPerConn bounds the concurrent streams of one incoming
 	// connection (gRPC applies MaxConcurrentStreams per connection, not
 	// per server). A member needs few on its connection: its Send stream,
@@ -104,6 +118,11 @@ type Options struct {
 	// ClientAddr is this member's client gRPC address, sent in every batch
 	// header.
 	ClientAddr string
+	// PeerAddr is this member's own peer address as the group knows it,
+	// sent in every batch header so that a member that has not heard of
+	// this one can answer (see strangers); "" takes Peers[ID], and
+	// SetPeer(ID, addr) replaces it.
+	PeerAddr string
 	// TLS, when set, is used for the listener and for every outgoing
 	// stream (see TLSFiles.Load). Nil means plaintext, which New allows only
 	// when every peer address and the listener are loopback.
@@ -182,6 +201,11 @@ func (o *Options) Validate() error {
 	if len(o.ClientAddr) > maxClientAddrLen {
 		errs = append(errs, fmt.Errorf("peer: client address at most %d bytes", maxClientAddrLen))
 	}
+	if o.PeerAddr != "" {
+		if err := o.checkPeer(o.ID, o.PeerAddr); err != nil {
+			errs = append(errs, err)
+		}
+	}
 	others := 0
 	for id, addr := range o.Peers {
 		if err := o.checkPeer(id, addr); err != nil {
@@ -211,6 +235,8 @@ func (o *Options) checkPeer(id uint64, addr string) error {
 	}
 	if _, _, err := net.SplitHostPort(addr); err != nil {
 		errs = append(errs, fmt.Errorf("peer: peer %d address %q: %w", id, addr, err))
+	} else if len(addr) > maxClientAddrLen {
+		errs = append(errs, fmt.Errorf("peer: peer %d address of %d bytes, at most %d", id, len(addr), maxClientAddrLen))
 	} else if o.TLS == nil && !IsLoopback(addr) {
 		errs = append(errs, fmt.Errorf("%w (peer %d is %s)", ErrPlaintextNotLoopback, id, addr))
 	}
@@ -249,7 +275,14 @@ type Transport struct {
 	// handler on every batch, so a reader must never wait for a
 	// membership change nor take a lock.
 	peers atomic.Pointer[peerSet]
-	srv   *grpc.Server
+	// strangers are the senders with a stream open that are not peers
+	// (see the package doc), each with a link for the answers; like peers,
+	// replaced whole, never changed in place. A stranger made a peer by
+	// SetPeer leaves it.
+	strangers atomic.Pointer[peerSet]
+	// selfAddr is this member's peer address as sent in batch headers.
+	selfAddr atomic.Pointer[string]
+	srv      *grpc.Server
 	lis   net.Listener
 
 	// mu orders the changes of peers (SetPeer, RemovePeer) among
@@ -257,6 +290,9 @@ type Transport struct {
 	// begun waiting for the goroutines.
 	mu     sync.Mutex
 	closed bool
+	// removed are the ids RemovePeer was given: never again a peer nor
+	// a stranger (ids are never reused). Guarded by mu.
+	removed map[uint64]bool
 
 	addrMu      sync.Mutex
 	clientAddrs map[uint64]string // learned from batch headers
@@ -304,7 +340,14 @@ func New(lis net.Listener, st Stepper, opts Options) (*Transport, error) {
 		clientAddrs: make(map[uint64]string),
 		wake:        make(chan struct{}, 1),
 		snapRate:    newSnapshotLimiter(opts.SnapshotRate),
+		removed:     make(map[uint64]bool),
 	}
+	self := opts.PeerAddr
+	if self == "" {
+		self = opts.Peers[opts.ID]
+	}
+	t.selfAddr.Store(&self)
+	t.strangers.Store(&peerSet{})
 	if st != nil {
 		t.SetStepper(st)
 	}
@@ -376,8 +419,10 @@ func (t *Transport) start(l *link) {
 // was queued for the old address (raft resends what it still needs); its
 // PeerStats start again from zero. The same address again changes
 // nothing, so that SetPeer may be called for every applied change without
-// breaking a working stream. This member's own id is accepted and
-// ignored, as in Options.Peers. addr is checked as Options.Validate checks
+// breaking a working stream. This member's own id sets the peer address
+// it names itself by in batch headers (Options.PeerAddr). A stranger
+// made a peer loses its stranger's link (the new one takes over). addr
+// is checked as Options.Validate checks
 // the initial peers: a member added later gets no laxer rules (no
 // plaintext off loopback). After Close it returns ErrClosed and starts
 // nothing.
@@ -394,8 +439,10 @@ func (t *Transport) SetPeer(id uint64, addr string) error {
 		return ErrClosed
 	}
 	if id == t.opts.ID {
+		t.selfAddr.Store(&addr)
 		return nil
 	}
+	delete(t.removed, id) // the caller's membership knows better
 	cur := *t.peers.Load()
 	old := cur[id]
 	if old != nil && old.addr == addr {
@@ -417,6 +464,7 @@ func (t *Transport) SetPeer(id uint64, addr string) error {
 		t.log.Info().Uint64("peer", id).Str("peer_addr", addr).Msg("peer added")
 	}
 	t.start(l)
+	t.dropStrangerLocked(id, nil)
 	return nil
 }
 
@@ -426,8 +474,10 @@ func (t *Transport) SetPeer(id uint64, addr string) error {
 // drops silently, and its batches, snapshots and range fetches are
 // refused as a stranger's, so a removed member steps nothing into the
 // group it left. Its client address is forgotten too, so that no "not
-// leader" answer points a client at it. An unknown id, this member's own,
-// or a call after Close changes nothing.
+// leader" answer points a client at it. The id is refused as a stranger
+// too (until a SetPeer), even when it was not a peer (a removal applied
+// before this start). This member's own id, or a call after Close,
+// changes nothing.
 //
 // Like SetPeer it never waits for the Stepper and may be called with
 // raft's lock held; an unreachable report already under way may still
@@ -435,9 +485,11 @@ func (t *Transport) SetPeer(id uint64, addr string) error {
 func (t *Transport) RemovePeer(id uint64) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if t.closed {
+	if t.closed || id == t.opts.ID {
 		return
 	}
+	t.removed[id] = true
+	t.dropStrangerLocked(id, nil)
 	cur := *t.peers.Load()
 	l := cur[id]
 	if l == nil {
@@ -470,12 +522,99 @@ func (t *Transport) Peers() map[uint64]string {
 // peerLink is the current link to member id, nil when id is not a peer.
 func (t *Transport) peerLink(id uint64) *link { return (*t.peers.Load())[id] }
 
+// strangerLink is the link to stranger id, nil when it has no stream open.
+func (t *Transport) strangerLink(id uint64) *link { return (*t.strangers.Load())[id] }
+
+// knownLink is id's link as a peer, else as a stranger.
+func (t *Transport) knownLink(id uint64) *link {
+	if l := t.peerLink(id); l != nil {
+		return l
+	}
+	return t.strangerLink(id)
+}
+
 // peerAddr is the current peer address of member id.
 func (t *Transport) peerAddr(id uint64) (string, bool) {
 	if l := t.peerLink(id); l != nil {
 		return l.addr, true
 	}
 	return "", false
+}
+
+// PeerAddr is this member's own peer address as its batches name it
+// (Options.PeerAddr, or the latest SetPeer of its own id).
+func (t *Transport) PeerAddr() string { return *t.selfAddr.Load() }
+
+// Strangers returns the strangers with a stream open, by id, with the
+// peer addresses they gave, for metrics and tests.
+func (t *Transport) Strangers() map[uint64]string {
+	cur := *t.strangers.Load()
+	out := make(map[uint64]string, len(cur))
+	for id, l := range cur {
+		out[id] = l.addr
+	}
+	return out
+}
+
+// addStranger starts a link to stranger id at addr, for the answers to
+// the stream it opened, or returns a status refusing it: removed, or too
+// many strangers. Another stream of the same stranger replaces its link
+// (the sender's previous stream broke, or it moved). The caller passes
+// the link to dropStranger when its stream ends.
+func (t *Transport) addStranger(id uint64, addr string) (*link, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closed {
+		return nil, status.Error(codes.Unavailable, "peer: transport closed")
+	}
+	if t.removed[id] {
+		return nil, status.Errorf(codes.PermissionDenied, "peer: member %d was removed from the group", id)
+	}
+	if t.peerLink(id) != nil {
+		return nil, nil // made a peer meanwhile: its stream goes on as a peer's
+	}
+	cur := *t.strangers.Load()
+	if cur[id] == nil && len(cur) >= maxStrangers {
+		return nil, status.Errorf(codes.ResourceExhausted, "peer: %d members this one does not know are streaming already", len(cur))
+	}
+	l, err := t.newLink(id, addr)
+	if err != nil {
+		return nil, status.Errorf(codes.InvalidArgument, "peer: member %d's address %q: %v", id, trunc(addr), err)
+	}
+	t.dropStrangerLocked(id, nil)
+	next := maps.Clone(*t.strangers.Load())
+	next[id] = l
+	t.strangers.Store(&next)
+	t.start(l)
+	t.log.Info().Uint64("peer", id).Str("peer_addr", addr).Msg("stream from a member not known yet: answering it at its address")
+	return l, nil
+}
+
+// dropStranger stops stranger id's link l, unless another stream or
+// SetPeer replaced it already.
+func (t *Transport) dropStranger(id uint64, l *link) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.dropStrangerLocked(id, l)
+}
+
+// dropStrangerLocked stops stranger id's link: l only, or any when l is
+// nil. Its client address goes unless id is a peer. REQUIRES: t.mu.
+func (t *Transport) dropStrangerLocked(id uint64, l *link) {
+	cur := *t.strangers.Load()
+	old := cur[id]
+	if old == nil || (l != nil && old != l) {
+		return
+	}
+	next := maps.Clone(cur)
+	delete(next, id)
+	t.strangers.Store(&next)
+	old.stop()
+	if t.peerLink(id) == nil {
+		t.addrMu.Lock()
+		delete(t.clientAddrs, id)
+		t.addrMu.Unlock()
+	}
 }
 
 // SetStepper sets (or replaces) the raft node messages are stepped into and
@@ -498,7 +637,7 @@ func (t *Transport) Addr() net.Addr { return t.lis.Addr() }
 // transport's goroutine, never from inside Send, so raft may call Send with
 // its own lock held).
 func (t *Transport) Send(to uint64, msg []byte) {
-	l := t.peerLink(to)
+	l := t.knownLink(to)
 	if l == nil {
 		return
 	}
@@ -571,7 +710,8 @@ func (t *Transport) Close() error {
 		return nil
 	}
 	t.closed = true
-	links := *t.peers.Load()
+	links := slices.Collect(maps.Values(*t.peers.Load()))
+	links = slices.AppendSeq(links, maps.Values(*t.strangers.Load()))
 	t.mu.Unlock()
 	t.cancel()
 	// Stop, not GracefulStop: peers' streams are long-lived and would hold
@@ -595,7 +735,7 @@ func (t *Transport) setClientAddr(id uint64, addr string) {
 	defer t.addrMu.Unlock()
 	// A batch checked just before RemovePeer may get here after it: a
 	// removed member's address must not come back.
-	if t.peerLink(id) == nil {
+	if t.knownLink(id) == nil {
 		return
 	}
 	t.clientAddrs[id] = addr

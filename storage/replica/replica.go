@@ -1218,7 +1218,8 @@ func (n *Node) StepPeer(b []byte) error {
 		return fmt.Errorf("%w: a MsgSnap comes only with its files (the InstallSnapshot stream)", ErrBadMessage)
 	}
 	n.mu.Lock()
-	if !n.isMember(m.GetFrom()) {
+	member := n.isMember(m.GetFrom())
+	if !member && !n.mayLeadLocked(m.GetFrom(), m.GetType()) {
 		n.mu.Unlock()
 		return fmt.Errorf("%w: from %d, not a member", ErrBadMessage, m.GetFrom())
 	}
@@ -1226,7 +1227,9 @@ func (n *Node) StepPeer(b []byte) error {
 		n.mu.Unlock()
 		return n.err
 	}
-	n.heard[m.GetFrom()] = n.ticks
+	if member {
+		n.heard[m.GetFrom()] = n.ticks
+	}
 	if skip, lost := n.screenLocked(m); lost != nil {
 		n.err = lost
 		n.failReadsLocked(lost)
@@ -1334,6 +1337,30 @@ func (n *Node) screenLocked(m *pb.Message) (skip bool, lost error) {
 // yet takes every peer its transport admits. REQUIRES: n.mu.
 func (n *Node) isMember(id uint64) bool {
 	return len(n.memberIDs) == 0 || slices.Contains(n.memberIDs, id)
+}
+
+// mayLeadLocked: a message of type t from id, which this replica's
+// applied membership does not name, is stepped all the same when it is
+// one a leader sends its followers (appends, heartbeats, a snapshot) and
+// id was never removed from the group. A member that missed the addition
+// of id (cut off, or down, while it joined) and then its election would
+// otherwise refuse its leader forever: the entries that add id are the
+// ones it would have to take from id. Raft's safety does not rest on the
+// follower knowing the leader: a leader of a term at least the
+// follower's was elected by a quorum of its configuration, and the
+// follower's log check (index and term of the previous entry) is the
+// same for anyone. Votes and everything else from a stranger stay
+// refused, so that a node outside the group cannot start elections in
+// it; a removed member, whose id is never reused, gets nothing stepped
+// (ErrRemoved's contract). The transport learns where to answer from
+// the stranger's batch header (server/peer). REQUIRES: n.mu.
+func (n *Node) mayLeadLocked(id uint64, t pb.MessageType) bool {
+	switch t {
+	case pb.MsgApp, pb.MsgHeartbeat, pb.MsgSnap:
+	default:
+		return false
+	}
+	return id != 0 && id != n.opts.ID && !slices.Contains(n.opts.Log.Conf().Removed, id)
 }
 
 // ReportUnreachable tells raft that sends to id failed.
@@ -1802,7 +1829,7 @@ func (n *Node) StepSnapshot(b []byte) (installed bool, err error) {
 		return false, fmt.Errorf("%w: a %v for node %d, want a MsgSnap for %d", ErrBadMessage, m.GetType(), m.GetTo(), n.opts.ID)
 	}
 	n.mu.Lock()
-	if !n.isMember(m.GetFrom()) || m.GetFrom() == n.opts.ID {
+	if !n.isMember(m.GetFrom()) && !n.mayLeadLocked(m.GetFrom(), pb.MsgSnap) || m.GetFrom() == n.opts.ID {
 		n.mu.Unlock()
 		return false, fmt.Errorf("%w: from %d, not a peer", ErrBadMessage, m.GetFrom())
 	}

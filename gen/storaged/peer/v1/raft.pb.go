@@ -283,7 +283,14 @@ type RaftBatch struct {
 	// follower can name the leader's address in its "not leader" answers.
 	FromClientAddr string `protobuf:"bytes,5,opt,name=from_client_addr,json=fromClientAddr,proto3" json:"from_client_addr,omitempty"`
 	// msgs are marshalled raftpb.Message values (go.etcd.io/raft/v3/raftpb).
-	Msgs          [][]byte `protobuf:"bytes,6,rep,name=msgs,proto3" json:"msgs,omitempty"`
+	Msgs [][]byte `protobuf:"bytes,6,rep,name=msgs,proto3" json:"msgs,omitempty"`
+	// from_peer_addr is the sender's peer address (host:port of this service) as the group's membership
+	// records it, when the sender knows it. A receiver whose applied membership does not name the sender
+	// yet (it missed the sender's addition, then the sender became leader) takes the sender's appends,
+	// heartbeats and snapshots all the same, and answers at this address for as long as the stream lasts;
+	// without it such a stream is refused (PERMISSION_DENIED), as is one from a removed member. With TLS
+	// the client certificate must name this address's host. At most 256 bytes.
+	FromPeerAddr  string `protobuf:"bytes,7,opt,name=from_peer_addr,json=fromPeerAddr,proto3" json:"from_peer_addr,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -358,6 +365,13 @@ func (x *RaftBatch) GetMsgs() [][]byte {
 		return x.Msgs
 	}
 	return nil
+}
+
+func (x *RaftBatch) GetFromPeerAddr() string {
+	if x != nil {
+		return x.FromPeerAddr
+	}
+	return ""
 }
 
 // SendSummary counts what the receiver took from one Send stream.
@@ -1032,7 +1046,7 @@ const file_storaged_peer_v1_raft_proto_rawDesc = "" +
 	"\amessage\x18\x01 \x01(\v2\x1f.storaged.v1.PutMessageResponseH\x00R\amessage\x12>\n" +
 	"\bmessages\x18\x02 \x01(\v2 .storaged.v1.PutMessagesResponseH\x00R\bmessages\x12H\n" +
 	"\rcommit_offset\x18\x03 \x01(\v2!.storaged.v1.CommitOffsetResponseH\x00R\fcommitOffsetB\b\n" +
-	"\x06result\"\xa2\x01\n" +
+	"\x06result\"\xc8\x01\n" +
 	"\tRaftBatch\x12\x14\n" +
 	"\x05group\x18\x01 \x01(\tR\x05group\x12\x1d\n" +
 	"\n" +
@@ -1040,7 +1054,8 @@ const file_storaged_peer_v1_raft_proto_rawDesc = "" +
 	"\x04from\x18\x03 \x01(\x04R\x04from\x12\x0e\n" +
 	"\x02to\x18\x04 \x01(\x04R\x02to\x12(\n" +
 	"\x10from_client_addr\x18\x05 \x01(\tR\x0efromClientAddr\x12\x12\n" +
-	"\x04msgs\x18\x06 \x03(\fR\x04msgs\";\n" +
+	"\x04msgs\x18\x06 \x03(\fR\x04msgs\x12$\n" +
+	"\x0efrom_peer_addr\x18\a \x01(\tR\ffromPeerAddr\";\n" +
 	"\vSendSummary\x12\x18\n" +
 	"\abatches\x18\x01 \x01(\x04R\abatches\x12\x12\n" +
 	"\x04msgs\x18\x02 \x01(\x04R\x04msgs\"\xda\x01\n" +

@@ -41,8 +41,10 @@ const (
 type RaftClient interface {
 	// Send is one long-lived stream per directed pair of members (sender → receiver). Each RaftBatch names
 	// the group, cluster and both members; the receiver checks the header of every batch and ends the
-	// stream with an error status on a mismatch (PERMISSION_DENIED for a foreign group, cluster or unknown
-	// member, INVALID_ARGUMENT for a batch over the size bounds). Messages may be lost: raft retries.
+	// stream with an error status on a mismatch (PERMISSION_DENIED for a foreign group, cluster or removed
+	// member, or an unknown one that gives no from_peer_addr; RESOURCE_EXHAUSTED when too many unknown
+	// members stream at once; INVALID_ARGUMENT for a batch over the size bounds). Messages may be lost: raft
+	// retries.
 	// The summary is sent when the sender closes the stream.
 	// buf:lint:ignore RPC_REQUEST_STANDARD_NAME
 	// buf:lint:ignore RPC_RESPONSE_STANDARD_NAME
@@ -175,8 +177,10 @@ func (c *raftClient) ForwardPut(ctx context.Context, in *ForwardPutRequest, opts
 type RaftServer interface {
 	// Send is one long-lived stream per directed pair of members (sender → receiver). Each RaftBatch names
 	// the group, cluster and both members; the receiver checks the header of every batch and ends the
-	// stream with an error status on a mismatch (PERMISSION_DENIED for a foreign group, cluster or unknown
-	// member, INVALID_ARGUMENT for a batch over the size bounds). Messages may be lost: raft retries.
+	// stream with an error status on a mismatch (PERMISSION_DENIED for a foreign group, cluster or removed
+	// member, or an unknown one that gives no from_peer_addr; RESOURCE_EXHAUSTED when too many unknown
+	// members stream at once; INVALID_ARGUMENT for a batch over the size bounds). Messages may be lost: raft
+	// retries.
 	// The summary is sent when the sender closes the stream.
 	// buf:lint:ignore RPC_REQUEST_STANDARD_NAME
 	// buf:lint:ignore RPC_RESPONSE_STANDARD_NAME
