@@ -283,7 +283,7 @@ type Transport struct {
 	// selfAddr is this member's peer address as sent in batch headers.
 	selfAddr atomic.Pointer[string]
 	srv      *grpc.Server
-	lis   net.Listener
+	lis      net.Listener
 
 	// mu orders the changes of peers (SetPeer, RemovePeer) among
 	// themselves and with Close, so that no link starts once Close has
