@@ -27,7 +27,8 @@ type handler struct {
 // the stream with PERMISSION_DENIED (a foreign group, cluster or member: it
 // will not get better by retrying) or INVALID_ARGUMENT (over a bound). A
 // first batch from a stranger (see the package doc) that names its peer
-// address gets a link for the answers, which stops with the stream.
+// address gets a link for the answers, which stops with the stream (or
+// when another stream of the stranger replaces it).
 func (h *handler) Send(st grpc.ClientStreamingServer[peerv1.RaftBatch, peerv1.SendSummary]) error {
 	t := h.t
 	var sum peerv1.SendSummary
@@ -40,7 +41,10 @@ func (h *handler) Send(st grpc.ClientStreamingServer[peerv1.RaftBatch, peerv1.Se
 		if err != nil {
 			return err
 		}
-		if from == 0 && t.peerLink(b.GetFrom()) == nil && t.strangerLink(b.GetFrom()) == nil {
+		if from == 0 && t.peerLink(b.GetFrom()) == nil {
+			// Every new stream of a stranger gets a new link (its previous
+			// stream may not have ended on this side yet: its deferred
+			// dropStranger then leaves the new link alone).
 			l, err := h.admitStranger(st, b)
 			if err != nil {
 				t.log.Warn().Err(err).Uint64("from", b.GetFrom()).Str("from_peer_addr", trunc(b.GetFromPeerAddr())).Msg("peer stream refused")
@@ -103,7 +107,7 @@ func (h *handler) check(b *peerv1.RaftBatch, from uint64) error {
 }
 
 // admitStranger takes the first batch of a stream from a sender that is
-// neither a peer nor a stranger yet: with the header otherwise right
+// not a peer: with the header otherwise right
 // (group, cluster, this member), a peer address that a peer's would pass
 // (SetPeer's rules: host:port, no plaintext off loopback), and with TLS a
 // client certificate naming that address's host, the sender becomes a

@@ -133,6 +133,29 @@ func TestStranger(t *testing.T) {
 		t.Fatalf("ClientAddr(5) = %q once its stream ended", t1.ClientAddr(5))
 	}
 
+	// A stranger's new stream replaces its link; the end of the old
+	// stream (its handler returns before the caller's CloseAndRecv does)
+	// leaves the new link alone.
+	a := openRaw(t, addr1, insecure.NewCredentials(), strangerBatch(20, "127.0.0.1:1", "stream a"))
+	waitFor(t, "stranger 20's first stream", 10*time.Second, func() bool { return r1.has("stream a") })
+	b := openRaw(t, addr1, insecure.NewCredentials(), strangerBatch(20, "127.0.0.1:2", "stream b"))
+	waitFor(t, "stranger 20's second stream", 10*time.Second, func() bool { return r1.has("stream b") })
+	if got := t1.Strangers(); !maps.Equal(got, map[uint64]string{20: "127.0.0.1:2"}) {
+		t.Fatalf("Strangers() = %v with stranger 20's second stream open", got)
+	}
+	if err := closeRaw(a); err != nil {
+		t.Fatal(err)
+	}
+	if got := t1.Strangers(); !maps.Equal(got, map[uint64]string{20: "127.0.0.1:2"}) {
+		t.Fatalf("Strangers() = %v once stranger 20's first stream ended", got)
+	}
+	if err := closeRaw(b); err != nil {
+		t.Fatal(err)
+	}
+	if got := t1.Strangers(); len(got) != 0 {
+		t.Fatalf("Strangers() = %v once both streams ended", got)
+	}
+
 	for _, tc := range []struct {
 		name, addr, msg string
 	}{
