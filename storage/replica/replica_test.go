@@ -195,6 +195,62 @@ func TestFollowerRefuses(t *testing.T) {
 	}
 }
 
+// TestStepPeerStrangers: from an id its membership does not name, a
+// replica steps what a leader sends (heartbeats, appends; a snapshot
+// passes the checks) unless the id was removed, and refuses the rest
+// (votes: a stranger starts no election here); it follows a stranger
+// that leads a later term and answers it.
+func TestStepPeerStrangers(t *testing.T) {
+	_, rl := open(t, 2, []uint64{1, 2, 3})
+	if err := rl.SetMembership(raftlog.ConfChange{Membership: rl.MembershipAt(0), Removed: []uint64{7}}); err != nil {
+		t.Fatal(err)
+	}
+	tr := &recTransport{}
+	n, err := New(Options{ID: 2, Log: rl, FileSize: fileSize, Transport: tr, Host: &fakeHost{}, Ticks: make(chan time.Time)}, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.Close()
+	msg := func(typ pb.MessageType, from uint64, term uint64) []byte {
+		b, err := proto.Marshal(&pb.Message{Type: typ.Enum(), From: proto.Uint64(from), To: proto.Uint64(2), Term: proto.Uint64(term),
+			LogTerm: proto.Uint64(term), Index: proto.Uint64(100)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	for name, b := range map[string][]byte{
+		"a vote from a stranger":           msg(pb.MsgVote, 9, 5),
+		"a pre-vote from a stranger":       msg(pb.MsgPreVote, 9, 5),
+		"a heartbeat from a removed id":    msg(pb.MsgHeartbeat, 7, 5),
+		"an append from a removed id":      msg(pb.MsgApp, 7, 5),
+		"a heartbeat answer, a stranger's": msg(pb.MsgHeartbeatResp, 9, 5),
+	} {
+		if err := n.StepPeer(b); !errors.Is(err, ErrBadMessage) {
+			t.Errorf("%s: %v, want ErrBadMessage", name, err)
+		}
+	}
+	if info := n.Info(); info.Term != 0 || info.LeaderID != 0 {
+		t.Fatalf("a refused message moved raft: %+v", info)
+	}
+	if n.TakesSnapshotFrom(7) || n.TakesSnapshotFrom(2) || !n.TakesSnapshotFrom(9) || !n.TakesSnapshotFrom(1) {
+		t.Fatal("TakesSnapshotFrom: want a member's and a stranger's, not a removed id's nor its own")
+	}
+	if err := n.StepPeer(msg(pb.MsgHeartbeat, 9, 5)); err != nil {
+		t.Fatalf("a heartbeat from a stranger: %v", err)
+	}
+	if info := n.Info(); info.Term != 5 || info.LeaderID != 9 {
+		t.Fatalf("after a heartbeat from stranger 9 at term 5: %+v, want 9 leading term 5", info)
+	}
+	// An append it cannot take yet (index 100 is past its log): the
+	// rejection goes back to the stranger.
+	if err := n.StepPeer(msg(pb.MsgApp, 9, 5)); err != nil {
+		t.Fatalf("an append from a stranger: %v", err)
+	}
+	n.kick()
+	waitFor(t, "the answer to the stranger's append", func() bool { return tr.has(pb.MsgAppResp) })
+}
+
 // recTransport records what the node sends.
 type recTransport struct {
 	mu   sync.Mutex
@@ -290,7 +346,8 @@ func TestJoiningWithholdsVotes(t *testing.T) {
 }
 
 // TestStepSnapshot: StepSnapshot refuses what is not a MsgSnap to this
-// node from a peer (ErrBadMessage); a MsgSnap that raft restores (this
+// node from a peer (ErrBadMessage; a member not known yet may send one,
+// TestStepPeerStrangers); a MsgSnap that raft restores (this
 // node's log is empty, the snapshot at 100) is handed to
 // Host.InstallSnapshot at its index before anything else, and the
 // install's error comes back to the caller and stops the node (sticky).
@@ -317,11 +374,10 @@ func TestStepSnapshot(t *testing.T) {
 		return b
 	}
 	for name, b := range map[string][]byte{
-		"garbage":         {0xff},
-		"an append":       mk(pb.MsgApp, 1, 2),
-		"for node 3":      mk(pb.MsgSnap, 1, 3),
-		"from a stranger": mk(pb.MsgSnap, 9, 2),
-		"from itself":     mk(pb.MsgSnap, 2, 2),
+		"garbage":     {0xff},
+		"an append":   mk(pb.MsgApp, 1, 2),
+		"for node 3":  mk(pb.MsgSnap, 1, 3),
+		"from itself": mk(pb.MsgSnap, 2, 2),
 	} {
 		if installed, err := n.StepSnapshot(b); installed || !errors.Is(err, ErrBadMessage) {
 			t.Errorf("%s: %v %v, want ErrBadMessage", name, installed, err)
