@@ -599,8 +599,15 @@
 // member that learns its removal stops replicating and refuses puts
 // (cause REMOVED); it may never learn it (the leader stops sending to it
 // once it applied the removal), which is harmless: the others drop its
-// messages. Once raft/conf records a change, raft/meta's bootstrap
-// membership and cluster id are no longer checked against the flags.
+// messages. A member that missed changes (down or cut off while they
+// applied) may find the leader is a member it has never heard of: it
+// steps a leader's appends, heartbeats and snapshot from any id raft/conf
+// does not record as removed (replica.Node.mayLeadLocked; votes and the
+// rest only from members), and the transport answers such a sender at the
+// peer address its batches name (server/peer's strangers), so the member
+// catches up with the changes it missed instead of campaigning alone.
+// Once raft/conf records a change, raft/meta's bootstrap membership and
+// cluster id are no longer checked against the flags.
 //
 // Idempotent puts (idempotent.go): the ready leader keeps the dedup
 // window and remembers a key once its put committed (PUT_OK; an unknown
