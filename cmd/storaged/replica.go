@@ -113,6 +113,8 @@ func runReplicaRepair(args []string, lookupEnv func(string) (string, bool), stdo
 			"member --from names that holds the same entry (same index and term), every record's CRCs and offset are\n"+
 			"checked, and the bytes are rewritten in place, synced. A damaged entry past the commit index that no member\n"+
 			"holds is cut (kept as .broken) only when enough voters provably lack it that it cannot have been committed.\n"+
+			"Once the group's membership has changed (raft/conf), the voters raft/meta names are not the group's: a lost\n"+
+			"raft/meta or raft/hardstate and an uncommitted entry to cut are refused then; damaged entries are still repaired.\n"+
 			"It refuses rather than guess (exit 1), naming the entry or file and the members it needs to hear from.\n"+
 			"Afterwards start the member as usual and it rejoins.\n"+
 			"Exit status: 0 repaired (or nothing to repair), 1 the repair failed, 2 usage error, 3 could not run.\n\n")

@@ -151,7 +151,7 @@ func readConf(fsys vfs.FS, dir string) (Conf, error) {
 	var c Conf
 	if !ok || json.Unmarshal(body, &c) != nil {
 		return Conf{}, &base.CorruptionError{File: "raft/conf", Reason: "raft/conf fails its CRC or does not decode " +
-			"(storaged replica repair --from PEER rebuilds a member's raft state from a peer)"}
+			"(repair does not rebuild it: remove this member from the group and add a new one, with a new id and an empty data dir)"}
 	}
 	return c, nil
 }

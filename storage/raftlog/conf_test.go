@@ -1,6 +1,7 @@
 package raftlog
 
 import (
+	"bytes"
 	"errors"
 	"slices"
 	"strings"
@@ -153,24 +154,136 @@ func TestMetaCheckedUntilMembershipChanges(t *testing.T) {
 	}
 }
 
-// TestRepairRefusesChangedMembership: repair's quorum rules count raft/meta's
-// bootstrap voters, so a member whose group changed its membership is
-// refused (nothing written) rather than judged against the wrong voters.
-func TestRepairRefusesChangedMembership(t *testing.T) {
-	fs := vfs.NewMem()
-	r := mustOpen(t, fs)
-	appendEmpty(t, r.log, 1, 3, 3)
-	if err := r.log.SetMembership(ConfChange{Membership: Membership{Index: 2, Voters: []uint64{1, 2, 3}, Learners: []uint64{4}}}); err != nil {
-		t.Fatal(err)
+// TestRepairChangedMembership: once raft/conf records a membership change,
+// raft/meta's voters are not the group's, so repair refuses the steps that
+// rest on them (a lost raft/hardstate or raft/meta rebuilt, a damaged
+// uncommitted entry that no peer holds cut), writing nothing, while a
+// damaged entry a peer holds identically is still taken from it (Log
+// Matching needs no membership), with flags that name the current members
+// rather than the bootstrap ones. A damaged raft/conf is refused too.
+func TestRepairChangedMembership(t *testing.T) {
+	common, suf := genLogs(t, 8, 40, 10, 41, 42)
+	own, other := suf[0], suf[1]
+	dataAt := func(ents []*pb.Entry) uint64 {
+		for _, e := range ents[2 : len(ents)-2] {
+			if classify(e) == KindData {
+				return e.GetIndex()
+			}
+		}
+		t.Fatal("no DATA entry")
+		return 0
 	}
-	if err := r.close(); err != nil {
-		t.Fatal(err)
+	// member3 is member 3 of voters 1-3 holding ents, commit 40, with a
+	// change recorded (learner 4 added at 20) when changed, and the
+	// payload of entry at flipped.
+	member3 := func(t *testing.T, changed bool, at uint64, ents ...[]*pb.Entry) *vfs.MemFS {
+		fs := writeReplica(t, metaOf(3), hardState(9, 3, 40), ents...)
+		r, err := openReplicaAs(fs, metaOf(3))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if changed {
+			if err := r.log.SetMembership(ConfChange{Membership: Membership{Index: 20, Voters: []uint64{1, 2, 3}, Learners: []uint64{4}},
+				Addrs: map[uint64]string{4: "127.0.0.1:4"}}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if at != 0 {
+			u, err := r.log.unitAt(at)
+			if err != nil {
+				t.Fatal(err)
+			}
+			r.cl.At(u.Pos)[u.Len/2] ^= 0x08
+		}
+		if err := r.close(); err != nil {
+			t.Fatal(err)
+		}
+		return fs
 	}
-	peerFS := vfs.NewMem()
-	peer := mustOpen(t, peerFS)
-	defer peer.close()
-	rep, err := repairFrom(fs, peer)
-	if !errors.Is(err, ErrRepair) || !strings.Contains(err.Error(), "membership changed") {
-		t.Fatalf("repair of a member whose membership changed: %+v %v", rep, err)
+	peer := func(t *testing.T, id uint64, ents ...[]*pb.Entry) Peer {
+		return peerOf(id, openAs(t, writeReplica(t, metaOf(id), hardState(9, 3, 40), ents...), metaOf(id)))
 	}
+	refused := func(t *testing.T, fs *vfs.MemFS, o RepairOptions, want string) {
+		t.Helper()
+		before := map[string][]byte{}
+		for _, f := range []string{"/d/raft/hardstate", "/d/raft/meta", "/d/raft/conf", "/d/raft/index/" + indexName(0)} {
+			before[f], _ = fs.ReadFile(f)
+		}
+		_, err := repairWith(fs, o)
+		if !errors.Is(err, ErrRepair) || !strings.Contains(err.Error(), want) {
+			t.Fatalf("%v, want ErrRepair saying %q", err, want)
+		}
+		for f, b := range before {
+			if after, _ := fs.ReadFile(f); !bytes.Equal(b, after) {
+				t.Fatalf("the refused repair wrote %s", f)
+			}
+		}
+		names, _ := fs.ReadDir("/d/raft/index")
+		for _, n := range names {
+			if strings.HasSuffix(n.Name, ".broken") {
+				t.Fatal("the refused repair cut the log")
+			}
+		}
+	}
+
+	t.Run("a committed entry a peer holds", func(t *testing.T) {
+		at := dataAt(common)
+		fs := member3(t, true, at, common)
+		current := metaOf(3, 1, 3, 4) // the flags name today's members
+		current.ClusterUUID = "another digest"
+		rep, err := repairWith(fs, RepairOptions{Peers: []Peer{peer(t, 1, common)}, Self: current})
+		if err != nil || len(rep.Repaired) != 1 || rep.Repaired[0] != at {
+			t.Fatalf("repaired %v (%v), want entry %d", rep.Repaired, err, at)
+		}
+		r := openAs(t, fs, metaOf(3))
+		ents, err := r.log.Entries(1, 41, ^uint64(0))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for k, e := range ents {
+			if err := sameEntry(common[k], e); err != nil {
+				t.Fatalf("after the repair: %v", err)
+			}
+		}
+		if m := r.log.Conf(); len(m.Records) != 1 || m.Addrs[4] != "127.0.0.1:4" {
+			t.Fatalf("raft/conf after the repair: %+v", m)
+		}
+	})
+	t.Run("flags that name another node", func(t *testing.T) {
+		fs := member3(t, true, dataAt(common), common)
+		_, err := repairWith(fs, RepairOptions{Peers: []Peer{peer(t, 1, common)}, Self: metaOf(2, 1, 3, 4)})
+		if !errors.Is(err, ErrMetaMismatch) {
+			t.Fatalf("repair as node 2: %v, want ErrMetaMismatch", err)
+		}
+	})
+	t.Run("an uncommitted entry no peer holds", func(t *testing.T) {
+		at := dataAt(own)
+		peers := func() []Peer { return []Peer{peer(t, 1, common), peer(t, 2, common, other)} }
+		// Unchanged, both peers lacking it is enough to cut it
+		// (TestRepairCutsEntryNoMajorityHolds); changed, it is not.
+		if rep, err := repairWith(member3(t, false, at, common, own), RepairOptions{Peers: peers()}); err != nil || rep.CutFrom != at {
+			t.Fatalf("unchanged: cut from %d (%v), want %d", rep.CutFrom, err, at)
+		}
+		refused(t, member3(t, true, at, common, own), RepairOptions{Peers: peers()}, "cannot tell whether it was committed")
+	})
+	t.Run("lost hardstate", func(t *testing.T) {
+		fs := member3(t, true, 0, common)
+		fs.WriteFile("/d/raft/hardstate", make([]byte, 2*slotSize))
+		refused(t, fs, RepairOptions{Peers: []Peer{peer(t, 1, common), peer(t, 2, common)}},
+			"raft/hardstate is lost and the group's membership changed")
+	})
+	t.Run("damaged meta", func(t *testing.T) {
+		fs := member3(t, true, 0, common)
+		b, _ := fs.ReadFile("/d/raft/meta")
+		b[3] ^= 1
+		fs.WriteFile("/d/raft/meta", b)
+		refused(t, fs, RepairOptions{Peers: []Peer{peer(t, 1, common)}, Self: metaOf(3)}, "raft/meta is damaged and the group's membership changed")
+	})
+	t.Run("damaged conf", func(t *testing.T) {
+		fs := member3(t, true, dataAt(common), common)
+		b, _ := fs.ReadFile("/d/raft/conf")
+		b[len(b)/2] ^= 1
+		fs.WriteFile("/d/raft/conf", b)
+		refused(t, fs, RepairOptions{Peers: []Peer{peer(t, 1, common)}}, "repair does not rebuild raft/conf")
+	})
 }

@@ -226,12 +226,16 @@ func Repair(o RepairOptions) (rep RepairReport, err error) {
 	defer r.reportPeers() // into the named result: what the peers said, also on a refusal
 	// The repair's quorum rules count the voters of raft/meta, the
 	// bootstrap membership: once raft/conf records a change they are not
-	// the group's voters any more.
-	if c, err := readConf(o.FS, o.Dir); err != nil || len(c.Records) > 0 {
-		return rep, fmt.Errorf("%w: the group's membership changed since this member bootstrapped (raft/conf; %v): "+
-			"repair does not handle that yet; remove the member and add a new one (a new id, an empty data dir) instead",
-			ErrRepair, err)
+	// the group's voters any more, so the steps that rest on them (a lost
+	// raft/meta or raft/hardstate rebuilt, an uncommitted entry cut) are
+	// refused then. Taking a peer's copy of an entry rests on Log
+	// Matching alone, whatever the membership: that is still done.
+	c, err := readConf(o.FS, o.Dir)
+	if err != nil {
+		return rep, fmt.Errorf("%w: %w: repair does not rebuild raft/conf; remove the member and add a new one (a new id, "+
+			"an empty data dir) instead", ErrRepair, err)
 	}
+	r.changed = len(c.Records) > 0
 	meta, rebuilt, err := r.readMeta()
 	if err != nil {
 		return rep, err
@@ -348,6 +352,9 @@ type repairer struct {
 	damaged []Damage
 	states  map[uint64]*peerState // State answers, by peer id
 	oldMeta []byte                // the damaged raft/meta (nil: missing)
+	// changed: raft/conf records a membership change, so raft/meta's
+	// voters are not the group's (see Repair).
+	changed bool
 }
 
 // peerState is one peer's State answer, asked once.
@@ -411,6 +418,12 @@ func (r *repairer) readMeta() (Meta, bool, error) {
 		if ok && json.Unmarshal(body, &m) == nil {
 			if o.Self.NodeID != 0 {
 				want := o.Self
+				if r.changed {
+					// As a start after a change (openMeta): the flags may
+					// name the current members, and a joined member's
+					// cluster id is not the digest of its flags.
+					want.ClusterUUID, want.Voters, want.Learners = "", m.Voters, m.Learners
+				}
 				if err := checkMeta(m, want); err != nil {
 					return m, false, fmt.Errorf("%w: the flags do not name this data dir's member: %w", ErrRepair, err)
 				}
@@ -434,6 +447,11 @@ func (r *repairer) rebuildMeta() (Meta, error) {
 	what := "damaged"
 	if r.oldMeta == nil {
 		what = "missing"
+	}
+	if r.changed {
+		return Meta{}, fmt.Errorf("%w: raft/meta is %s and the group's membership changed since this member bootstrapped "+
+			"(raft/conf): repair rebuilds raft/meta only for a member of an unchanged group; remove the member and add a new one "+
+			"(a new id, an empty data dir) instead", ErrRepair, what)
 	}
 	if o.Self.NodeID == 0 {
 		return Meta{}, fmt.Errorf("%w: raft/meta is %s: rebuilding it needs this member's own flags (--raft-id, --raft-peers, "+
@@ -558,6 +576,13 @@ func (r *repairer) writeMeta() error {
 // is kept as hardstate.broken when it was not all zero.
 func (r *repairer) rebuildHardState() (slot, error) {
 	o, m := r.o, r.meta
+	if r.changed {
+		// Which majorities a vote took part in depends on the membership
+		// of the moment, which raft/meta's voters no longer are.
+		return slot{}, fmt.Errorf("%w: raft/hardstate is lost and the group's membership changed since this member "+
+			"bootstrapped (raft/conf): repair rebuilds it only for a member of an unchanged group; remove the member and add "+
+			"a new one (a new id, an empty data dir) instead", ErrRepair)
+	}
 	self := m.NodeID
 	voter := slices.Contains(m.Voters, self)
 	last, term := r.base.Index, r.base.Term
@@ -818,6 +843,14 @@ func (r *repairer) repair(d Damage) (int64, error) {
 	}
 	// Past the commit index and held by no peer asked: cut it if it cannot
 	// have been committed (see the top of this file).
+	if r.changed {
+		// Whether it can have been committed depends on the membership
+		// of the moment, which raft/meta's voters no longer are.
+		return 0, fmt.Errorf("%w: entry %d, past the commit index %d, is damaged and no member asked holds it, and the "+
+			"group's membership changed since this member bootstrapped (raft/conf), so repair cannot tell whether it was "+
+			"committed: repair from a member that holds it (the leader, if it was committed), or remove this member and add a "+
+			"new one%s", ErrRepair, i, r.commit, detail)
+	}
 	v := r.meta.Voters
 	q := len(v)/2 + 1
 	var lackV []uint64

@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -93,9 +94,25 @@ func commitlogPrefix(t *testing.T, p *proctest.Process, n int64, fileSize int64)
 // the entry; the member starts, rejoins and catches up; its committed
 // commitlog bytes are then identical to the leader's, and no member ever
 // served a body other than the acknowledged one.
-func TestGroupBitFlipRepair(t *testing.T) {
+func TestGroupBitFlipRepair(t *testing.T) { bitFlipRepair(t, false) }
+
+// TestGroupBitFlipRepairChangedMembership is TestGroupBitFlipRepair in a
+// group whose membership changed before the flip (a learner, member 4,
+// was added; it never runs): repair still takes the damaged entry from
+// the leader (Log Matching needs no membership; only the steps that count
+// voters are refused once raft/conf records a change).
+func TestGroupBitFlipRepairChangedMembership(t *testing.T) { bitFlipRepair(t, true) }
+
+func bitFlipRepair(t *testing.T, changeMembership bool) {
 	const fileSize = 256 << 10
-	g := newGroup(t)
+	admins := freePorts(t, 3)
+	mg := &memberGroup{group: newGroupWith(t, 3, 1, func(id int) []string {
+		return []string{"--admin-listen", admins[id-1]}
+	}), admin: map[*proctest.Process]string{}}
+	for i, p := range mg.nodes {
+		mg.admin[p] = admins[i]
+	}
+	g := mg.group
 	acked := map[int64]string{}
 	// Every read of the whole test, from every running member, is checked
 	// against what was sent and acknowledged (readCheck).
@@ -105,6 +122,15 @@ func TestGroupBitFlipRepair(t *testing.T) {
 	put := func(body string) { t.Helper(); rc.put(t, g, acked, body) }
 	for k := range 40 {
 		put(fmt.Sprintf("flip-%04d-%s", k, strings.Repeat("x", 300)))
+	}
+	if changeMembership {
+		spare := freePorts(t, 1)[0]
+		m := mg.change(t, "add learner 4", g.nodes, nil, func(ctx context.Context, c storagedv1.AdminServiceClient) (*storagedv1.ReplicaMembership, error) {
+			resp, err := c.AddReplicaMember(ctx, &storagedv1.AddReplicaMemberRequest{Id: 4, PeerAddr: spare})
+			return resp.GetMembership(), err
+		}, func(m *storagedv1.ReplicaMembership) bool { return slices.Contains(m.GetLearners(), 4) })
+		t.Logf("membership changed: voters %v, learners %v at index %d", m.GetVoters(), m.GetLearners(), m.GetIndex())
+		put("flip-after-the-change")
 	}
 	leader := g.Leader(t)
 	var follower *proctest.Process
@@ -116,6 +142,12 @@ func TestGroupBitFlipRepair(t *testing.T) {
 	}
 	name := g.Name(follower)
 	waitAcked(t, name, follower, acked) // committed there: reads stop at the commit point
+	if changeMembership {
+		// Its raft/conf records the change: the case repair used to refuse.
+		if ri := mustReplicaInfo(t, follower); !slices.Contains(ri.GetMembership().GetLearners(), 4) {
+			t.Fatalf("%s has not applied the change: %v", name, ri.GetMembership())
+		}
+	}
 	follower.Kill(t)
 
 	// Flip one bit in the body of a committed record, in place.
