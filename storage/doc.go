@@ -442,7 +442,10 @@
 //     rewrites them in place (raftlog.Repair); cuts a damaged uncommitted
 //     entry only when the voters that provably lack it leave no majority
 //     that could have committed it; rebuilds a lost raft/hardstate and a
-//     damaged raft/meta from the peers' (FetchState, ReplicaState). The
+//     damaged raft/meta from the peers' (FetchState, ReplicaState). Once
+//     raft/conf records a membership change, raft/meta's voters are not
+//     the group's: the cut and the two rebuilds (which count voters) are
+//     refused then, the damaged entries still taken from a peer. The
 //     cmd is `storaged replica repair --from`.
 //   - An empty data dir (issue 14): a member bootstrapped empty is joining
 //     (raft/joining) until it holds entries and applied up to the highest
