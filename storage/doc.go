@@ -604,11 +604,13 @@
 // once it applied the removal), which is harmless: the others drop its
 // messages. A member that missed changes (down or cut off while they
 // applied) may find the leader is a member it has never heard of: it
-// steps a leader's appends, heartbeats and snapshot from any id raft/conf
-// does not record as removed (replica.Node.mayLeadLocked; votes and the
-// rest only from members), and the transport answers such a sender at the
-// peer address its batches name (server/peer's strangers), so the member
-// catches up with the changes it missed instead of campaigning alone.
+// steps a leader's appends, heartbeats and snapshot, and a candidate's
+// vote requests, from any id raft/conf does not record as removed
+// (replica.Node.strangerMayLocked; the rest only from members), and the
+// transport answers such a sender at the peer address its batches name
+// (server/peer's strangers), so the member catches up with the changes
+// it missed instead of campaigning alone, and can help elect a leader it
+// has not heard of.
 // Once raft/conf records a change, raft/meta's bootstrap membership and
 // cluster id are no longer checked against the flags.
 //

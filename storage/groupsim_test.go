@@ -637,22 +637,27 @@ func (g *groupSim) step1(m simMsg) {
 	}
 	if err := n.s.StepPeer(m.b); errors.Is(err, ErrBadPeerMessage) && (n.s.group.node.IsMember(m.from) || g.fromLeader(m)) {
 		// (From a node it does not count as a member, a refusal is right
-		// but for a leader's messages from a node never removed: one
-		// whose addition it missed may be the leader it must follow.)
+		// but for a leader's or a candidate's messages from a node never
+		// removed: one whose addition it missed may be the leader it must
+		// follow, or need its vote.)
 		g.fatalf("node %d refused a message from %d: %v", m.to, m.from, err)
 	}
 	synctest.Wait()
 }
 
 // fromLeader: m is an append or a heartbeat (what a leader sends its
-// followers) from a node the group never removed.
+// followers) or a vote request from a node the group never removed.
 func (g *groupSim) fromLeader(m simMsg) bool {
 	pm := &pb.Message{}
 	if err := proto.Unmarshal(m.b, pm); err != nil {
 		return false
 	}
 	_, gone := g.gone[m.from]
-	return !gone && (pm.GetType() == pb.MsgApp || pm.GetType() == pb.MsgHeartbeat)
+	switch pm.GetType() {
+	case pb.MsgApp, pb.MsgHeartbeat, pb.MsgVote, pb.MsgPreVote:
+		return !gone
+	}
+	return false
 }
 
 func (n *simNet) isCut(from, to uint64) bool {

@@ -107,13 +107,13 @@ func (h *handler) check(b *peerv1.RaftBatch, from uint64) error {
 }
 
 // admitStranger takes the first batch of a stream from a sender that is
-// not a peer: with the header otherwise right
-// (group, cluster, this member), a peer address that a peer's would pass
-// (SetPeer's rules: host:port, no plaintext off loopback), and with TLS a
-// client certificate naming that address's host, the sender becomes a
-// stranger with a link to that address. The Stepper still decides which
-// of its messages raft sees (a leader's only). A nil link and no error:
-// it became a peer meanwhile.
+// not a peer: with the header otherwise right (group, cluster, this
+// member), a peer address that a peer's would pass (SetPeer's rules:
+// host:port, no plaintext off loopback), and with TLS a client
+// certificate naming that address's host, the sender becomes a stranger
+// with a link to that address. The Stepper still decides which of its
+// messages raft sees (a leader's or a candidate's only). A nil link and
+// no error: it became a peer meanwhile.
 func (h *handler) admitStranger(st grpc.ServerStream, b *peerv1.RaftBatch) (*link, error) {
 	t := h.t
 	o := &t.opts

@@ -163,12 +163,12 @@ func (n *Node) IsMember(id uint64) bool {
 
 // TakesSnapshotFrom reports whether a snapshot from id would be stepped
 // (StepSnapshot): id is a member as IsMember says, or a member this
-// replica has not heard of yet that was never removed (mayLeadLocked).
+// replica has not heard of yet that was never removed (strangerMayLocked).
 // The receiver asks before it stages any file.
 func (n *Node) TakesSnapshotFrom(id uint64) bool {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	return id != n.opts.ID && (n.isMember(id) || n.mayLeadLocked(id, pb.MsgSnap))
+	return id != n.opts.ID && (n.isMember(id) || n.strangerMayLocked(id, pb.MsgSnap))
 }
 
 // setMembersLocked makes m the membership as of the applied index.

@@ -1219,7 +1219,7 @@ func (n *Node) StepPeer(b []byte) error {
 	}
 	n.mu.Lock()
 	member := n.isMember(m.GetFrom())
-	if !member && !n.mayLeadLocked(m.GetFrom(), m.GetType()) {
+	if !member && !n.strangerMayLocked(m.GetFrom(), m.GetType()) {
 		n.mu.Unlock()
 		return fmt.Errorf("%w: from %d, not a member", ErrBadMessage, m.GetFrom())
 	}
@@ -1339,24 +1339,29 @@ func (n *Node) isMember(id uint64) bool {
 	return len(n.memberIDs) == 0 || slices.Contains(n.memberIDs, id)
 }
 
-// mayLeadLocked: a message of type t from id, which this replica's
-// applied membership does not name, is stepped all the same when it is
-// one a leader sends its followers (appends, heartbeats, a snapshot) and
-// id was never removed from the group. A member that missed the addition
-// of id (cut off, or down, while it joined) and then its election would
-// otherwise refuse its leader forever: the entries that add id are the
-// ones it would have to take from id. Raft's safety does not rest on the
-// follower knowing the leader: a leader of a term at least the
-// follower's was elected by a quorum of its configuration, and the
-// follower's log check (index and term of the previous entry) is the
-// same for anyone. Votes and everything else from a stranger stay
-// refused, so that a node outside the group cannot start elections in
-// it; a removed member, whose id is never reused, gets nothing stepped
-// (ErrRemoved's contract). The transport learns where to answer from
-// the stranger's batch header (server/peer). REQUIRES: n.mu.
-func (n *Node) mayLeadLocked(id uint64, t pb.MessageType) bool {
+// strangerMayLocked: a message of type t from id, which this replica's
+// applied membership does not name, is stepped all the same when id was
+// never removed from the group and the message is one a leader sends its
+// followers (appends, heartbeats, a snapshot) or a candidate's vote
+// request. A member that missed the addition of id (cut off, or down,
+// while it joined) would otherwise refuse id for ever once id leads: the
+// entries that add id are the ones it would have to take from id. And
+// if the group's only other live voters are such members, id could never
+// be elected without their votes (voters 1, 4, 5 with 4 down: 5 needs
+// the vote of 1, which missed the additions of 4 and 5). Raft's safety
+// does not rest on a follower or a voter knowing the configuration: a
+// leader of a term at least the follower's was elected by a quorum of its
+// own, the follower's log check (index and term of the previous entry)
+// is the same for anyone, and a vote is granted on terms and logs alone
+// (pre-vote and the leader lease still keep a candidate from disrupting
+// a working leader). Answers and everything else from a stranger stay
+// refused (this replica sent it nothing to answer), and a removed
+// member, whose id is never reused, gets nothing stepped (ErrRemoved's
+// contract). The transport learns where to answer from the stranger's
+// batch header (server/peer). REQUIRES: n.mu.
+func (n *Node) strangerMayLocked(id uint64, t pb.MessageType) bool {
 	switch t {
-	case pb.MsgApp, pb.MsgHeartbeat, pb.MsgSnap:
+	case pb.MsgApp, pb.MsgHeartbeat, pb.MsgSnap, pb.MsgVote, pb.MsgPreVote:
 	default:
 		return false
 	}
@@ -1829,7 +1834,7 @@ func (n *Node) StepSnapshot(b []byte) (installed bool, err error) {
 		return false, fmt.Errorf("%w: a %v for node %d, want a MsgSnap for %d", ErrBadMessage, m.GetType(), m.GetTo(), n.opts.ID)
 	}
 	n.mu.Lock()
-	if !n.isMember(m.GetFrom()) && !n.mayLeadLocked(m.GetFrom(), pb.MsgSnap) || m.GetFrom() == n.opts.ID {
+	if !n.isMember(m.GetFrom()) && !n.strangerMayLocked(m.GetFrom(), pb.MsgSnap) || m.GetFrom() == n.opts.ID {
 		n.mu.Unlock()
 		return false, fmt.Errorf("%w: from %d, not a peer", ErrBadMessage, m.GetFrom())
 	}

@@ -197,12 +197,16 @@ func TestFollowerRefuses(t *testing.T) {
 
 // TestStepPeerStrangers: from an id its membership does not name, a
 // replica steps what a leader sends (heartbeats, appends; a snapshot
-// passes the checks) unless the id was removed, and refuses the rest
-// (votes: a stranger starts no election here); it follows a stranger
-// that leads a later term and answers it.
+// passes the checks) and a candidate's vote requests unless the id was
+// removed, and refuses the rest (answers, a leadership transfer); it
+// grants a stranger's vote, follows a stranger that leads a later term
+// and answers it.
 func TestStepPeerStrangers(t *testing.T) {
 	_, rl := open(t, 2, []uint64{1, 2, 3})
 	if err := rl.SetMembership(raftlog.ConfChange{Membership: rl.MembershipAt(0), Removed: []uint64{7}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := rl.Joined(); err != nil { // a member that kept its data (a joining one withholds votes)
 		t.Fatal(err)
 	}
 	tr := &recTransport{}
@@ -220,11 +224,12 @@ func TestStepPeerStrangers(t *testing.T) {
 		return b
 	}
 	for name, b := range map[string][]byte{
-		"a vote from a stranger":           msg(pb.MsgVote, 9, 5),
-		"a pre-vote from a stranger":       msg(pb.MsgPreVote, 9, 5),
+		"a vote from a removed id":         msg(pb.MsgVote, 7, 5),
 		"a heartbeat from a removed id":    msg(pb.MsgHeartbeat, 7, 5),
 		"an append from a removed id":      msg(pb.MsgApp, 7, 5),
 		"a heartbeat answer, a stranger's": msg(pb.MsgHeartbeatResp, 9, 5),
+		"a vote answer, a stranger's":      msg(pb.MsgVoteResp, 9, 5),
+		"a transfer, a stranger's":         msg(pb.MsgTimeoutNow, 9, 5),
 	} {
 		if err := n.StepPeer(b); !errors.Is(err, ErrBadMessage) {
 			t.Errorf("%s: %v, want ErrBadMessage", name, err)
@@ -236,6 +241,13 @@ func TestStepPeerStrangers(t *testing.T) {
 	if n.TakesSnapshotFrom(7) || n.TakesSnapshotFrom(2) || !n.TakesSnapshotFrom(9) || !n.TakesSnapshotFrom(1) {
 		t.Fatal("TakesSnapshotFrom: want a member's and a stranger's, not a removed id's nor its own")
 	}
+	// A candidate this replica has not heard of, with a log ahead of its
+	// (empty) one, gets its vote.
+	if err := n.StepPeer(msg(pb.MsgVote, 8, 4)); err != nil {
+		t.Fatalf("a vote request from a stranger: %v", err)
+	}
+	n.kick()
+	waitFor(t, "the vote for stranger 8", func() bool { return tr.granted(8, 4) })
 	if err := n.StepPeer(msg(pb.MsgHeartbeat, 9, 5)); err != nil {
 		t.Fatalf("a heartbeat from a stranger: %v", err)
 	}
@@ -264,6 +276,18 @@ func (r *recTransport) Send(_ uint64, b []byte) {
 		r.msgs = append(r.msgs, m)
 		r.mu.Unlock()
 	}
+}
+
+// granted: a vote at term went to candidate to.
+func (r *recTransport) granted(to, term uint64) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, m := range r.msgs {
+		if m.GetType() == pb.MsgVoteResp && m.GetTo() == to && m.GetTerm() == term && !m.GetReject() {
+			return true
+		}
+	}
+	return false
 }
 
 func (r *recTransport) has(typ pb.MessageType) bool {

@@ -236,7 +236,17 @@ func TestGroupReplaceMember(t *testing.T) {
 // not removed), catches up with the membership it missed, and serves
 // every put acked while it was down. Before, it refused the leader
 // ("not a member") and campaigned alone for ever.
-func TestGroupMemberMissedLeader(t *testing.T) {
+func TestGroupMemberMissedLeader(t *testing.T) { missedLeader(t, false) }
+
+// TestGroupMemberMissedLeaderVotes is TestGroupMemberMissedLeader with the
+// leader paused (SIGSTOP) while member 1 restarts: the other of 4 and 5
+// can then be elected only with the vote of member 1, which has heard of
+// neither; 1 grants it (a candidate's vote request from a member not
+// removed is stepped like a leader's messages), follows it and catches
+// up, and writes go on before the old leader is resumed.
+func TestGroupMemberMissedLeaderVotes(t *testing.T) { missedLeader(t, true) }
+
+func missedLeader(t *testing.T, pauseLeader bool) {
 	ports := freePorts(t, 9) // admin 1-3, then members 4 and 5: peer, client and admin each
 	admins := ports[:3]
 	g := &memberGroup{group: newGroupWith(t, 3, 1, func(id int) []string {
@@ -247,7 +257,10 @@ func TestGroupMemberMissedLeader(t *testing.T) {
 	}
 	n1, n2, n3 := g.nodes[0], g.nodes[1], g.nodes[2]
 	cid := mustReplicaInfo(t, g.Leader(t)).GetClusterId()
-	w := startWritersAt(t, []string{n2.Addr(), n3.Addr()}, 4)
+	// The writers know every client address the test will use (members
+	// 4 and 5 answer once started), so that they find the new leader
+	// while the old one is paused, when no member it knows can name it.
+	w := startWritersAt(t, []string{n1.Addr(), n2.Addr(), n3.Addr(), ports[4], ports[7]}, 4)
 	w.waitAcks(t, 50)
 	n1.Kill(t)
 	t.Log("member 1 killed")
@@ -297,7 +310,38 @@ func TestGroupMemberMissedLeader(t *testing.T) {
 	}
 	w.waitAcks(t, 50) // under a leader member 1 has not heard of
 
-	restart := n1.Restart(t)
+	if pauseLeader {
+		other := alive[0]
+		if other == leader {
+			other = alive[1]
+		}
+		leader.Pause(t)
+		restart := n1.Restart(t)
+		start := time.Now()
+		if got := leaderOf(t, []*proctest.Process{other, n1}); got != other {
+			t.Fatalf("%s leads with %s paused, want %s", g.names[got], g.names[leader], g.names[other])
+		}
+		elected := time.Since(start)
+		// A put to it is acknowledged on {1, other}: a quorum that needs
+		// member 1. (The writers' puts in flight to the paused leader
+		// wait for their deadline.)
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		resp, err := storagedv1.NewMessageStoreServiceClient(other.Conn()).PutMessage(ctx,
+			&storagedv1.PutMessageRequest{Message: &storagedv1.Message{Topic: "Group", Body: []byte("while paused")}})
+		cancel()
+		if err != nil || resp.GetStatus() != storagedv1.PutMessageStatus_PUT_MESSAGE_STATUS_PUT_OK {
+			t.Fatalf("a put to %s, leading with member 1's vote: %v %v", g.names[other], resp, err)
+		}
+		w.mu.Lock()
+		w.acked[resp.GetResult().GetQueueOffset()] = "while paused"
+		w.mu.Unlock()
+		t.Logf("%s paused; member 1 restarted in %v, %s a ready leader %v later (with member 1's vote), a put acked %v later",
+			g.names[leader], restart, g.names[other], elected, time.Since(start)-elected)
+		leader.Resume(t)
+	} else {
+		restart := n1.Restart(t)
+		t.Logf("member 1 restarted in %v", restart)
+	}
 	w.waitAcks(t, 50) // member 1 is a voter: a quorum of 2 of {1, 4, 5} may now include it
 	w.close()
 	if len(w.bad) > 0 {
@@ -305,13 +349,13 @@ func TestGroupMemberMissedLeader(t *testing.T) {
 	}
 	waitAcked(t, "n1", n1, w.acked)
 	ri := mustReplicaInfo(t, n1)
-	if ri.GetLeaderId() != lri.GetId() && ri.GetLeaderId() != 4 && ri.GetLeaderId() != 5 ||
+	if ri.GetLeaderId() != 4 && ri.GetLeaderId() != 5 ||
 		!slices.Equal(ri.GetMembership().GetVoters(), []uint64{1, 4, 5}) || len(ri.GetMembership().GetRemoved()) != 2 {
 		t.Fatalf("member 1 after its restart: %v", ri)
 	}
 	for _, p := range alive {
 		waitAcked(t, g.names[p], p, w.acked)
 	}
-	t.Logf("member 1 restarted in %v and caught up with leader %d; acked %d, unknown outcome %d, refused (nothing stored) %d",
-		restart, ri.GetLeaderId(), len(w.acked), w.unknown, w.refused)
+	t.Logf("member 1 caught up with leader %d; acked %d, unknown outcome %d, refused (nothing stored) %d",
+		ri.GetLeaderId(), len(w.acked), w.unknown, w.refused)
 }

@@ -286,8 +286,9 @@ type RaftBatch struct {
 	Msgs [][]byte `protobuf:"bytes,6,rep,name=msgs,proto3" json:"msgs,omitempty"`
 	// from_peer_addr is the sender's peer address (host:port of this service) as the group's membership
 	// records it, when the sender knows it. A receiver whose applied membership does not name the sender
-	// yet (it missed the sender's addition, then the sender became leader) takes the sender's appends,
-	// heartbeats and snapshots all the same, and answers at this address for as long as the stream lasts;
+	// yet (it missed the sender's addition, then the sender became leader or candidate) takes the sender's
+	// appends, heartbeats, snapshots and vote requests all the same, and answers at this address for as long
+	// as the stream lasts;
 	// without it such a stream is refused (PERMISSION_DENIED), as is one from a removed member. With TLS
 	// the client certificate must name this address's host. At most 256 bytes.
 	FromPeerAddr  string `protobuf:"bytes,7,opt,name=from_peer_addr,json=fromPeerAddr,proto3" json:"from_peer_addr,omitempty"`
