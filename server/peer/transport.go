@@ -290,8 +290,9 @@ type Transport struct {
 	// begun waiting for the goroutines.
 	mu     sync.Mutex
 	closed bool
-	// removed are the ids RemovePeer was given: never again a peer nor
-	// a stranger (ids are never reused). Guarded by mu.
+	// removed are the ids RemovePeer was given, refused as strangers
+	// (ids are never reused); SetPeer clears an id, the caller's
+	// membership knowing better. Guarded by mu.
 	removed map[uint64]bool
 
 	addrMu      sync.Mutex
@@ -421,11 +422,10 @@ func (t *Transport) start(l *link) {
 // nothing, so that SetPeer may be called for every applied change without
 // breaking a working stream. This member's own id sets the peer address
 // it names itself by in batch headers (Options.PeerAddr). A stranger
-// made a peer loses its stranger's link (the new one takes over). addr
-// is checked as Options.Validate checks
-// the initial peers: a member added later gets no laxer rules (no
-// plaintext off loopback). After Close it returns ErrClosed and starts
-// nothing.
+// made a peer loses its stranger's link (the new one takes over). addr is
+// checked as Options.Validate checks the initial peers: a member added
+// later gets no laxer rules (no plaintext off loopback). After Close it
+// returns ErrClosed and starts nothing.
 //
 // SetPeer waits for a replaced link to stop, but never for the Stepper
 // (see reportLoop): it may be called with raft's lock held.
