@@ -118,8 +118,7 @@ func TestStranger(t *testing.T) {
 		t.Fatal("a removed member's message was stepped")
 	}
 
-	// Member 2 of t2's group: 5 is a stranger to 2 as well. Its stream's
-	// end takes its link with it.
+	// Stranger 5, a raw stream: the stream's end takes its link with it.
 	t5 := openRaw(t, addr1, insecure.NewCredentials(), strangerBatch(5, "127.0.0.1:1", "from 5"))
 	waitFor(t, "stranger 5 stepped", 10*time.Second, func() bool { return r1.has("from 5") })
 	if _, ok := t1.Strangers()[5]; !ok {
