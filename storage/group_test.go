@@ -765,7 +765,9 @@ func TestGroupOptionsValidate(t *testing.T) {
 }
 
 // TestGroupStepPeerRefuses: StepPeer takes only well-formed messages for
-// this node from a member, bounded in size; a standalone store has no peers.
+// this node from a member (or, from a member it has not heard of, only a
+// leader's or a candidate's), bounded in size; a standalone store has no
+// peers.
 func TestGroupStepPeerRefuses(t *testing.T) {
 	g := newTestGroup(t, time.Minute)
 	s := g.m[1].s
@@ -773,7 +775,7 @@ func TestGroupStepPeerRefuses(t *testing.T) {
 		"garbage":  {0xff, 0xff, 0xff},
 		"too big":  make([]byte, 16<<20+1),
 		"other to": {0x08, 0x08, 0x10, 0x02, 0x18, 0x02}, // MsgHeartbeat, To=2, From=2
-		"stranger": {0x08, 0x08, 0x10, 0x01, 0x18, 0x09}, // MsgHeartbeat, To=1, From=9
+		"stranger": {0x08, 0x09, 0x10, 0x01, 0x18, 0x09}, // MsgHeartbeatResp, To=1, From=9: an answer from a stranger (its heartbeats are taken: replica.TestStepPeerStrangers)
 		"local":    {0x08, 0x00, 0x10, 0x01, 0x18, 0x02}, // MsgHup
 	} {
 		if err := s.StepPeer(msg); !errors.Is(err, ErrBadPeerMessage) {
