@@ -510,10 +510,12 @@ func (t *Transport) RemovePeer(id uint64) {
 
 // Peers returns a copy of the current members but this one, by id, with
 // their peer addresses, for metrics and tests.
-func (t *Transport) Peers() map[uint64]string {
-	cur := *t.peers.Load()
-	out := make(map[uint64]string, len(cur))
-	for id, l := range cur {
+func (t *Transport) Peers() map[uint64]string { return t.peers.Load().addrs() }
+
+// addrs maps each id of the set to its link's address.
+func (s *peerSet) addrs() map[uint64]string {
+	out := make(map[uint64]string, len(*s))
+	for id, l := range *s {
 		out[id] = l.addr
 	}
 	return out
@@ -547,14 +549,7 @@ func (t *Transport) PeerAddr() string { return *t.selfAddr.Load() }
 
 // Strangers returns the strangers with a stream open, by id, with the
 // peer addresses they gave, for metrics and tests.
-func (t *Transport) Strangers() map[uint64]string {
-	cur := *t.strangers.Load()
-	out := make(map[uint64]string, len(cur))
-	for id, l := range cur {
-		out[id] = l.addr
-	}
-	return out
-}
+func (t *Transport) Strangers() map[uint64]string { return t.strangers.Load().addrs() }
 
 // addStranger starts a link to stranger id at addr, for the answers to
 // the stream it opened, or returns a status refusing it: removed, or too

@@ -110,6 +110,20 @@ func (g *memberGroup) change(t *testing.T, what string, ps []*proctest.Process, 
 	}
 }
 
+// newMemberGroup starts a group of 3 whose members serve the admin
+// service too (at three free ports).
+func newMemberGroup(t *testing.T) *memberGroup {
+	t.Helper()
+	admins := freePorts(t, 3)
+	g := &memberGroup{group: newGroupWith(t, 3, 1, func(id int) []string {
+		return []string{"--admin-listen", admins[id-1]}
+	}), admin: map[*proctest.Process]string{}}
+	for i, p := range g.nodes {
+		g.admin[p] = admins[i]
+	}
+	return g
+}
+
 // TestGroupReplaceMember: the leader of a group of 3 is replaced by a new
 // member 4 under write load: member 4 starts empty with --raft-join (the
 // cluster id GetReplicaInfo shows), is added as a learner, catches up, is
@@ -118,16 +132,10 @@ func (g *memberGroup) change(t *testing.T, what string, ps []*proctest.Process, 
 // killed with -9. The two survivors elect a leader, writes resume, and
 // every acknowledged put is readable on both.
 func TestGroupReplaceMember(t *testing.T) {
-	ports := freePorts(t, 6) // admin 1-3, then member 4's peer, client and admin listeners
-	admins := ports[:3]
-	g := &memberGroup{group: newGroupWith(t, 3, 1, func(id int) []string {
-		return []string{"--admin-listen", admins[id-1]}
-	}), admin: map[*proctest.Process]string{}}
-	for i, p := range g.nodes {
-		g.admin[p] = admins[i]
-	}
+	g := newMemberGroup(t)
 	n1, n2, n3 := g.nodes[0], g.nodes[1], g.nodes[2]
-	peer4, client4, admin4 := ports[3], ports[4], ports[5]
+	ports := freePorts(t, 3) // member 4's peer, client and admin listeners
+	peer4, client4, admin4 := ports[0], ports[1], ports[2]
 	leader := g.Leader(t)
 	// The writers know the first three members' client addresses only, as
 	// a client configured before the replacement does: they must follow
@@ -247,20 +255,14 @@ func TestGroupMemberMissedLeader(t *testing.T) { missedLeader(t, false) }
 func TestGroupMemberMissedLeaderVotes(t *testing.T) { missedLeader(t, true) }
 
 func missedLeader(t *testing.T, pauseLeader bool) {
-	ports := freePorts(t, 9) // admin 1-3, then members 4 and 5: peer, client and admin each
-	admins := ports[:3]
-	g := &memberGroup{group: newGroupWith(t, 3, 1, func(id int) []string {
-		return []string{"--admin-listen", admins[id-1]}
-	}), admin: map[*proctest.Process]string{}}
-	for i, p := range g.nodes {
-		g.admin[p] = admins[i]
-	}
+	g := newMemberGroup(t)
 	n1, n2, n3 := g.nodes[0], g.nodes[1], g.nodes[2]
+	ports := freePorts(t, 6) // members 4 and 5: peer, client and admin each
 	cid := mustReplicaInfo(t, g.Leader(t)).GetClusterId()
 	// The writers know every client address the test will use (members
 	// 4 and 5 answer once started), so that they find the new leader
 	// while the old one is paused, when no member it knows can name it.
-	w := startWritersAt(t, []string{n1.Addr(), n2.Addr(), n3.Addr(), ports[4], ports[7]}, 4)
+	w := startWritersAt(t, []string{n1.Addr(), n2.Addr(), n3.Addr(), ports[1], ports[4]}, 4)
 	w.waitAcks(t, 50)
 	n1.Kill(t)
 	t.Log("member 1 killed")
@@ -268,7 +270,7 @@ func missedLeader(t *testing.T, pauseLeader bool) {
 
 	alive := []*proctest.Process{n2, n3}
 	for k, id := range []uint64{4, 5} {
-		peer, client, admin := ports[3+3*k], ports[4+3*k], ports[5+3*k]
+		peer, client, admin := ports[3*k], ports[1+3*k], ports[2+3*k]
 		peers := []string{fmt.Sprintf("%d=%s", id, peer)}
 		for i, a := range g.peerAddrs {
 			peers = append(peers, fmt.Sprintf("%d=%s", i+1, a))

@@ -105,13 +105,7 @@ func TestGroupBitFlipRepairChangedMembership(t *testing.T) { bitFlipRepair(t, tr
 
 func bitFlipRepair(t *testing.T, changeMembership bool) {
 	const fileSize = 256 << 10
-	admins := freePorts(t, 3)
-	mg := &memberGroup{group: newGroupWith(t, 3, 1, func(id int) []string {
-		return []string{"--admin-listen", admins[id-1]}
-	}), admin: map[*proctest.Process]string{}}
-	for i, p := range mg.nodes {
-		mg.admin[p] = admins[i]
-	}
+	mg := newMemberGroup(t)
 	g := mg.group
 	acked := map[int64]string{}
 	// Every read of the whole test, from every running member, is checked
