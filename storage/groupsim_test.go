@@ -635,27 +635,33 @@ func (g *groupSim) step1(m simMsg) {
 	if g.net.isCut(m.from, m.to) {
 		return // cut while in flight
 	}
-	if err := n.s.StepPeer(m.b); errors.Is(err, ErrBadPeerMessage) && (n.s.group.node.IsMember(m.from) || g.fromLeader(m)) {
+	if err := n.s.StepPeer(m.b); errors.Is(err, ErrBadPeerMessage) && (n.s.group.node.IsMember(m.from) || fromLeader(n.s, m)) {
 		// (From a node it does not count as a member, a refusal is right
-		// but for a leader's or a candidate's messages from a node never
-		// removed: one whose addition it missed may be the leader it must
-		// follow, or need its vote.)
+		// but for a leader's or a candidate's messages from a node it
+		// does not record as removed: one whose addition it missed may be
+		// the leader it must follow, or need its vote.)
 		g.fatalf("node %d refused a message from %d: %v", m.to, m.from, err)
 	}
 	synctest.Wait()
 }
 
 // fromLeader: m is an append or a heartbeat (what a leader sends its
-// followers) or a vote request from a node the group never removed.
-func (g *groupSim) fromLeader(m simMsg) bool {
+// followers) or a vote request, from a node that s's raft/conf does not
+// record as removed. (Not the simulation's own record of removals: a
+// member applies a removal before the simulation sees the group's newest
+// membership show it.)
+func fromLeader(s *Store, m simMsg) bool {
 	pm := &pb.Message{}
 	if err := proto.Unmarshal(m.b, pm); err != nil {
 		return false
 	}
-	_, gone := g.gone[m.from]
+	mem, err := s.Membership()
+	if err != nil || slices.Contains(mem.Removed, m.from) {
+		return false
+	}
 	switch pm.GetType() {
 	case pb.MsgApp, pb.MsgHeartbeat, pb.MsgVote, pb.MsgPreVote:
-		return !gone
+		return true
 	}
 	return false
 }
