@@ -635,7 +635,7 @@ func (g *groupSim) step1(m simMsg) {
 	if g.net.isCut(m.from, m.to) {
 		return // cut while in flight
 	}
-	if err := n.s.StepPeer(m.b); errors.Is(err, ErrBadPeerMessage) && (n.s.group.node.IsMember(m.from) || fromLeader(n.s, m)) {
+	if err := n.s.StepPeer(m.b); errors.Is(err, ErrBadPeerMessage) && (n.s.group.node.IsMember(m.from) || leaderOrCandidate(n.s, m)) {
 		// (From a node it does not count as a member, a refusal is right
 		// but for a leader's or a candidate's messages from a node it
 		// does not record as removed: one whose addition it missed may be
@@ -645,12 +645,12 @@ func (g *groupSim) step1(m simMsg) {
 	synctest.Wait()
 }
 
-// fromLeader: m is an append or a heartbeat (what a leader sends its
+// leaderOrCandidate: m is an append or a heartbeat (what a leader sends its
 // followers) or a vote request, from a node that s's raft/conf does not
 // record as removed. (Not the simulation's own record of removals: a
 // member applies a removal before the simulation sees the group's newest
 // membership show it.)
-func fromLeader(s *Store, m simMsg) bool {
+func leaderOrCandidate(s *Store, m simMsg) bool {
 	pm := &pb.Message{}
 	if err := proto.Unmarshal(m.b, pm); err != nil {
 		return false

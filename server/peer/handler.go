@@ -97,8 +97,10 @@ func (h *handler) check(b *peerv1.RaftBatch, from uint64) error {
 		return status.Errorf(codes.PermissionDenied, "peer: batch from member %d, not a peer of member %d", b.GetFrom(), o.ID)
 	case from != 0 && b.GetFrom() != from:
 		return status.Errorf(codes.InvalidArgument, "peer: batch from member %d on member %d's stream", b.GetFrom(), from)
-	case len(b.GetFromClientAddr()) > maxClientAddrLen || len(b.GetFromPeerAddr()) > maxClientAddrLen:
+	case len(b.GetFromClientAddr()) > maxClientAddrLen:
 		return status.Errorf(codes.InvalidArgument, "peer: from_client_addr of %d bytes, at most %d", len(b.GetFromClientAddr()), maxClientAddrLen)
+	case len(b.GetFromPeerAddr()) > maxClientAddrLen:
+		return status.Errorf(codes.InvalidArgument, "peer: from_peer_addr of %d bytes, at most %d", len(b.GetFromPeerAddr()), maxClientAddrLen)
 	case len(b.GetMsgs()) > o.MaxBatchMsgs:
 		return status.Errorf(codes.InvalidArgument, "peer: %d messages in a batch, at most %d", len(b.GetMsgs()), o.MaxBatchMsgs)
 	}
@@ -150,16 +152,13 @@ func (h *handler) checkCertCtx(ctx context.Context, from uint64) error {
 		return nil
 	}
 	// The address of the moment: a member moved by SetPeer must present a
-	// certificate for its new host, and a removed one is no peer at all.
-	addr, ok := h.t.peerAddr(from)
-	if !ok {
-		l := h.t.strangerLink(from)
-		if l == nil {
-			return status.Errorf(codes.PermissionDenied, "peer: member %d is not a peer of member %d", from, h.t.opts.ID)
-		}
-		addr = l.addr // a stranger: the address it gave
+	// certificate for its new host, a removed one is no peer at all, and a
+	// stranger's is the address it gave.
+	l := h.t.knownLink(from)
+	if l == nil {
+		return status.Errorf(codes.PermissionDenied, "peer: member %d is not a peer of member %d", from, h.t.opts.ID)
 	}
-	return h.checkCertHost(ctx, from, addr)
+	return h.checkCertHost(ctx, from, l.addr)
 }
 
 // checkCertHost, with TLS, requires the client certificate to name addr's

@@ -535,14 +535,6 @@ func (t *Transport) knownLink(id uint64) *link {
 	return t.strangerLink(id)
 }
 
-// peerAddr is the current peer address of member id.
-func (t *Transport) peerAddr(id uint64) (string, bool) {
-	if l := t.peerLink(id); l != nil {
-		return l.addr, true
-	}
-	return "", false
-}
-
 // PeerAddr is this member's own peer address as its batches name it
 // (Options.PeerAddr, or the latest SetPeer of its own id).
 func (t *Transport) PeerAddr() string { return *t.selfAddr.Load() }

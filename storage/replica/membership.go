@@ -168,6 +168,11 @@ func (n *Node) IsMember(id uint64) bool {
 func (n *Node) TakesSnapshotFrom(id uint64) bool {
 	n.mu.Lock()
 	defer n.mu.Unlock()
+	return n.takesSnapshotFromLocked(id)
+}
+
+// takesSnapshotFromLocked is TakesSnapshotFrom. REQUIRES: n.mu.
+func (n *Node) takesSnapshotFromLocked(id uint64) bool {
 	return id != n.opts.ID && (n.isMember(id) || n.strangerMayLocked(id, pb.MsgSnap))
 }
 

@@ -1834,7 +1834,7 @@ func (n *Node) StepSnapshot(b []byte) (installed bool, err error) {
 		return false, fmt.Errorf("%w: a %v for node %d, want a MsgSnap for %d", ErrBadMessage, m.GetType(), m.GetTo(), n.opts.ID)
 	}
 	n.mu.Lock()
-	if (!n.isMember(m.GetFrom()) && !n.strangerMayLocked(m.GetFrom(), pb.MsgSnap)) || m.GetFrom() == n.opts.ID {
+	if !n.takesSnapshotFromLocked(m.GetFrom()) {
 		n.mu.Unlock()
 		return false, fmt.Errorf("%w: from %d, not a peer", ErrBadMessage, m.GetFrom())
 	}

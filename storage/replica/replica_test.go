@@ -371,13 +371,16 @@ func TestJoiningWithholdsVotes(t *testing.T) {
 
 // TestStepSnapshot: StepSnapshot refuses what is not a MsgSnap to this
 // node from a peer (ErrBadMessage; a member not known yet may send one,
-// TestStepPeerStrangers); a MsgSnap that raft restores (this
+// TestStepPeerStrangers, a removed one may not); a MsgSnap that raft restores (this
 // node's log is empty, the snapshot at 100) is handed to
 // Host.InstallSnapshot at its index before anything else, and the
 // install's error comes back to the caller and stops the node (sticky).
 // SnapshotMessageAt moves a MsgSnap to a later index, never back.
 func TestStepSnapshot(t *testing.T) {
 	_, rl := open(t, 2, []uint64{1, 2, 3})
+	if err := rl.SetMembership(raftlog.ConfChange{Membership: rl.MembershipAt(0), Removed: []uint64{7}}); err != nil {
+		t.Fatal(err)
+	}
 	h := &fakeHost{}
 	n, err := New(Options{ID: 2, Log: rl, FileSize: fileSize, Transport: nopTransport{}, Host: h, Ticks: make(chan time.Time)}, 0)
 	if err != nil {
@@ -398,10 +401,11 @@ func TestStepSnapshot(t *testing.T) {
 		return b
 	}
 	for name, b := range map[string][]byte{
-		"garbage":     {0xff},
-		"an append":   mk(pb.MsgApp, 1, 2),
-		"for node 3":  mk(pb.MsgSnap, 1, 3),
-		"from itself": mk(pb.MsgSnap, 2, 2),
+		"garbage":           {0xff},
+		"an append":         mk(pb.MsgApp, 1, 2),
+		"for node 3":        mk(pb.MsgSnap, 1, 3),
+		"from itself":       mk(pb.MsgSnap, 2, 2),
+		"from a removed id": mk(pb.MsgSnap, 7, 2),
 	} {
 		if installed, err := n.StepSnapshot(b); installed || !errors.Is(err, ErrBadMessage) {
 			t.Errorf("%s: %v %v, want ErrBadMessage", name, installed, err)
