@@ -111,7 +111,6 @@ func TestStranger(t *testing.T) {
 
 	// Removed: a new stream from 4, naming its address, is refused.
 	t1.RemovePeer(4)
-	before := r1.count()
 	wantCode(t, "a removed member's stream", closeRaw(openRaw(t, addr1, insecure.NewCredentials(), strangerBatch(4, addr4, "removed"))),
 		codes.PermissionDenied, "member 4 was removed")
 	if r1.has("removed") {
@@ -175,7 +174,7 @@ func TestStranger(t *testing.T) {
 	waitFor(t, "maxStrangers strangers", 10*time.Second, func() bool { return len(t1.Strangers()) == maxStrangers })
 	wantCode(t, "one stranger too many", closeRaw(openRaw(t, addr1, insecure.NewCredentials(), strangerBatch(99, "127.0.0.1:1", "too many"))),
 		codes.ResourceExhausted, "streaming already")
-	if r1.has("too many") || r1.count() < before {
+	if r1.has("too many") {
 		t.Fatal("the stranger beyond the bound was stepped")
 	}
 	if err := t4.Close(); err != nil {
