@@ -114,7 +114,8 @@ func runReplicaRepair(args []string, lookupEnv func(string) (string, bool), stdo
 			"checked, and the bytes are rewritten in place, synced. A damaged entry past the commit index that no member\n"+
 			"holds is cut (kept as .broken) only when enough voters provably lack it that it cannot have been committed.\n"+
 			"Once the group's membership has changed (raft/conf), the voters raft/meta names are not the group's: a lost\n"+
-			"raft/meta or raft/hardstate and an uncommitted entry to cut are refused then; damaged entries are still repaired.\n"+
+			"raft/meta or raft/hardstate and an uncommitted entry to cut are refused then; damaged entries are still repaired,\n"+
+			"and --raft-peers/--raft-learners may name the current members (the cluster id comes from an intact raft/meta).\n"+
 			"It refuses rather than guess (exit 1), naming the entry or file and the members it needs to hear from.\n"+
 			"Afterwards start the member as usual and it rejoins.\n"+
 			"Exit status: 0 repaired (or nothing to repair), 1 the repair failed, 2 usage error, 3 could not run.\n\n")
@@ -156,9 +157,17 @@ func runReplicaRepair(args []string, lookupEnv func(string) (string, bool), stdo
 	var id uint64
 	var group, cluster string
 	if self.RaftID != 0 {
-		rr.Self = &storage.GroupOptions{ID: self.RaftID, Name: self.GroupName, ClusterID: self.clusterID(), Peers: self.voters(),
+		// An intact raft/meta names the cluster: once the membership
+		// changed, the flags (the current members) no longer digest to
+		// the id the group was bootstrapped with, which its peers
+		// check, and a joined member's id was never a digest of flags.
+		if err := self.resolveCluster(o.dataDir); err != nil {
+			fmt.Fprintf(stderr, "storaged replica repair: %v\n", err)
+			return exitUsage
+		}
+		rr.Self = &storage.GroupOptions{ID: self.RaftID, Name: self.GroupName, ClusterID: self.groupClusterID(), Peers: self.voters(),
 			Learners: slices.Clone(self.RaftLearners)}
-		id, group, cluster = self.RaftID, self.GroupName, self.clusterID()
+		id, group, cluster = self.RaftID, self.GroupName, self.groupClusterID()
 	} else {
 		meta, err := storage.ReadReplicaMeta(opts)
 		var cerr *storage.CorruptionError

@@ -117,8 +117,9 @@ func bitFlipRepair(t *testing.T, changeMembership bool) {
 	for k := range 40 {
 		put(fmt.Sprintf("flip-%04d-%s", k, strings.Repeat("x", 300)))
 	}
+	var spare string // member 4's peer address, with changeMembership
 	if changeMembership {
-		spare := freePorts(t, 1)[0]
+		spare = freePorts(t, 1)[0]
 		m := mg.change(t, "add learner 4", g.nodes, nil, func(ctx context.Context, c storagedv1.AdminServiceClient) (*storagedv1.ReplicaMembership, error) {
 			resp, err := c.AddReplicaMember(ctx, &storagedv1.AddReplicaMemberRequest{Id: 4, PeerAddr: spare})
 			return resp.GetMembership(), err
@@ -209,7 +210,20 @@ func bitFlipRepair(t *testing.T, changeMembership bool) {
 	// Repair from the leader.
 	leader = g.Leader(t)
 	from := fmt.Sprintf("%d=%s", g.memberID(leader), g.peerAddrs[g.memberID(leader)-1])
-	cmd := exec.Command(binary, "replica", "repair", "--data-dir", follower.DataDir(), "--file-size", "256KiB", "--from", from)
+	args := []string{"replica", "repair", "--data-dir", follower.DataDir(), "--file-size", "256KiB", "--from", from}
+	if changeMembership {
+		// With the flags an operator gives after the change: the current
+		// members, learner 4 too. They digest to another cluster id than
+		// the group's; repair must take the group's from raft/meta, or
+		// the leader refuses it.
+		peers := []string{"4=" + spare}
+		for i, a := range g.peerAddrs {
+			peers = append(peers, fmt.Sprintf("%d=%s", i+1, a))
+		}
+		args = append(args, "--raft-id", fmt.Sprint(g.memberID(follower)), "--raft-peers", strings.Join(peers, ","),
+			"--raft-learners", "4")
+	}
+	cmd := exec.Command(binary, args...)
 	var stdout, errOut bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &errOut
 	if err := cmd.Run(); err != nil {
