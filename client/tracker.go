@@ -59,12 +59,27 @@ type Options struct {
 	MaxRetryDelay time.Duration
 	// ProbeTimeout bounds each GetReplicaInfo of a leader lookup. Default 1 s.
 	ProbeTimeout time.Duration
-	// MaxHintedAddrs bounds the connections to leader addresses learnt from
-	// refusals that are not in Addrs (a member's advertised address may
-	// differ from the one dialled). Default 8; beyond it such hints are
-	// ignored and the leader is looked up through Addrs.
+	// MaxHintedAddrs bounds the connections to addresses that are not in
+	// Addrs: leader addresses learnt from refusals (a member's advertised
+	// address may differ from the one dialled) and members learnt from the
+	// group's membership (RefreshInterval). Default 8; beyond it a
+	// connection no put or probe uses, to an address neither the leader
+	// nor in the newest membership, is closed to make room, and without
+	// one the new address is ignored.
 	MaxHintedAddrs int
+	// RefreshInterval is how often the tracker asks the leader it sends
+	// puts to for the group's membership (GetReplicaInfo), to learn the
+	// client addresses of members added since it was made; every leader
+	// lookup learns them too. So when every member given in Addrs is gone
+	// or paused (replaced one by one), lookups still reach the members
+	// that lead now. A leader that answers it no longer leads is
+	// forgotten at once. Default 30 s.
+	RefreshInterval time.Duration
 }
+
+// maxAddrLen bounds an address a server names (a hint or a member's
+// client address), as storaged bounds the ones its peers send.
+const maxAddrLen = 256
 
 func (o *Options) withDefaults() {
 	if o.MaxAttempts == 0 {
@@ -91,6 +106,9 @@ func (o *Options) withDefaults() {
 	if o.MaxHintedAddrs == 0 {
 		o.MaxHintedAddrs = 8
 	}
+	if o.RefreshInterval == 0 {
+		o.RefreshInterval = 30 * time.Second
+	}
 	o.DialOptions = append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials()),
 		grpc.WithConnectParams(grpc.ConnectParams{Backoff: backoff.Config{BaseDelay: 50 * time.Millisecond, Multiplier: 1.6,
 			Jitter: 0.2, MaxDelay: time.Second}, MinConnectTimeout: time.Second})}, o.DialOptions...)
@@ -108,7 +126,7 @@ func (o *Options) validate() error {
 		errs = append(errs, fmt.Errorf("client: MaxAttempts %d, want 1 to %d", o.MaxAttempts, MaxAttemptsLimit))
 	}
 	if o.InitialBackoff < 0 || o.MaxBackoff < o.InitialBackoff || o.MaxRetryDelay < 0 || o.ProbeTimeout < 0 || o.MaxHintedAddrs < 0 ||
-		o.LookupInterval < 0 || o.LeaderWait < 0 {
+		o.LookupInterval < 0 || o.LeaderWait < 0 || o.RefreshInterval < 0 {
 		errs = append(errs, errors.New("client: negative durations or limits, or MaxBackoff below InitialBackoff"))
 	}
 	return errors.Join(errs...)
@@ -119,6 +137,8 @@ func (o *Options) validate() error {
 // refusal it follows the leader_addr hint, or asks every member
 // (GetReplicaInfo) which one is the ready leader, and retries the put
 // there, but only a put storaged refused with nothing stored (Classify).
+// It learns the members added to the group since it was made from the
+// membership the members report, and asks them too.
 // A put whose outcome is unknown (a broken connection, a deadline, a
 // replication timeout) comes back to the caller as it failed, and the
 // next put looks the leader up again. Safe for concurrent use; one lookup
@@ -129,14 +149,21 @@ type LeaderTracker struct {
 
 	mu     sync.Mutex
 	conns  map[string]*grpc.ClientConn
-	hinted int    // connections to addresses outside members
-	leader string // "" until a lookup finds one; cleared on doubt
+	refs   map[string]int // calls and probes using each connection now
+	hinted int            // connections to addresses outside members
+	leader string         // "" until a lookup finds one; cleared on doubt
 	lookup *lookupCall
 	closed bool
+	// learned: the client addresses outside members of the newest
+	// membership a member reported (memIndex, the raft index of its
+	// change; memSeen once one was reported), at most MaxMembers.
+	learned  []string
+	memIndex uint64
+	memSeen  bool
 
 	ctx    context.Context // cancelled by Close: cuts lookups and waits short
 	cancel context.CancelFunc
-	wg     sync.WaitGroup // lookups in flight
+	wg     sync.WaitGroup // lookups in flight and the refresh loop
 }
 
 // lookupCall is one leader lookup in flight; done is closed with addr
@@ -154,7 +181,7 @@ func New(opts Options) (*LeaderTracker, error) {
 	if err := opts.validate(); err != nil {
 		return nil, err
 	}
-	t := &LeaderTracker{opts: opts, members: slices.Clone(opts.Addrs), conns: map[string]*grpc.ClientConn{}}
+	t := &LeaderTracker{opts: opts, members: slices.Clone(opts.Addrs), conns: map[string]*grpc.ClientConn{}, refs: map[string]int{}}
 	t.ctx, t.cancel = context.WithCancel(context.Background())
 	for _, a := range t.members {
 		if _, ok := t.conns[a]; ok {
@@ -167,11 +194,13 @@ func New(opts Options) (*LeaderTracker, error) {
 		}
 		t.conns[a] = c
 	}
+	t.wg.Add(1)
+	go t.refreshLoop()
 	return t, nil
 }
 
-// Close stops the lookups, waits for them and closes every connection;
-// calls in flight fail.
+// Close stops the lookups and the refresh loop, waits for them and closes
+// every connection; calls in flight fail.
 func (t *LeaderTracker) Close() error {
 	t.mu.Lock()
 	if t.closed {
@@ -196,6 +225,28 @@ func (t *LeaderTracker) Leader() string {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	return t.leader
+}
+
+// Addrs are the addresses a leader lookup asks: the ones given (in
+// order), then, sorted, those learned from the group's membership and
+// from refusals' hints.
+func (t *LeaderTracker) Addrs() []string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.addrsLocked()
+}
+
+// addrsLocked is Addrs. REQUIRES: t.mu.
+func (t *LeaderTracker) addrsLocked() []string {
+	addrs := slices.Clone(t.members)
+	given := len(addrs)
+	for a := range t.conns {
+		if !slices.Contains(addrs, a) {
+			addrs = append(addrs, a)
+		}
+	}
+	slices.Sort(addrs[given:])
+	return addrs
 }
 
 // PutMessage sends a put to the leader, retrying refusals that stored
@@ -260,10 +311,12 @@ func (t *LeaderTracker) Do(ctx context.Context, call func(context.Context, stora
 		case err != nil: // ctx ended, closed
 			return errors.Join(err, last)
 		case addr == refusedBy && time.Now().Before(notBefore):
+			t.release(addr)
 			delay = time.Until(notBefore) // the same member: honour its RetryInfo
 		default:
 			attempt++
 			err = call(ctx, storagedv1.NewMessageStoreServiceClient(conn))
+			t.release(addr)
 			if err == nil {
 				return nil
 			}
@@ -322,7 +375,8 @@ func (t *LeaderTracker) doubt(addr string) {
 }
 
 // target is the leader's address and connection: the known leader, or
-// the result of a lookup (one at a time; hint is tried first).
+// the result of a lookup (one at a time; hint is tried first). The
+// caller holds a reference to the connection and must release it.
 func (t *LeaderTracker) target(ctx context.Context, hint string) (string, *grpc.ClientConn, error) {
 	t.mu.Lock()
 	if t.closed {
@@ -332,6 +386,7 @@ func (t *LeaderTracker) target(ctx context.Context, hint string) (string, *grpc.
 	if t.leader != "" {
 		addr, c := t.leader, t.conns[t.leader]
 		if c.GetState() == connectivity.Ready {
+			t.refs[addr]++
 			t.mu.Unlock()
 			return addr, c, nil
 		}
@@ -366,17 +421,34 @@ func (t *LeaderTracker) target(ctx context.Context, hint string) (string, *grpc.
 	if t.closed {
 		return "", nil, ErrClosed
 	}
-	return lc.addr, t.conns[lc.addr], nil
+	c := t.conns[lc.addr]
+	if c == nil {
+		// Evicted since the lookup found it (a learned membership
+		// needed the room): look again.
+		return "", nil, ErrNoLeader
+	}
+	t.refs[lc.addr]++
+	return lc.addr, c, nil
 }
 
-// connLocked makes sure a hinted address has a connection, within
-// MaxHintedAddrs; it returns addr, or "" when over the limit.
+// release drops a reference target or probe took.
+func (t *LeaderTracker) release(addr string) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.refs[addr]--; t.refs[addr] <= 0 {
+		delete(t.refs, addr)
+	}
+}
+
+// connLocked makes sure an address outside members (hinted, or
+// learned) has a connection, within MaxHintedAddrs (evicting a stale one
+// when at the limit); it returns addr, or "" when it cannot.
 // REQUIRES: t.mu.
 func (t *LeaderTracker) connLocked(addr string) string {
 	if _, ok := t.conns[addr]; ok {
 		return addr
 	}
-	if t.hinted >= t.opts.MaxHintedAddrs {
+	if t.closed || len(addr) > maxAddrLen || (t.hinted >= t.opts.MaxHintedAddrs && !t.evictLocked()) {
 		return ""
 	}
 	c, err := grpc.NewClient(addr, t.opts.DialOptions...)
@@ -388,9 +460,103 @@ func (t *LeaderTracker) connLocked(addr string) string {
 	return addr
 }
 
+// evictLocked closes one connection outside members that nothing uses
+// now and that is neither the leader's nor in the newest membership (an
+// old hint, a member since removed), the first in address order; false
+// when there is none. REQUIRES: t.mu.
+func (t *LeaderTracker) evictLocked() bool {
+	var stale []string
+	for a := range t.conns {
+		if !slices.Contains(t.members, a) && !slices.Contains(t.learned, a) && a != t.leader && t.refs[a] == 0 {
+			stale = append(stale, a)
+		}
+	}
+	if len(stale) == 0 {
+		return false
+	}
+	a := slices.Min(stale)
+	_ = t.conns[a].Close() // unused: nothing in flight to fail
+	delete(t.conns, a)
+	t.hinted--
+	return true
+}
+
+// learn takes the client addresses of the members in a member's answer
+// (GetReplicaInfo's membership.client_addrs), if its membership is at
+// least as new as the newest one seen: a newer one replaces what was
+// learned (members removed since drop out, and their connections may be
+// evicted), the same one adds the addresses this member knows and the
+// last did not (a follower may not know every member's). Each gets a
+// connection within MaxHintedAddrs, so the next lookup asks it.
+func (t *LeaderTracker) learn(ri *storagedv1.GetReplicaInfoResponse) {
+	m := ri.GetMembership()
+	if m == nil {
+		return
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closed || (t.memSeen && m.GetIndex() < t.memIndex) {
+		return
+	}
+	var learned []string
+	if t.memSeen && m.GetIndex() == t.memIndex {
+		learned = t.learned
+	}
+	ids := slices.Concat(m.GetVoters(), m.GetLearners())
+	for _, id := range ids[:min(len(ids), 2*MaxMembers)] {
+		a := m.GetClientAddrs()[id]
+		if a != "" && len(a) <= maxAddrLen && !slices.Contains(t.members, a) && !slices.Contains(learned, a) &&
+			len(learned) < MaxMembers {
+			learned = append(learned, a)
+		}
+	}
+	slices.Sort(learned)
+	t.learned, t.memIndex, t.memSeen = learned, m.GetIndex(), true
+	for _, a := range learned {
+		t.connLocked(a)
+	}
+}
+
+// refreshLoop asks the leader for the membership every RefreshInterval
+// (jittered), until Close.
+func (t *LeaderTracker) refreshLoop() {
+	defer t.wg.Done()
+	timer := time.NewTimer(jitter(t.opts.RefreshInterval))
+	defer timer.Stop()
+	for {
+		select {
+		case <-timer.C:
+		case <-t.ctx.Done():
+			return
+		}
+		t.refresh()
+		timer.Reset(jitter(t.opts.RefreshInterval))
+	}
+}
+
+// refresh learns the membership from the leader puts go to (none known:
+// the next put's lookup learns it), and forgets a leader that says it no
+// longer is the ready one, so that the next put looks the leader up
+// instead of being refused first.
+func (t *LeaderTracker) refresh() {
+	addr := t.Leader()
+	if addr == "" {
+		return
+	}
+	ri, err := t.probe(t.ctx, addr)
+	if err != nil {
+		return // a put finds out, or the next round
+	}
+	t.learn(ri)
+	if !isReadyLeader(ri) {
+		t.doubt(addr)
+	}
+}
+
 // runLookup finds the ready leader: the hinted address if it says so
-// itself, else the first member (or address hinted before) that does,
-// else a leader address the members name that no one was asked about. A member that only names the
+// itself, else the first member (or address hinted or learned before)
+// that does, else a leader address the members name, or a member their
+// membership names, that no one was asked about. A member that only names the
 // leader is not enough: a dead leader is named until the others time it
 // out, and a put sent to it would end with an unknown outcome. (A
 // deposed leader that still believes it leads refuses puts without a
@@ -407,60 +573,66 @@ func (t *LeaderTracker) runLookup(lc *lookupCall, hint string) {
 		close(lc.done)
 	}()
 	if hint != "" {
-		if ri, err := t.probe(t.ctx, hint); err == nil && isReadyLeader(ri) {
-			lc.addr = hint
-			return
+		if ri, err := t.probe(t.ctx, hint); err == nil {
+			t.learn(ri)
+			if isReadyLeader(ri) {
+				lc.addr = hint
+				return
+			}
 		}
 	}
-	// The members given, and the leader addresses refusals named: a
-	// member added to the group since the tracker was made may lead now,
-	// and after a hint's single probe (it may not have been ready yet)
-	// no given member would ever name it again once none leads.
+	// The members given, the leader addresses refusals named and the
+	// members learned from the membership: a member added to the group
+	// since the tracker was made may lead now, and after a hint's single
+	// probe (it may not have been ready yet) no given member would ever
+	// name it again once none leads.
 	t.mu.Lock()
-	addrs := slices.Clone(t.members)
-	given := len(addrs)
-	for a := range t.conns {
-		if !slices.Contains(addrs, a) {
-			addrs = append(addrs, a)
-		}
-	}
+	addrs := t.addrsLocked()
 	t.mu.Unlock()
-	slices.Sort(addrs[given:])
 	ctx, cancel := context.WithCancel(t.ctx)
 	defer cancel()
-	type answer struct{ leader, named string }
+	type answer struct {
+		addr string
+		ri   *storagedv1.GetReplicaInfoResponse
+	}
 	answers := make(chan answer, len(addrs))
 	for _, a := range addrs {
 		go func() {
 			ri, err := t.probe(ctx, a)
-			var ans answer
-			if err == nil && isReadyLeader(ri) {
-				ans.leader = a
-			} else if err == nil {
-				ans.named = ri.GetLeaderAddr()
+			if err != nil {
+				ri = nil
 			}
-			answers <- ans
+			answers <- answer{a, ri}
 		}()
 	}
 	lc.err = ErrNoLeader
 	var named []string
 	for range addrs {
 		a := <-answers
-		if a.leader != "" && lc.err != nil {
-			lc.addr, lc.err = a.leader, nil
+		t.learn(a.ri)
+		if isReadyLeader(a.ri) && lc.err != nil {
+			lc.addr, lc.err = a.addr, nil
 			cancel() // the others' answers no longer matter
 		}
-		if a.named != "" && !slices.Contains(addrs, a.named) && !slices.Contains(named, a.named) {
-			named = append(named, a.named)
+		if n := a.ri.GetLeaderAddr(); n != "" && !slices.Contains(addrs, n) && !slices.Contains(named, n) {
+			named = append(named, n)
 		}
 	}
 	if lc.err == nil {
 		return
 	}
-	// A leader no address known here names (a member added to the group
-	// since the tracker was made): asked itself, within MaxHintedAddrs,
-	// since only its own word makes it the ready leader.
+	// A leader no address asked names (a member added to the group since
+	// the tracker was made), and the members the answers' membership
+	// named that were not asked: each asked itself, within
+	// MaxHintedAddrs, since only its own word makes it the ready leader.
 	slices.Sort(named)
+	t.mu.Lock()
+	for _, a := range t.addrsLocked() {
+		if !slices.Contains(addrs, a) && !slices.Contains(named, a) {
+			named = append(named, a)
+		}
+	}
+	t.mu.Unlock()
 	for _, a := range named {
 		t.mu.Lock()
 		a = t.connLocked(a)
@@ -486,11 +658,13 @@ func isReadyLeader(ri *storagedv1.GetReplicaInfoResponse) bool {
 func (t *LeaderTracker) probe(ctx context.Context, addr string) (*storagedv1.GetReplicaInfoResponse, error) {
 	t.mu.Lock()
 	c := t.conns[addr]
-	closed := t.closed
-	t.mu.Unlock()
-	if closed || c == nil {
+	if t.closed || c == nil { // closed, or an evicted address
+		t.mu.Unlock()
 		return nil, ErrClosed
 	}
+	t.refs[addr]++
+	t.mu.Unlock()
+	defer t.release(addr)
 	if c.GetState() == connectivity.TransientFailure {
 		c.ResetConnectBackoff()
 	}

@@ -3,7 +3,10 @@ package client
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
+	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -40,6 +43,10 @@ type scripted struct {
 	onProbe func(s *scripted)
 	// leaderAddr is the leader's client address GetReplicaInfo names.
 	leaderAddr string
+	// membership is the group's membership GetReplicaInfo reports.
+	membership *storagedv1.ReplicaMembership
+	// stop stops the server: the member is gone (its address refuses).
+	stop func()
 }
 
 func startScripted(t *testing.T) *scripted {
@@ -56,11 +63,28 @@ func startScripted(t *testing.T) *scripted {
 		defer close(done)
 		_ = srv.Serve(lis)
 	}()
-	t.Cleanup(func() {
-		srv.Stop()
-		<-done
-	})
+	var once sync.Once
+	s.stop = func() {
+		once.Do(func() {
+			srv.Stop()
+			<-done
+		})
+	}
+	t.Cleanup(s.stop)
 	return s
+}
+
+// setMembership makes s report the membership at index whose members
+// have the client addresses of ms (ids 1, 2, … in order).
+func (s *scripted) setMembership(index uint64, ms ...*scripted) {
+	m := &storagedv1.ReplicaMembership{Index: index, ClientAddrs: map[uint64]string{}}
+	for i, o := range ms {
+		m.Voters = append(m.Voters, uint64(i+1))
+		m.ClientAddrs[uint64(i+1)] = o.addr
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.membership = m
 }
 
 func (s *scripted) set(role storagedv1.ReplicaRole, ready bool, term uint64, script ...error) {
@@ -88,7 +112,8 @@ func (s *scripted) GetReplicaInfo(context.Context, *storagedv1.GetReplicaInfoReq
 	if s.onProbe != nil {
 		s.onProbe(s)
 	}
-	return &storagedv1.GetReplicaInfoResponse{Role: s.role, Ready: s.ready, Term: s.term, LeaderAddr: s.leaderAddr}, nil
+	return &storagedv1.GetReplicaInfoResponse{Role: s.role, Ready: s.ready, Term: s.term, LeaderAddr: s.leaderAddr,
+		Membership: s.membership}, nil
 }
 
 func (s *scripted) PutMessage(context.Context, *storagedv1.PutMessageRequest) (*storagedv1.PutMessageResponse, error) {
@@ -195,6 +220,162 @@ func TestTrackerAsksNamedLeader(t *testing.T) {
 	}
 	if a.putCount() != 0 || b.putCount() != 0 || c.putCount() != 2 || tr.Leader() != c.addr {
 		t.Fatalf("puts a=%d b=%d c=%d, leader %s (c is %s)", a.putCount(), b.putCount(), c.putCount(), tr.Leader(), c.addr)
+	}
+}
+
+// TestTrackerLearnsMembers: the tracker is given member a only; b was
+// added to the group since, and a's replica info lists b's client
+// address. Once a is gone and b leads, the puts reach b: the lookup asks
+// the members it learned, not only the ones it was given (with those
+// alone it would find no leader for ever).
+func TestTrackerLearnsMembers(t *testing.T) {
+	a, b := startScripted(t), startScripted(t)
+	a.set(leader, true, 5)
+	a.setMembership(9, a, b)
+	b.setMembership(9, a, b)
+	tr := newTracker(t, Options{LeaderWait: 5 * time.Second, RefreshInterval: time.Hour}, a)
+	if err := put(tr); err != nil {
+		t.Fatal(err)
+	}
+	if got := tr.Addrs(); !slices.Equal(got, []string{a.addr, b.addr}) {
+		t.Fatalf("addresses after the first lookup %v, want a then b %v", got, []string{a.addr, b.addr})
+	}
+	a.stop()
+	b.set(leader, true, 6)
+	// A put sent before the connection noticed a is gone fails with an
+	// unknown outcome (it was sent): the next one looks the leader up.
+	err := put(tr)
+	if err != nil && !Classify(err).NothingStored {
+		t.Logf("the put in flight to a when it went: %v", err)
+		err = put(tr)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a.putCount() != 1 || b.putCount() != 1 || tr.Leader() != b.addr {
+		t.Fatalf("puts a=%d b=%d, leader %s (b is %s)", a.putCount(), b.putCount(), tr.Leader(), b.addr)
+	}
+}
+
+// TestTrackerRefresh: while a keeps leading no lookup runs, so the
+// tracker learns that b joined only by asking the leader every
+// RefreshInterval; a refresh also forgets a leader that says it no longer
+// leads, so the next put looks the leader up instead of being refused.
+func TestTrackerRefresh(t *testing.T) {
+	a, b := startScripted(t), startScripted(t)
+	a.set(leader, true, 5)
+	a.setMembership(1, a)
+	// Each probe reports what it answers: the membership's index and
+	// whether a said it leads.
+	type answer struct {
+		index   uint64
+		leading bool
+	}
+	probed := make(chan answer, 1000)
+	a.onProbe = func(s *scripted) {
+		select { // never blocks with s.mu held (the test takes it too)
+		case probed <- answer{s.membership.GetIndex(), s.role == leader}:
+		default:
+		}
+	}
+	// waitProbes waits for two probes answering want: the loop's probes
+	// run one after the other, each learning before the next is sent, so
+	// after the second the first one's answer was learned.
+	waitProbes := func(want answer) {
+		timeout := time.After(30 * time.Second)
+		for n := 0; n < 2; {
+			select {
+			case got := <-probed:
+				if got == want {
+					n++
+				}
+			case <-timeout:
+				t.Fatalf("no two probes of a answering %+v within 30 s", want)
+			}
+		}
+	}
+	tr := newTracker(t, Options{RefreshInterval: time.Millisecond}, a)
+	if err := put(tr); err != nil {
+		t.Fatal(err)
+	}
+	a.setMembership(4, a, b)
+	waitProbes(answer{4, true})
+	if got := tr.Addrs(); !slices.Equal(got, []string{a.addr, b.addr}) {
+		t.Fatalf("addresses after refreshes %v, want a then b", got)
+	}
+	if tr.Leader() != a.addr {
+		t.Fatalf("leader %q, want a", tr.Leader())
+	}
+	a.mu.Lock()
+	a.role, a.ready = storagedv1.ReplicaRole_REPLICA_ROLE_FOLLOWER, false
+	a.mu.Unlock()
+	// The refresh that hears it forgets a (and, knowing no leader, the
+	// loop asks no one until a put looks the leader up).
+	deadline := time.Now().Add(30 * time.Second)
+	got := answer{4, true}
+	for got != (answer{4, false}) {
+		select {
+		case got = <-probed:
+		case <-time.After(time.Until(deadline)):
+			t.Fatal("no probe of a answering it follows within 30 s")
+		}
+	}
+	for tr.Leader() != "" && time.Now().Before(deadline) {
+		<-time.After(time.Millisecond)
+	}
+	if l := tr.Leader(); l != "" {
+		t.Fatalf("leader %q after it said it follows, want none", l)
+	}
+	b.set(leader, true, 6)
+	if err := put(tr); err != nil {
+		t.Fatal(err)
+	}
+	if a.putCount() != 1 || b.putCount() != 1 {
+		t.Fatalf("puts a=%d b=%d, want 1 and 1 (no put refused by a)", a.putCount(), b.putCount())
+	}
+}
+
+// TestTrackerLearnBounded: what a membership names is bounded: at most
+// MaxHintedAddrs connections beyond the given members, addresses longer
+// than storaged accepts ignored, an older membership ignored, and a newer
+// one replacing the members learned (the ones no longer named and unused
+// evicted to make room), but never the leader's.
+func TestTrackerLearnBounded(t *testing.T) {
+	a := startScripted(t)
+	a.set(leader, true, 5)
+	tr := newTracker(t, Options{MaxHintedAddrs: 3, RefreshInterval: time.Hour}, a)
+	membership := func(index uint64, addrs ...string) {
+		m := &storagedv1.ReplicaMembership{Index: index, Voters: []uint64{1}, ClientAddrs: map[uint64]string{1: a.addr}}
+		for i, x := range addrs {
+			m.Voters = append(m.Voters, uint64(i+2))
+			m.ClientAddrs[uint64(i+2)] = x
+		}
+		a.mu.Lock()
+		a.membership = m
+		a.mu.Unlock()
+	}
+	many := make([]string, 40)
+	for i := range many {
+		many[i] = fmt.Sprintf("127.0.0.1:%d", 1000+i)
+	}
+	long := "127.0.0.1:" + strings.Repeat("9", maxAddrLen)
+	membership(10, append([]string{long}, many...)...)
+	if err := put(tr); err != nil {
+		t.Fatal(err)
+	}
+	got := tr.Addrs()
+	if len(got) != 4 || got[0] != a.addr || slices.Contains(got, long) {
+		t.Fatalf("addresses %v: want a and 3 learned, not the long one", got)
+	}
+	membership(9, "127.0.0.1:2000")
+	tr.refresh()
+	if now := tr.Addrs(); !slices.Equal(now, got) {
+		t.Fatalf("an older membership changed the addresses: %v, was %v", now, got)
+	}
+	membership(11, "127.0.0.1:3000", "127.0.0.1:3001")
+	tr.refresh()
+	if now := tr.Addrs(); !slices.Contains(now, "127.0.0.1:3000") || !slices.Contains(now, "127.0.0.1:3001") || len(now) != 4 {
+		t.Fatalf("after a newer membership: %v, want a, both new members and one stale address", now)
 	}
 }
 

@@ -3,6 +3,7 @@ package server
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strconv"
 	"time"
 
@@ -108,6 +109,7 @@ func (s *Service) GetReplicaInfo(context.Context, *storagedv1.GetReplicaInfoRequ
 	}
 	if ri.Membership != nil {
 		resp.Membership = membershipProto(*ri.Membership)
+		resp.Membership.ClientAddrs = s.memberClientAddrs(*ri.Membership)
 	}
 	resp.ClusterId, resp.Group = ri.ClusterID, ri.Group
 	return resp, nil
@@ -130,6 +132,22 @@ func replicaRole(r string) storagedv1.ReplicaRole {
 		return storagedv1.ReplicaRole_REPLICA_ROLE_LEARNER
 	}
 	return storagedv1.ReplicaRole_REPLICA_ROLE_UNSPECIFIED
+}
+
+// memberClientAddrs is the client address this member knows for each
+// voter and learner of m: what lets a client configured with some of the
+// members find the ones added since (client.LeaderTracker).
+func (s *Service) memberClientAddrs(m Membership) map[uint64]string {
+	if s.clientAddr == nil {
+		return nil
+	}
+	out := map[uint64]string{}
+	for _, id := range slices.Concat(m.Voters, m.Learners) {
+		if a := s.clientAddr(id); a != "" {
+			out[id] = a
+		}
+	}
+	return out
 }
 
 func (s *Service) leaderAddr(id uint64) string {

@@ -46,8 +46,13 @@ func TestGetReplicaInfoGroup(t *testing.T) {
 		{"bogus", storagedv1.ReplicaRole_REPLICA_ROLE_UNSPECIFIED},
 	} {
 		info := ReplicaInfo{Role: tc.role, ID: 2, Term: 7, LeaderID: 1, Commit: 40, Applied: 39, CommitEnd: 4096, Ready: true,
-			Peers: []PeerProgress{{ID: 3, Match: 38, Next: 39, RecentActive: true, Learner: true}}}
-		addrs := map[uint64]string{1: "127.0.0.1:9090"}
+			Peers: []PeerProgress{{ID: 3, Match: 38, Next: 39, RecentActive: true, Learner: true}},
+			Membership: &Membership{Index: 12, Voters: []uint64{1, 2, 4}, Learners: []uint64{3},
+				PeerAddrs: map[uint64]string{1: "127.0.0.1:7001", 2: "127.0.0.1:7002"}, Removed: []uint64{5}}}
+		// Member 4's address is not known yet, and 9 is no member (a
+		// removed one's address the transport still holds): neither is
+		// listed.
+		addrs := map[uint64]string{1: "127.0.0.1:9090", 2: "127.0.0.1:9091", 3: "127.0.0.1:9092", 9: "127.0.0.1:9099"}
 		c, _, _ := storeServer(t, nil, WithReplication(func() ReplicaInfo { return info }, func(id uint64) string { return addrs[id] }))
 		resp, err := c.GetReplicaInfo(ctxT(t), &storagedv1.GetReplicaInfoRequest{})
 		if err != nil {
@@ -55,7 +60,10 @@ func TestGetReplicaInfoGroup(t *testing.T) {
 		}
 		want := &storagedv1.GetReplicaInfoResponse{Role: tc.want, Id: 2, Term: 7, LeaderId: 1, LeaderAddr: "127.0.0.1:9090",
 			Commit: 40, Applied: 39, CommitEnd: 4096, Ready: true,
-			Peers: []*storagedv1.PeerProgress{{Id: 3, Match: 38, Next: 39, RecentActive: true, Learner: true}}}
+			Peers: []*storagedv1.PeerProgress{{Id: 3, Match: 38, Next: 39, RecentActive: true, Learner: true}},
+			Membership: &storagedv1.ReplicaMembership{Index: 12, Voters: []uint64{1, 2, 4}, Learners: []uint64{3},
+				PeerAddrs: map[uint64]string{1: "127.0.0.1:7001", 2: "127.0.0.1:7002"}, Removed: []uint64{5},
+				ClientAddrs: map[uint64]string{1: "127.0.0.1:9090", 2: "127.0.0.1:9091", 3: "127.0.0.1:9092"}}}
 		if !proto.Equal(resp, want) {
 			t.Fatalf("%s: got %v, want %v", tc.role, resp, want)
 		}

@@ -1694,7 +1694,14 @@ type ReplicaMembership struct {
 	// Peer addresses (host:port of their --peer-listen) this member knows for the members.
 	PeerAddrs map[uint64]string `protobuf:"bytes,4,rep,name=peer_addrs,json=peerAddrs,proto3" json:"peer_addrs,omitempty" protobuf_key:"varint,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	// Ids removed from the group (never used again).
-	Removed       []uint64 `protobuf:"varint,5,rep,packed,name=removed,proto3" json:"removed,omitempty"`
+	Removed []uint64 `protobuf:"varint,5,rep,packed,name=removed,proto3" json:"removed,omitempty"`
+	// Client addresses (host:port of their MessageStoreService, their --listen or --store-host) this
+	// member has learned for the members from their peer traffic, its own included: the leader knows
+	// every member that answers it, a follower the leader's and the candidates' that asked for its vote.
+	// A member not heard from since this one started is missing. Clients use it to find members added
+	// since they were configured (client.LeaderTracker asks every member it learned of when none it
+	// was given leads). Set in GetReplicaInfo only.
+	ClientAddrs   map[uint64]string `protobuf:"bytes,6,rep,name=client_addrs,json=clientAddrs,proto3" json:"client_addrs,omitempty" protobuf_key:"varint,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1760,6 +1767,13 @@ func (x *ReplicaMembership) GetPeerAddrs() map[uint64]string {
 func (x *ReplicaMembership) GetRemoved() []uint64 {
 	if x != nil {
 		return x.Removed
+	}
+	return nil
+}
+
+func (x *ReplicaMembership) GetClientAddrs() map[uint64]string {
+	if x != nil {
+		return x.ClientAddrs
 	}
 	return nil
 }
@@ -2642,15 +2656,19 @@ const file_storaged_v1_message_store_proto_rawDesc = "" +
 	"membership\x12\x1d\n" +
 	"\n" +
 	"cluster_id\x18\f \x01(\tR\tclusterId\x12\x14\n" +
-	"\x05group\x18\r \x01(\tR\x05group\"\x83\x02\n" +
+	"\x05group\x18\r \x01(\tR\x05group\"\x97\x03\n" +
 	"\x11ReplicaMembership\x12\x14\n" +
 	"\x05index\x18\x01 \x01(\x04R\x05index\x12\x16\n" +
 	"\x06voters\x18\x02 \x03(\x04R\x06voters\x12\x1a\n" +
 	"\blearners\x18\x03 \x03(\x04R\blearners\x12L\n" +
 	"\n" +
 	"peer_addrs\x18\x04 \x03(\v2-.storaged.v1.ReplicaMembership.PeerAddrsEntryR\tpeerAddrs\x12\x18\n" +
-	"\aremoved\x18\x05 \x03(\x04R\aremoved\x1a<\n" +
+	"\aremoved\x18\x05 \x03(\x04R\aremoved\x12R\n" +
+	"\fclient_addrs\x18\x06 \x03(\v2/.storaged.v1.ReplicaMembership.ClientAddrsEntryR\vclientAddrs\x1a<\n" +
 	"\x0ePeerAddrsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\x04R\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a>\n" +
+	"\x10ClientAddrsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\x04R\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x87\x01\n" +
 	"\fPeerProgress\x12\x0e\n" +
@@ -2767,7 +2785,7 @@ func file_storaged_v1_message_store_proto_rawDescGZIP() []byte {
 }
 
 var file_storaged_v1_message_store_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_storaged_v1_message_store_proto_msgTypes = make([]protoimpl.MessageInfo, 32)
+var file_storaged_v1_message_store_proto_msgTypes = make([]protoimpl.MessageInfo, 33)
 var file_storaged_v1_message_store_proto_goTypes = []any{
 	(PutMessageStatus)(0),            // 0: storaged.v1.PutMessageStatus
 	(ReplicaRole)(0),                 // 1: storaged.v1.ReplicaRole
@@ -2802,19 +2820,20 @@ var file_storaged_v1_message_store_proto_goTypes = []any{
 	nil,                              // 30: storaged.v1.Message.PropertiesEntry
 	nil,                              // 31: storaged.v1.BatchEntry.PropertiesEntry
 	nil,                              // 32: storaged.v1.ReplicaMembership.PeerAddrsEntry
-	nil,                              // 33: storaged.v1.StoredMessage.PropertiesEntry
-	(*timestamppb.Timestamp)(nil),    // 34: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),      // 35: google.protobuf.Duration
+	nil,                              // 33: storaged.v1.ReplicaMembership.ClientAddrsEntry
+	nil,                              // 34: storaged.v1.StoredMessage.PropertiesEntry
+	(*timestamppb.Timestamp)(nil),    // 35: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),      // 36: google.protobuf.Duration
 }
 var file_storaged_v1_message_store_proto_depIdxs = []int32{
-	34, // 0: storaged.v1.Message.born_timestamp:type_name -> google.protobuf.Timestamp
+	35, // 0: storaged.v1.Message.born_timestamp:type_name -> google.protobuf.Timestamp
 	30, // 1: storaged.v1.Message.properties:type_name -> storaged.v1.Message.PropertiesEntry
-	34, // 2: storaged.v1.Message.deliver_at:type_name -> google.protobuf.Timestamp
+	35, // 2: storaged.v1.Message.deliver_at:type_name -> google.protobuf.Timestamp
 	2,  // 3: storaged.v1.PutMessageRequest.message:type_name -> storaged.v1.Message
 	5,  // 4: storaged.v1.PutMessagesRequest.messages:type_name -> storaged.v1.BatchEntry
-	34, // 5: storaged.v1.BatchEntry.born_timestamp:type_name -> google.protobuf.Timestamp
+	35, // 5: storaged.v1.BatchEntry.born_timestamp:type_name -> google.protobuf.Timestamp
 	31, // 6: storaged.v1.BatchEntry.properties:type_name -> storaged.v1.BatchEntry.PropertiesEntry
-	34, // 7: storaged.v1.AppendResult.store_timestamp:type_name -> google.protobuf.Timestamp
+	35, // 7: storaged.v1.AppendResult.store_timestamp:type_name -> google.protobuf.Timestamp
 	0,  // 8: storaged.v1.PutMessageResponse.status:type_name -> storaged.v1.PutMessageStatus
 	6,  // 9: storaged.v1.PutMessageResponse.result:type_name -> storaged.v1.AppendResult
 	0,  // 10: storaged.v1.PutMessagesResponse.status:type_name -> storaged.v1.PutMessageStatus
@@ -2823,43 +2842,44 @@ var file_storaged_v1_message_store_proto_depIdxs = []int32{
 	0,  // 13: storaged.v1.PutMessageStreamResponse.status:type_name -> storaged.v1.PutMessageStatus
 	6,  // 14: storaged.v1.PutMessageStreamResponse.result:type_name -> storaged.v1.AppendResult
 	29, // 15: storaged.v1.GetMessageResponse.message:type_name -> storaged.v1.StoredMessage
-	35, // 16: storaged.v1.PullMessagesRequest.wait:type_name -> google.protobuf.Duration
+	36, // 16: storaged.v1.PullMessagesRequest.wait:type_name -> google.protobuf.Duration
 	29, // 17: storaged.v1.PullMessagesResponse.messages:type_name -> storaged.v1.StoredMessage
 	1,  // 18: storaged.v1.GetReplicaInfoResponse.role:type_name -> storaged.v1.ReplicaRole
 	20, // 19: storaged.v1.GetReplicaInfoResponse.peers:type_name -> storaged.v1.PeerProgress
 	19, // 20: storaged.v1.GetReplicaInfoResponse.membership:type_name -> storaged.v1.ReplicaMembership
 	32, // 21: storaged.v1.ReplicaMembership.peer_addrs:type_name -> storaged.v1.ReplicaMembership.PeerAddrsEntry
-	34, // 22: storaged.v1.GetOffsetByTimeRequest.time:type_name -> google.protobuf.Timestamp
-	33, // 23: storaged.v1.StoredMessage.properties:type_name -> storaged.v1.StoredMessage.PropertiesEntry
-	34, // 24: storaged.v1.StoredMessage.born_timestamp:type_name -> google.protobuf.Timestamp
-	34, // 25: storaged.v1.StoredMessage.store_timestamp:type_name -> google.protobuf.Timestamp
-	3,  // 26: storaged.v1.MessageStoreService.PutMessage:input_type -> storaged.v1.PutMessageRequest
-	4,  // 27: storaged.v1.MessageStoreService.PutMessages:input_type -> storaged.v1.PutMessagesRequest
-	9,  // 28: storaged.v1.MessageStoreService.PutMessageStream:input_type -> storaged.v1.PutMessageStreamRequest
-	11, // 29: storaged.v1.MessageStoreService.GetMessage:input_type -> storaged.v1.GetMessageRequest
-	13, // 30: storaged.v1.MessageStoreService.PullMessages:input_type -> storaged.v1.PullMessagesRequest
-	15, // 31: storaged.v1.MessageStoreService.GetQueueInfo:input_type -> storaged.v1.GetQueueInfoRequest
-	17, // 32: storaged.v1.MessageStoreService.GetReplicaInfo:input_type -> storaged.v1.GetReplicaInfoRequest
-	21, // 33: storaged.v1.MessageStoreService.CommitOffset:input_type -> storaged.v1.CommitOffsetRequest
-	23, // 34: storaged.v1.MessageStoreService.GetOffset:input_type -> storaged.v1.GetOffsetRequest
-	25, // 35: storaged.v1.MessageStoreService.GetOffsetByTime:input_type -> storaged.v1.GetOffsetByTimeRequest
-	27, // 36: storaged.v1.MessageStoreService.RecallMessage:input_type -> storaged.v1.RecallMessageRequest
-	7,  // 37: storaged.v1.MessageStoreService.PutMessage:output_type -> storaged.v1.PutMessageResponse
-	8,  // 38: storaged.v1.MessageStoreService.PutMessages:output_type -> storaged.v1.PutMessagesResponse
-	10, // 39: storaged.v1.MessageStoreService.PutMessageStream:output_type -> storaged.v1.PutMessageStreamResponse
-	12, // 40: storaged.v1.MessageStoreService.GetMessage:output_type -> storaged.v1.GetMessageResponse
-	14, // 41: storaged.v1.MessageStoreService.PullMessages:output_type -> storaged.v1.PullMessagesResponse
-	16, // 42: storaged.v1.MessageStoreService.GetQueueInfo:output_type -> storaged.v1.GetQueueInfoResponse
-	18, // 43: storaged.v1.MessageStoreService.GetReplicaInfo:output_type -> storaged.v1.GetReplicaInfoResponse
-	22, // 44: storaged.v1.MessageStoreService.CommitOffset:output_type -> storaged.v1.CommitOffsetResponse
-	24, // 45: storaged.v1.MessageStoreService.GetOffset:output_type -> storaged.v1.GetOffsetResponse
-	26, // 46: storaged.v1.MessageStoreService.GetOffsetByTime:output_type -> storaged.v1.GetOffsetByTimeResponse
-	28, // 47: storaged.v1.MessageStoreService.RecallMessage:output_type -> storaged.v1.RecallMessageResponse
-	37, // [37:48] is the sub-list for method output_type
-	26, // [26:37] is the sub-list for method input_type
-	26, // [26:26] is the sub-list for extension type_name
-	26, // [26:26] is the sub-list for extension extendee
-	0,  // [0:26] is the sub-list for field type_name
+	33, // 22: storaged.v1.ReplicaMembership.client_addrs:type_name -> storaged.v1.ReplicaMembership.ClientAddrsEntry
+	35, // 23: storaged.v1.GetOffsetByTimeRequest.time:type_name -> google.protobuf.Timestamp
+	34, // 24: storaged.v1.StoredMessage.properties:type_name -> storaged.v1.StoredMessage.PropertiesEntry
+	35, // 25: storaged.v1.StoredMessage.born_timestamp:type_name -> google.protobuf.Timestamp
+	35, // 26: storaged.v1.StoredMessage.store_timestamp:type_name -> google.protobuf.Timestamp
+	3,  // 27: storaged.v1.MessageStoreService.PutMessage:input_type -> storaged.v1.PutMessageRequest
+	4,  // 28: storaged.v1.MessageStoreService.PutMessages:input_type -> storaged.v1.PutMessagesRequest
+	9,  // 29: storaged.v1.MessageStoreService.PutMessageStream:input_type -> storaged.v1.PutMessageStreamRequest
+	11, // 30: storaged.v1.MessageStoreService.GetMessage:input_type -> storaged.v1.GetMessageRequest
+	13, // 31: storaged.v1.MessageStoreService.PullMessages:input_type -> storaged.v1.PullMessagesRequest
+	15, // 32: storaged.v1.MessageStoreService.GetQueueInfo:input_type -> storaged.v1.GetQueueInfoRequest
+	17, // 33: storaged.v1.MessageStoreService.GetReplicaInfo:input_type -> storaged.v1.GetReplicaInfoRequest
+	21, // 34: storaged.v1.MessageStoreService.CommitOffset:input_type -> storaged.v1.CommitOffsetRequest
+	23, // 35: storaged.v1.MessageStoreService.GetOffset:input_type -> storaged.v1.GetOffsetRequest
+	25, // 36: storaged.v1.MessageStoreService.GetOffsetByTime:input_type -> storaged.v1.GetOffsetByTimeRequest
+	27, // 37: storaged.v1.MessageStoreService.RecallMessage:input_type -> storaged.v1.RecallMessageRequest
+	7,  // 38: storaged.v1.MessageStoreService.PutMessage:output_type -> storaged.v1.PutMessageResponse
+	8,  // 39: storaged.v1.MessageStoreService.PutMessages:output_type -> storaged.v1.PutMessagesResponse
+	10, // 40: storaged.v1.MessageStoreService.PutMessageStream:output_type -> storaged.v1.PutMessageStreamResponse
+	12, // 41: storaged.v1.MessageStoreService.GetMessage:output_type -> storaged.v1.GetMessageResponse
+	14, // 42: storaged.v1.MessageStoreService.PullMessages:output_type -> storaged.v1.PullMessagesResponse
+	16, // 43: storaged.v1.MessageStoreService.GetQueueInfo:output_type -> storaged.v1.GetQueueInfoResponse
+	18, // 44: storaged.v1.MessageStoreService.GetReplicaInfo:output_type -> storaged.v1.GetReplicaInfoResponse
+	22, // 45: storaged.v1.MessageStoreService.CommitOffset:output_type -> storaged.v1.CommitOffsetResponse
+	24, // 46: storaged.v1.MessageStoreService.GetOffset:output_type -> storaged.v1.GetOffsetResponse
+	26, // 47: storaged.v1.MessageStoreService.GetOffsetByTime:output_type -> storaged.v1.GetOffsetByTimeResponse
+	28, // 48: storaged.v1.MessageStoreService.RecallMessage:output_type -> storaged.v1.RecallMessageResponse
+	38, // [38:49] is the sub-list for method output_type
+	27, // [27:38] is the sub-list for method input_type
+	27, // [27:27] is the sub-list for extension type_name
+	27, // [27:27] is the sub-list for extension extendee
+	0,  // [0:27] is the sub-list for field type_name
 }
 
 func init() { file_storaged_v1_message_store_proto_init() }
@@ -2878,7 +2898,7 @@ func file_storaged_v1_message_store_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_storaged_v1_message_store_proto_rawDesc), len(file_storaged_v1_message_store_proto_rawDesc)),
 			NumEnums:      2,
-			NumMessages:   32,
+			NumMessages:   33,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
