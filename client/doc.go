@@ -9,7 +9,17 @@
 // LeaderWait; a member that refused is asked again only after its
 // RetryInfo (or a jittered backoff without one), while a put goes at once
 // to another member that says it is the ready leader; connections to
-// hinted addresses outside the member list at most MaxHintedAddrs.
+// addresses outside the member list at most MaxHintedAddrs.
+//
+// The members of a group change (storaged replica add, remove): the
+// tracker learns the client addresses of the members added since it was
+// made from the membership the members report (GetReplicaInfo's
+// membership.client_addrs), at every leader lookup and by asking the
+// leader every RefreshInterval, and asks them too when looking for the
+// leader. So a client configured with the members of a year ago still
+// finds the leader after they were all replaced one by one, as long as it
+// ran (and refreshed) while the group changed; a client started after the
+// change needs at least one current member among its addresses.
 //
 // What a put's error means for the message:
 //
