@@ -821,10 +821,12 @@ func (s *Store) ReportUnreachable(id uint64) {
 	}
 }
 
-// Errors of TransferLeadership (see there).
+// Errors of TransferLeadership and MoveLeadership (see there).
 var (
-	ErrNoTransferee    = replica.ErrNoTransferee
-	ErrTransferTimeout = replica.ErrTransferTimeout
+	ErrNoTransferee       = replica.ErrNoTransferee
+	ErrTransferTimeout    = replica.ErrTransferTimeout
+	ErrNotVoter           = replica.ErrNotVoter
+	ErrTransfereeInactive = replica.ErrTransfereeInactive
 )
 
 // TransferLeadership is for a stopping replica (storaged on SIGTERM,
@@ -848,6 +850,46 @@ func (s *Store) TransferLeadership(ctx context.Context) (uint64, error) {
 	}
 	g := s.group.opts
 	return s.group.node.TransferLeadership(2*time.Duration(g.ElectionTick)*g.TickInterval, ctx.Done())
+}
+
+// MoveLeadership is an operator's move of the leadership (storaged
+// replica transfer, etcd's move-leader) on the group's leader: it hands
+// the leadership to voter to (0: the recently active voter with the
+// highest match, as TransferLeadership chooses) and waits, at most two
+// election timeouts or until ctx ends, until another member leads; it
+// returns that member's id (to itself at once when to is this leader).
+// While it runs, puts are refused with TRANSFERRING (UNAVAILABLE, nothing
+// stored); puts proposed before are committed by the new leader. Unlike
+// TransferLeadership it refuses on a member that does not lead, and a
+// leader that gives up takes puts again.
+//
+// Refusals, nothing changed: a *NotLeaderError (a follower, naming the
+// leader; TRANSFERRING while the leadership moves already),
+// ErrConfChangePending (a membership change has not applied yet),
+// ErrNotVoter (a learner, an unknown or a removed id), ErrTransfereeInactive
+// (the voter was not heard from within an election timeout),
+// ErrNoTransferee (to 0: no voter was). ErrTransferTimeout: no other
+// member led in time; this one leads still and takes puts again (a
+// transferee that was already told to campaign may still win: read the
+// leader before retrying). ErrClosed: the store closed meanwhile.
+func (s *Store) MoveLeadership(ctx context.Context, to uint64) (uint64, error) {
+	if s.group == nil || s.group.node == nil {
+		return 0, ErrNotGroup
+	}
+	if s.closed.Load() {
+		return 0, ErrClosed
+	}
+	lead, err := s.group.node.MoveLeadership(ctx, to)
+	switch {
+	case errors.Is(err, replica.ErrClosed):
+		// The node's ErrClosed says a put's outcome is unknown; a move has
+		// no outcome to lose: the store is closing (UNAVAILABLE, retry on
+		// the group's leader).
+		return 0, fmt.Errorf("storage: move the leadership to %d: %w", to, ErrClosed)
+	case err != nil:
+		return 0, fmt.Errorf("storage: move the leadership to %d: %w", to, err)
+	}
+	return lead, nil
 }
 
 // Campaign makes this replica start an election now (tests, operators).

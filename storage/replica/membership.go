@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"net"
 	"slices"
-	"time"
 
 	"go.etcd.io/raft/v3"
 	pb "go.etcd.io/raft/v3/raftpb"
@@ -271,18 +270,13 @@ func (n *Node) removeSelf(ctx context.Context, cc *pb.ConfChangeV2, w *confWaite
 		return err
 	}
 	n.confWait, n.selfRemoval = w, &selfRemoval{data: data}
-	n.mu.Unlock()
-	// Each attempt two election timeouts, as for a stopping leader; with
-	// ticks given by the host (tests) the ctx alone bounds it.
-	wait := 2 * time.Duration(n.opts.ElectionTick) * n.opts.TickInterval
-	if n.opts.TickInterval <= 0 {
-		wait = time.Hour
-	}
+	term := n.rn.BasicStatus().GetTerm()
 	for {
-		// Raft gives a transfer up after an election timeout (a follower
-		// that could not catch up in time): try again, with the most
-		// caught-up voter then, until ctx ends.
-		_, err = n.TransferLeadership(wait, ctx.Done())
+		// Each attempt two election timeouts, as for a stopping leader
+		// (transferWait). Raft gives a transfer up after an election
+		// timeout (a follower that could not catch up in time): try again,
+		// with the most caught-up voter then, until ctx ends.
+		_, err = n.transferLeadershipLocked(n.transferWait(), ctx.Done()) // unlocks n.mu
 		if err == nil {
 			n.kick() // the loop sends the request to the new leader
 			return nil
@@ -290,14 +284,15 @@ func (n *Node) removeSelf(ctx context.Context, cc *pb.ConfChangeV2, w *confWaite
 		if !errors.Is(err, ErrTransferTimeout) || ctx.Err() != nil {
 			break
 		}
+		n.mu.Lock()
 	}
 	n.mu.Lock()
 	if n.confWait == w {
 		n.confWait, n.selfRemoval = nil, nil
 	}
-	// Still leading: take puts again (TransferLeadership leaves them
-	// refused, for a process that stops).
-	n.leaving = false
+	// Still leading: take puts again (the hand-over leaves them refused),
+	// unless the process began stopping meanwhile.
+	n.resumeLocked(term)
 	n.mu.Unlock()
 	if errors.Is(err, ErrNoTransferee) {
 		return fmt.Errorf("%w: no voter was active to hand the leadership to", ErrRemoveLeader)

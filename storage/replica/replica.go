@@ -227,10 +227,17 @@ type Node struct {
 	commit  uint64 // commit index applied
 	end     int64  // commitEnd
 	err     error  // sticky
-	// leaving: TransferLeadership runs (the process is stopping); while
-	// this node leads, puts are refused with TRANSFERRING, also after raft
-	// gave up a transfer. Cleared when the node stops leading.
+	// leaving: a hand-over of the leadership runs (handOverLocked:
+	// TransferLeadership, MoveLeadership, removeSelf); while this node
+	// leads, puts are refused with TRANSFERRING, also after raft gave up a
+	// transfer. Cleared when the node stops leading, and by a MoveLeadership
+	// or removeSelf that gave up (resumeLocked) unless stopping.
 	leaving bool
+	// stopping: TransferLeadership ran, the process is stopping: no
+	// hand-over that gives up makes this leader take puts again (a
+	// MoveLeadership that was running when SIGTERM came must not undo the
+	// stop's refusal). Never cleared.
+	stopping bool
 	// softChanged is closed and replaced when the raft state or the
 	// leader changes (TransferLeadership waits on it).
 	softChanged chan struct{}
@@ -1124,21 +1131,11 @@ func (n *Node) heardLocked(id uint64) bool {
 
 // refusalLocked is why this replica takes no put now, or nil.
 func (n *Node) refusalLocked() error {
-	if errors.Is(n.err, ErrRemoved) {
-		return &NotLeaderError{Cause: CauseRemoved, Term: n.term}
-	}
-	if n.err != nil {
-		return n.err
-	}
 	st := n.rn.BasicStatus()
-	switch {
-	case st.RaftState != raft.StateLeader && st.Lead == raft.None:
-		return &NotLeaderError{Cause: CauseNoLeader, Term: st.GetTerm()}
-	case st.RaftState != raft.StateLeader:
-		return &NotLeaderError{Cause: CauseNotLeader, LeaderID: st.Lead, Term: st.GetTerm()}
-	case st.LeadTransferee != raft.None || n.leaving:
-		return &NotLeaderError{Cause: CauseTransferring, LeaderID: st.LeadTransferee, Term: st.GetTerm()}
-	case !n.ready:
+	if err := n.leadRefusalLocked(st); err != nil {
+		return err
+	}
+	if !n.ready {
 		return &NotLeaderError{Cause: CauseLeaderNotReady, LeaderID: st.ID, Term: st.GetTerm()}
 	}
 	voters, active := 0, 0
@@ -1158,6 +1155,29 @@ func (n *Node) refusalLocked() error {
 	// from within the last election timeout (n.heard).
 	if need := (voters+1)/2 + 1 - 1; active < need {
 		return fmt.Errorf("%w: %d of %d followers active, %d needed", ErrInSyncReplicasNotEnough, active, voters, need)
+	}
+	return nil
+}
+
+// leadRefusalLocked is why this replica is not a leader free to act (to
+// take a put, or to hand its leadership over), or nil: stopped or removed,
+// a follower (naming the leader it knows), no leader, or a leader whose
+// leadership is moving (TRANSFERRING, naming the transferee raft knows).
+// st is raft's status now. REQUIRES: n.mu.
+func (n *Node) leadRefusalLocked(st raft.BasicStatus) error {
+	if errors.Is(n.err, ErrRemoved) {
+		return &NotLeaderError{Cause: CauseRemoved, Term: n.term}
+	}
+	if n.err != nil {
+		return n.err
+	}
+	switch {
+	case st.RaftState != raft.StateLeader && st.Lead == raft.None:
+		return &NotLeaderError{Cause: CauseNoLeader, Term: st.GetTerm()}
+	case st.RaftState != raft.StateLeader:
+		return &NotLeaderError{Cause: CauseNotLeader, LeaderID: st.Lead, Term: st.GetTerm()}
+	case st.LeadTransferee != raft.None || n.leaving:
+		return &NotLeaderError{Cause: CauseTransferring, LeaderID: st.LeadTransferee, Term: st.GetTerm()}
 	}
 	return nil
 }
@@ -1375,38 +1395,174 @@ func (n *Node) ReportUnreachable(id uint64) {
 	n.rn.ReportUnreachable(id)
 }
 
-// ErrNoTransferee: TransferLeadership found no recently active voter to
-// hand leadership to; the node refuses puts (TRANSFERRING) and stops as
-// it is.
-var ErrNoTransferee = errors.New("replica: no recently active voter to transfer leadership to")
-
-// ErrTransferTimeout: leadership did not move within the wait.
-var ErrTransferTimeout = errors.New("replica: leadership did not move in time")
+// Errors of a hand-over of the leadership (TransferLeadership,
+// MoveLeadership).
+var (
+	// ErrNoTransferee: no recently active voter to hand the leadership to.
+	// TransferLeadership's node refuses puts (TRANSFERRING) and stops as it
+	// is; MoveLeadership changed nothing.
+	ErrNoTransferee = errors.New("replica: no recently active voter to transfer leadership to")
+	// ErrTransferTimeout: leadership did not move within the wait.
+	ErrTransferTimeout = errors.New("replica: leadership did not move in time")
+	// ErrNotVoter: MoveLeadership was asked for an id that is not a voter
+	// of the group: a learner (raft never makes one leader), an unknown or
+	// a removed id. Nothing changed.
+	ErrNotVoter = errors.New("replica: not a voter of the group; the leadership stays")
+	// ErrTransfereeInactive: MoveLeadership was asked for a voter not
+	// heard from within the last election timeout: raft would wait for it
+	// in vain while the leader refuses puts. Nothing changed.
+	ErrTransfereeInactive = errors.New("replica: the voter was not heard from within an election timeout; the leadership stays")
+)
 
 // TransferLeadership is a stopping leader's last act (design §4
 // "SIGTERM"): from now on this node refuses puts with TRANSFERRING
 // (nothing stored; raft itself drops proposals while a transfer runs),
-// hands leadership to the recently active voter with the highest Match
-// (the one that needs the fewest entries before raft sends it
-// MsgTimeoutNow, so it campaigns at once instead of after an election
-// timeout), and waits until another member leads, the stop channel is
-// closed, or wait has passed. Puts proposed before it stay waiters: the
+// for good (stopping: a MoveLeadership or removeSelf that gives up does
+// not undo it), hands leadership to the recently active voter with the
+// highest Match (or to the transferee of a hand-over running already) and
+// waits until another member leads, the stop channel is closed, or wait
+// has passed (handOverLocked). Puts proposed before it stay waiters: the
 // new leader commits them, and this node, a follower now, answers them
 // when it learns the commit. It returns the new leader's id; on a node
 // that does not lead, the leader it knows (0: none) and nil at once.
 func (n *Node) TransferLeadership(wait time.Duration, stop <-chan struct{}) (uint64, error) {
 	n.mu.Lock()
+	n.stopping = true
+	return n.transferLeadershipLocked(wait, stop)
+}
+
+// transferLeadershipLocked is TransferLeadership without the stop, for a
+// removeSelf attempt as well: puts stay refused when it fails (the
+// caller's resumeLocked takes them again). REQUIRES: n.mu, which it
+// unlocks.
+func (n *Node) transferLeadershipLocked(wait time.Duration, stop <-chan struct{}) (uint64, error) {
 	if n.err != nil {
 		n.mu.Unlock()
 		return 0, n.err
 	}
-	st := n.rn.Status()
-	if st.RaftState != raft.StateLeader {
+	if st := n.rn.BasicStatus(); st.RaftState != raft.StateLeader {
 		n.mu.Unlock()
 		return st.Lead, nil
 	}
+	n.leaving = true // also when no voter can take over: the node stops as it is
+	return n.handOverLocked(0, wait, stop)
+}
+
+// MoveLeadership is an operator's move of the leadership (etcd's
+// move-leader) to voter to, or with to 0 to the recently active voter with
+// the highest Match, as TransferLeadership chooses: while it runs this
+// leader refuses puts with TRANSFERRING (nothing stored), and it returns
+// the id of the member that leads next, once it leads. On to == this
+// leader it returns at once, nothing changed.
+//
+// Refused, nothing changed: a *NotLeaderError on a member that is not the
+// leader (naming the leader it knows), or on a leader whose leadership is
+// moving already (TRANSFERRING: another MoveLeadership, a removal of
+// itself, a stop); ErrConfChangePending while a membership change this
+// leader proposed has not applied (the change would be applied by the new
+// leader, and a move to a voter being removed would leave the group
+// without a leader for an election timeout: the caller retries once it
+// applied; a change proposed while a move runs is refused TRANSFERRING);
+// ErrNotVoter; ErrTransfereeInactive; ErrNoTransferee (to 0).
+//
+// ErrTransferTimeout: no other member led within two election timeouts
+// or before ctx ended. If this member still leads in the same term, it
+// aborts raft's transfer and takes puts again, unless the process began
+// stopping meanwhile (TransferLeadership: its refusal stays). A
+// transferee that got raft's MsgTimeoutNow before the abort may still win
+// the election it starts: read the leader before trying again.
+func (n *Node) MoveLeadership(ctx context.Context, to uint64) (uint64, error) {
+	n.mu.Lock()
+	st := n.rn.BasicStatus()
+	if err := n.leadRefusalLocked(st); err != nil {
+		n.mu.Unlock()
+		return 0, err
+	}
+	if to == n.opts.ID {
+		n.mu.Unlock()
+		return to, nil
+	}
+	if n.confWait != nil {
+		n.mu.Unlock()
+		return 0, fmt.Errorf("%w: the leadership moves once it applied", ErrConfChangePending)
+	}
+	lead, err := n.handOverLocked(to, n.transferWait(), ctx.Done())
+	if errors.Is(err, ErrTransferTimeout) {
+		n.mu.Lock()
+		n.resumeLocked(st.GetTerm())
+		n.mu.Unlock()
+	}
+	return lead, err
+}
+
+// handOverLocked is the hand-over TransferLeadership, MoveLeadership and
+// removeSelf share. On this leader it finds the transferee
+// (transfereeLocked), refuses puts from now on (leaving: TRANSFERRING),
+// asks raft to transfer the leadership and waits until another member
+// leads (its id), wait has passed (0: no bound but stop) or stop is
+// closed (ErrTransferTimeout), or the node closes (ErrClosed). A refused
+// transferee changes nothing. Puts stay refused when it fails: the caller
+// decides (resumeLocked). REQUIRES: n.mu held by the leader; it unlocks
+// it.
+func (n *Node) handOverLocked(to uint64, wait time.Duration, stop <-chan struct{}) (uint64, error) {
+	to, err := n.transfereeLocked(to)
+	if err != nil {
+		n.mu.Unlock()
+		return 0, err
+	}
 	n.leaving = true
-	var to, match uint64
+	n.rn.TransferLeader(to)
+	n.kick()
+	n.mu.Unlock()
+	var expired <-chan time.Time
+	if wait > 0 {
+		timer := time.NewTimer(wait)
+		defer timer.Stop()
+		expired = timer.C
+	}
+	for {
+		n.mu.Lock()
+		lead, changed := n.soft.Lead, n.softChanged
+		n.mu.Unlock()
+		if lead != raft.None && lead != n.opts.ID {
+			return lead, nil
+		}
+		select {
+		case <-changed:
+		case <-expired:
+			return 0, fmt.Errorf("%w: transferring to %d, still %d after %v", ErrTransferTimeout, to, lead, wait)
+		case <-stop:
+			return 0, fmt.Errorf("%w: transferring to %d, given up", ErrTransferTimeout, to)
+		case <-n.done:
+			return 0, ErrClosed
+		}
+	}
+}
+
+// transfereeLocked is the voter a hand-over goes to: voter to, if it is
+// one (raft's configuration: a learner, an unknown or a removed id is
+// ErrNotVoter) heard from within the last election timeout
+// (ErrTransfereeInactive). With to 0: the transferee of the transfer raft
+// runs already (a stop during a move keeps the move's target), else the
+// recently active voter with the highest Match, the one that needs the
+// fewest entries before raft sends it MsgTimeoutNow, so that it campaigns
+// at once instead of after an election timeout (ErrNoTransferee: none).
+// REQUIRES: n.mu.
+func (n *Node) transfereeLocked(to uint64) (uint64, error) {
+	st := n.rn.Status()
+	if to != 0 {
+		if pr, ok := st.Progress[to]; !ok || pr.IsLearner || to == n.opts.ID {
+			return 0, fmt.Errorf("%w: member %d (voters %v, learners %v)", ErrNotVoter, to, n.members.Voters, n.members.Learners)
+		}
+		if !n.heardLocked(to) {
+			return 0, fmt.Errorf("%w: voter %d", ErrTransfereeInactive, to)
+		}
+		return to, nil
+	}
+	if st.LeadTransferee != raft.None {
+		return st.LeadTransferee, nil
+	}
+	var match uint64
 	for id, pr := range st.Progress {
 		// Active as for a put (heardLocked), not raft's RecentActive: a
 		// leader stopped just after a check-quorum round found no voter
@@ -1419,31 +1575,36 @@ func (n *Node) TransferLeadership(wait time.Duration, stop <-chan struct{}) (uin
 		}
 	}
 	if to == 0 {
-		n.mu.Unlock()
 		return 0, ErrNoTransferee
 	}
-	n.rn.TransferLeader(to)
-	n.kick()
-	n.mu.Unlock()
-	timer := time.NewTimer(wait)
-	defer timer.Stop()
-	for {
-		n.mu.Lock()
-		lead, changed := n.soft.Lead, n.softChanged
-		n.mu.Unlock()
-		if lead != raft.None && lead != n.opts.ID {
-			return lead, nil
-		}
-		select {
-		case <-changed:
-		case <-timer.C:
-			return 0, fmt.Errorf("%w: transferring to %d, still %d after %v", ErrTransferTimeout, to, lead, wait)
-		case <-stop:
-			return 0, fmt.Errorf("%w: transferring to %d, given up", ErrTransferTimeout, to)
-		case <-n.done:
-			return 0, ErrClosed
-		}
+	return to, nil
+}
+
+// resumeLocked makes a leader whose hand-over gave up take puts again: it
+// aborts raft's transfer (a transfer to the leader itself does) and clears
+// leaving, only while it leads in the term the hand-over began (a leader
+// deposed meanwhile had leaving cleared when it stepped down, and once
+// elected again may run another hand-over) and never once the process
+// began stopping (TransferLeadership's refusal is for good). REQUIRES:
+// n.mu.
+func (n *Node) resumeLocked(term uint64) {
+	st := n.rn.BasicStatus()
+	if n.stopping || st.RaftState != raft.StateLeader || st.GetTerm() != term {
+		return
 	}
+	if st.LeadTransferee != raft.None {
+		n.rn.TransferLeader(n.opts.ID)
+		n.kick()
+	}
+	n.leaving = false
+}
+
+// transferWait bounds a MoveLeadership or a removeSelf attempt: two
+// election timeouts, as the store gives a stopping leader (raft itself
+// gives a transfer up after one); with ticks given by the host (tests:
+// no TickInterval) the caller's ctx alone.
+func (n *Node) transferWait() time.Duration {
+	return 2 * time.Duration(n.opts.ElectionTick) * max(n.opts.TickInterval, 0)
 }
 
 // Campaign starts an election now (tests, operators).
