@@ -717,6 +717,357 @@ func TestGroupTransferAfterQuorumCheck(t *testing.T) {
 	}
 }
 
+// moveGroup is a group of voters 1, 2, 3 and learner 4 with manual ticks
+// (TickInterval a minute: the move's own bound of two election timeouts
+// never passes, so only ctx ends a move that cannot finish), 1 leading,
+// and the puts acknowledged so far (acked, by queue offset).
+type moveGroup struct {
+	*testGroup
+	acked map[int64]string
+}
+
+func newMoveGroup(t *testing.T) *moveGroup {
+	g := &moveGroup{testGroup: newTestGroupWith(t, time.Minute, []uint64{4}, func(o *Options) { o.Group.TickInterval = time.Minute }),
+		acked: map[int64]string{}}
+	g.elect(1)
+	g.puts(1, 5)
+	return g
+}
+
+// puts puts k messages to id, each of which must be PUT_OK at the next
+// queue offset.
+func (g *moveGroup) puts(id uint64, k int) {
+	g.t.Helper()
+	for range k {
+		off := int64(len(g.acked))
+		body := fmt.Sprintf("m-%d", off)
+		res, err := g.put(id, body)
+		if err != nil || res.Status != PutOK || res.Append.QueueOffset != off {
+			g.t.Fatalf("put %d to %d: %v %v at %d", off, id, res.Status, err, res.Append.QueueOffset)
+		}
+		g.acked[off] = body
+	}
+}
+
+// move is MoveLeadership on member id with a minute's ctx (a hang guard).
+func (g *moveGroup) move(id, to uint64) (uint64, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	return g.m[id].s.MoveLeadership(ctx, to)
+}
+
+// moveTicking is MoveLeadership(to) on member id with a 30 s ctx, run
+// while meanwhile() runs and then the test ticks id until it returns.
+func (g *moveGroup) moveTicking(id, to uint64, meanwhile func()) (uint64, error) {
+	g.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	type result struct {
+		lead uint64
+		err  error
+	}
+	done := make(chan result, 1)
+	go func() {
+		lead, err := g.m[id].s.MoveLeadership(ctx, to)
+		done <- result{lead, err}
+	}()
+	meanwhile()
+	var r result
+	g.poll(fmt.Sprintf("the move to %d", to), func() bool {
+		select {
+		case r = <-done:
+			return true
+		default:
+			return false
+		}
+	}, id)
+	return r.lead, r.err
+}
+
+// unchanged fails the test unless leader still leads, ready, in term
+// with nothing refused, and takes a put.
+func (g *moveGroup) unchanged(what string, leader, term uint64) {
+	g.t.Helper()
+	s := g.m[leader].s
+	if ri := s.ReplicaInfo(); ri.Role != "leader" || !ri.Ready || ri.Term != term {
+		g.t.Fatalf("%s: member %d is %s (ready %v) in term %d, want the ready leader in term %d", what, leader, ri.Role, ri.Ready, ri.Term, term)
+	}
+	if err := s.groupRefusal(); err != nil {
+		g.t.Fatalf("%s: member %d refuses puts: %v", what, leader, err)
+	}
+	g.puts(leader, 1)
+}
+
+// checkAll checks that each of ids (every member when none is given)
+// names leader and serves every acked put, byte for byte the same
+// commitlog.
+func (g *moveGroup) checkAll(leader uint64, ids ...uint64) {
+	g.t.Helper()
+	if len(ids) == 0 {
+		ids = g.ids
+	}
+	g.poll(fmt.Sprintf("every member names %d", leader), func() bool {
+		for _, id := range ids {
+			if g.m[id].s.ReplicaInfo().LeaderID != leader {
+				return false
+			}
+		}
+		return true
+	}, leader)
+	end := g.converge(leader, ids...)
+	g.sameBytes(end, ids...)
+	g.checkQueue(g.acked, int64(len(g.acked)), ids...)
+}
+
+// TestGroupMoveLeadership: an operator's move (etcd's move-leader) hands
+// the leadership to the voter asked for, even one behind the others (it
+// catches up first), and returns it; the old leader names it and it takes
+// puts; with to 0 it goes to the most caught-up active voter (another
+// than the one behind); to the leader itself it returns at once, nothing
+// changed; on a follower it is refused NOT_LEADER naming the leader.
+// Every acked put is on every member, byte for byte.
+func TestGroupMoveLeadership(t *testing.T) {
+	g := newMoveGroup(t)
+	g.converge(1, g.ids...)
+	// Member 3 falls behind: to 0 would pick 2; 3 is asked for.
+	g.net.setCut(3, true)
+	g.puts(1, 5)
+	g.net.setCut(3, false)
+	if lead, err := g.move(1, 3); err != nil || lead != 3 {
+		t.Fatalf("MoveLeadership(3) on 1: %d, %v; want 3", lead, err)
+	}
+	var nl *NotLeaderError
+	if _, err := g.put(1, "to the old leader"); !errors.As(err, &nl) || nl.Cause != CauseNotLeader || nl.LeaderID != 3 {
+		t.Fatalf("put to the old leader: %v, want NOT_LEADER naming 3", err)
+	}
+	g.poll("member 3 ready", func() bool { return g.readyLeader(3) == 3 })
+	g.puts(3, 5)
+	g.checkAll(3)
+
+	// On a follower: refused, naming the leader; nothing moves.
+	if _, err := g.move(2, 1); !errors.As(err, &nl) || nl.Cause != CauseNotLeader || nl.LeaderID != 3 {
+		t.Fatalf("MoveLeadership on follower 2: %v, want NOT_LEADER naming 3", err)
+	}
+	// To itself: at once, nothing changed.
+	term := g.m[3].s.ReplicaInfo().Term
+	if lead, err := g.move(3, 3); err != nil || lead != 3 {
+		t.Fatalf("MoveLeadership(3) on 3: %d, %v", lead, err)
+	}
+	g.unchanged("a move to the leader itself", 3, term)
+
+	// To 0: member 1 falls behind, so 2 is the most caught up.
+	g.net.setCut(1, true)
+	g.puts(3, 5)
+	g.net.setCut(1, false)
+	if lead, err := g.move(3, 0); err != nil || lead != 2 {
+		t.Fatalf("MoveLeadership(0) on 3: %d, %v; want 2 (the highest match)", lead, err)
+	}
+	g.poll("member 2 ready", func() bool { return g.readyLeader(2) == 2 })
+	g.puts(2, 5)
+	g.checkAll(2)
+}
+
+// TestGroupMoveLeadershipRefused: a move to a learner, an unknown id, a
+// removed id (ErrNotVoter) or a voter not heard from within an election
+// timeout (ErrTransfereeInactive) is refused and changes nothing: the
+// leader leads in the same term, ready, and takes puts.
+func TestGroupMoveLeadershipRefused(t *testing.T) {
+	g := newMoveGroup(t)
+	term := g.m[1].s.ReplicaInfo().Term
+	for _, tc := range []struct {
+		name string
+		to   uint64
+		want error
+	}{
+		{"a learner", 4, ErrNotVoter},
+		{"an unknown id", 9, ErrNotVoter},
+	} {
+		if lead, err := g.move(1, tc.to); !errors.Is(err, tc.want) || lead != 0 {
+			t.Fatalf("move to %s (%d): %d, %v; want %v", tc.name, tc.to, lead, err, tc.want)
+		}
+		g.unchanged("a move to "+tc.name, 1, term)
+	}
+	if _, err := g.change(1, "remove learner 4", func(ctx context.Context, s *Store) (GroupMembership, error) {
+		return s.RemoveMember(ctx, 4)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if lead, err := g.move(1, 4); !errors.Is(err, ErrNotVoter) || lead != 0 {
+		t.Fatalf("move to removed member 4: %d, %v; want ErrNotVoter", lead, err)
+	}
+	g.unchanged("a move to a removed member", 1, term)
+
+	// Member 3 cut off for more than an election timeout of the leader's
+	// ticks (10), while 2 answers its heartbeats. Polled: a message 3 sent
+	// before the cut may still be on its way. A move that the leader
+	// takes meanwhile gives up at once (its ctx is done) and resumes.
+	g.net.setCut(3, true)
+	gone, cancel := context.WithCancel(context.Background())
+	cancel()
+	var err error
+	g.poll("member 3 silent", func() bool {
+		_, err = g.m[1].s.MoveLeadership(gone, 3)
+		return errors.Is(err, ErrTransfereeInactive)
+	}, 1)
+	g.poll("member 2's answers to the leader's heartbeats", func() bool { return g.m[1].s.groupRefusal() == nil }, 1)
+	g.unchanged("a move to a silent voter", 1, term)
+	g.net.setCut(3, false)
+	g.checkAll(1, 1, 2, 3) // 4 removed
+}
+
+// TestGroupMoveLeadershipGivesUp: a move whose target never answers (both
+// followers cut off after the leader last heard from them) refuses puts
+// with TRANSFERRING while it runs (nothing stored), and so another move
+// and a membership change; once its ctx ends it returns
+// ErrTransferTimeout and the leader takes puts again. A stop
+// (TransferLeadership) that comes while a move runs keeps puts refused
+// after the move gives up.
+func TestGroupMoveLeadershipGivesUp(t *testing.T) {
+	g := newMoveGroup(t)
+	s := g.m[1].s
+	term := s.ReplicaInfo().Term
+	var nl *NotLeaderError
+	transferring := func() bool { return errors.As(s.groupRefusal(), &nl) && nl.Cause == CauseTransferring }
+	// start runs a move to 2 with its followers cut off and returns once
+	// it refuses puts, with the cancel of its ctx and its outcome.
+	start := func() (context.CancelFunc, <-chan error) {
+		t.Helper()
+		g.net.setCut(2, true)
+		g.net.setCut(3, true)
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() {
+			_, err := s.MoveLeadership(ctx, 2)
+			done <- err
+		}()
+		g.poll("TRANSFERRING", transferring)
+		return cancel, done
+	}
+
+	cancel, done := start()
+	maxOff := s.log.MaxOffset()
+	res, err := g.put(1, "during the move")
+	if !errors.As(err, &nl) || nl.Cause != CauseTransferring || res.Status != ServiceNotAvailable || res.Appended() {
+		t.Fatalf("put during the move: %v %v, want TRANSFERRING, nothing appended", res.Status, err)
+	}
+	if _, err := g.move(1, 3); !errors.As(err, &nl) || nl.Cause != CauseTransferring {
+		t.Fatalf("a second move during the move: %v, want TRANSFERRING", err)
+	}
+	if _, err := s.AddLearner(context.Background(), 5, "127.0.0.1:9"); !errors.As(err, &nl) || nl.Cause != CauseTransferring {
+		t.Fatalf("a membership change during the move: %v, want TRANSFERRING", err)
+	}
+	if s.log.MaxOffset() != maxOff {
+		t.Fatalf("the commitlog grew from %d to %d while the move ran", maxOff, s.log.MaxOffset())
+	}
+	cancel()
+	if err := <-done; !errors.Is(err, ErrTransferTimeout) {
+		t.Fatalf("a move whose target is cut off: %v, want ErrTransferTimeout", err)
+	}
+	if err := s.groupRefusal(); err != nil {
+		t.Fatalf("after the move gave up the leader refuses puts: %v", err)
+	}
+	g.net.setCut(2, false)
+	g.net.setCut(3, false)
+	g.unchanged("a move that gave up", 1, term)
+
+	// The process begins stopping while a move runs: its own hand-over
+	// (given up at once here, its ctx done) leaves puts refused, and so
+	// must the move when it gives up.
+	cancel, done = start()
+	stopped, stop := context.WithCancel(context.Background())
+	stop()
+	if _, err := s.TransferLeadership(stopped); !errors.Is(err, ErrTransferTimeout) {
+		t.Fatalf("TransferLeadership during the move: %v, want ErrTransferTimeout (its ctx done)", err)
+	}
+	cancel()
+	if err := <-done; !errors.Is(err, ErrTransferTimeout) {
+		t.Fatalf("the move: %v, want ErrTransferTimeout", err)
+	}
+	if !transferring() {
+		t.Fatalf("a move that gave up while the process stops made the leader take puts: %v", s.groupRefusal())
+	}
+	g.net.setCut(2, false)
+	g.net.setCut(3, false)
+}
+
+// TestGroupMoveLeadershipConfPending: while a membership change the
+// leader proposed has not applied, a move is refused
+// (ErrConfChangePending), nothing changed; once it applied, the move goes
+// through.
+func TestGroupMoveLeadershipConfPending(t *testing.T) {
+	g := newMoveGroup(t)
+	s := g.m[1].s
+	term := s.ReplicaInfo().Term
+	g.net.setCut(2, true)
+	g.net.setCut(3, true)
+	done := make(chan error, 1)
+	go func() {
+		_, err := s.AddLearner(context.Background(), 5, "127.0.0.1:9")
+		done <- err
+	}()
+	g.poll("the change in the leader's log", func() bool {
+		ri := s.ReplicaInfo()
+		for _, p := range ri.Peers {
+			if p.ID == 1 && p.Match > ri.Commit {
+				return true
+			}
+		}
+		return false
+	})
+	if lead, err := g.move(1, 2); !errors.Is(err, ErrConfChangePending) || lead != 0 {
+		t.Fatalf("a move while a change is pending: %d, %v; want ErrConfChangePending", lead, err)
+	}
+	if ri := s.ReplicaInfo(); ri.Role != "leader" || ri.Term != term || s.groupRefusal() != nil {
+		t.Fatalf("after the refused move: %s in term %d (was %d), refusal %v", ri.Role, ri.Term, term, s.groupRefusal())
+	}
+	g.net.setCut(2, false)
+	g.net.setCut(3, false)
+	var err error
+	g.poll("the change applied", func() bool {
+		select {
+		case err = <-done:
+			return true
+		default:
+			return false
+		}
+	}, 1)
+	if err != nil {
+		t.Fatalf("AddLearner(5): %v", err)
+	}
+	// Ticking: member 2 may not have applied the change yet, and raft's
+	// transferee with a committed change still to apply does not campaign;
+	// the move asks again once raft gave the transfer up.
+	if lead, err := g.moveTicking(1, 2, func() {}); err != nil || lead != 2 {
+		t.Fatalf("the move once the change applied: %d, %v; want 2", lead, err)
+	}
+}
+
+// TestGroupMoveLeadershipRetries: raft gives a transfer up after an
+// election timeout of the leader's ticks; a move then asks raft again at
+// the next tick, so a transferee that missed the leader's MsgTimeoutNow
+// (cut off here; in a real group, one that had a committed membership
+// change still to apply, which makes raft refuse to campaign) gets
+// another and the move finishes.
+func TestGroupMoveLeadershipRetries(t *testing.T) {
+	g := newMoveGroup(t)
+	g.converge(1, g.ids...)
+	g.net.setCut(2, true) // after the leader last heard from it: the move starts
+	var nl *NotLeaderError
+	lead, err := g.moveTicking(1, 2, func() {
+		g.poll("TRANSFERRING", func() bool { return errors.As(g.m[1].s.groupRefusal(), &nl) && nl.Cause == CauseTransferring })
+		for range 12 { // past raft's give-up (ElectionTick 10), 3 answering: no quorum loss
+			g.tick(1)
+		}
+		g.net.setCut(2, false)
+	})
+	if err != nil || lead != 2 {
+		t.Fatalf("MoveLeadership(2) whose first MsgTimeoutNow was lost: %d, %v; want 2", lead, err)
+	}
+	g.poll("member 2 ready", func() bool { return g.readyLeader(2) == 2 })
+	g.puts(2, 5)
+	g.checkAll(2)
+}
+
 func TestGroupOptionsValidate(t *testing.T) {
 	tr := testTransport{}
 	base := Options{Dir: t.TempDir(), FlushMode: FlushSync, Group: &GroupOptions{ID: 1, Peers: []uint64{1, 2, 3}, Transport: tr}}

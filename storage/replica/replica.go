@@ -238,6 +238,13 @@ type Node struct {
 	// MoveLeadership that was running when SIGTERM came must not undo the
 	// stop's refusal). Never cleared.
 	stopping bool
+	// handing is the hand-over under way (handOverLocked), nil when none.
+	// Raft gives a transfer up after an election timeout, and a transferee
+	// with a committed membership change still to apply refuses to
+	// campaign (raft's hup: a move right after a promotion), so each tick
+	// asks raft again while this node leads in the hand-over's term
+	// (retransferLocked).
+	handing *handOver
 	// softChanged is closed and replaced when the raft state or the
 	// leader changes (TransferLeadership waits on it).
 	softChanged chan struct{}
@@ -508,6 +515,7 @@ func (n *Node) loop() {
 			n.mu.Lock()
 			n.ticks++
 			n.rn.Tick()
+			n.retransferLocked()
 			n.maybeReadyLocked()
 			n.mu.Unlock()
 		case <-n.wake:
@@ -1511,9 +1519,18 @@ func (n *Node) handOverLocked(to uint64, wait time.Duration, stop <-chan struct{
 		return 0, err
 	}
 	n.leaving = true
+	h := &handOver{to: to, term: n.rn.BasicStatus().GetTerm()}
+	n.handing = h
 	n.rn.TransferLeader(to)
 	n.kick()
 	n.mu.Unlock()
+	defer func() {
+		n.mu.Lock()
+		if n.handing == h { // not a later one's (a stop during a move)
+			n.handing = nil
+		}
+		n.mu.Unlock()
+	}()
 	var expired <-chan time.Time
 	if wait > 0 {
 		timer := time.NewTimer(wait)
@@ -1536,6 +1553,23 @@ func (n *Node) handOverLocked(to uint64, wait time.Duration, stop <-chan struct{
 		case <-n.done:
 			return 0, ErrClosed
 		}
+	}
+}
+
+// handOver is a hand-over under way: its transferee and the term it
+// began in.
+type handOver struct{ to, term uint64 }
+
+// retransferLocked asks raft again for the hand-over under way once raft
+// has given it up, while this node leads in the term it began in.
+// REQUIRES: n.mu.
+func (n *Node) retransferLocked() {
+	h := n.handing
+	if h == nil || !n.leaving {
+		return
+	}
+	if st := n.rn.BasicStatus(); st.RaftState == raft.StateLeader && st.GetTerm() == h.term && st.LeadTransferee == raft.None {
+		n.rn.TransferLeader(h.to)
 	}
 }
 

@@ -490,3 +490,52 @@ func TestSplitMessages(t *testing.T) {
 		}
 	}
 }
+
+// TestMoveLeadershipRefusals: MoveLeadership on a member that knows no
+// leader is refused NO_LEADER; on a one-voter group's leader a move to
+// itself returns it at once, a move to an id that is no voter is
+// ErrNotVoter and a move to 0 ErrNoTransferee, each leaving it the ready
+// leader, taking puts. (The moves themselves: storage's
+// TestGroupMoveLeadership*.)
+func TestMoveLeadershipRefusals(t *testing.T) {
+	_, rl := open(t, 1, []uint64{1})
+	ticks := make(chan time.Time)
+	n, err := New(Options{ID: 1, Log: rl, FileSize: fileSize, Transport: nopTransport{}, Host: &fakeHost{}, Ticks: ticks}, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.Close()
+	var nl *NotLeaderError
+	if _, err := n.MoveLeadership(t.Context(), 2); !errors.As(err, &nl) || nl.Cause != CauseNoLeader {
+		t.Fatalf("a move before the election: %v, want NO_LEADER", err)
+	}
+	if err := n.Campaign(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "ready", n.Ready)
+	for _, tc := range []struct {
+		name     string
+		to, lead uint64
+		want     error
+	}{
+		{"itself", 1, 1, nil},
+		{"an unknown id", 9, 0, ErrNotVoter},
+		{"the most caught-up voter", 0, 0, ErrNoTransferee},
+	} {
+		lead, err := n.MoveLeadership(t.Context(), tc.to)
+		if lead != tc.lead || !errors.Is(err, tc.want) || (tc.want == nil && err != nil) {
+			t.Errorf("a move to %s: %d, %v; want %d, %v", tc.name, lead, err, tc.lead, tc.want)
+		}
+		if !n.Ready() || n.Refusal() != nil {
+			t.Fatalf("after a move to %s: ready %v, refusal %v", tc.name, n.Ready(), n.Refusal())
+		}
+	}
+	w, _, err := n.Propose(100, stampOne("after the moves"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	<-w.Done()
+	if w.Err() != nil {
+		t.Fatalf("a put after the moves: %v", w.Err())
+	}
+}
