@@ -36,6 +36,9 @@ type AdminStore interface {
 	PromoteLearner(ctx context.Context, id uint64) (storage.GroupMembership, error)
 	RemoveMember(ctx context.Context, id uint64) (storage.GroupMembership, error)
 	Membership() (storage.MembershipUpdate, error)
+	// MoveLeadership hands the group's leadership to voter to (0: the most
+	// caught-up active one) and returns the new leader (storage/group.go).
+	MoveLeadership(ctx context.Context, to uint64) (uint64, error)
 }
 
 var _ AdminStore = (*storage.Store)(nil)
@@ -364,6 +367,15 @@ func (d *DeferredAdminStore) RemoveMember(ctx context.Context, id uint64) (stora
 		return storage.GroupMembership{}, err
 	}
 	return s.RemoveMember(ctx, id)
+}
+
+// MoveLeadership implements AdminStore.
+func (d *DeferredAdminStore) MoveLeadership(ctx context.Context, to uint64) (uint64, error) {
+	s, err := d.get()
+	if err != nil {
+		return 0, err
+	}
+	return s.MoveLeadership(ctx, to)
 }
 
 // Membership implements AdminStore.

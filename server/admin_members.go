@@ -32,9 +32,15 @@ const (
 	CauseRemoveLeader      = "REMOVE_LEADER"
 	CauseQuorumAfterChange = "QUORUM_AFTER_CHANGE"
 	// CauseTransferTimeout (UNAVAILABLE, reason SERVICE_NOT_AVAILABLE): a
-	// leader asked to remove itself did not hand its leadership over in
-	// time; nothing was proposed.
+	// leader asked to remove itself or to move its leadership did not hand
+	// it over in time; nothing was proposed, and it takes puts again.
 	CauseTransferTimeout = "TRANSFER_TIMEOUT"
+	// Refusals of a leadership transfer (TransferReplicaLeadership): the
+	// member asked for is not a voter, was not heard from within an
+	// election timeout, or (id 0) no voter was.
+	CauseNotVoter           = "NOT_VOTER"
+	CauseTransfereeInactive = "TRANSFEREE_INACTIVE"
+	CauseNoTransferee       = "NO_TRANSFEREE"
 )
 
 // maxPeerAddrBytes bounds AddReplicaMemberRequest.peer_addr.
@@ -116,6 +122,19 @@ func (a *AdminService) RemoveReplicaMember(ctx context.Context, req *storagedv1.
 	return &storagedv1.RemoveReplicaMemberResponse{Membership: a.membershipAnswer(m, a.groupInfo())}, nil
 }
 
+// TransferReplicaLeadership implements storagedv1.AdminServiceServer.
+func (a *AdminService) TransferReplicaLeadership(ctx context.Context, req *storagedv1.TransferReplicaLeadershipRequest) (*storagedv1.TransferReplicaLeadershipResponse, error) {
+	lead, err := a.store.MoveLeadership(ctx, req.GetId())
+	if err != nil {
+		return nil, a.memberError("TransferReplicaLeadership", err)
+	}
+	resp := &storagedv1.TransferReplicaLeadershipResponse{LeaderId: lead, LeaderAddr: a.leaderAddr(lead)}
+	if u, err := a.store.Membership(); err == nil {
+		resp.Membership = a.membershipAnswer(u.Membership, a.groupInfo())
+	}
+	return resp, nil
+}
+
 // membershipAnswer is m with the peer addresses (those raft/conf holds,
 // else the transport's) and removals this member knows.
 func (a *AdminService) membershipAnswer(m storage.GroupMembership, g AdminGroup) *storagedv1.ReplicaMembership {
@@ -184,6 +203,9 @@ func peerAddrProblem(addr string) string {
 //	storage.ErrBadConfChange, ErrLearnerBehind, ErrRemoveLeader, ErrQuorumAfterChange
 //	                                      → FAILED_PRECONDITION, CONF_CHANGE_REFUSED, cause BAD_CONF_CHANGE,
 //	                                        LEARNER_BEHIND, REMOVE_LEADER, QUORUM_AFTER_CHANGE
+//	storage.ErrNotVoter, ErrTransfereeInactive, ErrNoTransferee
+//	                                      → FAILED_PRECONDITION, CONF_CHANGE_REFUSED, cause NOT_VOTER,
+//	                                        TRANSFEREE_INACTIVE, NO_TRANSFEREE (a leadership transfer)
 //	storage.ErrTransferTimeout            → UNAVAILABLE + RetryInfo, cause TRANSFER_TIMEOUT
 //	storage.ErrReplicationTimeout         → DEADLINE_EXCEEDED, FLUSH_SLAVE_TIMEOUT, metadata outcome unknown
 //	replica.ErrClosed                     → UNAVAILABLE, metadata outcome unknown (the member closed meanwhile)
@@ -191,7 +213,9 @@ func peerAddrProblem(addr string) string {
 //	anything else                         → INTERNAL (logged)
 //
 // Every refusal but the timeout and replica.ErrClosed means nothing was
-// proposed.
+// proposed (for a leadership transfer: nothing changed, but for
+// TRANSFER_TIMEOUT, after which the leader leads still unless the
+// transferee had been told to campaign already).
 func (a *AdminService) memberError(m string, err error) error {
 	var nl *storage.NotLeaderError
 	refused := func(code codes.Code, cause, msg string, details ...*errdetails.RetryInfo) error {
@@ -226,10 +250,20 @@ func (a *AdminService) memberError(m string, err error) error {
 	case errors.Is(err, storage.ErrRemoveLeader):
 		return refused(codes.FailedPrecondition, CauseRemoveLeader, "the leader found no active voter to hand its "+
 			"leadership to before its removal; nothing changed")
+	case errors.Is(err, storage.ErrNotVoter):
+		return refused(codes.FailedPrecondition, CauseNotVoter, "only a voter can lead: the member asked for is a learner, "+
+			"not a member, or removed; nothing changed: "+err.Error())
+	case errors.Is(err, storage.ErrTransfereeInactive):
+		return refused(codes.FailedPrecondition, CauseTransfereeInactive, "the leader has not heard from that voter within "+
+			"an election timeout (down or cut off); nothing changed: "+err.Error())
+	case errors.Is(err, storage.ErrNoTransferee):
+		return refused(codes.FailedPrecondition, CauseNoTransferee, "the leader has heard from no other voter within an "+
+			"election timeout; nothing changed")
 	case errors.Is(err, storage.ErrTransferTimeout):
 		return unavailable(&errdetails.ErrorInfo{Reason: ReasonUnavailable, Domain: ErrorDomain,
 			Metadata: map[string]string{"cause": CauseTransferTimeout}}, retryDelayUnavailable,
-			"the leader, asked to remove itself, did not hand its leadership over in time; the membership is unchanged; "+
+			"the leader did not hand its leadership over in time (two election timeouts, or the call's deadline); "+
+				"it leads still and takes puts again (read the leader first: a transferee already told to campaign may win); "+
 				"retry on the group's leader")
 	case errors.Is(err, storage.ErrQuorumAfterChange):
 		return refused(codes.FailedPrecondition, CauseQuorumAfterChange, "removing this voter would leave fewer active "+

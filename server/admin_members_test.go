@@ -33,7 +33,12 @@ func (m memberStore) RemoveMember(context.Context, uint64) (storage.GroupMembers
 	return storage.GroupMembership{}, m.err
 }
 
-// memberCalls are the three membership changes on c, with valid requests.
+func (m memberStore) MoveLeadership(context.Context, uint64) (uint64, error) {
+	return 0, m.err
+}
+
+// memberCalls are the three membership changes and the leadership
+// transfer on c, with valid requests.
 func memberCalls(c storagedv1.AdminServiceClient) map[string]func(ctx context.Context) error {
 	return map[string]func(ctx context.Context) error{
 		"add": func(ctx context.Context) error {
@@ -46,6 +51,10 @@ func memberCalls(c storagedv1.AdminServiceClient) map[string]func(ctx context.Co
 		},
 		"remove": func(ctx context.Context) error {
 			_, err := c.RemoveReplicaMember(ctx, &storagedv1.RemoveReplicaMemberRequest{Id: 4})
+			return err
+		},
+		"transfer": func(ctx context.Context) error {
+			_, err := c.TransferReplicaLeadership(ctx, &storagedv1.TransferReplicaLeadershipRequest{Id: 4})
 			return err
 		},
 	}
@@ -95,9 +104,10 @@ func TestMemberChangeValidation(t *testing.T) {
 	details(t, err).want(t, codes.Internal, ReasonInternal, false)
 }
 
-// TestMemberChangeRefusals: each refusal of a membership change reaches
-// the client with its code, reason and cause, on all three calls; a real
-// standalone store answers FAILED_PRECONDITION, cause STANDALONE.
+// TestMemberChangeRefusals: each refusal of a membership change or a
+// leadership transfer reaches the client with its code, reason and cause,
+// on all four calls (one mapping serves them); a real standalone store
+// answers FAILED_PRECONDITION, cause STANDALONE.
 func TestMemberChangeRefusals(t *testing.T) {
 	standalone, _ := openStore(t, nil)
 	for _, tc := range []struct {
@@ -128,6 +138,15 @@ func TestMemberChangeRefusals(t *testing.T) {
 			map[string]string{"cause": "TRANSFER_TIMEOUT"}, true},
 		{"quorum", memberStore{err: fmt.Errorf("x: %w", storage.ErrQuorumAfterChange)}, codes.FailedPrecondition, ReasonConfChangeRefused,
 			map[string]string{"cause": "QUORUM_AFTER_CHANGE"}, false},
+		{"not a voter", memberStore{err: fmt.Errorf("x: %w", storage.ErrNotVoter)}, codes.FailedPrecondition, ReasonConfChangeRefused,
+			map[string]string{"cause": "NOT_VOTER"}, false},
+		{"transferee inactive", memberStore{err: fmt.Errorf("x: %w", storage.ErrTransfereeInactive)}, codes.FailedPrecondition,
+			ReasonConfChangeRefused, map[string]string{"cause": "TRANSFEREE_INACTIVE"}, false},
+		{"no transferee", memberStore{err: storage.ErrNoTransferee}, codes.FailedPrecondition, ReasonConfChangeRefused,
+			map[string]string{"cause": "NO_TRANSFEREE"}, false},
+		{"transferring", memberStore{err: fmt.Errorf("x: %w", &storage.NotLeaderError{Cause: CauseTransferring, LeaderID: 2, Term: 5})},
+			codes.Unavailable, ReasonUnavailable, map[string]string{"cause": "TRANSFERRING", "leader_id": "2", "term": "5"}, true},
+		{"closing", memberStore{err: fmt.Errorf("x: %w", storage.ErrClosed)}, codes.Unavailable, ReasonUnavailable, nil, true},
 		{"timeout", memberStore{err: fmt.Errorf("x: %w", storage.ErrReplicationTimeout)}, codes.DeadlineExceeded,
 			storage.FlushSlaveTimeout.String(), map[string]string{"outcome": "unknown"}, false},
 	} {
@@ -163,14 +182,12 @@ type nopTransport struct{}
 
 func (nopTransport) Send(uint64, []byte) {}
 
-// TestMemberChangesOnGroup: against a real one-voter group, an added
-// learner is in the answered membership with its peer address, the cluster
-// id and group name; a learner never heard from is not promoted
-// (LEARNER_BEHIND), the only voter cannot remove itself (QUORUM_AFTER_CHANGE), an id
-// that is a member or was removed is refused (BAD_CONF_CHANGE); the
-// learner's removal is answered with it in removed; GetReplicaInfo-style
-// MembershipOf shows the same.
-func TestMemberChangesOnGroup(t *testing.T) {
+// oneVoterGroup is a real store, the only voter (1) of group "g" of
+// cluster "cid", once it is the ready leader, and an admin client of it
+// whose group knows member 1 at peer address 127.0.0.1:9191 and client
+// address 127.0.0.1:9090.
+func oneVoterGroup(t *testing.T) (*storage.Store, storagedv1.AdminServiceClient) {
+	t.Helper()
 	st, _ := openStore(t, func(o *storage.Options) {
 		o.FlushMode = storage.FlushSync
 		o.Group = &storage.GroupOptions{ID: 1, Name: "g", ClusterID: "cid", Peers: []uint64{1}, Transport: nopTransport{},
@@ -186,12 +203,24 @@ func TestMemberChangesOnGroup(t *testing.T) {
 		}
 	}
 	srv, err := NewAdminServer(NewAdminService(st, zerolog.Nop(), WithAdminGroup(func() AdminGroup {
-		return AdminGroup{ClusterID: "cid", Group: "g", PeerAddrs: map[uint64]string{1: "127.0.0.1:9191"}}
+		return AdminGroup{ClusterID: "cid", Group: "g", PeerAddrs: map[uint64]string{1: "127.0.0.1:9191"},
+			ClientAddr: func(id uint64) string { return map[uint64]string{1: "127.0.0.1:9090"}[id] }}
 	})), GRPCConfig{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := serveAdmin(t, srv)
+	return st, serveAdmin(t, srv)
+}
+
+// TestMemberChangesOnGroup: against a real one-voter group, an added
+// learner is in the answered membership with its peer address, the cluster
+// id and group name; a learner never heard from is not promoted
+// (LEARNER_BEHIND), the only voter cannot remove itself (QUORUM_AFTER_CHANGE), an id
+// that is a member or was removed is refused (BAD_CONF_CHANGE); the
+// learner's removal is answered with it in removed; GetReplicaInfo-style
+// MembershipOf shows the same.
+func TestMemberChangesOnGroup(t *testing.T) {
+	st, c := oneVoterGroup(t)
 	ctx := ctxT(t)
 	add, err := c.AddReplicaMember(ctx, &storagedv1.AddReplicaMemberRequest{Id: 2, PeerAddr: "127.0.0.1:9292"})
 	if err != nil {
@@ -232,5 +261,52 @@ func TestMemberChangesOnGroup(t *testing.T) {
 	if mo := MembershipOf(u, map[uint64]string{1: "127.0.0.1:9191"}); !slices.Equal(mo.Voters, []uint64{1}) ||
 		!slices.Equal(mo.Removed, []uint64{2}) || mo.PeerAddrs[1] != "127.0.0.1:9191" || len(mo.PeerAddrs) != 1 {
 		t.Errorf("MembershipOf = %+v", mo)
+	}
+}
+
+// TestTransferLeadershipOnGroup: against a real one-voter group with a
+// learner, TransferReplicaLeadership to the leader itself answers at once
+// with its id, client address and the membership; to the learner, to an
+// unknown id or to a removed one it is FAILED_PRECONDITION, cause
+// NOT_VOTER; with id 0 (no other voter) NO_TRANSFEREE; after each the
+// leader leads, ready. (Moves between members: tests/cluster's
+// TestGroupTransferLeadership.)
+func TestTransferLeadershipOnGroup(t *testing.T) {
+	st, c := oneVoterGroup(t)
+	ctx := ctxT(t)
+	if _, err := c.AddReplicaMember(ctx, &storagedv1.AddReplicaMemberRequest{Id: 2, PeerAddr: "127.0.0.1:9292"}); err != nil {
+		t.Fatalf("AddReplicaMember: %v", err)
+	}
+	if _, err := c.AddReplicaMember(ctx, &storagedv1.AddReplicaMemberRequest{Id: 3, PeerAddr: "127.0.0.1:9393"}); err != nil {
+		t.Fatalf("AddReplicaMember: %v", err)
+	}
+	if _, err := c.RemoveReplicaMember(ctx, &storagedv1.RemoveReplicaMemberRequest{Id: 3}); err != nil {
+		t.Fatalf("RemoveReplicaMember: %v", err)
+	}
+	resp, err := c.TransferReplicaLeadership(ctx, &storagedv1.TransferReplicaLeadershipRequest{Id: 1})
+	if m := resp.GetMembership(); err != nil || resp.GetLeaderId() != 1 || resp.GetLeaderAddr() != "127.0.0.1:9090" ||
+		!slices.Equal(m.GetVoters(), []uint64{1}) || !slices.Equal(m.GetLearners(), []uint64{2}) || !slices.Equal(m.GetRemoved(), []uint64{3}) ||
+		m.GetPeerAddrs()[2] != "127.0.0.1:9292" {
+		t.Fatalf("a transfer to the leader itself: %v, %v", resp, err)
+	}
+	for _, tc := range []struct {
+		name  string
+		id    uint64
+		cause string
+	}{
+		{"the learner", 2, CauseNotVoter},
+		{"a removed member", 3, CauseNotVoter},
+		{"an unknown id", 9, CauseNotVoter},
+		{"the most caught-up voter", 0, CauseNoTransferee},
+	} {
+		_, err := c.TransferReplicaLeadership(ctx, &storagedv1.TransferReplicaLeadershipRequest{Id: tc.id})
+		d := details(t, err)
+		d.want(t, codes.FailedPrecondition, ReasonConfChangeRefused, false)
+		if got := d.info.GetMetadata()["cause"]; got != tc.cause {
+			t.Errorf("a transfer to %s: cause %q (%s), want %s", tc.name, got, d.st.Message(), tc.cause)
+		}
+		if ri := st.ReplicaInfo(); ri.Role != "leader" || !ri.Ready {
+			t.Fatalf("after a transfer to %s: %s, ready %v", tc.name, ri.Role, ri.Ready)
+		}
 	}
 }

@@ -1378,6 +1378,116 @@ func (x *RemoveReplicaMemberResponse) GetMembership() *ReplicaMembership {
 	return nil
 }
 
+// TransferReplicaLeadershipRequest is the request of AdminService.TransferReplicaLeadership.
+type TransferReplicaLeadershipRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The raft id of the voter to lead; 0: the most caught-up voter heard from within an election timeout.
+	Id            uint64 `protobuf:"varint,1,opt,name=id,proto3" json:"id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TransferReplicaLeadershipRequest) Reset() {
+	*x = TransferReplicaLeadershipRequest{}
+	mi := &file_storaged_v1_admin_proto_msgTypes[24]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TransferReplicaLeadershipRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TransferReplicaLeadershipRequest) ProtoMessage() {}
+
+func (x *TransferReplicaLeadershipRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_storaged_v1_admin_proto_msgTypes[24]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TransferReplicaLeadershipRequest.ProtoReflect.Descriptor instead.
+func (*TransferReplicaLeadershipRequest) Descriptor() ([]byte, []int) {
+	return file_storaged_v1_admin_proto_rawDescGZIP(), []int{24}
+}
+
+func (x *TransferReplicaLeadershipRequest) GetId() uint64 {
+	if x != nil {
+		return x.Id
+	}
+	return 0
+}
+
+// TransferReplicaLeadershipResponse is the response of AdminService.TransferReplicaLeadership.
+type TransferReplicaLeadershipResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The raft id of the member that leads now.
+	LeaderId uint64 `protobuf:"varint,1,opt,name=leader_id,json=leaderId,proto3" json:"leader_id,omitempty"`
+	// Its client gRPC address (its --listen), "" when this member does not know it yet.
+	LeaderAddr string `protobuf:"bytes,2,opt,name=leader_addr,json=leaderAddr,proto3" json:"leader_addr,omitempty"`
+	// The group's membership, as this member applied it.
+	Membership    *ReplicaMembership `protobuf:"bytes,3,opt,name=membership,proto3" json:"membership,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TransferReplicaLeadershipResponse) Reset() {
+	*x = TransferReplicaLeadershipResponse{}
+	mi := &file_storaged_v1_admin_proto_msgTypes[25]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TransferReplicaLeadershipResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TransferReplicaLeadershipResponse) ProtoMessage() {}
+
+func (x *TransferReplicaLeadershipResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_storaged_v1_admin_proto_msgTypes[25]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TransferReplicaLeadershipResponse.ProtoReflect.Descriptor instead.
+func (*TransferReplicaLeadershipResponse) Descriptor() ([]byte, []int) {
+	return file_storaged_v1_admin_proto_rawDescGZIP(), []int{25}
+}
+
+func (x *TransferReplicaLeadershipResponse) GetLeaderId() uint64 {
+	if x != nil {
+		return x.LeaderId
+	}
+	return 0
+}
+
+func (x *TransferReplicaLeadershipResponse) GetLeaderAddr() string {
+	if x != nil {
+		return x.LeaderAddr
+	}
+	return ""
+}
+
+func (x *TransferReplicaLeadershipResponse) GetMembership() *ReplicaMembership {
+	if x != nil {
+		return x.Membership
+	}
+	return nil
+}
+
 var File_storaged_v1_admin_proto protoreflect.FileDescriptor
 
 const file_storaged_v1_admin_proto_rawDesc = "" +
@@ -1475,7 +1585,16 @@ const file_storaged_v1_admin_proto_rawDesc = "" +
 	"\x1bRemoveReplicaMemberResponse\x12>\n" +
 	"\n" +
 	"membership\x18\x01 \x01(\v2\x1e.storaged.v1.ReplicaMembershipR\n" +
-	"membership2\x9c\a\n" +
+	"membership\"2\n" +
+	" TransferReplicaLeadershipRequest\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\x04R\x02id\"\xa1\x01\n" +
+	"!TransferReplicaLeadershipResponse\x12\x1b\n" +
+	"\tleader_id\x18\x01 \x01(\x04R\bleaderId\x12\x1f\n" +
+	"\vleader_addr\x18\x02 \x01(\tR\n" +
+	"leaderAddr\x12>\n" +
+	"\n" +
+	"membership\x18\x03 \x01(\v2\x1e.storaged.v1.ReplicaMembershipR\n" +
+	"membership2\x98\b\n" +
 	"\fAdminService\x12P\n" +
 	"\vCreateTopic\x12\x1f.storaged.v1.CreateTopicRequest\x1a .storaged.v1.CreateTopicResponse\x12P\n" +
 	"\vUpdateTopic\x12\x1f.storaged.v1.UpdateTopicRequest\x1a .storaged.v1.UpdateTopicResponse\x12G\n" +
@@ -1487,7 +1606,8 @@ const file_storaged_v1_admin_proto_rawDesc = "" +
 	"\x10GetConsumerGroup\x12$.storaged.v1.GetConsumerGroupRequest\x1a%.storaged.v1.GetConsumerGroupResponse\x12_\n" +
 	"\x10AddReplicaMember\x12$.storaged.v1.AddReplicaMemberRequest\x1a%.storaged.v1.AddReplicaMemberResponse\x12k\n" +
 	"\x14PromoteReplicaMember\x12(.storaged.v1.PromoteReplicaMemberRequest\x1a).storaged.v1.PromoteReplicaMemberResponse\x12h\n" +
-	"\x13RemoveReplicaMember\x12'.storaged.v1.RemoveReplicaMemberRequest\x1a(.storaged.v1.RemoveReplicaMemberResponseB\xa3\x01\n" +
+	"\x13RemoveReplicaMember\x12'.storaged.v1.RemoveReplicaMemberRequest\x1a(.storaged.v1.RemoveReplicaMemberResponse\x12z\n" +
+	"\x19TransferReplicaLeadership\x12-.storaged.v1.TransferReplicaLeadershipRequest\x1a..storaged.v1.TransferReplicaLeadershipResponseB\xa3\x01\n" +
 	"\x0fcom.storaged.v1B\n" +
 	"AdminProtoP\x01Z7github.com/storaged/storaged/gen/storaged/v1;storagedv1\xa2\x02\x03SXX\xaa\x02\vStoraged.V1\xca\x02\vStoraged\\V1\xe2\x02\x17Storaged\\V1\\GPBMetadata\xea\x02\fStoraged::V1b\x06proto3"
 
@@ -1503,33 +1623,35 @@ func file_storaged_v1_admin_proto_rawDescGZIP() []byte {
 	return file_storaged_v1_admin_proto_rawDescData
 }
 
-var file_storaged_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 24)
+var file_storaged_v1_admin_proto_msgTypes = make([]protoimpl.MessageInfo, 26)
 var file_storaged_v1_admin_proto_goTypes = []any{
-	(*Topic)(nil),                        // 0: storaged.v1.Topic
-	(*QueueOffsets)(nil),                 // 1: storaged.v1.QueueOffsets
-	(*CreateTopicRequest)(nil),           // 2: storaged.v1.CreateTopicRequest
-	(*CreateTopicResponse)(nil),          // 3: storaged.v1.CreateTopicResponse
-	(*UpdateTopicRequest)(nil),           // 4: storaged.v1.UpdateTopicRequest
-	(*UpdateTopicResponse)(nil),          // 5: storaged.v1.UpdateTopicResponse
-	(*GetTopicRequest)(nil),              // 6: storaged.v1.GetTopicRequest
-	(*GetTopicResponse)(nil),             // 7: storaged.v1.GetTopicResponse
-	(*ListTopicsRequest)(nil),            // 8: storaged.v1.ListTopicsRequest
-	(*ListTopicsResponse)(nil),           // 9: storaged.v1.ListTopicsResponse
-	(*DeleteTopicRequest)(nil),           // 10: storaged.v1.DeleteTopicRequest
-	(*DeleteTopicResponse)(nil),          // 11: storaged.v1.DeleteTopicResponse
-	(*ConsumerGroupSummary)(nil),         // 12: storaged.v1.ConsumerGroupSummary
-	(*ConsumerQueueProgress)(nil),        // 13: storaged.v1.ConsumerQueueProgress
-	(*ListConsumerGroupsRequest)(nil),    // 14: storaged.v1.ListConsumerGroupsRequest
-	(*ListConsumerGroupsResponse)(nil),   // 15: storaged.v1.ListConsumerGroupsResponse
-	(*GetConsumerGroupRequest)(nil),      // 16: storaged.v1.GetConsumerGroupRequest
-	(*GetConsumerGroupResponse)(nil),     // 17: storaged.v1.GetConsumerGroupResponse
-	(*AddReplicaMemberRequest)(nil),      // 18: storaged.v1.AddReplicaMemberRequest
-	(*AddReplicaMemberResponse)(nil),     // 19: storaged.v1.AddReplicaMemberResponse
-	(*PromoteReplicaMemberRequest)(nil),  // 20: storaged.v1.PromoteReplicaMemberRequest
-	(*PromoteReplicaMemberResponse)(nil), // 21: storaged.v1.PromoteReplicaMemberResponse
-	(*RemoveReplicaMemberRequest)(nil),   // 22: storaged.v1.RemoveReplicaMemberRequest
-	(*RemoveReplicaMemberResponse)(nil),  // 23: storaged.v1.RemoveReplicaMemberResponse
-	(*ReplicaMembership)(nil),            // 24: storaged.v1.ReplicaMembership
+	(*Topic)(nil),                             // 0: storaged.v1.Topic
+	(*QueueOffsets)(nil),                      // 1: storaged.v1.QueueOffsets
+	(*CreateTopicRequest)(nil),                // 2: storaged.v1.CreateTopicRequest
+	(*CreateTopicResponse)(nil),               // 3: storaged.v1.CreateTopicResponse
+	(*UpdateTopicRequest)(nil),                // 4: storaged.v1.UpdateTopicRequest
+	(*UpdateTopicResponse)(nil),               // 5: storaged.v1.UpdateTopicResponse
+	(*GetTopicRequest)(nil),                   // 6: storaged.v1.GetTopicRequest
+	(*GetTopicResponse)(nil),                  // 7: storaged.v1.GetTopicResponse
+	(*ListTopicsRequest)(nil),                 // 8: storaged.v1.ListTopicsRequest
+	(*ListTopicsResponse)(nil),                // 9: storaged.v1.ListTopicsResponse
+	(*DeleteTopicRequest)(nil),                // 10: storaged.v1.DeleteTopicRequest
+	(*DeleteTopicResponse)(nil),               // 11: storaged.v1.DeleteTopicResponse
+	(*ConsumerGroupSummary)(nil),              // 12: storaged.v1.ConsumerGroupSummary
+	(*ConsumerQueueProgress)(nil),             // 13: storaged.v1.ConsumerQueueProgress
+	(*ListConsumerGroupsRequest)(nil),         // 14: storaged.v1.ListConsumerGroupsRequest
+	(*ListConsumerGroupsResponse)(nil),        // 15: storaged.v1.ListConsumerGroupsResponse
+	(*GetConsumerGroupRequest)(nil),           // 16: storaged.v1.GetConsumerGroupRequest
+	(*GetConsumerGroupResponse)(nil),          // 17: storaged.v1.GetConsumerGroupResponse
+	(*AddReplicaMemberRequest)(nil),           // 18: storaged.v1.AddReplicaMemberRequest
+	(*AddReplicaMemberResponse)(nil),          // 19: storaged.v1.AddReplicaMemberResponse
+	(*PromoteReplicaMemberRequest)(nil),       // 20: storaged.v1.PromoteReplicaMemberRequest
+	(*PromoteReplicaMemberResponse)(nil),      // 21: storaged.v1.PromoteReplicaMemberResponse
+	(*RemoveReplicaMemberRequest)(nil),        // 22: storaged.v1.RemoveReplicaMemberRequest
+	(*RemoveReplicaMemberResponse)(nil),       // 23: storaged.v1.RemoveReplicaMemberResponse
+	(*TransferReplicaLeadershipRequest)(nil),  // 24: storaged.v1.TransferReplicaLeadershipRequest
+	(*TransferReplicaLeadershipResponse)(nil), // 25: storaged.v1.TransferReplicaLeadershipResponse
+	(*ReplicaMembership)(nil),                 // 26: storaged.v1.ReplicaMembership
 }
 var file_storaged_v1_admin_proto_depIdxs = []int32{
 	1,  // 0: storaged.v1.Topic.queues:type_name -> storaged.v1.QueueOffsets
@@ -1540,34 +1662,37 @@ var file_storaged_v1_admin_proto_depIdxs = []int32{
 	12, // 5: storaged.v1.ListConsumerGroupsResponse.groups:type_name -> storaged.v1.ConsumerGroupSummary
 	12, // 6: storaged.v1.GetConsumerGroupResponse.group:type_name -> storaged.v1.ConsumerGroupSummary
 	13, // 7: storaged.v1.GetConsumerGroupResponse.queues:type_name -> storaged.v1.ConsumerQueueProgress
-	24, // 8: storaged.v1.AddReplicaMemberResponse.membership:type_name -> storaged.v1.ReplicaMembership
-	24, // 9: storaged.v1.PromoteReplicaMemberResponse.membership:type_name -> storaged.v1.ReplicaMembership
-	24, // 10: storaged.v1.RemoveReplicaMemberResponse.membership:type_name -> storaged.v1.ReplicaMembership
-	2,  // 11: storaged.v1.AdminService.CreateTopic:input_type -> storaged.v1.CreateTopicRequest
-	4,  // 12: storaged.v1.AdminService.UpdateTopic:input_type -> storaged.v1.UpdateTopicRequest
-	6,  // 13: storaged.v1.AdminService.GetTopic:input_type -> storaged.v1.GetTopicRequest
-	8,  // 14: storaged.v1.AdminService.ListTopics:input_type -> storaged.v1.ListTopicsRequest
-	10, // 15: storaged.v1.AdminService.DeleteTopic:input_type -> storaged.v1.DeleteTopicRequest
-	14, // 16: storaged.v1.AdminService.ListConsumerGroups:input_type -> storaged.v1.ListConsumerGroupsRequest
-	16, // 17: storaged.v1.AdminService.GetConsumerGroup:input_type -> storaged.v1.GetConsumerGroupRequest
-	18, // 18: storaged.v1.AdminService.AddReplicaMember:input_type -> storaged.v1.AddReplicaMemberRequest
-	20, // 19: storaged.v1.AdminService.PromoteReplicaMember:input_type -> storaged.v1.PromoteReplicaMemberRequest
-	22, // 20: storaged.v1.AdminService.RemoveReplicaMember:input_type -> storaged.v1.RemoveReplicaMemberRequest
-	3,  // 21: storaged.v1.AdminService.CreateTopic:output_type -> storaged.v1.CreateTopicResponse
-	5,  // 22: storaged.v1.AdminService.UpdateTopic:output_type -> storaged.v1.UpdateTopicResponse
-	7,  // 23: storaged.v1.AdminService.GetTopic:output_type -> storaged.v1.GetTopicResponse
-	9,  // 24: storaged.v1.AdminService.ListTopics:output_type -> storaged.v1.ListTopicsResponse
-	11, // 25: storaged.v1.AdminService.DeleteTopic:output_type -> storaged.v1.DeleteTopicResponse
-	15, // 26: storaged.v1.AdminService.ListConsumerGroups:output_type -> storaged.v1.ListConsumerGroupsResponse
-	17, // 27: storaged.v1.AdminService.GetConsumerGroup:output_type -> storaged.v1.GetConsumerGroupResponse
-	19, // 28: storaged.v1.AdminService.AddReplicaMember:output_type -> storaged.v1.AddReplicaMemberResponse
-	21, // 29: storaged.v1.AdminService.PromoteReplicaMember:output_type -> storaged.v1.PromoteReplicaMemberResponse
-	23, // 30: storaged.v1.AdminService.RemoveReplicaMember:output_type -> storaged.v1.RemoveReplicaMemberResponse
-	21, // [21:31] is the sub-list for method output_type
-	11, // [11:21] is the sub-list for method input_type
-	11, // [11:11] is the sub-list for extension type_name
-	11, // [11:11] is the sub-list for extension extendee
-	0,  // [0:11] is the sub-list for field type_name
+	26, // 8: storaged.v1.AddReplicaMemberResponse.membership:type_name -> storaged.v1.ReplicaMembership
+	26, // 9: storaged.v1.PromoteReplicaMemberResponse.membership:type_name -> storaged.v1.ReplicaMembership
+	26, // 10: storaged.v1.RemoveReplicaMemberResponse.membership:type_name -> storaged.v1.ReplicaMembership
+	26, // 11: storaged.v1.TransferReplicaLeadershipResponse.membership:type_name -> storaged.v1.ReplicaMembership
+	2,  // 12: storaged.v1.AdminService.CreateTopic:input_type -> storaged.v1.CreateTopicRequest
+	4,  // 13: storaged.v1.AdminService.UpdateTopic:input_type -> storaged.v1.UpdateTopicRequest
+	6,  // 14: storaged.v1.AdminService.GetTopic:input_type -> storaged.v1.GetTopicRequest
+	8,  // 15: storaged.v1.AdminService.ListTopics:input_type -> storaged.v1.ListTopicsRequest
+	10, // 16: storaged.v1.AdminService.DeleteTopic:input_type -> storaged.v1.DeleteTopicRequest
+	14, // 17: storaged.v1.AdminService.ListConsumerGroups:input_type -> storaged.v1.ListConsumerGroupsRequest
+	16, // 18: storaged.v1.AdminService.GetConsumerGroup:input_type -> storaged.v1.GetConsumerGroupRequest
+	18, // 19: storaged.v1.AdminService.AddReplicaMember:input_type -> storaged.v1.AddReplicaMemberRequest
+	20, // 20: storaged.v1.AdminService.PromoteReplicaMember:input_type -> storaged.v1.PromoteReplicaMemberRequest
+	22, // 21: storaged.v1.AdminService.RemoveReplicaMember:input_type -> storaged.v1.RemoveReplicaMemberRequest
+	24, // 22: storaged.v1.AdminService.TransferReplicaLeadership:input_type -> storaged.v1.TransferReplicaLeadershipRequest
+	3,  // 23: storaged.v1.AdminService.CreateTopic:output_type -> storaged.v1.CreateTopicResponse
+	5,  // 24: storaged.v1.AdminService.UpdateTopic:output_type -> storaged.v1.UpdateTopicResponse
+	7,  // 25: storaged.v1.AdminService.GetTopic:output_type -> storaged.v1.GetTopicResponse
+	9,  // 26: storaged.v1.AdminService.ListTopics:output_type -> storaged.v1.ListTopicsResponse
+	11, // 27: storaged.v1.AdminService.DeleteTopic:output_type -> storaged.v1.DeleteTopicResponse
+	15, // 28: storaged.v1.AdminService.ListConsumerGroups:output_type -> storaged.v1.ListConsumerGroupsResponse
+	17, // 29: storaged.v1.AdminService.GetConsumerGroup:output_type -> storaged.v1.GetConsumerGroupResponse
+	19, // 30: storaged.v1.AdminService.AddReplicaMember:output_type -> storaged.v1.AddReplicaMemberResponse
+	21, // 31: storaged.v1.AdminService.PromoteReplicaMember:output_type -> storaged.v1.PromoteReplicaMemberResponse
+	23, // 32: storaged.v1.AdminService.RemoveReplicaMember:output_type -> storaged.v1.RemoveReplicaMemberResponse
+	25, // 33: storaged.v1.AdminService.TransferReplicaLeadership:output_type -> storaged.v1.TransferReplicaLeadershipResponse
+	23, // [23:34] is the sub-list for method output_type
+	12, // [12:23] is the sub-list for method input_type
+	12, // [12:12] is the sub-list for extension type_name
+	12, // [12:12] is the sub-list for extension extendee
+	0,  // [0:12] is the sub-list for field type_name
 }
 
 func init() { file_storaged_v1_admin_proto_init() }
@@ -1582,7 +1707,7 @@ func file_storaged_v1_admin_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_storaged_v1_admin_proto_rawDesc), len(file_storaged_v1_admin_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   24,
+			NumMessages:   26,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

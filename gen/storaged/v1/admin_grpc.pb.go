@@ -23,16 +23,17 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	AdminService_CreateTopic_FullMethodName          = "/storaged.v1.AdminService/CreateTopic"
-	AdminService_UpdateTopic_FullMethodName          = "/storaged.v1.AdminService/UpdateTopic"
-	AdminService_GetTopic_FullMethodName             = "/storaged.v1.AdminService/GetTopic"
-	AdminService_ListTopics_FullMethodName           = "/storaged.v1.AdminService/ListTopics"
-	AdminService_DeleteTopic_FullMethodName          = "/storaged.v1.AdminService/DeleteTopic"
-	AdminService_ListConsumerGroups_FullMethodName   = "/storaged.v1.AdminService/ListConsumerGroups"
-	AdminService_GetConsumerGroup_FullMethodName     = "/storaged.v1.AdminService/GetConsumerGroup"
-	AdminService_AddReplicaMember_FullMethodName     = "/storaged.v1.AdminService/AddReplicaMember"
-	AdminService_PromoteReplicaMember_FullMethodName = "/storaged.v1.AdminService/PromoteReplicaMember"
-	AdminService_RemoveReplicaMember_FullMethodName  = "/storaged.v1.AdminService/RemoveReplicaMember"
+	AdminService_CreateTopic_FullMethodName               = "/storaged.v1.AdminService/CreateTopic"
+	AdminService_UpdateTopic_FullMethodName               = "/storaged.v1.AdminService/UpdateTopic"
+	AdminService_GetTopic_FullMethodName                  = "/storaged.v1.AdminService/GetTopic"
+	AdminService_ListTopics_FullMethodName                = "/storaged.v1.AdminService/ListTopics"
+	AdminService_DeleteTopic_FullMethodName               = "/storaged.v1.AdminService/DeleteTopic"
+	AdminService_ListConsumerGroups_FullMethodName        = "/storaged.v1.AdminService/ListConsumerGroups"
+	AdminService_GetConsumerGroup_FullMethodName          = "/storaged.v1.AdminService/GetConsumerGroup"
+	AdminService_AddReplicaMember_FullMethodName          = "/storaged.v1.AdminService/AddReplicaMember"
+	AdminService_PromoteReplicaMember_FullMethodName      = "/storaged.v1.AdminService/PromoteReplicaMember"
+	AdminService_RemoveReplicaMember_FullMethodName       = "/storaged.v1.AdminService/RemoveReplicaMember"
+	AdminService_TransferReplicaLeadership_FullMethodName = "/storaged.v1.AdminService/TransferReplicaLeadership"
 )
 
 // AdminServiceClient is the client API for AdminService service.
@@ -141,6 +142,31 @@ type AdminServiceClient interface {
 	// whose removal would leave fewer active voters than a quorum is refused (cause
 	// "QUORUM_AFTER_CHANGE"). Errors as AddReplicaMember.
 	RemoveReplicaMember(ctx context.Context, in *RemoveReplicaMemberRequest, opts ...grpc.CallOption) (*RemoveReplicaMemberResponse, error)
+	// TransferReplicaLeadership moves the group's leadership from this member, the leader, to voter id
+	// (etcd's move-leader), or with id 0 to the most caught-up voter heard from within an election
+	// timeout: before maintenance on the leader's machine, or to put the leader where the operator wants
+	// it. While it runs the leader refuses puts (UNAVAILABLE, cause TRANSFERRING, nothing stored) and
+	// membership changes; puts it took before are committed by the new leader. The answer comes once
+	// another member leads: the new leader's id and client address. Asked for the leader itself, it
+	// answers at once, nothing changed. It gives up after two election timeouts or the call's deadline:
+	// the leader then aborts the transfer and takes puts again (a transferee that was already told to
+	// campaign may still win the election it started: read the leader before trying again).
+	//
+	// Errors (google.rpc.ErrorInfo, domain "storaged"); each but UNAVAILABLE cause TRANSFER_TIMEOUT means
+	// nothing changed:
+	//   - FAILED_PRECONDITION, reason "CONF_CHANGE_REFUSED", metadata cause: "STANDALONE" (the server is
+	//     not in a replication group), "NOT_VOTER" (id is a learner, not a member, or removed: only a
+	//     voter can lead), "TRANSFEREE_INACTIVE" (the voter was not heard from within an election
+	//     timeout: it is down or cut off), "NO_TRANSFEREE" (id 0, and no other voter was heard from).
+	//   - ABORTED with google.rpc.RetryInfo, reason "CONF_CHANGE_REFUSED", metadata cause
+	//     "CONF_CHANGE_PENDING": a membership change has not applied yet; retry once it applied.
+	//   - UNAVAILABLE with google.rpc.RetryInfo, reason "SERVICE_NOT_AVAILABLE", metadata cause (NOT_LEADER,
+	//     NO_LEADER, TRANSFERRING: the leadership is moving already), leader_id, leader_addr (the leader's
+	//     client address), term: as AddReplicaMember; send the call to the leader's admin listener.
+	//   - UNAVAILABLE with google.rpc.RetryInfo, reason "SERVICE_NOT_AVAILABLE", metadata cause
+	//     "TRANSFER_TIMEOUT": no other member led in time; this member leads still and takes puts again.
+	//     Without a cause: starting or shutting down.
+	TransferReplicaLeadership(ctx context.Context, in *TransferReplicaLeadershipRequest, opts ...grpc.CallOption) (*TransferReplicaLeadershipResponse, error)
 }
 
 type adminServiceClient struct {
@@ -245,6 +271,16 @@ func (c *adminServiceClient) RemoveReplicaMember(ctx context.Context, in *Remove
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(RemoveReplicaMemberResponse)
 	err := c.cc.Invoke(ctx, AdminService_RemoveReplicaMember_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminServiceClient) TransferReplicaLeadership(ctx context.Context, in *TransferReplicaLeadershipRequest, opts ...grpc.CallOption) (*TransferReplicaLeadershipResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(TransferReplicaLeadershipResponse)
+	err := c.cc.Invoke(ctx, AdminService_TransferReplicaLeadership_FullMethodName, in, out, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -357,6 +393,31 @@ type AdminServiceServer interface {
 	// whose removal would leave fewer active voters than a quorum is refused (cause
 	// "QUORUM_AFTER_CHANGE"). Errors as AddReplicaMember.
 	RemoveReplicaMember(context.Context, *RemoveReplicaMemberRequest) (*RemoveReplicaMemberResponse, error)
+	// TransferReplicaLeadership moves the group's leadership from this member, the leader, to voter id
+	// (etcd's move-leader), or with id 0 to the most caught-up voter heard from within an election
+	// timeout: before maintenance on the leader's machine, or to put the leader where the operator wants
+	// it. While it runs the leader refuses puts (UNAVAILABLE, cause TRANSFERRING, nothing stored) and
+	// membership changes; puts it took before are committed by the new leader. The answer comes once
+	// another member leads: the new leader's id and client address. Asked for the leader itself, it
+	// answers at once, nothing changed. It gives up after two election timeouts or the call's deadline:
+	// the leader then aborts the transfer and takes puts again (a transferee that was already told to
+	// campaign may still win the election it started: read the leader before trying again).
+	//
+	// Errors (google.rpc.ErrorInfo, domain "storaged"); each but UNAVAILABLE cause TRANSFER_TIMEOUT means
+	// nothing changed:
+	//   - FAILED_PRECONDITION, reason "CONF_CHANGE_REFUSED", metadata cause: "STANDALONE" (the server is
+	//     not in a replication group), "NOT_VOTER" (id is a learner, not a member, or removed: only a
+	//     voter can lead), "TRANSFEREE_INACTIVE" (the voter was not heard from within an election
+	//     timeout: it is down or cut off), "NO_TRANSFEREE" (id 0, and no other voter was heard from).
+	//   - ABORTED with google.rpc.RetryInfo, reason "CONF_CHANGE_REFUSED", metadata cause
+	//     "CONF_CHANGE_PENDING": a membership change has not applied yet; retry once it applied.
+	//   - UNAVAILABLE with google.rpc.RetryInfo, reason "SERVICE_NOT_AVAILABLE", metadata cause (NOT_LEADER,
+	//     NO_LEADER, TRANSFERRING: the leadership is moving already), leader_id, leader_addr (the leader's
+	//     client address), term: as AddReplicaMember; send the call to the leader's admin listener.
+	//   - UNAVAILABLE with google.rpc.RetryInfo, reason "SERVICE_NOT_AVAILABLE", metadata cause
+	//     "TRANSFER_TIMEOUT": no other member led in time; this member leads still and takes puts again.
+	//     Without a cause: starting or shutting down.
+	TransferReplicaLeadership(context.Context, *TransferReplicaLeadershipRequest) (*TransferReplicaLeadershipResponse, error)
 	mustEmbedUnimplementedAdminServiceServer()
 }
 
@@ -396,6 +457,9 @@ func (UnimplementedAdminServiceServer) PromoteReplicaMember(context.Context, *Pr
 }
 func (UnimplementedAdminServiceServer) RemoveReplicaMember(context.Context, *RemoveReplicaMemberRequest) (*RemoveReplicaMemberResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method RemoveReplicaMember not implemented")
+}
+func (UnimplementedAdminServiceServer) TransferReplicaLeadership(context.Context, *TransferReplicaLeadershipRequest) (*TransferReplicaLeadershipResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method TransferReplicaLeadership not implemented")
 }
 func (UnimplementedAdminServiceServer) mustEmbedUnimplementedAdminServiceServer() {}
 func (UnimplementedAdminServiceServer) testEmbeddedByValue()                      {}
@@ -598,6 +662,24 @@ func _AdminService_RemoveReplicaMember_Handler(srv interface{}, ctx context.Cont
 	return interceptor(ctx, in, info, handler)
 }
 
+func _AdminService_TransferReplicaLeadership_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(TransferReplicaLeadershipRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).TransferReplicaLeadership(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_TransferReplicaLeadership_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).TransferReplicaLeadership(ctx, req.(*TransferReplicaLeadershipRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // AdminService_ServiceDesc is the grpc.ServiceDesc for AdminService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -644,6 +726,10 @@ var AdminService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "RemoveReplicaMember",
 			Handler:    _AdminService_RemoveReplicaMember_Handler,
+		},
+		{
+			MethodName: "TransferReplicaLeadership",
+			Handler:    _AdminService_TransferReplicaLeadership_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},
