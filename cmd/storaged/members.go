@@ -24,20 +24,21 @@ import (
 // exitRefused: the membership command's call failed or was refused.
 const exitRefused = 1
 
-// membersOutput is what `storaged replica members|add|promote|remove`
-// print (JSON).
+// membersOutput is what `storaged replica members|add|promote|remove|
+// transfer` print (JSON).
 type membersOutput struct {
-	Addr      string            `json:"addr"`
-	ID        uint64            `json:"id,omitempty"`        // the member asked (members)
-	Role      string            `json:"role,omitempty"`      // its role (members)
-	LeaderID  uint64            `json:"leader_id,omitempty"` // (members)
-	ClusterID string            `json:"cluster_id,omitempty"`
-	Group     string            `json:"group,omitempty"`
-	Index     uint64            `json:"index"`
-	Voters    []uint64          `json:"voters"`
-	Learners  []uint64          `json:"learners"`
-	PeerAddrs map[uint64]string `json:"peer_addrs"`
-	Removed   []uint64          `json:"removed,omitempty"`
+	Addr       string            `json:"addr"`
+	ID         uint64            `json:"id,omitempty"`          // the member asked (members)
+	Role       string            `json:"role,omitempty"`        // its role (members)
+	LeaderID   uint64            `json:"leader_id,omitempty"`   // (members; transfer: the new leader)
+	LeaderAddr string            `json:"leader_addr,omitempty"` // (transfer: its client address)
+	ClusterID  string            `json:"cluster_id,omitempty"`
+	Group      string            `json:"group,omitempty"`
+	Index      uint64            `json:"index"`
+	Voters     []uint64          `json:"voters"`
+	Learners   []uint64          `json:"learners"`
+	PeerAddrs  map[uint64]string `json:"peer_addrs"`
+	Removed    []uint64          `json:"removed,omitempty"`
 	// Progress: the leader's view of each member (members, on the leader).
 	Progress []memberProgress `json:"progress,omitempty"`
 	// StartFlags (add): the flags the new member starts with.
@@ -59,12 +60,15 @@ const membersUsage = "Usage:\n" +
 	"                                                       add member N as a learner; prints the flags it starts with\n" +
 	"  storaged replica promote --addr ADMIN --id N         make learner N a voter once it has caught up\n" +
 	"  storaged replica remove  --addr ADMIN --id N         remove member N for good (its id is never used again)\n" +
+	"  storaged replica transfer --addr ADMIN [--id N]      move the leadership to voter N (default: the most caught-up\n" +
+	"                                                       active voter); puts are refused (TRANSFERRING) while it runs\n" +
 	"ADMIN is the leader's admin address (--admin-listen). Plaintext gRPC unless --tls: with a member's --tls-cert,\n" +
 	"add --tls --tls-ca-cert CA.pem, and with its --tls-client-ca also --tls-client-cert C.pem --tls-client-key K.pem\n" +
 	"(the flags of storaged health). Exit status: 0 done, 1 refused or failed (the error names why and, when the\n" +
 	"member asked is not the leader, the leader), 2 usage error.\n"
 
-// runReplicaMembership is `storaged replica members|add|promote|remove`.
+// runReplicaMembership is `storaged replica members|add|promote|remove|
+// transfer`.
 func runReplicaMembership(cmd string, args []string, lookupEnv func(string) (string, bool), stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("replica "+cmd, flag.ContinueOnError)
 	fs.SetOutput(stderr)
@@ -77,7 +81,11 @@ func runReplicaMembership(cmd string, args []string, lookupEnv func(string) (str
 	var id uint64
 	var peerAddr string
 	if cmd != "members" {
-		fs.Func("id", "the member's raft `id`", func(s string) error {
+		what := "the member's raft `id`"
+		if cmd == "transfer" {
+			what = "the raft `id` of the voter to lead (default: the most caught-up voter the leader heard from recently)"
+		}
+		fs.Func("id", what, func(s string) error {
 			v, err := strconv.ParseUint(s, 10, 64)
 			if err != nil || v == 0 {
 				return fmt.Errorf("raft id %q: want a positive integer", s)
@@ -99,7 +107,7 @@ func runReplicaMembership(cmd string, args []string, lookupEnv func(string) (str
 		return exitUsage
 	}
 	_ = lookupEnv // the flags of these commands have no environment twins: STORAGED_* configures the server
-	if fs.NArg() > 0 || *timeout <= 0 || (cmd != "members" && id == 0) || (cmd == "add" && peerAddr == "") {
+	if fs.NArg() > 0 || *timeout <= 0 || (cmd != "members" && cmd != "transfer" && id == 0) || (cmd == "add" && peerAddr == "") {
 		fmt.Fprintf(stderr, "storaged replica %s: unexpected arguments, a non-positive --timeout, or a missing --id or --peer-addr\n%s", cmd, membersUsage)
 		return exitUsage
 	}
@@ -169,6 +177,13 @@ func runReplicaMembership(cmd string, args []string, lookupEnv func(string) (str
 		}
 		m = resp.GetMembership()
 		out.Next = fmt.Sprintf("member %d stops once it applies its removal; its data dir never starts again", id)
+	case "transfer":
+		resp, err := admin.TransferReplicaLeadership(ctx, &storagedv1.TransferReplicaLeadershipRequest{Id: id})
+		if err != nil {
+			return rpcFailed(stderr, cmd, *addr, tlsFlags.on, err)
+		}
+		m, out.LeaderID, out.LeaderAddr = resp.GetMembership(), resp.GetLeaderId(), resp.GetLeaderAddr()
+		out.Next = fmt.Sprintf("member %d leads; membership changes and later transfers go to its admin listener", out.LeaderID)
 	}
 	out.Index, out.Voters, out.Learners, out.Removed = m.GetIndex(), m.GetVoters(), m.GetLearners(), m.GetRemoved()
 	out.PeerAddrs = m.GetPeerAddrs()

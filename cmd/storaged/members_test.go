@@ -149,6 +149,45 @@ func TestReplicaMembershipCommands(t *testing.T) {
 	l.stop(t)
 }
 
+// TestReplicaTransferCommand: `storaged replica transfer` against a real
+// storaged process, member 1 of a group whose only voter it is (member 2,
+// a learner, never runs): a transfer to itself prints it as the leader
+// with its client address and the membership; to the learner it is
+// refused (exit 1, cause NOT_VOTER), without --id (no other voter) cause
+// NO_TRANSFEREE; member 1 leads after each. Usage errors exit 2. (Moves
+// between members: tests/cluster's TestGroupTransferLeadership.)
+func TestReplicaTransferCommand(t *testing.T) {
+	l := startLeader1(t, nil)
+	run := func(want int, args ...string) (membersOutput, string) {
+		t.Helper()
+		return runMembership(t, want, args...)
+	}
+	run(exitUsage, "transfer", "--addr", l.adminAddr, "--id", "0")
+	run(exitUsage, "transfer", "--addr", l.adminAddr, "--id", "x")
+	run(exitUsage, "transfer", "--addr", l.adminAddr, "2")
+	out, _ := run(exitOK, "transfer", "--addr", l.adminAddr, "--id", "1")
+	if out.LeaderID != 1 || out.LeaderAddr != l.grpcAddr || !slices.Equal(out.Voters, []uint64{1}) ||
+		!slices.Equal(out.Learners, []uint64{2}) || out.PeerAddrs[2] != l.peer2 {
+		t.Fatalf("transfer to the leader itself: %+v", out)
+	}
+	for _, tc := range []struct {
+		args  []string
+		cause string
+	}{
+		{[]string{"--id", "2"}, "cause=NOT_VOTER"},
+		{nil, "cause=NO_TRANSFEREE"},
+	} {
+		_, stderr := run(exitRefused, append([]string{"transfer", "--addr", l.adminAddr}, tc.args...)...)
+		if !strings.Contains(stderr, tc.cause) || !strings.Contains(stderr, "FailedPrecondition") {
+			t.Errorf("transfer %v: %s, want FailedPrecondition %s", tc.args, stderr, tc.cause)
+		}
+		if m, _ := run(exitOK, "members", "--addr", l.grpcAddr); m.Role != "leader" || m.LeaderID != 1 {
+			t.Fatalf("after transfer %v: %+v", tc.args, m)
+		}
+	}
+	l.stop(t)
+}
+
 // TestReplicaMembershipTLS: the membership commands reach a member whose
 // client and admin services have TLS (--tls-cert) with --tls and the CA,
 // and fail without them (exit 1, the cause printed); with mTLS

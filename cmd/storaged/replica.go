@@ -52,7 +52,7 @@ type storageDamage struct {
 func runReplica(args []string, lookupEnv func(string) (string, bool), stdout, stderr io.Writer) int {
 	if len(args) > 0 {
 		switch args[0] {
-		case "members", "add", "promote", "remove":
+		case "members", "add", "promote", "remove", "transfer":
 			return runReplicaMembership(args[0], args[1:], lookupEnv, stdout, stderr)
 		}
 	}
