@@ -614,6 +614,24 @@
 // Once raft/conf records a change, raft/meta's bootstrap membership and
 // cluster id are no longer checked against the flags.
 //
+// Leadership hand-overs (replica.go's handOverLocked) have three callers
+// that share one shape: TransferLeadership (a stopping process: puts stay
+// refused for good, replica's stopping), a leader's removal of itself,
+// and MoveLeadership (an operator's move to a voter it names, or the most
+// caught-up active one; storaged replica transfer). Each refuses puts
+// with TRANSFERRING while it runs, asks raft to transfer, asks again at
+// each tick once raft gave the transfer up (a transferee with a committed
+// conf change still to apply refuses raft's MsgTimeoutNow: a move right
+// after a promotion), and waits for another member to lead. A move or a
+// removal that gives up (two election timeouts, or its ctx) aborts raft's
+// transfer and takes puts again while it leads in the same term, unless
+// the process began stopping meanwhile. A move is refused, nothing
+// changed, on a follower (NotLeaderError), while the leadership moves
+// already (TRANSFERRING), while a conf change has not applied
+// (ErrConfChangePending; a conf change is refused TRANSFERRING while a
+// move runs), for an id that is no voter (ErrNotVoter) or a voter not
+// heard from within an election timeout (ErrTransfereeInactive).
+//
 // Idempotent puts (idempotent.go): the ready leader keeps the dedup
 // window and remembers a key once its put committed (PUT_OK; an unknown
 // outcome leaves the key free). Every other member keeps its window up
