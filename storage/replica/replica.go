@@ -1143,9 +1143,6 @@ func (n *Node) refusalLocked() error {
 	if err := n.leadRefusalLocked(st); err != nil {
 		return err
 	}
-	if !n.ready {
-		return &NotLeaderError{Cause: CauseLeaderNotReady, LeaderID: st.ID, Term: st.GetTerm()}
-	}
 	voters, active := 0, 0
 	n.rn.WithProgress(func(id uint64, typ raft.ProgressType, pr tracker.Progress) {
 		if typ != raft.ProgressTypePeer || id == n.opts.ID {
@@ -1169,9 +1166,11 @@ func (n *Node) refusalLocked() error {
 
 // leadRefusalLocked is why this replica is not a leader free to act (to
 // take a put, or to hand its leadership over), or nil: stopped or removed,
-// a follower (naming the leader it knows), no leader, or a leader whose
-// leadership is moving (TRANSFERRING, naming the transferee raft knows).
-// st is raft's status now. REQUIRES: n.mu.
+// a follower (naming the leader it knows), no leader, a leader whose
+// leadership is moving (TRANSFERRING, naming the transferee raft knows),
+// or one not ready yet (its term's first entry not applied: entries of
+// earlier terms, a conf change among them, may still be pending). st is
+// raft's status now. REQUIRES: n.mu.
 func (n *Node) leadRefusalLocked(st raft.BasicStatus) error {
 	if errors.Is(n.err, ErrRemoved) {
 		return &NotLeaderError{Cause: CauseRemoved, Term: n.term}
@@ -1186,6 +1185,8 @@ func (n *Node) leadRefusalLocked(st raft.BasicStatus) error {
 		return &NotLeaderError{Cause: CauseNotLeader, LeaderID: st.Lead, Term: st.GetTerm()}
 	case st.LeadTransferee != raft.None || n.leaving:
 		return &NotLeaderError{Cause: CauseTransferring, LeaderID: st.LeadTransferee, Term: st.GetTerm()}
+	case !n.ready:
+		return &NotLeaderError{Cause: CauseLeaderNotReady, LeaderID: st.ID, Term: st.GetTerm()}
 	}
 	return nil
 }
@@ -1464,9 +1465,10 @@ func (n *Node) transferLeadershipLocked(wait time.Duration, stop <-chan struct{}
 // leader it returns at once, nothing changed.
 //
 // Refused, nothing changed: a *NotLeaderError on a member that is not the
-// leader (naming the leader it knows), or on a leader whose leadership is
+// leader (naming the leader it knows), on a leader whose leadership is
 // moving already (TRANSFERRING: another MoveLeadership, a removal of
-// itself, a stop); ErrConfChangePending while a membership change this
+// itself, a stop), or on one not ready yet (LEADER_NOT_READY: a conf
+// change of an earlier term may be pending); ErrConfChangePending while a membership change this
 // leader proposed has not applied (the change would be applied by the new
 // leader, and a move to a voter being removed would leave the group
 // without a leader for an election timeout: the caller retries once it

@@ -161,8 +161,9 @@ type AdminServiceClient interface {
 	//   - ABORTED with google.rpc.RetryInfo, reason "CONF_CHANGE_REFUSED", metadata cause
 	//     "CONF_CHANGE_PENDING": a membership change has not applied yet; retry once it applied.
 	//   - UNAVAILABLE with google.rpc.RetryInfo, reason "SERVICE_NOT_AVAILABLE", metadata cause (NOT_LEADER,
-	//     NO_LEADER, TRANSFERRING: the leadership is moving already), leader_id, leader_addr (the leader's
-	//     client address), term: as AddReplicaMember; send the call to the leader's admin listener.
+	//     NO_LEADER, LEADER_NOT_READY, TRANSFERRING: the leadership is moving already), leader_id,
+	//     leader_addr (the leader's client address), term: as AddReplicaMember; send the call to the
+	//     leader's admin listener.
 	//   - UNAVAILABLE with google.rpc.RetryInfo, reason "SERVICE_NOT_AVAILABLE", metadata cause
 	//     "TRANSFER_TIMEOUT": no other member led in time; this member leads still and takes puts again.
 	//     Without a cause: starting or shutting down.
@@ -412,8 +413,9 @@ type AdminServiceServer interface {
 	//   - ABORTED with google.rpc.RetryInfo, reason "CONF_CHANGE_REFUSED", metadata cause
 	//     "CONF_CHANGE_PENDING": a membership change has not applied yet; retry once it applied.
 	//   - UNAVAILABLE with google.rpc.RetryInfo, reason "SERVICE_NOT_AVAILABLE", metadata cause (NOT_LEADER,
-	//     NO_LEADER, TRANSFERRING: the leadership is moving already), leader_id, leader_addr (the leader's
-	//     client address), term: as AddReplicaMember; send the call to the leader's admin listener.
+	//     NO_LEADER, LEADER_NOT_READY, TRANSFERRING: the leadership is moving already), leader_id,
+	//     leader_addr (the leader's client address), term: as AddReplicaMember; send the call to the
+	//     leader's admin listener.
 	//   - UNAVAILABLE with google.rpc.RetryInfo, reason "SERVICE_NOT_AVAILABLE", metadata cause
 	//     "TRANSFER_TIMEOUT": no other member led in time; this member leads still and takes puts again.
 	//     Without a cause: starting or shutting down.
