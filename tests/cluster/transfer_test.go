@@ -165,3 +165,20 @@ func errorInfo(err error) map[string]string {
 	}
 	return nil
 }
+
+// moveLeader makes p the group's ready leader: TransferReplicaLeadership
+// on the leader's admin listener, unless p leads already.
+func (g *memberGroup) moveLeader(t *testing.T, p *proctest.Process) {
+	t.Helper()
+	id := uint64(g.idOf(p))
+	if g.Leader(t) != p {
+		moveOnce(t, "move to "+g.names[p], func() error {
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			_, err := adminClient(t, g.admin[g.Leader(t)]).TransferReplicaLeadership(ctx,
+				&storagedv1.TransferReplicaLeadershipRequest{Id: id})
+			return err
+		})
+	}
+	g.ledBy(t, p, id)
+}
