@@ -38,7 +38,10 @@ type membersOutput struct {
 	Voters     []uint64          `json:"voters"`
 	Learners   []uint64          `json:"learners"`
 	PeerAddrs  map[uint64]string `json:"peer_addrs"`
-	Removed    []uint64          `json:"removed,omitempty"`
+	// ClientAddrs (members): the members' client addresses the member
+	// asked learned from their peer traffic (the leader knows them all).
+	ClientAddrs map[uint64]string `json:"client_addrs,omitempty"`
+	Removed     []uint64          `json:"removed,omitempty"`
 	// Progress: the leader's view of each member (members, on the leader).
 	Progress []memberProgress `json:"progress,omitempty"`
 	// StartFlags (add): the flags the new member starts with.
@@ -186,7 +189,7 @@ func runReplicaMembership(cmd string, args []string, lookupEnv func(string) (str
 		out.Next = fmt.Sprintf("member %d leads; membership changes and later transfers go to its admin listener", out.LeaderID)
 	}
 	out.Index, out.Voters, out.Learners, out.Removed = m.GetIndex(), m.GetVoters(), m.GetLearners(), m.GetRemoved()
-	out.PeerAddrs = m.GetPeerAddrs()
+	out.PeerAddrs, out.ClientAddrs = m.GetPeerAddrs(), m.GetClientAddrs()
 	enc := json.NewEncoder(stdout)
 	enc.SetIndent("", "  ")
 	if err := enc.Encode(out); err != nil {
