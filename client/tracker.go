@@ -156,10 +156,9 @@ type LeaderTracker struct {
 	closed bool
 	// learned: the client addresses outside members of the newest
 	// membership a member reported (memIndex, the raft index of its
-	// change; memSeen once one was reported), at most MaxMembers.
+	// change), at most MaxMembers.
 	learned  []string
 	memIndex uint64
-	memSeen  bool
 
 	ctx    context.Context // cancelled by Close: cuts lookups and waits short
 	cancel context.CancelFunc
@@ -495,11 +494,11 @@ func (t *LeaderTracker) learn(ri *storagedv1.GetReplicaInfoResponse) {
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if t.closed || (t.memSeen && m.GetIndex() < t.memIndex) {
+	if t.closed || m.GetIndex() < t.memIndex {
 		return
 	}
 	var learned []string
-	if t.memSeen && m.GetIndex() == t.memIndex {
+	if m.GetIndex() == t.memIndex { // nothing seen yet: memIndex 0, learned empty
 		learned = t.learned
 	}
 	ids := slices.Concat(m.GetVoters(), m.GetLearners())
@@ -511,7 +510,7 @@ func (t *LeaderTracker) learn(ri *storagedv1.GetReplicaInfoResponse) {
 		}
 	}
 	slices.Sort(learned)
-	t.learned, t.memIndex, t.memSeen = learned, m.GetIndex(), true
+	t.learned, t.memIndex = learned, m.GetIndex()
 	for _, a := range learned {
 		t.connLocked(a)
 	}
@@ -598,10 +597,7 @@ func (t *LeaderTracker) runLookup(lc *lookupCall, hint string) {
 	answers := make(chan answer, len(addrs))
 	for _, a := range addrs {
 		go func() {
-			ri, err := t.probe(ctx, a)
-			if err != nil {
-				ri = nil
-			}
+			ri, _ := t.probe(ctx, a) // nil on an error: no answer
 			answers <- answer{a, ri}
 		}()
 	}
