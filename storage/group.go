@@ -717,11 +717,25 @@ func (f groupFlusher) Wait(ctx context.Context, off int64) error {
 func (groupFlusher) Wake()        {}
 func (groupFlusher) Close() error { return nil }
 
+// entryFate tells a keyed put in a group (putOnce) its entry's outcome,
+// also when raft decides it after the put stopped waiting (a replication
+// timeout, ctx): groupPut sets taken once the entry is proposed, and then
+// f is called exactly once, under the replica's lock (a leaf lock only),
+// with the entry's append result and nil when it committed, or an error
+// when it will never be stored (superseded) or this replica can no longer
+// tell (closed; its log replaced by a snapshot).
+type entryFate struct {
+	f     func(AppendResult, error)
+	taken bool
+}
+
 // groupPut stamps records on the ready leader, proposes them as one entry
 // and waits for its outcome (design §3.1). A put in group mode always
 // waits for the commit (WAIT=false too): before it the entry may still be
-// truncated.
-func (s *Store) groupPut(ctx context.Context, topic string, queueID, sysFlag int32, specs []record.Spec, batch bool) (PutResult, error) {
+// truncated. With fate, the entry's outcome is told to it whenever raft
+// decides (entryFate), and the replica keeps the entry's waiter until
+// then.
+func (s *Store) groupPut(ctx context.Context, topic string, queueID, sysFlag int32, specs []record.Spec, batch bool, fate *entryFate) (PutResult, error) {
 	b := s.stampBatch(topic, queueID, sysFlag, specs, batch)
 	stamp := func(pos int64) ([]byte, func(), error) {
 		if err := b.admit(s.opts.Clock.Now()); err != nil {
@@ -737,16 +751,25 @@ func (s *Store) groupPut(ctx context.Context, topic string, queueID, sysFlag int
 	}
 	res := b.result(pos)
 	out := PutResult{Status: PutOK, Append: res}
+	if fate != nil {
+		fate.taken = true
+		s.group.node.Then(w, func(err error) { fate.f(res, err) })
+	}
+	forget := func() {
+		if fate == nil { // a waiter given to Then stays until its outcome
+			s.group.node.Forget(w)
+		}
+	}
 	start := time.Now()
 	timer := time.NewTimer(s.group.opts.ReplicationTimeout)
 	select {
 	case <-w.Done():
 		err = w.Err()
 	case <-timer.C:
-		s.group.node.Forget(w)
+		forget()
 		err = ErrReplicationTimeout
 	case <-ctx.Done():
-		s.group.node.Forget(w)
+		forget()
 		err = ctx.Err()
 	}
 	timer.Stop()

@@ -87,3 +87,153 @@ func TestGroupDedupAfterFailover(t *testing.T) {
 		t.Fatalf("a keyed put on a follower: %v %v", res.Status, err)
 	}
 }
+
+// TestGroupDedupUndecided: a keyed put whose commit the leader did not see
+// while it waited (its client went away; the replication timeout) keeps
+// its key until raft decides. A retry meanwhile waits for that, is
+// answered with the first put's place once the entry commits, and stores
+// nothing (before, the key was freed at once, and the retry's own entry
+// committed beside the first's). A retry that outwaits the replication
+// timeout itself is answered FLUSH_SLAVE_TIMEOUT, appending nothing. An
+// entry another leader's log supersedes frees the key: the message is
+// stored once, by the retry on the new leader.
+func TestGroupDedupUndecided(t *testing.T) {
+	g := newTestGroup(t, time.Minute)
+	all := g.ids
+	g.elect(1)
+	if res, err := g.put(1, "a"); err != nil || res.Status != PutOK {
+		t.Fatalf("put: %v %v", res.Status, err)
+	}
+	keyedMsg := func(key string) *Message {
+		return &Message{Topic: "T", Body: []byte("body of " + key), BornTimestamp: 1, BornHost: DefaultStoreHost,
+			Properties: []Property{uniq(key)}}
+	}
+	type answer struct {
+		res PutResult
+		err error
+	}
+	putAsync := func(ctx context.Context, id uint64, key string) <-chan answer {
+		ch := make(chan answer, 1)
+		go func() {
+			res, err := g.m[id].s.PutMessage(ctx, keyedMsg(key))
+			ch <- answer{res, err}
+		}()
+		return ch
+	}
+	// undecided puts key on leader while it is cut off from the others and
+	// ends the put's wait once the entry is in the leader's log.
+	undecided := func(leader uint64, key string) AppendResult {
+		t.Helper()
+		end := g.m[leader].s.log.MaxOffset()
+		ctx, cancel := context.WithCancel(context.Background())
+		ch := putAsync(ctx, leader, key)
+		g.poll("the keyed put in the leader's log", func() bool { return g.m[leader].s.log.MaxOffset() > end })
+		cancel()
+		a := <-ch
+		if a.err == nil || !a.res.Appended() {
+			t.Fatalf("a keyed put without a quorum, its client gone: %v %v, want an unknown outcome", a.res.Status, a.err)
+		}
+		return a.res.Append
+	}
+	maxOf := func(id uint64) int64 {
+		t.Helper()
+		_, mx, err := g.m[id].s.QueueInfo("T", 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return mx
+	}
+
+	// 1. The leader alone: k1 is proposed, its put gives up.
+	g.net.setCut(2, true)
+	g.net.setCut(3, true)
+	first := undecided(1, "k1")
+	end := g.m[1].s.log.MaxOffset()
+	// A retry with a deadline shorter than the replication timeout waits
+	// for the first put and stores nothing.
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	res, err := g.m[1].s.PutMessage(ctx, keyedMsg("k1"))
+	cancel()
+	if err == nil || res.Appended() || g.m[1].s.log.MaxOffset() != end {
+		t.Fatalf("a retry while the first put is undecided: %v %v, log %d → %d, want nothing appended", res.Status, err, end, g.m[1].s.log.MaxOffset())
+	}
+	// A retry that waits while the entry commits gets its place.
+	waits := g.m[1].s.dedupStats().Waits
+	retry := putAsync(context.Background(), 1, "k1")
+	g.poll("the retry waiting for the first put", func() bool { return g.m[1].s.dedupStats().Waits > waits })
+	g.net.setCut(2, false)
+	g.net.setCut(3, false)
+	var a answer
+	g.poll("the retry answered", func() bool {
+		select {
+		case a = <-retry:
+			return true
+		default:
+			return false
+		}
+	}, 1)
+	if a.err != nil || a.res.Status != PutOK || a.res.Append.WroteOffset != first.WroteOffset || a.res.Append.QueueOffset != first.QueueOffset {
+		t.Fatalf("the retry after the entry committed: %v %v at %d (queue offset %d), the first put is at %d (%d)",
+			a.res.Status, a.err, a.res.Append.WroteOffset, a.res.Append.QueueOffset, first.WroteOffset, first.QueueOffset)
+	}
+	g.converge(1, all...)
+	for _, id := range all {
+		if mx := maxOf(id); mx != 2 {
+			t.Fatalf("node %d: queue max %d after a put and a keyed put retried twice, want 2", id, mx)
+		}
+	}
+
+	// 2. The leader cut off from the others: k2 is proposed there only,
+	// and superseded by the next leader's log.
+	g.net.setCut(1, true)
+	undecided(1, "k2")
+	nl := g.failover(2, 3)
+	res, err = g.m[nl].s.PutMessage(context.Background(), keyedMsg("k2"))
+	if err != nil || res.Status != PutOK || res.Append.QueueOffset != 2 {
+		t.Fatalf("k2 on the new leader: %v %v at queue offset %d, want PUT_OK at 2", res.Status, err, res.Append.QueueOffset)
+	}
+	stored := res.Append
+	g.net.setCut(1, false)
+	end = g.converge(nl, all...)
+	g.sameBytes(end, all...)
+	for _, id := range all {
+		if mx := maxOf(id); mx != 3 {
+			t.Fatalf("node %d: queue max %d, want 3 (k2 once)", id, mx)
+		}
+		if p := g.m[id].s.dedupStats().Pending; p != 0 {
+			t.Fatalf("node %d: %d first puts still pending", id, p)
+		}
+	}
+	res, err = g.m[nl].s.PutMessage(context.Background(), keyedMsg("k2"))
+	if err != nil || res.Status != PutOK || res.Append.WroteOffset != stored.WroteOffset {
+		t.Fatalf("k2 again on the new leader: %v %v at %d, want PUT_OK at %d", res.Status, err, res.Append.WroteOffset, stored.WroteOffset)
+	}
+}
+
+// TestGroupDedupRetryTimeout: a keyed put that timed out waiting for its
+// commit (FLUSH_SLAVE_TIMEOUT) keeps its key, and a retry on the same
+// leader waits at most the replication timeout for it: answered
+// FLUSH_SLAVE_TIMEOUT (outcome unknown) with nothing appended.
+func TestGroupDedupRetryTimeout(t *testing.T) {
+	g := newTestGroup(t, 100*time.Millisecond)
+	g.elect(1)
+	if res, err := g.put(1, "creates T"); err != nil || res.Status != PutOK {
+		t.Fatalf("put: %v %v", res.Status, err)
+	}
+	g.net.setCut(2, true)
+	g.net.setCut(3, true)
+	m := &Message{Topic: "T", Body: []byte("x"), BornTimestamp: 1, BornHost: DefaultStoreHost, Properties: []Property{uniq("k")}}
+	res, err := g.m[1].s.PutMessage(context.Background(), m)
+	if !errors.Is(err, ErrReplicationTimeout) || res.Status != FlushSlaveTimeout || !res.Appended() {
+		t.Fatalf("a keyed put without followers: %v %v", res.Status, err)
+	}
+	end := g.m[1].s.log.MaxOffset()
+	res, err = g.m[1].s.PutMessage(context.Background(), m)
+	if !errors.Is(err, ErrReplicationTimeout) || res.Status != FlushSlaveTimeout || res.Appended() || g.m[1].s.log.MaxOffset() != end {
+		t.Fatalf("its retry: %v %v appended %v, log %d → %d; want FLUSH_SLAVE_TIMEOUT, nothing appended",
+			res.Status, err, res.Appended(), end, g.m[1].s.log.MaxOffset())
+	}
+	if st := g.m[1].s.dedupStats(); st.Pending != 1 || st.Keys != 0 {
+		t.Fatalf("the window: %+v, want the first put pending", st)
+	}
+}

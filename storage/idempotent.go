@@ -59,11 +59,11 @@ type dedupValue = AppendResult
 func (s *Store) PutMessage(ctx context.Context, m *Message) (PutResult, error) {
 	w := s.dedup.Load()
 	if w == nil || m.SysFlag&record.TransactionMask != TransactionNotType {
-		return s.putMessage(ctx, m)
+		return s.putMessage(ctx, m, nil)
 	}
 	id, ok := record.Lookup(m.Properties, PropertyUniqKey)
 	if !ok {
-		return s.putMessage(ctx, m)
+		return s.putMessage(ctx, m, nil)
 	}
 	kind := dedup.Single
 	if record.DelayLevel(m.Properties) > 0 {
@@ -72,7 +72,7 @@ func (s *Store) PutMessage(ctx context.Context, m *Message) (PutResult, error) {
 		kind = dedup.Timer // stored on the timer topic, or on its own when due already
 	}
 	return s.putOnce(ctx, w, dedup.Key{Topic: m.Topic, Kind: kind, ID: id}, m.WaitStoreOK(),
-		func() (PutResult, error) { return s.putMessage(ctx, m) })
+		func(fate *entryFate) (PutResult, error) { return s.putMessage(ctx, m, fate) })
 }
 
 // PutMessages stores a batch; see putMessages for the results. A batch
@@ -81,18 +81,18 @@ func (s *Store) PutMessage(ctx context.Context, m *Message) (PutResult, error) {
 func (s *Store) PutMessages(ctx context.Context, b *Batch) (PutResult, error) {
 	w := s.dedup.Load()
 	if w == nil || len(b.Messages) == 0 || b.SysFlag&record.TransactionMask != TransactionNotType {
-		return s.putMessages(ctx, b)
+		return s.putMessages(ctx, b, nil)
 	}
 	id, ok := record.Lookup(b.Messages[0].Properties, PropertyUniqKey)
 	if !ok {
-		return s.putMessages(ctx, b)
+		return s.putMessages(ctx, b, nil)
 	}
 	kind := dedup.Batch
 	if len(b.Messages) == 1 {
 		kind = dedup.Single // stored as a single message would be: the log cannot tell them apart
 	}
 	res, err := s.putOnce(ctx, w, dedup.Key{Topic: b.Topic, Kind: kind, ID: id}, b.WaitStoreOK(),
-		func() (PutResult, error) { return s.putMessages(ctx, b) })
+		func(fate *entryFate) (PutResult, error) { return s.putMessages(ctx, b, fate) })
 	if res.Appended() && res.Append.Offsets == nil {
 		res.Append.Offsets = []int64{res.Append.WroteOffset} // a batch answer has one offset per message
 	}
@@ -102,15 +102,19 @@ func (s *Store) PutMessages(ctx context.Context, b *Batch) (PutResult, error) {
 // putOnce runs put as the first put of k, or answers k's first put, in
 // window w.
 //
-// In a group a key is remembered only once its put is committed (PUT_OK):
-// an appended put of unknown outcome (FLUSH_SLAVE_TIMEOUT, a closed
-// replica) may still be truncated by the next leader, and a retry answered
-// from it would be told PUT_OK for a message that is not stored. Such a
-// key stays free here, so a retry of an unknown outcome may store the
-// message twice (the one source of duplicates, as for a put without a
-// key); a new leader's window, rebuilt from the committed log, knows it
-// if it committed.
-func (s *Store) putOnce(ctx context.Context, w *dedup.Window[dedupValue], k dedup.Key, wait bool, put func() (PutResult, error)) (PutResult, error) {
+// In a group a key is remembered once its entry commits, whatever the put
+// answered (entryFate): a put that timed out waiting for the commit
+// (FLUSH_SLAVE_TIMEOUT, outcome unknown) or whose client went away keeps
+// its key pending until raft decides, and a retry meanwhile waits for that
+// (at most ReplicationTimeout, then it is answered FLUSH_SLAVE_TIMEOUT
+// itself, outcome unknown, storing nothing). So a retry is never stored
+// beside a first put that commits late. An entry that never commits
+// (superseded by another leader's, which then holds the key if it
+// committed the first put) frees the key. A member that stops leading
+// reads its window again from the committed log, as does a new leader
+// (readyDedup), so a retry that goes to another member after a failover
+// is answered from the log too.
+func (s *Store) putOnce(ctx context.Context, w *dedup.Window[dedupValue], k dedup.Key, wait bool, put func(*entryFate) (PutResult, error)) (PutResult, error) {
 	if len(k.ID) > MaxUniqKeyLength {
 		return s.rejectErr(illegal("properties", fmt.Sprintf("%s of %d bytes exceeds the limit of %d", PropertyUniqKey, len(k.ID), MaxUniqKeyLength)))
 	}
@@ -120,8 +124,17 @@ func (s *Store) putOnce(ctx context.Context, w *dedup.Window[dedupValue], k dedu
 	if err := s.groupRefusal(); err != nil { // a follower answers with its leader, not from its window
 		return s.rejectErr(err)
 	}
-	first, t, err := w.Begin(ctx, k, s.opts.Clock.Now().UnixMilli())
+	bctx := ctx
+	if s.group != nil { // a first put may stay undecided as long as its leader lacks a quorum
+		var cancel context.CancelFunc
+		bctx, cancel = context.WithTimeoutCause(ctx, s.group.opts.ReplicationTimeout, ErrReplicationTimeout)
+		defer cancel()
+	}
+	first, t, err := w.Begin(bctx, k, s.opts.Clock.Now().UnixMilli())
 	if err != nil {
+		if ctx.Err() == nil && errors.Is(context.Cause(bctx), ErrReplicationTimeout) {
+			return s.reject(FlushSlaveTimeout, fmt.Errorf("%w: a put of the same %s is not decided yet", ErrReplicationTimeout, PropertyUniqKey))
+		}
 		return s.reject(UnknownError, err) // ctx ended waiting for the first put: nothing stored by this one
 	}
 	if t == nil {
@@ -133,17 +146,35 @@ func (s *Store) putOnce(ctx context.Context, w *dedup.Window[dedupValue], k dedu
 		}
 		return s.awaitDuplicate(ctx, first, wait)
 	}
-	defer t.Abort() // refused, or a panic: the key stays free (a no-op after Commit)
-	res, err := put()
-	if res.Appended() && (s.group == nil || (err == nil && res.Status == PutOK)) {
-		v := res.Append
-		if v.Topic != TimerTopic {
-			v.Topic = "" // from the key when answering (a timer message due already is on its own topic)
+	var fate *entryFate
+	if s.group != nil {
+		fate = &entryFate{f: func(a AppendResult, err error) {
+			if err != nil {
+				t.Abort() // never stored, or no longer knowable here: the window is read again from the log
+				return
+			}
+			rememberPut(t, a)
+		}}
+	}
+	defer func() {
+		if fate == nil || !fate.taken {
+			t.Abort() // refused, or a panic: the key stays free (a no-op after Commit)
 		}
-		v.LockedAt, v.LockHeld = time.Time{}, 0 // a duplicate appends nothing: no append span
-		t.Commit(v, v.StoreTimestamp, int(v.MsgNum))
+	}()
+	res, err := put(fate)
+	if s.group == nil && res.Appended() {
+		rememberPut(t, res.Append)
 	}
 	return res, err
+}
+
+// rememberPut resolves a first put's ticket with its append result a.
+func rememberPut(t *dedup.Ticket[dedupValue], a AppendResult) {
+	if a.Topic != TimerTopic {
+		a.Topic = "" // from the key when answering (a timer message due already is on its own topic)
+	}
+	a.LockedAt, a.LockHeld = time.Time{}, 0 // a duplicate appends nothing: no append span
+	t.Commit(a, a.StoreTimestamp, int(a.MsgNum))
 }
 
 // awaitDuplicate answers a duplicate of a put stored at a: PUT_OK once a

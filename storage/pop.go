@@ -807,7 +807,7 @@ func (s *Store) appendCopy(ctx context.Context, target string, rec *Record, grou
 		if err := s.groupRefusal(); err != nil {
 			return err
 		}
-		res, err := s.groupPut(ctx, target, 0, spec.SysFlag, []record.Spec{spec}, false)
+		res, err := s.groupPut(ctx, target, 0, spec.SysFlag, []record.Spec{spec}, false, nil)
 		if err == nil && res.Status != PutOK {
 			err = fmt.Errorf("storage: copy to %s stored with status %s: outcome unknown", target, res.Status)
 		}

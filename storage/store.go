@@ -396,8 +396,9 @@ func (s *Store) rejectErr(err error) (PutResult, error) {
 // When the message was appended but its durability is unknown (ctx ended
 // while waiting for the sync, or the sync failed), err is non-nil, Status is
 // UnknownError and Appended() is true: the message may or may not survive
-// a crash.
-func (s *Store) putMessage(ctx context.Context, m *Message) (PutResult, error) {
+// a crash. fate (nil but for a keyed put in a group: putOnce) is told the
+// group entry's outcome (groupPut).
+func (s *Store) putMessage(ctx context.Context, m *Message, fate *entryFate) (PutResult, error) {
 	if err := s.checkBeforePut(); err != nil {
 		return s.rejectErr(err)
 	}
@@ -431,7 +432,7 @@ func (s *Store) putMessage(ctx context.Context, m *Message) (PutResult, error) {
 		return s.rejectErr(ErrBusy)
 	}
 	if s.group != nil { // its own slice: the proposal keeps it past this call
-		return s.groupPut(ctx, r.Topic, r.QueueID, r.SysFlag, []record.Spec{r}, false)
+		return s.groupPut(ctx, r.Topic, r.QueueID, r.SysFlag, []record.Spec{r}, false, fate)
 	}
 	one := [1]record.Spec{r} // on the stack: the standalone put allocates nothing
 	res, err := s.appendRecords(r.Topic, r.QueueID, r.SysFlag, one[:], false)
@@ -489,7 +490,7 @@ func (s *Store) prepare(m *Message) (record.Spec, *ValidationError) {
 // whole-record CRC), and recovery cuts a batch that is not whole at its
 // first record. Readers never see part of one: the write position is
 // published once, after the whole batch is copied.
-func (s *Store) putMessages(ctx context.Context, b *Batch) (PutResult, error) {
+func (s *Store) putMessages(ctx context.Context, b *Batch, fate *entryFate) (PutResult, error) {
 	if err := s.checkBeforePut(); err != nil {
 		return s.rejectErr(err)
 	}
@@ -510,7 +511,7 @@ func (s *Store) putMessages(ctx context.Context, b *Batch) (PutResult, error) {
 		return s.rejectErr(ErrBusy)
 	}
 	if s.group != nil {
-		return s.groupPut(ctx, b.Topic, b.QueueID, b.SysFlag, specs, true)
+		return s.groupPut(ctx, b.Topic, b.QueueID, b.SysFlag, specs, true, fate)
 	}
 	res, err := s.appendRecords(b.Topic, b.QueueID, b.SysFlag, specs, true)
 	if err != nil {

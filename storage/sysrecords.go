@@ -153,7 +153,7 @@ func (s *Store) putSystem(ctx context.Context, topic string, body []byte, freein
 		return s.rejectErr(ErrBusy)
 	}
 	if s.group != nil {
-		return s.groupPut(ctx, topic, 0, 0, []record.Spec{spec}, false)
+		return s.groupPut(ctx, topic, 0, 0, []record.Spec{spec}, false, nil)
 	}
 	one := [1]record.Spec{spec}
 	res, err := s.appendRecords(topic, 0, 0, one[:], false)

@@ -205,7 +205,7 @@ func (s *Store) putRecall(ctx context.Context, spec record.Spec) (int64, error) 
 	var res PutResult
 	var err error
 	if s.group != nil {
-		res, err = s.groupPut(ctx, TimerTopic, 0, 0, []record.Spec{spec}, false)
+		res, err = s.groupPut(ctx, TimerTopic, 0, 0, []record.Spec{spec}, false, nil)
 	} else {
 		one := [1]record.Spec{spec}
 		var ar AppendResult

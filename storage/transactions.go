@@ -408,7 +408,7 @@ func (s *Store) endHalf(ctx context.Context, h txn.Half, commit, written bool) (
 		if rec.Topic != TransHalfTopic || rec.QueueOffset != h.Offset {
 			return out, fmt.Errorf("%w: the half message at commitlog offset %d is a record of %s offset %d", ErrCorrupt, h.Phys, rec.Topic, rec.QueueOffset)
 		}
-		res, err := s.putMessage(ctx, committedMessage(rec, h))
+		res, err := s.putMessage(ctx, committedMessage(rec, h), nil)
 		if !res.Appended() {
 			return out, err // nothing stored: the half stays pending
 		}

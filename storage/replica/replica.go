@@ -1195,11 +1195,18 @@ func (n *Node) leadRefusalLocked(st raft.BasicStatus) error {
 type Waiter struct {
 	done chan struct{}
 	err  error
+	then func(error) // Then's; guarded by the node's lock
 }
 
-// finish answers the waiter. REQUIRES: the node's lock, at most once.
+// finish answers the waiter: then first, so that what it records is in
+// place before a putter woken by done answers. REQUIRES: the node's lock,
+// at most once.
 func (w *Waiter) finish(err error) {
 	w.err = err
+	if w.then != nil {
+		w.then(err)
+		w.then = nil
+	}
 	close(w.done)
 }
 
@@ -1210,6 +1217,24 @@ func (w *Waiter) Done() <-chan struct{} { return w.done }
 
 // Err is the outcome; valid once Done is closed.
 func (w *Waiter) Err() error { return w.err }
+
+// Then has f told w's outcome when it is known (at once if it is): the
+// error Err gives, after the putter's own wait may have ended (timeout,
+// ctx). The waiter stays until its outcome is known (commit passes its
+// position, on whichever leader) or the node closes: never Forget a
+// waiter given to Then. f runs under the node's lock, before Done is
+// closed: it must be quick and take no lock of the node's callers but a
+// leaf one. At most one f per waiter.
+func (n *Node) Then(w *Waiter, f func(error)) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	select {
+	case <-w.done:
+		f(w.err)
+	default:
+		w.then = f
+	}
+}
 
 // Forget drops a waiter that stopped waiting (timeout, ctx).
 func (n *Node) Forget(w *Waiter) {
