@@ -95,13 +95,19 @@ func WithReplication(info func() ReplicaInfo, clientAddr func(id uint64) string)
 
 // GetReplicaInfo implements storagedv1.MessageStoreServiceServer.
 func (s *Service) GetReplicaInfo(context.Context, *storagedv1.GetReplicaInfoRequest) (*storagedv1.GetReplicaInfoResponse, error) {
+	var dedup *durationpb.Duration
+	if ds, ok := s.store.(DedupStore); ok {
+		if h := ds.DedupHorizon(); h > 0 {
+			dedup = durationpb.New(h)
+		}
+	}
 	if s.replicaInfo == nil {
-		return &storagedv1.GetReplicaInfoResponse{Role: storagedv1.ReplicaRole_REPLICA_ROLE_STANDALONE}, nil
+		return &storagedv1.GetReplicaInfoResponse{Role: storagedv1.ReplicaRole_REPLICA_ROLE_STANDALONE, DedupWindow: dedup}, nil
 	}
 	ri := s.replicaInfo()
 	resp := &storagedv1.GetReplicaInfoResponse{
 		Role: replicaRole(ri.Role), Id: ri.ID, Term: ri.Term, LeaderId: ri.LeaderID, LeaderAddr: s.leaderAddr(ri.LeaderID),
-		Commit: ri.Commit, Applied: ri.Applied, CommitEnd: ri.CommitEnd, Ready: ri.Ready,
+		Commit: ri.Commit, Applied: ri.Applied, CommitEnd: ri.CommitEnd, Ready: ri.Ready, DedupWindow: dedup,
 	}
 	for _, p := range ri.Peers {
 		resp.Peers = append(resp.Peers, &storagedv1.PeerProgress{Id: p.ID, Match: p.Match, Next: p.Next,

@@ -12,23 +12,46 @@ import (
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/storaged/storaged/client"
 	storagedv1 "github.com/storaged/storaged/gen/storaged/v1"
 	"github.com/storaged/storaged/storage"
 )
 
-// A standalone server answers GetReplicaInfo with role STANDALONE and
-// nothing else, over real gRPC.
+// A standalone server answers GetReplicaInfo with role STANDALONE and its
+// store's dedup window (unset when deduplication is off), over real gRPC;
+// a store still opening (DeferredStore) has none yet.
 func TestGetReplicaInfoStandalone(t *testing.T) {
-	c, _, _ := storeServer(t, nil)
-	resp, err := c.GetReplicaInfo(ctxT(t), &storagedv1.GetReplicaInfoRequest{})
-	if err != nil {
-		t.Fatal(err)
+	for _, tc := range []struct {
+		name   string
+		window time.Duration
+		want   *durationpb.Duration
+	}{
+		{"default", 0, durationpb.New(storage.DefaultDedupWindow)},
+		{"configured", 90 * time.Second, durationpb.New(90 * time.Second)},
+		{"off", -1, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c, _, _ := storeServer(t, func(o *storage.Options) { o.DedupWindow = tc.window })
+			resp, err := c.GetReplicaInfo(ctxT(t), &storagedv1.GetReplicaInfoRequest{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			want := &storagedv1.GetReplicaInfoResponse{Role: storagedv1.ReplicaRole_REPLICA_ROLE_STANDALONE, DedupWindow: tc.want}
+			if !proto.Equal(resp, want) {
+				t.Fatalf("got %v, want %v", resp, want)
+			}
+		})
 	}
-	want := &storagedv1.GetReplicaInfoResponse{Role: storagedv1.ReplicaRole_REPLICA_ROLE_STANDALONE}
-	if !proto.Equal(resp, want) {
-		t.Fatalf("got %v, want %v", resp, want)
+	var d DeferredStore
+	if h := d.DedupHorizon(); h != 0 {
+		t.Fatalf("a DeferredStore before Set: dedup horizon %v, want 0", h)
+	}
+	st, _ := openStore(t, nil)
+	d.Set(st)
+	if h := d.DedupHorizon(); h != storage.DefaultDedupWindow {
+		t.Fatalf("a DeferredStore after Set: dedup horizon %v, want the store's %v", h, storage.DefaultDedupWindow)
 	}
 }
 
@@ -59,7 +82,7 @@ func TestGetReplicaInfoGroup(t *testing.T) {
 			t.Fatal(err)
 		}
 		want := &storagedv1.GetReplicaInfoResponse{Role: tc.want, Id: 2, Term: 7, LeaderId: 1, LeaderAddr: "127.0.0.1:9090",
-			Commit: 40, Applied: 39, CommitEnd: 4096, Ready: true,
+			Commit: 40, Applied: 39, CommitEnd: 4096, Ready: true, DedupWindow: durationpb.New(storage.DefaultDedupWindow),
 			Peers: []*storagedv1.PeerProgress{{Id: 3, Match: 38, Next: 39, RecentActive: true, Learner: true}},
 			Membership: &storagedv1.ReplicaMembership{Index: 12, Voters: []uint64{1, 2, 4}, Learners: []uint64{3},
 				PeerAddrs: map[uint64]string{1: "127.0.0.1:7001", 2: "127.0.0.1:7002"}, Removed: []uint64{5},

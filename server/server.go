@@ -66,6 +66,19 @@ type Store interface {
 
 var _ Store = (*storage.Store)(nil)
 
+// DedupStore is a store that keeps puts carrying a UNIQ_KEY once within a
+// window (GetReplicaInfo reports it: dedup_window); *storage.Store and
+// DeferredStore implement it.
+type DedupStore interface {
+	// DedupHorizon: see storage.Store.DedupHorizon (0: off).
+	DedupHorizon() time.Duration
+}
+
+var (
+	_ DedupStore = (*storage.Store)(nil)
+	_ DedupStore = (*DeferredStore)(nil)
+)
+
 // Defaults and limits of the service.
 const (
 	// DefaultMaxBatchMessages is the default limit on the number of entries
@@ -452,6 +465,17 @@ func (d *DeferredStore) QueueInfo(topic string, queueID int32) (minOffset, maxOf
 		return b.s.QueueInfo(topic, queueID)
 	}
 	return 0, 0, ErrStarting
+}
+
+// DedupHorizon implements DedupStore: 0 before the store is set (a
+// client then retries nothing it does not know the outcome of).
+func (d *DeferredStore) DedupHorizon() time.Duration {
+	if b := d.p.Load(); b != nil {
+		if ds, ok := b.s.(DedupStore); ok {
+			return ds.DedupHorizon()
+		}
+	}
+	return 0
 }
 
 // ReadBarrier implements Store.

@@ -200,6 +200,20 @@ func (s *Store) awaitDuplicate(ctx context.Context, a AppendResult, wait bool) (
 	return out, err
 }
 
+// DedupHorizon is how far back this store surely remembers a keyed put
+// now (dedup.Window.Horizon): DedupWindow, or less while DedupMaxMessages
+// pushes keys out sooner; 0 when deduplication is off. A client that does
+// not know whether a keyed put was stored may send it again within it and
+// have it stored once: on the leader that took it (putOnce) or, in a
+// group, on the next (readyDedup).
+func (s *Store) DedupHorizon() time.Duration {
+	w := s.dedup.Load()
+	if w == nil {
+		return 0
+	}
+	return w.Horizon(s.opts.Clock.Now().UnixMilli())
+}
+
 // dedupStats returns the window's statistics (zero when it is off).
 func (s *Store) dedupStats() DedupStats {
 	w := s.dedup.Load()

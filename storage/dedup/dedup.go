@@ -294,6 +294,22 @@ func (w *Window[V]) Stats(now int64) Stats {
 	return st
 }
 
+// Horizon is how far back, at time now (Unix ms), a put is surely
+// remembered: the window, or, once the bound has pushed entries out before
+// their time, the age of the oldest entry kept (younger than the window:
+// what was older may have been pushed out). A client may retry a put
+// whose outcome it does not know within it.
+func (w *Window[V]) Horizon(now int64) time.Duration {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.expireLocked(now)
+	h := w.window
+	if e := w.fifo.front(); e != nil && w.evicted > 0 {
+		h = min(h, max(now-e.storeTime, 0))
+	}
+	return time.Duration(h) * time.Millisecond
+}
+
 // expireLocked forgets the entries at the front of the queue that are
 // older than the window. REQUIRES: w.mu held.
 func (w *Window[V]) expireLocked(now int64) {

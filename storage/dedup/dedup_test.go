@@ -297,3 +297,35 @@ func BenchmarkBeginCommit(b *testing.B) {
 		}
 	}
 }
+
+// TestHorizon: the window while nothing was pushed out before its time;
+// once the bound pushed entries out, the age of the oldest entry kept (a
+// put older than that may be forgotten); the window again once it is
+// empty.
+func TestHorizon(t *testing.T) {
+	const bound = 10
+	w := newWindow(t, time.Minute, bound)
+	if h := w.Horizon(0); h != time.Minute {
+		t.Fatalf("empty: horizon %v, want the window", h)
+	}
+	for i := range bound {
+		_, tk := begin(t, w, Key{Topic: "T", ID: fmt.Sprint(i)}, int64(i))
+		tk.Commit("v", int64(i)*1000, 1) // one a second
+	}
+	if h := w.Horizon(20_000); h != time.Minute {
+		t.Fatalf("full, nothing pushed out: horizon %v, want the window", h)
+	}
+	_, tk := begin(t, w, Key{Topic: "T", ID: "pushes"}, 20_000)
+	tk.Commit("v", 20_000, 1) // pushes key 0 (stored at 0 s) out
+	if h := w.Horizon(30_000); h != 29*time.Second {
+		t.Fatalf("after an eviction: horizon %v, want 29s (key 1, stored at 1 s, is the oldest kept)", h)
+	}
+	if _, tk := begin(t, w, Key{Topic: "T", ID: "0"}, 30_000); tk == nil {
+		t.Fatal("the key pushed out is remembered")
+	} else {
+		tk.Abort()
+	}
+	if h := w.Horizon(10 * minute); h != time.Minute {
+		t.Fatalf("everything expired: horizon %v, want the window", h)
+	}
+}

@@ -1556,7 +1556,15 @@ type GetReplicaInfoResponse struct {
 	// The group's cluster id (a new member's --raft-join); empty when standalone.
 	ClusterId string `protobuf:"bytes,12,opt,name=cluster_id,json=clusterId,proto3" json:"cluster_id,omitempty"`
 	// The group's name (--raft-group); empty when standalone.
-	Group         string `protobuf:"bytes,13,opt,name=group,proto3" json:"group,omitempty"`
+	Group string `protobuf:"bytes,13,opt,name=group,proto3" json:"group,omitempty"`
+	// How far back this member surely remembers a put carrying a UNIQ_KEY property now: --dedup-window,
+	// or less while --dedup-max-messages pushes keys out sooner (the age of the oldest key kept); unset
+	// when deduplication is off. A keyed put whose outcome a client does not know (a deadline, a broken
+	// connection, FLUSH_SLAVE_TIMEOUT) may be sent again within it, to this member or the next leader:
+	// it is answered with the first put's result when that was stored, and stored once when not (a
+	// member keeps a key whose entry is not decided yet until raft decides it). client.LeaderTracker
+	// retries such puts within half of it.
+	DedupWindow   *durationpb.Duration `protobuf:"bytes,14,opt,name=dedup_window,json=dedupWindow,proto3" json:"dedup_window,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1680,6 +1688,13 @@ func (x *GetReplicaInfoResponse) GetGroup() string {
 		return x.Group
 	}
 	return ""
+}
+
+func (x *GetReplicaInfoResponse) GetDedupWindow() *durationpb.Duration {
+	if x != nil {
+		return x.DedupWindow
+	}
+	return nil
 }
 
 // ReplicaMembership is a replication group's membership as one member applied it.
@@ -2636,7 +2651,7 @@ const file_storaged_v1_message_store_proto_rawDesc = "" +
 	"min_offset\x18\x01 \x01(\x03R\tminOffset\x12\x1d\n" +
 	"\n" +
 	"max_offset\x18\x02 \x01(\x03R\tmaxOffset\"\x17\n" +
-	"\x15GetReplicaInfoRequest\"\xb5\x03\n" +
+	"\x15GetReplicaInfoRequest\"\xf3\x03\n" +
 	"\x16GetReplicaInfoResponse\x12,\n" +
 	"\x04role\x18\x01 \x01(\x0e2\x18.storaged.v1.ReplicaRoleR\x04role\x12\x0e\n" +
 	"\x02id\x18\x02 \x01(\x04R\x02id\x12\x12\n" +
@@ -2656,7 +2671,8 @@ const file_storaged_v1_message_store_proto_rawDesc = "" +
 	"membership\x12\x1d\n" +
 	"\n" +
 	"cluster_id\x18\f \x01(\tR\tclusterId\x12\x14\n" +
-	"\x05group\x18\r \x01(\tR\x05group\"\x97\x03\n" +
+	"\x05group\x18\r \x01(\tR\x05group\x12<\n" +
+	"\fdedup_window\x18\x0e \x01(\v2\x19.google.protobuf.DurationR\vdedupWindow\"\x97\x03\n" +
 	"\x11ReplicaMembership\x12\x14\n" +
 	"\x05index\x18\x01 \x01(\x04R\x05index\x12\x16\n" +
 	"\x06voters\x18\x02 \x03(\x04R\x06voters\x12\x1a\n" +
@@ -2847,39 +2863,40 @@ var file_storaged_v1_message_store_proto_depIdxs = []int32{
 	1,  // 18: storaged.v1.GetReplicaInfoResponse.role:type_name -> storaged.v1.ReplicaRole
 	20, // 19: storaged.v1.GetReplicaInfoResponse.peers:type_name -> storaged.v1.PeerProgress
 	19, // 20: storaged.v1.GetReplicaInfoResponse.membership:type_name -> storaged.v1.ReplicaMembership
-	32, // 21: storaged.v1.ReplicaMembership.peer_addrs:type_name -> storaged.v1.ReplicaMembership.PeerAddrsEntry
-	33, // 22: storaged.v1.ReplicaMembership.client_addrs:type_name -> storaged.v1.ReplicaMembership.ClientAddrsEntry
-	35, // 23: storaged.v1.GetOffsetByTimeRequest.time:type_name -> google.protobuf.Timestamp
-	34, // 24: storaged.v1.StoredMessage.properties:type_name -> storaged.v1.StoredMessage.PropertiesEntry
-	35, // 25: storaged.v1.StoredMessage.born_timestamp:type_name -> google.protobuf.Timestamp
-	35, // 26: storaged.v1.StoredMessage.store_timestamp:type_name -> google.protobuf.Timestamp
-	3,  // 27: storaged.v1.MessageStoreService.PutMessage:input_type -> storaged.v1.PutMessageRequest
-	4,  // 28: storaged.v1.MessageStoreService.PutMessages:input_type -> storaged.v1.PutMessagesRequest
-	9,  // 29: storaged.v1.MessageStoreService.PutMessageStream:input_type -> storaged.v1.PutMessageStreamRequest
-	11, // 30: storaged.v1.MessageStoreService.GetMessage:input_type -> storaged.v1.GetMessageRequest
-	13, // 31: storaged.v1.MessageStoreService.PullMessages:input_type -> storaged.v1.PullMessagesRequest
-	15, // 32: storaged.v1.MessageStoreService.GetQueueInfo:input_type -> storaged.v1.GetQueueInfoRequest
-	17, // 33: storaged.v1.MessageStoreService.GetReplicaInfo:input_type -> storaged.v1.GetReplicaInfoRequest
-	21, // 34: storaged.v1.MessageStoreService.CommitOffset:input_type -> storaged.v1.CommitOffsetRequest
-	23, // 35: storaged.v1.MessageStoreService.GetOffset:input_type -> storaged.v1.GetOffsetRequest
-	25, // 36: storaged.v1.MessageStoreService.GetOffsetByTime:input_type -> storaged.v1.GetOffsetByTimeRequest
-	27, // 37: storaged.v1.MessageStoreService.RecallMessage:input_type -> storaged.v1.RecallMessageRequest
-	7,  // 38: storaged.v1.MessageStoreService.PutMessage:output_type -> storaged.v1.PutMessageResponse
-	8,  // 39: storaged.v1.MessageStoreService.PutMessages:output_type -> storaged.v1.PutMessagesResponse
-	10, // 40: storaged.v1.MessageStoreService.PutMessageStream:output_type -> storaged.v1.PutMessageStreamResponse
-	12, // 41: storaged.v1.MessageStoreService.GetMessage:output_type -> storaged.v1.GetMessageResponse
-	14, // 42: storaged.v1.MessageStoreService.PullMessages:output_type -> storaged.v1.PullMessagesResponse
-	16, // 43: storaged.v1.MessageStoreService.GetQueueInfo:output_type -> storaged.v1.GetQueueInfoResponse
-	18, // 44: storaged.v1.MessageStoreService.GetReplicaInfo:output_type -> storaged.v1.GetReplicaInfoResponse
-	22, // 45: storaged.v1.MessageStoreService.CommitOffset:output_type -> storaged.v1.CommitOffsetResponse
-	24, // 46: storaged.v1.MessageStoreService.GetOffset:output_type -> storaged.v1.GetOffsetResponse
-	26, // 47: storaged.v1.MessageStoreService.GetOffsetByTime:output_type -> storaged.v1.GetOffsetByTimeResponse
-	28, // 48: storaged.v1.MessageStoreService.RecallMessage:output_type -> storaged.v1.RecallMessageResponse
-	38, // [38:49] is the sub-list for method output_type
-	27, // [27:38] is the sub-list for method input_type
-	27, // [27:27] is the sub-list for extension type_name
-	27, // [27:27] is the sub-list for extension extendee
-	0,  // [0:27] is the sub-list for field type_name
+	36, // 21: storaged.v1.GetReplicaInfoResponse.dedup_window:type_name -> google.protobuf.Duration
+	32, // 22: storaged.v1.ReplicaMembership.peer_addrs:type_name -> storaged.v1.ReplicaMembership.PeerAddrsEntry
+	33, // 23: storaged.v1.ReplicaMembership.client_addrs:type_name -> storaged.v1.ReplicaMembership.ClientAddrsEntry
+	35, // 24: storaged.v1.GetOffsetByTimeRequest.time:type_name -> google.protobuf.Timestamp
+	34, // 25: storaged.v1.StoredMessage.properties:type_name -> storaged.v1.StoredMessage.PropertiesEntry
+	35, // 26: storaged.v1.StoredMessage.born_timestamp:type_name -> google.protobuf.Timestamp
+	35, // 27: storaged.v1.StoredMessage.store_timestamp:type_name -> google.protobuf.Timestamp
+	3,  // 28: storaged.v1.MessageStoreService.PutMessage:input_type -> storaged.v1.PutMessageRequest
+	4,  // 29: storaged.v1.MessageStoreService.PutMessages:input_type -> storaged.v1.PutMessagesRequest
+	9,  // 30: storaged.v1.MessageStoreService.PutMessageStream:input_type -> storaged.v1.PutMessageStreamRequest
+	11, // 31: storaged.v1.MessageStoreService.GetMessage:input_type -> storaged.v1.GetMessageRequest
+	13, // 32: storaged.v1.MessageStoreService.PullMessages:input_type -> storaged.v1.PullMessagesRequest
+	15, // 33: storaged.v1.MessageStoreService.GetQueueInfo:input_type -> storaged.v1.GetQueueInfoRequest
+	17, // 34: storaged.v1.MessageStoreService.GetReplicaInfo:input_type -> storaged.v1.GetReplicaInfoRequest
+	21, // 35: storaged.v1.MessageStoreService.CommitOffset:input_type -> storaged.v1.CommitOffsetRequest
+	23, // 36: storaged.v1.MessageStoreService.GetOffset:input_type -> storaged.v1.GetOffsetRequest
+	25, // 37: storaged.v1.MessageStoreService.GetOffsetByTime:input_type -> storaged.v1.GetOffsetByTimeRequest
+	27, // 38: storaged.v1.MessageStoreService.RecallMessage:input_type -> storaged.v1.RecallMessageRequest
+	7,  // 39: storaged.v1.MessageStoreService.PutMessage:output_type -> storaged.v1.PutMessageResponse
+	8,  // 40: storaged.v1.MessageStoreService.PutMessages:output_type -> storaged.v1.PutMessagesResponse
+	10, // 41: storaged.v1.MessageStoreService.PutMessageStream:output_type -> storaged.v1.PutMessageStreamResponse
+	12, // 42: storaged.v1.MessageStoreService.GetMessage:output_type -> storaged.v1.GetMessageResponse
+	14, // 43: storaged.v1.MessageStoreService.PullMessages:output_type -> storaged.v1.PullMessagesResponse
+	16, // 44: storaged.v1.MessageStoreService.GetQueueInfo:output_type -> storaged.v1.GetQueueInfoResponse
+	18, // 45: storaged.v1.MessageStoreService.GetReplicaInfo:output_type -> storaged.v1.GetReplicaInfoResponse
+	22, // 46: storaged.v1.MessageStoreService.CommitOffset:output_type -> storaged.v1.CommitOffsetResponse
+	24, // 47: storaged.v1.MessageStoreService.GetOffset:output_type -> storaged.v1.GetOffsetResponse
+	26, // 48: storaged.v1.MessageStoreService.GetOffsetByTime:output_type -> storaged.v1.GetOffsetByTimeResponse
+	28, // 49: storaged.v1.MessageStoreService.RecallMessage:output_type -> storaged.v1.RecallMessageResponse
+	39, // [39:50] is the sub-list for method output_type
+	28, // [28:39] is the sub-list for method input_type
+	28, // [28:28] is the sub-list for extension type_name
+	28, // [28:28] is the sub-list for extension extendee
+	0,  // [0:28] is the sub-list for field type_name
 }
 
 func init() { file_storaged_v1_message_store_proto_init() }
