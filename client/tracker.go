@@ -7,12 +7,17 @@ import (
 	"math/rand/v2"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
 
 	storagedv1 "github.com/storaged/storaged/gen/storaged/v1"
 )
@@ -75,7 +80,30 @@ type Options struct {
 	// that lead now. A leader that answers it no longer leads is
 	// forgotten at once. Default 30 s.
 	RefreshInterval time.Duration
+	// AttemptTimeout bounds each call of a keyed put (one whose message,
+	// or a batch's first message, carries a UNIQ_KEY property): such a put
+	// is retried after an unknown outcome too (see PutMessage), so a
+	// leader that stops answering (paused, cut off) costs it this long
+	// plus an election, not its whole deadline. Default 2 s; negative: no
+	// bound but the caller's ctx. Other puts are never cut short: their
+	// outcome would only become unknown sooner.
+	AttemptTimeout time.Duration
+	// StampUniqKeys gives every message without a UNIQ_KEY property one
+	// (32 hexadecimal digits, as RocketMQ's producers write: a random
+	// prefix per tracker and a counter), in a copy of the request, so that
+	// every put is keyed. The key is the message's id for deduplication
+	// only; the store keeps it as a property.
+	StampUniqKeys bool
 }
+
+// UniqKeyProperty is the property that keys a put (RocketMQ's UNIQ_KEY,
+// storage.PropertyUniqKey): storaged stores a put of the same key on the
+// same topic once within its dedup window. maxUniqKeyLen is the longest
+// it takes.
+const (
+	UniqKeyProperty = "UNIQ_KEY"
+	maxUniqKeyLen   = 128
+)
 
 // maxAddrLen bounds an address a server names (a hint or a member's
 // client address), as storaged bounds the ones its peers send.
@@ -108,6 +136,9 @@ func (o *Options) withDefaults() {
 	}
 	if o.RefreshInterval == 0 {
 		o.RefreshInterval = 30 * time.Second
+	}
+	if o.AttemptTimeout == 0 {
+		o.AttemptTimeout = 2 * time.Second
 	}
 	o.DialOptions = append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials()),
 		grpc.WithConnectParams(grpc.ConnectParams{Backoff: backoff.Config{BaseDelay: 50 * time.Millisecond, Multiplier: 1.6,
@@ -159,6 +190,14 @@ type LeaderTracker struct {
 	// change), at most MaxMembers.
 	learned  []string
 	memIndex uint64
+	// windows: the dedup window each address reported at its last probe
+	// (GetReplicaInfo's dedup_window; 0: off or not said), for the
+	// addresses with a connection.
+	windows map[string]time.Duration
+
+	// keyPrefix and keySeq make StampUniqKeys' keys.
+	keyPrefix string
+	keySeq    atomic.Uint64
 
 	ctx    context.Context // cancelled by Close: cuts lookups and waits short
 	cancel context.CancelFunc
@@ -180,7 +219,8 @@ func New(opts Options) (*LeaderTracker, error) {
 	if err := opts.validate(); err != nil {
 		return nil, err
 	}
-	t := &LeaderTracker{opts: opts, members: slices.Clone(opts.Addrs), conns: map[string]*grpc.ClientConn{}, refs: map[string]int{}}
+	t := &LeaderTracker{opts: opts, members: slices.Clone(opts.Addrs), conns: map[string]*grpc.ClientConn{}, refs: map[string]int{},
+		windows: map[string]time.Duration{}, keyPrefix: fmt.Sprintf("%016X", rand.Uint64())}
 	t.ctx, t.cancel = context.WithCancel(context.Background())
 	for _, a := range t.members {
 		if _, ok := t.conns[a]; ok {
@@ -249,11 +289,22 @@ func (t *LeaderTracker) addrsLocked() []string {
 }
 
 // PutMessage sends a put to the leader, retrying refusals that stored
-// nothing. The error is the last call's, wrapped (status.Code and
-// Classify see through it).
+// nothing. A keyed put (its message carries a UNIQ_KEY property; see
+// StampUniqKeys) is retried after an unknown outcome too (a deadline,
+// AttemptTimeout, a broken connection, FLUSH_SLAVE_TIMEOUT), at whichever
+// member leads then, within half the dedup window that member reported
+// (GetReplicaInfo's dedup_window) since the put began: storaged answers
+// the retry with the first put's result when that was stored, and stores
+// it once when not, also across a failover. So a keyed put that returns
+// nil was stored exactly once. The error is the last call's, wrapped
+// (status.Code and Classify see through it); once a call's outcome was
+// unknown, the error says so whatever the later calls answered.
 func (t *LeaderTracker) PutMessage(ctx context.Context, req *storagedv1.PutMessageRequest, opts ...grpc.CallOption) (*storagedv1.PutMessageResponse, error) {
+	if t.opts.StampUniqKeys && req.GetMessage() != nil && !keyed(req.GetMessage().GetProperties()) {
+		req = &storagedv1.PutMessageRequest{Message: withKey(req.GetMessage(), t.newKey())}
+	}
 	var resp *storagedv1.PutMessageResponse
-	err := t.Do(ctx, func(ctx context.Context, c storagedv1.MessageStoreServiceClient) error {
+	err := t.do(ctx, keyed(req.GetMessage().GetProperties()), func(ctx context.Context, c storagedv1.MessageStoreServiceClient) error {
 		var err error
 		resp, err = c.PutMessage(ctx, req, opts...)
 		return err
@@ -261,15 +312,64 @@ func (t *LeaderTracker) PutMessage(ctx context.Context, req *storagedv1.PutMessa
 	return resp, err
 }
 
-// PutMessages is PutMessage for a batch (one entry, all or nothing).
+// PutMessages is PutMessage for a batch (one entry, all or nothing),
+// keyed by its first message's UNIQ_KEY.
 func (t *LeaderTracker) PutMessages(ctx context.Context, req *storagedv1.PutMessagesRequest, opts ...grpc.CallOption) (*storagedv1.PutMessagesResponse, error) {
+	if t.opts.StampUniqKeys && slices.ContainsFunc(req.GetMessages(), func(e *storagedv1.BatchEntry) bool { return !keyed(e.GetProperties()) }) {
+		c := &storagedv1.PutMessagesRequest{Topic: req.GetTopic(), QueueId: req.GetQueueId(), Messages: slices.Clone(req.GetMessages())}
+		for i, e := range c.Messages {
+			if !keyed(e.GetProperties()) {
+				c.Messages[i] = withKey(e, t.newKey())
+			}
+		}
+		req = c
+	}
+	var first *storagedv1.BatchEntry
+	if len(req.GetMessages()) > 0 {
+		first = req.GetMessages()[0]
+	}
 	var resp *storagedv1.PutMessagesResponse
-	err := t.Do(ctx, func(ctx context.Context, c storagedv1.MessageStoreServiceClient) error {
+	err := t.do(ctx, keyed(first.GetProperties()), func(ctx context.Context, c storagedv1.MessageStoreServiceClient) error {
 		var err error
 		resp, err = c.PutMessages(ctx, req, opts...)
 		return err
 	})
 	return resp, err
+}
+
+// keyed: props carry a UNIQ_KEY storaged deduplicates on.
+func keyed(props map[string]string) bool {
+	k := props[UniqKeyProperty]
+	return k != "" && len(k) <= maxUniqKeyLen
+}
+
+// newKey is a UNIQ_KEY for StampUniqKeys: 32 hexadecimal digits, the
+// tracker's random prefix and a counter.
+func (t *LeaderTracker) newKey() string {
+	return fmt.Sprintf("%s%016X", t.keyPrefix, t.keySeq.Add(1))
+}
+
+// withKey returns a copy of m (a Message or a BatchEntry: its fields
+// shared, its properties copied) whose UNIQ_KEY is key.
+func withKey[M proto.Message](m M, key string) M {
+	src := m.ProtoReflect()
+	dst := src.New()
+	props := dst.Descriptor().Fields().ByName("properties")
+	src.Range(func(fd protoreflect.FieldDescriptor, v protoreflect.Value) bool {
+		if fd != props {
+			dst.Set(fd, v)
+		}
+		return true
+	})
+	pm := dst.Mutable(props).Map()
+	if src.Has(props) {
+		src.Get(props).Map().Range(func(k protoreflect.MapKey, v protoreflect.Value) bool {
+			pm.Set(k, v)
+			return true
+		})
+	}
+	pm.Set(protoreflect.ValueOfString(UniqKeyProperty).MapKey(), protoreflect.ValueOfString(key))
+	return dst.Interface().(M)
 }
 
 // Do runs call against the leader with the put retry rule: call may be
@@ -285,11 +385,29 @@ func (t *LeaderTracker) PutMessages(ctx context.Context, req *storagedv1.PutMess
 // leader (an election, a transfer), lookups every LookupInterval for at
 // most LeaderWait in all.
 func (t *LeaderTracker) Do(ctx context.Context, call func(context.Context, storagedv1.MessageStoreServiceClient) error) error {
+	return t.do(ctx, false, call)
+}
+
+// do is Do; a keyed call is also retried after an unknown outcome, within
+// the target's dedup window (PutMessage), each call within AttemptTimeout.
+func (t *LeaderTracker) do(ctx context.Context, keyed bool, call func(context.Context, storagedv1.MessageStoreServiceClient) error) error {
 	backoff := t.opts.InitialBackoff
 	var hint, refusedBy string
 	var notBefore time.Time // refusedBy is not asked again before
 	var last error
 	var leaderDeadline time.Time // set at the first lookup that finds no ready leader
+	// unknown is the last call whose outcome is unknown, of a keyed put
+	// retried after it: whatever ends the put later, the message may be
+	// stored, and the error returned must say so (unknown first, where
+	// Classify and status.Code look).
+	var unknown error
+	fail := func(err error) error {
+		if unknown != nil && err != unknown {
+			return fmt.Errorf("%w; then: %w", unknown, err)
+		}
+		return err
+	}
+	began := time.Now()
 	for attempt := 0; ; {
 		addr, conn, err := t.target(ctx, hint)
 		hint = ""
@@ -301,20 +419,31 @@ func (t *LeaderTracker) Do(ctx context.Context, call func(context.Context, stora
 				leaderDeadline = now.Add(t.opts.LeaderWait)
 			}
 			if now.After(leaderDeadline) {
-				return errors.Join(fmt.Errorf("client: no ready leader within %v", t.opts.LeaderWait), err, last)
+				return fail(errors.Join(fmt.Errorf("client: no ready leader within %v", t.opts.LeaderWait), err, last))
 			}
 			// Polled at a short, fixed interval: the group takes puts as
 			// soon as a leader is ready, and a backoff grown during the
 			// election would only add to the time without writes.
 			delay = jitter(t.opts.LookupInterval)
 		case err != nil: // ctx ended, closed
-			return errors.Join(err, last)
+			return fail(errors.Join(err, last))
 		case addr == refusedBy && time.Now().Before(notBefore):
 			t.release(addr)
 			delay = time.Until(notBefore) // the same member: honour its RetryInfo
+		case unknown != nil && !t.dedupCovers(addr, time.Since(began)):
+			// The first call may have stored the message and this member
+			// would not recognise it (deduplication off, or its window too
+			// short): the caller decides.
+			t.release(addr)
+			return unknown
 		default:
 			attempt++
-			err = call(ctx, storagedv1.NewMessageStoreServiceClient(conn))
+			actx, cancel := ctx, context.CancelFunc(func() {})
+			if keyed && t.opts.AttemptTimeout > 0 {
+				actx, cancel = context.WithTimeout(ctx, t.opts.AttemptTimeout)
+			}
+			err = call(actx, storagedv1.NewMessageStoreServiceClient(conn))
+			cancel()
 			t.release(addr)
 			if err == nil {
 				return nil
@@ -322,11 +451,24 @@ func (t *LeaderTracker) Do(ctx context.Context, call func(context.Context, stora
 			v := Classify(err)
 			t.doubt(addr) // the next call looks the leader up first
 			if !v.NothingStored {
-				return fmt.Errorf("client: put at %s (attempt %d), outcome unknown unless the status says otherwise: %w", addr, attempt, err)
+				err = fmt.Errorf("client: put at %s (attempt %d), outcome unknown unless the status says otherwise: %w", addr, attempt, err)
+				if !keyed || ctx.Err() != nil || !unknownRetried(err) || attempt >= t.opts.MaxAttempts {
+					return fail(err)
+				}
+				// A keyed put: the same again, at the member that leads
+				// now (a lookup; the same member after a backoff: it waits
+				// there for the first call's entry to be decided).
+				unknown, last = err, err
+				refusedBy, notBefore = addr, time.Now().Add(jitter(backoff))
+				backoff = min(2*backoff, t.opts.MaxBackoff)
+				if v.LeaderAddr != addr {
+					hint = v.LeaderAddr
+				}
+				continue
 			}
 			last = fmt.Errorf("client: put refused at %s (attempt %d), nothing stored: %w", addr, attempt, err)
 			if attempt >= t.opts.MaxAttempts {
-				return last
+				return fail(last)
 			}
 			wait := backoff
 			if v.HasRetryDelay {
@@ -345,13 +487,36 @@ func (t *LeaderTracker) Do(ctx context.Context, call func(context.Context, stora
 			case <-timer.C:
 			case <-ctx.Done():
 				timer.Stop()
-				return errors.Join(ctx.Err(), last)
+				return fail(errors.Join(ctx.Err(), last))
 			case <-t.ctx.Done():
 				timer.Stop()
-				return errors.Join(ErrClosed, last)
+				return fail(errors.Join(ErrClosed, last))
 			}
 		}
 	}
+}
+
+// unknownRetried: an unknown outcome a keyed put is retried after (the
+// call may have stored it, or not): a deadline (the caller's own is
+// checked apart), a broken connection or a proxy's UNAVAILABLE, a
+// cancelled or aborted call. An INTERNAL answer or one about the request
+// itself (INVALID_ARGUMENT and the like) would only come again.
+func unknownRetried(err error) bool {
+	switch status.Code(err) {
+	case codes.DeadlineExceeded, codes.Unavailable, codes.Canceled, codes.Aborted:
+		return true
+	}
+	return false
+}
+
+// dedupCovers: the member at addr said (at its last probe) that it
+// remembers keyed puts for at least twice elapsed, so a put begun elapsed
+// ago, if stored, is recognised there (or, after a failover, by the
+// leader it hands over to, which reads the same log).
+func (t *LeaderTracker) dedupCovers(addr string, elapsed time.Duration) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.windows[addr] > 2*elapsed
 }
 
 // jitter is d +-25 %, so that many clients refused together do not come
@@ -476,6 +641,7 @@ func (t *LeaderTracker) evictLocked() bool {
 	a := slices.Min(stale)
 	_ = t.conns[a].Close() // unused: nothing in flight to fail
 	delete(t.conns, a)
+	delete(t.windows, a)
 	t.hinted--
 	return true
 }
@@ -666,5 +832,13 @@ func (t *LeaderTracker) probe(ctx context.Context, addr string) (*storagedv1.Get
 	}
 	ctx, cancel := context.WithTimeout(ctx, t.opts.ProbeTimeout)
 	defer cancel()
-	return storagedv1.NewMessageStoreServiceClient(c).GetReplicaInfo(ctx, &storagedv1.GetReplicaInfoRequest{})
+	ri, err := storagedv1.NewMessageStoreServiceClient(c).GetReplicaInfo(ctx, &storagedv1.GetReplicaInfoRequest{})
+	if err == nil {
+		t.mu.Lock()
+		if t.conns[addr] == c {
+			t.windows[addr] = max(ri.GetDedupWindow().AsDuration(), 0)
+		}
+		t.mu.Unlock()
+	}
+	return ri, err
 }

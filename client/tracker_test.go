@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	storagedv1 "github.com/storaged/storaged/gen/storaged/v1"
 )
@@ -47,6 +48,14 @@ type scripted struct {
 	membership *storagedv1.ReplicaMembership
 	// stop stops the server: the member is gone (its address refuses).
 	stop func()
+	// window is the dedup window GetReplicaInfo reports (0: none).
+	window time.Duration
+	// keys are the UNIQ_KEYs of the puts received (a batch's first
+	// entry's), in order; batches the PutMessages requests received.
+	keys    []string
+	batches []*storagedv1.PutMessagesRequest
+	// hang makes a put wait for its caller's ctx (a paused member).
+	hang bool
 }
 
 func startScripted(t *testing.T) *scripted {
@@ -112,25 +121,62 @@ func (s *scripted) GetReplicaInfo(context.Context, *storagedv1.GetReplicaInfoReq
 	if s.onProbe != nil {
 		s.onProbe(s)
 	}
+	var window *durationpb.Duration
+	if s.window > 0 {
+		window = durationpb.New(s.window)
+	}
 	return &storagedv1.GetReplicaInfoResponse{Role: s.role, Ready: s.ready, Term: s.term, LeaderAddr: s.leaderAddr,
-		Membership: s.membership}, nil
+		Membership: s.membership, DedupWindow: window}, nil
 }
 
-func (s *scripted) PutMessage(context.Context, *storagedv1.PutMessageRequest) (*storagedv1.PutMessageResponse, error) {
+func (s *scripted) PutMessage(ctx context.Context, req *storagedv1.PutMessageRequest) (*storagedv1.PutMessageResponse, error) {
+	if err := s.put(ctx, req.GetMessage().GetProperties()[UniqKeyProperty]); err != nil {
+		return nil, err
+	}
+	return &storagedv1.PutMessageResponse{Status: storagedv1.PutMessageStatus_PUT_MESSAGE_STATUS_PUT_OK}, nil
+}
+
+func (s *scripted) PutMessages(ctx context.Context, req *storagedv1.PutMessagesRequest) (*storagedv1.PutMessagesResponse, error) {
+	s.mu.Lock()
+	s.batches = append(s.batches, req)
+	s.mu.Unlock()
+	var key string
+	if len(req.GetMessages()) > 0 {
+		key = req.GetMessages()[0].GetProperties()[UniqKeyProperty]
+	}
+	if err := s.put(ctx, key); err != nil {
+		return nil, err
+	}
+	return &storagedv1.PutMessagesResponse{Status: storagedv1.PutMessageStatus_PUT_MESSAGE_STATUS_PUT_OK}, nil
+}
+
+// put counts a put of key and answers it from the script; a hanging
+// member answers once ctx ends.
+func (s *scripted) put(ctx context.Context, key string) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.onPut != nil {
 		defer s.onPut()
 	}
 	s.puts++
+	s.keys = append(s.keys, key)
+	if s.hang {
+		s.mu.Unlock()
+		<-ctx.Done()
+		s.mu.Lock()
+		return status.FromContextError(ctx.Err()).Err()
+	}
 	var err error
 	if len(s.script) > 0 {
 		err = s.script[min(s.puts, len(s.script))-1]
 	}
-	if err != nil {
-		return nil, err
-	}
-	return &storagedv1.PutMessageResponse{Status: storagedv1.PutMessageStatus_PUT_MESSAGE_STATUS_PUT_OK}, nil
+	return err
+}
+
+func (s *scripted) putKeys() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.keys)
 }
 
 const leader = storagedv1.ReplicaRole_REPLICA_ROLE_LEADER
@@ -450,5 +496,150 @@ func TestOptionsValidate(t *testing.T) {
 		if _, err := New(o); err == nil {
 			t.Errorf("%s: accepted", name)
 		}
+	}
+}
+
+func keyedPut(tr *LeaderTracker, key string) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	_, err := tr.PutMessage(ctx, &storagedv1.PutMessageRequest{Message: &storagedv1.Message{Topic: "T", Body: []byte("b"),
+		Properties: map[string]string{UniqKeyProperty: key}}})
+	return err
+}
+
+// TestTrackerKeyedRetry: a keyed put is sent again after an unknown
+// outcome, with its key, when the leader remembers keyed puts long enough
+// (its dedup window); not when deduplication is off or its window too
+// short, not for an answer that would only come again (INTERNAL), and an
+// unkeyed put never. Once a call's outcome was unknown, the put's error
+// stays unknown whatever the later calls answered.
+func TestTrackerKeyedRetry(t *testing.T) {
+	unknown := statusErr(codes.DeadlineExceeded, info("FLUSH_SLAVE_TIMEOUT", map[string]string{"outcome": "unknown"}))
+	refused := statusErr(codes.Unavailable, info("OS_PAGE_CACHE_BUSY", nil), retry(0))
+	for _, tc := range []struct {
+		name   string
+		window time.Duration
+		key    string
+		script []error
+		puts   int
+		code   codes.Code
+	}{
+		{"replication timeout, then OK", 10 * time.Minute, "k", []error{unknown, nil}, 2, codes.OK},
+		{"bare UNAVAILABLE, then OK", 10 * time.Minute, "k", []error{status.Error(codes.Unavailable, "upstream connect error"), nil}, 2, codes.OK},
+		{"cancelled, then OK", 10 * time.Minute, "k", []error{status.Error(codes.Canceled, "stream reset"), nil}, 2, codes.OK},
+		{"unknown twice, then OK", 10 * time.Minute, "k", []error{unknown, unknown, nil}, 3, codes.OK},
+		{"unknown, then refused until the attempts run out", 10 * time.Minute, "k", []error{unknown, refused}, 4, codes.DeadlineExceeded},
+		{"deduplication off", 0, "k", []error{unknown, nil}, 1, codes.DeadlineExceeded},
+		{"window too short", time.Nanosecond, "k", []error{unknown, nil}, 1, codes.DeadlineExceeded},
+		{"internal", 10 * time.Minute, "k", []error{statusErr(codes.Internal, info("UNKNOWN_ERROR", nil)), nil}, 1, codes.Internal},
+		{"not keyed", 10 * time.Minute, "", []error{unknown, nil}, 1, codes.DeadlineExceeded},
+		{"key too long", 10 * time.Minute, strings.Repeat("k", maxUniqKeyLen+1), []error{unknown, nil}, 1, codes.DeadlineExceeded},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := startScripted(t)
+			s.set(leader, true, 1, tc.script...)
+			s.window = tc.window
+			tr := newTracker(t, Options{MaxAttempts: 4}, s)
+			err := keyedPut(tr, tc.key)
+			if status.Code(err) != tc.code || s.putCount() != tc.puts {
+				t.Fatalf("put: %v after %d calls, want %v after %d", err, s.putCount(), tc.code, tc.puts)
+			}
+			if err != nil && Classify(err).NothingStored {
+				t.Fatalf("an unknown outcome came back as nothing stored: %v", err)
+			}
+			for i, k := range s.putKeys() {
+				if k != tc.key {
+					t.Fatalf("call %d carried key %q, want %q", i+1, k, tc.key)
+				}
+			}
+		})
+	}
+}
+
+// TestTrackerAttemptTimeout: a leader that stops answering (a paused
+// process) costs a keyed put AttemptTimeout: it is sent again, with its
+// key, to the member that leads then. An unkeyed put is not cut short.
+func TestTrackerAttemptTimeout(t *testing.T) {
+	s1, s2 := startScripted(t), startScripted(t)
+	s1.set(leader, true, 1)
+	s1.window, s2.window = 10*time.Minute, 10*time.Minute
+	tr := newTracker(t, Options{AttemptTimeout: 50 * time.Millisecond, LookupInterval: time.Millisecond}, s1, s2)
+	if err := keyedPut(tr, "k0"); err != nil || tr.Leader() != s1.addr {
+		t.Fatalf("first put: %v, leader %q", err, tr.Leader())
+	}
+	// s1 stops answering puts, and s2 is elected (s1 says it follows: a
+	// paused process's probes would time out instead).
+	s1.mu.Lock()
+	s1.hang = true
+	s1.mu.Unlock()
+	s1.set(storagedv1.ReplicaRole_REPLICA_ROLE_FOLLOWER, false, 2)
+	s2.set(leader, true, 2)
+	if err := keyedPut(tr, "k1"); err != nil {
+		t.Fatalf("a keyed put while the leader hangs: %v", err)
+	}
+	if k1, k2 := s1.putKeys(), s2.putKeys(); !slices.Equal(k1, []string{"k0", "k1"}) || !slices.Equal(k2, []string{"k1"}) {
+		t.Fatalf("keys at the old leader %q, at the new %q; want k0 k1 and k1", k1, k2)
+	}
+	// An unkeyed put to a hanging leader waits for its own deadline.
+	s2.mu.Lock()
+	s2.hang = true
+	s2.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	_, err := tr.PutMessage(ctx, &storagedv1.PutMessageRequest{Message: &storagedv1.Message{Topic: "T", Body: []byte("b")}})
+	if status.Code(err) != codes.DeadlineExceeded || ctx.Err() == nil || s2.putCount() != 2 {
+		t.Fatalf("an unkeyed put to a hanging leader: %v (ctx %v) after %d calls there, want its own deadline after 1", err, ctx.Err(), s2.putCount()-1)
+	}
+}
+
+// TestTrackerStampUniqKeys: with StampUniqKeys every message without a
+// key gets its own (32 hexadecimal digits), in a copy of the request;
+// keys given are kept, and the body is not copied.
+func TestTrackerStampUniqKeys(t *testing.T) {
+	s := startScripted(t)
+	s.set(leader, true, 1)
+	tr := newTracker(t, Options{StampUniqKeys: true}, s)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	body := []byte("b")
+	req := &storagedv1.PutMessageRequest{Message: &storagedv1.Message{Topic: "T", Body: body, Tags: "tag", Properties: map[string]string{"a": "1"}}}
+	for range 2 {
+		if _, err := tr.PutMessage(ctx, req); err != nil {
+			t.Fatal(err)
+		}
+	}
+	keyed := &storagedv1.PutMessageRequest{Message: &storagedv1.Message{Topic: "T", Body: body, Properties: map[string]string{UniqKeyProperty: "mine"}}}
+	if _, err := tr.PutMessage(ctx, keyed); err != nil {
+		t.Fatal(err)
+	}
+	keys := s.putKeys()
+	hex32 := func(k string) bool {
+		return len(k) == 32 && strings.Trim(k, "0123456789ABCDEF") == ""
+	}
+	if len(keys) != 3 || !hex32(keys[0]) || !hex32(keys[1]) || keys[0] == keys[1] || keys[2] != "mine" {
+		t.Fatalf("keys sent %q: want two distinct 32-digit keys, then the caller's", keys)
+	}
+	if len(req.Message.Properties) != 1 || req.Message.Tags != "tag" {
+		t.Fatalf("the caller's request changed: %v", req)
+	}
+	batch := &storagedv1.PutMessagesRequest{Topic: "T", QueueId: 3, Messages: []*storagedv1.BatchEntry{
+		{Body: body, Properties: map[string]string{UniqKeyProperty: "first"}}, {Body: body, Tags: "x"}}}
+	if _, err := tr.PutMessages(ctx, batch); err != nil {
+		t.Fatal(err)
+	}
+	s.mu.Lock()
+	got := s.batches[0]
+	s.mu.Unlock()
+	if got.GetTopic() != "T" || got.GetQueueId() != 3 || len(got.GetMessages()) != 2 ||
+		got.GetMessages()[0].GetProperties()[UniqKeyProperty] != "first" || !hex32(got.GetMessages()[1].GetProperties()[UniqKeyProperty]) ||
+		got.GetMessages()[1].GetTags() != "x" {
+		t.Fatalf("batch sent: %v", got)
+	}
+	if len(batch.Messages[1].Properties) != 0 {
+		t.Fatalf("the caller's batch entry changed: %v", batch.Messages[1])
+	}
+	m := withKey(req.Message, "k")
+	if &m.Body[0] != &body[0] {
+		t.Fatal("the body was copied")
 	}
 }
