@@ -22,9 +22,11 @@ import (
 // writes when its leader goes away (issue 13's targets: kill -9, writes
 // accepted again within 2.5 s p99; SIGTERM with leadership transfer,
 // at most 0.5 s without writes). Writers put through
-// client.LeaderTracker without pause; each round signals the current
+// client.LeaderTracker without pause (--keyed: each put keyed, so the
+// tracker retries unknown outcomes); each round signals the current
 // leader, waits until writes flow again and --settle has passed, restarts
-// the stopped member on its data dir, lets it catch up for --settle, and
+// the stopped member on its data dir (--signal stop: resumes it with
+// SIGCONT), lets it catch up for --settle, and
 // records the longest time between two consecutive acks from the signal
 // on (an ack before the signal opens the first interval). Before the
 // first round it waits, up to --dirty-wait, until the host's dirty and
@@ -38,6 +40,8 @@ type failoverOptions struct {
 	storaged      string
 	storagedArgs  string
 	signal        string
+	keyed         bool
+	attempt       time.Duration
 	rounds        int
 	writers       int
 	bodySize      int
@@ -55,6 +59,10 @@ type FailoverResult struct {
 	Machine  MachineInfo `json:"machine"`
 	Command  string      `json:"command"`
 	Signal   string      `json:"signal"`
+	// Keyed: every put carried a UNIQ_KEY (client.Options.StampUniqKeys),
+	// with AttemptTimeoutMs per call (0: the tracker's default).
+	Keyed            bool    `json:"keyed"`
+	AttemptTimeoutMs float64 `json:"attempt_timeout_ms,omitempty"`
 	Writers  int         `json:"writers"`
 	BodySize int         `json:"body_size"`
 	// GapsMs are the rounds' longest times without an ack, from the signal on.
@@ -77,7 +85,9 @@ func parseFailoverOptions(args []string, stderr io.Writer) (failoverOptions, err
 	fs.SetOutput(stderr)
 	fs.StringVar(&o.storaged, "storaged", "", "storaged `binary` (required)")
 	fs.StringVar(&o.storagedArgs, "storaged-args", "", "extra storaged `flags`, space-separated")
-	fs.StringVar(&o.signal, "signal", o.signal, "how the leader goes: kill (SIGKILL) or term (SIGTERM: leadership transfer)")
+	fs.StringVar(&o.signal, "signal", o.signal, "how the leader goes: kill (SIGKILL), term (SIGTERM: leadership transfer) or stop (SIGSTOP: paused, resumed with SIGCONT)")
+	fs.BoolVar(&o.keyed, "keyed", false, "key every put (client.Options.StampUniqKeys): the tracker retries unknown outcomes, within the dedup window")
+	fs.DurationVar(&o.attempt, "attempt-timeout", 0, "client.Options.AttemptTimeout for keyed puts (0: the tracker's default)")
 	fs.IntVar(&o.rounds, "rounds", o.rounds, "leader failures to measure")
 	fs.IntVar(&o.writers, "writers", o.writers, "concurrent unary writers")
 	fs.IntVar(&o.bodySize, "body-size", o.bodySize, "message body size in `bytes`")
@@ -94,11 +104,12 @@ func parseFailoverOptions(args []string, stderr io.Writer) (failoverOptions, err
 	if o.storaged == "" {
 		errs = append(errs, errors.New("--storaged is required"))
 	}
-	if o.signal != "kill" && o.signal != "term" {
-		errs = append(errs, fmt.Errorf("--signal %q: want kill or term", o.signal))
+	if o.signal != "kill" && o.signal != "term" && o.signal != "stop" {
+		errs = append(errs, fmt.Errorf("--signal %q: want kill, term or stop", o.signal))
 	}
-	if o.rounds < 1 || o.rounds > 1000 || o.writers < 1 || o.writers > 1024 || o.bodySize < 0 || o.bodySize > 4<<20 || o.settle < 0 || o.dirtyWait < 0 {
-		errs = append(errs, errors.New("--rounds 1-1000, --writers 1-1024, --body-size 0-4MiB, --settle >= 0, --dirty-wait >= 0"))
+	if o.rounds < 1 || o.rounds > 1000 || o.writers < 1 || o.writers > 1024 || o.bodySize < 0 || o.bodySize > 4<<20 || o.settle < 0 || o.dirtyWait < 0 ||
+		o.attempt < 0 {
+		errs = append(errs, errors.New("--rounds 1-1000, --writers 1-1024, --body-size 0-4MiB, --settle >= 0, --dirty-wait >= 0, --attempt-timeout >= 0"))
 	}
 	if fs.NArg() > 0 {
 		errs = append(errs, fmt.Errorf("unexpected arguments %q", fs.Args()))
@@ -186,7 +197,7 @@ func runFailoverCommand(ctx context.Context, args []string, stdout, stderr io.Wr
 		return err
 	}
 	defer g.Stop()
-	tr, err := client.New(client.Options{Addrs: g.addrs()})
+	tr, err := client.New(client.Options{Addrs: g.addrs(), StampUniqKeys: o.keyed, AttemptTimeout: o.attempt})
 	if err != nil {
 		return err
 	}
@@ -216,7 +227,8 @@ func runFailoverCommand(ctx context.Context, args []string, stdout, stderr io.Wr
 	}()
 
 	res := &FailoverResult{Date: time.Now().UTC().Format(time.RFC3339), Machine: machineInfo(),
-		Command: "storaged-bench failover " + strings.Join(args, " "), Signal: o.signal, Writers: o.writers, BodySize: o.bodySize}
+		Command: "storaged-bench failover " + strings.Join(args, " "), Signal: o.signal, Writers: o.writers, BodySize: o.bodySize,
+		Keyed: o.keyed, AttemptTimeoutMs: float64(o.attempt.Microseconds()) / 1000}
 	if err := hold(ctx, o.settle); err != nil {
 		return err
 	}
@@ -232,9 +244,12 @@ func runFailoverCommand(ctx context.Context, args []string, stdout, stderr io.Wr
 		res.HostDirtyMB = append(res.HostDirtyMB, math.Round(float64(dirtyBytes())/(1<<20)))
 		acks.mark()
 		signalled := time.Now()
-		if o.signal == "kill" {
+		switch o.signal {
+		case "kill":
 			p.kill()
-		} else {
+		case "stop":
+			p.cmd.Process.Signal(syscall.SIGSTOP)
+		default:
 			p.cmd.Process.Signal(syscall.SIGTERM)
 		}
 		// Writes flow again: the writers got acks after the signal, and
@@ -246,7 +261,15 @@ func runFailoverCommand(ctx context.Context, args []string, stdout, stderr io.Wr
 		if err := hold(ctx, o.settle); err != nil {
 			return err
 		}
+		// Unkeyed puts in flight to a paused leader end only at their
+		// deadline (30 s), and hold the writers that long.
 		gap, after := acks.gap(signalled)
+		for after == 0 && time.Since(signalled) < time.Minute {
+			if err := hold(ctx, 100*time.Millisecond); err != nil {
+				return err
+			}
+			gap, after = acks.gap(signalled)
+		}
 		if after == 0 {
 			return fmt.Errorf("round %d: no ack in %v after the leader %s went away", round+1, time.Since(signalled), p.name)
 		}
@@ -268,7 +291,12 @@ func runFailoverCommand(ctx context.Context, args []string, stdout, stderr io.Wr
 		res.HostLoad1 = append(res.HostLoad1, loadAverage())
 		fmt.Fprintf(stderr, "round %d/%d: %s of %s, leader now %s: %v without an ack\n", round+1, o.rounds, o.signal, p.name,
 			g.members[next].name, gap.Round(time.Millisecond))
-		if err := g.start(ctx, lead); err != nil {
+		if o.signal == "stop" {
+			// Resumed, it finds a newer term and follows.
+			if err := p.cmd.Process.Signal(syscall.SIGCONT); err != nil {
+				return fmt.Errorf("round %d: resume %s: %w", round+1, p.name, err)
+			}
+		} else if err := g.start(ctx, lead); err != nil {
 			return err
 		}
 		if err := hold(ctx, o.settle); err != nil {

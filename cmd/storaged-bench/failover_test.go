@@ -9,7 +9,11 @@ import (
 
 func TestFailoverOptions(t *testing.T) {
 	o, err := parseFailoverOptions([]string{"--storaged", "bin", "--signal", "term", "--rounds", "10", "--dirty-limit-mib", "64"}, io.Discard)
-	if err != nil || o.dirtyLimitMiB != 64 {
+	if err != nil || o.dirtyLimitMiB != 64 || o.keyed {
+		t.Fatalf("%+v, %v", o, err)
+	}
+	o, err = parseFailoverOptions([]string{"--storaged", "bin", "--signal", "stop", "--keyed", "--attempt-timeout", "500ms"}, io.Discard)
+	if err != nil || o.signal != "stop" || !o.keyed || o.attempt != 500*time.Millisecond {
 		t.Fatalf("%+v, %v", o, err)
 	}
 	for name, args := range map[string][]string{
@@ -19,6 +23,7 @@ func TestFailoverOptions(t *testing.T) {
 		"writers":    {"--storaged", "bin", "--writers", "5000"},
 		"extra":      {"--storaged", "bin", "x"},
 		"dirty wait": {"--storaged", "bin", "--dirty-wait", "-1s"},
+		"attempt":    {"--storaged", "bin", "--attempt-timeout", "-1s"},
 	} {
 		var uerr usageError
 		if _, err := parseFailoverOptions(args, io.Discard); !errors.As(err, &uerr) {
