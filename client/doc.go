@@ -28,17 +28,33 @@
 //   - an error Classify calls NothingStored: every attempt was refused
 //     before anything was stored (the attempts ran out, or ctx ended);
 //   - anything else: the outcome is unknown; the message may be stored.
-//     Retrying it may store it twice (no idempotent-producer dedupe in
-//     group mode yet).
+//     Retrying an unkeyed put may store it twice.
+//
+// Keyed puts are stored exactly once. A put whose message (a batch: its
+// first message) carries a UNIQ_KEY property (Options.StampUniqKeys gives
+// every message one) is retried after an unknown outcome too: a deadline,
+// AttemptTimeout (2 s per call), a broken connection, FLUSH_SLAVE_TIMEOUT.
+// storaged answers a put of a key it holds with the first put's result;
+// in a group every member keeps the keys of the committed log, and the
+// leader keeps a key whose entry is not decided yet until raft decides
+// it, so the retry, at whichever member leads then, is answered with the
+// first call's result if that was stored and stored once if not. The
+// retry is made only while less than half the dedup window that member
+// reports (GetReplicaInfo's dedup_window: --dedup-window, shorter while
+// --dedup-max-messages pushes keys out early) has passed since the put
+// began; past it, or with deduplication off, the unknown outcome comes
+// back as for an unkeyed put. A leader that stops answering (a paused
+// process, a cut link) so costs a keyed put AttemptTimeout and an
+// election, and an unkeyed one its whole deadline.
 //
 // A put is never sent to a member only named as the leader by another:
 // the tracker sends it where a member itself answered that it is the
 // ready leader, or to the member that took the last put. So a dead leader
-// costs the puts in flight to it (unknown outcomes), not one per put until
-// the followers notice.
+// costs the puts in flight to it (unknown outcomes, but for keyed ones),
+// not one per put until the followers notice.
 //
 //	t, err := client.New(client.Options{Addrs: []string{"10.0.0.1:8080", "10.0.0.2:8080", "10.0.0.3:8080"},
-//		DialOptions: []grpc.DialOption{grpc.WithTransportCredentials(creds)}})
+//		StampUniqKeys: true, DialOptions: []grpc.DialOption{grpc.WithTransportCredentials(creds)}})
 //	...
 //	defer t.Close()
 //	resp, err := t.PutMessage(ctx, &storagedv1.PutMessageRequest{Message: msg})

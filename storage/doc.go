@@ -633,8 +633,11 @@
 // heard from within an election timeout (ErrTransfereeInactive).
 //
 // Idempotent puts (idempotent.go): the ready leader keeps the dedup
-// window and remembers a key once its put committed (PUT_OK; an unknown
-// outcome leaves the key free). Every other member keeps its window up
+// window and remembers a key once its put's entry commits, whatever the
+// put answered: a put that stopped waiting first (FLUSH_SLAVE_TIMEOUT,
+// ctx) hands its ticket to the entry's waiter (entryFate, replica
+// Node.Then), so the key stays pending, and a retry waits, until raft
+// commits the entry (remembered) or supersedes it (freed). Every other member keeps its window up
 // to the commit as commits arrive (trackDedup: the keyed records newly
 // committed; the whole window read from the committed log once after it
 // starts or stops leading), and a member that becomes the ready leader

@@ -55,8 +55,9 @@ const (
 //     reason set to the PutMessageStatus name without the "PUT_MESSAGE_STATUS_" prefix, i.e. the
 //     RocketMQ status name (for example "MESSAGE_ILLEGAL", "SERVICE_NOT_AVAILABLE").
 //
-// Appends are not idempotent: a client that retries after a timeout or a degraded status may store the
-// same message twice.
+// Appends without a UNIQ_KEY property are not idempotent: a client that retries one after a timeout
+// or a degraded status may store the same message twice. A put with one is stored once within the
+// server's dedup window, however often it is sent (Message.properties), in a replication group too.
 //
 // Read RPCs return only visible records: with async flush every appended record, with sync flush only
 // records already durable. Read your writes: once a put is answered PUT_MESSAGE_STATUS_PUT_OK (with
@@ -90,7 +91,11 @@ type MessageStoreServiceClient interface {
 	//   - DEADLINE_EXCEEDED, reason "FLUSH_SLAVE_TIMEOUT", metadata outcome "unknown": proposed but not
 	//     seen committed within --replication-timeout, or (metadata cause "FORWARD_FAILED", leader_id,
 	//     leader_addr) forwarded by a follower and the call to the leader failed in transit. The message
-	//     may have been stored: read it, or send it again with its idempotency key.
+	//     may have been stored: read it, or send it again with its idempotency key (UNIQ_KEY): the
+	//     leader keeps the key until raft decides the first put's entry, so the retry is answered with
+	//     the first put's result if that commits, and stored once if it never does; a retry that waits
+	//     longer than --replication-timeout for that is answered FLUSH_SLAVE_TIMEOUT itself, storing
+	//     nothing.
 	PutMessage(ctx context.Context, in *PutMessageRequest, opts ...grpc.CallOption) (*PutMessageResponse, error)
 	// PutMessages appends a batch of messages for one topic and queue, all or nothing: either every entry
 	// is appended as consecutive CommitLog records with consecutive queue offsets (never split across
@@ -339,8 +344,9 @@ func (c *messageStoreServiceClient) RecallMessage(ctx context.Context, in *Recal
 //     reason set to the PutMessageStatus name without the "PUT_MESSAGE_STATUS_" prefix, i.e. the
 //     RocketMQ status name (for example "MESSAGE_ILLEGAL", "SERVICE_NOT_AVAILABLE").
 //
-// Appends are not idempotent: a client that retries after a timeout or a degraded status may store the
-// same message twice.
+// Appends without a UNIQ_KEY property are not idempotent: a client that retries one after a timeout
+// or a degraded status may store the same message twice. A put with one is stored once within the
+// server's dedup window, however often it is sent (Message.properties), in a replication group too.
 //
 // Read RPCs return only visible records: with async flush every appended record, with sync flush only
 // records already durable. Read your writes: once a put is answered PUT_MESSAGE_STATUS_PUT_OK (with
@@ -374,7 +380,11 @@ type MessageStoreServiceServer interface {
 	//   - DEADLINE_EXCEEDED, reason "FLUSH_SLAVE_TIMEOUT", metadata outcome "unknown": proposed but not
 	//     seen committed within --replication-timeout, or (metadata cause "FORWARD_FAILED", leader_id,
 	//     leader_addr) forwarded by a follower and the call to the leader failed in transit. The message
-	//     may have been stored: read it, or send it again with its idempotency key.
+	//     may have been stored: read it, or send it again with its idempotency key (UNIQ_KEY): the
+	//     leader keeps the key until raft decides the first put's entry, so the retry is answered with
+	//     the first put's result if that commits, and stored once if it never does; a retry that waits
+	//     longer than --replication-timeout for that is answered FLUSH_SLAVE_TIMEOUT itself, storing
+	//     nothing.
 	PutMessage(context.Context, *PutMessageRequest) (*PutMessageResponse, error)
 	// PutMessages appends a batch of messages for one topic and queue, all or nothing: either every entry
 	// is appended as consecutive CommitLog records with consecutive queue offsets (never split across
