@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -148,6 +149,65 @@ func TestSingleVoter(t *testing.T) {
 	n.Close()
 	if _, _, err := n.Propose(10, stampOne("late")); !errors.Is(err, ErrClosed) {
 		t.Fatalf("propose after Close: %v", err)
+	}
+}
+
+// TestWaiterThen: Then's f hears a waiter's outcome once: from the raft
+// loop before Done is closed (what it records is in place when the putter
+// wakes), or at once, inside Then, for a waiter answered already.
+func TestWaiterThen(t *testing.T) {
+	_, rl := open(t, 1, []uint64{1})
+	ticks := make(chan time.Time)
+	n, err := New(Options{ID: 1, Log: rl, FileSize: fileSize, Transport: nopTransport{}, Host: &fakeHost{}, Ticks: ticks}, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.Close()
+	if err := n.Campaign(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "ready", n.Ready)
+	type call struct {
+		err              error
+		doneOpen, inThen bool
+	}
+	var (
+		calls  []call // written by f, under the node's lock
+		inThen atomic.Bool
+		w      *Waiter
+	)
+	f := func(err error) {
+		open := true
+		select {
+		case <-w.Done():
+			open = false
+		default:
+		}
+		calls = append(calls, call{err, open, inThen.Load()})
+	}
+	then := func() {
+		inThen.Store(true)
+		n.Then(w, f)
+		inThen.Store(false)
+	}
+	for i := range 20 {
+		w, _, err = n.Propose(100, stampOne(fmt.Sprint("then-", i)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		calls = nil
+		then()
+		<-w.Done()
+		n.mu.Lock() // f ran under it
+		got := slices.Clone(calls)
+		n.mu.Unlock()
+		if len(got) != 1 || got[0].err != nil || (!got[0].inThen && !got[0].doneOpen) {
+			t.Fatalf("proposal %d: f heard %+v, want one nil outcome, from the loop before Done or inside Then", i, got)
+		}
+		then() // answered already: at once
+		if len(calls) != 2 || calls[1].err != nil || !calls[1].inThen {
+			t.Fatalf("proposal %d: f heard %+v, want a second nil outcome inside Then", i, calls)
+		}
 	}
 }
 
