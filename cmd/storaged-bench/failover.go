@@ -258,21 +258,25 @@ func runFailoverCommand(ctx context.Context, args []string, stdout, stderr io.Wr
 		if err != nil {
 			return err
 		}
+		found := time.Now()
 		if err := hold(ctx, o.settle); err != nil {
 			return err
 		}
-		// Unkeyed puts in flight to a paused leader end only at their
-		// deadline (30 s), and hold the writers that long.
-		gap, after := acks.gap(signalled)
+		// Writes flow again once a put is acked after the new leader was
+		// found: acks just after the signal may be answers the old leader
+		// had sent already, and unkeyed puts in flight to a paused leader
+		// end only at their deadline (30 s), holding the writers that long.
+		_, after := acks.gap(found)
 		for after == 0 && time.Since(signalled) < time.Minute {
 			if err := hold(ctx, 100*time.Millisecond); err != nil {
 				return err
 			}
-			gap, after = acks.gap(signalled)
+			_, after = acks.gap(found)
 		}
 		if after == 0 {
 			return fmt.Errorf("round %d: no ack in %v after the leader %s went away", round+1, time.Since(signalled), p.name)
 		}
+		gap, _ := acks.gap(signalled)
 		if o.signal == "term" {
 			// Wait for the drain's exit: a second SIGTERM (Stop) would
 			// kill the process.
