@@ -204,9 +204,15 @@ type simPut struct {
 	queue  int32
 	bodies [][]byte
 	batch  bool
+	// key is the put's UNIQ_KEY ("": unkeyed); retry: a put of a key sent
+	// before, whose first answer was an unknown outcome.
+	key   string
+	retry bool
+	// cancel ends the put's ctx: its client went away (abandon).
+	cancel context.CancelFunc
 	done   chan struct{}
-	res    PutResult
-	err    error
+	res   PutResult
+	err   error
 }
 
 // simRead is a linearizable read (ReadBarrier, then QueueInfo) and what
@@ -272,6 +278,7 @@ type groupSim struct {
 	bodies  int             // bodies made: each starts with its number, "m<n>|"
 	stored  map[string]bool // body keys in the history
 	refused map[string]bool // body keys of puts answered "nothing stored"
+	unsure  []*simPut       // keyed puts answered with an unknown outcome: Retry steps send them again
 	calm    bool            // even seeds: a quarter of the faults, longer healthy spells, more puts in flight
 
 	// Consumer offsets.
@@ -413,8 +420,10 @@ func (g *groupSim) doStep() {
 		g.rewrite(g.pick(g.rng.IntN(4) != 0))
 	case r < 230:
 		g.put(g.pick(true), true)
-	case r < 250:
+	case r < 244:
 		g.put(g.pick(false), g.rng.IntN(2) == 0)
+	case r < 250:
+		g.retry()
 	case r < 470:
 		g.tick(g.ids[g.rng.IntN(len(g.ids))])
 	case r < 500:
@@ -493,6 +502,9 @@ func (g *groupSim) put(id uint64, batch bool) {
 		return
 	}
 	p := &simPut{node: id, queue: int32(g.rng.IntN(simQueues)), batch: batch, done: make(chan struct{})}
+	if g.rng.IntN(2) == 0 {
+		p.key = fmt.Sprintf("k%d-%d", g.seed, g.bodies+1) // unique: the number its first body gets
+	}
 	k := 1
 	if batch {
 		k = 1 + g.rng.IntN(5)
@@ -507,22 +519,83 @@ func (g *groupSim) put(id uint64, batch bool) {
 		p.bodies = append(p.bodies, b)
 	}
 	g.count(map[bool]string{false: "put", true: "batch"}[batch])
-	g.note("put node %d queue %d x%d", id, p.queue, k)
-	s := n.s
+	g.note("put node %d queue %d x%d key %q", id, p.queue, k, p.key)
+	g.send(n.s, p)
+}
+
+// send runs put p on store s.
+func (g *groupSim) send(s *Store, p *simPut) {
+	var props []Property
+	if p.key != "" {
+		props = []Property{{Key: PropertyUniqKey, Value: p.key}}
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	p.cancel = cancel
 	go func() {
 		defer close(p.done)
-		if batch {
+		defer cancel()
+		if p.batch {
 			b := &Batch{Topic: simTopic, QueueID: p.queue, BornHost: DefaultStoreHost}
-			for _, body := range p.bodies {
-				b.Messages = append(b.Messages, BatchMessage{Body: body, BornTimestamp: 1})
+			for i, body := range p.bodies {
+				m := BatchMessage{Body: body, BornTimestamp: 1}
+				if i == 0 {
+					m.Properties = props
+				}
+				b.Messages = append(b.Messages, m)
 			}
-			p.res, p.err = s.PutMessages(context.Background(), b)
+			p.res, p.err = s.PutMessages(ctx, b)
 		} else {
-			p.res, p.err = s.PutMessage(context.Background(), &Message{Topic: simTopic, QueueID: p.queue, Body: p.bodies[0],
-				BornTimestamp: 1, BornHost: DefaultStoreHost})
+			p.res, p.err = s.PutMessage(ctx, &Message{Topic: simTopic, QueueID: p.queue, Body: p.bodies[0],
+				BornTimestamp: 1, BornHost: DefaultStoreHost, Properties: props})
 		}
 	}()
 	g.pending = append(g.pending, p)
+}
+
+// abandon cancels the ctx of a keyed put not answered yet: its client
+// went away, and its answer is an unknown outcome (the entry may commit
+// later), which a retry step sends again.
+func (g *groupSim) abandon() {
+	var keyed []*simPut
+	for _, p := range g.pending {
+		if p.key != "" && !p.retry {
+			keyed = append(keyed, p)
+		}
+	}
+	if len(keyed) == 0 {
+		return
+	}
+	p := keyed[g.rng.IntN(len(keyed))]
+	g.count("abandon")
+	g.note("abandon key %q", p.key)
+	p.cancel()
+}
+
+// retry sends a keyed put whose answer was an unknown outcome again, the
+// same bodies with the same key, to the ready leader (any node when there
+// is none), as a client does: the group must store it once whatever the
+// first put's fate (walk fails on a body stored twice), and a PUT_OK must
+// name where it is (checkAnswer). The put stays retriable until a retry
+// is answered PUT_OK.
+func (g *groupSim) retry() {
+	if g.rng.IntN(2) == 0 {
+		g.abandon()
+		return
+	}
+	if len(g.unsure) == 0 {
+		return
+	}
+	i := g.rng.IntN(len(g.unsure))
+	first := g.unsure[i]
+	n := g.nodes[g.pick(true)]
+	if n.s == nil {
+		return
+	}
+	p := &simPut{node: n.id, queue: first.queue, bodies: first.bodies, batch: first.batch, key: first.key, retry: true,
+		done: make(chan struct{})}
+	g.count("retry")
+	g.note("retry node %d key %q", n.id, p.key)
+	g.send(n.s, p)
 }
 
 func (g *groupSim) tick(id uint64) {
@@ -1135,11 +1208,27 @@ func (g *groupSim) answer() {
 
 func (g *groupSim) checkAnswer(p *simPut) {
 	var nl *NotLeaderError
+	kind := ""
+	if p.retry {
+		kind = "retry "
+	}
+	unsure := func() {
+		if p.key != "" && !p.retry {
+			g.unsure = append(g.unsure, p)
+		}
+	}
 	switch {
 	case p.err == nil && p.res.Status == PutOK:
-		g.outcome["ok"]++
+		g.outcome[kind+"ok"]++
+		if p.key != "" {
+			g.unsure = slices.DeleteFunc(g.unsure, func(u *simPut) bool { return u.key == p.key })
+		}
 	case p.err == nil:
 		g.fatalf("put on node %d answered %v without an error", p.node, p.res.Status)
+	case p.retry && (errors.As(p.err, &nl) || errors.Is(p.err, ErrInSyncReplicasNotEnough)):
+		// This retry stored nothing; the first put may have.
+		g.outcome["retry refused"]++
+		return
 	case errors.As(p.err, &nl), errors.Is(p.err, ErrInSyncReplicasNotEnough):
 		// Nothing stored, ever: not in the history now, nor later (walk).
 		g.outcome["refused"]++
@@ -1155,16 +1244,19 @@ func (g *groupSim) checkAnswer(p *simPut) {
 		}
 		return
 	case errors.Is(p.err, ErrClosed), errors.Is(p.err, replica.ErrClosed):
-		g.outcome["unknown"]++
+		g.outcome[kind+"unknown"]++
+		unsure()
 		return
 	case errors.Is(p.err, ErrReplicationTimeout):
 		if p.res.Status != FlushSlaveTimeout {
 			g.fatalf("a put that timed out answered %v", p.res.Status)
 		}
-		g.outcome["timeout"]++
+		g.outcome[kind+"timeout"]++
+		unsure()
 		return
 	default:
-		g.outcome["other: "+p.err.Error()]++
+		g.outcome[kind+"other: "+p.err.Error()]++
+		unsure()
 		return
 	}
 	a := p.res.Append
