@@ -54,8 +54,10 @@ type scripted struct {
 	// entry's), in order; batches the PutMessages requests received.
 	keys    []string
 	batches []*storagedv1.PutMessagesRequest
-	// hang makes a put wait for its caller's ctx (a paused member).
-	hang bool
+	// hang makes a put wait for its caller's ctx (a paused member);
+	// hungUntil are the deadlines of the puts that hung.
+	hang      bool
+	hungUntil []time.Time
 }
 
 func startScripted(t *testing.T) *scripted {
@@ -161,6 +163,8 @@ func (s *scripted) put(ctx context.Context, key string) error {
 	s.puts++
 	s.keys = append(s.keys, key)
 	if s.hang {
+		d, _ := ctx.Deadline()
+		s.hungUntil = append(s.hungUntil, d)
 		s.mu.Unlock()
 		<-ctx.Done()
 		s.mu.Lock()
@@ -587,8 +591,17 @@ func TestTrackerAttemptTimeout(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
 	defer cancel()
 	_, err := tr.PutMessage(ctx, &storagedv1.PutMessageRequest{Message: &storagedv1.Message{Topic: "T", Body: []byte("b")}})
-	if status.Code(err) != codes.DeadlineExceeded || ctx.Err() == nil || s2.putCount() != 2 {
-		t.Fatalf("an unkeyed put to a hanging leader: %v (ctx %v) after %d calls there, want its own deadline after 1", err, ctx.Err(), s2.putCount()-1)
+	if status.Code(err) != codes.DeadlineExceeded || s2.putCount() != 2 {
+		t.Fatalf("an unkeyed put to a hanging leader: %v after %d calls there, want DEADLINE_EXCEEDED after 1", err, s2.putCount()-1)
+	}
+	// The call carried the caller's deadline (gRPC sends what remains of
+	// it), not one AttemptTimeout (50 ms) away: 250 ms earlier.
+	want, _ := ctx.Deadline()
+	s2.mu.Lock()
+	got := s2.hungUntil[len(s2.hungUntil)-1]
+	s2.mu.Unlock()
+	if got.Before(want.Add(-100 * time.Millisecond)) {
+		t.Fatalf("the unkeyed call had deadline %v, %v before the caller's", got, want.Sub(got))
 	}
 }
 
