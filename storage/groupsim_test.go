@@ -211,8 +211,8 @@ type simPut struct {
 	// cancel ends the put's ctx: its client went away (abandon).
 	cancel context.CancelFunc
 	done   chan struct{}
-	res   PutResult
-	err   error
+	res    PutResult
+	err    error
 }
 
 // simRead is a linearizable read (ReadBarrier, then QueueInfo) and what

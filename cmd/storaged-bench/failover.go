@@ -55,16 +55,16 @@ type failoverOptions struct {
 
 // FailoverResult is the JSON the failover subcommand writes.
 type FailoverResult struct {
-	Date     string      `json:"date"`
-	Machine  MachineInfo `json:"machine"`
-	Command  string      `json:"command"`
-	Signal   string      `json:"signal"`
+	Date    string      `json:"date"`
+	Machine MachineInfo `json:"machine"`
+	Command string      `json:"command"`
+	Signal  string      `json:"signal"`
 	// Keyed: every put carried a UNIQ_KEY (client.Options.StampUniqKeys),
 	// with AttemptTimeoutMs per call (0: the tracker's default).
 	Keyed            bool    `json:"keyed"`
 	AttemptTimeoutMs float64 `json:"attempt_timeout_ms,omitempty"`
-	Writers  int         `json:"writers"`
-	BodySize int         `json:"body_size"`
+	Writers          int     `json:"writers"`
+	BodySize         int     `json:"body_size"`
 	// GapsMs are the rounds' longest times without an ack, from the signal on.
 	GapsMs        []float64 `json:"gaps_ms"`
 	P50Ms         float64   `json:"p50_ms"`
