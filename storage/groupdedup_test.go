@@ -26,14 +26,6 @@ func TestGroupDedupAfterFailover(t *testing.T) {
 		}
 		return res
 	}
-	maxOf := func(id uint64) int64 {
-		t.Helper()
-		_, mx, err := g.m[id].s.QueueInfo("T", 0)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return mx
-	}
 	if res, err := g.put(1, "unkeyed"); err != nil || res.Status != PutOK {
 		t.Fatalf("put: %v %v", res.Status, err)
 	}
@@ -42,7 +34,7 @@ func TestGroupDedupAfterFailover(t *testing.T) {
 		t.Fatalf("a retry on the same leader stored at %d (queue offset %d), the first at %d (%d)",
 			again.Append.WroteOffset, again.Append.QueueOffset, first.Append.WroteOffset, first.Append.QueueOffset)
 	}
-	if mx := maxOf(1); mx != 2 {
+	if mx := g.queueMax(1); mx != 2 {
 		t.Fatalf("queue max %d after two puts and a retry, want 2", mx)
 	}
 	g.converge(1, all...)
@@ -72,7 +64,7 @@ func TestGroupDedupAfterFailover(t *testing.T) {
 	if fresh.Append.QueueOffset != 2 {
 		t.Fatalf("a new key on the new leader at queue offset %d, want 2", fresh.Append.QueueOffset)
 	}
-	if mx := maxOf(nl); mx != 3 {
+	if mx := g.queueMax(nl); mx != 3 {
 		t.Fatalf("queue max %d on the new leader, want 3", mx)
 	}
 	if st := g.m[nl].s.dedupStats(); st.Hits != 1 || st.Keys != 2 {
@@ -135,14 +127,6 @@ func TestGroupDedupUndecided(t *testing.T) {
 		}
 		return a.res.Append
 	}
-	maxOf := func(id uint64) int64 {
-		t.Helper()
-		_, mx, err := g.m[id].s.QueueInfo("T", 0)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return mx
-	}
 
 	// 1. The leader alone: k1 is proposed, its put gives up.
 	g.net.setCut(2, true)
@@ -178,7 +162,7 @@ func TestGroupDedupUndecided(t *testing.T) {
 	}
 	g.converge(1, all...)
 	for _, id := range all {
-		if mx := maxOf(id); mx != 2 {
+		if mx := g.queueMax(id); mx != 2 {
 			t.Fatalf("node %d: queue max %d after a put and a keyed put retried twice, want 2", id, mx)
 		}
 	}
@@ -197,7 +181,7 @@ func TestGroupDedupUndecided(t *testing.T) {
 	end = g.converge(nl, all...)
 	g.sameBytes(end, all...)
 	for _, id := range all {
-		if mx := maxOf(id); mx != 3 {
+		if mx := g.queueMax(id); mx != 3 {
 			t.Fatalf("node %d: queue max %d, want 3 (k2 once)", id, mx)
 		}
 		if p := g.m[id].s.dedupStats().Pending; p != 0 {
@@ -236,4 +220,14 @@ func TestGroupDedupRetryTimeout(t *testing.T) {
 	if st := g.m[1].s.dedupStats(); st.Pending != 1 || st.Keys != 0 {
 		t.Fatalf("the window: %+v, want the first put pending", st)
 	}
+}
+
+// queueMax is the max offset of queue 0 of topic T on member id.
+func (g *testGroup) queueMax(id uint64) int64 {
+	g.t.Helper()
+	_, mx, err := g.m[id].s.QueueInfo("T", 0)
+	if err != nil {
+		g.t.Fatal(err)
+	}
+	return mx
 }

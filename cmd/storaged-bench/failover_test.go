@@ -30,8 +30,13 @@ func TestFailoverOptions(t *testing.T) {
 			t.Errorf("%s: %v, want a usage error", name, err)
 		}
 	}
-	if _, _, _, err := parseMatrixOptions([]string{"--targets", "r3"}, io.Discard); err == nil {
-		t.Error("matrix --targets r3 without --storaged: accepted")
+	for _, tg := range []string{"r3", "r3-keyed"} {
+		if _, _, _, err := parseMatrixOptions([]string{"--targets", tg}, io.Discard); err == nil {
+			t.Errorf("matrix --targets %s without --storaged: accepted", tg)
+		}
+		if _, _, _, err := parseMatrixOptions([]string{"--targets", tg, "--storaged", "bin"}, io.Discard); err != nil {
+			t.Errorf("matrix --targets %s --storaged bin: %v", tg, err)
+		}
 	}
 }
 

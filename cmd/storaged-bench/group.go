@@ -24,6 +24,14 @@ import (
 // processes' together.
 const targetR3 = "r3"
 
+// targetR3Keyed is the r3 group (the same processes when both targets
+// run) written to with a UNIQ_KEY on every put (client.Options.StampUniqKeys):
+// what exactly-once puts cost beside unkeyed ones, measured in turns.
+const targetR3Keyed = "r3-keyed"
+
+// isGroupTarget: the target is the local group.
+func isGroupTarget(t string) bool { return t == targetR3 || t == targetR3Keyed }
+
 // groupSize is the number of members of the r3 target.
 const groupSize = 3
 
@@ -188,10 +196,10 @@ func (c trackerClient) PutMessages(ctx context.Context, in *storagedv1.PutMessag
 
 // trackers opens n LeaderTrackers over the members (each has its own
 // connections, as --connections gives a single node n connections).
-func (g *benchGroup) trackers(n int) ([]*client.LeaderTracker, error) {
+func (g *benchGroup) trackers(n int, keyed bool) ([]*client.LeaderTracker, error) {
 	var out []*client.LeaderTracker
 	for range n {
-		tr, err := client.New(client.Options{Addrs: g.addrs()})
+		tr, err := client.New(client.Options{Addrs: g.addrs(), StampUniqKeys: keyed})
 		if err != nil {
 			for _, t := range out {
 				t.Close()
@@ -203,13 +211,14 @@ func (g *benchGroup) trackers(n int) ([]*client.LeaderTracker, error) {
 	return out, nil
 }
 
-// load runs one case against the group through fresh trackers; nil for
-// the stream cases (the tracker routes unary and batch puts only).
-func (g *benchGroup) load(ctx context.Context, c caseSpec, cfg loadConfig) (*Summary, error) {
+// load runs one case against the group through fresh trackers (keyed:
+// every put gets a UNIQ_KEY); nil for the stream cases (the tracker routes
+// unary and batch puts only).
+func (g *benchGroup) load(ctx context.Context, c caseSpec, cfg loadConfig, keyed bool) (*Summary, error) {
 	if c.Method == methodStream {
 		return nil, nil
 	}
-	trs, err := g.trackers(cfg.Connections)
+	trs, err := g.trackers(cfg.Connections, keyed)
 	if err != nil {
 		return nil, err
 	}

@@ -30,7 +30,7 @@ const defaultCases = "unary-c1,unary-c4,unary-c16,unary-c64,unary-c256,batch100-
 // base-async and base-sync the same with the --base binary (an A/B of two
 // storaged builds in one run); r3 is a local group of three storaged
 // (group.go); the peers are in peers.go.
-var knownTargets = append([]string{"floor", "bare", "edge", "async", "sync", "base-async", "base-sync", targetR3}, peerTargets...)
+var knownTargets = append([]string{"floor", "bare", "edge", "async", "sync", "base-async", "base-sync", targetR3, targetR3Keyed}, peerTargets...)
 
 // storagedTarget reports whether t is a storaged process, and with which
 // --flush-mode.
@@ -274,7 +274,7 @@ func parseMatrixOptions(args []string, stderr io.Writer) (matrixOptions, []caseS
 		if !slices.Contains(knownTargets, t) {
 			return fail(fmt.Errorf("unknown target %q (want %s)", t, strings.Join(knownTargets, ", ")))
 		}
-		if (t == "async" || t == "sync" || t == targetR3) && o.storaged == "" {
+		if (t == "async" || t == "sync" || isGroupTarget(t)) && o.storaged == "" {
 			return fail(fmt.Errorf("target %s needs --storaged", t))
 		}
 		if strings.HasPrefix(t, "base-") && o.base == "" {
@@ -322,7 +322,7 @@ func runMatrixCommand(ctx context.Context, args []string, stdout, stderr io.Writ
 					fmt.Fprintln(stderr, "storaged-bench matrix: stop:", err)
 				}
 			}
-			if g := groups[t]; g != nil {
+			if g := groups[t]; g != nil && !(t == targetR3Keyed && groups[targetR3] == g) { // one group for both
 				if err := g.Stop(); err != nil {
 					fmt.Fprintln(stderr, "storaged-bench matrix: stop:", err)
 				}
@@ -330,7 +330,15 @@ func runMatrixCommand(ctx context.Context, args []string, stdout, stderr io.Writ
 		}
 	}()
 	for _, t := range targets {
-		if t == targetR3 {
+		if isGroupTarget(t) {
+			if g := groups[targetR3]; g != nil { // r3-keyed after r3: the same processes
+				groups[t] = g
+				continue
+			}
+			if g := groups[targetR3Keyed]; g != nil {
+				groups[t] = g
+				continue
+			}
 			g, err := startGroup(ctx, o.storaged, o.dataRoot, o.storagedArgs, logw)
 			if err != nil {
 				return err
@@ -427,7 +435,7 @@ func runMatrixCommand(ctx context.Context, args []string, stdout, stderr io.Writ
 				var err error
 				switch {
 				case grp != nil:
-					s, err = grp.load(ctx, c, cfg)
+					s, err = grp.load(ctx, c, cfg, t == targetR3Keyed)
 				case p.peer != nil:
 					s, err = p.peer.load(ctx, c, cfg)
 				default:

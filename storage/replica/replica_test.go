@@ -152,17 +152,24 @@ func TestSingleVoter(t *testing.T) {
 	}
 }
 
+// newSingleVoter is a one-voter group's member, not elected yet, closed
+// at the test's end.
+func newSingleVoter(t *testing.T) *Node {
+	t.Helper()
+	_, rl := open(t, 1, []uint64{1})
+	n, err := New(Options{ID: 1, Log: rl, FileSize: fileSize, Transport: nopTransport{}, Host: &fakeHost{}, Ticks: make(chan time.Time)}, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(n.Close)
+	return n
+}
+
 // TestWaiterThen: Then's f hears a waiter's outcome once: from the raft
 // loop before Done is closed (what it records is in place when the putter
 // wakes), or at once, inside Then, for a waiter answered already.
 func TestWaiterThen(t *testing.T) {
-	_, rl := open(t, 1, []uint64{1})
-	ticks := make(chan time.Time)
-	n, err := New(Options{ID: 1, Log: rl, FileSize: fileSize, Transport: nopTransport{}, Host: &fakeHost{}, Ticks: ticks}, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer n.Close()
+	n := newSingleVoter(t)
 	if err := n.Campaign(); err != nil {
 		t.Fatal(err)
 	}
@@ -191,6 +198,7 @@ func TestWaiterThen(t *testing.T) {
 		inThen.Store(false)
 	}
 	for i := range 20 {
+		var err error
 		w, _, err = n.Propose(100, stampOne(fmt.Sprint("then-", i)))
 		if err != nil {
 			t.Fatal(err)
@@ -558,13 +566,7 @@ func TestSplitMessages(t *testing.T) {
 // leader, taking puts. (The moves themselves: storage's
 // TestGroupMoveLeadership*.)
 func TestMoveLeadershipRefusals(t *testing.T) {
-	_, rl := open(t, 1, []uint64{1})
-	ticks := make(chan time.Time)
-	n, err := New(Options{ID: 1, Log: rl, FileSize: fileSize, Transport: nopTransport{}, Host: &fakeHost{}, Ticks: ticks}, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer n.Close()
+	n := newSingleVoter(t)
 	var nl *NotLeaderError
 	if _, err := n.MoveLeadership(t.Context(), 2); !errors.As(err, &nl) || nl.Cause != CauseNoLeader {
 		t.Fatalf("a move before the election: %v, want NO_LEADER", err)
