@@ -35,7 +35,8 @@ var seriesColors = map[string]color.RGBA{
 	"nats-always":    {197, 176, 213, 255},
 	"redis-everysec": {140, 86, 75, 255},
 	"redis-always":   {196, 156, 148, 255},
-	targetR3:         {128, 0, 64, 255}, // a deep red: sync, three times
+	targetR3:         {128, 0, 64, 255},    // a deep red: sync, three times
+	targetR3Keyed:    {204, 102, 153, 255}, // the same, lighter
 }
 
 // otherColors are the rest of matplotlib's tab10 palette, then greys.
