@@ -58,6 +58,19 @@ type scripted struct {
 	// hungUntil are the deadlines of the puts that hung.
 	hang      bool
 	hungUntil []time.Time
+	// PutMessageStream (stream_test.go) answers each message from the
+	// script too (keys and puts as above); a hanging member never answers.
+	// streamGate, if set, holds every answer until it is closed; breakAt
+	// > 0 breaks the stream with a bare UNAVAILABLE (not OK: outcomes
+	// unknown) once that many of its messages are unanswered, once;
+	// streamSeen, if set, gets each stream's unanswered count after each
+	// message read; streams counts the streams opened, maxUnanswered is
+	// the most messages one stream had unanswered.
+	streamGate    chan struct{}
+	breakAt       int
+	streamSeen    chan int
+	streams       int
+	maxUnanswered int
 }
 
 func startScripted(t *testing.T) *scripted {
