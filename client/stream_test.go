@@ -181,6 +181,8 @@ func TestStreamAnswers(t *testing.T) {
 		{"replication timeout, keyed, then OK", "k", []error{unknown, nil}, 2, 2, codes.OK, ""},
 		{"busy, then OK", "", []error{busy, nil}, 2, 2, codes.OK, ""},
 		{"busy until the attempts run out", "", []error{busy}, 3, 3, codes.Unavailable, "OS_PAGE_CACHE_BUSY"},
+		// Once a send's outcome was unknown, the error says so (and first).
+		{"replication timeout, keyed, then busy", "k", []error{unknown, busy}, 3, 3, codes.DeadlineExceeded, "FLUSH_SLAVE_TIMEOUT"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			s := startScripted(t)

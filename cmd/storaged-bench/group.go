@@ -8,9 +8,12 @@ import (
 	"net"
 	"os"
 	"strings"
+	"sync"
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/reflect/protoreflect"
 
 	"github.com/storaged/storaged/client"
 	storagedv1 "github.com/storaged/storaged/gen/storaged/v1"
@@ -183,7 +186,8 @@ func replicaInfo(ctx context.Context, addr string) (*storagedv1.GetReplicaInfoRe
 // embedded interface is nil: the generator calls nothing else on it.
 type trackerClient struct {
 	storagedv1.MessageStoreServiceClient
-	tr *client.LeaderTracker
+	tr       *client.LeaderTracker
+	inFlight int // a stream case's messages in flight per stream
 }
 
 func (c trackerClient) PutMessage(ctx context.Context, in *storagedv1.PutMessageRequest, opts ...grpc.CallOption) (*storagedv1.PutMessageResponse, error) {
@@ -211,13 +215,122 @@ func (g *benchGroup) trackers(n int, keyed bool) ([]*client.LeaderTracker, error
 	return out, nil
 }
 
-// load runs one case against the group through fresh trackers (keyed:
-// every put gets a UNIQ_KEY); nil for the stream cases (the tracker routes
-// unary and batch puts only).
-func (g *benchGroup) load(ctx context.Context, c caseSpec, cfg loadConfig, keyed bool) (*Summary, error) {
-	if c.Method == methodStream {
-		return nil, nil
+// PutMessageStream opens a client.Stream of the tracker (one per
+// generator stream, as a single node's case has --streams gRPC streams),
+// with room for the case's messages in flight per stream.
+func (c trackerClient) PutMessageStream(ctx context.Context, _ ...grpc.CallOption) (
+	grpc.BidiStreamingClient[storagedv1.PutMessageStreamRequest, storagedv1.PutMessageStreamResponse], error) {
+	st, err := c.tr.NewStream(client.StreamOptions{MaxInFlight: min(max(c.inFlight, 1), client.MaxStreamInFlight)})
+	if err != nil {
+		return nil, err
 	}
+	return &streamAdapter{ctx: ctx, st: st, closing: make(chan struct{}), answers: make(chan *storagedv1.PutMessageStreamResponse, max(c.inFlight, 1))}, nil
+}
+
+// streamAdapter is the gRPC stream the load generator drives, over a
+// client.Stream: each Send is a Put on a goroutine of its own (the
+// generator keeps at most its window in flight), whose outcome Recv
+// returns as the stream's answer would be (code and reason of the error);
+// after CloseSend and the last answer Recv returns io.EOF. The embedded
+// ClientStream is nil: the generator calls nothing else.
+type streamAdapter struct {
+	grpc.ClientStream
+	ctx     context.Context
+	st      *client.Stream
+	answers chan *storagedv1.PutMessageStreamResponse
+
+	closing chan struct{} // closed by CloseSend
+
+	mu        sync.Mutex
+	inFlight  int
+	halfClose bool
+	done      bool // Recv returned its last: st closed
+}
+
+func (a *streamAdapter) Send(req *storagedv1.PutMessageStreamRequest) error {
+	a.mu.Lock()
+	if a.halfClose || a.done {
+		a.mu.Unlock()
+		return io.EOF
+	}
+	a.inFlight++
+	a.mu.Unlock()
+	// The generator reuses req and its message: the Put gets a copy (the
+	// body shared).
+	src := req.GetMessage().ProtoReflect()
+	dst := src.New()
+	src.Range(func(fd protoreflect.FieldDescriptor, v protoreflect.Value) bool {
+		dst.Set(fd, v)
+		return true
+	})
+	m, id := dst.Interface().(*storagedv1.Message), req.GetRequestId()
+	go func() {
+		resp, err := a.st.Put(a.ctx, m)
+		ans := &storagedv1.PutMessageStreamResponse{RequestId: id, Status: resp.GetStatus(), Result: resp.GetResult()}
+		if err != nil {
+			ans.Code, ans.Reason, ans.ErrorMessage = int32(status.Code(err)), client.Classify(err).Reason, err.Error()
+			ans.Status = storagedv1.PutMessageStatus_PUT_MESSAGE_STATUS_UNKNOWN_ERROR
+		}
+		select {
+		case a.answers <- ans:
+		case <-a.ctx.Done():
+		}
+	}()
+	return nil
+}
+
+func (a *streamAdapter) CloseSend() error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if !a.halfClose {
+		a.halfClose = true
+		close(a.closing)
+	}
+	return nil
+}
+
+func (a *streamAdapter) Recv() (*storagedv1.PutMessageStreamResponse, error) {
+	for {
+		a.mu.Lock()
+		done, half, n := a.done, a.halfClose, a.inFlight
+		a.mu.Unlock()
+		if done {
+			return nil, io.EOF
+		}
+		if half && n == 0 {
+			a.finish()
+			return nil, io.EOF
+		}
+		var closing <-chan struct{}
+		if !half {
+			closing = a.closing // CloseSend with nothing in flight wakes Recv
+		}
+		select {
+		case ans := <-a.answers:
+			a.mu.Lock()
+			a.inFlight--
+			a.mu.Unlock()
+			return ans, nil
+		case <-a.ctx.Done():
+			a.finish()
+			return nil, status.FromContextError(a.ctx.Err()).Err()
+		case <-closing:
+		}
+	}
+}
+
+// finish closes the client.Stream (its Puts end with ctx or ErrClosed).
+func (a *streamAdapter) finish() {
+	a.mu.Lock()
+	a.done = true
+	a.mu.Unlock()
+	a.st.Close()
+}
+
+// load runs one case against the group through fresh trackers (keyed:
+// every put gets a UNIQ_KEY; a stream case through a client.Stream per
+// generator stream, its messages keyed alike).
+func (g *benchGroup) load(ctx context.Context, c caseSpec, cfg loadConfig, keyed bool) (*Summary, error) {
 	trs, err := g.trackers(cfg.Connections, keyed)
 	if err != nil {
 		return nil, err
@@ -229,7 +342,7 @@ func (g *benchGroup) load(ctx context.Context, c caseSpec, cfg loadConfig, keyed
 	}()
 	var clients []storagedv1.MessageStoreServiceClient
 	for _, t := range trs {
-		clients = append(clients, trackerClient{tr: t})
+		clients = append(clients, trackerClient{tr: t, inFlight: cfg.Concurrency})
 	}
 	return runLoadClients(ctx, cfg, clients, io.Discard)
 }

@@ -21,7 +21,8 @@ import (
 // until stopped, recording every acked put (queue offset → body) and when
 // it was acked.
 type writers struct {
-	tr *client.LeaderTracker
+	tr     *client.LeaderTracker
+	stream *client.Stream // nil: unary puts through tr
 	putLoops
 
 	mu       sync.Mutex
@@ -58,27 +59,54 @@ func startWritersWith(t *testing.T, opts client.Options, n int) *writers {
 	}
 	w := &writers{tr: tr, putLoops: putLoops{stop: make(chan struct{})}, acked: map[int64]string{}}
 	for i := range n {
-		w.start(fmt.Sprintf("w%d", i), tr.PutMessage, func(body string, resp *storagedv1.PutMessageResponse, err error) {
-			w.mu.Lock()
-			switch {
-			case err == nil && resp.GetStatus() == storagedv1.PutMessageStatus_PUT_MESSAGE_STATUS_PUT_OK:
-				w.acked[resp.GetResult().GetQueueOffset()] = body
-				w.ackedAt = append(w.ackedAt, time.Now())
-			case err == nil:
-				w.bad = append(w.bad, fmt.Errorf("put %s: status %v", body, resp.GetStatus()))
-			case client.Classify(err).NothingStored || errors.Is(err, client.ErrNoLeader):
-				w.refused++
-			default:
-				w.unknown++
-				if len(w.unknowns) < 5 {
-					w.unknowns = append(w.unknowns, err)
-				}
-			}
-			w.mu.Unlock()
-		})
+		w.start(fmt.Sprintf("w%d", i), tr.PutMessage, w.record)
 	}
 	t.Cleanup(w.close)
 	return w
+}
+
+// startStreamWriters is startWritersWith with the n goroutines putting
+// through one client.Stream of the tracker.
+func startStreamWriters(t *testing.T, opts client.Options, n int) *writers {
+	t.Helper()
+	tr, err := client.New(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := tr.NewStream(client.StreamOptions{})
+	if err != nil {
+		tr.Close()
+		t.Fatal(err)
+	}
+	w := &writers{tr: tr, stream: st, putLoops: putLoops{stop: make(chan struct{})}, acked: map[int64]string{}}
+	put := func(ctx context.Context, req *storagedv1.PutMessageRequest, _ ...grpc.CallOption) (*storagedv1.PutMessageResponse, error) {
+		return st.Put(ctx, req.GetMessage())
+	}
+	for i := range n {
+		w.start(fmt.Sprintf("w%d", i), put, w.record)
+	}
+	t.Cleanup(w.close)
+	return w
+}
+
+// record notes a put's outcome.
+func (w *writers) record(body string, resp *storagedv1.PutMessageResponse, err error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	switch {
+	case err == nil && resp.GetStatus() == storagedv1.PutMessageStatus_PUT_MESSAGE_STATUS_PUT_OK:
+		w.acked[resp.GetResult().GetQueueOffset()] = body
+		w.ackedAt = append(w.ackedAt, time.Now())
+	case err == nil:
+		w.bad = append(w.bad, fmt.Errorf("put %s: status %v", body, resp.GetStatus()))
+	case client.Classify(err).NothingStored || errors.Is(err, client.ErrNoLeader):
+		w.refused++
+	default:
+		w.unknown++
+		if len(w.unknowns) < 5 {
+			w.unknowns = append(w.unknowns, err)
+		}
+	}
 }
 
 // putLoops are the goroutines of a set of writers (writers,
@@ -141,6 +169,9 @@ func waitAcks(t *testing.T, n int, acks func() int, stalled func() string) {
 
 func (w *writers) close() {
 	if w.halt() {
+		if w.stream != nil {
+			w.stream.Close()
+		}
 		w.tr.Close()
 	}
 }
@@ -293,13 +324,39 @@ func TestGroupClientLearnsMembers(t *testing.T) {
 func TestGroupKeyedPutsExactlyOnce(t *testing.T) {
 	g := newGroup(t)
 	g.Leader(t)
+	// LeaderWait well past an election under -race on a loaded machine:
+	// a retried put that finds no leader in time ends unknown.
+	w := startWritersWith(t, client.Options{Addrs: g.clientAddrs(), StampUniqKeys: true, LeaderWait: 15 * time.Second}, 4)
+	pauseThenKill(t, g, w)
+	checkExactlyOnce(t, g, w)
+}
+
+// TestGroupStreamKeyedExactlyOnce is TestGroupKeyedPutsExactlyOnce with
+// the writers sharing one client.Stream (PutMessageStream): the messages
+// in flight on the stream to the paused leader are cut at AttemptTimeout,
+// those on the stream to the killed one break with it; every one is keyed
+// and sent again on a stream to the next leader.
+func TestGroupStreamKeyedExactlyOnce(t *testing.T) {
+	g := newGroup(t)
+	g.Leader(t)
+	w := startStreamWriters(t, client.Options{Addrs: g.clientAddrs(), StampUniqKeys: true, LeaderWait: 15 * time.Second}, 8)
+	pauseThenKill(t, g, w)
+	checkExactlyOnce(t, g, w)
+}
+
+func (g *group) clientAddrs() []string {
 	var addrs []string
 	for _, p := range g.nodes {
 		addrs = append(addrs, p.Addr())
 	}
-	// LeaderWait well past an election under -race on a loaded machine:
-	// a retried put that finds no leader in time ends unknown.
-	w := startWritersWith(t, client.Options{Addrs: addrs, StampUniqKeys: true, LeaderWait: 15 * time.Second}, 4)
+	return addrs
+}
+
+// pauseThenKill pauses the leader (SIGSTOP) under w's writes and resumes
+// it, then kills the leader (-9) and restarts it, waiting for acks after
+// each step.
+func pauseThenKill(t *testing.T, g *group, w *writers) {
+	t.Helper()
 	w.waitAcks(t, 100)
 
 	leader := g.Leader(t)
@@ -317,7 +374,13 @@ func TestGroupKeyedPutsExactlyOnce(t *testing.T) {
 	t.Logf("kill -9 of %s: longest time without an ack %v", g.Name(leader), w.gap(killed))
 	leader.Restart(t)
 	w.waitAcks(t, 50)
+}
 
+// checkExactlyOnce stops w's writers and checks that none ended with an
+// unknown outcome and that every member holds exactly the acked
+// messages, each once.
+func checkExactlyOnce(t *testing.T, g *group, w *writers) {
+	t.Helper()
 	w.checkStored(t, g)
 	if w.unknown > 0 {
 		t.Fatalf("%d keyed puts ended with an unknown outcome, e.g. %v", w.unknown, w.unknowns)
