@@ -53,9 +53,30 @@
 // costs the puts in flight to it (unknown outcomes, but for keyed ones),
 // not one per put until the followers notice.
 //
+// Stream (LeaderTracker.NewStream) sends single messages on
+// PutMessageStreams to the ready leader, Puts of many goroutines sharing
+// one gRPC stream, at most StreamOptions.MaxInFlight (256) sent and not
+// answered (a Put waits for room, within its ctx). Each message's answer
+// is its Put's: code 0 the response; code 14 UNAVAILABLE (nothing stored)
+// doubts the member and sends the message again on a new stream to the
+// leader, at most MaxAttempts sends; another code an error with that code
+// and reason, as PutMessage returns it (a keyed message's unknown outcome
+// retried as PutMessage would). A stream that breaks, or on which a keyed
+// message waits longer than AttemptTimeout (then cut), leaves the messages
+// unanswered on it with unknown outcomes: a keyed one is sent again on the
+// next stream to the leader, within half its dedup window, an unkeyed one
+// fails unknown. A stream that ended OK stored nothing it did not answer:
+// those are sent again. Messages may be stored out of the order of the
+// calls, and a message sent again after messages put later.
+//
 //	t, err := client.New(client.Options{Addrs: []string{"10.0.0.1:8080", "10.0.0.2:8080", "10.0.0.3:8080"},
 //		StampUniqKeys: true, DialOptions: []grpc.DialOption{grpc.WithTransportCredentials(creds)}})
 //	...
 //	defer t.Close()
 //	resp, err := t.PutMessage(ctx, &storagedv1.PutMessageRequest{Message: msg})
+//
+//	st, err := t.NewStream(client.StreamOptions{})
+//	...
+//	defer st.Close()
+//	resp, err := st.Put(ctx, msg) // from many goroutines
 package client
