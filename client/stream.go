@@ -250,8 +250,11 @@ func (s *Stream) Put(ctx context.Context, m *storagedv1.Message) (*storagedv1.Pu
 				break
 			}
 			what := "answered"
-			if r.resp == nil {
-				what = "stream broke" // s.send doubted and retired it
+			switch {
+			case r.resp == nil && ctx.Err() != nil:
+				what = "unanswered when the call's ctx ended"
+			case r.resp == nil:
+				what = "stream broke" // s.send doubted it; it is retired
 			}
 			err := fmt.Errorf("client: stream put at %s (attempt %d, %s), outcome unknown unless the status says otherwise: %w",
 				sc.addr, attempt, what, closedOr(rerr))
