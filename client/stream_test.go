@@ -41,6 +41,12 @@ func (s *scripted) PutMessageStream(stream grpc.BidiStreamingServer[storagedv1.P
 		}
 		resp, gate, brk := s.streamMessage(req, &unanswered)
 		if brk {
+			s.mu.Lock()
+			ok := s.breakOK
+			s.mu.Unlock()
+			if ok {
+				return nil // ended OK: the unanswered messages were not stored
+			}
 			return status.Error(codes.Unavailable, "scripted: connection reset")
 		}
 		if resp == nil {
@@ -293,6 +299,68 @@ func TestStreamBreak(t *testing.T) {
 				t.Fatalf("keys at the old leader %q, at the new %q; want both, and %q", ka, kb, wantB)
 			}
 		})
+	}
+}
+
+// TestStreamEndedOK: the server ends the stream OK with messages
+// unanswered (as storaged does before its connection's age limit): they
+// were not stored, and are sent again, keyed or not, on a new stream.
+func TestStreamEndedOK(t *testing.T) {
+	s := startScripted(t)
+	s.set(leader, true, 5)
+	gate := make(chan struct{})
+	s.streamGate = gate // nothing answered before the end
+	s.breakAt, s.breakOK = 2, true
+	s.onPut = func() {
+		if s.puts == 2 {
+			s.streamGate = nil // the messages sent again are answered
+		}
+	}
+	defer close(gate)
+	tr := newTracker(t, Options{}, s)
+	st := newStream(t, tr, StreamOptions{})
+	errs := make(chan error, 2)
+	for _, key := range []string{"k", ""} {
+		go func() {
+			_, err := streamPut(st, key)
+			errs <- err
+		}()
+	}
+	for range 2 {
+		if err := recv(t, errs, "Put's end"); err != nil {
+			t.Fatalf("a Put on a stream that ended OK: %v", err)
+		}
+	}
+	keys := s.putKeys()
+	slices.Sort(keys)
+	if !slices.Equal(keys, []string{"", "", "k", "k"}) || s.streamCount() != 2 {
+		t.Fatalf("keys sent %q on %d streams, want each message twice, on 2 streams", keys, s.streamCount())
+	}
+}
+
+// TestStreamCallerDeadline: an unkeyed message unanswered when its Put's
+// ctx ends is an unknown outcome; the stream is left (the member doubted)
+// and the next Put opens another.
+func TestStreamCallerDeadline(t *testing.T) {
+	s := startScripted(t)
+	s.set(leader, true, 5)
+	s.streamGate = make(chan struct{}) // never opened: the first stream answers nothing
+	tr := newTracker(t, Options{}, s)
+	st := newStream(t, tr, StreamOptions{})
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	_, err := st.Put(ctx, &storagedv1.Message{Topic: "T", Body: []byte("b")})
+	if status.Code(err) != codes.DeadlineExceeded || Classify(err).NothingStored {
+		t.Fatalf("a Put whose ctx ended unanswered: %v, want an unknown outcome (DEADLINE_EXCEEDED)", err)
+	}
+	s.mu.Lock()
+	s.streamGate = nil
+	s.mu.Unlock()
+	if _, err := streamPut(st, ""); err != nil {
+		t.Fatal(err)
+	}
+	if s.streamCount() != 2 || s.putCount() != 2 {
+		t.Fatalf("%d messages on %d streams, want 2 on 2", s.putCount(), s.streamCount())
 	}
 }
 

@@ -62,12 +62,14 @@ type scripted struct {
 	// script too (keys and puts as above); a hanging member never answers.
 	// streamGate, if set, holds every answer until it is closed; breakAt
 	// > 0 breaks the stream with a bare UNAVAILABLE (not OK: outcomes
-	// unknown) once that many of its messages are unanswered, once;
+	// unknown; with breakOK, ends it OK: nothing stored) once that many of
+	// its messages are unanswered, once;
 	// streamSeen, if set, gets each stream's unanswered count after each
 	// message read; streams counts the streams opened, maxUnanswered is
 	// the most messages one stream had unanswered.
 	streamGate    chan struct{}
 	breakAt       int
+	breakOK       bool // breakAt ends the stream with OK instead (a server ending it)
 	streamSeen    chan int
 	streams       int
 	maxUnanswered int
