@@ -209,7 +209,6 @@ func (s *Stream) Put(ctx context.Context, m *storagedv1.Message) (*storagedv1.Pu
 			return nil, fail(errors.Join(closedOr(err), last))
 		case sc.addr == refusedBy && time.Now().Before(notBefore):
 			delay = time.Until(notBefore) // the same member: its backoff first
-
 		case unknown != nil && !t.dedupCovers(sc.addr, time.Since(began)):
 			return nil, unknown
 		default:
