@@ -13,7 +13,7 @@
 # Environment: OUT (results JSON, default ${TMPDIR:-/tmp}/storaged-bench/results.json), CHART (default
 # docs/bench-throughput.png), RUNS (3), DURATION (10s), WARMUP (2s), BENCH_DATA_ROOT (default $TMPDIR or
 # /tmp), TARGETS (floor,async,sync; r3 adds a local replication group of three storaged, loaded through
-# client.LeaderTracker, unary and batch cases only; r3-keyed the same group written with a UNIQ_KEY on every
+# client.LeaderTracker, stream cases through a client.Stream per stream; r3-keyed the same group written with a UNIQ_KEY on every
 # put), CASES (the matrix default list), BASE_REV (a second storaged built
 # from that revision for the base-async and base-sync targets: an A/B of two builds in one run, e.g.
 # BASE_REV=main TARGETS=floor,base-sync,sync).
