@@ -325,7 +325,10 @@ func (s *Stream) open(ctx context.Context) (*streamConn, error) {
 		cancel()
 		s.t.release(addr)
 		s.t.doubt(addr)
-		if ctx.Err() != nil || s.ctx.Err() != nil {
+		if s.ctx.Err() != nil {
+			return nil, ErrClosed // Close (the Put's ctx follows it, asynchronously)
+		}
+		if ctx.Err() != nil {
 			return nil, ctx.Err()
 		}
 		// Nothing was sent: as when no leader answers.
