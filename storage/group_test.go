@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -1145,26 +1146,36 @@ func TestGroupStepPeerRefuses(t *testing.T) {
 // BenchmarkGroupPut: 1 KiB unary puts through the leader of an in-process
 // three-replica group on real files (all three on this machine's one
 // disk), 32 × GOMAXPROCS concurrent producers: each op is one PUT_OK, committed on a
-// majority that synced.
+// majority that synced. keyed: each put carries a fresh UNIQ_KEY (the
+// leader's window and every follower's take it).
 func BenchmarkGroupPut(b *testing.B) {
-	g := newTestGroupWith(b, time.Minute, nil, func(o *Options) {
-		o.FileSize, o.Group.IndexUnits = 256<<20, 0 // few rolls: the steady state
-	})
-	g.elect(1)
-	s := g.m[1].s
-	body := bytes.Repeat([]byte("x"), 1024)
-	b.SetBytes(int64(len(body)))
-	b.SetParallelism(32) // × GOMAXPROCS producers
-	b.ResetTimer()
-	b.RunParallel(func(pb *testing.PB) {
-		for pb.Next() {
-			res, err := s.PutMessage(context.Background(), &Message{Topic: "T", QueueID: 0, Body: body, BornTimestamp: 1, BornHost: DefaultStoreHost})
-			if err != nil || res.Status != PutOK {
-				b.Errorf("put: %v %v", res.Status, err)
-				return
-			}
-		}
-	})
+	for _, keyed := range []bool{false, true} {
+		b.Run(map[bool]string{false: "unkeyed", true: "keyed"}[keyed], func(b *testing.B) {
+			g := newTestGroupWith(b, time.Minute, nil, func(o *Options) {
+				o.FileSize, o.Group.IndexUnits = 256<<20, 0 // few rolls: the steady state
+			})
+			g.elect(1)
+			s := g.m[1].s
+			body := bytes.Repeat([]byte("x"), 1024)
+			var seq atomic.Uint64
+			b.SetBytes(int64(len(body)))
+			b.SetParallelism(32) // × GOMAXPROCS producers
+			b.ResetTimer()
+			b.RunParallel(func(pb *testing.PB) {
+				for pb.Next() {
+					m := &Message{Topic: "T", QueueID: 0, Body: body, BornTimestamp: 1, BornHost: DefaultStoreHost}
+					if keyed {
+						m.Properties = []Property{uniq(fmt.Sprintf("%032X", seq.Add(1)))}
+					}
+					res, err := s.PutMessage(context.Background(), m)
+					if err != nil || res.Status != PutOK {
+						b.Errorf("put: %v %v", res.Status, err)
+						return
+					}
+				}
+			})
+		})
+	}
 }
 
 // readMax is a linearizable QueueInfo of T/0 on id: the barrier, then the
