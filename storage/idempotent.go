@@ -124,15 +124,13 @@ func (s *Store) putOnce(ctx context.Context, w *dedup.Window[dedupValue], k dedu
 	if err := s.groupRefusal(); err != nil { // a follower answers with its leader, not from its window
 		return s.rejectErr(err)
 	}
-	bctx := ctx
+	var maxWait time.Duration
 	if s.group != nil { // a first put may stay undecided as long as its leader lacks a quorum
-		var cancel context.CancelFunc
-		bctx, cancel = context.WithTimeoutCause(ctx, s.group.opts.ReplicationTimeout, ErrReplicationTimeout)
-		defer cancel()
+		maxWait = s.group.opts.ReplicationTimeout
 	}
-	first, t, err := w.Begin(bctx, k, s.opts.Clock.Now().UnixMilli())
+	first, t, err := w.BeginWithin(ctx, k, s.opts.Clock.Now().UnixMilli(), maxWait)
 	if err != nil {
-		if ctx.Err() == nil && errors.Is(context.Cause(bctx), ErrReplicationTimeout) {
+		if errors.Is(err, dedup.ErrWaitTimeout) {
 			return s.reject(FlushSlaveTimeout, fmt.Errorf("%w: a put of the same %s is not decided yet", ErrReplicationTimeout, PropertyUniqKey))
 		}
 		return s.reject(UnknownError, err) // ctx ended waiting for the first put: nothing stored by this one

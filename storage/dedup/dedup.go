@@ -167,7 +167,20 @@ type Ticket[V any] struct {
 // put and must resolve it. If a first put of k is under way, Begin waits
 // for its outcome (or for ctx, whose error it returns).
 func (w *Window[V]) Begin(ctx context.Context, k Key, now int64) (V, *Ticket[V], error) {
+	return w.BeginWithin(ctx, k, now, 0)
+}
+
+// ErrWaitTimeout: BeginWithin waited maxWait for a first put still under
+// way.
+var ErrWaitTimeout = errors.New("dedup: the first put of this key is still under way")
+
+// BeginWithin is Begin that waits at most maxWait (0: no bound but ctx)
+// for a first put under way, then returns ErrWaitTimeout. The timer is
+// made only when it waits: a put that does not wait allocates nothing
+// for the bound.
+func (w *Window[V]) BeginWithin(ctx context.Context, k Key, now int64, maxWait time.Duration) (V, *Ticket[V], error) {
 	var zero V
+	var bound <-chan time.Time
 	if k.Kind >= numKinds {
 		k.Kind = Single
 	}
@@ -206,10 +219,17 @@ func (w *Window[V]) Begin(ctx context.Context, k Key, now int64) (V, *Ticket[V],
 		done := e.done
 		w.waits++
 		w.mu.Unlock()
+		if bound == nil && maxWait > 0 {
+			t := time.NewTimer(maxWait)
+			defer t.Stop()
+			bound = t.C
+		}
 		select {
 		case <-done: // committed (a hit next round) or aborted (first next round)
 		case <-ctx.Done():
 			return zero, nil, ctx.Err()
+		case <-bound:
+			return zero, nil, ErrWaitTimeout
 		}
 	}
 }

@@ -329,3 +329,30 @@ func TestHorizon(t *testing.T) {
 		t.Fatalf("everything expired: horizon %v, want the window", h)
 	}
 }
+
+// TestBeginWithin: a put of a key whose first put is under way waits at
+// most maxWait (ErrWaitTimeout, nothing taken), and gets the first put's
+// value when it commits within it.
+func TestBeginWithin(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		w := newWindow(t, time.Minute, 10)
+		k := Key{Topic: "T", ID: "k"}
+		_, first := begin(t, w, k, 0)
+		if _, tk, err := w.BeginWithin(context.Background(), k, 0, time.Second); !errors.Is(err, ErrWaitTimeout) || tk != nil {
+			t.Fatalf("a wait past maxWait: %v, ticket %v", err, tk)
+		}
+		got := make(chan string, 1)
+		go func() {
+			v, _, err := w.BeginWithin(context.Background(), k, 0, time.Second)
+			if err != nil {
+				v = err.Error()
+			}
+			got <- v
+		}()
+		synctest.Wait() // the second put waits
+		first.Commit("v", 0, 1)
+		if v := <-got; v != "v" {
+			t.Fatalf("a wait within maxWait: %q, want the first put's value", v)
+		}
+	})
+}
