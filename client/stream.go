@@ -180,105 +180,81 @@ func (s *Stream) Put(ctx context.Context, m *storagedv1.Message) (*storagedv1.Pu
 		return err
 	}
 
-	backoff := t.opts.InitialBackoff
-	var refusedBy string
-	var notBefore time.Time
-	var last, unknown error
-	var leaderDeadline time.Time
-	fail := func(err error) error {
-		if unknown != nil && err != unknown {
-			return fmt.Errorf("%w; then: %w", unknown, err)
-		}
-		return err
-	}
-	began := time.Now()
-	for attempt := 0; ; {
+	r := t.newRetry()
+	for {
 		sc, err := s.open(ctx)
 		var delay time.Duration
 		switch {
 		case errors.Is(err, ErrNoLeader):
-			now := time.Now()
-			if leaderDeadline.IsZero() {
-				leaderDeadline = now.Add(t.opts.LeaderWait)
+			if delay, err = r.noLeader(err); err != nil {
+				return nil, err
 			}
-			if now.After(leaderDeadline) {
-				return nil, fail(errors.Join(fmt.Errorf("client: no ready leader within %v", t.opts.LeaderWait), err, last))
-			}
-			delay = jitter(t.opts.LookupInterval)
 		case err != nil: // ctx ended, closed
-			return nil, fail(errors.Join(closedOr(err), last))
-		case sc.addr == refusedBy && time.Now().Before(notBefore):
-			delay = time.Until(notBefore) // the same member: its backoff first
-		case unknown != nil && !t.dedupCovers(sc.addr, time.Since(began)):
-			return nil, unknown
+			return nil, r.fail(errors.Join(closedOr(err), r.last))
+		case r.hold(sc.addr) > 0:
+			delay = r.hold(sc.addr) // the same member: its backoff first
+		case r.uncovered(sc.addr):
+			return nil, r.unknown
 		default:
-			r, sent := s.send(ctx, sc, m, isKeyed)
+			res, sent := s.send(ctx, sc, m, isKeyed)
 			if !sent {
-				if r.err != nil { // ctx ended or closed while waiting for room
-					return nil, fail(errors.Join(closedOr(r.err), last))
+				if res.err != nil { // ctx ended or closed while waiting for room
+					return nil, r.fail(errors.Join(closedOr(res.err), r.last))
 				}
 				continue // the stream was retired meanwhile: another
 			}
-			attempt++
-			if r.resp != nil && r.resp.GetCode() == 0 {
-				return &storagedv1.PutMessageResponse{Status: r.resp.GetStatus(), Result: r.resp.GetResult()}, nil
+			more := r.sent()
+			if res.resp != nil && res.resp.GetCode() == 0 {
+				return &storagedv1.PutMessageResponse{Status: res.resp.GetStatus(), Result: res.resp.GetResult()}, nil
 			}
-			if r.resp == nil && errors.Is(r.err, io.EOF) {
+			if res.resp == nil && errors.Is(res.err, io.EOF) {
 				// The stream ended OK without answering it: not stored.
-				last = fmt.Errorf("client: stream to %s (attempt %d) ended without an answer, nothing stored", sc.addr, attempt)
-				if attempt >= t.opts.MaxAttempts {
-					return nil, fail(last)
+				r.last = fmt.Errorf("client: stream to %s (attempt %d) ended without an answer, nothing stored", sc.addr, r.attempt)
+				if !more {
+					return nil, r.fail(r.last)
 				}
 				continue
 			}
 			var rerr error // the answer's error, or the stream's
-			if r.resp != nil {
-				rerr = answerError(r.resp)
+			if res.resp != nil {
+				rerr = answerError(res.resp)
 			} else {
-				rerr = r.err
+				rerr = res.err
 			}
-			if r.resp != nil && r.resp.GetCode() == int32(codes.Unavailable) {
+			if res.resp != nil && res.resp.GetCode() == int32(codes.Unavailable) {
 				s.t.doubt(sc.addr)
 				s.retire(sc)
-				last = fmt.Errorf("client: stream put refused at %s (attempt %d), nothing stored: %w", sc.addr, attempt, rerr)
-				if attempt >= t.opts.MaxAttempts {
-					return nil, fail(last)
+				err := fmt.Errorf("client: stream put refused at %s (attempt %d), nothing stored: %w", sc.addr, r.attempt, rerr)
+				if !more {
+					return nil, r.fail(err)
 				}
-				refusedBy, notBefore = sc.addr, time.Now().Add(jitter(backoff))
-				backoff = min(2*backoff, t.opts.MaxBackoff)
+				r.refused(sc.addr, err, 0, false)
 				break
 			}
 			what := "answered"
 			switch {
-			case r.resp == nil && ctx.Err() != nil:
+			case res.resp == nil && ctx.Err() != nil:
 				what = "unanswered when the call's ctx ended"
-			case r.resp == nil:
+			case res.resp == nil:
 				what = "stream broke" // s.send doubted it; it is retired
 			}
 			err := fmt.Errorf("client: stream put at %s (attempt %d, %s), outcome unknown unless the status says otherwise: %w",
-				sc.addr, attempt, what, closedOr(rerr))
-			if errors.Is(err, ErrClosed) || ctx.Err() != nil || !isKeyed || attempt >= t.opts.MaxAttempts ||
-				(r.resp != nil && !unknownRetried(rerr)) {
-				return nil, fail(err)
+				sc.addr, r.attempt, what, closedOr(rerr))
+			if errors.Is(err, ErrClosed) || ctx.Err() != nil || !isKeyed || !more ||
+				(res.resp != nil && !unknownRetried(rerr)) {
+				return nil, r.fail(err)
 			}
 			// A keyed message: the same again, on a stream to whichever
-			// member leads now (the same after a backoff).
-			unknown, last = err, err
-			if r.resp != nil {
+			// member leads now (the same after a backoff when it
+			// answered).
+			if res.resp != nil {
 				s.t.doubt(sc.addr)
 				s.retire(sc)
-				refusedBy, notBefore = sc.addr, time.Now().Add(jitter(backoff))
-				backoff = min(2*backoff, t.opts.MaxBackoff)
 			}
+			r.unknownOutcome(sc.addr, err, res.resp != nil)
 		}
-		if delay > 0 {
-			timer := time.NewTimer(delay)
-			select {
-			case <-timer.C:
-			case <-ctx.Done():
-				timer.Stop()
-				return nil, fail(errors.Join(closedOr(ctx.Err()), last))
-			}
+		if err := r.wait(ctx, s.ctx, delay); err != nil {
+			return nil, err
 		}
 	}
 }

@@ -391,53 +391,27 @@ func (t *LeaderTracker) Do(ctx context.Context, call func(context.Context, stora
 // do is Do; a keyed call is also retried after an unknown outcome, within
 // the target's dedup window (PutMessage), each call within AttemptTimeout.
 func (t *LeaderTracker) do(ctx context.Context, keyed bool, call func(context.Context, storagedv1.MessageStoreServiceClient) error) error {
-	backoff := t.opts.InitialBackoff
-	var hint, refusedBy string
-	var notBefore time.Time // refusedBy is not asked again before
-	var last error
-	var leaderDeadline time.Time // set at the first lookup that finds no ready leader
-	// unknown is the last call whose outcome is unknown, of a keyed put
-	// retried after it: whatever ends the put later, the message may be
-	// stored, and the error returned must say so (unknown first, where
-	// Classify and status.Code look).
-	var unknown error
-	fail := func(err error) error {
-		if unknown != nil && err != unknown {
-			return fmt.Errorf("%w; then: %w", unknown, err)
-		}
-		return err
-	}
-	began := time.Now()
-	for attempt := 0; ; {
+	r := t.newRetry()
+	var hint string
+	for {
 		addr, conn, err := t.target(ctx, hint)
 		hint = ""
 		var delay time.Duration
 		switch {
 		case errors.Is(err, ErrNoLeader):
-			now := time.Now()
-			if leaderDeadline.IsZero() {
-				leaderDeadline = now.Add(t.opts.LeaderWait)
+			if delay, err = r.noLeader(err); err != nil {
+				return err
 			}
-			if now.After(leaderDeadline) {
-				return fail(errors.Join(fmt.Errorf("client: no ready leader within %v", t.opts.LeaderWait), err, last))
-			}
-			// Polled at a short, fixed interval: the group takes puts as
-			// soon as a leader is ready, and a backoff grown during the
-			// election would only add to the time without writes.
-			delay = jitter(t.opts.LookupInterval)
 		case err != nil: // ctx ended, closed
-			return fail(errors.Join(err, last))
-		case addr == refusedBy && time.Now().Before(notBefore):
+			return r.fail(errors.Join(err, r.last))
+		case r.hold(addr) > 0:
 			t.release(addr)
-			delay = time.Until(notBefore) // the same member: honour its RetryInfo
-		case unknown != nil && !t.dedupCovers(addr, time.Since(began)):
-			// The first call may have stored the message and this member
-			// would not recognise it (deduplication off, or its window too
-			// short): the caller decides.
+			delay = r.hold(addr) // the same member: honour its RetryInfo
+		case r.uncovered(addr):
 			t.release(addr)
-			return unknown
+			return r.unknown
 		default:
-			attempt++
+			more := r.sent()
 			actx, cancel := ctx, context.CancelFunc(func() {})
 			if keyed && t.opts.AttemptTimeout > 0 {
 				actx, cancel = context.WithTimeout(ctx, t.opts.AttemptTimeout)
@@ -450,48 +424,28 @@ func (t *LeaderTracker) do(ctx context.Context, keyed bool, call func(context.Co
 			}
 			v := Classify(err)
 			t.doubt(addr) // the next call looks the leader up first
+			if v.LeaderAddr != addr {
+				hint = v.LeaderAddr
+			}
 			if !v.NothingStored {
-				err = fmt.Errorf("client: put at %s (attempt %d), outcome unknown unless the status says otherwise: %w", addr, attempt, err)
-				if !keyed || ctx.Err() != nil || !unknownRetried(err) || attempt >= t.opts.MaxAttempts {
-					return fail(err)
+				err = fmt.Errorf("client: put at %s (attempt %d), outcome unknown unless the status says otherwise: %w", addr, r.attempt, err)
+				if !keyed || ctx.Err() != nil || !unknownRetried(err) || !more {
+					return r.fail(err)
 				}
 				// A keyed put: the same again, at the member that leads
 				// now (a lookup; the same member after a backoff: it waits
 				// there for the first call's entry to be decided).
-				unknown, last = err, err
-				refusedBy, notBefore = addr, time.Now().Add(jitter(backoff))
-				backoff = min(2*backoff, t.opts.MaxBackoff)
-				if v.LeaderAddr != addr {
-					hint = v.LeaderAddr
-				}
+				r.unknownOutcome(addr, err, true)
 				continue
 			}
-			last = fmt.Errorf("client: put refused at %s (attempt %d), nothing stored: %w", addr, attempt, err)
-			if attempt >= t.opts.MaxAttempts {
-				return fail(last)
+			err = fmt.Errorf("client: put refused at %s (attempt %d), nothing stored: %w", addr, r.attempt, err)
+			if !more {
+				return r.fail(err)
 			}
-			wait := backoff
-			if v.HasRetryDelay {
-				wait = min(v.RetryDelay, t.opts.MaxRetryDelay)
-			} else {
-				backoff = min(2*backoff, t.opts.MaxBackoff)
-			}
-			refusedBy, notBefore = addr, time.Now().Add(jitter(wait))
-			if v.LeaderAddr != addr {
-				hint = v.LeaderAddr
-			}
+			r.refused(addr, err, v.RetryDelay, v.HasRetryDelay)
 		}
-		if delay > 0 {
-			timer := time.NewTimer(delay)
-			select {
-			case <-timer.C:
-			case <-ctx.Done():
-				timer.Stop()
-				return fail(errors.Join(ctx.Err(), last))
-			case <-t.ctx.Done():
-				timer.Stop()
-				return fail(errors.Join(ErrClosed, last))
-			}
+		if err := r.wait(ctx, t.ctx, delay); err != nil {
+			return err
 		}
 	}
 }
