@@ -44,8 +44,13 @@
 // --dedup-max-messages pushes keys out early) has passed since the put
 // began; past it, or with deduplication off, the unknown outcome comes
 // back as for an unkeyed put. A leader that stops answering (a paused
-// process, a cut link) so costs a keyed put AttemptTimeout and an
-// election, and an unkeyed one its whole deadline.
+// process, a cut link) costs a keyed put about the group's election: once
+// a call has waited LeaderCheckAfter (500 ms), the tracker asks the other
+// members, every 100 ms while it waits, whether one is the ready leader in
+// a later term than the member the call went to, and when one is, cuts the
+// call and sends the put there (AttemptTimeout, 2 s per call, bounds the
+// call when none is). An unkeyed put is never cut: it costs its whole
+// deadline, and its outcome is unknown.
 //
 // A put is never sent to a member only named as the leader by another:
 // the tracker sends it where a member itself answered that it is the
@@ -62,7 +67,8 @@
 // leader, at most MaxAttempts sends; another code an error with that code
 // and reason, as PutMessage returns it (a keyed message's unknown outcome
 // retried as PutMessage would). A stream that breaks, or on which a keyed
-// message waits longer than AttemptTimeout (then cut), leaves the messages
+// message waits longer than AttemptTimeout or until the leader check finds
+// a later leader (then cut), leaves the messages
 // unanswered on it with unknown outcomes: a keyed one is sent again on the
 // next stream to the leader, within half its dedup window, an unkeyed one
 // fails unknown. A stream that ended OK stored nothing it did not answer:

@@ -57,7 +57,9 @@ type StreamOptions struct {
 //     FLUSH_SLAVE_TIMEOUT; CANCELLED) is sent again as PutMessage would.
 //
 // The gRPC stream breaks (a Recv error), or a keyed message waits longer
-// than Options.AttemptTimeout for its answer (the stream is then cut):
+// than Options.AttemptTimeout for its answer, or waits while the leader
+// check (Options.LeaderCheckAfter) finds another member leading in a later
+// term (the stream is then cut):
 // every message sent and not answered on it has an unknown outcome. A
 // keyed one (a UNIQ_KEY property; Options.StampUniqKeys stamps one, on a
 // copy of the message) is sent again on the next stream to the leader,
@@ -368,20 +370,21 @@ func (s *Stream) send(ctx context.Context, sc *streamConn, m *storagedv1.Message
 	s.mu.Unlock()
 
 	var timeout <-chan time.Time
-	if isKeyed && s.t.opts.AttemptTimeout > 0 {
-		timer := time.NewTimer(s.t.opts.AttemptTimeout)
-		defer timer.Stop()
-		timeout = timer.C
+	if isKeyed {
+		if s.t.opts.AttemptTimeout > 0 {
+			timer := time.NewTimer(s.t.opts.AttemptTimeout)
+			defer timer.Stop()
+			timeout = timer.C
+		}
+		stop := s.t.watchSend(sc.addr, func(movedTo string) {
+			s.cut(sc, status.Errorf(codes.Canceled, "client: %s leads in a later term than %s: stream cut", movedTo, sc.addr))
+		})
+		defer stop()
 	}
 	select {
 	case r = <-p.ch:
 	case <-timeout:
-		s.mu.Lock()
-		if !sc.done && sc.breakErr == nil {
-			sc.breakErr = errStreamTimeout
-		}
-		s.mu.Unlock()
-		sc.cancel()
+		s.cut(sc, errStreamTimeout)
 		r = <-p.ch // the receiver ends at once and answers every message
 	case <-ctx.Done():
 		s.mu.Lock()
@@ -399,6 +402,17 @@ func (s *Stream) send(ctx context.Context, sc *streamConn, m *storagedv1.Message
 		s.t.doubt(sc.addr)
 	}
 	return r, true
+}
+
+// cut breaks sc: every message unanswered on it ends with why (unless
+// it ended already, or was cut before).
+func (s *Stream) cut(sc *streamConn, why error) {
+	s.mu.Lock()
+	if !sc.done && sc.breakErr == nil {
+		sc.breakErr = why
+	}
+	s.mu.Unlock()
+	sc.cancel()
 }
 
 // retire half-closes sc: no new messages go to it; its receiver reads

@@ -489,3 +489,35 @@ func TestStreamOptions(t *testing.T) {
 		t.Fatalf("default MaxInFlight %d", cap(st.room))
 	}
 }
+
+// TestStreamLeaderCheck: a keyed message waits on a stream to a leader
+// that stopped answering (no AttemptTimeout here); once the leader check
+// finds another member leading in a later term, the stream is cut and
+// the message sent there with its key.
+func TestStreamLeaderCheck(t *testing.T) {
+	a, b := startScripted(t), startScripted(t)
+	a.set(leader, true, 5)
+	a.hang = true
+	a.window, b.window = 10*time.Minute, 10*time.Minute
+	a.onPut = func() {
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		base := b.probes
+		b.onProbe = func(s *scripted) {
+			if s.probes-base > 2 { // a few checks first find it following
+				s.role, s.ready, s.term = leader, true, 6
+			}
+		}
+	}
+	tr := newTracker(t, Options{AttemptTimeout: -1, LeaderCheckAfter: 10 * time.Millisecond, LookupInterval: time.Millisecond}, a, b)
+	st := newStream(t, tr, StreamOptions{})
+	if _, err := streamPut(st, "k"); err != nil {
+		t.Fatalf("keyed put to a hanging leader: %v", err)
+	}
+	if ka, kb := a.putKeys(), b.putKeys(); !slices.Equal(ka, []string{"k"}) || !slices.Equal(kb, []string{"k"}) {
+		t.Fatalf("keys at the old leader %q, at the new %q; want k at both", ka, kb)
+	}
+	if b.probeCount() < 3 || tr.Leader() != b.addr {
+		t.Fatalf("b probed %d times, leader %q", b.probeCount(), tr.Leader())
+	}
+}

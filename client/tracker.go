@@ -88,6 +88,15 @@ type Options struct {
 	// bound but the caller's ctx. Other puts are never cut short: their
 	// outcome would only become unknown sooner.
 	AttemptTimeout time.Duration
+	// LeaderCheckAfter is how long a keyed send waits for its answer
+	// before the tracker checks whether leadership moved: it asks the
+	// other members (GetReplicaInfo), again every 100 ms while the send
+	// waits, and if one says it is the ready leader in a later term than
+	// the member the send went to, the send is cut (its outcome unknown)
+	// and sent again there at once, with its key. So a leader that stops
+	// answering costs a keyed put about the group's election, not
+	// AttemptTimeout. Default 500 ms; negative: no checks.
+	LeaderCheckAfter time.Duration
 	// StampUniqKeys gives every message without a UNIQ_KEY property one
 	// (32 hexadecimal digits, as RocketMQ's producers write: a random
 	// prefix per tracker and a counter), in a copy of the request, so that
@@ -139,6 +148,9 @@ func (o *Options) withDefaults() {
 	}
 	if o.AttemptTimeout == 0 {
 		o.AttemptTimeout = 2 * time.Second
+	}
+	if o.LeaderCheckAfter == 0 {
+		o.LeaderCheckAfter = 500 * time.Millisecond
 	}
 	o.DialOptions = append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials()),
 		grpc.WithConnectParams(grpc.ConnectParams{Backoff: backoff.Config{BaseDelay: 50 * time.Millisecond, Multiplier: 1.6,
@@ -194,6 +206,14 @@ type LeaderTracker struct {
 	// (GetReplicaInfo's dedup_window; 0: off or not said), for the
 	// addresses with a connection.
 	windows map[string]time.Duration
+	// terms: the term each address reported at its last probe, for the
+	// addresses with a connection; a leader check deposes an address only
+	// for a ready leader in a later term.
+	terms map[string]uint64
+	// watches: the keyed sends waiting longer than LeaderCheckAfter, by
+	// the address they went to; checking: the check loop runs.
+	watches  map[string]map[*stallWatch]struct{}
+	checking bool
 
 	// keyPrefix and keySeq make StampUniqKeys' keys.
 	keyPrefix string
@@ -220,7 +240,7 @@ func New(opts Options) (*LeaderTracker, error) {
 		return nil, err
 	}
 	t := &LeaderTracker{opts: opts, members: slices.Clone(opts.Addrs), conns: map[string]*grpc.ClientConn{}, refs: map[string]int{},
-		windows: map[string]time.Duration{}, keyPrefix: fmt.Sprintf("%016X", rand.Uint64())}
+		windows: map[string]time.Duration{}, terms: map[string]uint64{}, watches: map[string]map[*stallWatch]struct{}{}, keyPrefix: fmt.Sprintf("%016X", rand.Uint64())}
 	t.ctx, t.cancel = context.WithCancel(context.Background())
 	for _, a := range t.members {
 		if _, ok := t.conns[a]; ok {
@@ -296,7 +316,9 @@ func (t *LeaderTracker) addrsLocked() []string {
 // (GetReplicaInfo's dedup_window) since the put began: storaged answers
 // the retry with the first put's result when that was stored, and stores
 // it once when not, also across a failover. So a keyed put that returns
-// nil was stored exactly once. The error is the last call's, wrapped
+// nil was stored exactly once. A keyed call that waits LeaderCheckAfter
+// makes the tracker check whether another member leads now; if one does,
+// in a later term, the call is cut and the put sent there. The error is the last call's, wrapped
 // (status.Code and Classify see through it); once a call's outcome was
 // unknown, the error says so whatever the later calls answered.
 func (t *LeaderTracker) PutMessage(ctx context.Context, req *storagedv1.PutMessageRequest, opts ...grpc.CallOption) (*storagedv1.PutMessageResponse, error) {
@@ -413,14 +435,24 @@ func (t *LeaderTracker) do(ctx context.Context, keyed bool, call func(context.Co
 		default:
 			more := r.sent()
 			actx, cancel := ctx, context.CancelFunc(func() {})
-			if keyed && t.opts.AttemptTimeout > 0 {
-				actx, cancel = context.WithTimeout(ctx, t.opts.AttemptTimeout)
+			stop := func() string { return "" }
+			if keyed {
+				if t.opts.AttemptTimeout > 0 {
+					actx, cancel = context.WithTimeout(ctx, t.opts.AttemptTimeout)
+				} else {
+					actx, cancel = context.WithCancel(ctx)
+				}
+				stop = t.watchSend(addr, func(string) { cancel() })
 			}
 			err = call(actx, storagedv1.NewMessageStoreServiceClient(conn))
+			moved := stop()
 			cancel()
 			t.release(addr)
 			if err == nil {
 				return nil
+			}
+			if moved != "" {
+				err = fmt.Errorf("%w (cut: %s leads in a later term)", err, moved)
 			}
 			v := Classify(err)
 			t.doubt(addr) // the next call looks the leader up first
@@ -596,6 +628,7 @@ func (t *LeaderTracker) evictLocked() bool {
 	_ = t.conns[a].Close() // unused: nothing in flight to fail
 	delete(t.conns, a)
 	delete(t.windows, a)
+	delete(t.terms, a)
 	t.hinted--
 	return true
 }
@@ -791,6 +824,7 @@ func (t *LeaderTracker) probe(ctx context.Context, addr string) (*storagedv1.Get
 		t.mu.Lock()
 		if t.conns[addr] == c {
 			t.windows[addr] = max(ri.GetDedupWindow().AsDuration(), 0)
+			t.terms[addr] = ri.GetTerm()
 		}
 		t.mu.Unlock()
 	}

@@ -671,3 +671,59 @@ func TestTrackerStampUniqKeys(t *testing.T) {
 		t.Fatal("the body was copied")
 	}
 }
+
+// TestTrackerLeaderCheck: a keyed put waits at a leader that stopped
+// answering (a paused process; no AttemptTimeout here). From
+// LeaderCheckAfter on the tracker asks the other members; while one only
+// claims to lead in an older term (a deposed leader that has not heard of
+// the new one) the put keeps waiting; once one is the ready leader in a
+// later term the call is cut and the put sent there with its key. An
+// unkeyed put is never cut: it waits for its own deadline.
+func TestTrackerLeaderCheck(t *testing.T) {
+	a, b, c := startScripted(t), startScripted(t), startScripted(t)
+	a.set(leader, true, 5)
+	a.window, b.window, c.window = 10*time.Minute, 10*time.Minute, 10*time.Minute
+	tr := newTracker(t, Options{AttemptTimeout: -1, LeaderCheckAfter: 10 * time.Millisecond, LookupInterval: time.Millisecond}, a, b, c)
+	if err := keyedPut(tr, "k0"); err != nil || tr.Leader() != a.addr {
+		t.Fatalf("first put: %v, leader %q", err, tr.Leader())
+	}
+	a.mu.Lock()
+	a.hang = true
+	a.mu.Unlock()
+	const stale = 3 // b's probes that claim an older term before it leads
+	b.mu.Lock()
+	base := b.probes
+	b.onProbe = func(s *scripted) {
+		switch n := s.probes - base; {
+		case n > stale:
+			s.role, s.ready, s.term = leader, true, 6
+		case n > 0:
+			s.role, s.ready, s.term = leader, true, 4
+		}
+	}
+	b.mu.Unlock()
+	if err := keyedPut(tr, "k1"); err != nil {
+		t.Fatalf("a keyed put while the leader hangs: %v", err)
+	}
+	if ka, kb := a.putKeys(), b.putKeys(); !slices.Equal(ka, []string{"k0", "k1"}) || !slices.Equal(kb, []string{"k1"}) {
+		t.Fatalf("keys at the old leader %q, at the new %q; want k0 k1 and k1", ka, kb)
+	}
+	if n := b.probeCount() - base; n <= stale || c.probeCount() < stale || tr.Leader() != b.addr {
+		t.Fatalf("b probed %d times, c %d, leader %q: want the put cut only once b led in a later term (after %d probes)",
+			n, c.probeCount(), tr.Leader(), stale)
+	}
+
+	// b hangs too, and c leads in a later term: an unkeyed put at b is
+	// not cut (its outcome would only become unknown sooner).
+	b.mu.Lock()
+	b.hang = true
+	b.mu.Unlock()
+	c.set(leader, true, 7)
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	_, err := tr.PutMessage(ctx, &storagedv1.PutMessageRequest{Message: &storagedv1.Message{Topic: "T", Body: []byte("b")}})
+	if status.Code(err) != codes.DeadlineExceeded || b.putCount() != 2 || c.putCount() != 0 {
+		t.Fatalf("an unkeyed put at a hanging leader: %v, %d calls there and %d at c; want DEADLINE_EXCEEDED after 1 and 0",
+			err, b.putCount()-1, c.putCount())
+	}
+}

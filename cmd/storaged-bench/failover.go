@@ -42,6 +42,7 @@ type failoverOptions struct {
 	signal        string
 	keyed         bool
 	attempt       time.Duration
+	leaderCheck   time.Duration
 	rounds        int
 	writers       int
 	bodySize      int
@@ -63,8 +64,11 @@ type FailoverResult struct {
 	// with AttemptTimeoutMs per call (0: the tracker's default).
 	Keyed            bool    `json:"keyed"`
 	AttemptTimeoutMs float64 `json:"attempt_timeout_ms,omitempty"`
-	Writers          int     `json:"writers"`
-	BodySize         int     `json:"body_size"`
+	// LeaderCheckAfterMs is client.Options.LeaderCheckAfter (0: the
+	// tracker's default; negative: no checks).
+	LeaderCheckAfterMs float64 `json:"leader_check_after_ms,omitempty"`
+	Writers            int     `json:"writers"`
+	BodySize           int     `json:"body_size"`
 	// GapsMs are the rounds' longest times without an ack, from the signal on.
 	GapsMs        []float64 `json:"gaps_ms"`
 	P50Ms         float64   `json:"p50_ms"`
@@ -88,6 +92,7 @@ func parseFailoverOptions(args []string, stderr io.Writer) (failoverOptions, err
 	fs.StringVar(&o.signal, "signal", o.signal, "how the leader goes: kill (SIGKILL), term (SIGTERM: leadership transfer) or stop (SIGSTOP: paused, resumed with SIGCONT)")
 	fs.BoolVar(&o.keyed, "keyed", false, "key every put (client.Options.StampUniqKeys): the tracker retries unknown outcomes, within the dedup window")
 	fs.DurationVar(&o.attempt, "attempt-timeout", 0, "client.Options.AttemptTimeout for keyed puts (0: the tracker's default)")
+	fs.DurationVar(&o.leaderCheck, "leader-check-after", 0, "client.Options.LeaderCheckAfter for keyed puts (0: the tracker's default; negative: no leader checks)")
 	fs.IntVar(&o.rounds, "rounds", o.rounds, "leader failures to measure")
 	fs.IntVar(&o.writers, "writers", o.writers, "concurrent unary writers")
 	fs.IntVar(&o.bodySize, "body-size", o.bodySize, "message body size in `bytes`")
@@ -197,7 +202,8 @@ func runFailoverCommand(ctx context.Context, args []string, stdout, stderr io.Wr
 		return err
 	}
 	defer g.Stop()
-	tr, err := client.New(client.Options{Addrs: g.addrs(), StampUniqKeys: o.keyed, AttemptTimeout: o.attempt})
+	tr, err := client.New(client.Options{Addrs: g.addrs(), StampUniqKeys: o.keyed, AttemptTimeout: o.attempt,
+		LeaderCheckAfter: o.leaderCheck})
 	if err != nil {
 		return err
 	}
@@ -228,7 +234,8 @@ func runFailoverCommand(ctx context.Context, args []string, stdout, stderr io.Wr
 
 	res := &FailoverResult{Date: time.Now().UTC().Format(time.RFC3339), Machine: machineInfo(),
 		Command: "storaged-bench failover " + strings.Join(args, " "), Signal: o.signal, Writers: o.writers, BodySize: o.bodySize,
-		Keyed: o.keyed, AttemptTimeoutMs: float64(o.attempt.Microseconds()) / 1000}
+		Keyed: o.keyed, AttemptTimeoutMs: float64(o.attempt.Microseconds()) / 1000,
+		LeaderCheckAfterMs: float64(o.leaderCheck.Microseconds()) / 1000}
 	if err := hold(ctx, o.settle); err != nil {
 		return err
 	}

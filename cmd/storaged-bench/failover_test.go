@@ -12,8 +12,8 @@ func TestFailoverOptions(t *testing.T) {
 	if err != nil || o.dirtyLimitMiB != 64 || o.keyed {
 		t.Fatalf("%+v, %v", o, err)
 	}
-	o, err = parseFailoverOptions([]string{"--storaged", "bin", "--signal", "stop", "--keyed", "--attempt-timeout", "500ms"}, io.Discard)
-	if err != nil || o.signal != "stop" || !o.keyed || o.attempt != 500*time.Millisecond {
+	o, err = parseFailoverOptions([]string{"--storaged", "bin", "--signal", "stop", "--keyed", "--attempt-timeout", "500ms", "--leader-check-after", "-1ms"}, io.Discard)
+	if err != nil || o.signal != "stop" || !o.keyed || o.attempt != 500*time.Millisecond || o.leaderCheck != -time.Millisecond {
 		t.Fatalf("%+v, %v", o, err)
 	}
 	for name, args := range map[string][]string{
