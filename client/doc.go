@@ -30,9 +30,12 @@
 //   - anything else: the outcome is unknown; the message may be stored.
 //     Retrying an unkeyed put may store it twice.
 //
-// Keyed puts are stored exactly once. A put whose message (a batch: its
-// first message) carries a UNIQ_KEY property (Options.StampUniqKeys gives
-// every message one) is retried after an unknown outcome too: a deadline,
+// Keyed puts are stored exactly once, and every put is keyed by default:
+// the tracker gives each message without a UNIQ_KEY property one, on a
+// copy of the request (Options.UniqKeys; UniqKeysAsGiven sends messages as
+// given), as RocketMQ's producers do. A put whose message (a batch: its
+// first message) carries a UNIQ_KEY is retried after an unknown outcome
+// too: a deadline,
 // AttemptTimeout (2 s per call), a broken connection, FLUSH_SLAVE_TIMEOUT.
 // storaged answers a put of a key it holds with the first put's result;
 // in a group every member keeps the keys of the committed log, and the
@@ -76,7 +79,7 @@
 // calls, and a message sent again after messages put later.
 //
 //	t, err := client.New(client.Options{Addrs: []string{"10.0.0.1:8080", "10.0.0.2:8080", "10.0.0.3:8080"},
-//		StampUniqKeys: true, DialOptions: []grpc.DialOption{grpc.WithTransportCredentials(creds)}})
+//		DialOptions: []grpc.DialOption{grpc.WithTransportCredentials(creds)}})
 //	...
 //	defer t.Close()
 //	resp, err := t.PutMessage(ctx, &storagedv1.PutMessageRequest{Message: msg})

@@ -61,7 +61,7 @@ type StreamOptions struct {
 // check (Options.LeaderCheckAfter) finds another member leading in a later
 // term (the stream is then cut):
 // every message sent and not answered on it has an unknown outcome. A
-// keyed one (a UNIQ_KEY property; Options.StampUniqKeys stamps one, on a
+// keyed one (a UNIQ_KEY property; by default the tracker stamps one, on a
 // copy of the message) is sent again on the next stream to the leader,
 // while the dedup window that member reports covers twice the time since
 // its Put began and attempts remain, as PutMessage retries; an unkeyed one
@@ -166,7 +166,7 @@ var errStreamTimeout = status.Error(codes.DeadlineExceeded, "client: no answer w
 // what the error says). m must not change until Put returns.
 func (s *Stream) Put(ctx context.Context, m *storagedv1.Message) (*storagedv1.PutMessageResponse, error) {
 	t := s.t
-	if t.opts.StampUniqKeys && m != nil && !keyed(m.GetProperties()) {
+	if t.opts.UniqKeys == UniqKeysStamped && m != nil && !keyed(m.GetProperties()) {
 		m = withKey(m, t.newKey())
 	}
 	isKeyed := keyed(m.GetProperties())

@@ -97,13 +97,31 @@ type Options struct {
 	// answering costs a keyed put about the group's election, not
 	// AttemptTimeout. Default 500 ms; negative: no checks.
 	LeaderCheckAfter time.Duration
-	// StampUniqKeys gives every message without a UNIQ_KEY property one
-	// (32 hexadecimal digits, as RocketMQ's producers write: a random
-	// prefix per tracker and a counter), in a copy of the request, so that
-	// every put is keyed. The key is the message's id for deduplication
-	// only; the store keeps it as a property.
-	StampUniqKeys bool
+	// UniqKeys says which messages are keyed. By default
+	// (UniqKeysStamped) every message without a UNIQ_KEY property gets one,
+	// so every put is retried after an unknown outcome and stored exactly
+	// once; UniqKeysAsGiven sends messages as given.
+	UniqKeys UniqKeyMode
 }
+
+// UniqKeyMode says which messages a LeaderTracker keys (Options.UniqKeys).
+type UniqKeyMode int
+
+const (
+	// UniqKeysStamped, the default, gives every message without a
+	// UNIQ_KEY property one (32 hexadecimal digits, as RocketMQ's
+	// producers always write: a random prefix per tracker and a counter),
+	// in a copy of the request (the body and other fields shared, the
+	// properties copied): every put is keyed, as with Kafka's idempotent
+	// producer, the default there too. A key costs the message 45 bytes
+	// of properties and the store a dedup window entry (storaged's
+	// --dedup-max-messages bounds them; past the bound the window, which
+	// GetReplicaInfo reports, gets shorter).
+	UniqKeysStamped UniqKeyMode = iota
+	// UniqKeysAsGiven sends messages as given: only those the caller keyed
+	// are retried after an unknown outcome, the others come back with it.
+	UniqKeysAsGiven
+)
 
 // UniqKeyProperty is the property that keys a put (RocketMQ's UNIQ_KEY,
 // storage.PropertyUniqKey): storaged stores a put of the same key on the
@@ -162,6 +180,9 @@ func (o *Options) validate() error {
 	if len(o.Addrs) == 0 || len(o.Addrs) > MaxMembers {
 		errs = append(errs, fmt.Errorf("client: %d member addresses, want 1 to %d", len(o.Addrs), MaxMembers))
 	}
+	if o.UniqKeys != UniqKeysStamped && o.UniqKeys != UniqKeysAsGiven {
+		errs = append(errs, fmt.Errorf("client: UniqKeys %d, want UniqKeysStamped or UniqKeysAsGiven", o.UniqKeys))
+	}
 	if slices.Contains(o.Addrs, "") {
 		errs = append(errs, errors.New("client: an empty member address"))
 	}
@@ -215,7 +236,7 @@ type LeaderTracker struct {
 	watches  map[string]map[*stallWatch]struct{}
 	checking bool
 
-	// keyPrefix and keySeq make StampUniqKeys' keys.
+	// keyPrefix and keySeq make UniqKeysStamped's keys.
 	keyPrefix string
 	keySeq    atomic.Uint64
 
@@ -309,9 +330,10 @@ func (t *LeaderTracker) addrsLocked() []string {
 }
 
 // PutMessage sends a put to the leader, retrying refusals that stored
-// nothing. A keyed put (its message carries a UNIQ_KEY property; see
-// StampUniqKeys) is retried after an unknown outcome too (a deadline,
-// AttemptTimeout, a broken connection, FLUSH_SLAVE_TIMEOUT), at whichever
+// nothing. A keyed put (its message carries a UNIQ_KEY property: by
+// default the tracker gives every message one, Options.UniqKeys) is
+// retried after an unknown outcome too (a deadline, AttemptTimeout, a
+// broken connection, FLUSH_SLAVE_TIMEOUT), at whichever
 // member leads then, within half the dedup window that member reported
 // (GetReplicaInfo's dedup_window) since the put began: storaged answers
 // the retry with the first put's result when that was stored, and stores
@@ -322,7 +344,7 @@ func (t *LeaderTracker) addrsLocked() []string {
 // (status.Code and Classify see through it); once a call's outcome was
 // unknown, the error says so whatever the later calls answered.
 func (t *LeaderTracker) PutMessage(ctx context.Context, req *storagedv1.PutMessageRequest, opts ...grpc.CallOption) (*storagedv1.PutMessageResponse, error) {
-	if t.opts.StampUniqKeys && req.GetMessage() != nil && !keyed(req.GetMessage().GetProperties()) {
+	if t.opts.UniqKeys == UniqKeysStamped && req.GetMessage() != nil && !keyed(req.GetMessage().GetProperties()) {
 		req = &storagedv1.PutMessageRequest{Message: withKey(req.GetMessage(), t.newKey())}
 	}
 	var resp *storagedv1.PutMessageResponse
@@ -337,7 +359,7 @@ func (t *LeaderTracker) PutMessage(ctx context.Context, req *storagedv1.PutMessa
 // PutMessages is PutMessage for a batch (one entry, all or nothing),
 // keyed by its first message's UNIQ_KEY.
 func (t *LeaderTracker) PutMessages(ctx context.Context, req *storagedv1.PutMessagesRequest, opts ...grpc.CallOption) (*storagedv1.PutMessagesResponse, error) {
-	if t.opts.StampUniqKeys && slices.ContainsFunc(req.GetMessages(), func(e *storagedv1.BatchEntry) bool { return !keyed(e.GetProperties()) }) {
+	if t.opts.UniqKeys == UniqKeysStamped && slices.ContainsFunc(req.GetMessages(), func(e *storagedv1.BatchEntry) bool { return !keyed(e.GetProperties()) }) {
 		c := &storagedv1.PutMessagesRequest{Topic: req.GetTopic(), QueueId: req.GetQueueId(), Messages: slices.Clone(req.GetMessages())}
 		for i, e := range c.Messages {
 			if !keyed(e.GetProperties()) {
@@ -365,7 +387,7 @@ func keyed(props map[string]string) bool {
 	return k != "" && len(k) <= maxUniqKeyLen
 }
 
-// newKey is a UNIQ_KEY for StampUniqKeys: 32 hexadecimal digits, the
+// newKey is a UNIQ_KEY for UniqKeysStamped: 32 hexadecimal digits, the
 // tracker's random prefix and a counter.
 func (t *LeaderTracker) newKey() string {
 	return fmt.Sprintf("%s%016X", t.keyPrefix, t.keySeq.Add(1))

@@ -511,6 +511,7 @@ func TestOptionsValidate(t *testing.T) {
 		"attempts":     {Addrs: []string{"a:1"}, MaxAttempts: MaxAttemptsLimit + 1},
 		"backoff":      {Addrs: []string{"a:1"}, InitialBackoff: time.Second, MaxBackoff: time.Millisecond},
 		"negative cap": {Addrs: []string{"a:1"}, MaxRetryDelay: -1},
+		"key mode":     {Addrs: []string{"a:1"}, UniqKeys: UniqKeysAsGiven + 1},
 	} {
 		if _, err := New(o); err == nil {
 			t.Errorf("%s: accepted", name)
@@ -558,7 +559,7 @@ func TestTrackerKeyedRetry(t *testing.T) {
 			s := startScripted(t)
 			s.set(leader, true, 1, tc.script...)
 			s.window = tc.window
-			tr := newTracker(t, Options{MaxAttempts: 4}, s)
+			tr := newTracker(t, Options{UniqKeys: UniqKeysAsGiven, MaxAttempts: 4}, s)
 			err := keyedPut(tr, tc.key)
 			if status.Code(err) != tc.code || s.putCount() != tc.puts {
 				t.Fatalf("put: %v after %d calls, want %v after %d", err, s.putCount(), tc.code, tc.puts)
@@ -582,7 +583,7 @@ func TestTrackerAttemptTimeout(t *testing.T) {
 	s1, s2 := startScripted(t), startScripted(t)
 	s1.set(leader, true, 1)
 	s1.window, s2.window = 10*time.Minute, 10*time.Minute
-	tr := newTracker(t, Options{AttemptTimeout: 50 * time.Millisecond, LookupInterval: time.Millisecond}, s1, s2)
+	tr := newTracker(t, Options{UniqKeys: UniqKeysAsGiven, AttemptTimeout: 50 * time.Millisecond, LookupInterval: time.Millisecond}, s1, s2)
 	if err := keyedPut(tr, "k0"); err != nil || tr.Leader() != s1.addr {
 		t.Fatalf("first put: %v, leader %q", err, tr.Leader())
 	}
@@ -620,13 +621,14 @@ func TestTrackerAttemptTimeout(t *testing.T) {
 	}
 }
 
-// TestTrackerStampUniqKeys: with StampUniqKeys every message without a
-// key gets its own (32 hexadecimal digits), in a copy of the request;
-// keys given are kept, and the body is not copied.
+// TestTrackerStampUniqKeys: by default (UniqKeysStamped) every message
+// without a key gets its own (32 hexadecimal digits), in a copy of the
+// request; keys given are kept, and the body is not copied. With
+// UniqKeysAsGiven nothing is stamped.
 func TestTrackerStampUniqKeys(t *testing.T) {
 	s := startScripted(t)
 	s.set(leader, true, 1)
-	tr := newTracker(t, Options{StampUniqKeys: true}, s)
+	tr := newTracker(t, Options{}, s)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	body := []byte("b")
@@ -670,6 +672,23 @@ func TestTrackerStampUniqKeys(t *testing.T) {
 	if &m.Body[0] != &body[0] {
 		t.Fatal("the body was copied")
 	}
+
+	given := newTracker(t, Options{UniqKeys: UniqKeysAsGiven}, s)
+	if _, err := given.PutMessage(ctx, req); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := given.PutMessages(ctx, batch); err != nil {
+		t.Fatal(err)
+	}
+	if keys := s.putKeys(); len(keys) != 6 || keys[4] != "" || keys[5] != "first" {
+		t.Fatalf("keys sent as given: %q, want \"\" and \"first\" last", keys)
+	}
+	s.mu.Lock()
+	got = s.batches[1]
+	s.mu.Unlock()
+	if got.GetMessages()[1].GetProperties()[UniqKeyProperty] != "" {
+		t.Fatalf("a batch entry keyed as given: %v", got)
+	}
 }
 
 // TestTrackerLeaderCheck: a keyed put waits at a leader that stopped
@@ -683,7 +702,7 @@ func TestTrackerLeaderCheck(t *testing.T) {
 	a, b, c := startScripted(t), startScripted(t), startScripted(t)
 	a.set(leader, true, 5)
 	a.window, b.window, c.window = 10*time.Minute, 10*time.Minute, 10*time.Minute
-	tr := newTracker(t, Options{AttemptTimeout: -1, LeaderCheckAfter: 10 * time.Millisecond, LookupInterval: time.Millisecond}, a, b, c)
+	tr := newTracker(t, Options{UniqKeys: UniqKeysAsGiven, AttemptTimeout: -1, LeaderCheckAfter: 10 * time.Millisecond, LookupInterval: time.Millisecond}, a, b, c)
 	if err := keyedPut(tr, "k0"); err != nil || tr.Leader() != a.addr {
 		t.Fatalf("first put: %v, leader %q", err, tr.Leader())
 	}

@@ -60,7 +60,7 @@ type FailoverResult struct {
 	Machine MachineInfo `json:"machine"`
 	Command string      `json:"command"`
 	Signal  string      `json:"signal"`
-	// Keyed: every put carried a UNIQ_KEY (client.Options.StampUniqKeys),
+	// Keyed: every put carried a UNIQ_KEY (client.UniqKeysStamped),
 	// with AttemptTimeoutMs per call (0: the tracker's default).
 	Keyed            bool    `json:"keyed"`
 	AttemptTimeoutMs float64 `json:"attempt_timeout_ms,omitempty"`
@@ -90,7 +90,7 @@ func parseFailoverOptions(args []string, stderr io.Writer) (failoverOptions, err
 	fs.StringVar(&o.storaged, "storaged", "", "storaged `binary` (required)")
 	fs.StringVar(&o.storagedArgs, "storaged-args", "", "extra storaged `flags`, space-separated")
 	fs.StringVar(&o.signal, "signal", o.signal, "how the leader goes: kill (SIGKILL), term (SIGTERM: leadership transfer) or stop (SIGSTOP: paused, resumed with SIGCONT)")
-	fs.BoolVar(&o.keyed, "keyed", false, "key every put (client.Options.StampUniqKeys): the tracker retries unknown outcomes, within the dedup window")
+	fs.BoolVar(&o.keyed, "keyed", false, "key every put (client.UniqKeysStamped, the client's default; without it client.UniqKeysAsGiven): the tracker retries unknown outcomes, within the dedup window")
 	fs.DurationVar(&o.attempt, "attempt-timeout", 0, "client.Options.AttemptTimeout for keyed puts (0: the tracker's default)")
 	fs.DurationVar(&o.leaderCheck, "leader-check-after", 0, "client.Options.LeaderCheckAfter for keyed puts (0: the tracker's default; negative: no leader checks)")
 	fs.IntVar(&o.rounds, "rounds", o.rounds, "leader failures to measure")
@@ -202,7 +202,7 @@ func runFailoverCommand(ctx context.Context, args []string, stdout, stderr io.Wr
 		return err
 	}
 	defer g.Stop()
-	tr, err := client.New(client.Options{Addrs: g.addrs(), StampUniqKeys: o.keyed, AttemptTimeout: o.attempt,
+	tr, err := client.New(client.Options{Addrs: g.addrs(), UniqKeys: uniqKeys(o.keyed), AttemptTimeout: o.attempt,
 		LeaderCheckAfter: o.leaderCheck})
 	if err != nil {
 		return err

@@ -28,7 +28,7 @@ import (
 const targetR3 = "r3"
 
 // targetR3Keyed is the r3 group (the same processes when both targets
-// run) written to with a UNIQ_KEY on every put (client.Options.StampUniqKeys):
+// run) written to with a UNIQ_KEY on every put (client.UniqKeysStamped):
 // what exactly-once puts cost beside unkeyed ones, measured in turns.
 const targetR3Keyed = "r3-keyed"
 
@@ -198,12 +198,23 @@ func (c trackerClient) PutMessages(ctx context.Context, in *storagedv1.PutMessag
 	return c.tr.PutMessages(ctx, in, opts...)
 }
 
+// uniqKeys is the trackers' key mode: the r3 targets write messages as
+// given (unkeyed: the figures compare with the single node's and with
+// earlier runs), r3-keyed and failover --keyed with the client's default,
+// a key stamped on every message.
+func uniqKeys(keyed bool) client.UniqKeyMode {
+	if keyed {
+		return client.UniqKeysStamped
+	}
+	return client.UniqKeysAsGiven
+}
+
 // trackers opens n LeaderTrackers over the members (each has its own
 // connections, as --connections gives a single node n connections).
 func (g *benchGroup) trackers(n int, keyed bool) ([]*client.LeaderTracker, error) {
 	var out []*client.LeaderTracker
 	for range n {
-		tr, err := client.New(client.Options{Addrs: g.addrs(), StampUniqKeys: keyed})
+		tr, err := client.New(client.Options{Addrs: g.addrs(), UniqKeys: uniqKeys(keyed)})
 		if err != nil {
 			for _, t := range out {
 				t.Close()

@@ -230,7 +230,7 @@ func parseMatrixOptions(args []string, stderr io.Writer) (matrixOptions, []caseS
 	fs.StringVar(&o.storagedArgs, "storaged-args", "", "extra storaged `flags`, space-separated (e.g. \"--file-size 256MiB\")")
 	fs.StringVar(&o.targets, "targets", o.targets, "comma-separated `targets`: floor, bare, edge (no-op servers), async, sync (storaged), "+
 		"r3 (a local group of three storaged, loaded through client.LeaderTracker; stream cases through a client.Stream per stream), "+
-		"r3-keyed (the same group, every message keyed: StampUniqKeys)")
+		"r3-keyed (the same group, every message keyed: client.UniqKeysStamped)")
 	fs.StringVar(&o.cases, "cases", o.cases, "comma-separated `cases`: unary-cN, batchB-cN (B per call), stream-sS-cN (S streams, N in flight each)")
 	fs.IntVar(&o.runs, "runs", o.runs, "runs of each case on each target (the median is reported)")
 	fs.StringVar(&o.dataRoot, "data-root", os.TempDir(), "`directory` for the temporary storaged data dirs")

@@ -295,16 +295,17 @@ func TestGroupSIGTERMTransfer(t *testing.T) {
 // learned their client addresses from member 1's GetReplicaInfo
 // (membership.client_addrs), so the writes resume there; every acked put
 // is on every member once member 1 is resumed. The writers key their puts
-// (StampUniqKeys), so the puts in flight to the paused leader are cut at
-// AttemptTimeout and sent again to the new leader, which only a tracker
-// that learned the members can find: none ends unknown, and each is
+// (the client's default), so the puts in flight to the paused leader are
+// cut once the tracker's leader check finds the new leader (or at
+// AttemptTimeout) and sent again to it, which only a tracker that learned
+// the members can find: none ends unknown, and each is
 // stored once. (Unkeyed, they ended unknown at their 20 s deadline.)
 func TestGroupClientLearnsMembers(t *testing.T) {
 	g := newMemberGroup(t)
 	n1, n2, n3 := g.nodes[0], g.nodes[1], g.nodes[2]
 	g.moveLeader(t, n1)
 	// LeaderWait well past an election under -race on a loaded machine.
-	w := startWritersWith(t, client.Options{Addrs: []string{n1.Addr()}, StampUniqKeys: true, LeaderWait: 15 * time.Second}, 4)
+	w := startWritersWith(t, client.Options{Addrs: []string{n1.Addr()}, LeaderWait: 15 * time.Second}, 4)
 	w.waitAcks(t, 50)
 	if got := w.tr.Addrs(); !slices.Contains(got, n2.Addr()) || !slices.Contains(got, n3.Addr()) {
 		t.Fatalf("the tracker given %s asks %v: it did not learn members 2 (%s) and 3 (%s)", n1.Addr(), got, n2.Addr(), n3.Addr())
@@ -318,9 +319,9 @@ func TestGroupClientLearnsMembers(t *testing.T) {
 }
 
 // TestGroupKeyedPutsExactlyOnce: writers whose tracker keys every put
-// (StampUniqKeys) keep writing while the leader is paused (SIGSTOP) and
+// (the client's default) keep writing while the leader is paused (SIGSTOP) and
 // resumed, then killed with -9 and restarted. A keyed put whose outcome is
-// unknown (its call to the paused leader cut at AttemptTimeout, its
+// unknown (its call to the paused leader cut by the leader check, its
 // connection to the killed one reset) is sent again to the next leader,
 // which answers it from its dedup window if the first call's entry
 // committed and stores it if not. So no put ends unknown, and every
@@ -330,7 +331,7 @@ func TestGroupKeyedPutsExactlyOnce(t *testing.T) {
 	g.Leader(t)
 	// LeaderWait well past an election under -race on a loaded machine:
 	// a retried put that finds no leader in time ends unknown.
-	w := startWritersWith(t, client.Options{Addrs: g.clientAddrs(), StampUniqKeys: true, LeaderWait: 15 * time.Second}, 4)
+	w := startWritersWith(t, client.Options{Addrs: g.clientAddrs(), LeaderWait: 15 * time.Second}, 4)
 	pauseThenKill(t, g, w)
 	checkExactlyOnce(t, g, w)
 }
@@ -343,7 +344,7 @@ func TestGroupKeyedPutsExactlyOnce(t *testing.T) {
 func TestGroupStreamKeyedExactlyOnce(t *testing.T) {
 	g := newGroup(t)
 	g.Leader(t)
-	w := startStreamWriters(t, client.Options{Addrs: g.clientAddrs(), StampUniqKeys: true, LeaderWait: 15 * time.Second}, 8)
+	w := startStreamWriters(t, client.Options{Addrs: g.clientAddrs(), LeaderWait: 15 * time.Second}, 8)
 	pauseThenKill(t, g, w)
 	checkExactlyOnce(t, g, w)
 }
