@@ -70,7 +70,8 @@ import (
 // commit end no lower than the highest seen before: no acknowledged
 // message lost.
 var (
-	simSeeds = flag.Int("sim.seeds", 20, "TestGroupSim: seeds to run (1..N)")
+	simSeeds = flag.Int("sim.seeds", 20, "TestGroupSim: seeds to run (-sim.first..-sim.first+N-1)")
+	simFirst = flag.Int("sim.first", 1, "TestGroupSim: the first seed of -sim.seeds (a search past the seeds CI runs)")
 	simSteps = flag.Int("sim.steps", 2000, "TestGroupSim: steps per seed")
 	simSeed  = flag.Uint64("sim.seed", 0, "TestGroupSim: run only this seed (replay)")
 )
@@ -80,8 +81,8 @@ func TestGroupSim(t *testing.T) {
 	if *simSeed != 0 {
 		seeds = append(seeds, *simSeed)
 	} else {
-		for i := 1; i <= *simSeeds; i++ {
-			seeds = append(seeds, uint64(i))
+		for i := range *simSeeds {
+			seeds = append(seeds, uint64(*simFirst+i))
 		}
 	}
 	// What every seed did, summed: the figures RELIABILITY.md reports

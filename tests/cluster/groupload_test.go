@@ -155,14 +155,22 @@ func (l *groupLoad) start(ctx context.Context, seed uint64, producers, readers, 
 func (l *groupLoad) wait() { l.wg.Wait() }
 
 // nothingStored: err, from the tracker, says the put stored nothing:
-// every call it made was refused so (client.Classify), or it made none it
-// did not know the fate of (no ready leader found, or ctx ended while it
-// waited between calls: the tracker returns a call's unknown outcome at
-// once, so a context error it returns itself came after refusals only; a
-// call cut by ctx ends with a gRPC status, which is not a context error).
+// every call it made was refused so (client.Classify), or it made none
+// (no ready leader found, or ctx ended before the first call). A keyed
+// put (the tracker keys every put by default) may have been sent again
+// after a call whose outcome was unknown and then end with a context
+// error or ErrNoLeader: the tracker puts that call's status first, so an
+// error that carries a gRPC status Classify does not call NothingStored
+// is unknown whatever follows it. (A call cut by ctx ends with a gRPC
+// status too, which is not a context error.)
 func nothingStored(err error) bool {
-	return client.Classify(err).NothingStored || errors.Is(err, client.ErrNoLeader) ||
-		errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)
+	if client.Classify(err).NothingStored {
+		return true
+	}
+	if _, ok := status.FromError(err); ok {
+		return false
+	}
+	return errors.Is(err, client.ErrNoLeader) || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)
 }
 
 // strongRead asks the leader, through the tracker, for the message at
