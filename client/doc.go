@@ -30,6 +30,11 @@
 //   - anything else: the outcome is unknown; the message may be stored.
 //     Retrying an unkeyed put may store it twice.
 //
+// Tell them apart with Classify (or status.Code), not with errors.Is(err,
+// context.DeadlineExceeded): a keyed put sent again after a call whose
+// outcome was unknown, and then cut short by its ctx, returns an error
+// that holds both, the unknown call's status first.
+//
 // Keyed puts are stored exactly once, and every put is keyed by default:
 // the tracker gives each message without a UNIQ_KEY property one, on a
 // copy of the request (Options.UniqKeys; UniqKeysAsGiven sends messages as
