@@ -32,6 +32,11 @@ type StreamOptions struct {
 	// 256 (storaged holds at most 256 of a stream in flight, and beyond
 	// that HTTP/2 flow control holds the rest); 1 to MaxStreamInFlight.
 	MaxInFlight int
+	// CallOptions are passed to every PutMessageStream call the Stream
+	// makes (compression, per-call credentials, message size limits): a
+	// gRPC stream carries many Puts, so they are the Stream's, not a
+	// Put's.
+	CallOptions []grpc.CallOption
 }
 
 // Stream sends single messages on PutMessageStreams to the group's ready
@@ -298,7 +303,7 @@ func (s *Stream) open(ctx context.Context) (*streamConn, error) {
 		return nil, err
 	}
 	sctx, cancel := context.WithCancel(s.ctx)
-	st, err := storagedv1.NewMessageStoreServiceClient(conn).PutMessageStream(sctx)
+	st, err := storagedv1.NewMessageStoreServiceClient(conn).PutMessageStream(sctx, s.opts.CallOptions...)
 	if err != nil {
 		cancel()
 		s.t.release(addr)

@@ -521,3 +521,31 @@ func TestStreamLeaderCheck(t *testing.T) {
 		t.Fatalf("b probed %d times, leader %q", b.probeCount(), tr.Leader())
 	}
 }
+
+// TestStreamCallOptions: StreamOptions.CallOptions go to each gRPC
+// stream the Stream opens (grpc.OnFinish observes each one's end: one per
+// stream, the refused one's and the one to the new leader).
+func TestStreamCallOptions(t *testing.T) {
+	a, b := startScripted(t), startScripted(t)
+	a.set(leader, true, 5, statusErr(codes.Unavailable, info("SERVICE_NOT_AVAILABLE", map[string]string{"cause": "NOT_LEADER"})))
+	a.onPut = func() {
+		a.role, a.ready = storagedv1.ReplicaRole_REPLICA_ROLE_FOLLOWER, false
+		b.set(leader, true, 6)
+	}
+	finished := make(chan error, 4)
+	tr := newTracker(t, Options{LookupInterval: time.Millisecond}, a, b)
+	st := newStream(t, tr, StreamOptions{CallOptions: []grpc.CallOption{grpc.OnFinish(func(err error) { finished <- err })}})
+	if _, err := streamPut(st, "k"); err != nil {
+		t.Fatal(err)
+	}
+	recv(t, finished, "the refused stream's end") // half-closed after the refusal
+	if err := st.Close(); err != nil {
+		t.Fatal(err)
+	}
+	recv(t, finished, "the second stream's end")
+	select {
+	case err := <-finished:
+		t.Fatalf("a third stream ended (%v): want 2", err)
+	default:
+	}
+}
