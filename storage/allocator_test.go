@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/storaged/storaged/storage/segment"
 	"github.com/storaged/storaged/storage/vfs"
 )
 
@@ -264,4 +265,84 @@ func TestAllocatorLeavesRoomOnANearlyFullDisk(t *testing.T) {
 	setAvail(1 << 30) // room again: the next file is prepared ahead
 	fill(3 * fileSize)
 	s.log.Files().WaitReady(4 * fileSize)
+}
+
+// TestPopulateWindow: with a PopulateAhead window smaller than the file,
+// the allocator faults in only that much past the writer: the first
+// file's first window at Open, more as puts move the append position (the
+// puts themselves wake it), and of the next file (prepared at half) only
+// its first window before the roll, then again as far ahead of the writer
+// as the window goes. Whole files populated at once were written to the
+// disk twice (zeros, then records) and stalled the syncs of a group on
+// one disk for seconds.
+func TestPopulateWindow(t *testing.T) {
+	const fileSize, ahead = 64 << 10, 4 * testChunk
+	fs := vfs.NewMem()
+	populated := make(chan struct{}, 1)
+	second := filepath.Join("/d", "commitlog", fileName(fileSize))
+	var secondChunks atomic.Int64 // of the next file: the writer passes none before the roll
+	fs.SetInjector(func(op vfs.Op, path string) error {
+		if op == vfs.OpPopulate {
+			if path == second {
+				secondChunks.Add(1)
+			}
+			select {
+			case populated <- struct{}{}:
+			default:
+			}
+		}
+		return nil
+	})
+	s, err := Open(Options{Dir: "/d", FS: fs, FileSize: fileSize, MaxMessageSize: 1024, PopulateChunk: testChunk, PopulateAhead: ahead})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	// window checks that f is populated at least ahead past its writer,
+	// short by at most slack, and not more than a chunk beyond that.
+	window := func(what string, f *segment.File, slack int64) {
+		t.Helper()
+		want := min(fileSize, f.Wrote()+ahead)
+		if got := f.PopulatedTo(); got < want-slack || got > want+testChunk {
+			t.Fatalf("%s, written to %d: populated to %d, want %d (-%d, +%d)", what, f.Wrote(), got, want, slack, testChunk)
+		}
+	}
+	body := strings.Repeat("x", 900)
+	last := func() *segment.File { return s.log.Files().Last() }
+	mustPut(t, s, "T", 0, body)
+	s.log.WaitPopulated()
+	window("the first file after a put", last(), 0)
+	for last().Wrote() < 20<<10 {
+		mustPut(t, s, "T", 0, body)
+	}
+	// Nothing but the puts wakes the allocator now; once they leave a
+	// chunk of room in the window it fills it.
+	f := last()
+	for f.PopulatedTo() < f.Wrote()+ahead-testChunk {
+		select {
+		case <-populated:
+		case <-time.After(10 * time.Second):
+			t.Fatalf("the first file written to %d: populated to %d after 10 s: the writer did not wake the allocator", f.Wrote(), f.PopulatedTo())
+		}
+	}
+	window("the first file", f, testChunk)
+	s.log.WaitPopulated()
+	window("the first file, allocator idle", f, 0)
+	for last().Wrote() < fileSize/2 {
+		mustPut(t, s, "T", 0, body)
+	}
+	s.log.Files().WaitReady(fileSize)
+	s.log.WaitPopulated()
+	window("the first file at half", f, 0)
+	if got := secondChunks.Load(); got != ahead/testChunk {
+		t.Fatalf("the next file, prepared: %d chunks populated before the roll, want %d (its first window)", got, ahead/testChunk)
+	}
+	for last().From() < fileSize || last().Wrote() < 6<<10 {
+		mustPut(t, s, "T", 0, body)
+	}
+	s.log.WaitPopulated()
+	window("the second file", last(), 0)
+	if got := f.PopulatedTo(); got > fileSize {
+		t.Fatalf("the first file populated to %d, past its end", got)
+	}
 }

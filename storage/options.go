@@ -13,6 +13,7 @@ import (
 	"github.com/storaged/storaged/storage/consumequeue"
 	"github.com/storaged/storaged/storage/retention"
 	"github.com/storaged/storaged/storage/schedule"
+	"github.com/storaged/storaged/storage/segment"
 	"github.com/storaged/storaged/storage/timers"
 	"github.com/storaged/storaged/storage/vfs"
 )
@@ -302,6 +303,14 @@ type Options struct {
 	// (segment.DefaultPopulateChunk); tests use small chunks.
 	PopulateChunk int64
 
+	// PopulateAhead is how far ahead of the writer the allocator keeps the
+	// commitlog file appends go to populated, and how much of the next
+	// file it populates before the roll. Default 128 MiB
+	// (segment.DefaultPopulateAhead); at least FileSize populates whole
+	// files at once, as before this option (each written twice on the
+	// disk: BENCHMARKS.md, "Population in a window").
+	PopulateAhead int64
+
 	// Populate is how the allocator faults new commitlog files in ahead of
 	// the writer: vfs.PopulateWrite (the default: MADV_POPULATE_WRITE, no
 	// fault on the put path), PopulateRead, PopulateWillNeed or
@@ -345,6 +354,7 @@ const (
 	DefaultMaxPendingTransactions   = 100000
 	DefaultDedupWindow              = 10 * time.Minute
 	DefaultDedupMaxMessages         = 1 << 18
+	DefaultPopulateAhead            = segment.DefaultPopulateAhead
 	DefaultDedupRebuildBytes        = 1 << 30
 	minFileSize                     = 4 << 10
 	maxFileSize                     = 1 << 40
@@ -580,6 +590,9 @@ func (o Options) resolve() (resolved, error) {
 	}
 	if o.PopulateChunk < 0 {
 		errs = append(errs, errors.New("PopulateChunk must not be negative"))
+	}
+	if o.PopulateAhead < 0 {
+		errs = append(errs, errors.New("PopulateAhead must not be negative"))
 	}
 	if o.Group != nil {
 		errs = append(errs, o.Group.validate(o)...)

@@ -70,6 +70,7 @@ type config struct {
 	MaxTopics         int
 	MaxOpenQueueFiles int
 	Populate          vfs.PopulateMode
+	PopulateAhead     int64
 	// MaxConsumerOffsets bounds the committed (group, topic, queue) offsets.
 	MaxConsumerOffsets int
 	// MaxTimerMessages bounds the pending timer messages; TimerMaxDelay
@@ -134,6 +135,7 @@ func parseConfig(args []string, lookupEnv func(string) (string, bool), stderr io
 		DataDir:          defaultDataDir,
 		FlushMode:        storage.FlushAsync,
 		FileSize:         storage.DefaultFileSize,
+		PopulateAhead:    storage.DefaultPopulateAhead,
 		FlushInterval:    storage.DefaultFlushInterval,
 		SyncFlushTimeout: storage.DefaultSyncFlushTimeout,
 		Role:             storage.RoleMaster,
@@ -236,6 +238,9 @@ func parseConfig(args []string, lookupEnv func(string) (string, bool), stderr io
 	fs.Var((*populateValue)(&cfg.Populate), "populate",
 		"how a new commitlog file is faulted in ahead of the writer: `mode` write (the default: MADV_POPULATE_WRITE, no fault on the put path), "+
 			"read (MADV_POPULATE_READ: clean pages, a write fault per page on the put path), willneed or off; BENCHMARKS.md measures them")
+	fs.Var((*sizeValue)(&cfg.PopulateAhead), "populate-ahead",
+		"how far ahead of the writer a commitlog file is kept populated (`size`; suffixes as --file-size): populated just ahead, each page is written to the disk once, with the records; "+
+			"--file-size or more populates whole files as soon as they exist")
 	fs.IntVar(&cfg.MaxOpenQueueFiles, "max-open-queue-files", cfg.MaxOpenQueueFiles,
 		"`count` of consume-queue files kept open at once; the least recently used idle one is closed beyond it")
 	fs.Var((*sizeValue)(&cfg.MaxPullInflightBytes), "max-pull-inflight-bytes",
@@ -507,6 +512,7 @@ func (c *config) storageOptions(host netip.AddrPort, logger *zerolog.Logger) sto
 		MaxTimerMessages:   c.MaxTimerMessages,
 		TimerMaxDelay:      c.TimerMaxDelay,
 		Populate:           c.Populate,
+		PopulateAhead:      c.PopulateAhead,
 
 		TransactionTimeout:       c.TransactionTimeout,
 		TransactionCheckInterval: c.TransactionCheckInterval,
@@ -559,6 +565,7 @@ func (c *config) log(l zerolog.Logger) {
 		Int("max_pending_transactions", c.MaxPendingTransactions).
 		Int("max_open_queue_files", c.MaxOpenQueueFiles).
 		Str("populate", c.Populate.String()).
+		Str("populate_ahead", formatSize(c.PopulateAhead)).
 		Str("max_pull_inflight_bytes", formatSize(c.MaxPullInflightBytes)).
 		Stringer("max_pull_wait", c.MaxPullWait).
 		Int("consumer_max_attempts", c.ConsumerMaxAttempts).

@@ -31,6 +31,9 @@ type Options struct {
 	RequireCRC bool
 	// PopulateChunk is the allocator's population chunk (0: the default).
 	PopulateChunk int64
+	// PopulateAhead is the allocator's population window past the
+	// writer (segment.Options.PopulateAhead; 0: the default).
+	PopulateAhead int64
 	// Populate is how the allocator faults files in (segment.Options.Populate).
 	Populate vfs.PopulateMode
 	// Room, if set, says whether the disk has room to preallocate the
@@ -80,7 +83,7 @@ type Log struct {
 func Open(opts Options) (*Log, error) {
 	l := &Log{opts: opts, realClock: base.IsSystemClock(opts.Clock)}
 	l.list = segment.NewList(opts.FS, opts.Dir, opts.FileSize, segment.Options{
-		PopulateChunk: opts.PopulateChunk, Populate: opts.Populate, ObserveSync: l.syncLatency.Observe, Room: opts.Room})
+		PopulateChunk: opts.PopulateChunk, PopulateAhead: opts.PopulateAhead, Populate: opts.Populate, ObserveSync: l.syncLatency.Observe, Room: opts.Room})
 	if err := l.list.Load(); err != nil {
 		l.list.Close()
 		return nil, err

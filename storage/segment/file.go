@@ -36,6 +36,14 @@ type File struct {
 	wrote atomic.Int64
 	// flushed is the position up to which a sync has returned.
 	flushed atomic.Int64
+
+	// wakeAt, when above 0, is the append position at which the
+	// allocator, waiting with this file's population window full, wants to
+	// be woken on wake (Publish does it, once).
+	wakeAt atomic.Int64
+	wake   atomic.Pointer[chan struct{}]
+	// popTo is how far the allocator has populated the file.
+	popTo atomic.Int64
 }
 
 // FileName is the 20-digit zero-padded start offset (UtilAll.offset2FileName).
@@ -187,7 +195,27 @@ func (m *File) Wrote() int64 { return m.wrote.Load() }
 
 // Publish moves the append position to pos, after the bytes below it are
 // copied: readers see them from then on.
-func (m *File) Publish(pos int64) { m.wrote.Store(pos) }
+func (m *File) Publish(pos int64) {
+	m.wrote.Store(pos)
+	if w := m.wakeAt.Load(); w > 0 && pos >= w && m.wakeAt.CompareAndSwap(w, 0) {
+		if c := m.wake.Load(); c != nil {
+			select {
+			case *c <- struct{}{}:
+			default: // a wake-up is pending already
+			}
+		}
+	}
+}
+
+// PopulatedTo is how far the allocator has faulted the file in: bytes
+// below it were populated, or the writer passed them first.
+func (m *File) PopulatedTo() int64 { return m.popTo.Load() }
+
+// wakeWhen has Publish signal c once the append position reaches pos.
+func (m *File) wakeWhen(pos int64, c *chan struct{}) {
+	m.wake.Store(c)
+	m.wakeAt.Store(pos)
+}
 
 // Flushed is the position up to which a sync has returned.
 func (m *File) Flushed() int64 { return m.flushed.Load() }

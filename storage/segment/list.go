@@ -3,6 +3,7 @@ package segment
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -43,6 +44,11 @@ type Options struct {
 	// PopulateChunk is how much of a file the allocator faults in at a
 	// time; 0 means DefaultPopulateChunk.
 	PopulateChunk int64
+	// PopulateAhead is how far ahead of the writer the allocator keeps a
+	// file populated (and how much of a prepared file it populates before
+	// the roll); 0 means DefaultPopulateAhead. A value of at least the
+	// file size populates whole files as soon as they exist.
+	PopulateAhead int64
 	// Populate is how the allocator faults files in (vfs.PopulateMode);
 	// the zero value is vfs.PopulateWrite. With vfs.PopulateOff it
 	// populates nothing.
@@ -67,11 +73,14 @@ func NewList(fs vfs.FS, dir string, fileSize int64, o Options) *List {
 	if o.PopulateChunk <= 0 {
 		o.PopulateChunk = DefaultPopulateChunk
 	}
+	if o.PopulateAhead <= 0 {
+		o.PopulateAhead = DefaultPopulateAhead
+	}
 	return &List{
 		fs:          fs,
 		dir:         dir,
 		fileSize:    fileSize,
-		alloc:       newAllocator(fs, dir, fileSize, o.PopulateChunk, o.Populate, o.Room),
+		alloc:       newAllocator(fs, dir, fileSize, o.PopulateChunk, max(o.PopulateAhead, o.PopulateChunk), o.Populate, o.Room),
 		observeSync: o.ObserveSync,
 	}
 }
@@ -275,79 +284,120 @@ type allocator struct {
 	ready    *File // prepared, not yet handed out
 	inflight int64 // offset being prepared, or -1
 	closed   bool
-	// unpopulated counts the files asked for or adopted whose population
-	// has not finished; cond is broadcast when it drops to 0.
-	unpopulated int
+	// pending counts the files asked for or adopted that the loop has not
+	// taken up yet; cond is broadcast when it drops to 0.
+	pending int
 
 	chunk int64                 // population chunk
+	ahead int64                 // population window past the writer
 	how   vfs.PopulateMode      // Options.Populate
 	room  func(size int64) bool // Options.Room, nil: always
 
 	reqc   chan int64
 	adoptc chan *File
+	wake   chan struct{}      // a writer passed a file's wakeAt
+	quietc chan chan struct{} // WaitPopulated: closed once the loop has nothing to do
 	done   chan struct{}
 	wg     sync.WaitGroup
 }
 
-func newAllocator(fs vfs.FS, dir string, size, chunk int64, how vfs.PopulateMode, room func(int64) bool) *allocator {
-	a := &allocator{fs: fs, dir: dir, size: size, chunk: chunk, how: how, room: room, inflight: -1, reqc: make(chan int64, 1),
-		adoptc: make(chan *File, 1), done: make(chan struct{})}
+func newAllocator(fs vfs.FS, dir string, size, chunk, ahead int64, how vfs.PopulateMode, room func(int64) bool) *allocator {
+	a := &allocator{fs: fs, dir: dir, size: size, chunk: chunk, ahead: ahead, how: how, room: room, inflight: -1,
+		reqc: make(chan int64, 1), adoptc: make(chan *File, 1), wake: make(chan struct{}, 1),
+		quietc: make(chan chan struct{}), done: make(chan struct{})}
 	a.cond = sync.NewCond(&a.mu)
 	a.wg.Add(1)
 	go a.loop()
 	return a
 }
 
-// loop creates the files asked for and faults them in. Creating comes
-// first: a request is served within one population chunk, and population
-// of the files already handed out goes on afterwards, oldest first, ahead
-// of the writer.
+// loop creates the files asked for and faults them in, each up to
+// PopulateAhead past the writer's position in it (a prepared file, not
+// written yet: its first PopulateAhead bytes), chunk by chunk, oldest file
+// first, serving requests and Close between chunks. Creating comes first:
+// a request is served within one population chunk. When every window is
+// full it waits for a request, Close, or a writer whose appends leave a
+// chunk of room in a window (File.Publish wakes it).
+//
+// Why a window and not the whole file at once: write population leaves
+// the pages dirty with zeros, which the kernel writes back within
+// dirty_expire_centisecs (30 s) unless the writer overwrote them first,
+// so a whole 1 GiB file populated at once was written twice, the zeros
+// in one burst; three group members on one disk stalled every sync for
+// about 5 s at each such burst (BENCHMARKS.md, "Population in a window").
+// Populated just ahead of the writer, each page is written once, with
+// the records, and the work is spread over the file's life.
 func (a *allocator) loop() {
 	defer a.wg.Done()
-	var todo []popJob // published files not yet fully populated
-	var at int64      // next offset to populate in todo[0]
+	var todo []*popJob // files not yet fully populated, oldest first
+	var quiets []chan struct{}
 	for {
-		if len(todo) == 0 {
+		var work *popJob
+		todo = slices.DeleteFunc(todo, func(j *popJob) bool {
+			// What the writer has passed needs no populating.
+			j.at = max(j.at, j.m.wrote.Load()&^(PageSize-1))
+			if j.how == vfs.PopulateOff {
+				j.at = j.m.size
+			}
+			return j.at >= j.m.size
+		})
+		for _, j := range todo {
+			if j.at < min(j.m.size, j.m.wrote.Load()+a.ahead) {
+				work = j
+				break
+			}
+		}
+		if work != nil {
 			select {
 			case from := <-a.reqc:
 				todo = a.create(from, todo)
 			case m := <-a.adoptc:
-				todo = []popJob{{m, adoptMode(a.how)}}
+				todo = a.adopted(m, todo)
+			case q := <-a.quietc:
+				quiets = append(quiets, q)
 			case <-a.done:
 				return
+			default:
+				work.m.populate(work.at, min(work.at+a.chunk, work.m.size), work.how)
+				work.at += a.chunk
+				work.m.popTo.Store(min(work.at, work.m.size))
 			}
 			continue
 		}
+		// Every window is full: wake when a writer has left a chunk of
+		// room in one (or has passed that point already).
+		passed := false
+		for _, j := range todo {
+			w := j.at - a.ahead + a.chunk
+			j.m.wakeWhen(w, &a.wake)
+			passed = passed || j.m.wrote.Load() >= w
+		}
+		if passed {
+			continue
+		}
+		for _, q := range quiets {
+			close(q)
+		}
+		quiets = nil
 		select {
 		case from := <-a.reqc:
 			todo = a.create(from, todo)
-		case m := <-a.adoptc: // the writer's file: first
-			todo, at = append([]popJob{{m, adoptMode(a.how)}}, todo...), 0
+		case m := <-a.adoptc:
+			todo = a.adopted(m, todo)
+		case q := <-a.quietc:
+			quiets = append(quiets, q)
+		case <-a.wake:
 		case <-a.done:
 			return
-		default:
-			j := todo[0]
-			// What the writer has passed needs no populating.
-			at = max(at, j.m.wrote.Load()&^(PageSize-1))
-			if j.how == vfs.PopulateOff {
-				at = j.m.size
-			}
-			if at < j.m.size {
-				j.m.populate(at, min(at+a.chunk, j.m.size), j.how)
-				at += a.chunk
-			}
-			if at >= j.m.size {
-				todo, at = todo[1:], 0
-				a.populated()
-			}
 		}
 	}
 }
 
-// popJob is a file the allocator populates, and how.
+// popJob is a file the allocator populates, how, and how far it has.
 type popJob struct {
 	m   *File
 	how vfs.PopulateMode
+	at  int64 // populated below at (or the writer passed it)
 }
 
 // adoptMode is how a file that existed before this process (adopt) is
@@ -371,7 +421,7 @@ func adoptMode(how vfs.PopulateMode) vfs.PopulateMode {
 // create makes the file starting at from, publishes it as ready and adds
 // it to todo. Errors are dropped here on purpose: take() then creates the
 // file itself and reports the real error to the put.
-func (a *allocator) create(from int64, todo []popJob) []popJob {
+func (a *allocator) create(from int64, todo []*popJob) []*popJob {
 	var m *File
 	err := errNoRoom
 	if a.room == nil || a.room(a.size) {
@@ -380,18 +430,17 @@ func (a *allocator) create(from int64, todo []popJob) []popJob {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	a.inflight = -1
+	a.pending--
 	a.cond.Broadcast()
 	if err != nil {
-		a.populatedLocked()
 		return todo
 	}
 	if a.closed || a.ready != nil {
 		m.Remove()
-		a.populatedLocked()
 		return todo
 	}
 	a.ready = m
-	return append(todo, popJob{m, a.how})
+	return append(todo, &popJob{m: m, how: a.how})
 }
 
 // errNoRoom: Options.Room said no to a file prepared ahead of need.
@@ -402,7 +451,7 @@ var errNoRoom = errors.New("segment: no room to prepare a file ahead")
 // it to page faults), before anything else, in adoptMode.
 func (a *allocator) adopt(m *File) {
 	a.mu.Lock()
-	a.unpopulated++
+	a.pending++
 	a.mu.Unlock()
 	select {
 	case a.adoptc <- m:
@@ -410,18 +459,14 @@ func (a *allocator) adopt(m *File) {
 	}
 }
 
-// populated records that one file asked for or adopted needs no more
-// population.
-func (a *allocator) populated() {
+// adopted takes up an adopted file: the loop has population to do.
+func (a *allocator) adopted(m *File, todo []*popJob) []*popJob {
 	a.mu.Lock()
-	defer a.mu.Unlock()
-	a.populatedLocked()
-}
-
-func (a *allocator) populatedLocked() {
-	if a.unpopulated--; a.unpopulated == 0 {
+	if a.pending--; a.pending == 0 {
 		a.cond.Broadcast()
 	}
+	a.mu.Unlock()
+	return append([]*popJob{{m: m, how: adoptMode(a.how)}}, todo...) // the writer's file: first
 }
 
 // DefaultPopulateChunk is how much of a file the allocator faults in at a
@@ -435,6 +480,15 @@ func (a *allocator) populatedLocked() {
 // than a writer of batches needs to fill a file, and waiting for it held
 // the put lock at every roll for up to 1.9 s (BENCHMARKS.md).
 const DefaultPopulateChunk int64 = 32 << 20
+
+// DefaultPopulateAhead is how far ahead of the writer the allocator keeps
+// a file populated (Options.PopulateAhead). 128 MiB is 0.5 s of the
+// fastest batches measured here (~250 MB/s) and several chunks of slack
+// for the allocator; a writer faster than population takes the page
+// faults itself (a put never waits for population). Dirty zeros stay
+// bounded by it, and the records overwrite them within the kernel's 30 s
+// write-back expiry at any rate above ~4.5 MB/s (~4,000 1 KiB puts/s).
+const DefaultPopulateAhead int64 = 128 << 20
 
 // take returns the file starting at from: the prepared one if it matches,
 // otherwise one created now. The owner asks for the following file
@@ -473,7 +527,7 @@ func (a *allocator) prepare(from int64) {
 	select {
 	case a.reqc <- from:
 		a.inflight = from
-		a.unpopulated++
+		a.pending++
 	default:
 	}
 }
@@ -590,15 +644,28 @@ func (q *List) Prepare(from int64) { q.alloc.prepare(from) }
 // go to (the last file at open).
 func (q *List) Adopt(f *File) { q.alloc.adopt(f) }
 
-// WaitPopulated waits until the allocator has faulted in every file it was
-// asked for or adopted (benchmarks time puts into populated files).
+// WaitPopulated waits until the allocator has taken up every file it was
+// asked for or adopted and has faulted each in as far as its window goes
+// (PopulateAhead past the writer's position; with a window of at least the
+// file size, whole files): benchmarks time puts into populated files, and
+// tests wait for the allocator to be idle.
 func (q *List) WaitPopulated() { q.alloc.waitPopulated() }
 
 func (a *allocator) waitPopulated() {
 	a.mu.Lock()
-	defer a.mu.Unlock()
-	for a.unpopulated > 0 && !a.closed {
+	for a.pending > 0 && !a.closed {
 		a.cond.Wait()
+	}
+	a.mu.Unlock()
+	q := make(chan struct{})
+	select {
+	case a.quietc <- q:
+	case <-a.done:
+		return
+	}
+	select {
+	case <-q:
+	case <-a.done:
 	}
 }
 
