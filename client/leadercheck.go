@@ -1,7 +1,6 @@
 package client
 
 import (
-	"context"
 	"maps"
 	"slices"
 	"time"
@@ -114,29 +113,14 @@ func (t *LeaderTracker) checkLeader(stalled string) {
 	addrs := slices.DeleteFunc(t.addrsLocked(), func(a string) bool { return a == stalled })
 	term := t.terms[stalled]
 	t.mu.Unlock()
-	ctx, cancel := context.WithCancel(t.ctx)
-	defer cancel()
-	type answer struct {
-		addr string
-		ri   *storagedv1.GetReplicaInfoResponse
-	}
-	answers := make(chan answer, len(addrs))
-	for _, a := range addrs {
-		go func() {
-			ri, _ := t.probe(ctx, a) // nil on an error: no answer
-			answers <- answer{a, ri}
-		}()
-	}
 	found := false
-	for range addrs { // every probe ends (cancel cuts the rest short)
-		a := <-answers
-		t.learn(a.ri)
-		if !found && isReadyLeader(a.ri) && a.ri.GetTerm() > term {
+	t.probeAll(addrs, func(addr string, ri *storagedv1.GetReplicaInfoResponse) bool {
+		if !found && isReadyLeader(ri) && ri.GetTerm() > term {
 			found = true
-			cancel()
-			t.depose(stalled, a.addr)
+			t.depose(stalled, addr)
 		}
-	}
+		return found
+	})
 }
 
 // depose makes leader the address puts go to in stalled's place and cuts

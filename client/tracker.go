@@ -763,32 +763,18 @@ func (t *LeaderTracker) runLookup(lc *lookupCall, hint string) {
 	t.mu.Lock()
 	addrs := t.addrsLocked()
 	t.mu.Unlock()
-	ctx, cancel := context.WithCancel(t.ctx)
-	defer cancel()
-	type answer struct {
-		addr string
-		ri   *storagedv1.GetReplicaInfoResponse
-	}
-	answers := make(chan answer, len(addrs))
-	for _, a := range addrs {
-		go func() {
-			ri, _ := t.probe(ctx, a) // nil on an error: no answer
-			answers <- answer{a, ri}
-		}()
-	}
 	lc.err = ErrNoLeader
 	var named []string
-	for range addrs {
-		a := <-answers
-		t.learn(a.ri)
-		if isReadyLeader(a.ri) && lc.err != nil {
-			lc.addr, lc.err = a.addr, nil
-			cancel() // the others' answers no longer matter
+	t.probeAll(addrs, func(addr string, ri *storagedv1.GetReplicaInfoResponse) bool {
+		found := isReadyLeader(ri) && lc.err != nil
+		if found {
+			lc.addr, lc.err = addr, nil
 		}
-		if n := a.ri.GetLeaderAddr(); n != "" && !slices.Contains(addrs, n) && !slices.Contains(named, n) {
+		if n := ri.GetLeaderAddr(); n != "" && !slices.Contains(addrs, n) && !slices.Contains(named, n) {
 			named = append(named, n)
 		}
-	}
+		return found // the others' answers no longer matter, but for the leaders they name
+	})
 	if lc.err == nil {
 		return
 	}
@@ -814,6 +800,34 @@ func (t *LeaderTracker) runLookup(lc *lookupCall, hint string) {
 		if ri, err := t.probe(t.ctx, a); err == nil && isReadyLeader(ri) {
 			lc.addr, lc.err = a, nil
 			return
+		}
+	}
+}
+
+// probeAll asks every address in addrs for its replica info at once, and
+// hands each answer (ri nil: none, an error) to each in this goroutine as
+// it comes, after learning the membership it reports; once each returns
+// true the probes still running are cut short (their answers, mostly nil,
+// are still handed over). Every probe has ended when it returns.
+func (t *LeaderTracker) probeAll(addrs []string, each func(addr string, ri *storagedv1.GetReplicaInfoResponse) (enough bool)) {
+	ctx, cancel := context.WithCancel(t.ctx)
+	defer cancel()
+	type answer struct {
+		addr string
+		ri   *storagedv1.GetReplicaInfoResponse
+	}
+	answers := make(chan answer, len(addrs))
+	for _, a := range addrs {
+		go func() {
+			ri, _ := t.probe(ctx, a) // nil on an error: no answer
+			answers <- answer{a, ri}
+		}()
+	}
+	for range addrs {
+		a := <-answers
+		t.learn(a.ri)
+		if each(a.addr, a.ri) {
+			cancel()
 		}
 	}
 }
