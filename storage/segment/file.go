@@ -136,6 +136,13 @@ func (m *File) populate(lo, hi int64, how vfs.PopulateMode) {
 	}
 }
 
+// unmapped: the file was closed (or removed).
+func (m *File) unmapped() bool {
+	m.popMu.Lock()
+	defer m.popMu.Unlock()
+	return m.seg == nil
+}
+
 // WillNeed asks the kernel to read bytes [lo, hi) of the file into the
 // page cache without waiting for them (MADV_WILLNEED): a reader about to
 // walk data that may be cold (a raft leader catching a follower up from

@@ -339,7 +339,9 @@ func (a *allocator) loop() {
 			if j.how == vfs.PopulateOff {
 				j.at = j.m.size
 			}
-			return j.at >= j.m.size
+			// A file closed meanwhile (a prepared one the roll did not
+			// take, one cut off by a truncation) is never written again.
+			return j.at >= j.m.size || j.m.unmapped()
 		})
 		for _, j := range todo {
 			if j.at < min(j.m.size, j.m.wrote.Load()+a.ahead) {
