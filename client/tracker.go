@@ -261,7 +261,8 @@ func New(opts Options) (*LeaderTracker, error) {
 		return nil, err
 	}
 	t := &LeaderTracker{opts: opts, members: slices.Clone(opts.Addrs), conns: map[string]*grpc.ClientConn{}, refs: map[string]int{},
-		windows: map[string]time.Duration{}, terms: map[string]uint64{}, watches: map[string]map[*stallWatch]struct{}{}, keyPrefix: fmt.Sprintf("%016X", rand.Uint64())}
+		windows: map[string]time.Duration{}, terms: map[string]uint64{}, watches: map[string]map[*stallWatch]struct{}{},
+		keyPrefix: fmt.Sprintf("%016X", rand.Uint64())}
 	t.ctx, t.cancel = context.WithCancel(context.Background())
 	for _, a := range t.members {
 		if _, ok := t.conns[a]; ok {
@@ -340,9 +341,10 @@ func (t *LeaderTracker) addrsLocked() []string {
 // it once when not, also across a failover. So a keyed put that returns
 // nil was stored exactly once. A keyed call that waits LeaderCheckAfter
 // makes the tracker check whether another member leads now; if one does,
-// in a later term, the call is cut and the put sent there. The error is the last call's, wrapped
-// (status.Code and Classify see through it); once a call's outcome was
-// unknown, the error says so whatever the later calls answered.
+// in a later term, the call is cut and the put sent there. The error is
+// the last call's, wrapped (status.Code and Classify see through it);
+// once a call's outcome was unknown, the error says so whatever the later
+// calls answered.
 func (t *LeaderTracker) PutMessage(ctx context.Context, req *storagedv1.PutMessageRequest, opts ...grpc.CallOption) (*storagedv1.PutMessageResponse, error) {
 	if t.opts.UniqKeys == UniqKeysStamped && req.GetMessage() != nil && !keyed(req.GetMessage().GetProperties()) {
 		req = &storagedv1.PutMessageRequest{Message: withKey(req.GetMessage(), t.newKey())}
