@@ -194,7 +194,7 @@ func TestStreamAnswers(t *testing.T) {
 			s := startScripted(t)
 			s.set(leader, true, 1, tc.script...)
 			s.window = 10 * time.Minute
-			tr := newTracker(t, Options{UniqKeys: UniqKeysAsGiven, MaxAttempts: 3}, s)
+			tr := newTracker(t, Options{MaxAttempts: 3}, s)
 			st := newStream(t, tr, StreamOptions{})
 			resp, err := streamPut(st, tc.key)
 			if status.Code(err) != tc.code || s.putCount() != tc.puts || s.streamCount() != tc.streams {
@@ -226,7 +226,7 @@ func TestStreamRefusalFollowsLeader(t *testing.T) {
 		a.role, a.ready = storagedv1.ReplicaRole_REPLICA_ROLE_FOLLOWER, false
 		b.set(leader, true, 6)
 	}
-	tr := newTracker(t, Options{LookupInterval: time.Millisecond}, a, b)
+	tr := newStampedTracker(t, Options{LookupInterval: time.Millisecond}, a, b)
 	st := newStream(t, tr, StreamOptions{})
 	m := &storagedv1.Message{Topic: "T", Body: []byte("b")}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -267,7 +267,7 @@ func TestStreamBreak(t *testing.T) {
 					b.set(leader, true, 6)
 				}
 			}
-			tr := newTracker(t, Options{UniqKeys: UniqKeysAsGiven, LookupInterval: time.Millisecond}, a, b)
+			tr := newTracker(t, Options{LookupInterval: time.Millisecond}, a, b)
 			st := newStream(t, tr, StreamOptions{})
 			keyedErr, unkeyedErr := make(chan error, 1), make(chan error, 1)
 			go func() {
@@ -317,7 +317,7 @@ func TestStreamEndedOK(t *testing.T) {
 		}
 	}
 	defer close(gate)
-	tr := newTracker(t, Options{UniqKeys: UniqKeysAsGiven}, s)
+	tr := newTracker(t, Options{}, s)
 	st := newStream(t, tr, StreamOptions{})
 	errs := make(chan error, 2)
 	for _, key := range []string{"k", ""} {

@@ -200,7 +200,22 @@ func (s *scripted) putKeys() []string {
 
 const leader = storagedv1.ReplicaRole_REPLICA_ROLE_LEADER
 
+// newTracker is a tracker over the scripted members. Its puts go as
+// given (UniqKeysAsGiven) unless opts says otherwise: these tests are
+// about the rules for puts as they come (a stamped key would make every
+// put retried after an unknown outcome, also a call cut by AttemptTimeout
+// on a loaded machine); newStampedTracker keeps the default.
 func newTracker(t *testing.T, opts Options, members ...*scripted) *LeaderTracker {
+	t.Helper()
+	if opts.UniqKeys == UniqKeysStamped {
+		opts.UniqKeys = UniqKeysAsGiven
+	}
+	return newStampedTracker(t, opts, members...)
+}
+
+// newStampedTracker is newTracker with opts.UniqKeys as given (the zero
+// value: the default, a key stamped on every message).
+func newStampedTracker(t *testing.T, opts Options, members ...*scripted) *LeaderTracker {
 	t.Helper()
 	for _, m := range members {
 		opts.Addrs = append(opts.Addrs, m.addr)
@@ -559,7 +574,7 @@ func TestTrackerKeyedRetry(t *testing.T) {
 			s := startScripted(t)
 			s.set(leader, true, 1, tc.script...)
 			s.window = tc.window
-			tr := newTracker(t, Options{UniqKeys: UniqKeysAsGiven, MaxAttempts: 4}, s)
+			tr := newTracker(t, Options{MaxAttempts: 4}, s)
 			err := keyedPut(tr, tc.key)
 			if status.Code(err) != tc.code || s.putCount() != tc.puts {
 				t.Fatalf("put: %v after %d calls, want %v after %d", err, s.putCount(), tc.code, tc.puts)
@@ -583,7 +598,7 @@ func TestTrackerAttemptTimeout(t *testing.T) {
 	s1, s2 := startScripted(t), startScripted(t)
 	s1.set(leader, true, 1)
 	s1.window, s2.window = 10*time.Minute, 10*time.Minute
-	tr := newTracker(t, Options{UniqKeys: UniqKeysAsGiven, AttemptTimeout: 50 * time.Millisecond, LookupInterval: time.Millisecond}, s1, s2)
+	tr := newTracker(t, Options{AttemptTimeout: 50 * time.Millisecond, LookupInterval: time.Millisecond}, s1, s2)
 	if err := keyedPut(tr, "k0"); err != nil || tr.Leader() != s1.addr {
 		t.Fatalf("first put: %v, leader %q", err, tr.Leader())
 	}
@@ -628,7 +643,7 @@ func TestTrackerAttemptTimeout(t *testing.T) {
 func TestTrackerStampUniqKeys(t *testing.T) {
 	s := startScripted(t)
 	s.set(leader, true, 1)
-	tr := newTracker(t, Options{}, s)
+	tr := newStampedTracker(t, Options{}, s)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	body := []byte("b")
@@ -673,7 +688,7 @@ func TestTrackerStampUniqKeys(t *testing.T) {
 		t.Fatal("the body was copied")
 	}
 
-	given := newTracker(t, Options{UniqKeys: UniqKeysAsGiven}, s)
+	given := newTracker(t, Options{}, s)
 	if _, err := given.PutMessage(ctx, req); err != nil {
 		t.Fatal(err)
 	}
@@ -702,7 +717,7 @@ func TestTrackerLeaderCheck(t *testing.T) {
 	a, b, c := startScripted(t), startScripted(t), startScripted(t)
 	a.set(leader, true, 5)
 	a.window, b.window, c.window = 10*time.Minute, 10*time.Minute, 10*time.Minute
-	tr := newTracker(t, Options{UniqKeys: UniqKeysAsGiven, AttemptTimeout: -1, LeaderCheckAfter: 10 * time.Millisecond, LookupInterval: time.Millisecond}, a, b, c)
+	tr := newTracker(t, Options{AttemptTimeout: -1, LeaderCheckAfter: 10 * time.Millisecond, LookupInterval: time.Millisecond}, a, b, c)
 	if err := keyedPut(tr, "k0"); err != nil || tr.Leader() != a.addr {
 		t.Fatalf("first put: %v, leader %q", err, tr.Leader())
 	}
