@@ -324,7 +324,7 @@ func newAllocator(fs vfs.FS, dir string, size, chunk, ahead int64, how vfs.Popul
 // dirty_expire_centisecs (30 s) unless the writer overwrote them first,
 // so a whole 1 GiB file populated at once was written twice, the zeros
 // in one burst; three group members on one disk stalled every sync for
-// about 5 s at each such burst (BENCHMARKS.md, "Population in a window").
+// about 4 s at each such burst (BENCHMARKS.md, "Population in a window").
 // Populated just ahead of the writer, each page is written once, with
 // the records, and the work is spread over the file's life.
 func (a *allocator) loop() {
