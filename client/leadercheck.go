@@ -19,13 +19,12 @@ const leaderCheckEvery = 100 * time.Millisecond
 // cut ends it (once) if a check finds another member leading in a later
 // term.
 type stallWatch struct {
-	addr  string
-	cut   func(movedTo string)
-	timer *time.Timer
-	// Guarded by LeaderTracker.mu:
-	registered bool   // in t.watches (its send has waited LeaderCheckAfter)
-	done       bool   // its send ended (stop ran)
-	movedTo    string // the leader a check found when it cut the send
+	addr string
+	cut  func(movedTo string)
+	// Guarded by LeaderTracker.mu (it is in t.watches[addr] once its send
+	// has waited LeaderCheckAfter, until a check cuts it or stop runs):
+	done    bool   // its send ended (stop ran)
+	movedTo string // the leader a check found when it cut the send
 }
 
 // watchSend arms the leader check for a keyed send to addr (see
@@ -43,16 +42,15 @@ func (t *LeaderTracker) watchSend(addr string, cut func(movedTo string)) (stop f
 		return func() string { return "" }
 	}
 	w := &stallWatch{addr: addr, cut: cut}
-	w.timer = time.AfterFunc(t.opts.LeaderCheckAfter, func() { t.stalled(w) })
+	timer := time.AfterFunc(t.opts.LeaderCheckAfter, func() { t.stalled(w) })
 	return func() string {
-		w.timer.Stop()
+		timer.Stop()
 		t.mu.Lock()
 		defer t.mu.Unlock()
 		w.done = true
-		if w.registered {
-			w.registered = false
-			delete(t.watches[w.addr], w)
-			if len(t.watches[w.addr]) == 0 {
+		if ws := t.watches[w.addr]; ws != nil { // a check that cut w took it out already
+			delete(ws, w)
+			if len(ws) == 0 {
 				delete(t.watches, w.addr)
 			}
 		}
@@ -68,7 +66,6 @@ func (t *LeaderTracker) stalled(w *stallWatch) {
 	if w.done || t.closed {
 		return
 	}
-	w.registered = true
 	if t.watches[w.addr] == nil {
 		t.watches[w.addr] = map[*stallWatch]struct{}{}
 	}
@@ -137,7 +134,7 @@ func (t *LeaderTracker) depose(stalled, leader string) {
 	ws := t.watches[stalled]
 	delete(t.watches, stalled)
 	for w := range ws {
-		w.registered, w.movedTo = false, leader
+		w.movedTo = leader
 	}
 	t.mu.Unlock()
 	for w := range ws {
