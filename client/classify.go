@@ -1,6 +1,8 @@
 package client
 
 import (
+	"context"
+	"errors"
 	"time"
 
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
@@ -71,4 +73,42 @@ func Classify(err error) Verdict {
 	v.Reason, v.Cause, v.LeaderAddr = info.GetReason(), md["cause"], md["leader_addr"]
 	v.NothingStored = st.Code() == codes.Unavailable && md["stored"] != "unknown" && md["outcome"] != "unknown"
 	return v
+}
+
+// The marks NothingStored reads in a put's error: a send whose outcome is
+// unknown (the put's error says so first, whatever follows it: putRetry's
+// fail), and a stream that ended OK without answering a message.
+var (
+	errOutcomeUnknown = errors.New("outcome unknown unless the status says otherwise")
+	errUnanswered     = errors.New("ended without an answer, nothing stored")
+)
+
+// NothingStored reports whether err, the error of a put through a
+// LeaderTracker (PutMessage, PutMessages, or Do with a call that returns
+// the RPC's error as it is) or of a Stream.Put, proves that the message
+// was not stored, so that sending it again cannot store it twice, keyed
+// or not. That is so when no send was made (no ready leader found within
+// LeaderWait: ErrNoLeader; the tracker or stream closed; the caller's ctx
+// ended before the first send) and when every send was refused before the
+// append (Classify's NothingStored, which also decides for the error of a
+// single gRPC call). It is false for nil and whenever a send may have
+// stored the message, whatever ended the put after it: a deadline or a
+// cancellation during a call, a broken connection, a replication timeout,
+// any answer storaged did not mark as a refusal.
+//
+// Tell the outcomes apart with it, not with errors.Is(err,
+// context.DeadlineExceeded): a put whose call timed out and a put whose
+// ctx ended while it waited for a leader both end with the ctx's error,
+// and only the second stored nothing.
+func NothingStored(err error) bool {
+	if err == nil || errors.Is(err, errOutcomeUnknown) {
+		return false
+	}
+	if _, ok := status.FromError(err); ok {
+		return Classify(err).NothingStored
+	}
+	// No answer is in err: the put ended before any send, or a stream
+	// ended without answering it.
+	return errors.Is(err, errUnanswered) || errors.Is(err, ErrNoLeader) || errors.Is(err, ErrClosed) ||
+		errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)
 }

@@ -1,6 +1,7 @@
 package client
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -12,6 +13,8 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/protoadapt"
 	"google.golang.org/protobuf/types/known/durationpb"
+
+	storagedv1 "github.com/storaged/storaged/gen/storaged/v1"
 )
 
 func statusErr(code codes.Code, details ...protoadapt.MessageV1) error {
@@ -80,6 +83,124 @@ func TestClassify(t *testing.T) {
 			}
 			if got.NothingStored != tc.retry {
 				t.Errorf("NothingStored %v, want %v", got.NothingStored, tc.retry)
+			}
+		})
+	}
+}
+
+// TestNothingStored: the errors puts through a tracker and a stream end
+// with, on scripted members over real gRPC, are "nothing stored" exactly
+// when no send was made or every send was refused; a send that may have
+// stored the message makes the put's error "maybe stored" whatever ended
+// it afterwards.
+func TestNothingStored(t *testing.T) {
+	unknown := statusErr(codes.DeadlineExceeded, info("FLUSH_SLAVE_TIMEOUT", map[string]string{"outcome": "unknown"}))
+	refused := statusErr(codes.Unavailable, info("OS_PAGE_CACHE_BUSY", nil), retry(0))
+	refusedLong := statusErr(codes.Unavailable, info("OS_PAGE_CACHE_BUSY", nil), retry(time.Hour))
+	for _, tc := range []struct {
+		name string
+		// setup scripts the member; key is the message's UNIQ_KEY.
+		setup   func(s *scripted)
+		opts    Options
+		key     string
+		timeout time.Duration // the put's ctx (0: 30 s)
+		closed  bool          // the tracker is closed before the put
+		want    bool
+	}{
+		{name: "refused until the attempts run out", setup: func(s *scripted) { s.set(leader, true, 1, refused) },
+			opts: Options{MaxAttempts: 2}, want: true},
+		{name: "no ready leader", setup: func(s *scripted) { s.set(storagedv1.ReplicaRole_REPLICA_ROLE_FOLLOWER, false, 1) },
+			opts: Options{LookupInterval: time.Millisecond, LeaderWait: 20 * time.Millisecond}, want: true},
+		{name: "ctx ends waiting out a refusal's RetryInfo", setup: func(s *scripted) { s.set(leader, true, 1, refusedLong) },
+			timeout: 100 * time.Millisecond, want: true},
+		{name: "ctx ends while no leader is ready", setup: func(s *scripted) { s.set(storagedv1.ReplicaRole_REPLICA_ROLE_FOLLOWER, false, 1) },
+			opts: Options{LookupInterval: time.Millisecond, LeaderWait: time.Hour}, timeout: 50 * time.Millisecond, want: true},
+		{name: "closed tracker", setup: func(s *scripted) { s.set(leader, true, 1) }, closed: true, want: true},
+		{name: "replication timeout", setup: func(s *scripted) { s.set(leader, true, 1, unknown) }, want: false},
+		{name: "bare UNAVAILABLE (a proxy)", setup: func(s *scripted) {
+			s.set(leader, true, 1, status.Error(codes.Unavailable, "upstream connect error"))
+		}, want: false},
+		{name: "ctx ends during the call", setup: func(s *scripted) { s.set(leader, true, 1); s.hang = true },
+			timeout: 50 * time.Millisecond, want: false},
+		{name: "keyed: unknown, then refused until the attempts run out", setup: func(s *scripted) {
+			s.set(leader, true, 1, unknown, refused)
+			s.window = 10 * time.Minute
+		}, opts: Options{MaxAttempts: 3}, key: "k", want: false},
+		{name: "keyed: unknown, then ctx ends waiting out a refusal", setup: func(s *scripted) {
+			s.set(leader, true, 1, unknown, refusedLong)
+			s.window = 10 * time.Minute
+		}, key: "k", timeout: 200 * time.Millisecond, want: false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := startScripted(t)
+			tc.setup(s)
+			tr := newTracker(t, tc.opts, s)
+			if tc.closed {
+				tr.Close()
+			}
+			timeout := cmp.Or(tc.timeout, 30*time.Second)
+			ctx, cancel := context.WithTimeout(context.Background(), timeout)
+			defer cancel()
+			m := &storagedv1.Message{Topic: "T", Body: []byte("b")}
+			if tc.key != "" {
+				m.Properties = map[string]string{UniqKeyProperty: tc.key}
+			}
+			_, err := tr.PutMessage(ctx, &storagedv1.PutMessageRequest{Message: m})
+			if err == nil {
+				t.Fatal("the put succeeded")
+			}
+			if got := NothingStored(err); got != tc.want {
+				t.Fatalf("NothingStored(%v) = %v, want %v (after %d calls)", err, got, tc.want, s.putCount())
+			}
+		})
+	}
+	for _, tc := range []struct {
+		name string
+		err  error
+		want bool
+	}{
+		{"nil", nil, false},
+		{"a refusal", refused, true},
+		{"a replication timeout", unknown, false},
+		{"a deadline status", status.Error(codes.DeadlineExceeded, "context deadline exceeded"), false},
+		{"ErrNoLeader", ErrNoLeader, true},
+		{"a ctx error before any send", context.DeadlineExceeded, true},
+		{"an error of the caller's own", errors.New("boom"), false},
+	} {
+		t.Run("single/"+tc.name, func(t *testing.T) {
+			if got := NothingStored(tc.err); got != tc.want {
+				t.Fatalf("NothingStored(%v) = %v, want %v", tc.err, got, tc.want)
+			}
+		})
+	}
+}
+
+// TestStreamNothingStored: a stream put whose stream ended OK unanswered
+// on its last attempt stored nothing; one whose stream broke may have.
+func TestStreamNothingStored(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		breakOK bool
+		want    bool
+	}{
+		{"ended OK without an answer", true, true},
+		{"broke", false, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := startScripted(t)
+			s.set(leader, true, 5)
+			gate := make(chan struct{})
+			defer close(gate)
+			s.streamGate = gate // nothing answered before the end
+			s.breakAt, s.breakOK = 1, tc.breakOK
+			tr := newTracker(t, Options{MaxAttempts: 1}, s)
+			st := newStream(t, tr, StreamOptions{})
+			_, err := streamPut(st, "")
+			if err == nil {
+				t.Fatal("the put succeeded")
+			}
+			if got := NothingStored(err); got != tc.want {
+				t.Fatalf("NothingStored(%v) = %v, want %v", err, got, tc.want)
 			}
 		})
 	}

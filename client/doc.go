@@ -25,15 +25,21 @@
 //
 //   - nil: the message is stored (PUT_OK: committed on a majority of the
 //     group, each member having synced it);
-//   - an error Classify calls NothingStored: every attempt was refused
-//     before anything was stored (the attempts ran out, or ctx ended);
+//   - an error NothingStored reports: no attempt was made (no ready
+//     leader within LeaderWait, the tracker or stream closed, ctx ended
+//     before the first send), or every attempt was refused before
+//     anything was stored (the attempts ran out, or ctx ended meanwhile);
+//     sending the message again cannot store it twice;
 //   - anything else: the outcome is unknown; the message may be stored.
 //     Retrying an unkeyed put may store it twice.
 //
-// Tell them apart with Classify (or status.Code), not with errors.Is(err,
-// context.DeadlineExceeded): a keyed put sent again after a call whose
-// outcome was unknown, and then cut short by its ctx, returns an error
-// that holds both, the unknown call's status first.
+// Tell them apart with NothingStored, not with errors.Is(err,
+// context.DeadlineExceeded): a put whose ctx ended while it waited for a
+// leader stored nothing, one whose call was cut by its ctx may have, and
+// a keyed put sent again after a call whose outcome was unknown, then cut
+// short by its ctx, returns an error that holds both, the unknown call's
+// status first. Classify reads one call's status (its NothingStored, the
+// leader it names, its RetryInfo).
 //
 // Keyed puts are stored exactly once, and every put is keyed by default:
 // the tracker gives each message without a UNIQ_KEY property one, on a

@@ -216,7 +216,7 @@ func (s *Stream) Put(ctx context.Context, m *storagedv1.Message) (*storagedv1.Pu
 			}
 			if res.resp == nil && errors.Is(res.err, io.EOF) {
 				// The stream ended OK without answering it: not stored.
-				r.last = fmt.Errorf("client: stream to %s (attempt %d) ended without an answer, nothing stored", sc.addr, r.attempt)
+				r.last = fmt.Errorf("client: stream to %s (attempt %d) %w", sc.addr, r.attempt, errUnanswered)
 				if !more {
 					return nil, r.fail(r.last)
 				}
@@ -245,8 +245,8 @@ func (s *Stream) Put(ctx context.Context, m *storagedv1.Message) (*storagedv1.Pu
 			case res.resp == nil:
 				what = "stream broke" // s.send doubted it; it is retired
 			}
-			err := fmt.Errorf("client: stream put at %s (attempt %d, %s), outcome unknown unless the status says otherwise: %w",
-				sc.addr, r.attempt, what, closedOr(rerr))
+			err := fmt.Errorf("client: stream put at %s (attempt %d, %s), %w: %w",
+				sc.addr, r.attempt, what, errOutcomeUnknown, closedOr(rerr))
 			if errors.Is(err, ErrClosed) || ctx.Err() != nil || !isKeyed || !more ||
 				(res.resp != nil && !unknownRetried(rerr)) {
 				return nil, r.fail(err)

@@ -484,7 +484,7 @@ func (t *LeaderTracker) do(ctx context.Context, keyed bool, call func(context.Co
 				hint = v.LeaderAddr
 			}
 			if !v.NothingStored {
-				err = fmt.Errorf("client: put at %s (attempt %d), outcome unknown unless the status says otherwise: %w", addr, r.attempt, err)
+				err = fmt.Errorf("client: put at %s (attempt %d), %w: %w", addr, r.attempt, errOutcomeUnknown, err)
 				if !keyed || ctx.Err() != nil || !unknownRetried(err) || !more {
 					return r.fail(err)
 				}

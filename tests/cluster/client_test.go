@@ -2,7 +2,6 @@ package cluster
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"os"
 	"slices"
@@ -99,7 +98,7 @@ func (w *writers) record(body string, resp *storagedv1.PutMessageResponse, err e
 		w.ackedAt = append(w.ackedAt, time.Now())
 	case err == nil:
 		w.bad = append(w.bad, fmt.Errorf("put %s: status %v", body, resp.GetStatus()))
-	case client.Classify(err).NothingStored || errors.Is(err, client.ErrNoLeader):
+	case client.NothingStored(err):
 		w.refused++
 	default:
 		w.unknown++

@@ -2,7 +2,6 @@ package cluster
 
 import (
 	"context"
-	"errors"
 	"math/rand/v2"
 	"strings"
 	"sync"
@@ -154,31 +153,12 @@ func (l *groupLoad) start(ctx context.Context, seed uint64, producers, readers, 
 
 func (l *groupLoad) wait() { l.wg.Wait() }
 
-// nothingStored: err, from the tracker, says the put stored nothing:
-// every call it made was refused so (client.Classify), or it made none
-// (no ready leader found, or ctx ended before the first call). A keyed
-// put (the tracker keys every put by default) may have been sent again
-// after a call whose outcome was unknown and then end with a context
-// error or ErrNoLeader: the tracker puts that call's status first, so an
-// error that carries a gRPC status Classify does not call NothingStored
-// is unknown whatever follows it. (A call cut by ctx ends with a gRPC
-// status too, which is not a context error.)
-func nothingStored(err error) bool {
-	if client.Classify(err).NothingStored {
-		return true
-	}
-	if _, ok := status.FromError(err); ok {
-		return false
-	}
-	return errors.Is(err, client.ErrNoLeader) || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)
-}
-
 // strongRead asks the leader, through the tracker, for the message at
 // (q, off) with linearizable: true (served by the ready leader after
 // ReadIndex). A read the tracker gave up on is recorded as failed (it
 // read nothing); any other error leaves it unknown.
-func (l *groupLoad) strongRead(ctx context.Context, client int, q int32, off int64) {
-	id := l.rec.Invoke(history.Op{Client: client, Kind: history.Read, Queue: q, Offset: off})
+func (l *groupLoad) strongRead(ctx context.Context, reader int, q int32, off int64) {
+	id := l.rec.Invoke(history.Op{Client: reader, Kind: history.Read, Queue: q, Offset: off})
 	cctx, cancel := context.WithTimeout(ctx, groupOpTimeout)
 	defer cancel()
 	var res *storagedv1.PullMessagesResponse
@@ -189,21 +169,21 @@ func (l *groupLoad) strongRead(ctx context.Context, client int, q int32, off int
 		return err
 	})
 	failed := history.Unknown
-	if nothingStored(err) {
+	if client.NothingStored(err) {
 		failed = history.Fail
 	}
 	l.rec.Finish(id, func(o *history.Op) { finishRead(o, off, res, err, failed) })
 }
 
 // put sends one message through the tracker and records it.
-func (l *groupLoad) put(ctx context.Context, client int, q int32, value string, attempt int) history.Outcome {
-	id := l.rec.Invoke(history.Op{Client: client, Kind: history.Put, Queue: q, Value: value, Attempt: attempt})
+func (l *groupLoad) put(ctx context.Context, writer int, q int32, value string, attempt int) history.Outcome {
+	id := l.rec.Invoke(history.Op{Client: writer, Kind: history.Put, Queue: q, Value: value, Attempt: attempt})
 	cctx, cancel := context.WithTimeout(ctx, groupOpTimeout)
 	defer cancel()
 	res, err := l.tr.PutMessage(cctx, &storagedv1.PutMessageRequest{Message: &storagedv1.Message{
 		Topic: topic, QueueId: q, Body: history.Body(value, bodySize)}})
 	notOK := history.Unknown
-	if err != nil && nothingStored(err) {
+	if err != nil && client.NothingStored(err) {
 		notOK = history.Fail
 	}
 	var out history.Outcome
