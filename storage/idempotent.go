@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/netip"
 	"time"
 
 	"github.com/storaged/storaged/storage/dedup"
@@ -47,9 +48,46 @@ const MaxUniqKeyLength = 128
 // DedupStats describes the idempotent-put window (storage/dedup.Stats).
 type DedupStats = dedup.Stats
 
-// dedupValue is what the window keeps per put: the append result,
-// without its topic (derived from the key when answering).
-type dedupValue = AppendResult
+// dedupValue is what the window keeps per put: the append result a
+// duplicate is answered with, without its topic (derived from the key
+// when answering) and packed: 80 bytes where an AppendResult takes 176,
+// and the window holds up to DedupMaxMessages of them, one per keyed put
+// by default (TestDedupBytesPerKey). What few puts have (a batch's
+// offsets, the timer topic of a timer message due when it was put) sits
+// behind rare; the append's lock timing is not kept (a duplicate appends
+// nothing: no append span).
+type dedupValue struct {
+	wroteOffset, storeTimestamp, queueOffset int64
+	storeHost                                netip.AddrPort
+	wroteBytes, queueID, msgNum              int32
+	status                                   AppendStatus
+	rare                                     *dedupRare
+}
+
+type dedupRare struct {
+	topic   string
+	offsets []int64
+}
+
+// packDedup is a's dedupValue (its LockedAt and LockHeld dropped).
+func packDedup(a AppendResult) dedupValue {
+	v := dedupValue{wroteOffset: a.WroteOffset, storeTimestamp: a.StoreTimestamp, queueOffset: a.QueueOffset,
+		storeHost: a.StoreHost, wroteBytes: a.WroteBytes, queueID: a.QueueID, msgNum: a.MsgNum, status: a.Status}
+	if a.Topic != "" || a.Offsets != nil {
+		v.rare = &dedupRare{topic: a.Topic, offsets: a.Offsets}
+	}
+	return v
+}
+
+// result is the AppendResult v keeps.
+func (v dedupValue) result() AppendResult {
+	a := AppendResult{Status: v.status, WroteOffset: v.wroteOffset, WroteBytes: v.wroteBytes, StoreTimestamp: v.storeTimestamp,
+		QueueID: v.queueID, QueueOffset: v.queueOffset, MsgNum: v.msgNum, StoreHost: v.storeHost}
+	if v.rare != nil {
+		a.Topic, a.Offsets = v.rare.topic, v.rare.offsets
+	}
+	return a
+}
 
 // PutMessage stores one message; see putMessage for the results. A
 // message with a UNIQ_KEY property is stored once within the dedup window
@@ -128,7 +166,7 @@ func (s *Store) putOnce(ctx context.Context, w *dedup.Window[dedupValue], k dedu
 	if s.group != nil { // a first put may stay undecided as long as its leader lacks a quorum
 		maxWait = s.group.opts.ReplicationTimeout
 	}
-	first, t, err := w.BeginWithin(ctx, k, s.opts.Clock.Now().UnixMilli(), maxWait)
+	kept, t, err := w.BeginWithin(ctx, k, s.opts.Clock.Now().UnixMilli(), maxWait)
 	if err != nil {
 		if errors.Is(err, dedup.ErrWaitTimeout) {
 			return s.reject(FlushSlaveTimeout, fmt.Errorf("%w: a put of the same %s is not decided yet", ErrReplicationTimeout, PropertyUniqKey))
@@ -136,6 +174,7 @@ func (s *Store) putOnce(ctx context.Context, w *dedup.Window[dedupValue], k dedu
 		return s.reject(UnknownError, err) // ctx ended waiting for the first put: nothing stored by this one
 	}
 	if t == nil {
+		first := kept.result()
 		if first.Topic == "" { // kept only when it is not the key's (TimerTopic)
 			first.Topic = k.Topic
 		}
@@ -171,8 +210,7 @@ func rememberPut(t *dedup.Ticket[dedupValue], a AppendResult) {
 	if a.Topic != TimerTopic {
 		a.Topic = "" // from the key when answering (a timer message due already is on its own topic)
 	}
-	a.LockedAt, a.LockHeld = time.Time{}, 0 // a duplicate appends nothing: no append span
-	t.Commit(a, a.StoreTimestamp, int(a.MsgNum))
+	t.Commit(packDedup(a), a.StoreTimestamp, int(a.MsgNum))
 }
 
 // awaitDuplicate answers a duplicate of a put stored at a: PUT_OK once a
@@ -421,7 +459,7 @@ func (s *Store) rebuildEntry(w *dedup.Window[dedupValue], at int64, recs []byte,
 		h.Property(PropertyTimerDelaySec) != nil || h.Property(PropertyTimerDelayMS) != nil):
 		kind = dedup.Timer // a timer message due when it was put, stored on its topic
 	}
-	v := dedupValue{
+	v := AppendResult{
 		Status: AppendOK, WroteOffset: at, WroteBytes: int32(len(recs)), StoreTimestamp: h.StoreTS,
 		QueueID: h.QueueID, QueueOffset: h.QueueOffset, MsgNum: int32(count), StoreHost: record.StoreHost(recs),
 	}
@@ -435,7 +473,7 @@ func (s *Store) rebuildEntry(w *dedup.Window[dedupValue], at int64, recs []byte,
 	if kind == dedup.Timer && string(h.Topic) == TimerTopic {
 		v.Topic = TimerTopic
 	}
-	w.Add(dedup.Key{Topic: topic, Kind: kind, ID: string(id)}, v, h.StoreTS, int(count), now)
+	w.Add(dedup.Key{Topic: topic, Kind: kind, ID: string(id)}, packDedup(v), h.StoreTS, int(count), now)
 	return true
 }
 

@@ -280,8 +280,8 @@ type Options struct {
 	// DedupMaxMessages bounds the messages the dedup window remembers (a
 	// batch counts its messages): past it the oldest keys are forgotten
 	// first, so a client sending fresh keys forever holds a bounded amount
-	// of memory (about 290 bytes a message: TestDedupBytesPerKey). Default
-	// DefaultDedupMaxMessages (262,144: about 72 MiB at the bound).
+	// of memory (about 205 bytes a message: TestDedupBytesPerKey). Default
+	// DefaultDedupMaxMessages (262,144: about 51 MiB at the bound).
 	DedupMaxMessages int
 
 	// DedupRebuildBytes bounds how much of the log's tail Open reads to

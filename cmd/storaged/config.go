@@ -257,7 +257,7 @@ func parseConfig(args []string, lookupEnv func(string) (string, bool), stderr io
 		"how long a put carrying a UNIQ_KEY property is remembered: a retry of the key on the same topic within this `duration` "+
 			"gets the first put's answer and stores nothing; 0 turns deduplication off")
 	fs.IntVar(&cfg.DedupMaxMessages, "dedup-max-messages", cfg.DedupMaxMessages,
-		"most `messages` the dedup window remembers (about 300 bytes each); past it the oldest keys are forgotten first")
+		"most `messages` the dedup window remembers (about 205 bytes each); past it the oldest keys are forgotten first")
 	cfg.Replication.register(fs)
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "Usage: storaged [flags]\n\n"+
