@@ -50,7 +50,7 @@ type DedupStats = dedup.Stats
 
 // dedupValue is what the window keeps per put: the append result a
 // duplicate is answered with, without its topic (derived from the key
-// when answering) and packed: 80 bytes where an AppendResult takes 176,
+// when answering) and packed: 80 bytes where an AppendResult takes 160,
 // and the window holds up to DedupMaxMessages of them, one per keyed put
 // by default (TestDedupBytesPerKey). What few puts have (a batch's
 // offsets, the timer topic of a timer message due when it was put) sits
