@@ -688,7 +688,7 @@ func TestTrackerStampUniqKeys(t *testing.T) {
 		t.Fatal("the body was copied")
 	}
 
-	given := newTracker(t, Options{}, s)
+	given := newTracker(t, Options{UniqKeys: UniqKeysAsGiven}, s)
 	if _, err := given.PutMessage(ctx, req); err != nil {
 		t.Fatal(err)
 	}
