@@ -33,8 +33,14 @@ func (h *handler) Send(st grpc.ClientStreamingServer[peerv1.RaftBatch, peerv1.Se
 	t := h.t
 	var sum peerv1.SendSummary
 	var from uint64 // fixed by the first batch
+	// rb's msgs point into the codec's buffer (codec.go) until the next
+	// RecvMsg frees it; StepPeer keeps none of them.
+	var rb recvBatch
+	defer rb.free()
 	for {
-		b, err := st.Recv()
+		rb.free()
+		err := st.RecvMsg(&rb)
+		b := &rb.RaftBatch
 		if errors.Is(err, io.EOF) {
 			return st.SendAndClose(&sum)
 		}

@@ -50,7 +50,8 @@ func (t *Transport) newLink(id uint64, addr string) (*link, error) {
 	creds := t.peerCreds(addr)
 	conn, err := grpc.NewClient("passthrough:///"+addr,
 		grpc.WithTransportCredentials(creds),
-		grpc.WithDefaultCallOptions(grpc.MaxCallSendMsgSize(t.opts.MaxMsgSize), grpc.MaxCallRecvMsgSize(1<<20)),
+		grpc.WithDefaultCallOptions(grpc.MaxCallSendMsgSize(t.opts.MaxMsgSize), grpc.MaxCallRecvMsgSize(1<<20),
+			grpc.ForceCodecV2(newCodec())), // RaftBatch's msgs uncopied (codec.go)
 		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: t.opts.Keepalive, Timeout: t.opts.Keepalive, PermitWithoutStream: true}),
 		// gRPC's own reconnect backoff grows to 120 s by default: a peer
 		// down for a few minutes would then stay unreached for up to two

@@ -56,7 +56,9 @@ import (
 // several goroutines at once and must not block for long.
 type Stepper interface {
 	// StepPeer steps one marshalled raftpb.Message. An error refuses that
-	// message only (it is logged and dropped).
+	// message only (it is logged and dropped). msg points into the
+	// transport's receive buffer, reused once StepPeer returns: keep a
+	// copy, never msg itself.
 	StepPeer(msg []byte) error
 	// ReportUnreachable says a message to peer id was dropped or its stream
 	// broke.
@@ -379,6 +381,7 @@ func New(lis net.Listener, st Stepper, opts Options) (*Transport, error) {
 		// Peers ping every Keepalive even without a stream; the default
 		// policy (5 min) would answer them with GOAWAY too_many_pings.
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: opts.Keepalive / 2, PermitWithoutStream: true}),
+		grpc.ForceServerCodecV2(newCodec()), // RaftBatch's msgs uncopied (codec.go)
 	}
 	if opts.TLS != nil {
 		sopts = append(sopts, grpc.Creds(credentials.NewTLS(opts.TLS.Server)))
