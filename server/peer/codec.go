@@ -101,24 +101,33 @@ func marshalBatch(b *peerv1.RaftBatch) (mem.BufferSlice, error) {
 		Group: b.Group, ClusterId: b.ClusterId, From: b.From, To: b.To,
 		FromClientAddr: b.FromClientAddr, FromPeerAddr: b.FromPeerAddr,
 	}
-	hb, err := proto.Marshal(head)
+	// One backing array for the header and every tag, length and small
+	// msg: the buffers before the large msgs are slices of it.
+	n := proto.Size(head)
+	for _, m := range msgs {
+		n += protowire.SizeTag(batchMsgsField) + protowire.SizeVarint(uint64(len(m)))
+		if len(m) < smallMsg {
+			n += len(m)
+		}
+	}
+	buf, err := proto.MarshalOptions{}.MarshalAppend(make([]byte, 0, n), head)
 	if err != nil {
 		return nil, err
 	}
 	out := make(mem.BufferSlice, 0, 1+2*len(msgs))
-	pre := hb
+	from := 0 // buf[from:] is not in out yet
 	for _, m := range msgs {
-		pre = protowire.AppendTag(pre, batchMsgsField, protowire.BytesType)
-		pre = protowire.AppendVarint(pre, uint64(len(m)))
+		buf = protowire.AppendTag(buf, batchMsgsField, protowire.BytesType)
+		buf = protowire.AppendVarint(buf, uint64(len(m)))
 		if len(m) < smallMsg {
-			pre = append(pre, m...) // a heartbeat or an answer: not worth a buffer of its own
+			buf = append(buf, m...) // a heartbeat or an answer: not worth a buffer of its own
 			continue
 		}
-		out = append(out, mem.SliceBuffer(pre), mem.SliceBuffer(m))
-		pre = nil
+		out = append(out, mem.SliceBuffer(buf[from:len(buf):len(buf)]), mem.SliceBuffer(m))
+		from = len(buf)
 	}
-	if len(pre) > 0 {
-		out = append(out, mem.SliceBuffer(pre))
+	if len(buf) > from {
+		out = append(out, mem.SliceBuffer(buf[from:]))
 	}
 	return out, nil
 }
@@ -136,7 +145,7 @@ const smallMsg = 512
 func unmarshalBatch(in []byte, b *peerv1.RaftBatch) error {
 	b.Reset()
 	var rest []byte // the fields but msgs, in their order
-	var msgs [][]byte
+	msgs := make([][]byte, 0, 8)
 	for off := 0; off < len(in); {
 		num, typ, n := protowire.ConsumeTag(in[off:])
 		if n < 0 {
