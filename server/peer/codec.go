@@ -20,20 +20,21 @@ const batchMsgsField = 6
 // messages, an append's entries among them: up to MaxSizePerMsg each) it
 // does not copy. grpc-go's codec copies a batch's msgs once into the
 // encoded batch on the sender and once out of it on the receiver, beside
-// the copies the transport and raft make anyway; at batch100-c16 these
-// were about a twentieth of the group's CPU (BENCHMARKS.md "The raft
-// stream without its two copies"). The wire format is protobuf's, so a
-// member with grpc-go's codec reads and writes the same bytes.
+// the copies the transport and raft make anyway: for a 100 KiB append,
+// 69 µs against 19 µs to encode and decode (BenchmarkBatchCodec), some 4 %
+// of the group's CPU at batch100-c16 (BENCHMARKS.md "What this VM
+// charges, member by member, and the raft stream's copies"). The wire
+// format is protobuf's, so a member with grpc-go's codec reads and writes
+// the same bytes.
 //
 //   - Marshal sends the header fields marshalled as usual and then each
-//     msg by reference, behind its own tag and length. gRPC may write
-//     them after Send returns: the link never changes a queued message
-//     (each is a fresh proto.Marshal of replica.Node.send).
+//     msg by reference, behind its tag and length. gRPC may write them
+//     after Send returns: the link never changes a queued message (each is
+//     a fresh proto.Marshal of replica.Node.send).
 //   - Unmarshal into a *recvBatch copies the batch once into a buffer of
 //     gRPC's pool and points msgs into it; the handler steps them (raft's
-//     own decoding copies what it keeps) and then frees the buffer.
-//     Unmarshal into a *peerv1.RaftBatch (any other caller) copies each
-//     msg out, as grpc-go's codec does.
+//     own decoding copies what it keeps) and then frees the buffer. Into
+//     anything else, a *peerv1.RaftBatch included, it is grpc-go's.
 type codec struct{ proto encoding.CodecV2 }
 
 func newCodec() codec { return codec{proto: encoding.GetCodecV2(grpcproto.Name)} }
@@ -51,8 +52,8 @@ func (c codec) Marshal(v any) (mem.BufferSlice, error) {
 	return c.proto.Marshal(v)
 }
 
-// Unmarshal decodes into a *recvBatch by unmarshalBatch, anything else by
-// grpc-go's proto codec.
+// Unmarshal decodes into a *recvBatch by unmarshalBatch, into anything
+// else by grpc-go's proto codec.
 func (c codec) Unmarshal(data mem.BufferSlice, v any) error {
 	switch r := v.(type) {
 	case *recvBatch:
@@ -62,14 +63,6 @@ func (c codec) Unmarshal(data mem.BufferSlice, v any) error {
 			return err
 		}
 		r.buf = buf
-		return nil
-	case *peerv1.RaftBatch:
-		if err := unmarshalBatch(data.Materialize(), r); err != nil {
-			return err
-		}
-		for i, m := range r.Msgs { // the input is gRPC's: copy out, as grpc-go's codec does
-			r.Msgs[i] = append([]byte(nil), m...)
-		}
 		return nil
 	}
 	return c.proto.Unmarshal(data, v)
@@ -93,8 +86,9 @@ func (r *recvBatch) free() {
 
 // marshalBatch encodes b as proto.Marshal does, but for the order of its
 // fields (msgs come last; a decoder takes fields in any order) and without
-// copying its msgs: the header in one buffer, then each msg's tag and
-// length in a small buffer and the msg itself by reference.
+// copying its large msgs: the header, every msg's tag and length and the
+// small msgs are in one array, and each large msg follows its length by
+// reference.
 func marshalBatch(b *peerv1.RaftBatch) (mem.BufferSlice, error) {
 	msgs := b.Msgs
 	head := &peerv1.RaftBatch{

@@ -195,7 +195,8 @@ func FuzzUnmarshalBatch(f *testing.F) {
 // two ends of the raft stream do (without the network): grpc-go's proto
 // codec against this codec, for a batch of 64 heartbeat-sized answers, of
 // 16 unary appends (1 KiB) and of one append of a 100-message batch
-// (100 KiB). BENCHMARKS.md "The raft stream without its two copies".
+// (100 KiB). BENCHMARKS.md "What this VM charges, member by member, and
+// the raft stream's copies".
 func BenchmarkBatchCodec(b *testing.B) {
 	cases := []struct {
 		name string

@@ -625,7 +625,8 @@ func (t *Transport) Addr() net.Addr { return t.lis.Addr() }
 // blocks: a message for an unknown peer is dropped, and so is one that does
 // not fit the peer's queue, which is then reported unreachable (from the
 // transport's goroutine, never from inside Send, so raft may call Send with
-// its own lock held).
+// its own lock held). msg is sent by reference (codec.go), possibly after
+// Send returned: the caller must not change it afterwards.
 func (t *Transport) Send(to uint64, msg []byte) {
 	l := t.knownLink(to)
 	if l == nil {
