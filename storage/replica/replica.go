@@ -33,7 +33,9 @@ import (
 
 // Transport carries marshalled raftpb.Messages to peers. Send must not
 // block and may drop (raft tolerates loss); a transport that finds a peer
-// unreachable should call the store's ReportUnreachable.
+// unreachable should call the store's ReportUnreachable. The node never
+// changes a msg it handed to Send (each is a fresh marshal), so a
+// transport may keep it and write it later.
 type Transport interface {
 	Send(to uint64, msg []byte)
 }
