@@ -637,7 +637,10 @@ func (n *simNet) snapsLen() int {
 
 // compact compacts node id's raft log up to what it has applied (and has
 // durably committed), as retention does before it deletes files; its
-// commitlog stays, so only the raft entries go.
+// commitlog stays, so only the raft entries go. It compacts more eagerly
+// than retention (to the applied data end, not a file boundary, and with
+// no data below it too: CompactBelow then does nothing, or seed 4223's
+// group, which stored nothing, waited forever on snapshots without files).
 func (g *groupSim) compact(id uint64) {
 	n := g.nodes[id]
 	if n.s == nil {
@@ -646,15 +649,6 @@ func (g *groupSim) compact(id uint64) {
 	g.count("compact")
 	applied := n.s.ReplicaInfo().Applied
 	end, err := n.s.group.rlog.DataEndAt(applied)
-	if err == nil && end <= n.s.log.MinOffset() {
-		// Retention compacts only before it deletes a file, below the
-		// last one, which holds records: never with no data below the
-		// point. (A log compacted with none leaves the leader nothing but
-		// a snapshot without files for a follower behind it, which
-		// followers refuse: seed 4223 before this check.)
-		g.note("compact %d: no data below %d (applied %d): nothing retention would delete", id, end, applied)
-		return
-	}
 	if err == nil {
 		err = n.s.group.rlog.CompactBelow(end, applied)
 	}

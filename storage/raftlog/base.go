@@ -282,7 +282,12 @@ func (l *Log) InstallSnapshot(index, term uint64, dataEnd int64, step func(strin
 // it has not handed out yet from the log). A DATA entry below off past
 // that bound (it cannot be: retention keeps what is not indexed, and only
 // applied entries are) is ErrCompactUncommitted, and the files must stay.
-// Entries at or below FirstIndex-1 are gone already: nothing to do.
+// Entries at or below FirstIndex-1 are gone already: nothing to do. So is
+// a log without a DATA entry below off: no entry refers to the files that
+// go, and compacting it would leave raft only snapshots for a follower
+// behind it, of an empty commitlog they have no file for, which followers
+// refuse (a group that had stored nothing stayed stuck so: TestGroupSim
+// seed 4223).
 func (l *Log) CompactBelow(off int64, applied uint64) error {
 	l.mu.Lock()
 	if l.stopped != nil {
@@ -295,6 +300,7 @@ func (l *Log) CompactBelow(off int64, applied uint64) error {
 	}
 	limit := min(l.durableCommitLocked(), l.synced, applied)
 	i := l.last
+	below := false // a DATA entry below off
 	for j := l.first; j <= l.last; j++ {
 		u, err := l.unitLocked(j)
 		if err != nil {
@@ -309,11 +315,12 @@ func (l *Log) CompactBelow(off int64, applied uint64) error {
 			l.mu.Unlock()
 			return fmt.Errorf("%w: entry %d holds data at %d, below %d, commit %d on disk", ErrCompactUncommitted, j, u.Pos, off, limit)
 		}
+		below = below || u.Kind == KindData
 	}
 	i = min(i, limit)
 	first := l.first
 	l.mu.Unlock()
-	if i < first {
+	if i < first || !below {
 		return nil
 	}
 	return l.Compact(i)

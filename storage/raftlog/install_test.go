@@ -102,6 +102,85 @@ func TestCompactBelow(t *testing.T) {
 	}
 }
 
+// TestCompactBelowWithoutData: with no DATA entry below the offset,
+// CompactBelow compacts nothing: neither a log of EMPTY and CMD entries
+// only (a group that stored nothing: TestGroupSim seed 4223), at any
+// offset, nor such a log's leading entries before a DATA entry at or past
+// the offset. Once a DATA entry lies below it, the leading entries go as
+// before.
+func TestCompactBelowWithoutData(t *testing.T) {
+	r := mustOpen(t, vfs.NewMem())
+	defer func() {
+		if err := r.close(); err != nil {
+			t.Fatal(err)
+		}
+	}()
+	var ents []*pb.Entry
+	for i := uint64(1); i <= 6; i++ {
+		e := &pb.Entry{Term: proto.Uint64(1), Index: proto.Uint64(i)}
+		if i%2 == 0 {
+			e.Data = []byte{0, 0, 0, 0, 0xC0, 0xDE, 0, byte(i)} // a command
+		}
+		ents = append(ents, e)
+	}
+	commit := func() uint64 {
+		t.Helper()
+		last, _ := r.log.LastIndex()
+		if err := r.log.SetHardState(&pb.HardState{Term: proto.Uint64(1), Commit: proto.Uint64(last)}); err != nil {
+			t.Fatal(err)
+		}
+		if err := r.log.Sync(); err != nil {
+			t.Fatal(err)
+		}
+		return last
+	}
+	if err := r.log.Append(ents); err != nil {
+		t.Fatal(err)
+	}
+	last := commit()
+	for _, off := range []int64{0, 1, testFileSize, 1 << 40} {
+		if err := r.log.CompactBelow(off, last); err != nil {
+			t.Fatalf("no data, offset %d: %v", off, err)
+		}
+		if f, _ := r.log.FirstIndex(); f != 1 {
+			t.Fatalf("no data, offset %d: FirstIndex %d, want 1 (nothing compacted)", off, f)
+		}
+	}
+	// DATA entries from here on, the first at pos.
+	pos, err := r.log.NextPos(last, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rng := rand.New(rand.NewPCG(4223, 1))
+	at := pos
+	var data []*pb.Entry
+	for i := last + 1; i <= last+3; i++ {
+		specs := records(rng, 1)
+		p := Place(at, specsLen(specs), testFileSize)
+		e := &pb.Entry{Term: proto.Uint64(1), Index: proto.Uint64(i), Data: encodeAt(specs, p)}
+		at = p + int64(len(e.Data))
+		data = append(data, e)
+	}
+	if err := r.log.Append(data); err != nil {
+		t.Fatal(err)
+	}
+	last = commit()
+	firstData := data[0].GetIndex()
+	if err := r.log.CompactBelow(pos, last); err != nil {
+		t.Fatal(err)
+	}
+	if f, _ := r.log.FirstIndex(); f != 1 {
+		t.Fatalf("data only at or past %d: FirstIndex %d, want 1", pos, f)
+	}
+	// Past the first DATA entry's start: it and the entries before it go.
+	if err := r.log.CompactBelow(pos+1, last); err != nil {
+		t.Fatal(err)
+	}
+	if f, _ := r.log.FirstIndex(); f != firstData+1 {
+		t.Fatalf("a DATA entry below the offset: FirstIndex %d, want %d", f, firstData+1)
+	}
+}
+
 // TestInstallSnapshot: after InstallSnapshot at S (past the log's end,
 // over a commitlog ending at the snapshot's data end) the log is raft's
 // after ApplySnapshot: FirstIndex S+1, LastIndex S, Term(S) the
