@@ -31,9 +31,10 @@ const batchMsgsField = 6
 //     msg by reference, behind its tag and length. gRPC may write them
 //     after Send returns: the link never changes a queued message (each is
 //     a fresh proto.Marshal of replica.Node.send).
-//   - Unmarshal into a *recvBatch copies the batch once into a buffer of
-//     gRPC's pool and points msgs into it; the handler steps them (raft's
-//     own decoding copies what it keeps) and then frees the buffer. Into
+//   - Unmarshal into a *recvBatch takes the batch as one buffer (gRPC's
+//     own when it came in one piece, else a copy into a buffer of gRPC's
+//     pool) and points msgs into it; the handler steps them (raft's own
+//     decoding copies what it keeps) and then frees the buffer. Into
 //     anything else, a *peerv1.RaftBatch included, it is grpc-go's.
 type codec struct{ proto encoding.CodecV2 }
 
