@@ -51,7 +51,11 @@ type group struct {
 // member's) and no outgoing connection's source port can take one while
 // its member is down or not started yet: with ports from :0 that happened
 // (a member's client listener got the peer port just released for
-// another, which then failed to start: "address already in use").
+// another, which then failed to start: "address already in use"). A port
+// is handed out once per test binary (handedOut): a port checked free is
+// not bound until its member starts, so two calls of one test (a group's
+// admin ports, then its client and peer ports) could pick the same one
+// (TestGroupBitFlipRepair, member 3's admin and peer listeners).
 func freePorts(t *testing.T, n int) []string {
 	t.Helper()
 	lo := 32768 // Linux's default start of the ephemeral range
@@ -66,16 +70,17 @@ func freePorts(t *testing.T, n int) []string {
 		t.Fatalf("the ephemeral port range starts at %d: no room below it for the members' listeners", lo)
 	}
 	var addrs []string
-	seen := map[int]bool{}
+	handedOut.mu.Lock()
+	defer handedOut.mu.Unlock()
 	for tries := 0; len(addrs) < n; tries++ {
 		if tries > 1000 {
 			t.Fatalf("no %d free ports in [10000, %d)", n, lo)
 		}
 		port := 10000 + rand.IntN(lo-10000)
-		if seen[port] {
+		if handedOut.ports[port] {
 			continue
 		}
-		seen[port] = true
+		handedOut.ports[port] = true
 		addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
 		l, err := net.Listen("tcp", addr)
 		if err != nil {
@@ -86,6 +91,12 @@ func freePorts(t *testing.T, n int) []string {
 	}
 	return addrs
 }
+
+// handedOut holds the ports freePorts has handed out in this test binary.
+var handedOut = struct {
+	mu    sync.Mutex
+	ports map[int]bool
+}{ports: map[int]bool{}}
 
 // newGroup starts a group of 3 with proxied peer links.
 func newGroup(t *testing.T, flags ...string) *group { return newGroupN(t, 3, 1, flags...) }
