@@ -56,17 +56,17 @@ func (c codec) Marshal(v any) (mem.BufferSlice, error) {
 // Unmarshal decodes into a *recvBatch by unmarshalBatch, into anything
 // else by grpc-go's proto codec.
 func (c codec) Unmarshal(data mem.BufferSlice, v any) error {
-	switch r := v.(type) {
-	case *recvBatch:
-		buf := data.MaterializeToBuffer(mem.DefaultBufferPool())
-		if err := unmarshalBatch(buf.ReadOnlyData(), &r.RaftBatch); err != nil {
-			buf.Free()
-			return err
-		}
-		r.buf = buf
-		return nil
+	r, ok := v.(*recvBatch)
+	if !ok {
+		return c.proto.Unmarshal(data, v)
 	}
-	return c.proto.Unmarshal(data, v)
+	buf := data.MaterializeToBuffer(mem.DefaultBufferPool())
+	if err := unmarshalBatch(buf.ReadOnlyData(), &r.RaftBatch); err != nil {
+		buf.Free()
+		return err
+	}
+	r.buf = buf
+	return nil
 }
 
 // recvBatch is a RaftBatch received by the codec: its msgs point into buf
