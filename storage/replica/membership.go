@@ -201,13 +201,30 @@ func (n *Node) setMembersLocked(m raftlog.Membership) {
 // it proposed meanwhile without an answer.
 func (n *Node) ProposeConfChange(ctx context.Context, c ConfChange) (raftlog.Membership, error) {
 	n.mu.Lock()
-	if err := n.refusalLocked(); err != nil {
+	for {
+		if err := n.refusalLocked(); err != nil {
+			n.mu.Unlock()
+			return raftlog.Membership{}, err
+		}
+		if n.confWait != nil {
+			n.mu.Unlock()
+			return raftlog.Membership{}, ErrConfChangePending
+		}
+		adv := n.confReadyLocked()
+		if adv == nil {
+			break
+		}
+		// The last change (or the leadership) applied here, not yet
+		// counted by raft: at most the rest of the Ready being handled.
 		n.mu.Unlock()
-		return raftlog.Membership{}, err
-	}
-	if n.confWait != nil {
-		n.mu.Unlock()
-		return raftlog.Membership{}, ErrConfChangePending
+		select {
+		case <-adv:
+		case <-ctx.Done():
+			return raftlog.Membership{}, fmt.Errorf("%w: waiting for the last change to be applied, nothing proposed (%v)", ErrReplicationTimeout, ctx.Err())
+		case <-n.done:
+			return raftlog.Membership{}, ErrClosed
+		}
+		n.mu.Lock()
 	}
 	typ, err := n.checkConfChangeLocked(c)
 	if err != nil {
@@ -346,7 +363,7 @@ func (n *Node) stepRemovalRequest(m *pb.Message) error {
 	if n.err != nil {
 		return n.err
 	}
-	if n.refusalLocked() != nil || n.confWait != nil {
+	if n.refusalLocked() != nil || n.confWait != nil || n.confReadyLocked() != nil {
 		return nil // not the ready leader, or a change pending: the member asks again
 	}
 	if _, err := n.checkConfChangeLocked(ConfChange{Op: Remove, ID: from}); err != nil {
@@ -366,6 +383,24 @@ func (n *Node) stepRemovalRequest(m *pb.Message) error {
 	n.opts.Logger.Infof("replica %d: proposed the removal of member %d, which asked for it", n.opts.ID, from)
 	n.kick()
 	return nil
+}
+
+// confReadyLocked returns nil when raft takes a conf change proposed
+// now, else a channel closed at the next Advance: raft counts an entry
+// applied only at Advance, after the Ready that applied it here (and
+// answered its proposer), and replaces a conf change proposed while its
+// applied index is below the last one's (or below the entries of earlier
+// terms a new leader commits with its first) with an empty entry, with
+// no error: the proposer would wait for a change that never applies.
+// REQUIRES: n.mu.
+func (n *Node) confReadyLocked() <-chan struct{} {
+	if n.rn.BasicStatus().Applied >= n.confFloor {
+		return nil
+	}
+	if n.advanced == nil {
+		n.advanced = make(chan struct{})
+	}
+	return n.advanced
 }
 
 // checkConfChangeLocked refuses a change that does not fit the group as
@@ -499,6 +534,7 @@ func (n *Node) applyConfLocked(e *pb.Entry) (raftlog.ConfChange, bool, error) {
 		return raftlog.ConfChange{}, false, err
 	}
 	n.setMembersLocked(m)
+	n.confFloor = max(n.confFloor, e.GetIndex())
 	n.opts.Logger.Infof("replica %d: membership at %d: voters %v, learners %v", n.opts.ID, m.Index, m.Voters, m.Learners)
 	if w := n.confWait; w != nil && w.req == cx.Req {
 		w.m = m.Clone()

@@ -285,6 +285,16 @@ type Node struct {
 	memberIDs []uint64
 	confWait  *confWaiter
 	confSeq   uint64
+	// confFloor is the raft index raft's own applied index must reach
+	// before a conf change may be proposed: the last conf change this
+	// replica applied, or where it became the ready leader. Raft counts
+	// an entry applied only at Advance, the end of the Ready that applied
+	// it here, and until then silently replaces a proposed conf change
+	// with an empty entry (its pendingConfIndex check), which would never
+	// apply: confReadyLocked. advanced, when not nil, is closed at the
+	// next Advance (a proposer waits for it).
+	confFloor uint64
+	advanced  chan struct{}
 	// selfRemoval: this replica, having led, asks the leader it handed
 	// over to to remove it (removeSelf, stepRemovalRequest).
 	selfRemoval *selfRemoval
@@ -692,6 +702,10 @@ func (n *Node) handle(rd raft.Ready) error {
 	}
 	n.mu.Lock()
 	n.rn.Advance(rd)
+	if n.advanced != nil {
+		close(n.advanced)
+		n.advanced = nil
+	}
 	joined := n.joining && n.caughtUpLocked()
 	n.mu.Unlock()
 	if joined {
@@ -1012,6 +1026,7 @@ func (n *Node) maybeReadyLocked() {
 	n.tail = n.end
 	n.ready = true
 	n.readyTerm = n.term
+	n.confFloor = max(n.confFloor, n.commit)
 }
 
 // ProposedEnd is the commitlog offset past the last entry proposed here

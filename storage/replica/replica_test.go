@@ -1,6 +1,7 @@
 package replica
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net/netip"
@@ -9,6 +10,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/rs/zerolog"
@@ -600,4 +602,77 @@ func TestMoveLeadershipRefusals(t *testing.T) {
 	if w.Err() != nil {
 		t.Fatalf("a put after the moves: %v", w.Err())
 	}
+}
+
+// gateHost is a fakeHost whose MembershipChanged reports each call on
+// entered and then waits until release is closed: it holds the raft loop
+// between applying a conf change (its proposer answered) and the Ready's
+// Advance.
+type gateHost struct {
+	fakeHost
+	entered chan raftlog.ConfChange
+	release chan struct{}
+}
+
+func (h *gateHost) MembershipChanged(c raftlog.ConfChange) {
+	h.entered <- c
+	<-h.release
+}
+
+// TestConfChangeBeforeAdvance: a membership change proposed right after
+// the previous one applied, while raft has not yet counted it applied
+// (the loop has not reached the Ready's Advance), applies: raft would
+// have replaced it with an empty entry, silently, and its proposer would
+// have waited until its deadline (TestTransferLeadershipOnGroup's second
+// AddReplicaMember in a CI run). The loop is held inside the first
+// change's MembershipChanged; synctest.Wait lets the second proposer go
+// as far as it can before the loop moves on.
+func TestConfChangeBeforeAdvance(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		_, rl := open(t, 1, []uint64{1})
+		h := &gateHost{entered: make(chan raftlog.ConfChange, 2), release: make(chan struct{})}
+		n, err := New(Options{ID: 1, Log: rl, FileSize: fileSize, Transport: nopTransport{}, Host: h, Ticks: make(chan time.Time)}, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer n.Close()
+		if err := n.Campaign(); err != nil {
+			t.Fatal(err)
+		}
+		synctest.Wait()
+		if !n.Ready() {
+			t.Fatal("a one-voter group's member is not the ready leader after its campaign")
+		}
+		ctx, cancel := context.WithTimeout(t.Context(), time.Minute) // bubble time
+		defer cancel()
+		type result struct {
+			m   raftlog.Membership
+			err error
+		}
+		propose := func(id uint64) chan result {
+			ch := make(chan result, 1)
+			go func() {
+				m, err := n.ProposeConfChange(ctx, ConfChange{Op: AddLearner, ID: id, PeerAddr: fmt.Sprintf("127.0.0.1:9%d9%d", id, id)})
+				ch <- result{m, err}
+			}()
+			return ch
+		}
+		first := propose(2)
+		if c := <-h.entered; !slices.Equal(c.Membership.Learners, []uint64{2}) {
+			t.Fatalf("the first change applied %+v", c.Membership)
+		}
+		if r := <-first; r.err != nil {
+			t.Fatalf("the first change: %v", r.err)
+		}
+		second := propose(3)
+		synctest.Wait() // the second proposer blocked: on raft's answer, or before proposing
+		close(h.release)
+		r := <-second
+		if r.err != nil || !slices.Equal(r.m.Learners, []uint64{2, 3}) || !slices.Equal(r.m.Voters, []uint64{1}) {
+			t.Fatalf("the change proposed before raft counted the first applied: %+v, %v; want learners [2 3]", r.m, r.err)
+		}
+		if c := <-h.entered; !slices.Equal(c.Membership.Learners, []uint64{2, 3}) {
+			t.Fatalf("the host heard %+v", c.Membership)
+		}
+	})
 }
