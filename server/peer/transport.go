@@ -87,7 +87,8 @@ const (
 	// "Fixed windows on the peer links"). Any window of 64 KiB or more
 	// turns the estimator off; these hold the largest message
 	// (DefaultMaxMsgSize) and bound what a connection buffers to the
-	// estimator's own limit.
+	// estimator's own limit. Only members connect (mutual TLS, or
+	// plaintext on loopback), and what they send is read at once.
 	Window     = 16 << 20
 	ConnWindow = 16 << 20
 	// DefaultMaxBatchMsgs bounds the messages of one RaftBatch, on both sides.
