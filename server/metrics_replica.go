@@ -4,6 +4,8 @@ import (
 	"strconv"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/storaged/storaged/storage"
 )
 
 // ReplicaCollector exports a group member's view of its replication group
@@ -16,6 +18,7 @@ type ReplicaCollector struct {
 	hasLeader, isLeader, ready, term, commit, applied, commitEnd *prometheus.Desc
 	peerMatch, peerActive                                        *prometheus.Desc
 	entries, readahead, readaheads                               *prometheus.Desc
+	readyHandling, logSync                                       *prometheus.Desc
 }
 
 // NewReplicaCollector returns the collector of info (the binary registers
@@ -39,13 +42,17 @@ func NewReplicaCollector(info func() ReplicaInfo) *ReplicaCollector {
 			"entries to apply), under the lock every put takes."),
 		readahead:  d("catchup_readahead_bytes_total", "Commitlog bytes this member, leading, asked the kernel to read ahead of followers catching up."),
 		readaheads: d("catchup_readaheads_total", "Readahead requests this member made for followers catching up."),
+		readyHandling: d("ready_seconds", "Time of each round of the raft loop (a Ready: its writes, log sync, sends and applies); "+
+			"puts proposed meanwhile wait for the next round."),
+		logSync: d("log_sync_seconds", "Time of each sync of the raft log (commitlog bytes and index units of a Ready made durable); "+
+			"every put's commit waits for one on the leader and on a majority."),
 	}
 }
 
 // Describe implements prometheus.Collector.
 func (c *ReplicaCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.hasLeader, c.isLeader, c.ready, c.term, c.commit, c.applied, c.commitEnd,
-		c.peerMatch, c.peerActive, c.entries, c.readahead, c.readaheads} {
+		c.peerMatch, c.peerActive, c.entries, c.readahead, c.readaheads, c.readyHandling, c.logSync} {
 		ch <- d
 	}
 }
@@ -65,8 +72,13 @@ func (c *ReplicaCollector) Collect(ch chan<- prometheus.Metric) {
 	g(c.commitEnd, float64(ri.CommitEnd))
 	ch <- prometheus.MustNewConstMetric(c.readahead, prometheus.CounterValue, float64(ri.ReadaheadBytes))
 	ch <- prometheus.MustNewConstMetric(c.readaheads, prometheus.CounterValue, float64(ri.Readaheads))
-	if ri.StorageEntries.Counts != nil {
-		ch <- constHistogram(c.entries, ri.StorageEntries)
+	for _, h := range []struct {
+		d *prometheus.Desc
+		s storage.HistogramSnapshot
+	}{{c.entries, ri.StorageEntries}, {c.readyHandling, ri.ReadyHandling}, {c.logSync, ri.LogSync}} {
+		if h.s.Counts != nil {
+			ch <- constHistogram(h.d, h.s)
+		}
 	}
 	for _, p := range ri.Peers {
 		id := strconv.FormatUint(p.ID, 10)

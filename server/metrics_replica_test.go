@@ -52,7 +52,12 @@ func TestReplicaCollector(t *testing.T) {
 		Counts: []uint64{0, 1, 1, 1}, Sum: 2*time.Second + 1503*time.Microsecond}
 	ri := ReplicaInfo{Role: RoleLeader, ID: 1, Term: 7, LeaderID: 1, Commit: 42, Applied: 41, CommitEnd: 9000, Ready: true,
 		Peers:          []PeerProgress{{ID: 2, Match: 42, RecentActive: true}, {ID: 3, Match: 30}},
-		ReadaheadBytes: 64 << 20, Readaheads: 3, StorageEntries: entries}
+		ReadaheadBytes: 64 << 20, Readaheads: 3, StorageEntries: entries,
+		// Two rounds of 700 µs and 3 ms; one sync of 300 µs.
+		ReadyHandling: storage.HistogramSnapshot{Bounds: []time.Duration{1024 * time.Microsecond, 4096 * time.Microsecond, time.Second},
+			Counts: []uint64{1, 1, 0}, Sum: 3700 * time.Microsecond},
+		LogSync: storage.HistogramSnapshot{Bounds: []time.Duration{512 * time.Microsecond, time.Second},
+			Counts: []uint64{1, 0}, Sum: 300 * time.Microsecond}}
 	reg := prometheus.NewPedanticRegistry()
 	reg.MustRegister(NewReplicaCollector(func() ReplicaInfo { return ri }))
 	want := map[string]float64{
@@ -65,6 +70,10 @@ func TestReplicaCollector(t *testing.T) {
 		"storaged_raft_storage_entries_seconds_count": 3, "storaged_raft_storage_entries_seconds_sum": 2.001503,
 		"storaged_raft_storage_entries_seconds{le=1e-06}": 0, "storaged_raft_storage_entries_seconds{le=4e-06}": 1,
 		"storaged_raft_storage_entries_seconds{le=0.002048}": 2,
+		"storaged_raft_ready_seconds_count": 2, "storaged_raft_ready_seconds_sum": 0.0037,
+		"storaged_raft_ready_seconds{le=0.001024}": 1, "storaged_raft_ready_seconds{le=0.004096}": 2,
+		"storaged_raft_log_sync_seconds_count": 1, "storaged_raft_log_sync_seconds_sum": 0.0003,
+		"storaged_raft_log_sync_seconds{le=0.000512}": 1,
 	}
 	if got := gauges(t, reg); !maps.Equal(got, want) {
 		t.Fatalf("leader:\n got %v\nwant %v", got, want)

@@ -32,6 +32,9 @@ type ReplicaInfo struct {
 	ReadaheadBytes, Readaheads int64
 	// StorageEntries times raft's reads of this member's log.
 	StorageEntries storage.HistogramSnapshot
+	// ReadyHandling times each round of the raft loop (a Ready: its
+	// writes, sync, sends and applies), LogSync each sync of the raft log.
+	ReadyHandling, LogSync storage.HistogramSnapshot
 	// Membership is the group's membership as this member applied it;
 	// nil while unknown (the store is opening).
 	Membership *Membership

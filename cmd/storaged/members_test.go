@@ -37,6 +37,7 @@ func freeAddr(t *testing.T) string {
 type leader1 struct {
 	p                   *proc
 	grpcAddr, adminAddr string // its client and admin gRPC addresses
+	metricsAddr         string // its /metrics address, "" unless args set --metrics-listen
 	peer1, peer2        string // the peer addresses of members 1 and 2
 }
 
@@ -50,7 +51,7 @@ func startLeader1(t *testing.T, opts []grpc.DialOption, args ...string) leader1 
 		"--data-dir", t.TempDir(), "--file-size", "64KiB", "--raft-id", "1", "--raft-peers", "1=" + l.peer1 + ",2=" + l.peer2,
 		"--raft-learners", "2", "--raft-tick", "10ms", "--raft-election-timeout", "100ms"}, args...)...)
 	listening := l.p.logs.waitFor(t, "listening")
-	l.grpcAddr, l.adminAddr = listening.str("grpc"), listening.str("admin")
+	l.grpcAddr, l.adminAddr, l.metricsAddr = listening.str("grpc"), listening.str("admin"), listening.str("metrics")
 	conn := dial(t, l.grpcAddr, opts...)
 	waitServing(t, conn)
 	client := storagedv1.NewMessageStoreServiceClient(conn)

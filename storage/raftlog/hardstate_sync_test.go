@@ -257,3 +257,33 @@ func TestAdvanceCommit(t *testing.T) {
 		}
 	}
 }
+
+// TestSyncLatency: each Sync is timed once (SyncLatency,
+// storaged_raft_log_sync_seconds), with entries to make durable or
+// without; the Entries calls have their own histogram.
+func TestSyncLatency(t *testing.T) {
+	_, r, _ := openCountingHardStateSyncs(t)
+	defer func() { r.close() }()
+	g := &gen{rng: rand.New(rand.NewPCG(3, 4)), term: 1}
+	for i, n := range []int{3, 0, 2} {
+		if n > 0 {
+			last, _ := r.log.LastIndex()
+			if err := r.log.Append(g.entries(r.log, last+1, n)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := r.log.Sync(); err != nil {
+			t.Fatal(err)
+		}
+		if got := r.log.SyncLatency().Count(); got != uint64(i+1) {
+			t.Fatalf("after %d Syncs: %d timed", i+1, got)
+		}
+	}
+	before := r.log.EntriesLatency().Count()
+	if _, err := r.log.Entries(1, 6, 1<<20); err != nil {
+		t.Fatal(err)
+	}
+	if s, e := r.log.SyncLatency().Count(), r.log.EntriesLatency().Count(); s != 3 || e != before+1 {
+		t.Fatalf("after an Entries call: %d Syncs timed, %d Entries calls (%d before)", s, e, before)
+	}
+}

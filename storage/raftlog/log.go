@@ -109,6 +109,9 @@ type Log struct {
 	// pages (a follower far behind) holds up every proposal meanwhile
 	// (design §8; EntriesLatency).
 	entriesLat hist.Histogram
+	// syncLat times the disk part of each Sync (SyncLatency): the
+	// commitlog's msync, the index units', the meta-log's.
+	syncLat hist.Histogram
 }
 
 // Open opens (or bootstraps) the raft log in opts.Dir and reconciles it
@@ -686,6 +689,7 @@ func (l *Log) Sync() error {
 	}
 	l.mu.Unlock()
 
+	start := time.Now()
 	err := func() error {
 		if _, err := l.cl.Sync(0); err != nil {
 			return fmt.Errorf("raftlog: sync commitlog: %w", err)
@@ -702,6 +706,7 @@ func (l *Log) Sync() error {
 		}
 		return nil
 	}()
+	l.syncLat.Observe(time.Since(start))
 
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -868,6 +873,12 @@ func (l *Log) DurableEnd() int64 {
 // for its storage, mostly to read the entries it sends a follower that is
 // behind (storaged_raft_storage_entries_seconds).
 func (l *Log) EntriesLatency() hist.Snapshot { return l.entriesLat.Snapshot() }
+
+// SyncLatency is the histogram of Syncs: how long each took to make a
+// Ready's writes durable (storaged_raft_log_sync_seconds, etcd's
+// wal_fsync_duration_seconds). Every put's commit waits for one on the
+// leader and on a majority.
+func (l *Log) SyncLatency() hist.Snapshot { return l.syncLat.Snapshot() }
 
 // DataEnd is the commitlog offset past the last DATA entry: the end of
 // what a follower may still need from this log.

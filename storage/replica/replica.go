@@ -327,6 +327,10 @@ type Node struct {
 	advised map[uint64]int64
 	raBytes atomic.Int64
 	raCalls atomic.Int64
+	// readyLat times each Ready the loop handles (ReadyLatency): its
+	// writes, sync, sends and applies, while the proposals made meanwhile
+	// wait for the next one.
+	readyLat hist.Histogram
 }
 
 // raRange is a commitlog range to read ahead of a follower.
@@ -556,7 +560,9 @@ func (n *Node) loop() {
 			sw := n.snap // raft's answer to a stepped snapshot is in this Ready
 			n.snap = nil
 			n.mu.Unlock()
+			start := time.Now()
 			err := n.handle(rd)
+			n.readyLat.Observe(time.Since(start))
 			if err != nil {
 				n.mu.Lock()
 				n.err = err
@@ -1714,6 +1720,10 @@ type Info struct {
 	// leading, asked the kernel to read ahead of followers behind it, and
 	// in how many requests (Options.CatchUpReadahead).
 	ReadaheadBytes, Readaheads int64
+	// ReadyHandling times each Ready the raft loop handled (its write,
+	// sync, sends and applies); LogSync each sync of the raft log in it
+	// (raftlog.Log.SyncLatency).
+	ReadyHandling, LogSync hist.Snapshot
 	// StorageEntries times raft's reads of this member's log
 	// (raftlog.Log.EntriesLatency).
 	StorageEntries hist.Snapshot
@@ -1737,7 +1747,7 @@ func (n *Node) Info() Info {
 	in := Info{ID: n.opts.ID, Term: st.GetTerm(), LeaderID: st.Lead, Commit: st.GetCommit(), Applied: n.commit, CommitEnd: n.end,
 		Ready: n.ready && st.RaftState == raft.StateLeader && !n.leaving && st.LeadTransferee == raft.None, Joining: n.joining, VotesWithheld: n.withheld,
 		ReadaheadBytes: n.raBytes.Load(), Readaheads: n.raCalls.Load(), StorageEntries: n.opts.Log.EntriesLatency(),
-		Membership: n.members.Clone()}
+		ReadyHandling: n.readyLat.Snapshot(), LogSync: n.opts.Log.SyncLatency(), Membership: n.members.Clone()}
 	switch st.RaftState {
 	case raft.StateLeader:
 		in.Role = "leader"

@@ -143,6 +143,12 @@ func TestSingleVoter(t *testing.T) {
 	if info := n.Info(); info.Role != "leader" || !info.Ready || info.CommitEnd <= 0 || info.Commit < 2 {
 		t.Fatalf("info %+v", info)
 	}
+	// Each round of the loop is timed, and the log's syncs in them: at
+	// least the election's and the proposal's, at most one sync a round
+	// (the round that answered the put may not be counted yet).
+	if info := n.Info(); info.LogSync.Count() < 2 || info.ReadyHandling.Count()+1 < info.LogSync.Count() {
+		t.Fatalf("%d rounds timed, %d syncs", info.ReadyHandling.Count(), info.LogSync.Count())
+	}
 	h.mu.Lock()
 	if h.ready != 1 || h.commitEnd != n.Info().CommitEnd {
 		t.Fatalf("host saw ready %d, commit end %d", h.ready, h.commitEnd)

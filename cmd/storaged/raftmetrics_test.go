@@ -1,0 +1,47 @@
+package main
+
+import (
+	"bytes"
+	"io"
+	"net/http"
+	"testing"
+
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+)
+
+// TestRaftMetrics: a group member's /metrics has the raft loop's
+// histograms, fed from its replica: the rounds of the loop
+// (storaged_raft_ready_seconds) and the raft log's syncs
+// (storaged_raft_log_sync_seconds), each counting at least the syncs of
+// its election and first entry, and raft's reads of the log.
+func TestRaftMetrics(t *testing.T) {
+	l := startLeader1(t, nil, "--metrics-listen", "127.0.0.1:0")
+	defer l.stop(t)
+	resp, err := http.Get("http://" + l.metricsAddr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("GET /metrics: %d %v", resp.StatusCode, err)
+	}
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	mfs, err := parser.TextToMetricFamilies(bytes.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	count := func(name string) uint64 {
+		mf := mfs[name]
+		if mf == nil || len(mf.GetMetric()) != 1 || mf.GetMetric()[0].GetHistogram() == nil {
+			t.Fatalf("%s: not one histogram in\n%s", name, body)
+		}
+		return mf.GetMetric()[0].GetHistogram().GetSampleCount()
+	}
+	syncs, rounds := count("storaged_raft_log_sync_seconds"), count("storaged_raft_ready_seconds")
+	if syncs < 1 || rounds < syncs {
+		t.Errorf("storaged_raft_log_sync_seconds_count %d, storaged_raft_ready_seconds_count %d", syncs, rounds)
+	}
+	count("storaged_raft_storage_entries_seconds")
+}
