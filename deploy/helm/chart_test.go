@@ -12,6 +12,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -157,8 +158,8 @@ func TestChartRenderings(t *testing.T) {
 						t.Errorf("alerts %v: no %s", alerts, want)
 					}
 				}
-				if slices.Contains(alerts, "StoragedNoLeader") {
-					t.Error("StoragedNoLeader without replication")
+				if slices.Contains(alerts, "StoragedNoLeader") || slices.Contains(alerts, "StoragedSlowRaftLogSync") {
+					t.Errorf("replication's alerts without replication: %v", alerts)
 				}
 			}},
 		{"service monitor", []string{"monitoring.serviceMonitor.enabled=true"}, k8scheck.Mesh{}, func(t *testing.T, o *k8scheck.Objects) {
@@ -205,12 +206,17 @@ func TestChartRenderings(t *testing.T) {
 					t.Errorf("peer TLS: secret %q mounted %v (env %q %q %q)", secret, mounted,
 						e["STORAGED_PEER_TLS_CERT"], e["STORAGED_PEER_TLS_KEY"], e["STORAGED_PEER_TLS_CA"])
 				}
-				found := false
+				var alerts []string
 				for _, r := range o.PrometheusRules[0].Spec.Groups[0].Rules {
-					found = found || r.Alert == "StoragedNoLeader"
+					alerts = append(alerts, r.Alert)
+					if r.Alert == "StoragedSlowRaftLogSync" && !strings.Contains(r.Expr.String(), "storaged_raft_log_sync_seconds_bucket[5m]))) > 0.5") {
+						t.Errorf("StoragedSlowRaftLogSync: %s", r.Expr.String())
+					}
 				}
-				if !found {
-					t.Error("no StoragedNoLeader alert with replication")
+				for _, want := range []string{"StoragedNoLeader", "StoragedSlowRaftLogSync"} {
+					if !slices.Contains(alerts, want) {
+						t.Errorf("no %s alert with replication (alerts %v)", want, alerts)
+					}
 				}
 				// Nothing joins yet: the ConfigMap the pods read holds no cluster id and no new ids.
 				pe := podEnv(t, o, 0)
@@ -445,10 +451,32 @@ func TestChartGrowAndReplace(t *testing.T) {
 var metricName = regexp.MustCompile(`\b(storaged|grpc_server|process|go)_[a-z0-9_]+\b`)
 
 // TestMonitoringNamesServedMetrics: every metric an alert or a dashboard panel names is on the
-// /metrics page of a real storaged (built from cmd/storaged and started here).
+// /metrics page of a real storaged (built from cmd/storaged and started here): standalone, and
+// with replication a one-voter group's member (the replication alerts).
 func TestMonitoringNamesServedMetrics(t *testing.T) {
-	o := render(t, "monitoring.prometheusRule.enabled=true", "monitoring.dashboard.enabled=true")
-	served := scrapeRealServer(t)
+	monitoring := []string{"monitoring.prometheusRule.enabled=true", "monitoring.dashboard.enabled=true"}
+	t.Run("standalone", func(t *testing.T) {
+		checkMonitoringNames(t, render(t, monitoring...), scrapeRealServer(t))
+	})
+	t.Run("replication", func(t *testing.T) {
+		var peers []string // member 1's peer port, and member 2's, a learner that never runs
+		for id := range 2 {
+			l, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			peers = append(peers, fmt.Sprintf("%d=%s", id+1, l.Addr()))
+			l.Close()
+		}
+		checkMonitoringNames(t, render(t, group(monitoring...)...), scrapeRealServer(t, "--flush-mode", "sync",
+			"--raft-id", "1", "--raft-peers", strings.Join(peers, ","), "--raft-learners", "2"))
+	})
+}
+
+// checkMonitoringNames fails t for each metric an alert or a dashboard panel of o names that is
+// not in served.
+func checkMonitoringNames(t *testing.T, o *k8scheck.Objects, served map[string]bool) {
+	t.Helper()
 	var exprs []string
 	for _, g := range o.PrometheusRules[0].Spec.Groups {
 		for _, r := range g.Rules {
@@ -538,13 +566,13 @@ func TestChartEnvNamesFlags(t *testing.T) {
 // scrapeRealServer builds cmd/storaged, starts it on loopback ports with a temporary data dir,
 // waits for /readyz and returns the metric names on /metrics (histograms with _bucket, _sum and
 // _count).
-func scrapeRealServer(t *testing.T) map[string]bool {
+func scrapeRealServer(t *testing.T, args ...string) map[string]bool {
 	t.Helper()
 	bin := buildStoraged(t)
 	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, bin, "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0", "--admin-listen", "",
-		"--data-dir", t.TempDir(), "--file-size", "1MiB", "--max-message-size", "64KiB")
+	cmd := exec.CommandContext(ctx, bin, append([]string{"--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0", "--admin-listen", "",
+		"--data-dir", t.TempDir(), "--file-size", "1MiB", "--max-message-size", "64KiB"}, args...)...)
 	cmd.Env = []string{"HOME=" + t.TempDir()}
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
