@@ -70,7 +70,7 @@ func TestReplicaCollector(t *testing.T) {
 		"storaged_raft_storage_entries_seconds_count": 3, "storaged_raft_storage_entries_seconds_sum": 2.001503,
 		"storaged_raft_storage_entries_seconds{le=1e-06}": 0, "storaged_raft_storage_entries_seconds{le=4e-06}": 1,
 		"storaged_raft_storage_entries_seconds{le=0.002048}": 2,
-		"storaged_raft_ready_seconds_count": 2, "storaged_raft_ready_seconds_sum": 0.0037,
+		"storaged_raft_ready_seconds_count":                  2, "storaged_raft_ready_seconds_sum": 0.0037,
 		"storaged_raft_ready_seconds{le=0.001024}": 1, "storaged_raft_ready_seconds{le=0.004096}": 2,
 		"storaged_raft_log_sync_seconds_count": 1, "storaged_raft_log_sync_seconds_sum": 0.0003,
 		"storaged_raft_log_sync_seconds{le=0.000512}": 1,
