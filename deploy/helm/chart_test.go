@@ -456,7 +456,7 @@ var metricName = regexp.MustCompile(`\b(storaged|grpc_server|process|go)_[a-z0-9
 func TestMonitoringNamesServedMetrics(t *testing.T) {
 	monitoring := []string{"monitoring.prometheusRule.enabled=true", "monitoring.dashboard.enabled=true"}
 	t.Run("standalone", func(t *testing.T) {
-		checkMonitoringNames(t, render(t, monitoring...), scrapeRealServer(t))
+		checkMonitoringNames(t, render(t, monitoring...), scrapeRealServer(t, ""), false)
 	})
 	t.Run("replication", func(t *testing.T) {
 		var peers []string // member 1's peer port, and member 2's, a learner that never runs
@@ -468,14 +468,15 @@ func TestMonitoringNamesServedMetrics(t *testing.T) {
 			peers = append(peers, fmt.Sprintf("%d=%s", id+1, l.Addr()))
 			l.Close()
 		}
-		checkMonitoringNames(t, render(t, group(monitoring...)...), scrapeRealServer(t, "--flush-mode", "sync",
-			"--raft-id", "1", "--raft-peers", strings.Join(peers, ","), "--raft-learners", "2"))
+		checkMonitoringNames(t, render(t, group(monitoring...)...), scrapeRealServer(t, "storaged_raft_peer_match_index", "--flush-mode", "sync",
+			"--raft-id", "1", "--raft-peers", strings.Join(peers, ","), "--raft-learners", "2"), true)
 	})
 }
 
 // checkMonitoringNames fails t for each metric an alert or a dashboard panel of o names that is
-// not in served.
-func checkMonitoringNames(t *testing.T, o *k8scheck.Objects, served map[string]bool) {
+// not in served. The dashboard's "Replication: " panels (no data standalone) are checked only
+// against a group member's (group) and must name storaged_raft_ metrics only.
+func checkMonitoringNames(t *testing.T, o *k8scheck.Objects, served map[string]bool, group bool) {
 	t.Helper()
 	var exprs []string
 	for _, g := range o.PrometheusRules[0].Spec.Groups {
@@ -494,13 +495,30 @@ func checkMonitoringNames(t *testing.T, o *k8scheck.Objects, served map[string]b
 	if err := json.Unmarshal([]byte(o.ConfigMaps[0].Data["storaged.json"]), &dash); err != nil {
 		t.Fatal(err)
 	}
+	replication := 0
 	for _, p := range dash.Panels {
 		if len(p.Targets) == 0 {
 			t.Errorf("dashboard panel %q has no query", p.Title)
 		}
+		if strings.HasPrefix(p.Title, "Replication: ") {
+			replication++
+			for _, tg := range p.Targets {
+				for _, n := range metricName.FindAllString(tg.Expr, -1) {
+					if !strings.HasPrefix(n, "storaged_raft_") {
+						t.Errorf("panel %q names %s, not a replication metric", p.Title, n)
+					}
+				}
+			}
+			if !group {
+				continue
+			}
+		}
 		for _, tg := range p.Targets {
 			exprs = append(exprs, tg.Expr)
 		}
+	}
+	if replication == 0 {
+		t.Error("the dashboard has no Replication panels")
 	}
 	if len(exprs) < 10 {
 		t.Fatalf("only %d expressions found", len(exprs))
@@ -564,9 +582,9 @@ func TestChartEnvNamesFlags(t *testing.T) {
 }
 
 // scrapeRealServer builds cmd/storaged, starts it on loopback ports with a temporary data dir,
-// waits for /readyz and returns the metric names on /metrics (histograms with _bucket, _sum and
-// _count).
-func scrapeRealServer(t *testing.T, args ...string) map[string]bool {
+// waits for /readyz, and for the metric want unless it is "", and returns the metric names on
+// /metrics (histograms with _bucket, _sum and _count).
+func scrapeRealServer(t *testing.T, want string, args ...string) map[string]bool {
 	t.Helper()
 	bin := buildStoraged(t)
 	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
@@ -621,7 +639,28 @@ func scrapeRealServer(t *testing.T, args ...string) map[string]bool {
 		case <-time.After(50 * time.Millisecond):
 		}
 	}
-	r, err := http.Get(base + "/metrics")
+	// Until want is served: a group member's per-peer series come once it leads.
+	for {
+		served := scrape(t, base+"/metrics")
+		if !served["storaged_store_writable"] {
+			t.Fatalf("no storaged_store_writable among %d names", len(served))
+		}
+		if want == "" || served[want] {
+			return served
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("storaged never served %s", want)
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// scrape returns the metric names on the /metrics page at url (histograms with _bucket, _sum and
+// _count).
+func scrape(t *testing.T, url string) map[string]bool {
+	t.Helper()
+	r, err := http.Get(url)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -639,9 +678,6 @@ func scrapeRealServer(t *testing.T, args ...string) map[string]bool {
 				served[name+s] = true
 			}
 		}
-	}
-	if !served["storaged_store_writable"] {
-		t.Fatalf("no storaged_store_writable among %d families: %v", len(served), fmt.Sprint(len(families)))
 	}
 	return served
 }
