@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"testing"
 
+	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 )
@@ -18,7 +19,26 @@ import (
 func TestRaftMetrics(t *testing.T) {
 	l := startLeader1(t, nil, "--metrics-listen", "127.0.0.1:0")
 	defer l.stop(t)
-	resp, err := http.Get("http://" + l.metricsAddr + "/metrics")
+	mfs, body := getMetrics(t, l.metricsAddr)
+	count := func(name string) uint64 {
+		mf := mfs[name]
+		if mf == nil || len(mf.GetMetric()) != 1 || mf.GetMetric()[0].GetHistogram() == nil {
+			t.Fatalf("%s: not one histogram in\n%s", name, body)
+		}
+		return mf.GetMetric()[0].GetHistogram().GetSampleCount()
+	}
+	syncs, rounds := count("storaged_raft_log_sync_seconds"), count("storaged_raft_ready_seconds")
+	if syncs < 1 || rounds < syncs {
+		t.Errorf("storaged_raft_log_sync_seconds_count %d, storaged_raft_ready_seconds_count %d", syncs, rounds)
+	}
+	count("storaged_raft_storage_entries_seconds")
+}
+
+// getMetrics GETs /metrics from the process's metrics address and returns
+// its families, parsed, and the page.
+func getMetrics(t *testing.T, addr string) (map[string]*dto.MetricFamily, []byte) {
+	t.Helper()
+	resp, err := http.Get("http://" + addr + "/metrics")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -32,16 +52,5 @@ func TestRaftMetrics(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	count := func(name string) uint64 {
-		mf := mfs[name]
-		if mf == nil || len(mf.GetMetric()) != 1 || mf.GetMetric()[0].GetHistogram() == nil {
-			t.Fatalf("%s: not one histogram in\n%s", name, body)
-		}
-		return mf.GetMetric()[0].GetHistogram().GetSampleCount()
-	}
-	syncs, rounds := count("storaged_raft_log_sync_seconds"), count("storaged_raft_ready_seconds")
-	if syncs < 1 || rounds < syncs {
-		t.Errorf("storaged_raft_log_sync_seconds_count %d, storaged_raft_ready_seconds_count %d", syncs, rounds)
-	}
-	count("storaged_raft_storage_entries_seconds")
+	return mfs, body
 }
