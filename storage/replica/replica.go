@@ -327,7 +327,7 @@ type Node struct {
 	advised map[uint64]int64
 	raBytes atomic.Int64
 	raCalls atomic.Int64
-	// readyLat times each Ready the loop handles (ReadyLatency): its
+	// readyLat times each Ready the loop handles (Info.ReadyHandling): its
 	// writes, sync, sends and applies, while the proposals made meanwhile
 	// wait for the next one.
 	readyLat hist.Histogram
