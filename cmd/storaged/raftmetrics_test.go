@@ -27,8 +27,10 @@ func TestRaftMetrics(t *testing.T) {
 		}
 		return mf.GetMetric()[0].GetHistogram().GetSampleCount()
 	}
+	// At most one sync a round; a round that synced may not be counted
+	// yet when the scrape reads it (as TestSingleVoter allows).
 	syncs, rounds := count("storaged_raft_log_sync_seconds"), count("storaged_raft_ready_seconds")
-	if syncs < 1 || rounds < syncs {
+	if syncs < 1 || rounds+1 < syncs {
 		t.Errorf("storaged_raft_log_sync_seconds_count %d, storaged_raft_ready_seconds_count %d", syncs, rounds)
 	}
 	count("storaged_raft_storage_entries_seconds")
