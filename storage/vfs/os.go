@@ -149,6 +149,23 @@ func (s *osSegment) Sync(lo, hi int64) error {
 // RocketMQ's warmMappedFile does on purpose. Syncs only ever cover the
 // range written.
 //
+// Both fault the range in with the mapping advised MADV_RANDOM, and put
+// the advice back to normal after. A fault in a file mapping otherwise
+// goes through the kernel's readahead, which on file systems with large
+// folios (ext4 since Linux 6.16, XFS since 5.18) fills the page cache
+// with folios of up to 2 MiB, larger the longer the sequential faults go
+// on. The kernel tracks dirtiness per folio: a put of 1 KiB then dirties
+// the whole folio, and every msync writes all of it to the disk. On this
+// project's machine (Linux 6.18, ext4) a sync single node wrote 40 times
+// the bytes it stored, and a group's members, flushing one disk, waited
+// on each other's megabytes (BENCHMARKS.md "Large folios: every msync
+// wrote megabytes"). Under MADV_RANDOM a fault reads no ahead and adds one
+// page, so a sync writes the pages a put wrote. The advice is put back
+// because it also governs faults that read: a reader that later faults
+// in written pages the kernel evicted gets the usual readahead.
+// PopulateOff leaves the writer to take those faults itself, through
+// readahead: large folios again (an A/B mode only).
+//
 // PopulateRead and PopulateWillNeed leave the pages clean (nothing for
 // writeback until a put writes them); as allocator modes they are there
 // for the A/B of BENCHMARKS.md ("Allocator population and sync-mode
@@ -175,7 +192,10 @@ func (s *osSegment) Populate(lo, hi int64, how PopulateMode) {
 	case PopulateOff:
 		return
 	}
-	_ = unix.Madvise(s.data[lo&^(pageSize-1):hi], advice)
+	r := s.data[lo&^(pageSize-1) : hi]
+	_ = unix.Madvise(r, unix.MADV_RANDOM)
+	_ = unix.Madvise(r, advice)
+	_ = unix.Madvise(r, unix.MADV_NORMAL)
 }
 
 // willNeedChunk is the most one MADV_WILLNEED asks for: the kernel's
