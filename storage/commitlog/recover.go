@@ -293,9 +293,17 @@ func (l *Log) cutAfter(files []*segment.File, end int64) ([]*segment.File, error
 }
 
 // cutTail handles the bytes of f from pos on: a torn tail if any is
-// non-zero (saved, counted, zeroed) or nothing to do.
+// non-zero (saved, counted, zeroed) or nothing to do. Either way the
+// check read the whole tail through the mapping, and the kernel's
+// readahead left it in large folios; they are evicted, so that the
+// allocator populates the tail page by page and a put's sync writes its
+// own pages, not megabytes around them (vfs.Segment.Evict).
 func (l *Log) cutTail(f *segment.File, pos int64) error {
-	if pos >= f.Size() || AllZero(f.Data()[pos:]) {
+	if pos >= f.Size() {
+		return nil
+	}
+	defer f.Evict(pos, f.Size())
+	if AllZero(f.Data()[pos:]) {
 		return nil
 	}
 	if err := l.saveBroken(f, pos); err != nil {

@@ -136,6 +136,18 @@ func (m *File) populate(lo, hi int64, how vfs.PopulateMode) {
 	}
 }
 
+// Evict drops the clean pages of bytes [lo, hi) from the page cache
+// (vfs.Segment.Evict) unless the file is closed: recovery, after reading
+// the zero tail of the file it will append to, so that the allocator's
+// population faults the tail in afresh, page by page.
+func (m *File) Evict(lo, hi int64) {
+	m.popMu.Lock()
+	defer m.popMu.Unlock()
+	if m.seg != nil {
+		m.seg.Evict(lo, hi)
+	}
+}
+
 // unmapped: the file was closed (or removed).
 func (m *File) unmapped() bool {
 	m.popMu.Lock()

@@ -1,36 +1,13 @@
 package vfs
 
 import (
-	"errors"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
-	"unsafe"
 
-	"golang.org/x/sys/unix"
-
-	"github.com/storaged/storaged/internal/testenv"
+	"github.com/storaged/storaged/storage/storagetest"
 )
-
-// dirtyPages is the number of dirty page-cache pages of f
-// (cachestat(2), Linux 6.5+): the kernel counts a dirty folio's every
-// page, so it tells how much a sync of f will write.
-func dirtyPages(t *testing.T, f *os.File) uint64 {
-	t.Helper()
-	var (
-		rng struct{ off, len uint64 } // len 0: to the end of the file
-		cs  struct{ cache, dirty, writeback, evicted, recentlyEvicted uint64 }
-	)
-	_, _, errno := unix.Syscall6(unix.SYS_CACHESTAT, f.Fd(), uintptr(unsafe.Pointer(&rng)), uintptr(unsafe.Pointer(&cs)), 0, 0, 0)
-	if errors.Is(errno, unix.ENOSYS) {
-		testenv.Need(t, false, "cachestat(2) (Linux 6.5+) to count dirty pages")
-	}
-	if errno != 0 {
-		t.Fatalf("cachestat: %v", errno)
-	}
-	return cs.dirty
-}
 
 // TestPopulateSinglePages: a put into a populated segment dirties the
 // page it writes, not a large folio around it, so that a sync writes what
@@ -52,7 +29,6 @@ func TestPopulateSinglePages(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer seg.Close()
-			s := seg.(*osSegment)
 			// As the allocator does: chunk by chunk, then a whole range.
 			for lo := int64(0); lo < populated/2; lo += 4 << 20 {
 				seg.Populate(lo, lo+4<<20, how)
@@ -61,13 +37,13 @@ func TestPopulateSinglePages(t *testing.T) {
 			if err := seg.Sync(0, size); err != nil { // every page clean
 				t.Fatal(err)
 			}
-			if n := dirtyPages(t, s.f); n != 0 {
+			if n := storagetest.DirtyPages(t, path); n != 0 {
 				t.Fatalf("%d pages dirty after a sync of the whole segment", n)
 			}
 			for _, off := range []int64{populated - 2<<20 + 100, populated/2 - 4096} {
 				seg.Bytes()[off] = 1
 			}
-			if n := dirtyPages(t, s.f); n != 2 {
+			if n := storagetest.DirtyPages(t, path); n != 2 {
 				t.Fatalf("two bytes written into two pages dirtied %d pages: the population left large folios, and each sync would write them whole", n)
 			}
 			smaps, err := os.ReadFile("/proc/self/smaps")
@@ -86,5 +62,34 @@ func TestPopulateSinglePages(t *testing.T) {
 				t.Fatalf("the segment's mappings after Populate have VmFlags %q, want one mapping without rr (the advice was not put back)", flags)
 			}
 		})
+	}
+}
+
+// TestEvictThenPopulateSinglePages: a range read through the mapping
+// (recovery's check that a file's tail is zero) sits in the large folios
+// of the read's readahead, which Populate cannot split; after Evict,
+// Populate faults it in page by page, and a put there dirties its own
+// page. Without the Evict the put dirties hundreds (on this project's
+// machines).
+func TestEvictThenPopulateSinglePages(t *testing.T) {
+	const size = 64 << 20
+	path := filepath.Join(t.TempDir(), "seg")
+	seg, err := Default.CreateSegment(path, size)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer seg.Close()
+	var sum byte
+	for _, c := range seg.Bytes() { // the read of the whole file
+		sum |= c
+	}
+	if sum != 0 {
+		t.Fatal("a new segment is not zero")
+	}
+	seg.Evict(4096, size)
+	seg.Populate(4096, size, PopulateRead)
+	seg.Bytes()[size-2<<20+100] = 1
+	if n := storagetest.DirtyPages(t, path); n != 1 {
+		t.Fatalf("one byte written after Evict and Populate dirtied %d pages: the read's large folios stayed", n)
 	}
 }

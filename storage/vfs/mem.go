@@ -369,6 +369,9 @@ func (s *memSegment) Populate(lo, hi int64, how PopulateMode) {
 	}
 }
 
+// Evict changes nothing: MemFS has no page cache.
+func (s *memSegment) Evict(lo, hi int64) {}
+
 func (s *memSegment) Close() error {
 	s.m.mu.Lock()
 	defer s.m.mu.Unlock()

@@ -198,6 +198,21 @@ func (s *osSegment) Populate(lo, hi int64, how PopulateMode) {
 	_ = unix.Madvise(r, unix.MADV_NORMAL)
 }
 
+// Evict: MADV_DONTNEED takes the pages out of this mapping (for a shared
+// file mapping it only unmaps: the page cache keeps the contents and any
+// dirtiness), after which POSIX_FADV_DONTNEED can drop them from the page
+// cache, which it does only for pages no mapping holds and that are
+// clean. A large folio that reaches outside [lo, hi) stays.
+func (s *osSegment) Evict(lo, hi int64) {
+	lo = (lo + pageSize - 1) &^ (pageSize - 1)
+	hi &^= pageSize - 1
+	if hi <= lo {
+		return
+	}
+	_ = unix.Madvise(s.data[lo:hi], unix.MADV_DONTNEED)
+	_ = unix.Fadvise(int(s.f.Fd()), lo, hi-lo, unix.FADV_DONTNEED)
+}
+
 // willNeedChunk is the most one MADV_WILLNEED asks for: the kernel's
 // default readahead (128 KiB), which a device's own is rarely below.
 const willNeedChunk = 128 << 10

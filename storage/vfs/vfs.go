@@ -87,6 +87,14 @@ type Segment interface {
 	// does not change their contents, so it may run while the same range
 	// is being written. PopulateOff does nothing.
 	Populate(lo, hi int64, how PopulateMode)
+	// Evict drops the clean pages of [lo, hi) (narrowed to whole pages)
+	// from the mapping and from the page cache, best effort; dirty pages
+	// stay, and the contents do not change. Recovery reads the zero tail
+	// of the last commitlog file to check it, and that read's readahead
+	// leaves the tail in large folios, which every later sync of a put
+	// there would write whole; evicted, the tail is faulted in afresh by
+	// Populate, page by page (Populate's doc in os.go).
+	Evict(lo, hi int64)
 	// Close unmaps and closes; it does not sync.
 	Close() error
 }
