@@ -78,12 +78,12 @@ func TestRestartAppendsDirtyOwnPages(t *testing.T) {
 	if _, err := l.Sync(0); err != nil {
 		t.Fatal(err)
 	}
-	if d := storagetest.DirtyPages(t, path); d != 0 {
-		t.Fatalf("%d pages dirty before the put", d)
-	}
-	at, n = appendOne(t, l, 41, "after the restart")
-	pages := uint64((at+int64(n)-1)/4096 - at/4096 + 1)
-	if d := storagetest.DirtyPages(t, path); d != pages {
+	qo := int64(41)
+	d := storagetest.DirtiedBy(t, path, func() {
+		at, n = appendOne(t, l, qo, "after the restart")
+		qo++
+	})
+	if pages := uint64((at+int64(n)-1)/4096 - at/4096 + 1); d != pages {
 		t.Fatalf("a put of %d bytes at %d dirtied %d pages, want the %d it wrote into: recovery's read left large folios", n, at, d, pages)
 	}
 }

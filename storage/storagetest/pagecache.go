@@ -37,3 +37,24 @@ func DirtyPages(t testing.TB, path string) uint64 {
 	}
 	return cs.dirty
 }
+
+// DirtiedBy runs write, which must store into pages of the file at path
+// that are clean, and returns how many pages are dirty after it. The
+// kernel's writeback may clean a page between the store and the count
+// (under memory pressure it writes pages back however young); a count of
+// zero says nothing, so write runs again, up to five times, and the test
+// fails if every count was zero.
+func DirtiedBy(t testing.TB, path string, write func()) uint64 {
+	t.Helper()
+	for range 5 {
+		if d := DirtyPages(t, path); d != 0 {
+			t.Fatalf("%s has %d dirty pages before the write", path, d)
+		}
+		write()
+		if d := DirtyPages(t, path); d != 0 {
+			return d
+		}
+	}
+	t.Fatalf("%s: no page dirty after five writes (writeback cleaned each before the count)", path)
+	return 0
+}

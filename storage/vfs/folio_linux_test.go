@@ -41,10 +41,13 @@ func TestPopulateSinglePages(t *testing.T) {
 				t.Fatalf("%d pages dirty after a sync of the whole segment", n)
 			}
 			for _, off := range []int64{populated - 2<<20 + 100, populated/2 - 4096} {
-				seg.Bytes()[off] = 1
-			}
-			if n := storagetest.DirtyPages(t, path); n != 2 {
-				t.Fatalf("two bytes written into two pages dirtied %d pages: the population left large folios, and each sync would write them whole", n)
+				n := storagetest.DirtiedBy(t, path, func() { seg.Bytes()[off]++ })
+				if n != 1 {
+					t.Fatalf("a byte written at %d dirtied %d pages: the population left large folios, and each sync would write them whole", off, n)
+				}
+				if err := seg.Sync(0, size); err != nil {
+					t.Fatal(err)
+				}
 			}
 			smaps, err := os.ReadFile("/proc/self/smaps")
 			if err != nil {
@@ -88,8 +91,7 @@ func TestEvictThenPopulateSinglePages(t *testing.T) {
 	}
 	seg.Evict(4096, size)
 	seg.Populate(4096, size, PopulateRead)
-	seg.Bytes()[size-2<<20+100] = 1
-	if n := storagetest.DirtyPages(t, path); n != 1 {
+	if n := storagetest.DirtiedBy(t, path, func() { seg.Bytes()[size-2<<20+100]++ }); n != 1 {
 		t.Fatalf("one byte written after Evict and Populate dirtied %d pages: the read's large folios stayed", n)
 	}
 }
