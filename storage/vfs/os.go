@@ -163,8 +163,10 @@ func (s *osSegment) Sync(lo, hi int64) error {
 // page, so a sync writes the pages a put wrote. The advice is put back
 // because it also governs faults that read: a reader that later faults
 // in written pages the kernel evicted gets the usual readahead.
-// PopulateOff leaves the writer to take those faults itself, through
-// readahead: large folios again (an A/B mode only).
+// PopulateWillNeed's MADV_WILLNEED adds single pages as it is (checked
+// with cachestat: one page dirty per byte written); PopulateOff leaves
+// the writer to take the faults itself, through readahead: large folios
+// again (512 pages dirty for one byte; an A/B mode only).
 //
 // PopulateRead and PopulateWillNeed leave the pages clean (nothing for
 // writeback until a put writes them); as allocator modes they are there
