@@ -10,6 +10,7 @@ import (
 	"time"
 
 	storagedv1 "github.com/storaged/storaged/gen/storaged/v1"
+	"github.com/storaged/storaged/internal/proctest"
 )
 
 // TestUnlistedMemberJoins: the Helm chart's flow with real processes. Every
@@ -20,7 +21,7 @@ import (
 // was added), is promoted, and acknowledges the next put; its membership
 // shows its own peer address.
 func TestUnlistedMemberJoins(t *testing.T) {
-	p1, p2, p3 := freeAddr(t), freeAddr(t), freeAddr(t)
+	p1, p2, p3 := proctest.FreeAddr(t), proctest.FreeAddr(t), proctest.FreeAddr(t)
 	bootstrap := []string{"--raft-peers", "1=" + p1 + ",2=" + p2, "--raft-tick", "10ms", "--raft-election-timeout", "100ms",
 		"--listen", "127.0.0.1:0", "--metrics-listen", "", "--file-size", "64KiB"}
 	// Member 1 leads alone: member 2 is a learner that never runs.

@@ -6,7 +6,6 @@ import (
 	"crypto/x509"
 	"encoding/json"
 	"maps"
-	"net"
 	"os"
 	"path/filepath"
 	"slices"
@@ -19,18 +18,8 @@ import (
 	"google.golang.org/grpc/credentials"
 
 	storagedv1 "github.com/storaged/storaged/gen/storaged/v1"
+	"github.com/storaged/storaged/internal/proctest"
 )
-
-// freeAddr is a 127.0.0.1 address nothing listens on (a moment ago).
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer lis.Close()
-	return lis.Addr().String()
-}
 
 // leader1 is member 1 of a group whose only voter it is (member 2, a
 // learner, never runs), a storaged process started by startLeader1.
@@ -46,7 +35,7 @@ type leader1 struct {
 // made with opts (its transport credentials).
 func startLeader1(t *testing.T, opts []grpc.DialOption, args ...string) leader1 {
 	t.Helper()
-	l := leader1{peer1: freeAddr(t), peer2: freeAddr(t)}
+	l := leader1{peer1: proctest.FreeAddr(t), peer2: proctest.FreeAddr(t)}
 	l.p = startProc(t, append([]string{"--listen", "127.0.0.1:0", "--metrics-listen", "", "--admin-listen", "127.0.0.1:0",
 		"--data-dir", t.TempDir(), "--file-size", "64KiB", "--raft-id", "1", "--raft-peers", "1=" + l.peer1 + ",2=" + l.peer2,
 		"--raft-learners", "2", "--raft-tick", "10ms", "--raft-election-timeout", "100ms"}, args...)...)
@@ -106,7 +95,7 @@ func runMembership(t *testing.T, want int, args ...string) (membersOutput, strin
 // exit 2.
 func TestReplicaMembershipCommands(t *testing.T) {
 	l := startLeader1(t, nil)
-	grpcAddr, adminAddr, p1, p2, p3 := l.grpcAddr, l.adminAddr, l.peer1, l.peer2, freeAddr(t)
+	grpcAddr, adminAddr, p1, p2, p3 := l.grpcAddr, l.adminAddr, l.peer1, l.peer2, proctest.FreeAddr(t)
 	run := func(want int, args ...string) (membersOutput, string) {
 		t.Helper()
 		return runMembership(t, want, args...)
@@ -233,18 +222,18 @@ func TestReplicaMembershipTLS(t *testing.T) {
 			[]string{"Unavailable", "this call was plaintext", "--tls --tls-ca-cert"}},
 		{"TLS: members, unknown CA", []string{"members", "--addr", withTLS.grpcAddr, "--tls"}, exitRefused, nil,
 			[]string{"Unavailable", "unknown authority"}},
-		{"TLS: add, plaintext", []string{"add", "--addr", withTLS.adminAddr, "--id", "3", "--peer-addr", freeAddr(t)}, exitRefused, nil,
+		{"TLS: add, plaintext", []string{"add", "--addr", withTLS.adminAddr, "--id", "3", "--peer-addr", proctest.FreeAddr(t)}, exitRefused, nil,
 			[]string{"Unavailable", "this call was plaintext"}},
-		{"TLS: add", args([]string{"add", "--addr", withTLS.adminAddr, "--id", "3", "--peer-addr", freeAddr(t)}, tlsArgs), exitOK, added3, nil},
+		{"TLS: add", args([]string{"add", "--addr", withTLS.adminAddr, "--id", "3", "--peer-addr", proctest.FreeAddr(t)}, tlsArgs), exitOK, added3, nil},
 		{"TLS: remove", args([]string{"remove", "--addr", withTLS.adminAddr, "--id", "3"}, tlsArgs), exitOK, removed3, nil},
 		{"mTLS: members, no client cert", args([]string{"members", "--addr", withMTLS.grpcAddr}, tlsArgs), exitRefused, nil,
 			[]string{"Unavailable"}},
 		{"mTLS: members, client cert of another CA", args([]string{"members", "--addr", withMTLS.grpcAddr}, tlsArgs,
 			[]string{"--tls-client-cert", strangerCert, "--tls-client-key", strangerKey}), exitRefused, nil, []string{"Unavailable"}},
 		{"mTLS: members", args([]string{"members", "--addr", withMTLS.grpcAddr}, mtlsArgs), exitOK, isLeader1, nil},
-		{"mTLS: add, no client cert", args([]string{"add", "--addr", withMTLS.adminAddr, "--id", "3", "--peer-addr", freeAddr(t)}, tlsArgs),
+		{"mTLS: add, no client cert", args([]string{"add", "--addr", withMTLS.adminAddr, "--id", "3", "--peer-addr", proctest.FreeAddr(t)}, tlsArgs),
 			exitRefused, nil, []string{"Unavailable"}},
-		{"mTLS: add", args([]string{"add", "--addr", withMTLS.adminAddr, "--id", "3", "--peer-addr", freeAddr(t)}, mtlsArgs), exitOK, added3, nil},
+		{"mTLS: add", args([]string{"add", "--addr", withMTLS.adminAddr, "--id", "3", "--peer-addr", proctest.FreeAddr(t)}, mtlsArgs), exitOK, added3, nil},
 		{"mTLS: remove", args([]string{"remove", "--addr", withMTLS.adminAddr, "--id", "3"}, mtlsArgs), exitOK, removed3, nil},
 		{"client cert without key", args([]string{"members", "--addr", withMTLS.grpcAddr}, tlsArgs, []string{"--tls-client-cert", certFile}),
 			exitUsage, nil, []string{"only one of"}},

@@ -12,7 +12,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -31,6 +30,7 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 
 	"github.com/storaged/storaged/deploy/internal/k8scheck"
+	"github.com/storaged/storaged/internal/proctest"
 )
 
 const (
@@ -459,17 +459,10 @@ func TestMonitoringNamesServedMetrics(t *testing.T) {
 		checkMonitoringNames(t, render(t, monitoring...), scrapeRealServer(t, ""), false)
 	})
 	t.Run("replication", func(t *testing.T) {
-		var peers []string // member 1's peer port, and member 2's, a learner that never runs
-		for id := range 2 {
-			l, err := net.Listen("tcp", "127.0.0.1:0")
-			if err != nil {
-				t.Fatal(err)
-			}
-			peers = append(peers, fmt.Sprintf("%d=%s", id+1, l.Addr()))
-			l.Close()
-		}
+		// Member 1's peer address, and member 2's, a learner that never runs.
+		peers := "1=" + proctest.FreeAddr(t) + ",2=" + proctest.FreeAddr(t)
 		checkMonitoringNames(t, render(t, group(monitoring...)...), scrapeRealServer(t, "storaged_raft_peer_match_index", "--flush-mode", "sync",
-			"--raft-id", "1", "--raft-peers", strings.Join(peers, ","), "--raft-learners", "2"), true)
+			"--raft-id", "1", "--raft-peers", peers, "--raft-learners", "2"), true)
 	})
 }
 

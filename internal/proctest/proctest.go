@@ -14,6 +14,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -479,4 +480,19 @@ func Main(m *testing.M, binary *string) {
 	}
 	os.RemoveAll(dir)
 	os.Exit(code)
+}
+
+// FreeAddr is a 127.0.0.1 address nothing listened on a moment ago: for a
+// process that must be told its address before it starts (a group
+// member's peer address in --raft-peers). Another process may take the
+// port in between; tests/cluster's freePorts avoids the ephemeral range
+// for its many members.
+func FreeAddr(t testing.TB) string {
+	t.Helper()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lis.Close()
+	return lis.Addr().String()
 }
