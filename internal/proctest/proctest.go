@@ -14,10 +14,12 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -484,15 +486,48 @@ func Main(m *testing.M, binary *string) {
 
 // FreeAddr is a 127.0.0.1 address nothing listened on a moment ago: for a
 // process that must be told its address before it starts (a group
-// member's peer address in --raft-peers). Another process may take the
-// port in between; tests/cluster's freePorts avoids the ephemeral range
-// for its many members.
+// member's peer address in --raft-peers). Its port is below the kernel's
+// ephemeral range (ip_local_port_range), where no listener on port 0 and
+// no outgoing connection is ever given a port: a port the kernel handed
+// out for a moment could be handed out again before the process binds it
+// (a member's --listen 127.0.0.1:0 took its own peer port once). Ports are
+// never handed out twice in one test binary; another program may still
+// take one in between.
 func FreeAddr(t testing.TB) string {
 	t.Helper()
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	lo := 32768 // Linux's default start of the ephemeral range
+	if b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
+		if f := strings.Fields(string(b)); len(f) == 2 {
+			if v, err := strconv.Atoi(f[0]); err == nil {
+				lo = v
+			}
+		}
 	}
-	defer lis.Close()
-	return lis.Addr().String()
+	if lo <= 10000 {
+		t.Fatalf("the ephemeral port range starts at %d: no room below it for listeners named in advance", lo)
+	}
+	handedOut.mu.Lock()
+	defer handedOut.mu.Unlock()
+	for range 1000 {
+		port := 10000 + rand.IntN(lo-10000)
+		if handedOut.ports[port] {
+			continue
+		}
+		handedOut.ports[port] = true
+		addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+		l, err := net.Listen("tcp", addr)
+		if err != nil {
+			continue // taken
+		}
+		l.Close()
+		return addr
+	}
+	t.Fatalf("no free port in [10000, %d) in 1000 tries", lo)
+	return ""
 }
+
+// handedOut holds the ports FreeAddr has handed out in this test binary.
+var handedOut = struct {
+	mu    sync.Mutex
+	ports map[int]bool
+}{ports: map[int]bool{}}

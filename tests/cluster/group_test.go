@@ -3,11 +3,7 @@ package cluster
 import (
 	"context"
 	"fmt"
-	"math/rand/v2"
-	"net"
-	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -45,58 +41,21 @@ type group struct {
 }
 
 // freePorts picks n free loopback ports for the members' listeners, which
-// must be known before any member starts and are reused across restarts.
-// They come from below the kernel's ephemeral range
-// (net.ipv4.ip_local_port_range), so no listener on :0 (a proxy, another
-// member's) and no outgoing connection's source port can take one while
-// its member is down or not started yet: with ports from :0 that happened
-// (a member's client listener got the peer port just released for
-// another, which then failed to start: "address already in use"). A port
-// is handed out once per test binary (handedOut): a port checked free is
-// not bound until its member starts, so two calls of one test (a group's
-// admin ports, then its client and peer ports) could pick the same one
-// (TestGroupBitFlipRepair, member 3's admin and peer listeners).
+// must be known before any member starts and are reused across restarts:
+// proctest.FreeAddr's, from below the kernel's ephemeral range, so that
+// no listener on :0 and no outgoing connection takes one while its member
+// is down or not started yet ("address already in use" when they came
+// from :0), and handed out once per test binary (two calls of one test,
+// a group's admin ports then its client and peer ports, picked the same
+// one before).
 func freePorts(t *testing.T, n int) []string {
 	t.Helper()
-	lo := 32768 // Linux's default start of the ephemeral range
-	if b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
-		if f := strings.Fields(string(b)); len(f) == 2 {
-			if v, err := strconv.Atoi(f[0]); err == nil {
-				lo = v
-			}
-		}
-	}
-	if lo <= 10000 {
-		t.Fatalf("the ephemeral port range starts at %d: no room below it for the members' listeners", lo)
-	}
-	var addrs []string
-	handedOut.mu.Lock()
-	defer handedOut.mu.Unlock()
-	for tries := 0; len(addrs) < n; tries++ {
-		if tries > 1000 {
-			t.Fatalf("no %d free ports in [10000, %d)", n, lo)
-		}
-		port := 10000 + rand.IntN(lo-10000)
-		if handedOut.ports[port] {
-			continue
-		}
-		handedOut.ports[port] = true
-		addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
-		l, err := net.Listen("tcp", addr)
-		if err != nil {
-			continue // taken
-		}
-		l.Close()
-		addrs = append(addrs, addr)
+	addrs := make([]string, n)
+	for i := range addrs {
+		addrs[i] = proctest.FreeAddr(t)
 	}
 	return addrs
 }
-
-// handedOut holds the ports freePorts has handed out in this test binary.
-var handedOut = struct {
-	mu    sync.Mutex
-	ports map[int]bool
-}{ports: map[int]bool{}}
 
 // newGroup starts a group of 3 with proxied peer links.
 func newGroup(t *testing.T, flags ...string) *group { return newGroupN(t, 3, 1, flags...) }
