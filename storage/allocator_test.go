@@ -346,3 +346,99 @@ func TestPopulateWindow(t *testing.T) {
 		t.Fatalf("the first file populated to %d, past its end", got)
 	}
 }
+
+// TestPopulateNearWindow: with PopulateWrite the allocator makes only
+// PopulateNear past the writer writable (MADV_POPULATE_WRITE: dirty
+// zeros) and populates the rest of the window read (clean pages), the
+// writable part first. A file with dirty zeros in it stays dirty, and the
+// kernel's write-back, whose 30 s expiry is kept per file, wrote all of
+// them at once: with the whole 128 MiB window writable, a burst that
+// stalled a group's puts for half a second every 30 s.
+func TestPopulateNearWindow(t *testing.T) {
+	const fileSize, ahead, near = 64 << 10, 8 * testChunk, 2 * testChunk
+	fs := vfs.NewMem()
+	first := filepath.Join("/d", "commitlog", fileName(0))
+	var (
+		mu     sync.Mutex
+		calls  []popCall
+		wrote  func() int64 // the first file's append position; set once Open returns
+		opened = make(chan struct{})
+		s      *Store
+	)
+	fs.OnPopulate(func(path string, lo, hi int64, how vfs.PopulateMode) {
+		if path != first {
+			return
+		}
+		<-opened
+		mu.Lock()
+		defer mu.Unlock()
+		calls = append(calls, popCall{lo, hi, how, wrote()})
+	})
+	s, err := Open(Options{Dir: "/d", FS: fs, FileSize: fileSize, MaxMessageSize: 1024, PopulateChunk: testChunk,
+		PopulateAhead: ahead, PopulateNear: near})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	wrote = func() int64 { // before the first put: no file yet, nothing written
+		if f := s.log.Files().Last(); f != nil {
+			return f.Wrote()
+		}
+		return 0
+	}
+	close(opened)
+	body := strings.Repeat("x", 900)
+	mustPut(t, s, "T", 0, body)
+	f := s.log.Files().Last()
+	// check: after WaitPopulated, the first near bytes past the writer are
+	// writable, the rest of the window populated read, nothing written
+	// writable beyond near (plus one pass) past where the writer was then.
+	check := func(what string) {
+		t.Helper()
+		s.log.WaitPopulated()
+		mu.Lock()
+		defer mu.Unlock()
+		w := f.Wrote()
+		var writable, readTo int64
+		for _, c := range calls {
+			switch c.how {
+			case vfs.PopulateWrite:
+				if c.lo > max(writable, c.wrote&^(testChunk-1)) { // the writer's pages need none
+					t.Fatalf("%s: writable to %d, then [%d, %d) with the writer at %d: a gap", what, writable, c.lo, c.hi, c.wrote)
+				}
+				writable = max(writable, c.hi)
+				if c.hi > c.wrote+near+testChunk {
+					t.Fatalf("%s: [%d, %d) made writable with the writer at %d: past near (%d) and a pass", what, c.lo, c.hi, c.wrote, near)
+				}
+			case vfs.PopulateRead:
+				readTo = max(readTo, c.hi)
+			default:
+				t.Fatalf("%s: populated [%d, %d) %v", what, c.lo, c.hi, c.how)
+			}
+		}
+		if want := min(fileSize, w+near); writable < want || writable > want+testChunk {
+			t.Fatalf("%s, written to %d: writable to %d, want %d (+%d)", what, w, writable, want, testChunk)
+		}
+		// Populated: read, or made writable (which populates too).
+		if got, want := max(readTo, writable), min(fileSize, w+ahead); got < want || got > want+testChunk || f.PopulatedTo() != got {
+			t.Fatalf("%s, written to %d: populated to %d (read to %d, PopulatedTo %d), want %d (+%d)", what, w, got, readTo, f.PopulatedTo(), want, testChunk)
+		}
+	}
+	check("after one put")
+	for f.Wrote() < 20<<10 {
+		mustPut(t, s, "T", 0, body)
+	}
+	check("at 20 KiB")
+	for f.Wrote() < fileSize-6<<10 {
+		mustPut(t, s, "T", 0, body)
+	}
+	check("near the end")
+}
+
+// popCall is one Segment.Populate the allocator made, and the writer's
+// position when it did.
+type popCall struct {
+	lo, hi int64
+	how    vfs.PopulateMode
+	wrote  int64
+}

@@ -311,6 +311,15 @@ type Options struct {
 	// disk: BENCHMARKS.md, "Population in a window").
 	PopulateAhead int64
 
+	// PopulateNear is how much of that window, just ahead of the writer,
+	// vfs.PopulateWrite makes writable (dirty zeros, no fault on the put
+	// path); the rest of the window is populated read (clean). Default 4
+	// MiB (segment.DefaultPopulateNear); PopulateAhead or more makes the
+	// whole window writable, whose dirty zeros the kernel then wrote back
+	// in one burst every 30 s (BENCHMARKS.md, "Dirty zeros: a stall every
+	// 30 s").
+	PopulateNear int64
+
 	// Populate is how the allocator faults new commitlog files in ahead of
 	// the writer: vfs.PopulateWrite (the default: MADV_POPULATE_WRITE, no
 	// fault on the put path), PopulateRead, PopulateWillNeed or
@@ -355,6 +364,7 @@ const (
 	DefaultDedupWindow              = 10 * time.Minute
 	DefaultDedupMaxMessages         = 1 << 18
 	DefaultPopulateAhead            = segment.DefaultPopulateAhead
+	DefaultPopulateNear             = segment.DefaultPopulateNear
 	DefaultDedupRebuildBytes        = 1 << 30
 	minFileSize                     = 4 << 10
 	maxFileSize                     = 1 << 40
@@ -593,6 +603,9 @@ func (o Options) resolve() (resolved, error) {
 	}
 	if o.PopulateAhead < 0 {
 		errs = append(errs, errors.New("PopulateAhead must not be negative"))
+	}
+	if o.PopulateNear < 0 {
+		errs = append(errs, errors.New("PopulateNear must not be negative"))
 	}
 	if o.Group != nil {
 		errs = append(errs, o.Group.validate(o)...)

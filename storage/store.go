@@ -131,7 +131,7 @@ func Open(opts Options) (*Store, error) {
 		return nil, err
 	}
 	s.log, err = commitlog.Open(commitlog.Options{FS: opts.FS, Dir: dir, FileSize: opts.FileSize,
-		RequireCRC: !opts.DisablePropCRC, PopulateChunk: opts.PopulateChunk, PopulateAhead: opts.PopulateAhead, Populate: opts.Populate, Clock: opts.Clock,
+		RequireCRC: !opts.DisablePropCRC, PopulateChunk: opts.PopulateChunk, PopulateAhead: opts.PopulateAhead, PopulateNear: opts.PopulateNear, Populate: opts.Populate, Clock: opts.Clock,
 		Room: prepareRoom(opts), Logger: opts.Logger, Throttle: s.logLimit})
 	if err != nil {
 		s.cleanup()

@@ -71,6 +71,7 @@ type config struct {
 	MaxOpenQueueFiles int
 	Populate          vfs.PopulateMode
 	PopulateAhead     int64
+	PopulateNear      int64
 	// MaxConsumerOffsets bounds the committed (group, topic, queue) offsets.
 	MaxConsumerOffsets int
 	// MaxTimerMessages bounds the pending timer messages; TimerMaxDelay
@@ -136,6 +137,7 @@ func parseConfig(args []string, lookupEnv func(string) (string, bool), stderr io
 		FlushMode:        storage.FlushAsync,
 		FileSize:         storage.DefaultFileSize,
 		PopulateAhead:    storage.DefaultPopulateAhead,
+		PopulateNear:     storage.DefaultPopulateNear,
 		FlushInterval:    storage.DefaultFlushInterval,
 		SyncFlushTimeout: storage.DefaultSyncFlushTimeout,
 		Role:             storage.RoleMaster,
@@ -239,8 +241,11 @@ func parseConfig(args []string, lookupEnv func(string) (string, bool), stderr io
 		"how a new commitlog file is faulted in ahead of the writer: `mode` write (the default: MADV_POPULATE_WRITE, no fault on the put path), "+
 			"read (MADV_POPULATE_READ: clean pages, a write fault per page on the put path), willneed or off; BENCHMARKS.md measures them")
 	fs.Var((*sizeValue)(&cfg.PopulateAhead), "populate-ahead",
-		"how far ahead of the writer a commitlog file is kept populated (`size`; suffixes as --file-size): populated just ahead, each page is written to the disk once, with the records; "+
+		"how far ahead of the writer a commitlog file is kept populated (`size`; suffixes as --file-size); "+
 			"--file-size or more populates whole files as soon as they exist")
+	fs.Var((*sizeValue)(&cfg.PopulateNear), "populate-near",
+		"with --populate write, how much of that window, just ahead of the writer, is made writable (`size`: dirty zeros, no page fault on the put path); "+
+			"the rest is populated read (clean pages). --populate-ahead or more makes the whole window writable, whose zeros the kernel then writes back in one burst every 30 s")
 	fs.IntVar(&cfg.MaxOpenQueueFiles, "max-open-queue-files", cfg.MaxOpenQueueFiles,
 		"`count` of consume-queue files kept open at once; the least recently used idle one is closed beyond it")
 	fs.Var((*sizeValue)(&cfg.MaxPullInflightBytes), "max-pull-inflight-bytes",
@@ -513,6 +518,7 @@ func (c *config) storageOptions(host netip.AddrPort, logger *zerolog.Logger) sto
 		TimerMaxDelay:      c.TimerMaxDelay,
 		Populate:           c.Populate,
 		PopulateAhead:      c.PopulateAhead,
+		PopulateNear:       c.PopulateNear,
 
 		TransactionTimeout:       c.TransactionTimeout,
 		TransactionCheckInterval: c.TransactionCheckInterval,
@@ -566,6 +572,7 @@ func (c *config) log(l zerolog.Logger) {
 		Int("max_open_queue_files", c.MaxOpenQueueFiles).
 		Str("populate", c.Populate.String()).
 		Str("populate_ahead", formatSize(c.PopulateAhead)).
+		Str("populate_near", formatSize(c.PopulateNear)).
 		Str("max_pull_inflight_bytes", formatSize(c.MaxPullInflightBytes)).
 		Stringer("max_pull_wait", c.MaxPullWait).
 		Int("consumer_max_attempts", c.ConsumerMaxAttempts).

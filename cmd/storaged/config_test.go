@@ -52,6 +52,7 @@ func TestConfigDefaults(t *testing.T) {
 		DedupWindow:            10 * time.Minute,
 		DedupMaxMessages:       1 << 18,
 		PopulateAhead:          128 << 20,
+		PopulateNear:           16 << 20,
 		Replication: replicationConfig{ReplicationTimeout: 5 * time.Second, CatchUpWindow: sizeValue(storage.DefaultCatchUpWindow),
 			RaftTick: 100 * time.Millisecond, ElectionTimeout: time.Second, GroupName: "default"},
 	}
@@ -92,7 +93,7 @@ func TestConfigPrecedence(t *testing.T) {
 		"STORAGED_FILE_SIZE", "64MiB", "STORAGED_REFLECTION", "false", "STORAGED_SHUTDOWN_TIMEOUT", "9s",
 		"STORAGED_LOG_LEVEL", "debug", "STORAGED_ROLE", "slave", "STORAGED_METRICS_LISTEN", "",
 		"STORAGED_MAX_PULL_INFLIGHT_BYTES", "64MiB", "STORAGED_MAX_PULL_WAIT", "20s", "STORAGED_DEDUP_WINDOW", "2m",
-		"STORAGED_DEDUP_MAX_MESSAGES", "1000", "STORAGED_POPULATE", "read", "STORAGED_POPULATE_AHEAD", "16MiB")
+		"STORAGED_DEDUP_MAX_MESSAGES", "1000", "STORAGED_POPULATE", "read", "STORAGED_POPULATE_AHEAD", "16MiB", "STORAGED_POPULATE_NEAR", "2MiB")
 	cfg, err := parseConfig([]string{"--data-dir", "/flag/data", "--file-size=128MiB", "-reflection=true", "--max-pull-wait", "14s"}, e, &bytes.Buffer{})
 	if err != nil {
 		t.Fatal(err)
@@ -116,6 +117,7 @@ func TestConfigPrecedence(t *testing.T) {
 		{"dedup-max-messages (env)", cfg.storageOptions(netip.MustParseAddrPort("127.0.0.1:1"), nil).DedupMaxMessages, 1000},
 		{"populate (env)", cfg.storageOptions(netip.MustParseAddrPort("127.0.0.1:1"), nil).Populate, vfs.PopulateRead},
 		{"populate-ahead (env)", cfg.storageOptions(netip.MustParseAddrPort("127.0.0.1:1"), nil).PopulateAhead, int64(16 << 20)},
+		{"populate-near (env)", cfg.storageOptions(netip.MustParseAddrPort("127.0.0.1:1"), nil).PopulateNear, int64(2 << 20)},
 	}
 	for _, c := range checks {
 		if c.got != c.want {

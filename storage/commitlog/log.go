@@ -34,6 +34,9 @@ type Options struct {
 	// PopulateAhead is the allocator's population window past the
 	// writer (segment.Options.PopulateAhead; 0: the default).
 	PopulateAhead int64
+	// PopulateNear is how much of that window PopulateWrite makes
+	// writable (segment.Options.PopulateNear; 0: the default).
+	PopulateNear int64
 	// Populate is how the allocator faults files in (segment.Options.Populate).
 	Populate vfs.PopulateMode
 	// Room, if set, says whether the disk has room to preallocate the
@@ -83,7 +86,7 @@ type Log struct {
 func Open(opts Options) (*Log, error) {
 	l := &Log{opts: opts, realClock: base.IsSystemClock(opts.Clock)}
 	l.list = segment.NewList(opts.FS, opts.Dir, opts.FileSize, segment.Options{
-		PopulateChunk: opts.PopulateChunk, PopulateAhead: opts.PopulateAhead, Populate: opts.Populate, ObserveSync: l.syncLatency.Observe, Room: opts.Room})
+		PopulateChunk: opts.PopulateChunk, PopulateAhead: opts.PopulateAhead, PopulateNear: opts.PopulateNear, Populate: opts.Populate, ObserveSync: l.syncLatency.Observe, Room: opts.Room})
 	if err := l.list.Load(); err != nil {
 		l.list.Close()
 		return nil, err

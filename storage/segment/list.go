@@ -3,6 +3,7 @@ package segment
 import (
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"sort"
 	"sync"
@@ -49,6 +50,12 @@ type Options struct {
 	// the roll); 0 means DefaultPopulateAhead. A value of at least the
 	// file size populates whole files as soon as they exist.
 	PopulateAhead int64
+	// PopulateNear is, with vfs.PopulateWrite, how far ahead of the
+	// writer the pages are made writable (dirty zeros); past it, up to
+	// PopulateAhead, they are populated read (clean). 0 means
+	// DefaultPopulateNear; at least PopulateAhead makes the whole window
+	// writable, as before this option.
+	PopulateNear int64
 	// Populate is how the allocator faults files in (vfs.PopulateMode);
 	// the zero value is vfs.PopulateWrite. With vfs.PopulateOff it
 	// populates nothing.
@@ -76,11 +83,15 @@ func NewList(fs vfs.FS, dir string, fileSize int64, o Options) *List {
 	if o.PopulateAhead <= 0 {
 		o.PopulateAhead = DefaultPopulateAhead
 	}
+	if o.PopulateNear <= 0 {
+		o.PopulateNear = DefaultPopulateNear
+	}
+	ahead := max(o.PopulateAhead, o.PopulateChunk)
 	return &List{
 		fs:          fs,
 		dir:         dir,
 		fileSize:    fileSize,
-		alloc:       newAllocator(fs, dir, fileSize, o.PopulateChunk, max(o.PopulateAhead, o.PopulateChunk), o.Populate, o.Room),
+		alloc:       newAllocator(fs, dir, fileSize, o.PopulateChunk, ahead, min(o.PopulateNear, ahead), o.Populate, o.Room),
 		observeSync: o.ObserveSync,
 	}
 }
@@ -288,10 +299,12 @@ type allocator struct {
 	// taken up yet; cond is broadcast when it drops to 0.
 	pending int
 
-	chunk int64                 // population chunk
-	ahead int64                 // population window past the writer
-	how   vfs.PopulateMode      // Options.Populate
-	room  func(size int64) bool // Options.Room, nil: always
+	chunk     int64                 // population chunk
+	ahead     int64                 // population window past the writer
+	near      int64                 // writable window past the writer (PopulateWrite), at most ahead
+	nearChunk int64                 // population chunk of the writable window
+	how       vfs.PopulateMode      // Options.Populate
+	room      func(size int64) bool // Options.Room, nil: always
 
 	reqc   chan int64
 	adoptc chan *File
@@ -301,8 +314,11 @@ type allocator struct {
 	wg     sync.WaitGroup
 }
 
-func newAllocator(fs vfs.FS, dir string, size, chunk, ahead int64, how vfs.PopulateMode, room func(int64) bool) *allocator {
-	a := &allocator{fs: fs, dir: dir, size: size, chunk: chunk, ahead: ahead, how: how, room: room, inflight: -1,
+func newAllocator(fs vfs.FS, dir string, size, chunk, ahead, near int64, how vfs.PopulateMode, room func(int64) bool) *allocator {
+	// The writable window goes in quarters (whole pages, at most a chunk):
+	// the writer wakes the loop each time it leaves one of room.
+	nearChunk := min(chunk, max(PageSize, (near/4)&^(PageSize-1)))
+	a := &allocator{fs: fs, dir: dir, size: size, chunk: chunk, ahead: ahead, near: near, nearChunk: nearChunk, how: how, room: room, inflight: -1,
 		reqc: make(chan int64, 1), adoptc: make(chan *File, 1), wake: make(chan struct{}, 1),
 		quietc: make(chan chan struct{}), done: make(chan struct{})}
 	a.cond = sync.NewCond(&a.mu)
@@ -319,36 +335,40 @@ func newAllocator(fs vfs.FS, dir string, size, chunk, ahead int64, how vfs.Popul
 // full it waits for a request, Close, or a writer whose appends leave a
 // chunk of room in a window (File.Publish wakes it).
 //
-// Why a window and not the whole file at once: write population leaves
-// the pages dirty with zeros, which the kernel writes back within
-// dirty_expire_centisecs (30 s) unless the writer overwrote them first,
-// so a whole 1 GiB file populated at once was written twice, the zeros
-// in one burst; three group members on one disk stalled every sync for
-// about 4 s at each such burst (BENCHMARKS.md, "Population in a window").
-// Populated just ahead of the writer, each page is written once, with
-// the records, and the work is spread over the file's life.
+// Why a window and not the whole file at once: a whole 1 GiB file
+// populated at once was faulted in, and with PopulateWrite dirtied, in one
+// burst; three group members on one disk stalled every sync for about 4 s
+// at each (BENCHMARKS.md, "Population in a window"). Populated just ahead
+// of the writer, the work is spread over the file's life.
+//
+// Why PopulateWrite makes only PopulateNear of the window writable and
+// populates the rest read: the kernel's write-back expiry (30 s) is kept
+// per inode, not per page. A commitlog file with dirty zeros ahead of the
+// writer is never clean, so every 30 s the flusher wrote all of its dirty
+// pages at once, the whole 128 MiB window: on this project's VM a sync
+// single node's puts stalled for ~0.2 s and a group's for ~0.5 s each
+// time (BENCHMARKS.md, "Dirty zeros: a stall every 30 s"). Read
+// population does the costly part (the page-cache pages, zeroed and
+// mapped) and dirties nothing; the writable window, a few MiB just ahead
+// of the writer, takes the write faults (ext4's page_mkwrite) off the put
+// path, and is all the flusher finds dirty then.
 func (a *allocator) loop() {
 	defer a.wg.Done()
 	var todo []*popJob // files not yet fully populated, oldest first
 	var quiets []chan struct{}
 	for {
-		var work *popJob
 		todo = slices.DeleteFunc(todo, func(j *popJob) bool {
 			// What the writer has passed needs no populating.
-			j.at = max(j.at, j.m.wrote.Load()&^(PageSize-1))
+			w := j.m.wrote.Load() &^ (PageSize - 1)
+			j.at, j.wat = max(j.at, w), max(j.wat, w)
 			if j.how == vfs.PopulateOff {
 				j.at = j.m.size
 			}
 			// A file closed meanwhile (a prepared one the roll did not
 			// take, one cut off by a truncation) is never written again.
-			return j.at >= j.m.size || j.m.unmapped()
+			return j.done() || j.m.unmapped()
 		})
-		for _, j := range todo {
-			if j.at < min(j.m.size, j.m.wrote.Load()+a.ahead) {
-				work = j
-				break
-			}
-		}
+		work, lo, hi, how := a.next(todo)
 		if work != nil {
 			select {
 			case from := <-a.reqc:
@@ -360,9 +380,12 @@ func (a *allocator) loop() {
 			case <-a.done:
 				return
 			default:
-				work.m.populate(work.at, min(work.at+a.chunk, work.m.size), work.how)
-				work.at += a.chunk
-				work.m.popTo.Store(min(work.at, work.m.size))
+				work.m.populate(lo, hi, how)
+				if how == vfs.PopulateWrite {
+					work.wat = hi
+				}
+				work.at = max(work.at, hi)
+				work.m.popTo.Store(work.at)
 			}
 			continue
 		}
@@ -370,7 +393,7 @@ func (a *allocator) loop() {
 		// room in one (or has passed that point already).
 		passed := false
 		for _, j := range todo {
-			w := j.at - a.ahead + a.chunk
+			w := a.wakeAt(j)
 			j.m.wakeWhen(w, &a.wake)
 			passed = passed || j.m.wrote.Load() >= w
 		}
@@ -395,11 +418,52 @@ func (a *allocator) loop() {
 	}
 }
 
+// next is the population to do now: the file, the range and how, or a nil
+// file when every window is full. The writable windows come first, oldest
+// file first (the writer is about to store into them), then the rest of
+// the windows.
+func (a *allocator) next(todo []*popJob) (j *popJob, lo, hi int64, how vfs.PopulateMode) {
+	for _, j := range todo {
+		if j.how == vfs.PopulateWrite && j.wat < min(j.m.size, j.m.wrote.Load()+a.near) {
+			return j, j.wat, min(j.wat+a.nearChunk, j.m.size), vfs.PopulateWrite
+		}
+	}
+	for _, j := range todo {
+		if j.at < min(j.m.size, j.m.wrote.Load()+a.ahead) {
+			how := j.how
+			if how == vfs.PopulateWrite {
+				how = vfs.PopulateRead // the writable window's pass makes them writable
+			}
+			return j, j.at, min(j.at+a.chunk, j.m.size), how
+		}
+	}
+	return nil, 0, 0, 0
+}
+
+// wakeAt is the append position in j's file at which the writer has left
+// a chunk of room in one of its windows that is not done yet.
+func (a *allocator) wakeAt(j *popJob) int64 {
+	w := int64(math.MaxInt64)
+	if j.at < j.m.size {
+		w = j.at - a.ahead + a.chunk
+	}
+	if j.how == vfs.PopulateWrite && j.wat < j.m.size {
+		w = min(w, j.wat-a.near+a.nearChunk)
+	}
+	return w
+}
+
 // popJob is a file the allocator populates, how, and how far it has.
 type popJob struct {
 	m   *File
 	how vfs.PopulateMode
 	at  int64 // populated below at (or the writer passed it)
+	wat int64 // with PopulateWrite: writable below wat (or the writer passed it)
+}
+
+// done: nothing of the file is left to populate.
+func (j *popJob) done() bool {
+	return j.at >= j.m.size && (j.how != vfs.PopulateWrite || j.wat >= j.m.size)
 }
 
 // adoptMode is how a file that existed before this process (adopt) is
@@ -487,10 +551,19 @@ const DefaultPopulateChunk int64 = 32 << 20
 // a file populated (Options.PopulateAhead). 128 MiB is 0.5 s of the
 // fastest batches measured here (~250 MB/s) and several chunks of slack
 // for the allocator; a writer faster than population takes the page
-// faults itself (a put never waits for population). Dirty zeros stay
-// bounded by it, and the records overwrite them within the kernel's 30 s
-// write-back expiry at any rate above ~4.5 MB/s (~4,000 1 KiB puts/s).
+// faults itself (a put never waits for population).
 const DefaultPopulateAhead int64 = 128 << 20
+
+// DefaultPopulateNear is how much of the window PopulateWrite makes
+// writable (Options.PopulateNear): the most dirty zeros the flusher finds
+// in a file when it writes it back, every 30 s (loop's doc). 16 MiB, in
+// passes of 4 MiB, is ~90 ms of the fastest batches measured here and
+// keeps a group's burst (three members on one disk) under a tenth of a
+// second; 4 MiB cost a sync single node ~8 % of its batch throughput,
+// 16 MiB ~4 % (BENCHMARKS.md, "Dirty zeros: a stall every 30 s"). A
+// writer that overtakes it takes the write faults itself, as with
+// PopulateRead.
+const DefaultPopulateNear int64 = 16 << 20
 
 // take returns the file starting at from: the prepared one if it matches,
 // otherwise one created now. The owner asks for the following file

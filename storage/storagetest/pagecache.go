@@ -19,6 +19,14 @@ import (
 // the test fails under CI=true and is skipped elsewhere (testenv.Need).
 func DirtyPages(t testing.TB, path string) uint64 {
 	t.Helper()
+	_, dirty := PageCache(t, path)
+	return dirty
+}
+
+// PageCache is the number of page-cache pages of the file at path, and
+// how many of them are dirty (cachestat(2), as DirtyPages).
+func PageCache(t testing.TB, path string) (cached, dirty uint64) {
+	t.Helper()
 	f, err := os.Open(path)
 	if err != nil {
 		t.Fatal(err)
@@ -30,12 +38,12 @@ func DirtyPages(t testing.TB, path string) uint64 {
 	)
 	_, _, errno := unix.Syscall6(unix.SYS_CACHESTAT, f.Fd(), uintptr(unsafe.Pointer(&rng)), uintptr(unsafe.Pointer(&cs)), 0, 0, 0)
 	if errors.Is(errno, unix.ENOSYS) {
-		testenv.Need(t, false, "cachestat(2) (Linux 6.5+) to count dirty pages")
+		testenv.Need(t, false, "cachestat(2) (Linux 6.5+) to count page-cache pages")
 	}
 	if errno != 0 {
 		t.Fatalf("cachestat %s: %v", path, errno)
 	}
-	return cs.dirty
+	return cs.cache, cs.dirty
 }
 
 // DirtiedBy runs write, which must store into pages of the file at path
