@@ -349,9 +349,9 @@ func newAllocator(fs vfs.FS, dir string, size, chunk, ahead, near int64, how vfs
 // single node's puts stalled for ~0.2 s and a group's for ~0.5 s each
 // time (BENCHMARKS.md, "Dirty zeros: a stall every 30 s"). Read
 // population does the costly part (the page-cache pages, zeroed and
-// mapped) and dirties nothing; the writable window, a few MiB just ahead
-// of the writer, takes the write faults (ext4's page_mkwrite) off the put
-// path, and is all the flusher finds dirty then.
+// mapped) and dirties nothing; the writable window (16 MiB by default)
+// just ahead of the writer takes the write faults (ext4's page_mkwrite)
+// off the put path, and is all the flusher finds dirty then.
 func (a *allocator) loop() {
 	defer a.wg.Done()
 	var todo []*popJob // files not yet fully populated, oldest first
@@ -557,9 +557,9 @@ const DefaultPopulateAhead int64 = 128 << 20
 // DefaultPopulateNear is how much of the window PopulateWrite makes
 // writable (Options.PopulateNear): the most dirty zeros the flusher finds
 // in a file when it writes it back, every 30 s (loop's doc). 16 MiB, in
-// passes of 4 MiB, is ~90 ms of the fastest batches measured here and
-// keeps a group's burst (three members on one disk) under a tenth of a
-// second; 4 MiB cost a sync single node ~8 % of its batch throughput,
+// passes of 4 MiB, is ~90 ms of the fastest batches measured here, and
+// with it a group's slowest put in a minute (three members on one disk)
+// took ~0.1 s instead of ~0.6 s; 4 MiB cost a sync single node ~8 % of its batch throughput,
 // 16 MiB ~4 % (BENCHMARKS.md, "Dirty zeros: a stall every 30 s"). A
 // writer that overtakes it takes the write faults itself, as with
 // PopulateRead.
