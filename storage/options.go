@@ -313,7 +313,7 @@ type Options struct {
 
 	// PopulateNear is how much of that window, just ahead of the writer,
 	// vfs.PopulateWrite makes writable (dirty zeros, no fault on the put
-	// path); the rest of the window is populated read (clean). Default 4
+	// path); the rest of the window is populated read (clean). Default 16
 	// MiB (segment.DefaultPopulateNear); PopulateAhead or more makes the
 	// whole window writable, whose dirty zeros the kernel then wrote back
 	// in one burst every 30 s (BENCHMARKS.md, "Dirty zeros: a stall every
