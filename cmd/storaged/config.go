@@ -238,7 +238,7 @@ func parseConfig(args []string, lookupEnv func(string) (string, bool), stderr io
 	fs.IntVar(&cfg.MaxPendingTransactions, "max-pending-transactions", cfg.MaxPendingTransactions,
 		"most transactional half messages pending at once (1-10000000); a half send beyond it is refused (RESOURCE_EXHAUSTED, TOO_MANY_REQUESTS)")
 	fs.Var((*populateValue)(&cfg.Populate), "populate",
-		"how a new commitlog file is faulted in ahead of the writer: `mode` write (the default: MADV_POPULATE_WRITE, no fault on the put path), "+
+		"how a new commitlog file is faulted in ahead of the writer: `mode` write (the default: MADV_POPULATE_WRITE for the --populate-near bytes just ahead, no fault on the put path; the rest as read), "+
 			"read (MADV_POPULATE_READ: clean pages, a write fault per page on the put path), willneed or off; BENCHMARKS.md measures them")
 	fs.Var((*sizeValue)(&cfg.PopulateAhead), "populate-ahead",
 		"how far ahead of the writer a commitlog file is kept populated (`size`; suffixes as --file-size); "+

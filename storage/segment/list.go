@@ -559,8 +559,9 @@ const DefaultPopulateAhead int64 = 128 << 20
 // in a file when it writes it back, every 30 s (loop's doc). 16 MiB, in
 // passes of 4 MiB, is ~90 ms of the fastest batches measured here, and
 // with it a group's slowest put in a minute (three members on one disk)
-// took ~0.1 s instead of ~0.6 s; 4 MiB cost a sync single node ~8 % of its batch throughput,
-// 16 MiB ~4 % (BENCHMARKS.md, "Dirty zeros: a stall every 30 s"). A
+// took ~0.1 s instead of ~0.6 s; 4 MiB cost a sync single node ~11 % of
+// its batch throughput, 16 MiB ~5 % (BENCHMARKS.md, "Dirty zeros: a stall
+// every 30 s"). A
 // writer that overtakes it takes the write faults itself, as with
 // PopulateRead.
 const DefaultPopulateNear int64 = 16 << 20
