@@ -257,9 +257,14 @@ func (g *GroupOptions) validate(o Options) []error {
 
 // groupState is the store's side of group mode.
 type groupState struct {
-	opts      GroupOptions
-	rlog      *raftlog.Log
-	node      *replica.Node
+	opts GroupOptions
+	rlog *raftlog.Log
+	node *replica.Node
+	// running is node once startGroup has set it: the one way to reach
+	// the node from a goroutine Open starts before it (the consume
+	// queues' checkpoint, raftPoint). Everything else runs after Open
+	// returns, which orders it after the write of node.
+	running   atomic.Pointer[replica.Node]
 	commitEnd atomic.Int64
 	// pins counts the snapshots being sent: while any is, retention
 	// deletes no commitlog file (their manifests name them).
@@ -388,10 +393,14 @@ func (s *Store) openGroupLog(cp consumequeue.Checkpoint) error {
 // node runs.
 func (s *Store) raftPoint() (consumequeue.RaftPoint, bool) {
 	g := s.group
-	if g == nil || g.node == nil {
+	if g == nil {
 		return consumequeue.RaftPoint{}, false
 	}
-	info := g.node.Info()
+	node := g.running.Load()
+	if node == nil {
+		return consumequeue.RaftPoint{}, false
+	}
+	info := node.Info()
 	if info.Applied == 0 {
 		return consumequeue.RaftPoint{}, false
 	}
@@ -472,7 +481,11 @@ func (s *Store) startGroup() error {
 		ElectionTick: g.opts.ElectionTick, HeartbeatTick: g.opts.HeartbeatTick, MaxReadWaiters: g.opts.MaxReadWaiters,
 		FollowerReads: g.opts.FollowerReads, CatchUpReadahead: g.opts.CatchUpReadahead, MaxInflightBytes: g.opts.maxInflightBytes, MaxSizePerMsg: g.opts.maxSizePerMsg,
 		Logger: raftLogger{s.opts.Logger.With().Str("component", "raft").Uint64("raft_id", g.opts.ID).Logger()}}, g.commitEnd.Load())
-	return err
+	if err != nil {
+		return err
+	}
+	g.running.Store(g.node)
+	return nil
 }
 
 // groupHost is the store as the raft loop sees it.

@@ -12,12 +12,25 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"google.golang.org/protobuf/proto"
+
+	pb "go.etcd.io/raft/v3/raftpb"
 )
 
 // testNet is an in-memory network between group members: a fault-injection
 // seam (drop, partition) in place of the peer gRPC transport. Each member
 // has a bounded inbox drained by one goroutine that calls StepPeer; a full
 // inbox drops, as a real transport's bounded queue would.
+//
+// It also keeps the tests' ticks in step with the members' answers
+// (heard): a member's tick waits until every member it sent a heartbeat
+// to and can reach has answered. The tests give ticks far faster than
+// real time, and a leader counts its followers' answers once per
+// election timeout (CheckQuorum, ten ticks): a follower busy in a slow
+// fsync on a loaded machine would otherwise miss ten ticks' answers and
+// depose a healthy leader, which the test never meant (and with the
+// followers not ticking, nobody is elected after it).
 type testNet struct {
 	mu     sync.Mutex
 	stores map[uint64]*Store
@@ -25,10 +38,16 @@ type testNet struct {
 	inbox  map[uint64]chan []byte
 	stop   chan struct{}
 	wg     sync.WaitGroup
+	// unheard counts, by [sender, receiver], the heartbeats delivered to
+	// the receiver since it last answered the sender; changed is closed
+	// (and replaced) whenever it changes.
+	unheard map[[2]uint64]int
+	changed chan struct{}
 }
 
 func newTestNet(ids ...uint64) *testNet {
-	n := &testNet{stores: map[uint64]*Store{}, cut: map[uint64]bool{}, inbox: map[uint64]chan []byte{}, stop: make(chan struct{})}
+	n := &testNet{stores: map[uint64]*Store{}, cut: map[uint64]bool{}, inbox: map[uint64]chan []byte{}, stop: make(chan struct{}),
+		unheard: map[[2]uint64]int{}, changed: make(chan struct{})}
 	for _, id := range ids {
 		n.add(id)
 	}
@@ -56,12 +75,98 @@ func (n *testNet) add(id uint64) {
 				n.mu.Lock()
 				s, cut := n.stores[id], n.cut[id]
 				n.mu.Unlock()
-				if s != nil && !cut {
-					_ = s.StepPeer(m) // a closed store refuses: a dropped message
-				}
+				n.deliver(id, s, cut, m)
 			}
 		}
 	}()
+}
+
+// deliver steps message b into member id's store s unless id is cut or
+// closed (a dropped message; a closed store refuses too), and keeps
+// unheard: a heartbeat s's raft will answer is counted before the step
+// (the answer may be back before StepPeer returns); a follower's answer
+// to a leader, of the two kinds that mark it active for CheckQuorum,
+// clears the leader's count for it.
+func (n *testNet) deliver(id uint64, s *Store, cut bool, b []byte) {
+	m := &pb.Message{}
+	if proto.Unmarshal(b, m) != nil {
+		m = nil // StepPeer refuses it
+	}
+	pair := [2]uint64{m.GetFrom(), id}
+	owed := s != nil && !cut && answerOwed(s, m)
+	if owed {
+		n.count(pair, +1)
+	}
+	if s != nil && !cut {
+		if s.StepPeer(b) != nil && owed {
+			n.count(pair, -1) // refused: no answer comes
+		}
+	}
+	if t := m.GetType(); t == pb.MsgHeartbeatResp || t == pb.MsgAppResp {
+		n.count([2]uint64{id, m.GetFrom()}, 0)
+	}
+}
+
+// answerOwed reports whether s's raft answers m: a heartbeat, unless its
+// commit is past s's last index (a joining member drops it and waits for
+// the leader's probe; any other stops). It looks before the step: a
+// truncation in between, rare, only makes a tick wait for the minute.
+func answerOwed(s *Store, m *pb.Message) bool {
+	if m.GetType() != pb.MsgHeartbeat || s.group == nil {
+		return false
+	}
+	last, err := s.group.rlog.LastIndex()
+	return err == nil && m.GetCommit() <= last
+}
+
+// count adds d to unheard[pair], or clears it (d == 0).
+func (n *testNet) count(pair [2]uint64, d int) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if c := n.unheard[pair] + d; d != 0 && c > 0 {
+		n.unheard[pair] = c
+	} else {
+		delete(n.unheard, pair)
+	}
+	n.changedLocked()
+}
+
+// changedLocked wakes the ticks waiting in heard. REQUIRES: n.mu.
+func (n *testNet) changedLocked() {
+	close(n.changed)
+	n.changed = make(chan struct{})
+}
+
+// setStore puts member id's store s (nil: closed) on the network. What
+// id was owed and owed, an earlier incarnation's, is void.
+func (n *testNet) setStore(id uint64, s *Store) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	for k := range n.unheard {
+		if k[0] == id || k[1] == id {
+			delete(n.unheard, k)
+		}
+	}
+	if s == nil {
+		delete(n.stores, id)
+	} else {
+		n.stores[id] = s
+	}
+	n.changedLocked()
+}
+
+// heard reports whether every member id sent a heartbeat to and can
+// reach (neither cut, both open) has answered it since; else it returns
+// a channel closed at the next change.
+func (n *testNet) heard(id uint64) (bool, <-chan struct{}) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	for k, c := range n.unheard {
+		if k[0] == id && c > 0 && !n.cut[id] && !n.cut[k[1]] && n.stores[id] != nil && n.stores[k[1]] != nil {
+			return false, n.changed
+		}
+	}
+	return true, nil
 }
 
 func (n *testNet) close() {
@@ -72,6 +177,7 @@ func (n *testNet) close() {
 func (n *testNet) setCut(id uint64, cut bool) {
 	n.mu.Lock()
 	n.cut[id] = cut
+	n.changedLocked()
 	n.mu.Unlock()
 }
 
@@ -151,9 +257,7 @@ func (g *testGroup) open(id uint64) {
 		g.t.Fatalf("open %d: %v", id, err)
 	}
 	mb.s = s
-	g.net.mu.Lock()
-	g.net.stores[id] = s
-	g.net.mu.Unlock()
+	g.net.setStore(id, s)
 }
 
 func (g *testGroup) closeMember(id uint64) {
@@ -162,21 +266,41 @@ func (g *testGroup) closeMember(id uint64) {
 	if mb.s == nil {
 		return
 	}
-	g.net.mu.Lock()
-	delete(g.net.stores, id)
-	g.net.mu.Unlock()
+	g.net.setStore(id, nil)
 	if err := mb.s.Close(); err != nil {
 		g.t.Errorf("close %d: %v", id, err)
 	}
 	mb.s = nil
 }
 
-// tick gives one raft tick to each of ids.
+// tick gives one raft tick to each of ids, each once the members it
+// sent heartbeats to have answered them (testNet). A member that has not
+// answered in a minute is reported and ticked past: a test that passes
+// only through it is slow, not hung.
 func (g *testGroup) tick(ids ...uint64) {
 	for _, id := range ids {
-		if mb := g.m[id]; mb.s != nil {
-			mb.ticks <- time.Time{}
+		mb := g.m[id]
+		if mb.s == nil {
+			continue
 		}
+		limit := time.After(time.Minute)
+	wait:
+		for {
+			ok, changed := g.net.heard(id)
+			if ok {
+				break
+			}
+			select {
+			case <-changed:
+			case <-limit:
+				g.net.mu.Lock()
+				unheard := maps.Clone(g.net.unheard)
+				g.net.mu.Unlock()
+				g.t.Logf("tick: node %d's heartbeats unanswered for a minute (by [sender receiver]: %v); ticking it anyway", id, unheard)
+				break wait
+			}
+		}
+		mb.ticks <- time.Time{}
 	}
 }
 

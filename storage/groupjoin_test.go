@@ -171,9 +171,7 @@ func TestGroupRolledBackFollowerStops(t *testing.T) {
 		t.Fatalf("the group (1 and 3) stopped taking puts: %v %v", res.Status, err)
 	}
 	// Its close reports the sticky error; the cleanup must not.
-	g.net.mu.Lock()
-	delete(g.net.stores, 2)
-	g.net.mu.Unlock()
+	g.net.setStore(2, nil)
 	if err := g.m[2].s.Close(); !errors.Is(err, ErrLostEntries) {
 		t.Fatalf("close of the stopped member: %v", err)
 	}
