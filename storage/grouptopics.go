@@ -180,11 +180,14 @@ func (s *Store) applyTopicDelete(index uint64, data []byte) error {
 		publish = func(next *topicSnapshot) {
 			// The dispatcher has indexed nothing past at (the commit end of
 			// this batch is not published yet): paused, it resumes with the
-			// tombstone in place and the queues gone.
+			// tombstone in place and the queues gone. The table changes
+			// last: whoever sees the topic gone or its tombstone finds its
+			// queues and consumer state gone too (the removal of the queue
+			// files may take a while on a busy disk).
 			s.index.Paused(func() {
-				s.topics.cur.Store(next)
 				dropErr = s.index.DropTopicPaused(name)
 				s.dropConsumerState(name, at)
+				s.topics.cur.Store(next)
 			})
 		}
 	}

@@ -230,9 +230,9 @@ func (s *Store) DeleteTopic(name string) (int64, error) {
 	// index are woken after (consumequeue/visible.go).
 	var err error
 	s.index.Paused(func() {
-		t.cur.Store(next)
 		err = s.index.DropTopicPaused(name)
 		s.dropConsumerStateLocked(name, at)
+		t.cur.Store(next) // last: a tombstone seen means all of it dropped
 	})
 	s.opts.Logger.Info().Str("topic", name).Int64("commitlog_offset", at).Msg("storage: topic deleted")
 	if err != nil {
