@@ -201,9 +201,7 @@ func TestGroupDedupUndecided(t *testing.T) {
 func TestGroupDedupRetryTimeout(t *testing.T) {
 	g := newTestGroup(t, 100*time.Millisecond)
 	g.elect(1)
-	if res, err := g.put(1, "creates T"); err != nil || res.Status != PutOK {
-		t.Fatalf("put: %v %v", res.Status, err)
-	}
+	g.putOK(1, "creates T")
 	g.net.setCut(2, true)
 	g.net.setCut(3, true)
 	m := &Message{Topic: "T", Body: []byte("x"), BornTimestamp: 1, BornHost: DefaultStoreHost, Properties: []Property{uniq("k")}}

@@ -187,9 +187,7 @@ func TestGroupRolledBackFollowerStops(t *testing.T) {
 func TestGroupOfflineToolsKeepUncommitted(t *testing.T) {
 	g := newTestGroup(t, 200*time.Millisecond)
 	g.elect(1)
-	if res, err := g.put(1, "committed"); err != nil || res.Status != PutOK {
-		t.Fatalf("put: %v %v", res.Status, err)
-	}
+	g.putOK(1, "committed")
 	g.converge(1, 1, 2, 3)
 	committedEnd := g.m[1].s.ReplicaInfo().CommitEnd
 	g.net.setCut(1, true)
@@ -217,10 +215,7 @@ func TestGroupOfflineToolsKeepUncommitted(t *testing.T) {
 	// truncates it, and starts again afterwards.
 	var leader uint64
 	g.poll("a leader among 2 and 3", func() bool { leader = g.readyLeader(2, 3); return leader != 0 }, 2, 3)
-	res, err := g.put(leader, "new")
-	if err != nil || res.Status != PutOK {
-		t.Fatalf("put on the new leader: %v %v", res.Status, err)
-	}
+	g.putOK(leader, "new")
 	g.open(1)
 	g.net.setCut(1, false)
 	end := g.converge(leader, 1, 2, 3)
