@@ -642,6 +642,57 @@ func TestGroupLeaderAlone(t *testing.T) {
 	}
 }
 
+// TestGroupDeposedPutRefusedAtNewTerm: a put proposed by a leader cut
+// off from its group is answered as soon as the next leader's first
+// entry (its empty one, no put) reaches the old leader: refused with
+// CauseSuperseded, definitely not stored, not FLUSH_SLAVE_TIMEOUT after
+// the replication timeout. No put goes to the new leader, so no entry
+// passes the lost put's position: only the term tells.
+func TestGroupDeposedPutRefusedAtNewTerm(t *testing.T) {
+	g := newTestGroup(t, time.Minute)
+	g.elect(1)
+	if res, err := g.put(1, "a"); err != nil || res.Status != PutOK {
+		t.Fatalf("put: %v %v", res.Status, err)
+	}
+	g.converge(1, g.ids...)
+	end := g.m[1].s.log.MaxOffset()
+	g.net.setCut(1, true)
+	type answer struct {
+		res PutResult
+		err error
+	}
+	ch := make(chan answer, 1)
+	go func() {
+		res, err := g.put(1, "lost")
+		ch <- answer{res, err}
+	}()
+	g.poll("the lost put in node 1's log", func() bool { return g.m[1].s.log.MaxOffset() > end })
+	nl := g.failover(2, 3)
+	g.net.setCut(1, false)
+	var a answer
+	g.poll("the lost put answered", func() bool {
+		select {
+		case a = <-ch:
+			return true
+		default:
+			return false
+		}
+	}, nl)
+	var ne *NotLeaderError
+	if !errors.As(a.err, &ne) || ne.Cause != CauseSuperseded || a.res.Status != ServiceNotAvailable {
+		t.Fatalf("the deposed leader's put: %v %v, want SERVICE_NOT_AVAILABLE (superseded)", a.res.Status, a.err)
+	}
+	ce := g.converge(nl, g.ids...)
+	if ce != end {
+		t.Fatalf("commit end %d after the heal, want %d (nothing put since)", ce, end)
+	}
+	for _, id := range g.ids {
+		if mx := g.queueMax(id); mx != 1 {
+			t.Fatalf("node %d: queue max %d, want 1 (the lost put stored nowhere)", id, mx)
+		}
+	}
+}
+
 // TestGroupDelayedDelivery: a delayed message is diverted to the
 // schedule topic on the leader, replicated as such, and delivered once, by
 // the ready leader's scheduler through the propose path, to every replica.

@@ -52,7 +52,8 @@ const (
 	CauseLeaderNotReady = "LEADER_NOT_READY"
 	CauseTransferring   = "TRANSFERRING"
 	// CauseSuperseded: the put was proposed, then an entry of another term
-	// committed over its position: definitely not stored.
+	// committed over its position, or one of a later term committed
+	// (which a committed put would precede): definitely not stored.
 	CauseSuperseded = "SUPERSEDED"
 	// CauseRemoved: this replica was removed from the group (ErrRemoved);
 	// the others serve.
@@ -955,10 +956,11 @@ func (n *Node) applyLocked(ents []*pb.Entry) ([]raftlog.ConfChange, error) {
 		return nil, nil
 	}
 	var (
-		lastTS  int64
-		done    []*Waiter
-		changes []raftlog.ConfChange
-		confErr error
+		lastTS   int64
+		lastTerm uint64
+		done     []*Waiter
+		changes  []raftlog.ConfChange
+		confErr  error
 	)
 	n.mu.Lock()
 	defer n.mu.Unlock()
@@ -983,7 +985,7 @@ func (n *Node) applyLocked(ents []*pb.Entry) ([]raftlog.ConfChange, error) {
 				break
 			}
 		}
-		n.commit = e.GetIndex()
+		n.commit, lastTerm = e.GetIndex(), e.GetTerm()
 		if d := e.GetData(); e.GetType() == pb.EntryNormal && len(d) >= record.MinLen && record.HasMagic(d) {
 			pos := record.PhysOffset(d)
 			n.end = pos + int64(len(d))
@@ -1006,9 +1008,16 @@ func (n *Node) applyLocked(ents []*pb.Entry) ([]raftlog.ConfChange, error) {
 	for _, w := range done {
 		w.finish(nil)
 	}
-	// Commit passed these positions with other entries: never stored.
+	// Never stored: commit passed these positions with other entries, or
+	// committed an entry of a later term than theirs. Terms only grow
+	// along a log, so had such a waiter's entry committed, it would sit
+	// before that entry and have been applied (and its waiter answered)
+	// already. The term rule answers a deposed leader's putters as soon
+	// as the next leader commits its first (empty) entry, not only once
+	// a put of its passes their positions, which in a quiet group may
+	// be never before their replication timeout.
 	for k, w := range n.waiters {
-		if k.pos < n.end {
+		if k.pos < n.end || k.term < lastTerm {
 			w.finish(&NotLeaderError{Cause: CauseSuperseded, LeaderID: n.soft.Lead, Term: n.term})
 			delete(n.waiters, k)
 		}
