@@ -356,7 +356,8 @@
 //     PUT_OK once it commits (on a majority, each member synced its
 //     commitlog range and raft index before acknowledging); a
 //     *NotLeaderError (cause SUPERSEDED, nothing stored) once the commit
-//     passes its position with another entry; FLUSH_SLAVE_TIMEOUT with
+//     passes its position with another entry or reaches an entry of a
+//     later term (the next leader's first); FLUSH_SLAVE_TIMEOUT with
 //     ErrReplicationTimeout (outcome unknown) after
 //     GroupOptions.ReplicationTimeout. WAIT=false waits too.
 //   - Refusals, nothing stored: a follower, no leader, a leader not yet

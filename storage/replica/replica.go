@@ -1253,7 +1253,8 @@ func (w *Waiter) Err() error { return w.err }
 // Then has f told w's outcome when it is known (at once if it is): the
 // error Err gives, after the putter's own wait may have ended (timeout,
 // ctx). The waiter stays until its outcome is known (commit passes its
-// position, on whichever leader) or the node closes: never Forget a
+// position or reaches a later term, on whichever leader) or the node
+// closes: never Forget a
 // waiter given to Then. f runs under the node's lock, before Done is
 // closed: it must be quick and take no lock of the node's callers but a
 // leaf one. At most one f per waiter.
