@@ -669,15 +669,7 @@ func TestGroupDeposedPutRefusedAtNewTerm(t *testing.T) {
 	g.poll("the lost put in node 1's log", func() bool { return g.m[1].s.log.MaxOffset() > end })
 	nl := g.failover(2, 3)
 	g.net.setCut(1, false)
-	var a answer
-	g.poll("the lost put answered", func() bool {
-		select {
-		case a = <-ch:
-			return true
-		default:
-			return false
-		}
-	}, nl)
+	a := pollRecv(g, "the lost put answered", ch, nl)
 	var ne *NotLeaderError
 	if !errors.As(a.err, &ne) || ne.Cause != CauseSuperseded || a.res.Status != ServiceNotAvailable {
 		t.Fatalf("the deposed leader's put: %v %v, want SERVICE_NOT_AVAILABLE (superseded)", a.res.Status, a.err)
@@ -1209,16 +1201,7 @@ func TestGroupMoveLeadershipConfPending(t *testing.T) {
 	}
 	g.net.setCut(2, false)
 	g.net.setCut(3, false)
-	var err error
-	g.poll("the change applied", func() bool {
-		select {
-		case err = <-done:
-			return true
-		default:
-			return false
-		}
-	}, 1)
-	if err != nil {
+	if err := pollRecv(g.testGroup, "the change applied", done, 1); err != nil {
 		t.Fatalf("AddLearner(5): %v", err)
 	}
 	// Ticking: member 2 may not have applied the change yet, and raft's

@@ -147,15 +147,7 @@ func TestGroupDedupUndecided(t *testing.T) {
 	g.poll("the retry waiting for the first put", func() bool { return g.m[1].s.dedupStats().Waits > waits })
 	g.net.setCut(2, false)
 	g.net.setCut(3, false)
-	var a answer
-	g.poll("the retry answered", func() bool {
-		select {
-		case a = <-retry:
-			return true
-		default:
-			return false
-		}
-	}, 1)
+	a := pollRecv(g, "the retry answered", retry, 1)
 	if a.err != nil || a.res.Status != PutOK || a.res.Append.WroteOffset != first.WroteOffset || a.res.Append.QueueOffset != first.QueueOffset {
 		t.Fatalf("the retry after the entry committed: %v %v at %d (queue offset %d), the first put is at %d (%d)",
 			a.res.Status, a.err, a.res.Append.WroteOffset, a.res.Append.QueueOffset, first.WroteOffset, first.QueueOffset)
