@@ -10,6 +10,9 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
 	storagedv1 "github.com/storaged/storaged/gen/storaged/v1"
 	"github.com/storaged/storaged/internal/history"
 	"github.com/storaged/storaged/internal/proctest"
@@ -394,6 +397,7 @@ func groupReadBack(t *testing.T, g *group) (history.Stored, int64, error) {
 		commitEnd = lri.GetCommitEnd()
 		return true
 	})
+	awaitIndexed(t, g, leader)
 	per := map[*proctest.Process]history.Stored{}
 	for _, n := range g.nodes {
 		s := history.Stored{}
@@ -432,6 +436,49 @@ func groupReadBack(t *testing.T, g *group) (history.Stored, int64, error) {
 		err = fmt.Errorf("divergent: %s", b.String())
 	}
 	return per[leader], commitEnd, err
+}
+
+// awaitIndexed waits until every member's consume queues reach the
+// commit point all members applied: a member indexes after it applies,
+// and on a busy disk its dispatcher lags (a leader read back 11 records
+// short of its followers, all at the same commit). The leader's
+// linearizable GetQueueInfo waits for its own index; the other members
+// are polled until they show the same max offsets. One that never does
+// is read back as it is, and the comparison reports it.
+func awaitIndexed(t *testing.T, g *group, leader *proctest.Process) {
+	t.Helper()
+	want := make([]int64, queues)
+	lc := storagedv1.NewMessageStoreServiceClient(leader.Conn())
+	for q := int32(0); q < queues; q++ {
+		waitFor(t, 60*time.Second, "the leader's linearizable queue info", func() bool {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			qi, err := lc.GetQueueInfo(ctx, &storagedv1.GetQueueInfoRequest{Topic: topic, QueueId: q, Linearizable: true})
+			if status.Code(err) == codes.NotFound { // nothing ever stored there
+				want[q] = 0
+				return true
+			}
+			want[q] = qi.GetMaxOffset()
+			return err == nil
+		})
+	}
+	deadline := time.Now().Add(60 * time.Second)
+	tick := time.NewTicker(50 * time.Millisecond)
+	defer tick.Stop()
+	for _, n := range g.nodes {
+		c := storagedv1.NewMessageStoreServiceClient(n.Conn())
+		for q := int32(0); q < queues; q++ {
+			for time.Now().Before(deadline) {
+				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+				qi, err := c.GetQueueInfo(ctx, &storagedv1.GetQueueInfoRequest{Topic: topic, QueueId: q})
+				cancel()
+				if (err == nil && qi.GetMaxOffset() >= want[q]) || (status.Code(err) == codes.NotFound && want[q] == 0) {
+					break
+				}
+				<-tick.C
+			}
+		}
+	}
 }
 
 func sameQueues(a, b history.Stored) error {
