@@ -16,6 +16,20 @@ import (
 	"github.com/storaged/storaged/storage/vfs"
 )
 
+// openOnDisk opens a log on real files with o's directory, sizes and
+// population, the rest as a store would (CRCs required, the system
+// clock); the caller recovers, starts and closes it.
+func openOnDisk(t *testing.T, o Options) *Log {
+	t.Helper()
+	nop := zerolog.Nop()
+	o.FS, o.RequireCRC, o.Clock, o.Logger, o.Throttle = vfs.Default, true, base.SystemClock, &nop, logthrottle.New(time.Second, nil)
+	l, err := Open(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l
+}
+
 // TestRestartAppendsDirtyOwnPages: after a restart whose page cache lost
 // the last file (a reboot, or eviction), recovery reads the file's zero
 // tail to check it, through readahead that leaves it in large folios. A
@@ -28,16 +42,8 @@ import (
 func TestRestartAppendsDirtyOwnPages(t *testing.T) {
 	const size = 64 << 20
 	dir := t.TempDir()
-	open := func() *Log {
-		nop := zerolog.Nop()
-		l, err := Open(Options{FS: vfs.Default, Dir: dir, FileSize: size, RequireCRC: true, Clock: base.SystemClock,
-			Logger: &nop, Throttle: logthrottle.New(time.Second, nil), PopulateChunk: 4 << 20, PopulateAhead: size})
-		if err != nil {
-			t.Fatal(err)
-		}
-		return l
-	}
-	l := open()
+	opts := Options{Dir: dir, FileSize: size, PopulateChunk: 4 << 20, PopulateAhead: size}
+	l := openOnDisk(t, opts)
 	if _, err := l.Recover(0, 0); err != nil {
 		t.Fatal(err)
 	}
@@ -63,7 +69,7 @@ func TestRestartAppendsDirtyOwnPages(t *testing.T) {
 	}
 	f.Close()
 
-	l = open()
+	l = openOnDisk(t, opts)
 	defer l.Close()
 	r, err := l.Recover(end, 0)
 	if err != nil || r.End != end {
@@ -99,12 +105,7 @@ func TestRestartAppendsDirtyOwnPages(t *testing.T) {
 func TestPopulateDirtiesOnlyNearWindow(t *testing.T) {
 	const size, ahead, near = 64 << 20, 32 << 20, 2 << 20
 	dir := t.TempDir()
-	nop := zerolog.Nop()
-	l, err := Open(Options{FS: vfs.Default, Dir: dir, FileSize: size, RequireCRC: true, Clock: base.SystemClock,
-		Logger: &nop, Throttle: logthrottle.New(time.Second, nil), PopulateChunk: 4 << 20, PopulateAhead: ahead, PopulateNear: near})
-	if err != nil {
-		t.Fatal(err)
-	}
+	l := openOnDisk(t, Options{Dir: dir, FileSize: size, PopulateChunk: 4 << 20, PopulateAhead: ahead, PopulateNear: near})
 	defer l.Close()
 	if _, err := l.Recover(0, 0); err != nil {
 		t.Fatal(err)

@@ -561,9 +561,8 @@ const DefaultPopulateAhead int64 = 128 << 20
 // with it a group's slowest put in a minute (three members on one disk)
 // took ~0.1 s instead of ~0.6 s; 4 MiB cost a sync single node ~11 % of
 // its batch throughput, 16 MiB ~5 % (BENCHMARKS.md, "Dirty zeros: a stall
-// every 30 s"). A
-// writer that overtakes it takes the write faults itself, as with
-// PopulateRead.
+// every 30 s"). A writer that overtakes it takes the write faults itself,
+// as with PopulateRead.
 const DefaultPopulateNear int64 = 16 << 20
 
 // take returns the file starting at from: the prepared one if it matches,
