@@ -14,6 +14,8 @@ import (
 	"github.com/HdrHistogram/hdrhistogram-go"
 	"golang.org/x/sys/unix"
 	"k8s.io/apimachinery/pkg/api/resource"
+
+	"github.com/storaged/storaged/storage/vfs"
 )
 
 // The syncprim subcommand measures the sync primitive under the commitlog
@@ -34,15 +36,24 @@ import (
 //
 // File preparations:
 //
-//	fallocated  fallocate + fsync: unwritten extents, so the first sync of
-//	            each block also converts its extent (a journal commit)
-//	populated   fallocated, then MADV_POPULATE_WRITE over the mapping (what
-//	            storaged's allocator does: dirty zero pages)
-//	prewritten  zeros written and fsynced first: written extents, so a
-//	            sync writes data only
+//	fallocated  fallocate + fsync: unwritten extents, so every sync of a
+//	            block not synced before also converts its extent (with a
+//	            metadata write and its wait); the copy takes the page
+//	            faults, through readahead, so the page cache holds large
+//	            folios and a sync writes them whole (storaged's
+//	            --populate off)
+//	populated   fallocated, then populated for writing through the
+//	            store's own vfs.Segment.Populate, page by page: what
+//	            storaged's allocator does (unwritten extents, single pages)
+//	prewritten  zeros written and fsynced first, evicted from the page
+//	            cache, then populated as above: written extents, so a
+//	            sync writes the data pages and nothing else
 //	grown       nothing: every append extends the file, so a sync also
 //	            commits the new size (Redis's AOF, NATS's message blocks);
 //	            pwrite only, since a mapping cannot grow with the file
+//
+// The mapped primitives go through vfs.Default's Segment (OpenSegment,
+// Sync): the mapping and msync storaged itself uses.
 //
 // Every case has its own file; the cases take turns, one append each, so
 // that noise from other jobs falls on all of them alike.
@@ -89,7 +100,7 @@ type syncPrimCase struct {
 
 	hist, writeHist *hdrhistogram.Histogram
 	f               *os.File
-	data            []byte
+	seg             vfs.Segment // the mapping, for msync and fdatasync
 	pos             int64
 }
 
@@ -239,16 +250,22 @@ func (c *syncPrimCase) open(path string, size int64) error {
 	if err := f.Sync(); err != nil {
 		return err
 	}
-	if c.Primitive != "pwrite" {
-		c.data, err = unix.Mmap(int(f.Fd()), 0, int(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
-		if err != nil {
-			return fmt.Errorf("mmap: %w", err)
+	if c.File == "prewritten" {
+		// The zeros' writes left the page cache in large folios; a copy
+		// into them would dirty a whole folio, and the sync write it.
+		// Evicted, the pages come back one by one (Populate below).
+		if err := unix.Fadvise(int(f.Fd()), 0, size, unix.FADV_DONTNEED); err != nil {
+			return fmt.Errorf("fadvise: %w", err)
 		}
-		if c.File == "populated" {
-			if err := unix.Madvise(c.data, unix.MADV_POPULATE_WRITE); err != nil {
-				return fmt.Errorf("MADV_POPULATE_WRITE: %w", err)
-			}
-		}
+	}
+	if c.Primitive == "pwrite" {
+		return nil
+	}
+	if c.seg, err = vfs.Default.OpenSegment(path, size); err != nil {
+		return err
+	}
+	if c.File != "fallocated" {
+		c.seg.Populate(0, size, vfs.PopulateWrite)
 	}
 	return nil
 }
@@ -265,12 +282,12 @@ func (c *syncPrimCase) appendSync(b []byte) (write, sync time.Duration, err erro
 	start := time.Now()
 	switch c.Primitive {
 	case "msync":
-		copy(c.data[lo:hi], b)
+		copy(c.seg.Bytes()[lo:hi], b)
 		write = time.Since(start)
 		start = time.Now()
-		err = unix.Msync(c.data[lo&^4095:hi], unix.MS_SYNC)
+		err = c.seg.Sync(lo, hi)
 	case "fdatasync":
-		copy(c.data[lo:hi], b)
+		copy(c.seg.Bytes()[lo:hi], b)
 		write = time.Since(start)
 		start = time.Now()
 		err = unix.Fdatasync(int(c.f.Fd()))
@@ -285,9 +302,9 @@ func (c *syncPrimCase) appendSync(b []byte) (write, sync time.Duration, err erro
 }
 
 func (c *syncPrimCase) close() {
-	if c.data != nil {
-		unix.Munmap(c.data)
-		c.data = nil
+	if c.seg != nil {
+		c.seg.Close()
+		c.seg = nil
 	}
 	if c.f != nil {
 		c.f.Close()
