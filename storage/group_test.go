@@ -43,11 +43,15 @@ type testNet struct {
 	// (and replaced) whenever it changes.
 	unheard map[[2]uint64]int
 	changed chan struct{}
+	// rejected counts, by [sender, receiver], the append rejections
+	// stepped into the receiver (a leader): each can move raft's guess of
+	// where that follower is back to what it has acknowledged.
+	rejected map[[2]uint64]int
 }
 
 func newTestNet(ids ...uint64) *testNet {
 	n := &testNet{stores: map[uint64]*Store{}, cut: map[uint64]bool{}, inbox: map[uint64]chan []byte{}, stop: make(chan struct{}),
-		unheard: map[[2]uint64]int{}, changed: make(chan struct{})}
+		unheard: map[[2]uint64]int{}, changed: make(chan struct{}), rejected: map[[2]uint64]int{}}
 	for _, id := range ids {
 		n.add(id)
 	}
@@ -98,8 +102,14 @@ func (n *testNet) deliver(id uint64, s *Store, cut bool, b []byte) {
 		n.count(pair, +1)
 	}
 	if s != nil && !cut {
-		if s.StepPeer(b) != nil && owed {
+		err := s.StepPeer(b)
+		if err != nil && owed {
 			n.count(pair, -1) // refused: no answer comes
+		}
+		if err == nil && m.GetType() == pb.MsgAppResp && m.GetReject() {
+			n.mu.Lock()
+			n.rejected[pair]++
+			n.mu.Unlock()
 		}
 	}
 	if t := m.GetType(); t == pb.MsgHeartbeatResp || t == pb.MsgAppResp {
@@ -167,6 +177,14 @@ func (n *testNet) heard(id uint64) (bool, <-chan struct{}) {
 		}
 	}
 	return true, nil
+}
+
+// rejections is how many append rejections from member from were stepped
+// into member to.
+func (n *testNet) rejections(from, to uint64) int {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.rejected[[2]uint64{from, to}]
 }
 
 func (n *testNet) close() {
