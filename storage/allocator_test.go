@@ -347,7 +347,8 @@ func TestPopulateWindow(t *testing.T) {
 	}
 }
 
-// TestPopulateNearWindow: with PopulateWrite the allocator makes only
+// TestPopulateNearWindow: with PopulateWrite (and PopulateZero, whose
+// writable passes go in that mode) the allocator makes only
 // PopulateNear past the writer writable (MADV_POPULATE_WRITE: dirty
 // zeros) and populates the rest of the window read (clean pages), the
 // writable part first. A file with dirty zeros in it stays dirty, and the
@@ -355,6 +356,14 @@ func TestPopulateWindow(t *testing.T) {
 // them at once: with the whole 128 MiB window writable, a burst that
 // stalled a group's puts for half a second every 30 s.
 func TestPopulateNearWindow(t *testing.T) {
+	for _, mode := range []vfs.PopulateMode{vfs.PopulateWrite, vfs.PopulateZero} {
+		t.Run(mode.String(), func(t *testing.T) { testPopulateNearWindow(t, mode) })
+	}
+}
+
+// testPopulateNearWindow is TestPopulateNearWindow with Options.Populate
+// mode, a writable one: the writable passes are made in that mode.
+func testPopulateNearWindow(t *testing.T, mode vfs.PopulateMode) {
 	const fileSize, ahead, near = 64 << 10, 8 * testChunk, 2 * testChunk
 	fs := vfs.NewMem()
 	first := filepath.Join("/d", "commitlog", fileName(0))
@@ -375,7 +384,7 @@ func TestPopulateNearWindow(t *testing.T) {
 		calls = append(calls, popCall{lo, hi, how, wrote()})
 	})
 	s, err := Open(Options{Dir: "/d", FS: fs, FileSize: fileSize, MaxMessageSize: 1024, PopulateChunk: testChunk,
-		PopulateAhead: ahead, PopulateNear: near})
+		PopulateAhead: ahead, PopulateNear: near, Populate: mode})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -402,7 +411,7 @@ func TestPopulateNearWindow(t *testing.T) {
 		var writable, readTo int64
 		for _, c := range calls {
 			switch c.how {
-			case vfs.PopulateWrite:
+			case mode:
 				if c.lo > max(writable, c.wrote&^(testChunk-1)) { // the writer's pages need none
 					t.Fatalf("%s: writable to %d, then [%d, %d) with the writer at %d: a gap", what, writable, c.lo, c.hi, c.wrote)
 				}

@@ -322,9 +322,9 @@ type Options struct {
 
 	// Populate is how the allocator faults new commitlog files in ahead of
 	// the writer: vfs.PopulateWrite (the default: MADV_POPULATE_WRITE, no
-	// fault on the put path), PopulateRead, PopulateWillNeed or
-	// PopulateOff (vfs.PopulateMode; BENCHMARKS.md "Allocator population
-	// and sync-mode msync" has the A/B).
+	// fault on the put path), PopulateRead, PopulateWillNeed, PopulateOff
+	// or PopulateZero (vfs.PopulateMode; BENCHMARKS.md "Allocator
+	// population and sync-mode msync" has the A/B).
 	Populate vfs.PopulateMode
 
 	// Logger receives the store's rare events (slow syncs, rolls, recovery).
@@ -610,7 +610,7 @@ func (o Options) resolve() (resolved, error) {
 	if o.Group != nil {
 		errs = append(errs, o.Group.validate(o)...)
 	}
-	if o.Populate > vfs.PopulateOff {
+	if o.Populate > vfs.PopulateZero {
 		errs = append(errs, fmt.Errorf("Populate %v unknown", o.Populate))
 	}
 	if len(errs) > 0 {

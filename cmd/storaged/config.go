@@ -239,12 +239,13 @@ func parseConfig(args []string, lookupEnv func(string) (string, bool), stderr io
 		"most transactional half messages pending at once (1-10000000); a half send beyond it is refused (RESOURCE_EXHAUSTED, TOO_MANY_REQUESTS)")
 	fs.Var((*populateValue)(&cfg.Populate), "populate",
 		"how a new commitlog file is faulted in ahead of the writer: `mode` write (the default: MADV_POPULATE_WRITE for the --populate-near bytes just ahead, no fault on the put path; the rest as read), "+
-			"read (MADV_POPULATE_READ: clean pages, a write fault per page on the put path), willneed or off; BENCHMARKS.md measures them")
+			"read (MADV_POPULATE_READ: clean pages, a write fault per page on the put path), willneed, off, "+
+			"or zero (write, with the --populate-near zeros written to the disk first: faster syncs at a few writers, every byte written twice); BENCHMARKS.md measures them")
 	fs.Var((*sizeValue)(&cfg.PopulateAhead), "populate-ahead",
 		"how far ahead of the writer a commitlog file is kept populated (`size`; suffixes as --file-size); "+
 			"--file-size or more populates whole files as soon as they exist")
 	fs.Var((*sizeValue)(&cfg.PopulateNear), "populate-near",
-		"with --populate write, how much of that window, just ahead of the writer, is made writable (`size`: dirty zeros, no page fault on the put path); "+
+		"with --populate write (or zero), how much of that window, just ahead of the writer, is made writable (`size`: dirty zeros, no page fault on the put path); "+
 			"the rest is populated read (clean pages). --populate-ahead or more makes the whole window writable, whose zeros the kernel then writes back in one burst every 30 s")
 	fs.IntVar(&cfg.MaxOpenQueueFiles, "max-open-queue-files", cfg.MaxOpenQueueFiles,
 		"`count` of consume-queue files kept open at once; the least recently used idle one is closed beyond it")

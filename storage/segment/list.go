@@ -50,8 +50,9 @@ type Options struct {
 	// the roll); 0 means DefaultPopulateAhead. A value of at least the
 	// file size populates whole files as soon as they exist.
 	PopulateAhead int64
-	// PopulateNear is, with vfs.PopulateWrite, how far ahead of the
-	// writer the pages are made writable (dirty zeros); past it, up to
+	// PopulateNear is, with vfs.PopulateWrite or PopulateZero, how far
+	// ahead of the writer the pages are made writable (dirty zeros; with
+	// PopulateZero, written to the disk first); past it, up to
 	// PopulateAhead, they are populated read (clean). 0 means
 	// DefaultPopulateNear; at least PopulateAhead makes the whole window
 	// writable, as before this option.
@@ -381,7 +382,7 @@ func (a *allocator) loop() {
 				return
 			default:
 				work.m.populate(lo, hi, how)
-				if how == vfs.PopulateWrite {
+				if how.Writable() {
 					work.wat = hi
 				}
 				work.at = max(work.at, hi)
@@ -424,14 +425,14 @@ func (a *allocator) loop() {
 // the windows.
 func (a *allocator) next(todo []*popJob) (j *popJob, lo, hi int64, how vfs.PopulateMode) {
 	for _, j := range todo {
-		if j.how == vfs.PopulateWrite && j.wat < min(j.m.size, j.m.wrote.Load()+a.near) {
-			return j, j.wat, min(j.wat+a.nearChunk, j.m.size), vfs.PopulateWrite
+		if j.how.Writable() && j.wat < min(j.m.size, j.m.wrote.Load()+a.near) {
+			return j, j.wat, min(j.wat+a.nearChunk, j.m.size), j.how
 		}
 	}
 	for _, j := range todo {
 		if j.at < min(j.m.size, j.m.wrote.Load()+a.ahead) {
 			how := j.how
-			if how == vfs.PopulateWrite {
+			if how.Writable() {
 				how = vfs.PopulateRead // the writable window's pass makes them writable
 			}
 			return j, j.at, min(j.at+a.chunk, j.m.size), how
@@ -447,7 +448,7 @@ func (a *allocator) wakeAt(j *popJob) int64 {
 	if j.at < j.m.size {
 		w = j.at - a.ahead + a.chunk
 	}
-	if j.how == vfs.PopulateWrite && j.wat < j.m.size {
+	if j.how.Writable() && j.wat < j.m.size {
 		w = min(w, j.wat-a.near+a.nearChunk)
 	}
 	return w
@@ -458,17 +459,17 @@ type popJob struct {
 	m   *File
 	how vfs.PopulateMode
 	at  int64 // populated below at (or the writer passed it)
-	wat int64 // with PopulateWrite: writable below wat (or the writer passed it)
+	wat int64 // with PopulateWrite or PopulateZero: writable below wat (or the writer passed it)
 }
 
 // done: nothing of the file is left to populate.
 func (j *popJob) done() bool {
-	return j.at >= j.m.size && (j.how != vfs.PopulateWrite || j.wat >= j.m.size)
+	return j.at >= j.m.size && (!j.how.Writable() || j.wat >= j.m.size)
 }
 
 // adoptMode is how a file that existed before this process (adopt) is
-// populated: as Options.Populate says, except that PopulateWrite becomes
-// PopulateRead. The file's pages are on disk already (zeros written back
+// populated: as Options.Populate says, except that PopulateWrite and
+// PopulateZero become PopulateRead. The file's pages are on disk already (zeros written back
 // after an earlier population, or records) or still dirty in the page
 // cache; a write population would dirty every clean one again, so each
 // restart wrote the rest of a 1 GiB file back as zeros once more, and on
@@ -478,7 +479,7 @@ func (j *popJob) done() bool {
 // write-protect fault instead (2.6 µs against 0.42 µs for a 1 KiB append,
 // "Targets (issue 16)"; ~15 µs where a crash left the extent unwritten).
 func adoptMode(how vfs.PopulateMode) vfs.PopulateMode {
-	if how == vfs.PopulateWrite {
+	if how.Writable() {
 		return vfs.PopulateRead
 	}
 	return how

@@ -21,7 +21,7 @@ import (
 // last 4 MiB were never populated.
 func TestPopulateSinglePages(t *testing.T) {
 	const size, populated = 68 << 20, 64 << 20
-	for _, how := range []PopulateMode{PopulateWrite, PopulateRead} {
+	for _, how := range []PopulateMode{PopulateWrite, PopulateRead, PopulateZero} {
 		t.Run(how.String(), func(t *testing.T) {
 			path := filepath.Join(t.TempDir(), "seg")
 			seg, err := Default.CreateSegment(path, size)
@@ -93,5 +93,42 @@ func TestEvictThenPopulateSinglePages(t *testing.T) {
 	seg.Populate(4096, size, PopulateRead)
 	if n := storagetest.DirtiedBy(t, path, func() { seg.Bytes()[size-2<<20+100]++ }); n != 1 {
 		t.Fatalf("one byte written after Evict and Populate dirtied %d pages: the read's large folios stayed", n)
+	}
+}
+
+// TestPopulateZeroWritesExtents: PopulateZero leaves the range's extents
+// written, the rest of the file's still unwritten, its pages writable
+// (dirty again: an append there takes no fault), and the range's
+// contents as they were, a byte stored before the population included.
+func TestPopulateZeroWritesExtents(t *testing.T) {
+	const size, populated = 8 << 20, 4 << 20
+	path := filepath.Join(t.TempDir(), "seg")
+	seg, err := Default.CreateSegment(path, size)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer seg.Close()
+	if n := storagetest.UnwrittenBytes(t, path, 0, size); n != size {
+		t.Fatalf("a new segment has %d bytes in unwritten extents, want all %d (fallocate)", n, size)
+	}
+	seg.Bytes()[100] = 7 // an append the population runs beside
+	seg.Populate(0, populated, PopulateZero)
+	if n := storagetest.UnwrittenBytes(t, path, 0, populated); n != 0 {
+		t.Errorf("%d bytes of the populated range still in unwritten extents: its zeros were not written", n)
+	}
+	if n := storagetest.UnwrittenBytes(t, path, populated, size); n != size-populated {
+		t.Errorf("%d bytes past the populated range in unwritten extents, want %d: written beyond the range", n, size-populated)
+	}
+	if n := storagetest.DirtyPages(t, path); n != populated/pageSize {
+		t.Errorf("%d pages dirty after the population, want the range's %d: not made writable again after its write-back", n, populated/pageSize)
+	}
+	got, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, c := range got {
+		if want := map[bool]byte{true: 7, false: 0}[i == 100]; c != want {
+			t.Fatalf("byte %d is %d after the population, want %d", i, c, want)
+		}
 	}
 }

@@ -168,6 +168,10 @@ func (s *osSegment) Sync(lo, hi int64) error {
 // the writer to take the faults itself, through readahead: large folios
 // again (512 pages dirty for one byte; an A/B mode only).
 //
+// PopulateZero populates as PopulateWrite, writes the range back
+// (writeBack) and populates it writable again: a page is faulted twice,
+// off the put path, and written twice, the zeros and then the records.
+//
 // PopulateRead and PopulateWillNeed leave the pages clean (nothing for
 // writeback until a put writes them); as allocator modes they are there
 // for the A/B of BENCHMARKS.md ("Allocator population and sync-mode
@@ -194,10 +198,38 @@ func (s *osSegment) Populate(lo, hi int64, how PopulateMode) {
 	case PopulateOff:
 		return
 	}
-	r := s.data[lo&^(pageSize-1) : hi]
+	lo &^= pageSize - 1
+	r := s.data[lo:hi]
 	_ = unix.Madvise(r, unix.MADV_RANDOM)
 	_ = unix.Madvise(r, advice)
+	if how == PopulateZero && s.writeBack(lo, hi) == nil {
+		// Written back, the pages are clean and write-protected again:
+		// fault them writable once more, so that appends take no fault.
+		_ = unix.Madvise(r, advice)
+	}
 	_ = unix.Madvise(r, unix.MADV_NORMAL)
+}
+
+// writeBack writes bytes [lo, hi) of the file to the disk and waits for
+// it, through a descriptor of its own: the dirty zeros of a populated
+// range (or what an append already stored there; the contents do not
+// change, so it may run while the range is being written). The kernel
+// converts the range's unwritten extents when the writes complete, and
+// the commitlog's next sync writes that metadata down with its own.
+// Why its own descriptor: the kernel reports a failed write-back once per
+// open file (errseq), to whichever of its syncs asks first. Through the
+// mapping's descriptor an error met here, perhaps one of a put's pages
+// the kernel's flusher wrote, would be taken from the commitlog's next
+// msync, and a lost write acked. Through another, the msync still sees
+// it; an error here only leaves the range to be converted by that msync.
+func (s *osSegment) writeBack(lo, hi int64) error {
+	f, err := os.OpenFile(s.f.Name(), os.O_RDWR, 0)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	return unix.SyncFileRange(int(f.Fd()), lo, hi-lo,
+		unix.SYNC_FILE_RANGE_WAIT_BEFORE|unix.SYNC_FILE_RANGE_WRITE|unix.SYNC_FILE_RANGE_WAIT_AFTER)
 }
 
 // Evict: MADV_DONTNEED takes the pages out of this mapping (for a shared

@@ -38,7 +38,7 @@ func TestOSFile(t *testing.T) {
 }
 
 func TestParsePopulateMode(t *testing.T) {
-	for m := PopulateWrite; m <= PopulateOff; m++ {
+	for m := PopulateWrite; m <= PopulateZero; m++ {
 		got, err := ParsePopulateMode(m.String())
 		if err != nil || got != m {
 			t.Errorf("ParsePopulateMode(%q) = %v, %v; want %v", m.String(), got, err, m)

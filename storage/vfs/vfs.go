@@ -119,7 +119,20 @@ const (
 	// PopulateOff populates nothing: the first append to each page takes
 	// the fault (~15 µs per page on ext4 here for an unwritten extent).
 	PopulateOff
+	// PopulateZero is PopulateWrite with the range's zeros written to the
+	// disk first: the file's unwritten extents there become written ones,
+	// so a later sync of a put there writes its pages and nothing else.
+	// A sync of pages in an unwritten extent also converts the extent and
+	// writes the inode, and waits for both: on this project's machine
+	// that made a small msync twice as slow (BENCHMARKS.md, "Corrected:
+	// the files prepared page by page"). The price is every byte written
+	// twice.
+	PopulateZero
 )
+
+// Writable reports whether the mode leaves the pages writable (dirty
+// zeros): PopulateWrite and PopulateZero.
+func (m PopulateMode) Writable() bool { return m == PopulateWrite || m == PopulateZero }
 
 // String is the mode's name.
 func (m PopulateMode) String() string {
@@ -132,18 +145,20 @@ func (m PopulateMode) String() string {
 		return "willneed"
 	case PopulateOff:
 		return "off"
+	case PopulateZero:
+		return "zero"
 	}
 	return fmt.Sprintf("PopulateMode(%d)", uint8(m))
 }
 
 // ParsePopulateMode parses a mode's name (String's output).
 func ParsePopulateMode(s string) (PopulateMode, error) {
-	for m := PopulateWrite; m <= PopulateOff; m++ {
+	for m := PopulateWrite; m <= PopulateZero; m++ {
 		if s == m.String() {
 			return m, nil
 		}
 	}
-	return 0, fmt.Errorf("vfs: unknown populate mode %q (want write, read, willneed or off)", s)
+	return 0, fmt.Errorf("vfs: unknown populate mode %q (want write, read, willneed, off or zero)", s)
 }
 
 var (
