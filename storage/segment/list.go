@@ -469,9 +469,9 @@ func (j *popJob) done() bool {
 
 // adoptMode is how a file that existed before this process (adopt) is
 // populated: as Options.Populate says, except that PopulateWrite and
-// PopulateZero become PopulateRead. The file's pages are on disk already (zeros written back
-// after an earlier population, or records) or still dirty in the page
-// cache; a write population would dirty every clean one again, so each
+// PopulateZero become PopulateRead. The file's pages are on disk already
+// (zeros written back after an earlier population, or records) or still
+// dirty in the page cache; a write population would dirty every clean one again, so each
 // restart wrote the rest of a 1 GiB file back as zeros once more, and on
 // a shared disk that writeback stalled the syncs of the group the member
 // rejoined (BENCHMARKS.md, "Population at a restart"). Read population
