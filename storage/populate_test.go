@@ -22,6 +22,7 @@ func TestPopulateModes(t *testing.T) {
 		{vfs.PopulateRead, true},
 		{vfs.PopulateWillNeed, true},
 		{vfs.PopulateOff, false},
+		{vfs.PopulateZero, true},
 	} {
 		t.Run(tc.how.String(), func(t *testing.T) {
 			fs := vfs.NewMem()
@@ -52,7 +53,7 @@ func TestPopulateModes(t *testing.T) {
 			}
 		})
 	}
-	if _, err := Open(Options{Dir: t.TempDir(), Populate: vfs.PopulateOff + 1}); err == nil || !strings.Contains(err.Error(), "Populate") {
+	if _, err := Open(Options{Dir: t.TempDir(), Populate: vfs.PopulateZero + 1}); err == nil || !strings.Contains(err.Error(), "Populate") {
 		t.Errorf("Open with an unknown Populate mode: %v, want an invalid-options error", err)
 	}
 }
