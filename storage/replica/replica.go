@@ -1254,10 +1254,9 @@ func (w *Waiter) Err() error { return w.err }
 // error Err gives, after the putter's own wait may have ended (timeout,
 // ctx). The waiter stays until its outcome is known (commit passes its
 // position or reaches a later term, on whichever leader) or the node
-// closes: never Forget a
-// waiter given to Then. f runs under the node's lock, before Done is
-// closed: it must be quick and take no lock of the node's callers but a
-// leaf one. At most one f per waiter.
+// closes: never Forget a waiter given to Then. f runs under the node's
+// lock, before Done is closed: it must be quick and take no lock of the
+// node's callers but a leaf one. At most one f per waiter.
 func (n *Node) Then(w *Waiter, f func(error)) {
 	n.mu.Lock()
 	defer n.mu.Unlock()

@@ -124,7 +124,7 @@ const (
 	// so a later sync of a put there writes its pages and nothing else.
 	// A sync of pages in an unwritten extent also converts the extent and
 	// writes the inode, and waits for both: on this project's machine
-	// that made a small msync twice as slow (BENCHMARKS.md, "Corrected:
+	// that made a small msync 1.4-2x as slow (BENCHMARKS.md, "Corrected:
 	// the files prepared page by page"). The price is every byte written
 	// twice.
 	PopulateZero
