@@ -302,15 +302,23 @@ func TestGroupCatchUp(t *testing.T) {
 // limit (a bound on a hang, not a timed assertion).
 func waitFor(t *testing.T, limit time.Duration, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(limit)
+	if !pollUntil(time.Now().Add(limit), cond) {
+		t.Fatalf("waited %v for %s", limit, what)
+	}
+}
+
+// pollUntil asks cond every 50 ms until it holds (true) or deadline
+// passes (false).
+func pollUntil(deadline time.Time, cond func() bool) bool {
 	tick := time.NewTicker(50 * time.Millisecond)
 	defer tick.Stop()
 	for !cond() {
 		if time.Now().After(deadline) {
-			t.Fatalf("waited %v for %s", limit, what)
+			return false
 		}
 		<-tick.C
 	}
+	return true
 }
 
 // maxTerm is the highest term any answering member reports.
@@ -463,21 +471,19 @@ func awaitIndexed(t *testing.T, g *group, leader *proctest.Process) {
 		})
 	}
 	deadline := time.Now().Add(60 * time.Second)
-	tick := time.NewTicker(50 * time.Millisecond)
-	defer tick.Stop()
 	for _, n := range g.nodes {
 		c := storagedv1.NewMessageStoreServiceClient(n.Conn())
-		for q := int32(0); q < queues; q++ {
-			for time.Now().Before(deadline) {
+		pollUntil(deadline, func() bool {
+			for q := int32(0); q < queues; q++ {
 				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 				qi, err := c.GetQueueInfo(ctx, &storagedv1.GetQueueInfoRequest{Topic: topic, QueueId: q})
 				cancel()
-				if (err == nil && qi.GetMaxOffset() >= want[q]) || (status.Code(err) == codes.NotFound && want[q] == 0) {
-					break
+				if !(err == nil && qi.GetMaxOffset() >= want[q]) && !(status.Code(err) == codes.NotFound && want[q] == 0) {
+					return false
 				}
-				<-tick.C
 			}
-		}
+			return true
+		})
 	}
 }
 
