@@ -21,7 +21,6 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/health"
-	healthgrpc "google.golang.org/grpc/health/grpc_health_v1"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/reflection"
@@ -159,7 +158,7 @@ func NewGRPCServer(svc *Service, cfg GRPCConfig) (*GRPCServer, error) {
 	hs := health.NewServer()
 	hs.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
 	hs.SetServingStatus(ServiceName, healthpb.HealthCheckResponse_NOT_SERVING)
-	healthgrpc.RegisterHealthServer(srv, hs)
+	healthpb.RegisterHealthServer(srv, hs)
 	if cfg.Reflection {
 		reflection.Register(srv)
 	}

@@ -216,7 +216,7 @@ func (f *fakeStore) PutMessage(context.Context, *storage.Message) (storage.PutRe
 }
 
 func (f *fakeStore) PutMessages(context.Context, *storage.Batch) (storage.PutResult, error) {
-	return f.PutMessage(nil, nil)
+	return f.PutMessage(context.Background(), nil)
 }
 
 var errTest = errors.New("test error")

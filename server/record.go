@@ -60,26 +60,6 @@ func hostString(a netip.AddrPort) string {
 	return a.String()
 }
 
-func hostWidth(v6 bool) int {
-	if v6 {
-		return 20
-	}
-	return 8
-}
-
-// appendHost appends a RocketMQ host: 4 (or 16) address bytes and the port
-// as an int32.
-func appendHost(b []byte, a netip.AddrPort, v6 bool) []byte {
-	if v6 {
-		ip := a.Addr().As16()
-		b = append(b, ip[:]...)
-	} else {
-		ip := a.Addr().Unmap().As4()
-		b = append(b, ip[:]...)
-	}
-	return binary.BigEndian.AppendUint32(b, uint32(a.Port()))
-}
-
 // msgID is storage.MsgID with one allocation (the string) instead of three:
 // it is on the put path of every call. TestMsgIDMatchesStorage pins the two
 // together.

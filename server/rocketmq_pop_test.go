@@ -180,6 +180,9 @@ func TestRocketMQPop(t *testing.T) {
 	clk.Advance(10 * time.Second) // past c's first deadline, before its changed one
 	st, none = e.receive(t, receiveReq("G", "Orders", 32, 10*time.Second))
 	wantCode(t, "receive before c's changed deadline", st, rocketmqv2.Code_MESSAGE_NOT_FOUND)
+	if len(none) != 0 {
+		t.Fatalf("received %v before c's changed deadline", none)
+	}
 	clk.Advance(50 * time.Second)
 	st, again := e.receive(t, receiveReq("G", "Orders", 32, 10*time.Second))
 	wantCode(t, "receive after c's deadline", st, rocketmqv2.Code_OK)

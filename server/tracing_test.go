@@ -236,7 +236,7 @@ func TestTracingSampledPut(t *testing.T) {
 	}
 	attrs := map[string]string{}
 	for _, kv := range app.Attributes {
-		attrs[string(kv.Key)] = kv.Value.Emit()
+		attrs[string(kv.Key)] = kv.Value.String()
 	}
 	if attrs["messaging.destination.name"] != "traced" || attrs["storaged.commitlog.offset"] != "0" {
 		t.Errorf("append span attributes %v", attrs)

@@ -1,8 +1,6 @@
 package server
 
 import (
-	"github.com/storaged/storaged/storage/record"
-
 	"fmt"
 	"strconv"
 	"strings"
@@ -11,6 +9,7 @@ import (
 
 	storagedv1 "github.com/storaged/storaged/gen/storaged/v1"
 	"github.com/storaged/storaged/storage"
+	"github.com/storaged/storaged/storage/record"
 )
 
 // fieldError is a request field refused by this package's validation,

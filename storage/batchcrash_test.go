@@ -93,13 +93,12 @@ func checkWholeBatches(t *testing.T, s *Store, topic string, queues int32) map[s
 }
 
 type batchAck struct {
-	id         string
-	queue      int32
-	queueOff   int64
-	offset     int64
-	end        int64
-	count      int
-	recordsLen int
+	id       string
+	queue    int32
+	queueOff int64
+	offset   int64
+	end      int64
+	count    int
 }
 
 func batchCrashOptions(fs vfs.FS, mode FlushMode) Options {

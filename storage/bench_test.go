@@ -1,8 +1,6 @@
 package storage
 
 import (
-	"github.com/storaged/storaged/storage/record"
-
 	"context"
 	"fmt"
 	"os"
@@ -12,6 +10,8 @@ import (
 	"testing"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/storaged/storaged/storage/record"
 )
 
 const benchFileSize = 1 << 30

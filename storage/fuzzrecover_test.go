@@ -1,13 +1,12 @@
 package storage
 
 import (
-	"github.com/storaged/storaged/storage/record"
-
 	"context"
 	"errors"
 	"path/filepath"
 	"testing"
 
+	"github.com/storaged/storaged/storage/record"
 	"github.com/storaged/storaged/storage/vfs"
 )
 

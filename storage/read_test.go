@@ -1,8 +1,6 @@
 package storage
 
 import (
-	"github.com/storaged/storaged/storage/record"
-
 	"context"
 	"errors"
 	"os"
@@ -11,6 +9,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/storaged/storaged/storage/record"
 )
 
 // waitVisible long-polls until queue topic/qid holds n messages.

@@ -1,13 +1,13 @@
 package storage
 
 import (
-	"github.com/storaged/storaged/storage/commitlog"
-
 	"context"
 	"os"
 	"strconv"
 	"testing"
 	"time"
+
+	"github.com/storaged/storaged/storage/commitlog"
 )
 
 // BenchmarkRecoveryScan measures the recovery scan: every record of a

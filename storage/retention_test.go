@@ -1,8 +1,6 @@
 package storage
 
 import (
-	"github.com/storaged/storaged/storage/retention"
-
 	"context"
 	"errors"
 	"fmt"
@@ -20,6 +18,7 @@ import (
 	"time"
 
 	"github.com/storaged/storaged/internal/testenv"
+	"github.com/storaged/storaged/storage/retention"
 	"github.com/storaged/storaged/storage/vfs"
 )
 

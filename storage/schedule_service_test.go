@@ -1,10 +1,6 @@
 package storage
 
 import (
-	"github.com/storaged/storaged/storage/schedule"
-
-	"github.com/storaged/storaged/storage/consumequeue"
-
 	"context"
 	"errors"
 	"fmt"
@@ -18,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/storaged/storaged/storage/schedule"
 	"github.com/storaged/storaged/storage/storagetest"
 	"github.com/storaged/storaged/storage/vfs"
 )
@@ -126,18 +123,6 @@ func putDelayed(t testing.TB, s *Store, topic string, qid int32, level int, body
 		t.Fatalf("delayed put: %+v %v", res.Append, err)
 	}
 	return res.Append
-}
-
-// assigned is the next queue offset of topic/qid as puts assigned it
-// (delivered messages count before they are visible).
-func assigned(s *Store, topic string, qid int32) int64 {
-	var n int64
-	s.log.Locked(func(int64) {
-		if q := s.seq.next[consumequeue.Key{Topic: topic, Queue: qid}]; q != nil {
-			n = q.offset
-		}
-	})
-	return n
 }
 
 func pullAll(t testing.TB, s *Store, topic string, qid int32) []*Record {

@@ -1,8 +1,6 @@
 package storage
 
 import (
-	"github.com/storaged/storaged/storage/schedule"
-
 	"github.com/storaged/storaged/storage/record"
 
 	"bytes"
@@ -20,6 +18,7 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"github.com/storaged/storaged/storage/schedule"
 	"github.com/storaged/storaged/storage/vfs"
 )
 

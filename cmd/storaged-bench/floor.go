@@ -1,8 +1,6 @@
 package main
 
 import (
-	"github.com/storaged/storaged/cmd/internal/gctune"
-
 	"context"
 	"encoding/json"
 	"errors"
@@ -23,11 +21,11 @@ import (
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/health"
-	healthgrpc "google.golang.org/grpc/health/grpc_health_v1"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/storaged/storaged/cmd/internal/gctune"
 	storagedv1 "github.com/storaged/storaged/gen/storaged/v1"
 	"github.com/storaged/storaged/server"
 	"github.com/storaged/storaged/storage"
@@ -214,7 +212,7 @@ func startFloor(kind, addr string, answer answerFunc) (*floor, error) {
 	storagedv1.RegisterMessageStoreServiceServer(f.srv, f.svc)
 	hs := health.NewServer()
 	hs.SetServingStatus(server.ServiceName, healthpb.HealthCheckResponse_SERVING)
-	healthgrpc.RegisterHealthServer(f.srv, hs)
+	healthpb.RegisterHealthServer(f.srv, hs)
 	go func() {
 		defer close(f.done)
 		f.srv.Serve(lis)

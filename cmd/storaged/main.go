@@ -49,8 +49,6 @@
 package main
 
 import (
-	"github.com/storaged/storaged/cmd/internal/gctune"
-
 	"context"
 	"errors"
 	"flag"
@@ -70,6 +68,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc/experimental"
 
+	"github.com/storaged/storaged/cmd/internal/gctune"
 	"github.com/storaged/storaged/internal/buildinfo"
 	"github.com/storaged/storaged/internal/logthrottle"
 	"github.com/storaged/storaged/internal/tracing"

@@ -269,15 +269,6 @@ func (q *Queue) cut(end int64) error {
 	return nil
 }
 
-// truncate drops entries from queue offset end on (rebuild, before the
-// dispatcher starts). REQUIRES: no readers yet.
-func (q *Queue) truncate(end int64) error {
-	if end >= q.count.Load() {
-		return nil
-	}
-	return q.cut(end)
-}
-
 // A blank entry (RocketMQ ConsumeQueue.fillPreBlank): commitlog offset 0,
 // size MaxInt32, tags code 0. It only ever precedes a queue's first entry
 // in its first file, when the queue starts at k > 0 (StartAt).

@@ -1,14 +1,14 @@
 package consumequeue
 
 import (
-	"github.com/storaged/storaged/storage/internal/base"
-
 	"context"
 	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/storaged/storaged/storage/internal/base"
 )
 
 // Read your writes. A put answered PUT_OK (with WAIT, the default) is

@@ -970,7 +970,7 @@ func (n *Node) applyLocked(ents []*pb.Entry) ([]raftlog.ConfChange, error) {
 	if len(ents) == 0 {
 		return nil, nil
 	}
-	for k, e := range ents {
+	for _, e := range ents {
 		if t := e.GetType(); t == pb.EntryConfChange || t == pb.EntryConfChangeV2 {
 			c, ok, err := n.applyConfLocked(e)
 			if ok {
@@ -981,7 +981,7 @@ func (n *Node) applyLocked(ents []*pb.Entry) ([]raftlog.ConfChange, error) {
 				// The entries after it are not applied: the node stops
 				// (a failed raft/conf write restarts into the replay; a
 				// removed member stops for good).
-				confErr, ents = err, ents[:k]
+				confErr = err
 				break
 			}
 		}

@@ -187,14 +187,14 @@ func TestNodeSDKTransactionCheck(t *testing.T) {
 	if check.Kind != "check" || check.Body != "tx-orphan" || check.Topic != topic || check.MessageID != sent.MessageID {
 		t.Fatalf("check %+v, want tx-orphan on %s with message id %s", check, topic, sent.MessageID)
 	}
-	got := waitHolds(t, p, topic, "tx-orphan")
+	waitHolds(t, p, topic, "tx-orphan")
 	r.stdin.Close()
 	for l := r.next(t); l.Kind != "done"; l = r.next(t) {
 		if l.Kind == "check" {
 			t.Logf("checked again before its commit was applied: %+v", l)
 		}
 	}
-	if got, _ = topicHolds(t, p, topic); len(got) != 1 || got["tx-orphan"] != 1 {
+	if got, _ := topicHolds(t, p, topic); len(got) != 1 || got["tx-orphan"] != 1 {
 		t.Fatalf("%s holds %v, want tx-orphan once", topic, got)
 	}
 }
