@@ -6,13 +6,12 @@ package schedule
 // Halt stops the delivery goroutine without persisting, so that a test
 // drives rounds itself (RoundOnce); Stop still persists.
 func (sc *Scheduler) Halt() {
-	sc.haltOnce.Do(func() { close(sc.done) })
-	sc.wg.Wait()
+	sc.rounds.Halt()
 }
 
 // RoundOnce runs one round and reports whether it ended on a refused
 // re-put (to be retried).
-func (sc *Scheduler) RoundOnce() (retry bool) { return sc.round().retry }
+func (sc *Scheduler) RoundOnce() (retry bool) { return sc.round().Retry }
 
 // Delivered is the number of messages of queue qid delivered since New.
 func (sc *Scheduler) Delivered(qid int) uint64 { return sc.delivered[qid].Load() }

@@ -62,7 +62,12 @@ const (
 	// with a backlog does not hold the others back.
 	scheduleBatch = 256
 	// schedulePoll is how often (on the store's clock) the scheduler looks
-	// for messages on levels that had none pending.
+	// for messages on levels that had none pending. RocketMQ polls each
+	// level every 100 ms too. A level with something pending only needs
+	// its head's time, since what comes after it is due later. The poll
+	// is far below the shortest delay a table can hold (1 s), so polling
+	// never makes a delivery late; waking on every dispatch instead cost
+	// the put path a goroutine wake-up per dispatch round.
 	schedulePoll = 100 * time.Millisecond
 	// scheduleRetry is how long (on the store's clock) the scheduler waits
 	// after the store refused a re-put (not writable, busy) before trying
@@ -198,10 +203,7 @@ type Scheduler struct {
 	skipped   atomic.Uint64
 	refused   atomic.Uint64
 
-	done     chan struct{}
-	wg       sync.WaitGroup
-	haltOnce sync.Once
-	stopOnce sync.Once
+	rounds *base.Rounds
 }
 
 // New loads the persisted progress. The consume queues must be loaded and
@@ -209,7 +211,7 @@ type Scheduler struct {
 // Stop ends it.
 func New(host Host, opts Options) (*Scheduler, error) {
 	sc := &Scheduler{opts: opts, host: host, dir: opts.Dir, levels: len(opts.Levels),
-		persistEvery: opts.PersistEvery, lastPersist: time.Now(), done: make(chan struct{})}
+		persistEvery: opts.PersistEvery, lastPersist: time.Now(), rounds: base.NewRounds()}
 	// Only the levels of the delay table are served: memory is never sized
 	// by a queue id found on disk (one record on queue 2^31-1 once made
 	// every start allocate 16 GiB). A schedule queue beyond the table (data
@@ -268,17 +270,14 @@ func New(host Host, opts Options) (*Scheduler, error) {
 // Delivering (a slave's or follower's re-puts would be refused; the master
 // it follows delivers).
 func (sc *Scheduler) Start() {
-	sc.wg.Add(1)
-	go sc.loop()
+	sc.rounds.Start(sc.opts.Clock, schedulePoll, scheduleRetry, sc.round)
 }
 
 // Stop ends the goroutine and persists the progress (the re-puts made
 // durable first). The flush policy must still be running. Calling it twice
 // is safe.
 func (sc *Scheduler) Stop() {
-	sc.haltOnce.Do(func() { close(sc.done) })
-	sc.wg.Wait()
-	sc.stopOnce.Do(func() {
+	sc.rounds.Stop(func() {
 		sc.mu.Lock()
 		defer sc.mu.Unlock()
 		if err := sc.persistLocked(); err != nil {
@@ -287,63 +286,16 @@ func (sc *Scheduler) Stop() {
 	})
 }
 
-func (sc *Scheduler) stopping() bool {
-	select {
-	case <-sc.done:
-		return true
-	default:
-		return false
-	}
-}
-
-// loop runs rounds: after each it waits on the store's clock for the
-// earliest delivery time or the next poll, whichever is first, or for the
-// next persist, or for stop. Polling (RocketMQ polls each level every
-// 100 ms too) finds messages newly put on a level with nothing pending;
-// a level with something pending only needs its head's time, since what
-// comes after it is due later. The poll interval is far below the
-// shortest delay a table can hold (1 s), so polling never makes a delivery
-// late; waking on every dispatch instead cost the put path a goroutine
-// wake-up per dispatch round.
-func (sc *Scheduler) loop() {
-	defer sc.wg.Done()
-	for {
-		r := sc.round()
-		// Wait from the time the round looked at, not a fresh reading: a
-		// clock that moved during the round must make the wait end at once
-		// rather than push it past a delivery that became due meanwhile.
-		next := r.at.Add(schedulePoll)
-		switch {
-		case r.retry:
-			next = r.at.Add(scheduleRetry)
-		case !r.wake.IsZero() && r.wake.Before(next):
-			next = r.wake
-		}
-		base.WaitRound(sc.opts.Clock, next, r.persistIn, sc.done)
-		if sc.stopping() {
-			return
-		}
-	}
-}
-
-// roundResult is what a round leaves to wait for.
-type roundResult struct {
-	at        time.Time     // the clock reading the round's last pass used
-	wake      time.Time     // delivery time of the earliest waiting message; zero if none
-	retry     bool          // the store refused a re-put: try again after scheduleRetry
-	persistIn time.Duration // progress is dirty: persist after this (real time); 0 if clean
-}
-
 // round delivers every due message, level by level, at most scheduleBatch
 // per level per pass, and persists the progress when it is time.
-func (sc *Scheduler) round() roundResult {
+func (sc *Scheduler) round() base.Round {
 	sc.mu.Lock()
 	defer sc.mu.Unlock()
-	var res roundResult
+	var res base.Round
 	if !sc.host.Delivering() {
 		// A slave (or, replicated, a follower): nothing to deliver; look
 		// again at the next poll, in case the role changed.
-		res.at = sc.opts.Clock.Now()
+		res.At = sc.opts.Clock.Now()
 		return res
 	}
 	if e := sc.host.Epoch(); e != sc.epoch {
@@ -356,8 +308,8 @@ func (sc *Scheduler) round() roundResult {
 	}
 	defer sc.proposeLocked()
 	for {
-		res.at = sc.opts.Clock.Now()
-		nowMS := res.at.UnixMilli()
+		res.At = sc.opts.Clock.Now()
+		nowMS := res.At.UnixMilli()
 		earliest, moved := int64(math.MaxInt64), 0
 		var err error
 		for qid := range sc.levels {
@@ -371,20 +323,20 @@ func (sc *Scheduler) round() roundResult {
 		}
 		sc.maybePersistLocked()
 		if err != nil {
-			res.retry = !errors.Is(err, base.ErrClosed)
+			res.Retry = !errors.Is(err, base.ErrClosed)
 			break
 		}
-		if moved == 0 || sc.stopping() {
+		if moved == 0 || sc.rounds.Stopping() {
 			if earliest != math.MaxInt64 {
-				res.wake = time.UnixMilli(earliest)
+				res.Wake = time.UnixMilli(earliest)
 			}
 			break
 		}
 	}
 	if sc.dirty {
-		res.persistIn = max(sc.persistEvery-time.Since(sc.lastPersist), time.Millisecond)
+		res.PersistIn = max(sc.persistEvery-time.Since(sc.lastPersist), time.Millisecond)
 		if !sc.retryPersist.IsZero() {
-			res.persistIn = max(time.Until(sc.retryPersist), time.Millisecond)
+			res.PersistIn = max(time.Until(sc.retryPersist), time.Millisecond)
 		}
 	}
 	return res

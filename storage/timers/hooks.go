@@ -6,13 +6,12 @@ package timers
 // Halt stops the delivery goroutine without persisting, so that a test
 // drives rounds itself (RoundOnce); Stop still persists.
 func (sv *Service) Halt() {
-	sv.haltOnce.Do(func() { close(sv.done) })
-	sv.wg.Wait()
+	sv.rounds.Halt()
 }
 
 // RoundOnce runs one round and reports whether it ended on a refused
 // re-put (to be retried).
-func (sv *Service) RoundOnce() (retry bool) { return sv.round().retry }
+func (sv *Service) RoundOnce() (retry bool) { return sv.round().Retry }
 
 // Hold stops rounds, recalls and persists until release.
 func (sv *Service) Hold() (release func()) {

@@ -183,10 +183,7 @@ type Service struct {
 	skipped   atomic.Uint64
 	refused   atomic.Uint64
 
-	done     chan struct{}
-	wg       sync.WaitGroup
-	haltOnce sync.Once
-	stopOnce sync.Once
+	rounds *base.Rounds
 }
 
 // New loads the persisted progress (standalone) and builds the index from
@@ -197,7 +194,7 @@ func New(host Host, opts Options) (*Service, error) {
 	if opts.MaxPending <= 0 {
 		opts.MaxPending = DefaultMaxPending
 	}
-	sv := &Service{opts: opts, host: host, max: opts.MaxPending, lastPersist: time.Now(), done: make(chan struct{})}
+	sv := &Service{opts: opts, host: host, max: opts.MaxPending, lastPersist: time.Now(), rounds: base.NewRounds()}
 	sv.due = btree.NewG(32, byDue)
 	sv.offs = btree.NewG(32, byOff)
 	sv.persisted.Store(&Progress{})
@@ -219,60 +216,19 @@ func New(host Host, opts Options) (*Service, error) {
 
 // Start runs the delivery goroutine.
 func (sv *Service) Start() {
-	sv.wg.Add(1)
-	go sv.loop()
+	sv.rounds.Start(sv.opts.Clock, pollInterval, retryInterval, sv.round)
 }
 
 // Stop ends the goroutine and persists the progress (the re-puts made
 // durable first). Calling it twice is safe.
 func (sv *Service) Stop() {
-	sv.haltOnce.Do(func() { close(sv.done) })
-	sv.wg.Wait()
-	sv.stopOnce.Do(func() {
+	sv.rounds.Stop(func() {
 		sv.mu.Lock()
 		defer sv.mu.Unlock()
 		if err := sv.persistLocked(); err != nil {
 			sv.opts.Logger.Warn().Err(err).Msg("storage: timer progress not persisted at close; messages delivered since the last persist will be delivered again")
 		}
 	})
-}
-
-func (sv *Service) stopping() bool {
-	select {
-	case <-sv.done:
-		return true
-	default:
-		return false
-	}
-}
-
-// loop runs rounds; after each it waits on the store's clock for the
-// earliest delivery time or the next poll (new records), or for the next
-// persist, or for stop.
-func (sv *Service) loop() {
-	defer sv.wg.Done()
-	for {
-		r := sv.round()
-		next := r.at.Add(pollInterval)
-		switch {
-		case r.retry:
-			next = r.at.Add(retryInterval)
-		case !r.wake.IsZero() && r.wake.Before(next):
-			next = r.wake
-		}
-		base.WaitRound(sv.opts.Clock, next, r.persistIn, sv.done)
-		if sv.stopping() {
-			return
-		}
-	}
-}
-
-// roundResult is what a round leaves to wait for.
-type roundResult struct {
-	at        time.Time     // the clock reading the round used
-	wake      time.Time     // delivery time of the earliest pending message; zero if none
-	retry     bool          // the store refused a re-put
-	persistIn time.Duration // progress dirty: persist after this (real time); 0 if clean
 }
 
 // readyLocked makes the index current for this store's role: nothing to
@@ -307,16 +263,16 @@ func (sv *Service) readyLocked() (bool, error) {
 
 // round delivers every due message, at most roundBatch per pass, and
 // persists or proposes the progress when it is time.
-func (sv *Service) round() roundResult {
+func (sv *Service) round() base.Round {
 	sv.mu.Lock()
 	defer sv.mu.Unlock()
-	var res roundResult
-	res.at = sv.opts.Clock.Now()
+	var res base.Round
+	res.At = sv.opts.Clock.Now()
 	ok, err := sv.readyLocked()
 	if err != nil {
 		sv.opts.Throttle.Event("storage: timer index", sv.opts.Logger.Error()).Err(err).
 			Msg("storage: timer index could not be read from the timer queue; retrying")
-		res.retry = true
+		res.Retry = true
 		return res
 	}
 	if !ok {
@@ -324,14 +280,14 @@ func (sv *Service) round() roundResult {
 	}
 	defer sv.proposeLocked()
 	for {
-		res.at = sv.opts.Clock.Now()
-		moved, err := sv.deliverDueLocked(res.at.UnixMilli())
+		res.At = sv.opts.Clock.Now()
+		moved, err := sv.deliverDueLocked(res.At.UnixMilli())
 		sv.maybePersistLocked()
 		if err != nil {
-			res.retry = !errors.Is(err, base.ErrClosed)
+			res.Retry = !errors.Is(err, base.ErrClosed)
 			break
 		}
-		if moved < roundBatch || sv.stopping() {
+		if moved < roundBatch || sv.rounds.Stopping() {
 			break
 		}
 		if err := sv.ingestLocked(); err != nil {
@@ -339,12 +295,12 @@ func (sv *Service) round() roundResult {
 		}
 	}
 	if e, ok := sv.due.Min(); ok {
-		res.wake = time.UnixMilli(e.due)
+		res.Wake = time.UnixMilli(e.due)
 	}
 	if sv.dirty && !sv.opts.Group {
-		res.persistIn = max(sv.opts.PersistEvery-time.Since(sv.lastPersist), time.Millisecond)
+		res.PersistIn = max(sv.opts.PersistEvery-time.Since(sv.lastPersist), time.Millisecond)
 		if !sv.retryPersist.IsZero() {
-			res.persistIn = max(time.Until(sv.retryPersist), time.Millisecond)
+			res.PersistIn = max(time.Until(sv.retryPersist), time.Millisecond)
 		}
 	}
 	return res

@@ -15,6 +15,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -101,11 +102,85 @@ func ClockWait(c Clock, t time.Time) (<-chan struct{}, func()) {
 	return ch, func() { tm.Stop() }
 }
 
-// WaitRound is the wait between two rounds of a delivery loop (the delay
-// scheduler's, the timer service's): until clock c reaches next, or
-// persistIn of real time has passed (0: no persist is due), or done is
-// closed, whichever comes first.
-func WaitRound(c Clock, next time.Time, persistIn time.Duration, done <-chan struct{}) {
+// Round is what one round of a delivery loop leaves to wait for.
+type Round struct {
+	At        time.Time     // the clock reading the round used
+	Wake      time.Time     // delivery time of the earliest pending message; zero if none
+	Retry     bool          // the store refused a re-put: look again after the loop's retry interval
+	PersistIn time.Duration // progress is dirty: persist after this (real time); 0 if clean
+}
+
+// Rounds is the goroutine of a delivery loop (the delay scheduler's, the
+// timer service's), one shape for both: Start runs rounds, each followed
+// by a wait on the store's clock for the earliest delivery, the next poll
+// (new messages) or the retry, whichever is first, or for the next
+// persist, or for Stop. The zero value is not usable: NewRounds.
+type Rounds struct {
+	done     chan struct{}
+	wg       sync.WaitGroup
+	haltOnce sync.Once
+	stopOnce sync.Once
+}
+
+// NewRounds returns a loop not yet started.
+func NewRounds() *Rounds { return &Rounds{done: make(chan struct{})} }
+
+// Start runs round on clock c until Stop, polling every poll and, after
+// a round that says Retry, looking again after retry.
+func (l *Rounds) Start(c Clock, poll, retry time.Duration, round func() Round) {
+	l.wg.Add(1)
+	go func() {
+		defer l.wg.Done()
+		for {
+			r := round()
+			// Wait from the time the round looked at, not a fresh
+			// reading: a clock that moved during the round must end the
+			// wait at once rather than push it past a delivery that
+			// became due meanwhile.
+			next := r.At.Add(poll)
+			switch {
+			case r.Retry:
+				next = r.At.Add(retry)
+			case !r.Wake.IsZero() && r.Wake.Before(next):
+				next = r.Wake
+			}
+			waitRound(c, next, r.PersistIn, l.done)
+			if l.Stopping() {
+				return
+			}
+		}
+	}()
+}
+
+// Stopping reports whether Stop was called: a round checks it between
+// batches, so that Stop does not wait out a long backlog.
+func (l *Rounds) Stopping() bool {
+	select {
+	case <-l.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// Halt ends the goroutine (a test then drives rounds itself).
+func (l *Rounds) Halt() {
+	l.haltOnce.Do(func() { close(l.done) })
+	l.wg.Wait()
+}
+
+// Stop ends the goroutine, then runs final (the last persist) once,
+// after the last round. Calling it twice, after Halt, or without Start,
+// is safe.
+func (l *Rounds) Stop(final func()) {
+	l.Halt()
+	l.stopOnce.Do(final)
+}
+
+// waitRound is the wait between two rounds of a delivery loop: until
+// clock c reaches next, or persistIn of real time has passed (0: no
+// persist is due), or done is closed, whichever comes first.
+func waitRound(c Clock, next time.Time, persistIn time.Duration, done <-chan struct{}) {
 	at, release := ClockWait(c, next)
 	defer release()
 	var persist <-chan time.Time
