@@ -38,8 +38,8 @@ package storage
 //
 // The cost of Open is one record read per offset record in the retained
 // log (a consumer committing once a second per queue writes 86,400 records
-// a day per queue); a snapshot pointer that lets Open start past them is
-// not built yet.
+// a day per queue) after the last snapshot of the table (offsets_snapshot.go:
+// written at Close and every max(65,536, keys) records while running).
 //
 // Validation (RocketMQ Validators.checkGroup and the broker's offset
 // checks): a group is 1-255 bytes of [%|a-zA-Z0-9_-]; the topic must exist
@@ -344,12 +344,14 @@ func (s *Store) storeTimeAt(topic string, queueID int32, off int64) (int64, erro
 // Open refuses rather than serve an older offset.
 func (s *Store) openOffsets() error {
 	s.offsets = offsets.New(s.opts.MaxConsumerOffsets)
-	err := s.replaySystem(OffsetTopic, 0, func(phys int64, rec *Record) error {
+	from := s.loadOffsetsSnapshot()
+	err := s.replaySystem(OffsetTopic, 0, from, func(phys int64, rec *Record) error {
 		es, err := offsets.Decode(rec.Body)
 		if err != nil {
 			return fmt.Errorf("%w: consumer offsets: record at commitlog offset %d: %w", ErrCorrupt, phys, err)
 		}
 		s.offsets.Apply(s.liveOffsets(es, phys), phys)
+		s.offSnap.replayed++
 		return nil
 	})
 	if err != nil {

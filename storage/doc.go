@@ -678,7 +678,10 @@
 // record codec in storage/offsets): CommitOffset writes one (putSystem;
 // durable as an acknowledged put, committed on a majority in a group) and
 // the table applies it when it is indexed; Open rebuilds the table by
-// replaying that topic's consume queue with the same rule. Retention,
+// replaying that topic's consume queue with the same rule, from the
+// table's last snapshot on (offsets_snapshot.go: config/consumerOffsets.snap,
+// a cache used only while the log still holds the synced record it names,
+// written at Close and every max(65,536, keys) records). Retention,
 // before it deletes a file, writes again the latest value of every key
 // whose record lies in it (DeletableEnd; a rewrite record names the record
 // it copies, and never overwrites a newer commit), keeping the file when

@@ -986,7 +986,7 @@ func (s *Store) PopInflight(group string) int {
 func (s *Store) openPop() error {
 	s.pop = pop.New(pop.Limits{Inflight: s.opts.MaxPopInflight, InflightPerGroup: s.opts.MaxPopInflightPerGroup,
 		Cursors: s.opts.MaxConsumerOffsets})
-	err := s.replaySystem(PopTopic, 0, func(phys int64, rec *Record) error {
+	err := s.replaySystem(PopTopic, 0, 0, func(phys int64, rec *Record) error {
 		ops, err := pop.Decode(rec.Body)
 		if err != nil {
 			return fmt.Errorf("%w: POP state: record at commitlog offset %d: %w", ErrCorrupt, phys, err)

@@ -69,6 +69,12 @@ func (s *Store) readRecord(off int64) (*Record, error) {
 	if s.closed.Load() {
 		return nil, ErrClosed
 	}
+	return s.readRecordOpen(off)
+}
+
+// readRecordOpen is readRecord for the store's own reads while the log is
+// still mapped, Close's included.
+func (s *Store) readRecordOpen(off int64) (*Record, error) {
 	lo, hi := s.log.MinOffset(), s.visibleEnd()
 	if off < lo || off >= hi {
 		return nil, &RangeError{What: "commitlog offset", Offset: off, Min: lo, Max: hi}

@@ -76,18 +76,19 @@ func (s *Store) openSystemState() error {
 	return nil
 }
 
-// replaySystem calls fn with every record of topic/queueID indexed, in
-// log order (Open's replay of a system topic). Records whose file
+// replaySystem calls fn with every record of topic/queueID indexed from
+// queue offset from on, in log order (Open's replay of a system topic;
+// from is past the records a snapshot covers, 0 for all). Records whose file
 // retention removed are skipped (queues are trimmed lazily): what they
 // held was rewritten past them or is no longer needed. A record that
 // fails its checks is an error: Open refuses rather than serve an older
 // state.
-func (s *Store) replaySystem(topic string, queueID int32, fn func(phys int64, rec *Record) error) error {
+func (s *Store) replaySystem(topic string, queueID int32, from int64, fn func(phys int64, rec *Record) error) error {
 	q := s.index.Queue(topic, queueID)
 	if q == nil {
 		return nil
 	}
-	for off := q.Min(); off < q.Count(); off++ {
+	for off := max(q.Min(), from); off < q.Count(); off++ {
 		phys, _, _, ok, err := q.Lookup(off)
 		if err != nil {
 			return err

@@ -272,7 +272,7 @@ func (s *Store) openTxn() error {
 	s.txn.Reset()
 	s.txn.Mu.Unlock()
 	s.txnSvc.rebuilt.Add(1) // reconcile again: the log may have changed under it
-	err := s.replaySystem(TransHalfTopic, 0, func(phys int64, rec *Record) error {
+	err := s.replaySystem(TransHalfTopic, 0, 0, func(phys int64, rec *Record) error {
 		v := func(k string) string { x, _ := rec.Property(k); return x }
 		if half, ok := halfOf(phys, rec.QueueOffset, rec.StoreTimestamp, v(PropertyRealTopic), v(PropertyRealQueueID), v(PropertyCheckImmunity)); ok {
 			s.txn.Mu.Lock()
@@ -284,7 +284,7 @@ func (s *Store) openTxn() error {
 	if err != nil {
 		return err
 	}
-	return s.replaySystem(TransOpTopic, 0, func(phys int64, rec *Record) error {
+	return s.replaySystem(TransOpTopic, 0, 0, func(phys int64, rec *Record) error {
 		tags, _ := rec.Property(PropertyTags)
 		res, _ := rec.Property(txn.PropertyResolution)
 		op, err := txn.Decode(tags, res, rec.Body)

@@ -60,6 +60,8 @@ type Table struct {
 	mu      sync.RWMutex
 	m       map[Key]entry
 	pending map[Key]int // new keys reserved by commits under way (Reserve)
+	last    int64       // commitlog offset of the last record applied; -1 none since New or Reset
+	applied uint64      // records applied since New
 }
 
 type entry struct {
@@ -68,7 +70,9 @@ type entry struct {
 }
 
 // New returns an empty table holding at most max keys.
-func New(max int) *Table { return &Table{max: max, m: map[Key]entry{}, pending: map[Key]int{}} }
+func New(max int) *Table {
+	return &Table{max: max, m: map[Key]entry{}, pending: map[Key]int{}, last: -1}
+}
 
 // Reserve admits a commit of k before its record is written: k exists, or
 // there is room for one more key counting the new keys of the commits
@@ -107,6 +111,8 @@ func (t *Table) Reserve(k Key) (release func(), err error) {
 func (t *Table) Apply(es []Entry, at int64) int {
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	t.last = at
+	t.applied++
 	n := 0
 	for _, e := range es {
 		if cur, ok := t.m[e.Key]; e.Rewrite && ok && cur.at > e.From {
@@ -148,6 +154,43 @@ func (t *Table) DropTopic(topic string, before int64) int {
 func (t *Table) Reset() {
 	t.mu.Lock()
 	t.m = map[Key]entry{}
+	t.last = -1
+	t.mu.Unlock()
+}
+
+// Applied is the count of records applied since New.
+func (t *Table) Applied() uint64 {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	return t.applied
+}
+
+// Cut returns every key's entry (At set, sorted by key) together with the
+// commitlog offset of the last record applied (-1 when none was since
+// New or Reset) and the count of records applied since New: a snapshot
+// of the table exactly as that record left it (Snapshot).
+func (t *Table) Cut() (es []Entry, last int64, applied uint64) {
+	t.mu.RLock()
+	es = make([]Entry, 0, len(t.m))
+	for k, e := range t.m {
+		es = append(es, Entry{Key: k, Offset: e.offset, At: e.at})
+	}
+	last, applied = t.last, t.applied
+	t.mu.RUnlock()
+	sort.Slice(es, func(i, j int) bool { return less(es[i].Key, es[j].Key) })
+	return es, last, applied
+}
+
+// Restore replaces the table's keys with es (each with its At), as the
+// record at commitlog offset last left them: Open, from a snapshot, before
+// it applies the records after last. Reservations stay.
+func (t *Table) Restore(es []Entry, last int64) {
+	t.mu.Lock()
+	t.m = make(map[Key]entry, len(es))
+	for _, e := range es {
+		t.m[e.Key] = entry{offset: e.Offset, at: e.At}
+	}
+	t.last = last
 	t.mu.Unlock()
 }
 

@@ -1,0 +1,113 @@
+package offsets
+
+import (
+	"encoding/binary"
+	"fmt"
+	"hash/crc32"
+
+	"github.com/storaged/storaged/storage/internal/base"
+)
+
+// Snapshot is the table as one offset record left it, so that a start
+// applies only the records after that one instead of every offset record
+// in the retained log (storage.openOffsets). It is a cache: the store
+// keeps it beside the log and checks it against the log before use (the
+// record it names must be where it says, with the body it says), and
+// replays from the start of the log when it cannot use it.
+type Snapshot struct {
+	// At is the commitlog offset of the last offset record the entries
+	// reflect, QueueOffset its offset in the offset topic's queue and
+	// BodyCRC the CRC-32C of its body.
+	At          int64
+	QueueOffset int64
+	BodyCRC     uint32
+	// Entries are the keys' values, each with the commitlog offset of the
+	// record that wrote it (At): what Table.Cut returns.
+	Entries []Entry
+}
+
+const (
+	snapshotVersion = 1
+	snapshotHeader  = 1 + 8 + 8 + 4 + 4 // version, at, queue offset, body crc, entries
+	snapshotFixed   = 1 + 1 + 4 + 8 + 8 // name lengths, queue, offset, at
+	snapshotMinLen  = snapshotFixed + 2 // names of one byte each
+)
+
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+// EncodeSnapshot returns the file body of s: a header, the entries, and a
+// CRC-32C of everything before it.
+func EncodeSnapshot(s Snapshot) []byte {
+	n := snapshotHeader + 4
+	for _, e := range s.Entries {
+		n += snapshotFixed + len(e.Key.Group) + len(e.Key.Topic)
+	}
+	b := make([]byte, 0, n)
+	b = append(b, snapshotVersion)
+	b = binary.BigEndian.AppendUint64(b, uint64(s.At))
+	b = binary.BigEndian.AppendUint64(b, uint64(s.QueueOffset))
+	b = binary.BigEndian.AppendUint32(b, s.BodyCRC)
+	b = binary.BigEndian.AppendUint32(b, uint32(len(s.Entries)))
+	for _, e := range s.Entries {
+		b = append(b, byte(len(e.Key.Group)))
+		b = append(b, e.Key.Group...)
+		b = append(b, byte(len(e.Key.Topic)))
+		b = append(b, e.Key.Topic...)
+		b = binary.BigEndian.AppendUint32(b, uint32(e.Key.Queue))
+		b = binary.BigEndian.AppendUint64(b, uint64(e.Offset))
+		b = binary.BigEndian.AppendUint64(b, uint64(e.At))
+	}
+	return binary.BigEndian.AppendUint32(b, crc32.Checksum(b, castagnoli))
+}
+
+// DecodeSnapshot parses a snapshot file. The CRC is checked first and
+// every length against the input, so no input panics or allocates more
+// than its own size; a key twice, a negative value or an entry written
+// after the snapshot's own record is ErrDecode.
+func DecodeSnapshot(b []byte) (Snapshot, error) {
+	if len(b) < snapshotHeader+4 {
+		return Snapshot{}, fmt.Errorf("%w: snapshot of %d bytes", ErrDecode, len(b))
+	}
+	body := b[:len(b)-4]
+	if got, want := crc32.Checksum(body, castagnoli), binary.BigEndian.Uint32(b[len(b)-4:]); got != want {
+		return Snapshot{}, fmt.Errorf("%w: snapshot CRC %08x, want %08x", ErrDecode, got, want)
+	}
+	if body[0] != snapshotVersion {
+		return Snapshot{}, fmt.Errorf("%w: snapshot version %d", ErrDecode, body[0])
+	}
+	s := Snapshot{At: int64(binary.BigEndian.Uint64(body[1:])), QueueOffset: int64(binary.BigEndian.Uint64(body[9:])),
+		BodyCRC: binary.BigEndian.Uint32(body[17:])}
+	n := uint64(binary.BigEndian.Uint32(body[21:]))
+	if s.At < 0 || s.QueueOffset < 0 || n*snapshotMinLen > uint64(len(body)-snapshotHeader) {
+		return Snapshot{}, fmt.Errorf("%w: snapshot at %d, queue offset %d, %d entries in %d bytes", ErrDecode, s.At, s.QueueOffset, n, len(body))
+	}
+	s.Entries = make([]Entry, 0, n)
+	seen := make(map[Key]struct{}, n)
+	p := snapshotHeader
+	for i := range n {
+		g, ok := base.ReadName(body, &p)
+		if !ok {
+			return Snapshot{}, fmt.Errorf("%w: snapshot entry %d: group", ErrDecode, i)
+		}
+		t, ok := base.ReadName(body, &p)
+		if !ok || p+snapshotFixed-2 > len(body) {
+			return Snapshot{}, fmt.Errorf("%w: snapshot entry %d: topic", ErrDecode, i)
+		}
+		e := Entry{Key: Key{Group: g, Topic: t, Queue: int32(binary.BigEndian.Uint32(body[p:]))},
+			Offset: int64(binary.BigEndian.Uint64(body[p+4:])), At: int64(binary.BigEndian.Uint64(body[p+12:]))}
+		p += snapshotFixed - 2
+		if e.Key.Queue < 0 || e.Offset < 0 || e.At < 0 || e.At > s.At {
+			return Snapshot{}, fmt.Errorf("%w: snapshot entry %d: queue %d, offset %d, at %d (snapshot at %d)",
+				ErrDecode, i, e.Key.Queue, e.Offset, e.At, s.At)
+		}
+		if _, dup := seen[e.Key]; dup {
+			return Snapshot{}, fmt.Errorf("%w: snapshot entry %d: key %v twice", ErrDecode, i, e.Key)
+		}
+		seen[e.Key] = struct{}{}
+		s.Entries = append(s.Entries, e)
+	}
+	if p != len(body) {
+		return Snapshot{}, fmt.Errorf("%w: %d bytes after the snapshot's entries", ErrDecode, len(body)-p)
+	}
+	return s, nil
+}
