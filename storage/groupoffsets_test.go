@@ -126,6 +126,13 @@ func TestGroupOffsets(t *testing.T) {
 		g.open(id)
 	}
 	g.checkOffsets(want, all...)
+	// Each member closed cleanly: its start restored the table from its
+	// snapshot and replayed no offset record.
+	for _, id := range all {
+		if sn := &g.m[id].s.offSnap; !sn.restored || sn.replayed != 0 {
+			t.Fatalf("member %d after a clean restart: restored %v, replayed %d", id, sn.restored, sn.replayed)
+		}
+	}
 	g.elect(3)
 	g.converge(3, all...)
 	g.checkOffsets(want, all...)

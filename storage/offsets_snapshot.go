@@ -11,8 +11,9 @@ import (
 )
 
 // The offset table's snapshot: Open's replay of the offset topic reads one
-// record per commit in the retained log (about 3.5 µs each here: a
-// million commits, 3.5 s), so a consumer committing every queue every few
+// record per commit in the retained log (about 1 µs each on this 2-core
+// machine when quiet: a million commits, 1.0-1.2 s; BENCHMARKS.md
+// "Consumer offsets at start"), so a consumer committing every queue every few
 // seconds makes a restart slower every day until retention catches up.
 // The snapshot (config/consumerOffsets.snap) is the table as one durable
 // offset record left it; Open restores it and replays only the records
