@@ -681,7 +681,8 @@
 // replaying that topic's consume queue with the same rule, from the
 // table's last snapshot on (offsets_snapshot.go: config/consumerOffsets.snap,
 // a cache used only while the log still holds the synced record it names,
-// written at Close and every max(65,536, keys) records). Retention,
+// written at Close and every max(65,536, keys) records; state_snapshot.go
+// has the rules). Retention,
 // before it deletes a file, writes again the latest value of every key
 // whose record lies in it (DeletableEnd; a rewrite record names the record
 // it copies, and never overwrites a newer commit), keeping the file when
@@ -726,7 +727,9 @@
 // to pop, and per message in flight its invisible deadline and a
 // generation; it lives only in the records of the system topic
 // RMQ_SYS_POP_STATE (queue 0), appended through the put path under the
-// table's lock, and is rebuilt at Open by replaying them in log order. A
+// table's lock, and is rebuilt at Open by replaying them in log order,
+// from the table's last snapshot on (pop_snapshot.go: config/popState.snap,
+// under the rules of state_snapshot.go, as the consumer offsets'). A
 // record body (big-endian, storage/pop's Encode) is
 //
 //	u8 version (1; 2 with an item redelivered in place) | u16 ops | ops × {

@@ -212,6 +212,11 @@ func TestGroupPop(t *testing.T) {
 		if st := popState(g.m[id].s); !reflect.DeepEqual(st, want) {
 			t.Fatalf("node %d after a restart: POP state\n%v\nwant\n%v", id, st, want)
 		}
+		// It closed cleanly: its start restored its snapshot and
+		// replayed no POP record.
+		if sn := &g.m[id].s.popSnap; !sn.restored || sn.replayed != 0 {
+			t.Fatalf("node %d after a clean restart: restored %v, replayed %d", id, sn.restored, sn.replayed)
+		}
 	}
 	g.elect(1)
 	if errs, err := g.m[1].s.PopAck(ctx, "g", "T", []string{m2.Handle}); err != nil || errs[0] != nil {

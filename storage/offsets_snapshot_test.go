@@ -29,15 +29,15 @@ func offsetsAfterOpen(t *testing.T, o Options) (es []offsets.Entry, restored boo
 func snapPath(o Options) string { return filepath.Join(o.Dir, "config", offsetsSnapshotName) }
 
 // crashImages returns two identical power-loss images of fs (the same
-// seed): one to open as it is, one to open without the snapshot, so that
-// the table a start builds from the snapshot is compared with the one it
-// builds from the whole log.
-func crashImages(t *testing.T, fs *vfs.MemFS, o Options) (withSnap, without Options) {
+// seed): one to open as it is, one to open without the snapshot file
+// config/name, so that the table a start builds from the snapshot is
+// compared with the one it builds from the whole log.
+func crashImages(t *testing.T, fs *vfs.MemFS, o Options, name string) (withSnap, without Options) {
 	t.Helper()
 	withSnap, without = o, o
 	withSnap.FS = fs.Crash(rand.New(rand.NewPCG(3, 5)))
 	img := fs.Crash(rand.New(rand.NewPCG(3, 5)))
-	if err := img.Remove(snapPath(o)); err != nil {
+	if err := img.Remove(filepath.Join(o.Dir, "config", name)); err != nil {
 		t.Fatalf("remove the snapshot from the second image: %v", err)
 	}
 	without.FS = img
@@ -91,7 +91,7 @@ func TestOffsetsSnapshotRestart(t *testing.T) {
 		mustCommit(t, s, "g9", "A", 0, int64(i))
 	}
 	resume := s.pause()
-	withSnap, without := crashImages(t, fs, o)
+	withSnap, without := crashImages(t, fs, o, offsetsSnapshotName)
 	resume()
 	s.Close()
 	full, fullRestored, fullReplayed := offsetsAfterOpen(t, without)
@@ -233,7 +233,7 @@ func TestOffsetsSnapshotTopicDeleted(t *testing.T) {
 	}
 	mustCommit(t, s, "h", "X", 0, 1)
 	resume := s.pause()
-	withSnap, without := crashImages(t, fs, o)
+	withSnap, without := crashImages(t, fs, o, offsetsSnapshotName)
 	resume()
 	s.Close()
 	full, _, _ := offsetsAfterOpen(t, without)
@@ -266,8 +266,8 @@ func TestOffsetsSnapshotWhileRunning(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer s.Close()
-	s.haltOffsetsSnapshots()
-	s.offSnap.every = 10
+	s.haltStateSnapshots()
+	s.snaps.every = 10
 	if _, err := s.PutMessages(context.Background(), &Batch{Topic: "T", Messages: manySmall(30, 8)}); err != nil {
 		t.Fatal(err)
 	}
@@ -284,19 +284,19 @@ func TestOffsetsSnapshotWhileRunning(t *testing.T) {
 	if _, err := s.log.Sync(0); err != nil {
 		t.Fatal(err)
 	}
-	s.offsetsSnapshotRound()
+	s.stateSnapshotRound()
 	if exists() {
 		t.Fatal("a snapshot after 9 records, fewer than every (10)")
 	}
 	commit(9, 12)
-	s.offsetsSnapshotRound()
+	s.stateSnapshotRound()
 	if exists() {
 		t.Fatal("a snapshot naming a record not yet synced")
 	}
 	if _, err := s.log.Sync(0); err != nil {
 		t.Fatal(err)
 	}
-	s.offsetsSnapshotRound()
+	s.stateSnapshotRound()
 	b, err := fs.ReadFile(snapPath(o))
 	if err != nil {
 		t.Fatalf("no snapshot after 12 synced records: %v", err)
@@ -311,12 +311,12 @@ func TestOffsetsSnapshotWhileRunning(t *testing.T) {
 		t.Fatalf("snapshot at %d (queue offset %d) with %+v; want %d (11) with %+v", snap.At, snap.QueueOffset, snap.Entries,
 			last, s.offsets.Entries())
 	}
-	s.offsetsSnapshotRound() // nothing applied since
+	s.stateSnapshotRound() // nothing applied since
 	commit(12, 13)
 	if _, err := s.log.Sync(0); err != nil {
 		t.Fatal(err)
 	}
-	s.offsetsSnapshotRound() // 1 record since, synced: below every
+	s.stateSnapshotRound() // 1 record since, synced: below every
 	if b2, _ := fs.ReadFile(snapPath(o)); string(b2) != string(b) {
 		t.Fatal("a snapshot was written again with fewer than every records applied since")
 	}

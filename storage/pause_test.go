@@ -19,7 +19,7 @@ func (s *Store) pause() (resume func()) {
 // (as after kill -9).
 func (s *Store) crash() {
 	s.closed.Store(true)
-	s.haltOffsetsSnapshots() // no snapshot: a killed process writes nothing more
+	s.haltStateSnapshots() // no snapshot: a killed process writes nothing more
 	s.stopTxn()
 	s.log.Drain()
 	s.index.Stop()

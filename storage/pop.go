@@ -18,7 +18,7 @@ package storage
 // in flight; an ack, a move to the retry or dead-letter topic, drops them;
 // a change of invisible duration puts the message in flight again with a
 // new generation. The table is rebuilt at Open by replaying the topic in
-// log order. A receive, an ack and a change answer only once their record
+// log order, from its last snapshot on (pop_snapshot.go). A receive, an ack and a change answer only once their record
 // is durable (sync mode; written in async mode, as a put): a restart
 // neither loses an acknowledged ack nor forgets a message handed out.
 //
@@ -986,7 +986,8 @@ func (s *Store) PopInflight(group string) int {
 func (s *Store) openPop() error {
 	s.pop = pop.New(pop.Limits{Inflight: s.opts.MaxPopInflight, InflightPerGroup: s.opts.MaxPopInflightPerGroup,
 		Cursors: s.opts.MaxConsumerOffsets})
-	err := s.replaySystem(PopTopic, 0, 0, func(phys int64, rec *Record) error {
+	from := s.loadPopSnapshot()
+	err := s.replaySystem(PopTopic, 0, from, func(phys int64, rec *Record) error {
 		ops, err := pop.Decode(rec.Body)
 		if err != nil {
 			return fmt.Errorf("%w: POP state: record at commitlog offset %d: %w", ErrCorrupt, phys, err)
@@ -994,6 +995,7 @@ func (s *Store) openPop() error {
 		for _, op := range s.livePops(ops, phys) {
 			s.pop.Apply(op, phys)
 		}
+		s.popSnap.replayed++
 		return nil
 	})
 	if err != nil {

@@ -68,13 +68,15 @@ type Store struct {
 	// group's new leader replaces it with one rebuilt from the committed
 	// log (BecomeReady), so it is read atomically.
 	dedup   atomic.Pointer[dedup.Window[dedupValue]]
-	group   *groupState        // group mode (group.go); nil when standalone
-	offsets *offsets.Table     // consumer offsets (consumer_offsets.go)
-	offSnap offsetsSnapshotter // the offset table's snapshot (offsets_snapshot.go)
-	pop     *pop.Table         // POP consumption state (pop.go)
-	popTurn atomic.Uint32      // the queue a receive starts at (pop.go)
-	txn     *txn.Table         // pending transactional half messages (transactions.go)
-	txnSvc  txnService         // ends and the check loop (transactions.go)
+	group   *groupState     // group mode (group.go); nil when standalone
+	offsets *offsets.Table  // consumer offsets (consumer_offsets.go)
+	offSnap offsetsSnapshot // the offset table's snapshot (offsets_snapshot.go)
+	popSnap popSnapshot     // the POP table's snapshot (pop_snapshot.go)
+	snaps   stateSnapshots  // the loop writing both (state_snapshot.go)
+	pop     *pop.Table      // POP consumption state (pop.go)
+	popTurn atomic.Uint32   // the queue a receive starts at (pop.go)
+	txn     *txn.Table      // pending transactional half messages (transactions.go)
+	txnSvc  txnService      // ends and the check loop (transactions.go)
 	// popLocks serialize a consumer group's POP changes in group mode,
 	// each from its decision to its record applied (pop.go popLock).
 	popLocks [64]sync.Mutex
@@ -271,7 +273,7 @@ func Open(opts Options) (*Store, error) {
 	s.sched.Start()
 	s.timers.Start()
 	s.startTxn()
-	s.startOffsetsSnapshots()
+	s.startStateSnapshots()
 	return s, nil
 }
 
@@ -750,7 +752,7 @@ func (s *Store) Close() error {
 	if !s.closed.CompareAndSwap(false, true) {
 		return nil
 	}
-	s.haltOffsetsSnapshots()
+	s.haltStateSnapshots()
 	s.stopTxn()
 	s.timers.Stop() // persists its progress; needs the flush policy running
 	s.sched.Stop()  // the same
@@ -777,10 +779,9 @@ func (s *Store) Close() error {
 	}
 	if clean {
 		// Everything applied is synced: the next Open replays no offset
-		// record (a failure costs it a longer replay, not this Close).
-		if err := s.saveFinalOffsetsSnapshot(); err != nil {
-			s.opts.Logger.Warn().Err(err).Msg("storage: consumer offsets snapshot not written at close; the next start replays more")
-		}
+		// or POP record (a failure costs it a longer replay, not this
+		// Close).
+		s.saveFinalStateSnapshots()
 	}
 	if clean {
 		// Only a clean close removes the abort marker; otherwise the next

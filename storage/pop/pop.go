@@ -8,7 +8,8 @@
 // The table is in memory only; the commitlog is its durable state, as
 // RocketMQ 5 keeps its POP checkpoints and acks in the REVIVE system topic
 // and storaged its consumer offsets (storage/offsets). The store rebuilds
-// the table at Open by replaying the records in log order (Apply), and
+// the table at Open by replaying the records in log order (Apply), after
+// restoring the state a snapshot of it holds (snapshot.go), and
 // writes the live state again (Below) before retention deletes the file
 // that holds it.
 //
@@ -119,6 +120,8 @@ type Table struct {
 	groups   map[string]*group
 	total    int
 	gen      uint64 // the last generation handed out
+	last     int64  // commitlog offset of the record of the last Apply; -1 none since New or Reset
+	applied  uint64 // Apply calls since New
 
 	stats sync.Mutex // guards inflightN for Stats
 	statN int
@@ -145,7 +148,7 @@ type group struct {
 // New returns an empty table.
 func New(l Limits) *Table {
 	return &Table{limits: l, cursors: map[QueueKey]cursor{}, inflight: map[Key]*entry{}, queued: map[QueueKey]map[int64]*entry{},
-		groups: map[string]*group{}}
+		groups: map[string]*group{}, last: -1}
 }
 
 // Cursor returns the next offset to pop of k.
@@ -280,6 +283,8 @@ func (t *Table) Stats() int {
 // Apply makes the changes of op, carried by the record at commitlog
 // offset at.
 func (t *Table) Apply(op Op, at int64) {
+	t.last = at
+	t.applied++
 	switch op.Kind {
 	case Set:
 		if op.Cursor != NoCursor {
@@ -293,21 +298,7 @@ func (t *Table) Apply(op Op, at int64) {
 				heap.Fix(&t.groups[k.Group].due, e.index)
 				continue
 			}
-			e := &entry{key: k, deadline: it.Deadline, gen: it.Gen, at: at, redeliv: it.Redelivered}
-			t.inflight[k] = e
-			g := t.groups[k.Group]
-			if g == nil {
-				g = &group{}
-				t.groups[k.Group] = g
-			}
-			heap.Push(&g.due, e)
-			q := t.queued[op.Key]
-			if q == nil {
-				q = map[int64]*entry{}
-				t.queued[op.Key] = q
-			}
-			q[k.Offset] = e
-			t.total++
+			t.add(&entry{key: k, deadline: it.Deadline, gen: it.Gen, at: at, redeliv: it.Redelivered})
 		}
 	case Drop:
 		for _, it := range op.Items {
@@ -323,6 +314,26 @@ func (t *Table) Apply(op Op, at int64) {
 	t.stats.Lock()
 	t.statN = t.total
 	t.stats.Unlock()
+}
+
+// add puts the message in flight e (not in the table) into every index
+// of the table: by key, its group's due heap, its queue's set, the total.
+func (t *Table) add(e *entry) {
+	k := e.key
+	t.inflight[k] = e
+	g := t.groups[k.Group]
+	if g == nil {
+		g = &group{}
+		t.groups[k.Group] = g
+	}
+	heap.Push(&g.due, e)
+	q := t.queued[k.QueueKey]
+	if q == nil {
+		q = map[int64]*entry{}
+		t.queued[k.QueueKey] = q
+	}
+	q[k.Offset] = e
+	t.total++
 }
 
 // forget removes the message in flight e (at k) from every index of the
@@ -348,6 +359,7 @@ func (t *Table) forget(k Key, e *entry) {
 func (t *Table) Reset() {
 	t.cursors, t.inflight, t.groups, t.total = map[QueueKey]cursor{}, map[Key]*entry{}, map[string]*group{}, 0
 	t.queued = map[QueueKey]map[int64]*entry{}
+	t.last = -1
 	t.stats.Lock()
 	t.statN = 0
 	t.stats.Unlock()

@@ -1,0 +1,106 @@
+package storage
+
+import (
+	"errors"
+	"fmt"
+	iofs "io/fs"
+	"path/filepath"
+
+	"github.com/storaged/storaged/storage/internal/base"
+	"github.com/storaged/storaged/storage/pop"
+)
+
+// The POP table's snapshot (config/popState.snap; the rules all snapshots
+// follow are in state_snapshot.go). Every receive, ack, change of
+// invisible duration and redelivery is a POP record, so a POP consumer
+// writes about one record per message it consumes, and Open replayed all
+// of them in the retained log. Restored state goes through livePops'
+// rule (state of a topic deleted after its record is dropped) and loses
+// what lies below the log's first offset, and the cursors a scan moved in
+// memory only (Advance: a whole replay does not have them either; the
+// scan after the start pops nothing from the entries it skips again).
+
+const popSnapshotName = "popState.snap"
+
+// popSnapshot is what the POP table's last snapshot covered and what Open
+// did.
+type popSnapshot struct {
+	applied  uint64 // Table.Applied at the last snapshot written; only the loop and Close touch it
+	replayed int    // records Open replayed
+	restored bool   // Open restored a snapshot first
+}
+
+// popAppliedSince is the ops the POP table applied since its last
+// snapshot.
+func (s *Store) popAppliedSince() uint64 {
+	s.pop.Mu.Lock()
+	defer s.pop.Mu.Unlock()
+	return s.pop.Applied() - s.popSnap.applied
+}
+
+// popSnapshotDue: the ops applied since the last snapshot reach
+// max(every, the table's size).
+func (s *Store) popSnapshotDue() bool {
+	s.pop.Mu.Lock()
+	defer s.pop.Mu.Unlock()
+	return s.pop.Applied()-s.popSnap.applied >= max(s.snaps.every, uint64(s.pop.Size()))
+}
+
+// savePopSnapshot writes the POP table's snapshot if the last record it
+// applied is synced (else a later round does).
+func (s *Store) savePopSnapshot() error {
+	s.pop.Mu.Lock()
+	snap, applied := s.pop.Cut()
+	s.pop.Mu.Unlock()
+	rec, err := s.snapshotRecord(PopTopic, snap.At)
+	if rec == nil || err != nil {
+		return err
+	}
+	snap.QueueOffset, snap.BodyCRC = rec.QueueOffset, rec.BodyCRC
+	if err := base.WriteAtomic(s.opts.FS, s.stateSnapshotDir(), popSnapshotName, pop.EncodeSnapshot(snap)); err != nil {
+		return fmt.Errorf("storage: POP state snapshot: %w", err)
+	}
+	s.popSnap.applied = applied
+	return nil
+}
+
+// loadPopSnapshot restores the POP table from its snapshot if the log
+// still holds the record it names, and returns the queue offset to
+// replay from; 0 (the whole topic) when there is no usable snapshot.
+func (s *Store) loadPopSnapshot() int64 {
+	b, err := s.opts.FS.ReadFile(filepath.Join(s.stateSnapshotDir(), popSnapshotName))
+	if errors.Is(err, iofs.ErrNotExist) {
+		return 0
+	}
+	snap, why := pop.Snapshot{}, error(nil)
+	if err != nil {
+		why = err
+	} else if snap, why = pop.DecodeSnapshot(b); why == nil {
+		why = s.checkSnapshotRecord(PopTopic, snap.QueueOffset, snap.At, snap.BodyCRC)
+	}
+	if why != nil {
+		s.opts.Logger.Warn().Err(why).Msg("storage: POP state snapshot not used; replaying every POP record")
+		return 0
+	}
+	tombs, minOff := s.topics.tombstones(), s.log.MinOffset()
+	cursors := snap.Cursors[:0]
+	for _, c := range snap.Cursors {
+		if c.At >= minOff && !deletedAfter(tombs, c.Key.Topic, c.At) {
+			cursors = append(cursors, c)
+		}
+	}
+	inflight := snap.Inflight[:0]
+	for _, it := range snap.Inflight {
+		if it.At >= minOff && !deletedAfter(tombs, it.Key.Topic, it.At) {
+			inflight = append(inflight, it)
+		}
+	}
+	snap.Cursors, snap.Inflight = cursors, inflight
+	s.pop.Mu.Lock()
+	s.pop.Restore(snap)
+	s.pop.Mu.Unlock()
+	s.popSnap.restored = true
+	s.opts.Logger.Info().Int64("commitlog_offset", snap.At).Int("cursors", len(cursors)).Int("inflight", len(inflight)).
+		Msg("storage: POP state restored from its snapshot; replaying the records after it")
+	return snap.QueueOffset + 1
+}

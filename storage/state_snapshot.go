@@ -1,0 +1,149 @@
+package storage
+
+import (
+	"fmt"
+	"path/filepath"
+
+	"github.com/storaged/storaged/storage/internal/base"
+)
+
+// Snapshots of the state kept in system records (sysrecords.go): the
+// consumer offset table (offsets_snapshot.go) and the POP table
+// (pop_snapshot.go). Each is the table as one synced record of its topic
+// left it, in config/, so that Open replays only that topic's records
+// after it. Both follow the same rules, kept here:
+//
+//   - A snapshot names the record it reflects by commitlog offset, queue
+//     offset and body CRC, and only a record the log has synced
+//     (snapshotRecord), so a crash cannot leave it ahead of the recovered
+//     log.
+//   - Open uses it only while the log still holds that record as it was
+//     (checkSnapshotRecord): the topic's queue entry at the queue offset
+//     points at the commitlog offset, above the log's first offset, and
+//     the record there is of the topic with that queue offset and body
+//     CRC. Recovery only ever cuts a suffix of the log, so when that
+//     record is intact so is everything before it. Otherwise Open logs
+//     why and replays the whole topic, as without a snapshot: it is a
+//     cache, and deleting it is always safe.
+//   - Restored state goes through the rules a whole replay applies to
+//     the records it came from (a topic's tombstone; state whose record
+//     lies below the log's first offset is dropped, since retention
+//     deletes a file only once the live state in it was written again
+//     above it), so the table equals the one a whole replay builds.
+//   - They are written at a clean Close (after the last checkpoint) and
+//     by one loop on the checkpoint interval, once the records applied
+//     since a table's last snapshot reach its size (at least
+//     stateSnapshotRecords): writing one then costs no more than
+//     replaying those records would. A failed write is logged and tried
+//     again at the next round.
+
+// stateSnapshotRecords is the fewest records applied between two
+// snapshots of a table written while running.
+const stateSnapshotRecords = 1 << 16
+
+// stateSnapshots is the loop writing the snapshots while running.
+type stateSnapshots struct {
+	rounds *base.Rounds
+	every  uint64 // records applied between two snapshots of a table, at least (tests lower it with the loop halted)
+}
+
+func (s *Store) stateSnapshotDir() string { return filepath.Join(s.opts.Dir, "config") }
+
+// startStateSnapshots runs the snapshot loop (Open, once the log and the
+// index run).
+func (s *Store) startStateSnapshots() {
+	s.snaps.every = stateSnapshotRecords
+	s.snaps.rounds = base.NewRounds()
+	s.snaps.rounds.Start(s.opts.Clock, s.opts.CheckpointInterval, s.opts.CheckpointInterval, s.stateSnapshotRound)
+}
+
+// stateSnapshotRound writes each table's snapshot once the records
+// applied since its last one reach max(every, its size).
+func (s *Store) stateSnapshotRound() base.Round {
+	warn := func(what string, err error) {
+		s.logLimit.Event(what+" snapshot", s.opts.Logger.Warn()).Err(err).
+			Msgf("storage: %s snapshot not written; the next start replays more (tried again later)", what)
+	}
+	if s.offsets.Applied()-s.offSnap.applied >= max(s.snaps.every, uint64(s.offsets.Len())) {
+		if err := s.saveOffsetsSnapshot(); err != nil {
+			warn("consumer offsets", err)
+		}
+	}
+	if s.popSnapshotDue() {
+		if err := s.savePopSnapshot(); err != nil {
+			warn("POP state", err)
+		}
+	}
+	return base.Round{At: s.opts.Clock.Now()}
+}
+
+// haltStateSnapshots ends the loop (Close, first).
+func (s *Store) haltStateSnapshots() {
+	if s.snaps.rounds != nil {
+		s.snaps.rounds.Halt()
+	}
+}
+
+// saveFinalStateSnapshots writes the last snapshots at a clean Close
+// (after its last checkpoint: everything applied is synced), of each
+// table that applied a record since its last one. REQUIRES: the loop
+// halted.
+func (s *Store) saveFinalStateSnapshots() {
+	if s.offsets != nil && s.offsets.Applied() != s.offSnap.applied {
+		if err := s.saveOffsetsSnapshot(); err != nil {
+			s.opts.Logger.Warn().Err(err).Msg("storage: consumer offsets snapshot not written at close; the next start replays more")
+		}
+	}
+	if s.pop != nil && s.popAppliedSince() > 0 {
+		if err := s.savePopSnapshot(); err != nil {
+			s.opts.Logger.Warn().Err(err).Msg("storage: POP state snapshot not written at close; the next start replays more")
+		}
+	}
+}
+
+// snapshotRecord reads the record at last (a table's last applied) for
+// a snapshot of topic's state: nil, and no error, when there is none
+// (last < 0) or it is not synced yet (a crash could take it).
+func (s *Store) snapshotRecord(topic string, last int64) (*Record, error) {
+	if last < 0 {
+		return nil, nil
+	}
+	rec, err := s.readRecordOpen(last)
+	if err != nil {
+		return nil, fmt.Errorf("storage: %s snapshot: record at %d: %w", topic, last, err)
+	}
+	if rec.Topic != topic {
+		return nil, fmt.Errorf("%w: %s snapshot: the record at %d is of %s", ErrCorrupt, topic, last, rec.Topic)
+	}
+	if last+int64(rec.TotalSize) > s.log.Flushed() {
+		return nil, nil
+	}
+	return rec, nil
+}
+
+// checkSnapshotRecord is why the log no longer holds, as a snapshot of
+// topic's state names it, the record at commitlog offset at with queue
+// offset queueOffset and body CRC bodyCRC; nil when it does.
+func (s *Store) checkSnapshotRecord(topic string, queueOffset, at int64, bodyCRC uint32) error {
+	q := s.index.Queue(topic, 0)
+	if q == nil || queueOffset < q.Min() || queueOffset >= q.Count() {
+		return fmt.Errorf("storage: %s snapshot: queue offset %d is not in the topic's queue", topic, queueOffset)
+	}
+	phys, _, _, ok, err := q.Lookup(queueOffset)
+	switch {
+	case err != nil:
+		return err
+	case !ok || phys != at || phys < s.log.MinOffset():
+		return fmt.Errorf("storage: %s snapshot: queue offset %d is at commitlog offset %d (found %v), the snapshot says %d",
+			topic, queueOffset, phys, ok, at)
+	}
+	rec, err := s.readRecord(phys)
+	if err != nil {
+		return err
+	}
+	if rec.Topic != topic || rec.QueueOffset != queueOffset || rec.BodyCRC != bodyCRC {
+		return fmt.Errorf("storage: %s snapshot: the record at %d is %s queue offset %d body CRC %08x, the snapshot names %d %08x",
+			topic, phys, rec.Topic, rec.QueueOffset, rec.BodyCRC, queueOffset, bodyCRC)
+	}
+	return nil
+}
