@@ -52,6 +52,7 @@ func (s *Store) savePopSnapshot() error {
 	s.pop.Mu.Lock()
 	snap, applied := s.pop.Cut()
 	s.pop.Mu.Unlock()
+	snap.Sort()
 	rec, err := s.snapshotRecord(PopTopic, snap.At)
 	if rec == nil || err != nil {
 		return err

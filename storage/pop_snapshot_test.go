@@ -26,6 +26,7 @@ func popStateAfterOpen(t *testing.T, o Options) (pop.Snapshot, bool, int, *Store
 	s.pop.Mu.Lock()
 	st, _ := s.pop.Cut()
 	s.pop.Mu.Unlock()
+	st.Sort()
 	return st, s.popSnap.restored, s.popSnap.replayed, s
 }
 
