@@ -1,11 +1,6 @@
 package storage
 
 import (
-	"errors"
-	"fmt"
-	iofs "io/fs"
-	"path/filepath"
-
 	"github.com/storaged/storaged/storage/internal/base"
 	"github.com/storaged/storaged/storage/offsets"
 )
@@ -42,8 +37,8 @@ func (s *Store) saveOffsetsSnapshot() error {
 		return err
 	}
 	b := offsets.EncodeSnapshot(offsets.Snapshot{At: last, QueueOffset: rec.QueueOffset, BodyCRC: rec.BodyCRC, Entries: es})
-	if err := base.WriteAtomic(s.opts.FS, s.stateSnapshotDir(), offsetsSnapshotName, b); err != nil {
-		return fmt.Errorf("storage: offsets snapshot: %w", err)
+	if err := s.writeStateSnapshot(offsetsSnapshotName, "consumer offsets", b); err != nil {
+		return err
 	}
 	s.offSnap.applied = applied
 	return nil
@@ -53,24 +48,17 @@ func (s *Store) saveOffsetsSnapshot() error {
 // still holds the record it names, and returns the queue offset to
 // replay from; 0 (the whole topic) when there is no usable snapshot.
 func (s *Store) loadOffsetsSnapshot() int64 {
-	b, err := s.opts.FS.ReadFile(filepath.Join(s.stateSnapshotDir(), offsetsSnapshotName))
-	if errors.Is(err, iofs.ErrNotExist) {
+	snap, ok := readStateSnapshot(s, offsetsSnapshotName, OffsetTopic, "consumer offsets", offsets.DecodeSnapshot,
+		func(sn offsets.Snapshot) base.SnapshotHead {
+			return base.SnapshotHead{At: sn.At, QueueOffset: sn.QueueOffset, BodyCRC: sn.BodyCRC}
+		})
+	if !ok {
 		return 0
 	}
-	snap, why := offsets.Snapshot{}, error(nil)
-	if err != nil {
-		why = err
-	} else if snap, why = offsets.DecodeSnapshot(b); why == nil {
-		why = s.checkSnapshotRecord(OffsetTopic, snap.QueueOffset, snap.At, snap.BodyCRC)
-	}
-	if why != nil {
-		s.opts.Logger.Warn().Err(why).Msg("storage: consumer offsets snapshot not used; replaying every offset record")
-		return 0
-	}
-	tombs, minOff := s.topics.tombstones(), s.log.MinOffset()
+	keep := s.restoredLive()
 	live := snap.Entries[:0]
 	for _, e := range snap.Entries {
-		if e.At >= minOff && !deletedAfter(tombs, e.Key.Topic, e.At) {
+		if keep(e.Key.Topic, e.At) {
 			live = append(live, e)
 		}
 	}

@@ -348,6 +348,19 @@ func BenchmarkOpenConsumerOffsets(b *testing.B) {
 	if err := s.Close(); err != nil {
 		b.Fatal(err)
 	}
+	benchmarkOpenState(b, o, offsetsSnapshotName, func(s *Store) int {
+		if s.offsets.Len() != keys {
+			b.Fatalf("%d keys, want %d", s.offsets.Len(), keys)
+		}
+		return s.offSnap.replayed
+	})
+}
+
+// benchmarkOpenState times Open and Close of the data dir o names, as a
+// clean close left it (sub-benchmark snapshot) and with the snapshot
+// config/name removed before each Open (replay); check checks the store
+// Open built and returns the records it replayed, reported as records/op.
+func benchmarkOpenState(b *testing.B, o Options, name string, check func(*Store) int) {
 	for _, tc := range []struct {
 		name     string
 		snapshot bool
@@ -357,7 +370,7 @@ func BenchmarkOpenConsumerOffsets(b *testing.B) {
 			for b.Loop() {
 				if !tc.snapshot {
 					b.StopTimer()
-					if err := os.Remove(snapPath(o)); err != nil {
+					if err := os.Remove(filepath.Join(o.Dir, "config", name)); err != nil {
 						b.Fatal(err)
 					}
 					b.StartTimer()
@@ -366,10 +379,7 @@ func BenchmarkOpenConsumerOffsets(b *testing.B) {
 				if err != nil {
 					b.Fatal(err)
 				}
-				replayed = s.offSnap.replayed
-				if s.offsets.Len() != keys {
-					b.Fatalf("%d keys, want %d", s.offsets.Len(), keys)
-				}
+				replayed = check(s)
 				if err := s.Close(); err != nil {
 					b.Fatal(err)
 				}

@@ -1,11 +1,6 @@
 package storage
 
 import (
-	"errors"
-	"fmt"
-	iofs "io/fs"
-	"path/filepath"
-
 	"github.com/storaged/storaged/storage/internal/base"
 	"github.com/storaged/storaged/storage/pop"
 )
@@ -58,8 +53,8 @@ func (s *Store) savePopSnapshot() error {
 		return err
 	}
 	snap.QueueOffset, snap.BodyCRC = rec.QueueOffset, rec.BodyCRC
-	if err := base.WriteAtomic(s.opts.FS, s.stateSnapshotDir(), popSnapshotName, pop.EncodeSnapshot(snap)); err != nil {
-		return fmt.Errorf("storage: POP state snapshot: %w", err)
+	if err := s.writeStateSnapshot(popSnapshotName, "POP state", pop.EncodeSnapshot(snap)); err != nil {
+		return err
 	}
 	s.popSnap.applied = applied
 	return nil
@@ -69,30 +64,23 @@ func (s *Store) savePopSnapshot() error {
 // still holds the record it names, and returns the queue offset to
 // replay from; 0 (the whole topic) when there is no usable snapshot.
 func (s *Store) loadPopSnapshot() int64 {
-	b, err := s.opts.FS.ReadFile(filepath.Join(s.stateSnapshotDir(), popSnapshotName))
-	if errors.Is(err, iofs.ErrNotExist) {
+	snap, ok := readStateSnapshot(s, popSnapshotName, PopTopic, "POP state", pop.DecodeSnapshot,
+		func(sn pop.Snapshot) base.SnapshotHead {
+			return base.SnapshotHead{At: sn.At, QueueOffset: sn.QueueOffset, BodyCRC: sn.BodyCRC}
+		})
+	if !ok {
 		return 0
 	}
-	snap, why := pop.Snapshot{}, error(nil)
-	if err != nil {
-		why = err
-	} else if snap, why = pop.DecodeSnapshot(b); why == nil {
-		why = s.checkSnapshotRecord(PopTopic, snap.QueueOffset, snap.At, snap.BodyCRC)
-	}
-	if why != nil {
-		s.opts.Logger.Warn().Err(why).Msg("storage: POP state snapshot not used; replaying every POP record")
-		return 0
-	}
-	tombs, minOff := s.topics.tombstones(), s.log.MinOffset()
+	keep := s.restoredLive()
 	cursors := snap.Cursors[:0]
 	for _, c := range snap.Cursors {
-		if c.At >= minOff && !deletedAfter(tombs, c.Key.Topic, c.At) {
+		if keep(c.Key.Topic, c.At) {
 			cursors = append(cursors, c)
 		}
 	}
 	inflight := snap.Inflight[:0]
 	for _, it := range snap.Inflight {
-		if it.At >= minOff && !deletedAfter(tombs, it.Key.Topic, it.At) {
+		if keep(it.Key.Topic, it.At) {
 			inflight = append(inflight, it)
 		}
 	}

@@ -2,7 +2,6 @@ package storage
 
 import (
 	"context"
-	"os"
 	"path/filepath"
 	"reflect"
 	"testing"
@@ -264,33 +263,10 @@ func BenchmarkOpenPopState(b *testing.B) {
 	if err := s.Close(); err != nil {
 		b.Fatal(err)
 	}
-	for _, tc := range []struct {
-		name     string
-		snapshot bool
-	}{{"snapshot", true}, {"replay", false}} {
-		b.Run(tc.name, func(b *testing.B) {
-			replayed := 0
-			for b.Loop() {
-				if !tc.snapshot {
-					b.StopTimer()
-					if err := os.Remove(filepath.Join(o.Dir, "config", popSnapshotName)); err != nil {
-						b.Fatal(err)
-					}
-					b.StartTimer()
-				}
-				s, err := Open(o)
-				if err != nil {
-					b.Fatal(err)
-				}
-				replayed = s.popSnap.replayed
-				if n := s.PopInflight("g"); n != 0 {
-					b.Fatalf("%d in flight, want 0", n)
-				}
-				if err := s.Close(); err != nil {
-					b.Fatal(err)
-				}
-			}
-			b.ReportMetric(float64(replayed), "records/op")
-		})
-	}
+	benchmarkOpenState(b, o, popSnapshotName, func(s *Store) int {
+		if n := s.PopInflight("g"); n != 0 {
+			b.Fatalf("%d in flight, want 0", n)
+		}
+		return s.popSnap.replayed
+	})
 }

@@ -1,7 +1,9 @@
 package storage
 
 import (
+	"errors"
 	"fmt"
+	iofs "io/fs"
 	"path/filepath"
 
 	"github.com/storaged/storaged/storage/internal/base"
@@ -99,6 +101,46 @@ func (s *Store) saveFinalStateSnapshots() {
 			s.opts.Logger.Warn().Err(err).Msg("storage: POP state snapshot not written at close; the next start replays more")
 		}
 	}
+}
+
+// writeStateSnapshot replaces config/name with b (what: for the error).
+func (s *Store) writeStateSnapshot(name, what string, b []byte) error {
+	if err := base.WriteAtomic(s.opts.FS, s.stateSnapshotDir(), name, b); err != nil {
+		return fmt.Errorf("storage: %s snapshot: %w", what, err)
+	}
+	return nil
+}
+
+// readStateSnapshot reads and decodes config/name, a snapshot of topic's
+// state, and reports whether Open may use it: not when the file is
+// missing, and (logged, with why) not when it does not decode or names a
+// record the log no longer holds (checkSnapshotRecord).
+func readStateSnapshot[T any](s *Store, name, topic, what string, decode func([]byte) (T, error),
+	head func(T) base.SnapshotHead) (T, bool) {
+	var snap T
+	b, err := s.opts.FS.ReadFile(filepath.Join(s.stateSnapshotDir(), name))
+	if errors.Is(err, iofs.ErrNotExist) {
+		return snap, false
+	}
+	if err == nil {
+		if snap, err = decode(b); err == nil {
+			h := head(snap)
+			err = s.checkSnapshotRecord(topic, h.QueueOffset, h.At, h.BodyCRC)
+		}
+	}
+	if err != nil {
+		s.opts.Logger.Warn().Err(err).Msgf("storage: %s snapshot not used; replaying every record of %s", what, topic)
+		return snap, false
+	}
+	return snap, true
+}
+
+// restoredLive is the rule restored state goes through (see the top of
+// this file): live unless its record lies below the log's first offset or
+// below a tombstone of its topic.
+func (s *Store) restoredLive() func(topic string, at int64) bool {
+	tombs, minOff := s.topics.tombstones(), s.log.MinOffset()
+	return func(topic string, at int64) bool { return at >= minOff && !deletedAfter(tombs, topic, at) }
 }
 
 // snapshotRecord reads the record at last (a table's last applied) for

@@ -3,7 +3,6 @@ package offsets
 import (
 	"encoding/binary"
 	"fmt"
-	"hash/crc32"
 
 	"github.com/storaged/storaged/storage/internal/base"
 )
@@ -28,12 +27,10 @@ type Snapshot struct {
 
 const (
 	snapshotVersion = 1
-	snapshotHeader  = 1 + 8 + 8 + 4 + 4 // version, at, queue offset, body crc, entries
-	snapshotFixed   = 1 + 1 + 4 + 8 + 8 // name lengths, queue, offset, at
-	snapshotMinLen  = snapshotFixed + 2 // names of one byte each
+	snapshotHeader  = base.SnapshotHeadLen + 4 // head, entries
+	snapshotFixed   = 1 + 1 + 4 + 8 + 8        // name lengths, queue, offset, at
+	snapshotMinLen  = snapshotFixed + 2        // names of one byte each
 )
-
-var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
 // EncodeSnapshot returns the file body of s: a header, the entries, and a
 // CRC-32C of everything before it.
@@ -42,11 +39,8 @@ func EncodeSnapshot(s Snapshot) []byte {
 	for _, e := range s.Entries {
 		n += snapshotFixed + len(e.Key.Group) + len(e.Key.Topic)
 	}
-	b := make([]byte, 0, n)
-	b = append(b, snapshotVersion)
-	b = binary.BigEndian.AppendUint64(b, uint64(s.At))
-	b = binary.BigEndian.AppendUint64(b, uint64(s.QueueOffset))
-	b = binary.BigEndian.AppendUint32(b, s.BodyCRC)
+	b := base.AppendSnapshotHead(make([]byte, 0, n), snapshotVersion,
+		base.SnapshotHead{At: s.At, QueueOffset: s.QueueOffset, BodyCRC: s.BodyCRC})
 	b = binary.BigEndian.AppendUint32(b, uint32(len(s.Entries)))
 	for _, e := range s.Entries {
 		b = append(b, byte(len(e.Key.Group)))
@@ -57,7 +51,7 @@ func EncodeSnapshot(s Snapshot) []byte {
 		b = binary.BigEndian.AppendUint64(b, uint64(e.Offset))
 		b = binary.BigEndian.AppendUint64(b, uint64(e.At))
 	}
-	return binary.BigEndian.AppendUint32(b, crc32.Checksum(b, castagnoli))
+	return base.SealSnapshot(b)
 }
 
 // DecodeSnapshot parses a snapshot file. The CRC is checked first and
@@ -65,20 +59,13 @@ func EncodeSnapshot(s Snapshot) []byte {
 // than its own size; a key twice, a negative value or an entry written
 // after the snapshot's own record is ErrDecode.
 func DecodeSnapshot(b []byte) (Snapshot, error) {
-	if len(b) < snapshotHeader+4 {
-		return Snapshot{}, fmt.Errorf("%w: snapshot of %d bytes", ErrDecode, len(b))
+	h, body, err := base.OpenSnapshot(b, snapshotVersion)
+	if err != nil || len(body) < snapshotHeader {
+		return Snapshot{}, fmt.Errorf("%w: %v (%d bytes)", ErrDecode, err, len(b))
 	}
-	body := b[:len(b)-4]
-	if got, want := crc32.Checksum(body, castagnoli), binary.BigEndian.Uint32(b[len(b)-4:]); got != want {
-		return Snapshot{}, fmt.Errorf("%w: snapshot CRC %08x, want %08x", ErrDecode, got, want)
-	}
-	if body[0] != snapshotVersion {
-		return Snapshot{}, fmt.Errorf("%w: snapshot version %d", ErrDecode, body[0])
-	}
-	s := Snapshot{At: int64(binary.BigEndian.Uint64(body[1:])), QueueOffset: int64(binary.BigEndian.Uint64(body[9:])),
-		BodyCRC: binary.BigEndian.Uint32(body[17:])}
-	n := uint64(binary.BigEndian.Uint32(body[21:]))
-	if s.At < 0 || s.QueueOffset < 0 || n*snapshotMinLen > uint64(len(body)-snapshotHeader) {
+	s := Snapshot{At: h.At, QueueOffset: h.QueueOffset, BodyCRC: h.BodyCRC}
+	n := uint64(binary.BigEndian.Uint32(body[base.SnapshotHeadLen:]))
+	if n*snapshotMinLen > uint64(len(body)-snapshotHeader) {
 		return Snapshot{}, fmt.Errorf("%w: snapshot at %d, queue offset %d, %d entries in %d bytes", ErrDecode, s.At, s.QueueOffset, n, len(body))
 	}
 	s.Entries = make([]Entry, 0, n)

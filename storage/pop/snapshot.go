@@ -3,7 +3,6 @@ package pop
 import (
 	"encoding/binary"
 	"fmt"
-	"hash/crc32"
 	"sort"
 
 	"github.com/storaged/storaged/storage/internal/base"
@@ -103,8 +102,8 @@ func lessKey(a, b Key) bool {
 
 const (
 	snapshotVersion = 1
-	snapshotHeader  = 1 + 8 + 8 + 4 + 8 + 4 + 4 // version, at, queue offset, body crc, gen, cursors, in flight
-	cursorFixed     = 1 + 1 + 4 + 8 + 8         // name lengths, queue, next, at
+	snapshotHeader  = base.SnapshotHeadLen + 8 + 4 + 4 // head, gen, cursors, in flight
+	cursorFixed     = 1 + 1 + 4 + 8 + 8                // name lengths, queue, next, at
 	inflightFixed   = 1 + 1 + 4 + 8 + 8 + 8 + 4 + 8
 )
 
@@ -126,11 +125,8 @@ func EncodeSnapshot(s Snapshot) []byte {
 	for _, it := range s.Inflight {
 		n += inflightFixed + len(it.Key.Group) + len(it.Key.Topic)
 	}
-	b := make([]byte, 0, n)
-	b = append(b, snapshotVersion)
-	b = binary.BigEndian.AppendUint64(b, uint64(s.At))
-	b = binary.BigEndian.AppendUint64(b, uint64(s.QueueOffset))
-	b = binary.BigEndian.AppendUint32(b, s.BodyCRC)
+	b := base.AppendSnapshotHead(make([]byte, 0, n), snapshotVersion,
+		base.SnapshotHead{At: s.At, QueueOffset: s.QueueOffset, BodyCRC: s.BodyCRC})
 	b = binary.BigEndian.AppendUint64(b, s.Gen)
 	b = binary.BigEndian.AppendUint32(b, uint32(len(s.Cursors)))
 	b = binary.BigEndian.AppendUint32(b, uint32(len(s.Inflight)))
@@ -147,7 +143,7 @@ func EncodeSnapshot(s Snapshot) []byte {
 		b = binary.BigEndian.AppendUint32(b, it.Redelivered)
 		b = binary.BigEndian.AppendUint64(b, uint64(it.At))
 	}
-	return binary.BigEndian.AppendUint32(b, crc32.Checksum(b, castagnoli))
+	return base.SealSnapshot(b)
 }
 
 // readQueueKey reads a QueueKey and the fixed-size tail after it (rest
@@ -172,20 +168,14 @@ func readQueueKey(b []byte, p *int, rest int) (QueueKey, bool) {
 // offset or cursor, or state written after the snapshot's own record is
 // ErrDecode.
 func DecodeSnapshot(b []byte) (Snapshot, error) {
-	if len(b) < snapshotHeader+4 {
-		return Snapshot{}, fmt.Errorf("%w: snapshot of %d bytes", ErrDecode, len(b))
+	h, body, err := base.OpenSnapshot(b, snapshotVersion)
+	if err != nil || len(body) < snapshotHeader {
+		return Snapshot{}, fmt.Errorf("%w: %v (%d bytes)", ErrDecode, err, len(b))
 	}
-	body := b[:len(b)-4]
-	if got, want := crc32.Checksum(body, castagnoli), binary.BigEndian.Uint32(b[len(b)-4:]); got != want {
-		return Snapshot{}, fmt.Errorf("%w: snapshot CRC %08x, want %08x", ErrDecode, got, want)
-	}
-	if body[0] != snapshotVersion {
-		return Snapshot{}, fmt.Errorf("%w: snapshot version %d", ErrDecode, body[0])
-	}
-	s := Snapshot{At: int64(binary.BigEndian.Uint64(body[1:])), QueueOffset: int64(binary.BigEndian.Uint64(body[9:])),
-		BodyCRC: binary.BigEndian.Uint32(body[17:]), Gen: binary.BigEndian.Uint64(body[21:])}
-	nc, ni := uint64(binary.BigEndian.Uint32(body[29:])), uint64(binary.BigEndian.Uint32(body[33:]))
-	if s.At < 0 || s.QueueOffset < 0 || nc*(cursorFixed+2)+ni*(inflightFixed+2) > uint64(len(body)-snapshotHeader) {
+	const head = base.SnapshotHeadLen
+	s := Snapshot{At: h.At, QueueOffset: h.QueueOffset, BodyCRC: h.BodyCRC, Gen: binary.BigEndian.Uint64(body[head:])}
+	nc, ni := uint64(binary.BigEndian.Uint32(body[head+8:])), uint64(binary.BigEndian.Uint32(body[head+12:]))
+	if nc*(cursorFixed+2)+ni*(inflightFixed+2) > uint64(len(body)-snapshotHeader) {
 		return Snapshot{}, fmt.Errorf("%w: snapshot at %d, queue offset %d, %d cursors and %d in flight in %d bytes",
 			ErrDecode, s.At, s.QueueOffset, nc, ni, len(body))
 	}

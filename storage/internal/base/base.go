@@ -9,6 +9,7 @@
 package base
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"hash/crc32"
@@ -241,6 +242,55 @@ func WriteAtomic(fs vfs.FS, dir, name string, data []byte) error {
 }
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+// SnapshotHead begins every snapshot file of a system-record table
+// (storage/offsets, storage/pop): the record the snapshot reflects, by
+// commitlog offset, queue offset in its topic and body CRC.
+type SnapshotHead struct {
+	At          int64
+	QueueOffset int64
+	BodyCRC     uint32
+}
+
+// SnapshotHeadLen is the bytes of a snapshot file before the table's own
+// fields: version and head.
+const SnapshotHeadLen = 1 + 8 + 8 + 4
+
+// AppendSnapshotHead begins a snapshot file of version v.
+func AppendSnapshotHead(b []byte, v byte, h SnapshotHead) []byte {
+	b = append(b, v)
+	b = binary.BigEndian.AppendUint64(b, uint64(h.At))
+	b = binary.BigEndian.AppendUint64(b, uint64(h.QueueOffset))
+	return binary.BigEndian.AppendUint32(b, h.BodyCRC)
+}
+
+// SealSnapshot ends a snapshot file: the CRC-32C of everything before.
+func SealSnapshot(b []byte) []byte {
+	return binary.BigEndian.AppendUint32(b, crc32.Checksum(b, castagnoli))
+}
+
+// OpenSnapshot checks a snapshot file of version v (its CRC, then its
+// version and head) and returns the head and the file without its CRC,
+// the table's fields from SnapshotHeadLen on. The caller wraps the error
+// in its own decode error.
+func OpenSnapshot(b []byte, v byte) (SnapshotHead, []byte, error) {
+	if len(b) < SnapshotHeadLen+4 {
+		return SnapshotHead{}, nil, fmt.Errorf("snapshot of %d bytes", len(b))
+	}
+	body := b[:len(b)-4]
+	if got, want := crc32.Checksum(body, castagnoli), binary.BigEndian.Uint32(b[len(b)-4:]); got != want {
+		return SnapshotHead{}, nil, fmt.Errorf("snapshot CRC %08x, want %08x", got, want)
+	}
+	if body[0] != v {
+		return SnapshotHead{}, nil, fmt.Errorf("snapshot version %d", body[0])
+	}
+	h := SnapshotHead{At: int64(binary.BigEndian.Uint64(body[1:])), QueueOffset: int64(binary.BigEndian.Uint64(body[9:])),
+		BodyCRC: binary.BigEndian.Uint32(body[17:])}
+	if h.At < 0 || h.QueueOffset < 0 {
+		return SnapshotHead{}, nil, fmt.Errorf("snapshot at %d, queue offset %d", h.At, h.QueueOffset)
+	}
+	return h, body, nil
+}
 
 // Seal returns body (one line of JSON) followed by a line with its
 // CRC-32C: the small files the store keeps (checkpoint, topic table, delay
