@@ -8,8 +8,8 @@ import (
 // The consumer offset table's snapshot (config/consumerOffsets.snap; the
 // rules all snapshots follow are in state_snapshot.go). Open's replay of
 // the offset topic reads one record per commit in the retained log (about
-// 1 µs each on this 2-core machine when quiet: a million commits,
-// 1.0-1.2 s; BENCHMARKS.md "Consumer offsets at start"), so a consumer
+// 1-1.5 µs each on this 2-core machine: a million commits, 1.0-1.9 s;
+// BENCHMARKS.md "Consumer offsets and POP state at start"), so a consumer
 // committing every queue every few seconds made a restart slower every
 // day until retention caught up. Restored entries go through liveOffsets'
 // rule (an entry below a tombstone of its topic is dropped) and lose
