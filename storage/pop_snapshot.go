@@ -47,11 +47,11 @@ func (s *Store) savePopSnapshot() error {
 	s.pop.Mu.Lock()
 	snap, applied := s.pop.Cut()
 	s.pop.Mu.Unlock()
-	snap.Sort()
 	rec, err := s.snapshotRecord(PopTopic, snap.At)
 	if rec == nil || err != nil {
 		return err
 	}
+	snap.Sort()
 	snap.QueueOffset, snap.BodyCRC = rec.QueueOffset, rec.BodyCRC
 	if err := s.writeStateSnapshot(popSnapshotName, "POP state", pop.EncodeSnapshot(snap)); err != nil {
 		return err
