@@ -76,9 +76,16 @@ func TestOffsetsSnapshotRestart(t *testing.T) {
 	if err := s.Close(); err != nil {
 		t.Fatal(err)
 	}
-	es, restored, replayed := offsetsAfterOpen(t, o)
+	var logs logLines
+	ol := o
+	ol.Logger = logs.logger()
+	es, restored, replayed := offsetsAfterOpen(t, ol)
 	if !restored || replayed != 0 {
 		t.Fatalf("after a clean close: restored %v, replayed %d; want the snapshot and no record", restored, replayed)
+	}
+	// The start says what it replayed.
+	if logs.count(`"offset_records":0,"offsets_from_snapshot":true,"pop_records":0,"pop_from_snapshot":false`) != 1 {
+		t.Fatalf("no line of the rebuild in the start's log:\n%s", logs.buf.String())
 	}
 	wantSameOffsets(t, "after a clean close", es, before)
 
