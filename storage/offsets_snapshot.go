@@ -1,7 +1,6 @@
 package storage
 
 import (
-	"github.com/storaged/storaged/storage/internal/base"
 	"github.com/storaged/storaged/storage/offsets"
 )
 
@@ -17,16 +16,6 @@ import (
 // it without a rewrite: its topic was gone).
 
 const offsetsSnapshotName = "consumerOffsets.snap"
-
-// offsetsSnapshot is what the offset table's last snapshot covered and
-// what Open did.
-type offsetsSnapshot struct {
-	applied uint64 // Table.Applied at the last snapshot written; only the loop and Close touch it
-	// What Open did: the records it replayed, and whether it restored a
-	// snapshot first (tests, and the log line).
-	replayed int
-	restored bool
-}
 
 // saveOffsetsSnapshot writes the table's snapshot if the last record it
 // applied is synced (else it waits for a later round).
@@ -48,10 +37,7 @@ func (s *Store) saveOffsetsSnapshot() error {
 // still holds the record it names, and returns the queue offset to
 // replay from; 0 (the whole topic) when there is no usable snapshot.
 func (s *Store) loadOffsetsSnapshot() int64 {
-	snap, ok := readStateSnapshot(s, offsetsSnapshotName, OffsetTopic, "consumer offsets", offsets.DecodeSnapshot,
-		func(sn offsets.Snapshot) base.SnapshotHead {
-			return base.SnapshotHead{At: sn.At, QueueOffset: sn.QueueOffset, BodyCRC: sn.BodyCRC}
-		})
+	snap, ok := readStateSnapshot(s, offsetsSnapshotName, OffsetTopic, "consumer offsets", offsets.DecodeSnapshot)
 	if !ok {
 		return 0
 	}

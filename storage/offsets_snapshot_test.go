@@ -110,7 +110,7 @@ func TestOffsetsSnapshotRestart(t *testing.T) {
 		t.Fatalf("after a power cut: restored %v, replayed %d; want the snapshot and the %d records after it", restored, replayed, more)
 	}
 	wantSameOffsets(t, "after a power cut", es, full)
-	if v, ok := full[len(full)-1], true; !ok || v.Key.Group != "g9" || v.Offset != more-1 {
+	if v := full[len(full)-1]; v.Key.Group != "g9" || v.Offset != more-1 {
 		t.Fatalf("the commits after the snapshot are missing: last entry %+v", v)
 	}
 }

@@ -1,7 +1,6 @@
 package storage
 
 import (
-	"github.com/storaged/storaged/storage/internal/base"
 	"github.com/storaged/storaged/storage/pop"
 )
 
@@ -16,14 +15,6 @@ import (
 // scan after the start pops nothing from the entries it skips again).
 
 const popSnapshotName = "popState.snap"
-
-// popSnapshot is what the POP table's last snapshot covered and what Open
-// did.
-type popSnapshot struct {
-	applied  uint64 // Table.Applied at the last snapshot written; only the loop and Close touch it
-	replayed int    // records Open replayed
-	restored bool   // Open restored a snapshot first
-}
 
 // popAppliedSince is the ops the POP table applied since its last
 // snapshot.
@@ -64,10 +55,7 @@ func (s *Store) savePopSnapshot() error {
 // still holds the record it names, and returns the queue offset to
 // replay from; 0 (the whole topic) when there is no usable snapshot.
 func (s *Store) loadPopSnapshot() int64 {
-	snap, ok := readStateSnapshot(s, popSnapshotName, PopTopic, "POP state", pop.DecodeSnapshot,
-		func(sn pop.Snapshot) base.SnapshotHead {
-			return base.SnapshotHead{At: sn.At, QueueOffset: sn.QueueOffset, BodyCRC: sn.BodyCRC}
-		})
+	snap, ok := readStateSnapshot(s, popSnapshotName, PopTopic, "POP state", pop.DecodeSnapshot)
 	if !ok {
 		return 0
 	}

@@ -43,6 +43,14 @@ import (
 // snapshots of a table written while running.
 const stateSnapshotRecords = 1 << 16
 
+// tableSnapshot is what a table's last snapshot covered and what Open did
+// with it.
+type tableSnapshot struct {
+	applied  uint64 // the table's Applied at the last snapshot written; only the loop and Close touch it
+	replayed int    // records Open replayed (tests, and the start's log line)
+	restored bool   // Open restored the snapshot first
+}
+
 // stateSnapshots is the loop writing the snapshots while running.
 type stateSnapshots struct {
 	rounds *base.Rounds
@@ -91,12 +99,12 @@ func (s *Store) haltStateSnapshots() {
 // table that applied a record since its last one. REQUIRES: the loop
 // halted.
 func (s *Store) saveFinalStateSnapshots() {
-	if s.offsets != nil && s.offsets.Applied() != s.offSnap.applied {
+	if s.offsets.Applied() != s.offSnap.applied {
 		if err := s.saveOffsetsSnapshot(); err != nil {
 			s.opts.Logger.Warn().Err(err).Msg("storage: consumer offsets snapshot not written at close; the next start replays more")
 		}
 	}
-	if s.pop != nil && s.popAppliedSince() > 0 {
+	if s.popAppliedSince() > 0 {
 		if err := s.savePopSnapshot(); err != nil {
 			s.opts.Logger.Warn().Err(err).Msg("storage: POP state snapshot not written at close; the next start replays more")
 		}
@@ -115,8 +123,8 @@ func (s *Store) writeStateSnapshot(name, what string, b []byte) error {
 // state, and reports whether Open may use it: not when the file is
 // missing, and (logged, with why) not when it does not decode or names a
 // record the log no longer holds (checkSnapshotRecord).
-func readStateSnapshot[T any](s *Store, name, topic, what string, decode func([]byte) (T, error),
-	head func(T) base.SnapshotHead) (T, bool) {
+func readStateSnapshot[T interface{ Head() base.SnapshotHead }](s *Store, name, topic, what string,
+	decode func([]byte) (T, error)) (T, bool) {
 	var snap T
 	b, err := s.opts.FS.ReadFile(filepath.Join(s.stateSnapshotDir(), name))
 	if errors.Is(err, iofs.ErrNotExist) {
@@ -124,7 +132,7 @@ func readStateSnapshot[T any](s *Store, name, topic, what string, decode func([]
 	}
 	if err == nil {
 		if snap, err = decode(b); err == nil {
-			h := head(snap)
+			h := snap.Head()
 			err = s.checkSnapshotRecord(topic, h.QueueOffset, h.At, h.BodyCRC)
 		}
 	}

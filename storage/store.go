@@ -68,15 +68,15 @@ type Store struct {
 	// group's new leader replaces it with one rebuilt from the committed
 	// log (BecomeReady), so it is read atomically.
 	dedup   atomic.Pointer[dedup.Window[dedupValue]]
-	group   *groupState     // group mode (group.go); nil when standalone
-	offsets *offsets.Table  // consumer offsets (consumer_offsets.go)
-	offSnap offsetsSnapshot // the offset table's snapshot (offsets_snapshot.go)
-	popSnap popSnapshot     // the POP table's snapshot (pop_snapshot.go)
-	snaps   stateSnapshots  // the loop writing both (state_snapshot.go)
-	pop     *pop.Table      // POP consumption state (pop.go)
-	popTurn atomic.Uint32   // the queue a receive starts at (pop.go)
-	txn     *txn.Table      // pending transactional half messages (transactions.go)
-	txnSvc  txnService      // ends and the check loop (transactions.go)
+	group   *groupState    // group mode (group.go); nil when standalone
+	offsets *offsets.Table // consumer offsets (consumer_offsets.go)
+	offSnap tableSnapshot  // the offset table's snapshot (offsets_snapshot.go)
+	popSnap tableSnapshot  // the POP table's snapshot (pop_snapshot.go)
+	snaps   stateSnapshots // the loop writing both (state_snapshot.go)
+	pop     *pop.Table     // POP consumption state (pop.go)
+	popTurn atomic.Uint32  // the queue a receive starts at (pop.go)
+	txn     *txn.Table     // pending transactional half messages (transactions.go)
+	txnSvc  txnService     // ends and the check loop (transactions.go)
 	// popLocks serialize a consumer group's POP changes in group mode,
 	// each from its decision to its record applied (pop.go popLock).
 	popLocks [64]sync.Mutex

@@ -313,17 +313,21 @@ func Encode(es []Entry) []byte {
 	}
 	b = binary.BigEndian.AppendUint16(b, uint16(len(es)))
 	for _, e := range es {
-		b = append(b, byte(len(e.Key.Group)))
-		b = append(b, e.Key.Group...)
-		b = append(b, byte(len(e.Key.Topic)))
-		b = append(b, e.Key.Topic...)
-		b = binary.BigEndian.AppendUint32(b, uint32(e.Key.Queue))
+		b = appendKey(b, e.Key)
 		b = binary.BigEndian.AppendUint64(b, uint64(e.Offset))
 		if rewrite {
 			b = binary.BigEndian.AppendUint64(b, uint64(e.From))
 		}
 	}
 	return b
+}
+
+// appendKey appends k as both codecs lay it out: group and topic behind
+// their lengths, then the queue.
+func appendKey(b []byte, k Key) []byte {
+	b = base.AppendName(b, k.Group)
+	b = base.AppendName(b, k.Topic)
+	return binary.BigEndian.AppendUint32(b, uint32(k.Queue))
 }
 
 // Decode parses a record body; every length is checked against the body,

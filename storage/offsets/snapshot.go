@@ -32,6 +32,11 @@ const (
 	snapshotMinLen  = snapshotFixed + 2        // names of one byte each
 )
 
+// Head is the record s reflects, as the store checks it against the log.
+func (s Snapshot) Head() base.SnapshotHead {
+	return base.SnapshotHead{At: s.At, QueueOffset: s.QueueOffset, BodyCRC: s.BodyCRC}
+}
+
 // EncodeSnapshot returns the file body of s: a header, the entries, and a
 // CRC-32C of everything before it.
 func EncodeSnapshot(s Snapshot) []byte {
@@ -43,11 +48,7 @@ func EncodeSnapshot(s Snapshot) []byte {
 		base.SnapshotHead{At: s.At, QueueOffset: s.QueueOffset, BodyCRC: s.BodyCRC})
 	b = binary.BigEndian.AppendUint32(b, uint32(len(s.Entries)))
 	for _, e := range s.Entries {
-		b = append(b, byte(len(e.Key.Group)))
-		b = append(b, e.Key.Group...)
-		b = append(b, byte(len(e.Key.Topic)))
-		b = append(b, e.Key.Topic...)
-		b = binary.BigEndian.AppendUint32(b, uint32(e.Key.Queue))
+		b = appendKey(b, e.Key)
 		b = binary.BigEndian.AppendUint64(b, uint64(e.Offset))
 		b = binary.BigEndian.AppendUint64(b, uint64(e.At))
 	}

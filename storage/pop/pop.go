@@ -608,11 +608,7 @@ func Encode(ops []Op) []byte {
 	b = binary.BigEndian.AppendUint16(b, uint16(len(ops)))
 	for _, op := range ops {
 		b = append(b, byte(op.Kind))
-		b = append(b, byte(len(op.Key.Group)))
-		b = append(b, op.Key.Group...)
-		b = append(b, byte(len(op.Key.Topic)))
-		b = append(b, op.Key.Topic...)
-		b = binary.BigEndian.AppendUint32(b, uint32(op.Key.Queue))
+		b = appendQueueKey(b, op.Key)
 		b = binary.BigEndian.AppendUint64(b, uint64(op.Cursor))
 		b = binary.BigEndian.AppendUint16(b, uint16(len(op.Items)))
 		for _, it := range op.Items {

@@ -44,6 +44,11 @@ type InflightState struct {
 	At          int64
 }
 
+// Head is the record s reflects, as the store checks it against the log.
+func (s Snapshot) Head() base.SnapshotHead {
+	return base.SnapshotHead{At: s.At, QueueOffset: s.QueueOffset, BodyCRC: s.BodyCRC}
+}
+
 // Applied is the count of Apply calls since New. REQUIRES: Mu.
 func (t *Table) Applied() uint64 { return t.applied }
 
@@ -107,11 +112,11 @@ const (
 	inflightFixed   = 1 + 1 + 4 + 8 + 8 + 8 + 4 + 8
 )
 
+// appendQueueKey appends k as the record and snapshot codecs lay it out:
+// group and topic behind their lengths, then the queue.
 func appendQueueKey(b []byte, k QueueKey) []byte {
-	b = append(b, byte(len(k.Group)))
-	b = append(b, k.Group...)
-	b = append(b, byte(len(k.Topic)))
-	b = append(b, k.Topic...)
+	b = base.AppendName(b, k.Group)
+	b = base.AppendName(b, k.Topic)
 	return binary.BigEndian.AppendUint32(b, uint32(k.Queue))
 }
 

@@ -197,6 +197,13 @@ func waitRound(c Clock, next time.Time, persistIn time.Duration, done <-chan str
 	}
 }
 
+// AppendName appends name (1-255 bytes: the caller validated it) behind
+// its one-byte length, as ReadName reads it.
+func AppendName(b []byte, name string) []byte {
+	b = append(b, byte(len(name)))
+	return append(b, name...)
+}
+
 // ReadName reads, at *p in b, a name of 1-255 bytes behind its one-byte
 // length (the record codecs of consumer offsets and POP state), and moves
 // *p past it. It reports false, with *p undefined, when b ends first or
