@@ -11,9 +11,11 @@ import (
 	"github.com/storaged/storaged/storage/vfs"
 )
 
-// The abort marker exists while a store is open: created after recovery,
-// removed on a clean close. Present at Open means the last run did not
-// close cleanly.
+// The abort marker exists while a store is open: created at Open before
+// recovery, removed on a clean close (after its final sync and
+// checkpoint). Present at Open means the last run did not close cleanly,
+// or did not finish opening: the commitlog's tail past its end may hold
+// anything, and recovery reads all of it (commitlog.Options.ClosedCleanly).
 const abortName = "abort"
 
 func createAbort(fs vfs.FS, dir string) error {
@@ -30,7 +32,9 @@ func removeAbort(fs vfs.FS, dir string) error {
 	return base.SyncDir(fs, dir)
 }
 
+// abortExists reports whether the marker is there; a marker that cannot
+// be looked at counts as there.
 func abortExists(fs vfs.FS, dir string) bool {
 	_, err := fs.Size(filepath.Join(dir, abortName))
-	return err == nil
+	return !errors.Is(err, iofs.ErrNotExist)
 }

@@ -133,8 +133,22 @@ func Open(opts Options) (*Store, error) {
 		s.cleanup()
 		return nil, err
 	}
+	// The abort marker's absence vouches for the log's tail (past its
+	// end, zeros) only as a clean close left it: not for files an install
+	// just moved in.
+	crashed := abortExists(opts.FS, opts.Dir)
+	if crashed {
+		opts.Logger.Warn().Msg("storage: the last run did not close cleanly; recovering from the checkpoint")
+	}
+	// The marker is back before anything can write to the log (recovery
+	// cuts, a replica's raft loop): a crash from here on, in this Open
+	// too, leaves it for the next one.
+	if err := createAbort(opts.FS, opts.Dir); err != nil {
+		s.cleanup()
+		return nil, err
+	}
 	s.log, err = commitlog.Open(commitlog.Options{FS: opts.FS, Dir: dir, FileSize: opts.FileSize,
-		RequireCRC: !opts.DisablePropCRC, PopulateChunk: opts.PopulateChunk, PopulateAhead: opts.PopulateAhead, PopulateNear: opts.PopulateNear, Populate: opts.Populate, Clock: opts.Clock,
+		ClosedCleanly: !crashed && s.installing == nil, RequireCRC: !opts.DisablePropCRC, PopulateChunk: opts.PopulateChunk, PopulateAhead: opts.PopulateAhead, PopulateNear: opts.PopulateNear, Populate: opts.Populate, Clock: opts.Clock,
 		Room: prepareRoom(opts), Logger: opts.Logger, Throttle: s.logLimit})
 	if err != nil {
 		s.cleanup()
@@ -159,9 +173,6 @@ func Open(opts Options) (*Store, error) {
 	if err != nil {
 		s.cleanup()
 		return nil, err
-	}
-	if abortExists(opts.FS, opts.Dir) {
-		opts.Logger.Warn().Msg("storage: the last run did not close cleanly; recovering from the checkpoint")
 	}
 	flushed := cp.Flushed
 	var synced commitlog.Synced
@@ -236,10 +247,6 @@ func Open(opts Options) (*Store, error) {
 		FS: opts.FS, Dir: filepath.Join(opts.Dir, "config"), MaxPending: opts.MaxTimerMessages, PersistEvery: opts.CheckpointInterval,
 		Clock: opts.Clock, Logger: opts.Logger, Throttle: s.logLimit, Faults: s.faults, Group: opts.Group != nil,
 	}); err != nil {
-		s.cleanup()
-		return nil, err
-	}
-	if err := createAbort(opts.FS, opts.Dir); err != nil {
 		s.cleanup()
 		return nil, err
 	}

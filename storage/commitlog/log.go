@@ -39,6 +39,14 @@ type Options struct {
 	PopulateNear int64
 	// Populate is how the allocator faults files in (segment.Options.Populate).
 	Populate vfs.PopulateMode
+	// ClosedCleanly says the last run closed this log cleanly (the store's
+	// abort marker was gone at Open): it synced everything it wrote and
+	// wrote nothing past its end, so Recover need not read the last
+	// file's tail past the end to prove it zero. That read is up to a
+	// whole file (1 GiB by default) through the mapping, from the disk
+	// after a reboot; after a crash it is needed, since a dead run's
+	// writeback can leave any bytes there (recover's cutTail).
+	ClosedCleanly bool
 	// Room, if set, says whether the disk has room to preallocate the
 	// next file ahead of need (segment.Options.Room).
 	Room   func(size int64) bool
@@ -77,7 +85,10 @@ type Log struct {
 	maxLockHold   atomic.Int64
 	rolls         atomic.Uint64
 	tornTails     atomic.Uint64
-	tornBytes     atomic.Uint64
+	// tailTrusted: Recover left the last file's tail unread after a
+	// clean close (cutTail).
+	tailTrusted atomic.Bool
+	tornBytes   atomic.Uint64
 }
 
 // Open maps the commitlog files in opts.Dir, which must exist (the

@@ -237,7 +237,7 @@ func (l *Log) recover(flushed, dispatched int64, synced Synced) (ScanResult, err
 			return r, err
 		}
 	}
-	keep, err := l.cutAfter(files, end)
+	keep, err := l.cutAfter(files, end, l.opts.ClosedCleanly)
 	if err != nil {
 		return r, err
 	}
@@ -253,14 +253,15 @@ func (l *Log) recover(flushed, dispatched int64, synced Synced) (ScanResult, err
 	}
 	l.list.Replace(keep, end)
 	l.opts.Logger.Info().Int64("from", start).Int64("end", end).Int64("records_checked", r.Records).
-		Int("files", len(keep)).Msg("storage: commitlog recovered")
+		Int("files", len(keep)).Bool("tail_trusted", l.tailTrusted.Load()).Msg("storage: commitlog recovered")
 	return r, nil
 }
 
 // cutAfter cuts files at end: files wholly below it are kept, the one
 // holding it is cut there (its torn tail saved and zeroed), later ones are
-// saved if not zero and deleted. It returns the files kept.
-func (l *Log) cutAfter(files []*segment.File, end int64) ([]*segment.File, error) {
+// saved if not zero and deleted. It returns the files kept. trust: the
+// last run closed cleanly (cutTail).
+func (l *Log) cutAfter(files []*segment.File, end int64, trust bool) ([]*segment.File, error) {
 	var keep []*segment.File
 	for _, f := range files {
 		switch {
@@ -268,7 +269,7 @@ func (l *Log) cutAfter(files []*segment.File, end int64) ([]*segment.File, error
 			keep = append(keep, f) // full
 		case f.From() <= end || len(keep) == 0:
 			pos := end - f.From()
-			if err := l.cutTail(f, pos); err != nil {
+			if err := l.cutTail(f, pos, trust); err != nil {
 				return nil, err
 			}
 			f.SetPositions(pos, pos)
@@ -298,8 +299,18 @@ func (l *Log) cutAfter(files []*segment.File, end int64) ([]*segment.File, error
 // readahead left it in large folios; they are evicted, so that the
 // allocator populates the tail page by page and a put's sync writes its
 // own pages, not megabytes around them (vfs.Segment.Evict).
-func (l *Log) cutTail(f *segment.File, pos int64) error {
+//
+// After a clean close (trust: Options.ClosedCleanly, at Recover) only
+// the rest of the page holding pos is read, which the scan that found
+// pos has just faulted in: zero there, the tail is trusted without
+// reading it; anything else there is not what a clean close leaves, and
+// the whole tail is checked as after a crash.
+func (l *Log) cutTail(f *segment.File, pos int64, trust bool) error {
 	if pos >= f.Size() {
+		return nil
+	}
+	if trust && AllZero(f.Data()[pos:min(pos-pos%segment.PageSize+segment.PageSize, f.Size())]) {
+		l.tailTrusted.Store(true)
 		return nil
 	}
 	defer f.Evict(pos, f.Size())
@@ -340,7 +351,7 @@ func (l *Log) saveBroken(f *segment.File, pos int64) error {
 // commitlog/<offset>.broken, zeroed, and later files are deleted. off must
 // be a record boundary (IsBoundary).
 func (l *Log) Cut(off int64) error {
-	keep, err := l.cutAfter(l.list.Snapshot(), off)
+	keep, err := l.cutAfter(l.list.Snapshot(), off, false)
 	if err != nil {
 		return err
 	}
