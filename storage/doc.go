@@ -199,6 +199,16 @@
 //     again, and later files are deleted (also kept as .broken when not
 //     zero).
 //
+// Proving the tail past the end zero reads it all, up to a whole file (1
+// GiB by default) through the mapping, from the disk after a reboot. It
+// is skipped after a clean close: the abort marker (abort.go) is written
+// at Open's start, before anything can write to the log, and removed only
+// by a Close whose final sync and checkpoint succeeded, so its absence
+// means the last run wrote nothing past its end. Then only the page
+// holding the end is read (the scan has just faulted it in), and anything
+// non-zero there gets the whole check anyway. The "commitlog recovered"
+// line says which it was (tail_trusted).
+//
 // What survived is synced, the consume queues are cut to the checkpoint's
 // counts and re-dispatched from its dispatched offset, and the sequencer's
 // queue offsets are rebuilt from them.
