@@ -713,7 +713,10 @@
 // (TAGS "d" with TRAN_OP_RESOLUTION COMMIT, ROLLBACK or DISCARD; TAGS "c" for
 // a check; the body the half queue offsets, comma separated) take from it
 // or count checks, on every replica through the hook, and Open replays
-// both topics. EndTransaction commits by putting the message to its queue
+// both topics from the table's last snapshot on (txn_snapshot.go:
+// config/transactions.snap, the pending halves and the ends remembered as
+// the last half and op records applied left them, both records checked
+// against the log; the rules of state_snapshot.go). EndTransaction commits by putting the message to its queue
 // (COMMIT type, PREPARED TX OFF = the half's offset, TRAN_MSG, REAL_TOPIC
 // and REAL_QID cleared, TRAN_PREPARED_QUEUE_OFFSET set) and then its op;
 // a rollback writes the op only; ends are idempotent. A crash between the

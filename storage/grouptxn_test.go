@@ -58,7 +58,7 @@ func (g *testGroup) putHalf(id uint64, body string) AppendResult {
 // its op on a leader that then goes is finished by the next leader
 // without a second delivery and without asking the producer; a half the
 // old leader checked is checked by the new one only an interval later;
-// a restarted member rebuilds the same table.
+// a restarted member rebuilds the same table, from its own snapshot.
 func TestGroupTransactions(t *testing.T) {
 	clk := storagetest.NewClock(txnEpoch)
 	g := newTestGroupWith(t, time.Minute, nil, func(o *Options) {
@@ -134,6 +134,11 @@ func TestGroupTransactions(t *testing.T) {
 	}
 
 	g.open(1)
+	// It closed cleanly: its start restored its own snapshot and replayed
+	// no half or op record; what it missed comes through the hook.
+	if sn := &g.m[1].s.txnSnap; !sn.restored || sn.replayed != 0 {
+		t.Fatalf("node 1 after a clean restart: restored %v, replayed %d", sn.restored, sn.replayed)
+	}
 	g.converge(ld, all...)
 	g.sameTxn(map[int64]int32{d.WroteOffset: 2}, ends, all...)
 }

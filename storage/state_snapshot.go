@@ -10,10 +10,12 @@ import (
 )
 
 // Snapshots of the state kept in system records (sysrecords.go): the
-// consumer offset table (offsets_snapshot.go) and the POP table
-// (pop_snapshot.go). Each is the table as one synced record of its topic
-// left it, in config/, so that Open replays only that topic's records
-// after it. Both follow the same rules, kept here:
+// consumer offset table (offsets_snapshot.go), the POP table
+// (pop_snapshot.go) and the transaction table (txn_snapshot.go, which
+// names two records, one of each of its topics). Each is the table as one
+// synced record of its topic left it, in config/, so that Open replays
+// only that topic's records after it. All follow the same rules, kept
+// here:
 //
 //   - A snapshot names the record it reflects by commitlog offset, queue
 //     offset and body CRC, and only a record the log has synced
@@ -84,6 +86,11 @@ func (s *Store) stateSnapshotRound() base.Round {
 			warn("POP state", err)
 		}
 	}
+	if s.txnSnapshotDue() {
+		if err := s.saveTxnSnapshot(); err != nil {
+			warn("transactions", err)
+		}
+	}
 	return base.Round{At: s.opts.Clock.Now()}
 }
 
@@ -107,6 +114,11 @@ func (s *Store) saveFinalStateSnapshots() {
 	if s.popAppliedSince() > 0 {
 		if err := s.savePopSnapshot(); err != nil {
 			s.opts.Logger.Warn().Err(err).Msg("storage: POP state snapshot not written at close; the next start replays more")
+		}
+	}
+	if s.txnAppliedSince() > 0 {
+		if err := s.saveTxnSnapshot(); err != nil {
+			s.opts.Logger.Warn().Err(err).Msg("storage: transactions snapshot not written at close; the next start replays more")
 		}
 	}
 }

@@ -71,14 +71,15 @@ func (s *Store) openSystemState() error {
 	if err := s.openPop(); err != nil {
 		return err
 	}
+	if err := s.openTxn(); err != nil {
+		return err
+	}
 	// What the start cost, for an operator wondering why one was slow:
 	// the records replayed past each table's snapshot (state_snapshot.go).
 	s.opts.Logger.Info().Int("offset_records", s.offSnap.replayed).Bool("offsets_from_snapshot", s.offSnap.restored).
 		Int("pop_records", s.popSnap.replayed).Bool("pop_from_snapshot", s.popSnap.restored).
-		Dur("took", time.Since(began)).Msg("storage: consumer offsets and POP state rebuilt")
-	if err := s.openTxn(); err != nil {
-		return err
-	}
+		Int("transaction_records", s.txnSnap.replayed).Bool("transactions_from_snapshot", s.txnSnap.restored).
+		Dur("took", time.Since(began)).Msg("storage: consumer offsets, POP and transaction state rebuilt")
 	s.index.StartApplyingPaused()
 	return nil
 }

@@ -233,19 +233,21 @@ func (s *Store) applyHalfRecord(phys int64, b []byte) {
 	}
 	half, ok := halfOf(phys, h.QueueOffset, h.StoreTS, string(h.Property(record.PropertyRealTopic)),
 		string(h.Property(record.PropertyRealQueueID)), string(h.Property(PropertyCheckImmunity)))
-	if !ok {
-		return
-	}
 	s.txn.Mu.Lock()
-	s.txn.AddHalf(half)
+	if ok {
+		s.txn.AddHalf(half)
+	}
+	s.txn.HalfRecord(phys)
 	s.txn.Mu.Unlock()
-	s.txnWake()
+	if ok {
+		s.txnWake()
+	}
 }
 
 // applyOpRecord is the op topic's applier (sysrecords.go). A record that
 // does not decode is skipped (never refused: every replica must apply
 // what its log holds; Open refuses it instead).
-func (s *Store) applyOpRecord(_ int64, b []byte) {
+func (s *Store) applyOpRecord(phys int64, b []byte) {
 	h, err := record.Parse(b)
 	if err != nil {
 		return
@@ -253,17 +255,21 @@ func (s *Store) applyOpRecord(_ int64, b []byte) {
 	op, err := txn.Decode(string(h.Property(record.PropertyTags)), string(h.Property(txn.PropertyResolution)), h.Body)
 	if err != nil {
 		s.opts.Logger.Warn().Err(err).Int64("offset", h.PhysOffset).Msg("storage: transaction op record skipped")
-		return
 	}
 	s.txn.Mu.Lock()
-	s.txn.ApplyOp(op, h.StoreTS)
+	if err == nil {
+		s.txn.ApplyOp(op, h.StoreTS)
+	}
+	s.txn.OpRecord(phys)
 	s.txn.Mu.Unlock()
 }
 
-// openTxn rebuilds the pending table from the half and op topics' consume
-// queues at Open (sysrecords.go's openSystemState). Replaying every half before
-// every op gives the table log order gives: an op always follows its
-// halves in the log, and ops of unknown halves are ignored either way.
+// openTxn rebuilds the pending table at Open (sysrecords.go's
+// openSystemState): from its snapshot if there is a usable one
+// (txn_snapshot.go), then from the half and op topics' consume queues
+// past it. Replaying every half before every op gives the table log
+// order gives: an op always follows its halves in the log, and ops of
+// unknown halves are ignored either way.
 func (s *Store) openTxn() error {
 	if s.txn == nil {
 		s.txn = txn.New(s.opts.MaxPendingTransactions)
@@ -272,19 +278,29 @@ func (s *Store) openTxn() error {
 	s.txn.Reset()
 	s.txn.Mu.Unlock()
 	s.txnSvc.rebuilt.Add(1) // reconcile again: the log may have changed under it
-	err := s.replaySystem(TransHalfTopic, 0, 0, func(phys int64, rec *Record) error {
-		v := func(k string) string { x, _ := rec.Property(k); return x }
-		if half, ok := halfOf(phys, rec.QueueOffset, rec.StoreTimestamp, v(PropertyRealTopic), v(PropertyRealQueueID), v(PropertyCheckImmunity)); ok {
-			s.txn.Mu.Lock()
-			s.txn.AddHalf(half)
-			s.txn.Mu.Unlock()
+	from := s.loadTxnSnapshot()
+	err := s.replaySystem(TransHalfTopic, 0, from.halfFrom, func(phys int64, rec *Record) error {
+		if phys <= from.after {
+			return nil
 		}
+		v := func(k string) string { x, _ := rec.Property(k); return x }
+		half, ok := halfOf(phys, rec.QueueOffset, rec.StoreTimestamp, v(PropertyRealTopic), v(PropertyRealQueueID), v(PropertyCheckImmunity))
+		s.txn.Mu.Lock()
+		if ok {
+			s.txn.AddHalf(half)
+		}
+		s.txn.HalfRecord(phys)
+		s.txn.Mu.Unlock()
+		s.txnSnap.replayed++
 		return nil
 	})
 	if err != nil {
 		return err
 	}
-	return s.replaySystem(TransOpTopic, 0, 0, func(phys int64, rec *Record) error {
+	return s.replaySystem(TransOpTopic, 0, from.opFrom, func(phys int64, rec *Record) error {
+		if phys <= from.after {
+			return nil
+		}
 		tags, _ := rec.Property(PropertyTags)
 		res, _ := rec.Property(txn.PropertyResolution)
 		op, err := txn.Decode(tags, res, rec.Body)
@@ -293,7 +309,9 @@ func (s *Store) openTxn() error {
 		}
 		s.txn.Mu.Lock()
 		s.txn.ApplyOp(op, rec.StoreTimestamp)
+		s.txn.OpRecord(phys)
 		s.txn.Mu.Unlock()
+		s.txnSnap.replayed++
 		return nil
 	})
 }

@@ -14,7 +14,8 @@
 // hook), so every replica of a group holds the same table at the same log
 // position, and Open rebuilds it by replaying both topics.
 //
-// stdlib only; the store owns the lock discipline (Table.Mu).
+// The table's snapshot (snapshot.go) spares a start most of that replay.
+// The store owns the lock discipline (Table.Mu).
 package txn
 
 import (
@@ -174,11 +175,17 @@ type Table struct {
 	doneOrder []int64 // ring of done's keys, oldest at doneHead
 	doneHead  int
 	maxDone   int
+	// halfAt and opAt are the commitlog offsets of the last half and op
+	// records applied (-1: none since New or Reset), applied the records
+	// applied since New: what a snapshot records (snapshot.go).
+	halfAt, opAt int64
+	applied      uint64
 }
 
 // New returns an empty table remembering up to maxDone ends.
 func New(maxDone int) *Table {
-	return &Table{pending: map[int64]*Half{}, byPhys: map[int64]int64{}, done: map[int64]Kind{}, maxDone: max(maxDone, 1)}
+	return &Table{pending: map[int64]*Half{}, byPhys: map[int64]int64{}, done: map[int64]Kind{}, maxDone: max(maxDone, 1),
+		halfAt: -1, opAt: -1}
 }
 
 // Reset empties the table (a rebuild).
@@ -187,6 +194,7 @@ func (t *Table) Reset() {
 	clear(t.byPhys)
 	clear(t.done)
 	t.doneOrder, t.doneHead = t.doneOrder[:0], 0
+	t.halfAt, t.opAt = -1, -1
 }
 
 // AddHalf applies a half message record.
