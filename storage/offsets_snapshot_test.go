@@ -44,6 +44,17 @@ func crashImages(t *testing.T, fs *vfs.MemFS, o Options, name string) (withSnap,
 	return withSnap, without
 }
 
+// closeOnImages takes crashImages of s's files while s is paused at a
+// consistent point (a power cut there), then closes s.
+func closeOnImages(t *testing.T, s *Store, fs *vfs.MemFS, o Options, name string) (withSnap, without Options) {
+	t.Helper()
+	resume := s.pause()
+	withSnap, without = crashImages(t, fs, o, name)
+	resume()
+	s.Close()
+	return withSnap, without
+}
+
 func wantSameOffsets(t *testing.T, what string, got, want []offsets.Entry) {
 	t.Helper()
 	if !reflect.DeepEqual(got, want) {
@@ -97,10 +108,7 @@ func TestOffsetsSnapshotRestart(t *testing.T) {
 	for i := range more {
 		mustCommit(t, s, "g9", "A", 0, int64(i))
 	}
-	resume := s.pause()
-	withSnap, without := crashImages(t, fs, o, offsetsSnapshotName)
-	resume()
-	s.Close()
+	withSnap, without := closeOnImages(t, s, fs, o, offsetsSnapshotName)
 	full, fullRestored, fullReplayed := offsetsAfterOpen(t, without)
 	if fullRestored || fullReplayed != 60+more {
 		t.Fatalf("without the snapshot: restored %v, replayed %d; want %d records", fullRestored, fullReplayed, 60+more)
@@ -239,10 +247,7 @@ func TestOffsetsSnapshotTopicDeleted(t *testing.T) {
 		t.Fatal(err)
 	}
 	mustCommit(t, s, "h", "X", 0, 1)
-	resume := s.pause()
-	withSnap, without := crashImages(t, fs, o, offsetsSnapshotName)
-	resume()
-	s.Close()
+	withSnap, without := closeOnImages(t, s, fs, o, offsetsSnapshotName)
 	full, _, _ := offsetsAfterOpen(t, without)
 	es, restored, replayed := offsetsAfterOpen(t, withSnap)
 	if !restored || replayed != 2 {

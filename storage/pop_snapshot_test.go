@@ -103,10 +103,7 @@ func TestPopSnapshotRestart(t *testing.T) {
 	if _, err := s.DeleteTopic("U"); err != nil {
 		t.Fatal(err)
 	}
-	resume := s.pause()
-	withSnap, without = crashImages(t, fs, o, popSnapshotName)
-	resume()
-	s.Close()
+	withSnap, without = closeOnImages(t, s, fs, o, popSnapshotName)
 	full, _, _, _ = popStateAfterOpen(t, without)
 	st, restored, replayed, _ = popStateAfterOpen(t, withSnap)
 	if !restored || replayed != before+2 {

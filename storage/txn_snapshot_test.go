@@ -134,11 +134,8 @@ func TestTxnSnapshotRestart(t *testing.T) {
 	clk.Advance(10 * time.Second)
 	s.txnRound() // checks e and f again, g once
 	end(s, 6, true)
-	resume := s.pause()
-	want := txnRecordsPast(t, s)
-	withSnap, without = crashImages(t, fs, o, txnSnapshotName)
-	resume()
-	s.Close()
+	want := txnRecordsPast(t, s) // the loop writes no snapshot of so few records: the images hold this one
+	withSnap, without = closeOnImages(t, s, fs, o, txnSnapshotName)
 	full, _, _, _ = txnStateAfterOpen(t, without)
 	st, restored, replayed, _ = txnStateAfterOpen(t, withSnap)
 	if !restored || replayed != want || want < 4 {
@@ -179,10 +176,7 @@ func TestTxnSnapshotHalvesOnly(t *testing.T) {
 	if _, err := s.EndTransaction(context.Background(), "T", a.WroteOffset, true); err != nil {
 		t.Fatal(err)
 	}
-	resume := s.pause()
-	withSnap, without := crashImages(t, fs, o, txnSnapshotName)
-	resume()
-	s.Close()
+	withSnap, without := closeOnImages(t, s, fs, o, txnSnapshotName)
 	full, _, _, _ := txnStateAfterOpen(t, without)
 	st, restored, replayed, _ := txnStateAfterOpen(t, withSnap)
 	if !restored || replayed != 1 {
