@@ -73,7 +73,7 @@ type Store struct {
 	offSnap tableSnapshot  // the offset table's snapshot (offsets_snapshot.go)
 	popSnap tableSnapshot  // the POP table's snapshot (pop_snapshot.go)
 	txnSnap tableSnapshot  // the transaction table's snapshot (txn_snapshot.go)
-	snaps   stateSnapshots // the loop writing both (state_snapshot.go)
+	snaps   stateSnapshots // the loop writing the three (state_snapshot.go)
 	pop     *pop.Table     // POP consumption state (pop.go)
 	popTurn atomic.Uint32  // the queue a receive starts at (pop.go)
 	txn     *txn.Table     // pending transactional half messages (transactions.go)
