@@ -775,6 +775,15 @@ func (s *Store) Close() error {
 		errs = append(errs, err)
 	}
 	s.index.Stop()
+	if s.group != nil && len(errs) == 0 && s.WriteErr() == nil {
+		// The raft loop, stopped above, synced what it wrote in each
+		// round; a clean close vouches for the whole log (the next Open
+		// trusts the tail past its end: abort.go), so it is synced here
+		// too, whatever the loop's last round did.
+		if _, err := s.log.Sync(0); err != nil {
+			errs = append(errs, fmt.Errorf("storage: sync the commitlog at close: %w", err))
+		}
+	}
 	clean := len(errs) == 0 && s.WriteErr() == nil
 	if clean {
 		// Everything is flushed: index it all and checkpoint, so the next
