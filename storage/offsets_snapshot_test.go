@@ -55,6 +55,34 @@ func closeOnImages(t *testing.T, s *Store, fs *vfs.MemFS, o Options, name string
 	return withSnap, without
 }
 
+// unsyncedOptions is o in async mode with no flush or checkpoint while a
+// test runs: nothing syncs but the test (and Close), so it decides which
+// records a snapshot may name.
+func unsyncedOptions(o Options) Options {
+	o.FlushMode = FlushAsync
+	o.FlushInterval, o.FlushLeastPages, o.FlushThoroughInterval, o.CheckpointInterval = time.Hour, 1<<20, time.Hour, time.Hour
+	return o
+}
+
+// openSnapshotRounds opens o (closed by the test's cleanup) with the
+// snapshot loop halted, so that the test runs its rounds
+// (stateSnapshotRound), each writing a table's snapshot after every
+// records; exists says whether config/name is there.
+func openSnapshotRounds(t *testing.T, o Options, every uint64, name string) (s *Store, exists func() bool) {
+	t.Helper()
+	s, err := Open(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	s.haltStateSnapshots()
+	s.snaps.every = every
+	return s, func() bool {
+		_, err := o.FS.ReadFile(filepath.Join(o.Dir, "config", name))
+		return err == nil
+	}
+}
+
 func wantSameOffsets(t *testing.T, what string, got, want []offsets.Entry) {
 	t.Helper()
 	if !reflect.DeepEqual(got, want) {
@@ -270,16 +298,8 @@ func TestOffsetsSnapshotTopicDeleted(t *testing.T) {
 // nothing new was applied.
 func TestOffsetsSnapshotWhileRunning(t *testing.T) {
 	fs := vfs.NewMem()
-	o := powerLossOptions(fs, FlushAsync)
-	// Nothing syncs but this test (and Close).
-	o.FlushInterval, o.FlushLeastPages, o.FlushThoroughInterval, o.CheckpointInterval = time.Hour, 1<<20, time.Hour, time.Hour
-	s, err := Open(o)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
-	s.haltStateSnapshots()
-	s.snaps.every = 10
+	o := unsyncedOptions(powerLossOptions(fs, FlushAsync))
+	s, exists := openSnapshotRounds(t, o, 10, offsetsSnapshotName)
 	if _, err := s.PutMessages(context.Background(), &Batch{Topic: "T", Messages: manySmall(30, 8)}); err != nil {
 		t.Fatal(err)
 	}
@@ -287,10 +307,6 @@ func TestOffsetsSnapshotWhileRunning(t *testing.T) {
 		for i := from; i < to; i++ {
 			mustCommit(t, s, fmt.Sprintf("g%d", i%2), "T", 0, int64(i))
 		}
-	}
-	exists := func() bool {
-		_, err := fs.ReadFile(snapPath(o))
-		return err == nil
 	}
 	commit(0, 9)
 	if _, err := s.log.Sync(0); err != nil {

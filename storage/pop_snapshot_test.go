@@ -169,27 +169,15 @@ func TestPopSnapshotNotUsed(t *testing.T) {
 // last one, and only naming a synced record.
 func TestPopSnapshotWhileRunning(t *testing.T) {
 	fs := vfs.NewMem()
-	o := powerLossOptions(fs, FlushAsync)
+	o := unsyncedOptions(powerLossOptions(fs, FlushAsync))
 	o.Clock, o.DefaultQueues = storagetest.NewClock(popEpoch), 1
-	// Nothing syncs but this test (and Close).
-	o.FlushInterval, o.FlushLeastPages, o.FlushThoroughInterval, o.CheckpointInterval = time.Hour, 1<<20, time.Hour, time.Hour
-	s, err := Open(o)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
-	s.haltStateSnapshots()
-	s.snaps.every = 3
+	s, exists := openSnapshotRounds(t, o, 3, popSnapshotName)
 	for _, b := range []string{"a", "b", "c", "d"} {
 		if _, err := s.PutMessage(context.Background(), msg("T", b)); err != nil {
 			t.Fatal(err)
 		}
 	}
 	path := filepath.Join(o.Dir, "config", popSnapshotName)
-	exists := func() bool {
-		_, err := fs.ReadFile(path)
-		return err == nil
-	}
 	m1 := mustPop(t, s, popReq("g", "T", 1)) // a Set op: the cursor and a message in flight, size 2
 	mustPop(t, s, popReq("g", "T", 1))       // size 3
 	if _, err := s.log.Sync(0); err != nil {

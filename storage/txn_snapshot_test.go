@@ -242,22 +242,9 @@ func TestTxnSnapshotNotUsed(t *testing.T) {
 // applied since the last one, and only naming synced records.
 func TestTxnSnapshotWhileRunning(t *testing.T) {
 	fs := vfs.NewMem()
-	o := txnSnapshotOptions(fs, storagetest.NewClock(txnEpoch))
-	o.FlushMode = FlushAsync
-	// Nothing syncs but this test (and Close).
-	o.FlushInterval, o.FlushLeastPages, o.FlushThoroughInterval, o.CheckpointInterval = time.Hour, 1<<20, time.Hour, time.Hour
-	s, err := Open(o)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
-	s.haltStateSnapshots()
-	s.snaps.every = 3
+	o := unsyncedOptions(txnSnapshotOptions(fs, storagetest.NewClock(txnEpoch)))
+	s, exists := openSnapshotRounds(t, o, 3, txnSnapshotName)
 	path := filepath.Join(o.Dir, "config", txnSnapshotName)
-	exists := func() bool {
-		_, err := fs.ReadFile(path)
-		return err == nil
-	}
 	a := putHalf(t, s, "T", 0, "a")
 	putHalf(t, s, "T", 0, "b") // 2 records, size 2
 	if _, err := s.log.Sync(0); err != nil {
