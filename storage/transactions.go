@@ -246,7 +246,8 @@ func (s *Store) applyHalfRecord(phys int64, b []byte) {
 
 // applyOpRecord is the op topic's applier (sysrecords.go). A record that
 // does not decode is skipped (never refused: every replica must apply
-// what its log holds; Open refuses it instead).
+// what its log holds; a whole replay at Open refuses it instead, one
+// past the table's snapshot too) and still noted as applied.
 func (s *Store) applyOpRecord(phys int64, b []byte) {
 	h, err := record.Parse(b)
 	if err != nil {
