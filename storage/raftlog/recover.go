@@ -185,23 +185,16 @@ func (l *Log) saveUnits(k uint64) error { return saveUnits(l.opts.FS, l.opts.Dir
 // last non-zero one, to <dir>/index/<k>.broken (recovery's cut, and
 // repair's).
 func saveUnits(fsys vfs.FS, dir string, x *index, k uint64) error {
-	var saved []byte
-	keep := 0
-	for i := k; ; i++ {
-		b := x.slot(i)
-		if b == nil {
-			break
-		}
-		saved = append(saved, b...)
-		if !allZero(b) {
-			keep = len(saved)
-		}
-	}
-	if keep == 0 {
+	last, ok := x.lastNonZero(k)
+	if !ok {
 		return nil
 	}
+	saved := make([]byte, 0, (last-k+1)*UnitSize)
+	for i := k; i <= last; i++ {
+		saved = append(saved, x.slot(i)...)
+	}
 	name := filepath.Join(dir, "index", indexName(k)+".broken")
-	if err := fsys.WriteFile(name, saved[:keep]); err != nil {
+	if err := fsys.WriteFile(name, saved); err != nil {
 		return fmt.Errorf("raftlog: save the cut index units: %w", err)
 	}
 	return nil
