@@ -12,21 +12,30 @@ import (
 	"github.com/storaged/storaged/storage/vfs"
 )
 
-// popStateAfterOpen opens o and returns its POP cursors and messages in
-// flight (with the records they lie at), what Open did, and the store
-// (closed by the test's cleanup).
-func popStateAfterOpen(t *testing.T, o Options) (pop.Snapshot, bool, int, *Store) {
+// stateAfterOpen opens o (closed by the test's cleanup) and returns what
+// cut takes of a table of the store, what Open did with that table's
+// snapshot (sn), and the store.
+func stateAfterOpen[T any](t *testing.T, o Options, sn func(*Store) *tableSnapshot, cut func(*Store) T) (T, bool, int, *Store) {
 	t.Helper()
 	s, err := Open(o)
 	if err != nil {
 		t.Fatalf("open: %v", err)
 	}
 	t.Cleanup(func() { s.Close() })
-	s.pop.Mu.Lock()
-	st, _ := s.pop.Cut()
-	s.pop.Mu.Unlock()
-	st.Sort()
-	return st, s.popSnap.restored, s.popSnap.replayed, s
+	return cut(s), sn(s).restored, sn(s).replayed, s
+}
+
+// popStateAfterOpen opens o and returns its POP cursors and messages in
+// flight (with the records they lie at), what Open did, and the store.
+func popStateAfterOpen(t *testing.T, o Options) (pop.Snapshot, bool, int, *Store) {
+	t.Helper()
+	return stateAfterOpen(t, o, func(s *Store) *tableSnapshot { return &s.popSnap }, func(s *Store) pop.Snapshot {
+		s.pop.Mu.Lock()
+		st, _ := s.pop.Cut()
+		s.pop.Mu.Unlock()
+		st.Sort()
+		return st
+	})
 }
 
 func wantSamePop(t *testing.T, what string, got, want pop.Snapshot) {

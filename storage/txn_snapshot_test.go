@@ -15,20 +15,16 @@ import (
 
 // txnStateAfterOpen opens o and returns its transaction table (pending
 // halves with their checks, the ends remembered in order, the records
-// last applied), what Open did, and the store (closed by the test's
-// cleanup).
+// last applied), what Open did, and the store.
 func txnStateAfterOpen(t *testing.T, o Options) (txn.Snapshot, bool, int, *Store) {
 	t.Helper()
-	s, err := Open(o)
-	if err != nil {
-		t.Fatalf("open: %v", err)
-	}
-	t.Cleanup(func() { s.Close() })
-	s.txn.Mu.Lock()
-	st, _ := s.txn.Cut()
-	s.txn.Mu.Unlock()
-	st.Sort()
-	return st, s.txnSnap.restored, s.txnSnap.replayed, s
+	return stateAfterOpen(t, o, func(s *Store) *tableSnapshot { return &s.txnSnap }, func(s *Store) txn.Snapshot {
+		s.txn.Mu.Lock()
+		st, _ := s.txn.Cut()
+		s.txn.Mu.Unlock()
+		st.Sort()
+		return st
+	})
 }
 
 func wantSameTxn(t *testing.T, what string, got, want txn.Snapshot) {
