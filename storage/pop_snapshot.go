@@ -16,20 +16,11 @@ import (
 
 const popSnapshotName = "popState.snap"
 
-// popAppliedSince is the ops the POP table applied since its last
-// snapshot.
-func (s *Store) popAppliedSince() uint64 {
+// popCount is the ops the POP table applied since Open and its size.
+func (s *Store) popCount() (uint64, int) {
 	s.pop.Mu.Lock()
 	defer s.pop.Mu.Unlock()
-	return s.pop.Applied() - s.popSnap.applied
-}
-
-// popSnapshotDue: the ops applied since the last snapshot reach
-// max(every, the table's size).
-func (s *Store) popSnapshotDue() bool {
-	s.pop.Mu.Lock()
-	defer s.pop.Mu.Unlock()
-	return s.pop.Applied()-s.popSnap.applied >= max(s.snaps.every, uint64(s.pop.Size()))
+	return s.pop.Applied(), s.pop.Size()
 }
 
 // savePopSnapshot writes the POP table's snapshot if the last record it

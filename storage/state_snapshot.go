@@ -69,26 +69,35 @@ func (s *Store) startStateSnapshots() {
 	s.snaps.rounds.Start(s.opts.Clock, s.opts.CheckpointInterval, s.opts.CheckpointInterval, s.stateSnapshotRound)
 }
 
+// stateTable is one table with a snapshot, as the loop and Close see it.
+type stateTable struct {
+	what string
+	snap *tableSnapshot
+	// count is the records the table applied since Open and its size
+	// (taken under the table's lock).
+	count func() (applied uint64, size int)
+	save  func() error
+}
+
+func (s *Store) stateTables() []stateTable {
+	return []stateTable{
+		{"consumer offsets", &s.offSnap, func() (uint64, int) { return s.offsets.Applied(), s.offsets.Len() }, s.saveOffsetsSnapshot},
+		{"POP state", &s.popSnap, s.popCount, s.savePopSnapshot},
+		{"transactions", &s.txnSnap, s.txnCount, s.saveTxnSnapshot},
+	}
+}
+
 // stateSnapshotRound writes each table's snapshot once the records
 // applied since its last one reach max(every, its size).
 func (s *Store) stateSnapshotRound() base.Round {
-	warn := func(what string, err error) {
-		s.logLimit.Event(what+" snapshot", s.opts.Logger.Warn()).Err(err).
-			Msgf("storage: %s snapshot not written; the next start replays more (tried again later)", what)
-	}
-	if s.offsets.Applied()-s.offSnap.applied >= max(s.snaps.every, uint64(s.offsets.Len())) {
-		if err := s.saveOffsetsSnapshot(); err != nil {
-			warn("consumer offsets", err)
+	for _, t := range s.stateTables() {
+		applied, size := t.count()
+		if applied-t.snap.applied < max(s.snaps.every, uint64(size)) {
+			continue
 		}
-	}
-	if s.popSnapshotDue() {
-		if err := s.savePopSnapshot(); err != nil {
-			warn("POP state", err)
-		}
-	}
-	if s.txnSnapshotDue() {
-		if err := s.saveTxnSnapshot(); err != nil {
-			warn("transactions", err)
+		if err := t.save(); err != nil {
+			s.logLimit.Event(t.what+" snapshot", s.opts.Logger.Warn()).Err(err).
+				Msgf("storage: %s snapshot not written; the next start replays more (tried again later)", t.what)
 		}
 	}
 	return base.Round{At: s.opts.Clock.Now()}
@@ -106,19 +115,12 @@ func (s *Store) haltStateSnapshots() {
 // table that applied a record since its last one. REQUIRES: the loop
 // halted.
 func (s *Store) saveFinalStateSnapshots() {
-	if s.offsets.Applied() != s.offSnap.applied {
-		if err := s.saveOffsetsSnapshot(); err != nil {
-			s.opts.Logger.Warn().Err(err).Msg("storage: consumer offsets snapshot not written at close; the next start replays more")
+	for _, t := range s.stateTables() {
+		if applied, _ := t.count(); applied == t.snap.applied {
+			continue
 		}
-	}
-	if s.popAppliedSince() > 0 {
-		if err := s.savePopSnapshot(); err != nil {
-			s.opts.Logger.Warn().Err(err).Msg("storage: POP state snapshot not written at close; the next start replays more")
-		}
-	}
-	if s.txnAppliedSince() > 0 {
-		if err := s.saveTxnSnapshot(); err != nil {
-			s.opts.Logger.Warn().Err(err).Msg("storage: transactions snapshot not written at close; the next start replays more")
+		if err := t.save(); err != nil {
+			s.opts.Logger.Warn().Err(err).Msgf("storage: %s snapshot not written at close; the next start replays more", t.what)
 		}
 	}
 }

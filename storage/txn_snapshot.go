@@ -19,20 +19,11 @@ import (
 
 const txnSnapshotName = "transactions.snap"
 
-// txnSnapshotDue: the records applied since the last snapshot reach
-// max(every, the table's size).
-func (s *Store) txnSnapshotDue() bool {
+// txnCount is the records the table applied since Open and its size.
+func (s *Store) txnCount() (uint64, int) {
 	s.txn.Mu.Lock()
 	defer s.txn.Mu.Unlock()
-	return s.txn.Applied()-s.txnSnap.applied >= max(s.snaps.every, uint64(s.txn.Size()))
-}
-
-// txnAppliedSince is the records the table applied since its last
-// snapshot.
-func (s *Store) txnAppliedSince() uint64 {
-	s.txn.Mu.Lock()
-	defer s.txn.Mu.Unlock()
-	return s.txn.Applied() - s.txnSnap.applied
+	return s.txn.Applied(), s.txn.Size()
 }
 
 // saveTxnSnapshot writes the table's snapshot if the last half and op
