@@ -83,6 +83,27 @@ func openSnapshotRounds(t *testing.T, o Options, every uint64, name string) (s *
 	}
 }
 
+// snapshotOnSync runs a round of the halted loop before and after a sync
+// of the log: the first must write nothing (the last record applied is
+// not synced), the second must; it returns the file config/name.
+func snapshotOnSync(t *testing.T, s *Store, name string) []byte {
+	t.Helper()
+	path := filepath.Join(s.opts.Dir, "config", name)
+	s.stateSnapshotRound()
+	if _, err := s.opts.FS.ReadFile(path); err == nil {
+		t.Fatal("a snapshot naming a record not yet synced")
+	}
+	if _, err := s.log.Sync(0); err != nil {
+		t.Fatal(err)
+	}
+	s.stateSnapshotRound()
+	b, err := s.opts.FS.ReadFile(path)
+	if err != nil {
+		t.Fatalf("no snapshot once the records were synced: %v", err)
+	}
+	return b
+}
+
 func wantSameOffsets(t *testing.T, what string, got, want []offsets.Entry) {
 	t.Helper()
 	if !reflect.DeepEqual(got, want) {
@@ -317,18 +338,7 @@ func TestOffsetsSnapshotWhileRunning(t *testing.T) {
 		t.Fatal("a snapshot after 9 records, fewer than every (10)")
 	}
 	commit(9, 12)
-	s.stateSnapshotRound()
-	if exists() {
-		t.Fatal("a snapshot naming a record not yet synced")
-	}
-	if _, err := s.log.Sync(0); err != nil {
-		t.Fatal(err)
-	}
-	s.stateSnapshotRound()
-	b, err := fs.ReadFile(snapPath(o))
-	if err != nil {
-		t.Fatalf("no snapshot after 12 synced records: %v", err)
-	}
+	b := snapshotOnSync(t, s, offsetsSnapshotName)
 	snap, err := offsets.DecodeSnapshot(b)
 	if err != nil {
 		t.Fatal(err)

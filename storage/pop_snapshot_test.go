@@ -186,7 +186,6 @@ func TestPopSnapshotWhileRunning(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	path := filepath.Join(o.Dir, "config", popSnapshotName)
 	m1 := mustPop(t, s, popReq("g", "T", 1)) // a Set op: the cursor and a message in flight, size 2
 	mustPop(t, s, popReq("g", "T", 1))       // size 3
 	if _, err := s.log.Sync(0); err != nil {
@@ -199,19 +198,7 @@ func TestPopSnapshotWhileRunning(t *testing.T) {
 	if errs, err := s.PopAck(context.Background(), "g", "T", []string{m1[0].Handle}); err != nil || errs[0] != nil {
 		t.Fatalf("ack: %v %v", errs, err) // a Drop op: 3 ops, size 2
 	}
-	s.stateSnapshotRound()
-	if exists() {
-		t.Fatal("a snapshot naming a record not yet synced")
-	}
-	if _, err := s.log.Sync(0); err != nil {
-		t.Fatal(err)
-	}
-	s.stateSnapshotRound()
-	b, err := fs.ReadFile(path)
-	if err != nil {
-		t.Fatalf("no snapshot after 3 synced ops: %v", err)
-	}
-	snap, err := pop.DecodeSnapshot(b)
+	snap, err := pop.DecodeSnapshot(snapshotOnSync(t, s, popSnapshotName))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -240,7 +240,6 @@ func TestTxnSnapshotWhileRunning(t *testing.T) {
 	fs := vfs.NewMem()
 	o := unsyncedOptions(txnSnapshotOptions(fs, storagetest.NewClock(txnEpoch)))
 	s, exists := openSnapshotRounds(t, o, 3, txnSnapshotName)
-	path := filepath.Join(o.Dir, "config", txnSnapshotName)
 	a := putHalf(t, s, "T", 0, "a")
 	putHalf(t, s, "T", 0, "b") // 2 records, size 2
 	if _, err := s.log.Sync(0); err != nil {
@@ -254,19 +253,7 @@ func TestTxnSnapshotWhileRunning(t *testing.T) {
 	if _, err := s.EndTransaction(context.Background(), "T", a.WroteOffset, false); err != nil {
 		t.Fatal(err) // 3 records, size 2 (b pending, a ended)
 	}
-	s.stateSnapshotRound()
-	if exists() {
-		t.Fatal("a snapshot naming a record not yet synced")
-	}
-	if _, err := s.log.Sync(0); err != nil {
-		t.Fatal(err)
-	}
-	s.stateSnapshotRound()
-	b, err := fs.ReadFile(path)
-	if err != nil {
-		t.Fatalf("no snapshot after 3 synced records: %v", err)
-	}
-	snap, err := txn.DecodeSnapshot(b)
+	snap, err := txn.DecodeSnapshot(snapshotOnSync(t, s, txnSnapshotName))
 	if err != nil {
 		t.Fatal(err)
 	}
