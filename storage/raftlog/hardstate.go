@@ -10,6 +10,7 @@ import (
 	pb "go.etcd.io/raft/v3/raftpb"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/storaged/storaged/storage/commitlog"
 	"github.com/storaged/storaged/storage/internal/base"
 	"github.com/storaged/storaged/storage/vfs"
 )
@@ -218,7 +219,7 @@ func holdsEntries(fsys vfs.FS, dir string, units int) (bool, error) {
 	}
 	defer x.close()
 	b := x.slot(1)
-	return b != nil && !allZero(b), nil
+	return b != nil && !commitlog.AllZero(b), nil
 }
 
 // lostHardState is the refusal to start on a raft log whose HardState is

@@ -166,7 +166,7 @@ func (x *index) zeroFrom(k uint64) (bool, error) {
 			continue
 		}
 		b := f.seg.Bytes()[(max(k, f.first)-f.first)*UnitSize:]
-		if allZero(b) {
+		if commitlog.AllZero(b) {
 			continue
 		}
 		changed = true
@@ -211,10 +211,6 @@ func (x *index) close() error {
 	return first
 }
 
-// allZero reads b a word at a time: recovery runs it over the rest of
-// every index file (32 MiB by default) at each start.
-func allZero(b []byte) bool { return commitlog.AllZero(b) }
-
 // lastNonZero is the last unit from index k on that is not all zero,
 // if any. It reads each file's range whole first, so a zero tail (what
 // every start finds) costs one word-at-a-time pass and no copy.
@@ -226,11 +222,11 @@ func (x *index) lastNonZero(k uint64) (uint64, bool) {
 		}
 		from := max(k, f.first) - f.first
 		b := f.seg.Bytes()[from*UnitSize:]
-		if allZero(b) {
+		if commitlog.AllZero(b) {
 			continue
 		}
 		for u := uint64(len(b)/UnitSize) - 1; ; u-- {
-			if !allZero(b[u*UnitSize : (u+1)*UnitSize]) {
+			if !commitlog.AllZero(b[u*UnitSize : (u+1)*UnitSize]) {
 				return f.first + from + u, true
 			}
 		}

@@ -6,6 +6,7 @@ import (
 	iofs "io/fs"
 	"testing"
 
+	"github.com/storaged/storaged/storage/commitlog"
 	"github.com/storaged/storaged/storage/vfs"
 )
 
@@ -29,7 +30,7 @@ func TestIndexLastNonZero(t *testing.T) {
 	walk := func(k uint64) (uint64, bool) {
 		last, ok := uint64(0), false
 		for i := k; x.slot(i) != nil; i++ {
-			if !allZero(x.slot(i)) {
+			if !commitlog.AllZero(x.slot(i)) {
 				last, ok = i, true
 			}
 		}

@@ -173,7 +173,7 @@ func Open(opts Options) (*Log, error) {
 	if err := l.idx.removeStale(); err != nil {
 		return nil, err
 	}
-	if b := l.idx.slot(l.first); l.hs.cur.Seq == 0 && (lb.Index > 0 || (b != nil && !allZero(b))) {
+	if b := l.idx.slot(l.first); l.hs.cur.Seq == 0 && (lb.Index > 0 || (b != nil && !commitlog.AllZero(b))) {
 		return nil, lostHardState(errors.Is(hsErr, fs.ErrNotExist))
 	}
 	// Make every directory entry durable, on every Open and not only at

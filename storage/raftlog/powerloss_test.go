@@ -298,7 +298,7 @@ func TestRecoveryRefusesLostCommitted(t *testing.T) {
 				// Refused, and nothing acknowledged was cut: the entry's
 				// bytes are still in the commitlog.
 				b, rerr := fs.ReadFile("/d/commitlog/" + segment.FileName(u.Pos-u.Pos%testFileSize))
-				if off := u.Pos % testFileSize; rerr != nil || int64(len(b)) < off+int64(u.Len) || allZero(b[off:off+int64(u.Len)]) {
+				if off := u.Pos % testFileSize; rerr != nil || int64(len(b)) < off+int64(u.Len) || commitlog.AllZero(b[off:off+int64(u.Len)]) {
 					t.Fatalf("entry %d's commitlog bytes were cut (%v)", c.at, rerr)
 				}
 				// Refused again on the next attempt: the first did not cut it either.

@@ -270,7 +270,7 @@ func Repair(o RepairOptions) (rep RepairReport, err error) {
 	if err != nil {
 		return rep, err
 	}
-	if b := x.slot(r.first); !found && (lb.Index > 0 || (b != nil && !allZero(b))) {
+	if b := x.slot(r.first); !found && (lb.Index > 0 || (b != nil && !commitlog.AllZero(b))) {
 		if hs, err = r.rebuildHardState(); err != nil {
 			return rep, err
 		}
@@ -659,7 +659,7 @@ func (r *repairer) rebuildHardState() (slot, error) {
 		vote = self
 	}
 	path := filepath.Join(o.Dir, hardStateName)
-	if old, err := o.FS.ReadFile(path); err == nil && !allZero(old) {
+	if old, err := o.FS.ReadFile(path); err == nil && !commitlog.AllZero(old) {
 		if err := o.FS.WriteFile(path+".broken", old); err != nil {
 			return slot{}, fmt.Errorf("raftlog: keep the damaged hardstate: %w", err)
 		}

@@ -297,7 +297,7 @@ func TestRepairRebuildsHardState(t *testing.T) {
 		if len(rep.Peers) != len(peers) || rep.Peers[0].ID != 1 || rep.Peers[0].Term != 4 {
 			t.Fatalf("the report says the peers answered %+v", rep.Peers)
 		}
-		if b, _ := g.c.ReadFile("/d/raft/hardstate"); !allZero(b) {
+		if b, _ := g.c.ReadFile("/d/raft/hardstate"); !commitlog.AllZero(b) {
 			t.Fatal("the refused repair wrote raft/hardstate")
 		}
 		if _, err := openReplicaAs(g.c, meta); err == nil {

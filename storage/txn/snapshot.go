@@ -165,7 +165,7 @@ func DecodeSnapshot(b []byte) (Snapshot, error) {
 	p := base.SnapshotHeadLen
 	switch body[p] {
 	case 0:
-		if !allZero(body[p+1 : p+opHeadLen]) {
+		if [opHeadLen - 1]byte(body[p+1:p+opHeadLen]) != [opHeadLen - 1]byte{} {
 			return Snapshot{}, fmt.Errorf("%w: an absent op head with bytes", ErrBadSnapshot)
 		}
 	case 1:
@@ -220,13 +220,4 @@ func DecodeSnapshot(b []byte) (Snapshot, error) {
 		return Snapshot{}, fmt.Errorf("%w: %d bytes after the snapshot's state", ErrBadSnapshot, len(body)-p)
 	}
 	return s, nil
-}
-
-func allZero(b []byte) bool {
-	for _, c := range b {
-		if c != 0 {
-			return false
-		}
-	}
-	return true
 }
