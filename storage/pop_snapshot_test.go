@@ -38,6 +38,19 @@ func popStateAfterOpen(t *testing.T, o Options) (pop.Snapshot, bool, int, *Store
 	})
 }
 
+// flipMiddleByte damages the file at path: one bit of its middle byte.
+func flipMiddleByte(t *testing.T, fs vfs.FS, path string) {
+	t.Helper()
+	b, err := fs.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b[len(b)/2] ^= 0x40
+	if err := fs.WriteFile(path, b); err != nil {
+		t.Fatal(err)
+	}
+}
+
 func wantSamePop(t *testing.T, what string, got, want pop.Snapshot) {
 	t.Helper()
 	if !reflect.DeepEqual(got.Cursors, want.Cursors) || !reflect.DeepEqual(got.Inflight, want.Inflight) {
@@ -148,14 +161,7 @@ func TestPopSnapshotNotUsed(t *testing.T) {
 			path := filepath.Join(dir, "config", popSnapshotName)
 			switch tc {
 			case "damaged":
-				b, err := o.FS.ReadFile(path)
-				if err != nil {
-					t.Fatal(err)
-				}
-				b[len(b)/2] ^= 0x40
-				if err := o.FS.WriteFile(path, b); err != nil {
-					t.Fatal(err)
-				}
+				flipMiddleByte(t, o.FS, path)
 			case "cut":
 				if err := Repair(o, last); err != nil {
 					t.Fatal(err)

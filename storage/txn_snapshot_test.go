@@ -207,14 +207,7 @@ func TestTxnSnapshotNotUsed(t *testing.T) {
 			want := map[string][2]int{"damaged": {3, 1}, "op cut": {2, 2}, "half cut": {1, 1}}[tc] // replayed, pending
 			switch tc {
 			case "damaged":
-				b, err := o.FS.ReadFile(path)
-				if err != nil {
-					t.Fatal(err)
-				}
-				b[len(b)/2] ^= 0x40
-				if err := o.FS.WriteFile(path, b); err != nil {
-					t.Fatal(err)
-				}
+				flipMiddleByte(t, o.FS, path)
 			case "op cut":
 				if err := Repair(o, op); err != nil {
 					t.Fatal(err)
