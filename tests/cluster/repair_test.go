@@ -339,12 +339,9 @@ func (r *readCheck) run(g *group) func() (int, string) {
 					return
 				default:
 				}
-				if !p.Running() || p.Conn() == nil {
-					continue
-				}
 				got, err := readKept(p) // from the first offset retention kept
 				if err != nil {
-					continue // a member stopping or starting
+					continue // a member stopped, stopping or starting
 				}
 				r.mu.Lock()
 				for off, body := range got {

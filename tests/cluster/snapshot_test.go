@@ -77,7 +77,11 @@ func installedSnapshots(t *testing.T, p *proctest.Process) []struct {
 func readKept(p *proctest.Process) (map[int64]string, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	c := storagedv1.NewMessageStoreServiceClient(p.Conn())
+	conn := p.Conn() // once: a reader beside a nemesis can see p stop between two calls
+	if conn == nil {
+		return nil, fmt.Errorf("%s is not running", p.DataDir())
+	}
+	c := storagedv1.NewMessageStoreServiceClient(conn)
 	qi, err := c.GetQueueInfo(ctx, &storagedv1.GetQueueInfoRequest{Topic: "Group"})
 	if err != nil {
 		return nil, err
