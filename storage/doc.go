@@ -649,13 +649,15 @@
 // ctx) hands its ticket to the entry's waiter (entryFate, replica
 // Node.Then), so the key stays pending, and a retry waits, until raft
 // commits the entry (remembered) or supersedes it (freed). Every other member keeps its window up
-// to the commit as commits arrive (trackDedup: the keyed records newly
-// committed; the whole window read from the committed log once after it
-// starts or stops leading), and a member that becomes the ready leader
-// reads only what lies past it (readyDedup), so a retry after a failover
-// is answered with the first put's result without the new leader reading
-// its log's tail before it takes puts. Followers refuse keyed puts as
-// any put.
+// to the commit as commits arrive (groupdedup.go, trackDedup: the keyed
+// records newly committed; the whole window read from the committed log
+// once after it starts or stops leading, on a goroutine beside the raft
+// loop, which goes on meanwhile), and a member that becomes the ready
+// leader reads only what lies past it (readyDedup; a leader whose whole
+// read runs still is not ready until it ends), so a retry after a
+// failover is answered with the first put's result without the new
+// leader reading its log's tail before it takes puts. Followers refuse
+// keyed puts as any put.
 //
 // # System records
 //

@@ -174,6 +174,9 @@ type GroupOptions struct {
 	// installHook, if set (tests), is told each step of a snapshot
 	// install as it completes: the crash points of the install tests.
 	installHook func(step string)
+	// dedupReadHook, if set (tests), is called before each full read of
+	// the idempotent-put window (groupdedup.go).
+	dedupReadHook func()
 	// maxInflightBytes and maxSizePerMsg, if set (tests), lower raft's
 	// bounds (replica.Options), so that a catch-up takes many rounds.
 	maxInflightBytes, maxSizePerMsg uint64
@@ -279,15 +282,8 @@ type groupState struct {
 	mu       sync.Mutex
 	advanced chan struct{} // closed and replaced when commitEnd moves
 
-	// dedupTo: the idempotent-put window holds exactly the keyed puts
-	// committed below this commitlog offset (within the window's time),
-	// kept so by trackDedup as commits arrive; -1 when it does not (after
-	// Open, after a snapshot install, while this replica leads: its put
-	// path keeps the window then, and misses the keys of puts whose
-	// outcome it did not learn). Raft goroutine only.
-	dedupTo int64
-	// dedupReads counts the window's full reads from the log (tests).
-	dedupReads atomic.Int64
+	// dedup is the state of the idempotent-put window (groupdedup.go).
+	dedup *dedupReader
 
 	// delayMu guards the delay progress replicated in the log (design
 	// §3.5): level → next queue offset, from the last committed progress
@@ -371,7 +367,7 @@ func (s *Store) openGroupLog(cp consumequeue.Checkpoint) error {
 		rl.Close()
 		return err
 	}
-	s.group = &groupState{opts: *g, rlog: rl, advanced: make(chan struct{}), dedupTo: -1}
+	s.group = &groupState{opts: *g, rlog: rl, advanced: make(chan struct{}), dedup: newDedupReader(g.dedupReadHook)}
 	s.group.commitEnd.Store(ce)
 	// The topic commands committed after the table on disk, before the
 	// consume queues are loaded: a delete's tombstone must hold then.
@@ -485,6 +481,7 @@ func (s *Store) startGroup() error {
 		return err
 	}
 	g.running.Store(g.node)
+	go s.dedupLoop()
 	return nil
 }
 
@@ -508,6 +505,15 @@ func (h *groupHost) Committed(commitEnd, lastTS int64, leader bool) {
 
 func (h *groupHost) BecomeReady(commitEnd int64) error {
 	s := (*Store)(h)
+	// The keys of every put committed so far, whichever leader took it
+	// (idempotent.go): a retry sent here after a failover is answered,
+	// not stored again. A follower kept its window up to the commit
+	// (trackDedup): only what lies past it is read now. A full read runs
+	// off the raft loop (groupdedup.go); until it ends this leader is not
+	// ready, and the reader has it try again when it ends.
+	if err := s.readyDedup(commitEnd); err != nil {
+		return err
+	}
 	s.index.Run(commitEnd)
 	if d := s.index.Dispatched(); d < commitEnd {
 		return fmt.Errorf("storage: indexed up to %d, the commit end is %d", d, commitEnd)
@@ -523,11 +529,6 @@ func (h *groupHost) BecomeReady(commitEnd int64) error {
 			s.seq.set(k, q.Count())
 		}
 	}
-	// The keys of every put committed so far, whichever leader took it
-	// (idempotent.go): a retry sent here after a failover is answered,
-	// not stored again. A follower kept its window up to the commit
-	// (trackDedup): only what lies past it is read now.
-	s.readyDedup(commitEnd)
 	return nil
 }
 

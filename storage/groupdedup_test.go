@@ -3,6 +3,9 @@ package storage
 import (
 	"context"
 	"errors"
+	"fmt"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 )
@@ -17,15 +20,7 @@ func TestGroupDedupAfterFailover(t *testing.T) {
 	g := newTestGroup(t, time.Minute)
 	all := g.ids
 	g.elect(1)
-	keyed := func(id uint64, key, body string) PutResult {
-		t.Helper()
-		res, err := g.m[id].s.PutMessage(context.Background(), &Message{Topic: "T", QueueID: 0, Body: []byte(body),
-			BornTimestamp: 1, BornHost: DefaultStoreHost, Properties: []Property{uniq(key)}})
-		if err != nil || res.Status != PutOK {
-			t.Fatalf("keyed put %s on node %d: %v %v", key, id, res.Status, err)
-		}
-		return res
-	}
+	keyed := g.keyed
 	if res, err := g.put(1, "unkeyed"); err != nil || res.Status != PutOK {
 		t.Fatalf("put: %v %v", res.Status, err)
 	}
@@ -40,19 +35,20 @@ func TestGroupDedupAfterFailover(t *testing.T) {
 	g.converge(1, all...)
 	reads := map[uint64]int64{}
 	for _, id := range []uint64{2, 3} {
+		g.dedupRead(id)
 		m := g.m[id].s
 		if st := m.dedupStats(); st.Keys != 1 {
 			t.Fatalf("follower %d's window: %+v, want the committed key k1", id, st)
 		}
-		if r := m.group.dedupReads.Load(); r != 1 {
+		if r := m.group.dedup.reads.Load(); r != 1 {
 			t.Fatalf("follower %d read its window from the log %d times, want once (its first commit)", id, r)
 		}
-		reads[id] = m.group.dedupReads.Load()
+		reads[id] = m.group.dedup.reads.Load()
 	}
 
 	g.closeMember(1)
 	nl := g.failover(2, 3)
-	if r := g.m[nl].s.group.dedupReads.Load(); r != reads[nl] {
+	if r := g.m[nl].s.group.dedup.reads.Load(); r != reads[nl] {
 		t.Fatalf("the new leader read its window from the log again when it became ready (%d reads, %d before)", r, reads[nl])
 	}
 	retry := keyed(nl, "k1", "one")
@@ -220,4 +216,160 @@ func (g *testGroup) queueMax(id uint64) int64 {
 		g.t.Fatal(err)
 	}
 	return mx
+}
+
+// keyed puts body keyed key to queue 0 of T on member id, failing the
+// test unless it is PUT_OK.
+func (g *testGroup) keyed(id uint64, key, body string) PutResult {
+	g.t.Helper()
+	res, err := g.m[id].s.PutMessage(context.Background(), &Message{Topic: "T", QueueID: 0, Body: []byte(body),
+		BornTimestamp: 1, BornHost: DefaultStoreHost, Properties: []Property{uniq(key)}})
+	if err != nil || res.Status != PutOK {
+		g.t.Fatalf("keyed put %s on node %d: %v %v", key, id, res.Status, err)
+	}
+	return res
+}
+
+// dedupRead waits until member id's window is not being read from the
+// log (groupdedup.go: the read runs beside the raft loop).
+func (g *testGroup) dedupRead(id uint64) {
+	g.t.Helper()
+	r := g.m[id].s.group.dedup
+	g.poll(fmt.Sprintf("node %d's window read", id), func() bool {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		return !r.reading
+	})
+}
+
+// TestGroupDedupReadOffRaftLoop: a member's full read of its window from
+// the log runs beside its raft loop, not on it. While follower 2's read is
+// held (the hook), it still acknowledges appends: with member 3 down the
+// leader's keyed puts commit through it. Made the leader while the read is
+// still held, it is not ready: a put is refused LEADER_NOT_READY and
+// stores nothing. Let go, the read catches up with the commits made
+// meanwhile (over 1 MiB of them: read without the lock, then the rest
+// under it) and the member becomes ready without a tick; its window holds
+// every key committed during the read, so each retry is answered with its
+// first put's place and stores nothing.
+func TestGroupDedupReadOffRaftLoop(t *testing.T) {
+	g := newTestGroup(t, time.Minute)
+	entered, release := make(chan struct{}, 8), make(chan struct{})
+	var once sync.Once
+	letGo := func() { once.Do(func() { close(release) }) }
+	t.Cleanup(letGo) // runs before the group's Close (cleanups run last first)
+	g.closeMember(2)
+	g.m[2].opts.Group.dedupReadHook = func() {
+		entered <- struct{}{}
+		<-release
+	}
+	g.open(2)
+	g.elect(1)
+	pollRecv(g, "node 2's first read of its window", entered, 1)
+
+	g.closeMember(3)
+	body := strings.Repeat("x", 12<<10)
+	first := map[string]PutResult{}
+	for i := range 100 { // 1.2 MiB: past dedupCatchUpUnlocked
+		k := fmt.Sprintf("k%d", i)
+		first[k] = g.keyed(1, k, body)
+	}
+	r := g.m[2].s.group.dedup
+	r.mu.Lock()
+	reading, to := r.reading, r.to
+	r.mu.Unlock()
+	if !reading || to != -1 || r.reads.Load() != 1 {
+		t.Fatalf("node 2's window: reading %v, up to %d, %d reads; want its one read held", reading, to, r.reads.Load())
+	}
+
+	g.open(3)
+	g.converge(1, g.ids...)
+	before := g.m[2].s.ReplicaInfo().Commit
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	moved := make(chan error, 1)
+	go func() {
+		_, err := g.m[1].s.MoveLeadership(ctx, 2)
+		moved <- err
+	}()
+	if err := pollRecv(g, "the move to 2", moved, 1); err != nil {
+		t.Fatal(err)
+	}
+	g.poll("node 2's first entry applied", func() bool {
+		ri := g.m[2].s.ReplicaInfo()
+		return ri.Role == "leader" && ri.Applied > before
+	}, 2)
+	end := g.m[2].s.log.MaxOffset()
+	res, err := g.m[2].s.PutMessage(context.Background(), &Message{Topic: "T", Body: []byte("refused"), BornHost: DefaultStoreHost,
+		Properties: []Property{uniq("k0")}})
+	var nl *NotLeaderError
+	if !errors.As(err, &nl) || nl.Cause != CauseLeaderNotReady || res.Appended() || g.m[2].s.log.MaxOffset() != end {
+		t.Fatalf("a put on the leader whose window is being read: %v %v (log %d → %d)", res.Status, err, end, g.m[2].s.log.MaxOffset())
+	}
+	if ri := g.m[2].s.ReplicaInfo(); ri.Ready {
+		t.Fatal("node 2 is ready while its window is being read")
+	}
+
+	letGo()
+	g.poll("node 2 ready", func() bool { return g.m[2].s.ReplicaInfo().Ready }) // no tick: the reader retries
+	if n := r.reads.Load(); n != 1 {
+		t.Fatalf("node 2 read its window %d times, want once", n)
+	}
+	mx := g.queueMax(2)
+	for k, f := range first {
+		again := g.keyed(2, k, body)
+		if again.Append.WroteOffset != f.Append.WroteOffset || again.Append.QueueOffset != f.Append.QueueOffset {
+			t.Fatalf("retry of %s on the new leader: stored at %d (queue offset %d), the first put at %d (%d)",
+				k, again.Append.WroteOffset, again.Append.QueueOffset, f.Append.WroteOffset, f.Append.QueueOffset)
+		}
+	}
+	if got := g.queueMax(2); got != mx {
+		t.Fatalf("queue max %d after the retries, %d before", got, mx)
+	}
+	if st := g.m[2].s.dedupStats(); st.Keys != len(first) || st.Hits != uint64(len(first)) {
+		t.Fatalf("node 2's window: %+v, want %d keys and as many hits", st, len(first))
+	}
+}
+
+// BenchmarkGroupDedupRead: follower 2, restarted beside a window at its
+// default bound (262,144 keyed puts of 256 bytes), reads its window from
+// the log. Reported: read-ms,
+// from its Open until its window holds every key, and max-round-ms, the
+// longest round of its raft loop meanwhile (the top bucket of
+// storaged_raft_ready_seconds: a power of two), which is what its peers
+// wait on for an answer.
+func BenchmarkGroupDedupRead(b *testing.B) {
+	const n, writers = DefaultDedupMaxMessages, 32
+	g := newTestGroupWith(b, time.Minute, nil, func(o *Options) { o.FileSize, o.MaxMessageSize = 64<<20, 1<<20 })
+	g.elect(1)
+	body := make([]byte, 256)
+	var wg sync.WaitGroup
+	for w := range writers {
+		wg.Go(func() {
+			for i := range n / writers {
+				res, err := g.m[1].s.PutMessage(context.Background(), &Message{Topic: "T", QueueID: int32(w % 8), Body: body,
+					BornTimestamp: 1, BornHost: DefaultStoreHost, Properties: []Property{uniq(fmt.Sprintf("%d-%d", w, i))}})
+				if err != nil || res.Status != PutOK {
+					b.Errorf("keyed put: %v %v", res.Status, err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if b.Failed() {
+		b.FailNow()
+	}
+	var read, round time.Duration
+	for b.Loop() {
+		g.closeMember(2)
+		g.open(2)
+		start := time.Now()
+		g.putOK(1, "a commit") // a member reads its window at its first commit
+		g.poll("node 2's window", func() bool { return g.m[2].s.dedupStats().Keys == n }, 1)
+		read += time.Since(start)
+		round += g.m[2].s.ReplicaInfo().ReadyHandling.Quantile(1)
+	}
+	b.ReportMetric(float64(read.Milliseconds())/float64(b.N), "read-ms")
+	b.ReportMetric(float64(round.Milliseconds())/float64(b.N), "max-round-ms")
 }

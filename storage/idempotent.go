@@ -263,9 +263,9 @@ func (s *Store) dedupStats() DedupStats {
 // and fills it from the log: every keyed put stored within the window, in
 // the newest DedupRebuildBytes of the log at most. It runs in Open after
 // recovery, so it sees exactly the records a reader can be served, and
-// before any put. In a group the window starts empty: a member fills it
-// from the committed log at its first commit and keeps it up to the
-// commit (trackDedup); a new leader reads what lies past it (readyDedup).
+// before any put. In a group the window starts empty: a member reads it
+// from the committed log, off its raft loop, after its first commit, and
+// keeps it up to the commit (groupdedup.go).
 func (s *Store) openDedup() {
 	if s.opts.DedupWindow < 0 {
 		return
@@ -274,7 +274,7 @@ func (s *Store) openDedup() {
 		s.dedup.Store(s.newDedup())
 		return
 	}
-	s.dedup.Store(s.buildDedup(s.log.MaxOffset(), true))
+	s.dedup.Store(s.buildDedup(s.log.MaxOffset(), true, nil))
 }
 
 func (s *Store) newDedup() *dedup.Window[dedupValue] {
@@ -290,11 +290,11 @@ func (s *Store) newDedup() *dedup.Window[dedupValue] {
 // fails its checks ends the rebuild there (logged): the keys after it are
 // not remembered, nothing else changes. The files are read under the read
 // guard (retention does not unmap them meanwhile). verify checks each
-// record's CRC (Open, over what recovery may not have scanned); a group's
-// new leader only parses (every length checked, no CRC: its committed
-// bytes were checked as they arrived, and the scan runs on its raft loop
-// before it takes puts, so it must be quick).
-func (s *Store) buildDedup(end int64, verify bool) *dedup.Window[dedupValue] {
+// record's CRC (Open, over what recovery may not have scanned); a group
+// member only parses (every length checked, no CRC: its committed bytes
+// were checked as they arrived). A closed stop ends the read early (the
+// window then partial, for the caller to drop).
+func (s *Store) buildDedup(end int64, verify bool, stop <-chan struct{}) *dedup.Window[dedupValue] {
 	w := s.newDedup()
 	cutoff := s.opts.Clock.Now().UnixMilli() - s.opts.DedupWindow.Milliseconds()
 	s.log.ReadLock()
@@ -322,7 +322,7 @@ func (s *Store) buildDedup(end int64, verify bool) *dedup.Window[dedupValue] {
 	from := files[start].From()
 	s.log.ReadUnlock()
 	t0 := time.Now()
-	scanned, added := s.scanDedup(w, from, end, verify)
+	scanned, added := s.scanDedup(w, from, end, verify, stop)
 	s.opts.Logger.Info().Int64("from", from).Int64("to", end).Int64("bytes_scanned", scanned).Int64("keys", added).
 		Stringer("window", s.opts.DedupWindow).Dur("took", time.Since(t0)).Msg("storage: idempotent-put window rebuilt from the log")
 	return w
@@ -332,8 +332,10 @@ func (s *Store) buildDedup(end int64, verify bool) *dedup.Window[dedupValue] {
 // (from a record boundary), within the window; it returns the bytes read
 // and the keys added. A record that fails its checks ends the scan there
 // (logged). The files are read under the read guard (retention does not
-// unmap them meanwhile); those retention removed already are skipped.
-func (s *Store) scanDedup(w *dedup.Window[dedupValue], from, end int64, verify bool) (scanned, added int64) {
+// unmap them meanwhile); those retention removed already are skipped. A
+// closed stop (nil: never) ends the scan early, w then partial: a group's
+// reader goroutine stopping (groupdedup.go).
+func (s *Store) scanDedup(w *dedup.Window[dedupValue], from, end int64, verify bool, stop <-chan struct{}) (scanned, added int64) {
 	now := s.opts.Clock.Now().UnixMilli()
 	cutoff := now - s.opts.DedupWindow.Milliseconds()
 	s.log.ReadLock()
@@ -343,7 +345,10 @@ func (s *Store) scanDedup(w *dedup.Window[dedupValue], from, end int64, verify b
 			continue
 		}
 		data, wrote := f.Data(), min(f.Wrote(), end-f.From())
-		for pos := max(from-f.From(), 0); pos < wrote; {
+		for n, pos := 0, max(from-f.From(), 0); pos < wrote; n++ {
+			if stop != nil && n%4096 == 0 && closed(stop) {
+				return scanned, added
+			}
 			b := data[pos:wrote]
 			if record.IsBlank(b) {
 				break
@@ -373,57 +378,6 @@ func (s *Store) scanDedup(w *dedup.Window[dedupValue], from, end int64, verify b
 		}
 	}
 	return scanned, added
-}
-
-// trackDedup keeps a group member's window up to the commit end as
-// commits arrive (the raft goroutine, Host.Committed), so that a member
-// that becomes the leader reads only what lies past its window, not the
-// last DedupRebuildBytes of its log, before it takes puts (a failover's
-// time without writes grew with the log: BENCHMARKS.md "Failover"). A
-// window that does not hold exactly the committed keys (dedupTo -1) is
-// read again from the log first, off the failover's path: a follower
-// just started, or one that led (its window misses the keys of puts
-// whose outcome it did not learn, and may hold first puts under way).
-// The ready leader's put path keeps its own window. A full read runs on
-// the raft goroutine under the node's lock, as BecomeReady's did: the
-// member answers nothing meanwhile (once per start or step-down).
-func (s *Store) trackDedup(commitEnd int64, leader bool) {
-	if s.dedup.Load() == nil {
-		return
-	}
-	if leader {
-		s.group.dedupTo = -1
-		return
-	}
-	s.dedupUpTo(commitEnd)
-	s.group.dedupTo = commitEnd
-}
-
-// readyDedup gives a new leader the keys of every put committed up to
-// commitEnd: what trackDedup did not read yet, or the whole window again
-// when it holds more than the committed keys. From then on the leader's
-// put path keeps it (dedupTo -1).
-func (s *Store) readyDedup(commitEnd int64) {
-	if s.dedup.Load() == nil {
-		return
-	}
-	s.dedupUpTo(commitEnd)
-	s.group.dedupTo = -1
-}
-
-// dedupUpTo makes the window hold the committed keys up to commitEnd: it
-// reads what lies past dedupTo, or the whole window from the log when the
-// window does not hold exactly the committed keys below dedupTo (-1) or
-// holds keys past commitEnd. REQUIRES: a window (s.dedup set).
-func (s *Store) dedupUpTo(commitEnd int64) {
-	g := s.group
-	switch {
-	case g.dedupTo < 0 || g.dedupTo > commitEnd:
-		s.dedup.Store(s.buildDedup(commitEnd, false))
-		g.dedupReads.Add(1)
-	case commitEnd > g.dedupTo:
-		s.scanDedup(s.dedup.Load(), g.dedupTo, commitEnd, false)
-	}
 }
 
 // rebuildEntry adds the put whose records (count of them: a batch, or

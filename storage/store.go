@@ -768,6 +768,7 @@ func (s *Store) Close() error {
 	if s.group != nil {
 		s.group.node.Close() // waiters answered ErrClosed (outcome unknown)
 		s.group.signal()     // and the waits on the commit end or a topic change look again
+		s.stopDedup()        // asked for by the raft loop only
 	}
 	s.log.Drain() // no append in progress after this; new ones see closed
 	var errs []error

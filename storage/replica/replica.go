@@ -225,6 +225,7 @@ type Node struct {
 	term    uint64
 	ready   bool  // leader with its term's first entry applied
 	ownTerm bool  // leader with an entry of its own term applied (ready once BecomeReady succeeds)
+	retry   bool  // the host asked for the readiness barrier again (RetryReady)
 	tail    int64 // ready leader: commitlog end of the last proposed entry
 	waiters map[key]*Waiter
 	commit  uint64 // commit index applied
@@ -538,6 +539,10 @@ func (n *Node) loop() {
 		case <-n.wake:
 		}
 		n.mu.Lock()
+		if n.retry {
+			n.retry = false
+			n.maybeReadyLocked()
+		}
 		req := n.selfRemovalMsgLocked()
 		n.mu.Unlock()
 		if req != nil {
@@ -1093,6 +1098,17 @@ func (n *Node) ProposeCmd(readyTerm uint64, data []byte) error {
 	}
 	n.kick()
 	return nil
+}
+
+// RetryReady has the raft loop try the readiness barrier again now, not
+// at its next tick: what made the host's BecomeReady fail has come about
+// since (the store's idempotent-put window, read off the raft loop). It
+// must not be called with anything held that BecomeReady takes.
+func (n *Node) RetryReady() {
+	n.mu.Lock()
+	n.retry = true
+	n.mu.Unlock()
+	n.kick()
 }
 
 // Ready reports whether this replica is the ready leader (it takes puts).
