@@ -529,6 +529,7 @@ func (h *groupHost) BecomeReady(commitEnd int64) error {
 			s.seq.set(k, q.Count())
 		}
 	}
+	s.leadDedup()
 	return nil
 }
 

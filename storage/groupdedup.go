@@ -110,6 +110,18 @@ func (s *Store) readyDedup(commitEnd int64) error {
 	return nil
 }
 
+// leadDedup: this member became the ready leader; its put path keeps the
+// window from now on, which then no longer holds exactly the committed
+// keys (first puts under way, keys of puts whose outcome it may not
+// learn): should it stop leading, the window is read again.
+func (s *Store) leadDedup() {
+	r := s.group.dedup
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.to = -1
+	r.dropLocked()
+}
+
 // resetDedup: the log was replaced (a snapshot install). A read under way
 // is dropped; the window is read again at the next commit.
 func (s *Store) resetDedup() {

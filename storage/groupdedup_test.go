@@ -312,8 +312,11 @@ func TestGroupDedupReadOffRaftLoop(t *testing.T) {
 
 	letGo()
 	g.poll("node 2 ready", func() bool { return g.m[2].s.ReplicaInfo().Ready }) // no tick: the reader retries
-	if n := r.reads.Load(); n != 1 {
-		t.Fatalf("node 2 read its window %d times, want once", n)
+	r.mu.Lock()
+	to = r.to
+	r.mu.Unlock()
+	if n := r.reads.Load(); n != 1 || to != -1 {
+		t.Fatalf("node 2 read its window %d times, want once; up to %d, want -1 (its put path keeps it now)", n, to)
 	}
 	mx := g.queueMax(2)
 	for k, f := range first {
