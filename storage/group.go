@@ -481,6 +481,7 @@ func (s *Store) startGroup() error {
 		return err
 	}
 	g.running.Store(g.node)
+	s.startDedupRead(g.commitEnd.Load())
 	go s.dedupLoop()
 	return nil
 }

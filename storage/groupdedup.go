@@ -19,7 +19,8 @@ import (
 // "Failover").
 //
 // A window that does not hold exactly the committed keys is read again
-// from the log in full: a member just started (its window starts empty),
+// from the log in full: a member just started (its window starts empty;
+// read up to the commit end recovered at Open, startDedupRead),
 // one that led (its window misses the keys of puts whose outcome it did
 // not learn, and may hold first puts under way), one whose log a snapshot
 // replaced. A full read of a window at its bound (262,144 keys, up to
@@ -91,6 +92,21 @@ func (s *Store) trackDedup(commitEnd int64, leader bool) {
 		r.dropLocked()
 		return
 	}
+	s.dedupUpToLocked(commitEnd)
+}
+
+// startDedupRead asks for the window's first read, up to the commit end
+// recovered at Open (startGroup), so that it is under way, or done,
+// before this member's first commit or election (a group started whole
+// elects a leader that would otherwise only then begin its read, and
+// wait for it).
+func (s *Store) startDedupRead(commitEnd int64) {
+	if s.dedup.Load() == nil {
+		return
+	}
+	r := s.group.dedup
+	r.mu.Lock()
+	defer r.mu.Unlock()
 	s.dedupUpToLocked(commitEnd)
 }
 

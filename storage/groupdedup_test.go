@@ -334,6 +334,43 @@ func TestGroupDedupReadOffRaftLoop(t *testing.T) {
 	}
 }
 
+// TestGroupDedupReadAtStart: a member reads its window as it starts, up to
+// the commit end it recovered, not at its first commit: a follower
+// restarted in a quiet group holds the committed keys with no put after
+// it, and the members of a group restarted whole each read once; the
+// leader they elect answers a retry with the first put's place.
+func TestGroupDedupReadAtStart(t *testing.T) {
+	g := newTestGroup(t, time.Minute)
+	g.elect(1)
+	first := g.keyed(1, "k1", "one")
+	g.converge(1, g.ids...)
+	g.closeMember(2)
+	g.open(2)
+	g.poll("node 2's window after its restart", func() bool { return g.m[2].s.dedupStats().Keys == 1 }, 1)
+	if ce, want := g.m[2].s.ReplicaInfo().CommitEnd, g.m[1].s.ReplicaInfo().CommitEnd; ce != want {
+		t.Fatalf("node 2 at commit end %d, the leader at %d", ce, want)
+	}
+
+	for _, id := range g.ids {
+		g.closeMember(id)
+	}
+	for _, id := range g.ids {
+		g.open(id)
+	}
+	g.elect(1)
+	for _, id := range g.ids {
+		g.dedupRead(id)
+		if n := g.m[id].s.group.dedup.reads.Load(); n != 1 {
+			t.Fatalf("node %d read its window %d times since its start, want once", id, n)
+		}
+	}
+	again := g.keyed(1, "k1", "one")
+	if again.Append.WroteOffset != first.Append.WroteOffset || again.Append.QueueOffset != first.Append.QueueOffset {
+		t.Fatalf("a retry after the group's restart: stored at %d (queue offset %d), the first put at %d (%d)",
+			again.Append.WroteOffset, again.Append.QueueOffset, first.Append.WroteOffset, first.Append.QueueOffset)
+	}
+}
+
 // BenchmarkGroupDedupRead: follower 2, restarted beside a window at its
 // default bound (262,144 keyed puts of 256 bytes), reads its window from
 // the log. Reported: read-ms,

@@ -264,8 +264,8 @@ func (s *Store) dedupStats() DedupStats {
 // the newest DedupRebuildBytes of the log at most. It runs in Open after
 // recovery, so it sees exactly the records a reader can be served, and
 // before any put. In a group the window starts empty: a member reads it
-// from the committed log, off its raft loop, after its first commit, and
-// keeps it up to the commit (groupdedup.go).
+// from the committed log, off its raft loop, as it starts, and keeps it
+// up to the commit (groupdedup.go).
 func (s *Store) openDedup() {
 	if s.opts.DedupWindow < 0 {
 		return
