@@ -23,12 +23,14 @@ import (
 // read up to the commit end recovered at Open, startDedupRead),
 // one that led (its window misses the keys of puts whose outcome it did
 // not learn, and may hold first puts under way), one whose log a snapshot
-// replaced. A full read of a window at its bound (262,144 keys, up to
-// DedupRebuildBytes of log) takes about a second on a small machine, so it
-// runs on a goroutine of its own (dedupLoop), never on the raft goroutine,
-// where the member would answer nothing meanwhile: a leader would send no
-// heartbeat and its followers would call an election, a follower would
-// acknowledge no append. Commits go on during the read; the reader then
+// replaced. A full read grows with the keys and with the log it parses
+// (up to DedupRebuildBytes): 0.15 s for a window at its bound (262,144
+// keys) on the machine of BENCHMARKS.md, more on a slower or loaded CPU.
+// So it runs on a goroutine of its own (dedupLoop), never on the raft
+// goroutine, where the member would answer nothing meanwhile: a leader
+// would send no heartbeat (past the election timeout its followers elect
+// another), a follower would acknowledge no append. Commits go on during
+// the read; the reader then
 // catches up with them and installs the window. A leader whose window is
 // still being read is not ready (its puts are refused LEADER_NOT_READY,
 // nothing stored); the reader has it try again once the window is in
