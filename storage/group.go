@@ -481,7 +481,11 @@ func (s *Store) startGroup() error {
 		return err
 	}
 	g.running.Store(g.node)
-	s.startDedupRead(g.commitEnd.Load())
+	// The window's first read, up to the commit end recovered at Open,
+	// under way before this member's first commit or election (a group
+	// started whole would otherwise elect a leader that only then begins
+	// its read, and waits for it: groupdedup.go).
+	s.dedupUpTo(g.commitEnd.Load())
 	go s.dedupLoop()
 	return nil
 }
@@ -530,7 +534,7 @@ func (h *groupHost) BecomeReady(commitEnd int64) error {
 			s.seq.set(k, q.Count())
 		}
 	}
-	s.leadDedup()
+	s.forgetDedup() // the put path keeps the window from now on
 	return nil
 }
 

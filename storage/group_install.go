@@ -63,7 +63,7 @@ var ErrInstallPending = errors.New("storage: a snapshot install is unfinished in
 func (h *groupHost) InstallSnapshot(index, term uint64, mem raftlog.Membership) (int64, int64, error) {
 	s := (*Store)(h)
 	g := s.group
-	s.resetDedup() // the log is replaced: the window is read again
+	s.forgetDedup() // the log is replaced: the window is read again
 	g.stagedMu.Lock()
 	st := g.staged
 	g.staged = nil

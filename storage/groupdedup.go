@@ -20,7 +20,7 @@ import (
 //
 // A window that does not hold exactly the committed keys is read again
 // from the log in full: a member just started (its window starts empty;
-// read up to the commit end recovered at Open, startDedupRead),
+// read up to the commit end recovered at Open, startGroup),
 // one that led (its window misses the keys of puts whose outcome it did
 // not learn, and may hold first puts under way), one whose log a snapshot
 // replaced. A full read grows with the keys and with the log it parses
@@ -83,77 +83,48 @@ func newDedupReader(hook func()) *dedupReader {
 // trackDedup keeps the window up to commitEnd (replica.Host.Committed, the
 // raft goroutine). The ready leader's put path keeps its own window.
 func (s *Store) trackDedup(commitEnd int64, leader bool) {
-	if s.dedup.Load() == nil {
-		return
-	}
-	r := s.group.dedup
-	r.mu.Lock()
-	defer r.mu.Unlock()
 	if leader {
-		r.to = -1
-		r.dropLocked()
+		s.forgetDedup()
 		return
 	}
-	s.dedupUpToLocked(commitEnd)
+	s.dedupUpTo(commitEnd)
 }
 
-// startDedupRead asks for the window's first read, up to the commit end
-// recovered at Open (startGroup), so that it is under way, or done,
-// before this member's first commit or election (a group started whole
-// elects a leader that would otherwise only then begin its read, and
-// wait for it).
-func (s *Store) startDedupRead(commitEnd int64) {
-	if s.dedup.Load() == nil {
-		return
-	}
-	r := s.group.dedup
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	s.dedupUpToLocked(commitEnd)
-}
-
-// readyDedup reports whether the window holds the keys of every put
-// committed up to commitEnd (a new leader's BecomeReady): what trackDedup
-// did not read yet is read now; errDedupReading while a full read runs.
+// readyDedup: the window must hold the keys of every put committed up to
+// commitEnd before this new leader takes puts (BecomeReady). What
+// trackDedup did not read yet is read now; errDedupReading while a full
+// read runs.
 func (s *Store) readyDedup(commitEnd int64) error {
-	if s.dedup.Load() == nil {
-		return nil
-	}
-	r := s.group.dedup
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if !s.dedupUpToLocked(commitEnd) {
+	if !s.dedupUpTo(commitEnd) {
 		return errDedupReading
 	}
 	return nil
 }
 
-// leadDedup: this member became the ready leader; its put path keeps the
-// window from now on, which then no longer holds exactly the committed
-// keys (first puts under way, keys of puts whose outcome it may not
-// learn): should it stop leading, the window is read again.
-func (s *Store) leadDedup() {
+// forgetDedup: the window no longer holds exactly the committed keys. The
+// member became the ready leader (its put path keeps the window from now
+// on, with first puts under way and the keys of puts whose outcome it may
+// not learn: should it stop leading, the window is read again), or a
+// snapshot replaced its log. A read under way is dropped.
+func (s *Store) forgetDedup() {
 	r := s.group.dedup
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.to = -1
-	r.dropLocked()
-}
-
-// resetDedup: the log was replaced (a snapshot install). A read under way
-// is dropped; the window is read again at the next commit.
-func (s *Store) resetDedup() {
-	r := s.group.dedup
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.to = -1
-	r.dropLocked()
-}
-
-func (r *dedupReader) dropLocked() {
 	r.gen++
 	r.reading = false
 	r.ask = nil
+}
+
+// dedupUpTo is dedupUpToLocked under the lock; true without a window.
+func (s *Store) dedupUpTo(commitEnd int64) bool {
+	if s.dedup.Load() == nil {
+		return true
+	}
+	r := s.group.dedup
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return s.dedupUpToLocked(commitEnd)
 }
 
 // dedupUpToLocked makes the window hold the committed keys up to
