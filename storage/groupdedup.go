@@ -176,6 +176,9 @@ func (s *Store) dedupLoop() {
 		if r.hook != nil {
 			r.hook()
 		}
+		// Logged at its start too: while it runs, this member, elected,
+		// answers puts LEADER_NOT_READY.
+		s.opts.Logger.Info().Int64("to", a.end).Msg("storage: reading the idempotent-put window from the log, beside the raft loop")
 		s.finishDedup(a, s.buildDedup(a.end, false, r.stop))
 	}
 }
