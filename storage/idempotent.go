@@ -334,7 +334,10 @@ func (s *Store) buildDedup(end int64, verify bool, stop <-chan struct{}) *dedup.
 // (logged). The files are read under the read guard (retention does not
 // unmap them meanwhile); those retention removed already are skipped. A
 // closed stop (nil: never) ends the scan early, w then partial: a group's
-// reader goroutine stopping (groupdedup.go).
+// reader goroutine stopping (groupdedup.go). With a stop (that reader's
+// long scans), the guard is let go every 4,096 records: retention's unmap
+// waits for the readers inside, and every reader after it (the raft
+// loop's among them) waits for the unmap.
 func (s *Store) scanDedup(w *dedup.Window[dedupValue], from, end int64, verify bool, stop <-chan struct{}) (scanned, added int64) {
 	now := s.opts.Clock.Now().UnixMilli()
 	cutoff := now - s.opts.DedupWindow.Milliseconds()
@@ -346,8 +349,20 @@ func (s *Store) scanDedup(w *dedup.Window[dedupValue], from, end int64, verify b
 		}
 		data, wrote := f.Data(), min(f.Wrote(), end-f.From())
 		for n, pos := 0, max(from-f.From(), 0); pos < wrote; n++ {
-			if stop != nil && n%4096 == 0 && closed(stop) {
-				return scanned, added
+			if stop != nil && n%4096 == 0 {
+				if closed(stop) {
+					return scanned, added
+				}
+				if n > 0 {
+					s.log.ReadUnlock()
+					if s.scanYield != nil {
+						s.scanYield()
+					}
+					s.log.ReadLock()
+					if data = f.Data(); data == nil {
+						break // retention unmapped it meanwhile
+					}
+				}
 			}
 			b := data[pos:wrote]
 			if record.IsBlank(b) {

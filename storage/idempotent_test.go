@@ -440,3 +440,45 @@ func TestDedupValuePacking(t *testing.T) {
 		t.Error("a single message's value points to rare fields")
 	}
 }
+
+// TestScanDedupYields: a scan with a stop channel (a group member's window
+// read, groupdedup.go) lets the log's read guard go every 4,096 records, so
+// that retention's unmap, and every reader queued behind it, need not wait
+// for the whole scan. A file retention took off and unmapped meanwhile is
+// left from there (its keys are past what retention keeps); the files
+// after it are read as before.
+func TestScanDedupYields(t *testing.T) {
+	s, _ := openTest(t, func(o *Options) { o.FileSize = 2 << 20 })
+	body := strings.Repeat("b", 100)
+	var inFirst, total int64
+	for i := 0; ; i++ {
+		a := putOK(t, s, msg("T", body, uniq(fmt.Sprintf("k%d", i))))
+		total++
+		if a.WroteOffset < 2<<20 {
+			inFirst++
+		}
+		if a.WroteOffset >= 2<<20 && total-inFirst > 5000 {
+			break
+		}
+	}
+	end := s.log.MaxOffset()
+	s.index.Run(end) // nothing left for the dispatcher to read in the file taken off below
+	if _, added := s.scanDedup(s.newDedup(), 0, end, false, make(chan struct{})); added != total {
+		t.Fatalf("a whole scan added %d keys, want %d", added, total)
+	}
+	yields := 0
+	s.scanYield = func() {
+		yields++
+		if yields == 1 { // as retention does: off the list, then unmapped
+			if err := s.log.Files().Unmap(s.log.Files().RemoveFirst(1)); err != nil {
+				t.Error(err)
+			}
+		}
+	}
+	_, added := s.scanDedup(s.newDedup(), 0, end, false, make(chan struct{}))
+	s.scanYield = nil
+	if want := 4096 + total - inFirst; added != want || yields < 2 {
+		t.Fatalf("with the first file unmapped at the first yield: %d keys added, want %d (4,096 of the first file's %d, all %d of the second); %d yields",
+			added, want, inFirst, total-inFirst, yields)
+	}
+}

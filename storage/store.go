@@ -65,9 +65,12 @@ type Store struct {
 	seq      sequencer   // queue offsets and store times (sequence.go)
 	pulls    pullStats
 	// dedup is the idempotent-put window (idempotent.go); nil when off. A
-	// group's new leader replaces it with one rebuilt from the committed
-	// log (BecomeReady), so it is read atomically.
+	// group member's reader replaces it with one read from the committed
+	// log (groupdedup.go), so it is read atomically.
 	dedup   atomic.Pointer[dedup.Window[dedupValue]]
+	// scanYield, if set (tests), runs each time a long scan of the log for
+	// the window lets the read guard go (scanDedup).
+	scanYield func()
 	group   *groupState    // group mode (group.go); nil when standalone
 	offsets *offsets.Table // consumer offsets (consumer_offsets.go)
 	offSnap tableSnapshot  // the offset table's snapshot (offsets_snapshot.go)
