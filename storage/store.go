@@ -67,20 +67,20 @@ type Store struct {
 	// dedup is the idempotent-put window (idempotent.go); nil when off. A
 	// group member's reader replaces it with one read from the committed
 	// log (groupdedup.go), so it is read atomically.
-	dedup   atomic.Pointer[dedup.Window[dedupValue]]
+	dedup atomic.Pointer[dedup.Window[dedupValue]]
 	// scanYield, if set (tests), runs each time a long scan of the log for
 	// the window lets the read guard go (scanDedup).
 	scanYield func()
-	group   *groupState    // group mode (group.go); nil when standalone
-	offsets *offsets.Table // consumer offsets (consumer_offsets.go)
-	offSnap tableSnapshot  // the offset table's snapshot (offsets_snapshot.go)
-	popSnap tableSnapshot  // the POP table's snapshot (pop_snapshot.go)
-	txnSnap tableSnapshot  // the transaction table's snapshot (txn_snapshot.go)
-	snaps   stateSnapshots // the loop writing the three (state_snapshot.go)
-	pop     *pop.Table     // POP consumption state (pop.go)
-	popTurn atomic.Uint32  // the queue a receive starts at (pop.go)
-	txn     *txn.Table     // pending transactional half messages (transactions.go)
-	txnSvc  txnService     // ends and the check loop (transactions.go)
+	group     *groupState    // group mode (group.go); nil when standalone
+	offsets   *offsets.Table // consumer offsets (consumer_offsets.go)
+	offSnap   tableSnapshot  // the offset table's snapshot (offsets_snapshot.go)
+	popSnap   tableSnapshot  // the POP table's snapshot (pop_snapshot.go)
+	txnSnap   tableSnapshot  // the transaction table's snapshot (txn_snapshot.go)
+	snaps     stateSnapshots // the loop writing the three (state_snapshot.go)
+	pop       *pop.Table     // POP consumption state (pop.go)
+	popTurn   atomic.Uint32  // the queue a receive starts at (pop.go)
+	txn       *txn.Table     // pending transactional half messages (transactions.go)
+	txnSvc    txnService     // ends and the check loop (transactions.go)
 	// popLocks serialize a consumer group's POP changes in group mode,
 	// each from its decision to its record applied (pop.go popLock).
 	popLocks [64]sync.Mutex
