@@ -24,7 +24,7 @@ import (
 // one that led (its window misses the keys of puts whose outcome it did
 // not learn, and may hold first puts under way), one whose log a snapshot
 // replaced. A full read grows with the keys and with the log it parses
-// (up to DedupRebuildBytes): 0.15 s for a window at its bound (262,144
+// (up to DedupRebuildBytes): 0.15-0.2 s for a window at its bound (262,144
 // keys) on the machine of BENCHMARKS.md, more on a slower or loaded CPU.
 // So it runs on a goroutine of its own (dedupLoop), never on the raft
 // goroutine, where the member would answer nothing meanwhile: a leader
@@ -81,13 +81,14 @@ func newDedupReader(hook func()) *dedupReader {
 }
 
 // trackDedup keeps the window up to commitEnd (replica.Host.Committed, the
-// raft goroutine). The ready leader's put path keeps its own window.
+// raft goroutine). The ready leader's put path keeps its own window: it
+// forgot the committed state when it became ready (BecomeReady), and
+// nothing reads it again until it stops leading or a snapshot replaces
+// its log.
 func (s *Store) trackDedup(commitEnd int64, leader bool) {
-	if leader {
-		s.forgetDedup()
-		return
+	if !leader {
+		s.dedupUpTo(commitEnd)
 	}
-	s.dedupUpTo(commitEnd)
 }
 
 // readyDedup: the window must hold the keys of every put committed up to
@@ -116,7 +117,12 @@ func (s *Store) forgetDedup() {
 	r.ask = nil
 }
 
-// dedupUpTo is dedupUpToLocked under the lock; true without a window.
+// dedupUpTo makes the window hold the committed keys up to commitEnd and
+// reports whether it does (true without a window): it reads what lies
+// past to on the calling goroutine (a commit's records), or asks
+// dedupLoop for a full read when the window does not hold exactly the
+// committed keys (to -1) or holds keys past commitEnd; false while that
+// read runs.
 func (s *Store) dedupUpTo(commitEnd int64) bool {
 	if s.dedup.Load() == nil {
 		return true
@@ -124,17 +130,6 @@ func (s *Store) dedupUpTo(commitEnd int64) bool {
 	r := s.group.dedup
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return s.dedupUpToLocked(commitEnd)
-}
-
-// dedupUpToLocked makes the window hold the committed keys up to
-// commitEnd and reports whether it does: it reads what lies past to on
-// the calling goroutine (a commit's records), or asks dedupLoop for a
-// full read when the window does not hold exactly the committed keys (to
-// -1) or holds keys past commitEnd; false while that read runs.
-// REQUIRES: a window (s.dedup set), r.mu.
-func (s *Store) dedupUpToLocked(commitEnd int64) bool {
-	r := s.group.dedup
 	r.want = commitEnd
 	switch {
 	case r.reading:
