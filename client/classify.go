@@ -3,6 +3,7 @@ package client
 import (
 	"context"
 	"errors"
+	"strconv"
 	"time"
 
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
@@ -26,8 +27,9 @@ type Verdict struct {
 	// ...), when storaged sent them.
 	Reason, Cause string
 	// LeaderAddr is the leader's client address the refusal names ("":
-	// unknown).
+	// unknown), Term the term the refusing member was in (0: not named).
 	LeaderAddr string
+	Term       uint64
 	// RetryDelay is the server's RetryInfo, if HasRetryDelay.
 	RetryDelay    time.Duration
 	HasRetryDelay bool
@@ -71,6 +73,7 @@ func Classify(err error) Verdict {
 	}
 	md := info.GetMetadata()
 	v.Reason, v.Cause, v.LeaderAddr = info.GetReason(), md["cause"], md["leader_addr"]
+	v.Term, _ = strconv.ParseUint(md["term"], 10, 64)
 	v.NothingStored = st.Code() == codes.Unavailable && md["stored"] != "unknown" && md["outcome"] != "unknown"
 	return v
 }

@@ -298,7 +298,7 @@ func (s *Stream) open(ctx context.Context) (*streamConn, error) {
 	if sc, err := s.current(); sc != nil || err != nil {
 		return sc, err
 	}
-	addr, conn, err := s.t.target(ctx, "")
+	addr, conn, err := s.t.target(ctx, "", 0)
 	if err != nil {
 		return nil, err
 	}

@@ -249,8 +249,12 @@ type LeaderTracker struct {
 // (or err) set.
 type lookupCall struct {
 	done chan struct{}
-	addr string
-	err  error
+	// minTerm: a ready leader in an earlier term is not taken (a refusal
+	// that hinted at the leader named this term: a member claiming to
+	// lead in an earlier one has been deposed and does not know yet).
+	minTerm uint64
+	addr    string
+	err     error
 }
 
 // New returns a tracker over the members' addresses. Connections are made
@@ -439,9 +443,10 @@ func (t *LeaderTracker) Do(ctx context.Context, call func(context.Context, stora
 func (t *LeaderTracker) do(ctx context.Context, keyed bool, call func(context.Context, storagedv1.MessageStoreServiceClient) error) error {
 	r := t.newRetry()
 	var hint string
+	var hintTerm uint64
 	for {
-		addr, conn, err := t.target(ctx, hint)
-		hint = ""
+		addr, conn, err := t.target(ctx, hint, hintTerm)
+		hint, hintTerm = "", 0
 		var delay time.Duration
 		switch {
 		case errors.Is(err, ErrNoLeader):
@@ -481,7 +486,7 @@ func (t *LeaderTracker) do(ctx context.Context, keyed bool, call func(context.Co
 			v := Classify(err)
 			t.doubt(addr) // the next call looks the leader up first
 			if v.LeaderAddr != addr {
-				hint = v.LeaderAddr
+				hint, hintTerm = v.LeaderAddr, v.Term
 			}
 			if !v.NothingStored {
 				err = fmt.Errorf("client: put at %s (attempt %d), %w: %w", addr, r.attempt, errOutcomeUnknown, err)
@@ -551,7 +556,7 @@ func (t *LeaderTracker) doubt(addr string) {
 // target is the leader's address and connection: the known leader, or
 // the result of a lookup (one at a time; hint is tried first). The
 // caller holds a reference to the connection and must release it.
-func (t *LeaderTracker) target(ctx context.Context, hint string) (string, *grpc.ClientConn, error) {
+func (t *LeaderTracker) target(ctx context.Context, hint string, minTerm uint64) (string, *grpc.ClientConn, error) {
 	t.mu.Lock()
 	if t.closed {
 		t.mu.Unlock()
@@ -573,13 +578,13 @@ func (t *LeaderTracker) target(ctx context.Context, hint string) (string, *grpc.
 	}
 	lc := t.lookup
 	if lc == nil {
-		lc = &lookupCall{done: make(chan struct{})}
+		lc = &lookupCall{done: make(chan struct{}), minTerm: minTerm}
 		t.lookup = lc
 		if hint != "" {
-			hint = t.connLocked(hint)
+			t.connLocked(hint) // probed with the others
 		}
 		t.wg.Add(1)
-		go t.runLookup(lc, hint)
+		go t.runLookup(lc)
 	}
 	t.mu.Unlock()
 	select {
@@ -729,15 +734,16 @@ func (t *LeaderTracker) refresh() {
 	}
 }
 
-// runLookup finds the ready leader: the hinted address if it says so
-// itself, else the first member (or address hinted or learned before)
-// that does, else a leader address the members name, or a member their
-// membership names, that no one was asked about. A member that only names the
+// runLookup finds the ready leader: the first address that says so
+// itself (a member given, or an address hinted or learned before, all
+// asked at once), in the term of the refusal that hinted or a later one,
+// else a leader address the members name, or a member
+// their membership names, that no one was asked about. A member that only names the
 // leader is not enough: a dead leader is named until the others time it
 // out, and a put sent to it would end with an unknown outcome. (A
 // deposed leader that still believes it leads refuses puts without a
 // quorum of active followers, or its puts time out: unknown, never acked.)
-func (t *LeaderTracker) runLookup(lc *lookupCall, hint string) {
+func (t *LeaderTracker) runLookup(lc *lookupCall) {
 	defer t.wg.Done()
 	defer func() {
 		t.mu.Lock()
@@ -748,27 +754,23 @@ func (t *LeaderTracker) runLookup(lc *lookupCall, hint string) {
 		t.mu.Unlock()
 		close(lc.done)
 	}()
-	if hint != "" {
-		if ri, err := t.probe(t.ctx, hint); err == nil {
-			t.learn(ri)
-			if isReadyLeader(ri) {
-				lc.addr = hint
-				return
-			}
-		}
-	}
-	// The members given, the leader addresses refusals named and the
+	// Every address at once: the members given, the leader addresses
+	// refusals named (a hint's connection is made by target), and the
 	// members learned from the membership: a member added to the group
-	// since the tracker was made may lead now, and after a hint's single
-	// probe (it may not have been ready yet) no given member would ever
-	// name it again once none leads.
+	// since the tracker was made may lead now, and after a hint's probe
+	// (it may not have been ready yet) no given member would ever name it
+	// again once none leads. Not the hint first and the others after it: a
+	// hint may name a member that has just gone, and on Kubernetes a
+	// deleted pod's address drops packets rather than refusing them, so
+	// its probe would hold the lookup for ProbeTimeout (1 s without a
+	// write, in a rolling restart).
 	t.mu.Lock()
 	addrs := t.addrsLocked()
 	t.mu.Unlock()
 	lc.err = ErrNoLeader
 	var named []string
 	t.probeAll(addrs, func(addr string, ri *storagedv1.GetReplicaInfoResponse) bool {
-		found := isReadyLeader(ri) && lc.err != nil
+		found := isReadyLeader(ri) && ri.GetTerm() >= lc.minTerm && lc.err != nil
 		if found {
 			lc.addr, lc.err = addr, nil
 		}
@@ -791,19 +793,19 @@ func (t *LeaderTracker) runLookup(lc *lookupCall, hint string) {
 			named = append(named, a)
 		}
 	}
-	t.mu.Unlock()
+	var ask []string
 	for _, a := range named {
-		t.mu.Lock()
-		a = t.connLocked(a)
-		t.mu.Unlock()
-		if a == "" {
-			continue
-		}
-		if ri, err := t.probe(t.ctx, a); err == nil && isReadyLeader(ri) {
-			lc.addr, lc.err = a, nil
-			return
+		if a = t.connLocked(a); a != "" {
+			ask = append(ask, a)
 		}
 	}
+	t.mu.Unlock()
+	t.probeAll(ask, func(addr string, ri *storagedv1.GetReplicaInfoResponse) bool {
+		if isReadyLeader(ri) && ri.GetTerm() >= lc.minTerm && lc.err != nil {
+			lc.addr, lc.err = addr, nil
+		}
+		return lc.err == nil
+	})
 }
 
 // probeAll asks every address in addrs for its replica info at once, and

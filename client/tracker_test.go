@@ -42,6 +42,9 @@ type scripted struct {
 	// onProbe, if set, is called at each GetReplicaInfo with s.mu held,
 	// before the answer (it may change s's own role).
 	onProbe func(s *scripted)
+	// probeHang makes GetReplicaInfo wait for its caller to give up (an
+	// address that drops packets: a deleted pod's).
+	probeHang bool
 	// leaderAddr is the leader's client address GetReplicaInfo names.
 	leaderAddr string
 	// membership is the group's membership GetReplicaInfo reports.
@@ -131,10 +134,16 @@ func (s *scripted) probeCount() int {
 	return s.probes
 }
 
-func (s *scripted) GetReplicaInfo(context.Context, *storagedv1.GetReplicaInfoRequest) (*storagedv1.GetReplicaInfoResponse, error) {
+func (s *scripted) GetReplicaInfo(ctx context.Context, _ *storagedv1.GetReplicaInfoRequest) (*storagedv1.GetReplicaInfoResponse, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.probes++
+	if s.probeHang {
+		s.mu.Unlock()
+		<-ctx.Done()
+		s.mu.Lock()
+		return nil, status.FromContextError(ctx.Err()).Err()
+	}
 	if s.onProbe != nil {
 		s.onProbe(s)
 	}
@@ -239,12 +248,13 @@ func put(tr *LeaderTracker) error {
 }
 
 // TestTrackerFollowsHint: a leader is found and takes the first put,
-// but leadership has just moved: its refusal names the new leader, which
-// is asked and then takes the put and the next ones.
+// but leadership has just moved: its refusal names the new leader and
+// the new term, and the new leader takes the put and the next ones. The
+// deposed leader still says it leads, in the old term, and is not taken.
 func TestTrackerFollowsHint(t *testing.T) {
 	a, b, c := startScripted(t), startScripted(t), startScripted(t)
 	a.set(leader, true, 5, statusErr(codes.Unavailable,
-		info("SERVICE_NOT_AVAILABLE", map[string]string{"cause": "NOT_LEADER", "leader_addr": b.addr}), retry(0)))
+		info("SERVICE_NOT_AVAILABLE", map[string]string{"cause": "NOT_LEADER", "leader_addr": b.addr, "term": "6"}), retry(0)))
 	a.onPut = func() { b.set(leader, true, 6) }
 	tr := newTracker(t, Options{}, a, b, c)
 	for range 3 {
@@ -254,6 +264,30 @@ func TestTrackerFollowsHint(t *testing.T) {
 	}
 	if a.putCount() != 1 || b.putCount() != 3 || c.putCount() != 0 || tr.Leader() != b.addr {
 		t.Fatalf("puts a=%d b=%d c=%d, leader %s (b is %s)", a.putCount(), b.putCount(), c.putCount(), tr.Leader(), b.addr)
+	}
+}
+
+// TestTrackerHintGone: the leader refuses a put while it hands over
+// leadership (TRANSFERRING), naming an address that has gone meanwhile
+// and drops packets (a deleted pod's), while another member given is the
+// ready leader already. The lookup asks every address at once, so the
+// put is taken there; asking the hint first would hold it for
+// ProbeTimeout (an hour here: the put's 30 s would end first).
+func TestTrackerHintGone(t *testing.T) {
+	a, b, gone := startScripted(t), startScripted(t), startScripted(t)
+	gone.probeHang = true
+	a.set(leader, true, 5, statusErr(codes.Unavailable,
+		info("SERVICE_NOT_AVAILABLE", map[string]string{"cause": "TRANSFERRING", "leader_addr": gone.addr}), retry(0)))
+	a.onPut = func() {
+		a.role, a.ready = storagedv1.ReplicaRole_REPLICA_ROLE_FOLLOWER, false
+		b.set(leader, true, 6)
+	}
+	tr := newTracker(t, Options{ProbeTimeout: time.Hour}, a, b)
+	if err := put(tr); err != nil {
+		t.Fatal(err)
+	}
+	if a.putCount() != 1 || b.putCount() != 1 || tr.Leader() != b.addr {
+		t.Fatalf("puts a=%d b=%d, leader %s (b is %s)", a.putCount(), b.putCount(), tr.Leader(), b.addr)
 	}
 }
 

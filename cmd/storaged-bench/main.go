@@ -15,6 +15,7 @@
 //	storaged-bench report --in results.json           the results as a Markdown table
 //	storaged-bench pullmem --storaged BIN [flags]   server memory of concurrent maximal pulls
 //	storaged-bench syncprim --dir DIR [flags]       msync vs fdatasync latency per size on this disk
+//	storaged-bench soak --targets ADDRS [flags]     put through a running deployment, then check every ack on every member
 //
 // The floor is a MessageStoreService that stores nothing: it answers PUT_OK
 // with a plausible AppendResult, behind the same gRPC server options and
@@ -137,8 +138,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return runPullMemCommand(ctx, args, stdout, stderr)
 	case "syncprim":
 		return runSyncPrimCommand(args, stdout, stderr)
+	case "soak":
+		leanGC()
+		return runSoakCommand(ctx, args, stdout, stderr)
 	default:
-		err := fmt.Errorf("unknown subcommand %q (run, floor, matrix, limits, failover, chart, report, pullmem, syncprim)", cmd)
+		err := fmt.Errorf("unknown subcommand %q (run, floor, matrix, limits, failover, chart, report, pullmem, syncprim, soak)", cmd)
 		fmt.Fprintln(stderr, "storaged-bench:", err)
 		return usageError{err}
 	}

@@ -1,0 +1,259 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"sync"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	storagedv1 "github.com/storaged/storaged/gen/storaged/v1"
+	"github.com/storaged/storaged/internal/proctest"
+)
+
+// ackGate lets a test wait for a soak run's acks to reach a count.
+type ackGate struct {
+	mu      sync.Mutex
+	n, want int64
+	reached chan struct{}
+}
+
+// onAck is the run's hook.
+func (g *ackGate) onAck(n int64) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.n = max(g.n, n)
+	if g.reached != nil && g.n >= g.want {
+		close(g.reached)
+		g.reached = nil
+	}
+}
+
+// after returns a channel closed once more acks than now have come.
+func (g *ackGate) after(more int64) <-chan struct{} {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	c := make(chan struct{})
+	g.want, g.reached = g.n+more, c
+	return c
+}
+
+type soakOutcome struct {
+	res *SoakResult
+	err error
+}
+
+// await waits for c, failing the test if the run ends first.
+func await(t *testing.T, c <-chan struct{}, done <-chan soakOutcome, stderr fmt.Stringer) {
+	t.Helper()
+	select {
+	case <-c:
+	case r := <-done:
+		t.Fatalf("the run ended early: %v\n%s", r.err, stderr)
+	}
+}
+
+// TestSoakAgainstGroup runs the soak subcommand's writers against a local
+// group of three real storaged processes, kills the leader with SIGKILL
+// mid-run, starts it again on its data dir, and checks every ack on every
+// member: nothing lost, missing or divergent, no duplicate, and the kill
+// seen as a stretch without acks.
+func TestSoakAgainstGroup(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and starts storaged")
+	}
+	dir := t.TempDir()
+	bin := buildStoraged(t, dir)
+	var logs bytes.Buffer
+	g, err := startGroup(context.Background(), bin, dir, "--file-size 4MiB", &lockedWriter{w: &logs})
+	if err != nil {
+		t.Fatalf("%v\n%s", err, logs.String())
+	}
+	defer g.Stop()
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	o := soakOptions{targets: g.addrs(), members: g.addrs(), topic: "SoakTest", queues: 3, writers: 8, bodySize: 200,
+		duration: 5 * time.Minute, gap: 50 * time.Millisecond, verifyWait: time.Minute}
+	gate := &ackGate{}
+	first := gate.after(300)
+	stderr := &lockedBuffer{}
+	done := make(chan soakOutcome, 1)
+	go func() {
+		res, err := runSoak(ctx, o, stderr, gate.onAck)
+		done <- soakOutcome{res, err}
+	}()
+	// 300 acks, the leader killed; 300 more (a new leader takes puts);
+	// the killed member started again; 300 more; the end.
+	await(t, first, done, stderr)
+	lead, err := g.leader(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g.members[lead].kill()
+	await(t, gate.after(300), done, stderr)
+	if err := g.start(ctx, lead); err != nil {
+		t.Fatal(err)
+	}
+	await(t, gate.after(300), done, stderr)
+	cancel()
+	r := <-done
+	if r.err != nil {
+		t.Fatalf("%v\n%s", r.err, stderr)
+	}
+	res := r.res
+	if !res.OK || res.Lost != 0 || res.Duplicates != 0 || res.Corrupt != 0 || res.RefusedStored != 0 {
+		t.Errorf("checks failed: %+v\n%s", res, stderr)
+	}
+	if res.Acked < 900 || len(res.Members) != 3 {
+		t.Errorf("acked %d, members %d: want at least 900 and 3", res.Acked, len(res.Members))
+	}
+	for _, m := range res.Members {
+		if m.Missing != 0 || m.Divergent != 0 || m.Error != "" || m.Read < res.Acked {
+			t.Errorf("member %+v: want everything acked read back (%d), nothing missing or divergent", m, res.Acked)
+		}
+	}
+	if len(res.Gaps) == 0 || res.LongestGapMs < 50 {
+		t.Errorf("gaps %v, longest %v ms: the leader's kill left no stretch without acks", res.Gaps, res.LongestGapMs)
+	}
+}
+
+// lockedBuffer is a bytes.Buffer safe for the run's writers and the test.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// TestSoakChecksCatch shows that each check of the soak subcommand can
+// fail: a run against a real storaged is checked clean, then the store
+// or the run's records are made wrong one way at a time (an ack naming
+// another put's offset, a put stored twice, a body of the run damaged,
+// a second member holding other records) and the check concerned counts
+// it; another writer's message on the topic is counted, not failed.
+func TestSoakChecksCatch(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and starts storaged")
+	}
+	dir := t.TempDir()
+	bin := buildStoraged(t, dir)
+	var logs lockedBuffer
+	start := func(name string) *proc {
+		d := t.TempDir()
+		p, err := startProc(context.Background(), name, bin, storagedArgs(bin, d, "--file-size 4MiB --flush-mode sync"), &logs, nil)
+		if err != nil {
+			t.Fatalf("%v\n%s", err, logs.String())
+		}
+		t.Cleanup(func() { p.Stop() })
+		return p
+	}
+	a, b := start("a"), start("b")
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	o := soakOptions{targets: []string{a.grpc}, members: []string{a.grpc}, topic: "SoakChecks", queues: 2, writers: 4, bodySize: 128,
+		duration: 5 * time.Minute, gap: time.Minute, verifyWait: 5 * time.Second}
+	gate := &ackGate{}
+	enough := gate.after(200)
+	go func() {
+		<-enough
+		cancel()
+	}()
+	r, res, err := soakWrite(ctx, o, io.Discard, gate.onAck)
+	if err != nil {
+		t.Fatal(err)
+	}
+	check := func() SoakResult {
+		t.Helper()
+		c := *res
+		c.Members = nil
+		r.verify(context.Background(), &c, io.Discard)
+		return c
+	}
+	if c := check(); !c.OK || c.Lost != 0 || c.Members[0].Read != res.Acked+c.UnknownStored {
+		t.Fatalf("a clean run checked: %+v", c)
+	}
+
+	// An ack naming the offset of another put.
+	saved := r.acks[0]
+	r.acks[0].offset = r.acks[1].offset
+	r.acks[0].queue = r.acks[1].queue
+	if c := check(); c.OK || c.Lost != 1 {
+		t.Errorf("an ack at another put's offset: lost %d, ok %v; want 1, false", c.Lost, c.OK)
+	}
+	r.acks[0] = saved
+
+	conn, err := grpc.NewClient(a.grpc, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	put := func(c storagedv1.MessageStoreServiceClient, q int32, body []byte) {
+		t.Helper()
+		resp, err := c.PutMessage(context.Background(), &storagedv1.PutMessageRequest{Message: &storagedv1.Message{Topic: o.topic, QueueId: q, Body: body}})
+		if err != nil || resp.Status != storagedv1.PutMessageStatus_PUT_MESSAGE_STATUS_PUT_OK {
+			t.Fatalf("put: %v %v", resp, err)
+		}
+	}
+	ca := storagedv1.NewMessageStoreServiceClient(conn)
+
+	// Another writer's message: counted, not a failure.
+	put(ca, 0, []byte("not the run's"))
+	if c := check(); !c.OK || c.Foreign != 1 {
+		t.Errorf("another writer's message: foreign %d, ok %v; want 1, true", c.Foreign, c.OK)
+	}
+	// A put stored twice.
+	put(ca, 1, soakBody(r.runID, 0, 0, o.bodySize))
+	if c := check(); c.OK || c.Duplicates != 1 {
+		t.Errorf("a put stored twice: duplicates %d, ok %v; want 1, false", c.Duplicates, c.OK)
+	}
+	// A body that names the run but is not one of its puts.
+	damaged := soakBody(r.runID, 1, 0, o.bodySize)
+	damaged[len(damaged)-1] ^= 1
+	put(ca, 0, damaged)
+	if c := check(); c.OK || c.Corrupt != 1 {
+		t.Errorf("a damaged body: corrupt %d, ok %v; want 1, false", c.Corrupt, c.OK)
+	}
+
+	// A second member with the same bodies at the same offsets, but its
+	// own records (its own store host and times): every offset diverges.
+	connB, err := grpc.NewClient(b.grpc, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer connB.Close()
+	cb := storagedv1.NewMessageStoreServiceClient(connB)
+	var copied int64
+	for q := range int32(o.queues) {
+		err := proctest.PullQueue(context.Background(), ca, o.topic, q, func(m *storagedv1.StoredMessage) {
+			put(cb, q, m.Body)
+			copied++
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	o2 := o
+	o2.members = []string{a.grpc, b.grpc}
+	r.o = o2
+	c := check()
+	if c.OK || len(c.Members) != 2 || c.Members[1].Divergent != copied || c.Members[1].Missing != 0 {
+		t.Errorf("a member with other records: %+v; want all %d offsets divergent, none missing", c.Members, copied)
+	}
+}
