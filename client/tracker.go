@@ -763,13 +763,16 @@ func (t *LeaderTracker) runLookup(lc *lookupCall) {
 	// hint may name a member that has just gone, and on Kubernetes a
 	// deleted pod's address drops packets rather than refusing them, so
 	// its probe would hold the lookup for ProbeTimeout (1 s without a
-	// write, in a rolling restart).
+	// write, in a rolling restart). For the same reason a lookup that
+	// finds no ready leader among the members it is connected to does not
+	// wait for those it is not (probeSome's settle): the caller looks again
+	// after LookupInterval.
 	t.mu.Lock()
 	addrs := t.addrsLocked()
 	t.mu.Unlock()
 	lc.err = ErrNoLeader
 	var named []string
-	t.probeAll(addrs, func(addr string, ri *storagedv1.GetReplicaInfoResponse) bool {
+	t.probeSome(addrs, true, func(addr string, ri *storagedv1.GetReplicaInfoResponse) bool {
 		found := isReadyLeader(ri) && ri.GetTerm() >= lc.minTerm && lc.err != nil
 		if found {
 			lc.addr, lc.err = addr, nil
@@ -814,8 +817,29 @@ func (t *LeaderTracker) runLookup(lc *lookupCall) {
 // true the probes still running are cut short (their answers, mostly nil,
 // are still handed over). Every probe has ended when it returns.
 func (t *LeaderTracker) probeAll(addrs []string, each func(addr string, ri *storagedv1.GetReplicaInfoResponse) (enough bool)) {
+	t.probeSome(addrs, true, each)
+}
+
+// probeSome is probeAll; with settle, the probes still running are also
+// cut short once every address whose connection was up when they began
+// has answered (if one was): an address whose connection is not up yet
+// may be one that has gone and drops packets (a deleted pod's), and its
+// probe would hold the caller for ProbeTimeout. Its connection goes on
+// being made meanwhile, so the next probe of it finds it up if it is.
+func (t *LeaderTracker) probeSome(addrs []string, settle bool, each func(addr string, ri *storagedv1.GetReplicaInfoResponse) (enough bool)) {
 	ctx, cancel := context.WithCancel(t.ctx)
 	defer cancel()
+	live := map[string]bool{}
+	if settle {
+		t.mu.Lock()
+		for _, a := range addrs {
+			if c := t.conns[a]; c != nil && c.GetState() == connectivity.Ready {
+				live[a] = true
+			}
+		}
+		t.mu.Unlock()
+	}
+	pendingLive := len(live)
 	type answer struct {
 		addr string
 		ri   *storagedv1.GetReplicaInfoResponse
@@ -832,6 +856,11 @@ func (t *LeaderTracker) probeAll(addrs []string, each func(addr string, ri *stor
 		t.learn(a.ri)
 		if each(a.addr, a.ri) {
 			cancel()
+		}
+		if live[a.addr] {
+			if pendingLive--; pendingLive == 0 {
+				cancel()
+			}
 		}
 	}
 }

@@ -13,6 +13,7 @@ import (
 
 	"go.uber.org/goleak"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
@@ -287,6 +288,56 @@ func TestTrackerHintGone(t *testing.T) {
 		t.Fatal(err)
 	}
 	if a.putCount() != 1 || b.putCount() != 1 || tr.Leader() != b.addr {
+		t.Fatalf("puts a=%d b=%d, leader %s (b is %s)", a.putCount(), b.putCount(), tr.Leader(), b.addr)
+	}
+}
+
+// TestTrackerLookupSkipsGone: one of the members given has gone and its
+// address swallows connections (a listener that never answers: a deleted
+// pod's address, which drops packets, keeps a connection from coming up
+// the same way). The leader hands over (TRANSFERRING, naming the member
+// that takes over); the first lookup after it finds the new leader not
+// ready yet. It must not wait for the gone member's probe (ProbeTimeout
+// and the connection attempt's bound, an hour here: the put's 30 s would
+// end first; 1 s by default) before the next lookup finds the new leader
+// ready.
+func TestTrackerLookupSkipsGone(t *testing.T) {
+	a, b := startScripted(t), startScripted(t)
+	hole, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hole.Close() // never accepted: the client's handshake never ends
+	a.set(leader, true, 5, nil)
+	// Neither the probe nor the connection attempt gives up within the
+	// put's 30 s (the tracker's own bound on a connection attempt is 1 s).
+	tr, err := New(Options{Addrs: []string{a.addr, b.addr, hole.Addr().String()}, ProbeTimeout: time.Hour, UniqKeys: UniqKeysAsGiven,
+		InitialBackoff: time.Millisecond, DialOptions: []grpc.DialOption{grpc.WithConnectParams(grpc.ConnectParams{
+			Backoff: backoff.DefaultConfig, MinConnectTimeout: time.Hour})}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tr.Close()
+	// The first put finds a leading (its answer ends the lookup, the hole
+	// still connecting) and is taken.
+	if err := put(tr); err != nil {
+		t.Fatal(err)
+	}
+	a.set(leader, true, 5, statusErr(codes.Unavailable,
+		info("SERVICE_NOT_AVAILABLE", map[string]string{"cause": "TRANSFERRING", "leader_addr": b.addr, "term": "5"}), retry(0)))
+	a.mu.Lock()
+	a.onPut = func() { a.role, a.ready = storagedv1.ReplicaRole_REPLICA_ROLE_FOLLOWER, false }
+	a.mu.Unlock()
+	b.mu.Lock()
+	b.onProbe = func(s *scripted) {
+		// Not ready at the first probe after the refusal, ready after it.
+		s.onProbe = func(s *scripted) { s.role, s.ready, s.term = leader, true, 6 }
+	}
+	b.mu.Unlock()
+	if err := put(tr); err != nil {
+		t.Fatal(err)
+	}
+	if a.putCount() != 2 || b.putCount() != 1 || tr.Leader() != b.addr {
 		t.Fatalf("puts a=%d b=%d, leader %s (b is %s)", a.putCount(), b.putCount(), tr.Leader(), b.addr)
 	}
 }
