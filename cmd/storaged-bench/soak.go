@@ -128,8 +128,8 @@ type SoakMember struct {
 	// Missing: acknowledged puts past its end (it did not catch up within
 	// --verify-wait); Divergent: offsets where its record differs from the
 	// first member's.
-	Missing   int64 `json:"missing"`
-	Divergent int64 `json:"divergent"`
+	Missing   int64  `json:"missing"`
+	Divergent int64  `json:"divergent"`
 	Error     string `json:"error,omitempty"`
 }
 
