@@ -44,7 +44,7 @@ build() {
 		rm -f go.work go.work.sum
 		sed -i -E "s#^(\s*)(k8s\.io/[a-z0-9-]+) => \./staging/src/k8s\.io/[a-z0-9-]+#\1\2 => \2 v0.$minor#" go.mod
 		sed -i -E '/k8s\.io\/sample-(apiserver|cli-plugin|controller)/d' go.mod
-		if ! GOFLAGS=-mod=mod go list -m "k8s.io/endpointslice@v0.$minor" >/dev/null 2>&1; then
+		if ! go mod download "k8s.io/endpointslice@v0.$minor" >/dev/null 2>&1; then
 			sed -i -E "s#k8s.io/endpointslice => k8s.io/endpointslice v0\.[0-9.]+#k8s.io/endpointslice => k8s.io/endpointslice v0.${minor%.*}.$((${minor##*.} - 1))#" go.mod
 		fi
 		local ld="-s -w -X k8s.io/component-base/version.gitVersion=$KUBE_VERSION -X k8s.io/component-base/version.gitMajor=1"
@@ -365,18 +365,21 @@ scenario() { # NAME DURATION AT: a soak through the Service, one disruption AT s
 	for i in 0 1 2; do members+="storaged-$i.storaged-headless.$NS.svc.cluster.local:9090,"; done
 	"$B/storaged-bench" soak --targets "$svc:9090" --members "${members%,}" --duration "$dur" --verify-wait 3m \
 		--out "$out/$name.json" >"$out/$name.log" 2>&1 &
-	local soak=$! l
-	sleep "$at"
-	l=$(leader)
-	echo "$(date -u +%T.%3N) leader ${l%=*} (${l#*=})" | tee "$out/$name.events"
-	case $name in
-	term*) kubectl -n $NS delete pod "${l%=*}" --wait=false ;;
-	kill*) for pid in $(pgrep -f '^/ko-app/storaged'); do
-		grep -qz "^POD_IP=${l#*=}$" "/proc/$pid/environ" && kill -9 "$pid" && echo "kill -9 $pid"
-	done ;;
-	rollout*) kubectl -n $NS rollout restart statefulset/storaged ;;
-	esac 2>&1 | sed "s/^/$(date -u +%T.%3N) /" | tee -a "$out/$name.events"
-	local rc=0
+	local soak=$! l rc=0
+	# Whatever the disruption does, the soak is waited for (and checks).
+	(
+		set +e
+		sleep "$at"
+		l=$(leader) || { echo "no leader found"; exit 1; }
+		echo "$(date -u +%T.%3N) leader ${l%=*} (${l#*=})"
+		case $name in
+		term*) kubectl -n $NS delete pod "${l%=*}" --wait=false ;;
+		kill*) for pid in $(pgrep -f '^/ko-app/storaged'); do
+			if grep -qz "^POD_IP=${l#*=}$" "/proc/$pid/environ"; then kill -9 "$pid" && echo "kill -9 $pid"; fi
+		done ;;
+		rollout*) kubectl -n $NS rollout restart statefulset/storaged ;;
+		esac 2>&1 | sed "s/^/$(date -u +%T.%3N) /"
+	) | tee "$out/$name.events" || rc=1
 	wait $soak || rc=$?
 	grep '^soak:' "$out/$name.log"
 	python3 -c "import json,sys; r=json.load(open(sys.argv[1])); print('gaps', [(g['start'][11:23], g['ms']) for g in r['gaps']])" "$out/$name.json"

@@ -69,6 +69,7 @@ const (
 	soakPullBytes  = 4 << 20
 	soakPullCount  = 512
 	soakMaxExample = 10
+	soakRetryWait  = 200 * time.Millisecond
 )
 
 // SoakResult is the JSON the soak subcommand writes.
@@ -95,7 +96,8 @@ type SoakResult struct {
 	// one that lasted to the end of writing is Open.
 	GapMs float64   `json:"gap_ms"`
 	Gaps  []SoakGap `json:"gaps"`
-	// Checks of the first member: acknowledged puts not at their offset
+	// Checks of the reference member (the first one read whole):
+	// acknowledged puts not at their offset
 	// with their body, puts stored twice, bodies that name the run but are
 	// not one of its puts byte for byte, messages of other writers on the
 	// topic (not a failure), and the puts of unknown or refused outcome
@@ -107,7 +109,8 @@ type SoakResult struct {
 	Foreign       int64    `json:"foreign"`
 	UnknownStored int64    `json:"unknown_stored"`
 	RefusedStored int64    `json:"refused_stored"`
-	// Members: every member read back, the first one as the reference.
+	// Members: every member read back; one that could not be read within
+	// --verify-wait has an Error and fails the run.
 	Members []SoakMember `json:"members"`
 	OK      bool         `json:"ok"`
 }
@@ -127,7 +130,7 @@ type SoakMember struct {
 	Read       int64   `json:"read"`
 	// Missing: acknowledged puts past its end (it did not catch up within
 	// --verify-wait); Divergent: offsets where its record differs from the
-	// first member's.
+	// reference's.
 	Missing   int64  `json:"missing"`
 	Divergent int64  `json:"divergent"`
 	Error     string `json:"error,omitempty"`
@@ -479,27 +482,26 @@ func (r *soakRun) verify(ctx context.Context, res *SoakResult, stderr io.Writer)
 			highest[a.queue] = max(highest[a.queue], a.offset+1)
 		}
 	}
+	// The reference is the first member read whole: the acks are checked
+	// against it, the others compared with it.
 	var ref []soakQueue
-	for i, addr := range r.o.members {
+	for _, addr := range r.o.members {
 		m := SoakMember{Addr: addr}
 		want := highest
-		if ref != nil { // the others must reach the first member's ends
+		if ref != nil { // the others must reach the reference's ends
 			want = make([]int64, len(ref))
 			for q := range ref {
 				want[q] = ref[q].base + int64(len(ref[q].ids))
 			}
 		}
 		qs, err := r.readMember(ctx, addr, want, &m)
-		if err != nil {
+		switch {
+		case err != nil:
 			m.Error = err.Error()
-		}
-		if i == 0 {
+		case ref == nil:
 			ref = qs
-			if ref == nil {
-				ref = make([]soakQueue, r.o.queues)
-			}
 			r.checkReference(ref, res)
-		} else {
+		default:
 			for q := range qs {
 				for j, d := range qs[q].digests {
 					off := qs[q].base + int64(j)
@@ -517,8 +519,9 @@ func (r *soakRun) verify(ctx context.Context, res *SoakResult, stderr io.Writer)
 		res.Members = append(res.Members, m)
 		fmt.Fprintf(stderr, "soak: member %s: read %d, ends %v, missing %d, divergent %d %s\n", addr, m.Read, m.MaxOffsets, m.Missing, m.Divergent, m.Error)
 	}
-	// A run that stored nothing proves nothing.
-	res.OK = res.Acked > 0 && res.Lost == 0 && res.Duplicates == 0 && res.Corrupt == 0 && res.RefusedStored == 0
+	// A run that stored nothing, or whose members could not be read,
+	// proves nothing.
+	res.OK = ref != nil && res.Acked > 0 && res.Lost == 0 && res.Duplicates == 0 && res.Corrupt == 0 && res.RefusedStored == 0
 	for _, m := range res.Members {
 		res.OK = res.OK && m.Missing == 0 && m.Divergent == 0 && m.Error == ""
 	}
@@ -581,8 +584,8 @@ func (r *soakRun) checkReference(ref []soakQueue, res *SoakResult) {
 	}
 }
 
-// readMember waits until addr's queues reach want (at most --verify-wait),
-// then reads them whole.
+// readMember waits until addr's queues reach want, then reads them whole;
+// errors are retried, all within --verify-wait.
 func (r *soakRun) readMember(ctx context.Context, addr string, want []int64, m *SoakMember) ([]soakQueue, error) {
 	cc, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()),
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(dialRecvLimit)))
@@ -603,7 +606,7 @@ func (r *soakRun) readMember(ctx context.Context, addr string, want []int64, m *
 			if err == nil && info.MaxOffset >= want[q] || !time.Now().Before(deadline) {
 				break
 			}
-			if err := hold(ctx, 200*time.Millisecond); err != nil {
+			if err := hold(ctx, soakRetryWait); err != nil {
 				return qs, err
 			}
 		}
@@ -621,6 +624,14 @@ func (r *soakRun) readMember(ctx context.Context, addr string, want []int64, m *
 				MaxMessages: soakPullCount, MaxBytes: soakPullBytes, IncludeRaw: true})
 			cancel()
 			if err != nil {
+				// A member restarting (another disruption, a rollout
+				// still running) is read again until --verify-wait.
+				if time.Now().Before(deadline) {
+					if err := hold(ctx, soakRetryWait); err != nil {
+						return qs, err
+					}
+					continue
+				}
 				return qs, fmt.Errorf("queue %d at %d: %w", q, next, err)
 			}
 			if len(p.Messages) == 0 {

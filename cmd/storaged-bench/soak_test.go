@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"net"
 	"sync"
 	"testing"
 	"time"
@@ -255,5 +256,21 @@ func TestSoakChecksCatch(t *testing.T) {
 	c := check()
 	if c.OK || len(c.Members) != 2 || c.Members[1].Divergent != copied || c.Members[1].Missing != 0 {
 		t.Errorf("a member with other records: %+v; want all %d offsets divergent, none missing", c.Members, copied)
+	}
+
+	// A member that cannot be read: it fails the run, and the next one is
+	// the reference the acks are checked against.
+	gone, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	goneAddr := gone.Addr().String()
+	gone.Close()
+	o2.members, o2.verifyWait = []string{goneAddr, a.grpc}, time.Second
+	r.o = o2
+	c = check()
+	if c.OK || c.Members[0].Error == "" || c.Members[1].Error != "" || c.Lost != 0 || c.Duplicates != 1 {
+		t.Errorf("an unreadable first member: %+v, lost %d, duplicates %d; want it failed, the second checked (the put stored twice found)",
+			c.Members, c.Lost, c.Duplicates)
 	}
 }
