@@ -21,6 +21,15 @@
 // ran (and refreshed) while the group changed; a client started after the
 // change needs at least one current member among its addresses.
 //
+// A lookup asks every address it knows at once (the members, the hinted
+// and learned addresses) and takes the first that says it is the ready
+// leader, in the term of the refusal that hinted or a later one (a
+// deposed leader that has not heard yet says it leads in an earlier
+// term). It does not wait for addresses it has no connection up to once
+// every connected one has answered: a member that has gone from an
+// address that drops packets (a deleted Kubernetes pod's) would hold it
+// for the connection attempt's bound, a second, each time.
+//
 // What a put's error means for the message:
 //
 //   - nil: the message is stored (PUT_OK: committed on a majority of the

@@ -393,6 +393,7 @@ down() {
 	pkill -f "^$B/kube" || true
 	pkill -f "^$B/etcd " || true
 	for c in $(ctr -n k8s.io tasks ls -q 2>/dev/null); do ctr -n k8s.io tasks kill -s KILL "$c" >/dev/null 2>&1 || true; done
+	pkill -f containerd-shim-runc-v2 || true
 	pkill -x containerd || true
 	[ -f "$K/resolv.conf.orig" ] && cp "$K/resolv.conf.orig" /etc/resolv.conf && rm "$K/resolv.conf.orig"
 	return 0
