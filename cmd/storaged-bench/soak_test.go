@@ -83,7 +83,7 @@ func TestSoakAgainstGroup(t *testing.T) {
 		duration: 5 * time.Minute, gap: 50 * time.Millisecond, verifyWait: time.Minute}
 	gate := &ackGate{}
 	first := gate.after(300)
-	stderr := &lockedBuffer{}
+	stderr := &lockedWriter{w: &bytes.Buffer{}}
 	done := make(chan soakOutcome, 1)
 	go func() {
 		res, err := runSoak(ctx, o, stderr, gate.onAck)
@@ -124,22 +124,15 @@ func TestSoakAgainstGroup(t *testing.T) {
 	}
 }
 
-// lockedBuffer is a bytes.Buffer safe for the run's writers and the test.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
+// String returns what was written to a lockedWriter over a
+// bytes.Buffer, safe beside the writers (a test's failure message).
+func (l *lockedWriter) String() string {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
+	if b, ok := l.w.(fmt.Stringer); ok {
+		return b.String()
+	}
+	return ""
 }
 
 // TestSoakChecksCatch shows that each check of the soak subcommand can
@@ -154,10 +147,10 @@ func TestSoakChecksCatch(t *testing.T) {
 	}
 	dir := t.TempDir()
 	bin := buildStoraged(t, dir)
-	var logs lockedBuffer
+	logs := &lockedWriter{w: &bytes.Buffer{}}
 	start := func(name string) *proc {
 		d := t.TempDir()
-		p, err := startProc(context.Background(), name, bin, storagedArgs(bin, d, "--file-size 4MiB --flush-mode sync"), &logs, nil)
+		p, err := startProc(context.Background(), name, bin, storagedArgs(bin, d, "--file-size 4MiB --flush-mode sync"), logs, nil)
 		if err != nil {
 			t.Fatalf("%v\n%s", err, logs.String())
 		}
