@@ -554,7 +554,8 @@ func (t *LeaderTracker) doubt(addr string) {
 }
 
 // target is the leader's address and connection: the known leader, or
-// the result of a lookup (one at a time; hint is tried first). The
+// the result of a lookup (one at a time; hint, with the refusing member's
+// term, is asked with the others). The
 // caller holds a reference to the connection and must release it.
 func (t *LeaderTracker) target(ctx context.Context, hint string, minTerm uint64) (string, *grpc.ClientConn, error) {
 	t.mu.Lock()
@@ -762,11 +763,13 @@ func (t *LeaderTracker) runLookup(lc *lookupCall) {
 	// again once none leads. Not the hint first and the others after it: a
 	// hint may name a member that has just gone, and on Kubernetes a
 	// deleted pod's address drops packets rather than refusing them, so
-	// its probe would hold the lookup for ProbeTimeout (1 s without a
-	// write, in a rolling restart). For the same reason a lookup that
-	// finds no ready leader among the members it is connected to does not
-	// wait for those it is not (probeSome's settle): the caller looks again
-	// after LookupInterval.
+	// its probe would hold the lookup for up to ProbeTimeout. For the same
+	// reason a lookup that finds no ready leader among the members it is
+	// connected to does not wait for those it is not (probeSome's settle;
+	// the caller looks again after LookupInterval): a deleted pod's address
+	// held it for the connection attempt's bound, and each rolling restart
+	// of a real StatefulSet had 1 s without a write (BENCHMARKS.md "A real
+	// run on Kubernetes").
 	t.mu.Lock()
 	addrs := t.addrsLocked()
 	t.mu.Unlock()
