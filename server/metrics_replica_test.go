@@ -9,6 +9,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/storaged/storaged/server/peer"
 	"github.com/storaged/storaged/storage"
 )
 
@@ -87,5 +88,43 @@ func TestReplicaCollector(t *testing.T) {
 	}
 	if got := gauges(t, reg); !maps.Equal(got, want) {
 		t.Fatalf("follower without a leader:\n got %v\nwant %v", slices.Sorted(maps.Keys(got)), want)
+	}
+}
+
+// peerLinks is a PeerLinks with fixed counters.
+type peerLinks struct {
+	stats    map[uint64]peer.Stats
+	received uint64
+}
+
+func (p peerLinks) Peers() map[uint64]string {
+	out := map[uint64]string{}
+	for id := range p.stats {
+		out[id] = "127.0.0.1:" + strconv.FormatUint(9000+id, 10)
+	}
+	return out
+}
+func (p peerLinks) PeerStats(id uint64) peer.Stats { return p.stats[id] }
+func (p peerLinks) Received() uint64               { return p.received }
+
+// TestPeerCollector: the storaged_raft_peer_* counters say what the
+// transport's links say at scrape time, one series per peer; nothing
+// while the transport is not up.
+func TestPeerCollector(t *testing.T) {
+	var links PeerLinks
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(NewPeerCollector(func() PeerLinks { return links }))
+	if got := gauges(t, reg); len(got) != 0 {
+		t.Fatalf("no transport: %v", got)
+	}
+	links = peerLinks{stats: map[uint64]peer.Stats{2: {Sent: 10, Dropped: 1, Connects: 2}, 3: {Sent: 7, Connects: 1}}, received: 15}
+	want := map[string]float64{
+		"storaged_raft_peer_messages_sent_total{peer=2}": 10, "storaged_raft_peer_messages_sent_total{peer=3}": 7,
+		"storaged_raft_peer_messages_dropped_total{peer=2}": 1, "storaged_raft_peer_messages_dropped_total{peer=3}": 0,
+		"storaged_raft_peer_streams_opened_total{peer=2}": 2, "storaged_raft_peer_streams_opened_total{peer=3}": 1,
+		"storaged_raft_peer_messages_received_total": 15,
+	}
+	if got := gauges(t, reg); !maps.Equal(got, want) {
+		t.Fatalf("\n got %v\nwant %v", got, want)
 	}
 }

@@ -425,6 +425,12 @@ func serve(ctx context.Context, cfg config, logger zerolog.Logger) (err error) {
 		server.NewConsumerCollector(st, server.DefaultLagMetricGroups))
 	if cfg.Replication.group() {
 		reg.MustRegister(server.NewReplicaCollector(group.info(cfg.Replication.RaftID)),
+			server.NewPeerCollector(func() server.PeerLinks {
+				if tr := group.transport.Load(); tr != nil {
+					return tr
+				}
+				return nil // not a typed nil: the collector skips it
+			}),
 			server.NewForwardCollector(svc.ForwardStats, func() uint64 {
 				if tr := group.transport.Load(); tr != nil {
 					_, taken := tr.Forwarded()
