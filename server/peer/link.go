@@ -3,7 +3,9 @@ package peer
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -162,8 +164,11 @@ func (l *link) wait(ctx context.Context, d time.Duration) bool {
 	}
 }
 
-// stream runs one client stream until a send fails or ctx ends.
+// stream runs one client stream until a send fails, the stream ends, or
+// ctx ends.
 func (l *link) stream(ctx context.Context) error {
+	var wg sync.WaitGroup
+	defer wg.Wait() // the watcher below, once cancel (deferred after, run before) ended it
 	sctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	st, err := peerv1.NewRaftClient(l.conn).Send(sctx)
@@ -171,6 +176,18 @@ func (l *link) stream(ctx context.Context) error {
 		return err
 	}
 	l.connects.Add(1)
+	// The peer answers a stream only when it ends, so a read returns when
+	// the stream is over: the peer restarted, closed it, or the connection
+	// broke. Without it an idle stream (a follower's to another follower,
+	// used only in elections) that broke went unnoticed until the next
+	// send failed on it and dropped its batch: the first vote or pre-vote
+	// after the peer restarted was lost, and the election took another
+	// election timeout (BENCHMARKS.md "A real run on Kubernetes").
+	ended := make(chan error, 1)
+	wg.Go(func() {
+		var sum peerv1.SendSummary
+		ended <- st.RecvMsg(&sum)
+	})
 	o := &l.t.opts
 	batch := &peerv1.RaftBatch{Group: o.Group, ClusterId: o.ClusterID, From: o.ID, To: l.id, FromClientAddr: o.ClientAddr,
 		FromPeerAddr: *l.t.selfAddr.Load()}
@@ -183,6 +200,8 @@ func (l *link) stream(ctx context.Context) error {
 			select {
 			case <-ctx.Done():
 				return ctx.Err()
+			case err := <-ended:
+				return streamEnded(err)
 			case first = <-l.queue:
 				l.queuedBytes.Add(-int64(len(first)))
 			}
@@ -204,7 +223,7 @@ func (l *link) stream(ctx context.Context) error {
 				break fill
 			}
 		}
-		if err := l.sendBatch(st, batch, msgs); err != nil {
+		if err := l.sendBatch(st, batch, msgs, ended); err != nil {
 			if next != nil {
 				l.drop(1)
 			}
@@ -213,13 +232,25 @@ func (l *link) stream(ctx context.Context) error {
 	}
 }
 
-func (l *link) sendBatch(st grpc.ClientStreamingClient[peerv1.RaftBatch, peerv1.SendSummary], batch *peerv1.RaftBatch, msgs [][]byte) error {
+// streamEnded is the error of a stream whose read (the watcher's) ended
+// with err.
+func streamEnded(err error) error {
+	if err == nil || errors.Is(err, io.EOF) {
+		return errors.New("peer: the stream ended")
+	}
+	return fmt.Errorf("peer: the stream ended: %w", err)
+}
+
+// sendBatch sends msgs on st; ended is the stream's watcher (stream).
+func (l *link) sendBatch(st grpc.ClientStreamingClient[peerv1.RaftBatch, peerv1.SendSummary], batch *peerv1.RaftBatch, msgs [][]byte,
+	ended <-chan error) error {
 	batch.Msgs = msgs
 	if err := st.Send(batch); err != nil {
 		l.drop(uint64(len(msgs)))
 		if errors.Is(err, io.EOF) {
-			// The server ended the stream: its status says why.
-			_, err = st.CloseAndRecv()
+			// The server ended the stream: its status, which the
+			// watcher's read returns, says why.
+			return streamEnded(<-ended)
 		}
 		return err
 	}

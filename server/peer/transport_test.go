@@ -158,6 +158,49 @@ func TestReconnectAfterPeerRestart(t *testing.T) {
 	waitFor(t, "unreachable reported for the restart", 10*time.Second, func() bool { return r1.unreachableCount(2) > 0 })
 }
 
+// TestIdleStreamReconnects: a peer restarts while the stream to it is
+// idle (a follower's stream to another follower carries only elections).
+// The link sees the stream end and opens the next one by itself, so the
+// first message after the restart (a vote, in a group) is delivered, not
+// dropped on the dead stream.
+func TestIdleStreamReconnects(t *testing.T) {
+	lis, peers := listeners(t, 2)
+	r1, r2 := &recorder{}, &recorder{}
+	t1, err := New(lis[0], r1, testOptions(1, peers))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer t1.Close()
+	t2, err := New(lis[1], r2, testOptions(2, peers))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t1.Send(2, []byte("before"))
+	waitFor(t, "the first message", 10*time.Second, func() bool { return r2.has("before") })
+	if err := t2.Close(); err != nil {
+		t.Fatal(err)
+	}
+	var l2 net.Listener
+	waitFor(t, "the port again", 10*time.Second, func() bool {
+		l2, err = net.Listen("tcp", peers[2])
+		return err == nil
+	})
+	r2b := &recorder{}
+	t2b, err := New(l2, r2b, testOptions(2, peers))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer t2b.Close()
+	// Nothing sent since the restart: the link reconnects on its own.
+	waitFor(t, "a second stream without a message", 20*time.Second, func() bool { return t1.PeerStats(2).Connects >= 2 })
+	dropped := t1.PeerStats(2).Dropped
+	t1.Send(2, []byte("after"))
+	waitFor(t, "the one message after the restart", 20*time.Second, func() bool { return r2b.has("after") })
+	if s := t1.PeerStats(2); s.Dropped != dropped {
+		t.Errorf("dropped %d, then %d after one send", dropped, s.Dropped)
+	}
+}
+
 // A client that breaks the header rules is refused with a status naming
 // the rule, and nothing is stepped.
 func TestHeaderChecks(t *testing.T) {
