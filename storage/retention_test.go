@@ -295,32 +295,17 @@ func TestDiskWatermarksStopAndResumeWrites(t *testing.T) {
 	}
 
 	// The goroutine does the same on its own, on the clock. Each step
-	// waits until it is back on the clock (its one wait pending: the
-	// scheduler and the timer service are halted) before moving the clock: an Advance before it
-	// has re-armed would be missed, and its next wait would never fire.
+	// moves the clock until the goroutine has run a round, again each time
+	// a wait is added: another goroutine's wait could be the pending one
+	// when the retention goroutine has not re-armed yet, and a single
+	// Advance would then be missed (about 1 run in 170 under -race did).
 	disk.set(99)
-	deadline := time.NewTimer(10 * time.Second)
-	defer deadline.Stop()
 	for s.Writable() {
-		done := s.ret.RoundSignal()
-		clock.WaitPending(t, 1)
-		clock.Advance(s.opts.DiskCheckInterval)
-		select {
-		case <-done:
-		case <-deadline.C:
-			t.Fatal("the retention goroutine never saw the disk fill up")
-		}
+		clock.AdvanceUntil(t, s.opts.DiskCheckInterval, s.ret.RoundSignal(), "the retention goroutine seeing the disk fill up")
 	}
 	disk.set(10)
 	for !s.Writable() {
-		done := s.ret.RoundSignal()
-		clock.WaitPending(t, 1)
-		clock.Advance(s.opts.DiskCheckInterval)
-		select {
-		case <-done:
-		case <-deadline.C:
-			t.Fatal("the retention goroutine never saw the disk free up")
-		}
+		clock.AdvanceUntil(t, s.opts.DiskCheckInterval, s.ret.RoundSignal(), "the retention goroutine seeing the disk free up")
 	}
 }
 

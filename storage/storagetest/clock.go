@@ -74,6 +74,30 @@ func (c *Clock) Pending() int {
 	return len(c.alarms)
 }
 
+// AdvanceUntil moves the clock forward by d, again each time a wait is
+// added, until done is closed (at most 10 s, then the test fails). One
+// Advance after WaitPending can be missed when another goroutine's wait
+// was the pending one: the goroutine the test waits for then arms its
+// wait after the Advance, and nothing fires it.
+func (c *Clock) AdvanceUntil(t testing.TB, d time.Duration, done <-chan struct{}, what string) {
+	t.Helper()
+	deadline := time.NewTimer(10 * time.Second)
+	defer deadline.Stop()
+	for {
+		c.mu.Lock()
+		added := c.changed
+		c.mu.Unlock()
+		c.Advance(d)
+		select {
+		case <-done:
+			return
+		case <-added:
+		case <-deadline.C:
+			t.Fatalf("%s: not after 10s of advancing the fake clock", what)
+		}
+	}
+}
+
 // WaitPending returns once at least n waits are pending: the background
 // goroutines have gone back to waiting on the clock.
 func (c *Clock) WaitPending(t testing.TB, n int) {
