@@ -116,16 +116,19 @@ func TestDropWhenFull(t *testing.T) {
 	}
 }
 
-// A peer that restarts on the same address gets messages again: the link
-// reconnects after its stream breaks.
-func TestReconnectAfterPeerRestart(t *testing.T) {
+// peerRestarted is two transports, 1 and 2, after 1 sent 2 a message and
+// 2 was closed and started again on its address (t2b, r2b): the stream
+// from 1 to 2 has broken, with nothing sent since. Both are closed at the
+// test's end.
+func peerRestarted(t *testing.T) (t1 *Transport, r1 *recorder, t2b *Transport, r2b *recorder) {
+	t.Helper()
 	lis, peers := listeners(t, 2)
 	r1, r2 := &recorder{}, &recorder{}
 	t1, err := New(lis[0], r1, testOptions(1, peers))
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer t1.Close()
+	t.Cleanup(func() { t1.Close() })
 	t2, err := New(lis[1], r2, testOptions(2, peers))
 	if err != nil {
 		t.Fatal(err)
@@ -140,12 +143,18 @@ func TestReconnectAfterPeerRestart(t *testing.T) {
 		l2, err = net.Listen("tcp", peers[2])
 		return err == nil
 	})
-	r2b := &recorder{}
-	t2b, err := New(l2, r2b, testOptions(2, peers))
-	if err != nil {
+	r2b = &recorder{}
+	if t2b, err = New(l2, r2b, testOptions(2, peers)); err != nil {
 		t.Fatal(err)
 	}
-	defer t2b.Close()
+	t.Cleanup(func() { t2b.Close() })
+	return t1, r1, t2b, r2b
+}
+
+// A peer that restarts on the same address gets messages again: the link
+// reconnects after its stream breaks.
+func TestReconnectAfterPeerRestart(t *testing.T) {
+	t1, r1, _, r2b := peerRestarted(t)
 	k := 0
 	waitFor(t, "a message after the restart", 20*time.Second, func() bool {
 		t1.Send(2, fmt.Appendf(nil, "after %d", k))
@@ -164,33 +173,7 @@ func TestReconnectAfterPeerRestart(t *testing.T) {
 // first message after the restart (a vote, in a group) is delivered, not
 // dropped on the dead stream.
 func TestIdleStreamReconnects(t *testing.T) {
-	lis, peers := listeners(t, 2)
-	r1, r2 := &recorder{}, &recorder{}
-	t1, err := New(lis[0], r1, testOptions(1, peers))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer t1.Close()
-	t2, err := New(lis[1], r2, testOptions(2, peers))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t1.Send(2, []byte("before"))
-	waitFor(t, "the first message", 10*time.Second, func() bool { return r2.has("before") })
-	if err := t2.Close(); err != nil {
-		t.Fatal(err)
-	}
-	var l2 net.Listener
-	waitFor(t, "the port again", 10*time.Second, func() bool {
-		l2, err = net.Listen("tcp", peers[2])
-		return err == nil
-	})
-	r2b := &recorder{}
-	t2b, err := New(l2, r2b, testOptions(2, peers))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer t2b.Close()
+	t1, _, _, r2b := peerRestarted(t)
 	// Nothing sent since the restart: the link reconnects on its own.
 	waitFor(t, "a second stream without a message", 20*time.Second, func() bool { return t1.PeerStats(2).Connects >= 2 })
 	dropped := t1.PeerStats(2).Dropped
