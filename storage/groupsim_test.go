@@ -764,14 +764,15 @@ func (g *groupSim) deliverAll() {
 
 func (g *groupSim) partition() {
 	g.count("partition")
+	var gone [][2]uint64 // {reporter, member}: what the transports may say of a cut link (below)
 	g.net.mu.Lock()
-	defer g.net.mu.Unlock()
 	a := g.ids[g.rng.IntN(len(g.ids))]
 	switch g.rng.IntN(3) {
 	case 0: // isolate a
 		for _, b := range g.ids {
 			if b != a {
 				g.net.cut[[2]uint64{a, b}], g.net.cut[[2]uint64{b, a}] = true, true
+				gone = append(gone, [2]uint64{a, b}, [2]uint64{b, a})
 			}
 		}
 		g.note("isolate %d", a)
@@ -779,13 +780,51 @@ func (g *groupSim) partition() {
 		for _, b := range g.ids {
 			if b != a {
 				g.net.cut[[2]uint64{b, a}] = true
+				gone = append(gone, [2]uint64{b, a})
 			}
 		}
 		g.note("deafen %d", a)
 	default: // one link
 		b := g.ids[(slices.Index(g.ids, a)+1+g.rng.IntN(len(g.ids)-1))%len(g.ids)]
 		g.net.cut[[2]uint64{a, b}], g.net.cut[[2]uint64{b, a}] = true, true
+		gone = append(gone, [2]uint64{a, b}, [2]uint64{b, a})
 		g.note("cut %d-%d", a, b)
+	}
+	g.net.mu.Unlock()
+	// A cut that resets connections makes the next stream fail to open
+	// (the proxies of tests/cluster do so): the transport then reports
+	// the member on the other side gone although its process lives. Half
+	// the cuts do so here, a wrong report that must depose no one whose
+	// majority still hears it.
+	if g.rng.IntN(2) == 0 {
+		for _, r := range gone {
+			g.peerGone(r[0], r[1])
+		}
+	}
+}
+
+// peerGone tells reporter's store that member id's process is gone, as
+// its peer transport does when a stream id took ended and it takes no new
+// one (server/peer).
+func (g *groupSim) peerGone(reporter, id uint64) {
+	if n := g.nodes[reporter]; n != nil && n.s != nil {
+		g.count("gone")
+		g.note("%d: %d gone", reporter, id)
+		before := n.s.ReplicaInfo().LeadersForgotten
+		n.s.PeerGone(id)
+		if n.s.ReplicaInfo().LeadersForgotten > before {
+			g.count("gone: leader forgotten")
+		}
+	}
+}
+
+// goneToAll is what the others' transports report when member id's
+// process ends (crash, restart): it is gone.
+func (g *groupSim) goneToAll(id uint64) {
+	for _, r := range g.ids {
+		if r != id {
+			g.peerGone(r, id)
+		}
 	}
 }
 
@@ -820,6 +859,7 @@ func (g *groupSim) crash(id uint64) {
 	g.note("crash %d", id)
 	img := n.fs.Crash(rand.New(rand.NewPCG(g.seed, uint64(g.step))))
 	g.closeNode(n) // the old incarnation writes only to the discarded file system now
+	g.goneToAll(id)
 	n.fs = img
 	g.open(n)
 }
@@ -832,6 +872,7 @@ func (g *groupSim) restart(id uint64) {
 	g.count("restart")
 	g.note("restart %d", id)
 	g.closeNode(n)
+	g.goneToAll(id)
 	g.open(n)
 }
 

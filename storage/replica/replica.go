@@ -276,6 +276,11 @@ type Node struct {
 	// until the next response arrived.
 	ticks uint64
 	heard map[uint64]uint64
+	// hurry is the early election after PeerGone (leaderdown.go);
+	// forgotten counts the leaders this follower forgot so, and
+	// earlyCampaigns the campaigns it started for it (Info).
+	hurry                     hurry
+	forgotten, earlyCampaigns uint64
 	// snap is the staged snapshot stepped into raft (StepSnapshot), waiting
 	// for the next Ready to tell whether raft restored it.
 	snap *snapWait
@@ -533,6 +538,7 @@ func (n *Node) loop() {
 			n.mu.Lock()
 			n.ticks++
 			n.rn.Tick()
+			n.hurryLocked()
 			n.retransferLocked()
 			n.maybeReadyLocked()
 			n.mu.Unlock()
@@ -1741,6 +1747,10 @@ type Info struct {
 	// counts the vote requests it dropped so.
 	Joining       bool
 	VotesWithheld uint64
+	// LeadersForgotten counts the leaders this member forgot because their
+	// process was gone (PeerGone), EarlyCampaigns the elections it
+	// started for that before raft's election timeout.
+	LeadersForgotten, EarlyCampaigns uint64
 	// ReadaheadBytes and Readaheads: the commitlog bytes this member,
 	// leading, asked the kernel to read ahead of followers behind it, and
 	// in how many requests (Options.CatchUpReadahead).
@@ -1771,6 +1781,7 @@ func (n *Node) Info() Info {
 	st := n.rn.Status()
 	in := Info{ID: n.opts.ID, Term: st.GetTerm(), LeaderID: st.Lead, Commit: st.GetCommit(), Applied: n.commit, CommitEnd: n.end,
 		Ready: n.ready && st.RaftState == raft.StateLeader && !n.leaving && st.LeadTransferee == raft.None, Joining: n.joining, VotesWithheld: n.withheld,
+		LeadersForgotten: n.forgotten, EarlyCampaigns: n.earlyCampaigns,
 		ReadaheadBytes: n.raBytes.Load(), Readaheads: n.raCalls.Load(), StorageEntries: n.opts.Log.EntriesLatency(),
 		ReadyHandling: n.readyLat.Snapshot(), LogSync: n.opts.Log.SyncLatency(), Membership: n.members.Clone()}
 	switch st.RaftState {
