@@ -18,6 +18,7 @@ type ReplicaCollector struct {
 	hasLeader, isLeader, ready, term, commit, applied, commitEnd *prometheus.Desc
 	peerMatch, peerActive                                        *prometheus.Desc
 	entries, readahead, readaheads                               *prometheus.Desc
+	forgotten, earlyCampaigns                                    *prometheus.Desc
 	readyHandling, logSync                                       *prometheus.Desc
 }
 
@@ -42,6 +43,10 @@ func NewReplicaCollector(info func() ReplicaInfo) *ReplicaCollector {
 			"entries to apply), under the lock every put takes."),
 		readahead:  d("catchup_readahead_bytes_total", "Commitlog bytes this member, leading, asked the kernel to read ahead of followers catching up."),
 		readaheads: d("catchup_readaheads_total", "Readahead requests this member made for followers catching up."),
+		forgotten: d("leaders_forgotten_total", "Leaders this member forgot because the peer transport found their process gone "+
+			"(the connection ended, a new one refused), so that the group elects another at once."),
+		earlyCampaigns: d("early_campaigns_total", "Elections this member started after its leader's process was found gone, "+
+			"before raft's election timeout."),
 		readyHandling: d("ready_seconds", "Time of each round of the raft loop (a Ready: its writes, log sync, sends and applies); "+
 			"puts proposed meanwhile wait for the next round."),
 		logSync: d("log_sync_seconds", "Time of each sync of the raft log (commitlog bytes and index units of a Ready made durable); "+
@@ -52,7 +57,7 @@ func NewReplicaCollector(info func() ReplicaInfo) *ReplicaCollector {
 // Describe implements prometheus.Collector.
 func (c *ReplicaCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.hasLeader, c.isLeader, c.ready, c.term, c.commit, c.applied, c.commitEnd,
-		c.peerMatch, c.peerActive, c.entries, c.readahead, c.readaheads, c.readyHandling, c.logSync} {
+		c.peerMatch, c.peerActive, c.entries, c.readahead, c.readaheads, c.forgotten, c.earlyCampaigns, c.readyHandling, c.logSync} {
 		ch <- d
 	}
 }
@@ -72,6 +77,8 @@ func (c *ReplicaCollector) Collect(ch chan<- prometheus.Metric) {
 	g(c.commitEnd, float64(ri.CommitEnd))
 	ch <- prometheus.MustNewConstMetric(c.readahead, prometheus.CounterValue, float64(ri.ReadaheadBytes))
 	ch <- prometheus.MustNewConstMetric(c.readaheads, prometheus.CounterValue, float64(ri.Readaheads))
+	ch <- prometheus.MustNewConstMetric(c.forgotten, prometheus.CounterValue, float64(ri.LeadersForgotten))
+	ch <- prometheus.MustNewConstMetric(c.earlyCampaigns, prometheus.CounterValue, float64(ri.EarlyCampaigns))
 	for _, h := range []struct {
 		d *prometheus.Desc
 		s storage.HistogramSnapshot

@@ -30,6 +30,11 @@ type ReplicaInfo struct {
 	// asked the kernel to read ahead of followers catching up, and in how
 	// many requests (--raft-catchup-readahead).
 	ReadaheadBytes, Readaheads int64
+	// LeadersForgotten counts the leaders this member forgot because the
+	// peer transport found their process gone (its connection ended and
+	// a new one was refused); EarlyCampaigns the elections it started for
+	// that before raft's election timeout.
+	LeadersForgotten, EarlyCampaigns uint64
 	// StorageEntries times raft's reads of this member's log.
 	StorageEntries storage.HistogramSnapshot
 	// ReadyHandling times each round of the raft loop (a Ready: its

@@ -900,6 +900,7 @@ func (g *groupRuntime) info(id uint64) func() server.ReplicaInfo {
 		out := server.ReplicaInfo{Role: ri.Role, ID: ri.ID, Term: ri.Term, LeaderID: ri.LeaderID, Commit: ri.Commit,
 			Applied: ri.Applied, CommitEnd: ri.CommitEnd, Ready: ri.Ready,
 			ReadaheadBytes: ri.ReadaheadBytes, Readaheads: ri.Readaheads, StorageEntries: ri.StorageEntries,
+			LeadersForgotten: ri.LeadersForgotten, EarlyCampaigns: ri.EarlyCampaigns,
 			ReadyHandling: ri.ReadyHandling, LogSync: ri.LogSync, ClusterID: g.cluster, Group: g.name}
 		if u, err := st.Membership(); err == nil {
 			var addrs map[uint64]string

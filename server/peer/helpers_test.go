@@ -28,11 +28,12 @@ func waitFor(t *testing.T, what string, d time.Duration, cond func() bool) {
 }
 
 // recorder is a Stepper that keeps every message (bounded by the test's
-// own sends) and every unreachable report.
+// own sends) and every unreachable and gone report.
 type recorder struct {
 	mu          sync.Mutex
 	msgs        [][]byte
 	unreachable map[uint64]int
+	gone        map[uint64]int
 	refuse      bool
 }
 
@@ -53,6 +54,21 @@ func (r *recorder) ReportUnreachable(id uint64) {
 		r.unreachable = make(map[uint64]int)
 	}
 	r.unreachable[id]++
+}
+
+func (r *recorder) PeerGone(id uint64) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.gone == nil {
+		r.gone = make(map[uint64]int)
+	}
+	r.gone[id]++
+}
+
+func (r *recorder) goneCount(id uint64) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.gone[id]
 }
 
 func (r *recorder) count() int {

@@ -39,8 +39,10 @@ type link struct {
 	queue       chan []byte
 	queuedBytes atomic.Int64
 	// unreachable is set by drop; the Transport's reportLoop reports the
-	// peer unreachable, outside the caller's locks.
-	unreachable atomic.Bool
+	// peer unreachable, outside the caller's locks. gone is set by run
+	// when the peer took a stream and then did not take the next one: its
+	// process is gone (reportLoop tells the Stepper PeerGone).
+	unreachable, gone atomic.Bool
 
 	sent, dropped, connects atomic.Uint64
 
@@ -129,17 +131,32 @@ func (l *link) drop(n uint64) {
 }
 
 // run opens a stream, sends batches until it breaks, and opens the next
-// one after a backoff, until ctx ends.
+// one after a backoff, until ctx ends. A stream the peer took (its
+// handler's header arrived) followed by one it did not (the connection
+// refused, or not made within the connect timeout; a proxy or sidecar in
+// between that took the connection ends the stream without that header)
+// reports the peer gone, once until the peer takes a stream again: a
+// process that dies has its connections ended by the kernel and its port
+// refuses the next one, so its peers learn within a backoff what raft's
+// election timeout would tell them a second or two later
+// (storage/replica's PeerGone). A peer of a version without the header
+// is never counted up, so never reported gone.
 func (l *link) run(ctx context.Context) {
 	backoff := l.t.opts.MinBackoff
+	up := false // the peer took the last stream
 	for ctx.Err() == nil {
 		start := time.Now()
-		err := l.stream(ctx)
+		took, err := l.stream(ctx)
 		if ctx.Err() != nil {
 			return
 		}
-		l.log.Debug().Err(err).Msg("peer stream ended")
-		l.drop(0) // the stream broke: report the peer unreachable
+		l.log.Debug().Err(err).Bool("taken", took).Msg("peer stream ended")
+		if up && !took {
+			l.log.Info().Err(err).Msg("peer gone: its stream ended and it took no new one")
+			l.gone.Store(true)
+		}
+		up = took
+		l.drop(0) // the stream broke: report the peer unreachable (and gone, if so)
 		if time.Since(start) > l.t.opts.MaxBackoff {
 			backoff = l.t.opts.MinBackoff // it worked for a while: retry soon
 		}
@@ -165,19 +182,23 @@ func (l *link) wait(ctx context.Context, d time.Duration) bool {
 }
 
 // stream runs one client stream until a send fails, the stream ends, or
-// ctx ends.
-func (l *link) stream(ctx context.Context) error {
+// ctx ends; took says whether the peer's handler took it (its header
+// arrived).
+func (l *link) stream(ctx context.Context) (took bool, err error) {
 	var wg sync.WaitGroup
-	defer wg.Wait() // the watcher below, once cancel (deferred after, run before) ended it
+	var taken atomic.Bool                  // set by the watcher below
+	defer func() { took = taken.Load() }() // run last: once the watcher has returned
+	defer wg.Wait()                        // the watcher, once cancel (deferred after, run before) ended it
 	sctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	st, err := peerv1.NewRaftClient(l.conn).Send(sctx)
 	if err != nil {
-		return err
+		return false, err
 	}
 	l.connects.Add(1)
-	// The peer answers a stream only when it ends, so a read returns when
-	// the stream is over: the peer restarted, closed it, or the connection
+	// The peer sends its header when it takes the stream (run) and
+	// answers only when the stream ends, so a read returns when the
+	// stream is over: the peer restarted, closed it, or the connection
 	// broke. Without it an idle stream (a follower's to another follower,
 	// used only in elections) that broke went unnoticed until the next
 	// send failed on it and dropped its batch: the first vote or pre-vote
@@ -185,6 +206,9 @@ func (l *link) stream(ctx context.Context) error {
 	// election timeout (BENCHMARKS.md "A real run on Kubernetes").
 	ended := make(chan error, 1)
 	wg.Go(func() {
+		if md, err := st.Header(); err == nil && len(md.Get(upHeader)) > 0 {
+			taken.Store(true)
+		}
 		var sum peerv1.SendSummary
 		ended <- st.RecvMsg(&sum)
 	})
@@ -199,9 +223,9 @@ func (l *link) stream(ctx context.Context) error {
 		if first == nil {
 			select {
 			case <-ctx.Done():
-				return ctx.Err()
+				return false, ctx.Err()
 			case err := <-ended:
-				return streamEnded(err)
+				return false, streamEnded(err)
 			case first = <-l.queue:
 				l.queuedBytes.Add(-int64(len(first)))
 			}
@@ -227,7 +251,7 @@ func (l *link) stream(ctx context.Context) error {
 			if next != nil {
 				l.drop(1)
 			}
-			return err
+			return false, err
 		}
 	}
 }

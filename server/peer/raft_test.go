@@ -53,6 +53,8 @@ func (n *raftNode) ReportUnreachable(id uint64) {
 	}
 }
 
+func (n *raftNode) PeerGone(uint64) {}
+
 func (n *raftNode) run(ctx context.Context, t *testing.T) {
 	tick := time.NewTicker(10 * time.Millisecond)
 	defer tick.Stop()

@@ -12,7 +12,12 @@
 // sender's client address (so that a follower can name the leader's address
 // in its "not leader" answers) and hands each message to the Stepper. Raft
 // tolerates loss, so a full queue or a broken stream drops messages and
-// tells raft the peer is unreachable instead of waiting.
+// tells raft the peer is unreachable instead of waiting. The server side
+// answers every stream with a header at once; a stream the peer took,
+// followed by one it did not (refused, or answered by a proxy in front of
+// it), tells the Stepper the peer's process is gone (PeerGone), so that
+// a dead leader's followers elect another without waiting out raft's
+// election timeout.
 //
 // A sender that is not a peer yet, but names its peer address in the
 // header and was never removed, is a stranger: a member added while this
@@ -51,9 +56,10 @@ import (
 )
 
 // Stepper is what the transport needs from the raft node: hand it a
-// received message, and tell it a peer could not be reached (raft then
-// probes that peer instead of streaming to it). Both may be called from
-// several goroutines at once and must not block for long.
+// received message, tell it a peer could not be reached (raft then
+// probes that peer instead of streaming to it), and that a peer's process
+// is gone. All may be called from several goroutines at once and must not
+// block for long.
 type Stepper interface {
 	// StepPeer steps one marshalled raftpb.Message. An error refuses that
 	// message only (it is logged and dropped). msg points into the
@@ -63,6 +69,11 @@ type Stepper interface {
 	// ReportUnreachable says a message to peer id was dropped or its stream
 	// broke.
 	ReportUnreachable(id uint64)
+	// PeerGone says a stream peer id took ended and it took no new one
+	// (refused, or a proxy in front of it answered): its process has most
+	// likely died. It is reported once per such loss, after
+	// ReportUnreachable.
+	PeerGone(id uint64)
 }
 
 // Defaults of Options.
@@ -635,8 +646,9 @@ func (t *Transport) Send(to uint64, msg []byte) {
 	l.enqueue(msg)
 }
 
-// reportLoop tells the Stepper which peers had messages dropped. It runs
-// on a goroutine of its own because ReportUnreachable takes raft's lock:
+// reportLoop tells the Stepper which peers had messages dropped, and
+// which are gone (link.run). It runs on a goroutine of its own because
+// ReportUnreachable and PeerGone take raft's lock:
 // Send is called with that lock held, a link may be stuck opening a
 // stream to a silent peer, and SetPeer and RemovePeer, which may also be
 // called with it held, wait for a link to stop. One goroutine for all
@@ -652,8 +664,12 @@ func (t *Transport) reportLoop() {
 				if !l.unreachable.Swap(false) {
 					continue
 				}
+				gone := l.gone.Swap(false)
 				if s := t.getStepper(); s != nil {
 					s.ReportUnreachable(id)
+					if gone {
+						s.PeerGone(id)
+					}
 				}
 			}
 		}

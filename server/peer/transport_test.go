@@ -116,6 +116,37 @@ func TestDropWhenFull(t *testing.T) {
 	}
 }
 
+// connected starts transports 1 and 2 on lis[0] and lis[1] and has 1 send
+// 2 a first message, delivered. 1 is closed at the test's end, 2 by the
+// caller.
+func connected(t *testing.T, lis []net.Listener, peers map[uint64]string) (t1 *Transport, r1 *recorder, t2 *Transport) {
+	t.Helper()
+	r1, r2 := &recorder{}, &recorder{}
+	t1, err := New(lis[0], r1, testOptions(1, peers))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { t1.Close() })
+	if t2, err = New(lis[1], r2, testOptions(2, peers)); err != nil {
+		t.Fatal(err)
+	}
+	t1.Send(2, []byte("before"))
+	waitFor(t, "the first message", 10*time.Second, func() bool { return r2.has("before") })
+	return t1, r1, t2
+}
+
+// relisten listens on addr again once a closed transport has let it go.
+func relisten(t *testing.T, addr string) net.Listener {
+	t.Helper()
+	var l net.Listener
+	waitFor(t, "the port again", 10*time.Second, func() bool {
+		var err error
+		l, err = net.Listen("tcp", addr)
+		return err == nil
+	})
+	return l
+}
+
 // peerRestarted is two transports, 1 and 2, after 1 sent 2 a message and
 // 2 was closed and started again on its address (t2b, r2b): the stream
 // from 1 to 2 has broken, with nothing sent since. Both are closed at the
@@ -123,28 +154,13 @@ func TestDropWhenFull(t *testing.T) {
 func peerRestarted(t *testing.T) (t1 *Transport, r1 *recorder, t2b *Transport, r2b *recorder) {
 	t.Helper()
 	lis, peers := listeners(t, 2)
-	r1, r2 := &recorder{}, &recorder{}
-	t1, err := New(lis[0], r1, testOptions(1, peers))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { t1.Close() })
-	t2, err := New(lis[1], r2, testOptions(2, peers))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t1.Send(2, []byte("before"))
-	waitFor(t, "the first message", 10*time.Second, func() bool { return r2.has("before") })
+	t1, r1, t2 := connected(t, lis, peers)
 	if err := t2.Close(); err != nil {
 		t.Fatal(err)
 	}
-	var l2 net.Listener
-	waitFor(t, "the port again", 10*time.Second, func() bool {
-		l2, err = net.Listen("tcp", peers[2])
-		return err == nil
-	})
 	r2b = &recorder{}
-	if t2b, err = New(l2, r2b, testOptions(2, peers)); err != nil {
+	t2b, err := New(relisten(t, peers[2]), r2b, testOptions(2, peers))
+	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { t2b.Close() })
@@ -279,5 +295,78 @@ func TestPlaintextLoopbackOnly(t *testing.T) {
 		if err := o.Validate(); err == nil {
 			t.Errorf("%+v validated", o)
 		}
+	}
+}
+
+// sidecar stands in for a service mesh's proxy in front of a member
+// whose process is gone: it takes the connection and the stream, and
+// ends the stream UNAVAILABLE without the member's header (Envoy's
+// "upstream connect error"). A member of a version without the header
+// looks the same to the sender.
+type sidecar struct{ peerv1.UnimplementedRaftServer }
+
+func (sidecar) Send(grpc.ClientStreamingServer[peerv1.RaftBatch, peerv1.SendSummary]) error {
+	return status.Error(codes.Unavailable, "upstream connect error or disconnect/reset before headers")
+}
+
+// serveSidecar serves a sidecar on l until the test ends.
+func serveSidecar(t *testing.T, l net.Listener) {
+	s := grpc.NewServer()
+	peerv1.RegisterRaftServer(s, sidecar{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = s.Serve(l)
+	}()
+	t.Cleanup(func() {
+		s.Stop()
+		<-done
+	})
+}
+
+// TestPeerGone: a peer whose process is gone is reported gone once,
+// however many attempts fail after that, whether its port refuses the
+// next connection or a sidecar in front of it takes the stream and ends
+// it without the member's header; back and gone again, once more. A peer
+// that never took a stream (behind a sidecar from the start: or of a
+// version without the header) is reported unreachable, never gone:
+// nothing says it was ever up.
+func TestPeerGone(t *testing.T) {
+	lis, peers := listeners(t, 3)
+	serveSidecar(t, lis[2])
+	t1, r1, t2 := connected(t, lis, peers)
+	if n := r1.goneCount(2); n != 0 {
+		t.Fatalf("peer 2 reported gone %d times while up", n)
+	}
+	if err := t2.Close(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "peer 2 gone (its port refuses)", 10*time.Second, func() bool { return r1.goneCount(2) == 1 })
+	u := r1.unreachableCount(2)
+	waitFor(t, "three more refused attempts", 10*time.Second, func() bool { return r1.unreachableCount(2) >= u+3 })
+	if n := r1.goneCount(2); n != 1 {
+		t.Fatalf("peer 2 reported gone %d times for one loss", n)
+	}
+
+	r2b := &recorder{}
+	t2b, err := New(relisten(t, peers[2]), r2b, testOptions(2, peers))
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := 0
+	waitFor(t, "a message after the restart", 20*time.Second, func() bool {
+		t1.Send(2, fmt.Appendf(nil, "after %d", k))
+		k++
+		return r2b.count() > 0
+	})
+	if err := t2b.Close(); err != nil {
+		t.Fatal(err)
+	}
+	serveSidecar(t, relisten(t, peers[2]))
+	waitFor(t, "peer 2 gone again (behind a sidecar)", 10*time.Second, func() bool { return r1.goneCount(2) == 2 })
+
+	waitFor(t, "peer 3 unreachable", 10*time.Second, func() bool { return r1.unreachableCount(3) >= 3 })
+	if n := r1.goneCount(3); n != 0 {
+		t.Fatalf("peer 3, never up, reported gone %d times", n)
 	}
 }
