@@ -12,7 +12,8 @@
 #   scripts/k8s-node.sh up                    start containerd and the node
 #   scripts/k8s-node.sh deploy                storaged's image (ko, storaged-image ci) and the chart: a group of 3
 #   scripts/k8s-node.sh scenario NAME DUR AT  soak through the Service; at AT s: term (delete the leader pod),
-#                                             kill (kill -9 the leader), rollout (rolling restart)
+#                                             kill (kill -9 the leader), follower (kill -9 a follower),
+#                                             rollout (rolling restart)
 #   scripts/k8s-node.sh down                  stop everything (the data stays in $K8S_DIR)
 #
 # Not for production: one node, etcd without fsync, the admin certificate
@@ -376,6 +377,9 @@ scenario() { # NAME DURATION AT: a soak through the Service, one disruption AT s
 		term*) kubectl -n $NS delete pod "${l%=*}" --wait=false ;;
 		kill*) for pid in $(pgrep -f '^/ko-app/storaged'); do
 			if grep -qz "^POD_IP=${l#*=}$" "/proc/$pid/environ"; then kill -9 "$pid" && echo "kill -9 $pid"; fi
+		done ;;
+		follower*) for pid in $(pgrep -f '^/ko-app/storaged'); do # one follower, killed and restarted: its catch-up
+			if ! grep -qz "^POD_IP=${l#*=}$" "/proc/$pid/environ"; then kill -9 "$pid" && echo "kill -9 $pid (a follower)" && break; fi
 		done ;;
 		rollout*) kubectl -n $NS rollout restart statefulset/storaged ;;
 		esac 2>&1 | sed "s/^/$(date -u +%T.%3N) /"
