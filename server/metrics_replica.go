@@ -44,7 +44,7 @@ func NewReplicaCollector(info func() ReplicaInfo) *ReplicaCollector {
 		readahead:  d("catchup_readahead_bytes_total", "Commitlog bytes this member, leading, asked the kernel to read ahead of followers catching up."),
 		readaheads: d("catchup_readaheads_total", "Readahead requests this member made for followers catching up."),
 		forgotten: d("leaders_forgotten_total", "Leaders this member forgot because the peer transport found their process gone "+
-			"(the connection ended, a new one refused), so that the group elects another at once."),
+			"(its stream ended, the next attempts failed, nothing heard from it), so that the group elects another at once."),
 		earlyCampaigns: d("early_campaigns_total", "Elections this member started after its leader's process was found gone, "+
 			"before raft's election timeout."),
 		readyHandling: d("ready_seconds", "Time of each round of the raft loop (a Ready: its writes, log sync, sends and applies); "+

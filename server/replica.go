@@ -31,9 +31,9 @@ type ReplicaInfo struct {
 	// many requests (--raft-catchup-readahead).
 	ReadaheadBytes, Readaheads int64
 	// LeadersForgotten counts the leaders this member forgot because the
-	// peer transport found their process gone (its connection ended and
-	// a new one was refused); EarlyCampaigns the elections it started for
-	// that before raft's election timeout.
+	// peer transport found their process gone (its stream ended, the next
+	// attempts failed, nothing heard from it); EarlyCampaigns the
+	// elections it started for that before raft's election timeout.
 	LeadersForgotten, EarlyCampaigns uint64
 	// StorageEntries times raft's reads of this member's log.
 	StorageEntries storage.HistogramSnapshot

@@ -468,11 +468,12 @@
 //     stops with ErrLostEntries.
 //   - Peers: Transport.Send (non-blocking, may drop), Store.StepPeer,
 //     ReportUnreachable, PeerGone, ReplicaInfo; the gRPC transport is the
-//     server's. PeerGone (the transport's stream to a member ended and the
-//     member took no new one: its process died) makes a follower of that
-//     leader forget it and the survivors campaign at once, a tick apart by
-//     id, instead of after the election timeout; pre-votes keep a wrong
-//     report from deposing a live leader (replica's leaderdown.go).
+//     server's. PeerGone (the transport's stream to a member ended and it
+//     went silent while two attempts failed: its process died) makes a
+//     follower of that leader forget it and the survivors campaign at
+//     once, a tick apart by id, instead of after the election timeout;
+//     pre-votes keep a wrong report from deposing a live leader
+//     (replica's leaderdown.go).
 //
 // Retention and snapshots (§3.5). Retention is time-based per replica
 // (FileReservedTime and DeleteWhen as standalone). Before it deletes

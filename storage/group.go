@@ -864,10 +864,11 @@ func (s *Store) ReportUnreachable(id uint64) {
 	}
 }
 
-// PeerGone tells raft that peer id's process is gone (a stream it took
-// ended and it took no new one: server/peer's Stepper): a follower whose
-// leader it is forgets it and the survivors elect another at once rather
-// than after the election timeout (replica's leaderdown.go).
+// PeerGone tells raft that peer id's process is gone (its stream ended,
+// and it was not heard from while two attempts failed: server/peer's
+// Stepper): a follower whose leader it is forgets it and the survivors
+// elect another at once rather than after the election timeout
+// (replica's leaderdown.go).
 func (s *Store) PeerGone(id uint64) {
 	if s.group != nil && !s.closed.Load() {
 		s.group.node.PeerGone(id)

@@ -11,16 +11,11 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
-	"google.golang.org/grpc/metadata"
 	grpcpeer "google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 
 	peerv1 "github.com/storaged/storaged/gen/storaged/peer/v1"
 )
-
-// upHeader is the response header a member's Send handler sends as soon
-// as it takes a stream (see link.run).
-const upHeader = "storaged-peer-up"
 
 // handler serves storaged.peer.v1.Raft for a Transport.
 type handler struct {
@@ -36,12 +31,6 @@ type handler struct {
 // when another stream of the stranger replaces it).
 func (h *handler) Send(st grpc.ClientStreamingServer[peerv1.RaftBatch, peerv1.SendSummary]) error {
 	t := h.t
-	// The header says "this member's peer service took the stream" at
-	// once: the sender counts its peer up only then (link.run), not when
-	// a proxy or a mesh's sidecar in between took the connection.
-	if err := st.SendHeader(metadata.Pairs(upHeader, "1")); err != nil {
-		return err
-	}
 	var sum peerv1.SendSummary
 	var from uint64 // fixed by the first batch
 	// rb's msgs point into the codec's buffer (codec.go) until the next
@@ -84,6 +73,9 @@ func (h *handler) Send(st grpc.ClientStreamingServer[peerv1.RaftBatch, peerv1.Se
 		}
 		if a := b.GetFromClientAddr(); a != "" {
 			t.setClientAddr(from, a)
+		}
+		if l := t.knownLink(from); l != nil {
+			l.heard.Add(1) // the peer is up (link.run)
 		}
 		sum.Batches++
 		s := t.getStepper()

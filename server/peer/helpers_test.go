@@ -3,6 +3,7 @@ package peer
 import (
 	"errors"
 	"net"
+	"slices"
 	"strconv"
 	"sync"
 	"testing"
@@ -69,6 +70,13 @@ func (r *recorder) goneCount(id uint64) int {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.gone[id]
+}
+
+// all is a copy of the messages kept so far.
+func (r *recorder) all() [][]byte {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.msgs)
 }
 
 func (r *recorder) count() int {

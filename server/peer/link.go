@@ -40,9 +40,11 @@ type link struct {
 	queuedBytes atomic.Int64
 	// unreachable is set by drop; the Transport's reportLoop reports the
 	// peer unreachable, outside the caller's locks. gone is set by run
-	// when the peer took a stream and then did not take the next one: its
-	// process is gone (reportLoop tells the Stepper PeerGone).
+	// when the peer's process is gone (reportLoop tells the Stepper
+	// PeerGone). heard counts the batches that arrived from the peer on
+	// its own stream to this member (the handler).
 	unreachable, gone atomic.Bool
+	heard             atomic.Uint64
 
 	sent, dropped, connects atomic.Uint64
 
@@ -131,43 +133,72 @@ func (l *link) drop(n uint64) {
 }
 
 // run opens a stream, sends batches until it breaks, and opens the next
-// one after a backoff, until ctx ends. A stream the peer took (its
-// handler's header arrived) followed by one it did not (the connection
-// refused, or not made within the connect timeout; a proxy or sidecar in
-// between that took the connection ends the stream without that header)
-// reports the peer gone, once until the peer takes a stream again: a
-// process that dies has its connections ended by the kernel and its port
-// refuses the next one, so its peers learn within a backoff what raft's
-// election timeout would tell them a second or two later
-// (storage/replica's PeerGone). A peer of a version without the header
-// is never counted up, so never reported gone.
+// one, until ctx ends: at once after a stream that lived longer than
+// MaxBackoff, else a backoff after the last one was opened (doubling up to
+// MaxBackoff), so that attempts that fail come no faster than one a
+// backoff.
+//
+// It also tells when the peer's process is gone: the peer was heard from
+// while a stream to it was open (a batch of its own arrived on its stream
+// to this member; a leader sends heartbeats every tick), then two
+// attempts in a row ended within MaxBackoff of their start (refused, or
+// ended at once by a proxy or a mesh's sidecar answering for a member
+// that is gone), the first right after the stream ended, the second a
+// backoff later, and nothing came from the peer between the end of the
+// first and the end of the second. That is reported once, until the peer
+// is heard from again over an open stream. A process that dies has its
+// connections ended by the kernel and its port refuses the next, so a
+// leader's followers learn within a backoff what raft's election timeout
+// would tell them a second or two later (storage/replica's PeerGone). The
+// second attempt is there for a connection that broke while the peer
+// lives (the first may fail at once on the connection being torn down,
+// and a live leader is heard from within a backoff), and for the last
+// batches of a dying peer, which may arrive just after its stream ended.
+// A peer that sends this member nothing (a follower, to another follower)
+// is never reported gone, and only raft's timeout is lost by that.
 func (l *link) run(ctx context.Context) {
 	backoff := l.t.opts.MinBackoff
-	up := false // the peer took the last stream
+	up := false             // heard from while a stream was open, since the last report (run's doc)
+	short := 0              // attempts in a row that ended within MaxBackoff
+	heard := l.heard.Load() // as the last attempt ended
 	for ctx.Err() == nil {
 		start := time.Now()
-		took, err := l.stream(ctx)
+		opened, err := l.stream(ctx)
 		if ctx.Err() != nil {
 			return
 		}
-		l.log.Debug().Err(err).Bool("taken", took).Msg("peer stream ended")
-		if up && !took {
-			l.log.Info().Err(err).Msg("peer gone: its stream ended and it took no new one")
+		// Heard from between the end of the attempt before and this one's.
+		// Only the last such stretch must be silent: the batches a dying
+		// peer sent last may arrive as its stream ends, or just after.
+		h := l.heard.Load()
+		silent := h == heard
+		heard = h
+		up = up || (opened && !silent) // heard while a stream was open
+		lived := time.Since(start)
+		if lived > l.t.opts.MaxBackoff {
+			short = 0
+		} else {
+			short++
+		}
+		l.log.Debug().Err(err).Bool("silent", silent).Int("short", short).Msg("peer stream ended")
+		if up && silent && short >= 2 {
+			l.log.Info().Err(err).Msg("peer gone: its stream ended, two attempts failed and it was not heard from")
 			l.gone.Store(true)
+			up = false
 		}
-		up = took
 		l.drop(0) // the stream broke: report the peer unreachable (and gone, if so)
-		if time.Since(start) > l.t.opts.MaxBackoff {
-			backoff = l.t.opts.MinBackoff // it worked for a while: retry soon
+		if lived > l.t.opts.MaxBackoff {
+			backoff = l.t.opts.MinBackoff // it worked for a while: open the next at once
+			continue
 		}
-		if !l.wait(ctx, backoff) {
+		if !l.wait(ctx, backoff-time.Since(start)) {
 			return
 		}
 		backoff = min(2*backoff, l.t.opts.MaxBackoff)
 	}
 }
 
-// wait sleeps d or until ctx ends (false).
+// wait sleeps d (nothing if d <= 0) or until ctx ends (false).
 func (l *link) wait(ctx context.Context, d time.Duration) bool {
 	timer := time.NewTimer(d)
 	defer timer.Stop()
@@ -182,13 +213,10 @@ func (l *link) wait(ctx context.Context, d time.Duration) bool {
 }
 
 // stream runs one client stream until a send fails, the stream ends, or
-// ctx ends; took says whether the peer's handler took it (its header
-// arrived).
-func (l *link) stream(ctx context.Context) (took bool, err error) {
+// ctx ends; opened says whether the stream was opened at all.
+func (l *link) stream(ctx context.Context) (opened bool, err error) {
 	var wg sync.WaitGroup
-	var taken atomic.Bool                  // set by the watcher below
-	defer func() { took = taken.Load() }() // run last: once the watcher has returned
-	defer wg.Wait()                        // the watcher, once cancel (deferred after, run before) ended it
+	defer wg.Wait() // the watcher below, once cancel (deferred after, run before) ended it
 	sctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	st, err := peerv1.NewRaftClient(l.conn).Send(sctx)
@@ -196,9 +224,8 @@ func (l *link) stream(ctx context.Context) (took bool, err error) {
 		return false, err
 	}
 	l.connects.Add(1)
-	// The peer sends its header when it takes the stream (run) and
-	// answers only when the stream ends, so a read returns when the
-	// stream is over: the peer restarted, closed it, or the connection
+	// The peer answers a stream only when it ends, so a read returns when
+	// the stream is over: the peer restarted, closed it, or the connection
 	// broke. Without it an idle stream (a follower's to another follower,
 	// used only in elections) that broke went unnoticed until the next
 	// send failed on it and dropped its batch: the first vote or pre-vote
@@ -206,9 +233,6 @@ func (l *link) stream(ctx context.Context) (took bool, err error) {
 	// election timeout (BENCHMARKS.md "A real run on Kubernetes").
 	ended := make(chan error, 1)
 	wg.Go(func() {
-		if md, err := st.Header(); err == nil && len(md.Get(upHeader)) > 0 {
-			taken.Store(true)
-		}
 		var sum peerv1.SendSummary
 		ended <- st.RecvMsg(&sum)
 	})
@@ -223,9 +247,9 @@ func (l *link) stream(ctx context.Context) (took bool, err error) {
 		if first == nil {
 			select {
 			case <-ctx.Done():
-				return false, ctx.Err()
+				return true, ctx.Err()
 			case err := <-ended:
-				return false, streamEnded(err)
+				return true, streamEnded(err)
 			case first = <-l.queue:
 				l.queuedBytes.Add(-int64(len(first)))
 			}
@@ -251,7 +275,7 @@ func (l *link) stream(ctx context.Context) (took bool, err error) {
 			if next != nil {
 				l.drop(1)
 			}
-			return false, err
+			return true, err
 		}
 	}
 }

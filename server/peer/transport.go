@@ -12,12 +12,11 @@
 // sender's client address (so that a follower can name the leader's address
 // in its "not leader" answers) and hands each message to the Stepper. Raft
 // tolerates loss, so a full queue or a broken stream drops messages and
-// tells raft the peer is unreachable instead of waiting. The server side
-// answers every stream with a header at once; a stream the peer took,
-// followed by one it did not (refused, or answered by a proxy in front of
-// it), tells the Stepper the peer's process is gone (PeerGone), so that
-// a dead leader's followers elect another without waiting out raft's
-// election timeout.
+// tells raft the peer is unreachable instead of waiting. A peer that was
+// heard from, whose stream then ended and the next two attempts failed
+// with nothing heard from it meanwhile, is reported gone (PeerGone,
+// link.run), so that a dead leader's followers elect another without
+// waiting out raft's election timeout.
 //
 // A sender that is not a peer yet, but names its peer address in the
 // header and was never removed, is a stranger: a member added while this
@@ -69,10 +68,11 @@ type Stepper interface {
 	// ReportUnreachable says a message to peer id was dropped or its stream
 	// broke.
 	ReportUnreachable(id uint64)
-	// PeerGone says a stream peer id took ended and it took no new one
-	// (refused, or a proxy in front of it answered): its process has most
-	// likely died. It is reported once per such loss, after
-	// ReportUnreachable.
+	// PeerGone says peer id, which was heard from, has gone silent: the
+	// stream to it ended and the next two attempts failed (refused, or a
+	// proxy in front of it answered) with nothing from it meanwhile. Its
+	// process has most likely died. It is reported once per such loss,
+	// after ReportUnreachable.
 	PeerGone(id uint64)
 }
 

@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -15,6 +17,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	peerv1 "github.com/storaged/storaged/gen/storaged/peer/v1"
+	"github.com/storaged/storaged/internal/nemesis"
 )
 
 // Every transport of three sends to the other two; each message arrives
@@ -300,9 +303,7 @@ func TestPlaintextLoopbackOnly(t *testing.T) {
 
 // sidecar stands in for a service mesh's proxy in front of a member
 // whose process is gone: it takes the connection and the stream, and
-// ends the stream UNAVAILABLE without the member's header (Envoy's
-// "upstream connect error"). A member of a version without the header
-// looks the same to the sender.
+// ends the stream UNAVAILABLE at once (Envoy's "upstream connect error").
 type sidecar struct{ peerv1.UnimplementedRaftServer }
 
 func (sidecar) Send(grpc.ClientStreamingServer[peerv1.RaftBatch, peerv1.SendSummary]) error {
@@ -324,17 +325,29 @@ func serveSidecar(t *testing.T, l net.Listener) {
 	})
 }
 
-// TestPeerGone: a peer whose process is gone is reported gone once,
-// however many attempts fail after that, whether its port refuses the
-// next connection or a sidecar in front of it takes the stream and ends
-// it without the member's header; back and gone again, once more. A peer
-// that never took a stream (behind a sidecar from the start: or of a
-// version without the header) is reported unreachable, never gone:
-// nothing says it was ever up.
+// heardFrom has from send to's transport messages tagged tag until to's
+// recorder has one (from is up and heard: link.run).
+func heardFrom(t *testing.T, tag string, from *Transport, toID uint64, to *recorder) {
+	t.Helper()
+	k := 0
+	waitFor(t, "a message "+tag, 20*time.Second, func() bool {
+		from.Send(toID, fmt.Appendf(nil, "%s %d", tag, k))
+		k++
+		return slices.ContainsFunc(to.all(), func(b []byte) bool { return strings.HasPrefix(string(b), tag+" ") })
+	})
+}
+
+// TestPeerGone: a peer that was heard from and whose process is gone is
+// reported gone once, however many attempts fail after that, whether its
+// port refuses the next connection or a sidecar in front of it takes the
+// stream and ends it at once; back, heard from and gone again, once more.
+// A peer never heard from (behind the sidecar from the start; or one that
+// sends this member nothing) is reported unreachable, never gone.
 func TestPeerGone(t *testing.T) {
 	lis, peers := listeners(t, 3)
 	serveSidecar(t, lis[2])
 	t1, r1, t2 := connected(t, lis, peers)
+	heardFrom(t, "from 2", t2, 1, r1)
 	if n := r1.goneCount(2); n != 0 {
 		t.Fatalf("peer 2 reported gone %d times while up", n)
 	}
@@ -353,12 +366,8 @@ func TestPeerGone(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	k := 0
-	waitFor(t, "a message after the restart", 20*time.Second, func() bool {
-		t1.Send(2, fmt.Appendf(nil, "after %d", k))
-		k++
-		return r2b.count() > 0
-	})
+	heardFrom(t, "to 2b", t1, 2, r2b)
+	heardFrom(t, "from 2b", t2b, 1, r1)
 	if err := t2b.Close(); err != nil {
 		t.Fatal(err)
 	}
@@ -367,6 +376,67 @@ func TestPeerGone(t *testing.T) {
 
 	waitFor(t, "peer 3 unreachable", 10*time.Second, func() bool { return r1.unreachableCount(3) >= 3 })
 	if n := r1.goneCount(3); n != 0 {
-		t.Fatalf("peer 3, never up, reported gone %d times", n)
+		t.Fatalf("peer 3, never heard from, reported gone %d times", n)
+	}
+}
+
+// TestPeerNotGoneWhileHeard: the link from 1 to 2 goes through a proxy
+// that goes away (its port refuses), so every attempt of 1's fails at
+// once, while 2's own messages still reach 1: 2 is alive, and is not
+// reported gone however many of 1's attempts fail.
+func TestPeerNotGoneWhileHeard(t *testing.T) {
+	lis, peers := listeners(t, 2)
+	p, err := nemesis.New(nemesis.Options{Target: peers[2], Seed: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	o1 := testOptions(1, map[uint64]string{1: peers[1], 2: p.Addr()})
+	// Attempts 200 ms apart, but for the first after a stream that lived
+	// longer than that, which comes at once (link.run): 2 is heard from
+	// between any two but those.
+	o1.MinBackoff, o1.MaxBackoff = 200*time.Millisecond, 200*time.Millisecond
+	r1, r2 := &recorder{}, &recorder{}
+	t1, err := New(lis[0], r1, o1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { t1.Close() })
+	t2, err := New(lis[1], r2, testOptions(2, peers))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { t2.Close() })
+	heardFrom(t, "to 2", t1, 2, r2)
+	heardFrom(t, "from 2", t2, 1, r1)
+
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() { // 2 keeps talking to 1, as a leader's heartbeats do
+		tick := time.NewTicker(5 * time.Millisecond)
+		defer tick.Stop()
+		for k := 0; ; k++ {
+			select {
+			case <-stop:
+				return
+			case <-tick.C:
+				t2.Send(1, fmt.Appendf(nil, "still here %d", k))
+			}
+		}
+	})
+	// 60 messages, 5 ms apart: the stream from 1 to 2 has lived past
+	// MaxBackoff, so 1's first attempt after the proxy goes comes at once,
+	// with nothing heard from 2 in between.
+	waitFor(t, "60 messages from 2", 20*time.Second, func() bool {
+		return len(slices.DeleteFunc(r1.all(), func(b []byte) bool { return !strings.HasPrefix(string(b), "still here ") })) >= 60
+	})
+	u := r1.unreachableCount(2)
+	if err := p.Close(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "three failed attempts while 2 is heard", 20*time.Second, func() bool { return r1.unreachableCount(2) >= u+3 })
+	close(stop)
+	wg.Wait()
+	if n := r1.goneCount(2); n != 0 {
+		t.Fatalf("peer 2, heard from all along, reported gone %d times", n)
 	}
 }

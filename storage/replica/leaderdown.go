@@ -17,8 +17,9 @@ import (
 //
 // The kernel ends the TCP connections of a process that dies, so its
 // peers' transports learn at once that it is gone: their stream to it
-// ends and the next is refused, or answered by a proxy in front of it
-// without the member's header (server/peer reports that as PeerGone). A follower told that of its leader forgets its leader (raft's
+// ends, the next attempts fail (refused, or answered by a proxy in front
+// of it) and nothing more comes from it (server/peer reports that as
+// PeerGone). A follower told that of its leader forgets it (raft's
 // ForgetLeader: it grants pre-votes at once, and turns back into a plain
 // follower if the leader speaks again), and the surviving voters
 // campaign one after the other, a tick apart in the order of their ids,
@@ -40,7 +41,8 @@ type hurry struct {
 }
 
 // PeerGone tells the node that the process of member id is gone: the
-// transport's stream to it ended and it took no new one. It acts
+// transport's stream to it ended, and the next two attempts failed with
+// nothing heard from it. It acts
 // only when id is this follower's leader (see above); otherwise it does
 // nothing. It returns at once (the campaigns run on the loop's ticks).
 func (n *Node) PeerGone(id uint64) {
@@ -54,7 +56,7 @@ func (n *Node) PeerGone(id uint64) {
 		return
 	}
 	n.forgotten++
-	n.opts.Logger.Infof("replica %d: leader %d is gone (its stream ended, it took no new one): forgot it (term %d)", n.opts.ID, id, st.GetTerm())
+	n.opts.Logger.Infof("replica %d: leader %d is gone (its stream ended, nothing heard since): forgot it (term %d)", n.opts.ID, id, st.GetTerm())
 	// The voters that may still be up, this one among them; a learner or
 	// a member that is still catching up (joining) only grants votes.
 	var up []uint64

@@ -45,9 +45,6 @@ type RaftClient interface {
 	// member, or an unknown one that gives no from_peer_addr; RESOURCE_EXHAUSTED when too many unknown
 	// members stream at once; INVALID_ARGUMENT for a batch over the size bounds). Messages may be lost: raft
 	// retries.
-	// The receiver sends the response header `storaged-peer-up: 1` as soon as it takes the stream: a sender
-	// counts the member up only then, not when a proxy in front of it took the connection, and a member
-	// that was up and takes no new stream is gone (its followers elect a new leader at once).
 	// The summary is sent when the sender closes the stream.
 	// buf:lint:ignore RPC_REQUEST_STANDARD_NAME
 	// buf:lint:ignore RPC_RESPONSE_STANDARD_NAME
@@ -184,9 +181,6 @@ type RaftServer interface {
 	// member, or an unknown one that gives no from_peer_addr; RESOURCE_EXHAUSTED when too many unknown
 	// members stream at once; INVALID_ARGUMENT for a batch over the size bounds). Messages may be lost: raft
 	// retries.
-	// The receiver sends the response header `storaged-peer-up: 1` as soon as it takes the stream: a sender
-	// counts the member up only then, not when a proxy in front of it took the connection, and a member
-	// that was up and takes no new stream is gone (its followers elect a new leader at once).
 	// The summary is sent when the sender closes the stream.
 	// buf:lint:ignore RPC_REQUEST_STANDARD_NAME
 	// buf:lint:ignore RPC_RESPONSE_STANDARD_NAME
