@@ -108,9 +108,12 @@ func TestGroupCommitMetrics(t *testing.T) {
 	wg.Wait()
 	d := read()
 	check("concurrent", c, d, sequential+writers*each)
+	// Every put was acked before the scrape, so the waits are final; the
+	// flusher may still sync after it (a gather that ends with nothing to
+	// wait for), so Stats' later read may count more syncs, never fewer.
 	s := st.Stats().GroupCommit
-	if s == nil || float64(s.Released) != d.waiters || float64(s.Syncs) != d.syncs || float64(s.AtOnce) != d.atOnce {
-		t.Errorf("metrics %+v disagree with Stats().GroupCommit %+v", d, s)
+	if s == nil || float64(s.Released) != d.waiters || float64(s.AtOnce) != d.atOnce || float64(s.Syncs) < d.syncs {
+		t.Errorf("metrics %+v disagree with Stats().GroupCommit %+v (read after them)", d, s)
 	}
 }
 

@@ -42,9 +42,9 @@ type hurry struct {
 
 // PeerGone tells the node that the process of member id is gone: the
 // transport's stream to it ended, and the next two attempts failed with
-// nothing heard from it. It acts
-// only when id is this follower's leader (see above); otherwise it does
-// nothing. It returns at once (the campaigns run on the loop's ticks).
+// nothing heard from it. It acts only when id is this follower's leader
+// (see above); otherwise it does nothing. It returns at once (the
+// campaigns run on the loop's ticks).
 func (n *Node) PeerGone(id uint64) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
