@@ -24,6 +24,7 @@ import (
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
+	"github.com/storaged/storaged/internal/metricstest"
 	"github.com/storaged/storaged/server"
 )
 
@@ -203,7 +204,7 @@ func TestStampedBinary(t *testing.T) {
 	grpcAddr := listening.str("grpc")
 	waitServing(t, dial(t, grpcAddr))
 
-	mfs, _ := getMetrics(t, listening.str("metrics"))
+	mfs, _ := metricstest.Scrape(t, listening.str("metrics"))
 	var labels map[string]string
 	if mf := mfs["storaged_build_info"]; mf != nil && len(mf.GetMetric()) == 1 && mf.GetMetric()[0].GetGauge().GetValue() == 1 {
 		labels = map[string]string{}

@@ -1,14 +1,9 @@
 package main
 
 import (
-	"bytes"
-	"io"
-	"net/http"
 	"testing"
 
-	dto "github.com/prometheus/client_model/go"
-	"github.com/prometheus/common/expfmt"
-	"github.com/prometheus/common/model"
+	"github.com/storaged/storaged/internal/metricstest"
 )
 
 // TestRaftMetrics: a group member's /metrics has the raft loop's
@@ -20,7 +15,7 @@ import (
 func TestRaftMetrics(t *testing.T) {
 	l := startLeader1(t, nil, "--metrics-listen", "127.0.0.1:0")
 	defer l.stop(t)
-	mfs, body := getMetrics(t, l.metricsAddr)
+	mfs, body := metricstest.Scrape(t, l.metricsAddr)
 	count := func(name string) uint64 {
 		mf := mfs[name]
 		if mf == nil || len(mf.GetMetric()) != 1 || mf.GetMetric()[0].GetHistogram() == nil {
@@ -52,25 +47,4 @@ func TestRaftMetrics(t *testing.T) {
 	if mf := mfs["storaged_raft_peer_messages_received_total"]; mf == nil || mf.GetMetric()[0].GetCounter().GetValue() != 0 {
 		t.Errorf("storaged_raft_peer_messages_received_total: %v, want 0", mf)
 	}
-}
-
-// getMetrics GETs /metrics from the process's metrics address and returns
-// its families, parsed, and the page.
-func getMetrics(t *testing.T, addr string) (map[string]*dto.MetricFamily, []byte) {
-	t.Helper()
-	resp, err := http.Get("http://" + addr + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	body, err := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if err != nil || resp.StatusCode != http.StatusOK {
-		t.Fatalf("GET /metrics: %d %v", resp.StatusCode, err)
-	}
-	parser := expfmt.NewTextParser(model.UTF8Validation)
-	mfs, err := parser.TextToMetricFamilies(bytes.NewReader(body))
-	if err != nil {
-		t.Fatal(err)
-	}
-	return mfs, body
 }

@@ -1,15 +1,10 @@
 package cluster
 
 import (
-	"bytes"
 	"fmt"
-	"io"
-	"net/http"
 	"testing"
 
-	"github.com/prometheus/common/expfmt"
-	"github.com/prometheus/common/model"
-
+	"github.com/storaged/storaged/internal/metricstest"
 	"github.com/storaged/storaged/internal/proctest"
 )
 
@@ -76,20 +71,7 @@ func TestGroupLeaderGone(t *testing.T) {
 // the member listening on addr (--metrics-listen).
 func counter(t *testing.T, addr, name string) float64 {
 	t.Helper()
-	resp, err := http.Get("http://" + addr + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	body, err := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if err != nil || resp.StatusCode != http.StatusOK {
-		t.Fatalf("GET %s/metrics: %d %v", addr, resp.StatusCode, err)
-	}
-	parser := expfmt.NewTextParser(model.UTF8Validation)
-	mfs, err := parser.TextToMetricFamilies(bytes.NewReader(body))
-	if err != nil {
-		t.Fatal(err)
-	}
+	mfs, body := metricstest.Scrape(t, addr)
 	mf := mfs[name]
 	if mf == nil || len(mf.GetMetric()) != 1 || mf.GetMetric()[0].GetCounter() == nil {
 		t.Fatalf("%s: not one counter on %s:\n%s", name, addr, body)
