@@ -47,6 +47,12 @@ func (h *handler) Send(st grpc.ClientStreamingServer[peerv1.RaftBatch, peerv1.Se
 		if err != nil {
 			return err
 		}
+		if from == 0 && len(b.GetMsgs()) == 0 && t.peerLink(b.GetFrom()) == nil {
+			// A hello (link.stream) from a member that is not a peer: it
+			// says nothing raft needs, and a stranger is admitted only
+			// with its first message, as before hellos.
+			continue
+		}
 		if from == 0 && t.peerLink(b.GetFrom()) == nil {
 			// Every new stream of a stranger gets a new link (its previous
 			// stream may not have ended on this side yet: its deferred
@@ -75,7 +81,7 @@ func (h *handler) Send(st grpc.ClientStreamingServer[peerv1.RaftBatch, peerv1.Se
 			t.setClientAddr(from, a)
 		}
 		if l := t.knownLink(from); l != nil {
-			l.heard.Add(1) // the peer is up (link.run)
+			l.heardFrom() // the peer is up (link.run, link.pause)
 		}
 		sum.Batches++
 		s := t.getStepper()

@@ -45,6 +45,10 @@ type link struct {
 	// its own stream to this member (the handler).
 	unreachable, gone atomic.Bool
 	heard             atomic.Uint64
+	// waiting is set while run waits between two attempts; a batch from
+	// the peer then wakes it through redial (heardFrom).
+	waiting atomic.Bool
+	redial  chan struct{}
 
 	sent, dropped, connects atomic.Uint64
 
@@ -83,6 +87,7 @@ func (t *Transport) newLink(id uint64, addr string) (*link, error) {
 		cancel: cancel,
 		done:   make(chan struct{}),
 		queue:  make(chan []byte, t.opts.QueueLen),
+		redial: make(chan struct{}, 1),
 	}, nil
 }
 
@@ -154,8 +159,8 @@ func (l *link) drop(n uint64) {
 // lives (the first may fail at once on the connection being torn down,
 // and a live leader is heard from within a backoff), and for the last
 // batches of a dying peer, which may arrive just after its stream ended.
-// A peer that sends this member nothing (a follower, to another follower)
-// is never reported gone, and only raft's timeout is lost by that.
+// Every stream begins with a hello (stream), so a follower is heard from
+// too and may be reported gone; raft acts only on its leader's loss.
 func (l *link) run(ctx context.Context) {
 	backoff := l.t.opts.MinBackoff
 	up := false             // heard from while a stream was open, since the last report (run's doc)
@@ -191,23 +196,70 @@ func (l *link) run(ctx context.Context) {
 			backoff = l.t.opts.MinBackoff // it worked for a while: open the next at once
 			continue
 		}
-		if !l.wait(ctx, backoff-time.Since(start)) {
+		ok, back := l.pause(ctx, start, backoff, heard)
+		if !ok {
 			return
 		}
-		backoff = min(2*backoff, l.t.opts.MaxBackoff)
+		if back {
+			backoff = l.t.opts.MinBackoff
+		} else {
+			backoff = min(2*backoff, l.t.opts.MaxBackoff)
+		}
 	}
 }
 
-// wait sleeps d (nothing if d <= 0) or until ctx ends (false).
-func (l *link) wait(ctx context.Context, d time.Duration) bool {
-	timer := time.NewTimer(d)
+// heardFrom counts a batch that arrived from the peer on its own stream
+// to this member (the handler), and wakes run if it is waiting to try
+// again: the peer is up.
+func (l *link) heardFrom() {
+	l.heard.Add(1)
+	if l.waiting.Load() {
+		select {
+		case l.redial <- struct{}{}:
+		default: // a wake-up is pending already
+		}
+	}
+}
+
+// pause waits between two attempts: until backoff after start, the
+// last attempt's, or, once the peer has been heard from since that
+// attempt ended (heard: the count then), until MinBackoff after start,
+// with gRPC's own reconnect backoff reset (back). A member that comes
+// back opens its stream to this one at once, and its first batch says so
+// (stream's hello): without the wake-up, this side would reach it only
+// at its next attempt, up to MaxBackoff later, and so would raft's
+// heartbeats and appends (a leader reached a restarted follower 2 s late,
+// BENCHMARKS.md "A restarted member, reached at once"). Attempts stay at
+// least MinBackoff apart however often the peer is heard (a peer that
+// reaches this member while this member's way to it fails). ok is false
+// when ctx ended.
+func (l *link) pause(ctx context.Context, start time.Time, backoff time.Duration, heard uint64) (ok, back bool) {
+	l.waiting.Store(true)
+	defer l.waiting.Store(false)
+	at := start.Add(backoff)
+	soon := start.Add(min(l.t.opts.MinBackoff, backoff))
+	// A batch that came before waiting was set woke nobody: the count
+	// tells.
+	back = l.heard.Load() != heard
+	if back {
+		at = soon
+	}
+	timer := time.NewTimer(time.Until(at))
 	defer timer.Stop()
 	for {
 		select {
 		case <-ctx.Done():
-			return false
+			return false, back
+		case <-l.redial:
+			if !back {
+				back = true
+				timer.Reset(time.Until(soon))
+			}
 		case <-timer.C:
-			return true
+			if back {
+				l.conn.ResetConnectBackoff()
+			}
+			return true, back
 		}
 	}
 }
@@ -239,6 +291,13 @@ func (l *link) stream(ctx context.Context) (opened bool, err error) {
 	o := &l.t.opts
 	batch := &peerv1.RaftBatch{Group: o.Group, ClusterId: o.ClusterID, From: o.ID, To: l.id, FromClientAddr: o.ClientAddr,
 		FromPeerAddr: *l.t.selfAddr.Load()}
+	// The hello: a batch without messages, so that the peer hears from
+	// this member as soon as its stream is up, not at raft's first message
+	// to it (a follower's comes only with an election). A peer waiting to
+	// try its own stream to this member again tries at once (pause).
+	if err := l.sendBatch(st, batch, nil, ended); err != nil {
+		return true, err
+	}
 	budget := o.MaxMsgSize - 1024 // header and framing
 	var next []byte               // a message that did not fit the previous batch
 	for {

@@ -602,6 +602,9 @@ func (t *Transport) dropStranger(id uint64, l *link) {
 // dropStrangerLocked stops stranger id's link: l only, or any when l is
 // nil. Its client address goes unless id is a peer. REQUIRES: t.mu.
 func (t *Transport) dropStrangerLocked(id uint64, l *link) {
+	if t.closed {
+		return // Close stops every link, strangers' too; stopping one here too would close its connections twice
+	}
 	cur := *t.strangers.Load()
 	old := cur[id]
 	if old == nil || (l != nil && old != l) {
