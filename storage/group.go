@@ -166,7 +166,7 @@ type GroupOptions struct {
 	// lock, where every put waits (design §8). 0 (the default): off; at
 	// most MaxCatchUpReadahead. Off by default because on the VM of
 	// BENCHMARKS.md it did not help ("Reading ahead of a follower");
-	// 32 MiB, half of what raft keeps in flight to one follower
+	// 32 MiB, four times what raft keeps in flight to one follower
 	// (replica.DefaultMaxInflightBytes), is the size to try where cold
 	// reads are slow (storaged_raft_storage_entries_seconds).
 	CatchUpReadahead int64
