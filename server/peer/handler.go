@@ -47,13 +47,13 @@ func (h *handler) Send(st grpc.ClientStreamingServer[peerv1.RaftBatch, peerv1.Se
 		if err != nil {
 			return err
 		}
-		if from == 0 && len(b.GetMsgs()) == 0 && t.peerLink(b.GetFrom()) == nil {
-			// A hello (link.stream) from a member that is not a peer: it
-			// says nothing raft needs, and a stranger is admitted only
-			// with its first message, as before hellos.
-			continue
-		}
 		if from == 0 && t.peerLink(b.GetFrom()) == nil {
+			if len(b.GetMsgs()) == 0 {
+				// A hello (link.stream) from a member that is not a peer:
+				// it says nothing raft needs, and a stranger is admitted
+				// only with its first message, as before hellos.
+				continue
+			}
 			// Every new stream of a stranger gets a new link (its previous
 			// stream may not have ended on this side yet: its deferred
 			// dropStranger then leaves the new link alone).

@@ -237,7 +237,7 @@ func (l *link) pause(ctx context.Context, start time.Time, backoff time.Duration
 	l.waiting.Store(true)
 	defer l.waiting.Store(false)
 	at := start.Add(backoff)
-	soon := start.Add(min(l.t.opts.MinBackoff, backoff))
+	soon := start.Add(l.t.opts.MinBackoff) // backoff is never less
 	// A batch that came before waiting was set woke nobody: the count
 	// tells.
 	back = l.heard.Load() != heard

@@ -341,8 +341,8 @@ func heardFrom(t *testing.T, tag string, from *Transport, toID uint64, to *recor
 // reported gone once, however many attempts fail after that, whether its
 // port refuses the next connection or a sidecar in front of it takes the
 // stream and ends it at once; back, heard from and gone again, once more.
-// A peer never heard from (behind the sidecar from the start; or one that
-// sends this member nothing) is reported unreachable, never gone.
+// A peer never heard from (behind the sidecar from the start, so not even
+// its stream's hello arrives) is reported unreachable, never gone.
 func TestPeerGone(t *testing.T) {
 	lis, peers := listeners(t, 3)
 	serveSidecar(t, lis[2])
