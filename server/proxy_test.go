@@ -32,7 +32,7 @@ func proxiedServer(t *testing.T, st Store, cfg GRPCConfig, opts ...Option) (stor
 func TestThroughProxy(t *testing.T) {
 	proxytest.Path(t) // fail or skip before opening anything
 	st, _ := openStore(t, nil)
-	ps := &pullSignal{Store: st, started: make(chan struct{}, 16)}
+	ps := &pullSignal{Store: st, started: make(chan pullCall, 16)}
 	client, _ := proxiedServer(t, ps, GRPCConfig{})
 	ctx := ctxT(t)
 

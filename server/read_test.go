@@ -345,18 +345,23 @@ func TestPullTagFilter(t *testing.T) {
 }
 
 // pullSignal wraps the real store and reports each PullMessages call as it
-// starts.
+// starts: the request the store got and when.
 type pullSignal struct {
 	*storage.Store
-	started chan struct{}
+	started chan pullCall
+}
+
+// pullCall is one PullMessages call as the store got it.
+type pullCall struct {
+	req storage.PullRequest
+	at  time.Time
 }
 
 func (p *pullSignal) PullMessages(ctx context.Context, req storage.PullRequest) (storage.PullResult, error) {
-	p.started <- struct{}{}
+	p.started <- pullCall{req, time.Now()}
 	return p.Store.PullMessages(ctx, req)
 }
 
-// serveWithPullSignal serves a real store behind pullSignal.
 // drain forgets the pulls that started so far.
 func (p *pullSignal) drain() {
 	for {
@@ -368,10 +373,11 @@ func (p *pullSignal) drain() {
 	}
 }
 
+// serveWithPullSignal serves a real store behind pullSignal.
 func serveWithPullSignal(t *testing.T, opts ...Option) (storagedv1.MessageStoreServiceClient, *pullSignal, *Service) {
 	t.Helper()
 	st, _ := openStore(t, nil)
-	ps := &pullSignal{Store: st, started: make(chan struct{}, 16)}
+	ps := &pullSignal{Store: st, started: make(chan pullCall, 16)}
 	svc := New(ps, zerolog.Nop(), opts...)
 	srv := startServer(t, svc, GRPCConfig{})
 	srv.SetServing(true)
@@ -430,7 +436,9 @@ func TestPullLongPollWakesOnArrival(t *testing.T) {
 }
 
 // TestPullWaitEnds: a pull with nothing to return answers OK and empty when
-// its wait ends; the server caps the wait, and Drain ends it at once.
+// its wait ends; the server caps the wait (at its maximum, and
+// pullDeadlineMargin before the call's deadline), and Drain ends it at
+// once.
 func TestPullWaitEnds(t *testing.T) {
 	t.Run("short wait", func(t *testing.T) {
 		client, _, _ := storeServer(t, nil)
@@ -448,15 +456,48 @@ func TestPullWaitEnds(t *testing.T) {
 			t.Fatalf("capped pull of an unknown queue: %v after %v; want NOT_FOUND at once", o.err, o.elapsed)
 		}
 	})
+	// The wait the store gets ends pullDeadlineMargin before the call's
+	// deadline. Checked on the wait itself, not by letting it run out: an
+	// empty answer that must cross back within the margin would fail on a
+	// slow machine. The server's deadline is the client's, counted from
+	// when the call arrived (grpc sends the time left, rounded up to the
+	// microsecond at this size), so the wait is bounded by times the test
+	// reads: at most the timeout less the margin, at least that less the
+	// time from before the call until the store got it, however slowly the
+	// call travelled. A put then ends the wait, long before the deadline.
 	t.Run("deadline", func(t *testing.T) {
-		client, _, _ := storeServer(t, nil)
+		const timeout = longWait / 2 // the deadline, not the wait asked for, caps it
+		const rounding = time.Millisecond
+		client, ps, _ := serveWithPullSignal(t, WithMaxPullWait(longWait))
 		put(t, client, &storagedv1.Message{Topic: "w", Body: []byte("x")})
 		pullWait(t, client, &storagedv1.PullMessagesRequest{Topic: "w"})
-		ctx, cancel := context.WithTimeout(t.Context(), 300*time.Millisecond)
+		ps.drain()
+		start := time.Now()
+		ctx, cancel := context.WithTimeout(t.Context(), timeout)
 		defer cancel()
-		resp, err := client.PullMessages(ctx, &storagedv1.PullMessagesRequest{Topic: "w", QueueOffset: 1, Wait: durationpb.New(longWait)})
-		if err != nil || len(resp.GetMessages()) != 0 {
-			t.Fatalf("pull with a deadline before its wait: %v, %v; want an empty answer before the deadline", resp, err)
+		out := make(chan pullOutcome, 1)
+		go func() {
+			resp, err := client.PullMessages(ctx, &storagedv1.PullMessagesRequest{Topic: "w", QueueOffset: 1, Wait: durationpb.New(longWait)})
+			out <- pullOutcome{resp: resp, err: err}
+		}()
+		var waiting pullCall // the store's call that waits (the first look does not)
+		for waiting.req.Wait == 0 {
+			select {
+			case waiting = <-ps.started:
+			case o := <-out:
+				t.Fatalf("pull with a deadline answered %v, %v without waiting", o.resp, o.err)
+			}
+		}
+		w, took := waiting.req.Wait, waiting.at.Sub(start)
+		if hi := timeout - pullDeadlineMargin + rounding; w > hi {
+			t.Errorf("store waits %v under a %v deadline: over %v, it may not end %v before the deadline", w, timeout, hi, pullDeadlineMargin)
+		}
+		if lo := timeout - pullDeadlineMargin - took; w < lo {
+			t.Errorf("store waits %v under a %v deadline, %v after the call began: under %v", w, timeout, took, lo)
+		}
+		put(t, client, &storagedv1.Message{Topic: "w", Body: []byte("y")})
+		if o := <-out; o.err != nil || len(o.resp.GetMessages()) != 1 || string(o.resp.GetMessages()[0].GetBody()) != "y" {
+			t.Fatalf("pull with a deadline: %v, %v; want the message put while it waited", o.resp, o.err)
 		}
 	})
 	t.Run("drain", func(t *testing.T) {
