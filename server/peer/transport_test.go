@@ -7,7 +7,6 @@ import (
 	"net"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -17,7 +16,6 @@ import (
 	"google.golang.org/grpc/status"
 
 	peerv1 "github.com/storaged/storaged/gen/storaged/peer/v1"
-	"github.com/storaged/storaged/internal/nemesis"
 )
 
 // Every transport of three sends to the other two; each message arrives
@@ -311,9 +309,29 @@ func (sidecar) Send(grpc.ClientStreamingServer[peerv1.RaftBatch, peerv1.SendSumm
 }
 
 // serveSidecar serves a sidecar on l until the test ends.
-func serveSidecar(t *testing.T, l net.Listener) {
+func serveSidecar(t *testing.T, l net.Listener) { serveRaft(t, l, sidecar{}) }
+
+// gate stands in for a mesh's sidecar in front of a member that is alive
+// but that this one cannot reach: it takes each stream and ends it
+// UNAVAILABLE when the test lets it, one stream per value on release.
+type gate struct {
+	peerv1.UnimplementedRaftServer
+	release chan struct{}
+}
+
+func (g gate) Send(st grpc.ClientStreamingServer[peerv1.RaftBatch, peerv1.SendSummary]) error {
+	select {
+	case <-g.release:
+		return status.Error(codes.Unavailable, "upstream connect error or disconnect/reset before headers")
+	case <-st.Context().Done():
+		return st.Context().Err()
+	}
+}
+
+// serveRaft serves srv as the Raft service on l until the test ends.
+func serveRaft(t *testing.T, l net.Listener, srv peerv1.RaftServer) {
 	s := grpc.NewServer()
-	peerv1.RegisterRaftServer(s, sidecar{})
+	peerv1.RegisterRaftServer(s, srv)
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
@@ -380,21 +398,25 @@ func TestPeerGone(t *testing.T) {
 	}
 }
 
-// TestPeerNotGoneWhileHeard: the link from 1 to 2 goes through a proxy
-// that goes away (its port refuses), so every attempt of 1's fails at
-// once, while 2's own messages still reach 1: 2 is alive, and is not
-// reported gone however many of 1's attempts fail.
+// TestPeerNotGoneWhileHeard: 1's way to 2 fails (a sidecar in front of 2
+// ends every stream 1 opens) while 2's own messages still reach 1: 2 is
+// alive, and is not reported gone however many of 1's attempts fail. The
+// steps go in lockstep, so that nothing depends on how fast either side
+// runs: 1 has a message from 2 before each attempt is let fail (the gate),
+// and that attempt's report is in before the next message. Every attempt
+// ends within MaxBackoff (a minute), so each counts towards the two short
+// ones of link.run's rule; only 2 being heard keeps 1 from reporting it
+// gone at the second.
 func TestPeerNotGoneWhileHeard(t *testing.T) {
 	lis, peers := listeners(t, 2)
-	p, err := nemesis.New(nemesis.Options{Target: peers[2], Seed: 1})
+	gl, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	o1 := testOptions(1, map[uint64]string{1: peers[1], 2: p.Addr()})
-	// Attempts 200 ms apart, but for the first after a stream that lived
-	// longer than that, which comes at once (link.run): 2 is heard from
-	// between any two but those.
-	o1.MinBackoff, o1.MaxBackoff = 200*time.Millisecond, 200*time.Millisecond
+	g := gate{release: make(chan struct{})}
+	serveRaft(t, gl, g)
+	o1 := testOptions(1, map[uint64]string{1: peers[1], 2: gl.Addr().String()})
+	o1.MaxBackoff = time.Minute
 	r1, r2 := &recorder{}, &recorder{}
 	t1, err := New(lis[0], r1, o1)
 	if err != nil {
@@ -406,37 +428,22 @@ func TestPeerNotGoneWhileHeard(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { t2.Close() })
-	heardFrom(t, "to 2", t1, 2, r2)
-	heardFrom(t, "from 2", t2, 1, r1)
 
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	wg.Go(func() { // 2 keeps talking to 1, as a leader's heartbeats do
-		tick := time.NewTicker(5 * time.Millisecond)
-		defer tick.Stop()
-		for k := 0; ; k++ {
-			select {
-			case <-stop:
-				return
-			case <-tick.C:
-				t2.Send(1, fmt.Appendf(nil, "still here %d", k))
-			}
+	u := r1.unreachableCount(2) // 1's first attempt is held by the gate: nothing reported yet
+	const attempts = 4
+	for k := 1; k <= attempts; k++ {
+		heardFrom(t, fmt.Sprintf("heard before attempt %d", k), t2, 1, r1)
+		select {
+		case g.release <- struct{}{}:
+		case <-time.After(20 * time.Second):
+			t.Fatalf("1's attempt %d to reach 2 never came", k)
 		}
-	})
-	// 60 messages, 5 ms apart: the stream from 1 to 2 has lived past
-	// MaxBackoff, so 1's first attempt after the proxy goes comes at once,
-	// with nothing heard from 2 in between.
-	waitFor(t, "60 messages from 2", 20*time.Second, func() bool {
-		return len(slices.DeleteFunc(r1.all(), func(b []byte) bool { return !strings.HasPrefix(string(b), "still here ") })) >= 60
-	})
-	u := r1.unreachableCount(2)
-	if err := p.Close(); err != nil {
-		t.Fatal(err)
-	}
-	waitFor(t, "three failed attempts while 2 is heard", 20*time.Second, func() bool { return r1.unreachableCount(2) >= u+3 })
-	close(stop)
-	wg.Wait()
-	if n := r1.goneCount(2); n != 0 {
-		t.Fatalf("peer 2, heard from all along, reported gone %d times", n)
+		waitFor(t, fmt.Sprintf("attempt %d reported unreachable", k), 20*time.Second, func() bool { return r1.unreachableCount(2) >= u+k })
+		// reportLoop tells a gone right after the unreachable of the
+		// same attempt, before it looks at the next: the gone of any
+		// attempt before this one shows by now.
+		if n := r1.goneCount(2); n != 0 {
+			t.Fatalf("peer 2, heard from before every attempt, reported gone %d times by attempt %d", n, k)
+		}
 	}
 }
