@@ -67,16 +67,24 @@ type testServer struct {
 // (and its Serve goroutine waited for) when the test ends.
 func startServer(t testing.TB, svc *Service, cfg GRPCConfig) *testServer {
 	t.Helper()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatalf("listen: %v", err)
+	}
+	return serveOn(t, svc, cfg, lis)
+}
+
+// serveOn is startServer on a listener of the test's (which may watch
+// the connections).
+func serveOn(t testing.TB, svc *Service, cfg GRPCConfig, lis net.Listener) *testServer {
+	t.Helper()
 	if cfg.MaxMessageSize == 0 {
 		cfg.MaxMessageSize = testMaxMessageSize
 	}
 	gs, err := NewGRPCServer(svc, cfg)
 	if err != nil {
+		lis.Close()
 		t.Fatalf("NewGRPCServer: %v", err)
-	}
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatalf("listen: %v", err)
 	}
 	served := make(chan error, 1)
 	go func() { served <- gs.Serve(lis) }()

@@ -4,7 +4,10 @@ import (
 	"context"
 	"errors"
 	"io"
+	"net"
 	"runtime"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -167,15 +170,29 @@ func TestConnTrackerForgets(t *testing.T) {
 }
 
 // TestPutMessageStreamEndsBehindProxy: behind haproxy, which never passes
-// storaged's GOAWAY on to the client, a stream still ends with OK before
-// the connection's age limit and grace cut it, and the next stream works
-// (haproxy opens a new connection to storaged). Real time: grpc-go's age
-// limit (1 s, jittered ±10%) and grace (6 s) are real; the stream's hard
-// end comes at 0.9 + 3 + 1.5 = 5.4 s, 1.5 s before the earliest close.
+// storaged's GOAWAY on to the client, a stream the client never
+// half-closes still ends with OK, on the connection that got the GOAWAY,
+// and the next stream works (haproxy opens a new connection to storaged).
+// grpc-go's age limit is real (1 s, jittered ±10%) and the test waits for
+// its GOAWAY; the stream's end comes on a test clock, and grpc-go's close,
+// an hour of grace later, never comes. That the end comes before the close
+// is TestStreamLifeSchedule's arithmetic: here the OK end does not race
+// the close, however slow the machine.
 func TestPutMessageStreamEndsBehindProxy(t *testing.T) {
 	proxytest.Path(t)
+	born := time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC)
+	clock := storagetest.NewClock(born)
+	const age, grace = time.Second, time.Hour
 	st, _ := openStore(t, nil)
-	client, _ := proxiedServer(t, st, GRPCConfig{MaxConnectionAge: time.Second, MaxConnectionAgeGrace: 6 * time.Second})
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	gl := &goawayListener{Listener: lis, goaway: make(chan struct{})}
+	srv := serveOn(t, New(st, zerolog.Nop()), GRPCConfig{Clock: clock, MaxConnectionAge: age, MaxConnectionAgeGrace: grace}, gl)
+	srv.SetServing(true)
+	p := proxytest.Start(t, srv.addr, proxytest.Options{})
+	client := storagedv1.NewMessageStoreServiceClient(dial(t, p.Addr, nil))
 	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
 	defer cancel()
 	stream, err := client.PutMessageStream(ctx)
@@ -188,8 +205,17 @@ func TestPutMessageStreamEndsBehindProxy(t *testing.T) {
 	if ack, err := stream.Recv(); err != nil || ack.GetCode() != 0 {
 		t.Fatalf("first message: %v, %v", ack, err)
 	}
-	// The client sends nothing more and never half-closes: the server ends
-	// the stream.
+	if n := gl.accepted.Load(); n != 1 {
+		t.Fatalf("haproxy opened %d connections to storaged, want 1 (the stream's)", n)
+	}
+	select {
+	case <-gl.goaway:
+	case <-ctx.Done():
+		t.Fatal("no GOAWAY at the connection's age")
+	}
+	// The client sends nothing more and never half-closes: at its hard
+	// end the server ends the stream.
+	clock.Set(born.Add(age - age/10 + grace/2 + grace/4))
 	if ack, err := stream.Recv(); !errors.Is(err, io.EOF) {
 		t.Fatalf("behind the proxy the stream ended with %v, %v; want OK (io.EOF)", ack, err)
 	}
@@ -206,6 +232,72 @@ func TestPutMessageStreamEndsBehindProxy(t *testing.T) {
 	next.CloseSend()
 	if _, err := next.Recv(); !errors.Is(err, io.EOF) {
 		t.Fatalf("end of the new stream: %v", err)
+	}
+	if n := gl.accepted.Load(); n != 2 {
+		t.Errorf("haproxy opened %d connections to storaged, want 2 (a new one after the GOAWAY)", n)
+	}
+}
+
+// goawayListener counts the connections it accepts and closes goaway once
+// the server has written an HTTP/2 GOAWAY on one (grpc-go does at the
+// connection's age): grpc-go tells of neither.
+type goawayListener struct {
+	net.Listener
+	goaway   chan struct{}
+	once     sync.Once
+	accepted atomic.Int32
+}
+
+func (l *goawayListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err != nil {
+		return nil, err
+	}
+	l.accepted.Add(1)
+	return &goawayConn{Conn: c, l: l}, nil
+}
+
+// h2GoAway is the HTTP/2 GOAWAY frame type (RFC 9113, 6.8).
+const h2GoAway = 0x7
+
+// goawayConn reads the frames the server writes for a GOAWAY. The
+// connection is h2c, so the bytes written are the frames, from the first
+// (the server's SETTINGS): 9 bytes of header (a 24-bit payload length,
+// then the type), then the payload.
+type goawayConn struct {
+	net.Conn
+	l    *goawayListener
+	mu   sync.Mutex
+	hdr  []byte // the header of the next frame, as far as written
+	skip int    // payload bytes of the current frame not written yet
+}
+
+func (c *goawayConn) Write(b []byte) (int, error) {
+	n, err := c.Conn.Write(b)
+	c.scan(b[:n])
+	return n, err
+}
+
+func (c *goawayConn) scan(b []byte) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for len(b) > 0 {
+		if c.skip > 0 {
+			n := min(c.skip, len(b))
+			c.skip -= n
+			b = b[n:]
+			continue
+		}
+		n := min(9-len(c.hdr), len(b))
+		c.hdr = append(c.hdr, b[:n]...)
+		b = b[n:]
+		if len(c.hdr) == 9 {
+			c.skip = int(c.hdr[0])<<16 | int(c.hdr[1])<<8 | int(c.hdr[2])
+			if c.hdr[3] == h2GoAway {
+				c.l.once.Do(func() { close(c.l.goaway) })
+			}
+			c.hdr = c.hdr[:0]
+		}
 	}
 }
 
