@@ -20,6 +20,7 @@ type ReplicaCollector struct {
 	entries, readahead, readaheads                               *prometheus.Desc
 	forgotten, earlyCampaigns                                    *prometheus.Desc
 	readyHandling, logSync                                       *prometheus.Desc
+	tick, electionTicks                                          *prometheus.Desc
 }
 
 // NewReplicaCollector returns the collector of info (the binary registers
@@ -51,13 +52,16 @@ func NewReplicaCollector(info func() ReplicaInfo) *ReplicaCollector {
 			"puts proposed meanwhile wait for the next round."),
 		logSync: d("log_sync_seconds", "Time of each sync of the raft log (commitlog bytes and index units of a Ready made durable); "+
 			"every put's commit waits for one on the leader and on a majority."),
+		tick:          d("tick_seconds", "Raft's tick this member's replica runs with (--raft-tick); the leader sends a heartbeat every tick."),
+		electionTicks: d("election_ticks", "Raft's election timeout this member's replica runs with, in ticks (--raft-election-timeout / --raft-tick)."),
 	}
 }
 
 // Describe implements prometheus.Collector.
 func (c *ReplicaCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.hasLeader, c.isLeader, c.ready, c.term, c.commit, c.applied, c.commitEnd,
-		c.peerMatch, c.peerActive, c.entries, c.readahead, c.readaheads, c.forgotten, c.earlyCampaigns, c.readyHandling, c.logSync} {
+		c.peerMatch, c.peerActive, c.entries, c.readahead, c.readaheads, c.forgotten, c.earlyCampaigns, c.readyHandling, c.logSync,
+		c.tick, c.electionTicks} {
 		ch <- d
 	}
 }
@@ -75,6 +79,14 @@ func (c *ReplicaCollector) Collect(ch chan<- prometheus.Metric) {
 	g(c.commit, float64(ri.Commit))
 	g(c.applied, float64(ri.Applied))
 	g(c.commitEnd, float64(ri.CommitEnd))
+	// Absent while unknown (the store is opening), rather than a 0 that
+	// reads as a setting.
+	if ri.TickInterval > 0 {
+		g(c.tick, ri.TickInterval.Seconds())
+	}
+	if ri.ElectionTicks > 0 {
+		g(c.electionTicks, float64(ri.ElectionTicks))
+	}
 	ch <- prometheus.MustNewConstMetric(c.readahead, prometheus.CounterValue, float64(ri.ReadaheadBytes))
 	ch <- prometheus.MustNewConstMetric(c.readaheads, prometheus.CounterValue, float64(ri.Readaheads))
 	ch <- prometheus.MustNewConstMetric(c.forgotten, prometheus.CounterValue, float64(ri.LeadersForgotten))

@@ -54,6 +54,7 @@ func TestReplicaCollector(t *testing.T) {
 	ri := ReplicaInfo{Role: RoleLeader, ID: 1, Term: 7, LeaderID: 1, Commit: 42, Applied: 41, CommitEnd: 9000, Ready: true,
 		Peers:          []PeerProgress{{ID: 2, Match: 42, RecentActive: true}, {ID: 3, Match: 30}},
 		ReadaheadBytes: 64 << 20, Readaheads: 3, StorageEntries: entries, LeadersForgotten: 2, EarlyCampaigns: 5,
+		TickInterval: 20 * time.Millisecond, ElectionTicks: 15,
 		// Two rounds of 700 µs and 3 ms; one sync of 300 µs.
 		ReadyHandling: storage.HistogramSnapshot{Bounds: []time.Duration{1024 * time.Microsecond, 4096 * time.Microsecond, time.Second},
 			Counts: []uint64{1, 1, 0}, Sum: 3700 * time.Microsecond},
@@ -68,6 +69,7 @@ func TestReplicaCollector(t *testing.T) {
 		"storaged_raft_peer_recent_active{peer=2}": 1, "storaged_raft_peer_recent_active{peer=3}": 0,
 		"storaged_raft_catchup_readahead_bytes_total": 64 << 20, "storaged_raft_catchup_readaheads_total": 3,
 		"storaged_raft_leaders_forgotten_total": 2, "storaged_raft_early_campaigns_total": 5,
+		"storaged_raft_tick_seconds": 0.02, "storaged_raft_election_ticks": 15,
 		// The last bucket is unbounded: the count, not an le series.
 		"storaged_raft_storage_entries_seconds_count": 3, "storaged_raft_storage_entries_seconds_sum": 2.001503,
 		"storaged_raft_storage_entries_seconds{le=1e-06}": 0, "storaged_raft_storage_entries_seconds{le=4e-06}": 1,
@@ -80,7 +82,9 @@ func TestReplicaCollector(t *testing.T) {
 	if got := gauges(t, reg); !maps.Equal(got, want) {
 		t.Fatalf("leader:\n got %v\nwant %v", got, want)
 	}
-	// A follower that lost its leader: has_leader drops to 0, no peer series.
+	// A follower that lost its leader: has_leader drops to 0, no peer
+	// series; no timing in its info (as while the store opens), no timing
+	// series.
 	ri = ReplicaInfo{Role: RoleFollower, ID: 2, Term: 8, Commit: 42, Applied: 42, CommitEnd: 9000}
 	want = map[string]float64{
 		"storaged_raft_has_leader": 0, "storaged_raft_is_leader": 0, "storaged_raft_ready": 0, "storaged_raft_term": 8,

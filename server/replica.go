@@ -45,6 +45,12 @@ type ReplicaInfo struct {
 	Membership *Membership
 	// ClusterID and Group identify the group (--raft-join, --raft-group).
 	ClusterID, Group string
+	// TickInterval and ElectionTicks are the raft timing the member's
+	// replica runs with (--raft-tick, and --raft-election-timeout in
+	// ticks), read from the replica rather than the flags so that they
+	// show what reached raft; 0 while unknown (the store is opening).
+	TickInterval  time.Duration
+	ElectionTicks int
 }
 
 // Membership is a group's membership (storage.MembershipUpdate, with the

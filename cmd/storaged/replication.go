@@ -901,7 +901,8 @@ func (g *groupRuntime) info(id uint64) func() server.ReplicaInfo {
 			Applied: ri.Applied, CommitEnd: ri.CommitEnd, Ready: ri.Ready,
 			ReadaheadBytes: ri.ReadaheadBytes, Readaheads: ri.Readaheads, StorageEntries: ri.StorageEntries,
 			LeadersForgotten: ri.LeadersForgotten, EarlyCampaigns: ri.EarlyCampaigns,
-			ReadyHandling: ri.ReadyHandling, LogSync: ri.LogSync, ClusterID: g.cluster, Group: g.name}
+			ReadyHandling: ri.ReadyHandling, LogSync: ri.LogSync, ClusterID: g.cluster, Group: g.name,
+			TickInterval: ri.TickInterval, ElectionTicks: ri.ElectionTick}
 		if u, err := st.Membership(); err == nil {
 			var addrs map[uint64]string
 			if tr := g.transport.Load(); tr != nil {

@@ -317,6 +317,8 @@ type Node struct {
 	done   chan struct{}
 	wake   chan struct{}
 	ticker *time.Ticker
+	// tick is ticker's interval (0: the host drives the ticks), for Info.
+	tick time.Duration
 
 	// The syncer goroutine runs a Ready's Log.Sync (syncReq, its error on
 	// syncRes) while the loop waits for it and for committed: a signal
@@ -411,7 +413,7 @@ func New(opts Options, commitEnd int64) (*Node, error) {
 		if iv <= 0 {
 			iv = 100 * time.Millisecond
 		}
-		n.ticker = time.NewTicker(iv)
+		n.ticker, n.tick = time.NewTicker(iv), iv
 		n.opts.Ticks = n.ticker.C
 	}
 	go n.syncer()
@@ -1771,6 +1773,14 @@ type Info struct {
 	StorageEntries hist.Snapshot
 	// Membership is the group's membership as of Applied (read with it).
 	Membership raftlog.Membership
+	// TickInterval and ElectionTick are the raft timing this node runs
+	// with, after New's defaults: what the host's options (storaged's
+	// --raft-tick and --raft-election-timeout) reached raft as, so that
+	// an operator or a test can check them on a running member rather
+	// than infer them from how long an election took. TickInterval is 0
+	// when the host drives the ticks (Options.Ticks).
+	TickInterval time.Duration
+	ElectionTick int
 }
 
 // PeerInfo is the leader's view of one member.
@@ -1790,7 +1800,8 @@ func (n *Node) Info() Info {
 		Ready: n.ready && st.RaftState == raft.StateLeader && !n.leaving && st.LeadTransferee == raft.None, Joining: n.joining, VotesWithheld: n.withheld,
 		LeadersForgotten: n.forgotten, EarlyCampaigns: n.earlyCampaigns,
 		ReadaheadBytes: n.raBytes.Load(), Readaheads: n.raCalls.Load(), StorageEntries: n.opts.Log.EntriesLatency(),
-		ReadyHandling: n.readyLat.Snapshot(), LogSync: n.opts.Log.SyncLatency(), Membership: n.members.Clone()}
+		ReadyHandling: n.readyLat.Snapshot(), LogSync: n.opts.Log.SyncLatency(), Membership: n.members.Clone(),
+		TickInterval: n.tick, ElectionTick: n.opts.ElectionTick}
 	switch st.RaftState {
 	case raft.StateLeader:
 		in.Role = "leader"

@@ -173,6 +173,35 @@ func newSingleVoter(t *testing.T) *Node {
 	return n
 }
 
+// TestInfoTiming: Info says the tick and election timeout the node runs
+// with: the options given, New's defaults for those left zero, and no
+// tick when the host drives the ticks.
+func TestInfoTiming(t *testing.T) {
+	for _, c := range []struct {
+		name         string
+		opts         Options
+		tick         time.Duration
+		electionTick int
+	}{
+		{"given", Options{TickInterval: time.Hour, ElectionTick: 7}, time.Hour, 7},
+		{"defaults", Options{}, 100 * time.Millisecond, 10},
+		{"host ticks", Options{Ticks: make(chan time.Time), ElectionTick: 3}, 0, 3},
+	} {
+		_, rl := open(t, 1, []uint64{1})
+		o := c.opts
+		o.ID, o.Log, o.FileSize, o.Transport, o.Host = 1, rl, fileSize, nopTransport{}, &fakeHost{}
+		n, err := New(o, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		in := n.Info()
+		n.Close()
+		if in.TickInterval != c.tick || in.ElectionTick != c.electionTick {
+			t.Errorf("%s: Info says tick %v, election %d ticks; want %v, %d", c.name, in.TickInterval, in.ElectionTick, c.tick, c.electionTick)
+		}
+	}
+}
+
 // TestWaiterThen: Then's f hears a waiter's outcome once: from the raft
 // loop before Done is closed (what it records is in place when the putter
 // wakes), or at once, inside Then, for a waiter answered already.
