@@ -13,7 +13,7 @@ import (
 // process gone (their streams to it end, and the proxy in front of it
 // refuses the next, its target refusing), both forget it
 // (storaged_raft_leaders_forgotten_total) and one of them wins an early
-// election (storaged_raft_early_campaigns_total) in the next term. Raft's
+// election (storaged_raft_early_campaigns_total) in a later term. Raft's
 // own timeout would have elected someone too, 5-10 s later, without
 // either counter moving, so what is checked is not time. The new leader
 // takes puts and serves the old leader's.
@@ -44,8 +44,12 @@ func TestGroupLeaderGone(t *testing.T) {
 
 	leader.Kill(t)
 	newLeader := g.Leader(t)
-	if ri := mustReplicaInfo(t, newLeader); ri.GetTerm() != term+1 {
-		t.Errorf("new leader %s in term %d, want %d: the first election after the kill", g.Name(newLeader), ri.GetTerm(), term+1)
+	// A later term, not necessarily the next: a first candidate that
+	// stalls (a slow sync of its vote, a lost vote) lets the other campaign
+	// in the term after. The counters below say the election was an early
+	// one rather than raft's timeout.
+	if ri := mustReplicaInfo(t, newLeader); ri.GetTerm() <= term {
+		t.Errorf("new leader %s in term %d, want above %d: elected after the kill", g.Name(newLeader), ri.GetTerm(), term)
 	}
 	for _, p := range survivors {
 		m := metrics[g.index(g.Name(p))]
