@@ -141,7 +141,11 @@ func TestShortNumber(t *testing.T) {
 
 // TestMatrixAgainstStoraged builds storaged and runs a small matrix
 // against it in both flush modes: the subprocess start (listening line,
-// health), the loads and the flusher figures.
+// health), the loads and the flusher figures. Every put must be PUT_OK:
+// storaged runs with --sync-flush-timeout 1m, not the default 5 s, so a
+// sync that a loaded machine stalls for seconds is not a degraded put
+// (FLUSH_DISK_TIMEOUT). The load's 30 s call deadline is then the bound:
+// a put still waiting at it fails the test as an error.
 func TestMatrixAgainstStoraged(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and starts storaged")
@@ -151,7 +155,7 @@ func TestMatrixAgainstStoraged(t *testing.T) {
 	bin := buildStoraged(t, dir)
 	out := filepath.Join(dir, "results.json")
 	var stdout, stderr bytes.Buffer
-	err := run(context.Background(), []string{"matrix", "--storaged", bin, "--storaged-args", "--file-size 4MiB",
+	err := run(context.Background(), []string{"matrix", "--storaged", bin, "--storaged-args", "--file-size 4MiB --sync-flush-timeout 1m",
 		"--data-root", dir, "--targets", "floor,async,sync", "--runs", "1", "--messages", "300", "--warmup", "0",
 		"--cases", "unary-c4,batch10-c2,stream-s2-c8", "--out", out}, &stdout, &stderr)
 	if err != nil {

@@ -33,11 +33,20 @@ func rawCPU(t *testing.T, pid int) time.Duration {
 // two raw reads of its utime + stime taken around it (same fields, same
 // unit), and a pid that does not exist is an error.
 func TestProcCPU(t *testing.T) {
-	x := 0
-	for i := range 50_000_000 { // so that the counters have ticked
-		x += i
+	// Burn CPU until the kernel has counted some (it accounts in 10 ms
+	// ticks: a fixed amount of work may fit in one on a fast machine),
+	// so that procCPU has a value above zero to report. The deadline only
+	// guards against a counter that never moves.
+	x, deadline := 0, time.Now().Add(time.Minute)
+	for rawCPU(t, os.Getpid()) == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("utime + stime of this process still 0 after a minute of work")
+		}
+		for i := range 1_000_000 {
+			x += i
+		}
 	}
-	if x == 0 {
+	if x < 0 { // keeps the loop's work
 		t.Fatal("unreachable")
 	}
 	before := rawCPU(t, os.Getpid())
