@@ -1,7 +1,6 @@
 package client
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -100,36 +99,50 @@ func TestNothingStored(t *testing.T) {
 	for _, tc := range []struct {
 		name string
 		// setup scripts the member; key is the message's UNIQ_KEY.
-		setup   func(s *scripted)
-		opts    Options
-		key     string
-		timeout time.Duration // the put's ctx (0: 30 s)
-		closed  bool          // the tracker is closed before the put
-		want    bool
+		setup func(s *scripted)
+		opts  Options
+		key   string
+		// endCtx, if set, sets hooks that cancel the put's ctx (30 s) at
+		// the point the case is about, which the put surely reaches then:
+		// a short deadline could end it elsewhere on a loaded machine
+		// (before the send: nothing stored; during it: maybe stored).
+		endCtx func(s *scripted, tr *LeaderTracker, cancel context.CancelFunc)
+		closed bool // the tracker is closed before the put
+		want   bool
 	}{
 		{name: "refused until the attempts run out", setup: func(s *scripted) { s.set(leader, true, 1, refused) },
 			opts: Options{MaxAttempts: 2}, want: true},
 		{name: "no ready leader", setup: func(s *scripted) { s.set(storagedv1.ReplicaRole_REPLICA_ROLE_FOLLOWER, false, 1) },
 			opts: Options{LookupInterval: time.Millisecond, LeaderWait: 20 * time.Millisecond}, want: true},
 		{name: "ctx ends waiting out a refusal's RetryInfo", setup: func(s *scripted) { s.set(leader, true, 1, refusedLong) },
-			timeout: 100 * time.Millisecond, want: true},
+			opts: Options{MaxRetryDelay: time.Hour}, endCtx: cancelWaitingAfter(1), want: true},
 		{name: "ctx ends while no leader is ready", setup: func(s *scripted) { s.set(storagedv1.ReplicaRole_REPLICA_ROLE_FOLLOWER, false, 1) },
-			opts: Options{LookupInterval: time.Millisecond, LeaderWait: time.Hour}, timeout: 50 * time.Millisecond, want: true},
+			opts: Options{LookupInterval: time.Hour, LeaderWait: 2 * time.Hour}, endCtx: cancelWaitingAfter(0), want: true},
+		// The lookup's answer or the ctx, whichever the put sees first,
+		// ends it before any send.
+		{name: "ctx ends during the first lookup", setup: func(s *scripted) { s.set(storagedv1.ReplicaRole_REPLICA_ROLE_FOLLOWER, false, 1) },
+			opts: Options{LookupInterval: time.Hour, LeaderWait: 2 * time.Hour}, endCtx: func(s *scripted, _ *LeaderTracker, cancel context.CancelFunc) {
+				s.onProbe = func(*scripted) { cancel() }
+			}, want: true},
 		{name: "closed tracker", setup: func(s *scripted) { s.set(leader, true, 1) }, closed: true, want: true},
 		{name: "replication timeout", setup: func(s *scripted) { s.set(leader, true, 1, unknown) }, want: false},
 		{name: "bare UNAVAILABLE (a proxy)", setup: func(s *scripted) {
 			s.set(leader, true, 1, status.Error(codes.Unavailable, "upstream connect error"))
 		}, want: false},
 		{name: "ctx ends during the call", setup: func(s *scripted) { s.set(leader, true, 1); s.hang = true },
-			timeout: 50 * time.Millisecond, want: false},
+			endCtx: func(s *scripted, _ *LeaderTracker, cancel context.CancelFunc) {
+				s.onHang = func(*scripted) { cancel() }
+			}, want: false},
 		{name: "keyed: unknown, then refused until the attempts run out", setup: func(s *scripted) {
 			s.set(leader, true, 1, unknown, refused)
 			s.window = 10 * time.Minute
 		}, opts: Options{MaxAttempts: 3}, key: "k", want: false},
+		// The wait after the unknown outcome (a backoff) is not cut: the
+		// one after the refusal is.
 		{name: "keyed: unknown, then ctx ends waiting out a refusal", setup: func(s *scripted) {
 			s.set(leader, true, 1, unknown, refusedLong)
 			s.window = 10 * time.Minute
-		}, key: "k", timeout: 200 * time.Millisecond, want: false},
+		}, opts: Options{MaxRetryDelay: time.Hour}, key: "k", endCtx: cancelWaitingAfter(2), want: false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			s := startScripted(t)
@@ -138,9 +151,11 @@ func TestNothingStored(t *testing.T) {
 			if tc.closed {
 				tr.Close()
 			}
-			timeout := cmp.Or(tc.timeout, 30*time.Second)
-			ctx, cancel := context.WithTimeout(context.Background(), timeout)
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()
+			if tc.endCtx != nil {
+				tc.endCtx(s, tr, cancel)
+			}
 			m := &storagedv1.Message{Topic: "T", Body: []byte("b")}
 			if tc.key != "" {
 				m.Properties = map[string]string{UniqKeyProperty: tc.key}
@@ -172,6 +187,19 @@ func TestNothingStored(t *testing.T) {
 				t.Fatalf("NothingStored(%v) = %v, want %v", tc.err, got, tc.want)
 			}
 		})
+	}
+}
+
+// cancelWaitingAfter cancels a put's ctx as it begins to wait before its
+// next lookup or send (a RetryInfo, a backoff, LookupInterval) once its
+// member has received n puts: the put ends in that wait, its answers in.
+func cancelWaitingAfter(n int) func(s *scripted, tr *LeaderTracker, cancel context.CancelFunc) {
+	return func(s *scripted, tr *LeaderTracker, cancel context.CancelFunc) {
+		tr.retryWait = func() {
+			if s.putCount() >= n {
+				cancel()
+			}
+		}
 	}
 }
 

@@ -119,6 +119,9 @@ func (r *putRetry) wait(ctx, closed context.Context, d time.Duration) error {
 	}
 	timer := time.NewTimer(d)
 	defer timer.Stop()
+	if r.t.retryWait != nil {
+		r.t.retryWait()
+	}
 	select {
 	case <-timer.C:
 		return nil

@@ -243,6 +243,11 @@ type LeaderTracker struct {
 	ctx    context.Context // cancelled by Close: cuts lookups and waits short
 	cancel context.CancelFunc
 	wg     sync.WaitGroup // lookups in flight and the refresh loop
+
+	// retryWait, if set (tests), is called when a put is about to wait
+	// before its next lookup or send (a backoff, a RetryInfo,
+	// LookupInterval), so a test can end the put's ctx in that wait.
+	retryWait func()
 }
 
 // lookupCall is one leader lookup in flight; done is closed with addr
