@@ -599,14 +599,25 @@ func TestTrackerBounded(t *testing.T) {
 func TestTrackerClose(t *testing.T) {
 	s := startScripted(t)
 	tr := newTracker(t, Options{LookupInterval: time.Hour, LeaderWait: 2 * time.Hour}, s)
-	done := make(chan error, 1)
-	go func() { done <- put(tr) }()
-	deadline := time.Now().Add(30 * time.Second)
-	for s.probeCount() == 0 && time.Now().Before(deadline) {
-		<-time.After(time.Millisecond)
+	waiting := make(chan struct{}, 1)
+	tr.retryWait = func() {
+		select {
+		case waiting <- struct{}{}:
+		default:
+		}
 	}
+	// No deadline: only Close can end the put (after a deadline too the
+	// error would be ErrClosed, the tracker closed by then).
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() {
+		_, err := tr.PutMessage(ctx, &storagedv1.PutMessageRequest{Message: &storagedv1.Message{Topic: "T", Body: []byte("b")}})
+		done <- err
+	}()
+	recv(t, waiting, "the put waiting for the next lookup")
 	tr.Close()
-	if err := <-done; !errors.Is(err, ErrClosed) || s.putCount() != 0 {
+	if err := recv(t, done, "end of the put after Close"); !errors.Is(err, ErrClosed) || s.putCount() != 0 {
 		t.Fatalf("put after Close: %v (%d puts sent)", err, s.putCount())
 	}
 }
