@@ -179,3 +179,52 @@ func TestPopulateZeroWritesAheadOfWriter(t *testing.T) {
 		t.Fatalf("after a reopen: end %d, %d records (%s), want %d and %d", res.End, res.Records, res.BadReason, end, records)
 	}
 }
+
+// TestTruncateAfterLeavesTheTailAlone: a truncation clears and syncs the
+// bytes it drops, not the file's unused tail past them, which is zero
+// already. Clearing the whole rest of the file faulted in and dirtied
+// every page of it, and the sync wrote them all back with the log's lock
+// held: a replica's truncation of a few records in a 1 GiB file wrote
+// ~700 MB of zeros, and raft's Steps waited up to 3.6 s behind it
+// (BENCHMARKS.md "A truncation that wrote a file of zeros"). With
+// population off, most of the file is not in the page cache before the
+// truncation; no page may be added by it, nor left dirty.
+func TestTruncateAfterLeavesTheTailAlone(t *testing.T) {
+	const size = 16 << 20
+	dir := t.TempDir()
+	l := openOnDisk(t, Options{Dir: dir, FileSize: size, Populate: vfs.PopulateOff})
+	defer l.Close()
+	if _, err := l.Recover(0, 0); err != nil {
+		t.Fatal(err)
+	}
+	l.Start()
+	var offs []int64
+	body := string(make([]byte, 64<<10))
+	for qo := range int64(16) {
+		at, _ := appendOne(t, l, qo, body)
+		offs = append(offs, at)
+	}
+	end := l.MaxOffset()
+	if _, err := l.Sync(0); err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(dir, segment.FileName(0))
+	before, _ := storagetest.PageCache(t, path)
+	if half := uint64(size / 4096 / 2); before > half {
+		t.Fatalf("%d pages cached before the truncation, want at most half the file's %d: the test needs the tail out of the page cache", before, 2*half)
+	}
+	cut := offs[10]
+	if err := l.TruncateAfter(cut); err != nil {
+		t.Fatal(err)
+	}
+	if after, dirty := storagetest.PageCache(t, path); after > before || dirty != 0 {
+		t.Fatalf("the truncation at %d (written end %d) left %d pages cached (%d before), %d dirty: it touched the zero tail",
+			cut, end, after, before, dirty)
+	}
+	if !AllZero(l.Files().Last().Data()[cut:end]) {
+		t.Fatalf("bytes [%d, %d) not zero after the truncation", cut, end)
+	}
+	if at, _ := appendOne(t, l, 10, "after"); at != cut {
+		t.Fatalf("append after the truncation at %d, want %d", at, cut)
+	}
+}

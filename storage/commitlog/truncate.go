@@ -8,7 +8,8 @@ import (
 )
 
 // TruncateAfter removes every byte of the log from commitlog offset off on,
-// durably: the file holding off is zeroed from there (and synced), later
+// durably: the file holding off is zeroed from there to its written end
+// (and synced; past that end it is zero already), later
 // files are deleted (and the directory synced), and the written and durable
 // ends move back to off. Appends after it continue at off. It is how a
 // replica drops an uncommitted suffix that its leader's log does not have
@@ -42,11 +43,18 @@ func (l *Log) TruncateAfter(off int64) error {
 			keep = append(keep, f)
 		case f.From() <= off || len(keep) == 0:
 			pos := off - f.From()
+			// Only the written bytes are cleared: past Wrote the file is
+			// zero (recovery proved or made its tail zero, appends write
+			// at Wrote, a truncation zeroes what it drops). Clearing the
+			// whole rest of a 1 GiB file dirtied every page of it, and
+			// its sync wrote them all back with the append lock held
+			// (BENCHMARKS.md "A truncation that wrote a file of zeros").
+			wrote := max(f.Wrote(), pos)
 			// Unpublish first, so no reader of the written end starts on
 			// bytes about to be zeroed.
 			f.SetPositions(pos, min(f.Flushed(), pos))
-			clear(f.Data()[pos:])
-			if err := f.Sync(pos, f.Size()); err != nil {
+			clear(f.Data()[pos:wrote])
+			if err := f.Sync(pos, wrote); err != nil {
 				return fmt.Errorf("storage: truncate: sync zeroed tail: %w", err)
 			}
 			keep = append(keep, f)

@@ -2,6 +2,7 @@ package raftlog
 
 import (
 	"fmt"
+	"math"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -158,20 +159,38 @@ func (x *index) syncRanges(lo, hi uint64) []segRange {
 }
 
 // zeroFrom clears every unit from index k on, in every file, and syncs
-// what it changed. It reports whether any unit was not zero.
+// what it changed. It reports whether any unit was not zero. It reads
+// every file's tail whole: recovery and the offline repair use it, where
+// anything may lie past the last unit that holds.
 func (x *index) zeroFrom(k uint64) (bool, error) {
+	return x.zeroRange(k, math.MaxUint64)
+}
+
+// zeroRange clears the units from index k to last (inclusive) and syncs
+// what it changed; it reports whether any was not zero. A live log's
+// truncation passes its last index: units past it are zero already
+// (recovery zeroed them, appends write at last+1, a truncation zeroes
+// what it drops), and clearing them too would dirty every page of the
+// file's unused tail, fault them in and write them back under the Log's
+// lock (a follower's truncation held raft's Steps for up to 3.6 s).
+func (x *index) zeroRange(k, last uint64) (bool, error) {
 	changed := false
 	for _, f := range x.files {
-		if f.first+x.units <= k {
+		if f.first+x.units <= k || f.first > last {
 			continue
 		}
-		b := f.seg.Bytes()[(max(k, f.first)-f.first)*UnitSize:]
+		lo := (max(k, f.first) - f.first) * UnitSize
+		hi := uint64(len(f.seg.Bytes()))
+		if last < f.first+x.units-1 {
+			hi = (last - f.first + 1) * UnitSize
+		}
+		b := f.seg.Bytes()[lo:hi]
 		if commitlog.AllZero(b) {
 			continue
 		}
 		changed = true
 		clear(b)
-		if err := f.seg.Sync(int64(len(f.seg.Bytes())-len(b)), int64(len(f.seg.Bytes()))); err != nil {
+		if err := f.seg.Sync(int64(lo), int64(hi)); err != nil {
 			return changed, fmt.Errorf("raftlog: sync zeroed index units: %w", err)
 		}
 	}

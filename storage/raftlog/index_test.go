@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	iofs "io/fs"
+	"math"
 	"testing"
 
 	"github.com/storaged/storaged/storage/commitlog"
@@ -72,4 +73,52 @@ func TestIndexLastNonZero(t *testing.T) {
 	check("and one in the second")
 	x.slot(3*units - 1)[0] = 9 // the last unit of the last file
 	check("and the very last unit")
+}
+
+// TestIndexZeroRange: zeroRange clears exactly the units from k to last,
+// across index files, and reports whether any was not zero; a unit past
+// last is left as it is (a live log's are zero already, and clearing
+// them dirtied whole files: commitlog's TestTruncateAfterLeavesTheTailAlone),
+// while zeroFrom, for recovery, clears to the end.
+func TestIndexZeroRange(t *testing.T) {
+	const units = 8
+	for _, tc := range []struct {
+		name    string
+		k, last uint64
+	}{
+		{"inside one file", 2, 5},
+		{"to a file's last unit", 3, units - 1},
+		{"across two files", 5, units + 2},
+		{"across three files", 1, 2*units + 6},
+		{"one unit", units, units},
+		{"to the end (zeroFrom)", 4, math.MaxUint64},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			fs := vfs.NewMem()
+			x, err := loadIndex(fs, "/d/index", units, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer x.close()
+			for i := uint64(0); i < 3*units; i++ {
+				if _, err := x.ensure(i); err != nil {
+					t.Fatal(err)
+				}
+				x.slot(i)[0], x.slot(i)[UnitSize-1] = byte(i+1), 0xff
+			}
+			changed, err := x.zeroRange(tc.k, tc.last)
+			if err != nil || !changed {
+				t.Fatalf("zeroRange(%d, %d) = %v, %v; want changed", tc.k, tc.last, changed, err)
+			}
+			for i := uint64(0); i < 3*units; i++ {
+				zero := commitlog.AllZero(x.slot(i))
+				if want := i >= tc.k && i <= tc.last; zero != want {
+					t.Fatalf("unit %d zero %v after zeroRange(%d, %d), want %v", i, zero, tc.k, tc.last, want)
+				}
+			}
+			if changed, err := x.zeroRange(tc.k, tc.last); err != nil || changed {
+				t.Fatalf("again: %v, %v; want nothing changed", changed, err)
+			}
+		})
+	}
 }

@@ -615,7 +615,7 @@ func (l *Log) truncateLocked(k uint64) error {
 			return fmt.Errorf("raftlog: sync meta-log: %w", err)
 		}
 	}
-	if _, err := l.idx.zeroFrom(k); err != nil {
+	if _, err := l.idx.zeroRange(k, l.last); err != nil {
 		return err
 	}
 	l.last, l.dataEnd, l.metaEnd = k-1, p, m
