@@ -1,6 +1,7 @@
 package commitlog
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"testing"
@@ -226,5 +227,56 @@ func TestTruncateAfterLeavesTheTailAlone(t *testing.T) {
 	}
 	if at, _ := appendOne(t, l, 10, "after"); at != cut {
 		t.Fatalf("append after the truncation at %d, want %d", at, cut)
+	}
+}
+
+// TestRecoverFindsBytesFarPastTheEnd: after a crash, recovery proves the
+// last file's tail zero by reading only what the file system says may hold
+// data (zeroFrom). Bytes a dead run left far past the end, synced or only
+// dirty in the page cache (a kill -9), are still found: saved in a
+// .broken file from the end to the last of them, and zeroed.
+func TestRecoverFindsBytesFarPastTheEnd(t *testing.T) {
+	const size = 64 << 20
+	for _, sync := range []bool{false, true} {
+		t.Run(fmt.Sprintf("synced %v", sync), func(t *testing.T) {
+			dir := t.TempDir()
+			opts := Options{Dir: dir, FileSize: size, Populate: vfs.PopulateOff}
+			l := openOnDisk(t, opts)
+			if _, err := l.Recover(0, 0); err != nil {
+				t.Fatal(err)
+			}
+			l.Start()
+			at, n := appendOne(t, l, 0, "kept")
+			end := at + int64(n)
+			if _, err := l.Sync(0); err != nil {
+				t.Fatal(err)
+			}
+			far := int64(40<<20 + 3)
+			f := l.Files().Last()
+			copy(f.Data()[far:], "stale")
+			if sync {
+				if err := f.Sync(far, far+5); err != nil {
+					t.Fatal(err)
+				}
+			}
+			l.Close() // not a clean close for the next Open: ClosedCleanly stays false
+
+			l = openOnDisk(t, opts)
+			defer l.Close()
+			r, err := l.Recover(end, 0)
+			if err != nil || r.End != end {
+				t.Fatalf("recover: end %d, %v; want %d", r.End, err, end)
+			}
+			if st := l.Stats(); st.TornTails != 1 || st.TornBytes != uint64(far+5-end) {
+				t.Fatalf("torn tails %d of %d bytes; want 1 of %d (from the end to the stale bytes)", st.TornTails, st.TornBytes, far+5-end)
+			}
+			if b := l.Files().Last().Data(); !AllZero(b[end:]) {
+				t.Fatal("the stale bytes are still there after recovery")
+			}
+			saved, err := os.ReadFile(filepath.Join(dir, segment.FileName(end)+".broken"))
+			if err != nil || int64(len(saved)) != far+5-end || string(saved[len(saved)-5:]) != "stale" {
+				t.Fatalf("saved %d bytes (%v), want %d ending in the stale bytes", len(saved), err, far+5-end)
+			}
+		})
 	}
 }

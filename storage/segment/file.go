@@ -148,6 +148,17 @@ func (m *File) Evict(lo, hi int64) {
 	}
 }
 
+// DataRanges is vfs.Segment.Data of the file's bytes [lo, hi): the
+// ranges that may hold bytes other than zero. A closed file has none.
+func (m *File) DataRanges(lo, hi int64) []vfs.Range {
+	m.popMu.Lock()
+	defer m.popMu.Unlock()
+	if m.seg == nil {
+		return nil
+	}
+	return m.seg.Data(lo, hi)
+}
+
 // unmapped: the file was closed (or removed).
 func (m *File) unmapped() bool {
 	m.popMu.Lock()

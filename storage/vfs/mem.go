@@ -372,6 +372,14 @@ func (s *memSegment) Populate(lo, hi int64, how PopulateMode) {
 // Evict changes nothing: MemFS has no page cache.
 func (s *memSegment) Evict(lo, hi int64) {}
 
+// Data: MemFS keeps no holes; all of [lo, hi) may hold data.
+func (s *memSegment) Data(lo, hi int64) []Range {
+	if hi <= lo {
+		return nil
+	}
+	return []Range{{lo, hi}}
+}
+
 func (s *memSegment) Close() error {
 	s.m.mu.Lock()
 	defer s.m.mu.Unlock()

@@ -247,6 +247,37 @@ func (s *osSegment) Evict(lo, hi int64) {
 	_ = unix.Fadvise(int(s.f.Fd()), lo, hi-lo, unix.FADV_DONTNEED)
 }
 
+// Data asks the file system with lseek: SEEK_DATA finds the next byte
+// that may not be zero, SEEK_HOLE the end of its run. ENXIO from
+// SEEK_DATA says nothing but zeros follows; any other error, or a file
+// system without the two (Linux then calls all of the file data, to its
+// end), returns what is left whole. The seeks move the file's offset,
+// which nothing else uses: the segment is read and written through its
+// mapping.
+func (s *osSegment) Data(lo, hi int64) []Range {
+	var out []Range
+	fd := int(s.f.Fd())
+	for off := lo; off < hi; {
+		d, err := unix.Seek(fd, off, unix.SEEK_DATA)
+		if errors.Is(err, unix.ENXIO) {
+			return out
+		}
+		if err != nil {
+			return append(out, Range{off, hi})
+		}
+		if d >= hi {
+			return out
+		}
+		h, err := unix.Seek(fd, d, unix.SEEK_HOLE)
+		if err != nil || h <= d {
+			return append(out, Range{d, hi})
+		}
+		out = append(out, Range{d, min(h, hi)})
+		off = h
+	}
+	return out
+}
+
 // willNeedChunk is the most one MADV_WILLNEED asks for: the kernel's
 // default readahead (128 KiB), which a device's own is rarely below.
 const willNeedChunk = 128 << 10

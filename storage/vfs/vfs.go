@@ -95,9 +95,21 @@ type Segment interface {
 	// there would write whole; evicted, the tail is faulted in afresh by
 	// Populate, page by page (Populate's doc in os.go).
 	Evict(lo, hi int64)
+	// Data returns the ranges of [lo, hi) that may hold bytes other than
+	// zero, in order and apart. The rest reads as zeros without being
+	// read: holes, and unwritten extents with nothing in the page cache
+	// (lseek's SEEK_DATA and SEEK_HOLE). Where the file system cannot
+	// tell, [lo, hi) is returned whole. Recovery proves the last file's
+	// tail zero after a crash, and most of a 1 GiB file's tail was never
+	// written: reading it all through the mapping took 2 s of every
+	// restart (commitlog's cutTail).
+	Data(lo, hi int64) []Range
 	// Close unmaps and closes; it does not sync.
 	Close() error
 }
+
+// Range is the bytes [Lo, Hi) of a file.
+type Range struct{ Lo, Hi int64 }
 
 // PopulateMode says how the allocator faults in a commitlog file ahead of
 // the writer (Segment.Populate).
