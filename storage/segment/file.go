@@ -149,12 +149,18 @@ func (m *File) Evict(lo, hi int64) {
 }
 
 // DataRanges is vfs.Segment.Data of the file's bytes [lo, hi): the
-// ranges that may hold bytes other than zero. A closed file has none.
+// ranges that may hold bytes other than zero. Of a closed file nothing
+// can be told, so all of [lo, hi) is returned, as vfs.Segment.Data does
+// where the file system cannot tell: a caller proving bytes zero never
+// takes a closed file for an empty one.
 func (m *File) DataRanges(lo, hi int64) []vfs.Range {
 	m.popMu.Lock()
 	defer m.popMu.Unlock()
 	if m.seg == nil {
-		return nil
+		if hi <= lo {
+			return nil
+		}
+		return []vfs.Range{{Lo: lo, Hi: hi}}
 	}
 	return m.seg.Data(lo, hi)
 }
