@@ -448,10 +448,15 @@ func (t *LeaderTracker) Do(ctx context.Context, call func(context.Context, stora
 func (t *LeaderTracker) do(ctx context.Context, keyed bool, call func(context.Context, storagedv1.MessageStoreServiceClient) error) error {
 	r := t.newRetry()
 	var hint string
-	var hintTerm uint64
+	// minTerm is the latest term a refusal named the leader in, kept for
+	// the whole call: a lookup that finds no leader in it (the hinted
+	// member's probe was cut, its connection not up yet) is followed by
+	// another, and that one must not take the deposed leader, which still
+	// says it leads in its older term.
+	var minTerm uint64
 	for {
-		addr, conn, err := t.target(ctx, hint, hintTerm)
-		hint, hintTerm = "", 0
+		addr, conn, err := t.target(ctx, hint, minTerm)
+		hint = ""
 		var delay time.Duration
 		switch {
 		case errors.Is(err, ErrNoLeader):
@@ -491,7 +496,7 @@ func (t *LeaderTracker) do(ctx context.Context, keyed bool, call func(context.Co
 			v := Classify(err)
 			t.doubt(addr) // the next call looks the leader up first
 			if v.LeaderAddr != addr {
-				hint, hintTerm = v.LeaderAddr, v.Term
+				hint, minTerm = v.LeaderAddr, max(minTerm, v.Term)
 			}
 			if !v.NothingStored {
 				err = fmt.Errorf("client: put at %s (attempt %d), %w: %w", addr, r.attempt, errOutcomeUnknown, err)
@@ -560,7 +565,8 @@ func (t *LeaderTracker) doubt(addr string) {
 
 // target is the leader's address and connection: the known leader, or
 // the result of a lookup (one at a time; hint, with the refusing member's
-// term, is asked with the others). The
+// term, is asked with the others). A leader last seen in a term before
+// minTerm is not taken, also when another call's lookup found it. The
 // caller holds a reference to the connection and must release it.
 func (t *LeaderTracker) target(ctx context.Context, hint string, minTerm uint64) (string, *grpc.ClientConn, error) {
 	t.mu.Lock()
@@ -568,7 +574,7 @@ func (t *LeaderTracker) target(ctx context.Context, hint string, minTerm uint64)
 		t.mu.Unlock()
 		return "", nil, ErrClosed
 	}
-	if t.leader != "" {
+	if t.leader != "" && t.terms[t.leader] >= minTerm {
 		addr, c := t.leader, t.conns[t.leader]
 		if c.GetState() == connectivity.Ready {
 			t.refs[addr]++
@@ -607,9 +613,10 @@ func (t *LeaderTracker) target(ctx context.Context, hint string, minTerm uint64)
 		return "", nil, ErrClosed
 	}
 	c := t.conns[lc.addr]
-	if c == nil {
+	if c == nil || t.terms[lc.addr] < minTerm {
 		// Evicted since the lookup found it (a learned membership
-		// needed the room): look again.
+		// needed the room), or found by another call's lookup in a term
+		// this call's refusal has seen end: look again.
 		return "", nil, ErrNoLeader
 	}
 	t.refs[lc.addr]++

@@ -276,6 +276,34 @@ func TestTrackerFollowsHint(t *testing.T) {
 	}
 }
 
+// TestTrackerKeepsRefusalTerm: a refusal names the new leader and its
+// term, but the new leader is not ready at the next two lookups (it is
+// still applying its log), while the deposed leader still says it leads
+// in its old term. The term the refusal named holds for the whole put,
+// not only for the first lookup after it: the deposed leader is not asked
+// again, and the put waits for the new leader.
+func TestTrackerKeepsRefusalTerm(t *testing.T) {
+	a, b := startScripted(t), startScripted(t)
+	a.set(leader, true, 5, statusErr(codes.Unavailable,
+		info("SERVICE_NOT_AVAILABLE", map[string]string{"cause": "NOT_LEADER", "leader_addr": b.addr, "term": "6"}), retry(0)))
+	a.onPut = func() {
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		notReady := 2
+		b.onProbe = func(s *scripted) {
+			s.role, s.ready, s.term = leader, notReady == 0, 6
+			notReady = max(notReady-1, 0)
+		}
+	}
+	tr := newTracker(t, Options{}, a, b)
+	if err := put(tr); err != nil {
+		t.Fatal(err)
+	}
+	if a.putCount() != 1 || b.putCount() != 1 || tr.Leader() != b.addr {
+		t.Fatalf("puts a=%d b=%d, leader %s (b is %s)", a.putCount(), b.putCount(), tr.Leader(), b.addr)
+	}
+}
+
 // TestTrackerHintGone: the leader refuses a put while it hands over
 // leadership (TRANSFERRING), naming an address that has gone meanwhile
 // and drops packets (a deleted pod's), while another member given is the
