@@ -335,7 +335,7 @@ func (s *Store) groupCommitEnd(cpFlushed int64) (int64, commitlog.Synced, error)
 
 // openGroupLog opens the raft log over the recovered commitlog (which it
 // starts) and sets the commit end readers stop at.
-func (s *Store) openGroupLog(cp consumequeue.Checkpoint) error {
+func (s *Store) openGroupLog(cp consumequeue.Checkpoint, checked int64) error {
 	g := s.opts.Group
 	s.log.Start()
 	// A snapshot staged when the last run stopped was never installed (an
@@ -354,7 +354,7 @@ func (s *Store) openGroupLog(cp consumequeue.Checkpoint) error {
 	rl, err := raftlog.Open(raftlog.Options{FS: s.opts.FS, Dir: filepath.Join(s.opts.Dir, "raft"), Commitlog: s.log,
 		Meta: raftlog.Meta{NodeID: g.ID, Group: g.Name, ClusterUUID: g.ClusterID, FileSize: s.opts.FileSize,
 			Voters: voters, Learners: learners},
-		RequireCRC: !s.opts.DisablePropCRC, Flushed: cp.Flushed, IndexUnits: g.IndexUnits})
+		RequireCRC: !s.opts.DisablePropCRC, Flushed: cp.Flushed, Checked: checked, IndexUnits: g.IndexUnits})
 	if err != nil {
 		return err
 	}

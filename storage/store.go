@@ -198,7 +198,7 @@ func Open(opts Options) (*Store, error) {
 	}
 	var cqLog consumequeue.Log = s.log
 	if opts.Group != nil {
-		if err := s.openGroupLog(cp); err != nil {
+		if err := s.openGroupLog(cp, scan.From); err != nil {
 			s.cleanup()
 			return nil, err
 		}

@@ -12,6 +12,7 @@ import (
 
 // ScanResult is what a commitlog scan found.
 type ScanResult struct {
+	From      int64  // where the scan started: every record from here to End was checked in full
 	End       int64  // offset just past the last valid record (or blank)
 	Bad       bool   // the scan stopped at bytes that are not a record
 	BadReason string // why
@@ -32,7 +33,7 @@ type ScanResult struct {
 // sectors): the scan stops at the batch's first record, and what follows
 // is handled as any torn tail.
 func Scan(files []*segment.File, from int64, requireCRC bool) ScanResult {
-	r := ScanResult{End: from}
+	r := ScanResult{From: from, End: from}
 	// The batch being walked, if any: where it starts and ends, how many
 	// records it declares, and what it has counted so far.
 	var (

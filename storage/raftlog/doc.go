@@ -93,7 +93,17 @@
 // steps 2-5, recover.go): the durable end is the last unit that holds and
 // whose payload is there; everything past it is cut, keeping copies
 // (.broken); damage below max(HardState.Commit, the checkpoint's flushed
-// offset) is a *CorruptionError and the replica refuses to start.
+// offset) is a *CorruptionError and the replica refuses to start. Every
+// unit from the first index kept is checked (its CRC, term order, and
+// where its payload lies against its neighbours'), but a DATA payload is
+// read only from where the commitlog's own recovery scan started
+// (Options.Checked: the checkpoint's file), as §3.4 step 3 scans both
+// from the checkpoint. Below it the files were sealed and synced before
+// the checkpoint passed them; reading a field of each of their records
+// made a start read every retained file (Options.Checked). Damage there
+// is found by the reads that cross it (Entries checks each payload's CRC,
+// client reads each record's), by `storaged check`, and mended by
+// `storaged replica repair`.
 //
 // Past the commit index a replica may have acknowledged entries too, so
 // damage there is cut only when it is torn: the store recovers the

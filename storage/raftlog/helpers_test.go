@@ -39,6 +39,14 @@ func openReplica(fs vfs.FS) (*replica, error) { return openReplicaAs(fs, testMet
 
 // openReplicaAs opens the replica in /d of fs as the node meta names.
 func openReplicaAs(fs vfs.FS, meta Meta) (*replica, error) {
+	return openReplicaFrom(fs, meta, 0, false)
+}
+
+// openReplicaFrom is openReplicaAs with the checkpoint's dispatched
+// offset: the commitlog's recovery scan starts at it or below, and the
+// raft log is told where it started (Options.Checked), as the store does;
+// with readAll it is not (Checked 0: every payload is read).
+func openReplicaFrom(fs vfs.FS, meta Meta, dispatched int64, readAll bool) (*replica, error) {
 	nop := zerolog.Nop()
 	if err := fs.MkdirAll("/d/commitlog"); err != nil {
 		return nil, err
@@ -59,17 +67,22 @@ func openReplicaAs(fs vfs.FS, meta Meta) (*replica, error) {
 		cl.Close()
 		return nil, err
 	}
+	var scan commitlog.ScanResult
 	if synced == nil {
-		_, err = cl.Recover(commitEnd, 0)
+		scan, err = cl.Recover(commitEnd, dispatched)
 	} else {
-		_, err = cl.RecoverGroup(commitEnd, 0, synced)
+		scan, err = cl.RecoverGroup(commitEnd, dispatched, synced)
 	}
 	if err != nil {
 		cl.Close()
 		return nil, err
 	}
 	cl.Start()
-	l, err := Open(Options{FS: fs, Dir: "/d/raft", Commitlog: cl, Meta: meta, RequireCRC: true, IndexUnits: testUnits})
+	checked := scan.From
+	if readAll {
+		checked = 0
+	}
+	l, err := Open(Options{FS: fs, Dir: "/d/raft", Commitlog: cl, Meta: meta, RequireCRC: true, Checked: checked, IndexUnits: testUnits})
 	if err != nil {
 		cl.Close()
 		return nil, err

@@ -47,6 +47,20 @@ type Options struct {
 	// group the checkpoint must take it from DurableEnd, never from the
 	// commitlog's own flushed offset (which runs ahead of the index).
 	Flushed int64
+	// Checked is where the commitlog's recovery scan started
+	// (commitlog.ScanResult.From): it checked every record from there on
+	// in full. Below it, files were sealed and synced before the
+	// checkpoint moved past them, and recovery takes a DATA entry that
+	// ends there on its unit (CRC, term order, continuity with the entries
+	// around it), without reading its payload (design §3.4 step 3 scans
+	// "the index from the checkpoint"): reading even one field of each
+	// record would read every retained commitlog file at each start, and
+	// a start would grow with retention (5.3 GB retained, cold cache: 6–16 s
+	// to open, 1.6 s without; BENCHMARKS.md "A start reads what recovery
+	// checks"). Damage there is found by the reads that cross it (record
+	// CRCs; Entries checks the data CRC), by `storaged check`, and mended
+	// by `storaged replica repair`. 0: every payload is read.
+	Checked int64
 	// IndexUnits is the number of units per index file (0: DefaultIndexUnits).
 	IndexUnits int
 }

@@ -17,10 +17,12 @@ import (
 // unit, and every unit before it, holds: unit CRC, term not below its
 // predecessor's, and a payload that is there: a DATA entry's
 // [pos, pos+len) continues the previous DATA entry (or starts the next
-// file behind a blank), lies inside the recovered commitlog, starts with
-// a record whose PHYSICALOFFSET is pos and (past the checkpoint's flushed
-// offset, where the commitlog scan did not vouch for it) matches dataCRC;
-// a CONF/CMD payload continues the meta-log and matches dataCRC.
+// file behind a blank), lies inside the recovered commitlog, and, unless
+// it ends below where the commitlog's scan started (Options.Checked: its
+// bytes are not read), starts with a record whose PHYSICALOFFSET is pos
+// and (past the checkpoint's flushed offset, where the commitlog scan did
+// not vouch for it) matches dataCRC; a CONF/CMD payload continues the
+// meta-log and matches dataCRC.
 //
 // Past the durable end everything is cut, keeping copies: commitlog bytes
 // in commitlog/<offset>.broken, the index units zeroed (and synced), the
@@ -161,6 +163,8 @@ func (l *Log) checkPayload(u Unit, dEnd, mEnd, metaSize, clMin, clEnd, fileSize 
 		return fmt.Sprintf("the recovered commitlog ends at %d", clEnd)
 	case u.Pos < clMin:
 		return fmt.Sprintf("the commitlog starts at %d", clMin) // retention and snapshots come later
+	case u.Pos+int64(u.Len) <= l.opts.Checked:
+		return "" // below the commitlog scan's start: taken on its unit (Options.Checked)
 	}
 	l.cl.ReadLock()
 	defer l.cl.ReadUnlock()
