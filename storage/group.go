@@ -177,6 +177,9 @@ type GroupOptions struct {
 	// dedupReadHook, if set (tests), is called before each full read of
 	// the idempotent-put window (groupdedup.go).
 	dedupReadHook func()
+	// markEvery, if set (tests), replaces raftlog.MarkEvery: the
+	// checkpoints write raft/mark that much more often.
+	markEvery uint64
 	// maxInflightBytes and maxSizePerMsg, if set (tests), lower raft's
 	// bounds (replica.Options), so that a catch-up takes many rounds.
 	maxInflightBytes, maxSizePerMsg uint64
@@ -358,6 +361,10 @@ func (s *Store) openGroupLog(cp consumequeue.Checkpoint, checked int64) error {
 	if err != nil {
 		return err
 	}
+	first, _ := rl.FirstIndex()
+	from, last := rl.RecoveryWalk()
+	s.opts.Logger.Info().Uint64("first_index", first).Uint64("walk_from", from).Uint64("last_index", last).
+		Uint64("units_walked", (last+1)-min(from, last+1)).Msg("storage: raft log recovered")
 	ce, err := raftlog.CommitEnd(s.opts.FS, filepath.Join(s.opts.Dir, "raft"), g.IndexUnits)
 	if err != nil {
 		rl.Close()
@@ -408,6 +415,15 @@ func (s *Store) raftPoint() (consumequeue.RaftPoint, bool) {
 	term, err := g.rlog.Term(info.Applied)
 	if err != nil {
 		return consumequeue.RaftPoint{}, false // compacted meanwhile: record none this time
+	}
+	// The raft log's own mark (raftlog.SaveMark), every MarkEvery entries:
+	// where the next start's walk of the index begins.
+	every := uint64(raftlog.MarkEvery)
+	if g.opts.markEvery > 0 {
+		every = g.opts.markEvery
+	}
+	if err := g.rlog.SaveMark(every); err != nil {
+		s.logLimit.Event("raft mark", s.opts.Logger.Warn()).Err(err).Msg("storage: raft/mark not written (the next start walks the raft index further)")
 	}
 	return consumequeue.RaftPoint{RaftApplied: info.Applied, RaftAppliedTerm: term, CommitEnd: info.CommitEnd,
 		LogEnd: g.rlog.DurableEnd()}, true

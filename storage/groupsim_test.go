@@ -327,7 +327,10 @@ func (g *groupSim) options(n *simNode) Options {
 			// Followers serve linearizable reads too (after the leader's
 			// read index): the reads on a follower are checked as the
 			// leader's are, under the same drops, reorders and crashes.
-			FollowerReads: true}}
+			FollowerReads: true,
+			// raft/mark every few entries, so that restarts after crashes
+			// start their walk of the index from one.
+			markEvery: 4}}
 }
 
 func (g *groupSim) open(n *simNode) {

@@ -789,6 +789,12 @@ func (s *Store) Close() error {
 		}
 	}
 	clean := len(errs) == 0 && s.WriteErr() == nil
+	if clean && s.group != nil {
+		// The next Open's walk of the raft index starts at its end.
+		if err := s.group.rlog.SaveMark(1); err != nil {
+			s.opts.Logger.Warn().Err(err).Msg("storage: raft/mark not written at close (the next start walks the whole raft index)")
+		}
+	}
 	if clean {
 		// Everything is flushed: index it all and checkpoint, so the next
 		// Open has nothing to scan.

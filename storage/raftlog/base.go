@@ -145,11 +145,12 @@ func (l *Log) DataEndAt(i uint64) (int64, error) {
 // store finishing an interrupted install reruns them all: (1) the
 // HardState's commit is raised to index and its term to term (raft
 // requires commit ≥ FirstIndex-1 at restart; a term raised forgets the
-// older term's vote, as raft's becomeFollower does); (2) raft/base is
-// written; (3) the meta-log is emptied (the CONF/CMD payloads it held lie
-// at or below the base); (4) every index file is deleted. The commitlog
-// is the caller's to swap first. step, if set, is told each step done (a
-// test seam for crash points). Nothing may have the files open.
+// older term's vote, as raft's becomeFollower does); (2) raft/mark is
+// removed and raft/base written; (3) the meta-log is emptied (the
+// CONF/CMD payloads it held lie at or below the base); (4) every index
+// file is deleted. The commitlog is the caller's to swap first. step, if
+// set, is told each step done (a test seam for crash points). Nothing may
+// have the files open.
 func InstallBase(fsys vfs.FS, dir string, index, term uint64, dataEnd int64, step func(string)) error {
 	if step == nil {
 		step = func(string) {}
@@ -175,6 +176,11 @@ func InstallBase(fsys vfs.FS, dir string, index, term uint64, dataEnd int64, ste
 		return err
 	}
 	step("raftlog: hardstate")
+	// raft/mark goes first: its meta-log offset would not hold once the
+	// meta-log is emptied (mark.go).
+	if err := removeMark(fsys, dir); err != nil {
+		return err
+	}
 	if err := writeBase(fsys, dir, logBase{Index: index, Term: term, DataEnd: dataEnd}); err != nil {
 		return err
 	}
@@ -229,6 +235,8 @@ func InstallBase(fsys vfs.FS, dir string, index, term uint64, dataEnd int64, ste
 // durable ends dataEnd (the commitlog must have been swapped to the
 // snapshot's files already: its end is dataEnd). An error stops the log.
 func (l *Log) InstallSnapshot(index, term uint64, dataEnd int64, step func(string)) error {
+	l.markMu.Lock() // a SaveMark under way writes its mark before InstallBase removes it
+	defer l.markMu.Unlock()
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.stopped != nil {
@@ -268,6 +276,8 @@ func (l *Log) InstallSnapshot(index, term uint64, dataEnd int64, step func(strin
 	l.dataEnd, l.metaEnd, l.metaDirty = dataEnd, 0, false
 	l.synced, l.hot = index, index
 	l.durableEnd.Store(dataEnd)
+	l.mark, l.markSaved = logBase{}, 0
+	l.markCut++
 	if l.pending != nil && l.pending.GetCommit() < index {
 		l.pending = nil // superseded by the HardState InstallBase wrote
 	}

@@ -25,7 +25,10 @@ func conformanceSequences() int {
 
 // leader generates entries the way a raft leader and its stamping put
 // path would: terms never below the previous entry's, DATA records stamped
-// for where they go (Place from the end of the previous DATA entry).
+// for where they go (Place from the end of the previous DATA entry), and
+// entries that replace others (k at or below the last index) in a term no
+// entry had before: raft makes at most one entry per index and term, and
+// raft/mark relies on it (mark.go).
 type gen struct {
 	rng  *rand.Rand
 	term uint64
@@ -40,7 +43,7 @@ func (g *gen) entries(l *Log, k uint64, n int) []*pb.Entry {
 	if err != nil {
 		panic(err)
 	}
-	if g.rng.IntN(3) == 0 {
+	if last, _ := l.LastIndex(); g.rng.IntN(3) == 0 || k <= last {
 		g.term++
 	}
 	g.term = max(g.term, prevTerm)
@@ -88,7 +91,7 @@ func TestConformance(t *testing.T) {
 	t.Logf("%d sequences, %d with differences; %+v", n, diffs, c)
 	// The suite must exercise what it claims to.
 	if c.Truncations == 0 || c.DataTruncations == 0 || c.Restarts == 0 || c.Blanks == 0 || c.Entries == 0 || c.Compactions == 0 ||
-		c.IndexFilesDropped == 0 {
+		c.IndexFilesDropped == 0 || c.Marks == 0 || c.MarkStarts == 0 || c.MarksIgnored == 0 {
 		t.Errorf("the sequences missed a case: %+v", c)
 	}
 }
@@ -96,6 +99,10 @@ func TestConformance(t *testing.T) {
 type counts struct {
 	Entries, Truncations, DataTruncations, Restarts, Blanks int
 	Compactions, IndexFilesDropped                          int
+	// Marks written (SaveMark after a Sync), restarts whose walk began at
+	// one, and restarts that found one and walked from the base instead
+	// (a truncation had cut the marked entry, or compaction passed it).
+	Marks, MarkStarts, MarksIgnored int
 }
 
 func conformanceSequence(seed uint64, c *counts) (err error) {
@@ -162,6 +169,13 @@ func conformanceSequence(seed uint64, c *counts) (err error) {
 				return fmt.Errorf("step %d Sync: %w", step, err)
 			}
 			syncedHS = hs
+			if rng.IntN(2) == 0 {
+				what = "Sync, SaveMark"
+				if err := r.log.SaveMark(1); err != nil {
+					return fmt.Errorf("step %d SaveMark: %w", step, err)
+				}
+				c.Marks++
+			}
 		case op == 10: // Compact up to a durably committed index, as raft's owner would
 			first, _ := ms.FirstIndex()
 			commit := syncedHS.GetCommit()
@@ -204,8 +218,15 @@ func conformanceSequence(seed uint64, c *counts) (err error) {
 			if err := r.close(); err != nil {
 				return err
 			}
+			_, marked := fs.Size("/d/raft/" + markName)
 			if r, err = openReplica(fs); err != nil {
 				return fmt.Errorf("step %d reopen: %w", step, err)
+			}
+			switch {
+			case r.log.markSaved > 0:
+				c.MarkStarts++
+			case marked == nil:
+				c.MarksIgnored++
 			}
 		}
 		if err := compare(ms, r.log, rng); err != nil {

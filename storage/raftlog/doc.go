@@ -30,6 +30,14 @@
 //	                          by raft index, the peer addresses they named
 //	                          and the removed ids (sealed JSON, replaced
 //	                          atomically; conf.go); absent until a change
+//	raft/base                 FirstIndex-1, its term, and the commitlog and
+//	                          meta-log ends up to it, once compacted or
+//	                          installed (sealed JSON; base.go)
+//	raft/mark                 where a start's walk of the index may begin:
+//	                          a synced entry, its term, unit CRC and the
+//	                          two ends up to it (sealed JSON, written by
+//	                          the store's checkpoint every MarkEvery
+//	                          entries and at a clean close; mark.go)
 //
 // A DATA entry is a normal entry whose data are RocketMQ records (magic at
 // +4): its bytes live in the commitlog at the offset the leader stamped
@@ -94,8 +102,10 @@
 // whose payload is there; everything past it is cut, keeping copies
 // (.broken); damage below max(HardState.Commit, the checkpoint's flushed
 // offset) is a *CorruptionError and the replica refuses to start. Every
-// unit from the first index kept is checked (its CRC, term order, and
-// where its payload lies against its neighbours'), but a DATA payload is
+// unit from raft/mark on (from the first index kept without one) is
+// checked (its CRC, term order, and where its payload lies against its
+// neighbours'): a start after a clean close checks none, one after a
+// crash about MarkEvery, not every retained unit. A DATA payload is
 // read only from where the commitlog's own recovery scan started
 // (Options.Checked: the checkpoint's file), as §3.4 step 3 scans both
 // from the checkpoint. Below it the files were sealed and synced before

@@ -108,7 +108,20 @@ type Log struct {
 	synced  uint64  // units of indexes ≤ synced are durable (Sync)
 	// durableEnd is dataEnd at synced (DurableEnd), read without mu.
 	durableEnd atomic.Int64
-	metaDirty  bool
+	// mark is the synced point raft/mark would record (mark.go; Term is
+	// looked up when it is written), zero when none; markSaved is the
+	// index of the mark last written, markCut counts the truncations (a
+	// mark written from before one is not counted as saved). markMu
+	// orders SaveMark's write of the file with InstallSnapshot's removal
+	// (taken before mu).
+	mark      logBase
+	markSaved uint64
+	markCut   uint64
+	markMu    sync.Mutex
+	// walked..walkedTo are the units recovery's walk of the index
+	// checked (RecoveryWalk).
+	walked, walkedTo uint64
+	metaDirty        bool
 	// hot: entries above it were written by this process; those at or
 	// below it came from disk and get their dataCRC checked on read.
 	hot     uint64
@@ -633,6 +646,13 @@ func (l *Log) truncateLocked(k uint64) error {
 		return err
 	}
 	l.last, l.dataEnd, l.metaEnd = k-1, p, m
+	if l.mark.Index > l.last {
+		l.mark = logBase{} // the next Sync sets it again
+	}
+	if l.markSaved > l.last {
+		l.markSaved = 0 // the next SaveMark writes over it
+	}
+	l.markCut++
 	if l.synced > l.last {
 		l.synced = l.last
 		l.durableEnd.Store(p)
@@ -696,7 +716,7 @@ func (l *Log) Sync() error {
 		l.mu.Unlock()
 		return err
 	}
-	last, end, metaDirty, metaLog := l.last, l.dataEnd, l.metaDirty, l.metaLog
+	last, end, mend, metaDirty, metaLog := l.last, l.dataEnd, l.metaEnd, l.metaDirty, l.metaLog
 	var units []segRange
 	if last > l.synced {
 		units = l.idx.syncRanges(l.synced+1, last)
@@ -736,6 +756,7 @@ func (l *Log) Sync() error {
 	if last > l.synced {
 		l.synced = last
 		l.durableEnd.Store(end)
+		l.mark = logBase{Index: last, DataEnd: end, MetaEnd: mend}
 	}
 	return l.writePendingLocked()
 }

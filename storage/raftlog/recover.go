@@ -37,12 +37,14 @@ func (l *Log) recover() error {
 		return fmt.Errorf("raftlog: %w", err)
 	}
 	fileSize := l.meta.FileSize
-	dEnd, mEnd := l.base.DataEnd, l.base.MetaEnd
 	clMin, clEnd := l.cl.MinOffset(), l.cl.MaxOffset()
-	prevTerm := l.base.Term
-	last := l.first - 1
+	// From raft/mark when it holds (mark.go), else from the base.
+	from := l.loadMark(metaSize, clEnd)
+	dEnd, mEnd := from.DataEnd, from.MetaEnd
+	prevTerm := from.Term
+	last := max(from.Index, l.first-1)
 	why := ""
-	for i := l.first; ; i++ {
+	for i := last + 1; ; i++ {
 		b := l.idx.slot(i)
 		if b == nil {
 			break
@@ -128,6 +130,11 @@ func (l *Log) recover() error {
 	l.last, l.dataEnd, l.metaEnd = last, dEnd, mEnd
 	l.synced, l.hot = last, last
 	l.durableEnd.Store(dEnd)
+	l.mark = logBase{Index: last, DataEnd: dEnd, MetaEnd: mEnd}
+	l.walked, l.walkedTo = max(from.Index, l.first-1)+1, last
+	if from.Index >= l.first {
+		l.markSaved = from.Index
+	}
 	return nil
 }
 

@@ -251,6 +251,10 @@ func Repair(o RepairOptions) (rep RepairReport, err error) {
 	}
 	defer x.close()
 	r.x, r.logBase, r.first, r.base = x, lb.DataEnd, lb.Index+1, lb
+	// The next start walks every unit again, as repair does (mark.go).
+	if err := removeMark(o.FS, o.Dir); err != nil {
+		return rep, err
+	}
 	if rebuilt {
 		if err := r.writeMeta(); err != nil {
 			return rep, err

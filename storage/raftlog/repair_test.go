@@ -199,6 +199,11 @@ func TestRepairFromPeer(t *testing.T) {
 			} else if !errors.Is(err, base.ErrCorrupt) {
 				t.Fatalf("open the damaged replica: %v, want a corruption error", err)
 			}
+			// A raft/mark (mark.go) is not trusted past a repair: the
+			// next start walks every unit again.
+			if err := b.WriteFile("/d/raft/"+markName, []byte("a mark")); err != nil {
+				t.Fatal(err)
+			}
 			peer := mustOpen(t, a)
 			defer peer.close()
 			rep, err := repairFrom(b, peer)
@@ -207,6 +212,9 @@ func TestRepairFromPeer(t *testing.T) {
 			}
 			if len(rep.Repaired) == 0 || rep.Repaired[0] != at || rep.Entries != n {
 				t.Fatalf("repaired %v of %d entries checked, want %d first of %d", rep.Repaired, rep.Entries, at, n)
+			}
+			if _, err := b.Size("/d/raft/" + markName); err == nil {
+				t.Fatal("raft/mark is still there after the repair")
 			}
 			r, err := openReplica(b)
 			if err != nil {
