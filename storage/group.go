@@ -300,9 +300,11 @@ type groupState struct {
 	timerProg  timers.Progress
 	timerIndex uint64
 	// progressMu serializes writes of config/groupProgress.json;
-	// progressWritten is the delay and timer command indexes it holds.
+	// progressWritten is the delay and timer command indexes it holds,
+	// progressThrough its Through.
 	progressMu      sync.Mutex
 	progressWritten [2]uint64
+	progressThrough uint64
 }
 
 func (g *groupState) waitChan() <-chan struct{} {
@@ -424,6 +426,12 @@ func (s *Store) raftPoint() (consumequeue.RaftPoint, bool) {
 	}
 	if err := g.rlog.SaveMark(every); err != nil {
 		s.logLimit.Event("raft mark", s.opts.Logger.Warn()).Err(err).Msg("storage: raft/mark not written (the next start walks the raft index further)")
+	}
+	// The delivery progress likewise, through the applied index read
+	// above (before the progress is): a start reads the progress commands
+	// past it only (loadProgress).
+	if err := s.persistProgress(info.Applied, every); err != nil {
+		s.logLimit.Event("progress file", s.opts.Logger.Warn()).Err(err).Msg("storage: replicated delivery progress not written (the next start reads the raft log further)")
 	}
 	return consumequeue.RaftPoint{RaftApplied: info.Applied, RaftAppliedTerm: term, CommitEnd: info.CommitEnd,
 		LogEnd: g.rlog.DurableEnd()}, true

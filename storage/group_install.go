@@ -157,7 +157,7 @@ func (s *Store) installSnapshot(m snapshot.Manifest, stage string) error {
 	// The delivery progress likewise (group_progress.go): applied, and
 	// written before the journal goes.
 	g.setProgress(snapshotProgress(m))
-	if err := s.persistProgress(); err != nil {
+	if err := s.persistProgress(0, 0); err != nil {
 		return fmt.Errorf("storage: the snapshot's delivery progress: %w", err)
 	}
 	s.installStep("progress")

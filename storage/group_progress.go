@@ -55,6 +55,11 @@ type groupProgress struct {
 	DelayIndex uint64           `json:"delay_index,omitempty"`
 	Timer      *timers.Progress `json:"timer,omitempty"`
 	TimerIndex uint64           `json:"timer_index,omitempty"`
+	// Through (the file only): an index this replica had applied before
+	// the progress was read, so the file holds the newest progress
+	// commands at or below it; a start reads only the commands past it
+	// from the log (loadProgress). 0: unknown, the whole log is read.
+	Through uint64 `json:"through,omitempty"`
 }
 
 // progress returns a copy of the replicated progress this replica applied.
@@ -129,19 +134,24 @@ func writeProgress(fsys vfs.FS, dir string, p groupProgress) error {
 
 // persistProgress writes the replicated progress applied so far, unless
 // the file holds it already: before the raft log drops the commands that
-// set it.
-func (s *Store) persistProgress() error {
+// set it, and (every > 0) whenever through, an index applied before the
+// progress is read, is every past the file's (raftPoint, so that a start
+// reads only the commands past it: loadProgress). through 0: unknown.
+func (s *Store) persistProgress(through, every uint64) error {
 	g := s.group
 	g.progressMu.Lock()
 	defer g.progressMu.Unlock()
 	p := g.progress()
-	if p.DelayIndex == g.progressWritten[0] && p.TimerIndex == g.progressWritten[1] {
+	p.Through = through
+	moved := every > 0 && through >= g.progressThrough+every
+	if p.DelayIndex == g.progressWritten[0] && p.TimerIndex == g.progressWritten[1] && !moved {
 		return nil
 	}
 	if err := writeProgress(s.opts.FS, s.opts.Dir, p); err != nil {
 		return err
 	}
 	g.progressWritten = [2]uint64{p.DelayIndex, p.TimerIndex}
+	g.progressThrough = through
 	return nil
 }
 
@@ -149,15 +159,20 @@ func (s *Store) persistProgress() error {
 // or below commit still in the raft log.
 func (s *Store) loadProgress(commit uint64) error {
 	g := s.group
+	var lo uint64 // the commands from lo on are read from the log
 	if p, err := readProgress(s.opts.FS, s.opts.Dir); err != nil {
 		s.opts.Logger.Warn().Err(err).Msg("storage: replicated delivery progress file ignored; deliveries it covered may repeat")
 	} else {
 		g.setProgress(p)
-		g.progressWritten = [2]uint64{p.DelayIndex, p.TimerIndex}
+		g.progressWritten, g.progressThrough = [2]uint64{p.DelayIndex, p.TimerIndex}, p.Through
+		if p.Through <= commit {
+			lo = p.Through + 1
+		}
 	}
 	// Raft hands back no entry at or below the commit index, so the last
-	// progress commands there are read from the log itself.
-	if b, idx, err := g.rlog.LastCmd(commit, isDelayProgress); err != nil {
+	// progress commands there are read from the log itself: those past
+	// what the file holds (Through), not every retained unit.
+	if b, idx, err := g.rlog.LastCmd(lo, commit, isDelayProgress); err != nil {
 		return err
 	} else if b != nil {
 		p, err := decodeDelayProgress(b)
@@ -166,7 +181,7 @@ func (s *Store) loadProgress(commit uint64) error {
 		}
 		g.setDelayProgress(p, idx)
 	}
-	if b, idx, err := g.rlog.LastCmd(commit, isTimerProgress); err != nil {
+	if b, idx, err := g.rlog.LastCmd(lo, commit, isTimerProgress); err != nil {
 		return err
 	} else if b != nil {
 		p, err := decodeTimerProgress(b)

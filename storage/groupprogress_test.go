@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/storaged/storaged/storage/consumequeue"
+	"github.com/storaged/storaged/storage/storagetest"
 	"github.com/storaged/storaged/storage/vfs"
 )
 
@@ -230,5 +231,62 @@ func TestGroupCompactionKeepsDeliveryProgress(t *testing.T) {
 	}
 	if tp, idx := s.TimerProgress(); tp.Low < 4 || idx < timerIdx {
 		t.Fatalf("member 2 restarted with timer progress %+v (index %d), want low ≥ 4 (index %d)", tp, idx, timerIdx)
+	}
+}
+
+// TestGroupRestartReadsProgressPastThrough: the checkpoint writes the
+// delivery progress with Through, an index applied before it was read,
+// and a start reads from the raft log only the progress commands past
+// Through: the file vouches for those at or below it. Told that none is
+// at or below Through, a start finds none there (it did not read that
+// part of the log); with Through below the command, or unknown (0, a file
+// written before Through existed), it reads the command from the log.
+func TestGroupRestartReadsProgressPastThrough(t *testing.T) {
+	clock := storagetest.NewClock(time.Unix(1_750_000_000, 0))
+	g := newTestGroupWith(t, time.Minute, nil, func(o *Options) {
+		o.Clock = clock
+		o.Group.markEvery = 1
+	})
+	g.elect(1)
+	m := &Message{Topic: "D", Body: []byte("later"), BornTimestamp: 1, BornHost: DefaultStoreHost,
+		Properties: []Property{{Key: PropertyDelayLevel, Value: "1"}}}
+	if res, err := g.m[1].s.PutMessage(context.Background(), m); err != nil || res.Status != PutOK {
+		t.Fatalf("put: %v %v", res.Status, err)
+	}
+	clock.Advance(2 * time.Second)
+	var idx uint64
+	g.poll("the delivery's progress applied on member 2", func() bool {
+		p, di := g.m[2].s.DelayProgress()
+		idx = di
+		return p[1] == 1 && di > 0
+	}, 1, 2, 3)
+	dir := g.m[2].opts.Dir
+	g.poll("member 2's checkpoint writes the progress through the command", func() bool {
+		clock.Advance(time.Second)
+		p, err := readProgress(vfs.Default, dir)
+		return err == nil && p.DelayIndex == idx && p.Through >= idx
+	}, 1, 2, 3)
+	p, err := readProgress(vfs.Default, dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	restart := func(file groupProgress) uint64 {
+		t.Helper()
+		g.closeMember(2)
+		if err := writeProgress(vfs.Default, dir, file); err != nil {
+			t.Fatal(err)
+		}
+		g.open(2)
+		_, got := g.m[2].s.DelayProgress()
+		return got
+	}
+	if got := restart(groupProgress{Through: p.Through}); got != 0 {
+		t.Fatalf("restarted with delay progress at index %d from a file through %d that holds none: the log at or below Through was read", got, p.Through)
+	}
+	if got := restart(groupProgress{Through: idx - 1}); got != idx {
+		t.Fatalf("restarted with delay progress at index %d, want %d (past Through %d, read from the log)", got, idx, idx-1)
+	}
+	if got := restart(groupProgress{}); got != idx {
+		t.Fatalf("restarted with delay progress at index %d, want %d (Through unknown: the whole log read)", got, idx)
 	}
 }

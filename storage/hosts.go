@@ -117,10 +117,11 @@ func (h *retentionHost) BeforeDelete(end int64) error {
 	}
 	// The delivery progress commands go with the compacted entries: the
 	// progress they set is written down first (group_progress.go).
-	if err := s.persistProgress(); err != nil {
+	applied := s.group.node.Info().Applied
+	if err := s.persistProgress(applied, 0); err != nil {
 		return err
 	}
-	return s.group.rlog.CompactBelow(end, s.group.node.Info().Applied)
+	return s.group.rlog.CompactBelow(end, applied)
 }
 
 // groupKeepFrom is the commitlog offset retention keeps from in group

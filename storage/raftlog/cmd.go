@@ -6,22 +6,23 @@ import (
 	pb "go.etcd.io/raft/v3/raftpb"
 )
 
-// LastCmd finds the newest CMD entry at or below index hi whose payload
-// match accepts, scanning the units backwards from hi to FirstIndex: a
+// LastCmd finds the newest CMD entry in [lo, hi] whose payload match
+// accepts, scanning the units backwards from hi to lo (FirstIndex if
+// higher; the caller knows the newest below lo some other way): a
 // store recovers state that CMD entries replicate (the delay scheduler's
 // progress, design replication.md §3.5) without replaying the log, since
 // raft restarts at Applied = the commit index and never hands those
 // entries back. Only CMD payloads are read (from the meta-log, each
 // checked against its unit's CRC); the scan stops at the first match.
 // It returns the payload and its index, or nil and 0 when none matches.
-func (l *Log) LastCmd(hi uint64, match func([]byte) bool) ([]byte, uint64, error) {
+func (l *Log) LastCmd(lo, hi uint64, match func([]byte) bool) ([]byte, uint64, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.stopped != nil {
 		return nil, 0, l.stopped
 	}
 	hi = min(hi, l.last)
-	for i := hi; i >= l.first && i > 0; i-- {
+	for i := hi; i >= max(lo, l.first) && i > 0; i-- {
 		u, err := l.unitLocked(i)
 		if err != nil {
 			return nil, 0, err
