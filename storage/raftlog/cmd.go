@@ -80,6 +80,20 @@ func (l *Log) Cmds(lo, hi uint64, match func([]byte) bool, fn func(index uint64,
 	return nil
 }
 
+// LastConf is the newest CONF entry at or below LastIndex (0: none from
+// FirstIndex on), when known: from the walk of the index at Open and
+// raft/mark, then from each Append; a truncation that cut it leaves it
+// unknown (the entry before it is not looked for) until the next CONF
+// entry or Open. The raft loop's restart replays conf entries (Confs)
+// only when one lies past the membership raft/conf recorded: scanning
+// for none walked every retained unit at each start (BENCHMARKS.md "A
+// start reads what recovery checks").
+func (l *Log) LastConf() (uint64, bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.lastConf, l.confKnown
+}
+
 // Confs calls fn with every CONF entry in [lo, hi], in log order, as
 // raft's entry (type EntryConfChange or EntryConfChangeV2): the raft loop
 // applies again, at a restart, the conf changes committed past the

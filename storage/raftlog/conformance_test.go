@@ -91,7 +91,7 @@ func TestConformance(t *testing.T) {
 	t.Logf("%d sequences, %d with differences; %+v", n, diffs, c)
 	// The suite must exercise what it claims to.
 	if c.Truncations == 0 || c.DataTruncations == 0 || c.Restarts == 0 || c.Blanks == 0 || c.Entries == 0 || c.Compactions == 0 ||
-		c.IndexFilesDropped == 0 || c.Marks == 0 || c.MarkStarts == 0 || c.MarksIgnored == 0 {
+		c.IndexFilesDropped == 0 || c.Marks == 0 || c.MarkStarts == 0 || c.MarksIgnored == 0 || c.ConfsKnown == 0 || c.ConfsUnknown == 0 {
 		t.Errorf("the sequences missed a case: %+v", c)
 	}
 }
@@ -103,6 +103,41 @@ type counts struct {
 	// one, and restarts that found one and walked from the base instead
 	// (a truncation had cut the marked entry, or compaction passed it).
 	Marks, MarkStarts, MarksIgnored int
+	// Steps after which LastConf was known (and checked against the
+	// units) and named an entry, and steps after which it was not known.
+	ConfsKnown, ConfsUnknown int
+}
+
+// checkLastConf checks LastConf, when known, against the units: the
+// newest CONF entry from FirstIndex on (an older one, compacted, counts
+// as none there).
+func checkLastConf(l *Log, c *counts) error {
+	got, ok := l.LastConf()
+	if !ok {
+		c.ConfsUnknown++
+		return nil
+	}
+	first, _ := l.FirstIndex()
+	last, _ := l.LastIndex()
+	var want uint64
+	for i := last; i >= first && i > 0; i-- {
+		if u, err := l.unitAt(i); err != nil {
+			return err
+		} else if u.Kind == KindConf {
+			want = i
+			break
+		}
+	}
+	if got < first {
+		got = 0
+	}
+	if got != want {
+		return fmt.Errorf("LastConf %d, the units' newest CONF entry %d (first %d, last %d)", got, want, first, last)
+	}
+	if got > 0 {
+		c.ConfsKnown++
+	}
+	return nil
 }
 
 func conformanceSequence(seed uint64, c *counts) (err error) {
@@ -230,6 +265,9 @@ func conformanceSequence(seed uint64, c *counts) (err error) {
 			}
 		}
 		if err := compare(ms, r.log, rng); err != nil {
+			return fmt.Errorf("after step %d %s: %w", step, what, err)
+		}
+		if err := checkLastConf(r.log, c); err != nil {
 			return fmt.Errorf("after step %d %s: %w", step, what, err)
 		}
 	}

@@ -105,7 +105,9 @@
 // unit from raft/mark on (from the first index kept without one) is
 // checked (its CRC, term order, and where its payload lies against its
 // neighbours'): a start after a clean close checks none, one after a
-// crash about MarkEvery, not every retained unit. A DATA payload is
+// crash about MarkEvery, not every retained unit (LastConf, the newest
+// CONF entry, is known from the mark and the walk, so the raft loop's
+// restart need not scan for conf entries either). A DATA payload is
 // read only from where the commitlog's own recovery scan started
 // (Options.Checked: the checkpoint's file), as §3.4 step 3 scans both
 // from the checkpoint. Below it the files were sealed and synced before

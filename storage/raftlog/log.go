@@ -121,7 +121,13 @@ type Log struct {
 	// walked..walkedTo are the units recovery's walk of the index
 	// checked (RecoveryWalk).
 	walked, walkedTo uint64
-	metaDirty        bool
+	// lastConf is the newest CONF entry at or below last (0: none from
+	// FirstIndex on), when confKnown (LastConf). markConf is lastConf at
+	// mark (nil: not known), for raft/mark.
+	lastConf  uint64
+	confKnown bool
+	markConf  *uint64
+	metaDirty bool
 	// hot: entries above it were written by this process; those at or
 	// below it came from disk and get their dataCRC checked on read.
 	hot     uint64
@@ -518,6 +524,9 @@ func (l *Log) appendLocked(e *pb.Entry) error {
 	}
 	u.Encode(dst)
 	l.last = i
+	if u.Kind == KindConf {
+		l.lastConf, l.confKnown = i, true
+	}
 	return nil
 }
 
@@ -647,7 +656,10 @@ func (l *Log) truncateLocked(k uint64) error {
 	}
 	l.last, l.dataEnd, l.metaEnd = k-1, p, m
 	if l.mark.Index > l.last {
-		l.mark = logBase{} // the next Sync sets it again
+		l.mark, l.markConf = logBase{}, nil // the next Sync sets it again
+	}
+	if l.confKnown && l.lastConf > l.last {
+		l.confKnown = false // the one before it is not looked for (LastConf)
 	}
 	if l.markSaved > l.last {
 		l.markSaved = 0 // the next SaveMark writes over it
@@ -717,6 +729,11 @@ func (l *Log) Sync() error {
 		return err
 	}
 	last, end, mend, metaDirty, metaLog := l.last, l.dataEnd, l.metaEnd, l.metaDirty, l.metaLog
+	var conf *uint64
+	if l.confKnown {
+		c := l.lastConf
+		conf = &c
+	}
 	var units []segRange
 	if last > l.synced {
 		units = l.idx.syncRanges(l.synced+1, last)
@@ -756,7 +773,7 @@ func (l *Log) Sync() error {
 	if last > l.synced {
 		l.synced = last
 		l.durableEnd.Store(end)
-		l.mark = logBase{Index: last, DataEnd: end, MetaEnd: mend}
+		l.mark, l.markConf = logBase{Index: last, DataEnd: end, MetaEnd: mend}, conf
 	}
 	return l.writePendingLocked()
 }

@@ -41,6 +41,9 @@ const markName = "mark"
 type logMark struct {
 	logBase
 	UnitCRC uint32 `json:"unit_crc"`
+	// LastConf is the newest CONF entry at or below Index (0: none from
+	// FirstIndex on); absent when it was not known (LastConf).
+	LastConf *uint64 `json:"last_conf,omitempty"`
 }
 
 // MarkEvery is how many entries past the last raft/mark the synced log
@@ -59,7 +62,7 @@ func (l *Log) SaveMark(every uint64) error {
 	l.markMu.Lock()
 	defer l.markMu.Unlock()
 	l.mu.Lock()
-	m, cut := l.mark, l.markCut
+	m, conf, cut := l.mark, l.markConf, l.markCut
 	if l.stopped != nil || l.idx == nil || m.Index == 0 || m.Index < l.first || m.Index < l.markSaved+max(every, 1) {
 		l.mu.Unlock()
 		return nil
@@ -75,7 +78,7 @@ func (l *Log) SaveMark(every uint64) error {
 		return err
 	}
 	m.Term = u.Term
-	if err := writeMark(l.opts.FS, l.opts.Dir, logMark{m, sum}); err != nil {
+	if err := writeMark(l.opts.FS, l.opts.Dir, logMark{m, sum, conf}); err != nil {
 		return err
 	}
 	l.mu.Lock()
@@ -124,26 +127,36 @@ func removeMark(fsys vfs.FS, dir string) error {
 // sealed file whose index lies in the log, whose unit decodes with the
 // mark's term and ends where the mark says, and whose offsets lie inside
 // the recovered commitlog and meta-log), else the base. Any doubt walks
-// from the base, which checks everything.
-func (l *Log) loadMark(metaSize, clEnd int64) logBase {
+// from the base, which checks everything. conf is the mark's LastConf
+// (nil: not known); from the base, 0 (no CONF entry walked yet).
+func (l *Log) loadMark(metaSize, clEnd int64) (from logBase, conf *uint64) {
+	none := uint64(0)
+	m, c := l.loadMarkFile(metaSize, clEnd)
+	if m.Index == l.base.Index {
+		return m, &none
+	}
+	return m, c
+}
+
+func (l *Log) loadMarkFile(metaSize, clEnd int64) (logBase, *uint64) {
 	b, err := l.opts.FS.ReadFile(filepath.Join(l.opts.Dir, markName))
 	if err != nil {
-		return l.base
+		return l.base, nil
 	}
 	body, ok := base.Unseal(b)
 	var mk logMark
 	m := &mk.logBase
 	if !ok || json.Unmarshal(body, &mk) != nil || m.Index < l.first || m.Term < l.base.Term ||
 		m.DataEnd < l.base.DataEnd || m.DataEnd > clEnd || m.MetaEnd < l.base.MetaEnd || m.MetaEnd > metaSize {
-		return l.base
+		return l.base, nil
 	}
 	slot := l.idx.slot(m.Index)
 	if slot == nil {
-		return l.base
+		return l.base, nil
 	}
 	u, err := DecodeUnit(slot)
 	if err != nil || u.Term != m.Term || crc32c(slot) != mk.UnitCRC {
-		return l.base
+		return l.base, nil
 	}
 	switch u.Kind {
 	case KindData:
@@ -152,7 +165,7 @@ func (l *Log) loadMark(metaSize, clEnd int64) logBase {
 		ok = u.Pos+int64(u.Len) == m.MetaEnd
 	}
 	if !ok {
-		return l.base
+		return l.base, nil
 	}
-	return *m
+	return *m, mk.LastConf
 }

@@ -39,7 +39,7 @@ func (l *Log) recover() error {
 	fileSize := l.meta.FileSize
 	clMin, clEnd := l.cl.MinOffset(), l.cl.MaxOffset()
 	// From raft/mark when it holds (mark.go), else from the base.
-	from := l.loadMark(metaSize, clEnd)
+	from, conf := l.loadMark(metaSize, clEnd)
 	dEnd, mEnd := from.DataEnd, from.MetaEnd
 	prevTerm := from.Term
 	last := max(from.Index, l.first-1)
@@ -80,6 +80,10 @@ func (l *Log) recover() error {
 			dEnd = u.Pos + int64(u.Len)
 		case KindConf, KindCmd:
 			mEnd = u.Pos + int64(u.Len)
+			if u.Kind == KindConf {
+				c := i
+				conf = &c
+			}
 		}
 		prevTerm, last = u.Term, i
 	}
@@ -131,6 +135,10 @@ func (l *Log) recover() error {
 	l.synced, l.hot = last, last
 	l.durableEnd.Store(dEnd)
 	l.mark = logBase{Index: last, DataEnd: dEnd, MetaEnd: mEnd}
+	if conf != nil {
+		l.lastConf, l.confKnown = *conf, true
+	}
+	l.markConf = conf
 	l.walked, l.walkedTo = max(from.Index, l.first-1)+1, last
 	if from.Index >= l.first {
 		l.markSaved = from.Index

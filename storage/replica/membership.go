@@ -600,6 +600,9 @@ func (n *Node) replayConfs(applied uint64) error {
 	n.mu.Lock()
 	from := n.members.Index + 1
 	n.mu.Unlock()
+	if c, ok := n.opts.Log.LastConf(); ok && c < from {
+		return nil // no conf entry past the record: nothing to scan for
+	}
 	return n.opts.Log.Confs(from, applied, func(e *pb.Entry) error {
 		n.mu.Lock()
 		defer n.mu.Unlock()
