@@ -48,13 +48,17 @@ func readBase(fsys vfs.FS, dir string, meta Meta) (logBase, error) {
 }
 
 // writeBase replaces dir/base atomically (temp file, rename, dir sync).
-func writeBase(fsys vfs.FS, dir string, lb logBase) error {
-	body, err := json.Marshal(lb)
+func writeBase(fsys vfs.FS, dir string, lb logBase) error { return writeSealed(fsys, dir, baseName, lb) }
+
+// writeSealed replaces dir/name with v as sealed JSON, atomically (temp
+// file, rename, dir sync): raft/base, raft/mark.
+func writeSealed(fsys vfs.FS, dir, name string, v any) error {
+	body, err := json.Marshal(v)
 	if err != nil {
 		return err
 	}
-	if err := base.WriteAtomic(fsys, dir, baseName, base.Seal(body)); err != nil {
-		return fmt.Errorf("raftlog: write base: %w", err)
+	if err := base.WriteAtomic(fsys, dir, name, base.Seal(body)); err != nil {
+		return fmt.Errorf("raftlog: write %s: %w", name, err)
 	}
 	return nil
 }

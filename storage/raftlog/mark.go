@@ -98,16 +98,7 @@ func (l *Log) RecoveryWalk() (from, last uint64) {
 	return l.walked, l.walkedTo
 }
 
-func writeMark(fsys vfs.FS, dir string, m logMark) error {
-	body, err := json.Marshal(m)
-	if err != nil {
-		return err
-	}
-	if err := base.WriteAtomic(fsys, dir, markName, base.Seal(body)); err != nil {
-		return fmt.Errorf("raftlog: write mark: %w", err)
-	}
-	return nil
-}
+func writeMark(fsys vfs.FS, dir string, m logMark) error { return writeSealed(fsys, dir, markName, m) }
 
 // removeMark removes dir/mark durably (InstallBase, Repair).
 func removeMark(fsys vfs.FS, dir string) error {
