@@ -48,7 +48,9 @@ func readBase(fsys vfs.FS, dir string, meta Meta) (logBase, error) {
 }
 
 // writeBase replaces dir/base atomically (temp file, rename, dir sync).
-func writeBase(fsys vfs.FS, dir string, lb logBase) error { return writeSealed(fsys, dir, baseName, lb) }
+func writeBase(fsys vfs.FS, dir string, lb logBase) error {
+	return writeSealed(fsys, dir, baseName, lb)
+}
 
 // writeSealed replaces dir/name with v as sealed JSON, atomically (temp
 // file, rename, dir sync): raft/base, raft/mark.
