@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -17,6 +18,8 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	pb "go.etcd.io/raft/v3/raftpb"
+
+	"github.com/storaged/storaged/storage/record"
 )
 
 // testNet is an in-memory network between group members: a fault-injection
@@ -1818,4 +1821,65 @@ func TestGroupRestartWalksFromMark(t *testing.T) {
 	want[30] = "m30"
 	g.converge(1, 2)
 	g.checkQueue(want, 31, 2)
+}
+
+// TestGroupStartReadsPayloadsFromTheScan: a member's start reads the
+// records of raft entries only from where its commitlog's recovery scan
+// began (the file holding the checkpoint's flushed offset), not a field of
+// every retained record (raftlog.Options.Checked, set by the store), also
+// when it walks every unit (no raft/mark): a record damaged in an earlier,
+// sealed file does not stop the start, and a read of it reports the
+// damage instead of serving it.
+func TestGroupStartReadsPayloadsFromTheScan(t *testing.T) {
+	g := newTestGroup(t, time.Minute)
+	g.elect(1)
+	body := strings.Repeat("s", 3000)
+	for i := range 80 { // 240 KB: four 64 KiB files
+		g.mustPut(1, i, fmt.Sprintf("%02d%s", i, body))
+	}
+	g.converge(1, 2)
+	g.closeMember(2)
+	dir := filepath.Join(g.m[2].opts.Dir, "commitlog")
+	files, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(files) < 3 {
+		t.Fatalf("%d commitlog files, want at least 3", len(files))
+	}
+	// The first record's PHYSICALOFFSET, in the first file.
+	f, err := os.OpenFile(filepath.Join(dir, files[0].Name()), os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := make([]byte, 1)
+	if _, err := f.ReadAt(b, record.PosPhysOffset+7); err != nil {
+		t.Fatal(err)
+	}
+	b[0] ^= 0x40
+	if _, err := f.WriteAt(b, record.PosPhysOffset+7); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.Close(); err != nil {
+		t.Fatal(err)
+	}
+	// Without raft/mark the start walks every unit of the index, as after
+	// a crash before any mark, so each DATA entry is looked at.
+	if err := os.Remove(filepath.Join(g.m[2].opts.Dir, "raft", "mark")); err != nil {
+		t.Fatal(err)
+	}
+	g.open(2)
+	if from, _ := g.m[2].s.group.rlog.RecoveryWalk(); from != 1 {
+		t.Fatalf("the start walked from index %d, want every unit from 1", from)
+	}
+	if rec, err := g.m[2].s.GetMessage(0); err == nil {
+		t.Fatalf("the damaged record was served: %q", rec.Body[:2])
+	}
+	// The rest is served, and member 2 goes on replicating.
+	g.mustPut(1, 80, "after")
+	g.converge(1, 2)
+	res, err := g.m[2].s.PullMessages(context.Background(), PullRequest{Topic: "T", QueueID: 0, Offset: 79, MaxMessages: 2})
+	if err != nil || len(res.Messages) != 2 || string(res.Messages[1].Body) != "after" {
+		t.Fatalf("member 2 after the start: %v, %d messages", err, len(res.Messages))
+	}
 }
