@@ -276,8 +276,8 @@ func (l *Log) cutAfter(files []*segment.File, end int64, trust bool) ([]*segment
 			f.SetPositions(pos, pos)
 			keep = append(keep, f)
 		default:
-			if !zeroFrom(f, 0) {
-				if _, err := l.saveBroken(f, 0); err != nil {
+			if zero, end := zeroFrom(f, 0); !zero {
+				if _, err := l.saveBroken(f, 0, end); err != nil {
 					return nil, err
 				}
 			}
@@ -316,10 +316,11 @@ func (l *Log) cutTail(f *segment.File, pos int64, trust bool) error {
 		return nil
 	}
 	defer f.Evict(pos, f.Size())
-	if zeroFrom(f, pos) {
+	zero, end := zeroFrom(f, pos)
+	if zero {
 		return nil
 	}
-	last, err := l.saveBroken(f, pos)
+	last, err := l.saveBroken(f, pos, end)
 	if err != nil {
 		return err
 	}
@@ -335,26 +336,30 @@ func (l *Log) cutTail(f *segment.File, pos int64, trust bool) error {
 // past the end, most of a file was never written (the allocator populates
 // 128 MiB ahead of the writer), and reading all of a 1 GiB file's tail
 // through the mapping took 1.8-2.5 s of every restart after a crash
-// (BENCHMARKS.md "Recovery reads only what was written").
-func zeroFrom(f *segment.File, pos int64) bool {
-	for _, r := range f.DataRanges(pos, f.Size()) {
+// (BENCHMARKS.md "Recovery reads only what was written"). end is where
+// the last of those ranges ends (pos if there is none): nothing past it
+// can be other than zero.
+func zeroFrom(f *segment.File, pos int64) (zero bool, end int64) {
+	rs := f.DataRanges(pos, f.Size())
+	end = pos
+	if len(rs) > 0 {
+		end = rs[len(rs)-1].Hi
+	}
+	for _, r := range rs {
 		if !AllZero(f.Data()[r.Lo:r.Hi]) {
-			return false
+			return false, end
 		}
 	}
-	return true
+	return true, end
 }
 
 // saveBroken copies f's bytes from pos to its last non-zero byte into
 // commitlog/<offset>.broken for post-mortem, and counts the torn tail. It
-// returns the offset in f past that byte; the search for it starts at the
-// end of the last range that may hold data (segment.File.DataRanges).
-func (l *Log) saveBroken(f *segment.File, pos int64) (int64, error) {
+// returns the offset in f past that byte; the search for it starts at end,
+// past which f is zero (zeroFrom's).
+func (l *Log) saveBroken(f *segment.File, pos, end int64) (int64, error) {
 	data := f.Data()
-	last := pos
-	if rs := f.DataRanges(pos, f.Size()); len(rs) > 0 {
-		last = rs[len(rs)-1].Hi
-	}
+	last := end
 	for last > pos && data[last-1] == 0 {
 		last--
 	}

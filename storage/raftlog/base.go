@@ -282,9 +282,9 @@ func (l *Log) InstallSnapshot(index, term uint64, dataEnd int64, step func(strin
 	l.dataEnd, l.metaEnd, l.metaDirty = dataEnd, 0, false
 	l.synced, l.hot = index, index
 	l.durableEnd.Store(dataEnd)
-	l.mark, l.markSaved, l.markConf = logBase{}, 0, nil
+	l.mark, l.markSaved = markPoint{}, 0
 	l.markCut++
-	l.lastConf, l.confKnown = 0, true // nothing past the base
+	l.newestConf = confAt{known: true} // nothing past the base
 	if l.pending != nil && l.pending.GetCommit() < index {
 		l.pending = nil // superseded by the HardState InstallBase wrote
 	}

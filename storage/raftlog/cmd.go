@@ -91,7 +91,7 @@ func (l *Log) Cmds(lo, hi uint64, match func([]byte) bool, fn func(index uint64,
 func (l *Log) LastConf() (uint64, bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return l.lastConf, l.confKnown
+	return l.newestConf.index, l.newestConf.known
 }
 
 // Confs calls fn with every CONF entry in [lo, hi], in log order, as

@@ -108,26 +108,22 @@ type Log struct {
 	synced  uint64  // units of indexes ≤ synced are durable (Sync)
 	// durableEnd is dataEnd at synced (DurableEnd), read without mu.
 	durableEnd atomic.Int64
-	// mark is the synced point raft/mark would record (mark.go; Term is
-	// looked up when it is written), zero when none; markSaved is the
+	// mark is the synced point raft/mark would record (mark.go; Term and
+	// UnitCRC are looked up when it is written), zero when none; markSaved is the
 	// index of the mark last written, markCut counts the truncations (a
 	// mark written from before one is not counted as saved). markMu
 	// orders SaveMark's write of the file with InstallSnapshot's removal
 	// (taken before mu).
-	mark      logBase
+	mark      markPoint
 	markSaved uint64
 	markCut   uint64
 	markMu    sync.Mutex
 	// walked..walkedTo are the units recovery's walk of the index
 	// checked (RecoveryWalk).
 	walked, walkedTo uint64
-	// lastConf is the newest CONF entry at or below last (0: none from
-	// FirstIndex on), when confKnown (LastConf). markConf is lastConf at
-	// mark (nil: not known), for raft/mark.
-	lastConf  uint64
-	confKnown bool
-	markConf  *uint64
-	metaDirty bool
+	// newestConf is the newest CONF entry at or below last (LastConf).
+	newestConf confAt
+	metaDirty  bool
 	// hot: entries above it were written by this process; those at or
 	// below it came from disk and get their dataCRC checked on read.
 	hot     uint64
@@ -525,7 +521,7 @@ func (l *Log) appendLocked(e *pb.Entry) error {
 	u.Encode(dst)
 	l.last = i
 	if u.Kind == KindConf {
-		l.lastConf, l.confKnown = i, true
+		l.newestConf = confAt{index: i, known: true}
 	}
 	return nil
 }
@@ -656,10 +652,10 @@ func (l *Log) truncateLocked(k uint64) error {
 	}
 	l.last, l.dataEnd, l.metaEnd = k-1, p, m
 	if l.mark.Index > l.last {
-		l.mark, l.markConf = logBase{}, nil // the next Sync sets it again
+		l.mark = markPoint{} // the next Sync sets it again
 	}
-	if l.confKnown && l.lastConf > l.last {
-		l.confKnown = false // the one before it is not looked for (LastConf)
+	if l.newestConf.known && l.newestConf.index > l.last {
+		l.newestConf.known = false // the one before it is not looked for (LastConf)
 	}
 	if l.markSaved > l.last {
 		l.markSaved = 0 // the next SaveMark writes over it
@@ -728,12 +724,7 @@ func (l *Log) Sync() error {
 		l.mu.Unlock()
 		return err
 	}
-	last, end, mend, metaDirty, metaLog := l.last, l.dataEnd, l.metaEnd, l.metaDirty, l.metaLog
-	var conf *uint64
-	if l.confKnown {
-		c := l.lastConf
-		conf = &c
-	}
+	last, end, mend, conf, metaDirty, metaLog := l.last, l.dataEnd, l.metaEnd, l.newestConf, l.metaDirty, l.metaLog
 	var units []segRange
 	if last > l.synced {
 		units = l.idx.syncRanges(l.synced+1, last)
@@ -773,7 +764,7 @@ func (l *Log) Sync() error {
 	if last > l.synced {
 		l.synced = last
 		l.durableEnd.Store(end)
-		l.mark, l.markConf = logBase{Index: last, DataEnd: end, MetaEnd: mend}, conf
+		l.mark = markPoint{logBase{Index: last, DataEnd: end, MetaEnd: mend}, conf}
 	}
 	return l.writePendingLocked()
 }

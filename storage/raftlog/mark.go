@@ -36,6 +36,20 @@ import (
 // repair`, which walks every unit, and by a start without a mark.
 const markName = "mark"
 
+// confAt is the newest CONF entry at or below some index (0: none from
+// FirstIndex on), when known.
+type confAt struct {
+	index uint64
+	known bool
+}
+
+// markPoint is what raft/mark is written from: a synced entry, the ends
+// up to it, and its confAt.
+type markPoint struct {
+	logBase
+	conf confAt
+}
+
 // logMark is raft/mark: logBase for the marked entry, and the CRC-32C of
 // its unit.
 type logMark struct {
@@ -62,7 +76,8 @@ func (l *Log) SaveMark(every uint64) error {
 	l.markMu.Lock()
 	defer l.markMu.Unlock()
 	l.mu.Lock()
-	m, conf, cut := l.mark, l.markConf, l.markCut
+	mp, cut := l.mark, l.markCut
+	m := mp.logBase
 	if l.stopped != nil || l.idx == nil || m.Index == 0 || m.Index < l.first || m.Index < l.markSaved+max(every, 1) {
 		l.mu.Unlock()
 		return nil
@@ -78,7 +93,11 @@ func (l *Log) SaveMark(every uint64) error {
 		return err
 	}
 	m.Term = u.Term
-	if err := writeMark(l.opts.FS, l.opts.Dir, logMark{m, sum, conf}); err != nil {
+	mk := logMark{logBase: m, UnitCRC: sum}
+	if mp.conf.known {
+		mk.LastConf = &mp.conf.index
+	}
+	if err := writeMark(l.opts.FS, l.opts.Dir, mk); err != nil {
 		return err
 	}
 	l.mu.Lock()
@@ -115,39 +134,31 @@ func removeMark(fsys vfs.FS, dir string) error {
 }
 
 // loadMark is where recovery's walk starts: raft/mark when it holds (a
-// sealed file whose index lies in the log, whose unit decodes with the
-// mark's term and ends where the mark says, and whose offsets lie inside
-// the recovered commitlog and meta-log), else the base. Any doubt walks
-// from the base, which checks everything. conf is the mark's LastConf
-// (nil: not known); from the base, 0 (no CONF entry walked yet).
-func (l *Log) loadMark(metaSize, clEnd int64) (from logBase, conf *uint64) {
-	none := uint64(0)
-	m, c := l.loadMarkFile(metaSize, clEnd)
-	if m.Index == l.base.Index {
-		return m, &none
-	}
-	return m, c
-}
-
-func (l *Log) loadMarkFile(metaSize, clEnd int64) (logBase, *uint64) {
+// sealed file whose index lies in the log, whose unit is the one marked
+// and ends where the mark says, and whose offsets lie inside the recovered
+// commitlog and meta-log), else the base. Any doubt walks from the base,
+// which checks everything. conf is the mark's (not known if it recorded
+// none); from the base, none yet.
+func (l *Log) loadMark(metaSize, clEnd int64) (logBase, confAt) {
+	fromBase := confAt{known: true}
 	b, err := l.opts.FS.ReadFile(filepath.Join(l.opts.Dir, markName))
 	if err != nil {
-		return l.base, nil
+		return l.base, fromBase
 	}
 	body, ok := base.Unseal(b)
 	var mk logMark
 	m := &mk.logBase
 	if !ok || json.Unmarshal(body, &mk) != nil || m.Index < l.first || m.Term < l.base.Term ||
 		m.DataEnd < l.base.DataEnd || m.DataEnd > clEnd || m.MetaEnd < l.base.MetaEnd || m.MetaEnd > metaSize {
-		return l.base, nil
+		return l.base, fromBase
 	}
 	slot := l.idx.slot(m.Index)
 	if slot == nil {
-		return l.base, nil
+		return l.base, fromBase
 	}
 	u, err := DecodeUnit(slot)
 	if err != nil || u.Term != m.Term || crc32c(slot) != mk.UnitCRC {
-		return l.base, nil
+		return l.base, fromBase
 	}
 	switch u.Kind {
 	case KindData:
@@ -156,7 +167,11 @@ func (l *Log) loadMarkFile(metaSize, clEnd int64) (logBase, *uint64) {
 		ok = u.Pos+int64(u.Len) == m.MetaEnd
 	}
 	if !ok {
-		return l.base, nil
+		return l.base, fromBase
 	}
-	return *m, mk.LastConf
+	var conf confAt
+	if mk.LastConf != nil {
+		conf = confAt{index: *mk.LastConf, known: true}
+	}
+	return *m, conf
 }

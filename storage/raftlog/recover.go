@@ -81,8 +81,7 @@ func (l *Log) recover() error {
 		case KindConf, KindCmd:
 			mEnd = u.Pos + int64(u.Len)
 			if u.Kind == KindConf {
-				c := i
-				conf = &c
+				conf = confAt{index: i, known: true}
 			}
 		}
 		prevTerm, last = u.Term, i
@@ -134,11 +133,8 @@ func (l *Log) recover() error {
 	l.last, l.dataEnd, l.metaEnd = last, dEnd, mEnd
 	l.synced, l.hot = last, last
 	l.durableEnd.Store(dEnd)
-	l.mark = logBase{Index: last, DataEnd: dEnd, MetaEnd: mEnd}
-	if conf != nil {
-		l.lastConf, l.confKnown = *conf, true
-	}
-	l.markConf = conf
+	l.newestConf = conf
+	l.mark = markPoint{logBase{Index: last, DataEnd: dEnd, MetaEnd: mEnd}, conf}
 	l.walked, l.walkedTo = max(from.Index, l.first-1)+1, last
 	if from.Index >= l.first {
 		l.markSaved = from.Index
