@@ -112,6 +112,7 @@ func (l *Log) Compact(i uint64) error {
 		return l.stop(err)
 	}
 	l.base, l.first = lb, i+1
+	l.cache.dropBelow(l.first)
 	if err := l.idx.dropBelow(l.first); err != nil {
 		return l.stop(err)
 	}
@@ -279,6 +280,7 @@ func (l *Log) InstallSnapshot(index, term uint64, dataEnd int64, step func(strin
 	}
 	l.base = logBase{Index: index, Term: term, DataEnd: dataEnd}
 	l.first, l.last = index+1, index
+	l.cache.reset()
 	l.dataEnd, l.metaEnd, l.metaDirty = dataEnd, 0, false
 	l.synced, l.hot = index, index
 	l.durableEnd.Store(dataEnd)

@@ -91,7 +91,8 @@ func TestConformance(t *testing.T) {
 	t.Logf("%d sequences, %d with differences; %+v", n, diffs, c)
 	// The suite must exercise what it claims to.
 	if c.Truncations == 0 || c.DataTruncations == 0 || c.Restarts == 0 || c.Blanks == 0 || c.Entries == 0 || c.Compactions == 0 ||
-		c.IndexFilesDropped == 0 || c.Marks == 0 || c.MarkStarts == 0 || c.MarksIgnored == 0 || c.ConfsKnown == 0 || c.ConfsUnknown == 0 {
+		c.IndexFilesDropped == 0 || c.Marks == 0 || c.MarkStarts == 0 || c.MarksIgnored == 0 || c.ConfsKnown == 0 || c.ConfsUnknown == 0 ||
+		c.Cached == 0 || c.Uncached == 0 {
 		t.Errorf("the sequences missed a case: %+v", c)
 	}
 }
@@ -103,6 +104,9 @@ type counts struct {
 	// one, and restarts that found one and walked from the base instead
 	// (a truncation had cut the marked entry, or compaction passed it).
 	Marks, MarkStarts, MarksIgnored int
+	// Steps after which the entry cache held entries, and steps after
+	// which some entry had to be read from the files.
+	Cached, Uncached int
 	// Steps after which LastConf was known (and checked against the
 	// units) and named an entry, and steps after which it was not known.
 	ConfsKnown, ConfsUnknown int
@@ -143,7 +147,11 @@ func checkLastConf(l *Log, c *counts) error {
 func conformanceSequence(seed uint64, c *counts) (err error) {
 	rng := rand.New(rand.NewPCG(seed, 0x5eed))
 	fs := vfs.NewMem()
-	r, err := openReplica(fs)
+	// The entry cache off, a few entries' worth (evicting all the time),
+	// or the default (the whole sequence's entries between restarts).
+	cacheBytes := [...]int{-1, 1 + rng.IntN(4096), 0}[rng.IntN(3)]
+	open := func() (*replica, error) { return openReplicaCache(fs, testMeta, 0, false, cacheBytes) }
+	r, err := open()
 	if err != nil {
 		return err
 	}
@@ -254,7 +262,7 @@ func conformanceSequence(seed uint64, c *counts) (err error) {
 				return err
 			}
 			_, marked := fs.Size("/d/raft/" + markName)
-			if r, err = openReplica(fs); err != nil {
+			if r, err = open(); err != nil {
 				return fmt.Errorf("step %d reopen: %w", step, err)
 			}
 			switch {
@@ -266,6 +274,14 @@ func conformanceSequence(seed uint64, c *counts) (err error) {
 		}
 		if err := compare(ms, r.log, rng); err != nil {
 			return fmt.Errorf("after step %d %s: %w", step, what, err)
+		}
+		if f, l := r.log.first, r.log.last; l >= f {
+			if len(r.log.cache.ents) > 0 {
+				c.Cached++
+			}
+			if len(r.log.cache.ents) == 0 || r.log.cache.first > f {
+				c.Uncached++
+			}
 		}
 		if err := checkLastConf(r.log, c); err != nil {
 			return fmt.Errorf("after step %d %s: %w", step, what, err)

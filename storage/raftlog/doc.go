@@ -56,7 +56,10 @@
 // the commitlog when raft hands the entries back in Ready.Entries and the
 // raft loop calls Append, exactly as on a follower. One path to disk means
 // one set of invariants to recover, and a leader's entry is never in the
-// commitlog before it is in the raft log.
+// commitlog before it is in the raft log. The entries appended last stay
+// in memory too (entryCache, Options.CacheBytes): raft reads each one back
+// to apply it a Ready or two later, on every member, and those reads come
+// from memory, not copied out of the commitlog.
 //
 // Per Ready the raft loop calls Append(rd.Entries) (truncating an
 // uncommitted suffix first when the entries start at or below LastIndex,
@@ -175,8 +178,9 @@
 //   - truncate at or below the commit index (ErrTruncateCommitted), or
 //     truncate acknowledged entries at recovery: a replica that forgets
 //     entries it helped commit can elect a leader that lacks them;
-//   - hand out bytes it did not copy (retention may unmap a file) or bytes
-//     whose CRC fails;
+//   - hand out bytes of the mapping (retention may unmap a file: Entries
+//     copies them out, or serves the heap payloads Append took, entryCache)
+//     or bytes whose CRC fails;
 //   - continue after a failed write: every error stops the Log and a
 //     restart recovers (the sticky-error rule);
 //   - import anything above it: the raft dependency stays in this package

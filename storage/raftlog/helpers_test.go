@@ -47,6 +47,11 @@ func openReplicaAs(fs vfs.FS, meta Meta) (*replica, error) {
 // raft log is told where it started (Options.Checked), as the store does;
 // with readAll it is not (Checked 0: every payload is read).
 func openReplicaFrom(fs vfs.FS, meta Meta, dispatched int64, readAll bool) (*replica, error) {
+	return openReplicaCache(fs, meta, dispatched, readAll, 0)
+}
+
+// openReplicaCache is openReplicaFrom with Options.CacheBytes.
+func openReplicaCache(fs vfs.FS, meta Meta, dispatched int64, readAll bool, cacheBytes int) (*replica, error) {
 	nop := zerolog.Nop()
 	if err := fs.MkdirAll("/d/commitlog"); err != nil {
 		return nil, err
@@ -82,7 +87,8 @@ func openReplicaFrom(fs vfs.FS, meta Meta, dispatched int64, readAll bool) (*rep
 	if readAll {
 		checked = 0
 	}
-	l, err := Open(Options{FS: fs, Dir: "/d/raft", Commitlog: cl, Meta: meta, RequireCRC: true, Checked: checked, IndexUnits: testUnits})
+	l, err := Open(Options{FS: fs, Dir: "/d/raft", Commitlog: cl, Meta: meta, RequireCRC: true, Checked: checked, IndexUnits: testUnits,
+		CacheBytes: cacheBytes})
 	if err != nil {
 		cl.Close()
 		return nil, err

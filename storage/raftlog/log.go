@@ -63,6 +63,10 @@ type Options struct {
 	Checked int64
 	// IndexUnits is the number of units per index file (0: DefaultIndexUnits).
 	IndexUnits int
+	// CacheBytes bounds the payload bytes of the entries appended last
+	// that Entries serves from memory (entryCache; 0: DefaultCacheBytes,
+	// negative: none).
+	CacheBytes int
 }
 
 // Errors.
@@ -133,6 +137,9 @@ type Log struct {
 	joining bool // the joining marker is there (Joining)
 	conf    Conf // raft/conf (conf.go)
 
+	// cache holds the entries appended last (entryCache).
+	cache entryCache
+
 	// entriesLat times each Entries call: raft makes them on its own
 	// goroutine, under the replica's lock, and a call that reads cold
 	// pages (a follower far behind) holds up every proposal meanwhile
@@ -178,6 +185,10 @@ func Open(opts Options) (*Log, error) {
 		return nil, err
 	}
 	l := &Log{opts: opts, cl: opts.Commitlog, meta: meta, base: lb, first: lb.Index + 1, conf: conf}
+	l.cache.limit = opts.CacheBytes
+	if opts.CacheBytes == 0 {
+		l.cache.limit = DefaultCacheBytes
+	}
 	if _, err := opts.FS.Size(filepath.Join(opts.Dir, joiningName)); err == nil {
 		l.joining = true
 	} else if !errors.Is(err, fs.ErrNotExist) {
@@ -239,12 +250,13 @@ func (l *Log) InitialState() (*pb.HardState, *pb.ConfState, error) {
 	return proto.Clone(hs).(*pb.HardState), l.membershipLocked(hs.GetCommit()).ConfState(), nil
 }
 
-// Entries implements raft.Storage: fresh entries [lo, hi), at least one,
-// at most maxSize bytes of proto encoding past the first. DATA bytes are
-// copied out of the commitlog under its read guard (retention may unmap a
-// file while a MsgApp is being marshalled). Every unit's CRC is checked,
-// and the payload CRC of every entry that came from disk rather than from
-// this process's writes, so a damaged record is never shipped.
+// Entries implements raft.Storage: entries [lo, hi), at least one, at
+// most maxSize bytes of proto encoding past the first. Those appended last
+// are the values Append took (entryCache); the others are read fresh:
+// DATA bytes copied out of the commitlog under its read guard (retention
+// may unmap a file while a MsgApp is being marshalled), every unit's CRC
+// checked, and the payload CRC of every entry that came from disk rather
+// than from this process's writes, so a damaged record is never shipped.
 func (l *Log) Entries(lo, hi, maxSize uint64) ([]*pb.Entry, error) {
 	start := time.Now()
 	defer func() { l.entriesLat.Observe(time.Since(start)) }()
@@ -265,9 +277,12 @@ func (l *Log) Entries(lo, hi, maxSize uint64) ([]*pb.Entry, error) {
 	var out []*pb.Entry
 	var size uint64
 	for i := lo; i < hi; i++ {
-		e, err := l.entryLocked(i)
-		if err != nil {
-			return nil, err
+		e, ok := l.cache.get(i)
+		if !ok {
+			var err error
+			if e, err = l.entryLocked(i); err != nil {
+				return nil, err
+			}
 		}
 		size += uint64(proto.Size(e))
 		if len(out) > 0 && size > maxSize {
@@ -520,6 +535,7 @@ func (l *Log) appendLocked(e *pb.Entry) error {
 	}
 	u.Encode(dst)
 	l.last = i
+	l.cache.add(e)
 	if u.Kind == KindConf {
 		l.newestConf = confAt{index: i, known: true}
 	}
@@ -651,6 +667,7 @@ func (l *Log) truncateLocked(k uint64) error {
 		return err
 	}
 	l.last, l.dataEnd, l.metaEnd = k-1, p, m
+	l.cache.cutFrom(k)
 	if l.mark.Index > l.last {
 		l.mark = markPoint{} // the next Sync sets it again
 	}
