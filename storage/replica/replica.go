@@ -747,12 +747,18 @@ func (n *Node) handle(rd raft.Ready) error {
 	return nil
 }
 
-// sync runs the Log's Sync on the syncer goroutine and, while it runs,
-// applies what a leader learns committed (applyEarly): followers answer
-// an append while the leader flushes the next one, and the PUT_OKs of the
-// entries they made committed would otherwise wait for that flush (about
-// one msync: BENCHMARKS.md "Acks while the leader flushes").
+// sync runs the Log's Sync; a leader's on the syncer goroutine, so that
+// while it runs the leader applies what it learns committed (applyEarly):
+// followers answer an append while the leader flushes the next one, and
+// the PUT_OKs of the entries they made committed would otherwise wait for
+// that flush (about one msync: BENCHMARKS.md "Acks while the leader
+// flushes").
 func (n *Node) sync() error {
+	if n.soft.RaftState != raft.StateLeader { // n.soft: only this goroutine writes it
+		// Only a leader has anything to apply meanwhile: the others sync
+		// on the loop itself, without two goroutine switches a Ready.
+		return n.opts.Log.Sync()
+	}
 	n.syncReq <- struct{}{}
 	for {
 		select {
