@@ -28,9 +28,16 @@ const DefaultCacheBytes = 4 << 20
 type entryCache struct {
 	first uint64      // index of ents[0]
 	ents  []*pb.Entry // consecutive indexes
-	bytes int         // payload bytes held
+	bytes int         // what the entries held cost (cost)
 	limit int         // ≤ 0: off
 }
+
+// entryOverhead is what the cache counts for an entry besides its
+// payload (the Entry and its fields, the pointer to it), so that a run of
+// entries without payload (elections' empty entries) is bounded too.
+const entryOverhead = 64
+
+func cost(e *pb.Entry) int { return len(e.GetData()) + entryOverhead }
 
 // add keeps e at the end of the window (in place of the entries from its
 // index on, if the window holds it: a truncation), or starts a new window
@@ -48,9 +55,9 @@ func (c *entryCache) add(e *pb.Entry) {
 		c.cutFrom(i)
 	}
 	c.ents = append(c.ents, e)
-	c.bytes += len(e.GetData())
+	c.bytes += cost(e)
 	for c.bytes > c.limit && len(c.ents) > 0 {
-		c.bytes -= len(c.ents[0].GetData())
+		c.bytes -= cost(c.ents[0])
 		c.ents[0] = nil // the backing array would keep it alive
 		c.ents = c.ents[1:]
 		c.first++
@@ -72,7 +79,7 @@ func (c *entryCache) cutFrom(k uint64) {
 		return
 	}
 	for n := uint64(len(c.ents)); n > k-c.first; n-- {
-		c.bytes -= len(c.ents[n-1].GetData())
+		c.bytes -= cost(c.ents[n-1])
 		c.ents[n-1] = nil
 		c.ents = c.ents[:n-1]
 	}
@@ -81,7 +88,7 @@ func (c *entryCache) cutFrom(k uint64) {
 // dropBelow drops the entries below first (a compaction).
 func (c *entryCache) dropBelow(first uint64) {
 	for len(c.ents) > 0 && c.first < first {
-		c.bytes -= len(c.ents[0].GetData())
+		c.bytes -= cost(c.ents[0])
 		c.ents[0] = nil
 		c.ents = c.ents[1:]
 		c.first++

@@ -19,6 +19,7 @@ func TestEntryCache(t *testing.T) {
 		cutFrom uint64 // when > 0
 		drop    uint64 // when > 0
 	}
+	const o = entryOverhead
 	tests := []struct {
 		name   string
 		limit  int
@@ -28,36 +29,39 @@ func TestEntryCache(t *testing.T) {
 		bytes  int
 		tagAt3 byte // Term of the entry served at index 3, when served
 	}{
-		{name: "appends", limit: 100, ops: []op{{add: []*pb.Entry{ent(1, 10, 1), ent(2, 10, 1), ent(3, 10, 1)}}},
-			first: 1, n: 3, bytes: 30, tagAt3: 1},
+		{name: "appends", limit: 1000, ops: []op{{add: []*pb.Entry{ent(1, 10, 1), ent(2, 10, 1), ent(3, 10, 1)}}},
+			first: 1, n: 3, bytes: 30 + 3*o, tagAt3: 1},
 		{name: "off", limit: 0, ops: []op{{add: []*pb.Entry{ent(1, 10, 1)}}}},
-		{name: "the limit drops the oldest", limit: 25, ops: []op{{add: []*pb.Entry{ent(1, 10, 1), ent(2, 10, 1), ent(3, 10, 1)}}},
-			first: 2, n: 2, bytes: 20, tagAt3: 1},
-		{name: "an entry over the limit is not kept", limit: 5, ops: []op{{add: []*pb.Entry{ent(1, 1, 1), ent(2, 10, 1)}}}},
-		{name: "a replacement cuts the rest", limit: 100,
+		{name: "the limit drops the oldest", limit: 2*(10+o) + 5, ops: []op{{add: []*pb.Entry{ent(1, 10, 1), ent(2, 10, 1), ent(3, 10, 1)}}},
+			first: 2, n: 2, bytes: 20 + 2*o, tagAt3: 1},
+		{name: "empty entries count too", limit: 3 * o,
+			ops:   []op{{add: []*pb.Entry{ent(1, 0, 1), ent(2, 0, 1), ent(3, 0, 1), ent(4, 0, 1), ent(5, 0, 1)}}},
+			first: 3, n: 3, bytes: 3 * o, tagAt3: 1},
+		{name: "an entry over the limit is not kept", limit: 1 + o, ops: []op{{add: []*pb.Entry{ent(1, 1, 1), ent(2, 10, 1)}}}},
+		{name: "a replacement cuts the rest", limit: 1000,
 			ops:   []op{{add: []*pb.Entry{ent(1, 10, 1), ent(2, 10, 1), ent(3, 10, 1), ent(4, 10, 1)}}, {add: []*pb.Entry{ent(3, 5, 2)}}},
-			first: 1, n: 3, bytes: 25, tagAt3: 2},
-		{name: "a replacement of the first", limit: 100,
+			first: 1, n: 3, bytes: 25 + 3*o, tagAt3: 2},
+		{name: "a replacement of the first", limit: 1000,
 			ops:   []op{{add: []*pb.Entry{ent(3, 10, 1), ent(4, 10, 1)}}, {add: []*pb.Entry{ent(3, 7, 2)}}},
-			first: 3, n: 1, bytes: 7, tagAt3: 2},
-		{name: "a gap starts a new window", limit: 100,
+			first: 3, n: 1, bytes: 7 + o, tagAt3: 2},
+		{name: "a gap starts a new window", limit: 1000,
 			ops:   []op{{add: []*pb.Entry{ent(1, 10, 1)}}, {add: []*pb.Entry{ent(3, 10, 1)}}},
-			first: 3, n: 1, bytes: 10, tagAt3: 1},
-		{name: "an index below the window starts a new one", limit: 100,
+			first: 3, n: 1, bytes: 10 + o, tagAt3: 1},
+		{name: "an index below the window starts a new one", limit: 1000,
 			ops:   []op{{add: []*pb.Entry{ent(5, 10, 1), ent(6, 10, 1)}}, {add: []*pb.Entry{ent(3, 10, 2)}}},
-			first: 3, n: 1, bytes: 10, tagAt3: 2},
-		{name: "cutFrom inside", limit: 100,
+			first: 3, n: 1, bytes: 10 + o, tagAt3: 2},
+		{name: "cutFrom inside", limit: 1000,
 			ops:   []op{{add: []*pb.Entry{ent(1, 10, 1), ent(2, 10, 1), ent(3, 10, 1)}, cutFrom: 3}},
-			first: 1, n: 2, bytes: 20},
-		{name: "cutFrom below", limit: 100,
+			first: 1, n: 2, bytes: 20 + 2*o},
+		{name: "cutFrom below", limit: 1000,
 			ops: []op{{add: []*pb.Entry{ent(2, 10, 1), ent(3, 10, 1)}, cutFrom: 1}}},
-		{name: "cutFrom past", limit: 100,
+		{name: "cutFrom past", limit: 1000,
 			ops:   []op{{add: []*pb.Entry{ent(2, 10, 1), ent(3, 10, 1)}, cutFrom: 9}},
-			first: 2, n: 2, bytes: 20, tagAt3: 1},
-		{name: "dropBelow", limit: 100,
+			first: 2, n: 2, bytes: 20 + 2*o, tagAt3: 1},
+		{name: "dropBelow", limit: 1000,
 			ops:   []op{{add: []*pb.Entry{ent(1, 10, 1), ent(2, 10, 1), ent(3, 10, 1)}, drop: 3}},
-			first: 3, n: 1, bytes: 10, tagAt3: 1},
-		{name: "dropBelow past the window", limit: 100,
+			first: 3, n: 1, bytes: 10 + o, tagAt3: 1},
+		{name: "dropBelow past the window", limit: 1000,
 			ops: []op{{add: []*pb.Entry{ent(1, 10, 1), ent(2, 10, 1)}, drop: 7}}},
 	}
 	for _, tt := range tests {

@@ -63,9 +63,9 @@ type Options struct {
 	Checked int64
 	// IndexUnits is the number of units per index file (0: DefaultIndexUnits).
 	IndexUnits int
-	// CacheBytes bounds the payload bytes of the entries appended last
-	// that Entries serves from memory (entryCache; 0: DefaultCacheBytes,
-	// negative: none).
+	// CacheBytes bounds the memory of the entries appended last that
+	// Entries serves from memory (entryCache: their payloads and 64 bytes
+	// an entry; 0: DefaultCacheBytes, negative: none).
 	CacheBytes int
 }
 
