@@ -818,14 +818,13 @@ func (s *Store) groupPut(ctx context.Context, topic string, queueID, sysFlag int
 	}
 	timer.Stop()
 	out.FlushWaitStart, out.FlushWait = start, time.Since(start)
-	var nl *NotLeaderError
 	switch {
 	case err == nil:
 		s.stats.putLatency.Observe(out.FlushWait)
 		if werr := s.index.AwaitDispatched(ctx, res.NextOffset()); errors.Is(werr, context.Canceled) || errors.Is(werr, context.DeadlineExceeded) {
 			out.Status, err = UnknownError, werr
 		}
-	case errors.As(err, &nl): // superseded: definitely not stored
+	case isNotLeader(err): // superseded: definitely not stored
 		return s.reject(ServiceNotAvailable, err)
 	case errors.Is(err, ErrReplicationTimeout):
 		out.Status = FlushSlaveTimeout
@@ -834,6 +833,14 @@ func (s *Store) groupPut(ctx context.Context, topic string, queueID, sysFlag int
 	}
 	s.stats.record(out.Status, int(res.MsgNum), int(res.WroteBytes))
 	return out, err
+}
+
+// isNotLeader: err is a *NotLeaderError. Apart from groupPut so that
+// the target errors.As needs is allocated only when a put failed, not for
+// every put (it escapes).
+func isNotLeader(err error) bool {
+	var nl *NotLeaderError
+	return errors.As(err, &nl)
 }
 
 // groupRefusal is why a group-mode store refuses a put now (not the
