@@ -1,7 +1,7 @@
 // Package replica runs one replica of a raft group over the commitlog
 // (design replication.md §3.1-3.2): the etcd-raft RawNode, the classic
-// Ready loop on one goroutine (its Syncs on a second one, so that the
-// loop can apply commits while it waits), the leader's tail and readiness barrier,
+// Ready loop on one goroutine (a leader's Syncs on a second one, so that
+// the loop can apply commits while it waits), the leader's tail and readiness barrier,
 // and the waiters of proposed puts. It knows records only as bytes the
 // store stamps; the raft dependency (raft, raftpb) stays inside storage/...
 // and nothing outside sees a raftpb type: peers exchange marshalled
@@ -320,8 +320,8 @@ type Node struct {
 	// tick is ticker's interval (0: the host drives the ticks), for Info.
 	tick time.Duration
 
-	// The syncer goroutine runs a Ready's Log.Sync (syncReq, its error on
-	// syncRes) while the loop waits for it and for committed: a signal
+	// The syncer goroutine runs a leader's Log.Sync for a Ready (syncReq,
+	// its error on syncRes) while the loop waits for it and for committed: a signal
 	// from StepPeer that the leader's commit passed what it applied, so
 	// that acks owed to entries synced in an earlier Ready do not wait
 	// for this Ready's flush (applyEarly). syncStop/syncDone end it after
