@@ -30,6 +30,14 @@ type Options struct {
 	Target string
 	// Seed seeds the delay jitter, so a scenario replays its timings.
 	Seed uint64
+	// Tap, if set, is shown every chunk the proxy writes, in order for
+	// each connection and direction, just before it writes it: conn
+	// numbers the accepted connections from 0, toTarget says the
+	// direction. b is valid during the call only. Tap runs on the pumps'
+	// goroutines, two per connection: it must be safe for concurrent use,
+	// and quick (the pump waits for it). A test reads the protocol
+	// through it (the HTTP/2 frames between two peers, say).
+	Tap func(conn int, toTarget bool, b []byte)
 }
 
 func (o *Options) defaults() {
@@ -71,14 +79,15 @@ type Proxy struct {
 	done chan struct{}
 	wg   sync.WaitGroup
 
-	mu      sync.Mutex
-	tx, rx  direction
-	changed chan struct{}
-	rng     *rand.Rand
-	conns   map[net.Conn]struct{}
-	closed  bool
-	dropped int64 // bytes discarded by a blackhole
-	held    int   // chunks waiting in a pause
+	mu       sync.Mutex
+	tx, rx   direction
+	changed  chan struct{}
+	rng      *rand.Rand
+	conns    map[net.Conn]struct{}
+	closed   bool
+	dropped  int64 // bytes discarded by a blackhole
+	held     int   // chunks waiting in a pause
+	accepted int   // connections accepted (Options.Tap's conn)
 }
 
 // New listens and starts the accept loop; Close stops it and every pump.
@@ -116,40 +125,44 @@ func (p *Proxy) accept() {
 			c.Close() // the target is down: the client sees a reset, as it would
 			continue
 		}
-		if !p.track(c, t) {
+		conn, ok := p.track(c, t)
+		if !ok {
 			return
 		}
 		p.wg.Add(2)
-		go p.pump(c, t, &p.tx)
-		go p.pump(t, c, &p.rx)
+		go p.pump(c, t, &p.tx, conn, true)
+		go p.pump(t, c, &p.rx, conn, false)
 	}
 }
 
-func (p *Proxy) track(cs ...net.Conn) bool {
+// track registers an accepted connection's two sides and numbers it;
+// false once the proxy is closed (both closed then).
+func (p *Proxy) track(cs ...net.Conn) (int, bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.closed {
 		for _, c := range cs {
 			c.Close()
 		}
-		return false
+		return 0, false
 	}
 	for _, c := range cs {
 		p.conns[c] = struct{}{}
 	}
-	return true
+	p.accepted++
+	return p.accepted - 1, true
 }
 
 // pump copies src to dst through the fault state d. When either side ends,
 // both are closed, so the peer pump ends too.
-func (p *Proxy) pump(src, dst net.Conn, d *direction) {
+func (p *Proxy) pump(src, dst net.Conn, d *direction, conn int, toTarget bool) {
 	defer p.wg.Done()
 	defer p.forget(src, dst)
 	buf := make([]byte, 32<<10)
 	for {
 		n, err := src.Read(buf)
 		if n > 0 {
-			if !p.forward(dst, buf[:n], d) {
+			if !p.forward(dst, buf[:n], d, conn, toTarget) {
 				return
 			}
 		}
@@ -161,7 +174,7 @@ func (p *Proxy) pump(src, dst net.Conn, d *direction) {
 
 // forward applies pause, blackhole and delay to one chunk, then writes it.
 // It reports false when the proxy closed or the write failed.
-func (p *Proxy) forward(dst net.Conn, b []byte, d *direction) bool {
+func (p *Proxy) forward(dst net.Conn, b []byte, d *direction, conn int, toTarget bool) bool {
 	for {
 		p.mu.Lock()
 		paused, blackhole, changed := d.paused, d.blackhole, p.changed
@@ -202,6 +215,9 @@ func (p *Proxy) forward(dst net.Conn, b []byte, d *direction) bool {
 				t.Stop()
 				return false
 			}
+		}
+		if p.opts.Tap != nil {
+			p.opts.Tap(conn, toTarget, b)
 		}
 		_, err := dst.Write(b)
 		return err == nil

@@ -225,3 +225,63 @@ func TestOnlyLoopback(t *testing.T) {
 		}
 	}
 }
+
+// TestTap: the tap sees what each connection carries, each direction in
+// order and whole (1 MiB each way, two connections told apart), and not
+// what a blackhole drops.
+func TestTap(t *testing.T) {
+	e := newEcho(t)
+	var mu sync.Mutex
+	seen := map[[2]int]*bytes.Buffer{} // {conn, 1 to the target / 0 back}
+	p, err := New(Options{Target: e.ln.Addr().String(), Tap: func(conn int, toTarget bool, b []byte) {
+		k := [2]int{conn, 0}
+		if toTarget {
+			k[1] = 1
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if seen[k] == nil {
+			seen[k] = &bytes.Buffer{}
+		}
+		seen[k].Write(b)
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	var sent [][]byte
+	for range 2 {
+		c, err := net.Dial("tcp", p.Addr())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		c.SetDeadline(time.Now().Add(30 * time.Second))
+		msg := make([]byte, 1<<20)
+		rand.Read(msg)
+		roundTrip(t, c, msg)
+		sent = append(sent, msg)
+	}
+	p.BlackholeTx()
+	c, err := net.Dial("tcp", p.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := c.Write([]byte("dropped")); err != nil {
+		t.Fatal(err)
+	}
+	until(t, "the blackhole's drop", func() bool { d, _ := p.Stats(); return d == int64(len("dropped")) })
+	mu.Lock()
+	defer mu.Unlock()
+	for i, msg := range sent {
+		for dir := range 2 {
+			if b := seen[[2]int{i, dir}]; b == nil || !bytes.Equal(b.Bytes(), msg) {
+				t.Errorf("connection %d, direction %d: the tap saw other bytes than were sent", i, dir)
+			}
+		}
+	}
+	if len(seen) != 4 {
+		t.Errorf("the tap saw %d connection directions, want 4 (the blackholed bytes unseen)", len(seen))
+	}
+}

@@ -91,6 +91,7 @@ func (t *Transport) newForwardConn(addr string, creds credentials.TransportCrede
 		grpc.WithTransportCredentials(creds),
 		grpc.WithDefaultCallOptions(grpc.MaxCallSendMsgSize(t.opts.MaxMsgSize), grpc.MaxCallRecvMsgSize(t.opts.MaxMsgSize)),
 		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: t.opts.Keepalive, Timeout: t.opts.Keepalive}),
+		grpc.WithInitialWindowSize(Window), grpc.WithInitialConnWindowSize(ConnWindow),
 	)
 }
 

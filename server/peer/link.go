@@ -63,6 +63,7 @@ func (t *Transport) newLink(id uint64, addr string) (*link, error) {
 		grpc.WithDefaultCallOptions(grpc.MaxCallSendMsgSize(t.opts.MaxMsgSize), grpc.MaxCallRecvMsgSize(1<<20),
 			grpc.ForceCodecV2(newCodec())), // RaftBatch's msgs uncopied (codec.go)
 		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: t.opts.Keepalive, Timeout: t.opts.Keepalive, PermitWithoutStream: true}),
+		grpc.WithInitialWindowSize(Window), grpc.WithInitialConnWindowSize(ConnWindow),
 		// gRPC's own reconnect backoff grows to 120 s by default: a peer
 		// down for a few minutes would then stay unreached for up to two
 		// minutes after it is back. Bound it like the stream's.

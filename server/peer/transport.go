@@ -87,6 +87,21 @@ const (
 	DefaultQueueLen = 4096
 	// DefaultQueueBytes bounds the bytes waiting for one peer.
 	DefaultQueueBytes = 64 << 20
+	// Window and ConnWindow are the HTTP/2 flow-control windows of every
+	// peer connection (a stream's, a connection's), fixed on both ends.
+	// Left to grpc-go, the receiving end estimates the link's
+	// bandwidth-delay product: after each read of data it sends a window
+	// update and a PING, and the sender answers the PING, until the
+	// estimate reaches 16 MiB, which raft's small messages on a short link
+	// never make it. Every append and every answer then cost each side a
+	// frame written, a frame read and a wakeup more (BENCHMARKS.md,
+	// "Fixed windows on the peer links"). Any window of 64 KiB or more
+	// turns the estimator off; these hold the largest message
+	// (DefaultMaxMsgSize) and bound what a connection buffers to the
+	// estimator's own limit. Only members connect (mutual TLS, or
+	// plaintext on loopback), and what they send is read at once.
+	Window     = 16 << 20
+	ConnWindow = 16 << 20
 	// DefaultMaxBatchMsgs bounds the messages of one RaftBatch, on both sides.
 	DefaultMaxBatchMsgs = 1024
 	// DefaultMinBackoff and DefaultMaxBackoff bound the wait between two
@@ -393,6 +408,7 @@ func New(lis net.Listener, st Stepper, opts Options) (*Transport, error) {
 		// policy (5 min) would answer them with GOAWAY too_many_pings.
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: opts.Keepalive / 2, PermitWithoutStream: true}),
 		grpc.ForceServerCodecV2(newCodec()), // RaftBatch's msgs uncopied (codec.go)
+		grpc.InitialWindowSize(Window), grpc.InitialConnWindowSize(ConnWindow),
 	}
 	if opts.TLS != nil {
 		sopts = append(sopts, grpc.Creds(credentials.NewTLS(opts.TLS.Server)))
