@@ -9,11 +9,13 @@ const DefaultCacheBytes = 4 << 20
 
 // entryCache holds the entries this process appended last, the very
 // values Append took, so that raft's reads of them are served from
-// memory. Under load raft reads every entry back once on every member (a
+// memory. Under load raft reads every entry back on every member (a
 // member applies the committed entries it synced a Ready or two earlier,
-// from the log), and a read from the commitlog copies the payload out of
-// the mapping: about 1.7 KB allocated and copied per unary put on each
-// member, 3–5 % of a group's CPU (BENCHMARKS.md "Entries from memory").
+// from the log; a leader reads those it applies early again when its
+// Ready hands them over), and a read from the commitlog copies the
+// payload out of the mapping: at unary-c64, 1.1 KB allocated and copied
+// per put on a follower, 1.8 KB on the leader, 3 % of the group's CPU
+// samples (BENCHMARKS.md "Entries from memory").
 //
 // Sharing the values is safe: raft.Storage forbids raft and the storage to
 // mutate an entry they handed each other (etcd's MemoryStorage shares them
