@@ -229,15 +229,32 @@ func serve(ctx context.Context, cfg config, logger zerolog.Logger) (err error) {
 	if err != nil {
 		return err
 	}
+	// A gRPC server starts its stream workers when it is made, not when
+	// it serves: until the drain below owns them, an exit stops the
+	// servers made so far, or their workers would outlive serve (64
+	// goroutines each; goleak in this package's tests found them).
+	var adminSrv *server.AdminServer // nil without --admin-listen
+	draining := false
+	defer func() {
+		if draining {
+			return
+		}
+		gs.Shutdown(cfg.ShutdownTimeout) // never served: returns at once
+		if adminSrv != nil {
+			adminSrv.Shutdown(cfg.ShutdownTimeout)
+		}
+	}()
 
 	var admin server.DeferredAdminStore
-	adminSrv, err := server.NewAdminServer(server.NewAdminService(&admin, logger, adminOpts...), server.GRPCConfig{
-		Logger:     logger.With().Str("component", "admin").Logger(),
-		TLS:        tlsCfg,
-		Reflection: cfg.Reflection,
-	})
-	if err != nil {
-		return err
+	if cfg.AdminListen != "" {
+		adminSrv, err = server.NewAdminServer(server.NewAdminService(&admin, logger, adminOpts...), server.GRPCConfig{
+			Logger:     logger.With().Str("component", "admin").Logger(),
+			TLS:        tlsCfg,
+			Reflection: cfg.Reflection,
+		})
+		if err != nil {
+			return err
+		}
 	}
 
 	lis, err := net.Listen("tcp", cfg.Listen)
@@ -305,6 +322,7 @@ func serve(ctx context.Context, cfg config, logger zerolog.Logger) (err error) {
 	ev.Msg("listening")
 
 	// From here on every exit path drains the servers.
+	draining = true
 	var st *storage.Store
 	defer func() {
 		logger.Info().Stringer("shutdown_timeout", cfg.ShutdownTimeout).Msg("shutting down: health NOT_SERVING, draining gRPC calls")

@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"strings"
 	"sync"
@@ -12,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"go.uber.org/goleak"
 	"google.golang.org/grpc/codes"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
@@ -268,6 +270,34 @@ func TestRunLockedDataDir(t *testing.T) {
 	}
 	if !strings.Contains(stderr.String(), `"message":"shutdown complete"`) {
 		t.Errorf("listeners not drained:\n%s", stderr.String())
+	}
+}
+
+// TestRunEarlyExitStopsServers: run that fails on a listener, before it
+// serves, leaves no goroutine behind (the gRPC servers' stream workers
+// start when a server is made) and reports the listener.
+func TestRunEarlyExitStopsServers(t *testing.T) {
+	busy, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer busy.Close()
+	for _, tc := range []struct {
+		name, want string
+		flags      []string
+	}{
+		{"gRPC", "gRPC listener", []string{"--listen", busy.Addr().String(), "--metrics-listen", "", "--admin-listen", "127.0.0.1:0"}},
+		{"metrics", "metrics listener", []string{"--listen", "127.0.0.1:0", "--metrics-listen", busy.Addr().String(), "--admin-listen", "127.0.0.1:0"}},
+		{"admin", "admin listener", []string{"--listen", "127.0.0.1:0", "--metrics-listen", "", "--admin-listen", busy.Addr().String()}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+			var stderr syncWriter
+			err := run(t.Context(), append(tc.flags, "--data-dir", t.TempDir()), env(), &stderr)
+			if err == nil || !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), "address already in use") {
+				t.Fatalf("run: %v, want the %s's error", err, tc.want)
+			}
+		})
 	}
 }
 
