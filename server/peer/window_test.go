@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"fmt"
 	"io"
+	"maps"
 	"sync"
 	"testing"
 	"time"
@@ -73,32 +74,26 @@ func (f *frameTap) pings(t *testing.T) (fromClients, fromServers int) {
 // before). Keepalive pings are out of the test's reach (Keepalive an
 // hour).
 func TestFixedWindowsNoPings(t *testing.T) {
-	lis, peers := listeners(t, 2)
 	f := &frameTap{got: map[[2]int]*bytes.Buffer{}}
-	p, err := nemesis.New(nemesis.Options{Target: peers[2], Tap: f.tap})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.Close()
-	r2 := &recorder{}
-	o1 := testOptions(1, map[uint64]string{1: peers[1], 2: p.Addr()})
-	o1.Keepalive = time.Hour
-	t1, err := New(lis[0], &recorder{}, o1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer t1.Close()
-	o2 := testOptions(2, peers)
-	o2.Keepalive = time.Hour
-	t2, err := New(lis[1], r2, o2)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer t2.Close()
+	trs, recs := group(t, 2, func(o *Options) {
+		o.Keepalive = time.Hour
+		if o.ID != 1 {
+			return
+		}
+		// Member 1 reaches member 2 through the proxy, which is closed
+		// after both transports (cleanups run last registered first).
+		p, err := nemesis.New(nemesis.Options{Target: o.Peers[2], Tap: f.tap})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { p.Close() })
+		o.Peers = maps.Clone(o.Peers)
+		o.Peers[2] = p.Addr()
+	})
 	const n = 100
 	for k := range n {
-		t1.Send(2, fmt.Appendf(nil, "m%d", k))
-		waitFor(t, fmt.Sprintf("message %d", k), 10*time.Second, func() bool { return r2.count() > k })
+		trs[0].Send(2, fmt.Appendf(nil, "m%d", k))
+		waitFor(t, fmt.Sprintf("message %d", k), 10*time.Second, func() bool { return recs[1].count() > k })
 	}
 	if c, s := f.pings(t); c+s != 0 {
 		t.Fatalf("%d messages, one at a time: %d PINGs from the sender, %d from the receiver; want none", n, c, s)
