@@ -17,7 +17,6 @@ import (
 	"testing"
 	"time"
 
-	"go.uber.org/goleak"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
@@ -61,18 +60,10 @@ func buildAndRun(m *testing.M) int {
 		fmt.Fprintln(os.Stderr, "building storaged:", err)
 		return 1
 	}
-	code := m.Run()
 	// Some tests run parts of the command in this process (health and
 	// replication checks, servers on 127.0.0.1:0): none may leave a
-	// goroutine behind, as proctest.Main checks for the packages that only
-	// start processes.
-	if code == 0 {
-		if err := goleak.Find(); err != nil {
-			fmt.Fprintf(os.Stderr, "goleak: %v\n", err)
-			code = 1
-		}
-	}
-	return code
+	// goroutine behind.
+	return proctest.RunLeakChecked(m)
 }
 
 // Deadlines around external processes. Nothing sleeps: these bound waits on

@@ -473,6 +473,16 @@ func Main(m *testing.M, binary *string) {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
+	code := RunLeakChecked(m)
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// RunLeakChecked runs the tests and, when they pass, fails the run
+// (exit code 1) if a goroutine is left behind: for a TestMain that does
+// more than goleak.VerifyTestMain allows (building a binary first,
+// removing it after).
+func RunLeakChecked(m *testing.M) int {
 	code := m.Run()
 	if code == 0 {
 		if err := goleak.Find(); err != nil {
@@ -480,8 +490,7 @@ func Main(m *testing.M, binary *string) {
 			code = 1
 		}
 	}
-	os.RemoveAll(dir)
-	os.Exit(code)
+	return code
 }
 
 // FreeAddr is a 127.0.0.1 address nothing listened on a moment ago: for a
