@@ -361,8 +361,10 @@
 //   - Put path (§3.1): validation and encoding as standalone; then, under
 //     the raft node's lock, on the ready leader only, the records are
 //     stamped (queue offsets from the leader's table, PHYSICALOFFSET from
-//     its tail with the roll rule, store time max(now, last)) and
-//     proposed as one entry (a batch too). The put waits for its entry:
+//     its tail with the roll rule, store time max(now, last)); the puts
+//     stamped until the raft loop's next round are proposed together as
+//     one entry (a batch is one put), at most what one append carries
+//     and never across a commitlog file's end. The put waits for its entry:
 //     PUT_OK once it commits (on a majority, each member synced its
 //     commitlog range and raft index before acknowledging); a
 //     *NotLeaderError (cause SUPERSEDED, nothing stored) once the commit
@@ -373,8 +375,9 @@
 //   - Refusals, nothing stored: a follower, no leader, a leader not yet
 //     ready or transferring return a *NotLeaderError (ErrNotLeader; cause,
 //     leader id, term); too few recently active followers,
-//     IN_SYNC_REPLICAS_NOT_ENOUGH (ErrInSyncReplicasNotEnough); a proposal
-//     raft drops, OS_PAGE_CACHE_BUSY.
+//     IN_SYNC_REPLICAS_NOT_ENOUGH (ErrInSyncReplicasNotEnough); an entry
+//     raft drops (its bound on uncommitted bytes), OS_PAGE_CACHE_BUSY for
+//     each put in it, their stamps undone.
 //   - Raft loop (§3.2, storage/replica): one goroutine started by Open and
 //     stopped by Close; per Ready the leader sends before its own write,
 //     applies the committed entries it synced in an earlier Ready, then

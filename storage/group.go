@@ -183,6 +183,9 @@ type GroupOptions struct {
 	// maxInflightBytes and maxSizePerMsg, if set (tests), lower raft's
 	// bounds (replica.Options), so that a catch-up takes many rounds.
 	maxInflightBytes, maxSizePerMsg uint64
+	// maxUncommittedBytes, if set (tests), lowers raft's bound on the
+	// bytes proposed and not committed, past which it drops proposals.
+	maxUncommittedBytes uint64
 }
 
 // Bounds of the raft timing options (GroupOptions.TickInterval,
@@ -500,7 +503,7 @@ func (s *Store) startGroup() error {
 		Transport: g.opts.Transport, Host: (*groupHost)(s), Ticks: g.opts.Ticks, TickInterval: g.opts.TickInterval,
 		ElectionTick: g.opts.ElectionTick, HeartbeatTick: g.opts.HeartbeatTick, MaxReadWaiters: g.opts.MaxReadWaiters,
 		FollowerReads: g.opts.FollowerReads, CatchUpReadahead: g.opts.CatchUpReadahead, MaxInflightBytes: g.opts.maxInflightBytes, MaxSizePerMsg: g.opts.maxSizePerMsg,
-		Logger: raftLogger{s.opts.Logger.With().Str("component", "raft").Uint64("raft_id", g.opts.ID).Logger()}}, g.commitEnd.Load())
+		MaxUncommittedBytes: g.opts.maxUncommittedBytes, Logger: raftLogger{s.opts.Logger.With().Str("component", "raft").Uint64("raft_id", g.opts.ID).Logger()}}, g.commitEnd.Load())
 	if err != nil {
 		return err
 	}
@@ -773,21 +776,22 @@ type entryFate struct {
 	taken bool
 }
 
-// groupPut stamps records on the ready leader, proposes them as one entry
-// and waits for its outcome (design §3.1). A put in group mode always
+// groupPut stamps records on the ready leader, proposes them (in one
+// entry with the other puts stamped before the raft loop's next round:
+// replica.Node.Propose) and waits for its outcome (design §3.1). A put in group mode always
 // waits for the commit (WAIT=false too): before it the entry may still be
 // truncated. With fate, the entry's outcome is told to it whenever raft
 // decides (entryFate), and the replica keeps the entry's waiter until
 // then.
 func (s *Store) groupPut(ctx context.Context, topic string, queueID, sysFlag int32, specs []record.Spec, batch bool, fate *entryFate) (PutResult, error) {
 	b := s.stampBatch(topic, queueID, sysFlag, specs, batch)
-	stamp := func(pos int64) ([]byte, func(), error) {
+	stamp := func(pos int64, dst []byte) ([]byte, func(), func(), error) {
 		if err := b.admit(s.opts.Clock.Now()); err != nil {
-			return nil, nil, err
+			return nil, nil, nil, err
 		}
-		buf := make([]byte, b.total)
-		b.encode(specs, buf, pos)
-		return buf, b.commit, nil
+		dst = slices.Grow(dst, b.total)
+		b.encode(specs, dst[len(dst):len(dst)+b.total], pos)
+		return dst[:len(dst)+b.total], b.commit, b.undo, nil
 	}
 	w, pos, err := s.group.node.Propose(b.total, stamp)
 	if err != nil {
@@ -826,6 +830,8 @@ func (s *Store) groupPut(ctx context.Context, topic string, queueID, sysFlag int
 		}
 	case isNotLeader(err): // superseded: definitely not stored
 		return s.reject(ServiceNotAvailable, err)
+	case errors.Is(err, replica.ErrProposalDropped): // its entry was refused: not stored
+		return s.reject(OSPageCacheBusy, err)
 	case errors.Is(err, ErrReplicationTimeout):
 		out.Status = FlushSlaveTimeout
 	default: // closed, ctx: unknown

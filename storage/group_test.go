@@ -20,6 +20,7 @@ import (
 	pb "go.etcd.io/raft/v3/raftpb"
 
 	"github.com/storaged/storaged/storage/record"
+	"github.com/storaged/storaged/storage/replica"
 )
 
 // testNet is an in-memory network between group members: a fault-injection
@@ -1882,4 +1883,53 @@ func TestGroupStartReadsPayloadsFromTheScan(t *testing.T) {
 	if err != nil || len(res.Messages) != 2 || string(res.Messages[1].Body) != "after" {
 		t.Fatalf("member 2 after the start: %v, %d messages", err, len(res.Messages))
 	}
+}
+
+// TestGroupDroppedPutsNotStored: puts whose entry raft drops (its bound
+// on uncommitted bytes, lowered to one byte: every entry proposed while
+// another is uncommitted) are answered OS_PAGE_CACHE_BUSY and leave
+// nothing behind: the stamps of the refused puts are undone, so the
+// queue offsets the stored puts were answered with are dense, on every
+// member, and hold their bodies.
+func TestGroupDroppedPutsNotStored(t *testing.T) {
+	g := newTestGroupWith(t, time.Minute, nil, func(o *Options) { o.Group.maxUncommittedBytes = 1 })
+	g.elect(1)
+	g.mustPut(1, 0, "first") // the topic is created: its command is not what raft drops below
+	want := map[int64]string{0: "first"}
+	var mu sync.Mutex
+	dropped := 0
+	for round := 0; dropped == 0 || len(want) < 3; round++ {
+		if round == 50 {
+			t.Fatalf("after %d rounds, %d puts stored and %d dropped; want both", round, len(want), dropped)
+		}
+		var wg sync.WaitGroup
+		for c := range 8 {
+			wg.Go(func() {
+				for i := range 8 {
+					body := fmt.Sprintf("r%d-c%d-%d", round, c, i)
+					res, err := g.put(1, body)
+					mu.Lock()
+					switch {
+					case err == nil && res.Status == PutOK:
+						if old, dup := want[res.Append.QueueOffset]; dup {
+							t.Errorf("%q and %q both answered queue offset %d", old, body, res.Append.QueueOffset)
+						}
+						want[res.Append.QueueOffset] = body
+					case res.Status == OSPageCacheBusy && errors.Is(err, replica.ErrProposalDropped):
+						dropped++
+					default:
+						t.Errorf("put %q: %v %v", body, res.Status, err)
+					}
+					mu.Unlock()
+				}
+			})
+		}
+		wg.Wait()
+		if t.Failed() {
+			t.FailNow()
+		}
+	}
+	t.Logf("%d puts stored, %d dropped", len(want), dropped)
+	g.converge(1, g.ids...)
+	g.checkQueue(want, int64(len(want)), g.ids...)
 }

@@ -61,6 +61,16 @@ func (st sequenced) queueOffset(i int) int64 {
 	return st.first + int64(i)
 }
 
+// undo takes back a commit of st whose append was refused (a group's
+// put in an entry raft dropped), the commits after it undone first: the
+// queue's next offset is st's first again. The store time stays: it only
+// keeps the next one from going back. REQUIRES: the append lock.
+func (q *sequencer) undo(st sequenced) {
+	if st.next != nil {
+		st.next.offset = st.first
+	}
+}
+
 // commit advances the sequencer past an append of n records once their
 // bytes are placed. REQUIRES: the append lock.
 func (q *sequencer) commit(st sequenced, n int) {

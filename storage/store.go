@@ -683,6 +683,9 @@ func (b *stamped) encode(specs []record.Spec, dst []byte, at int64) {
 // commit advances the queue's offsets past the records (sequence.go).
 func (b *stamped) commit() { b.s.seq.commit(b.st, b.n) }
 
+// undo takes back commit (a group's put raft refused).
+func (b *stamped) undo() { b.s.seq.undo(b.st) }
+
 // result is the append result of records placed at commitlog offset at.
 func (b *stamped) result(at int64) AppendResult {
 	res := b.res

@@ -52,7 +52,7 @@ func (n *Node) PeerGone(id uint64) {
 	if n.err != nil || id == raft.None || st.RaftState != raft.StateFollower || st.Lead != id {
 		return
 	}
-	if err := n.rn.ForgetLeader(); err != nil {
+	if err := n.rawLocked().ForgetLeader(); err != nil {
 		return
 	}
 	n.forgotten++
@@ -93,7 +93,7 @@ func (n *Node) hurryLocked() {
 		return
 	}
 	h.at += h.every
-	if err := n.rn.Campaign(); err == nil {
+	if err := n.rawLocked().Campaign(); err == nil {
 		n.earlyCampaigns++
 	}
 }

@@ -99,7 +99,7 @@ func group3(t *testing.T) (*memNet, map[uint64]*Node, map[uint64]chan time.Time)
 // put proposes body on n and waits until it commits.
 func put(t *testing.T, n *Node, body string) {
 	t.Helper()
-	w, _, err := n.Propose(100, stampOne(body))
+	w, _, err := n.Propose(putOf(body))
 	if err != nil {
 		t.Fatalf("put %s: %v", body, err)
 	}

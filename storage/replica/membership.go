@@ -249,7 +249,7 @@ func (n *Node) ProposeConfChange(ctx context.Context, c ConfChange) (raftlog.Mem
 			return raftlog.Membership{}, err
 		}
 	} else {
-		if err := n.rn.ProposeConfChange(cc); err != nil {
+		if err := n.rawLocked().ProposeConfChange(cc); err != nil {
 			n.mu.Unlock()
 			if errors.Is(err, raft.ErrProposalDropped) {
 				return raftlog.Membership{}, ErrProposalDropped
@@ -376,7 +376,7 @@ func (n *Node) stepRemovalRequest(m *pb.Message) error {
 		return err
 	}
 	prop := &pb.ConfChangeV2{Changes: []*pb.ConfChangeSingle{{Type: pb.ConfChangeRemoveNode.Enum(), NodeId: proto.Uint64(from)}}, Context: b}
-	if err := n.rn.ProposeConfChange(prop); err != nil {
+	if err := n.rawLocked().ProposeConfChange(prop); err != nil {
 		return nil // dropped (a transfer under way): the member asks again
 	}
 	n.confWait = &confWaiter{req: cx.Req, done: make(chan struct{}), forwarded: true}
@@ -590,7 +590,7 @@ func (n *Node) applyToRaftLocked(cc pb.ConfChangeI) (cs *pb.ConfState, err error
 			cs, err = nil, fmt.Errorf("%v", r)
 		}
 	}()
-	return n.rn.ApplyConfChange(cc), nil
+	return n.rawLocked().ApplyConfChange(cc), nil
 }
 
 // replayConfs applies again the conf changes committed above the

@@ -208,7 +208,14 @@ type Options struct {
 	// in flight to one follower and in one append (0: DefaultMaxInflightBytes
 	// and 1 MiB). Tests lower them so that a catch-up takes many rounds.
 	MaxInflightBytes, MaxSizePerMsg uint64
+	// MaxUncommittedBytes is raft's bound on the payload a leader holds
+	// proposed and not committed (0: DefaultMaxUncommittedBytes); past it
+	// raft drops a proposal (ErrProposalDropped, nothing stored).
+	MaxUncommittedBytes uint64
 }
+
+// DefaultMaxUncommittedBytes is Options.MaxUncommittedBytes' default.
+const DefaultMaxUncommittedBytes = 64 << 20
 
 // DefaultMaxInflightBytes is Options.MaxInflightBytes' default: at most
 // this many bytes of entries in flight to one follower. It bounds what
@@ -233,11 +240,14 @@ type Node struct {
 	ready   bool  // leader with its term's first entry applied
 	ownTerm bool  // leader with an entry of its own term applied (ready once BecomeReady succeeds)
 	retry   bool  // the host asked for the readiness barrier again (RetryReady)
-	tail    int64 // ready leader: commitlog end of the last proposed entry
+	tail    int64 // ready leader: commitlog end of the last stamped put
 	waiters map[key]*Waiter
-	commit  uint64 // commit index applied
-	end     int64  // commitEnd
-	err     error  // sticky
+	// pend is the ready leader's puts stamped since its last proposal
+	// of them, proposed as one entry (flushLocked).
+	pend   pending
+	commit uint64 // commit index applied
+	end    int64  // commitEnd
+	err    error  // sticky
 	// leaving: a hand-over of the leadership runs (handOverLocked:
 	// TransferLeadership, MoveLeadership, removeSelf); while this node
 	// leads, puts are refused with TRANSFERRING, also after raft gave up a
@@ -357,6 +367,27 @@ type key struct {
 	pos  int64
 }
 
+// pending is the puts a ready leader stamped and has not proposed yet:
+// their records, contiguous from the first put's place, which raft gets
+// as one entry at the next flushLocked. Every put is its own raft entry
+// otherwise, and the entry costs raft and both logs on every member as
+// much as a put of a few records does (BENCHMARKS.md "Puts in one entry
+// a round").
+type pending struct {
+	data []byte
+	// from is the tail before the first put (it may start the next
+	// file): the tail again if raft drops the entry.
+	from int64
+	puts []pendingPut
+}
+
+// pendingPut is a stamped put of pending: its waiter's key and the undo
+// of its stamp.
+type pendingPut struct {
+	k    key
+	undo func()
+}
+
 // New starts the node's goroutine; Close stops it. commitEnd is the
 // commitlog offset past the last committed DATA entry.
 func New(opts Options, commitEnd int64) (*Node, error) {
@@ -378,10 +409,13 @@ func New(opts Options, commitEnd int64) (*Node, error) {
 	if opts.MaxSizePerMsg == 0 {
 		opts.MaxSizePerMsg = maxSizePerMsg
 	}
+	if opts.MaxUncommittedBytes == 0 {
+		opts.MaxUncommittedBytes = DefaultMaxUncommittedBytes
+	}
 	cfg := &raft.Config{
 		ID: opts.ID, ElectionTick: opts.ElectionTick, HeartbeatTick: opts.HeartbeatTick, Storage: opts.Log,
 		Applied: opts.Applied, MaxSizePerMsg: opts.MaxSizePerMsg, MaxInflightMsgs: 256, MaxInflightBytes: opts.MaxInflightBytes,
-		MaxUncommittedEntriesSize: 64 << 20, CheckQuorum: true, PreVote: true, StepDownOnRemoval: true,
+		MaxUncommittedEntriesSize: opts.MaxUncommittedBytes, CheckQuorum: true, PreVote: true, StepDownOnRemoval: true,
 		// Mandatory: a follower would forward bytes it stamped itself.
 		DisableProposalForwarding: true, Logger: opts.Logger,
 	}
@@ -546,7 +580,7 @@ func (n *Node) loop() {
 		case <-n.opts.Ticks:
 			n.mu.Lock()
 			n.ticks++
-			n.rn.Tick()
+			n.rawLocked().Tick()
 			n.hurryLocked()
 			n.retransferLocked()
 			n.maybeReadyLocked()
@@ -573,7 +607,7 @@ func (n *Node) loop() {
 			if n.err == nil {
 				n.planReadaheadLocked()
 			}
-			if n.err != nil || !n.rn.HasReady() {
+			if n.err != nil || !n.rawLocked().HasReady() {
 				n.mu.Unlock()
 				break
 			}
@@ -1015,11 +1049,9 @@ func (n *Node) applyLocked(ents []*pb.Entry) ([]raftlog.ConfChange, error) {
 		if d := e.GetData(); e.GetType() == pb.EntryNormal && len(d) >= record.MinLen && record.HasMagic(d) {
 			pos := record.PhysOffset(d)
 			n.end = pos + int64(len(d))
-			lastTS = max(lastTS, lastStoreTS(d))
-			if w, ok := n.waiters[key{e.GetTerm(), pos}]; ok {
-				done = append(done, w)
-				delete(n.waiters, key{e.GetTerm(), pos})
-			}
+			var ts int64
+			ts, done = n.appliedPutsLocked(e.GetTerm(), pos, d, done)
+			lastTS = max(lastTS, ts)
 		} else if e.GetType() == pb.EntryNormal && len(d) > 0 {
 			n.host.ApplyCmd(e.GetIndex(), d)
 		}
@@ -1077,6 +1109,7 @@ func (n *Node) maybeReadyLocked() {
 func (n *Node) ProposedEnd() int64 {
 	n.mu.Lock()
 	defer n.mu.Unlock()
+	n.flushLocked()
 	return n.tail
 }
 
@@ -1111,7 +1144,7 @@ func (n *Node) ProposeCmd(readyTerm uint64, data []byte) error {
 	if n.readyTerm != readyTerm {
 		return &NotLeaderError{Cause: CauseNotLeader, LeaderID: n.soft.Lead, Term: n.term}
 	}
-	if err := n.rn.Propose(data); err != nil {
+	if err := n.rawLocked().Propose(data); err != nil {
 		if errors.Is(err, raft.ErrProposalDropped) {
 			return ErrProposalDropped
 		}
@@ -1139,9 +1172,13 @@ func (n *Node) Ready() bool {
 	return n.ready && n.soft.RaftState == raft.StateLeader && n.err == nil
 }
 
-// lastStoreTS is the store time of the last record of an entry (store
-// times never go backwards along the log).
-func lastStoreTS(d []byte) int64 {
+// appliedPutsLocked walks the records of a DATA entry of term applied at
+// commitlog offset pos: it returns the store time of the last (store
+// times never go backwards along the log) and done with the waiters of
+// the puts the entry holds (one put an entry, or the puts a leader
+// stamped together: Propose) appended and removed from n.waiters.
+// REQUIRES: n.mu.
+func (n *Node) appliedPutsLocked(term uint64, pos int64, d []byte, done []*Waiter) (int64, []*Waiter) {
 	var ts int64
 	for off := 0; off+record.MinLen <= len(d); {
 		h, err := record.Parse(d[off:])
@@ -1149,44 +1186,118 @@ func lastStoreTS(d []byte) int64 {
 			break
 		}
 		ts = record.StoreTimestamp(d[off:])
+		if len(n.waiters) > 0 {
+			k := key{term, pos + int64(off)}
+			if w, ok := n.waiters[k]; ok {
+				done = append(done, w)
+				delete(n.waiters, k)
+			}
+		}
 		off += int(h.Total)
 	}
-	return ts
+	return ts, done
 }
 
-// Stamp is the store's part of a proposal: it stamps the records for
-// commitlog offset pos and returns their bytes, and a commit func the node
-// calls once the proposal is accepted (the store advances its stamping
-// table then, never for a refused one). Both run under the node's lock.
-type Stamp func(pos int64) (data []byte, commit func(), err error)
+// Stamp is the store's part of a proposal: it appends to dst the records
+// stamped for commitlog offset pos and returns the longer slice, a commit
+// func and an undo func. The node calls commit at once (the store
+// advances its stamping table: the next put on the queue takes the next
+// offsets), and undo, in the reverse order of the commits, for each put
+// of an entry raft refused (nothing of it stored). All run under the
+// node's lock.
+type Stamp func(pos int64, dst []byte) (data []byte, commit, undo func(), err error)
 
-// Propose stamps and proposes n bytes of records: only on a ready leader
+// Propose stamps a put of size bytes of records: only on a ready leader
 // with enough recently active followers and no transfer in progress
 // (else a *NotLeaderError or ErrInSyncReplicasNotEnough, nothing stored).
 // The returned waiter tells the outcome.
+//
+// The put is not handed to raft at once: the puts stamped until the
+// raft loop next asks raft for a Ready (or anything else asks raft to
+// act: rawLocked) are proposed as one entry. They would have gone into
+// that Ready anyway, as entries of their own.
 func (n *Node) Propose(size int, stamp Stamp) (*Waiter, int64, error) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
+	return n.proposeLocked(size, stamp)
+}
+
+// proposeLocked is Propose. REQUIRES: n.mu.
+func (n *Node) proposeLocked(size int, stamp Stamp) (*Waiter, int64, error) {
 	if err := n.refusalLocked(); err != nil {
 		return nil, 0, err
 	}
 	pos := raftlog.Place(n.tail, size, n.opts.FileSize)
-	data, commit, err := stamp(pos)
+	if p := len(n.pend.data); p > 0 && (pos != n.tail || uint64(p+size) > n.opts.MaxSizePerMsg) {
+		// An entry lies in one file, and holds at most what one append
+		// carries (a larger put is an entry of its own).
+		if err := n.flushLocked(); err != nil {
+			return nil, 0, err
+		}
+		pos = raftlog.Place(n.tail, size, n.opts.FileSize)
+	}
+	if len(n.pend.data) == 0 {
+		n.pend.from = n.tail
+	}
+	data, commit, undo, err := stamp(pos, n.pend.data)
 	if err != nil {
 		return nil, 0, err
 	}
-	if err := n.rn.Propose(data); err != nil {
-		if errors.Is(err, raft.ErrProposalDropped) {
-			return nil, 0, ErrProposalDropped
-		}
-		return nil, 0, fmt.Errorf("replica: propose: %w", err)
+	if len(data)-len(n.pend.data) != size {
+		undo()
+		return nil, 0, fmt.Errorf("replica: a put of %d bytes stamped %d", size, len(data)-len(n.pend.data))
 	}
 	commit()
-	n.tail = pos + int64(len(data))
+	n.pend.data = data
+	n.tail = pos + int64(size)
+	k := key{n.rn.BasicStatus().GetTerm(), pos}
 	w := &Waiter{done: make(chan struct{})}
-	n.waiters[key{n.rn.BasicStatus().GetTerm(), pos}] = w
+	n.waiters[k] = w
+	n.pend.puts = append(n.pend.puts, pendingPut{k: k, undo: undo})
 	n.kick()
 	return w, pos, nil
+}
+
+// flushLocked proposes the stamped puts as one entry. It runs before raft
+// is asked for anything else (rawLocked), so the entry goes to raft in
+// the term and leadership its puts were stamped in, after every entry
+// stamped before. When raft drops it all the same (its bound on the
+// uncommitted bytes), the stamps are undone in reverse, the tail goes
+// back, and every put of it fails with ErrProposalDropped, nothing
+// stored. REQUIRES: n.mu.
+func (n *Node) flushLocked() error {
+	p := n.pend
+	if len(p.data) == 0 {
+		return nil
+	}
+	n.pend = pending{puts: p.puts[:0:0]}
+	err := n.rn.Propose(p.data)
+	if err == nil {
+		return nil
+	}
+	if errors.Is(err, raft.ErrProposalDropped) {
+		err = ErrProposalDropped
+	} else {
+		err = fmt.Errorf("replica: propose: %w", err)
+	}
+	for i := len(p.puts) - 1; i >= 0; i-- {
+		pp := p.puts[i]
+		pp.undo()
+		if w, ok := n.waiters[pp.k]; ok {
+			w.finish(err)
+			delete(n.waiters, pp.k)
+		}
+	}
+	n.tail = p.from
+	return err
+}
+
+// rawLocked is the RawNode, for a call that makes raft act (a Step, a
+// Tick, a Ready, a proposal of another kind, a campaign, a transfer),
+// the stamped puts proposed first (flushLocked). REQUIRES: n.mu.
+func (n *Node) rawLocked() *raft.RawNode {
+	n.flushLocked()
+	return n.rn
 }
 
 // Refusal is why this replica would refuse a put now, or nil: the check
@@ -1280,8 +1391,8 @@ func (w *Waiter) finish(err error) {
 }
 
 // Done is closed once the outcome is known; Err tells it then: nil
-// (committed), a *NotLeaderError with CauseSuperseded (not stored), or
-// ErrClosed (unknown).
+// (committed), a *NotLeaderError with CauseSuperseded or
+// ErrProposalDropped (not stored), or ErrClosed (unknown).
 func (w *Waiter) Done() <-chan struct{} { return w.done }
 
 // Err is the outcome; valid once Done is closed.
@@ -1290,8 +1401,8 @@ func (w *Waiter) Err() error { return w.err }
 // Then has f told w's outcome when it is known (at once if it is): the
 // error Err gives, after the putter's own wait may have ended (timeout,
 // ctx). The waiter stays until its outcome is known (commit passes its
-// position or reaches a later term, on whichever leader) or the node
-// closes: never Forget a waiter given to Then. f runs under the node's
+// position or reaches a later term, on whichever leader; raft drops its
+// entry) or the node closes: never Forget a waiter given to Then. f runs under the node's
 // lock, before Done is closed: it must be quick and take no lock of the
 // node's callers but a leaf one. At most one f per waiter.
 func (n *Node) Then(w *Waiter, f func(error)) {
@@ -1364,7 +1475,7 @@ func (n *Node) StepPeer(b []byte) error {
 		n.mu.Unlock()
 		return nil
 	}
-	err := n.rn.Step(m)
+	err := n.rawLocked().Step(m)
 	moved := m.GetType() == pb.MsgAppResp && n.rn.BasicStatus().GetCommit() > n.commit
 	n.mu.Unlock()
 	if err != nil {
@@ -1449,7 +1560,7 @@ func (n *Node) screenLocked(m *pb.Message) (skip bool, lost error) {
 		n.opts.Logger.Warningf("replica %d: member %d lost entries it acknowledged (its log ends at %d, match %d): "+
 			"handing leadership to member %d so that a new leader catches it up from its real end", n.opts.ID, from,
 			m.GetRejectHint(), match, best)
-		n.rn.TransferLeader(best)
+		n.rawLocked().TransferLeader(best)
 		n.kick()
 	}
 	return false, nil
@@ -1617,7 +1728,7 @@ func (n *Node) handOverLocked(to uint64, wait time.Duration, stop <-chan struct{
 	n.leaving = true
 	h := &handOver{to: to, term: n.rn.BasicStatus().GetTerm()}
 	n.handing = h
-	n.rn.TransferLeader(to)
+	n.rawLocked().TransferLeader(to)
 	n.kick()
 	n.mu.Unlock()
 	defer func() {
@@ -1665,7 +1776,7 @@ func (n *Node) retransferLocked() {
 		return
 	}
 	if st := n.rn.BasicStatus(); st.RaftState == raft.StateLeader && st.GetTerm() == h.term && st.LeadTransferee == raft.None {
-		n.rn.TransferLeader(h.to)
+		n.rawLocked().TransferLeader(h.to)
 	}
 }
 
@@ -1723,7 +1834,7 @@ func (n *Node) resumeLocked(term uint64) {
 		return
 	}
 	if st.LeadTransferee != raft.None {
-		n.rn.TransferLeader(n.opts.ID)
+		n.rawLocked().TransferLeader(n.opts.ID)
 		n.kick()
 	}
 	n.leaving = false
@@ -1741,7 +1852,7 @@ func (n *Node) transferWait() time.Duration {
 func (n *Node) Campaign() error {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	err := n.rn.Campaign()
+	err := n.rawLocked().Campaign()
 	n.kick()
 	return err
 }
@@ -2012,7 +2123,7 @@ func (n *Node) issueReadsLocked() {
 		return
 	}
 	n.reads.batches[n.reads.seq] = b
-	n.rn.ReadIndex(readCtx(n.opts.ID, n.reads.seq))
+	n.rawLocked().ReadIndex(readCtx(n.opts.ID, n.reads.seq))
 }
 
 // readSeqStart is a random first batch number. A follower's read index
@@ -2161,11 +2272,11 @@ func (n *Node) StepSnapshot(b []byte) (installed bool, err error) {
 	// its appends do.
 	idx := m.GetSnapshot().GetMetadata().GetIndex()
 	n.seenCommit, n.seenApp = max(n.seenCommit, idx), true
-	if err := n.rn.Step(m); err != nil {
+	if err := n.rawLocked().Step(m); err != nil {
 		n.mu.Unlock()
 		return false, fmt.Errorf("replica: step: %w", err)
 	}
-	if !n.rn.HasReady() {
+	if !n.rawLocked().HasReady() {
 		n.mu.Unlock()
 		return false, nil // ignored (a stale term): nothing to install
 	}

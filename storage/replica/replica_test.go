@@ -89,16 +89,26 @@ func open(t *testing.T, id uint64, voters []uint64) (*commitlog.Log, *raftlog.Lo
 	return cl, rl
 }
 
+// putOf is a put of one record with body for Propose: its size and its
+// stamp.
+func putOf(body string) (int, Stamp) {
+	s := record.Spec{Topic: "T", Body: []byte(body), StoreHost: host, BornHost: host, PropCRC: true}
+	if err := s.Size(); err != nil {
+		panic(err)
+	}
+	return int(s.Total), stampOne(body)
+}
+
 func stampOne(body string) Stamp {
-	return func(pos int64) ([]byte, func(), error) {
+	return func(pos int64, dst []byte) ([]byte, func(), func(), error) {
 		s := record.Spec{Topic: "T", Body: []byte(body), StoreHost: host, BornHost: host, PropCRC: true}
 		s.BodyCRC = record.BodyCRC(s.Body)
 		if ferr := s.Size(); ferr != nil {
-			return nil, nil, ferr
+			return nil, nil, nil, ferr
 		}
 		b := make([]byte, s.Total)
 		s.Encode(b, 0, pos, 1)
-		return b, func() {}, nil
+		return append(dst, b...), func() {}, func() {}, nil
 	}
 }
 
@@ -125,14 +135,14 @@ func TestSingleVoter(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer n.Close()
-	if _, _, err := n.Propose(10, stampOne("x")); !errors.Is(err, ErrNotLeader) {
+	if _, _, err := n.Propose(putOf("x")); !errors.Is(err, ErrNotLeader) {
 		t.Fatalf("propose before the election: %v", err)
 	}
 	if err := n.Campaign(); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, "ready", n.Ready)
-	w, pos, err := n.Propose(100, stampOne("hello"))
+	w, pos, err := n.Propose(putOf("hello"))
 	if err != nil || pos != 0 {
 		t.Fatalf("propose: %v at %d", err, pos)
 	}
@@ -155,7 +165,7 @@ func TestSingleVoter(t *testing.T) {
 	}
 	h.mu.Unlock()
 	n.Close()
-	if _, _, err := n.Propose(10, stampOne("late")); !errors.Is(err, ErrClosed) {
+	if _, _, err := n.Propose(putOf("late")); !errors.Is(err, ErrClosed) {
 		t.Fatalf("propose after Close: %v", err)
 	}
 }
@@ -236,7 +246,7 @@ func TestWaiterThen(t *testing.T) {
 	}
 	for i := range 20 {
 		var err error
-		w, _, err = n.Propose(100, stampOne(fmt.Sprint("then-", i)))
+		w, _, err = n.Propose(putOf(fmt.Sprint("then-", i)))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -267,7 +277,7 @@ func TestFollowerRefuses(t *testing.T) {
 	}
 	defer n.Close()
 	var nl *NotLeaderError
-	if _, _, err := n.Propose(10, stampOne("x")); !errors.As(err, &nl) || nl.Cause != CauseNoLeader {
+	if _, _, err := n.Propose(putOf("x")); !errors.As(err, &nl) || nl.Cause != CauseNoLeader {
 		t.Fatalf("propose without a leader: %v", err)
 	}
 	if err := n.StepPeer([]byte{0xff}); !errors.Is(err, ErrBadMessage) {
@@ -629,7 +639,7 @@ func TestMoveLeadershipRefusals(t *testing.T) {
 			t.Fatalf("after a move to %s: ready %v, refusal %v", tc.name, n.Ready(), n.Refusal())
 		}
 	}
-	w, _, err := n.Propose(100, stampOne("after the moves"))
+	w, _, err := n.Propose(putOf("after the moves"))
 	if err != nil {
 		t.Fatal(err)
 	}
