@@ -762,7 +762,7 @@ func (n *Node) handle(rd raft.Ready) error {
 		return err
 	}
 	n.mu.Lock()
-	n.rn.Advance(rd)
+	n.rawLocked().Advance(rd)
 	if n.advanced != nil {
 		close(n.advanced)
 		n.advanced = nil
@@ -966,7 +966,7 @@ func (n *Node) ReportSnapshot(id uint64, ok bool) {
 	if n.err != nil {
 		return
 	}
-	n.rn.ReportSnapshot(id, st)
+	n.rawLocked().ReportSnapshot(id, st)
 	n.kick()
 }
 
@@ -1270,7 +1270,7 @@ func (n *Node) flushLocked() error {
 	if len(p.data) == 0 {
 		return nil
 	}
-	n.pend = pending{puts: p.puts[:0:0]}
+	n.pend = pending{}
 	err := n.rn.Propose(p.data)
 	if err == nil {
 		return nil
@@ -1292,9 +1292,12 @@ func (n *Node) flushLocked() error {
 	return err
 }
 
-// rawLocked is the RawNode, for a call that makes raft act (a Step, a
-// Tick, a Ready, a proposal of another kind, a campaign, a transfer),
-// the stamped puts proposed first (flushLocked). REQUIRES: n.mu.
+// rawLocked is the RawNode, for every call that makes raft act (a Step
+// and the reports that are steps, a Tick, a Ready and its Advance, a
+// proposal of another kind, a conf change applied, a campaign, a
+// transfer), the stamped puts proposed first (flushLocked); only calls
+// that read raft's state (BasicStatus, Status, WithProgress) go to
+// n.rn itself. REQUIRES: n.mu.
 func (n *Node) rawLocked() *raft.RawNode {
 	n.flushLocked()
 	return n.rn
@@ -1402,9 +1405,10 @@ func (w *Waiter) Err() error { return w.err }
 // error Err gives, after the putter's own wait may have ended (timeout,
 // ctx). The waiter stays until its outcome is known (commit passes its
 // position or reaches a later term, on whichever leader; raft drops its
-// entry) or the node closes: never Forget a waiter given to Then. f runs under the node's
-// lock, before Done is closed: it must be quick and take no lock of the
-// node's callers but a leaf one. At most one f per waiter.
+// entry) or the node closes: never Forget a waiter given to Then. f runs
+// under the node's lock, before Done is closed: it must be quick and
+// take no lock of the node's callers but a leaf one. At most one f per
+// waiter.
 func (n *Node) Then(w *Waiter, f func(error)) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
@@ -1606,7 +1610,7 @@ func (n *Node) strangerMayLocked(id uint64, t pb.MessageType) bool {
 func (n *Node) ReportUnreachable(id uint64) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	n.rn.ReportUnreachable(id)
+	n.rawLocked().ReportUnreachable(id)
 }
 
 // Errors of a hand-over of the leadership (TransferLeadership,
