@@ -394,7 +394,15 @@ func (n *Node) stepRemovalRequest(m *pb.Message) error {
 // no error: the proposer would wait for a change that never applies.
 // REQUIRES: n.mu.
 func (n *Node) confReadyLocked() <-chan struct{} {
-	if n.rn.BasicStatus().Applied >= n.confFloor {
+	return n.appliedLocked(n.confFloor)
+}
+
+// appliedLocked returns nil once raft counts index applied, else a
+// channel closed at the next Advance (raft counts an entry applied, and
+// lowers its count of uncommitted bytes by it, only at the Advance after
+// the Ready that applied it). REQUIRES: n.mu.
+func (n *Node) appliedLocked(index uint64) <-chan struct{} {
+	if n.rn.BasicStatus().Applied >= index {
 		return nil
 	}
 	if n.advanced == nil {

@@ -201,18 +201,28 @@ func TestProposeDroppedEntry(t *testing.T) {
 	}
 	committed(t, a)
 	// Raft lowers its count of uncommitted bytes at the Advance after a
-	// committed: until then d is dropped too.
-	var d *Waiter
-	var pos int64
-	waitFor(t, "a put past the bound", func() bool {
+	// committed (a's waiter is answered before it): until then d would be
+	// dropped too.
+	deadline := time.After(time.Minute)
+	for {
 		n.mu.Lock()
-		defer n.mu.Unlock()
-		d, pos, err = n.proposeLocked(putOf("d"))
-		if err == nil {
-			err = n.flushLocked()
+		adv := n.appliedLocked(n.commit) // a's index, or past it
+		n.mu.Unlock()
+		if adv == nil {
+			break
 		}
-		return !errors.Is(err, ErrProposalDropped)
-	})
+		select {
+		case <-adv:
+		case <-deadline:
+			t.Fatal("raft did not count a applied within a minute")
+		}
+	}
+	n.mu.Lock()
+	d, pos, err := n.proposeLocked(putOf("d"))
+	if err == nil {
+		err = n.flushLocked()
+	}
+	n.mu.Unlock()
 	if err != nil || pos != tail {
 		t.Fatalf("d: %v at %d, want %d", err, pos, tail)
 	}

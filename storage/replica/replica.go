@@ -243,11 +243,15 @@ type Node struct {
 	tail    int64 // ready leader: commitlog end of the last stamped put
 	waiters map[key]*Waiter
 	// pend is the ready leader's puts stamped since its last proposal
-	// of them, proposed as one entry (flushLocked).
-	pend   pending
-	commit uint64 // commit index applied
-	end    int64  // commitEnd
-	err    error  // sticky
+	// of them, proposed as one entry (flushLocked); pendLast is the
+	// length of the last such entry, the capacity the next one starts
+	// with, so that the puts of a round are not copied again as its
+	// buffer grows under the lock.
+	pend     pending
+	pendLast int
+	commit   uint64 // commit index applied
+	end      int64  // commitEnd
+	err      error  // sticky
 	// leaving: a hand-over of the leadership runs (handOverLocked:
 	// TransferLeadership, MoveLeadership, removeSelf); while this node
 	// leads, puts are refused with TRANSFERRING, also after raft gave up a
@@ -1238,6 +1242,7 @@ func (n *Node) proposeLocked(size int, stamp Stamp) (*Waiter, int64, error) {
 	}
 	if len(n.pend.data) == 0 {
 		n.pend.from = n.tail
+		n.pend.data = make([]byte, 0, max(size, min(n.pendLast, int(n.opts.MaxSizePerMsg))))
 	}
 	data, commit, undo, err := stamp(pos, n.pend.data)
 	if err != nil {
@@ -1270,7 +1275,7 @@ func (n *Node) flushLocked() error {
 	if len(p.data) == 0 {
 		return nil
 	}
-	n.pend = pending{}
+	n.pend, n.pendLast = pending{}, len(p.data)
 	err := n.rn.Propose(p.data)
 	if err == nil {
 		return nil

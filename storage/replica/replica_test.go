@@ -93,22 +93,14 @@ func open(t *testing.T, id uint64, voters []uint64) (*commitlog.Log, *raftlog.Lo
 // stamp.
 func putOf(body string) (int, Stamp) {
 	s := record.Spec{Topic: "T", Body: []byte(body), StoreHost: host, BornHost: host, PropCRC: true}
+	s.BodyCRC = record.BodyCRC(s.Body)
 	if err := s.Size(); err != nil {
 		panic(err)
 	}
-	return int(s.Total), stampOne(body)
-}
-
-func stampOne(body string) Stamp {
-	return func(pos int64, dst []byte) ([]byte, func(), func(), error) {
-		s := record.Spec{Topic: "T", Body: []byte(body), StoreHost: host, BornHost: host, PropCRC: true}
-		s.BodyCRC = record.BodyCRC(s.Body)
-		if ferr := s.Size(); ferr != nil {
-			return nil, nil, nil, ferr
-		}
-		b := make([]byte, s.Total)
-		s.Encode(b, 0, pos, 1)
-		return append(dst, b...), func() {}, func() {}, nil
+	return int(s.Total), func(pos int64, dst []byte) ([]byte, func(), func(), error) {
+		dst = slices.Grow(dst, int(s.Total))
+		s.Encode(dst[len(dst):len(dst)+int(s.Total)], 0, pos, 1)
+		return dst[:len(dst)+int(s.Total)], func() {}, func() {}, nil
 	}
 }
 
